@@ -1,0 +1,260 @@
+"""GpuCluster: a VPC-native GKE cluster with a CPU system pool and GPU/MIG node pools."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
+
+from components.k8s_meta import COMPUTE_CLASS_LABEL, NODE_POOL_LABEL, custom_resource, meta
+from components.specs import ClusterSpec, NodePoolSpec
+
+NODE_ROLES = (
+    "roles/logging.logWriter",
+    "roles/monitoring.metricWriter",
+    "roles/monitoring.viewer",
+    "roles/stackdriver.resourceMetadata.writer",
+    "roles/artifactregistry.reader",
+)
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
+
+
+@dataclass
+class GpuClusterArgs:
+    project: str
+    region: str
+    cluster: ClusterSpec
+    node_pools: Sequence[NodePoolSpec]
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How a pod lands on a configured GPU pool: node selector plus tolerations."""
+
+    node_selector: Mapping[str, str]
+    tolerations: Sequence[Mapping[str, str]]
+
+
+def placement_for(pool: NodePoolSpec) -> Placement:
+    acc = pool.machine.accelerator
+    assert acc is not None
+    selector = {"cloud.google.com/gke-accelerator": acc.gke_type}
+    tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    if pool.gpu_partition_size:
+        selector["cloud.google.com/gke-gpu-partition-size"] = pool.gpu_partition_size
+    if pool.has_fallback_pool:
+        # The ComputeClass chooses spot first, then the on-demand twin.
+        selector[COMPUTE_CLASS_LABEL] = pool.name
+        tolerations.append({"key": COMPUTE_CLASS_LABEL, "operator": "Equal", "value": pool.name,
+                            "effect": "NoSchedule"})
+    else:
+        selector[NODE_POOL_LABEL] = pool.name
+    return Placement(selector, tolerations)
+
+
+def kubeconfig(name: str, endpoint: str, ca_cert: str) -> str:
+    """A kubeconfig that authenticates with gke-gcloud-auth-plugin: no static credentials in state."""
+    return json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": name,
+        "clusters": [{"name": name, "cluster": {"server": f"https://{endpoint}",
+                                                 "certificate-authority-data": ca_cert}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+        "users": [{"name": name, "user": {"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": "gke-gcloud-auth-plugin", "provideClusterInfo": True,
+            "installHint": "gcloud components install gke-gcloud-auth-plugin"}}}],
+    })
+
+
+class GpuCluster(pulumi.ComponentResource):
+    """VPC + GKE cluster (Workload Identity, managed Prometheus + DCGM, Filestore CSI, Gateway API)."""
+
+    network: gcp.compute.Network
+    subnetwork: gcp.compute.Subnetwork
+    cluster: gcp.container.Cluster
+    node_pools: dict[str, gcp.container.NodePool]
+    provider: k8s.Provider
+    kubeconfig: pulumi.Output[str]
+
+    def __init__(self, name: str, args: GpuClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:GpuCluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        spec = args.cluster
+        labels = {"managed-by": "pulumi", "app": "vllm-gke", **args.labels}
+
+        self.network = gcp.compute.Network(
+            f"{name}-vpc", name=f"{spec.name}-vpc", project=args.project,
+            auto_create_subnetworks=False, opts=child)
+        self.subnetwork = gcp.compute.Subnetwork(
+            f"{name}-subnet", name=f"{spec.name}-nodes", project=args.project, region=args.region,
+            network=self.network.id, ip_cidr_range=spec.subnet_cidr, private_ip_google_access=True,
+            secondary_ip_ranges=[
+                {"range_name": "pods", "ip_cidr_range": spec.pods_cidr},
+                {"range_name": "services", "ip_cidr_range": spec.services_cidr},
+            ], opts=child)
+        # Regional Application Load Balancers (the Gateway classes used here) need a proxy-only subnet.
+        self.proxy_subnetwork = gcp.compute.Subnetwork(
+            f"{name}-proxy-subnet", name=f"{spec.name}-proxy-only", project=args.project,
+            region=args.region, network=self.network.id, ip_cidr_range="10.129.0.0/23",
+            purpose="REGIONAL_MANAGED_PROXY", role="ACTIVE", opts=child)
+        router = gcp.compute.Router(
+            f"{name}-router", name=f"{spec.name}-router", project=args.project, region=args.region,
+            network=self.network.id, opts=child)
+        # Private nodes still need egress to pull weights from Hugging Face.
+        gcp.compute.RouterNat(
+            f"{name}-nat", name=f"{spec.name}-nat", project=args.project, region=args.region,
+            router=router.name, nat_ip_allocate_option="AUTO_ONLY",
+            source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES", opts=child)
+
+        self.node_service_account = gcp.serviceaccount.Account(
+            f"{name}-nodes-sa", account_id=f"{spec.name}-nodes"[:30], project=args.project,
+            display_name=f"GKE nodes of {spec.name} (least privilege)", opts=child)
+        for role in NODE_ROLES:
+            gcp.projects.IAMMember(
+                f"{name}-nodes-{role.split('/')[1].replace('.', '-')}", project=args.project, role=role,
+                member=self.node_service_account.email.apply(lambda e: f"serviceAccount:{e}"), opts=child)
+
+        self.cluster = gcp.container.Cluster(
+            f"{name}-gke", name=spec.name, project=args.project, location=args.region,
+            node_locations=list(spec.zones), network=self.network.id, subnetwork=self.subnetwork.id,
+            remove_default_node_pool=True, initial_node_count=1,
+            deletion_protection=spec.deletion_protection,
+            release_channel={"channel": spec.release_channel},
+            networking_mode="VPC_NATIVE",
+            ip_allocation_policy={"cluster_secondary_range_name": "pods",
+                                  "services_secondary_range_name": "services"},
+            private_cluster_config={"enable_private_nodes": spec.private_nodes,
+                                    "enable_private_endpoint": False,
+                                    "master_ipv4_cidr_block": spec.master_cidr},
+            workload_identity_config={"workload_pool": f"{args.project}.svc.id.goog"},
+            addons_config={
+                "gcp_filestore_csi_driver_config": {"enabled": True},
+                "gce_persistent_disk_csi_driver_config": {"enabled": True},
+                "http_load_balancing": {"disabled": False},
+                "horizontal_pod_autoscaling": {"disabled": False},
+            },
+            gateway_api_config={"channel": "CHANNEL_STANDARD"},
+            secret_manager_config={"enabled": True},
+            monitoring_config={
+                "enable_components": ["SYSTEM_COMPONENTS", "POD", "DEPLOYMENT", "HPA", "DCGM"],
+                "managed_prometheus": {"enabled": True},
+            },
+            logging_config={"enable_components": ["SYSTEM_COMPONENTS", "WORKLOADS"]},
+            cluster_autoscaling={"autoscaling_profile": "OPTIMIZE_UTILIZATION"},
+            resource_labels=labels, opts=child)
+
+        self.node_pools = {}
+        self.node_pools["system"] = gcp.container.NodePool(
+            f"{name}-system", name="system", project=args.project, location=args.region,
+            cluster=self.cluster.name, node_count=spec.system_nodes,
+            node_config=self._node_config(spec.system_machine_type, 100, {"vllm-gke.io/role": "system"}, labels),
+            management={"auto_repair": True, "auto_upgrade": True}, opts=child)
+
+        compute_class_pools: dict[str, tuple[str, str]] = {}
+        for pool in args.node_pools:
+            self.node_pools[pool.name] = self._gpu_pool(name, args, pool, pool.name, pool.spot, labels)
+            if pool.has_fallback_pool:
+                twin = f"{pool.name}-ondemand"
+                self.node_pools[twin] = self._gpu_pool(name, args, pool, twin, False, labels)
+                compute_class_pools[pool.name] = (pool.name, twin)
+
+        self.membership = gcp.gkehub.Membership(
+            f"{name}-fleet", membership_id=spec.name, project=args.project, location="global",
+            endpoint={"gke_cluster": {"resource_link": self.cluster.id.apply(
+                lambda cid: f"//container.googleapis.com/{cid}")}}, opts=child)
+        mesh_opts = child
+        if spec.manage_mesh_feature:
+            feature = gcp.gkehub.Feature(
+                f"{name}-mesh-feature", name="servicemesh", project=args.project, location="global",
+                opts=child)
+            mesh_opts = pulumi.ResourceOptions(parent=self, depends_on=[feature])
+        self.mesh = gcp.gkehub.FeatureMembership(
+            f"{name}-mesh", project=args.project, location="global", feature="servicemesh",
+            membership=self.membership.membership_id, mesh={"management": "MANAGEMENT_AUTOMATIC"},
+            opts=mesh_opts)
+
+        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
+            self.cluster.name, self.cluster.endpoint, self.cluster.master_auth.cluster_ca_certificate
+        ).apply(lambda a: kubeconfig(a[0], a[1], a[2])))
+        self.provider = k8s.Provider(
+            f"{name}-k8s", kubeconfig=self.kubeconfig, enable_server_side_apply=True,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*self.node_pools.values(), self.mesh]))
+
+        for class_name, (spot_pool, on_demand_pool) in compute_class_pools.items():
+            custom_resource(
+                f"{name}-cc-{class_name}", "cloud.google.com/v1", "ComputeClass", meta(class_name),
+                {
+                    "priorities": [{"nodepools": [spot_pool]}, {"nodepools": [on_demand_pool]}],
+                    # Move pods back to spot once it is available again.
+                    "activeMigration": {"optimizeRulePriority": True},
+                    "nodePoolAutoCreation": {"enabled": False},
+                    "whenUnsatisfiable": "DoNotScaleUp",
+                },
+                pulumi.ResourceOptions(parent=self, provider=self.provider))
+
+        self.register_outputs({
+            "clusterName": self.cluster.name,
+            "endpoint": self.cluster.endpoint,
+            "network": self.network.id,
+            "kubeconfig": self.kubeconfig,
+            "nodePools": list(self.node_pools),
+        })
+
+    def _node_config(self, machine_type: str, disk_gb: int, node_labels: Mapping[str, str],
+                     resource_labels: Mapping[str, str], **extra: object) -> dict:
+        return {
+            "machine_type": machine_type,
+            "disk_size_gb": disk_gb,
+            "disk_type": "pd-ssd",
+            "service_account": self.node_service_account.email,
+            "oauth_scopes": ["https://www.googleapis.com/auth/cloud-platform"],
+            "workload_metadata_config": {"mode": "GKE_METADATA"},
+            "shielded_instance_config": {"enable_secure_boot": True, "enable_integrity_monitoring": True},
+            # Image streaming: the multi-GB vLLM image starts before it is fully pulled.
+            "gcfs_config": {"enabled": True},
+            "gvnic": {"enabled": True},
+            "labels": dict(node_labels),
+            "resource_labels": dict(resource_labels),
+            **extra,
+        }
+
+    def _gpu_pool(self, name: str, args: GpuClusterArgs, pool: NodePoolSpec, pool_name: str,
+                  spot: bool, labels: Mapping[str, str]) -> gcp.container.NodePool:
+        acc = pool.machine.accelerator
+        assert acc is not None
+        accelerator: dict = {
+            "type": acc.gke_type,
+            "count": pool.machine.gpus,
+            # GKE installs and upgrades the NVIDIA driver; no driver DaemonSet to keep in sync.
+            "gpu_driver_installation_config": {"gpu_driver_version": "LATEST"},
+        }
+        if pool.gpu_partition_size:
+            accelerator["gpu_partition_size"] = pool.gpu_partition_size
+        node_labels = {NODE_POOL_LABEL: pool.name}
+        taints = [GPU_TAINT]
+        if pool.has_fallback_pool:
+            node_labels[COMPUTE_CLASS_LABEL] = pool.name
+            taints = [GPU_TAINT, {"key": COMPUTE_CLASS_LABEL, "value": pool.name, "effect": "NO_SCHEDULE"}]
+        is_twin = pool_name != pool.name
+        return gcp.container.NodePool(
+            f"{name}-{pool_name}", name=pool_name, project=args.project, location=args.region,
+            cluster=self.cluster.name,
+            autoscaling={
+                "min_node_count": 0 if is_twin else pool.min_nodes,
+                "max_node_count": pool.max_nodes,
+                # Spot capacity is wherever it is; on-demand stays spread for availability.
+                "location_policy": "ANY" if spot else "BALANCED",
+            },
+            node_config=self._node_config(
+                pool.machine_type, pool.disk_size_gb, node_labels, labels,
+                spot=spot, guest_accelerators=[accelerator], taints=taints),
+            management={"auto_repair": True, "auto_upgrade": True},
+            # Surge upgrades of GPU nodes need spare GPUs; replace one node at a time instead.
+            upgrade_settings={"max_surge": 0, "max_unavailable": 1},
+            opts=pulumi.ResourceOptions(parent=self))

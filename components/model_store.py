@@ -1,0 +1,224 @@
+"""ModelStore: one Filestore share holding every model's weights, loaded once, mounted read-only.
+
+Replicas never download weights: a loader Job per model writes them to
+/models/<model>/<revision> and drops a completion marker; every serving namespace gets a
+ReadOnlyMany PV/PVC onto the same share, and servers wait for the marker before starting.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
+
+from components.k8s_meta import WEIGHTS_READY_MARKER, custom_resource, meta
+from components.specs import ImageRef, ModelSpec, WeightsSpec
+
+SHARE_NAME = "models"
+MOUNT_PATH = "/models"
+CLAIM_NAME = "model-weights"
+LOADER_SA = "weights-loader"
+HF_TOKEN_MOUNT = "/var/run/secrets/hf"
+# Filestore's smallest capacity per tier, in GiB.
+TIER_MIN_GB = {"BASIC_HDD": 1024, "BASIC_SSD": 2560, "ZONAL": 1024}
+# Below this much weight data a 100 MiB/s HDD share is fine; above it, loads need SSD throughput.
+HDD_LIMIT_GB = 200
+HEADROOM = 1.3  # tokenizer files, a second revision during a roll-forward
+
+
+def model_dir(model: ModelSpec) -> str:
+    return f"{MOUNT_PATH}/{model.name}/{model.revision}"
+
+
+def ready_marker(model: ModelSpec) -> str:
+    return f"{model_dir(model)}/{WEIGHTS_READY_MARKER}"
+
+
+def plan_filestore(models: Sequence[ModelSpec], weights: WeightsSpec) -> tuple[str, int]:
+    """Tier and capacity (GiB) for the share: the tier's minimum or the weights plus headroom."""
+    total = sum(m.weights_gb for m in models)
+    tier = weights.tier if weights.tier != "auto" else ("BASIC_HDD" if total <= HDD_LIMIT_GB else "ZONAL")
+    needed = math.ceil(total * HEADROOM / 256) * 256
+    capacity = max(TIER_MIN_GB[tier], needed, weights.capacity_gb or 0)
+    return tier, capacity
+
+
+def loader_script(model: ModelSpec) -> str:
+    dest = model_dir(model)
+    if model.source.startswith("hf://"):
+        repo = model.source.removeprefix("hf://")
+        fetch = (f'HF_TOKEN="$(cat {HF_TOKEN_MOUNT}/token)" hf download {repo} '
+                 f'--revision {model.revision} --local-dir "$tmp" --exclude "original/*" "*.pth"')
+    else:
+        fetch = f'gcloud storage cp --recursive "{model.source.rstrip("/")}/*" "$tmp/"'
+    # Download into a temp dir and rename, so a half-written tree never carries the marker.
+    return "\n".join([
+        "set -eu",
+        f'dest="{dest}"',
+        f'if [ -f "$dest/{WEIGHTS_READY_MARKER}" ]; then echo "weights already loaded"; exit 0; fi',
+        'tmp="$dest.partial"',
+        'mkdir -p "$tmp"',
+        fetch,
+        'rm -rf "$dest" && mv "$tmp" "$dest"',
+        f'touch "$dest/{WEIGHTS_READY_MARKER}"',
+        'echo "weights loaded into $dest"',
+    ])
+
+
+@dataclass
+class ModelStoreArgs:
+    project: str
+    zone: str
+    network_name: pulumi.Input[str]
+    models: Sequence[ModelSpec]
+    weights: WeightsSpec
+    server_image: ImageRef
+    provider: k8s.Provider
+    # plain name -> namespace (an Output, so claims wait for the namespace to exist)
+    consumer_namespaces: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
+    system_namespace: str = "vllm-gke-system"
+    loader_node_selector: Mapping[str, str] = field(
+        default_factory=lambda: {"vllm-gke.io/role": "system"})
+
+
+class ModelStore(pulumi.ComponentResource):
+    instance: gcp.filestore.Instance
+    server_ip: pulumi.Output[str]
+    loader_jobs: dict[str, k8s.batch.v1.Job]
+    claim_name: str = CLAIM_NAME
+
+    def __init__(self, name: str, args: ModelStoreArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:ModelStore", name, None, opts)
+        gcp_opts = pulumi.ResourceOptions(parent=self)
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        self.tier, self.capacity_gb = plan_filestore(args.models, args.weights)
+
+        self.instance = gcp.filestore.Instance(
+            f"{name}-filestore", name=f"{name}-weights", project=args.project, location=args.zone,
+            tier=self.tier,
+            file_shares={"name": SHARE_NAME, "capacity_gb": self.capacity_gb},
+            networks=[{"network": args.network_name, "modes": ["MODE_IPV4"]}],
+            opts=gcp_opts)
+        self.server_ip = self.instance.networks.apply(lambda n: n[0].ip_addresses[0])
+
+        # Loader identity: reads the HF token from Secret Manager and gs:// sources, nothing else.
+        self.loader_gsa = gcp.serviceaccount.Account(
+            f"{name}-loader-gsa", account_id=f"{name}-loader"[:30], project=args.project,
+            display_name="vllm-gke weights loader", opts=gcp_opts)
+        loader_member = self.loader_gsa.email.apply(lambda e: f"serviceAccount:{e}")
+        gcp.secretmanager.SecretIamMember(
+            f"{name}-loader-hf-token", project=args.project, secret_id=args.weights.secret_manager_secret,
+            role="roles/secretmanager.secretAccessor", member=loader_member, opts=gcp_opts)
+        if any(m.source.startswith("gs://") for m in args.models):
+            gcp.projects.IAMMember(f"{name}-loader-gcs", project=args.project,
+                                   role="roles/storage.objectViewer", member=loader_member, opts=gcp_opts)
+        gcp.serviceaccount.IAMMember(
+            f"{name}-loader-wi", service_account_id=self.loader_gsa.name,
+            role="roles/iam.workloadIdentityUser",
+            member=f"serviceAccount:{args.project}.svc.id.goog[{args.system_namespace}/{LOADER_SA}]",
+            opts=gcp_opts)
+
+        system_ns = k8s.core.v1.Namespace(f"{name}-system-ns", metadata=meta(args.system_namespace),
+                                          opts=k8s_opts)
+        ns_name = system_ns.metadata.name
+        loader_sa = k8s.core.v1.ServiceAccount(
+            f"{name}-loader-ksa",
+            metadata={**meta(LOADER_SA), "namespace": ns_name,
+                      "annotations": {"iam.gke.io/gcp-service-account": self.loader_gsa.email}},
+            opts=k8s_opts)
+        token_class = custom_resource(
+            f"{name}-hf-token-class", "secrets-store.csi.x-k8s.io/v1", "SecretProviderClass",
+            {**meta("hf-token"), "namespace": ns_name},
+            {"provider": "gke", "parameters": {"secrets": (
+                f'- resourceName: "projects/{args.project}/secrets/'
+                f'{args.weights.secret_manager_secret}/versions/latest"\n  path: "token"\n')}},
+            k8s_opts)
+
+        rw_claim = self._claim(name, "rw", ns_name, args, read_only=False)
+        self.claims: dict[str, k8s.core.v1.PersistentVolumeClaim] = {
+            key: self._claim(name, key, ns, args, read_only=True)
+            for key, ns in args.consumer_namespaces.items()
+        }
+
+        self.loader_jobs = {}
+        for model in args.models:
+            image = args.server_image if model.source.startswith("hf://") else args.weights.gcs_loader_image
+            self.loader_jobs[model.name] = k8s.batch.v1.Job(
+                f"{name}-load-{model.name}",
+                metadata={**meta(f"load-{model.name}", labels={"vllm-gke.io/model": model.name},
+                                 # A 140 GB download outlasts Pulumi's default 10 minute Job await.
+                                 annotations={"pulumi.com/timeoutSeconds": "14400"}),
+                          "namespace": ns_name},
+                spec={
+                    "backoffLimit": 4,
+                    "activeDeadlineSeconds": 4 * 3600,
+                    "template": {
+                        "metadata": {"labels": {"vllm-gke.io/model": model.name},
+                                     # No mesh sidecar: it would keep the Job from completing.
+                                     "annotations": {"sidecar.istio.io/inject": "false"}},
+                        "spec": {
+                            "serviceAccountName": loader_sa.metadata.name,
+                            "restartPolicy": "OnFailure",
+                            "nodeSelector": dict(args.loader_node_selector),
+                            "containers": [{
+                                "name": "loader",
+                                "image": image.uri,
+                                "command": ["/bin/sh", "-c", loader_script(model)],
+                                "resources": {"requests": {"cpu": "2", "memory": "8Gi"},
+                                              "limits": {"cpu": "4", "memory": "16Gi"}},
+                                "volumeMounts": [
+                                    {"name": "weights", "mountPath": MOUNT_PATH},
+                                    {"name": "hf-token", "mountPath": HF_TOKEN_MOUNT, "readOnly": True},
+                                ],
+                            }],
+                            "volumes": [
+                                {"name": "weights",
+                                 "persistentVolumeClaim": {"claimName": rw_claim.metadata.name}},
+                                {"name": "hf-token", "csi": {
+                                    "driver": "secrets-store-gke.csi.k8s.io", "readOnly": True,
+                                    "volumeAttributes": {"secretProviderClass": "hf-token"}}},
+                            ],
+                        },
+                    },
+                },
+                opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[token_class]))
+
+        self.register_outputs({
+            "filestoreTier": self.tier,
+            "capacityGb": self.capacity_gb,
+            "serverIp": self.server_ip,
+            "loaderJobs": list(self.loader_jobs),
+        })
+
+    def _claim(self, name: str, key: str, namespace: pulumi.Input[str], args: ModelStoreArgs,
+               read_only: bool) -> k8s.core.v1.PersistentVolumeClaim:
+        """A PV onto the share and the PVC bound to it; a PV binds one claim, so one pair per namespace."""
+        mode = "ReadOnlyMany" if read_only else "ReadWriteMany"
+        pv_name = f"{name}-weights-{key}"
+        opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        pv = k8s.core.v1.PersistentVolume(
+            f"{name}-pv-{key}",
+            metadata=meta(pv_name),
+            spec={
+                "capacity": {"storage": f"{self.capacity_gb}Gi"},
+                "accessModes": [mode],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "mountOptions": ["nconnect=8", "ro"] if read_only else ["nconnect=8"],
+                "nfs": {"server": self.server_ip, "path": f"/{SHARE_NAME}", "readOnly": read_only},
+            },
+            opts=opts)
+        return k8s.core.v1.PersistentVolumeClaim(
+            f"{name}-pvc-{key}",
+            metadata={**meta(CLAIM_NAME if read_only else f"{CLAIM_NAME}-rw"), "namespace": namespace},
+            spec={
+                "accessModes": [mode],
+                "storageClassName": "",
+                "volumeName": pv.metadata.name,
+                "resources": {"requests": {"storage": f"{self.capacity_gb}Gi"}},
+            },
+            opts=opts)

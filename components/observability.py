@@ -1,0 +1,166 @@
+"""Observability: a Cloud Monitoring dashboard and alert policies over Managed Prometheus.
+
+vLLM metrics come from each VllmService's PodMonitoring, GPU metrics from GKE's managed DCGM
+package. Alert policies are built as google-cloud-monitoring protos, so a misspelt field
+fails at plan time instead of at `pulumi up`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import pulumi
+import pulumi_gcp as gcp
+from google.cloud import monitoring_v3
+
+from components.specs import MonitoringSpec
+
+AlertPolicy = monitoring_v3.AlertPolicy
+Condition = AlertPolicy.Condition
+
+
+def kv_cache_usage(cluster: str) -> str:
+    """vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc (v0.10); chart whichever exists."""
+    sel = f'{{cluster="{cluster}"}}'
+    return (f"max by (model_name, pod) (vllm:kv_cache_usage_perc{sel})"
+            f" or max by (model_name, pod) (vllm:gpu_cache_usage_perc{sel})")
+
+
+def p95(metric: str, cluster: str) -> str:
+    return (f'histogram_quantile(0.95, sum by (le, model_name) '
+            f'(rate({metric}_bucket{{cluster="{cluster}"}}[5m])))')
+
+
+def fb_used_ratio(cluster: str) -> str:
+    sel = f'{{cluster="{cluster}"}}'
+    return f"max by (Hostname, gpu, GPU_I_ID) (DCGM_FI_DEV_FB_USED{sel} / (DCGM_FI_DEV_FB_USED{sel} + DCGM_FI_DEV_FB_FREE{sel}))"
+
+
+def dashboard_panels(cluster: str) -> list[tuple[str, str]]:
+    sel = f'{{cluster="{cluster}"}}'
+    return [
+        ("GPU utilisation (DCGM)", f"avg by (Hostname, gpu) (DCGM_FI_DEV_GPU_UTIL{sel})"),
+        ("GPU engine active, MIG aware (DCGM)",
+         f"avg by (Hostname, gpu, GPU_I_ID) (DCGM_FI_PROF_GR_ENGINE_ACTIVE{sel})"),
+        ("GPU memory used ratio (DCGM)", fb_used_ratio(cluster)),
+        ("Queue time p95 (s)", p95("vllm:request_queue_time_seconds", cluster)),
+        ("Time to first token p95 (s)", p95("vllm:time_to_first_token_seconds", cluster)),
+        ("End-to-end latency p95 (s)", p95("vllm:e2e_request_latency_seconds", cluster)),
+        ("Generation tokens/s", f"sum by (model_name) (rate(vllm:generation_tokens_total{sel}[5m]))"),
+        ("Prompt tokens/s", f"sum by (model_name) (rate(vllm:prompt_tokens_total{sel}[5m]))"),
+        ("KV-cache usage", kv_cache_usage(cluster)),
+        ("Requests waiting / running",
+         f"sum by (model_name) (vllm:num_requests_waiting{sel}) or sum by (model_name) (vllm:num_requests_running{sel})"),
+        ("Preemptions/s (KV-cache pressure)", f"sum by (model_name) (rate(vllm:num_preemptions_total{sel}[5m]))"),
+    ]
+
+
+def dashboard_json(title: str, cluster: str) -> dict[str, Any]:
+    """A Mosaic layout, two tiles a row, each a PromQL line chart."""
+    tiles = []
+    for i, (name, query) in enumerate(dashboard_panels(cluster)):
+        tiles.append({
+            "xPos": (i % 2) * 24, "yPos": (i // 2) * 16, "width": 24, "height": 16,
+            "widget": {"title": name, "xyChart": {
+                "chartOptions": {"mode": "COLOR"},
+                "dataSets": [{"plotType": "LINE", "targetAxis": "Y1",
+                              "timeSeriesQuery": {"prometheusQuery": query}}],
+            }},
+        })
+    return {"displayName": title, "mosaicLayout": {"columns": 48, "tiles": tiles}}
+
+
+def _policy(name: str, query: str, duration_s: int, doc: str, severity: str) -> AlertPolicy:
+    return AlertPolicy(
+        display_name=name,
+        combiner=AlertPolicy.ConditionCombinerType.OR,
+        severity=AlertPolicy.Severity[severity],
+        documentation=AlertPolicy.Documentation(content=doc, mime_type="text/markdown"),
+        conditions=[Condition(
+            display_name=name,
+            condition_prometheus_query_language=Condition.PrometheusQueryLanguageCondition(
+                query=query, duration=f"{duration_s}s", evaluation_interval="60s"),
+        )],
+    )
+
+
+def alert_policies(cluster: str, spec: MonitoringSpec) -> list[AlertPolicy]:
+    sel = f'{{cluster="{cluster}"}}'
+    return [
+        _policy("vLLM container restarts (GPU OOM or crash)",
+                f'sum by (namespace, pod) (increase(kube_pod_container_status_restarts_total'
+                f'{{cluster="{cluster}", container="vllm"}}[15m])) > 0', 0,
+                "A vLLM container restarted. Check for CUDA OOM in its logs; lower "
+                "gpuMemoryUtilization or maxNumSeqs, or cap maxModelLen.", "ERROR"),
+        _policy("GPU memory nearly exhausted", f"{fb_used_ratio(cluster)} > 0.98", 300,
+                "GPU framebuffer above 98% for 5 minutes: the next long request may OOM.", "WARNING"),
+        _policy("Queue latency SLO breached",
+                f'{p95("vllm:request_queue_time_seconds", cluster)} > {spec.queue_latency_slo_seconds:g}', 300,
+                f"p95 queue time above {spec.queue_latency_slo_seconds:g}s for 5 minutes. The HPA should be "
+                "adding replicas; if it is at maxReplicas, raise it or add node pool capacity.", "ERROR"),
+        _policy("Time-to-first-token SLO breached",
+                f'{p95("vllm:time_to_first_token_seconds", cluster)} > {spec.ttft_slo_seconds:g}', 300,
+                f"p95 TTFT above {spec.ttft_slo_seconds:g}s for 5 minutes.", "WARNING"),
+        _policy("KV cache nearly full",
+                f"({kv_cache_usage(cluster)}) > {spec.kv_cache_alert_ratio:g}", 600,
+                "KV-cache usage high for 10 minutes: requests are being preempted. Lower maxNumSeqs, "
+                f"enable fp8 KV cache, or scale out. Preemptions: vllm:num_preemptions_total{sel}.",
+                "WARNING"),
+    ]
+
+
+def _strip_empty(value: Any) -> Any:
+    if isinstance(value, dict):
+        out = {k: _strip_empty(v) for k, v in value.items()}
+        return {k: v for k, v in out.items() if v not in ("", [], {}, None, False)}
+    if isinstance(value, list):
+        return [_strip_empty(v) for v in value]
+    return value
+
+
+def pulumi_alert_args(policy: AlertPolicy) -> dict[str, Any]:
+    """The proto as gcp.monitoring.AlertPolicy keyword arguments (snake_case, enums by name)."""
+    data = AlertPolicy.to_dict(policy, preserving_proto_field_name=True, use_integers_for_enums=False)
+    return _strip_empty(data)
+
+
+@dataclass
+class ObservabilityArgs:
+    project: str
+    cluster_name: str
+    spec: MonitoringSpec
+    title: str
+
+
+class Observability(pulumi.ComponentResource):
+    dashboard: gcp.monitoring.Dashboard
+    dashboard_definition: dict[str, Any]
+    alert_policies: list[gcp.monitoring.AlertPolicy]
+
+    def __init__(self, name: str, args: ObservabilityArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:Observability", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.dashboard_definition = dashboard_json(args.title, args.cluster_name)
+        self.dashboard = gcp.monitoring.Dashboard(
+            f"{name}-dashboard", project=args.project,
+            dashboard_json=json.dumps(self.dashboard_definition, sort_keys=True), opts=child)
+
+        channels: Sequence[pulumi.Output[str]] = [
+            gcp.monitoring.NotificationChannel(
+                f"{name}-email-{i}", project=args.project, type="email",
+                display_name=f"vllm-gke {args.cluster_name}: {email}",
+                labels={"email_address": email}, opts=child).name
+            for i, email in enumerate(args.spec.notification_emails)
+        ]
+        self.alert_policies = []
+        for i, policy in enumerate(alert_policies(args.cluster_name, args.spec)):
+            kwargs = pulumi_alert_args(policy)
+            self.alert_policies.append(gcp.monitoring.AlertPolicy(
+                f"{name}-alert-{i}", project=args.project, notification_channels=list(channels),
+                alert_strategy={"auto_close": "1800s"}, user_labels={"cluster": args.cluster_name},
+                **kwargs, opts=child))
+
+        self.register_outputs({"dashboard": self.dashboard.id,
+                               "alertPolicies": [p.display_name for p in self.alert_policies]})

@@ -1,0 +1,338 @@
+"""Typed, validated specs for what the components declare.
+
+These pydantic models are both the stack config schema (camelCase keys in stacks/*.yaml)
+and the typed inputs of the components, so a program that imports the components gets
+the same validation as `pulumi up`. Field validators reject a bad value with a message
+that names the fix; cross-field rules live in infra/config.py.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Optional
+
+from pydantic import (
+    AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from components.catalog import (
+    CPU_MACHINE_TYPES,
+    GPU_MACHINE_TYPES,
+    KV_CACHE_BYTES,
+    MACHINE_TYPES,
+    MODEL_SHAPES,
+    WEIGHT_BYTES,
+    MachineType,
+    ModelShape,
+)
+
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,30}[a-z0-9])?$")
+
+
+def _dns_label(value: str) -> str:
+    if not _DNS_LABEL.match(value):
+        raise ValueError(
+            f"'{value}' is not a valid name; use 1-32 lowercase letters, digits or '-', "
+            "starting with a letter (it becomes Kubernetes and GCP resource names)"
+        )
+    return value
+
+
+Name = Annotated[str, AfterValidator(_dns_label)]
+
+
+class Spec(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class ImageRef(Spec):
+    repository: str
+    tag: Optional[str] = None
+    digest: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _pinned(self) -> "ImageRef":
+        if self.digest is None and (self.tag is None or self.tag == "latest"):
+            raise ValueError(
+                "image must be pinned; set `tag` to a release (not 'latest') or `digest` to sha256:..."
+            )
+        if self.digest is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", self.digest):
+            raise ValueError("digest must look like sha256:<64 hex chars>")
+        return self
+
+    @property
+    def uri(self) -> str:
+        return f"{self.repository}@{self.digest}" if self.digest else f"{self.repository}:{self.tag}"
+
+
+class ClusterSpec(Spec):
+    name: Name
+    zones: list[str] = Field(min_length=1)
+    release_channel: Literal["RAPID", "REGULAR", "STABLE"] = "REGULAR"
+    system_machine_type: str = "e2-standard-4"
+    system_nodes: int = Field(default=1, ge=1, le=10)
+    subnet_cidr: str = "10.10.0.0/20"
+    pods_cidr: str = "10.20.0.0/14"
+    services_cidr: str = "10.24.0.0/20"
+    master_cidr: str = "172.16.0.0/28"
+    private_nodes: bool = True
+    deletion_protection: bool = True
+    # Cloud Service Mesh (managed Istio) enforces the tenants' JWT and authorization policies.
+    # The fleet feature is one per project: set false where another stack already manages it.
+    manage_mesh_feature: bool = True
+
+    @field_validator("system_machine_type")
+    @classmethod
+    def _cpu_machine(cls, v: str) -> str:
+        if v not in CPU_MACHINE_TYPES:
+            raise ValueError(f"unknown system machine type '{v}'; use one of {', '.join(CPU_MACHINE_TYPES)}")
+        return v
+
+
+class NodePoolSpec(Spec):
+    """A GPU node pool. Accelerator type and count come from the machine type."""
+
+    name: Name
+    machine_type: str
+    gpu_partition_size: Optional[str] = None
+    spot: bool = False
+    # Spot pools get an on-demand twin (min 0) that a ComputeClass falls back to.
+    on_demand_fallback: bool = True
+    min_nodes: int = Field(default=0, ge=0)
+    max_nodes: int = Field(default=1, ge=1, le=1000)
+    disk_size_gb: int = Field(default=200, ge=100)
+
+    @field_validator("machine_type")
+    @classmethod
+    def _known_machine(cls, v: str) -> str:
+        if v not in GPU_MACHINE_TYPES:
+            raise ValueError(
+                f"unknown GPU machine type '{v}'; use one of {', '.join(GPU_MACHINE_TYPES)}"
+            )
+        return v
+
+    @field_validator("gpu_partition_size")
+    @classmethod
+    def _mig_profile(cls, v: Optional[str], info: ValidationInfo) -> Optional[str]:
+        machine = MACHINE_TYPES.get(info.data.get("machine_type", ""))
+        if v is None or machine is None or machine.accelerator is None:
+            return v
+        acc = machine.accelerator
+        if v not in acc.mig_profiles:
+            valid = ", ".join(acc.mig_profiles) or "none (this GPU has no MIG; remove gpuPartitionSize)"
+            raise ValueError(
+                f"'{v}' is not a MIG profile of {acc.gke_type} ({machine.name}); valid: {valid}"
+            )
+        return v
+
+    @field_validator("max_nodes")
+    @classmethod
+    def _nodes(cls, v: int, info: ValidationInfo) -> int:
+        low = info.data.get("min_nodes", 0)
+        if low > v:
+            raise ValueError(f"maxNodes ({v}) is below minNodes ({low}); raise maxNodes or lower minNodes")
+        return v
+
+    @property
+    def machine(self) -> MachineType:
+        return MACHINE_TYPES[self.machine_type]
+
+    @property
+    def slice_memory_gb(self) -> float:
+        assert self.machine.accelerator is not None
+        return self.machine.accelerator.slice_memory_gb(self.gpu_partition_size)
+
+    @property
+    def slices_per_node(self) -> int:
+        """Schedulable `nvidia.com/gpu` units per node (MIG instances count one each)."""
+        assert self.machine.accelerator is not None
+        return self.machine.gpus * self.machine.accelerator.slices_per_gpu(self.gpu_partition_size)
+
+    @property
+    def has_fallback_pool(self) -> bool:
+        return self.spot and self.on_demand_fallback
+
+
+class CustomShape(Spec):
+    params_billion: float = Field(gt=0)
+    layers: int = Field(gt=0)
+    kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+
+
+class ServingPoolSpec(Spec):
+    """One replica set of a model; each model has a short-request and a long-request pool."""
+
+    min_replicas: int = Field(default=1, ge=1)
+    max_replicas: int = Field(default=2, ge=1)
+    max_num_seqs: int = Field(default=64, ge=1, le=4096)
+    max_num_batched_tokens: Optional[int] = Field(default=None, ge=256)
+    # Context window this pool accepts; defaults to the model's maxModelLen.
+    max_model_len: Optional[int] = Field(default=None, ge=256)
+    # HPA target: average vllm:num_requests_waiting per pod before scaling out.
+    queue_depth_target: int = Field(default=8, ge=1)
+
+    @field_validator("max_replicas")
+    @classmethod
+    def _replicas(cls, v: int, info: ValidationInfo) -> int:
+        low = info.data.get("min_replicas", 1)
+        if low > v:
+            raise ValueError(f"maxReplicas ({v}) is below minReplicas ({low}); raise maxReplicas")
+        return v
+
+
+def _short_default() -> ServingPoolSpec:
+    return ServingPoolSpec(max_num_seqs=128)
+
+
+def _long_default() -> ServingPoolSpec:
+    return ServingPoolSpec(max_num_seqs=16, max_replicas=1)
+
+
+class ModelSpec(Spec):
+    name: Name
+    # hf://org/repo or gs://bucket/prefix
+    source: str
+    revision: str = "main"
+    shape: str | CustomShape
+    dtype: Literal["bfloat16", "float16", "fp8", "int8", "awq", "gptq"] = "bfloat16"
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    tensor_parallel_size: int = Field(default=1, ge=1, le=16)
+    max_model_len: int = Field(default=8192, ge=256)
+    gpu_memory_utilization: float = Field(default=0.90, ge=0.5, le=0.98)
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    node_pool: Name
+    # Requests whose body is at least this many bytes go to the long pool.
+    long_request_bytes: int = Field(default=16384, ge=1024)
+    short: ServingPoolSpec = Field(default_factory=_short_default)
+    long: ServingPoolSpec = Field(default_factory=_long_default)
+    extra_args: list[str] = Field(default_factory=list)
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        if not re.fullmatch(r"(hf://[\w.-]+/[\w.-]+|gs://[a-z0-9][\w.-]*(/[\w./-]*)?)", v):
+            raise ValueError(f"source '{v}' must be hf://<org>/<repo> or gs://<bucket>/<path>")
+        return v
+
+    @field_validator("shape")
+    @classmethod
+    def _shape(cls, v: str | CustomShape) -> str | CustomShape:
+        if isinstance(v, str) and v not in MODEL_SHAPES:
+            raise ValueError(
+                f"unknown model shape '{v}'; use one of {', '.join(MODEL_SHAPES)} or give "
+                "{paramsBillion, layers, kvHeads, headDim}"
+            )
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_download_flags(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            if arg.split("=")[0] in {"--download-dir", "--load-format", "--model"}:
+                raise ValueError(
+                    f"extraArgs may not set {arg.split('=')[0]}: weights come read-only from the shared store"
+                )
+        return v
+
+    @property
+    def model_shape(self) -> ModelShape:
+        if isinstance(self.shape, str):
+            return MODEL_SHAPES[self.shape]
+        return ModelShape(**self.shape.model_dump())
+
+    @property
+    def weights_gb(self) -> float:
+        return self.model_shape.params_billion * WEIGHT_BYTES[self.dtype]
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        s = self.model_shape
+        return int(2 * s.layers * s.kv_heads * s.head_dim * KV_CACHE_BYTES[self.kv_cache_dtype])
+
+    def pool_max_model_len(self, pool: ServingPoolSpec) -> int:
+        return pool.max_model_len or self.max_model_len
+
+
+class JwtSpec(Spec):
+    issuer: str
+    jwks_uri: str
+    audiences: list[str] = Field(default_factory=list)
+
+    @field_validator("issuer", "jwks_uri")
+    @classmethod
+    def _https(cls, v: str) -> str:
+        if not v.startswith("https://"):
+            raise ValueError(f"'{v}' must be an https:// URL")
+        return v
+
+
+class RateLimitSpec(Spec):
+    requests_per_minute: int = Field(ge=1)
+
+
+class DedicatedSpec(Spec):
+    """Models a tenant gets its own replicas of, on its own (often MIG) node pool."""
+
+    models: list[Name] = Field(min_length=1)
+    node_pool: Name
+
+
+class TenantSpec(Spec):
+    name: Name
+    jwt: JwtSpec
+    models: list[Name] = Field(min_length=1)
+    rate_limit: RateLimitSpec
+    max_tokens: int = Field(ge=1, le=131072)
+    dedicated: Optional[DedicatedSpec] = None
+
+
+class GatewaySpec(Spec):
+    class_name: Literal[
+        "gke-l7-regional-external-managed", "gke-l7-rilb", "gke-l7-global-external-managed"
+    ] = "gke-l7-regional-external-managed"
+    hostname: Optional[str] = None
+    # An existing kubernetes.io/tls Secret in the serving namespace; adds an HTTPS listener.
+    tls_secret_name: Optional[str] = None
+    request_timeout_seconds: int = Field(default=600, ge=30, le=3600)
+
+    @property
+    def external(self) -> bool:
+        return self.class_name != "gke-l7-rilb"
+
+
+class WeightsSpec(Spec):
+    tier: Literal["auto", "BASIC_HDD", "BASIC_SSD", "ZONAL"] = "auto"
+    capacity_gb: Optional[int] = Field(default=None, ge=1024)
+    # Secret Manager secret holding the Hugging Face token; the loader mounts it through the
+    # GKE Secret Manager CSI add-on, so the token never enters Pulumi state or a manifest.
+    secret_manager_secret: str = "hf-token"
+    # hf:// sources load with the server image (it ships the HF CLI); gs:// ones need gcloud.
+    gcs_loader_image: ImageRef = Field(
+        default_factory=lambda: ImageRef(
+            repository="gcr.io/google.com/cloudsdktool/google-cloud-cli", tag="499.0.0-slim"
+        )
+    )
+
+
+class MonitoringSpec(Spec):
+    notification_emails: list[str] = Field(default_factory=list)
+    queue_latency_slo_seconds: float = Field(default=2.0, gt=0)
+    ttft_slo_seconds: float = Field(default=3.0, gt=0)
+    kv_cache_alert_ratio: float = Field(default=0.95, gt=0, le=1)
+
+
+class CostSpec(Spec):
+    tokens_per_second_per_gpu: float = Field(default=1500.0, gt=0)
+    hours_per_month: float = Field(default=730.0, gt=0, le=744)
+
+
+__all__ = [
+    "ClusterSpec", "CostSpec", "CustomShape", "DedicatedSpec", "GatewaySpec", "ImageRef",
+    "JwtSpec", "ModelSpec", "MonitoringSpec", "NodePoolSpec", "RateLimitSpec",
+    "ServingPoolSpec", "Spec", "TenantSpec", "WeightsSpec",
+]

@@ -1,0 +1,217 @@
+"""VllmService: one serving pool (short or long requests) of one model.
+
+Declares the Deployment running vLLM's OpenAI server from the pinned image, its Service,
+a PodDisruptionBudget, an HPA on queue depth (vllm:num_requests_waiting through the
+Managed Prometheus custom-metrics adapter) and a PodMonitoring for scraping.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Optional
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.gpu_cluster import placement_for
+from components.k8s_meta import BASE_LABELS, MODEL_LABEL, POOL_LABEL, TENANT_LABEL, custom_resource, meta
+from components.model_store import MOUNT_PATH, model_dir, ready_marker
+from components.specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
+
+PORT = 8000
+WARM_MARKER = "/tmp/vllm-gke-warm"
+GUARD_MIDDLEWARE = "vllm_gke_guard.GuardMiddleware"
+QUEUE_METRIC = "prometheus.googleapis.com|vllm:num_requests_waiting|gauge"
+WAITING_FOR_WEIGHTS = (
+    'until [ -f "{marker}" ]; do echo "waiting for weights at {marker}"; sleep 15; done'
+)
+
+PoolName = Literal["short", "long"]
+
+
+def vllm_args(model: ModelSpec, pool: ServingPoolSpec) -> list[str]:
+    """Flags for `vllm serve`, following GKE's vLLM serving guides."""
+    args = [
+        model_dir(model),
+        "--served-model-name", model.name,
+        "--host", "0.0.0.0", "--port", str(PORT),
+        "--tensor-parallel-size", str(model.tensor_parallel_size),
+        "--max-model-len", str(model.pool_max_model_len(pool)),
+        "--max-num-seqs", str(pool.max_num_seqs),
+        "--gpu-memory-utilization", f"{model.gpu_memory_utilization:g}",
+        "--enable-prefix-caching" if model.enable_prefix_caching else "--no-enable-prefix-caching",
+    ]
+    if model.enable_chunked_prefill:
+        args.append("--enable-chunked-prefill")
+    if pool.max_num_batched_tokens:
+        args += ["--max-num-batched-tokens", str(pool.max_num_batched_tokens)]
+    if model.dtype in ("bfloat16", "float16"):
+        args += ["--dtype", model.dtype]
+    else:
+        args += ["--quantization", "compressed-tensors" if model.dtype == "int8" else model.dtype]
+    if model.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", model.kv_cache_dtype]
+    args += ["--middleware", GUARD_MIDDLEWARE]
+    return args + list(model.extra_args)
+
+
+def container_resources(node_pool: NodePoolSpec, gpus: int) -> dict[str, dict[str, str]]:
+    """A pod's share of the node's CPU and RAM, in proportion to the GPU units it takes."""
+    machine = node_pool.machine
+    units = node_pool.slices_per_node
+    cpu = max(1, math.floor((machine.vcpus - 2) / units)) * gpus
+    memory = max(8, math.floor((machine.memory_gb * 0.85 - 4) / units)) * gpus
+    # requests == limits: Guaranteed QoS, so the kubelet never evicts a loaded model first.
+    res = {"cpu": str(cpu), "memory": f"{memory}Gi", "nvidia.com/gpu": str(gpus)}
+    return {"requests": dict(res), "limits": dict(res)}
+
+
+@dataclass
+class VllmServiceArgs:
+    model: ModelSpec
+    pool_name: PoolName
+    pool: ServingPoolSpec
+    node_pool: NodePoolSpec
+    namespace: pulumi.Input[str]
+    image: ImageRef
+    claim_name: pulumi.Input[str]
+    provider: k8s.Provider
+    # Per-issuer max_tokens caps and rate limits the in-server guard enforces.
+    guard_config: Mapping[str, Any] = field(default_factory=dict)
+    tenant: Optional[str] = None
+
+
+class VllmService(pulumi.ComponentResource):
+    deployment: k8s.apps.v1.Deployment
+    service: k8s.core.v1.Service
+    service_name: str
+
+    def __init__(self, name: str, args: VllmServiceArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:VllmService", name, None, opts)
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        model, pool = args.model, args.pool
+        self.service_name = f"{model.name}-{args.pool_name}"
+        labels = {MODEL_LABEL: model.name, POOL_LABEL: args.pool_name,
+                  "app.kubernetes.io/name": "vllm"}
+        if args.tenant:
+            labels[TENANT_LABEL] = args.tenant
+        selector = {MODEL_LABEL: model.name, POOL_LABEL: args.pool_name}
+        placement = placement_for(args.node_pool)
+        # One MIG slice is one nvidia.com/gpu; tensor parallelism needs that many whole GPUs.
+        gpus = model.tensor_parallel_size
+        shm = "16Gi" if gpus > 1 else "2Gi"
+        weights_mount = {"name": "weights", "mountPath": MOUNT_PATH, "readOnly": True}
+
+        self.deployment = k8s.apps.v1.Deployment(
+            f"{name}-deploy",
+            metadata={**meta(self.service_name, labels=labels), "namespace": args.namespace},
+            spec={
+                # No replicas: the HPA owns the count; Pulumi setting it would fight the autoscaler.
+                "selector": {"matchLabels": selector},
+                "strategy": {"type": "RollingUpdate",
+                             "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                "template": {
+                    "metadata": {"labels": {**BASE_LABELS, **labels},
+                                 "annotations": {
+                                     "proxy.istio.io/config": '{"holdApplicationUntilProxyStarts": true}'}},
+                    "spec": {
+                        "terminationGracePeriodSeconds": 120,
+                        "nodeSelector": dict(placement.node_selector),
+                        "tolerations": [dict(t) for t in placement.tolerations],
+                        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                            "weight": 100,
+                            "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                                "labelSelector": {"matchLabels": selector}}}]}},
+                        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                        "initContainers": [{
+                            "name": "wait-for-weights",
+                            "image": args.image.uri,
+                            "command": ["/bin/sh", "-c", WAITING_FOR_WEIGHTS.format(marker=ready_marker(model))],
+                            "resources": {"requests": {"cpu": "50m", "memory": "32Mi"},
+                                          "limits": {"cpu": "100m", "memory": "64Mi"}},
+                            "volumeMounts": [weights_mount],
+                        }],
+                        "containers": [{
+                            "name": "vllm",
+                            "image": args.image.uri,
+                            "command": ["python3", "/opt/vllm-gke/serve.py"],
+                            "args": vllm_args(model, pool),
+                            "ports": [{"name": "http", "containerPort": PORT}],
+                            "env": [
+                                {"name": "HF_HUB_OFFLINE", "value": "1"},
+                                {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
+                                {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+                                {"name": "VLLM_GKE_WARM_MARKER", "value": WARM_MARKER},
+                                {"name": "VLLM_GKE_GUARD_CONFIG",
+                                 "value": json.dumps(dict(args.guard_config), sort_keys=True)},
+                            ],
+                            "resources": container_resources(args.node_pool, gpus),
+                            "securityContext": {"allowPrivilegeEscalation": False},
+                            # Model load plus warm-up can take many minutes: allow up to 30.
+                            "startupProbe": {"exec": {"command": ["test", "-f", WARM_MARKER]},
+                                             "periodSeconds": 10, "failureThreshold": 180},
+                            "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
+                                               "periodSeconds": 5, "timeoutSeconds": 3,
+                                               "failureThreshold": 3},
+                            "livenessProbe": {"httpGet": {"path": "/health", "port": "http"},
+                                              "periodSeconds": 15, "timeoutSeconds": 5,
+                                              "failureThreshold": 6},
+                            # Let the load balancer drop the endpoint before vLLM stops.
+                            "lifecycle": {"preStop": {"exec": {"command": ["sleep", "20"]}}},
+                            "volumeMounts": [weights_mount, {"name": "dshm", "mountPath": "/dev/shm"}],
+                        }],
+                        "volumes": [
+                            {"name": "weights",
+                             "persistentVolumeClaim": {"claimName": args.claim_name, "readOnly": True}},
+                            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+                        ],
+                    },
+                },
+            },
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider,
+                                        # Pods wait for weights; don't hold `pulumi up` on them.
+                                        custom_timeouts=pulumi.CustomTimeouts(create="45m", update="45m")))
+
+        self.service = k8s.core.v1.Service(
+            f"{name}-svc",
+            metadata={**meta(self.service_name, labels=labels), "namespace": args.namespace},
+            spec={"type": "ClusterIP", "selector": selector,
+                  "ports": [{"name": "http", "port": PORT, "targetPort": "http", "appProtocol": "http"}]},
+            opts=k8s_opts)
+
+        self.pdb = k8s.policy.v1.PodDisruptionBudget(
+            f"{name}-pdb",
+            metadata={**meta(self.service_name, labels=labels), "namespace": args.namespace},
+            spec={"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+            opts=k8s_opts)
+
+        self.hpa = k8s.autoscaling.v2.HorizontalPodAutoscaler(
+            f"{name}-hpa",
+            metadata={**meta(self.service_name, labels=labels), "namespace": args.namespace},
+            spec={
+                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": self.service_name},
+                "minReplicas": pool.min_replicas,
+                "maxReplicas": pool.max_replicas,
+                "metrics": [{"type": "Pods", "pods": {
+                    "metric": {"name": QUEUE_METRIC},
+                    "target": {"type": "AverageValue", "averageValue": str(pool.queue_depth_target)}}}],
+                "behavior": {
+                    # GPU replicas are slow to start and costly to churn: scale up fast, down slowly.
+                    "scaleUp": {"stabilizationWindowSeconds": 0,
+                                "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]},
+                    "scaleDown": {"stabilizationWindowSeconds": 600,
+                                  "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}]},
+                },
+            },
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[self.deployment]))
+
+        custom_resource(
+            f"{name}-podmonitoring", "monitoring.googleapis.com/v1", "PodMonitoring",
+            {**meta(self.service_name, labels=labels), "namespace": args.namespace},
+            {"selector": {"matchLabels": selector},
+             "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}]},
+            k8s_opts)
+
+        self.register_outputs({"serviceName": self.service_name, "deployment": self.deployment.metadata.name})

@@ -1,0 +1,1 @@
+"""The vllm-gke stack program, its config schema and the offline plan."""

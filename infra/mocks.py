@@ -1,0 +1,75 @@
+"""Pulumi mock runtime for the offline plan: records every resource the real program registers.
+
+Providers are never called; each resource's state is its inputs plus the few outputs the
+program reads back (cluster endpoint, Filestore IP, service-account email), given
+documentation-range values so nothing in a plan can be mistaken for a live address.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pulumi
+from pulumi.runtime.mocks import MockMonitor
+
+
+@dataclass
+class PlannedResource:
+    """One resource as the engine would see it: type token, logical name, input properties."""
+
+    type: str
+    name: str
+    urn: str
+    parent: Optional[str]
+    custom: bool
+    props: dict[str, Any] = field(default_factory=dict)
+
+
+def _outputs(type_: str, name: str, inputs: dict[str, Any], project: str) -> tuple[str, dict[str, Any]]:
+    state = dict(inputs)
+    rid = f"{name}-id"
+    if type_ == "gcp:container/cluster:Cluster":
+        rid = f"projects/{project}/locations/{inputs.get('location')}/clusters/{inputs.get('name')}"
+        state["endpoint"] = "203.0.113.10"
+        state["masterAuth"] = {"clusterCaCertificate": base64.b64encode(b"mock-ca").decode()}
+    elif type_ == "gcp:filestore/instance:Instance":
+        state["networks"] = [{**n, "ipAddresses": ["198.51.100.2"]} for n in inputs.get("networks", [])]
+    elif type_ == "gcp:serviceaccount/account:Account":
+        email = f"{inputs['accountId']}@{project}.iam.gserviceaccount.com"
+        state.update(email=email, name=f"projects/{project}/serviceAccounts/{email}")
+    elif type_ == "gcp:monitoring/notificationChannel:NotificationChannel":
+        state["name"] = f"projects/{project}/notificationChannels/{abs(hash(name)) % 10**12}"
+    return rid, state
+
+
+class RecordingMocks(pulumi.runtime.Mocks):
+    def __init__(self, project: str):
+        self.project = project
+        self.by_name: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[Optional[str], dict]:
+        self.by_name[(args.typ, args.name)] = args.inputs
+        return _outputs(args.typ, args.name, args.inputs, self.project)
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, Optional[list[tuple[str, str]]]]:
+        return {}, None
+
+
+class RecordingMonitor(MockMonitor):
+    """Keeps each registration's URN and parent, which MockResourceArgs does not carry."""
+
+    def __init__(self, mocks: RecordingMocks):
+        super().__init__(mocks)
+        self.recorded: list[PlannedResource] = []
+        self._mocks = mocks
+
+    def RegisterResource(self, request):  # noqa: N802 (gRPC method name)
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            self.recorded.append(PlannedResource(
+                type=request.type, name=request.name, urn=response.urn,
+                parent=request.parent or None, custom=bool(request.custom),
+                props=self._mocks.by_name.get((request.type, request.name), {})))
+        return response

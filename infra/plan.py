@@ -1,0 +1,114 @@
+"""Offline plan: run the real stack program under Pulumi's mock runtime and collect what it declares."""
+
+from __future__ import annotations
+
+import contextvars
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pulumi
+import yaml
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+from infra.config import ConfigError, ConfigIssue, StackConfig, load
+from infra.mocks import PlannedResource, RecordingMocks, RecordingMonitor
+from infra.program import Platform, build
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STACKS_DIR = REPO_ROOT / "stacks"
+PROJECT = "vllm-gke"
+
+
+@dataclass
+class Plan:
+    stack: str
+    config: StackConfig
+    platform: Platform
+    resources: list[PlannedResource]
+
+    def of_type(self, type_: str) -> list[PlannedResource]:
+        return [r for r in self.resources if r.type == type_]
+
+    def kubernetes(self) -> list[PlannedResource]:
+        return [r for r in self.resources if r.type.startswith("kubernetes:")]
+
+    def manifests(self) -> list[dict[str, Any]]:
+        """Each Kubernetes resource as the manifest the provider would apply."""
+        return [manifest(r) for r in self.kubernetes()]
+
+    def component_of(self, resource: PlannedResource) -> str:
+        parents = {r.urn: r for r in self.resources}
+        parent = parents.get(resource.parent or "")
+        return f"{parent.type.split(':')[-1]}/{parent.name}" if parent and not parent.custom else "-"
+
+
+def _clean(value: Any) -> Any:
+    """Wire values to manifest values: integral floats back to ints, no unset keys."""
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def manifest(resource: PlannedResource) -> dict[str, Any]:
+    doc = _clean(resource.props)
+    order = ["apiVersion", "kind", "metadata"]
+    return {**{k: doc[k] for k in order if k in doc}, **{k: v for k, v in doc.items() if k not in order}}
+
+
+def stack_file(stack: str, stacks_dir: Path = STACKS_DIR) -> Path:
+    return stacks_dir / f"Pulumi.{stack}.yaml"
+
+
+def read_stack_config(stack: str, stacks_dir: Path = STACKS_DIR) -> dict[str, Any]:
+    path = stack_file(stack, stacks_dir)
+    if not path.exists():
+        known = sorted(p.name.split(".")[1] for p in stacks_dir.glob("Pulumi.*.yaml"))
+        raise ConfigError([ConfigIssue("--stack", f"no stack '{stack}': {path} does not exist; "
+                                       f"use one of {', '.join(known) or '(none)'}")], "stack selection")
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError([ConfigIssue(str(path), f"is not valid YAML: {exc}")], str(path)) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("config", {}), dict):
+        raise ConfigError([ConfigIssue(f"{path}:config", "must be a mapping of config keys")], str(path))
+    return dict(doc.get("config") or {})
+
+
+def _as_pulumi_config(values: dict[str, Any]) -> dict[str, str]:
+    """Pulumi passes structured config as JSON text; do the same so `load()` sees what `pulumi up` sees."""
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
+
+
+def run_program(stack: str, values: dict[str, Any],
+                program: Callable[[StackConfig], Platform] = build) -> Plan:
+    """Run `program` under mocks with the given raw stack config; raise ConfigError on bad config."""
+    project = str(values.get("gcp:project", "mock-project"))
+
+    def _run() -> Plan:
+        mocks = RecordingMocks(project)
+        monitor = RecordingMonitor(mocks)
+        pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+        pulumi.runtime.set_all_config(_as_pulumi_config(values))
+        result: dict[str, Any] = {}
+
+        def body() -> None:
+            cfg = load()
+            result["config"], result["platform"] = cfg, program(cfg)
+
+        _sync_await(run_pulumi_func(body))
+        return Plan(stack, result["config"], result["platform"], monitor.recorded)
+
+    # A fresh context per plan: Pulumi keeps its settings, config and root stack in contextvars.
+    return contextvars.Context().run(_run)
+
+
+def run_plan(stack: str, stacks_dir: Optional[Path] = None) -> Plan:
+    values = read_stack_config(stack, stacks_dir or STACKS_DIR)
+    return run_program(stack, values)
