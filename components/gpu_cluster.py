@@ -113,7 +113,7 @@ class GpuCluster(pulumi.ComponentResource):
             source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES", opts=child)
 
         self.node_service_account = gcp.serviceaccount.Account(
-            f"{name}-nodes-sa", account_id=f"{spec.name}-nodes"[:30], project=args.project,
+            f"{name}-nodes-sa", account_id=f"{spec.name}-nodes"[:30].rstrip("-"), project=args.project,
             display_name=f"GKE nodes of {spec.name} (least privilege)", opts=child)
         for role in NODE_ROLES:
             gcp.projects.IAMMember(

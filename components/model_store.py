@@ -26,7 +26,7 @@ HF_TOKEN_MOUNT = "/var/run/secrets/hf"
 # Filestore's smallest capacity per tier, in GiB.
 TIER_MIN_GB = {"BASIC_HDD": 1024, "BASIC_SSD": 2560, "ZONAL": 1024}
 # Below this much weight data a 100 MiB/s HDD share is fine; above it, loads need SSD throughput.
-HDD_LIMIT_GB = 200
+HDD_LIMIT_GB = 100
 HEADROOM = 1.3  # tokenizer files, a second revision during a roll-forward
 
 
@@ -81,6 +81,8 @@ class ModelStoreArgs:
     # plain name -> namespace (an Output, so claims wait for the namespace to exist)
     consumer_namespaces: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
     system_namespace: str = "vllm-gke-system"
+    # Filestore instance name, unique per project and zone; defaults to "<name>-weights".
+    instance_name: Optional[str] = None
     loader_node_selector: Mapping[str, str] = field(
         default_factory=lambda: {"vllm-gke.io/role": "system"})
 
@@ -96,9 +98,10 @@ class ModelStore(pulumi.ComponentResource):
         gcp_opts = pulumi.ResourceOptions(parent=self)
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
         self.tier, self.capacity_gb = plan_filestore(args.models, args.weights)
+        self.instance_name = instance_name = args.instance_name or f"{name}-weights"
 
         self.instance = gcp.filestore.Instance(
-            f"{name}-filestore", name=f"{name}-weights", project=args.project, location=args.zone,
+            f"{name}-filestore", name=instance_name, project=args.project, location=args.zone,
             tier=self.tier,
             file_shares={"name": SHARE_NAME, "capacity_gb": self.capacity_gb},
             networks=[{"network": args.network_name, "modes": ["MODE_IPV4"]}],
@@ -107,7 +110,7 @@ class ModelStore(pulumi.ComponentResource):
 
         # Loader identity: reads the HF token from Secret Manager and gs:// sources, nothing else.
         self.loader_gsa = gcp.serviceaccount.Account(
-            f"{name}-loader-gsa", account_id=f"{name}-loader"[:30], project=args.project,
+            f"{name}-loader-gsa", account_id=f"{instance_name}-loader"[:30].rstrip("-"), project=args.project,
             display_name="vllm-gke weights loader", opts=gcp_opts)
         loader_member = self.loader_gsa.email.apply(lambda e: f"serviceAccount:{e}")
         gcp.secretmanager.SecretIamMember(
@@ -198,7 +201,7 @@ class ModelStore(pulumi.ComponentResource):
                read_only: bool) -> k8s.core.v1.PersistentVolumeClaim:
         """A PV onto the share and the PVC bound to it; a PV binds one claim, so one pair per namespace."""
         mode = "ReadOnlyMany" if read_only else "ReadWriteMany"
-        pv_name = f"{name}-weights-{key}"
+        pv_name = f"{self.instance_name}-{key}"
         opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
         pv = k8s.core.v1.PersistentVolume(
             f"{name}-pv-{key}",

@@ -8,12 +8,16 @@ fails at plan time instead of at `pulumi up`.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import pulumi
 import pulumi_gcp as gcp
-from google.cloud import monitoring_v3
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", FutureWarning)  # google-api-core's notice about Python 3.11's EOL
+    from google.cloud import monitoring_v3
 
 from components.specs import MonitoringSpec
 
@@ -137,6 +141,7 @@ class ObservabilityArgs:
 class Observability(pulumi.ComponentResource):
     dashboard: gcp.monitoring.Dashboard
     dashboard_definition: dict[str, Any]
+    alert_definitions: list[dict[str, Any]]
     alert_policies: list[gcp.monitoring.AlertPolicy]
 
     def __init__(self, name: str, args: ObservabilityArgs, opts: Optional[pulumi.ResourceOptions] = None):
@@ -154,9 +159,9 @@ class Observability(pulumi.ComponentResource):
                 labels={"email_address": email}, opts=child).name
             for i, email in enumerate(args.spec.notification_emails)
         ]
+        self.alert_definitions = [pulumi_alert_args(p) for p in alert_policies(args.cluster_name, args.spec)]
         self.alert_policies = []
-        for i, policy in enumerate(alert_policies(args.cluster_name, args.spec)):
-            kwargs = pulumi_alert_args(policy)
+        for i, kwargs in enumerate(self.alert_definitions):
             self.alert_policies.append(gcp.monitoring.AlertPolicy(
                 f"{name}-alert-{i}", project=args.project, notification_channels=list(channels),
                 alert_strategy={"auto_close": "1800s"}, user_labels={"cluster": args.cluster_name},

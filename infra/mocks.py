@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import pulumi
+from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockMonitor
 
 
@@ -25,6 +26,22 @@ class PlannedResource:
     parent: Optional[str]
     custom: bool
     props: dict[str, Any] = field(default_factory=dict)
+    # Property paths Pulumi would store encrypted, e.g. ("kubeconfig",).
+    secret_paths: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+def unwrap_secrets(value: Any, path: tuple[Any, ...] = (),
+                   found: Optional[list[tuple[Any, ...]]] = None) -> tuple[Any, list[tuple[Any, ...]]]:
+    """Replace the wire format's secret envelopes with their values, noting where they were."""
+    found = [] if found is None else found
+    if isinstance(value, dict):
+        if value.get(rpc._special_sig_key) == rpc._special_secret_sig:
+            found.append(path)
+            return unwrap_secrets(value.get("value"), path, found)[0], found
+        return {k: unwrap_secrets(v, path + (k,), found)[0] for k, v in value.items()}, found
+    if isinstance(value, list):
+        return [unwrap_secrets(v, path + (i,), found)[0] for i, v in enumerate(value)], found
+    return value, found
 
 
 def _outputs(type_: str, name: str, inputs: dict[str, Any], project: str) -> tuple[str, dict[str, Any]]:
@@ -68,8 +85,9 @@ class RecordingMonitor(MockMonitor):
     def RegisterResource(self, request):  # noqa: N802 (gRPC method name)
         response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
+            props, secrets = unwrap_secrets(self._mocks.by_name.get((request.type, request.name), {}))
             self.recorded.append(PlannedResource(
                 type=request.type, name=request.name, urn=response.urn,
                 parent=request.parent or None, custom=bool(request.custom),
-                props=self._mocks.by_name.get((request.type, request.name), {})))
+                props=props, secret_paths=secrets))
         return response

@@ -65,7 +65,7 @@ def build(cfg: StackConfig) -> Platform:
     store = ModelStore("weights", ModelStoreArgs(
         project=cfg.project, zone=cfg.cluster.zones[0], network_name=cluster.network.name,
         models=cfg.models, weights=cfg.weights, server_image=cfg.server_image, provider=provider,
-        consumer_namespaces=consumers))
+        consumer_namespaces=consumers, instance_name=f"{cfg.cluster.name}-weights"))
     platform = Platform(cluster=cluster, serving=serving, store=store, tenants=tenants)
 
     targets: list[RouteTarget] = []

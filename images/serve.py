@@ -1,0 +1,89 @@
+"""Container entrypoint: start `vllm serve`, wait until healthy, warm it up, then mark it warm.
+
+The pod's startup probe waits for the warm marker, so the load balancer only sends traffic
+to a replica whose first requests (CUDA graph capture, prefix cache, tokenizer load) have
+already been paid for by this script, not by a user. Signals go to vLLM so it can drain.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Callable, Optional, Sequence
+
+WARMUP_PROMPTS = ("Hello", "Summarise the following text in one sentence: " + "lorem ipsum " * 64)
+
+
+def flag(argv: Sequence[str], name: str, default: str) -> str:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return default
+
+
+def wait_healthy(base: str, alive: Callable[[], bool] = lambda: True, timeout_s: float = 3600,
+                 interval_s: float = 2.0) -> bool:
+    """Poll /health until it answers 200; False if vLLM died or time ran out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive():
+            return False
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(interval_s)
+    return False
+
+
+def warm_up(base: str, model: str, token: str) -> int:
+    """Send short completions through the full path; returns how many succeeded."""
+    ok = 0
+    for prompt in WARMUP_PROMPTS:
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0}).encode()
+        req = urllib.request.Request(f"{base}/v1/completions", data=body, method="POST", headers={
+            "content-type": "application/json", "x-vllm-gke-warmup": token})
+        try:
+            with urllib.request.urlopen(req, timeout=300) as resp:
+                ok += resp.status == 200
+        except (urllib.error.URLError, OSError) as exc:
+            print(f"vllm-gke: warm-up request failed: {exc}", file=sys.stderr)
+    return ok
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    marker = os.environ.get("VLLM_GKE_WARM_MARKER", "/tmp/vllm-gke-warm")
+    port = flag(argv, "--port", "8000")
+    model = flag(argv, "--served-model-name", argv[0] if argv else "")
+    base = f"http://127.0.0.1:{port}"
+    # Only this process knows the token, so only its warm-up skips the tenant guard.
+    token = secrets.token_hex(16)
+    env = dict(os.environ, VLLM_GKE_WARMUP_TOKEN=token)
+    command = os.environ.get("VLLM_GKE_SERVER_COMMAND", "vllm serve").split()
+    proc = subprocess.Popen([*command, *argv], env=env)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, _f: proc.send_signal(s))
+
+    if wait_healthy(base, alive=lambda: proc.poll() is None):
+        done = warm_up(base, model, token)
+        print(f"vllm-gke: {done}/{len(WARMUP_PROMPTS)} warm-up requests succeeded", file=sys.stderr)
+        with open(marker, "w") as fh:
+            fh.write(str(time.time()))
+    return proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

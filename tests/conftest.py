@@ -1,0 +1,47 @@
+"""Shared fixtures: each stack planned once under Pulumi mocks, and a way to plan a variant."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import pytest
+
+from infra.plan import Plan, read_stack_config, run_program
+
+STACKS = ("dev", "staging", "prod")
+
+
+@pytest.fixture(scope="session")
+def stack_values() -> dict[str, dict[str, Any]]:
+    return {s: read_stack_config(s) for s in STACKS}
+
+
+@pytest.fixture(scope="session")
+def plans(stack_values) -> dict[str, Plan]:
+    return {s: run_program(s, stack_values[s]) for s in STACKS}
+
+
+@pytest.fixture
+def dev_values(stack_values) -> dict[str, Any]:
+    """A private deep copy of the dev stack config to mutate."""
+    return copy.deepcopy(stack_values["dev"])
+
+
+@pytest.fixture
+def plan_variant(stack_values) -> Callable[..., Plan]:
+    def run(stack: str = "dev", mutate: Callable[[dict[str, Any]], None] = lambda v: None) -> Plan:
+        values = copy.deepcopy(stack_values[stack])
+        mutate(values)
+        return run_program(stack, values)
+
+    return run
+
+
+def props_of(plan: Plan, type_: str) -> list[dict[str, Any]]:
+    return [r.props for r in plan.of_type(type_)]
+
+
+def manifests_of(plan: Plan, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
+    return [m for m in plan.manifests() if m["kind"] == kind
+            and (namespace is None or m["metadata"].get("namespace") == namespace)]

@@ -1,0 +1,105 @@
+"""ModelStore: one Filestore share, loaded once per model, mounted read-only everywhere."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from components.model_store import plan_filestore
+from components.specs import ModelSpec, WeightsSpec
+from tests.conftest import manifests_of, props_of
+
+
+def test_one_filestore_instance_per_stack(plans):
+    for stack, plan in plans.items():
+        (fs,) = props_of(plan, "gcp:filestore/instance:Instance")
+        assert fs["fileShares"]["name"] == "models"
+        assert fs["networks"][0]["network"] == f"vllm-{stack}-vpc"
+
+
+def test_filestore_tier_sized_to_models(plans):
+    (dev,) = props_of(plans["dev"], "gcp:filestore/instance:Instance")
+    assert (dev["tier"], dev["fileShares"]["capacityGb"]) == ("BASIC_HDD", 1024)
+    (prod,) = props_of(plans["prod"], "gcp:filestore/instance:Instance")
+    assert prod["tier"] == "ZONAL"  # 141 + 16 + 15 GB of weights need SSD throughput
+
+
+def _model(params: float) -> ModelSpec:
+    return ModelSpec(name="m", source="hf://a/b", shape={"params_billion": params, "layers": 1,
+                                                        "kv_heads": 1, "head_dim": 1}, node_pool="p")
+
+
+@pytest.mark.parametrize("params,tier,capacity", [
+    (7, "BASIC_HDD", 1024), (50, "BASIC_HDD", 1024), (51, "ZONAL", 1024), (600, "ZONAL", 1792),
+])
+def test_plan_filestore(params, tier, capacity):
+    assert plan_filestore([_model(params)], WeightsSpec()) == (tier, capacity)
+
+
+def test_explicit_tier_keeps_its_minimum():
+    assert plan_filestore([_model(7)], WeightsSpec(tier="BASIC_SSD")) == ("BASIC_SSD", 2560)
+
+
+def test_serving_volumes_are_read_only_many_onto_the_share(plans):
+    plan = plans["prod"]
+    pvs = {m["metadata"]["name"]: m["spec"] for m in manifests_of(plan, "PersistentVolume")}
+    ro = {k: v for k, v in pvs.items() if v["accessModes"] == ["ReadOnlyMany"]}
+    # the serving namespace plus the one tenant with dedicated replicas
+    assert set(ro) == {"vllm-prod-weights-serving", "vllm-prod-weights-analytics"}
+    for spec in ro.values():
+        assert spec["nfs"] == {"server": "198.51.100.2", "path": "/models", "readOnly": True}
+    claims = {(m["metadata"]["namespace"], m["metadata"]["name"]): m["spec"]
+              for m in manifests_of(plan, "PersistentVolumeClaim")}
+    assert claims[("vllm", "model-weights")]["volumeName"] == "vllm-prod-weights-serving"
+    assert claims[("tenant-analytics", "model-weights")]["accessModes"] == ["ReadOnlyMany"]
+    assert claims[("vllm-gke-system", "model-weights-rw")]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_one_loader_job_per_model_reading_token_from_secret_manager(plans):
+    plan = plans["prod"]
+    jobs = manifests_of(plan, "Job", "vllm-gke-system")
+    assert sorted(j["metadata"]["name"] for j in jobs) == ["load-llama-70b", "load-llama-8b", "load-qwen-7b"]
+    for job in jobs:
+        pod = job["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        script = container["command"][-1]
+        assert "hf download" in script and "--revision main" in script
+        assert '.vllm-gke-complete' in script and "exit 0" in script  # idempotent: skips when loaded
+        assert all("value" not in e for e in container.get("env", []))
+        token = next(v for v in pod["volumes"] if v["name"] == "hf-token")
+        assert token["csi"]["driver"] == "secrets-store-gke.csi.k8s.io"
+        assert pod["nodeSelector"] == {"vllm-gke.io/role": "system"}
+    (spc,) = manifests_of(plan, "SecretProviderClass")
+    assert "projects/acme-llm-prod/secrets/hf-token/versions/latest" in spc["spec"]["parameters"]["secrets"]
+
+
+def test_no_secret_literals_anywhere(plans):
+    for plan in plans.values():
+        assert not manifests_of(plan, "Secret")
+        for doc in plan.manifests():
+            pod = doc.get("spec", {}).get("template", {}).get("spec", {})
+            for container in pod.get("containers", []) + pod.get("initContainers", []):
+                for env in container.get("env", []):
+                    if re.search("TOKEN|SECRET|PASSWORD|KEY", env["name"]):
+                        assert "value" not in env, (doc["metadata"]["name"], env)
+
+
+def test_loader_identity_is_scoped(plans):
+    (member,) = props_of(plans["dev"], "gcp:secretmanager/secretIamMember:SecretIamMember")
+    assert member["role"] == "roles/secretmanager.secretAccessor" and member["secretId"] == "hf-token"
+    (wi,) = props_of(plans["dev"], "gcp:serviceaccount/iAMMember:IAMMember")
+    assert wi["member"] == "serviceAccount:acme-llm-dev.svc.id.goog[vllm-gke-system/weights-loader]"
+
+
+def test_gcs_source_uses_gcloud_loader(plan_variant):
+    def to_gcs(values):
+        values["vllm-gke:models"][0]["source"] = "gs://acme-models/qwen2.5-7b"
+
+    plan = plan_variant("dev", to_gcs)
+    (job,) = manifests_of(plan, "Job")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert "gcloud storage cp --recursive \"gs://acme-models/qwen2.5-7b/*\"" in container["command"][-1]
+    assert container["image"].startswith("gcr.io/google.com/cloudsdktool/google-cloud-cli:")
+    roles = {p["role"] for p in props_of(plan, "gcp:projects/iAMMember:IAMMember")}
+    assert "roles/storage.objectViewer" in roles
