@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
 from dataclasses import dataclass
@@ -92,6 +93,16 @@ def run_program(stack: str, values: dict[str, Any],
     project = str(values.get("gcp:project", "mock-project"))
 
     def _run() -> Plan:
+        # Our own event loop: asyncio.run() elsewhere in the process leaves none behind.
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            return _plan()
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    def _plan() -> Plan:
         mocks = RecordingMocks(project)
         monitor = RecordingMonitor(mocks)
         pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)

@@ -1,0 +1,60 @@
+"""Stacks differ only in config; the program composes the same components for each."""
+
+from __future__ import annotations
+
+from collections import Counter
+import yaml
+
+from infra.plan import REPO_ROOT
+from tests.conftest import STACKS
+
+
+def test_stack_files_hold_only_config():
+    for stack in STACKS:
+        doc = yaml.safe_load((REPO_ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text())
+        assert set(doc) == {"config"}
+        assert all(k.startswith(("vllm-gke:", "gcp:")) for k in doc["config"])
+
+
+def test_program_has_no_stack_specific_code():
+    """What is composed never branches on the stack or environment name."""
+    composing = [REPO_ROOT / "infra" / "program.py", REPO_ROOT / "infra" / "__main__.py",
+                 *(REPO_ROOT / "components").glob("*.py")]
+    for path in composing:
+        text = path.read_text()
+        assert "get_stack" not in text, path
+        for stack in STACKS:
+            assert f'"{stack}"' not in text, (path, stack)
+
+
+def test_pulumi_project_file():
+    doc = yaml.safe_load((REPO_ROOT / "Pulumi.yaml").read_text())
+    assert doc["name"] == "vllm-gke" and doc["main"] == "infra/" and doc["stackConfigDir"] == "stacks"
+    assert doc["runtime"]["name"] == "python"
+    assert (REPO_ROOT / "infra" / "__main__.py").exists()
+
+
+def test_component_counts(plans):
+    def components(stack):
+        return Counter(r.type for r in plans[stack].resources if r.type.startswith("vllm-gke:"))
+
+    assert components("dev") == {"vllm-gke:index:GpuCluster": 1, "vllm-gke:index:ModelStore": 1,
+                                 "vllm-gke:index:MeshNamespace": 2, "vllm-gke:index:TenantAuth": 1,
+                                 "vllm-gke:index:VllmService": 2, "vllm-gke:index:Gateway": 1,
+                                 "vllm-gke:index:Observability": 1}
+    prod = components("prod")
+    assert prod["vllm-gke:index:VllmService"] == 8  # 3 shared models + 1 dedicated, two pools each
+    assert prod["vllm-gke:index:TenantAuth"] == 3
+    assert prod["vllm-gke:index:MeshNamespace"] == 4
+
+
+def test_every_component_child_is_parented(plans):
+    plan = plans["prod"]
+    components = {r.urn for r in plan.resources if not r.custom}
+    top_level = {"gke", "serving", "weights", "gateway", "observability"} | {
+        f"tenant-{t}" for t in ("search", "support", "analytics")} | {
+        f"{m}-{p}" for m in ("llama-70b", "qwen-7b", "llama-8b", "analytics-qwen-7b") for p in ("short", "long")}
+    for r in plan.resources:
+        if r.name in top_level and not r.custom:
+            continue
+        assert r.parent in components, (r.type, r.name)
