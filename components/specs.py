@@ -172,6 +172,9 @@ class ServingPoolSpec(Spec):
     max_num_batched_tokens: Optional[int] = Field(default=None, ge=256)
     # Context window this pool accepts; defaults to the model's maxModelLen.
     max_model_len: Optional[int] = Field(default=None, ge=256)
+    # Tokens (prompt + output) a typical request of this pool holds; the capacity check wants
+    # room for maxNumSeqs of them. Defaults to the pool's maxModelLen.
+    context_tokens: Optional[int] = Field(default=None, ge=16)
     # HPA target: average vllm:num_requests_waiting per pod before scaling out.
     queue_depth_target: int = Field(default=8, ge=1)
 

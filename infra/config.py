@@ -15,6 +15,7 @@ from typing import Any, Literal, Mapping, Optional
 import pulumi
 from pydantic import Field, ValidationError
 
+from infra.capacity import pool_capacity
 from components.specs import (
     ClusterSpec, CostSpec, GatewaySpec, ImageRef, ModelSpec, MonitoringSpec, Name, NodePoolSpec,
     Spec, TenantSpec, WeightsSpec,
@@ -111,13 +112,18 @@ def _semantic_issues(cfg: StackConfig) -> list[ConfigIssue]:
         elif pool.machine.gpus % tp:
             add(f"{key}.tensorParallelSize", f"is {tp} but {pool.machine_type} has {pool.machine.gpus} "
                 "GPU(s) per node; use a divisor of that, or a larger machine type")
-        usable = pool.slice_memory_gb * model.gpu_memory_utilization
-        per_gpu = model.weights_gb / tp
-        if per_gpu >= usable:
-            where = f"a {pool.gpu_partition_size} MIG slice" if pool.gpu_partition_size else f"one {pool.machine_type} GPU"
-            add(key, f"model '{model.name}' needs {per_gpu:.1f} GB of weights per GPU but {where} offers "
-                f"{usable:.1f} GB at gpuMemoryUtilization {model.gpu_memory_utilization:g}; use a larger "
-                "slice or GPU, raise tensorParallelSize on whole GPUs, or quantise (dtype: fp8 or awq)")
+        where = (f"one {pool.gpu_partition_size} MIG slice" if pool.gpu_partition_size
+                 else f"one {pool.machine_type} GPU")
+        for which in ("short", "long"):
+            row = pool_capacity(model, which, getattr(model, which), pool)
+            if row.fits:
+                continue
+            if row.kv_budget_gb <= 0:  # the weights alone overflow: same for both pools
+                add(key, f"model '{model.name}' on {where} of pool '{pool.name}': {row.problem}; {row.fix()}")
+                break
+            add(f"{key}.{which}" if key.startswith("models") else key,
+                f"model '{model.name}' ({which} pool) on {where} of pool '{pool.name}': {row.problem}; "
+                f"{row.fix()}")
         demand[pool.name] += (model.short.min_replicas + model.long.min_replicas) * tp
 
     for i, model in enumerate(cfg.models):

@@ -60,8 +60,8 @@ def test_model_that_does_not_fit_its_mig_slice(dev_values):
     dev_values["vllm-gke:nodePools"][0]["gpuPartitionSize"] = "2g.10gb"
     msg = one_issue(dev_values)
     assert msg.startswith("vllm-gke:models[0]:")
-    assert "15.2 GB" in msg and "2g.10gb" in msg and "9.0 GB" in msg
-    assert "larger slice" in msg and "fp8" in msg
+    assert "weights need 15.2 GB per GPU" in msg and "2g.10gb" in msg and "only 9.5 GB of 10 GB" in msg
+    assert "larger MIG slice" in msg and "fp8" in msg
 
 
 def test_quantised_model_fits_where_bf16_does_not(dev_values):

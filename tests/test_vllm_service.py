@@ -27,7 +27,7 @@ def test_vllm_flags_from_config(plans):
     assert pairs["--served-model-name"] == "llama-70b"
     assert pairs["--tensor-parallel-size"] == "8"
     assert pairs["--max-model-len"] == "32768"
-    assert pairs["--max-num-seqs"] == "32"
+    assert pairs["--max-num-seqs"] == "12"
     assert pairs["--max-num-batched-tokens"] == "8192"
     assert pairs["--gpu-memory-utilization"] == "0.9"
     assert {"--enable-chunked-prefill", "--enable-prefix-caching"} <= set(args)

@@ -1,0 +1,100 @@
+"""Plan-time GPU memory check: do a model's weights and KV cache fit its GPU or MIG slice?
+
+Per GPU (one MIG slice counts as one):
+    usable    = slice memory x gpuMemoryUtilization
+    weights   = params x bytes per weight / tensorParallelSize
+    kv budget = usable - weights - RUNTIME_OVERHEAD_GB (CUDA context, activations, graphs)
+    kv/token  = 2 x layers x kv_heads x head_dim x kv bytes / min(TP, kv_heads)
+A pool fits when its KV budget holds maxNumSeqs sequences of its stated context
+(`contextTokens`, default the pool's maxModelLen) and at least one maxModelLen sequence,
+which vLLM itself refuses to start without.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+from components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
+
+if TYPE_CHECKING:
+    from infra.config import StackConfig
+
+GB = 1e9
+RUNTIME_OVERHEAD_GB = 1.0
+
+
+@dataclass(frozen=True)
+class PoolCapacity:
+    model: str
+    pool: str  # short | long
+    node_pool: str
+    tenant: Optional[str]
+    gpu_memory_gb: float
+    usable_gb: float
+    weights_per_gpu_gb: float
+    kv_budget_gb: float
+    kv_bytes_per_token_per_gpu: float
+    tokens_fit: int
+    context_tokens: int
+    max_model_len: int
+    max_num_seqs: int
+    seqs_fit: int
+
+    @property
+    def fits(self) -> bool:
+        return self.problem is None
+
+    @property
+    def problem(self) -> Optional[str]:
+        if self.kv_budget_gb <= 0:
+            return (f"weights need {self.weights_per_gpu_gb:.1f} GB per GPU + {RUNTIME_OVERHEAD_GB:g} GB runtime "
+                    f"overhead, but only {self.usable_gb:.1f} GB of {self.gpu_memory_gb:g} GB is usable")
+        if self.tokens_fit < self.max_model_len:
+            return (f"the KV cache holds {self.tokens_fit} tokens ({self.kv_budget_gb:.2f} GB), less than one "
+                    f"maxModelLen sequence of {self.max_model_len}")
+        if self.seqs_fit < self.max_num_seqs:
+            return (f"the KV cache holds {self.tokens_fit} tokens ({self.kv_budget_gb:.2f} GB): {self.seqs_fit} "
+                    f"sequences of {self.context_tokens} tokens, fewer than maxNumSeqs {self.max_num_seqs}")
+        return None
+
+    def fix(self) -> str:
+        return ("use a larger MIG slice or GPU, raise tensorParallelSize on whole GPUs, quantise (dtype fp8/awq, "
+                "kvCacheDtype fp8), or lower maxNumSeqs / contextTokens / maxModelLen")
+
+
+def pool_capacity(model: ModelSpec, which: str, pool: ServingPoolSpec, node_pool: NodePoolSpec,
+                  tenant: Optional[str] = None) -> PoolCapacity:
+    tp = model.tensor_parallel_size
+    shape = model.model_shape
+    memory = node_pool.slice_memory_gb
+    usable = memory * model.gpu_memory_utilization
+    weights = model.weights_gb / tp
+    budget = usable - weights - RUNTIME_OVERHEAD_GB
+    # KV heads shard across tensor-parallel ranks; with fewer heads than ranks they are replicated.
+    per_token = model.kv_bytes_per_token / min(tp, shape.kv_heads)
+    tokens = max(0, int(budget * GB // per_token))
+    max_len = model.pool_max_model_len(pool)
+    context = pool.context_tokens or max_len
+    return PoolCapacity(
+        model=model.name, pool=which, node_pool=node_pool.name, tenant=tenant, gpu_memory_gb=memory,
+        usable_gb=usable, weights_per_gpu_gb=weights, kv_budget_gb=budget,
+        kv_bytes_per_token_per_gpu=per_token, tokens_fit=tokens, context_tokens=context,
+        max_model_len=max_len, max_num_seqs=pool.max_num_seqs, seqs_fit=tokens // context)
+
+
+def capacity_report(cfg: "StackConfig") -> list[PoolCapacity]:
+    """One row per serving pool the stack declares, shared and dedicated."""
+    rows = []
+    pools = {p.name: p for p in cfg.node_pools}
+    for model in cfg.models:
+        for which in ("short", "long"):
+            rows.append(pool_capacity(model, which, getattr(model, which), pools[model.node_pool]))
+    for tenant in cfg.tenants:
+        if tenant.dedicated:
+            for name in tenant.dedicated.models:
+                model = cfg.model(name)
+                for which in ("short", "long"):
+                    rows.append(pool_capacity(model, which, getattr(model, which),
+                                              pools[tenant.dedicated.node_pool], tenant.name))
+    return rows
