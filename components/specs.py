@@ -330,7 +330,9 @@ class MonitoringSpec(Spec):
 
 
 class CostSpec(Spec):
+    # Sustained generation throughput of one physical GPU for your models (measure it).
     tokens_per_second_per_gpu: float = Field(default=1500.0, gt=0)
+    target_utilization: float = Field(default=0.6, gt=0, le=1)
     hours_per_month: float = Field(default=730.0, gt=0, le=744)
 
 

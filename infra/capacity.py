@@ -85,16 +85,26 @@ def pool_capacity(model: ModelSpec, which: str, pool: ServingPoolSpec, node_pool
 
 def capacity_report(cfg: "StackConfig") -> list[PoolCapacity]:
     """One row per serving pool the stack declares, shared and dedicated."""
-    rows = []
     pools = {p.name: p for p in cfg.node_pools}
-    for model in cfg.models:
-        for which in ("short", "long"):
-            rows.append(pool_capacity(model, which, getattr(model, which), pools[model.node_pool]))
+    return [pool_capacity(model, which, getattr(model, which), pools[pool_name], tenant)
+            for model, pool_name, tenant in placements(cfg) for which in ("short", "long")]
+
+
+def placements(cfg: "StackConfig") -> list[tuple[ModelSpec, str, Optional[str]]]:
+    """(model, node pool name, tenant) for every set of replicas: shared, then dedicated."""
+    out: list[tuple[ModelSpec, str, Optional[str]]] = [(m, m.node_pool, None) for m in cfg.models]
+    models = {m.name: m for m in cfg.models}
     for tenant in cfg.tenants:
         if tenant.dedicated:
-            for name in tenant.dedicated.models:
-                model = cfg.model(name)
-                for which in ("short", "long"):
-                    rows.append(pool_capacity(model, which, getattr(model, which),
-                                              pools[tenant.dedicated.node_pool], tenant.name))
-    return rows
+            out += [(models[name], tenant.dedicated.node_pool, tenant.name)
+                    for name in tenant.dedicated.models if name in models]
+    return out
+
+
+def gpu_slots_by_pool(cfg: "StackConfig", bound: str = "min") -> dict[str, int]:
+    """GPU units (whole GPUs or MIG slices) each node pool needs at min or max replicas."""
+    slots: dict[str, int] = {}
+    for model, pool_name, _tenant in placements(cfg):
+        replicas = sum(getattr(getattr(model, which), f"{bound}_replicas") for which in ("short", "long"))
+        slots[pool_name] = slots.get(pool_name, 0) + replicas * model.tensor_parallel_size
+    return slots

@@ -1,6 +1,7 @@
 """`vllm-gke`: the offline front door. Runs the real stack program under Pulumi mocks.
 
-Exit codes: 0 plan is clean, 1 the plan is unsafe (invalid manifest), 2 bad config or input.
+Exit codes: 0 plan is clean, 1 the plan is unsafe (invalid manifest or a mandatory policy
+violation), 2 bad config or input.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from infra.config import ConfigError
 from infra.manifests import describe, validate
 from infra.plan import STACKS_DIR, Plan, run_plan
 from infra.plan_output import write_plan
+from infra.report import Verdicts, load_policy_config, verdicts
+from policies.rules import POLICIES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan vllm-gke stacks offline: resources, manifests, dashboards, verdicts.")
@@ -39,6 +42,48 @@ def resource_table(plan: Plan, detail: bool) -> Table:
     return table
 
 
+def policy_table(v: Verdicts) -> Table:
+    table = Table(title="policies")
+    for col in ("policy", "level", "verdict"):
+        table.add_column(col)
+    for p in POLICIES:
+        hits = [x for x in v.violations if x.policy == p.name]
+        level = v.levels[p.name]
+        verdict = "[dim]skipped[/]" if level == "disabled" else (
+            f"[red]{len(hits)} violation(s)[/]" if hits else "[green]pass[/]")
+        table.add_row(p.name, level, verdict)
+    return table
+
+
+def capacity_table(v: Verdicts) -> Table:
+    table = Table(title="GPU capacity per serving pool (GB per GPU or MIG slice)")
+    for col in ("model", "pool", "node pool", "GPU", "usable", "weights", "KV budget", "KV tokens",
+                "context", "seqs fit", "maxNumSeqs", "fits"):
+        table.add_column(col, justify="right" if col not in ("model", "pool", "node pool") else "left")
+    for r in v.capacity:
+        table.add_row(r.model + (f" ({r.tenant})" if r.tenant else ""), r.pool, r.node_pool,
+                      f"{r.gpu_memory_gb:g}", f"{r.usable_gb:.1f}", f"{r.weights_per_gpu_gb:.1f}",
+                      f"{r.kv_budget_gb:.1f}", f"{r.tokens_fit:,}", f"{r.context_tokens:,}", str(r.seqs_fit),
+                      str(r.max_num_seqs), "[green]yes[/]" if r.fits else "[red]no[/]")
+    return table
+
+
+def cost_table(v: Verdicts) -> Table:
+    c = v.cost
+    table = Table(title=f"monthly cost, USD (list prices as of {c.prices_as_of}, {c.hours_per_month:g} h/month)")
+    for col in ("item", "machine", "nodes (baseline-peak)", "$/h per node", "baseline", "peak"):
+        table.add_column(col, justify="left" if col in ("item", "machine") else "right")
+    for p in c.pools:
+        table.add_row(p.pool + (" (spot)" if p.spot else ""), p.machine_type, f"{p.baseline_nodes}-{p.peak_nodes}",
+                      f"{p.hour_price:.2f}", f"{p.baseline_month:,.0f}", f"{p.peak_month:,.0f}")
+    for item, month in c.fixed_month.items():
+        table.add_row(item, "", "", "", f"{month:,.0f}", f"{month:,.0f}")
+    table.add_row("[bold]total[/]", "", "", "", f"[bold]{c.baseline_month:,.0f}[/]", f"[bold]{c.peak_month:,.0f}[/]")
+    table.caption = (f"{c.baseline_gpus} GPUs at baseline x {c.tokens_per_second_per_gpu:g} tokens/s x "
+                     f"{c.utilization:.0%} utilisation = ${c.usd_per_million_tokens:.2f} per million tokens")
+    return table
+
+
 @app.command()
 def plan(
     stack: str = typer.Option("dev", "--stack", "-s", help="stack name: stacks/Pulumi.<stack>.yaml"),
@@ -46,12 +91,19 @@ def plan(
     stacks_dir: Path = typer.Option(STACKS_DIR, "--stacks-dir", help="folder holding Pulumi.<stack>.yaml"),
     detail: bool = typer.Option(False, "--detail", help="list every resource, not counts per type"),
     write: bool = typer.Option(True, "--write/--no-write", help="write files under --out"),
+    policy_config: Optional[Path] = typer.Option(
+        None, "--policy-config", help="enforcement levels, as for `pulumi preview --policy-pack-config`"),
 ) -> None:
     """Run the stack program under mocks and report what `pulumi up` would create."""
     try:
+        levels = load_policy_config(policy_config)
         result = run_plan(stack, stacks_dir)
+        report = verdicts(result, levels)
     except ConfigError as exc:
         console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    except (OSError, ValueError) as exc:
+        console.print(f"[bold red]error:[/] --policy-config {policy_config}: {exc}", highlight=False)
         raise typer.Exit(2) from None
     console.print(resource_table(result, detail))
 
@@ -65,11 +117,18 @@ def plan(
     else:
         console.print(f"[green]all {n_docs} Kubernetes manifests pass schema validation[/]")
 
+    console.print(policy_table(report))
+    for v in report.violations:
+        colour = "red" if v.level == "mandatory" else "yellow"
+        console.print(f"  [{colour}]{v.level}[/] {v.policy}: {v.message}", highlight=False)
+    console.print(capacity_table(report))
+    console.print(cost_table(report))
+
     if write:
-        files = write_plan(result, out)
-        console.print(f"wrote {len(files)} files under {out / stack}/ "
-                      "(manifests/, dashboard.json, alert-policies.json, resources.json)")
-    if problems:
+        files = write_plan(result, out, report.to_json())
+        console.print(f"wrote {len(files)} files under {out / stack}/ (manifests/, dashboard.json, "
+                      "alert-policies.json, resources.json, verdicts.json)")
+    if problems or report.mandatory:
         raise typer.Exit(1)
 
 

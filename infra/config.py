@@ -15,7 +15,7 @@ from typing import Any, Literal, Mapping, Optional
 import pulumi
 from pydantic import Field, ValidationError
 
-from infra.capacity import pool_capacity
+from infra.capacity import gpu_slots_by_pool, pool_capacity
 from components.specs import (
     ClusterSpec, CostSpec, GatewaySpec, ImageRef, ModelSpec, MonitoringSpec, Name, NodePoolSpec,
     Spec, TenantSpec, WeightsSpec,
@@ -96,7 +96,6 @@ def _semantic_issues(cfg: StackConfig) -> list[ConfigIssue]:
                 add(field, f"name '{name}' is used {n} times; names must be unique")
     pools = {p.name: p for p in cfg.node_pools}
     models = {m.name: m for m in cfg.models}
-    demand: Counter[str] = Counter()
 
     def check_placement(key: str, model: ModelSpec, pool_name: str) -> None:
         pool = pools.get(pool_name)
@@ -124,7 +123,6 @@ def _semantic_issues(cfg: StackConfig) -> list[ConfigIssue]:
             add(f"{key}.{which}" if key.startswith("models") else key,
                 f"model '{model.name}' ({which} pool) on {where} of pool '{pool.name}': {row.problem}; "
                 f"{row.fix()}")
-        demand[pool.name] += (model.short.min_replicas + model.long.min_replicas) * tp
 
     for i, model in enumerate(cfg.models):
         key = f"models[{i}]"
@@ -146,8 +144,10 @@ def _semantic_issues(cfg: StackConfig) -> list[ConfigIssue]:
                         f"tenants[{i}].models")
                 elif model_name in models:
                     check_placement(f"tenants[{i}].dedicated", models[model_name], tenant.dedicated.node_pool)
-    for name, needed in demand.items():
-        pool = pools[name]
+    for name, needed in gpu_slots_by_pool(cfg).items():
+        pool = pools.get(name)
+        if pool is None:
+            continue  # reported above as an unknown nodePool
         offered = pool.max_nodes * pool.slices_per_node
         if needed > offered:
             idx = cfg.node_pools.index(pool)

@@ -17,6 +17,7 @@ from pulumi.runtime.sync_await import _sync_await
 from infra.config import ConfigError, ConfigIssue, StackConfig, load
 from infra.mocks import PlannedResource, RecordingMocks, RecordingMonitor
 from infra.program import Platform, build
+from policies.rules import Resource
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STACKS_DIR = REPO_ROOT / "stacks"
@@ -39,6 +40,9 @@ class Plan:
     def manifests(self) -> list[dict[str, Any]]:
         """Each Kubernetes resource as the manifest the provider would apply."""
         return [manifest(r) for r in self.kubernetes()]
+
+    def policy_resources(self) -> list[Resource]:
+        return [Resource(type=r.type, name=r.name, props=r.props, urn=r.urn) for r in self.resources if r.custom]
 
     def component_of(self, resource: PlannedResource) -> str:
         parents = {r.urn: r for r in self.resources}

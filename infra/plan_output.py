@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
@@ -29,7 +29,7 @@ def redact(props: dict[str, Any], secret_paths: list[tuple[Any, ...]]) -> dict[s
     return out
 
 
-def write_plan(plan: Plan, out_dir: Path) -> list[Path]:
+def write_plan(plan: Plan, out_dir: Path, verdicts: Optional[dict[str, Any]] = None) -> list[Path]:
     """Write everything under out_dir/<stack>/ and return the files written."""
     root = out_dir / plan.stack
     written: list[Path] = []
@@ -51,4 +51,6 @@ def write_plan(plan: Plan, out_dir: Path) -> list[Path]:
     inventory = [{"type": r.type, "name": r.name, "component": plan.component_of(r),
                   "props": redact(r.props, r.secret_paths)} for r in plan.resources if r.custom]
     write(Path("resources.json"), json.dumps(inventory, indent=2, default=str) + "\n")
+    if verdicts is not None:
+        write(Path("verdicts.json"), json.dumps(verdicts, indent=2) + "\n")
     return written

@@ -1,0 +1,58 @@
+"""Plan-time verdicts: policy violations, GPU capacity per serving pool, and cost."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from infra.capacity import PoolCapacity, capacity_report
+from infra.cost import CostReport, cost_report
+from infra.plan import Plan
+from policies.rules import POLICIES, Violation, evaluate, resolve_levels
+
+
+@dataclass
+class Verdicts:
+    levels: dict[str, str]
+    violations: list[Violation]
+    capacity: list[PoolCapacity]
+    cost: CostReport
+
+    @property
+    def mandatory(self) -> list[Violation]:
+        return [v for v in self.violations if v.level == "mandatory"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policies": [{"name": p.name, "level": self.levels[p.name],
+                          "violations": [asdict(v) for v in self.violations if v.policy == p.name]}
+                         for p in POLICIES],
+            "capacity": [{**asdict(row), "fits": row.fits} for row in self.capacity],
+            "cost": {
+                "pricesAsOf": self.cost.prices_as_of,
+                "pools": [{**asdict(p), "baselineMonth": p.baseline_month, "peakMonth": p.peak_month}
+                          for p in self.cost.pools],
+                "fixedMonth": self.cost.fixed_month,
+                "baselineMonth": self.cost.baseline_month,
+                "peakMonth": self.cost.peak_month,
+                "usdPerMillionTokens": self.cost.usd_per_million_tokens,
+            },
+        }
+
+
+def load_policy_config(path: Optional[Path]) -> Mapping[str, Any]:
+    if path is None:
+        return {}
+    return json.loads(path.read_text())
+
+
+def verdicts(plan: Plan, policy_config: Optional[Mapping[str, Any]] = None) -> Verdicts:
+    store = plan.platform.store
+    return Verdicts(
+        levels=dict(resolve_levels(policy_config)),
+        violations=evaluate(plan.policy_resources(), policy_config),
+        capacity=capacity_report(plan.config),
+        cost=cost_report(plan.config, store.tier, store.capacity_gb),
+    )

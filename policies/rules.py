@@ -1,0 +1,382 @@
+"""The vllm-gke policies as plain functions over planned resources.
+
+Each policy takes every resource of a plan (type token, name, input/output properties in
+Pulumi's camelCase wire form) and yields (resource, message) for each violation. The
+CrossGuard pack (policies/pack.py) and the offline plan both call these, so
+`pulumi preview --policy-pack policies` and `vllm-gke plan` give the same verdicts.
+Only the standard library and the hardware catalog: the pack must stay light.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Optional, Sequence
+
+from components.catalog import ACCELERATORS
+
+Level = Literal["advisory", "mandatory", "disabled"]
+LEVELS: tuple[Level, ...] = ("advisory", "mandatory", "disabled")
+
+
+@dataclass(frozen=True)
+class Resource:
+    type: str
+    name: str
+    props: Mapping[str, Any]
+    urn: str = ""
+
+
+Finding = tuple[Optional[Resource], str]
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    description: str
+    level: Level
+    check: Callable[[Sequence[Resource]], Iterable[Finding]]
+
+
+@dataclass(frozen=True)
+class Violation:
+    policy: str
+    level: Level
+    resource: str
+    urn: str
+    message: str
+
+
+# --- helpers over the plan ---------------------------------------------------------------
+
+NODE_POOL = "gcp:container/nodePool:NodePool"
+POD_TEMPLATE_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
+SECRETISH = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|CREDENTIAL", re.I)
+INTERNAL_GATEWAY = re.compile(r"rilb|internal")
+METRICS_PATHS = {"/metrics", "/health"}
+GUARD_MIDDLEWARE = "vllm_gke_guard.GuardMiddleware"
+VLLM_ENTRYPOINTS = ("vllm serve", "vllm.entrypoints.openai.api_server", "/opt/vllm-gke/serve.py")
+
+
+def kube(resources: Sequence[Resource], kind: str) -> list[Resource]:
+    return [r for r in resources if r.type.startswith("kubernetes:") and r.props.get("kind") == kind]
+
+
+def meta(r: Resource) -> Mapping[str, Any]:
+    return r.props.get("metadata") or {}
+
+
+def namespace_of(r: Resource) -> str:
+    return meta(r).get("namespace") or "default"
+
+
+def pod_spec(r: Resource) -> Optional[Mapping[str, Any]]:
+    kind = r.props.get("kind")
+    spec = r.props.get("spec") or {}
+    if kind in POD_TEMPLATE_KINDS:
+        return (spec.get("template") or {}).get("spec")
+    if kind == "CronJob":
+        return (((spec.get("jobTemplate") or {}).get("spec") or {}).get("template") or {}).get("spec")
+    if kind == "Pod":
+        return spec
+    return None
+
+
+def containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list(pod.get("initContainers") or []) + list(pod.get("containers") or [])
+
+
+def workloads(resources: Sequence[Resource]) -> Iterator[tuple[Resource, Mapping[str, Any]]]:
+    for r in resources:
+        if r.type.startswith("kubernetes:") and (pod := pod_spec(r)) is not None:
+            yield r, pod
+
+
+def is_vllm_server(container: Mapping[str, Any]) -> bool:
+    line = " ".join(str(x) for x in (container.get("command") or []) + (container.get("args") or []))
+    return any(e in line for e in VLLM_ENTRYPOINTS)
+
+
+def vllm_servers(resources: Sequence[Resource]) -> Iterator[tuple[Resource, Mapping[str, Any], Mapping[str, Any]]]:
+    for r, pod in workloads(resources):
+        for c in pod.get("containers") or []:
+            if is_vllm_server(c):
+                yield r, pod, c
+
+
+def env_of(container: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {e.get("name", ""): e for e in container.get("env") or []}
+
+
+def where(r: Resource) -> str:
+    return f"{r.props.get('kind', r.type.split(':')[-1])} {namespace_of(r)}/{meta(r).get('name', r.name)}" \
+        if r.type.startswith("kubernetes:") else f"{r.type.split(':')[-1]} {r.name}"
+
+
+# --- the policies ------------------------------------------------------------------------
+
+def gpu_node_pools_tainted(resources: Sequence[Resource]) -> Iterator[Finding]:
+    for r in resources:
+        if r.type != NODE_POOL:
+            continue
+        config = r.props.get("nodeConfig") or {}
+        if not config.get("guestAccelerators"):
+            continue
+        taints = config.get("taints") or []
+        if not any(t.get("key") == "nvidia.com/gpu" and t.get("effect") == "NO_SCHEDULE" for t in taints):
+            yield r, (f"GPU node pool '{r.props.get('name', r.name)}' has no nvidia.com/gpu NO_SCHEDULE taint: "
+                      "CPU pods would land on (and block) GPU nodes")
+
+
+def mig_partition_valid(resources: Sequence[Resource]) -> Iterator[Finding]:
+    for r in resources:
+        if r.type != NODE_POOL:
+            continue
+        for acc in (r.props.get("nodeConfig") or {}).get("guestAccelerators") or []:
+            size = acc.get("gpuPartitionSize")
+            if not size:
+                continue
+            known = ACCELERATORS.get(acc.get("type", ""))
+            if known is None:
+                yield r, f"gpuPartitionSize '{size}' on unknown accelerator '{acc.get('type')}'"
+            elif size not in known.mig_profiles:
+                valid = ", ".join(known.mig_profiles) or "none: it has no MIG"
+                yield r, f"gpuPartitionSize '{size}' is not a MIG profile of {known.gke_type}; valid: {valid}"
+
+
+def _model_ref(container: Mapping[str, Any]) -> Optional[str]:
+    words = [str(x) for x in (container.get("command") or []) + (container.get("args") or [])]
+    if "--model" in words and words.index("--model") + 1 < len(words):
+        return words[words.index("--model") + 1]
+    for entry in ("serve", "/opt/vllm-gke/serve.py"):
+        if entry in words and words.index(entry) + 1 < len(words):
+            return words[words.index(entry) + 1]
+    return None
+
+
+def weights_read_only(resources: Sequence[Resource]) -> Iterator[Finding]:
+    for r, pod, c in vllm_servers(resources):
+        shared = {v["name"]: v for v in pod.get("volumes") or [] if "persistentVolumeClaim" in v or "nfs" in v}
+        mounts = [m for m in c.get("volumeMounts") or [] if m.get("name") in shared]
+        if not mounts:
+            yield r, f"{where(r)}: the vLLM container mounts no shared weights volume"
+        for m in mounts:
+            volume = shared[m["name"]]
+            source = volume.get("persistentVolumeClaim") or volume.get("nfs") or {}
+            if not m.get("readOnly") or not source.get("readOnly"):
+                yield r, f"{where(r)}: weights volume '{m['name']}' must be mounted readOnly (mount and volume)"
+        model = _model_ref(c)
+        if not model or not model.startswith("/"):
+            yield r, f"{where(r)}: model '{model}' is not a local path on the shared volume; replicas must not download"
+        env = env_of(c)
+        if env.get("HF_HUB_OFFLINE", {}).get("value") != "1":
+            yield r, f"{where(r)}: HF_HUB_OFFLINE=1 must be set so the server can never fetch weights"
+        if "HF_TOKEN" in env or "HUGGING_FACE_HUB_TOKEN" in env:
+            yield r, f"{where(r)}: the server holds a Hugging Face token; only the loader Job may"
+        if any(str(a).startswith("--download-dir") for a in c.get("args") or []):
+            yield r, f"{where(r)}: --download-dir makes replicas download their own copy"
+
+
+def _mesh_policies(resources: Sequence[Resource]) -> tuple[dict[str, list[Resource]], dict[str, list[Resource]]]:
+    authn: dict[str, list[Resource]] = {}
+    authz: dict[str, list[Resource]] = {}
+    for r in kube(resources, "RequestAuthentication"):
+        authn.setdefault(namespace_of(r), []).append(r)
+    for r in kube(resources, "AuthorizationPolicy"):
+        authz.setdefault(namespace_of(r), []).append(r)
+    return authn, authz
+
+
+def tenant_namespaces_authenticated(resources: Sequence[Resource]) -> Iterator[Finding]:
+    authn, authz = _mesh_policies(resources)
+    for ns in kube(resources, "Namespace"):
+        labels = meta(ns).get("labels") or {}
+        if "vllm-gke.io/tenant" not in labels:
+            continue
+        name = meta(ns).get("name", ns.name)
+        missing = [k for k, found in (("RequestAuthentication", authn), ("AuthorizationPolicy", authz))
+                   if not found.get(name)]
+        if missing:
+            yield ns, f"tenant namespace '{name}' has no {' and no '.join(missing)}"
+
+
+def _is_deny_all(policy: Resource) -> bool:
+    spec = policy.props.get("spec") or {}
+    return spec.get("action", "ALLOW") == "ALLOW" and not spec.get("rules")
+
+
+def _unauthenticated_allows(policy: Resource) -> list[str]:
+    spec = policy.props.get("spec") or {}
+    if spec.get("action", "ALLOW") != "ALLOW":
+        return []
+    open_paths = []
+    for rule in spec.get("rules") or []:
+        principals = [p for f in rule.get("from") or [] for p in (f.get("source") or {}).get("requestPrincipals") or []]
+        if principals:
+            continue
+        paths = {p for t in rule.get("to") or [] for p in (t.get("operation") or {}).get("paths") or []}
+        if not paths or not paths <= METRICS_PATHS:
+            open_paths += sorted(paths) or ["*"]
+    return open_paths
+
+
+def external_gateway_authenticated(resources: Sequence[Resource]) -> Iterator[Finding]:
+    external = {(namespace_of(g), meta(g).get("name")): g for g in kube(resources, "Gateway")
+                if not INTERNAL_GATEWAY.search((g.props.get("spec") or {}).get("gatewayClassName", ""))}
+    if not external:
+        return
+    authn, authz = _mesh_policies(resources)
+    for route in kube(resources, "HTTPRoute"):
+        ns = namespace_of(route)
+        parents = (route.props.get("spec") or {}).get("parentRefs") or []
+        if not any((p.get("namespace") or ns, p.get("name")) in external for p in parents):
+            continue
+        if not authn.get(ns):
+            yield route, f"{where(route)} is exposed on an external Gateway but namespace '{ns}' has no RequestAuthentication"
+        if not any(_is_deny_all(p) for p in authz.get(ns, [])):
+            yield route, f"{where(route)} is exposed on an external Gateway but namespace '{ns}' has no deny-all AuthorizationPolicy"
+        for p in authz.get(ns, []):
+            if open_paths := _unauthenticated_allows(p):
+                yield p, f"{where(p)} allows {', '.join(open_paths)} without a JWT principal behind an external Gateway"
+
+
+def _pinned(image: str) -> bool:
+    if "@sha256:" in image:
+        return True
+    last = image.rsplit("/", 1)[-1]
+    return ":" in last and last.rsplit(":", 1)[1] not in ("", "latest")
+
+
+def images_pinned(resources: Sequence[Resource]) -> Iterator[Finding]:
+    for r, pod in workloads(resources):
+        for c in containers(pod):
+            image = str(c.get("image", ""))
+            if not _pinned(image):
+                yield r, f"{where(r)}: container '{c.get('name')}' image '{image}' is not pinned to a tag or digest"
+
+
+def resource_limits(resources: Sequence[Resource]) -> Iterator[Finding]:
+    for r, pod in workloads(resources):
+        for c in containers(pod):
+            res = c.get("resources") or {}
+            limits, requests = res.get("limits") or {}, res.get("requests") or {}
+            missing = [k for k in ("cpu", "memory") if k not in limits]
+            if missing:
+                yield r, f"{where(r)}: container '{c.get('name')}' has no {'/'.join(missing)} limit"
+            if "nvidia.com/gpu" in requests and limits.get("nvidia.com/gpu") != requests["nvidia.com/gpu"]:
+                yield r, f"{where(r)}: container '{c.get('name')}' must limit nvidia.com/gpu to what it requests"
+
+
+def no_secret_literals(resources: Sequence[Resource]) -> Iterator[Finding]:
+    for r in kube(resources, "Secret"):
+        if r.props.get("data") or r.props.get("stringData"):
+            yield r, f"{where(r)} carries secret data in the plan (and in state); sync it from Secret Manager"
+    for r in resources:
+        if r.type == "gcp:secretmanager/secretVersion:SecretVersion" and r.props.get("secretData"):
+            yield r, f"secret version '{r.name}' puts the secret's value in Pulumi state; add versions out of band"
+        if r.type == "pulumi:providers:kubernetes":
+            kubeconfig = str(r.props.get("kubeconfig", ""))
+            if re.search(r'"(token|client-key-data|password)"\s*:', kubeconfig):
+                yield r, "the Kubernetes provider's kubeconfig embeds a static credential; use gke-gcloud-auth-plugin"
+    for r, pod in workloads(resources):
+        for c in containers(pod):
+            for name, e in env_of(c).items():
+                if SECRETISH.search(name) and "value" in e:
+                    yield r, f"{where(r)}: env {name} of container '{c.get('name')}' is a literal; use a secret reference"
+
+
+def max_tokens_cap(resources: Sequence[Resource]) -> Iterator[Finding]:
+    for r, _pod, c in vllm_servers(resources):
+        args = [str(a) for a in c.get("args") or []]
+        if not any(args[i] == "--middleware" and args[i + 1] == GUARD_MIDDLEWARE for i in range(len(args) - 1)):
+            yield r, f"{where(r)}: the server does not load {GUARD_MIDDLEWARE}, so no max_tokens cap applies"
+            continue
+        raw = env_of(c).get("VLLM_GKE_GUARD_CONFIG", {}).get("value")
+        try:
+            issuers = json.loads(raw or "").get("issuers", {})
+        except (ValueError, AttributeError):
+            yield r, f"{where(r)}: VLLM_GKE_GUARD_CONFIG is missing or not JSON"
+            continue
+        for issuer, entry in issuers.items():
+            cap = entry.get("maxTokens") if isinstance(entry, dict) else None
+            # The engine hands numbers over as doubles; a cap is a whole number of at least one.
+            if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap < 1 or cap != int(cap):
+                yield r, f"{where(r)}: tenant issuer {issuer} has no positive maxTokens cap"
+
+
+def vllm_autoscaled(resources: Sequence[Resource]) -> Iterator[Finding]:
+    hpas = {(namespace_of(h), (h.props.get("spec") or {}).get("scaleTargetRef", {}).get("name"))
+            for h in kube(resources, "HorizontalPodAutoscaler")}
+    pdbs = [(namespace_of(p), ((p.props.get("spec") or {}).get("selector") or {}).get("matchLabels") or {})
+            for p in kube(resources, "PodDisruptionBudget")]
+    seen = set()
+    for r, _pod, _c in vllm_servers(resources):
+        if r.props.get("kind") != "Deployment" or r.urn in seen:
+            continue
+        seen.add(r.urn)
+        ns, name = namespace_of(r), meta(r).get("name")
+        if (ns, name) not in hpas:
+            yield r, f"{where(r)} has no HorizontalPodAutoscaler: fixed replicas idle GPUs or drop load"
+        labels = (((r.props.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
+        if not any(pns == ns and sel and all(labels.get(k) == v for k, v in sel.items()) for pns, sel in pdbs):
+            yield r, f"{where(r)} has no PodDisruptionBudget: node upgrades could take every replica at once"
+
+
+POLICIES: tuple[Policy, ...] = (
+    Policy("gpu-node-pools-tainted", "GPU node pools carry the nvidia.com/gpu NoSchedule taint.",
+           "mandatory", gpu_node_pools_tainted),
+    Policy("mig-partition-valid", "gpu_partition_size is a MIG profile of the pool's accelerator.",
+           "mandatory", mig_partition_valid),
+    Policy("weights-read-only", "vLLM pods mount the shared weights read-only and never download weights.",
+           "mandatory", weights_read_only),
+    Policy("tenant-namespaces-authenticated",
+           "Every tenant namespace has a RequestAuthentication and an AuthorizationPolicy.",
+           "mandatory", tenant_namespaces_authenticated),
+    Policy("external-gateway-authenticated",
+           "Routes on an external Gateway sit behind JWT auth and a default deny.",
+           "mandatory", external_gateway_authenticated),
+    Policy("images-pinned", "Every container image is pinned to a tag (not latest) or a digest.",
+           "mandatory", images_pinned),
+    Policy("resource-limits", "Every container sets CPU and memory limits; GPU limits match requests.",
+           "mandatory", resource_limits),
+    Policy("no-secret-literals", "No secret value appears in the plan or in state.",
+           "mandatory", no_secret_literals),
+    Policy("max-tokens-cap", "Every vLLM server enforces a max_tokens cap for each tenant.",
+           "mandatory", max_tokens_cap),
+    Policy("vllm-autoscaled", "Every vLLM Deployment has an HPA and a PodDisruptionBudget.",
+           "advisory", vllm_autoscaled),
+)
+POLICY_NAMES = tuple(p.name for p in POLICIES)
+
+
+def resolve_levels(config: Optional[Mapping[str, Any]] = None) -> dict[str, Level]:
+    """Enforcement levels from a config in `pulumi --policy-pack-config` form:
+    {"all": "advisory", "<policy>": "mandatory" | {"enforcementLevel": "disabled"}}."""
+    config = dict(config or {})
+    unknown = set(config) - {"all", *POLICY_NAMES}
+    if unknown:
+        raise ValueError(f"unknown policies in policy config: {', '.join(sorted(unknown))}; "
+                         f"known: {', '.join(POLICY_NAMES)}")
+
+    def level(value: Any, key: str) -> Level:
+        value = value.get("enforcementLevel") if isinstance(value, dict) else value
+        if value not in LEVELS:
+            raise ValueError(f"policy config '{key}': enforcement level '{value}' is not one of {', '.join(LEVELS)}")
+        return value
+
+    default = level(config["all"], "all") if "all" in config else None
+    return {p.name: level(config[p.name], p.name) if p.name in config else (default or p.level)
+            for p in POLICIES}
+
+
+def evaluate(resources: Sequence[Resource], config: Optional[Mapping[str, Any]] = None) -> list[Violation]:
+    levels = resolve_levels(config)
+    out = []
+    for policy in POLICIES:
+        if levels[policy.name] == "disabled":
+            continue
+        for resource, message in policy.check(resources):
+            out.append(Violation(policy.name, levels[policy.name], resource.name if resource else "<stack>",
+                                 resource.urn if resource else "", message))
+    return out

@@ -1,0 +1,180 @@
+"""Every policy fails on a plan that breaks it (with its message) and passes on the shipped stacks."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, Callable
+
+import pytest
+
+from policies.rules import POLICIES, POLICY_NAMES, Resource, evaluate, resolve_levels
+from tests.conftest import STACKS
+
+
+def resources(plan) -> list[Resource]:
+    return [Resource(r.type, r.name, copy.deepcopy(r.props), r.urn) for r in plan.policy_resources()]
+
+
+def kind(rs: list[Resource], k: str, name: str | None = None) -> Resource:
+    return next(r for r in rs if r.props.get("kind") == k and (name is None or r.props["metadata"]["name"] == name))
+
+
+def vllm_container(rs: list[Resource]) -> dict[str, Any]:
+    dep = kind(rs, "Deployment")
+    return dep.props["spec"]["template"]["spec"]["containers"][0]
+
+
+def violations_of(rs, policy):
+    return [v for v in evaluate(rs) if v.policy == policy]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_shipped_stacks_pass_every_policy(plans, stack):
+    assert evaluate(resources(plans[stack])) == []
+
+
+def _untaint(rs):
+    pool = next(r for r in rs if r.type == "gcp:container/nodePool:NodePool" and r.props["name"] == "a100-mig")
+    pool.props["nodeConfig"]["taints"] = []
+
+
+def _bad_mig(rs):
+    pool = next(r for r in rs if r.type == "gcp:container/nodePool:NodePool" and r.props["name"] == "a100-mig")
+    pool.props["nodeConfig"]["guestAccelerators"][0]["gpuPartitionSize"] = "1g.10gb"
+
+
+def _writable_weights(rs):
+    dep = kind(rs, "Deployment")
+    vol = next(v for v in dep.props["spec"]["template"]["spec"]["volumes"] if v["name"] == "weights")
+    vol["persistentVolumeClaim"]["readOnly"] = False
+
+
+def _downloads_weights(rs):
+    c = vllm_container(rs)
+    c["args"][0] = "Qwen/Qwen2.5-7B-Instruct"
+    c["env"] = [e for e in c["env"] if e["name"] != "HF_HUB_OFFLINE"]
+
+
+def _tenant_without_authn(rs):
+    rs[:] = [r for r in rs if not (r.props.get("kind") == "RequestAuthentication"
+                                   and r.props["metadata"]["namespace"] == "tenant-dev-team")]
+
+
+def _external_gateway_open(rs):
+    kind(rs, "Gateway").props["spec"]["gatewayClassName"] = "gke-l7-regional-external-managed"
+    rs[:] = [r for r in rs if not (r.props.get("kind") == "AuthorizationPolicy"
+                                   and r.props["metadata"]["name"] == "deny-all"
+                                   and r.props["metadata"]["namespace"] == "vllm")]
+
+
+def _latest_image(rs):
+    vllm_container(rs)["image"] = "vllm/vllm-openai:latest"
+
+
+def _no_limits(rs):
+    del vllm_container(rs)["resources"]["limits"]
+
+
+def _secret_literal(rs):
+    vllm_container(rs)["env"].append({"name": "HF_TOKEN", "value": "hf_abc"})
+    rs.append(Resource("kubernetes:core/v1:Secret", "leak",
+                       {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "leak", "namespace": "vllm"},
+                        "stringData": {"token": "hf_abc"}}))
+
+
+def _no_cap(rs):
+    env = next(e for e in vllm_container(rs)["env"] if e["name"] == "VLLM_GKE_GUARD_CONFIG")
+    cfg = json.loads(env["value"])
+    for entry in cfg["issuers"].values():
+        del entry["maxTokens"]
+    env["value"] = json.dumps(cfg)
+
+
+def _no_hpa(rs):
+    rs[:] = [r for r in rs if r.props.get("kind") != "HorizontalPodAutoscaler"]
+
+
+CASES: dict[str, tuple[Callable, str]] = {
+    "gpu-node-pools-tainted": (_untaint, "has no nvidia.com/gpu NO_SCHEDULE taint"),
+    "mig-partition-valid": (_bad_mig, "'1g.10gb' is not a MIG profile of nvidia-tesla-a100"),
+    "weights-read-only": (_writable_weights, "must be mounted readOnly"),
+    "tenant-namespaces-authenticated": (_tenant_without_authn, "'tenant-dev-team' has no RequestAuthentication"),
+    "external-gateway-authenticated": (_external_gateway_open, "has no deny-all AuthorizationPolicy"),
+    "images-pinned": (_latest_image, "'vllm/vllm-openai:latest' is not pinned"),
+    "resource-limits": (_no_limits, "has no cpu/memory limit"),
+    "no-secret-literals": (_secret_literal, "env HF_TOKEN of container 'vllm' is a literal"),
+    "max-tokens-cap": (_no_cap, "has no positive maxTokens cap"),
+    "vllm-autoscaled": (_no_hpa, "has no HorizontalPodAutoscaler"),
+}
+
+
+def test_every_policy_has_a_failing_case():
+    assert set(CASES) == set(POLICY_NAMES)
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_policy_fails_on_a_bad_plan(plans, policy):
+    rs = resources(plans["dev"])
+    assert violations_of(rs, policy) == []
+    break_it, message = CASES[policy]
+    break_it(rs)
+    found = violations_of(rs, policy)
+    assert found, policy
+    assert any(message in v.message for v in found), [v.message for v in found]
+    # breaking one rule trips only that rule (the secret case also trips weights-read-only)
+    others = {v.policy for v in evaluate(rs)} - {policy}
+    assert others <= ({"weights-read-only"} if policy in ("no-secret-literals",) else set()), others
+
+
+def test_downloading_server_is_caught(plans):
+    rs = resources(plans["dev"])
+    _downloads_weights(rs)
+    messages = [v.message for v in violations_of(rs, "weights-read-only")]
+    assert any("is not a local path" in m for m in messages)
+    assert any("HF_HUB_OFFLINE=1" in m for m in messages)
+
+
+def test_secret_resources_and_static_kubeconfig_are_caught(plans):
+    rs = resources(plans["dev"])
+    provider = next(r for r in rs if r.type == "pulumi:providers:kubernetes")
+    kc = json.loads(provider.props["kubeconfig"])
+    kc["users"][0]["user"] = {"token": "ya29.abc"}
+    provider.props["kubeconfig"] = json.dumps(kc)
+    rs.append(Resource("gcp:secretmanager/secretVersion:SecretVersion", "hf", {"secretData": "hf_abc"}))
+    messages = [v.message for v in violations_of(rs, "no-secret-literals")]
+    assert any("static credential" in m for m in messages)
+    assert any("puts the secret's value in Pulumi state" in m for m in messages)
+
+
+def test_unauthenticated_allow_behind_external_gateway(plans):
+    rs = resources(plans["prod"])
+    policy = kind(rs, "AuthorizationPolicy", "allow-search-llama-8b")
+    del policy.props["spec"]["rules"][0]["from"]
+    messages = [v.message for v in violations_of(rs, "external-gateway-authenticated")]
+    assert any("allows /v1/* without a JWT principal" in m for m in messages)
+
+
+def test_enforcement_levels_are_configurable(plans):
+    rs = resources(plans["dev"])
+    _no_hpa(rs)
+    assert {v.level for v in evaluate(rs)} == {"advisory"}
+    assert {v.level for v in evaluate(rs, {"vllm-autoscaled": "mandatory"})} == {"mandatory"}
+    assert {v.level for v in evaluate(rs, {"all": "mandatory"})} == {"mandatory"}
+    assert evaluate(rs, {"vllm-autoscaled": {"enforcementLevel": "disabled"}}) == []
+    levels = resolve_levels({"all": "advisory", "images-pinned": "mandatory"})
+    assert levels["images-pinned"] == "mandatory" and levels["resource-limits"] == "advisory"
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"no-such-policy": "mandatory"}, "unknown policies in policy config: no-such-policy"),
+    ({"images-pinned": "strict"}, "enforcement level 'strict' is not one of advisory, mandatory, disabled"),
+])
+def test_bad_policy_config(config, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_levels(config)
+
+
+def test_policies_have_descriptions_and_defaults():
+    for p in POLICIES:
+        assert p.description.endswith(".") and p.level in ("advisory", "mandatory")

@@ -1,0 +1,75 @@
+"""The CrossGuard pack speaks the analyzer protocol `pulumi preview --policy-pack policies` uses."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import grpc
+import pytest
+import yaml
+from google.protobuf import empty_pb2, struct_pb2
+from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
+
+from infra.plan import REPO_ROOT
+from policies.rules import POLICY_NAMES
+
+
+@pytest.fixture(scope="module")
+def analyzer():
+    proc = subprocess.Popen([sys.executable, str(REPO_ROOT / "policies" / "__main__.py")],
+                            cwd=REPO_ROOT / "policies", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    port = int(proc.stdout.readline().decode().strip())  # the pack prints its port, as for the engine
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield analyzer_pb2_grpc.AnalyzerStub(channel)
+    finally:
+        channel.close()
+        proc.kill()
+        proc.wait()
+
+
+def analyzer_resources(plan, mutate=lambda rs: None):
+    rs = [copy.deepcopy(r) for r in plan.resources if r.custom]
+    mutate(rs)
+    out = []
+    for r in rs:
+        props = struct_pb2.Struct()
+        props.update(r.props)
+        out.append(analyzer_pb2.AnalyzerResource(type=r.type, properties=props, urn=r.urn, name=r.name))
+    return out
+
+
+def test_pack_reports_its_policies(analyzer):
+    info = analyzer.GetAnalyzerInfo(empty_pb2.Empty())
+    assert info.name == "vllm-gke"
+    assert sorted(p.name for p in info.policies) == sorted(POLICY_NAMES)
+
+
+def test_pack_passes_the_dev_plan(analyzer, plans):
+    response = analyzer.AnalyzeStack(analyzer_pb2.AnalyzeStackRequest(resources=analyzer_resources(plans["dev"])))
+    assert list(response.diagnostics) == []
+
+
+def test_pack_flags_an_untainted_gpu_pool(analyzer, plans):
+    def untaint(rs):
+        for r in rs:
+            if r.type == "gcp:container/nodePool:NodePool" and r.props["name"] == "a100-mig":
+                r.props["nodeConfig"]["taints"] = []
+                target.append(r.urn)
+
+    target: list[str] = []
+    response = analyzer.AnalyzeStack(analyzer_pb2.AnalyzeStackRequest(
+        resources=analyzer_resources(plans["dev"], untaint)))
+    (diag,) = response.diagnostics
+    assert diag.policyName == "gpu-node-pools-tainted"
+    assert diag.enforcementLevel == analyzer_pb2.MANDATORY
+    assert diag.urn == target[0]
+    assert "nvidia.com/gpu" in diag.message
+
+
+def test_pack_files():
+    doc = yaml.safe_load((REPO_ROOT / "policies" / "PulumiPolicy.yaml").read_text())
+    assert doc["runtime"]["name"] == "python"
+    assert (REPO_ROOT / "policies" / doc["runtime"]["options"]["virtualenv"]).resolve() == REPO_ROOT / ".venv"
