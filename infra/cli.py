@@ -19,7 +19,7 @@ from infra.manifests import describe, validate
 from infra.plan import STACKS_DIR, Plan, run_plan
 from infra.plan_output import write_plan
 from infra.report import Verdicts, load_policy_config, verdicts
-from policies.rules import POLICIES
+from policies.rules import POLICIES, resolve_levels
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan vllm-gke stacks offline: resources, manifests, dashboards, verdicts.")
@@ -97,14 +97,16 @@ def plan(
     """Run the stack program under mocks and report what `pulumi up` would create."""
     try:
         levels = load_policy_config(policy_config)
-        result = run_plan(stack, stacks_dir)
-        report = verdicts(result, levels)
-    except ConfigError as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+        resolve_levels(levels)
     except (OSError, ValueError) as exc:
         console.print(f"[bold red]error:[/] --policy-config {policy_config}: {exc}", highlight=False)
         raise typer.Exit(2) from None
+    try:
+        result = run_plan(stack, stacks_dir)
+    except ConfigError as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    report = verdicts(result, levels)
     console.print(resource_table(result, detail))
 
     problems = [(describe(doc), errs) for doc in result.manifests() if (errs := validate(doc))]

@@ -45,3 +45,54 @@ def test_unknown_stack_exits_2():
 def test_stacks_command():
     result = runner.invoke(app, ["stacks"])
     assert result.output.split() == ["dev", "prod", "staging"]
+
+
+def test_plan_prints_verdicts_capacity_and_cost(tmp_path):
+    result = runner.invoke(app, ["plan", "--stack", "dev", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "gpu-node-pools-tainted" in out and "max-tokens-cap" in out
+    assert "GPU capacity per serving pool" in out and "48,130" in out
+    assert "per million tokens" in out and "list prices as of" in out
+    verdicts = json.loads((tmp_path / "dev" / "verdicts.json").read_text())
+    assert all(p["violations"] == [] for p in verdicts["policies"])
+    assert [c["fits"] for c in verdicts["capacity"]] == [True, True]
+    assert verdicts["cost"]["baselineMonth"] > 0
+
+
+def _untainted_plan(real_run_plan):
+    def run(stack, stacks_dir):
+        plan = real_run_plan(stack, stacks_dir)
+        for r in plan.resources:
+            if r.type == "gcp:container/nodePool:NodePool" and "guestAccelerators" in r.props["nodeConfig"]:
+                r.props["nodeConfig"]["taints"] = []
+        return plan
+    return run
+
+
+def test_mandatory_violation_exits_1(monkeypatch):
+    import infra.cli
+
+    monkeypatch.setattr(infra.cli, "run_plan", _untainted_plan(infra.cli.run_plan))
+    result = runner.invoke(app, ["plan", "--stack", "dev", "--no-write"])
+    assert result.exit_code == 1
+    assert "mandatory gpu-node-pools-tainted" in " ".join(result.output.split())
+
+
+def test_policy_config_can_demote_to_advisory(monkeypatch, tmp_path):
+    import infra.cli
+
+    monkeypatch.setattr(infra.cli, "run_plan", _untainted_plan(infra.cli.run_plan))
+    config = tmp_path / "levels.json"
+    config.write_text(json.dumps({"gpu-node-pools-tainted": "advisory"}))
+    result = runner.invoke(app, ["plan", "--stack", "dev", "--no-write", "--policy-config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "advisory gpu-node-pools-tainted" in " ".join(result.output.split())
+
+
+def test_bad_policy_config_exits_2(tmp_path):
+    config = tmp_path / "levels.json"
+    config.write_text(json.dumps({"no-such-policy": "mandatory"}))
+    result = runner.invoke(app, ["plan", "--stack", "dev", "--no-write", "--policy-config", str(config)])
+    assert result.exit_code == 2
+    assert "unknown policies in policy config: no-such-policy" in " ".join(result.output.split())

@@ -1,0 +1,34 @@
+"""The scaling benchmark's generated stacks are valid, and what they declare grows linearly."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.plan_scaling import MODEL_GRID, MODELS_PER_TENANT, TENANT_GRID, scaled_config
+from infra.config import parse
+from infra.plan import run_program
+
+
+@pytest.mark.parametrize("tenants,models", [(max(TENANT_GRID), 1), (1, max(MODEL_GRID)), (10, 5)])
+def test_generated_configs_are_valid(tenants, models):
+    cfg = parse(scaled_config(tenants, models))
+    assert len(cfg.tenants) == tenants and len(cfg.models) == models
+
+
+def _count(tenants: int, models: int) -> int:
+    return sum(r.custom for r in run_program("bench", scaled_config(tenants, models)).resources)
+
+
+def test_resources_grow_linearly_in_tenants():
+    base = _count(1, 1)
+    per_tenant = _count(2, 1) - base
+    assert per_tenant > 0
+    assert _count(6, 1) == base + 5 * per_tenant
+
+
+def test_resources_grow_linearly_in_models():
+    # Each tenant is allowed up to MODELS_PER_TENANT models; beyond that a model adds a fixed set.
+    base = _count(1, MODELS_PER_TENANT)
+    per_model = _count(1, MODELS_PER_TENANT + 1) - base
+    assert per_model > 0
+    assert _count(1, MODELS_PER_TENANT + 5) == base + 5 * per_model

@@ -1,0 +1,94 @@
+"""Capacity check: weights + KV cache per GPU or MIG slice, with the numbers in the verdict."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from components.catalog import MODEL_SHAPES
+from components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
+from infra.capacity import GB, RUNTIME_OVERHEAD_GB, capacity_report, pool_capacity
+from infra.config import ConfigError, parse
+
+
+@pytest.mark.parametrize("shape,kv_bytes", [
+    ("llama-3-8b", 131072), ("llama-3-70b", 327680), ("qwen2.5-7b", 57344),
+    ("qwen2.5-72b", 327680), ("mistral-7b", 131072),
+])
+def test_kv_bytes_per_token_of_shipped_shapes(shape, kv_bytes):
+    model = ModelSpec(name="m", source="hf://a/b", shape=shape, node_pool="p")
+    assert model.kv_bytes_per_token == kv_bytes  # 2 x layers x kv_heads x head_dim x 2 bytes
+
+
+def test_shipped_shapes_cover_the_common_models():
+    assert {"llama-3-8b", "llama-3-70b", "qwen2.5-7b", "qwen2.5-72b", "mistral-7b"} <= set(MODEL_SHAPES)
+
+
+def test_pool_capacity_arithmetic():
+    model = ModelSpec(name="m", source="hf://a/b", shape="llama-3-8b", node_pool="p", gpu_memory_utilization=0.9)
+    pool = NodePoolSpec(name="p", machine_type="a2-ultragpu-1g")
+    row = pool_capacity(model, "short", ServingPoolSpec(max_num_seqs=32, context_tokens=4096), pool)
+    assert row.usable_gb == pytest.approx(72.0)
+    assert row.weights_per_gpu_gb == pytest.approx(16.06)
+    assert row.kv_budget_gb == pytest.approx(72.0 - 16.06 - RUNTIME_OVERHEAD_GB)
+    assert row.tokens_fit == int(row.kv_budget_gb * GB // 131072)
+    assert row.seqs_fit == row.tokens_fit // 4096 and row.fits
+
+
+def test_tensor_parallel_shards_weights_and_kv_heads():
+    one = ModelSpec(name="m", source="hf://a/b", shape="llama-3-70b", node_pool="p", tensor_parallel_size=4)
+    eight = one.model_copy(update={"tensor_parallel_size": 8})
+    pool = NodePoolSpec(name="p", machine_type="a2-ultragpu-8g")
+    r4, r8 = (pool_capacity(m, "long", ServingPoolSpec(), pool) for m in (one, eight))
+    assert r4.weights_per_gpu_gb == pytest.approx(2 * r8.weights_per_gpu_gb)
+    assert r4.kv_bytes_per_token_per_gpu == pytest.approx(2 * r8.kv_bytes_per_token_per_gpu)
+
+
+def test_kv_heads_replicate_beyond_their_count():
+    shape = {"params_billion": 1, "layers": 10, "kv_heads": 2, "head_dim": 64}
+    model = ModelSpec(name="m", source="hf://a/b", shape=shape, node_pool="p", tensor_parallel_size=8)
+    row = pool_capacity(model, "short", ServingPoolSpec(), NodePoolSpec(name="p", machine_type="a2-highgpu-8g"))
+    assert row.kv_bytes_per_token_per_gpu == model.kv_bytes_per_token / 2
+
+
+def test_report_covers_every_serving_pool(plans):
+    rows = capacity_report(plans["prod"].config)
+    assert len(rows) == 8 and all(r.fits for r in rows)
+    assert {(r.model, r.tenant) for r in rows} == {("llama-70b", None), ("qwen-7b", None), ("llama-8b", None),
+                                                   ("qwen-7b", "analytics")}
+
+
+def test_too_many_sequences_fail_with_the_numbers(stack_values):
+    values = copy.deepcopy(stack_values["dev"])
+    values["vllm-gke:models"][0]["short"]["maxNumSeqs"] = 64
+    with pytest.raises(ConfigError) as exc:
+        parse(values)
+    (issue,) = exc.value.issues
+    assert issue.key == "vllm-gke:models[0].short"
+    assert "48130 tokens (2.76 GB): 23 sequences of 2048 tokens, fewer than maxNumSeqs 64" in issue.problem
+    assert "kvCacheDtype fp8" in issue.problem
+
+
+def test_fp8_kv_cache_doubles_what_fits(stack_values):
+    values = copy.deepcopy(stack_values["dev"])
+    values["vllm-gke:models"][0]["short"]["maxNumSeqs"] = 40
+    values["vllm-gke:models"][0]["kvCacheDtype"] = "fp8"
+    (short, _long) = capacity_report(parse(values))
+    assert short.tokens_fit == 96261 and short.seqs_fit == 47
+
+
+def test_max_model_len_must_fit_once(stack_values):
+    values = copy.deepcopy(stack_values["dev"])
+    values["vllm-gke:models"][0]["maxModelLen"] = 65536
+    values["vllm-gke:models"][0]["long"]["maxNumSeqs"] = 1
+    with pytest.raises(ConfigError) as exc:
+        parse(values)
+    assert any("less than one maxModelLen sequence of 65536" in i.problem for i in exc.value.issues)
+
+
+def test_custom_shape_is_accepted(stack_values):
+    values = copy.deepcopy(stack_values["dev"])
+    values["vllm-gke:models"][0]["shape"] = {"paramsBillion": 3.2, "layers": 28, "kvHeads": 8, "headDim": 128}
+    rows = capacity_report(parse(values))
+    assert rows[0].weights_per_gpu_gb == pytest.approx(6.4)

@@ -1,0 +1,51 @@
+"""Cost report: node-hours x dated list prices, monthly totals, $ per million tokens."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from components.catalog import MACHINE_TYPES
+from infra.config import parse
+from infra.cost import cost_report
+from infra.pricing import MACHINE_PRICES, PRICES_AS_OF
+
+
+def test_every_machine_type_has_a_price():
+    assert set(MACHINE_PRICES) == set(MACHINE_TYPES)
+    for price in MACHINE_PRICES.values():
+        assert 0 < price.spot_hour < price.on_demand_hour
+    assert PRICES_AS_OF[:4].isdigit()
+
+
+def test_dev_cost(plans):
+    cfg = plans["dev"].config
+    report = cost_report(cfg, "BASIC_HDD", 1024)
+    (pool,) = report.pools
+    assert (pool.machine_type, pool.spot, pool.baseline_nodes, pool.peak_nodes) == ("a2-highgpu-1g", True, 1, 1)
+    assert pool.baseline_month == pytest.approx(1.2245 * 730)
+    assert report.fixed_month["GKE cluster fee"] == pytest.approx(73.0)
+    assert report.fixed_month["Filestore BASIC_HDD 1024 GiB"] == pytest.approx(163.84)
+    assert report.baseline_month == pytest.approx(pool.baseline_month + 0.134 * 730 + 73 + 163.84)
+    tokens = 1 * 1500 * 0.6 * 3600 * 730
+    assert report.usd_per_million_tokens == pytest.approx(report.baseline_month / (tokens / 1e6))
+
+
+def test_prod_baseline_follows_min_replicas_and_peak_max_replicas(plans):
+    report = cost_report(plans["prod"].config, "ZONAL", 1024)
+    nodes = {p.pool: (p.baseline_nodes, p.peak_nodes) for p in report.pools}
+    # llama-70b: TP8 -> one node per replica; min 1+1, max 4+2
+    assert nodes["a100-tp8"] == (2, 6)
+    # qwen-7b on 3g.20gb (16 slices/node): min 3 shared + 3 dedicated, max 9 + 9
+    assert nodes["a100-mig"] == (1, 2)
+    assert report.peak_month > report.baseline_month
+    assert report.baseline_gpus == 8 * (2 + 1 + 1)
+
+
+def test_more_throughput_means_cheaper_tokens(stack_values):
+    values = copy.deepcopy(stack_values["dev"])
+    slow = cost_report(parse(values), "BASIC_HDD", 1024)
+    values["vllm-gke:cost"] = {"tokensPerSecondPerGpu": 3000}
+    fast = cost_report(parse(values), "BASIC_HDD", 1024)
+    assert fast.usd_per_million_tokens == pytest.approx(slow.usd_per_million_tokens / 2)
