@@ -3,6 +3,7 @@
 from components.gateway import Gateway, GatewayArgs, RouteTarget
 from components.gpu_cluster import GpuCluster, GpuClusterArgs
 from components.mesh_namespace import MeshNamespace, MeshNamespaceArgs
+from components.metrics_adapter import MetricsAdapter, MetricsAdapterArgs
 from components.model_store import ModelStore, ModelStoreArgs
 from components.observability import Observability, ObservabilityArgs
 from components.tenant_auth import TenantAuth, TenantAuthArgs
@@ -10,6 +11,7 @@ from components.vllm_service import VllmService, VllmServiceArgs
 
 __all__ = [
     "Gateway", "GatewayArgs", "GpuCluster", "GpuClusterArgs", "MeshNamespace", "MeshNamespaceArgs",
+    "MetricsAdapter", "MetricsAdapterArgs",
     "ModelStore", "ModelStoreArgs", "Observability", "ObservabilityArgs", "RouteTarget",
     "TenantAuth", "TenantAuthArgs", "VllmService", "VllmServiceArgs",
 ]

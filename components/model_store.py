@@ -51,8 +51,10 @@ def loader_script(model: ModelSpec) -> str:
     dest = model_dir(model)
     if model.source.startswith("hf://"):
         repo = model.source.removeprefix("hf://")
-        fetch = (f'HF_TOKEN="$(cat {HF_TOKEN_MOUNT}/token)" hf download {repo} '
-                 f'--revision {model.revision} --local-dir "$tmp" --exclude "original/*" "*.pth"')
+        # The token comes as a mounted file (Secret Manager CSI) or as HF_TOKEN (Secret reference).
+        fetch = (f'if [ -f {HF_TOKEN_MOUNT}/token ]; then export HF_TOKEN="$(cat {HF_TOKEN_MOUNT}/token)"; fi\n'
+                 f'hf download {repo} --revision {model.revision} --local-dir "$tmp" '
+                 '--exclude "original/*" "*.pth"')
     else:
         fetch = f'gcloud storage cp --recursive "{model.source.rstrip("/")}/*" "$tmp/"'
     # Download into a temp dir and rename, so a half-written tree never carries the marker.
@@ -67,6 +69,14 @@ def loader_script(model: ModelSpec) -> str:
         f'touch "$dest/{WEIGHTS_READY_MARKER}"',
         'echo "weights loaded into $dest"',
     ])
+
+
+@dataclass
+class TokenSource:
+    env: list[dict] = field(default_factory=list)
+    mounts: list[dict] = field(default_factory=list)
+    volumes: list[dict] = field(default_factory=list)
+    depends_on: list[pulumi.Resource] = field(default_factory=list)
 
 
 @dataclass
@@ -113,9 +123,10 @@ class ModelStore(pulumi.ComponentResource):
             f"{name}-loader-gsa", account_id=f"{instance_name}-loader"[:30].rstrip("-"), project=args.project,
             display_name="vllm-gke weights loader", opts=gcp_opts)
         loader_member = self.loader_gsa.email.apply(lambda e: f"serviceAccount:{e}")
-        gcp.secretmanager.SecretIamMember(
-            f"{name}-loader-hf-token", project=args.project, secret_id=args.weights.secret_manager_secret,
-            role="roles/secretmanager.secretAccessor", member=loader_member, opts=gcp_opts)
+        if args.weights.hf_token_kubernetes_secret is None:
+            gcp.secretmanager.SecretIamMember(
+                f"{name}-loader-hf-token", project=args.project, secret_id=args.weights.secret_manager_secret,
+                role="roles/secretmanager.secretAccessor", member=loader_member, opts=gcp_opts)
         if any(m.source.startswith("gs://") for m in args.models):
             gcp.projects.IAMMember(f"{name}-loader-gcs", project=args.project,
                                    role="roles/storage.objectViewer", member=loader_member, opts=gcp_opts)
@@ -133,13 +144,7 @@ class ModelStore(pulumi.ComponentResource):
             metadata={**meta(LOADER_SA), "namespace": ns_name,
                       "annotations": {"iam.gke.io/gcp-service-account": self.loader_gsa.email}},
             opts=k8s_opts)
-        token_class = custom_resource(
-            f"{name}-hf-token-class", "secrets-store.csi.x-k8s.io/v1", "SecretProviderClass",
-            {**meta("hf-token"), "namespace": ns_name},
-            {"provider": "gke", "parameters": {"secrets": (
-                f'- resourceName: "projects/{args.project}/secrets/'
-                f'{args.weights.secret_manager_secret}/versions/latest"\n  path: "token"\n')}},
-            k8s_opts)
+        token = self._token_source(name, args, ns_name, k8s_opts)
 
         rw_claim = self._claim(name, "rw", ns_name, args, read_only=False)
         self.claims: dict[str, k8s.core.v1.PersistentVolumeClaim] = {
@@ -173,22 +178,18 @@ class ModelStore(pulumi.ComponentResource):
                                 "command": ["/bin/sh", "-c", loader_script(model)],
                                 "resources": {"requests": {"cpu": "2", "memory": "8Gi"},
                                               "limits": {"cpu": "4", "memory": "16Gi"}},
-                                "volumeMounts": [
-                                    {"name": "weights", "mountPath": MOUNT_PATH},
-                                    {"name": "hf-token", "mountPath": HF_TOKEN_MOUNT, "readOnly": True},
-                                ],
+                                "env": token.env,
+                                "volumeMounts": [{"name": "weights", "mountPath": MOUNT_PATH}, *token.mounts],
                             }],
                             "volumes": [
                                 {"name": "weights",
                                  "persistentVolumeClaim": {"claimName": rw_claim.metadata.name}},
-                                {"name": "hf-token", "csi": {
-                                    "driver": "secrets-store-gke.csi.k8s.io", "readOnly": True,
-                                    "volumeAttributes": {"secretProviderClass": "hf-token"}}},
+                                *token.volumes,
                             ],
                         },
                     },
                 },
-                opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[token_class]))
+                opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=token.depends_on))
 
         self.register_outputs({
             "filestoreTier": self.tier,
@@ -196,6 +197,27 @@ class ModelStore(pulumi.ComponentResource):
             "serverIp": self.server_ip,
             "loaderJobs": list(self.loader_jobs),
         })
+
+    def _token_source(self, name: str, args: ModelStoreArgs, namespace: pulumi.Input[str],
+                      opts: pulumi.ResourceOptions) -> "TokenSource":
+        """Where the loader finds the HF token: a Kubernetes Secret reference, or Secret Manager
+        mounted through the GKE CSI add-on. Either way only a reference is in the plan."""
+        ref = args.weights.hf_token_kubernetes_secret
+        if ref is not None:
+            return TokenSource(env=[{"name": "HF_TOKEN", "valueFrom": {
+                "secretKeyRef": {"name": ref.name, "key": ref.key}}}])
+        provider_class = custom_resource(
+            f"{name}-hf-token-class", "secrets-store.csi.x-k8s.io/v1", "SecretProviderClass",
+            {**meta("hf-token"), "namespace": namespace},
+            {"provider": "gke", "parameters": {"secrets": (
+                f'- resourceName: "projects/{args.project}/secrets/'
+                f'{args.weights.secret_manager_secret}/versions/latest"\n  path: "token"\n')}},
+            opts)
+        return TokenSource(
+            mounts=[{"name": "hf-token", "mountPath": HF_TOKEN_MOUNT, "readOnly": True}],
+            volumes=[{"name": "hf-token", "csi": {"driver": "secrets-store-gke.csi.k8s.io", "readOnly": True,
+                                                  "volumeAttributes": {"secretProviderClass": "hf-token"}}}],
+            depends_on=[provider_class])
 
     def _claim(self, name: str, key: str, namespace: pulumi.Input[str], args: ModelStoreArgs,
                read_only: bool) -> k8s.core.v1.PersistentVolumeClaim:

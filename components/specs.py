@@ -308,12 +308,20 @@ class GatewaySpec(Spec):
         return self.class_name != "gke-l7-rilb"
 
 
+class SecretKeyRef(Spec):
+    name: Name
+    key: str = "token"
+
+
 class WeightsSpec(Spec):
     tier: Literal["auto", "BASIC_HDD", "BASIC_SSD", "ZONAL"] = "auto"
     capacity_gb: Optional[int] = Field(default=None, ge=1024)
     # Secret Manager secret holding the Hugging Face token; the loader mounts it through the
     # GKE Secret Manager CSI add-on, so the token never enters Pulumi state or a manifest.
     secret_manager_secret: str = "hf-token"
+    # Or: an existing Kubernetes Secret in the loader namespace (e.g. synced from Secret Manager
+    # by External Secrets); the loader then reads HF_TOKEN through a secretKeyRef.
+    hf_token_kubernetes_secret: Optional[SecretKeyRef] = None
     # hf:// sources load with the server image (it ships the HF CLI); gs:// ones need gcloud.
     gcs_loader_image: ImageRef = Field(
         default_factory=lambda: ImageRef(
@@ -338,6 +346,6 @@ class CostSpec(Spec):
 
 __all__ = [
     "ClusterSpec", "CostSpec", "CustomShape", "DedicatedSpec", "GatewaySpec", "ImageRef",
-    "JwtSpec", "ModelSpec", "MonitoringSpec", "NodePoolSpec", "RateLimitSpec",
+    "JwtSpec", "ModelSpec", "MonitoringSpec", "NodePoolSpec", "RateLimitSpec", "SecretKeyRef",
     "ServingPoolSpec", "Spec", "TenantSpec", "WeightsSpec",
 ]

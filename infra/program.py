@@ -13,6 +13,7 @@ import pulumi
 from components.gateway import Gateway, GatewayArgs, RouteTarget
 from components.gpu_cluster import GpuCluster, GpuClusterArgs
 from components.mesh_namespace import MeshNamespace, MeshNamespaceArgs
+from components.metrics_adapter import MetricsAdapter, MetricsAdapterArgs
 from components.model_store import ModelStore, ModelStoreArgs
 from components.observability import Observability, ObservabilityArgs
 from components.specs import ModelSpec, TenantSpec
@@ -26,6 +27,7 @@ class Platform:
     cluster: GpuCluster
     serving: MeshNamespace
     store: ModelStore
+    metrics_adapter: MetricsAdapter
     tenants: dict[str, TenantAuth] = field(default_factory=dict)
     services: dict[str, VllmService] = field(default_factory=dict)
     gateway: Gateway | None = None
@@ -53,6 +55,9 @@ def build(cfg: StackConfig) -> Platform:
         project=cfg.project, region=cfg.region, cluster=cfg.cluster, node_pools=cfg.node_pools,
         labels=labels))
     provider = cluster.provider
+    # HPAs on vLLM's queue depth read it through the custom metrics API.
+    adapter = MetricsAdapter("metrics-adapter", MetricsAdapterArgs(
+        project=cfg.project, provider=provider, gsa_name=f"{cfg.cluster.name}-metrics"))
     serving = MeshNamespace("serving", MeshNamespaceArgs(cfg.serving_namespace, provider))
 
     tenants = {
@@ -66,7 +71,8 @@ def build(cfg: StackConfig) -> Platform:
         project=cfg.project, zone=cfg.cluster.zones[0], network_name=cluster.network.name,
         models=cfg.models, weights=cfg.weights, server_image=cfg.server_image, provider=provider,
         consumer_namespaces=consumers, instance_name=f"{cfg.cluster.name}-weights"))
-    platform = Platform(cluster=cluster, serving=serving, store=store, tenants=tenants)
+    platform = Platform(cluster=cluster, serving=serving, store=store, metrics_adapter=adapter,
+                        tenants=tenants)
 
     targets: list[RouteTarget] = []
 

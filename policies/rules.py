@@ -310,6 +310,13 @@ def vllm_autoscaled(resources: Sequence[Resource]) -> Iterator[Finding]:
             for h in kube(resources, "HorizontalPodAutoscaler")}
     pdbs = [(namespace_of(p), ((p.props.get("spec") or {}).get("selector") or {}).get("matchLabels") or {})
             for p in kube(resources, "PodDisruptionBudget")]
+    custom_api = any((a.props.get("spec") or {}).get("group") == "custom.metrics.k8s.io"
+                     for a in kube(resources, "APIService"))
+    for h in kube(resources, "HorizontalPodAutoscaler"):
+        metrics = (h.props.get("spec") or {}).get("metrics") or []
+        if not custom_api and any(m.get("type") in ("Pods", "Object") for m in metrics):
+            yield h, (f"{where(h)} scales on a custom metric but the plan serves no custom.metrics.k8s.io "
+                      "API (deploy the metrics adapter), so it would never scale")
     seen = set()
     for r, _pod, _c in vllm_servers(resources):
         if r.props.get("kind") != "Deployment" or r.urn in seen:
@@ -344,7 +351,8 @@ POLICIES: tuple[Policy, ...] = (
            "mandatory", no_secret_literals),
     Policy("max-tokens-cap", "Every vLLM server enforces a max_tokens cap for each tenant.",
            "mandatory", max_tokens_cap),
-    Policy("vllm-autoscaled", "Every vLLM Deployment has an HPA and a PodDisruptionBudget.",
+    Policy("vllm-autoscaled",
+           "Every vLLM Deployment has an HPA (with a custom metrics API to read) and a PodDisruptionBudget.",
            "advisory", vllm_autoscaled),
 )
 POLICY_NAMES = tuple(p.name for p in POLICIES)

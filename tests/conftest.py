@@ -45,3 +45,9 @@ def props_of(plan: Plan, type_: str) -> list[dict[str, Any]]:
 def manifests_of(plan: Plan, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
     return [m for m in plan.manifests() if m["kind"] == kind
             and (namespace is None or m["metadata"].get("namespace") == namespace)]
+
+
+def vllm_deployments(plan: Plan, namespace: str | None = None) -> list[dict[str, Any]]:
+    """The model servers' Deployments (not the platform's own, like the metrics adapter)."""
+    return [d for d in manifests_of(plan, "Deployment", namespace)
+            if d["metadata"]["labels"].get("app.kubernetes.io/name") == "vllm"]

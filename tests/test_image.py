@@ -17,7 +17,7 @@ import pytest
 
 from components.vllm_service import GUARD_MIDDLEWARE, WARM_MARKER
 from infra.plan import REPO_ROOT
-from tests.conftest import STACKS
+from tests.conftest import STACKS, vllm_deployments
 
 IMAGES = REPO_ROOT / "images"
 sys.path.insert(0, str(IMAGES))
@@ -44,8 +44,7 @@ def test_image_carries_what_the_deployment_runs(plans):
     copied = re.search(r"^COPY (.+) /opt/vllm-gke/$", text, re.M).group(1).split()
     for name in copied:
         assert (IMAGES / name).exists()
-    dep = plans["dev"].manifests()
-    container = next(d for d in dep if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    container = vllm_deployments(plans["dev"])[0]["spec"]["template"]["spec"]["containers"][0]
     assert container["command"][1] == "/opt/vllm-gke/serve.py" and "serve.py" in copied
     assert f"{GUARD_MIDDLEWARE.split('.')[0]}.py" in copied
     assert "PYTHONPATH=/opt/vllm-gke" in text and "HF_HUB_OFFLINE=1" in text
@@ -212,7 +211,6 @@ def test_entrypoint_exits_with_server_when_it_dies(tmp_path):
 
 
 def test_warm_marker_matches_startup_probe(plans):
-    dep = next(d for d in plans["dev"].manifests() if d["kind"] == "Deployment")
-    c = dep["spec"]["template"]["spec"]["containers"][0]
+    c = vllm_deployments(plans["dev"])[0]["spec"]["template"]["spec"]["containers"][0]
     assert c["startupProbe"]["exec"]["command"] == ["test", "-f", WARM_MARKER]
     assert {"name": "VLLM_GKE_WARM_MARKER", "value": WARM_MARKER} in c["env"]

@@ -88,8 +88,8 @@ def test_no_secret_literals_anywhere(plans):
 def test_loader_identity_is_scoped(plans):
     (member,) = props_of(plans["dev"], "gcp:secretmanager/secretIamMember:SecretIamMember")
     assert member["role"] == "roles/secretmanager.secretAccessor" and member["secretId"] == "hf-token"
-    (wi,) = props_of(plans["dev"], "gcp:serviceaccount/iAMMember:IAMMember")
-    assert wi["member"] == "serviceAccount:acme-llm-dev.svc.id.goog[vllm-gke-system/weights-loader]"
+    members = {p["member"] for p in props_of(plans["dev"], "gcp:serviceaccount/iAMMember:IAMMember")}
+    assert "serviceAccount:acme-llm-dev.svc.id.goog[vllm-gke-system/weights-loader]" in members
 
 
 def test_gcs_source_uses_gcloud_loader(plan_variant):
@@ -103,3 +103,17 @@ def test_gcs_source_uses_gcloud_loader(plan_variant):
     assert container["image"].startswith("gcr.io/google.com/cloudsdktool/google-cloud-cli:")
     roles = {p["role"] for p in props_of(plan, "gcp:projects/iAMMember:IAMMember")}
     assert "roles/storage.objectViewer" in roles
+
+
+def test_hf_token_from_a_kubernetes_secret_reference(plan_variant):
+    def use_secret(values):
+        values["vllm-gke:weights"] = {"hfTokenKubernetesSecret": {"name": "hf-credentials", "key": "hf"}}
+
+    plan = plan_variant("dev", use_secret)
+    (job,) = manifests_of(plan, "Job")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["env"] == [{"name": "HF_TOKEN", "valueFrom": {
+        "secretKeyRef": {"name": "hf-credentials", "key": "hf"}}}]
+    assert [v["name"] for v in job["spec"]["template"]["spec"]["volumes"]] == ["weights"]
+    assert not manifests_of(plan, "SecretProviderClass")
+    assert not props_of(plan, "gcp:secretmanager/secretIamMember:SecretIamMember")

@@ -21,7 +21,7 @@ def kind(rs: list[Resource], k: str, name: str | None = None) -> Resource:
 
 
 def vllm_container(rs: list[Resource]) -> dict[str, Any]:
-    dep = kind(rs, "Deployment")
+    dep = kind(rs, "Deployment", "qwen-7b-short")
     return dep.props["spec"]["template"]["spec"]["containers"][0]
 
 
@@ -45,7 +45,7 @@ def _bad_mig(rs):
 
 
 def _writable_weights(rs):
-    dep = kind(rs, "Deployment")
+    dep = kind(rs, "Deployment", "qwen-7b-short")
     vol = next(v for v in dep.props["spec"]["template"]["spec"]["volumes"] if v["name"] == "weights")
     vol["persistentVolumeClaim"]["readOnly"] = False
 
@@ -153,6 +153,13 @@ def test_unauthenticated_allow_behind_external_gateway(plans):
     del policy.props["spec"]["rules"][0]["from"]
     messages = [v.message for v in violations_of(rs, "external-gateway-authenticated")]
     assert any("allows /v1/* without a JWT principal" in m for m in messages)
+
+
+def test_hpa_without_custom_metrics_api_is_flagged(plans):
+    rs = resources(plans["dev"])
+    rs[:] = [r for r in rs if r.props.get("kind") != "APIService"]
+    messages = [v.message for v in violations_of(rs, "vllm-autoscaled")]
+    assert len(messages) == 2 and all("no custom.metrics.k8s.io API" in m for m in messages)
 
 
 def test_enforcement_levels_are_configurable(plans):

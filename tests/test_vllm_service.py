@@ -6,15 +6,15 @@ import pytest
 
 from components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
 from components.vllm_service import QUEUE_METRIC, container_resources, vllm_args
-from tests.conftest import manifests_of
+from tests.conftest import manifests_of, vllm_deployments
 
 
 def deployment(plan, name, namespace="vllm"):
-    return next(m for m in manifests_of(plan, "Deployment", namespace) if m["metadata"]["name"] == name)
+    return next(m for m in vllm_deployments(plan, namespace) if m["metadata"]["name"] == name)
 
 
 def test_two_pools_per_model(plans):
-    names = {(m["metadata"]["namespace"], m["metadata"]["name"]) for m in manifests_of(plans["prod"], "Deployment")}
+    names = {(m["metadata"]["namespace"], m["metadata"]["name"]) for m in vllm_deployments(plans["prod"])}
     assert names == {("vllm", f"{m}-{p}") for m in ("llama-70b", "qwen-7b", "llama-8b") for p in ("short", "long")} | {
         ("tenant-analytics", "qwen-7b-short"), ("tenant-analytics", "qwen-7b-long")}
 
@@ -47,7 +47,7 @@ def test_quantisation_and_kv_flags():
 
 def test_weights_are_mounted_read_only_and_never_downloaded(plans):
     for plan in plans.values():
-        for dep in manifests_of(plan, "Deployment"):
+        for dep in vllm_deployments(plan):
             pod = dep["spec"]["template"]["spec"]
             (claim,) = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
             assert claim["persistentVolumeClaim"] == {"claimName": "model-weights", "readOnly": True}
@@ -86,9 +86,10 @@ def test_placement_on_mig_slice_and_spot_compute_class(plans):
 
 def test_pdb_hpa_and_pod_monitoring_per_pool(plans):
     plan = plans["prod"]
-    deployments = manifests_of(plan, "Deployment")
+    deployments = vllm_deployments(plan)
     for kind in ("PodDisruptionBudget", "HorizontalPodAutoscaler", "PodMonitoring", "Service"):
-        assert len(manifests_of(plan, kind)) == len(deployments), kind
+        per_model = [m for m in manifests_of(plan, kind) if m["metadata"]["namespace"] != "custom-metrics"]
+        assert len(per_model) == len(deployments), kind
     hpa = next(h for h in manifests_of(plan, "HorizontalPodAutoscaler") if h["metadata"]["name"] == "qwen-7b-short"
                and h["metadata"]["namespace"] == "vllm")
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
@@ -107,3 +108,17 @@ def test_pdb_hpa_and_pod_monitoring_per_pool(plans):
 def test_container_resources_share_the_node(machine, partition, gpus, cpu, mem):
     res = container_resources(NodePoolSpec(name="p", machine_type=machine, gpu_partition_size=partition), gpus)
     assert res["limits"] == {"cpu": cpu, "memory": mem, "nvidia.com/gpu": str(gpus)}
+
+
+def test_hpa_metric_is_served_by_the_metrics_adapter(plans):
+    plan = plans["dev"]
+    apis = {a["metadata"]["name"]: a["spec"] for a in manifests_of(plan, "APIService")}
+    assert set(apis) == {"v1beta1.custom.metrics.k8s.io", "v1beta2.custom.metrics.k8s.io",
+                         "v1beta1.external.metrics.k8s.io"}
+    assert all(a["service"] == {"name": "custom-metrics-stackdriver-adapter", "namespace": "custom-metrics"}
+               for a in apis.values())
+    (sa,) = [s for s in manifests_of(plan, "ServiceAccount", "custom-metrics")]
+    assert sa["metadata"]["annotations"]["iam.gke.io/gcp-service-account"].startswith("vllm-dev-metrics@")
+    binding = next(b for b in manifests_of(plan, "ClusterRoleBinding") if b["metadata"]["name"] == "external-metrics-reader")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "horizontal-pod-autoscaler",
+                                    "namespace": "kube-system"}]
