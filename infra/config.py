@@ -193,8 +193,10 @@ def _decode(raw: str) -> Any:
 
 def load() -> StackConfig:
     """Read the running stack's config (under `pulumi up` or the offline plan's mocks)."""
-    from pulumi.runtime.config import CONFIG
+    from pulumi.runtime.config import CONFIG, get_config_env
 
-    values = {k: _decode(v) for k, v in CONFIG.get().items()
+    # The language host sets CONFIG; older hosts only pass PULUMI_CONFIG in the environment.
+    raw = {**get_config_env(), **CONFIG.get()}
+    values = {k: _decode(v) for k, v in raw.items()
               if k.startswith(f"{PROJECT}:") or k in FOREIGN_KEYS.values()}
     return parse(values, f"config of stack '{pulumi.get_stack()}'")

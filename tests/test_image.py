@@ -11,9 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import pytest
 
 from components.vllm_service import GUARD_MIDDLEWARE, WARM_MARKER
 from infra.plan import REPO_ROOT

@@ -43,8 +43,6 @@ def test_core_schema_rejects_wrong_type(plans):
 
 
 def test_crd_schema_rejects_bad_enum_and_unknown_field(plans):
-    def bad_action(doc):
-        doc["spec"]["action"] = "PERMIT"
     assert any("PERMIT" in e for e in _mutated(plans["dev"], "AuthorizationPolicy", lambda d: d["spec"].update(action="PERMIT")))
     def bad_route(doc):
         doc["spec"]["rules"][0]["backendRef"] = []

@@ -58,3 +58,15 @@ def test_every_component_child_is_parented(plans):
         if r.name in top_level and not r.custom:
             continue
         assert r.parent in components, (r.type, r.name)
+
+
+def test_config_from_the_pulumi_environment(stack_values, monkeypatch):
+    """Under `pulumi up` the engine may hand config over only as PULUMI_CONFIG (JSON text values)."""
+    import json
+
+    from infra.plan import _as_pulumi_config, run_program
+
+    monkeypatch.setenv("PULUMI_CONFIG", json.dumps(_as_pulumi_config(stack_values["staging"])))
+    plan = run_program("staging", {})
+    assert plan.config.cluster.name == "vllm-staging"
+    assert len(plan.manifests()) > 50
