@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.config import ConfigError
-from infra.manifests import describe, validate
+from infra.manifests import describe, validate, validate_dashboard
 from infra.plan import STACKS_DIR, Plan, run_plan
 from infra.plan_output import write_plan
 from infra.report import Verdicts, load_policy_config, verdicts
@@ -118,6 +118,13 @@ def plan(
                 console.print(f"  - {what}: {err}", highlight=False)
     else:
         console.print(f"[green]all {n_docs} Kubernetes manifests pass schema validation[/]")
+    assert result.platform.observability is not None
+    dashboard_errors = validate_dashboard(result.platform.observability.dashboard_definition)
+    for err in dashboard_errors:
+        console.print(f"[bold red]dashboard JSON rejected by the Cloud Monitoring schema:[/] {err}", highlight=False)
+    if not dashboard_errors:
+        console.print("[green]dashboard JSON parses as a Cloud Monitoring Dashboard[/]")
+    problems += [("dashboard", dashboard_errors)] if dashboard_errors else []
 
     console.print(policy_table(report))
     for v in report.violations:

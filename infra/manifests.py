@@ -42,6 +42,21 @@ def validate(doc: dict[str, Any]) -> list[str]:
     return []
 
 
+def validate_dashboard(definition: dict[str, Any]) -> list[str]:
+    """Parse the dashboard as the Cloud Monitoring API's own message: unknown fields are errors."""
+    import json
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        from google.cloud import monitoring_dashboard_v1
+    try:
+        monitoring_dashboard_v1.Dashboard.from_json(json.dumps(definition))
+    except Exception as exc:  # the proto parser raises ParseError subclasses of several kinds
+        return [str(exc).splitlines()[0]]
+    return []
+
+
 def describe(doc: dict[str, Any]) -> str:
     meta = doc.get("metadata", {})
     ns = meta.get("namespace")

@@ -25,9 +25,15 @@ def test_dashboard_parses_as_the_api_message(plans, stack):
     assert len(parsed.mosaic_layout.tiles) == 11
 
 
-def test_dashboard_rejects_unknown_fields():
-    with pytest.raises(Exception, match="no field named"):
-        monitoring_dashboard_v1.Dashboard.from_json(json.dumps({"displayName": "x", "mosaic": {}}))
+def test_dashboard_rejects_unknown_fields(plans):
+    from infra.manifests import validate_dashboard
+
+    good = plans["dev"].platform.observability.dashboard_definition
+    assert validate_dashboard(good) == []
+    bad = json.loads(json.dumps(good))
+    bad["mosaicLayout"]["tiles"][0]["widget"]["xyChart"]["dataSet"] = []
+    (err,) = validate_dashboard(bad)
+    assert "no field named \"dataSet\"" in err
 
 
 def test_dashboard_panels(plans):
