@@ -109,8 +109,9 @@ def plan(
     report = verdicts(result, levels)
     console.print(resource_table(result, detail))
 
-    problems = [(describe(doc), errs) for doc in result.manifests() if (errs := validate(doc))]
-    n_docs = len(result.manifests())
+    docs = result.manifests()
+    problems = [(describe(doc), errs) for doc in docs if (errs := validate(doc))]
+    n_docs = len(docs)
     if problems:
         console.print(f"[bold red]{len(problems)} of {n_docs} manifests fail schema validation:[/]")
         for what, errs in problems:
