@@ -125,7 +125,6 @@ def plan(
         console.print(f"[bold red]dashboard JSON rejected by the Cloud Monitoring schema:[/] {err}", highlight=False)
     if not dashboard_errors:
         console.print("[green]dashboard JSON parses as a Cloud Monitoring Dashboard[/]")
-    problems += [("dashboard", dashboard_errors)] if dashboard_errors else []
 
     console.print(policy_table(report))
     for v in report.violations:
@@ -138,7 +137,7 @@ def plan(
         files = write_plan(result, out, report.to_json())
         console.print(f"wrote {len(files)} files under {out / stack}/ (manifests/, dashboard.json, "
                       "alert-policies.json, resources.json, verdicts.json)")
-    if problems or report.mandatory:
+    if problems or dashboard_errors or report.mandatory:
         raise typer.Exit(1)
 
 

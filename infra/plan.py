@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -44,9 +45,12 @@ class Plan:
     def policy_resources(self) -> list[Resource]:
         return [Resource(type=r.type, name=r.name, props=r.props, urn=r.urn) for r in self.resources if r.custom]
 
+    @cached_property
+    def _by_urn(self) -> dict[str, PlannedResource]:
+        return {r.urn: r for r in self.resources}
+
     def component_of(self, resource: PlannedResource) -> str:
-        parents = {r.urn: r for r in self.resources}
-        parent = parents.get(resource.parent or "")
+        parent = self._by_urn.get(resource.parent or "")
         return f"{parent.type.split(':')[-1]}/{parent.name}" if parent and not parent.custom else "-"
 
 
