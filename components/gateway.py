@@ -99,16 +99,17 @@ class Gateway(pulumi.ComponentResource):
         def backend(service: str) -> list[dict]:
             return [{"name": service, "port": target.port}]
 
+        long_backend = {"filters": rewrite, "backendRefs": backend(target.long_service)}
+        # One match per rule: a URLRewrite with ReplacePrefixMatch needs exactly one PathPrefix
+        # match in its rule (a CEL rule of the HTTPRoute CRD, Gateway API v1.2 onwards). Header
+        # matches outrank the bare path match of the last rule (Gateway API precedence).
         rules = [
-            {   # Header matches outrank the bare path match below (Gateway API precedence).
-                "matches": [
-                    {"path": path, "headers": [{"type": "RegularExpression", "name": "content-length",
-                                                "value": at_least_regex(target.long_request_bytes)}]},
-                    {"path": path, "headers": [{"type": "Exact", "name": LENGTH_HINT_HEADER, "value": "long"}]},
-                ],
-                "filters": rewrite,
-                "backendRefs": backend(target.long_service),
-            },
+            {"matches": [{"path": path, "headers": [{"type": "RegularExpression", "name": "content-length",
+                                                     "value": at_least_regex(target.long_request_bytes)}]}],
+             **long_backend},
+            {"matches": [{"path": path, "headers": [{"type": "Exact", "name": LENGTH_HINT_HEADER,
+                                                     "value": "long"}]}],
+             **long_backend},
             {"matches": [{"path": path}], "filters": rewrite, "backendRefs": backend(target.short_service)},
         ]
         route_spec: dict = {"parentRefs": [parent_ref], "rules": rules}
@@ -123,8 +124,10 @@ class Gateway(pulumi.ComponentResource):
             custom_resource(
                 f"{name}-hc-{target.route_name}-{service}", "networking.gke.io/v1", "HealthCheckPolicy",
                 {**meta(service), "namespace": target.namespace},
+                # USE_FIXED_PORT: gke-gateway-api main rejects `port` without it; GKE 1.33 accepts both.
                 {"default": {"config": {"type": "HTTP", "httpHealthCheck": {
-                    "port": target.port, "requestPath": "/health"}}}, "targetRef": ref}, opts)
+                    "portSpecification": "USE_FIXED_PORT", "port": target.port, "requestPath": "/health"}}},
+                 "targetRef": ref}, opts)
             # Long generations stream for minutes; the LB's 30 s default would cut them.
             custom_resource(
                 f"{name}-bp-{target.route_name}-{service}", "networking.gke.io/v1", "GCPBackendPolicy",

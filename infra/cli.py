@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.config import ConfigError
-from infra.manifests import describe, validate, validate_dashboard
+from infra.crd_validation import CRD_DIR_ENV, DEFAULT_CRD_DIR
+from infra.manifests import catalog_or_none, describe, is_builtin, validate, validate_dashboard
 from infra.plan import STACKS_DIR, Plan, run_plan
 from infra.plan_output import write_plan
 from infra.report import Verdicts, load_policy_config, verdicts
@@ -93,6 +94,9 @@ def plan(
     write: bool = typer.Option(True, "--write/--no-write", help="write files under --out"),
     policy_config: Optional[Path] = typer.Option(
         None, "--policy-config", help="enforcement levels, as for `pulumi preview --policy-pack-config`"),
+    crds: Optional[Path] = typer.Option(
+        None, "--crds", help=f"folder of upstream CRDs to validate custom resources against "
+        f"(default ${CRD_DIR_ENV} or ../shared/upstream-crds)"),
 ) -> None:
     """Run the stack program under mocks and report what `pulumi up` would create."""
     try:
@@ -101,6 +105,10 @@ def plan(
     except (OSError, ValueError) as exc:
         console.print(f"[bold red]error:[/] --policy-config {policy_config}: {exc}", highlight=False)
         raise typer.Exit(2) from None
+    if crds is not None and not crds.is_dir():
+        console.print(f"[bold red]error:[/] --crds {crds}: not a folder; point it at a folder of CRD YAML files",
+                      highlight=False)
+        raise typer.Exit(2)
     try:
         result = run_plan(stack, stacks_dir)
     except ConfigError as exc:
@@ -110,7 +118,8 @@ def plan(
     console.print(resource_table(result, detail))
 
     docs = result.manifests()
-    problems = [(describe(doc), errs) for doc in docs if (errs := validate(doc))]
+    catalog = catalog_or_none(crds)
+    problems = [(describe(doc), errs) for doc in docs if (errs := validate(doc, catalog))]
     n_docs = len(docs)
     if problems:
         console.print(f"[bold red]{len(problems)} of {n_docs} manifests fail schema validation:[/]")
@@ -119,6 +128,10 @@ def plan(
                 console.print(f"  - {what}: {err}", highlight=False)
     else:
         console.print(f"[green]all {n_docs} Kubernetes manifests pass schema validation[/]")
+    if catalog is None:
+        custom = sum(not is_builtin(d) for d in docs)
+        console.print(f"[yellow]{custom} custom resources not checked: no upstream CRDs at {crds or DEFAULT_CRD_DIR} "
+                      f"(pass --crds DIR or set {CRD_DIR_ENV})[/]", highlight=False)
     assert result.platform.observability is not None
     dashboard_errors = validate_dashboard(result.platform.observability.dashboard_definition)
     for err in dashboard_errors:

@@ -51,3 +51,15 @@ def vllm_deployments(plan: Plan, namespace: str | None = None) -> list[dict[str,
     """The model servers' Deployments (not the platform's own, like the metrics adapter)."""
     return [d for d in manifests_of(plan, "Deployment", namespace)
             if d["metadata"]["labels"].get("app.kubernetes.io/name") == "vllm"]
+
+
+@pytest.fixture(scope="session")
+def crd_catalog():
+    """The upstream CRDs in ../shared/upstream-crds; tests that need them skip where it is absent."""
+    from infra.crd_validation import DEFAULT_CRD_DIR, crd_dir, load_catalog
+
+    directory = crd_dir()
+    if directory is None:
+        pytest.skip(f"upstream CRDs not found at {DEFAULT_CRD_DIR} (or $VLLM_GKE_CRDS_DIR): "
+                    "custom resources cannot be checked against the real schemas here")
+    return load_catalog(directory)

@@ -35,10 +35,12 @@ def test_gateway_class_and_listeners(plans):
 
 def test_routes_split_long_and_short(plans):
     (route,) = manifests_of(plans["dev"], "HTTPRoute")
-    long_rule, short_rule = route["spec"]["rules"]
-    assert [b["name"] for b in long_rule["backendRefs"]] == ["qwen-7b-long"]
+    by_length_rule, by_hint_rule, short_rule = route["spec"]["rules"]
+    for rule in by_length_rule, by_hint_rule:
+        assert [b["name"] for b in rule["backendRefs"]] == ["qwen-7b-long"]
+        assert len(rule["matches"]) == 1  # a rewriting rule takes exactly one PathPrefix match
     assert [b["name"] for b in short_rule["backendRefs"]] == ["qwen-7b-short"]
-    by_length, by_hint = long_rule["matches"]
+    (by_length,), (by_hint,) = by_length_rule["matches"], by_hint_rule["matches"]
     (header,) = by_length["headers"]
     assert header["name"] == "content-length" and header["type"] == "RegularExpression"
     assert re.fullmatch(header["value"], "8192") and not re.fullmatch(header["value"], "8191")
@@ -53,7 +55,7 @@ def test_dedicated_tenant_route_lives_in_tenant_namespace(plans):
     assert set(routes) == {("vllm", "llama-70b"), ("vllm", "qwen-7b"), ("vllm", "llama-8b"),
                            ("tenant-analytics", "analytics-qwen-7b")}
     dedicated = routes[("tenant-analytics", "analytics-qwen-7b")]
-    assert dedicated["spec"]["rules"][1]["matches"][0]["path"]["value"] == "/analytics/qwen-7b/v1"
+    assert dedicated["spec"]["rules"][2]["matches"][0]["path"]["value"] == "/analytics/qwen-7b/v1"
     assert dedicated["spec"]["parentRefs"] == [{"name": "vllm", "namespace": "vllm"}]
     assert dedicated["spec"]["hostnames"] == ["llm.acme.example"]
 
