@@ -4,21 +4,32 @@ Each model has a short-request and a long-request pool. Its HTTPRoute sends a re
 long pool when its body is large (Content-Length at or above the model's threshold) or the
 client says so (`x-vllm-gke-length: long`), and everything else to the short pool. A 500-token
 prompt therefore never queues behind, or blocks, a stream of 10-token ones - unlike round-robin.
+
+With TLS (required for external classes) model routes attach only to the HTTPS listener; the
+HTTP listener admits nothing but the gateway's own redirect to HTTPS, so a bearer token is never
+accepted in clear. Certificates come from a Kubernetes Secret or Certificate Manager (GKE
+Gateway security guide: `networking.gke.io/cert-manager-certs` on a regional listener, a
+certificate map annotation on a global Gateway); the address is reserved (NamedAddress).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import pulumi
+import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from components.k8s_meta import ACCESS_LABEL, custom_resource, meta
+from components.options import child_opts
+from components.project_apis import ProjectApis
 from components.specs import GatewaySpec
 
 GATEWAY_NAME = "vllm"
 LENGTH_HINT_HEADER = "x-vllm-gke-length"
+HTTP_LISTENER = "http"
+HTTPS_LISTENER = "https"
 
 
 def at_least_regex(n: int) -> str:
@@ -57,37 +68,134 @@ class GatewayArgs:
     namespace: pulumi.Input[str]
     targets: Sequence[RouteTarget]
     provider: k8s.Provider
+    project: str = ""
+    region: str = ""
+    # The subnetwork an internal gateway's reserved address comes from.
+    subnetwork: Optional[pulumi.Input[str]] = None
+    name_prefix: str = "vllm"
+    apis: Optional[ProjectApis] = None
 
 
 class Gateway(pulumi.ComponentResource):
     gateway: k8s.apiextensions.CustomResource
+    address: Optional[pulumi.Output[str]] = None
+    # The CNAME record to create for a Google-managed certificate's DNS authorization.
+    dns_authorization: Optional[pulumi.Output[Any]] = None
 
     def __init__(self, name: str, args: GatewayArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:Gateway", name, None, opts)
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        k8s_opts = child_opts(self, opts, provider=args.provider)
         spec = args.spec
-        # Only namespaces this library labels may attach routes.
-        allowed = {"namespaces": {"from": "Selector",
-                                  "selector": {"matchLabels": {ACCESS_LABEL: "true"}}}}
+        apis = args.apis
+        # GCP resources the Gateway names (address, certificate): it must not come up before them.
+        self._gcp_children: list[pulumi.Resource] = []
+
+        def gcp_opts(*api_names: str, depends_on: Sequence[pulumi.Resource] = ()) -> pulumi.ResourceOptions:
+            return child_opts(self, opts, depends_on=[*(apis.needs(*api_names) if apis else []), *depends_on])
+
         listener_host = {"hostname": spec.hostname} if spec.hostname else {}
-        listeners = [{"name": "http", "protocol": "HTTP", "port": 80, "allowedRoutes": allowed,
-                      **listener_host}]
-        if spec.tls_secret_name:
-            listeners.append({"name": "https", "protocol": "HTTPS", "port": 443, "allowedRoutes": allowed,
-                              "tls": {"mode": "Terminate",
-                                      "certificateRefs": [{"kind": "Secret", "name": spec.tls_secret_name}]},
-                              **listener_host})
+        # Only namespaces this library labels may attach routes, and only to the serving listener.
+        tenant_routes = {"namespaces": {"from": "Selector", "selector": {"matchLabels": {ACCESS_LABEL: "true"}}}}
+        own_routes = {"namespaces": {"from": "Same"}}
+        annotations: dict[str, Any] = {}
+        tls_options: dict[str, Any] = {}
+        if spec.managed_certificate:
+            assert spec.hostname is not None
+            cert_name, extra = self._managed_certificate(name, args, gcp_opts)
+            if spec.regional:
+                tls_options = {"options": {"networking.gke.io/cert-manager-certs": cert_name}}
+            else:
+                annotations["networking.gke.io/certmap"] = extra
+        listeners: list[dict[str, Any]] = []
+        if spec.tls:
+            tls: dict[str, Any] = {"mode": "Terminate", **tls_options}
+            if spec.tls_secret_name:
+                tls["certificateRefs"] = [{"kind": "Secret", "name": spec.tls_secret_name}]
+            listeners.append({"name": HTTPS_LISTENER, "protocol": "HTTPS", "port": 443,
+                              "allowedRoutes": tenant_routes, "tls": tls, **listener_host})
+            listeners.append({"name": HTTP_LISTENER, "protocol": "HTTP", "port": 80,
+                              "allowedRoutes": own_routes, **listener_host})
+            self.serving_listener = HTTPS_LISTENER
+        else:
+            listeners.append({"name": HTTP_LISTENER, "protocol": "HTTP", "port": 80,
+                              "allowedRoutes": tenant_routes, **listener_host})
+            self.serving_listener = HTTP_LISTENER
+
+        gateway_spec: dict[str, Any] = {"gatewayClassName": spec.class_name, "listeners": listeners}
+        if spec.static_ip:
+            address_name = self._address(name, args, gcp_opts)
+            gateway_spec["addresses"] = [{"type": "NamedAddress", "value": address_name}]
         self.gateway = custom_resource(
             f"{name}-gateway", "gateway.networking.k8s.io/v1", "Gateway",
-            {**meta(GATEWAY_NAME), "namespace": args.namespace},
-            {"gatewayClassName": spec.class_name, "listeners": listeners}, k8s_opts)
+            {**meta(GATEWAY_NAME, annotations=annotations or None), "namespace": args.namespace},
+            gateway_spec, child_opts(self, opts, provider=args.provider, depends_on=self._gcp_children))
 
-        parent_ref = {"name": GATEWAY_NAME, "namespace": args.namespace}
+        if spec.tls:
+            custom_resource(
+                f"{name}-https-redirect", "gateway.networking.k8s.io/v1", "HTTPRoute",
+                {**meta("https-redirect"), "namespace": args.namespace},
+                {"parentRefs": [{"name": GATEWAY_NAME, "sectionName": HTTP_LISTENER}],
+                 **({"hostnames": [spec.hostname]} if spec.hostname else {}),
+                 "rules": [{"filters": [{"type": "RequestRedirect", "requestRedirect": {
+                     "scheme": "https", "statusCode": 301}}]}]},
+                k8s_opts)
+
+        parent_ref = {"name": GATEWAY_NAME, "namespace": args.namespace, "sectionName": self.serving_listener}
         for target in args.targets:
             self._route(name, target, parent_ref, spec, k8s_opts)
 
         self.register_outputs({"gatewayName": GATEWAY_NAME, "className": spec.class_name,
-                               "external": spec.external, "routes": [t.route_name for t in args.targets]})
+                               "external": spec.external, "listener": self.serving_listener,
+                               "address": self.address, "dnsAuthorization": self.dns_authorization,
+                               "routes": [t.route_name for t in args.targets]})
+
+    def _address(self, name: str, args: GatewayArgs, gcp_opts: Any) -> str:
+        spec = args.spec
+        address_name = f"{args.name_prefix}-gateway"
+        if not spec.regional:
+            addr: pulumi.CustomResource = gcp.compute.GlobalAddress(
+                f"{name}-ip", name=address_name, project=args.project, opts=gcp_opts("compute.googleapis.com"))
+        elif spec.external:
+            addr = gcp.compute.Address(
+                f"{name}-ip", name=address_name, project=args.project, region=args.region,
+                address_type="EXTERNAL", opts=gcp_opts("compute.googleapis.com"))
+        else:
+            # One internal address shared by the HTTP and HTTPS forwarding rules.
+            addr = gcp.compute.Address(
+                f"{name}-ip", name=address_name, project=args.project, region=args.region,
+                address_type="INTERNAL", subnetwork=args.subnetwork, purpose="SHARED_LOADBALANCER_VIP",
+                opts=gcp_opts("compute.googleapis.com"))
+        self._gcp_children.append(addr)
+        self.address = addr.address
+        return address_name
+
+    def _managed_certificate(self, name: str, args: GatewayArgs, gcp_opts: Any) -> tuple[str, str]:
+        """A Google-managed certificate for the hostname, authorised by a DNS record."""
+        spec = args.spec
+        assert spec.hostname is not None
+        location = args.region if spec.regional else "global"
+        cert_name = f"{args.name_prefix}-gateway"
+        auth = gcp.certificatemanager.DnsAuthorization(
+            f"{name}-dns-auth", name=f"{args.name_prefix}-gateway", project=args.project, location=location,
+            domain=spec.hostname, opts=gcp_opts("certificatemanager.googleapis.com"))
+        cert = gcp.certificatemanager.Certificate(
+            f"{name}-cert", name=cert_name, project=args.project, location=location,
+            managed={"domains": [spec.hostname], "dns_authorizations": [auth.id]},
+            opts=gcp_opts("certificatemanager.googleapis.com"))
+        children: list[pulumi.Resource] = [auth, cert]
+        map_name = ""
+        if not spec.regional:
+            map_name = f"{args.name_prefix}-gateway"
+            cert_map = gcp.certificatemanager.CertificateMap(
+                f"{name}-cert-map", name=map_name, project=args.project,
+                opts=gcp_opts("certificatemanager.googleapis.com"))
+            children += [cert_map, gcp.certificatemanager.CertificateMapEntry(
+                f"{name}-cert-map-entry", name=f"{args.name_prefix}-gateway", project=args.project,
+                map=cert_map.name, hostname=spec.hostname, certificates=[cert.id],
+                opts=gcp_opts("certificatemanager.googleapis.com"))]
+        self._gcp_children += children
+        self.dns_authorization = auth.dns_resource_records
+        return cert_name, map_name
 
     def _route(self, name: str, target: RouteTarget, parent_ref: dict, spec: GatewaySpec,
                opts: pulumi.ResourceOptions) -> None:

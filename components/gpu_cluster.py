@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from components.k8s_meta import COMPUTE_CLASS_LABEL, NODE_POOL_LABEL, custom_resource, meta
-from components.specs import ClusterSpec, NodePoolSpec
+from components.options import child_opts
+from components.project_apis import ProjectApis
+from components.specs import ClusterSpec, MaintenanceSpec, NodePoolSpec, UpgradeSpec
 
 NODE_ROLES = (
     "roles/logging.logWriter",
@@ -22,6 +25,7 @@ NODE_ROLES = (
 )
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
+PROXY_ONLY_CIDR = "10.129.0.0/23"
 
 
 @dataclass
@@ -31,6 +35,8 @@ class GpuClusterArgs:
     cluster: ClusterSpec
     node_pools: Sequence[NodePoolSpec]
     labels: Mapping[str, str] = field(default_factory=dict)
+    # Enabled APIs to wait for; None where the project's APIs are managed elsewhere.
+    apis: Optional[ProjectApis] = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,28 @@ def kubeconfig(name: str, endpoint: str, ca_cert: str) -> str:
     })
 
 
+def maintenance_policy(spec: MaintenanceSpec) -> Optional[dict[str, Any]]:
+    """GKE upgrades only inside the window and never during an exclusion (node upgrades restart
+    every replica on the node: a cold start of minutes while the weights load again)."""
+    policy: dict[str, Any] = {}
+    if spec.window:
+        policy["recurring_window"] = {"start_time": spec.window.start_time, "end_time": spec.window.end_time,
+                                      "recurrence": spec.window.recurrence}
+    if spec.exclusions:
+        policy["maintenance_exclusions"] = [
+            {"exclusion_name": e.name, "start_time": e.start_time, "end_time": e.end_time,
+             "exclusion_options": {"scope": e.scope}} for e in spec.exclusions]
+    return policy or None
+
+
+def upgrade_settings(spec: UpgradeSpec) -> dict[str, Any]:
+    if spec.strategy == "BLUE_GREEN":
+        return {"strategy": "BLUE_GREEN", "blue_green_settings": {
+            "node_pool_soak_duration": f"{spec.soak_minutes * 60}s",
+            "standard_rollout_policy": {"batch_node_count": 1, "batch_soak_duration": "60s"}}}
+    return {"strategy": "SURGE", "max_surge": spec.max_surge, "max_unavailable": spec.max_unavailable}
+
+
 class GpuCluster(pulumi.ComponentResource):
     """VPC + GKE cluster (Workload Identity, managed Prometheus + DCGM, Filestore CSI, Gateway API)."""
 
@@ -81,45 +109,61 @@ class GpuCluster(pulumi.ComponentResource):
     node_pools: dict[str, gcp.container.NodePool]
     provider: k8s.Provider
     kubeconfig: pulumi.Output[str]
+    # PROJECT.svc.id.goog: exists only once the cluster does, so bindings to it must wait.
+    workload_pool: pulumi.Output[str]
 
     def __init__(self, name: str, args: GpuClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:GpuCluster", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
         spec = args.cluster
         labels = {"managed-by": "pulumi", "app": "vllm-gke", **args.labels}
+        apis = args.apis
 
+        def needs(*api_names: str, depends_on: Sequence[pulumi.Resource] = ()) -> pulumi.ResourceOptions:
+            waits = [*(apis.needs(*api_names) if apis else []), *depends_on]
+            return child_opts(self, opts, depends_on=waits)
+
+        compute = needs("compute.googleapis.com")
         self.network = gcp.compute.Network(
             f"{name}-vpc", name=f"{spec.name}-vpc", project=args.project,
-            auto_create_subnetworks=False, opts=child)
+            auto_create_subnetworks=False, opts=compute)
         self.subnetwork = gcp.compute.Subnetwork(
             f"{name}-subnet", name=f"{spec.name}-nodes", project=args.project, region=args.region,
             network=self.network.id, ip_cidr_range=spec.subnet_cidr, private_ip_google_access=True,
             secondary_ip_ranges=[
                 {"range_name": "pods", "ip_cidr_range": spec.pods_cidr},
                 {"range_name": "services", "ip_cidr_range": spec.services_cidr},
-            ], opts=child)
+            ], opts=compute)
         # Regional Application Load Balancers (the Gateway classes used here) need a proxy-only subnet.
         self.proxy_subnetwork = gcp.compute.Subnetwork(
             f"{name}-proxy-subnet", name=f"{spec.name}-proxy-only", project=args.project,
-            region=args.region, network=self.network.id, ip_cidr_range="10.129.0.0/23",
-            purpose="REGIONAL_MANAGED_PROXY", role="ACTIVE", opts=child)
+            region=args.region, network=self.network.id, ip_cidr_range=PROXY_ONLY_CIDR,
+            purpose="REGIONAL_MANAGED_PROXY", role="ACTIVE", opts=compute)
+        self.proxy_only_cidr = PROXY_ONLY_CIDR
         router = gcp.compute.Router(
             f"{name}-router", name=f"{spec.name}-router", project=args.project, region=args.region,
-            network=self.network.id, opts=child)
-        # Private nodes still need egress to pull weights from Hugging Face.
+            network=self.network.id, opts=compute)
+        # Private nodes still need egress to pull weights from Hugging Face and tenants' JWKS.
         gcp.compute.RouterNat(
             f"{name}-nat", name=f"{spec.name}-nat", project=args.project, region=args.region,
             router=router.name, nat_ip_allocate_option="AUTO_ONLY",
-            source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES", opts=child)
+            source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES", opts=compute)
 
         self.node_service_account = gcp.serviceaccount.Account(
             f"{name}-nodes-sa", account_id=f"{spec.name}-nodes"[:30].rstrip("-"), project=args.project,
-            display_name=f"GKE nodes of {spec.name} (least privilege)", opts=child)
+            display_name=f"GKE nodes of {spec.name} (least privilege)", opts=needs("iam.googleapis.com"))
         for role in NODE_ROLES:
             gcp.projects.IAMMember(
                 f"{name}-nodes-{role.split('/')[1].replace('.', '-')}", project=args.project, role=role,
-                member=self.node_service_account.email.apply(lambda e: f"serviceAccount:{e}"), opts=child)
+                member=self.node_service_account.email.apply(lambda e: f"serviceAccount:{e}"),
+                opts=needs("cloudresourcemanager.googleapis.com"))
 
+        authorized: dict[str, Any] = {}
+        if spec.authorized_networks:
+            authorized = {"master_authorized_networks_config": {
+                "cidr_blocks": [{"cidr_block": n.cidr, "display_name": n.display_name}
+                                for n in spec.authorized_networks],
+                "gcp_public_cidrs_access_enabled": False}}
+        maintenance = maintenance_policy(spec.maintenance)
         self.cluster = gcp.container.Cluster(
             f"{name}-gke", name=spec.name, project=args.project, location=args.region,
             node_locations=list(spec.zones), network=self.network.id, subnetwork=self.subnetwork.id,
@@ -130,8 +174,10 @@ class GpuCluster(pulumi.ComponentResource):
             ip_allocation_policy={"cluster_secondary_range_name": "pods",
                                   "services_secondary_range_name": "services"},
             private_cluster_config={"enable_private_nodes": spec.private_nodes,
-                                    "enable_private_endpoint": False,
+                                    "enable_private_endpoint": spec.private_endpoint,
                                     "master_ipv4_cidr_block": spec.master_cidr},
+            **authorized,
+            **({"maintenance_policy": maintenance} if maintenance else {}),
             workload_identity_config={"workload_pool": f"{args.project}.svc.id.goog"},
             addons_config={
                 "gcp_filestore_csi_driver_config": {"enabled": True},
@@ -147,62 +193,74 @@ class GpuCluster(pulumi.ComponentResource):
             },
             logging_config={"enable_components": ["SYSTEM_COMPONENTS", "WORKLOADS"]},
             cluster_autoscaling={"autoscaling_profile": "OPTIMIZE_UTILIZATION"},
-            resource_labels=labels, opts=child)
+            resource_labels=labels,
+            opts=needs("container.googleapis.com", "compute.googleapis.com", "containerfilesystem.googleapis.com"))
+        self.workload_pool = self.cluster.workload_identity_config.apply(
+            lambda c: (c or {}).get("workload_pool") if isinstance(c, dict) else c.workload_pool)
 
         self.node_pools = {}
+        zones = len(spec.zones)
         self.node_pools["system"] = gcp.container.NodePool(
             f"{name}-system", name="system", project=args.project, location=args.region,
-            cluster=self.cluster.name, node_count=spec.system_nodes,
+            cluster=self.cluster.name,
+            # Per zone: a set value, so later resizes by the autoscaler never force a re-create.
+            initial_node_count=math.ceil(spec.system_nodes / zones),
+            autoscaling={"total_min_node_count": spec.system_nodes,
+                         "total_max_node_count": spec.system_pool_max, "location_policy": "BALANCED"},
             node_config=self._node_config(spec.system_machine_type, 100, {"vllm-gke.io/role": "system"}, labels),
-            management={"auto_repair": True, "auto_upgrade": True}, opts=child)
+            management={"auto_repair": True, "auto_upgrade": True},
+            upgrade_settings={"strategy": "SURGE", "max_surge": 1, "max_unavailable": 0},
+            opts=child_opts(self, opts))
 
-        compute_class_pools: dict[str, tuple[str, str]] = {}
+        compute_class_pools: dict[str, tuple[str, str, bool]] = {}
         for pool in args.node_pools:
-            self.node_pools[pool.name] = self._gpu_pool(name, args, pool, pool.name, pool.spot, labels)
+            self.node_pools[pool.name] = self._gpu_pool(name, args, pool, pool.name, pool.spot, labels, opts)
             if pool.has_fallback_pool:
                 twin = f"{pool.name}-ondemand"
-                self.node_pools[twin] = self._gpu_pool(name, args, pool, twin, False, labels)
-                compute_class_pools[pool.name] = (pool.name, twin)
+                self.node_pools[twin] = self._gpu_pool(name, args, pool, twin, False, labels, opts)
+                compute_class_pools[pool.name] = (pool.name, twin, pool.spot_return_migration)
 
+        hub = needs("gkehub.googleapis.com")
         self.membership = gcp.gkehub.Membership(
             f"{name}-fleet", membership_id=spec.name, project=args.project, location="global",
             endpoint={"gke_cluster": {"resource_link": self.cluster.id.apply(
-                lambda cid: f"//container.googleapis.com/{cid}")}}, opts=child)
-        mesh_opts = child
+                lambda cid: f"//container.googleapis.com/{cid}")}}, opts=hub)
+        mesh_deps: list[pulumi.Resource] = []
         if spec.manage_mesh_feature:
-            feature = gcp.gkehub.Feature(
+            mesh_deps.append(gcp.gkehub.Feature(
                 f"{name}-mesh-feature", name="servicemesh", project=args.project, location="global",
-                opts=child)
-            mesh_opts = pulumi.ResourceOptions(parent=self, depends_on=[feature])
+                opts=needs("gkehub.googleapis.com", "mesh.googleapis.com")))
+        # Completes when the fleet accepts the spec; the control plane is provisioned afterwards,
+        # asynchronously (see MeshReadiness).
         self.mesh = gcp.gkehub.FeatureMembership(
             f"{name}-mesh", project=args.project, location="global", feature="servicemesh",
             membership=self.membership.membership_id, mesh={"management": "MANAGEMENT_AUTOMATIC"},
-            opts=mesh_opts)
+            opts=needs("gkehub.googleapis.com", "mesh.googleapis.com", depends_on=mesh_deps))
 
         self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
             self.cluster.name, self.cluster.endpoint, self.cluster.master_auth.cluster_ca_certificate
         ).apply(lambda a: kubeconfig(a[0], a[1], a[2])))
         self.provider = k8s.Provider(
             f"{name}-k8s", kubeconfig=self.kubeconfig, enable_server_side_apply=True,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*self.node_pools.values(), self.mesh]))
+            opts=child_opts(self, opts, depends_on=[*self.node_pools.values(), self.mesh]))
 
-        for class_name, (spot_pool, on_demand_pool) in compute_class_pools.items():
+        for class_name, (spot_pool, on_demand_pool, migrate) in compute_class_pools.items():
             custom_resource(
                 f"{name}-cc-{class_name}", "cloud.google.com/v1", "ComputeClass", meta(class_name),
                 {
                     "priorities": [{"nodepools": [spot_pool]}, {"nodepools": [on_demand_pool]}],
-                    # Move pods back to spot once it is available again.
-                    "activeMigration": {"optimizeRulePriority": True},
+                    "activeMigration": {"optimizeRulePriority": migrate},
                     "nodePoolAutoCreation": {"enabled": False},
                     "whenUnsatisfiable": "DoNotScaleUp",
                 },
-                pulumi.ResourceOptions(parent=self, provider=self.provider))
+                child_opts(self, opts, provider=self.provider))
 
         self.register_outputs({
             "clusterName": self.cluster.name,
             "endpoint": self.cluster.endpoint,
             "network": self.network.id,
             "kubeconfig": self.kubeconfig,
+            "workloadPool": self.workload_pool,
             "nodePools": list(self.node_pools),
         })
 
@@ -225,7 +283,8 @@ class GpuCluster(pulumi.ComponentResource):
         }
 
     def _gpu_pool(self, name: str, args: GpuClusterArgs, pool: NodePoolSpec, pool_name: str,
-                  spot: bool, labels: Mapping[str, str]) -> gcp.container.NodePool:
+                  spot: bool, labels: Mapping[str, str],
+                  opts: Optional[pulumi.ResourceOptions]) -> gcp.container.NodePool:
         acc = pool.machine.accelerator
         assert acc is not None
         accelerator: dict = {
@@ -245,16 +304,22 @@ class GpuCluster(pulumi.ComponentResource):
         return gcp.container.NodePool(
             f"{name}-{pool_name}", name=pool_name, project=args.project, location=args.region,
             cluster=self.cluster.name,
+            # Zero per zone at creation; the autoscaler adds nodes for pending replicas. Set, so a
+            # resize never reads as a change that re-creates the pool.
+            initial_node_count=0,
             autoscaling={
-                "min_node_count": 0 if is_twin else pool.min_nodes,
-                "max_node_count": pool.max_nodes,
+                # Totals across zones: min/max_node_count would be per zone, and a three-zone pool
+                # would run three times what the capacity check and cost report assume.
+                "total_min_node_count": 0 if is_twin else pool.min_nodes,
+                "total_max_node_count": pool.max_nodes,
                 # Spot capacity is wherever it is; on-demand stays spread for availability.
                 "location_policy": "ANY" if spot else "BALANCED",
             },
             node_config=self._node_config(
                 pool.machine_type, pool.disk_size_gb, node_labels, labels,
                 spot=spot, guest_accelerators=[accelerator], taints=taints),
+            # Release channels require auto-upgrade; the cluster's maintenance window and
+            # exclusions decide when, the upgrade strategy how.
             management={"auto_repair": True, "auto_upgrade": True},
-            # Surge upgrades of GPU nodes need spare GPUs; replace one node at a time instead.
-            upgrade_settings={"max_surge": 0, "max_unavailable": 1},
-            opts=pulumi.ResourceOptions(parent=self))
+            upgrade_settings=upgrade_settings(pool.upgrade),
+            opts=child_opts(self, opts))

@@ -1,16 +1,43 @@
-"""MeshNamespace: a namespace in the mesh that denies every request it does not explicitly allow."""
+"""MeshNamespace: a namespace in the mesh that denies every request it does not explicitly allow.
+
+Besides the deny-all, exactly two things pass without a JWT, each from known sources only:
+  - load balancer health checks, `GET /health`, from Google's health-check ranges and the
+    proxy-only subnet (Envoy-based regional load balancers probe from there). They enter
+    through the pod's sidecar like any request, so without this every backend is unhealthy
+    and the Gateway answers 503;
+  - Managed Prometheus scrapes, `GET /metrics`, from the cluster's pod and node ranges (the
+    collectors run outside the mesh).
+The kubelet's own probes are rewritten by sidecar injection to go through the agent, not Envoy.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from components.k8s_meta import ACCESS_LABEL, custom_resource, meta
+from components.options import child_opts
 
 ISTIO_API = "security.istio.io/v1"
+ISTIO_NETWORKING_API = "networking.istio.io/v1"
+HEALTH_PATH = "/health"
+METRICS_PATH = "/metrics"
+# https://cloud.google.com/load-balancing/docs/firewall-rules: health-check probe ranges of
+# the global and regional Application Load Balancers.
+GOOGLE_HEALTH_CHECK_RANGES = ("35.191.0.0/16", "130.211.0.0/22")
+
+
+@dataclass(frozen=True)
+class TrustedSources:
+    """Source ranges allowed the two unauthenticated paths."""
+
+    # Load balancer health checks: Google's ranges plus the proxy-only subnet.
+    health_checks: Sequence[str] = GOOGLE_HEALTH_CHECK_RANGES
+    # Metric scrapes: the pod and node ranges; empty allows no scrape.
+    metrics: Sequence[str] = ()
 
 
 @dataclass
@@ -18,30 +45,57 @@ class MeshNamespaceArgs:
     name: str
     provider: k8s.Provider
     labels: Mapping[str, str] = field(default_factory=dict)
+    sources: TrustedSources = field(default_factory=TrustedSources)
+    # Hosts of the JWKS endpoints RequestAuthentications in this namespace use: managed Cloud
+    # Service Mesh fetches JWKS from the workload's own Envoy, which reaches only hosts the mesh
+    # knows (ServiceEntry) and speaks TLS to them only when told (DestinationRule).
+    jwks_hosts: Sequence[str] = ()
+
+
+def allow_unauthenticated(path: str, sources: Sequence[str]) -> dict:
+    return {"action": "ALLOW", "rules": [{
+        "from": [{"source": {"ipBlocks": list(sources)}}],
+        "to": [{"operation": {"methods": ["GET"], "paths": [path]}}]}]}
 
 
 class MeshNamespace(pulumi.ComponentResource):
-    """Istio-injected, may attach HTTPRoutes to the Gateway, default deny plus metrics scraping."""
+    """Istio-injected, may attach HTTPRoutes to the Gateway, default deny plus probes and scrapes."""
 
     namespace: k8s.core.v1.Namespace
     name: pulumi.Output[str]
 
     def __init__(self, name: str, args: MeshNamespaceArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:MeshNamespace", name, None, opts)
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        k8s_opts = child_opts(self, opts, provider=args.provider)
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-ns",
+            # Managed Cloud Service Mesh honours the default injection label.
             metadata=meta(args.name, labels={"istio-injection": "enabled", ACCESS_LABEL: "true",
                                              **args.labels}),
             opts=k8s_opts)
         self.name = self.namespace.metadata.name
-        # An ALLOW policy with no rules matches nothing: only the explicit allows below get through.
-        custom_resource(f"{name}-deny-all", ISTIO_API, "AuthorizationPolicy",
-                        {**meta("deny-all"), "namespace": self.name}, {}, k8s_opts)
-        # Managed Prometheus collectors sit outside the mesh; let them read /metrics only.
-        custom_resource(
-            f"{name}-allow-metrics", ISTIO_API, "AuthorizationPolicy",
-            {**meta("allow-metrics-scrape"), "namespace": self.name},
-            {"action": "ALLOW", "rules": [{"to": [{"operation": {"methods": ["GET"], "paths": ["/metrics"]}}]}]},
-            k8s_opts)
+
+        def policy(resource: str, policy_name: str, spec: dict) -> None:
+            custom_resource(resource, ISTIO_API, "AuthorizationPolicy",
+                            {**meta(policy_name), "namespace": self.name}, spec, k8s_opts)
+
+        # An ALLOW policy with no rules matches nothing: only the explicit allows get through.
+        policy(f"{name}-deny-all", "deny-all", {})
+        policy(f"{name}-allow-health", "allow-lb-health-checks",
+               allow_unauthenticated(HEALTH_PATH, args.sources.health_checks))
+        if args.sources.metrics:
+            policy(f"{name}-allow-metrics", "allow-metrics-scrape",
+                   allow_unauthenticated(METRICS_PATH, args.sources.metrics))
+        for host in sorted(set(args.jwks_hosts)):
+            slug = host.replace(".", "-")
+            custom_resource(
+                f"{name}-jwks-{slug}", ISTIO_NETWORKING_API, "ServiceEntry",
+                {**meta(f"jwks-{slug}"), "namespace": self.name},
+                {"hosts": [host], "location": "MESH_EXTERNAL", "resolution": "DNS", "exportTo": ["."],
+                 "ports": [{"number": 443, "name": "https", "protocol": "HTTPS"}]}, k8s_opts)
+            custom_resource(
+                f"{name}-jwks-tls-{slug}", ISTIO_NETWORKING_API, "DestinationRule",
+                {**meta(f"jwks-{slug}"), "namespace": self.name},
+                {"host": host, "exportTo": ["."], "trafficPolicy": {"tls": {"mode": "SIMPLE", "sni": host}}},
+                k8s_opts)
         self.register_outputs({"name": self.name})

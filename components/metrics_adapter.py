@@ -15,6 +15,8 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from components.k8s_meta import meta
+from components.options import child_opts
+from components.project_apis import ProjectApis
 from components.specs import ImageRef
 
 NAMESPACE = "custom-metrics"
@@ -27,24 +29,35 @@ DEFAULT_IMAGE = ImageRef(repository="gcr.io/gke-release/custom-metrics-stackdriv
 class MetricsAdapterArgs:
     project: str
     provider: k8s.Provider
+    # GpuCluster.workload_pool: the binding must wait for the cluster that creates the pool.
+    workload_pool: pulumi.Input[str]
     gsa_name: str = "metrics-adapter"
     image: ImageRef = DEFAULT_IMAGE
+    apis: Optional[ProjectApis] = None
 
 
 class MetricsAdapter(pulumi.ComponentResource):
     def __init__(self, name: str, args: MetricsAdapterArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:MetricsAdapter", name, None, opts)
-        gcp_opts = pulumi.ResourceOptions(parent=self)
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        apis = args.apis
+
+        def gcp_opts(*api_names: str) -> pulumi.ResourceOptions:
+            return child_opts(self, opts, depends_on=apis.needs(*api_names) if apis else [])
+
+        k8s_opts = child_opts(self, opts, provider=args.provider)
 
         gsa = gcp.serviceaccount.Account(
             f"{name}-gsa", account_id=args.gsa_name[:30], project=args.project,
-            display_name="Custom Metrics Stackdriver Adapter (reads Cloud Monitoring)", opts=gcp_opts)
+            display_name="Custom Metrics Stackdriver Adapter (reads Cloud Monitoring)",
+            opts=gcp_opts("iam.googleapis.com"))
         gcp.projects.IAMMember(f"{name}-monitoring-viewer", project=args.project, role="roles/monitoring.viewer",
-                               member=gsa.email.apply(lambda e: f"serviceAccount:{e}"), opts=gcp_opts)
+                               member=gsa.email.apply(lambda e: f"serviceAccount:{e}"),
+                               opts=gcp_opts("cloudresourcemanager.googleapis.com"))
         gcp.serviceaccount.IAMMember(
             f"{name}-wi", service_account_id=gsa.name, role="roles/iam.workloadIdentityUser",
-            member=f"serviceAccount:{args.project}.svc.id.goog[{NAMESPACE}/{NAME}]", opts=gcp_opts)
+            member=pulumi.Output.from_input(args.workload_pool).apply(
+                lambda pool: f"serviceAccount:{pool}[{NAMESPACE}/{NAME}]"),
+            opts=gcp_opts("iam.googleapis.com"))
 
         ns = k8s.core.v1.Namespace(f"{name}-ns", metadata=meta(NAMESPACE), opts=k8s_opts)
         namespace = ns.metadata.name
@@ -71,7 +84,7 @@ class MetricsAdapter(pulumi.ComponentResource):
         k8s.rbac.v1.ClusterRoleBinding(
             f"{name}-resource-reader-binding", metadata=meta("custom-metrics-resource-reader"),
             role_ref=role_ref("ClusterRole", "custom-metrics-resource-reader"), subjects=subject,
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[reader]))
+            opts=child_opts(self, opts, provider=args.provider, depends_on=[reader]))
         # The HPA controller reads external metrics through this role.
         external = k8s.rbac.v1.ClusterRole(
             f"{name}-external-reader", metadata=meta("external-metrics-reader"),
@@ -81,7 +94,7 @@ class MetricsAdapter(pulumi.ComponentResource):
             f"{name}-external-reader-binding", metadata=meta("external-metrics-reader"),
             role_ref=role_ref("ClusterRole", "external-metrics-reader"),
             subjects=[{"kind": "ServiceAccount", "name": "horizontal-pod-autoscaler", "namespace": "kube-system"}],
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[external]))
+            opts=child_opts(self, opts, provider=args.provider, depends_on=[external]))
 
         labels = {"k8s-app": NAME}
         self.deployment = k8s.apps.v1.Deployment(
@@ -113,6 +126,6 @@ class MetricsAdapter(pulumi.ComponentResource):
                 spec={"group": group, "version": version, "groupPriorityMinimum": 100,
                       "versionPriority": priority, "insecureSkipTLSVerify": True,
                       "service": {"name": NAME, "namespace": NAMESPACE}},
-                opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[service]))
+                opts=child_opts(self, opts, provider=args.provider, depends_on=[service]))
 
         self.register_outputs({"namespace": namespace, "serviceAccount": gsa.email})

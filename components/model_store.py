@@ -16,6 +16,8 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from components.k8s_meta import WEIGHTS_READY_MARKER, custom_resource, meta
+from components.options import child_opts
+from components.project_apis import ProjectApis
 from components.specs import ImageRef, ModelSpec, WeightsSpec
 
 SHARE_NAME = "models"
@@ -23,11 +25,20 @@ MOUNT_PATH = "/models"
 CLAIM_NAME = "model-weights"
 LOADER_SA = "weights-loader"
 HF_TOKEN_MOUNT = "/var/run/secrets/hf"
-# Filestore's smallest capacity per tier, in GiB.
-TIER_MIN_GB = {"BASIC_HDD": 1024, "BASIC_SSD": 2560, "ZONAL": 1024}
+# Filestore's smallest capacity per tier, in GiB (REGIONAL starts at 100 GiB, but its read
+# throughput scales with capacity: below 1 TiB a multi-GB load crawls).
+TIER_MIN_GB = {"BASIC_HDD": 1024, "BASIC_SSD": 2560, "ZONAL": 1024, "REGIONAL": 1024}
+REGIONAL_TIERS = frozenset({"REGIONAL"})
+# A statically bound NFS volume's size is nominal: the kubelet never enforces it. Tying it to the
+# share's capacity would turn every resize (adding a model) into a change of an immutable field.
+NOMINAL_VOLUME_SIZE = "1Gi"
 # Below this much weight data a 100 MiB/s HDD share is fine; above it, loads need SSD throughput.
 HDD_LIMIT_GB = 100
 HEADROOM = 1.3  # tokenizer files, a second revision during a roll-forward
+
+
+LOADER_ENV = ({"name": "HF_HUB_OFFLINE", "value": "0"}, {"name": "TRANSFORMERS_OFFLINE", "value": "0"},
+              {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"})
 
 
 def model_dir(model: ModelSpec) -> str:
@@ -82,8 +93,13 @@ class TokenSource:
 @dataclass
 class ModelStoreArgs:
     project: str
+    # Zonal and basic tiers live in `zone`, REGIONAL in `region`.
     zone: str
+    region: str
     network_name: pulumi.Input[str]
+    # The cluster's Workload Identity pool (GpuCluster.workload_pool): an output, so the loader's
+    # binding waits for the cluster that creates the pool.
+    workload_pool: pulumi.Input[str]
     models: Sequence[ModelSpec]
     weights: WeightsSpec
     server_image: ImageRef
@@ -95,6 +111,9 @@ class ModelStoreArgs:
     instance_name: Optional[str] = None
     loader_node_selector: Mapping[str, str] = field(
         default_factory=lambda: {"vllm-gke.io/role": "system"})
+    apis: Optional[ProjectApis] = None
+    # Protect the Filestore instance from deletion and replacement.
+    protect: bool = True
 
 
 class ModelStore(pulumi.ComponentResource):
@@ -105,36 +124,48 @@ class ModelStore(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ModelStoreArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:ModelStore", name, None, opts)
-        gcp_opts = pulumi.ResourceOptions(parent=self)
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        self._opts = opts
+        apis = args.apis
+
+        def gcp_opts(*api_names: str) -> pulumi.ResourceOptions:
+            return child_opts(self, opts, depends_on=apis.needs(*api_names) if apis else [])
+
+        k8s_opts = child_opts(self, opts, provider=args.provider)
         self.tier, self.capacity_gb = plan_filestore(args.models, args.weights)
         self.instance_name = instance_name = args.instance_name or f"{name}-weights"
+        self.location = args.region if self.tier in REGIONAL_TIERS else args.zone
 
         self.instance = gcp.filestore.Instance(
-            f"{name}-filestore", name=instance_name, project=args.project, location=args.zone,
+            f"{name}-filestore", name=instance_name, project=args.project, location=self.location,
             tier=self.tier,
             file_shares={"name": SHARE_NAME, "capacity_gb": self.capacity_gb},
             networks=[{"network": args.network_name, "modes": ["MODE_IPV4"]}],
-            opts=gcp_opts)
+            # Losing the share means reloading every model: a tier change re-creates it, so make
+            # that an explicit decision (`pulumi state unprotect`), not a side effect.
+            opts=child_opts(self, opts, protect=args.protect,
+                            depends_on=apis.needs("file.googleapis.com") if apis else []))
         self.server_ip = self.instance.networks.apply(lambda n: n[0].ip_addresses[0])
 
         # Loader identity: reads the HF token from Secret Manager and gs:// sources, nothing else.
         self.loader_gsa = gcp.serviceaccount.Account(
             f"{name}-loader-gsa", account_id=f"{instance_name}-loader"[:30].rstrip("-"), project=args.project,
-            display_name="vllm-gke weights loader", opts=gcp_opts)
+            display_name="vllm-gke weights loader", opts=gcp_opts("iam.googleapis.com"))
         loader_member = self.loader_gsa.email.apply(lambda e: f"serviceAccount:{e}")
         if args.weights.hf_token_kubernetes_secret is None:
             gcp.secretmanager.SecretIamMember(
                 f"{name}-loader-hf-token", project=args.project, secret_id=args.weights.secret_manager_secret,
-                role="roles/secretmanager.secretAccessor", member=loader_member, opts=gcp_opts)
+                role="roles/secretmanager.secretAccessor", member=loader_member,
+                opts=gcp_opts("secretmanager.googleapis.com"))
         if any(m.source.startswith("gs://") for m in args.models):
             gcp.projects.IAMMember(f"{name}-loader-gcs", project=args.project,
-                                   role="roles/storage.objectViewer", member=loader_member, opts=gcp_opts)
-        gcp.serviceaccount.IAMMember(
+                                   role="roles/storage.objectViewer", member=loader_member,
+                                   opts=gcp_opts("cloudresourcemanager.googleapis.com"))
+        self.loader_binding = gcp.serviceaccount.IAMMember(
             f"{name}-loader-wi", service_account_id=self.loader_gsa.name,
             role="roles/iam.workloadIdentityUser",
-            member=f"serviceAccount:{args.project}.svc.id.goog[{args.system_namespace}/{LOADER_SA}]",
-            opts=gcp_opts)
+            member=pulumi.Output.from_input(args.workload_pool).apply(
+                lambda pool: f"serviceAccount:{pool}[{args.system_namespace}/{LOADER_SA}]"),
+            opts=gcp_opts("iam.googleapis.com"))
 
         system_ns = k8s.core.v1.Namespace(f"{name}-system-ns", metadata=meta(args.system_namespace),
                                           opts=k8s_opts)
@@ -143,6 +174,8 @@ class ModelStore(pulumi.ComponentResource):
             f"{name}-loader-ksa",
             metadata={**meta(LOADER_SA), "namespace": ns_name,
                       "annotations": {"iam.gke.io/gcp-service-account": self.loader_gsa.email}},
+            # Workload Identity goes through the GKE metadata server, not a mounted token.
+            automount_service_account_token=False,
             opts=k8s_opts)
         token = self._token_source(name, args, ns_name, k8s_opts)
 
@@ -170,15 +203,22 @@ class ModelStore(pulumi.ComponentResource):
                                      "annotations": {"sidecar.istio.io/inject": "false"}},
                         "spec": {
                             "serviceAccountName": loader_sa.metadata.name,
+                            "automountServiceAccountToken": False,
                             "restartPolicy": "OnFailure",
                             "nodeSelector": dict(args.loader_node_selector),
+                            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                             "containers": [{
                                 "name": "loader",
                                 "image": image.uri,
                                 "command": ["/bin/sh", "-c", loader_script(model)],
                                 "resources": {"requests": {"cpu": "2", "memory": "8Gi"},
                                               "limits": {"cpu": "4", "memory": "16Gi"}},
-                                "env": token.env,
+                                # Root only to write the share's root-owned export; no capabilities.
+                                "securityContext": {"allowPrivilegeEscalation": False,
+                                                    "capabilities": {"drop": ["ALL"]}},
+                                # The server image sets HF_HUB_OFFLINE=1 so replicas never download;
+                                # the loader is the one place that must.
+                                "env": [*LOADER_ENV, *token.env],
                                 "volumeMounts": [{"name": "weights", "mountPath": MOUNT_PATH}, *token.mounts],
                             }],
                             "volumes": [
@@ -189,7 +229,8 @@ class ModelStore(pulumi.ComponentResource):
                         },
                     },
                 },
-                opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=token.depends_on))
+                opts=child_opts(self, opts, provider=args.provider,
+                                depends_on=[*token.depends_on, self.loader_binding]))
 
         self.register_outputs({
             "filestoreTier": self.tier,
@@ -224,12 +265,12 @@ class ModelStore(pulumi.ComponentResource):
         """A PV onto the share and the PVC bound to it; a PV binds one claim, so one pair per namespace."""
         mode = "ReadOnlyMany" if read_only else "ReadWriteMany"
         pv_name = f"{self.instance_name}-{key}"
-        opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        opts = child_opts(self, self._opts, provider=args.provider)
         pv = k8s.core.v1.PersistentVolume(
             f"{name}-pv-{key}",
             metadata=meta(pv_name),
             spec={
-                "capacity": {"storage": f"{self.capacity_gb}Gi"},
+                "capacity": {"storage": NOMINAL_VOLUME_SIZE},
                 "accessModes": [mode],
                 "persistentVolumeReclaimPolicy": "Retain",
                 "storageClassName": "",
@@ -244,6 +285,6 @@ class ModelStore(pulumi.ComponentResource):
                 "accessModes": [mode],
                 "storageClassName": "",
                 "volumeName": pv.metadata.name,
-                "resources": {"requests": {"storage": f"{self.capacity_gb}Gi"}},
+                "resources": {"requests": {"storage": NOMINAL_VOLUME_SIZE}},
             },
             opts=opts)

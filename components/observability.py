@@ -19,6 +19,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)  # google-api-core's notice about Python 3.11's EOL
     from google.cloud import monitoring_v3
 
+from components.options import child_opts
+from components.project_apis import ProjectApis
 from components.specs import MonitoringSpec
 
 AlertPolicy = monitoring_v3.AlertPolicy
@@ -136,6 +138,7 @@ class ObservabilityArgs:
     cluster_name: str
     spec: MonitoringSpec
     title: str
+    apis: Optional[ProjectApis] = None
 
 
 class Observability(pulumi.ComponentResource):
@@ -146,7 +149,7 @@ class Observability(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ObservabilityArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:Observability", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        child = child_opts(self, opts, depends_on=args.apis.needs("monitoring.googleapis.com") if args.apis else [])
         self.dashboard_definition = dashboard_json(args.title, args.cluster_name)
         self.dashboard = gcp.monitoring.Dashboard(
             f"{name}-dashboard", project=args.project,

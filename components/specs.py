@@ -42,6 +42,15 @@ def _dns_label(value: str) -> str:
 Name = Annotated[str, AfterValidator(_dns_label)]
 
 
+def _utc_time(value: str) -> str:
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z", value):
+        raise ValueError(f"'{value}' must be an RFC 3339 UTC time like 2026-01-03T02:00:00Z")
+    return value
+
+
+UtcTime = Annotated[str, AfterValidator(_utc_time)]
+
+
 class Spec(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
@@ -68,12 +77,59 @@ class ImageRef(Spec):
         return f"{self.repository}@{self.digest}" if self.digest else f"{self.repository}:{self.tag}"
 
 
+class AuthorizedNetwork(Spec):
+    cidr: str
+    display_name: str = "authorized"
+
+    @field_validator("cidr")
+    @classmethod
+    def _cidr(cls, v: str) -> str:
+        import ipaddress
+
+        try:
+            ipaddress.ip_network(v, strict=True)
+        except ValueError:
+            raise ValueError(f"'{v}' is not a CIDR range like 203.0.113.0/24") from None
+        return v
+
+
+class MaintenanceWindow(Spec):
+    """A recurring window (RFC 5545 RRULE) in which GKE may upgrade the control plane and nodes."""
+
+    start_time: UtcTime  # e.g. 2026-01-03T02:00:00Z; the time of day and length repeat
+    end_time: UtcTime
+    recurrence: str = "FREQ=WEEKLY;BYDAY=SA,SU"
+
+    @field_validator("recurrence")
+    @classmethod
+    def _rrule(cls, v: str) -> str:
+        if not v.startswith("FREQ="):
+            raise ValueError(f"'{v}' must be an RFC 5545 RRULE such as FREQ=WEEKLY;BYDAY=SA,SU")
+        return v
+
+
+class MaintenanceExclusion(Spec):
+    """A period with no upgrades of the given scope (e.g. a launch week)."""
+
+    name: Name
+    start_time: UtcTime
+    end_time: UtcTime
+    scope: Literal["NO_UPGRADES", "NO_MINOR_UPGRADES", "NO_MINOR_OR_NODE_UPGRADES"] = "NO_MINOR_OR_NODE_UPGRADES"
+
+
+class MaintenanceSpec(Spec):
+    window: Optional[MaintenanceWindow] = None
+    exclusions: list[MaintenanceExclusion] = Field(default_factory=list)
+
+
 class ClusterSpec(Spec):
     name: Name
     zones: list[str] = Field(min_length=1)
     release_channel: Literal["RAPID", "REGULAR", "STABLE"] = "REGULAR"
     system_machine_type: str = "e2-standard-4"
+    # Total system nodes across all zones (not per zone); the pool autoscales up to systemMaxNodes.
     system_nodes: int = Field(default=1, ge=1, le=10)
+    system_max_nodes: Optional[int] = Field(default=None, ge=1, le=20)
     subnet_cidr: str = "10.10.0.0/20"
     pods_cidr: str = "10.20.0.0/14"
     services_cidr: str = "10.24.0.0/20"
@@ -83,6 +139,15 @@ class ClusterSpec(Spec):
     # Cloud Service Mesh (managed Istio) enforces the tenants' JWT and authorization policies.
     # The fleet feature is one per project: set false where another stack already manages it.
     manage_mesh_feature: bool = True
+    # Who may reach the control plane's public endpoint; empty means anyone (with credentials).
+    authorized_networks: list[AuthorizedNetwork] = Field(default_factory=list)
+    # Control plane reachable only from inside the VPC (Pulumi must then run from there).
+    private_endpoint: bool = False
+    maintenance: MaintenanceSpec = Field(default_factory=MaintenanceSpec)
+
+    @property
+    def system_pool_max(self) -> int:
+        return max(self.system_nodes, self.system_max_nodes or self.system_nodes)
 
     @field_validator("system_machine_type")
     @classmethod
@@ -92,8 +157,26 @@ class ClusterSpec(Spec):
         return v
 
 
+class UpgradeSpec(Spec):
+    """How GKE replaces this pool's nodes. SURGE with maxSurge >= 1 creates the new node first, so
+    a replica can move before its old node drains (it needs quota for one more node); BLUE_GREEN
+    keeps the old nodes until the new ones soak."""
+
+    strategy: Literal["SURGE", "BLUE_GREEN"] = "SURGE"
+    max_surge: int = Field(default=1, ge=0, le=20)
+    max_unavailable: int = Field(default=0, ge=0, le=20)
+    soak_minutes: int = Field(default=30, ge=0, le=1440)
+
+    @model_validator(mode="after")
+    def _progress(self) -> "UpgradeSpec":
+        if self.strategy == "SURGE" and self.max_surge == 0 and self.max_unavailable == 0:
+            raise ValueError("maxSurge and maxUnavailable cannot both be 0: an upgrade could never progress")
+        return self
+
+
 class NodePoolSpec(Spec):
-    """A GPU node pool. Accelerator type and count come from the machine type."""
+    """A GPU node pool. Accelerator type and count come from the machine type. Node counts are
+    totals across the cluster's zones (GKE's total_*_node_count), not per zone."""
 
     name: Name
     machine_type: str
@@ -104,6 +187,10 @@ class NodePoolSpec(Spec):
     min_nodes: int = Field(default=0, ge=0)
     max_nodes: int = Field(default=1, ge=1, le=1000)
     disk_size_gb: int = Field(default=200, ge=100)
+    upgrade: UpgradeSpec = Field(default_factory=UpgradeSpec)
+    # With a fallback pool: move pods back to spot when it returns. Off by default: it evicts warm
+    # replicas that then reload their weights, a visible outage on single-replica pools.
+    spot_return_migration: bool = False
 
     @field_validator("machine_type")
     @classmethod
@@ -295,17 +382,43 @@ class TenantSpec(Spec):
 
 
 class GatewaySpec(Spec):
+    # Internal by default: exposing models to the internet is a decision, with TLS required.
     class_name: Literal[
         "gke-l7-regional-external-managed", "gke-l7-rilb", "gke-l7-global-external-managed"
-    ] = "gke-l7-regional-external-managed"
+    ] = "gke-l7-rilb"
     hostname: Optional[str] = None
-    # An existing kubernetes.io/tls Secret in the serving namespace; adds an HTTPS listener.
+    # TLS from an existing kubernetes.io/tls Secret in the serving namespace...
     tls_secret_name: Optional[str] = None
+    # ...or a Google-managed Certificate Manager certificate for `hostname` (DNS authorization:
+    # create the CNAME record the stack exports as `dnsAuthorization`).
+    managed_certificate: bool = False
+    # Reserve the load balancer's address, so DNS records survive a re-created Gateway.
+    static_ip: bool = True
     request_timeout_seconds: int = Field(default=600, ge=30, le=3600)
 
     @property
     def external(self) -> bool:
         return self.class_name != "gke-l7-rilb"
+
+    @property
+    def regional(self) -> bool:
+        return self.class_name != "gke-l7-global-external-managed"
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_secret_name or self.managed_certificate)
+
+    @model_validator(mode="after")
+    def _tls(self) -> "GatewaySpec":
+        if self.tls_secret_name and self.managed_certificate:
+            raise ValueError("set either tlsSecretName or managedCertificate, not both")
+        if self.managed_certificate and not self.hostname:
+            raise ValueError("managedCertificate needs a hostname to issue the certificate for")
+        if self.external and not self.tls:
+            raise ValueError(
+                f"an external gateway ({self.class_name}) serves HTTPS only, so bearer tokens never cross "
+                "the internet in clear: set managedCertificate: true (with hostname) or tlsSecretName")
+        return self
 
 
 class SecretKeyRef(Spec):
@@ -314,7 +427,9 @@ class SecretKeyRef(Spec):
 
 
 class WeightsSpec(Spec):
-    tier: Literal["auto", "BASIC_HDD", "BASIC_SSD", "ZONAL"] = "auto"
+    # REGIONAL replicates across the region's zones: the share survives a zone outage, which a
+    # zonal tier serving a multi-zone cluster does not.
+    tier: Literal["auto", "BASIC_HDD", "BASIC_SSD", "ZONAL", "REGIONAL"] = "auto"
     capacity_gb: Optional[int] = Field(default=None, ge=1024)
     # Secret Manager secret holding the Hugging Face token; the loader mounts it through the
     # GKE Secret Manager CSI add-on, so the token never enters Pulumi state or a manifest.
@@ -345,6 +460,7 @@ class CostSpec(Spec):
 
 
 __all__ = [
+    "AuthorizedNetwork", "MaintenanceExclusion", "MaintenanceSpec", "MaintenanceWindow", "UpgradeSpec",
     "ClusterSpec", "CostSpec", "CustomShape", "DedicatedSpec", "GatewaySpec", "ImageRef",
     "JwtSpec", "ModelSpec", "MonitoringSpec", "NodePoolSpec", "RateLimitSpec", "SecretKeyRef",
     "ServingPoolSpec", "Spec", "TenantSpec", "WeightsSpec",

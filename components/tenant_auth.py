@@ -16,7 +16,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.k8s_meta import MODEL_LABEL, TENANT_LABEL, custom_resource, meta
-from components.mesh_namespace import ISTIO_API, MeshNamespace, MeshNamespaceArgs
+from components.mesh_namespace import ISTIO_API, MeshNamespace, MeshNamespaceArgs, TrustedSources
+from components.options import child_opts
 from components.specs import TenantSpec
 
 ISSUER_HEADER = "x-vllm-gke-issuer"
@@ -24,6 +25,12 @@ ISSUER_HEADER = "x-vllm-gke-issuer"
 
 def tenant_namespace(tenant: TenantSpec) -> str:
     return f"tenant-{tenant.name}"
+
+
+def jwks_host(tenant: TenantSpec) -> str:
+    from urllib.parse import urlsplit
+
+    return urlsplit(tenant.jwt.jwks_uri).hostname or ""
 
 
 def guard_entry(tenant: TenantSpec) -> dict[str, Any]:
@@ -39,6 +46,7 @@ class TenantAuthArgs:
     serving_namespace: pulumi.Input[str]
     # Models the tenant reaches in the shared serving namespace (dedicated ones excluded).
     shared_models: Sequence[str]
+    sources: TrustedSources = TrustedSources()
 
 
 class TenantAuth(pulumi.ComponentResource):
@@ -46,12 +54,13 @@ class TenantAuth(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: TenantAuthArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:TenantAuth", name, None, opts)
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        k8s_opts = child_opts(self, opts, provider=args.provider)
         tenant = args.tenant
         labels = {TENANT_LABEL: tenant.name}
         self.namespace = MeshNamespace(
-            f"{name}-ns", MeshNamespaceArgs(tenant_namespace(tenant), args.provider, labels),
-            opts=pulumi.ResourceOptions(parent=self))
+            f"{name}-ns", MeshNamespaceArgs(tenant_namespace(tenant), args.provider, labels, args.sources,
+                                            jwks_hosts=[jwks_host(tenant)]),
+            opts=child_opts(self, opts))
         principals = [f"{tenant.jwt.issuer}/*"]
 
         def request_authentication(resource: str, namespace: pulumi.Input[str]) -> None:

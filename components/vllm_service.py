@@ -18,6 +18,7 @@ import pulumi_kubernetes as k8s
 from components.gpu_cluster import placement_for
 from components.k8s_meta import BASE_LABELS, MODEL_LABEL, POOL_LABEL, TENANT_LABEL, custom_resource, meta
 from components.model_store import MOUNT_PATH, model_dir, ready_marker
+from components.options import child_opts
 from components.specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
 
 PORT = 8000
@@ -29,6 +30,23 @@ WAITING_FOR_WEIGHTS = (
 )
 
 PoolName = Literal["short", "long"]
+# The server runs as this unprivileged user; HOME and the caches live on emptyDirs because the
+# root filesystem is read-only. USER is set too: torch's compile cache calls getpass.getuser(),
+# which fails for a UID with no passwd entry.
+SERVER_UID = 1000
+HOME = "/home/vllm"
+NON_ROOT = {"runAsNonRoot": True, "runAsUser": SERVER_UID, "runAsGroup": SERVER_UID}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                      "capabilities": {"drop": ["ALL"]}}
+RUNTIME_ENV = ({"name": "HOME", "value": HOME}, {"name": "USER", "value": "vllm"},
+               {"name": "XDG_CACHE_HOME", "value": f"{HOME}/.cache"})
+
+
+def disruption_budget(pool: ServingPoolSpec) -> dict[str, Any]:
+    """Never let a voluntary disruption (node drain, upgrade, autoscaler consolidation) take the
+    last serving replica: with one replica that means no eviction at all until GKE's drain
+    timeout, so upgrades happen in the maintenance window; with more, one at a time."""
+    return {"minAvailable": 1} if pool.min_replicas == 1 else {"maxUnavailable": 1}
 
 
 def vllm_args(model: ModelSpec, pool: ServingPoolSpec) -> list[str]:
@@ -90,7 +108,7 @@ class VllmService(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: VllmServiceArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:VllmService", name, None, opts)
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        k8s_opts = child_opts(self, opts, provider=args.provider)
         model, pool = args.model, args.pool
         self.service_name = f"{model.name}-{args.pool_name}"
         labels = {MODEL_LABEL: model.name, POOL_LABEL: args.pool_name,
@@ -115,22 +133,28 @@ class VllmService(pulumi.ComponentResource):
                 "template": {
                     "metadata": {"labels": {**BASE_LABELS, **labels},
                                  "annotations": {
-                                     "proxy.istio.io/config": '{"holdApplicationUntilProxyStarts": true}'}},
+                                     "proxy.istio.io/config": '{"holdApplicationUntilProxyStarts": true}',
+                                     # A warm replica is minutes of weight loading: the cluster
+                                     # autoscaler must not evict it to consolidate nodes.
+                                     "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}},
                     "spec": {
                         "terminationGracePeriodSeconds": 120,
+                        # The server calls no Kubernetes API: no token to steal.
+                        "automountServiceAccountToken": False,
                         "nodeSelector": dict(placement.node_selector),
                         "tolerations": [dict(t) for t in placement.tolerations],
                         "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
                             "weight": 100,
                             "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
                                                 "labelSelector": {"matchLabels": selector}}}]}},
-                        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                        "securityContext": {**NON_ROOT, "seccompProfile": {"type": "RuntimeDefault"}},
                         "initContainers": [{
                             "name": "wait-for-weights",
                             "image": args.image.uri,
                             "command": ["/bin/sh", "-c", WAITING_FOR_WEIGHTS.format(marker=ready_marker(model))],
                             "resources": {"requests": {"cpu": "50m", "memory": "32Mi"},
                                           "limits": {"cpu": "100m", "memory": "64Mi"}},
+                            "securityContext": CONTAINER_SECURITY,
                             "volumeMounts": [weights_mount],
                         }],
                         "containers": [{
@@ -140,6 +164,7 @@ class VllmService(pulumi.ComponentResource):
                             "args": vllm_args(model, pool),
                             "ports": [{"name": "http", "containerPort": PORT}],
                             "env": [
+                                *RUNTIME_ENV,
                                 {"name": "HF_HUB_OFFLINE", "value": "1"},
                                 {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
                                 {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
@@ -148,7 +173,7 @@ class VllmService(pulumi.ComponentResource):
                                  "value": json.dumps(dict(args.guard_config), sort_keys=True)},
                             ],
                             "resources": container_resources(args.node_pool, gpus),
-                            "securityContext": {"allowPrivilegeEscalation": False},
+                            "securityContext": CONTAINER_SECURITY,
                             # Model load plus warm-up can take many minutes: allow up to 30.
                             "startupProbe": {"exec": {"command": ["test", "-f", WARM_MARKER]},
                                              "periodSeconds": 10, "failureThreshold": 180},
@@ -160,19 +185,24 @@ class VllmService(pulumi.ComponentResource):
                                               "failureThreshold": 6},
                             # Let the load balancer drop the endpoint before vLLM stops.
                             "lifecycle": {"preStop": {"exec": {"command": ["sleep", "20"]}}},
-                            "volumeMounts": [weights_mount, {"name": "dshm", "mountPath": "/dev/shm"}],
+                            "volumeMounts": [weights_mount, {"name": "dshm", "mountPath": "/dev/shm"},
+                                             {"name": "tmp", "mountPath": "/tmp"},
+                                             {"name": "home", "mountPath": HOME}],
                         }],
                         "volumes": [
                             {"name": "weights",
                              "persistentVolumeClaim": {"claimName": args.claim_name, "readOnly": True}},
                             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+                            # Compile caches (torch.compile, Triton, FlashInfer JIT) and scratch.
+                            {"name": "tmp", "emptyDir": {"sizeLimit": "8Gi"}},
+                            {"name": "home", "emptyDir": {"sizeLimit": "16Gi"}},
                         ],
                     },
                 },
             },
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider,
-                                        # Pods wait for weights; don't hold `pulumi up` on them.
-                                        custom_timeouts=pulumi.CustomTimeouts(create="45m", update="45m")))
+            opts=child_opts(self, opts, provider=args.provider,
+                            # A first rollout waits for the weights to load: allow for it.
+                            custom_timeouts=pulumi.CustomTimeouts(create="45m", update="45m")))
 
         self.service = k8s.core.v1.Service(
             f"{name}-svc",
@@ -184,7 +214,7 @@ class VllmService(pulumi.ComponentResource):
         self.pdb = k8s.policy.v1.PodDisruptionBudget(
             f"{name}-pdb",
             metadata={**meta(self.service_name, labels=labels), "namespace": args.namespace},
-            spec={"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+            spec={**disruption_budget(pool), "selector": {"matchLabels": selector}},
             opts=k8s_opts)
 
         self.hpa = k8s.autoscaling.v2.HorizontalPodAutoscaler(
@@ -205,7 +235,7 @@ class VllmService(pulumi.ComponentResource):
                                   "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}]},
                 },
             },
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[self.deployment]))
+            opts=child_opts(self, opts, provider=args.provider, depends_on=[self.deployment]))
 
         custom_resource(
             f"{name}-podmonitoring", "monitoring.googleapis.com/v1", "PodMonitoring",

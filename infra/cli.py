@@ -145,6 +145,8 @@ def plan(
         console.print(f"  [{colour}]{v.level}[/] {v.policy}: {v.message}", highlight=False)
     console.print(capacity_table(report))
     console.print(cost_table(report))
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
 
     if write:
         files = write_plan(result, out, report.to_json())

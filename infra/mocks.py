@@ -28,6 +28,9 @@ class PlannedResource:
     props: dict[str, Any] = field(default_factory=dict)
     # Property paths Pulumi would store encrypted, e.g. ("kubeconfig",).
     secret_paths: list[tuple[Any, ...]] = field(default_factory=list)
+    # URNs the engine waits for before creating this one: depends_on, the resources whose
+    # outputs feed its inputs, and its provider.
+    dependencies: frozenset[str] = frozenset()
 
 
 def unwrap_secrets(value: Any, path: tuple[Any, ...] = (),
@@ -86,8 +89,13 @@ class RecordingMonitor(MockMonitor):
         response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
             props, secrets = unwrap_secrets(self._mocks.by_name.get((request.type, request.name), {}))
+            deps = set(request.dependencies)
+            for prop in request.propertyDependencies.values():
+                deps.update(prop.urns)
+            if request.provider:
+                deps.add(request.provider.rsplit("::", 1)[0])  # a provider reference is "<urn>::<id>"
             self.recorded.append(PlannedResource(
                 type=request.type, name=request.name, urn=response.urn,
                 parent=request.parent or None, custom=bool(request.custom),
-                props=props, secret_paths=secrets))
+                props=props, secret_paths=secrets, dependencies=frozenset(deps)))
         return response

@@ -49,6 +49,33 @@ class Plan:
     def _by_urn(self) -> dict[str, PlannedResource]:
         return {r.urn: r for r in self.resources}
 
+    def named(self, type_: str, name: str) -> PlannedResource:
+        """The resource of this type whose logical name (Pulumi resource name) is `name`."""
+        return next(r for r in self.resources if r.type == type_ and r.name == name)
+
+    def kube(self, kind: str, name: str, namespace: Optional[str] = None) -> PlannedResource:
+        """The Kubernetes resource of this kind with this metadata.name (and namespace)."""
+        return next(r for r in self.kubernetes() if r.props.get("kind") == kind
+                    and (r.props.get("metadata") or {}).get("name") == name
+                    and (namespace is None or r.props["metadata"].get("namespace") == namespace))
+
+    def prerequisites(self, resource: PlannedResource) -> set[str]:
+        """Every URN the engine must finish before creating `resource` (transitive)."""
+        seen: set[str] = set()
+        todo = list(resource.dependencies)
+        while todo:
+            urn = todo.pop()
+            if urn in seen:
+                continue
+            seen.add(urn)
+            dep = self._by_urn.get(urn)
+            if dep is not None:
+                todo.extend(dep.dependencies)
+        return seen
+
+    def waits_for(self, resource: PlannedResource, prerequisite: PlannedResource) -> bool:
+        return prerequisite.urn in self.prerequisites(resource)
+
     def component_of(self, resource: PlannedResource) -> str:
         parent = self._by_urn.get(resource.parent or "")
         return f"{parent.type.split(':')[-1]}/{parent.name}" if parent and not parent.custom else "-"

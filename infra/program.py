@@ -12,19 +12,30 @@ import pulumi
 
 from components.gateway import Gateway, GatewayArgs, RouteTarget
 from components.gpu_cluster import GpuCluster, GpuClusterArgs
-from components.mesh_namespace import MeshNamespace, MeshNamespaceArgs
+from components.mesh_namespace import GOOGLE_HEALTH_CHECK_RANGES, MeshNamespace, MeshNamespaceArgs, TrustedSources
+from components.mesh_readiness import MeshReadiness, MeshReadinessArgs
 from components.metrics_adapter import MetricsAdapter, MetricsAdapterArgs
 from components.model_store import ModelStore, ModelStoreArgs
 from components.observability import Observability, ObservabilityArgs
+from components.project_apis import ProjectApis, ProjectApisArgs
 from components.specs import ModelSpec, TenantSpec
-from components.tenant_auth import ISSUER_HEADER, TenantAuth, TenantAuthArgs, guard_entry
+from components.tenant_auth import ISSUER_HEADER, TenantAuth, TenantAuthArgs, guard_entry, jwks_host
 from components.vllm_service import VllmService, VllmServiceArgs
 from infra.config import StackConfig
+
+BASE_APIS = (
+    "serviceusage.googleapis.com", "cloudresourcemanager.googleapis.com", "iam.googleapis.com",
+    "iamcredentials.googleapis.com", "compute.googleapis.com", "container.googleapis.com",
+    "containerfilesystem.googleapis.com", "artifactregistry.googleapis.com", "file.googleapis.com",
+    "gkehub.googleapis.com", "mesh.googleapis.com", "monitoring.googleapis.com", "logging.googleapis.com",
+)
 
 
 @dataclass
 class Platform:
+    apis: ProjectApis
     cluster: GpuCluster
+    mesh: MeshReadiness
     serving: MeshNamespace
     store: ModelStore
     metrics_adapter: MetricsAdapter
@@ -49,30 +60,51 @@ def guard_config(tenants: list[TenantSpec]) -> dict[str, Any]:
     return {"issuerHeader": ISSUER_HEADER, "issuers": issuers}
 
 
+def required_apis(cfg: StackConfig) -> list[str]:
+    apis = list(BASE_APIS)
+    if cfg.weights.hf_token_kubernetes_secret is None:
+        apis.append("secretmanager.googleapis.com")
+    if cfg.gateway.managed_certificate:
+        apis.append("certificatemanager.googleapis.com")
+    return apis
+
+
 def build(cfg: StackConfig) -> Platform:
     labels = {"environment": cfg.environment}
+    apis = ProjectApis("apis", ProjectApisArgs(cfg.project, required_apis(cfg)))
     cluster = GpuCluster("gke", GpuClusterArgs(
         project=cfg.project, region=cfg.region, cluster=cfg.cluster, node_pools=cfg.node_pools,
-        labels=labels))
+        labels=labels, apis=apis))
     provider = cluster.provider
+    # Istio resources and meshed pods wait until the managed control plane serves the cluster.
+    mesh = MeshReadiness("mesh", MeshReadinessArgs(provider, cfg.cluster.release_channel))
+    after_mesh = pulumi.ResourceOptions(depends_on=[mesh])
     # HPAs on vLLM's queue depth read it through the custom metrics API.
     adapter = MetricsAdapter("metrics-adapter", MetricsAdapterArgs(
-        project=cfg.project, provider=provider, gsa_name=f"{cfg.cluster.name}-metrics"))
-    serving = MeshNamespace("serving", MeshNamespaceArgs(cfg.serving_namespace, provider))
+        project=cfg.project, provider=provider, workload_pool=cluster.workload_pool,
+        gsa_name=f"{cfg.cluster.name}-metrics", apis=apis))
+    sources = TrustedSources(
+        health_checks=[*GOOGLE_HEALTH_CHECK_RANGES, cluster.proxy_only_cidr],
+        metrics=[cfg.cluster.pods_cidr, cfg.cluster.subnet_cidr])
+    serving_jwks = sorted({jwks_host(t) for t in cfg.tenants if shared_models(t)})
+    serving = MeshNamespace("serving", MeshNamespaceArgs(
+        cfg.serving_namespace, provider, sources=sources, jwks_hosts=serving_jwks), opts=after_mesh)
 
     tenants = {
         t.name: TenantAuth(f"tenant-{t.name}", TenantAuthArgs(
-            tenant=t, provider=provider, serving_namespace=serving.name, shared_models=shared_models(t)))
+            tenant=t, provider=provider, serving_namespace=serving.name, shared_models=shared_models(t),
+            sources=sources), opts=after_mesh)
         for t in cfg.tenants
     }
     consumers: dict[str, pulumi.Input[str]] = {"serving": serving.name}
     consumers.update({t.name: tenants[t.name].namespace.name for t in cfg.tenants if t.dedicated})
     store = ModelStore("weights", ModelStoreArgs(
-        project=cfg.project, zone=cfg.cluster.zones[0], network_name=cluster.network.name,
-        models=cfg.models, weights=cfg.weights, server_image=cfg.server_image, provider=provider,
-        consumer_namespaces=consumers, instance_name=f"{cfg.cluster.name}-weights"))
-    platform = Platform(cluster=cluster, serving=serving, store=store, metrics_adapter=adapter,
-                        tenants=tenants)
+        project=cfg.project, zone=cfg.cluster.zones[0], region=cfg.region, network_name=cluster.network.name,
+        workload_pool=cluster.workload_pool, models=cfg.models, weights=cfg.weights,
+        server_image=cfg.server_image, provider=provider, consumer_namespaces=consumers,
+        instance_name=f"{cfg.cluster.name}-weights", apis=apis, protect=cfg.cluster.deletion_protection))
+    platform = Platform(apis=apis, cluster=cluster, mesh=mesh, serving=serving, store=store,
+                        metrics_adapter=adapter, tenants=tenants)
 
     targets: list[RouteTarget] = []
 
@@ -84,7 +116,8 @@ def build(cfg: StackConfig) -> Platform:
                 model=model, pool_name=which, pool=getattr(model, which), node_pool=cfg.pool(pool_name),
                 namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
                 provider=provider, guard_config=guard_config(callers), tenant=tenant),
-                opts=pulumi.ResourceOptions(depends_on=[store]))
+                # Pods need the sidecar (so the mesh first) and the read-only claim.
+                opts=pulumi.ResourceOptions(depends_on=[mesh, store]))
             platform.services[f"{key}-{which}"] = svc
             names[which] = svc.service_name
         return names
@@ -103,14 +136,20 @@ def build(cfg: StackConfig) -> Platform:
             targets.append(RouteTarget(f"{t.name}-{model.name}", ns, f"{t.name}/{model.name}",
                                        names["short"], names["long"], model.long_request_bytes))
 
-    platform.gateway = Gateway("gateway", GatewayArgs(cfg.gateway, serving.name, targets, provider))
+    platform.gateway = Gateway("gateway", GatewayArgs(
+        cfg.gateway, serving.name, targets, provider, project=cfg.project, region=cfg.region,
+        subnetwork=cluster.subnetwork.id, name_prefix=cfg.cluster.name, apis=apis))
     platform.observability = Observability("observability", ObservabilityArgs(
         project=cfg.project, cluster_name=cfg.cluster.name, spec=cfg.monitoring,
-        title=f"vLLM on GKE - {cfg.cluster.name} ({cfg.environment})"))
+        title=f"vLLM on GKE - {cfg.cluster.name} ({cfg.environment})", apis=apis))
 
     pulumi.export("clusterName", cluster.cluster.name)
     pulumi.export("kubeconfig", cluster.kubeconfig)
     pulumi.export("filestore", {"tier": store.tier, "capacityGb": store.capacity_gb})
     pulumi.export("routes", {t.route_name: f"/{t.path_prefix}/v1" for t in targets})
     pulumi.export("dashboard", platform.observability.dashboard.id)
+    if platform.gateway.address is not None:
+        pulumi.export("gatewayAddress", platform.gateway.address)
+    if platform.gateway.dns_authorization is not None:
+        pulumi.export("dnsAuthorization", platform.gateway.dns_authorization)
     return platform

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from infra.advice import plan_warnings
 from infra.capacity import PoolCapacity, capacity_report
 from infra.cost import CostReport, cost_report
 from infra.plan import Plan
@@ -19,6 +20,7 @@ class Verdicts:
     violations: list[Violation]
     capacity: list[PoolCapacity]
     cost: CostReport
+    warnings: list[str]
 
     @property
     def mandatory(self) -> list[Violation]:
@@ -30,6 +32,7 @@ class Verdicts:
                           "violations": [asdict(v) for v in self.violations if v.policy == p.name]}
                          for p in POLICIES],
             "capacity": [{**asdict(row), "fits": row.fits} for row in self.capacity],
+            "warnings": list(self.warnings),
             "cost": {
                 "pricesAsOf": self.cost.prices_as_of,
                 "pools": [{**asdict(p), "baselineMonth": p.baseline_month, "peakMonth": p.peak_month}
@@ -55,4 +58,5 @@ def verdicts(plan: Plan, policy_config: Optional[Mapping[str, Any]] = None) -> V
         violations=evaluate(plan.policy_resources(), policy_config),
         capacity=capacity_report(plan.config),
         cost=cost_report(plan.config, store.tier, store.capacity_gb),
+        warnings=plan_warnings(plan.config, store.tier),
     )

@@ -139,8 +139,20 @@ def test_pool_too_small_for_min_replicas(dev_values):
 
 def test_external_gateway_without_tenants(dev_values):
     dev_values["vllm-gke:tenants"] = []
-    dev_values["vllm-gke:gateway"] = {"className": "gke-l7-regional-external-managed"}
+    dev_values["vllm-gke:gateway"] = {"className": "gke-l7-regional-external-managed", "hostname": "a.example",
+                                      "managedCertificate": True}
     assert one_issue(dev_values).startswith("vllm-gke:tenants: an external Gateway needs at least one tenant")
+
+
+def test_external_gateway_without_tls_is_rejected(dev_values):
+    dev_values["vllm-gke:gateway"] = {"className": "gke-l7-regional-external-managed", "hostname": "a.example"}
+    issue = one_issue(dev_values)
+    assert issue.startswith("vllm-gke:gateway: an external gateway") and "managedCertificate" in issue
+
+
+def test_managed_certificate_needs_a_hostname(dev_values):
+    dev_values["vllm-gke:gateway"] = {"className": "gke-l7-global-external-managed", "managedCertificate": True}
+    assert "managedCertificate needs a hostname" in one_issue(dev_values)
 
 
 def test_dedicated_model_must_be_one_of_the_tenants(stack_values):

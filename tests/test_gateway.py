@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from components.gateway import LENGTH_HINT_HEADER, at_least_regex
-from tests.conftest import manifests_of
+from tests.conftest import manifests_of, props_of
 
 
 @given(threshold=st.integers(1, 10**7), value=st.integers(0, 10**9))
@@ -24,13 +24,69 @@ def test_length_regex_rejects_non_numbers():
 def test_gateway_class_and_listeners(plans):
     (dev,) = manifests_of(plans["dev"], "Gateway")
     assert dev["spec"]["gatewayClassName"] == "gke-l7-rilb"
+    assert [l["name"] for l in dev["spec"]["listeners"]] == ["http"]  # internal, no TLS configured
     (prod,) = manifests_of(plans["prod"], "Gateway")
     assert prod["spec"]["gatewayClassName"] == "gke-l7-regional-external-managed"
-    https = next(l for l in prod["spec"]["listeners"] if l["protocol"] == "HTTPS")
+    https, http = prod["spec"]["listeners"]
+    assert (https["name"], https["protocol"], https["port"]) == ("https", "HTTPS", 443)
     assert https["tls"]["certificateRefs"] == [{"kind": "Secret", "name": "llm-acme-example-tls"}]
     assert https["hostname"] == "llm.acme.example"
-    for listener in prod["spec"]["listeners"]:
-        assert listener["allowedRoutes"]["namespaces"]["from"] == "Selector"
+    assert https["allowedRoutes"]["namespaces"]["from"] == "Selector"
+    # Plain HTTP admits only the gateway's own redirect: no tenant route can attach to it.
+    assert (http["protocol"], http["allowedRoutes"]) == ("HTTP", {"namespaces": {"from": "Same"}})
+
+
+def test_external_routes_attach_to_https_only_and_http_redirects(plans):
+    for stack in ("staging", "prod"):
+        routes = manifests_of(plans[stack], "HTTPRoute")
+        redirect = next(r for r in routes if r["metadata"]["name"] == "https-redirect")
+        assert redirect["spec"]["parentRefs"] == [{"name": "vllm", "sectionName": "http"}]
+        assert redirect["spec"]["rules"] == [{"filters": [{"type": "RequestRedirect", "requestRedirect": {
+            "scheme": "https", "statusCode": 301}}]}]
+        assert not redirect["spec"]["rules"][0].get("backendRefs")
+        for route in routes:
+            if route is not redirect:
+                assert [p["sectionName"] for p in route["spec"]["parentRefs"]] == ["https"]
+
+
+def test_external_gateway_has_a_reserved_address(plans):
+    (prod,) = manifests_of(plans["prod"], "Gateway")
+    assert prod["spec"]["addresses"] == [{"type": "NamedAddress", "value": "vllm-prod-gateway"}]
+    (address,) = props_of(plans["prod"], "gcp:compute/address:Address")
+    assert (address["name"], address["addressType"], address["region"]) == ("vllm-prod-gateway", "EXTERNAL",
+                                                                             "us-central1")
+    plan = plans["prod"]
+    gateway = plan.kube("Gateway", "vllm")
+    assert plan.waits_for(gateway, plan.named("gcp:compute/address:Address", "gateway-ip"))
+    (internal,) = props_of(plans["dev"], "gcp:compute/address:Address")
+    assert (internal["addressType"], internal["purpose"]) == ("INTERNAL", "SHARED_LOADBALANCER_VIP")
+
+
+def test_managed_certificate_for_a_regional_gateway(plans):
+    plan = plans["staging"]
+    (gateway,) = manifests_of(plan, "Gateway")
+    https = next(l for l in gateway["spec"]["listeners"] if l["name"] == "https")
+    assert https["tls"] == {"mode": "Terminate",
+                            "options": {"networking.gke.io/cert-manager-certs": "vllm-staging-gateway"}}
+    (cert,) = props_of(plan, "gcp:certificatemanager/certificate:Certificate")
+    assert cert["location"] == "us-central1" and cert["managed"]["domains"] == ["llm.staging.acme.example"]
+    (auth,) = props_of(plan, "gcp:certificatemanager/dnsAuthorization:DnsAuthorization")
+    assert auth["domain"] == "llm.staging.acme.example" and auth["location"] == "us-central1"
+    assert plan.waits_for(plan.kube("Gateway", "vllm"),
+                          plan.named("gcp:certificatemanager/certificate:Certificate", "gateway-cert"))
+
+
+def test_managed_certificate_for_a_global_gateway_uses_a_certificate_map(plan_variant):
+    def go_global(values):
+        values["vllm-gke:gateway"]["className"] = "gke-l7-global-external-managed"
+    plan = plan_variant("staging", go_global)
+    (gateway,) = manifests_of(plan, "Gateway")
+    assert gateway["metadata"]["annotations"] == {"networking.gke.io/certmap": "vllm-staging-gateway"}
+    https = next(l for l in gateway["spec"]["listeners"] if l["name"] == "https")
+    assert https["tls"] == {"mode": "Terminate"}
+    (entry,) = props_of(plan, "gcp:certificatemanager/certificateMapEntry:CertificateMapEntry")
+    assert entry["hostname"] == "llm.staging.acme.example"
+    assert props_of(plan, "gcp:compute/globalAddress:GlobalAddress")
 
 
 def test_routes_split_long_and_short(plans):
@@ -53,10 +109,10 @@ def test_routes_split_long_and_short(plans):
 def test_dedicated_tenant_route_lives_in_tenant_namespace(plans):
     routes = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in manifests_of(plans["prod"], "HTTPRoute")}
     assert set(routes) == {("vllm", "llama-70b"), ("vllm", "qwen-7b"), ("vllm", "llama-8b"),
-                           ("tenant-analytics", "analytics-qwen-7b")}
+                           ("tenant-analytics", "analytics-qwen-7b"), ("vllm", "https-redirect")}
     dedicated = routes[("tenant-analytics", "analytics-qwen-7b")]
     assert dedicated["spec"]["rules"][2]["matches"][0]["path"]["value"] == "/analytics/qwen-7b/v1"
-    assert dedicated["spec"]["parentRefs"] == [{"name": "vllm", "namespace": "vllm"}]
+    assert dedicated["spec"]["parentRefs"] == [{"name": "vllm", "namespace": "vllm", "sectionName": "https"}]
     assert dedicated["spec"]["hostnames"] == ["llm.acme.example"]
 
 
@@ -65,6 +121,8 @@ def test_health_check_and_timeout_per_backend(plans):
     services = {s["metadata"]["name"] for s in manifests_of(plan, "Service", "vllm")}
     checks = {h["spec"]["targetRef"]["name"]: h for h in manifests_of(plan, "HealthCheckPolicy", "vllm")}
     assert set(checks) == services
+    http_check = checks["llama-8b-short"]["spec"]["default"]["config"]["httpHealthCheck"]
+    assert http_check["portSpecification"] == "USE_FIXED_PORT" and http_check["port"] == 8000
     assert checks["llama-8b-short"]["spec"]["default"]["config"]["httpHealthCheck"]["requestPath"] == "/health"
     for policy in manifests_of(plan, "GCPBackendPolicy"):
         assert policy["spec"]["default"]["timeoutSec"] == 600

@@ -35,8 +35,8 @@ def test_dev_has_system_pool_and_spot_mig_pool_with_fallback(plans):
     assert "guestAccelerators" not in by_name["system"]["nodeConfig"]
     spot, twin = by_name["a100-mig"], by_name["a100-mig-ondemand"]
     assert spot["nodeConfig"]["spot"] is True and twin["nodeConfig"]["spot"] is False
-    assert twin["autoscaling"]["minNodeCount"] == 0
-    assert spot["autoscaling"] == {"minNodeCount": 1, "maxNodeCount": 1, "locationPolicy": "ANY"}
+    assert twin["autoscaling"]["totalMinNodeCount"] == 0
+    assert spot["autoscaling"] == {"totalMinNodeCount": 1, "totalMaxNodeCount": 1, "locationPolicy": "ANY"}
     for pool in (spot, twin):
         (acc,) = pool["nodeConfig"]["guestAccelerators"]
         assert acc == {"type": "nvidia-tesla-a100", "count": 1, "gpuPartitionSize": "3g.20gb",
@@ -64,7 +64,8 @@ def test_compute_class_prefers_spot_then_on_demand(plans):
     (cc,) = manifests_of(plans["prod"], "ComputeClass")
     assert cc["metadata"]["name"] == "a100-spot"
     assert cc["spec"]["priorities"] == [{"nodepools": ["a100-spot"]}, {"nodepools": ["a100-spot-ondemand"]}]
-    assert cc["spec"]["activeMigration"] == {"optimizeRulePriority": True}
+    # Moving warm pods back to spot evicts them: off unless the pool opts in.
+    assert cc["spec"]["activeMigration"] == {"optimizeRulePriority": False}
 
 
 def test_kubernetes_provider_uses_exec_auth_not_static_credentials(plans):
@@ -87,3 +88,58 @@ def test_nodes_run_as_least_privilege_service_account(plans):
 def test_mesh_is_enabled_through_the_fleet(plans):
     (fm,) = props_of(plans["dev"], "gcp:gkehub/featureMembership:FeatureMembership")
     assert fm["feature"] == "servicemesh" and fm["mesh"] == {"management": "MANAGEMENT_AUTOMATIC"}
+
+
+def test_node_counts_are_totals_across_zones(plans):
+    """Per-zone min/max in a three-zone pool would run 3x what the capacity check and cost assume."""
+    for plan in plans.values():
+        for name, pool in pools(plan).items():
+            autoscaling = pool["autoscaling"]
+            assert "minNodeCount" not in autoscaling and "maxNodeCount" not in autoscaling, name
+    prod = pools(plans["prod"])
+    assert prod["a100-tp8"]["autoscaling"]["totalMaxNodeCount"] == 6
+    assert prod["a100-tp8"]["initialNodeCount"] == 0
+    assert prod["system"]["autoscaling"]["totalMinNodeCount"] == 3
+    assert prod["system"]["initialNodeCount"] == 1  # per zone: three zones, three nodes
+
+
+def test_spot_return_migration_is_opt_in(plan_variant):
+    def opt_in(values):
+        values["vllm-gke:nodePools"][2]["spotReturnMigration"] = True
+    (cc,) = manifests_of(plan_variant("prod", opt_in), "ComputeClass")
+    assert cc["spec"]["activeMigration"] == {"optimizeRulePriority": True}
+
+
+def test_gpu_pools_surge_a_node_before_draining_one(plans):
+    for name, pool in pools(plans["prod"]).items():
+        assert pool["upgradeSettings"] == {"strategy": "SURGE", "maxSurge": 1, "maxUnavailable": 0}, name
+
+
+def test_blue_green_upgrades_on_request(plan_variant):
+    def blue_green(values):
+        values["vllm-gke:nodePools"][0]["upgrade"] = {"strategy": "BLUE_GREEN", "soakMinutes": 20}
+    pool = pools(plan_variant("prod", blue_green))["a100-tp8"]
+    assert pool["upgradeSettings"]["strategy"] == "BLUE_GREEN"
+    assert pool["upgradeSettings"]["blueGreenSettings"]["nodePoolSoakDuration"] == "1200s"
+
+
+def test_maintenance_window_and_exclusions(plans):
+    (prod,) = props_of(plans["prod"], CLUSTER)
+    policy = prod["maintenancePolicy"]
+    assert policy["recurringWindow"] == {"startTime": "2026-01-03T02:00:00Z", "endTime": "2026-01-03T08:00:00Z",
+                                         "recurrence": "FREQ=WEEKLY;BYDAY=SA,SU"}
+    (freeze,) = policy["maintenanceExclusions"]
+    assert freeze["exclusionName"] == "quarter-end-freeze"
+    assert freeze["exclusionOptions"] == {"scope": "NO_MINOR_OR_NODE_UPGRADES"}
+    (dev,) = props_of(plans["dev"], CLUSTER)
+    assert "maintenancePolicy" not in dev
+
+
+def test_control_plane_authorized_networks(plans):
+    (prod,) = props_of(plans["prod"], CLUSTER)
+    assert prod["masterAuthorizedNetworksConfig"] == {
+        "cidrBlocks": [{"cidrBlock": "203.0.113.0/24", "displayName": "office"},
+                       {"cidrBlock": "198.51.100.16/28", "displayName": "ci"}],
+        "gcpPublicCidrsAccessEnabled": False}
+    (dev,) = props_of(plans["dev"], CLUSTER)
+    assert "masterAuthorizedNetworksConfig" not in dev

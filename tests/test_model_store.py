@@ -21,8 +21,11 @@ def test_one_filestore_instance_per_stack(plans):
 def test_filestore_tier_sized_to_models(plans):
     (dev,) = props_of(plans["dev"], "gcp:filestore/instance:Instance")
     assert (dev["tier"], dev["fileShares"]["capacityGb"]) == ("BASIC_HDD", 1024)
+    (staging,) = props_of(plans["staging"], "gcp:filestore/instance:Instance")
+    assert staging["tier"] == "BASIC_HDD" and staging["location"] == "us-central1-a"
     (prod,) = props_of(plans["prod"], "gcp:filestore/instance:Instance")
-    assert prod["tier"] == "ZONAL"  # 141 + 16 + 15 GB of weights need SSD throughput
+    # Three zones of GPU nodes: the share is regional, in the region rather than a zone.
+    assert (prod["tier"], prod["location"]) == ("REGIONAL", "us-central1")
 
 
 def _model(params: float) -> ModelSpec:
@@ -66,7 +69,10 @@ def test_one_loader_job_per_model_reading_token_from_secret_manager(plans):
         script = container["command"][-1]
         assert "hf download" in script and "--revision main" in script
         assert '.vllm-gke-complete' in script and "exit 0" in script  # idempotent: skips when loaded
-        assert all("value" not in e for e in container.get("env", []))
+        # The server image sets HF_HUB_OFFLINE=1; the loader must override it or download nothing.
+        env = {e["name"]: e for e in container["env"]}
+        assert env["HF_HUB_OFFLINE"] == {"name": "HF_HUB_OFFLINE", "value": "0"}
+        assert "HF_TOKEN" not in env  # the token comes as a mounted file
         token = next(v for v in pod["volumes"] if v["name"] == "hf-token")
         assert token["csi"]["driver"] == "secrets-store-gke.csi.k8s.io"
         assert pod["nodeSelector"] == {"vllm-gke.io/role": "system"}
@@ -92,12 +98,36 @@ def test_loader_identity_is_scoped(plans):
     assert "serviceAccount:acme-llm-dev.svc.id.goog[vllm-gke-system/weights-loader]" in members
 
 
+def test_volume_size_is_independent_of_the_share(plans, plan_variant):
+    """A bound claim cannot be resized: adding a model (a bigger share) must not touch PV or PVC."""
+    def add_model(values):
+        values["vllm-gke:models"].append({**values["vllm-gke:models"][0], "name": "qwen-7b-b"})
+        values["vllm-gke:nodePools"][0]["maxNodes"] = 2
+        values["vllm-gke:weights"] = {"capacityGb": 4096}
+    before, after = plans["dev"], plan_variant("dev", add_model)
+    (fs_before,), (fs_after,) = (props_of(p, "gcp:filestore/instance:Instance") for p in (before, after))
+    assert fs_before["fileShares"]["capacityGb"] < fs_after["fileShares"]["capacityGb"]
+    for kind in ("PersistentVolume", "PersistentVolumeClaim"):
+        def specs(plan):
+            return {(m["metadata"].get("namespace"), m["metadata"]["name"]): m["spec"] for m in manifests_of(plan, kind)}
+        assert specs(before) == specs(after)
+
+
+def test_loader_pod_is_unprivileged(plans):
+    for job in manifests_of(plans["prod"], "Job", "vllm-gke-system"):
+        pod = job["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+        sc = pod["containers"][0]["securityContext"]
+        assert sc == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
 def test_gcs_source_uses_gcloud_loader(plan_variant):
     def to_gcs(values):
         values["vllm-gke:models"][0]["source"] = "gs://acme-models/qwen2.5-7b"
 
     plan = plan_variant("dev", to_gcs)
-    (job,) = manifests_of(plan, "Job")
+    (job,) = manifests_of(plan, "Job", "vllm-gke-system")
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert "gcloud storage cp --recursive \"gs://acme-models/qwen2.5-7b/*\"" in container["command"][-1]
     assert container["image"].startswith("gcr.io/google.com/cloudsdktool/google-cloud-cli:")
@@ -110,10 +140,11 @@ def test_hf_token_from_a_kubernetes_secret_reference(plan_variant):
         values["vllm-gke:weights"] = {"hfTokenKubernetesSecret": {"name": "hf-credentials", "key": "hf"}}
 
     plan = plan_variant("dev", use_secret)
-    (job,) = manifests_of(plan, "Job")
+    (job,) = manifests_of(plan, "Job", "vllm-gke-system")
     container = job["spec"]["template"]["spec"]["containers"][0]
-    assert container["env"] == [{"name": "HF_TOKEN", "valueFrom": {
-        "secretKeyRef": {"name": "hf-credentials", "key": "hf"}}}]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {
+        "secretKeyRef": {"name": "hf-credentials", "key": "hf"}}}
     assert [v["name"] for v in job["spec"]["template"]["spec"]["volumes"]] == ["weights"]
     assert not manifests_of(plan, "SecretProviderClass")
     assert not props_of(plan, "gcp:secretmanager/secretIamMember:SecretIamMember")

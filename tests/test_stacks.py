@@ -38,7 +38,8 @@ def test_component_counts(plans):
     def components(stack):
         return Counter(r.type for r in plans[stack].resources if r.type.startswith("vllm-gke:"))
 
-    assert components("dev") == {"vllm-gke:index:GpuCluster": 1, "vllm-gke:index:ModelStore": 1,
+    assert components("dev") == {"vllm-gke:index:ProjectApis": 1, "vllm-gke:index:MeshReadiness": 1,
+                                 "vllm-gke:index:GpuCluster": 1, "vllm-gke:index:ModelStore": 1,
                                  "vllm-gke:index:MeshNamespace": 2, "vllm-gke:index:TenantAuth": 1,
                                  "vllm-gke:index:VllmService": 2, "vllm-gke:index:Gateway": 1,
                                  "vllm-gke:index:Observability": 1, "vllm-gke:index:MetricsAdapter": 1}
@@ -51,7 +52,7 @@ def test_component_counts(plans):
 def test_every_component_child_is_parented(plans):
     plan = plans["prod"]
     components = {r.urn for r in plan.resources if not r.custom}
-    top_level = {"gke", "serving", "weights", "gateway", "observability", "metrics-adapter"} | {
+    top_level = {"apis", "gke", "mesh", "serving", "weights", "gateway", "observability", "metrics-adapter"} | {
         f"tenant-{t}" for t in ("search", "support", "analytics")} | {
         f"{m}-{p}" for m in ("llama-70b", "qwen-7b", "llama-8b", "analytics-qwen-7b") for p in ("short", "long")}
     for r in plan.resources:
