@@ -104,6 +104,7 @@ class MetricsAdapter(pulumi.ComponentResource):
                 "selector": {"matchLabels": labels},
                 "template": {"metadata": {"labels": labels}, "spec": {
                     "serviceAccountName": sa.metadata.name,
+                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [{
                         "name": "pod-custom-metrics-stackdriver-adapter",
                         "image": args.image.uri,
@@ -111,6 +112,9 @@ class MetricsAdapter(pulumi.ComponentResource):
                                     "--fallback-for-container-metrics=true"],
                         "resources": {"requests": {"cpu": "250m", "memory": "200Mi"},
                                       "limits": {"cpu": "250m", "memory": "200Mi"}},
+                        # It serves the aggregated API on 443: that one capability, nothing else.
+                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}},
                     }],
                 }},
             }, opts=k8s_opts)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Optional, Sequence
 
 from components.catalog import ACCELERATORS
+from policies.mesh_authz import Request, decide
 
 Level = Literal["advisory", "mandatory", "disabled"]
 LEVELS: tuple[Level, ...] = ("advisory", "mandatory", "disabled")
@@ -54,7 +55,9 @@ NODE_POOL = "gcp:container/nodePool:NodePool"
 POD_TEMPLATE_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
 SECRETISH = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|CREDENTIAL", re.I)
 INTERNAL_GATEWAY = re.compile(r"rilb|internal")
-METRICS_PATHS = {"/metrics", "/health"}
+# What an unauthenticated caller is tried on: the OpenAI paths that make the GPU work.
+SERVING_PROBE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models", "/v1/responses")
+INTERNET_PROBE_IP = "203.0.113.1"
 GUARD_MIDDLEWARE = "vllm_gke_guard.GuardMiddleware"
 VLLM_ENTRYPOINTS = ("vllm serve", "vllm.entrypoints.openai.api_server", "/opt/vllm-gke/serve.py")
 
@@ -206,39 +209,134 @@ def _is_deny_all(policy: Resource) -> bool:
     return spec.get("action", "ALLOW") == "ALLOW" and not spec.get("rules")
 
 
-def _unauthenticated_allows(policy: Resource) -> list[str]:
-    spec = policy.props.get("spec") or {}
-    if spec.get("action", "ALLOW") != "ALLOW":
-        return []
-    open_paths = []
-    for rule in spec.get("rules") or []:
-        principals = [p for f in rule.get("from") or [] for p in (f.get("source") or {}).get("requestPrincipals") or []]
-        if principals:
-            continue
-        paths = {p for t in rule.get("to") or [] for p in (t.get("operation") or {}).get("paths") or []}
-        if not paths or not paths <= METRICS_PATHS:
-            open_paths += sorted(paths) or ["*"]
-    return open_paths
+def _external_gateways(resources: Sequence[Resource]) -> dict[tuple[str, Any], Resource]:
+    return {(namespace_of(g), meta(g).get("name")): g for g in kube(resources, "Gateway")
+            if not INTERNAL_GATEWAY.search((g.props.get("spec") or {}).get("gatewayClassName", ""))}
+
+
+def _parent_gateways(route: Resource, gateways: Mapping[tuple[str, Any], Resource]) -> list[tuple[dict, Resource]]:
+    ns = namespace_of(route)
+    parents = (route.props.get("spec") or {}).get("parentRefs") or []
+    return [(p, gateways[key]) for p in parents if (key := (p.get("namespace") or ns, p.get("name"))) in gateways]
 
 
 def external_gateway_authenticated(resources: Sequence[Resource]) -> Iterator[Finding]:
-    external = {(namespace_of(g), meta(g).get("name")): g for g in kube(resources, "Gateway")
-                if not INTERNAL_GATEWAY.search((g.props.get("spec") or {}).get("gatewayClassName", ""))}
+    external = _external_gateways(resources)
     if not external:
         return
     authn, authz = _mesh_policies(resources)
     for route in kube(resources, "HTTPRoute"):
-        ns = namespace_of(route)
-        parents = (route.props.get("spec") or {}).get("parentRefs") or []
-        if not any((p.get("namespace") or ns, p.get("name")) in external for p in parents):
+        if not _parent_gateways(route, external) or not _backends(route):
             continue
+        ns = namespace_of(route)
         if not authn.get(ns):
             yield route, f"{where(route)} is exposed on an external Gateway but namespace '{ns}' has no RequestAuthentication"
         if not any(_is_deny_all(p) for p in authz.get(ns, [])):
             yield route, f"{where(route)} is exposed on an external Gateway but namespace '{ns}' has no deny-all AuthorizationPolicy"
-        for p in authz.get(ns, []):
-            if open_paths := _unauthenticated_allows(p):
-                yield p, f"{where(p)} allows {', '.join(open_paths)} without a JWT principal behind an external Gateway"
+
+
+def _backends(route: Resource) -> list[Any]:
+    return [b for rule in (route.props.get("spec") or {}).get("rules") or [] for b in rule.get("backendRefs") or []]
+
+
+def external_gateway_https_only(resources: Sequence[Resource]) -> Iterator[Finding]:
+    external = _external_gateways(resources)
+    for gw in external.values():
+        listeners = (gw.props.get("spec") or {}).get("listeners") or []
+        if not any(l.get("protocol") == "HTTPS" for l in listeners):
+            yield gw, f"{where(gw)} is external but has no HTTPS listener: bearer tokens would cross the internet in clear"
+        for l in listeners:
+            admits = ((l.get("allowedRoutes") or {}).get("namespaces") or {}).get("from", "Same")
+            if l.get("protocol") == "HTTP" and admits != "Same":
+                yield gw, (f"{where(gw)} listener '{l.get('name')}' is plain HTTP and admits routes from "
+                           f"'{admits}' namespaces; admit only the gateway's own redirect (from: Same)")
+    for route in kube(resources, "HTTPRoute"):
+        for ref, gw in _parent_gateways(route, external):
+            listeners = {l.get("name"): l for l in (gw.props.get("spec") or {}).get("listeners") or []}
+            section = ref.get("sectionName")
+            targets = [listeners[section]] if section in listeners else list(listeners.values())
+            if any(l.get("protocol") == "HTTP" for l in targets) and _backends(route):
+                yield route, (f"{where(route)} sends traffic to backends through a plain HTTP listener of external "
+                              f"{where(gw)}; attach it to the HTTPS listener (sectionName)")
+
+
+def _probe_sources(resources: Sequence[Resource]) -> list[str]:
+    """One address inside every range any AuthorizationPolicy names, plus one on the internet."""
+    import ipaddress
+
+    ips = {INTERNET_PROBE_IP}
+    for p in kube(resources, "AuthorizationPolicy"):
+        for rule in (p.props.get("spec") or {}).get("rules") or []:
+            for f in rule.get("from") or []:
+                src = f.get("source") or {}
+                for block in (src.get("ipBlocks") or []) + (src.get("remoteIpBlocks") or []):
+                    net = ipaddress.ip_network(block, strict=False)
+                    ips.add(str(next(iter(net.hosts()), net.network_address)))
+    return sorted(ips)
+
+
+def _open_probe(docs: list[Mapping[str, Any]], namespace: str, labels: Mapping[str, str],
+                sources: Sequence[str]) -> Optional[str]:
+    """The first unauthenticated request to a serving path the mesh would let through, if any."""
+    for path in SERVING_PROBE_PATHS:
+        for ip in sources:
+            for method in ("GET", "POST"):
+                decision = decide(docs, Request(namespace, path, method, labels, ip))
+                if decision.allowed:
+                    return f"{method} {path} from {ip} ({decision.reason})"
+    return None
+
+
+def serving_paths_authenticated(resources: Sequence[Resource]) -> Iterator[Finding]:
+    docs = [r.props for r in resources if r.type.startswith("kubernetes:")]
+    sources = _probe_sources(resources)
+    seen = set()
+    for r, _pod, _c in vllm_servers(resources):
+        if r.urn in seen:
+            continue
+        seen.add(r.urn)
+        labels = (((r.props.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
+        if probe := _open_probe(docs, namespace_of(r), labels, sources):
+            yield r, f"{where(r)}: {probe} is allowed without a JWT; only /health and /metrics may be"
+
+
+def _seccomp(pod: Mapping[str, Any], c: Mapping[str, Any]) -> Optional[str]:
+    profile = ((c.get("securityContext") or {}).get("seccompProfile")
+               or (pod.get("securityContext") or {}).get("seccompProfile") or {})
+    return profile.get("type")
+
+
+def pods_hardened(resources: Sequence[Resource]) -> Iterator[Finding]:
+    for r, pod in workloads(resources):
+        for c in containers(pod):
+            sc = c.get("securityContext") or {}
+            problems = []
+            if sc.get("allowPrivilegeEscalation") is not False:
+                problems.append("allowPrivilegeEscalation is not false")
+            if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+                problems.append("capabilities are not dropped (drop: [ALL])")
+            if _seccomp(pod, c) not in ("RuntimeDefault", "Localhost"):
+                problems.append("no RuntimeDefault seccomp profile")
+            if problems:
+                yield r, f"{where(r)}: container '{c.get('name')}': {'; '.join(problems)}"
+    for r, pod, c in vllm_servers(resources):
+        run_as_non_root = (c.get("securityContext") or {}).get("runAsNonRoot",
+                                                               (pod.get("securityContext") or {}).get("runAsNonRoot"))
+        if run_as_non_root is not True:
+            yield r, f"{where(r)}: the vLLM server may run as root; set runAsNonRoot"
+        if pod.get("automountServiceAccountToken") is not False:
+            yield r, f"{where(r)}: the vLLM server mounts a service-account token it never uses"
+
+
+def control_plane_restricted(resources: Sequence[Resource]) -> Iterator[Finding]:
+    for r in resources:
+        if r.type != "gcp:container/cluster:Cluster":
+            continue
+        private = (r.props.get("privateClusterConfig") or {}).get("enablePrivateEndpoint")
+        blocks = (r.props.get("masterAuthorizedNetworksConfig") or {}).get("cidrBlocks")
+        if not private and not blocks:
+            yield r, (f"cluster '{r.props.get('name', r.name)}': the control plane's public endpoint accepts any "
+                      "source address; set authorized networks or a private endpoint")
 
 
 def _pinned(image: str) -> bool:
@@ -343,6 +441,18 @@ POLICIES: tuple[Policy, ...] = (
     Policy("external-gateway-authenticated",
            "Routes on an external Gateway sit behind JWT auth and a default deny.",
            "mandatory", external_gateway_authenticated),
+    Policy("external-gateway-https-only",
+           "External Gateways serve over HTTPS only; plain HTTP carries nothing but a redirect.",
+           "mandatory", external_gateway_https_only),
+    Policy("serving-paths-authenticated",
+           "No request reaches a vLLM serving path without a verified JWT, from any source.",
+           "mandatory", serving_paths_authenticated),
+    Policy("pods-hardened",
+           "Containers drop all capabilities, never escalate, use seccomp; vLLM runs non-root with no token.",
+           "mandatory", pods_hardened),
+    Policy("control-plane-restricted",
+           "The cluster's control plane is private or limited to authorized networks.",
+           "advisory", control_plane_restricted),
     Policy("images-pinned", "Every container image is pinned to a tag (not latest) or a digest.",
            "mandatory", images_pinned),
     Policy("resource-limits", "Every container sets CPU and memory limits; GPU limits match requests.",

@@ -95,6 +95,25 @@ def _no_hpa(rs):
     rs[:] = [r for r in rs if r.props.get("kind") != "HorizontalPodAutoscaler"]
 
 
+def _http_external_gateway(rs):
+    gw = kind(rs, "Gateway")
+    gw.props["spec"]["gatewayClassName"] = "gke-l7-regional-external-managed"
+
+
+def _open_completions(rs):
+    policy = kind(rs, "AuthorizationPolicy", "allow-lb-health-checks")
+    policy.props["spec"]["rules"][0]["to"][0]["operation"]["paths"].append("/v1/*")
+
+
+def _privileged(rs):
+    vllm_container(rs)["securityContext"] = {"allowPrivilegeEscalation": True}
+
+
+def _public_control_plane(rs):
+    cluster = next(r for r in rs if r.type == "gcp:container/cluster:Cluster")
+    del cluster.props["masterAuthorizedNetworksConfig"]
+
+
 CASES: dict[str, tuple[Callable, str]] = {
     "gpu-node-pools-tainted": (_untaint, "has no nvidia.com/gpu NO_SCHEDULE taint"),
     "mig-partition-valid": (_bad_mig, "'1g.10gb' is not a MIG profile of nvidia-tesla-a100"),
@@ -106,6 +125,10 @@ CASES: dict[str, tuple[Callable, str]] = {
     "no-secret-literals": (_secret_literal, "env HF_TOKEN of container 'vllm' is a literal"),
     "max-tokens-cap": (_no_cap, "has no positive maxTokens cap"),
     "vllm-autoscaled": (_no_hpa, "has no HorizontalPodAutoscaler"),
+    "external-gateway-https-only": (_http_external_gateway, "has no HTTPS listener"),
+    "serving-paths-authenticated": (_open_completions, "is allowed without a JWT"),
+    "pods-hardened": (_privileged, "allowPrivilegeEscalation is not false"),
+    "control-plane-restricted": (_public_control_plane, "public endpoint accepts any source address"),
 }
 
 
@@ -122,9 +145,11 @@ def test_policy_fails_on_a_bad_plan(plans, policy):
     found = violations_of(rs, policy)
     assert found, policy
     assert any(message in v.message for v in found), [v.message for v in found]
-    # breaking one rule trips only that rule (the secret case also trips weights-read-only)
+    # breaking one rule trips only that rule, save for rules that judge the same fact
+    also = {"no-secret-literals": {"weights-read-only"},
+            "external-gateway-authenticated": {"external-gateway-https-only"}}
     others = {v.policy for v in evaluate(rs)} - {policy}
-    assert others <= ({"weights-read-only"} if policy in ("no-secret-literals",) else set()), others
+    assert others <= also.get(policy, set()), others
 
 
 def test_downloading_server_is_caught(plans):
@@ -147,12 +172,24 @@ def test_secret_resources_and_static_kubeconfig_are_caught(plans):
     assert any("puts the secret's value in Pulumi state" in m for m in messages)
 
 
-def test_unauthenticated_allow_behind_external_gateway(plans):
+def test_unauthenticated_allow_is_found_by_evaluating_the_mesh(plans):
     rs = resources(plans["prod"])
     policy = kind(rs, "AuthorizationPolicy", "allow-search-llama-8b")
     del policy.props["spec"]["rules"][0]["from"]
-    messages = [v.message for v in violations_of(rs, "external-gateway-authenticated")]
-    assert any("allows /v1/* without a JWT principal" in m for m in messages)
+    messages = [v.message for v in violations_of(rs, "serving-paths-authenticated")]
+    assert messages and all("llama-8b" in m for m in messages)
+    assert any("/v1/completions from " in m and "without a JWT" in m for m in messages)
+
+
+def test_tenant_route_on_the_http_listener_of_an_external_gateway(plans):
+    rs = resources(plans["prod"])
+    route = kind(rs, "HTTPRoute", "llama-8b")
+    route.props["spec"]["parentRefs"][0]["sectionName"] = "http"
+    messages = [v.message for v in violations_of(rs, "external-gateway-https-only")]
+    assert any("through a plain HTTP listener" in m for m in messages)
+    gw = kind(rs, "Gateway")
+    gw.props["spec"]["listeners"][1]["allowedRoutes"] = {"namespaces": {"from": "All"}}
+    assert any("admits routes from 'All'" in v.message for v in violations_of(rs, "external-gateway-https-only"))
 
 
 def test_hpa_without_custom_metrics_api_is_flagged(plans):

@@ -1,0 +1,103 @@
+"""The emitted Istio policies as a request sees them: probes and scrapes pass without a JWT from
+their sources only; everything else needs a tenant's verified token for a model it may call."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.mesh_authz import Request, decide, match_string, normalize_path
+from tests.conftest import STACKS, vllm_deployments
+
+HEALTH_CHECKER = "35.191.3.4"      # Google's health-check range
+PROXY_ONLY = "10.129.0.7"          # the proxy-only subnet (Envoy-based load balancers)
+POD = "10.20.1.2"                  # a pod, e.g. a Managed Prometheus collector
+INTERNET = "203.0.113.9"
+SOURCES = (HEALTH_CHECKER, PROXY_ONLY, POD, INTERNET)
+GPU_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models")
+
+
+def workloads(plan):
+    for dep in vllm_deployments(plan):
+        yield dep["metadata"]["namespace"], dep["spec"]["template"]["metadata"]["labels"], dep["metadata"]["name"]
+
+
+def ask(plan, namespace, labels, path, method="GET", source=POD, token=None, valid=True):
+    return decide(plan.manifests(), Request(namespace, path, method, labels, source, token, valid))
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_load_balancer_health_checks_pass_without_a_jwt(plans, stack):
+    plan = plans[stack]
+    for ns, labels, name in workloads(plan):
+        for source in (HEALTH_CHECKER, PROXY_ONLY):
+            decision = ask(plan, ns, labels, "/health", source=source)
+            assert decision.allowed, (name, source, decision)
+        assert not ask(plan, ns, labels, "/health", source=INTERNET).allowed, name
+        assert not ask(plan, ns, labels, "/health", method="POST", source=HEALTH_CHECKER).allowed, name
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_metrics_scrapes_pass_from_the_cluster_only(plans, stack):
+    plan = plans[stack]
+    for ns, labels, name in workloads(plan):
+        assert ask(plan, ns, labels, "/metrics", source=POD).allowed, name
+        assert not ask(plan, ns, labels, "/metrics", source=HEALTH_CHECKER).allowed, name
+        assert not ask(plan, ns, labels, "/metrics", source=INTERNET).allowed, name
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_nothing_else_passes_without_a_jwt(plans, stack):
+    plan = plans[stack]
+    for ns, labels, name in workloads(plan):
+        for path in (*GPU_PATHS, "/", "/version", "/health/../v1/completions", "/metrics/../v1/chat/completions"):
+            for source in SOURCES:
+                for method in ("GET", "POST"):
+                    decision = ask(plan, ns, labels, path, method, source)
+                    assert not decision.allowed and decision.status == 403, (name, path, source, method)
+
+
+def test_tenants_reach_only_their_models(plans):
+    plan = plans["prod"]
+    search = ("https://auth.acme.example/search", "svc-1")
+    analytics = ("https://auth.acme.example/analytics", "svc-2")
+    labels = {(ns, name): lbl for ns, lbl, name in workloads(plan)}
+
+    def call(namespace, deployment, token):
+        return ask(plan, namespace, labels[(namespace, deployment)], "/v1/chat/completions", "POST",
+                   PROXY_ONLY, token)
+
+    assert call("vllm", "llama-70b-short", search).allowed
+    assert call("vllm", "llama-8b-long", search).allowed
+    assert call("vllm", "qwen-7b-short", search).status == 403  # search may not call qwen-7b
+    # analytics has only dedicated replicas: the shared namespace does not trust its issuer at all.
+    assert call("vllm", "qwen-7b-short", analytics).status == 401
+    for pool in ("qwen-7b-short", "qwen-7b-long"):
+        assert call("tenant-analytics", pool, analytics).allowed
+        assert call("tenant-analytics", pool, search).status == 401
+
+
+def test_a_forged_or_foreign_token_is_rejected(plans):
+    plan = plans["dev"]
+    ns, labels, _ = next(workloads(plan))
+    issuer = "https://accounts.google.com"
+    assert ask(plan, ns, labels, "/v1/completions", "POST", PROXY_ONLY, (issuer, "me")).allowed
+    assert ask(plan, ns, labels, "/v1/completions", "POST", PROXY_ONLY, (issuer, "me"), valid=False).status == 401
+    assert ask(plan, ns, labels, "/v1/completions", "POST", PROXY_ONLY, ("https://evil.example", "me")).status == 401
+
+
+def test_evaluator_semantics():
+    assert match_string("https://a/*", "https://a/x") and not match_string("https://a/*", "https://ab/x")
+    assert match_string("*.json", "x.json") and match_string("*", "anything")
+    assert normalize_path("/a/../b?x=1") == "/b" and normalize_path("//v1//x") == "/v1/x"
+    ns = {"metadata": {"name": "p", "namespace": "n"}}
+    allow_all = {**ns, "kind": "AuthorizationPolicy", "spec": {"rules": [{}]}}
+    deny_post = {**ns, "kind": "AuthorizationPolicy", "spec": {"action": "DENY", "rules": [
+        {"to": [{"operation": {"methods": ["POST"]}}]}]}}
+    deny_all = {**ns, "kind": "AuthorizationPolicy", "spec": {}}
+    get, post = Request("n", "/x"), Request("n", "/x", "POST")
+    assert decide([], get).allowed                      # no policy: allow
+    assert not decide([deny_all], get).allowed          # ALLOW with no rules: nothing matches
+    assert decide([allow_all, deny_post], get).allowed
+    assert not decide([allow_all, deny_post], post).allowed  # DENY before ALLOW
+    other_ns = Request("m", "/x")
+    assert decide([deny_all], other_ns).allowed          # a policy applies only in its namespace

@@ -1,0 +1,112 @@
+"""The first `pulumi up` into an empty project: what must exist before what.
+
+The plan records each resource's dependencies as the engine sees them (depends_on, the
+resources whose outputs feed its inputs, its provider); these tests follow them transitively.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import STACKS, vllm_deployments
+
+SERVICE = "gcp:projects/service:Service"
+# Resource type prefix -> the API it calls.
+API_OF = {
+    "gcp:compute/": "compute.googleapis.com",
+    "gcp:container/": "container.googleapis.com",
+    "gcp:filestore/": "file.googleapis.com",
+    "gcp:gkehub/": "gkehub.googleapis.com",
+    "gcp:secretmanager/": "secretmanager.googleapis.com",
+    "gcp:monitoring/": "monitoring.googleapis.com",
+    "gcp:serviceaccount/": "iam.googleapis.com",
+    "gcp:projects/iAMMember": "cloudresourcemanager.googleapis.com",
+    "gcp:certificatemanager/": "certificatemanager.googleapis.com",
+}
+
+
+def api_service(plan, api):
+    return next(r for r in plan.of_type(SERVICE) if r.props["service"] == api)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_gcp_resource_waits_for_its_api(plans, stack):
+    plan = plans[stack]
+    checked = 0
+    for r in plan.resources:
+        api = next((a for prefix, a in API_OF.items() if r.type.startswith(prefix)), None)
+        if api is None or not r.custom:
+            continue
+        assert plan.waits_for(r, api_service(plan, api)), (r.type, r.name, api)
+        checked += 1
+    assert checked > 20
+
+
+def test_apis_stay_enabled_on_destroy(plans):
+    services = plans["prod"].of_type(SERVICE)
+    assert {s.props["service"] for s in services} >= {
+        "container.googleapis.com", "file.googleapis.com", "gkehub.googleapis.com", "mesh.googleapis.com",
+        "secretmanager.googleapis.com", "monitoring.googleapis.com", "compute.googleapis.com"}
+    assert all(s.props["disableOnDestroy"] is False for s in services)
+    staging = {s.props["service"] for s in plans["staging"].of_type(SERVICE)}
+    assert "certificatemanager.googleapis.com" in staging  # only where a managed certificate is used
+    assert "certificatemanager.googleapis.com" not in {s.props["service"] for s in services}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_workload_identity_bindings_wait_for_the_cluster(plans, stack):
+    """PROJECT.svc.id.goog exists only once the cluster does: a binding made before fails."""
+    plan = plans[stack]
+    (cluster,) = plan.of_type("gcp:container/cluster:Cluster")
+    bindings = [r for r in plan.of_type("gcp:serviceaccount/iAMMember:IAMMember")
+                if ".svc.id.goog[" in r.props["member"]]
+    assert len(bindings) == 2  # the loader and the metrics adapter
+    for binding in bindings:
+        assert plan.waits_for(binding, cluster), binding.name
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_mesh_resources_and_meshed_pods_wait_for_mesh_readiness(plans, stack):
+    plan = plans[stack]
+    job = plan.kube("Job", "mesh-ready")
+    (membership,) = plan.of_type("gcp:gkehub/featureMembership:FeatureMembership")
+    assert plan.waits_for(job, membership)
+    istio = [r for r in plan.kubernetes() if "istio.io/" in r.type]
+    assert {r.props["kind"] for r in istio} >= {"AuthorizationPolicy", "RequestAuthentication", "ServiceEntry",
+                                                "DestinationRule"}
+    for r in istio:
+        assert plan.waits_for(r, job), r.name
+    for dep in vllm_deployments(plan):
+        resource = plan.kube("Deployment", dep["metadata"]["name"], dep["metadata"]["namespace"])
+        assert plan.waits_for(resource, job), dep["metadata"]["name"]
+
+
+def test_mesh_readiness_waits_for_crds_then_the_control_plane(plans):
+    for stack, revision in (("dev", "asm-managed"), ("prod", "asm-managed-stable")):
+        job = plans[stack].kube("Job", "mesh-ready").props
+        pod = job["spec"]["template"]["spec"]
+        (init,) = pod["initContainers"]
+        assert init["command"] == ["kubectl"] and init["args"][:2] == ["wait", "--for=condition=Established"]
+        assert "crd/requestauthentications.security.istio.io" in init["args"]
+        assert "crd/serviceentries.networking.istio.io" in init["args"]
+        (main,) = pod["containers"]
+        assert main["args"][-1] == f"controlplanerevision/{revision}"
+        assert "--for=condition=ProvisioningFinished" in main["args"]
+        assert job["spec"]["backoffLimit"] >= 10  # kubectl wait fails until the CRDs exist: retry
+
+
+def test_loader_waits_for_its_identity(plans):
+    plan = plans["dev"]
+    job = plan.kube("Job", "load-qwen-7b")
+    binding = plan.named("gcp:serviceaccount/iAMMember:IAMMember", "weights-loader-wi")
+    assert plan.waits_for(job, binding)
+
+
+def test_a_component_depends_on_reaches_its_children(plans):
+    """Pulumi does not pass a component's depends_on to its children; child_opts does."""
+    plan = plans["prod"]
+    job = plan.kube("Job", "mesh-ready")
+    for kind in ("Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"):
+        for r in plan.kubernetes():
+            if r.props.get("kind") == kind and r.props["metadata"].get("namespace") in ("vllm", "tenant-analytics"):
+                assert plan.waits_for(r, job), (kind, r.name)
