@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import pytest
 
-from infra.plan import Plan, read_stack_config, run_program
+from infra.plan import REPO_ROOT, Plan, read_stack_config, run_program  # noqa: F401 (REPO_ROOT for tests)
 
 STACKS = ("dev", "staging", "prod")
 
