@@ -48,7 +48,9 @@ def write_plan(plan: Plan, out_dir: Path, verdicts: Optional[dict[str, Any]] = N
     assert obs is not None
     write(Path("dashboard.json"), json.dumps(obs.dashboard_definition, indent=2) + "\n")
     write(Path("alert-policies.json"), json.dumps(obs.alert_definitions, indent=2) + "\n")
+    names = {r.urn: r.name for r in plan.resources}
     inventory = [{"type": r.type, "name": r.name, "component": plan.component_of(r),
+                  "dependsOn": sorted(names.get(u, u) for u in r.dependencies),
                   "props": redact(r.props, r.secret_paths)} for r in plan.resources if r.custom]
     write(Path("resources.json"), json.dumps(inventory, indent=2, default=str) + "\n")
     if verdicts is not None:

@@ -28,6 +28,8 @@ def test_plan_dev_writes_outputs(tmp_path):
     inventory = json.loads((root / "resources.json").read_text())
     provider = next(r for r in inventory if r["type"] == "pulumi:providers:kubernetes")
     assert provider["props"]["kubeconfig"] == "[secret]"
+    job = next(r for r in inventory if r["name"] == "mesh-job")
+    assert "gke-k8s" in job["dependsOn"]  # what the engine waits for, by name
 
 
 def test_plan_detail_lists_components():
@@ -97,3 +99,15 @@ def test_bad_policy_config_exits_2(tmp_path):
     result = runner.invoke(app, ["plan", "--stack", "dev", "--no-write", "--policy-config", str(config)])
     assert result.exit_code == 2
     assert "unknown policies in policy config: no-such-policy" in " ".join(result.output.split())
+
+
+def test_plan_without_upstream_crds_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_GKE_CRDS_DIR", str(tmp_path / "absent"))
+    result = runner.invoke(app, ["plan", "--stack", "dev", "--no-write"])
+    assert result.exit_code == 0, result.output
+    assert "custom resources not checked: no upstream CRDs" in result.output
+
+
+def test_plan_with_a_crd_folder_that_is_not_one(tmp_path):
+    result = runner.invoke(app, ["plan", "--stack", "dev", "--no-write", "--crds", str(tmp_path / "nope")])
+    assert result.exit_code == 2 and "--crds" in result.output and "Traceback" not in result.output
