@@ -24,6 +24,7 @@ import pulumi_kubernetes as k8s
 from components.k8s_meta import ACCESS_LABEL, custom_resource, meta
 from components.options import child_opts
 from components.project_apis import ProjectApis
+from components.serving_api import ISSUER_HEADER
 from components.specs import GatewaySpec
 
 GATEWAY_NAME = "vllm"
@@ -202,7 +203,9 @@ class Gateway(pulumi.ComponentResource):
         prefix = f"/{target.path_prefix}/v1"
         path = {"type": "PathPrefix", "value": prefix}
         rewrite = [{"type": "URLRewrite",
-                    "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v1"}}}]
+                    "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v1"}}},
+                   # The tenant is the issuer Istio verified: a client's own copy never gets through.
+                   {"type": "RequestHeaderModifier", "requestHeaderModifier": {"remove": [ISSUER_HEADER]}}]
 
         def backend(service: str) -> list[dict]:
             return [{"name": service, "port": target.port}]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
+from urllib.parse import urlsplit
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -18,9 +19,8 @@ import pulumi_kubernetes as k8s
 from components.k8s_meta import MODEL_LABEL, TENANT_LABEL, custom_resource, meta
 from components.mesh_namespace import ISTIO_API, MeshNamespace, MeshNamespaceArgs, TrustedSources
 from components.options import child_opts
+from components.serving_api import ISSUER_HEADER, Route, mesh_operations, tenant_routes
 from components.specs import TenantSpec
-
-ISSUER_HEADER = "x-vllm-gke-issuer"
 
 
 def tenant_namespace(tenant: TenantSpec) -> str:
@@ -28,15 +28,7 @@ def tenant_namespace(tenant: TenantSpec) -> str:
 
 
 def jwks_host(tenant: TenantSpec) -> str:
-    from urllib.parse import urlsplit
-
     return urlsplit(tenant.jwt.jwks_uri).hostname or ""
-
-
-def guard_entry(tenant: TenantSpec) -> dict[str, Any]:
-    """What the in-server guard enforces for requests carrying this tenant's verified issuer."""
-    return {tenant.jwt.issuer: {"tenant": tenant.name, "maxTokens": tenant.max_tokens,
-                                "requestsPerMinute": tenant.rate_limit.requests_per_minute}}
 
 
 @dataclass
@@ -47,6 +39,8 @@ class TenantAuthArgs:
     # Models the tenant reaches in the shared serving namespace (dedicated ones excluded).
     shared_models: Sequence[str]
     sources: TrustedSources = TrustedSources()
+    # The routes a tenant may call (the guard enforces the same list).
+    routes: Sequence[Route] = tuple(tenant_routes())
 
 
 class TenantAuth(pulumi.ComponentResource):
@@ -82,7 +76,7 @@ class TenantAuth(pulumi.ComponentResource):
             spec: dict[str, Any] = {
                 "action": "ALLOW",
                 "rules": [{"from": [{"source": {"requestPrincipals": principals}}],
-                           "to": [{"operation": {"paths": ["/v1/*"], "methods": ["GET", "POST"]}}]}],
+                           "to": mesh_operations(args.routes)}],
             }
             if selector:
                 spec["selector"] = {"matchLabels": selector}

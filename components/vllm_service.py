@@ -23,6 +23,10 @@ from components.specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
 
 PORT = 8000
 WARM_MARKER = "/tmp/vllm-gke-warm"
+# The platform's own variables: not VLLM_*, which vLLM validates as its own and warns (or, with
+# --fail-on-environ-validation, fails) on.
+GUARD_CONFIG_ENV = "GKE_LLM_GUARD_CONFIG"
+WARM_MARKER_ENV = "GKE_LLM_WARM_MARKER"
 GUARD_MIDDLEWARE = "vllm_gke_guard.GuardMiddleware"
 QUEUE_METRIC = "prometheus.googleapis.com|vllm:num_requests_waiting|gauge"
 WAITING_FOR_WEIGHTS = (
@@ -168,8 +172,8 @@ class VllmService(pulumi.ComponentResource):
                                 {"name": "HF_HUB_OFFLINE", "value": "1"},
                                 {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
                                 {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
-                                {"name": "VLLM_GKE_WARM_MARKER", "value": WARM_MARKER},
-                                {"name": "VLLM_GKE_GUARD_CONFIG",
+                                {"name": WARM_MARKER_ENV, "value": WARM_MARKER},
+                                {"name": GUARD_CONFIG_ENV,
                                  "value": json.dumps(dict(args.guard_config), sort_keys=True)},
                             ],
                             "resources": container_resources(args.node_pool, gpus),

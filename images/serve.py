@@ -20,6 +20,11 @@ import urllib.request
 from typing import Callable, Optional, Sequence
 
 WARMUP_PROMPTS = ("Hello", "Summarise the following text in one sentence: " + "lorem ipsum " * 64)
+WARMUP_HEADER = "x-gke-llm-warmup"
+# Not VLLM_*: vLLM treats that prefix as its own and warns about (or refuses) unknown names.
+WARM_MARKER_ENV, WARMUP_TOKEN_ENV, SERVER_COMMAND_ENV = (
+    "GKE_LLM_WARM_MARKER", "GKE_LLM_WARMUP_TOKEN", "GKE_LLM_SERVER_COMMAND")
+WARMUP_ROUNDS = 5
 
 
 def flag(argv: Sequence[str], name: str, default: str) -> str:
@@ -54,7 +59,7 @@ def warm_up(base: str, model: str, token: str) -> int:
     for prompt in WARMUP_PROMPTS:
         body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0}).encode()
         req = urllib.request.Request(f"{base}/v1/completions", data=body, method="POST", headers={
-            "content-type": "application/json", "x-vllm-gke-warmup": token})
+            "content-type": "application/json", WARMUP_HEADER: token})
         try:
             with urllib.request.urlopen(req, timeout=300) as resp:
                 ok += resp.status == 200
@@ -63,26 +68,49 @@ def warm_up(base: str, model: str, token: str) -> int:
     return ok
 
 
+def exit_status(returncode: int) -> int:
+    """A shell's convention: a child killed by signal N exits 128+N (Popen reports -N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def warm_up_until_one_succeeds(base: str, model: str, token: str, alive: Callable[[], bool],
+                               rounds: int = WARMUP_ROUNDS, pause_s: float = 5.0) -> bool:
+    """A replica is warm only once a request has really been served; retry a few rounds."""
+    for attempt in range(rounds):
+        if not alive():
+            return False
+        done = warm_up(base, model, token)
+        print(f"vllm-gke: {done}/{len(WARMUP_PROMPTS)} warm-up requests succeeded", file=sys.stderr)
+        if done:
+            return True
+        if attempt + 1 < rounds:
+            time.sleep(pause_s)
+    return False
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    marker = os.environ.get("VLLM_GKE_WARM_MARKER", "/tmp/vllm-gke-warm")
+    marker = os.environ.get(WARM_MARKER_ENV, "/tmp/vllm-gke-warm")
     port = flag(argv, "--port", "8000")
     model = flag(argv, "--served-model-name", argv[0] if argv else "")
     base = f"http://127.0.0.1:{port}"
     # Only this process knows the token, so only its warm-up skips the tenant guard.
     token = secrets.token_hex(16)
-    env = dict(os.environ, VLLM_GKE_WARMUP_TOKEN=token)
-    command = os.environ.get("VLLM_GKE_SERVER_COMMAND", "vllm serve").split()
+    env = dict(os.environ, **{WARMUP_TOKEN_ENV: token})
+    command = os.environ.get(SERVER_COMMAND_ENV, "vllm serve").split()
     proc = subprocess.Popen([*command, *argv], env=env)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _f: proc.send_signal(s))
 
-    if wait_healthy(base, alive=lambda: proc.poll() is None):
-        done = warm_up(base, model, token)
-        print(f"vllm-gke: {done}/{len(WARMUP_PROMPTS)} warm-up requests succeeded", file=sys.stderr)
+    alive = lambda: proc.poll() is None  # noqa: E731
+    pause = float(os.environ.get("GKE_LLM_WARMUP_PAUSE_SECONDS", "5"))
+    if wait_healthy(base, alive=alive) and warm_up_until_one_succeeds(base, model, token, alive, pause_s=pause):
         with open(marker, "w") as fh:
             fh.write(str(time.time()))
-    return proc.wait()
+    elif alive():
+        # Never warm: the startup probe fails and the kubelet restarts the container.
+        print("vllm-gke: no warm-up request succeeded; not marking the replica ready", file=sys.stderr)
+    return exit_status(proc.wait())
 
 
 if __name__ == "__main__":

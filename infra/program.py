@@ -19,7 +19,8 @@ from components.model_store import ModelStore, ModelStoreArgs
 from components.observability import Observability, ObservabilityArgs
 from components.project_apis import ProjectApis, ProjectApisArgs
 from components.specs import ModelSpec, TenantSpec
-from components.tenant_auth import ISSUER_HEADER, TenantAuth, TenantAuthArgs, guard_entry, jwks_host
+from components.serving_api import guard_config, tenant_routes
+from components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host
 from components.vllm_service import VllmService, VllmServiceArgs
 from infra.config import StackConfig
 
@@ -51,13 +52,6 @@ def dedicated_models(tenant: TenantSpec) -> list[str]:
 
 def shared_models(tenant: TenantSpec) -> list[str]:
     return [m for m in tenant.models if m not in dedicated_models(tenant)]
-
-
-def guard_config(tenants: list[TenantSpec]) -> dict[str, Any]:
-    issuers: dict[str, Any] = {}
-    for tenant in tenants:
-        issuers.update(guard_entry(tenant))
-    return {"issuerHeader": ISSUER_HEADER, "issuers": issuers}
 
 
 def required_apis(cfg: StackConfig) -> list[str]:
@@ -115,7 +109,7 @@ def build(cfg: StackConfig) -> Platform:
             svc = VllmService(f"{key}-{which}", VllmServiceArgs(
                 model=model, pool_name=which, pool=getattr(model, which), node_pool=cfg.pool(pool_name),
                 namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
-                provider=provider, guard_config=guard_config(callers), tenant=tenant),
+                provider=provider, guard_config=guard_config(callers, tenant_routes()), tenant=tenant),
                 # Pods need the sidecar (so the mesh first) and the read-only claim.
                 opts=pulumi.ResourceOptions(depends_on=[mesh, store]))
             platform.services[f"{key}-{which}"] = svc

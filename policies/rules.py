@@ -390,11 +390,11 @@ def max_tokens_cap(resources: Sequence[Resource]) -> Iterator[Finding]:
         if not any(args[i] == "--middleware" and args[i + 1] == GUARD_MIDDLEWARE for i in range(len(args) - 1)):
             yield r, f"{where(r)}: the server does not load {GUARD_MIDDLEWARE}, so no max_tokens cap applies"
             continue
-        raw = env_of(c).get("VLLM_GKE_GUARD_CONFIG", {}).get("value")
+        raw = env_of(c).get("GKE_LLM_GUARD_CONFIG", {}).get("value")
         try:
             issuers = json.loads(raw or "").get("issuers", {})
         except (ValueError, AttributeError):
-            yield r, f"{where(r)}: VLLM_GKE_GUARD_CONFIG is missing or not JSON"
+            yield r, f"{where(r)}: GKE_LLM_GUARD_CONFIG is missing or not JSON"
             continue
         for issuer, entry in issuers.items():
             cap = entry.get("maxTokens") if isinstance(entry, dict) else None

@@ -126,3 +126,12 @@ def test_health_check_and_timeout_per_backend(plans):
     assert checks["llama-8b-short"]["spec"]["default"]["config"]["httpHealthCheck"]["requestPath"] == "/health"
     for policy in manifests_of(plan, "GCPBackendPolicy"):
         assert policy["spec"]["default"]["timeoutSec"] == 600
+
+
+def test_routes_strip_client_copies_of_the_issuer_header(plans):
+    for stack in ("dev", "prod"):
+        for route in manifests_of(plans[stack], "HTTPRoute"):
+            for rule in route["spec"]["rules"]:
+                if rule.get("backendRefs"):
+                    mods = [f["requestHeaderModifier"] for f in rule["filters"] if f["type"] == "RequestHeaderModifier"]
+                    assert mods == [{"remove": ["x-vllm-gke-issuer"]}], route["metadata"]["name"]

@@ -101,3 +101,14 @@ def test_evaluator_semantics():
     assert not decide([allow_all, deny_post], post).allowed  # DENY before ALLOW
     other_ns = Request("m", "/x")
     assert decide([deny_all], other_ns).allowed          # a policy applies only in its namespace
+
+
+def test_a_tenant_token_opens_only_the_guarded_routes(plans):
+    plan = plans["prod"]
+    search = ("https://auth.acme.example/search", "svc-1")
+    labels = {(ns, name): lbl for ns, lbl, name in workloads(plan)}[("vllm", "llama-8b-short")]
+    for path, method in (("/v1/chat/completions", "POST"), ("/v1/embeddings", "POST"), ("/v1/models", "GET")):
+        assert ask(plan, "vllm", labels, path, method, PROXY_ONLY, search).allowed, path
+    for path, method in (("/collective_rpc", "POST"), ("/v1/load_lora_adapter", "POST"), ("/sleep", "POST"),
+                         ("/v1/chat/completions", "GET"), ("/docs", "GET"), ("/v1/completions/../../sleep", "POST")):
+        assert ask(plan, "vllm", labels, path, method, PROXY_ONLY, search).status == 403, path

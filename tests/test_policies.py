@@ -84,7 +84,7 @@ def _secret_literal(rs):
 
 
 def _no_cap(rs):
-    env = next(e for e in vllm_container(rs)["env"] if e["name"] == "VLLM_GKE_GUARD_CONFIG")
+    env = next(e for e in vllm_container(rs)["env"] if e["name"] == "GKE_LLM_GUARD_CONFIG")
     cfg = json.loads(env["value"])
     for entry in cfg["issuers"].values():
         del entry["maxTokens"]

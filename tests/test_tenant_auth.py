@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from components.serving_api import TENANT_ROUTES, mesh_operations, tenant_routes
+
 from components.tenant_auth import ISSUER_HEADER
 from tests.conftest import manifests_of
 
@@ -53,7 +55,10 @@ def test_tenants_reach_only_their_models(plans):
         (rule,) = p["spec"]["rules"]
         (principal,) = rule["from"][0]["source"]["requestPrincipals"]
         allowed.setdefault(principal.removesuffix("/*").rsplit("/", 1)[1], set()).add(model)
-        assert rule["to"][0]["operation"]["paths"] == ["/v1/*"]
+        # Exactly the guard's routes, method by method: no wildcard reaches an unguarded endpoint.
+        assert rule["to"] == mesh_operations(tenant_routes())
+        assert {p for op in rule["to"] for p in op["operation"]["paths"]} == {r.path for r in TENANT_ROUTES}
+        assert not any("*" in p for op in rule["to"] for p in op["operation"]["paths"])
     assert allowed == {"search": {"llama-70b", "llama-8b"}, "support": {"llama-8b", "qwen-7b"}}
 
 
@@ -64,7 +69,7 @@ def test_guard_config_carries_caps_of_the_callers_only(plans):
     def guard(name, ns="vllm"):
         dep = next(d for d in manifests_of(plan, "Deployment", ns) if d["metadata"]["name"] == name)
         env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
-        return json.loads(env["VLLM_GKE_GUARD_CONFIG"])
+        return json.loads(env["GKE_LLM_GUARD_CONFIG"])
 
     shared = guard("llama-8b-short")
     assert {v["tenant"] for v in shared["issuers"].values()} == {"search", "support"}

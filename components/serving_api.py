@@ -1,0 +1,88 @@
+"""The vLLM HTTP API as the platform exposes it: which routes a tenant may call and how each is
+metered, and the tenant guard's config.
+
+One table feeds the guard's allow-list, the mesh's AuthorizationPolicies and the tests, which
+check it against the routes the real servers register (images/vllm-versions/*.json). A route
+not listed here is refused by the mesh and by the guard: new vLLM endpoints stay closed until
+someone decides how to meter them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal, Optional, Sequence
+
+from components.specs import TenantSpec
+
+# Istio writes the verified JWT's issuer into this header (and overwrites a client's copy);
+# the route also strips client copies before the request reaches the mesh.
+ISSUER_HEADER = "x-vllm-gke-issuer"
+# Envoy's inbound passthrough connects to the application from this address.
+SIDECAR_PEER = "127.0.0.6"
+
+Kind = Literal["completions", "chat", "chat_batch", "responses", "messages", "pooling", "info"]
+
+
+@dataclass(frozen=True)
+class Route:
+    path: str
+    method: str
+    # How the guard meters it: generation kinds are capped in tokens; pooling (no generated
+    # tokens) and info are rate limited only.
+    kind: Kind
+
+
+TENANT_ROUTES: tuple[Route, ...] = (
+    Route("/v1/completions", "POST", "completions"),
+    Route("/v1/chat/completions", "POST", "chat"),
+    Route("/v1/chat/completions/batch", "POST", "chat_batch"),
+    Route("/v1/responses", "POST", "responses"),
+    Route("/v1/messages", "POST", "messages"),
+    Route("/v1/embeddings", "POST", "pooling"),
+    Route("/pooling", "POST", "pooling"),
+    Route("/classify", "POST", "pooling"),
+    Route("/score", "POST", "pooling"),
+    Route("/v1/score", "POST", "pooling"),
+    Route("/rerank", "POST", "pooling"),
+    Route("/v1/rerank", "POST", "pooling"),
+    Route("/v2/rerank", "POST", "pooling"),
+    Route("/tokenize", "POST", "pooling"),
+    Route("/detokenize", "POST", "pooling"),
+    Route("/v1/models", "GET", "info"),
+)
+# Served without a JWT, to probes and scrapes only (see MeshNamespace for the sources).
+OPEN_ROUTES: tuple[Route, ...] = (Route("/health", "GET", "info"), Route("/metrics", "GET", "info"))
+
+
+def tenant_routes(served: Optional[Iterable[str]] = None) -> list[Route]:
+    """The tenant routes a server actually registers (all of them when `served` is None)."""
+    paths = None if served is None else set(served)
+    return [r for r in TENANT_ROUTES if paths is None or r.path in paths]
+
+
+def guard_entry(tenant: TenantSpec) -> dict[str, Any]:
+    """What the in-server guard enforces for requests carrying this tenant's verified issuer."""
+    return {tenant.jwt.issuer: {"tenant": tenant.name, "maxTokens": tenant.max_tokens,
+                                "requestsPerMinute": tenant.rate_limit.requests_per_minute}}
+
+
+def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
+                 max_tokens_rule: str = "both") -> dict[str, Any]:
+    issuers: dict[str, Any] = {}
+    for tenant in tenants:
+        issuers.update(guard_entry(tenant))
+    return {
+        "issuerHeader": ISSUER_HEADER,
+        "issuers": issuers,
+        "routes": {r.path: {"method": r.method, "kind": r.kind} for r in routes},
+        "trustedPeers": [SIDECAR_PEER],
+        "maxTokensRule": max_tokens_rule,
+    }
+
+
+def mesh_operations(routes: Sequence[Route]) -> list[dict[str, Any]]:
+    """AuthorizationPolicy `to` entries admitting exactly these routes, method by method."""
+    by_method: dict[str, list[str]] = {}
+    for r in routes:
+        by_method.setdefault(r.method, []).append(r.path)
+    return [{"operation": {"methods": [m], "paths": sorted(p)}} for m, p in sorted(by_method.items())]

@@ -1,0 +1,414 @@
+"""The tenant guard, tried as a hostile tenant would: every bypass closed, never a 500."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from components.serving_api import OPEN_ROUTES, TENANT_ROUTES, guard_config, tenant_routes
+from components.specs import TenantSpec
+from infra.vllm_argv import load_snapshot, snapshot_versions
+from tests.conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "images"))
+import vllm_gke_guard as guard  # noqa: E402
+
+ISSUER = "https://auth.example/a"
+CAP = 100
+TENANT = TenantSpec.model_validate({
+    "name": "a", "jwt": {"issuer": ISSUER, "jwksUri": "https://auth.example/a/jwks", "audiences": ["x"]},
+    "models": ["m"], "rateLimit": {"requestsPerMinute": 1000}, "maxTokens": CAP})
+
+
+def config(rule="both", rpm=1000, **extra):
+    cfg = guard_config([TENANT.model_copy(update={"rate_limit": TENANT.rate_limit.model_copy(
+        update={"requests_per_minute": rpm})})], tenant_routes(), rule)
+    return {**cfg, **extra}
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class Recorder:
+    """Stands in for vLLM: records what reaches it."""
+
+    def __init__(self):
+        self.seen: list[tuple[dict, bytes]] = []
+
+    async def __call__(self, scope, receive, send):
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.seen.append((dict(scope["headers"]), body))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+def scope_for(path, method, headers, client="127.0.0.6", kind="http"):
+    return {"type": kind, "method": method, "path": path, "headers": headers, "client": (client, 40000)}
+
+
+async def _call(mw, raw, path, method, headers, client, disconnect_after=None):
+    chunks = [raw[:7], raw[7:]] if raw else [b""]
+    sent: list[dict] = []
+
+    async def receive():
+        if disconnect_after is not None and len(chunks) <= disconnect_after:
+            return {"type": "http.disconnect"}
+        if chunks:
+            chunk = chunks.pop(0)
+            return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+
+    await mw(scope_for(path, method, headers, client), receive, send)
+    return sent
+
+
+def call(mw, body=None, path="/v1/completions", method="POST", issuer=ISSUER, headers=None, client="127.0.0.6",
+         raw=None, disconnect_after=None):
+    raw = raw if raw is not None else (json.dumps(body).encode() if body is not None else b"")
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    if issuer:
+        hdrs.append((b"x-vllm-gke-issuer", issuer.encode()))
+    hdrs += list(headers or [])
+    return asyncio.run(_call(mw, raw, path, method, hdrs, client, disconnect_after))
+
+
+def status(sent):
+    return sent[0]["status"] if sent else None
+
+
+def error(sent):
+    return json.loads(sent[1]["body"])["error"]
+
+
+def forwarded(app):
+    return json.loads(app.seen[-1][1])
+
+
+def guarded(rule="both", **kw):
+    app = Recorder()
+    return guard.GuardMiddleware(app, config(rule, **kw), Clock()), app
+
+
+# --- the token cap -----------------------------------------------------------------------------
+
+def test_missing_bound_is_set_to_the_cap_and_the_length_fixed():
+    mw, app = guarded()
+    assert status(call(mw, {"messages": [{"role": "user", "content": "hi"}]}, path="/v1/chat/completions")) == 200
+    headers, body = app.seen[0]
+    assert json.loads(body)["max_completion_tokens"] == CAP
+    assert headers[b"content-length"] == str(len(body)).encode()
+
+
+def test_completions_default_of_16_needs_no_rewrite():
+    mw, app = guarded()
+    raw = b'{"model": "m", "prompt": "hi"}'
+    assert status(call(mw, raw=raw)) == 200 and app.seen[0][1] == raw  # the bytes are untouched
+
+
+def test_explicit_null_is_unbounded_and_gets_the_cap_as_the_last_key():
+    mw, app = guarded()
+    assert status(call(mw, {"prompt": "hi", "max_tokens": None})) == 200
+    assert forwarded(app)["max_tokens"] == CAP  # json.loads keeps the last of duplicate keys
+
+
+def test_above_the_cap_is_refused_with_an_openai_error():
+    mw, app = guarded()
+    sent = call(mw, {"prompt": "hi", "max_tokens": CAP + 1})
+    assert status(sent) == 400 and not app.seen
+    err = error(sent)
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == "max_tokens_exceeded" and err["param"] == "max_tokens" and str(CAP) in err["message"]
+
+
+@pytest.mark.parametrize("body,path", [
+    ({"messages": [], "n": 4, "max_completion_tokens": 30}, "/v1/chat/completions"),   # 4 x 30
+    ({"prompt": "x", "best_of": 5, "max_tokens": 30}, "/v1/completions"),               # 5 x 30
+    ({"prompt": ["a", "b", "c"], "max_tokens": 40}, "/v1/completions"),                # 3 prompts x 40
+    ({"prompt": [[1, 2], [3]], "max_tokens": 60}, "/v1/completions"),                  # 2 token prompts
+    ({"messages": [[{"role": "user", "content": "a"}]] * 3, "max_completion_tokens": 40},
+     "/v1/chat/completions/batch"),
+])
+def test_sequences_multiply(body, path):
+    mw, app = guarded()
+    assert status(call(mw, body, path=path)) == 400 and not app.seen
+
+
+def test_token_ids_are_one_prompt_and_unbounded_n_splits_the_cap():
+    mw, app = guarded()
+    assert status(call(mw, {"prompt": [1, 2, 3], "max_tokens": 90})) == 200
+    assert status(call(mw, {"messages": [], "n": 4}, path="/v1/chat/completions")) == 200
+    assert forwarded(app)["max_completion_tokens"] == 25
+    sent = call(mw, {"messages": [], "n": CAP + 1}, path="/v1/chat/completions")
+    assert status(sent) == 400 and error(sent)["param"] == "n"
+
+
+@pytest.mark.parametrize("rule,expected", [("or", 400), ("not-none", 200), ("both", 400)])
+def test_max_completion_tokens_zero_resolves_as_the_pinned_vllm_does(rule, expected):
+    """vLLM 0.11 reads `max_completion_tokens or max_tokens`: 0 falls through to max_tokens."""
+    mw, _ = guarded(rule)
+    body = {"messages": [], "max_completion_tokens": 0, "max_tokens": 5000}
+    assert status(call(mw, body, path="/v1/chat/completions")) == expected
+
+
+def test_zero_with_no_fallback_is_unbounded_under_or():
+    mw, app = guarded("or")
+    assert status(call(mw, {"messages": [], "max_completion_tokens": 0}, path="/v1/chat/completions")) == 200
+    assert forwarded(app)["max_completion_tokens"] == CAP
+
+
+@pytest.mark.parametrize("value,ok", [
+    ("50", True), (50.0, True), (True, True), (" 7 ", True),   # what pydantic's lax int accepts
+    (50.5, False), ("abc", False), ([50], False), ({"v": 1}, False), ("5e1", False), (-1, False),
+])
+def test_numeric_forms(value, ok):
+    mw, _ = guarded()
+    sent = call(mw, {"prompt": "x", "max_tokens": value})
+    assert status(sent) == (200 if ok else 400), value
+    if not ok:
+        assert error(sent)["code"] in ("invalid_type", "invalid_value")
+
+
+@pytest.mark.parametrize("raw,code", [
+    (b'{"max_tokens": 1, "max_tokens": 500}', 400),      # the last duplicate wins, as in json.loads
+    (b'{"max_tokens": 500, "max_tokens": 1}', 200),
+    (b'{"max_\\u0074okens": 500}', 400),                  # escapes in keys decode as in json.loads
+    (b'  {"max_tokens": 500}', 400),                     # leading whitespace is still JSON
+])
+def test_the_guard_reads_what_json_loads_reads(raw, code):
+    mw, _ = guarded()
+    assert status(call(mw, raw=raw)) == code
+
+
+@pytest.mark.parametrize("raw", [
+    b"[1]", b'"x"', b"1", b"", b"{", b'{"a": 1} trailing', b'{"a": 1,}', b"\xef\xbb\xbf{}",
+    '{"max_tokens": 500}'.encode("utf-16"), '{"max_tokens": 500}'.encode("utf-32-le"),
+    b'{"\xff": 1}', b'{"a": NaN, "max_tokens": 500}', b'{"n": [[[[[[[[[[1]]]]]]]]]]}',
+])
+def test_bodies_that_are_not_one_json_object_are_refused(raw):
+    mw, app = guarded()
+    sent = call(mw, raw=raw)
+    assert status(sent) == 400 and not app.seen, raw
+    assert error(sent)["type"] == "invalid_request_error"
+
+
+def test_unsupported_media_type():
+    mw, app = guarded()
+    sent = call(mw, {"prompt": "x"}, headers=[(b"content-type", b"text/plain")])
+    assert status(sent) == 415 and not app.seen
+
+
+def test_body_over_the_limit_is_413_whether_declared_or_streamed():
+    mw, app = guarded(maxBodyBytes=64)
+    assert status(call(mw, {"prompt": "x" * 100})) == 413
+    mw, app = guarded(maxBodyBytes=64)
+    raw = json.dumps({"prompt": "x" * 100}).encode()
+    sent = asyncio.run(_call(mw, raw, "/v1/completions", "POST",
+                             [(b"x-vllm-gke-issuer", ISSUER.encode())], "127.0.0.6"))  # no content-length
+    assert status(sent) == 413 and not app.seen
+
+
+def test_a_client_that_disconnects_mid_body_forwards_nothing():
+    mw, app = guarded()
+    sent = call(mw, {"prompt": "hello world", "max_tokens": 1}, disconnect_after=1)
+    assert sent == [] and app.seen == []
+
+
+# --- who may call what -----------------------------------------------------------------------
+
+def test_deny_by_default():
+    mw, app = guarded()
+    assert status(call(mw, {}, path="/collective_rpc")) == 404
+    assert status(call(mw, {}, path="/v1/load_lora_adapter")) == 404
+    assert status(call(mw, {}, path="/v1/completions/")) == 404
+    assert status(call(mw, {}, path="/v1/completions", method="GET")) == 405
+    assert status(call(mw, None, path="/health", method="GET", issuer=None, client="10.0.0.9")) == 200
+    assert status(call(mw, None, path="/metrics", method="GET", issuer=None, client="10.0.0.9")) == 200
+    assert status(call(mw, None, path="/v1/models", method="GET")) == 200
+    assert status(call(mw, None, path="/v1/models", method="GET", issuer=None)) == 403
+
+
+def test_every_route_the_real_servers_register_is_listed_or_refused():
+    """Deny by default, checked against the routes vLLM 0.11 and 0.34 really register."""
+    listed = {r.path for r in TENANT_ROUTES} | {r.path for r in OPEN_ROUTES}
+    for version in snapshot_versions():
+        served = {r["path"] for r in load_snapshot(version)["routes"]}
+        assert {"/v1/completions", "/v1/chat/completions", "/health", "/metrics"} <= served
+        mw, app = guarded()
+        for path in sorted(served - listed):
+            for method in ("GET", "POST"):
+                assert status(call(mw, {}, path=path, method=method)) == 404, (version, path)
+        assert not app.seen
+    every_snapshot_route = set().union(*({r["path"] for r in load_snapshot(v)["routes"]} for v in snapshot_versions()))
+    assert {r.path for r in TENANT_ROUTES} <= every_snapshot_route  # nothing listed that no vLLM serves
+
+
+def test_websockets_are_closed():
+    mw, app = guarded()
+    sent: list[dict] = []
+
+    async def run():
+        async def receive():
+            return {"type": "websocket.connect"}
+
+        async def send(m):
+            sent.append(m)
+        await mw(scope_for("/v1/realtime", "GET", [], kind="websocket"), receive, send)
+    asyncio.run(run())
+    assert sent == [{"type": "websocket.close", "code": 1008}] and not app.seen
+
+
+def test_fail_closed_without_the_sidecar():
+    mw, app = guarded()
+    sent = call(mw, {"prompt": "x"}, client="10.20.3.4")  # straight to the pod, not via Envoy
+    assert status(sent) == 403 and error(sent)["code"] == "no_mesh" and not app.seen
+
+
+def test_issuer_header_exactly_once_and_known():
+    mw, app = guarded()
+    assert status(call(mw, {"prompt": "x"}, issuer=None)) == 403
+    assert status(call(mw, {"prompt": "x"}, issuer="https://evil.example")) == 403
+    dup = [(b"x-vllm-gke-issuer", b"https://evil.example")]
+    assert status(call(mw, {"prompt": "x"}, headers=dup)) == 400
+    assert not app.seen
+
+
+def test_warm_up_token_only_from_the_entrypoint(monkeypatch):
+    monkeypatch.setenv(guard.WARMUP_TOKEN_ENV, "s3cret")
+    mw, app = guarded()
+    token = [(guard.WARMUP_HEADER, b"s3cret")]
+    assert status(call(mw, {"prompt": "x", "max_tokens": 8}, issuer=None, headers=token, client="127.0.0.1")) == 200
+    assert status(call(mw, {"prompt": "x"}, issuer=None, headers=[(guard.WARMUP_HEADER, b"guess")],
+                       client="127.0.0.1")) == 403
+    # The token from any other peer (even through the sidecar) is just a header.
+    assert status(call(mw, {"prompt": "x"}, issuer=None, headers=token, client="127.0.0.6")) == 403
+
+
+# --- rate limit ---------------------------------------------------------------------------------
+
+def test_at_most_n_in_any_minute_from_a_cold_start():
+    clock = Clock()
+    app = Recorder()
+    mw = guard.GuardMiddleware(app, config(rpm=2), clock)
+    assert [status(call(mw, {"prompt": "x"})) for _ in range(3)] == [200, 200, 429]
+    sent = call(mw, {"prompt": "x"})
+    assert dict(sent[0]["headers"])[b"retry-after"] == b"60" and error(sent)["code"] == "rate_limit_exceeded"
+    clock.now = 59.9
+    assert status(call(mw, {"prompt": "x"})) == 429  # a bucket would have refilled by now
+    clock.now = 60.0
+    assert status(call(mw, {"prompt": "x"})) == 200
+
+
+@given(times=st.lists(st.floats(0, 300, allow_nan=False), min_size=1, max_size=80), limit=st.integers(1, 8))
+def test_no_window_of_sixty_seconds_admits_more_than_the_limit(times, limit):
+    clock = Clock()
+    limiter = guard.SlidingWindowLimiter(limit, clock)
+    admitted = []
+    for t in sorted(times):
+        clock.now = t
+        if limiter.take() is None:
+            admitted.append(t)
+    for t in admitted:
+        assert sum(1 for a in admitted if t <= a < t + 60) <= limit
+
+
+def test_exact_under_concurrency():
+    clock = Clock()
+    app = Recorder()
+    mw = guard.GuardMiddleware(app, config(rpm=5), clock)
+    raw = b'{"prompt": "x"}'
+    hdrs = [(b"content-type", b"application/json"), (b"x-vllm-gke-issuer", ISSUER.encode())]
+
+    async def burst():
+        return await asyncio.gather(*(_call(mw, raw, "/v1/completions", "POST", hdrs, "127.0.0.6")
+                                      for _ in range(50)))
+    results = asyncio.run(burst())
+    assert sorted(status(r) for r in results).count(200) == 5 and len(app.seen) == 5
+
+
+# --- never a 500 ------------------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12)
+fields = st.sampled_from(["max_tokens", "max_completion_tokens", "n", "best_of", "prompt", "messages",
+                          "model", "max_output_tokens", "x"])
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(body=st.dictionaries(fields, json_values, max_size=6),
+       path=st.sampled_from([r.path for r in TENANT_ROUTES if r.method == "POST"]),
+       indent=st.sampled_from([None, 0, 2]), rule=st.sampled_from(["or", "not-none", "both"]))
+def test_any_json_object_gets_a_4xx_or_a_bounded_request(body, path, indent, rule):
+    mw, app = guarded(rule)
+    raw = json.dumps(body, indent=indent).encode()
+    sent = call(mw, raw=raw, path=path)
+    if app.seen:
+        assert status(sent) == 200
+        seen = json.loads(app.seen[-1][1])
+        kind = next(r.kind for r in TENANT_ROUTES if r.path == path)
+        assert {k: v for k, v in seen.items() if k not in guard.OUTPUT_FIELDS.values()} == \
+            {k: v for k, v in body.items() if k not in guard.OUTPUT_FIELDS.values()}
+        if kind in guard.OUTPUT_FIELDS:
+            assert generated_bound(seen, kind, rule) <= CAP
+    else:
+        assert 400 <= status(sent) < 500
+
+
+def generated_bound(body, kind, rule):
+    """What vLLM would generate at most, computed from json.loads' reading of the body."""
+    lax = lambda v: None if v is None else int(float(v)) if not isinstance(v, bool) else int(v)  # noqa: E731
+    n = max(lax(body.get("n", 1)) or 1, lax(body.get("best_of")) or 1)
+    if kind == "completions":
+        prompt = body.get("prompt", "x")
+        count = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else 1
+        per = lax(body.get("max_tokens", 16))
+        return per * n * count
+    if kind in ("chat", "chat_batch"):
+        mct, mt = lax(body.get("max_completion_tokens")), lax(body.get("max_tokens"))
+        count = len(body["messages"]) if kind == "chat_batch" and isinstance(body.get("messages"), list) else 1
+        per = [mct or mt, mct if mct is not None else mt]
+        per = {"or": per[:1], "not-none": per[1:]}.get(rule, per)
+        assert None not in per
+        return max(per) * n * count
+    return lax(body.get(guard.OUTPUT_FIELDS[kind])) * n
+
+
+@settings(max_examples=300)
+@given(raw=st.binary(max_size=200), path=st.sampled_from(["/v1/completions", "/v1/chat/completions",
+                                                          "/v1/embeddings", "/nope"]),
+       headers=st.lists(st.tuples(st.binary(max_size=20), st.binary(max_size=30)), max_size=4))
+def test_arbitrary_bytes_and_headers_never_raise_or_500(raw, path, headers):
+    mw, _ = guarded()
+    sent = call(mw, raw=raw, path=path, headers=[(k.lower(), v) for k, v in headers])
+    assert sent and (status(sent) == 200 or 400 <= status(sent) < 500)
+
+
+@settings(max_examples=300)
+@given(body=st.dictionaries(st.text(max_size=12), json_values, max_size=8),
+       indent=st.sampled_from([None, 1, 3]), separators=st.sampled_from([None, (",", ":"), (" , ", " : ")]),
+       ensure_ascii=st.booleans())
+def test_the_scanner_agrees_with_json_loads(body, indent, separators, ensure_ascii):
+    raw = json.dumps(body, indent=indent, separators=separators, ensure_ascii=ensure_ascii).encode()
+    spans, close = guard.scan_object(raw, frozenset(body))
+    assert raw[close:close + 1] == b"}"
+    assert {k: json.loads(raw[a:b]) for k, (a, b) in spans.items()} == json.loads(raw)
