@@ -101,14 +101,23 @@ class JsonShapeError(ValueError):
 
 
 _WS = frozenset(b" \t\n\r")
-_STRUCT = re.compile(rb'["\[\]{}]')
-_SCALAR_END = re.compile(rb"[,\]}\s]")
+_WS_RUN = re.compile(rb"[ \t\n\r]*")
+# Runs the scanner can hop over in one C call: anything but quotes and brackets, and short
+# strings without escapes (sre walks strings at ~4 ns a byte, memchr far faster: long or
+# escaped strings are left to _skip_string).
+_BULK = re.compile(rb'(?:[^"\[\]{}]|"[^"\\]{0,64}")*')
+# A key without escapes, the colon and the whitespace around them.
+_KEY = re.compile(rb'[ \t\n\r]*"([^"\\]*)"[ \t\n\r]*:[ \t\n\r]*')
+_SCALAR = re.compile(rb"[^,\]}\s]+")
+# A whole member with a scalar or short string value and what follows it, in one C call.
+_MEMBER = re.compile(rb'[ \t\n\r]*"([^"\\]*)"[ \t\n\r]*:[ \t\n\r]*'
+                     rb'(-?[0-9][0-9.eE+-]*|true|false|null|"[^"\\]{0,64}")[ \t\n\r]*([,}])')
+_AFTER = re.compile(rb"[ \t\n\r]*([,}])")
 
 
 def _skip_ws(buf: bytes, i: int) -> int:
-    n = len(buf)
-    while i < n and buf[i] in _WS:
-        i += 1
+    if i < len(buf) and buf[i] in _WS:  # a regex call only where there is whitespace
+        return _WS_RUN.match(buf, i).end()  # type: ignore[union-attr]
     return i
 
 
@@ -130,17 +139,17 @@ def _skip_string(buf: bytes, i: int) -> int:
 def _skip_container(buf: bytes, i: int) -> int:
     depth = 0
     pos = i
+    n = len(buf)
     while True:
-        m = _STRUCT.search(buf, pos)
-        if m is None:
+        pos = _BULK.match(buf, pos).end()  # type: ignore[union-attr]
+        if pos >= n:
             raise JsonShapeError("unterminated array or object")
-        at = m.start()
-        c = buf[at]
+        c = buf[pos]
         if c == 0x22:
-            pos = _skip_string(buf, at)
+            pos = _skip_string(buf, pos)
             continue
         depth += 1 if c in (0x5B, 0x7B) else -1
-        pos = at + 1
+        pos += 1
         if depth == 0:
             return pos
         if depth < 0:
@@ -155,16 +164,23 @@ def _skip_value(buf: bytes, i: int) -> int:
         return _skip_string(buf, i)
     if c in (0x5B, 0x7B):
         return _skip_container(buf, i)
-    m = _SCALAR_END.search(buf, i)
-    end = m.start() if m else len(buf)
-    if end == i:
+    m = _SCALAR.match(buf, i)
+    if m is None:
         raise JsonShapeError("missing value")
-    return end
+    return m.end()
 
 
-def _key(raw: bytes) -> str:
-    # Keys are short; json.loads decodes escapes exactly as vLLM's parser will.
-    return raw[1:-1].decode("utf-8") if b"\\" not in raw else json.loads(raw)
+def _slow_key(buf: bytes, i: int) -> tuple[str, int]:
+    """A key with escapes (decoded exactly as json.loads does) and where its value starts."""
+    i = _skip_ws(buf, i)
+    if buf[i:i + 1] != b'"':
+        raise JsonShapeError("expected a key")
+    end = _skip_string(buf, i)
+    key = json.loads(buf[i:end])
+    i = _skip_ws(buf, end)
+    if buf[i:i + 1] != b":":
+        raise JsonShapeError("expected ':'")
+    return key, _skip_ws(buf, i + 1)
 
 
 def scan_object(buf: bytes, wanted: frozenset[str]) -> tuple[dict[str, tuple[int, int]], int]:
@@ -176,30 +192,36 @@ def scan_object(buf: bytes, wanted: frozenset[str]) -> tuple[dict[str, tuple[int
         raise JsonShapeError("the body must be a JSON object")
     spans: dict[str, tuple[int, int]] = {}
     i = _skip_ws(buf, i + 1)
-    if i < len(buf) and buf[i] == 0x7D:
+    if buf[i:i + 1] == b"}":
         close = i
     else:
         while True:
-            if i >= len(buf) or buf[i] != 0x22:
-                raise JsonShapeError("expected a key")
-            key_end = _skip_string(buf, i)
-            key = _key(buf[i:key_end])
-            i = _skip_ws(buf, key_end)
-            if i >= len(buf) or buf[i] != 0x3A:
-                raise JsonShapeError("expected ':'")
-            start = _skip_ws(buf, i + 1)
+            m = _MEMBER.match(buf, i)
+            if m is not None:  # the common small member
+                key = m.group(1).decode("utf-8")
+                if key in wanted:
+                    spans[key] = m.span(2)
+                if m.group(3) == b"}":
+                    close = m.end() - 1
+                    break
+                i = m.end()
+                continue
+            m = _KEY.match(buf, i)
+            if m is not None:
+                key, start = m.group(1).decode("utf-8"), m.end()
+            else:
+                key, start = _slow_key(buf, i)
             end = _skip_value(buf, start)
             if key in wanted:
                 spans[key] = (start, end)
-            i = _skip_ws(buf, end)
-            if i < len(buf) and buf[i] == 0x2C:
-                i = _skip_ws(buf, i + 1)
-                continue
-            if i < len(buf) and buf[i] == 0x7D:
-                close = i
+            after = _AFTER.match(buf, end)
+            if after is None:
+                raise JsonShapeError("expected ',' or '}'")
+            if after.group(1) == b"}":
+                close = after.end() - 1
                 break
-            raise JsonShapeError("expected ',' or '}'")
-    if _skip_ws(buf, close + 1) != len(buf):
+            i = after.end()
+    if close + 1 != len(buf) and buf[close + 1:].strip(b" \t\n\r"):
         raise JsonShapeError("data after the JSON object")
     return spans, close
 
@@ -225,6 +247,8 @@ def count_items(buf: bytes, start: int, end: int) -> tuple[int, bytes]:
 def as_int(value: Any, field: str, allow_none: bool = True) -> Optional[int]:
     """pydantic's lax int, as vLLM's request models take it: ints, integral floats, integer
     strings and booleans; anything else is refused here with the reason vLLM would give."""
+    if type(value) is int:  # the common case first
+        return value
     if value is None:
         if allow_none:
             return None
@@ -240,54 +264,112 @@ def as_int(value: Any, field: str, allow_none: bool = True) -> Optional[int]:
     raise GuardError(400, f"{field} must be an integer, not {json.dumps(value)[:40]}", "invalid_type", field)
 
 
-def _field(buf: bytes, spans: dict[str, tuple[int, int]], name: str, default: Any = None) -> Any:
-    if name not in spans:
-        return default
-    start, end = spans[name]
-    return json.loads(buf[start:end])
+COUNTED = ("n", "best_of", "max_tokens", "max_completion_tokens", "max_output_tokens")
+PROMPT_FIELDS = {"completions": ("prompt", "prompt_embeds"), "chat_batch": ("messages",)}
 
 
-def prompt_count(buf: bytes, spans: dict[str, tuple[int, int]], fields: tuple[str, ...]) -> int:
+class Fields:
+    """The fields of a request body the budget needs: the counted ones decoded (as json.loads
+    would), the prompt lists as raw JSON to count, and where the object closes."""
+
+    __slots__ = ("values", "lists", "close")
+
+    def __init__(self, values: dict[str, Any], lists: dict[str, bytes], close: int):
+        self.values, self.lists, self.close = values, lists, close
+
+
+def _decode_small(raw: bytes) -> Any:
+    if raw.isdigit():  # the common case, without json.loads
+        return int(raw)
+    return None if raw == b"null" else json.loads(raw)
+
+
+_WANTED = {kind: frozenset(COUNTED + PROMPT_FIELDS.get(kind, ())) for kind in OUTPUT_FIELDS}
+
+
+def read_fields_by_scanning(buf: bytes, kind: str) -> Fields:
+    lists = PROMPT_FIELDS.get(kind, ())
+    spans, close = scan_object(buf, _WANTED.get(kind) or frozenset(COUNTED + lists))
+    values = {k: _decode_small(buf[a:b]) for k, (a, b) in spans.items() if k not in lists}
+    return Fields(values, {k: buf[a:b] for k, (a, b) in spans.items() if k in lists}, close)
+
+
+try:  # msgspec ships in the vLLM image: C speed on small bodies, same reading as json.loads
+    import msgspec
+
+    class _Body(msgspec.Struct):
+        n: Any = msgspec.UNSET
+        best_of: Any = msgspec.UNSET
+        max_tokens: Any = msgspec.UNSET
+        max_completion_tokens: Any = msgspec.UNSET
+        max_output_tokens: Any = msgspec.UNSET
+        prompt: msgspec.Raw = msgspec.UNSET
+        prompt_embeds: msgspec.Raw = msgspec.UNSET
+        messages: msgspec.Raw = msgspec.UNSET
+
+    _BODY = msgspec.json.Decoder(_Body)
+
+    def read_fields_with_msgspec(buf: bytes, kind: str) -> Fields:
+        try:
+            body = _BODY.decode(buf)
+        except msgspec.MsgspecError as exc:
+            raise JsonShapeError(str(exc)) from None
+        unset = msgspec.UNSET
+        values = {k: v for k, v in zip(COUNTED, (body.n, body.best_of, body.max_tokens, body.max_completion_tokens,
+                                                 body.max_output_tokens)) if v is not unset}
+        lists = {k: bytes(raw) for k in PROMPT_FIELDS.get(kind, ()) if (raw := getattr(body, k)) is not unset}
+        return Fields(values, lists, buf.rstrip().rfind(b"}"))
+except ImportError:  # pragma: no cover - the scanner alone is as exact, a little slower
+    read_fields_with_msgspec = None  # type: ignore[assignment]
+
+# Below this size msgspec's C parser wins; above it the scanner's memchr over long strings does.
+MSGSPEC_MAX_BYTES = 16 * 1024
+
+
+def read_fields(buf: bytes, kind: str) -> Fields:
+    if read_fields_with_msgspec is not None and len(buf) <= MSGSPEC_MAX_BYTES:
+        return read_fields_with_msgspec(buf, kind)
+    return read_fields_by_scanning(buf, kind)
+
+
+def prompt_count(lists: dict[str, bytes]) -> int:
     """How many prompts a request carries: a string or a token list is one, a list of them many.
     With several prompt fields (prompt and prompt_embeds) vLLM may take both: count both."""
     total = 0
-    for name in fields:
-        if name in spans:
-            start, end = spans[name]
-            if buf[start] != 0x5B:
-                total += 1
-                continue
-            count, first = count_items(buf, start, end)
-            total += max(count, 1) if first in (b'"', b"[") else 1  # else a list of token ids
+    for raw in lists.values():
+        if raw[:1] != b"[":
+            total += 1
+            continue
+        count, first = count_items(raw, 0, len(raw))
+        total += max(count, 1) if first in (b'"', b"[") else 1  # else a list of token ids
     return max(total, 1)
 
 
 class Budget:
     """The output bound of one request: per-sequence tokens x sequences."""
 
-    def __init__(self, kind: str, buf: bytes, spans: dict[str, tuple[int, int]], rule: str):
+    def __init__(self, kind: str, fields: Fields, rule: str):
         self.kind = kind
-        n = as_int(_field(buf, spans, "n", 1), "n") or 1
-        best_of = as_int(_field(buf, spans, "best_of"), "best_of") or 1
-        prompts = {"completions": ("prompt", "prompt_embeds"), "chat_batch": ("messages",)}.get(kind)
-        self.sequences = max(n, best_of) * (prompt_count(buf, spans, prompts) if prompts else 1)
+        values = fields.values
+        n = as_int(values.get("n", 1), "n") or 1
+        best_of = as_int(values.get("best_of"), "best_of") or 1
+        self.sequences = max(n, best_of) * (prompt_count(fields.lists) if kind in PROMPT_FIELDS else 1)
         if self.sequences < 1:
             raise GuardError(400, "n and best_of must be at least 1", "invalid_value", "n")
         if kind in ("chat", "chat_batch"):
-            mct = as_int(_field(buf, spans, "max_completion_tokens"), "max_completion_tokens")
-            mt = as_int(_field(buf, spans, "max_tokens"), "max_tokens")
+            mct = as_int(values.get("max_completion_tokens"), "max_completion_tokens")
+            mt = as_int(values.get("max_tokens"), "max_tokens")
             # vLLM <= 0.1x: `max_completion_tokens or max_tokens` (0 falls through);
             # later: max_completion_tokens unless None. "both": bound under either reading.
             readings = {"or": [mct or mt], "not-none": [mct if mct is not None else mt]}
             self.per_sequence = readings.get(rule, readings["or"] + readings["not-none"])
             self.param = "max_completion_tokens" if mct is not None else "max_tokens"
         elif kind == "completions":
-            default = COMPLETIONS_DEFAULT_MAX_TOKENS if "max_tokens" not in spans else None
-            self.per_sequence = [as_int(_field(buf, spans, "max_tokens", default), "max_tokens")]
+            self.per_sequence = [as_int(values.get("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS), "max_tokens")]
             self.param = "max_tokens"
         else:
             self.param = OUTPUT_FIELDS[kind]
-            self.per_sequence = [as_int(_field(buf, spans, self.param), self.param)]
+            self.per_sequence = [as_int(values.get(self.param), self.param)]
 
     def check(self, cap: int, tenant: str) -> Optional[int]:
         """None when the request is within the cap; else the per-sequence bound to add."""
@@ -320,6 +402,27 @@ def add_field(buf: bytes, close: int, name: str, value: int) -> bytes:
 
 class Disconnected(Exception):
     pass
+
+
+class _Headers:
+    """The few request headers the guard reads, every occurrence kept, in one pass."""
+
+    __slots__ = ("issuer", "content_type", "content_length", "warmup")
+
+    def __init__(self, headers: list, issuer_header: bytes):
+        self.issuer: list[bytes] = []
+        self.content_type: list[bytes] = []
+        self.content_length: list[bytes] = []
+        self.warmup: list[bytes] = []
+        for k, v in headers:
+            if k == issuer_header:
+                self.issuer.append(v)
+            elif k == b"content-type":
+                self.content_type.append(v)
+            elif k == b"content-length":
+                self.content_length.append(v)
+            elif k == WARMUP_HEADER:
+                self.warmup.append(v)
 
 
 class GuardMiddleware:
@@ -369,15 +472,15 @@ class GuardMiddleware:
         if route.get("method") != method:
             raise GuardError(405, f"{path} takes {route.get('method')}", "method_not_allowed")
         headers = scope.get("headers") or []
-        if self._is_warmup(scope, headers):
-            return scope, receive
+        seen = _Headers(headers, self.issuer_header)
         client = (scope.get("client") or ("", 0))[0]
+        if client == "127.0.0.1" and self._is_warmup(seen):
+            return scope, receive
         if client not in self.trusted_peers:
             raise GuardError(403, "the request did not come through the mesh sidecar; refused", "no_mesh")
-        issuers = [v for k, v in headers if k == self.issuer_header]
-        if len(issuers) != 1:
-            raise GuardError(403 if not issuers else 400, "exactly one verified issuer is required", "forbidden")
-        issuer = issuers[0].decode("latin-1")
+        if len(seen.issuer) != 1:
+            raise GuardError(403 if not seen.issuer else 400, "exactly one verified issuer is required", "forbidden")
+        issuer = seen.issuer[0].decode("latin-1")
         entry = self.issuers.get(issuer)
         if entry is None:
             raise GuardError(403, "no tenant is configured for this token's issuer", "forbidden")
@@ -389,36 +492,31 @@ class GuardMiddleware:
             raise err
         if route.get("kind") == "info":
             return scope, receive
-        self._check_content_type(headers)
-        body = await self._read_body(receive, headers)
-        if route.get("kind") not in OUTPUT_FIELDS:  # pooling: rate limited, generates nothing
+        self._check_content_type(seen.content_type)
+        body = await self._read_body(receive, seen.content_length)
+        kind = route.get("kind")
+        if kind not in OUTPUT_FIELDS:  # pooling: rate limited, generates nothing
             self._object_or_error(body, frozenset())
             return scope, _replay(body, receive)
-        kind = route["kind"]
-        wanted = frozenset({"n", "best_of", "max_tokens", "max_completion_tokens", "max_output_tokens",
-                            "prompt", "prompt_embeds", "messages" if kind == "chat_batch" else "prompt"})
-        spans, close = self._object_or_error(body, wanted)
         try:
-            budget = Budget(kind, body, spans, self.rule)
-        except ValueError as exc:  # a field's JSON that json.loads refuses
-            raise GuardError(400, f"invalid JSON value: {exc}", "invalid_json") from None
+            fields = read_fields(body, kind)
+            budget = Budget(kind, fields, self.rule)
+        except (JsonShapeError, ValueError) as exc:  # includes UnicodeDecodeError, JSONDecodeError
+            raise GuardError(400, f"the body is not a valid JSON object: {exc}", "invalid_json") from None
         add = budget.check(int(entry["maxTokens"]), entry["tenant"])
         if add is None:
             return scope, _replay(body, receive)
-        body = add_field(body, close, OUTPUT_FIELDS[kind], add)
+        body = add_field(body, fields.close, OUTPUT_FIELDS[kind], add)
         headers = [(k, v) for k, v in headers if k != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
         return dict(scope, headers=headers), _replay(body, receive)
 
-    def _is_warmup(self, scope: Scope, headers: list) -> bool:
-        if not self.warmup_token or (scope.get("client") or ("", 0))[0] != "127.0.0.1":
-            return False
-        offered = [v for k, v in headers if k == WARMUP_HEADER]
-        return len(offered) == 1 and hmac.compare_digest(offered[0], self.warmup_token)
+    def _is_warmup(self, seen: "_Headers") -> bool:
+        return bool(self.warmup_token) and len(seen.warmup) == 1 and \
+            hmac.compare_digest(seen.warmup[0], self.warmup_token)
 
     @staticmethod
-    def _check_content_type(headers: list) -> None:
-        types = [v for k, v in headers if k == b"content-type"]
+    def _check_content_type(types: list[bytes]) -> None:
         if not types:
             return  # FastAPI parses an untyped body as JSON
         media = types[-1].split(b";")[0].strip().lower()
@@ -432,8 +530,7 @@ class GuardMiddleware:
         except (JsonShapeError, UnicodeDecodeError, ValueError) as exc:
             raise GuardError(400, f"the body is not a JSON object: {exc}", "invalid_json") from None
 
-    async def _read_body(self, receive: Receive, headers: list) -> bytes:
-        lengths = [v for k, v in headers if k == b"content-length"]
+    async def _read_body(self, receive: Receive, lengths: list[bytes]) -> bytes:
         if lengths and (not lengths[0].isdigit() or int(lengths[0]) > self.max_body):
             raise GuardError(413, f"request body over {self.max_body} bytes", "payload_too_large")
         chunks, size = [], 0

@@ -1,0 +1,283 @@
+"""What the tenant guard costs vLLM's API server, measured side by side in one run.
+
+    .venv/bin/pip install -e '.[bench]'            # uvicorn[standard] (uvloop, httptools)
+    .venv/bin/python -m benchmarks.guard_overhead  # needs wrk (apt-get install wrk) for part 2
+
+1. In process: microseconds per request for an ASGI app alone, behind the guard, and behind a
+   naive guard that decodes and re-encodes the whole body (what the guard used to do), for a
+   1 KB and a 128 KB chat request that is within the tenant's cap (the common case: nothing to
+   rewrite).
+2. Inside uvicorn (uvloop + httptools, as vLLM runs): requests/s, p50 and p99 from wrk at 1, 64
+   and 512 connections, baseline against guarded, both sizes. The app stands in for vLLM's HTTP
+   layer up to the engine: a FastAPI route taking a pydantic model of the chat request (what
+   vLLM's router does: json.loads, then validation), answering at once - no tokenizer, no
+   engine, so the guard's share is larger here than in a real server.
+Ratios are guarded/baseline from the same run; absolute numbers depend on the machine.
+"""
+
+# No `from __future__ import annotations`: FastAPI must resolve the local request model.
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "images"))
+import vllm_gke_guard as guard  # noqa: E402
+
+ISSUER = "https://auth.example/bench"
+PATH = "/v1/chat/completions"
+SIZES = {"1KB": 1024, "128KB": 128 * 1024}
+CONCURRENCY = (1, 64, 512)
+
+
+def guard_config(trusted: str) -> dict[str, Any]:
+    return {"issuerHeader": "x-vllm-gke-issuer",
+            "issuers": {ISSUER: {"tenant": "bench", "maxTokens": 4096, "requestsPerMinute": 10**9}},
+            "routes": {PATH: {"method": "POST", "kind": "chat"}}, "trustedPeers": [trusted]}
+
+
+def chat_body(size: int) -> bytes:
+    text = ("The quick brown fox jumps over the lazy dog. " * (size // 40 + 1))
+    doc = {"model": "m", "messages": [{"role": "system", "content": "Answer briefly."},
+                                      {"role": "user", "content": ""}], "max_completion_tokens": 256}
+    room = size - len(json.dumps(doc))
+    doc["messages"][1]["content"] = text[:room]
+    return json.dumps(doc).encode()
+
+
+def stand_in_app():
+    """vLLM's HTTP layer up to the engine: FastAPI + a pydantic chat request model."""
+    from typing import Optional
+
+    from fastapi import FastAPI
+    from pydantic import BaseModel, ConfigDict
+
+    class Message(BaseModel):
+        role: str
+        content: str
+
+    class ChatRequest(BaseModel):  # the fields vLLM's ChatCompletionRequest validates most
+        model_config = ConfigDict(extra="allow")
+        model: Optional[str] = None
+        messages: list[Message]
+        max_tokens: Optional[int] = None
+        max_completion_tokens: Optional[int] = None
+        n: Optional[int] = 1
+        temperature: Optional[float] = None
+
+    app = FastAPI()
+
+    @app.post(PATH)
+    async def chat(request: ChatRequest) -> dict:
+        return {"ok": True, "n": request.n}
+
+    return app
+
+
+class NaiveGuard:
+    """The old approach, for reference: decode the whole body, re-encode it, always."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        message = await receive()
+        payload = json.loads(message["body"])
+        payload.setdefault("max_tokens", 256)
+        body = json.dumps(payload).encode()
+
+        async def replay():
+            return {"type": "http.request", "body": body, "more_body": False}
+        await self.app(scope, replay, send)
+
+
+# --- 1. in process ---------------------------------------------------------------------------
+
+def per_request_us(app: Callable, body: bytes, rounds: int = 7, n: int = 2000) -> float:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"x-vllm-gke-issuer", ISSUER.encode())]
+    scope = {"type": "http", "method": "POST", "path": PATH, "headers": headers, "client": ("127.0.0.6", 1),
+             "query_string": b"", "http_version": "1.1", "scheme": "http", "root_path": "",
+             "server": ("127.0.0.1", 8000), "asgi": {"version": "3.0"}}
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(_message):
+        pass
+
+    async def run() -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            await app(scope, receive, send)
+        return (time.perf_counter() - start) / n * 1e6
+
+    loop = asyncio.new_event_loop()
+    try:
+        return statistics.median(loop.run_until_complete(run()) for _ in range(rounds))
+    finally:
+        loop.close()
+
+
+async def _noop(scope, receive, send):
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def in_process() -> list[dict[str, Any]]:
+    rows = []
+    guarded = guard.GuardMiddleware(_noop, guard_config("127.0.0.6"))
+    naive = NaiveGuard(_noop)
+    for label, size in SIZES.items():
+        body = chat_body(size)
+        base = per_request_us(_noop, body)
+        rows.append({"size": label, "baseline_us": base, "guard_us": per_request_us(guarded, body) - base,
+                     "naive_us": per_request_us(naive, body) - base})
+    return rows
+
+
+# --- 2. inside uvicorn -------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(mode: str, port: int) -> None:
+    import uvicorn
+
+    base = stand_in_app()
+    app = base if mode == "baseline" else guard.GuardMiddleware(base, guard_config("127.0.0.1"))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False,
+                loop="uvloop", http="httptools")
+
+
+def pin(cpu: int) -> list[str]:
+    return ["taskset", "-c", str(cpu)] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []
+
+
+def start_server(mode: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    # Pinned apart (server on one core, wrk on the other) so they do not share a core's time.
+    proc = subprocess.Popen([*pin(1), sys.executable, "-m", "benchmarks.guard_overhead", "--serve", mode,
+                             str(port)], cwd=REPO)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, port
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"the {mode} server did not start")
+
+
+LUA = """wrk.method = "POST"
+wrk.headers["content-type"] = "application/json"
+wrk.headers["x-vllm-gke-issuer"] = "{issuer}"
+local f = io.open("{body}", "rb")
+wrk.body = f:read("*all")
+f:close()
+"""
+
+
+def _ms(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wrk(port: int, script: Path, connections: int, seconds: int, pid: int) -> dict[str, float]:
+    cpu_before = cpu_seconds(pid)
+    out = subprocess.run([*pin(0), "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script),
+                          f"http://127.0.0.1:{port}{PATH}"], capture_output=True, text=True, check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))
+    p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if errors:
+        raise RuntimeError(f"{errors.group(1)} failed responses: the benchmark is measuring errors")
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
+    # Server CPU per request: steadier on a shared machine than req/s, and what the guard adds.
+    cpu_us = (cpu_seconds(pid) - cpu_before) / requests * 1e6
+    return {"rps": rps, "p50_ms": p50, "p99_ms": p99, "cpu_us": cpu_us}
+
+
+def in_uvicorn(seconds: int, repeats: int = 3) -> list[dict[str, Any]]:
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed (apt-get install wrk); part 2 needs it")
+    rows = []
+    servers = {mode: start_server(mode) for mode in ("baseline", "guard")}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for label, size in SIZES.items():
+                body = Path(tmp) / f"{label}.json"
+                body.write_bytes(chat_body(size))
+                script = Path(tmp) / f"{label}.lua"
+                script.write_text(LUA.format(issuer=ISSUER, body=body))
+                for connections in CONCURRENCY:
+                    result: dict[str, Any] = {"size": label, "connections": connections}
+                    for mode in ("baseline", "guard"):  # warm both, then measure side by side
+                        wrk(servers[mode][1], script, connections, 1, servers[mode][0].pid)
+                    runs: dict[str, list[dict[str, float]]] = {"baseline": [], "guard": []}
+                    for _ in range(repeats):  # alternate, so drift in the machine hits both alike
+                        for mode in ("baseline", "guard"):
+                            runs[mode].append(wrk(servers[mode][1], script, connections, seconds,
+                                                  servers[mode][0].pid))
+                    for mode, samples in runs.items():
+                        result[mode] = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+                    rows.append(result)
+    finally:
+        for proc, _port in servers.values():
+            proc.terminate()
+            proc.wait(timeout=10)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=int, default=3, help="wrk duration per measurement")
+    parser.add_argument("--repeats", type=int, default=5, help="alternating runs per cell (median)")
+    parser.add_argument("--serve", nargs=2, metavar=("MODE", "PORT"), help=argparse.SUPPRESS)
+    parser.add_argument("--in-process-only", action="store_true")
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve(args.serve[0], int(args.serve[1]))
+        return 0
+    print("1. per request, in process (microseconds added to an app that does nothing)")
+    print(f"{'body':>6} {'app alone':>10} {'+ guard':>9} {'+ naive decode/encode':>22}")
+    for r in in_process():
+        print(f"{r['size']:>6} {r['baseline_us']:>9.2f} {r['guard_us']:>9.2f} {r['naive_us']:>22.2f}")
+    if args.in_process_only:
+        return 0
+    print(f"\n2. inside uvicorn, wrk, median of {args.repeats} alternating {args.seconds} s runs per cell")
+    print(f"{'body':>6} {'conns':>5} {'req/s base':>10} {'req/s guard':>11} {'ratio':>6} "
+          f"{'p50 ms b/g':>13} {'p99 ms b/g':>15} {'CPU us/req b/g':>15} {'added':>6}")
+    for r in in_uvicorn(args.seconds, args.repeats):
+        b, g = r["baseline"], r["guard"]
+        print(f"{r['size']:>6} {r['connections']:>5} {b['rps']:>10.0f} {g['rps']:>11.0f} {g['rps'] / b['rps']:>6.3f} "
+              f"{b['p50_ms']:>6.2f}/{g['p50_ms']:<6.2f} {b['p99_ms']:>7.2f}/{g['p99_ms']:<7.2f} "
+              f"{b['cpu_us']:>7.0f}/{g['cpu_us']:<7.0f} {g['cpu_us'] - b['cpu_us']:>6.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
