@@ -34,7 +34,7 @@ def scaled_config(tenants: int, models: int) -> dict[str, Any]:
         "vllm-gke:cluster": {"name": "bench", "zones": ["us-central1-a"]},
         "vllm-gke:nodePools": [{"name": "mig", "machineType": "a2-highgpu-8g", "gpuPartitionSize": "3g.20gb",
                                 "minNodes": 1, "maxNodes": max(1, -(-slots // 16))}],
-        "vllm-gke:serverImage": {"repository": "example.com/vllm-server", "tag": "v0.11.0-gke.1"},
+        "vllm-gke:serverImage": {"repository": "example.com/vllm-server", "tag": "v0.34.0-gke.1"},
         "vllm-gke:models": [{
             "name": f"model-{i}", "source": f"hf://org/model-{i}", "shape": "qwen2.5-1.5b",
             "maxModelLen": 4096, "nodePool": "mig",
@@ -43,7 +43,8 @@ def scaled_config(tenants: int, models: int) -> dict[str, Any]:
         } for i in range(models)],
         "vllm-gke:tenants": [{
             "name": f"tenant-{t}",
-            "jwt": {"issuer": f"https://auth.example/t{t}", "jwksUri": f"https://auth.example/t{t}/jwks"},
+            "jwt": {"issuer": f"https://auth.example/t{t}", "jwksUri": f"https://auth.example/t{t}/jwks",
+                    "audiences": ["bench"]},
             "models": sorted({f"model-{(t + k) % models}" for k in range(MODELS_PER_TENANT)}),
             "rateLimit": {"requestsPerMinute": 600}, "maxTokens": 1024,
         } for t in range(tenants)],

@@ -11,6 +11,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
+from components.gcp_names import service_account_id
 from components.k8s_meta import COMPUTE_CLASS_LABEL, NODE_POOL_LABEL, custom_resource, meta
 from components.options import child_opts
 from components.project_apis import ProjectApis
@@ -25,7 +26,6 @@ NODE_ROLES = (
 )
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
-PROXY_ONLY_CIDR = "10.129.0.0/23"
 
 
 @dataclass
@@ -136,9 +136,9 @@ class GpuCluster(pulumi.ComponentResource):
         # Regional Application Load Balancers (the Gateway classes used here) need a proxy-only subnet.
         self.proxy_subnetwork = gcp.compute.Subnetwork(
             f"{name}-proxy-subnet", name=f"{spec.name}-proxy-only", project=args.project,
-            region=args.region, network=self.network.id, ip_cidr_range=PROXY_ONLY_CIDR,
+            region=args.region, network=self.network.id, ip_cidr_range=spec.proxy_only_cidr,
             purpose="REGIONAL_MANAGED_PROXY", role="ACTIVE", opts=compute)
-        self.proxy_only_cidr = PROXY_ONLY_CIDR
+        self.proxy_only_cidr = spec.proxy_only_cidr
         router = gcp.compute.Router(
             f"{name}-router", name=f"{spec.name}-router", project=args.project, region=args.region,
             network=self.network.id, opts=compute)
@@ -149,7 +149,7 @@ class GpuCluster(pulumi.ComponentResource):
             source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES", opts=compute)
 
         self.node_service_account = gcp.serviceaccount.Account(
-            f"{name}-nodes-sa", account_id=f"{spec.name}-nodes"[:30].rstrip("-"), project=args.project,
+            f"{name}-nodes-sa", account_id=service_account_id(spec.name, "nodes"), project=args.project,
             display_name=f"GKE nodes of {spec.name} (least privilege)", opts=needs("iam.googleapis.com"))
         for role in NODE_ROLES:
             gcp.projects.IAMMember(

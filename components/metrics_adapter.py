@@ -31,6 +31,7 @@ class MetricsAdapterArgs:
     provider: k8s.Provider
     # GpuCluster.workload_pool: the binding must wait for the cluster that creates the pool.
     workload_pool: pulumi.Input[str]
+    # A valid service account id (components.gcp_names.service_account_id derives one).
     gsa_name: str = "metrics-adapter"
     image: ImageRef = DEFAULT_IMAGE
     apis: Optional[ProjectApis] = None
@@ -47,7 +48,7 @@ class MetricsAdapter(pulumi.ComponentResource):
         k8s_opts = child_opts(self, opts, provider=args.provider)
 
         gsa = gcp.serviceaccount.Account(
-            f"{name}-gsa", account_id=args.gsa_name[:30], project=args.project,
+            f"{name}-gsa", account_id=args.gsa_name, project=args.project,
             display_name="Custom Metrics Stackdriver Adapter (reads Cloud Monitoring)",
             opts=gcp_opts("iam.googleapis.com"))
         gcp.projects.IAMMember(f"{name}-monitoring-viewer", project=args.project, role="roles/monitoring.viewer",

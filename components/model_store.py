@@ -15,6 +15,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
+from components.gcp_names import service_account_id
 from components.k8s_meta import WEIGHTS_READY_MARKER, custom_resource, meta
 from components.options import child_opts
 from components.project_apis import ProjectApis
@@ -148,7 +149,7 @@ class ModelStore(pulumi.ComponentResource):
 
         # Loader identity: reads the HF token from Secret Manager and gs:// sources, nothing else.
         self.loader_gsa = gcp.serviceaccount.Account(
-            f"{name}-loader-gsa", account_id=f"{instance_name}-loader"[:30].rstrip("-"), project=args.project,
+            f"{name}-loader-gsa", account_id=service_account_id(instance_name, "loader"), project=args.project,
             display_name="vllm-gke weights loader", opts=gcp_opts("iam.googleapis.com"))
         loader_member = self.loader_gsa.email.apply(lambda e: f"serviceAccount:{e}")
         if args.weights.hf_token_kubernetes_secret is None:

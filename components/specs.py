@@ -50,6 +50,54 @@ def _utc_time(value: str) -> str:
 
 UtcTime = Annotated[str, AfterValidator(_utc_time)]
 
+_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_HOSTNAME = re.compile(r"^(\*\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+[a-z][-a-z0-9]{0,61}[a-z0-9]$")
+_EMAIL = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,}$")
+# A Docker tag; digests are checked separately.
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_REPOSITORY = re.compile(r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$")
+# A git branch, tag, commit or Hugging Face ref (refs/pr/1); never a path out of the model's folder.
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
+_SECRET_ID = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+# What a credential looks like: a Hugging Face token, or a long run of key-like characters.
+_TOKEN_LIKE = re.compile(r"^(hf_[A-Za-z0-9]{20,}|[A-Za-z0-9+/_=-]{40,})$")
+
+
+def _k8s_name(value: str) -> str:
+    if len(value) > 253 or not _K8S_NAME.match(value):
+        raise ValueError(f"'{value}' is not a Kubernetes object name: use lowercase letters, digits, '-' "
+                         "and '.', starting and ending with a letter or digit")
+    return value
+
+
+def _hostname(value: str) -> str:
+    if len(value) > 253 or not _HOSTNAME.match(value):
+        raise ValueError(f"'{value}' is not a DNS hostname like llm.example.com (lowercase, optionally '*.' first)")
+    return value
+
+
+def _email(value: str) -> str:
+    if not _EMAIL.match(value):
+        raise ValueError(f"'{value}' is not an e-mail address like oncall@example.com")
+    return value
+
+
+def _cidr(value: str) -> str:
+    import ipaddress
+
+    try:
+        ipaddress.ip_network(value, strict=True)
+    except ValueError:
+        raise ValueError(f"'{value}' is not a CIDR range like 10.0.0.0/20 (address bits past the prefix "
+                         "must be zero)") from None
+    return value
+
+
+K8sName = Annotated[str, AfterValidator(_k8s_name)]
+Hostname = Annotated[str, AfterValidator(_hostname)]
+Email = Annotated[str, AfterValidator(_email)]
+Cidr = Annotated[str, AfterValidator(_cidr)]
+
 
 class Spec(BaseModel):
     model_config = ConfigDict(
@@ -61,6 +109,22 @@ class ImageRef(Spec):
     repository: str
     tag: Optional[str] = None
     digest: Optional[str] = None
+
+    @field_validator("repository")
+    @classmethod
+    def _repository(cls, v: str) -> str:
+        if not _REPOSITORY.match(v):
+            raise ValueError(f"'{v}' is not an image repository like us-central1-docker.pkg.dev/proj/repo/name "
+                             "(no tag or digest here: use `tag` or `digest`)")
+        return v
+
+    @field_validator("tag")
+    @classmethod
+    def _tag(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not _TAG.match(v):
+            raise ValueError(f"tag '{v}' is not a Docker tag: 1-128 of letters, digits, '_', '.', '-', "
+                             "not starting with '.' or '-'")
+        return v
 
     @model_validator(mode="after")
     def _pinned(self) -> "ImageRef":
@@ -78,19 +142,8 @@ class ImageRef(Spec):
 
 
 class AuthorizedNetwork(Spec):
-    cidr: str
+    cidr: Cidr
     display_name: str = "authorized"
-
-    @field_validator("cidr")
-    @classmethod
-    def _cidr(cls, v: str) -> str:
-        import ipaddress
-
-        try:
-            ipaddress.ip_network(v, strict=True)
-        except ValueError:
-            raise ValueError(f"'{v}' is not a CIDR range like 203.0.113.0/24") from None
-        return v
 
 
 class MaintenanceWindow(Spec):
@@ -130,10 +183,13 @@ class ClusterSpec(Spec):
     # Total system nodes across all zones (not per zone); the pool autoscales up to systemMaxNodes.
     system_nodes: int = Field(default=1, ge=1, le=10)
     system_max_nodes: Optional[int] = Field(default=None, ge=1, le=20)
-    subnet_cidr: str = "10.10.0.0/20"
-    pods_cidr: str = "10.20.0.0/14"
-    services_cidr: str = "10.24.0.0/20"
-    master_cidr: str = "172.16.0.0/28"
+    subnet_cidr: Cidr = "10.10.0.0/20"
+    pods_cidr: Cidr = "10.20.0.0/14"
+    services_cidr: Cidr = "10.24.0.0/20"
+    # The control plane's private range: exactly a /28 (GKE's requirement).
+    master_cidr: Cidr = "172.16.0.0/28"
+    # The proxy-only subnet regional load balancers' Envoys use (one per region and VPC).
+    proxy_only_cidr: Cidr = "10.129.0.0/23"
     private_nodes: bool = True
     deletion_protection: bool = True
     # Cloud Service Mesh (managed Istio) enforces the tenants' JWT and authorization policies.
@@ -148,6 +204,26 @@ class ClusterSpec(Spec):
     @property
     def system_pool_max(self) -> int:
         return max(self.system_nodes, self.system_max_nodes or self.system_nodes)
+
+    @field_validator("master_cidr")
+    @classmethod
+    def _slash_28(cls, v: str) -> str:
+        if not v.endswith("/28"):
+            raise ValueError(f"'{v}' must be a /28: GKE takes exactly 16 addresses for the control plane")
+        return v
+
+    @field_validator("zones")
+    @classmethod
+    def _zone_names(cls, v: list[str]) -> list[str]:
+        for zone in v:
+            if not re.fullmatch(r"[a-z]+-[a-z]+[0-9]+-[a-z]", zone):
+                hint = " (that is a region; zones are like us-central1-a)" if re.fullmatch(
+                    r"[a-z]+-[a-z]+[0-9]+", zone) else ""
+                raise ValueError(f"'{zone}' is not a zone like us-central1-a{hint}")
+        dupes = sorted({z for z in v if v.count(z) > 1})
+        if dupes:
+            raise ValueError(f"zones {dupes} are listed more than once")
+        return v
 
     @field_validator("system_machine_type")
     @classmethod
@@ -215,6 +291,13 @@ class NodePoolSpec(Spec):
             )
         return v
 
+    @model_validator(mode="after")
+    def _twin_name(self) -> "NodePoolSpec":
+        if self.has_fallback_pool and len(f"{self.name}-ondemand") > 40:
+            raise ValueError(f"name '{self.name}' is too long for a spot pool: its on-demand twin "
+                             f"'{self.name}-ondemand' exceeds GKE's 40 characters; use at most 31")
+        return self
+
     @field_validator("max_nodes")
     @classmethod
     def _nodes(cls, v: int, info: ValidationInfo) -> int:
@@ -241,6 +324,49 @@ class NodePoolSpec(Spec):
     @property
     def has_fallback_pool(self) -> bool:
         return self.spot and self.on_demand_fallback
+
+
+# vLLM options the platform sets itself, by argparse dest, and the config key to use instead.
+MANAGED_VLLM_OPTIONS: dict[str, str] = {
+    "model": "the weights are the shared read-only copy: set models[].source",
+    "model_tag": "the weights are the shared read-only copy: set models[].source",
+    "download_dir": "replicas never download: weights come read-only from the shared store",
+    "load_format": "weights come read-only from the shared store",
+    "served_model_name": "set models[].name",
+    "host": "the platform binds the server", "port": "the platform binds the server",
+    "uds": "the platform binds the server", "root_path": "routes come from the Gateway",
+    "middleware": "the platform loads its tenant guard there",
+    "tensor_parallel_size": "set models[].tensorParallelSize",
+    "max_model_len": "set models[].maxModelLen or the pool's maxModelLen",
+    "max_num_seqs": "set the pool's maxNumSeqs", "max_num_batched_tokens": "set the pool's maxNumBatchedTokens",
+    "gpu_memory_utilization": "set models[].gpuMemoryUtilization",
+    "enable_prefix_caching": "set models[].enablePrefixCaching",
+    "enable_chunked_prefill": "set models[].enableChunkedPrefill",
+    "dtype": "set models[].dtype", "quantization": "set models[].dtype", "kv_cache_dtype": "set models[].kvCacheDtype",
+    "api_key": "a secret on the command line; tenants authenticate with JWTs at the mesh",
+    "hf_token": "a secret on the command line; only the loader holds the token",
+}
+_MANAGED_LONG_FLAGS = {f"--{d.replace('_', '-')}": d for d in MANAGED_VLLM_OPTIONS}
+_MANAGED_LONG_FLAGS.update({f"--no-{k[2:]}": d for k, d in list(_MANAGED_LONG_FLAGS.items())})
+_MANAGED_LONG_FLAGS.update({"--disable-prefix-caching": "enable_prefix_caching",
+                            "--disable-chunked-prefill": "enable_chunked_prefill"})
+
+
+def normalise_flag(arg: str) -> str:
+    """An option as vLLM's FlexibleArgumentParser reads it: '--max_model_len=8' -> '--max-model-len'."""
+    if not arg.startswith("--"):
+        return arg
+    return "--" + arg[2:].split("=", 1)[0].replace("_", "-")
+
+
+def extra_arg_problem(arg: str) -> Optional[str]:
+    """Why an extraArgs entry is refused, before any vLLM snapshot is consulted; None if not."""
+    dest = _MANAGED_LONG_FLAGS.get(normalise_flag(arg))
+    if dest is not None:
+        return f"extraArgs may not set {normalise_flag(arg)}: {MANAGED_VLLM_OPTIONS[dest]}"
+    if _TOKEN_LIKE.match(arg.split("=", 1)[-1]):
+        return "extraArgs holds what looks like a credential; secrets never go on a command line"
+    return None
 
 
 class CustomShape(Spec):
@@ -305,8 +431,19 @@ class ModelSpec(Spec):
     @field_validator("source")
     @classmethod
     def _source(cls, v: str) -> str:
-        if not re.fullmatch(r"(hf://[\w.-]+/[\w.-]+|gs://[a-z0-9][\w.-]*(/[\w./-]*)?)", v):
-            raise ValueError(f"source '{v}' must be hf://<org>/<repo> or gs://<bucket>/<path>")
+        hf = r"hf://[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
+        gs = r"gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[A-Za-z0-9._-]+)*/?"
+        if not re.fullmatch(f"({hf}|{gs})", v) or "/../" in v + "/" or "/./" in v + "/":
+            raise ValueError(f"source '{v}' must be hf://<org>/<repo> or gs://<bucket>/<path> (letters, digits, "
+                             "'.', '_', '-'; no '..' segments)")
+        return v
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, v: str) -> str:
+        if len(v) > 255 or not _REVISION.fullmatch(v) or ".." in v or v.endswith((".lock", "/", ".")):
+            raise ValueError(f"revision '{v}' is not a git branch, tag or commit (like main, v1.0, a 40-character "
+                             "sha or refs/pr/1)")
         return v
 
     @field_validator("shape")
@@ -321,12 +458,11 @@ class ModelSpec(Spec):
 
     @field_validator("extra_args")
     @classmethod
-    def _no_download_flags(cls, v: list[str]) -> list[str]:
+    def _unmanaged_flags(cls, v: list[str]) -> list[str]:
         for arg in v:
-            if arg.split("=")[0] in {"--download-dir", "--load-format", "--model"}:
-                raise ValueError(
-                    f"extraArgs may not set {arg.split('=')[0]}: weights come read-only from the shared store"
-                )
+            problem = extra_arg_problem(arg)
+            if problem:
+                raise ValueError(problem)
         return v
 
     @property
@@ -351,14 +487,19 @@ class ModelSpec(Spec):
 class JwtSpec(Spec):
     issuer: str
     jwks_uri: str
-    audiences: list[str] = Field(default_factory=list)
+    # Required: without audiences the mesh accepts a token the issuer minted for any other service.
+    audiences: list[str] = Field(min_length=1)
 
     @field_validator("issuer", "jwks_uri")
     @classmethod
     def _https(cls, v: str) -> str:
-        if not v.startswith("https://"):
-            raise ValueError(f"'{v}' must be an https:// URL")
-        return v
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(v)
+        if parts.scheme != "https" or not parts.hostname or not _HOSTNAME.match(parts.hostname) \
+                or any(c.isspace() for c in v) or parts.query or parts.fragment:
+            raise ValueError(f"'{v}' must be an https:// URL with a DNS host and no query or fragment")
+        return v.rstrip("/") if parts.path in ("", "/") else v
 
 
 class RateLimitSpec(Spec):
@@ -376,6 +517,15 @@ class TenantSpec(Spec):
     name: Name
     jwt: JwtSpec
     models: list[Name] = Field(min_length=1)
+
+    @field_validator("models")
+    @classmethod
+    def _unique_models(cls, v: list[str]) -> list[str]:
+        dupes = sorted({m for m in v if v.count(m) > 1})
+        if dupes:
+            raise ValueError(f"models {dupes} are listed more than once")
+        return v
+
     rate_limit: RateLimitSpec
     max_tokens: int = Field(ge=1, le=131072)
     dedicated: Optional[DedicatedSpec] = None
@@ -386,9 +536,9 @@ class GatewaySpec(Spec):
     class_name: Literal[
         "gke-l7-regional-external-managed", "gke-l7-rilb", "gke-l7-global-external-managed"
     ] = "gke-l7-rilb"
-    hostname: Optional[str] = None
+    hostname: Optional[Hostname] = None
     # TLS from an existing kubernetes.io/tls Secret in the serving namespace...
-    tls_secret_name: Optional[str] = None
+    tls_secret_name: Optional[K8sName] = None
     # ...or a Google-managed Certificate Manager certificate for `hostname` (DNS authorization:
     # create the CNAME record the stack exports as `dnsAuthorization`).
     managed_certificate: bool = False
@@ -422,8 +572,15 @@ class GatewaySpec(Spec):
 
 
 class SecretKeyRef(Spec):
-    name: Name
+    name: K8sName
     key: str = "token"
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        if not re.fullmatch(r"[-._A-Za-z0-9]{1,253}", v):
+            raise ValueError(f"'{v}' is not a Secret data key: letters, digits, '-', '_' or '.'")
+        return v
 
 
 class WeightsSpec(Spec):
@@ -434,6 +591,16 @@ class WeightsSpec(Spec):
     # Secret Manager secret holding the Hugging Face token; the loader mounts it through the
     # GKE Secret Manager CSI add-on, so the token never enters Pulumi state or a manifest.
     secret_manager_secret: str = "hf-token"
+
+    @field_validator("secret_manager_secret")
+    @classmethod
+    def _secret_id(cls, v: str) -> str:
+        if _TOKEN_LIKE.match(v):
+            raise ValueError("looks like a token itself: give the Secret Manager secret's id (e.g. hf-token), "
+                             "never the token; put the token in Secret Manager with gcloud secrets create")
+        if not _SECRET_ID.match(v):
+            raise ValueError(f"'{v}' is not a Secret Manager secret id: 1-255 letters, digits, '_' or '-'")
+        return v
     # Or: an existing Kubernetes Secret in the loader namespace (e.g. synced from Secret Manager
     # by External Secrets); the loader then reads HF_TOKEN through a secretKeyRef.
     hf_token_kubernetes_secret: Optional[SecretKeyRef] = None
@@ -446,7 +613,7 @@ class WeightsSpec(Spec):
 
 
 class MonitoringSpec(Spec):
-    notification_emails: list[str] = Field(default_factory=list)
+    notification_emails: list[Email] = Field(default_factory=list)
     queue_latency_slo_seconds: float = Field(default=2.0, gt=0)
     ttft_slo_seconds: float = Field(default=3.0, gt=0)
     kv_cache_alert_ratio: float = Field(default=0.95, gt=0, le=1)

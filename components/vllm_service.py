@@ -20,6 +20,7 @@ from components.k8s_meta import BASE_LABELS, MODEL_LABEL, POOL_LABEL, TENANT_LAB
 from components.model_store import MOUNT_PATH, model_dir, ready_marker
 from components.options import child_opts
 from components.specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
+from components.vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
 
 PORT = 8000
 WARM_MARKER = "/tmp/vllm-gke-warm"
@@ -53,8 +54,8 @@ def disruption_budget(pool: ServingPoolSpec) -> dict[str, Any]:
     return {"minAvailable": 1} if pool.min_replicas == 1 else {"maxUnavailable": 1}
 
 
-def vllm_args(model: ModelSpec, pool: ServingPoolSpec) -> list[str]:
-    """Flags for `vllm serve`, following GKE's vLLM serving guides."""
+def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: VllmRelease = release(DEFAULT_VLLM_VERSION)) -> list[str]:
+    """Flags for `vllm serve` of release `rel`, following GKE's vLLM serving guides."""
     args = [
         model_dir(model),
         "--served-model-name", model.name,
@@ -63,10 +64,10 @@ def vllm_args(model: ModelSpec, pool: ServingPoolSpec) -> list[str]:
         "--max-model-len", str(model.pool_max_model_len(pool)),
         "--max-num-seqs", str(pool.max_num_seqs),
         "--gpu-memory-utilization", f"{model.gpu_memory_utilization:g}",
-        "--enable-prefix-caching" if model.enable_prefix_caching else "--no-enable-prefix-caching",
+        "--enable-prefix-caching" if model.enable_prefix_caching else rel.disable_prefix_caching,
+        # Explicit either way: releases differ in their defaults and in the off switch's name.
+        "--enable-chunked-prefill" if model.enable_chunked_prefill else rel.disable_chunked_prefill,
     ]
-    if model.enable_chunked_prefill:
-        args.append("--enable-chunked-prefill")
     if pool.max_num_batched_tokens:
         args += ["--max-num-batched-tokens", str(pool.max_num_batched_tokens)]
     if model.dtype in ("bfloat16", "float16"):
@@ -103,6 +104,7 @@ class VllmServiceArgs:
     # Per-issuer max_tokens caps and rate limits the in-server guard enforces.
     guard_config: Mapping[str, Any] = field(default_factory=dict)
     tenant: Optional[str] = None
+    release: VllmRelease = field(default_factory=lambda: release(DEFAULT_VLLM_VERSION))
 
 
 class VllmService(pulumi.ComponentResource):
@@ -165,7 +167,7 @@ class VllmService(pulumi.ComponentResource):
                             "name": "vllm",
                             "image": args.image.uri,
                             "command": ["python3", "/opt/vllm-gke/serve.py"],
-                            "args": vllm_args(model, pool),
+                            "args": vllm_args(model, pool, args.release),
                             "ports": [{"name": "http", "containerPort": PORT}],
                             "env": [
                                 *RUNTIME_ENV,

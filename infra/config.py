@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Optional
 
 import pulumi
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
-from infra.capacity import gpu_slots_by_pool, pool_capacity
 from components.specs import (
     ClusterSpec, CostSpec, GatewaySpec, ImageRef, ModelSpec, MonitoringSpec, Name, NodePoolSpec,
     Spec, TenantSpec, WeightsSpec,
 )
+from components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
 
 PROJECT = "vllm-gke"
 # Fields that live in another provider's namespace in stack config.
@@ -53,11 +53,20 @@ class StackConfig(Spec):
     models: list[ModelSpec] = Field(min_length=1)
     tenants: list[TenantSpec] = Field(default_factory=list)
     server_image: ImageRef
+    # The vLLM release the server image is built on (see components/vllm_versions.py).
+    vllm_version: str = DEFAULT_VLLM_VERSION
     serving_namespace: Name = "vllm"
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
     weights: WeightsSpec = Field(default_factory=WeightsSpec)
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
     cost: CostSpec = Field(default_factory=CostSpec)
+
+    @field_validator("vllm_version")
+    @classmethod
+    def _supported(cls, v: str) -> str:
+        if v not in RELEASES:
+            raise ValueError(f"vLLM {v} is not supported; use one of {', '.join(RELEASES)}")
+        return v
 
     def pool(self, name: str) -> NodePoolSpec:
         return next(p for p in self.node_pools if p.name == name)
@@ -87,79 +96,6 @@ def _problem(err: Mapping[str, Any]) -> str:
     return msg
 
 
-def _semantic_issues(cfg: StackConfig) -> list[ConfigIssue]:
-    issues: list[ConfigIssue] = []
-    add = lambda key, problem: issues.append(ConfigIssue(f"{PROJECT}:{key}", problem))  # noqa: E731
-    for field, items in (("nodePools", cfg.node_pools), ("models", cfg.models), ("tenants", cfg.tenants)):
-        for name, n in Counter(i.name for i in items).items():
-            if n > 1:
-                add(field, f"name '{name}' is used {n} times; names must be unique")
-    pools = {p.name: p for p in cfg.node_pools}
-    models = {m.name: m for m in cfg.models}
-
-    def check_placement(key: str, model: ModelSpec, pool_name: str) -> None:
-        pool = pools.get(pool_name)
-        if pool is None:
-            add(f"{key}.nodePool", f"node pool '{pool_name}' does not exist; use one of "
-                f"{', '.join(pools)} or add it under vllm-gke:nodePools")
-            return
-        tp = model.tensor_parallel_size
-        if pool.gpu_partition_size and tp > 1:
-            add(f"{key}.tensorParallelSize", f"is {tp} but pool '{pool.name}' is MIG-partitioned "
-                f"({pool.gpu_partition_size}); MIG slices cannot be joined, so set it to 1 or use a pool "
-                "without gpuPartitionSize")
-        elif pool.machine.gpus % tp:
-            add(f"{key}.tensorParallelSize", f"is {tp} but {pool.machine_type} has {pool.machine.gpus} "
-                "GPU(s) per node; use a divisor of that, or a larger machine type")
-        where = (f"one {pool.gpu_partition_size} MIG slice" if pool.gpu_partition_size
-                 else f"one {pool.machine_type} GPU")
-        for which in ("short", "long"):
-            row = pool_capacity(model, which, getattr(model, which), pool)
-            if row.fits:
-                continue
-            if row.kv_budget_gb <= 0:  # the weights alone overflow: same for both pools
-                add(key, f"model '{model.name}' on {where} of pool '{pool.name}': {row.problem}; {row.fix()}")
-                break
-            add(f"{key}.{which}" if key.startswith("models") else key,
-                f"model '{model.name}' ({which} pool) on {where} of pool '{pool.name}': {row.problem}; "
-                f"{row.fix()}")
-
-    for i, model in enumerate(cfg.models):
-        key = f"models[{i}]"
-        check_placement(key, model, model.node_pool)
-        for pool_name in ("short", "long"):
-            pool = getattr(model, pool_name)
-            if pool.max_model_len and pool.max_model_len > model.max_model_len:
-                add(f"{key}.{pool_name}.maxModelLen", f"{pool.max_model_len} exceeds the model's "
-                    f"maxModelLen {model.max_model_len}; lower it or raise models[{i}].maxModelLen")
-    for i, tenant in enumerate(cfg.tenants):
-        for model_name in tenant.models:
-            if model_name not in models:
-                add(f"tenants[{i}].models", f"model '{model_name}' is not declared; use one of "
-                    f"{', '.join(models)} or add it under vllm-gke:models")
-        if tenant.dedicated:
-            for model_name in tenant.dedicated.models:
-                if model_name not in tenant.models:
-                    add(f"tenants[{i}].dedicated.models", f"'{model_name}' must also be listed in "
-                        f"tenants[{i}].models")
-                elif model_name in models:
-                    check_placement(f"tenants[{i}].dedicated", models[model_name], tenant.dedicated.node_pool)
-    for name, needed in gpu_slots_by_pool(cfg).items():
-        pool = pools.get(name)
-        if pool is None:
-            continue  # reported above as an unknown nodePool
-        offered = pool.max_nodes * pool.slices_per_node
-        if needed > offered:
-            idx = cfg.node_pools.index(pool)
-            add(f"nodePools[{idx}].maxNodes", f"pool '{name}' offers at most {offered} GPU slot(s) "
-                f"({pool.max_nodes} node(s) x {pool.slices_per_node}) but its models' minReplicas need "
-                f"{needed}; raise maxNodes or lower minReplicas")
-    if cfg.gateway.external and not cfg.tenants:
-        add("tenants", "an external Gateway needs at least one tenant: with none, every request is "
-            "denied; add a tenant or use gateway.className gke-l7-rilb")
-    return issues
-
-
 def parse(values: Mapping[str, Any], source: str = "stack config") -> StackConfig:
     """Build a StackConfig from {field alias or gcp key: value}; raise ConfigError on any problem."""
     data = {}
@@ -176,7 +112,9 @@ def parse(values: Mapping[str, Any], source: str = "stack config") -> StackConfi
         cfg = None
         issues += [ConfigIssue(config_key(e["loc"]), _problem(e)) for e in exc.errors()]
     if cfg is not None:
-        issues += _semantic_issues(cfg)
+        from infra.config_rules import cross_field_issues
+
+        issues += cross_field_issues(cfg)
     if issues:
         raise ConfigError(issues, source)
     assert cfg is not None
@@ -191,12 +129,30 @@ def _decode(raw: str) -> Any:
         return raw
 
 
+def environment_config() -> dict[str, str]:
+    """PULUMI_CONFIG, as older language hosts pass config: a JSON object of strings."""
+    import os
+
+    text = os.environ.get("PULUMI_CONFIG")
+    if not text:
+        return {}
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError([ConfigIssue("PULUMI_CONFIG", f"is not JSON ({exc}); it must be a JSON object of "
+                                       "config keys, as `pulumi up` sets it")], "environment") from None
+    if not isinstance(doc, dict):
+        raise ConfigError([ConfigIssue("PULUMI_CONFIG", f"is a JSON {type(doc).__name__}, not an object of config "
+                                       "keys")], "environment")
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in doc.items()}
+
+
 def load() -> StackConfig:
     """Read the running stack's config (under `pulumi up` or the offline plan's mocks)."""
-    from pulumi.runtime.config import CONFIG, get_config_env
+    from pulumi.runtime.config import CONFIG
 
     # The language host sets CONFIG; older hosts only pass PULUMI_CONFIG in the environment.
-    raw = {**get_config_env(), **CONFIG.get()}
+    raw = {**environment_config(), **CONFIG.get()}
     values = {k: _decode(v) for k, v in raw.items()
               if k.startswith(f"{PROJECT}:") or k in FOREIGN_KEYS.values()}
     return parse(values, f"config of stack '{pulumi.get_stack()}'")

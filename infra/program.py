@@ -11,6 +11,7 @@ from typing import Any
 import pulumi
 
 from components.gateway import Gateway, GatewayArgs, RouteTarget
+from components.gcp_names import service_account_id
 from components.gpu_cluster import GpuCluster, GpuClusterArgs
 from components.mesh_namespace import GOOGLE_HEALTH_CHECK_RANGES, MeshNamespace, MeshNamespaceArgs, TrustedSources
 from components.mesh_readiness import MeshReadiness, MeshReadinessArgs
@@ -22,6 +23,7 @@ from components.specs import ModelSpec, TenantSpec
 from components.serving_api import guard_config, tenant_routes
 from components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host
 from components.vllm_service import VllmService, VllmServiceArgs
+from components.vllm_versions import release
 from infra.config import StackConfig
 
 BASE_APIS = (
@@ -76,7 +78,7 @@ def build(cfg: StackConfig) -> Platform:
     # HPAs on vLLM's queue depth read it through the custom metrics API.
     adapter = MetricsAdapter("metrics-adapter", MetricsAdapterArgs(
         project=cfg.project, provider=provider, workload_pool=cluster.workload_pool,
-        gsa_name=f"{cfg.cluster.name}-metrics", apis=apis))
+        gsa_name=service_account_id(cfg.cluster.name, "metrics"), apis=apis))
     sources = TrustedSources(
         health_checks=[*GOOGLE_HEALTH_CHECK_RANGES, cluster.proxy_only_cidr],
         metrics=[cfg.cluster.pods_cidr, cfg.cluster.subnet_cidr])
@@ -101,6 +103,7 @@ def build(cfg: StackConfig) -> Platform:
                         metrics_adapter=adapter, tenants=tenants)
 
     targets: list[RouteTarget] = []
+    rel = release(cfg.vllm_version)
 
     def serve(key: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
               callers: list[TenantSpec], tenant: str | None = None) -> dict[str, str]:
@@ -109,7 +112,7 @@ def build(cfg: StackConfig) -> Platform:
             svc = VllmService(f"{key}-{which}", VllmServiceArgs(
                 model=model, pool_name=which, pool=getattr(model, which), node_pool=cfg.pool(pool_name),
                 namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
-                provider=provider, guard_config=guard_config(callers, tenant_routes()), tenant=tenant),
+                provider=provider, guard_config=guard_config(callers, tenant_routes(), rel.max_tokens_rule), release=rel, tenant=tenant),
                 # Pods need the sidecar (so the mesh first) and the read-only claim.
                 opts=pulumi.ResourceOptions(depends_on=[mesh, store]))
             platform.services[f"{key}-{which}"] = svc

@@ -126,7 +126,9 @@ def test_replica_bounds_and_duplicates(dev_values):
 
 
 def test_duplicate_tenant_names(dev_values):
-    dev_values["vllm-gke:tenants"].append(copy.deepcopy(dev_values["vllm-gke:tenants"][0]))
+    twin = copy.deepcopy(dev_values["vllm-gke:tenants"][0])
+    twin["jwt"]["issuer"] = "https://auth.example/twin"
+    dev_values["vllm-gke:tenants"].append(twin)
     assert "name 'dev-team' is used 2 times" in one_issue(dev_values)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from components.vllm_versions import release
+
 import pytest
 
 from components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec

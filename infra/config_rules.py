@@ -1,0 +1,205 @@
+"""Checks across config keys: what each key accepts alone is in components/specs.py; what the
+keys must agree on - names, references, address ranges, capacity, tenants, the vLLM release -
+is here. Every problem names the key to change and how."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import Counter
+from typing import TYPE_CHECKING, Callable
+
+from components.specs import MANAGED_VLLM_OPTIONS, ModelSpec
+from components.vllm_versions import release
+from infra.capacity import gpu_slots_by_pool, pool_capacity
+from infra.vllm_argv import check_argv, load_snapshot, normalise
+
+if TYPE_CHECKING:
+    from infra.config import ConfigIssue, StackConfig
+
+PROJECT = "vllm-gke"
+# Namespaces the platform (or Kubernetes, or the mesh) owns.
+RESERVED_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", "istio-system", "gke-managed-system",
+                       "gmp-system", "gmp-public", "custom-metrics", "vllm-gke-system", "vllm-gke-mesh-check"}
+
+Add = Callable[[str, str], None]
+
+
+def cross_field_issues(cfg: "StackConfig") -> list["ConfigIssue"]:
+    from infra.config import ConfigIssue
+
+    issues: list[ConfigIssue] = []
+
+    def add(key: str, problem: str) -> None:
+        issues.append(ConfigIssue(f"{PROJECT}:{key}" if ":" not in key else key, problem))
+
+    for check in (_unique_names, _placements, _tenant_models, _gpu_slots, _gateway, _network, _zones,
+                  _issuers, _namespaces, _vllm_release, _chunked_prefill):
+        check(cfg, add)
+    return issues
+
+
+def _unique_names(cfg: "StackConfig", add: Add) -> None:
+    for field, items in (("nodePools", cfg.node_pools), ("models", cfg.models), ("tenants", cfg.tenants)):
+        for name, n in Counter(i.name for i in items).items():
+            if n > 1:
+                add(field, f"name '{name}' is used {n} times; names must be unique")
+
+
+def _check_placement(cfg: "StackConfig", add: Add, key: str, model: ModelSpec, pool_name: str) -> None:
+    pools = {p.name: p for p in cfg.node_pools}
+    pool = pools.get(pool_name)
+    if pool is None:
+        add(f"{key}.nodePool", f"node pool '{pool_name}' does not exist; use one of "
+            f"{', '.join(pools)} or add it under vllm-gke:nodePools")
+        return
+    tp = model.tensor_parallel_size
+    if pool.gpu_partition_size and tp > 1:
+        add(f"{key}.tensorParallelSize", f"is {tp} but pool '{pool.name}' is MIG-partitioned "
+            f"({pool.gpu_partition_size}); MIG slices cannot be joined, so set it to 1 or use a pool "
+            "without gpuPartitionSize")
+    elif pool.machine.gpus % tp:
+        add(f"{key}.tensorParallelSize", f"is {tp} but {pool.machine_type} has {pool.machine.gpus} "
+            "GPU(s) per node; use a divisor of that, or a larger machine type")
+    where = (f"one {pool.gpu_partition_size} MIG slice" if pool.gpu_partition_size
+             else f"one {pool.machine_type} GPU")
+    for which in ("short", "long"):
+        row = pool_capacity(model, which, getattr(model, which), pool)
+        if row.fits:
+            continue
+        if row.kv_budget_gb <= 0:  # the weights alone overflow: same for both pools
+            add(key, f"model '{model.name}' on {where} of pool '{pool.name}': {row.problem}; {row.fix()}")
+            break
+        add(f"{key}.{which}" if key.startswith("models") else key,
+            f"model '{model.name}' ({which} pool) on {where} of pool '{pool.name}': {row.problem}; {row.fix()}")
+
+
+def _placements(cfg: "StackConfig", add: Add) -> None:
+    for i, model in enumerate(cfg.models):
+        key = f"models[{i}]"
+        _check_placement(cfg, add, key, model, model.node_pool)
+        for pool_name in ("short", "long"):
+            pool = getattr(model, pool_name)
+            if pool.max_model_len and pool.max_model_len > model.max_model_len:
+                add(f"{key}.{pool_name}.maxModelLen", f"{pool.max_model_len} exceeds the model's "
+                    f"maxModelLen {model.max_model_len}; lower it or raise models[{i}].maxModelLen")
+
+
+def _tenant_models(cfg: "StackConfig", add: Add) -> None:
+    models = {m.name: m for m in cfg.models}
+    for i, tenant in enumerate(cfg.tenants):
+        for model_name in tenant.models:
+            model = models.get(model_name)
+            if model is None:
+                add(f"tenants[{i}].models", f"model '{model_name}' is not declared; use one of "
+                    f"{', '.join(models)} or add it under vllm-gke:models")
+            elif tenant.max_tokens > model.max_model_len:
+                add(f"tenants[{i}].maxTokens", f"{tenant.max_tokens} exceeds model '{model_name}' maxModelLen "
+                    f"{model.max_model_len}: no request could use it; lower it to at most {model.max_model_len}")
+        if tenant.dedicated:
+            for model_name in tenant.dedicated.models:
+                if model_name not in tenant.models:
+                    add(f"tenants[{i}].dedicated.models", f"'{model_name}' must also be listed in "
+                        f"tenants[{i}].models")
+                elif model_name in models:
+                    _check_placement(cfg, add, f"tenants[{i}].dedicated", models[model_name], tenant.dedicated.node_pool)
+
+
+def _gpu_slots(cfg: "StackConfig", add: Add) -> None:
+    pools = {p.name: p for p in cfg.node_pools}
+    for name, needed in gpu_slots_by_pool(cfg).items():
+        pool = pools.get(name)
+        if pool is None:
+            continue  # reported as an unknown nodePool
+        offered = pool.max_nodes * pool.slices_per_node
+        if needed > offered:
+            idx = cfg.node_pools.index(pool)
+            add(f"nodePools[{idx}].maxNodes", f"pool '{name}' offers at most {offered} GPU slot(s) "
+                f"({pool.max_nodes} node(s) x {pool.slices_per_node}) but its models' minReplicas need "
+                f"{needed}; raise maxNodes or lower minReplicas")
+
+
+def _gateway(cfg: "StackConfig", add: Add) -> None:
+    if cfg.gateway.external and not cfg.tenants:
+        add("tenants", "an external Gateway needs at least one tenant: with none, every request is "
+            "denied; add a tenant or use gateway.className gke-l7-rilb")
+
+
+def _network(cfg: "StackConfig", add: Add) -> None:
+    c = cfg.cluster
+    ranges = {"subnetCidr": c.subnet_cidr, "podsCidr": c.pods_cidr, "servicesCidr": c.services_cidr,
+              "masterCidr": c.master_cidr, "proxyOnlyCidr": c.proxy_only_cidr}
+    nets = {k: ipaddress.ip_network(v) for k, v in ranges.items()}
+    keys = list(nets)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            if nets[a].overlaps(nets[b]):
+                add(f"cluster.{b}", f"{ranges[b]} overlaps cluster.{a} {ranges[a]}; the node, pod, service, "
+                    "control-plane and proxy-only ranges must not share addresses")
+
+
+def _zones(cfg: "StackConfig", add: Add) -> None:
+    for zone in cfg.cluster.zones:
+        if not zone.startswith(f"{cfg.region}-"):
+            add("cluster.zones", f"zone '{zone}' is not in region {cfg.region} (gcp:region); use zones like "
+                f"{cfg.region}-a, or change gcp:region")
+
+
+def _issuers(cfg: "StackConfig", add: Add) -> None:
+    tenants = cfg.tenants
+    for i, a in enumerate(tenants):
+        for j, b in enumerate(tenants):
+            if i >= j:
+                continue
+            if a.jwt.issuer == b.jwt.issuer:
+                add(f"tenants[{j}].jwt.issuer", f"'{b.jwt.issuer}' is also tenants[{i}]'s ('{a.name}'): tenants are "
+                    "told apart by issuer, so each needs its own")
+            for (x, xi), (y, yi) in (((a, i), (b, j)), ((b, j), (a, i))):
+                if y.jwt.issuer.startswith(x.jwt.issuer + "/"):
+                    add(f"tenants[{yi}].jwt.issuer", f"'{y.jwt.issuer}' lies under tenants[{xi}]'s issuer "
+                        f"'{x.jwt.issuer}': the mesh admits '{x.jwt.issuer}/*' as '{x.name}', which would match "
+                        f"'{y.name}' tokens; use issuers that are not path prefixes of each other")
+
+
+def _namespaces(cfg: "StackConfig", add: Add) -> None:
+    tenant_namespaces = {f"tenant-{t.name}" for t in cfg.tenants}
+    ns = cfg.serving_namespace
+    if ns in tenant_namespaces or ns in RESERVED_NAMESPACES:
+        owner = "a tenant's namespace" if ns in tenant_namespaces else "a namespace the platform or GKE owns"
+        add("servingNamespace", f"'{ns}' is {owner}; choose another name (default vllm)")
+
+
+def _vllm_release(cfg: "StackConfig", add: Add) -> None:
+    rel = release(cfg.vllm_version)
+    tag = cfg.server_image.tag
+    if tag and not (tag == rel.image_tag or tag.startswith(rel.image_tag + "-")):
+        add("serverImage.tag", f"'{tag}' is not an image of vLLM {cfg.vllm_version} (vllm-gke:vllmVersion); build "
+            f"one tagged {rel.image_tag}-<suffix> or set vllmVersion to the image's release")
+    snapshot = load_snapshot(cfg.vllm_version)
+    flags = snapshot["flags"]
+    for i, model in enumerate(cfg.models):
+        key = f"models[{i}].extraArgs"
+        for arg in model.extra_args:
+            if not arg.startswith("-"):
+                continue
+            name = normalise(arg)[0] if arg.startswith("--") else arg.split("=", 1)[0]
+            spec = flags.get(name)
+            if spec is not None and spec["dest"] in MANAGED_VLLM_OPTIONS:
+                add(key, f"may not set {name}: {MANAGED_VLLM_OPTIONS[spec['dest']]}")
+        for problem in check_argv(model.extra_args, snapshot) if model.extra_args else []:
+            add(key, f"{problem} (checked against vLLM {cfg.vllm_version}'s parser)")
+
+
+def _chunked_prefill(cfg: "StackConfig", add: Add) -> None:
+    for i, model in enumerate(cfg.models):
+        if model.enable_chunked_prefill:
+            continue
+        for which in ("short", "long"):
+            pool = getattr(model, which)
+            length = model.pool_max_model_len(pool)
+            if pool.max_num_batched_tokens and pool.max_num_batched_tokens < length:
+                add(f"models[{i}].{which}.maxNumBatchedTokens", f"{pool.max_num_batched_tokens} is below the pool's "
+                    f"maxModelLen {length} with chunked prefill off: vLLM refuses to start (a prompt must fit one "
+                    "batch); raise it to at least the context length or set enableChunkedPrefill: true")
+
+
+__all__ = ["cross_field_issues"]
