@@ -41,10 +41,12 @@ def test_vllm_flags_from_config(plans):
 def test_quantisation_and_kv_flags():
     model = ModelSpec(name="m", source="hf://a/b", shape="llama-3-8b", node_pool="p", dtype="fp8",
                       kv_cache_dtype="fp8", enable_prefix_caching=False)
-    args = vllm_args(model, ServingPoolSpec())
+    args = vllm_args(model, ServingPoolSpec(), release("0.11.0"))
     assert args[args.index("--quantization") + 1] == "fp8"
     assert args[args.index("--kv-cache-dtype") + 1] == "fp8"
     assert "--no-enable-prefix-caching" in args and "--dtype" not in args
+    # 0.34 renamed the off switch; the real parser of each release is checked in test_vllm_flags.
+    assert "--disable-prefix-caching" in vllm_args(model, ServingPoolSpec(), release("0.34.0"))
 
 
 def test_weights_are_mounted_read_only_and_never_downloaded(plans):
