@@ -7,8 +7,10 @@ ReadOnlyMany PV/PVC onto the same share, and servers wait for the marker before 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 import pulumi
@@ -59,28 +61,17 @@ def plan_filestore(models: Sequence[ModelSpec], weights: WeightsSpec) -> tuple[s
     return tier, capacity
 
 
-def loader_script(model: ModelSpec) -> str:
-    dest = model_dir(model)
+LOADER_PROGRAM = Path(__file__).with_name("scripts") / "load_weights.py"
+LOADER_MOUNT = "/opt/vllm-gke-loader"
+
+
+def loader_command(model: ModelSpec) -> list[str]:
+    """The loader's argv: exec form, every value an argument (a shell never parses them)."""
+    program = f"{LOADER_MOUNT}/{LOADER_PROGRAM.name}"
     if model.source.startswith("hf://"):
-        repo = model.source.removeprefix("hf://")
-        # The token comes as a mounted file (Secret Manager CSI) or as HF_TOKEN (Secret reference).
-        fetch = (f'if [ -f {HF_TOKEN_MOUNT}/token ]; then export HF_TOKEN="$(cat {HF_TOKEN_MOUNT}/token)"; fi\n'
-                 f'hf download {repo} --revision {model.revision} --local-dir "$tmp" '
-                 '--exclude "original/*" "*.pth"')
-    else:
-        fetch = f'gcloud storage cp --recursive "{model.source.rstrip("/")}/*" "$tmp/"'
-    # Download into a temp dir and rename, so a half-written tree never carries the marker.
-    return "\n".join([
-        "set -eu",
-        f'dest="{dest}"',
-        f'if [ -f "$dest/{WEIGHTS_READY_MARKER}" ]; then echo "weights already loaded"; exit 0; fi',
-        'tmp="$dest.partial"',
-        'mkdir -p "$tmp"',
-        fetch,
-        'rm -rf "$dest" && mv "$tmp" "$dest"',
-        f'touch "$dest/{WEIGHTS_READY_MARKER}"',
-        'echo "weights loaded into $dest"',
-    ])
+        return ["python3", program, "hf", model.source.removeprefix("hf://"), model.revision, model_dir(model),
+                "--token-file", f"{HF_TOKEN_MOUNT}/token"]
+    return ["python3", program, "gcs", model.source, model_dir(model)]
 
 
 @dataclass
@@ -186,6 +177,13 @@ class ModelStore(pulumi.ComponentResource):
             for key, ns in args.consumer_namespaces.items()
         }
 
+        program = LOADER_PROGRAM.read_text()
+        program_map = k8s.core.v1.ConfigMap(
+            f"{name}-loader-program", metadata={**meta("weights-loader"), "namespace": ns_name},
+            data={LOADER_PROGRAM.name: program}, opts=k8s_opts)
+        # In the pod template, so a changed program re-runs the (immutable) Jobs.
+        program_hash = hashlib.sha256(program.encode()).hexdigest()[:16]
+
         self.loader_jobs = {}
         for model in args.models:
             image = args.server_image if model.source.startswith("hf://") else args.weights.gcs_loader_image
@@ -201,7 +199,8 @@ class ModelStore(pulumi.ComponentResource):
                     "template": {
                         "metadata": {"labels": {"vllm-gke.io/model": model.name},
                                      # No mesh sidecar: it would keep the Job from completing.
-                                     "annotations": {"sidecar.istio.io/inject": "false"}},
+                                     "annotations": {"sidecar.istio.io/inject": "false",
+                                                     "vllm-gke.io/loader-program": program_hash}},
                         "spec": {
                             "serviceAccountName": loader_sa.metadata.name,
                             "automountServiceAccountToken": False,
@@ -211,7 +210,7 @@ class ModelStore(pulumi.ComponentResource):
                             "containers": [{
                                 "name": "loader",
                                 "image": image.uri,
-                                "command": ["/bin/sh", "-c", loader_script(model)],
+                                "command": loader_command(model),
                                 "resources": {"requests": {"cpu": "2", "memory": "8Gi"},
                                               "limits": {"cpu": "4", "memory": "16Gi"}},
                                 # Root only to write the share's root-owned export; no capabilities.
@@ -220,18 +219,21 @@ class ModelStore(pulumi.ComponentResource):
                                 # The server image sets HF_HUB_OFFLINE=1 so replicas never download;
                                 # the loader is the one place that must.
                                 "env": [*LOADER_ENV, *token.env],
-                                "volumeMounts": [{"name": "weights", "mountPath": MOUNT_PATH}, *token.mounts],
+                                "volumeMounts": [{"name": "weights", "mountPath": MOUNT_PATH},
+                                                 {"name": "program", "mountPath": LOADER_MOUNT, "readOnly": True},
+                                                 *token.mounts],
                             }],
                             "volumes": [
                                 {"name": "weights",
                                  "persistentVolumeClaim": {"claimName": rw_claim.metadata.name}},
+                                {"name": "program", "configMap": {"name": "weights-loader"}},
                                 *token.volumes,
                             ],
                         },
                     },
                 },
                 opts=child_opts(self, opts, provider=args.provider,
-                                depends_on=[*token.depends_on, self.loader_binding]))
+                                depends_on=[*token.depends_on, self.loader_binding, program_map]))
 
         self.register_outputs({
             "filestoreTier": self.tier,

@@ -4,25 +4,21 @@ pod hardening and plan warnings."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
-import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from components.model_store import loader_script
 from components.tenant_auth import jwks_host
 from infra.advice import plan_warnings
 from tests.conftest import REPO_ROOT, STACKS, manifests_of, vllm_deployments
 
-STANDIN_HF = """#!/bin/sh
-# Stand-in for the Hugging Face CLI: like the real one, offline mode refuses to download.
-if [ "$HF_HUB_OFFLINE" = "1" ]; then echo "offline mode is enabled" >&2; exit 1; fi
-dir=""; while [ $# -gt 0 ]; do [ "$1" = "--local-dir" ] && dir="$2"; shift; done
-mkdir -p "$dir" && echo '{}' > "$dir/config.json"
-"""
+HUB = REPO_ROOT / "tests" / "fixtures" / "hub"
+PROGRAM = REPO_ROOT / "components" / "scripts" / "load_weights.py"
 
 
 def image_env() -> dict[str, str]:
@@ -32,38 +28,80 @@ def image_env() -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S+)", block))
 
 
-def run_loader(plan, tmp_path: Path) -> subprocess.CompletedProcess:
-    job = manifests_of(plan, "Job", "vllm-gke-system")[0]
-    container = job["spec"]["template"]["spec"]["containers"][0]
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    hf = bin_dir / "hf"
-    hf.write_text(STANDIN_HF)
-    hf.chmod(hf.stat().st_mode | stat.S_IEXEC)
-    # The container's environment: the image's ENV, overridden by the pod's env.
-    env = {**image_env(), **{e["name"]: e["value"] for e in container["env"] if "value" in e},
-           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    script = container["command"][-1].replace("/models/", f"{tmp_path}/models/")
-    return subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True)
+def loader_container(plan, model="qwen-7b"):
+    job = next(j for j in manifests_of(plan, "Job", "vllm-gke-system") if j["metadata"]["name"] == f"load-{model}")
+    return job["spec"]["template"]["spec"]["containers"][0]
+
+
+def run_loader(container, tmp_path: Path, env_from_pod=True, extra_env=None) -> subprocess.CompletedProcess:
+    """The container's command, locally: the image's ENV overridden by the pod's env."""
+    env = {**image_env(), "PATH": os.environ["PATH"], "PYTHONPATH": str(HUB), "FAKE_HUB_LOG": str(tmp_path / "hub.log"),
+           **(extra_env or {})}
+    if env_from_pod:
+        env.update({e["name"]: e["value"] for e in container["env"] if "value" in e})
+    argv = [a.replace("/models/", f"{tmp_path}/models/").replace("/var/run/secrets/hf", str(tmp_path / "secrets"))
+            for a in container["command"]]
+    argv[0:2] = [sys.executable, str(PROGRAM)]
+    return subprocess.run(argv, env=env, capture_output=True, text=True)
+
+
+def hub_calls(tmp_path):
+    log = tmp_path / "hub.log"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_loader_runs_without_a_shell(plans):
+    for plan in plans.values():
+        for job in manifests_of(plan, "Job", "vllm-gke-system"):
+            (container,) = job["spec"]["template"]["spec"]["containers"]
+            assert container["command"][:2] == ["python3", "/opt/vllm-gke-loader/load_weights.py"]
+            assert not any(a in ("sh", "/bin/sh", "bash", "-c") for a in container["command"])
 
 
 def test_loader_downloads_under_the_server_image_environment(plans, tmp_path):
-    result = run_loader(plans["dev"], tmp_path)
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "token").write_text("hf_fromsecretmanager\n")
+    container = loader_container(plans["dev"])
+    result = run_loader(container, tmp_path)
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "models/qwen-7b/main/.vllm-gke-complete").exists()
-    assert (tmp_path / "models/qwen-7b/main/config.json").exists()
+    dest = tmp_path / "models/qwen-7b/main"
+    marker = json.loads((dest / ".vllm-gke-complete").read_text())
+    # A mutable revision is resolved once, downloaded exactly, and the commit recorded.
+    assert marker["source"] == "hf://Qwen/Qwen2.5-7B-Instruct" and marker["revision"] == "main"
+    assert marker["commit"] == "0123456789abcdef0123456789abcdef01234567"
+    info, download = hub_calls(tmp_path)
+    assert download["revision"] == marker["commit"]
+    assert download["ignore_patterns"] == ["original/*", "*.pth"] and download["token"] == "hf_fromsecretmanager"
+    assert (dest / "config.json").exists()
+    # Run again (a re-created Job): the marker stops it before any download.
+    assert run_loader(container, tmp_path).returncode == 0
+    assert len(hub_calls(tmp_path)) == 2
 
 
-def test_the_image_environment_alone_would_stop_the_download(tmp_path):
+def test_the_image_environment_alone_would_stop_the_download(plans, tmp_path):
     """The defect: the server image sets HF_HUB_OFFLINE=1, and the loader ran with it."""
     assert image_env()["HF_HUB_OFFLINE"] == "1"
-    hf = tmp_path / "hf"
-    hf.write_text(STANDIN_HF)
-    hf.chmod(0o755)
-    env = {**image_env(), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    result = subprocess.run([str(hf), "download", "x", "--local-dir", str(tmp_path / "d")], env=env,
-                            capture_output=True, text=True)
-    assert result.returncode == 1 and "offline" in result.stderr
+    result = run_loader(loader_container(plans["dev"]), tmp_path, env_from_pod=False)
+    assert result.returncode != 0 and "offline" in result.stderr
+    assert not (tmp_path / "models/qwen-7b/main/.vllm-gke-complete").exists()
+
+
+def test_gcs_loader_syncs_then_marks(plan_variant, tmp_path):
+    def to_gcs(values):
+        values["vllm-gke:models"][0]["source"] = "gs://acme-models/qwen2.5-7b"
+    container = loader_container(plan_variant("dev", to_gcs))
+    assert container["command"][2:4] == ["gcs", "gs://acme-models/qwen2.5-7b"]
+    gcloud = tmp_path / "bin" / "gcloud"
+    gcloud.parent.mkdir()
+    gcloud.write_text('#!/bin/sh\necho "$@" > "$FAKE_GCLOUD_LOG"\nfor last; do :; done\necho {} > "$last/config.json"\n')
+    gcloud.chmod(0o755)
+    env = {"PATH": f"{gcloud.parent}:{os.environ['PATH']}", "FAKE_GCLOUD_LOG": str(tmp_path / "gcloud.log")}
+    result = run_loader(container, tmp_path, extra_env=env)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "gcloud.log").read_text().split()[:4] == ["storage", "rsync", "--recursive",
+                                                                 "gs://acme-models/qwen2.5-7b"]
+    assert json.loads((tmp_path / "models/qwen-7b/main/.vllm-gke-complete").read_text())["source"] == \
+        "gs://acme-models/qwen2.5-7b"
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -66,9 +66,9 @@ def test_one_loader_job_per_model_reading_token_from_secret_manager(plans):
     for job in jobs:
         pod = job["spec"]["template"]["spec"]
         (container,) = pod["containers"]
-        script = container["command"][-1]
-        assert "hf download" in script and "--revision main" in script
-        assert '.vllm-gke-complete' in script and "exit 0" in script  # idempotent: skips when loaded
+        command = container["command"]
+        assert command[2] == "hf" and command[4] == "main" and command[5].startswith("/models/")
+        assert command[-2:] == ["--token-file", "/var/run/secrets/hf/token"]
         # The server image sets HF_HUB_OFFLINE=1; the loader must override it or download nothing.
         env = {e["name"]: e for e in container["env"]}
         assert env["HF_HUB_OFFLINE"] == {"name": "HF_HUB_OFFLINE", "value": "0"}
@@ -129,7 +129,7 @@ def test_gcs_source_uses_gcloud_loader(plan_variant):
     plan = plan_variant("dev", to_gcs)
     (job,) = manifests_of(plan, "Job", "vllm-gke-system")
     container = job["spec"]["template"]["spec"]["containers"][0]
-    assert "gcloud storage cp --recursive \"gs://acme-models/qwen2.5-7b/*\"" in container["command"][-1]
+    assert container["command"][2:] == ["gcs", "gs://acme-models/qwen2.5-7b", "/models/qwen-7b/main"]
     assert container["image"].startswith("gcr.io/google.com/cloudsdktool/google-cloud-cli:")
     roles = {p["role"] for p in props_of(plan, "gcp:projects/iAMMember:IAMMember")}
     assert "roles/storage.objectViewer" in roles
@@ -145,6 +145,6 @@ def test_hf_token_from_a_kubernetes_secret_reference(plan_variant):
     env = {e["name"]: e for e in container["env"]}
     assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {
         "secretKeyRef": {"name": "hf-credentials", "key": "hf"}}}
-    assert [v["name"] for v in job["spec"]["template"]["spec"]["volumes"]] == ["weights"]
+    assert [v["name"] for v in job["spec"]["template"]["spec"]["volumes"]] == ["weights", "program"]
     assert not manifests_of(plan, "SecretProviderClass")
     assert not props_of(plan, "gcp:secretmanager/secretIamMember:SecretIamMember")
