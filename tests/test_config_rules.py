@@ -1,0 +1,176 @@
+"""Every value GCP, Kubernetes or vLLM would reject later is stopped at plan time: the key is
+named, the fix given, the CLI exits 2 without a traceback."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from typing import Any, Callable
+
+import pytest
+
+from components.gcp_names import is_service_account_id, service_account_id
+from infra.config import ConfigError, parse
+from tests.conftest import REPO_ROOT
+
+
+def problems(values: dict[str, Any]) -> list[str]:
+    with pytest.raises(ConfigError) as exc:
+        parse(values)
+    return [str(i) for i in exc.value.issues]
+
+
+def set_path(values: dict[str, Any], key: str, path: tuple, value: Any) -> None:
+    node = values[key]
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+
+
+def tenant(values, i=0):
+    return values["vllm-gke:tenants"][i]
+
+
+CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
+    # (id, stack, mutate, key the message starts with, words it contains)
+    ("cidr-unparsable", "dev", lambda v: v["vllm-gke:cluster"].update(podsCidr="10.20.0.0/33"),
+     "vllm-gke:cluster.podsCidr", "not a CIDR"),
+    ("cidr-host-bits", "dev", lambda v: v["vllm-gke:cluster"].update(subnetCidr="10.10.0.1/20"),
+     "vllm-gke:cluster.subnetCidr", "bits past the prefix"),
+    ("cidr-overlap", "dev", lambda v: v["vllm-gke:cluster"].update(servicesCidr="10.20.4.0/22"),
+     "vllm-gke:cluster.servicesCidr", "overlaps cluster.podsCidr"),
+    ("cidr-overlap-proxy-only", "dev", lambda v: v["vllm-gke:cluster"].update(subnetCidr="10.128.0.0/14"),
+     "vllm-gke:cluster.proxyOnlyCidr", "overlaps cluster.subnetCidr"),
+    ("control-plane-not-28", "dev", lambda v: v["vllm-gke:cluster"].update(masterCidr="172.16.0.0/27"),
+     "vllm-gke:cluster.masterCidr", "must be a /28"),
+    ("zone-outside-region", "dev", lambda v: v["vllm-gke:cluster"].update(zones=["europe-west4-a"]),
+     "vllm-gke:cluster.zones", "not in region us-central1"),
+    ("zone-is-a-region", "dev", lambda v: v["vllm-gke:cluster"].update(zones=["us-central1"]),
+     "vllm-gke:cluster.zones", "that is a region"),
+    ("duplicate-zones", "staging", lambda v: v["vllm-gke:cluster"].update(zones=["us-central1-a"] * 2),
+     "vllm-gke:cluster.zones", "more than once"),
+    ("hostname", "prod", lambda v: v["vllm-gke:gateway"].update(hostname="llm_acme.example"),
+     "vllm-gke:gateway.hostname", "not a DNS hostname"),
+    ("hostname-uppercase", "prod", lambda v: v["vllm-gke:gateway"].update(hostname="LLM.acme.example"),
+     "vllm-gke:gateway.hostname", "not a DNS hostname"),
+    ("tls-secret-name", "prod", lambda v: v["vllm-gke:gateway"].update(tlsSecretName="My_Cert"),
+     "vllm-gke:gateway.tlsSecretName", "not a Kubernetes object name"),
+    ("notification-email", "dev", lambda v: v["vllm-gke:monitoring"].update(notificationEmails=["oncall"]),
+     "vllm-gke:monitoring.notificationEmails[0]", "not an e-mail address"),
+    ("shared-issuer", "prod", lambda v: tenant(v, 1)["jwt"].update(issuer=tenant(v, 0)["jwt"]["issuer"]),
+     "vllm-gke:tenants[1].jwt.issuer", "each needs its own"),
+    ("issuer-path-prefix", "prod", lambda v: tenant(v, 1)["jwt"].update(issuer="https://auth.acme.example/search/team"),
+     "vllm-gke:tenants[1].jwt.issuer", "path prefixes"),
+    ("empty-audiences", "dev", lambda v: tenant(v)["jwt"].update(audiences=[]),
+     "vllm-gke:tenants[0].jwt.audiences", "at least 1"),
+    ("issuer-not-https", "dev", lambda v: tenant(v)["jwt"].update(issuer="http://accounts.google.com"),
+     "vllm-gke:tenants[0].jwt.issuer", "https://"),
+    ("max-tokens-over-model", "dev", lambda v: tenant(v).update(maxTokens=9000),
+     "vllm-gke:tenants[0].maxTokens", "exceeds model 'qwen-7b' maxModelLen 8192"),
+    ("model-listed-twice", "dev", lambda v: tenant(v).update(models=["qwen-7b", "qwen-7b"]),
+     "vllm-gke:tenants[0].models", "more than once"),
+    ("chunked-prefill-off", "dev", lambda v: v["vllm-gke:models"][0].update(enableChunkedPrefill=False),
+     "vllm-gke:models[0].long.maxNumBatchedTokens", "below the pool's maxModelLen 8192"),
+    ("serving-namespace-is-a-tenants", "dev", lambda v: v.update({"vllm-gke:servingNamespace": "tenant-dev-team"}),
+     "vllm-gke:servingNamespace", "a tenant's namespace"),
+    ("serving-namespace-reserved", "dev", lambda v: v.update({"vllm-gke:servingNamespace": "istio-system"}),
+     "vllm-gke:servingNamespace", "owns"),
+    ("spot-pool-name-too-long", "dev",
+     lambda v: (v["vllm-gke:nodePools"][0].update(name="a" * 32), v["vllm-gke:models"][0].update(nodePool="a" * 32)),
+     "vllm-gke:nodePools[0]", "exceeds GKE's 40 characters"),
+    ("extra-arg-managed", "dev", lambda v: v["vllm-gke:models"][0].update(extraArgs=["--max_num_seqs=4"]),
+     "vllm-gke:models[0].extraArgs", "may not set --max-num-seqs"),
+    ("extra-arg-managed-short-alias", "dev", lambda v: v["vllm-gke:models"][0].update(extraArgs=["-tp", "2"]),
+     "vllm-gke:models[0].extraArgs", "may not set -tp"),
+    ("extra-arg-secret", "dev", lambda v: v["vllm-gke:models"][0].update(extraArgs=["--hf-token=abc"]),
+     "vllm-gke:models[0].extraArgs", "a secret on the command line"),
+    ("extra-arg-middleware", "dev", lambda v: v["vllm-gke:models"][0].update(extraArgs=["--middleware", "x.Y"]),
+     "vllm-gke:models[0].extraArgs", "tenant guard"),
+    ("extra-arg-unknown", "dev", lambda v: v["vllm-gke:models"][0].update(extraArgs=["--enforce-eagr"]),
+     "vllm-gke:models[0].extraArgs", "not an option of vLLM 0.34.0"),
+    ("extra-arg-bad-choice", "dev", lambda v: v["vllm-gke:models"][0].update(extraArgs=["--dtype-x"]),
+     "vllm-gke:models[0].extraArgs", "not an option"),
+    ("revision-traversal", "dev", lambda v: v["vllm-gke:models"][0].update(revision="../../etc"),
+     "vllm-gke:models[0].revision", "not a git branch, tag or commit"),
+    ("revision-shell", "dev", lambda v: v["vllm-gke:models"][0].update(revision="main; rm -rf /"),
+     "vllm-gke:models[0].revision", "not a git branch"),
+    ("source-traversal", "dev", lambda v: v["vllm-gke:models"][0].update(source="gs://bucket/../other"),
+     "vllm-gke:models[0].source", "no '..' segments"),
+    ("source-unicode", "dev", lambda v: v["vllm-gke:models"][0].update(source="hf://Qwen/Qwen2.5-7B-Instruçt"),
+     "vllm-gke:models[0].source", "must be hf://"),
+    ("secret-id", "dev", lambda v: v.update({"vllm-gke:weights": {"secretManagerSecret": "hf token"}}),
+     "vllm-gke:weights.secretManagerSecret", "not a Secret Manager secret id"),
+    ("secret-is-a-token", "dev",
+     lambda v: v.update({"vllm-gke:weights": {"secretManagerSecret": "hf_" + "a" * 34}}),
+     "vllm-gke:weights.secretManagerSecret", "looks like a token"),
+    ("empty-tag", "dev", lambda v: v["vllm-gke:serverImage"].update(tag=""),
+     "vllm-gke:serverImage.tag", "not a Docker tag"),
+    ("tag-of-another-release", "dev", lambda v: v["vllm-gke:serverImage"].update(tag="v0.11.0-gke.1"),
+     "vllm-gke:serverImage.tag", "not an image of vLLM 0.34.0"),
+    ("repository-with-tag", "dev", lambda v: v["vllm-gke:serverImage"].update(repository="vllm/vllm-openai:v1"),
+     "vllm-gke:serverImage.repository", "no tag or digest here"),
+    ("unsupported-vllm", "dev", lambda v: v.update({"vllm-gke:vllmVersion": "0.9.0"}),
+     "vllm-gke:vllmVersion", "not supported"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_rejected_with_key_and_fix(stack_values, case):
+    _id, stack, mutate, key, words = case
+    values = copy.deepcopy(stack_values[stack])
+    mutate(values)
+    found = problems(values)
+    assert any(p.startswith(key + ":") and words in p for p in found), found
+
+
+def test_accepted_forms_stay_accepted(stack_values):
+    values = copy.deepcopy(stack_values["dev"])
+    values["vllm-gke:models"][0].update(revision="refs/pr/12", extraArgs=["--enforce-eager", "--seed=7"])
+    values["vllm-gke:gateway"]["hostname"] = "*.llm.acme.example"
+    values["vllm-gke:models"][0]["enableChunkedPrefill"] = False
+    values["vllm-gke:models"][0]["long"]["maxNumBatchedTokens"] = 8192
+    parse(values)
+
+
+@pytest.mark.parametrize("base,role", [("a", "nodes"), ("x" * 32, "metrics"), ("vllm-prod-weights", "loader"),
+                                       ("a" * 24 + "-bcdefg", "loader"), ("ab-", "nodes")])
+def test_derived_service_account_ids_are_valid_and_distinct(base, role):
+    ids = {service_account_id(base, r) for r in (role, "other-role", "x-role")}
+    assert len(ids) == 3 and all(is_service_account_id(i) for i in ids)
+    assert service_account_id("vllm-prod", "nodes") == "vllm-prod-nodes"  # short names are kept as they were
+
+
+def test_long_cluster_names_plan(stack_values):
+    from infra.plan import run_program
+
+    values = copy.deepcopy(stack_values["prod"])
+    values["vllm-gke:cluster"]["name"] = "a" * 32
+    plan = run_program("prod", values)
+    for r in plan.of_type("gcp:serviceaccount/account:Account"):
+        assert is_service_account_id(r.props["accountId"]), r.props["accountId"]
+
+
+@pytest.mark.parametrize("text,words", [("{not json", "is not JSON"), ('["a"]', "not an object")])
+def test_pulumi_config_that_is_not_a_json_object(text, words):
+    env = {"PULUMI_CONFIG": text, "PATH": "/usr/bin:/bin"}
+    code = ("from infra.config import load, ConfigError\n"
+            "try:\n    load()\nexcept ConfigError as e:\n    print(e); raise SystemExit(2)\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 2 and "PULUMI_CONFIG" in result.stdout and words in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_exits_2_with_the_key_and_no_traceback(tmp_path, stack_values):
+    import yaml
+
+    values = copy.deepcopy(stack_values["dev"])
+    values["vllm-gke:cluster"]["masterCidr"] = "172.16.0.0/24"
+    (tmp_path / "Pulumi.bad.yaml").write_text(yaml.safe_dump({"config": values}))
+    result = subprocess.run([sys.executable, "-m", "infra.cli", "plan", "--stack", "bad", "--stacks-dir", str(tmp_path),
+                             "--no-write"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "vllm-gke:cluster.masterCidr" in result.stdout and "/28" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+    json.dumps(values)  # the case itself is plain data
