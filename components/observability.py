@@ -27,11 +27,9 @@ AlertPolicy = monitoring_v3.AlertPolicy
 Condition = AlertPolicy.Condition
 
 
-def kv_cache_usage(cluster: str) -> str:
-    """vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc (v0.10); chart whichever exists."""
-    sel = f'{{cluster="{cluster}"}}'
-    return (f"max by (model_name, pod) (vllm:kv_cache_usage_perc{sel})"
-            f" or max by (model_name, pod) (vllm:gpu_cache_usage_perc{sel})")
+def kv_cache_usage(cluster: str, metric: str = "vllm:kv_cache_usage_perc") -> str:
+    """The release's KV-cache gauge (gpu_cache_usage_perc is gone from current vLLM)."""
+    return f'max by (model_name, pod) ({metric}{{cluster="{cluster}"}})'
 
 
 def p95(metric: str, cluster: str) -> str:
@@ -44,29 +42,31 @@ def fb_used_ratio(cluster: str) -> str:
     return f"max by (Hostname, gpu, GPU_I_ID) (DCGM_FI_DEV_FB_USED{sel} / (DCGM_FI_DEV_FB_USED{sel} + DCGM_FI_DEV_FB_FREE{sel}))"
 
 
-def dashboard_panels(cluster: str) -> list[tuple[str, str]]:
+def dashboard_panels(cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc") -> list[tuple[str, str]]:
     sel = f'{{cluster="{cluster}"}}'
     return [
-        ("GPU utilisation (DCGM)", f"avg by (Hostname, gpu) (DCGM_FI_DEV_GPU_UTIL{sel})"),
-        ("GPU engine active, MIG aware (DCGM)",
+        # DCGM_FI_DEV_GPU_UTIL is per physical GPU and not reported for MIG instances; the
+        # profiling metric is, per instance (GPU_I_ID), and for whole GPUs alike.
+        ("GPU utilisation per GPU or MIG slice (DCGM engine active)",
          f"avg by (Hostname, gpu, GPU_I_ID) (DCGM_FI_PROF_GR_ENGINE_ACTIVE{sel})"),
+        ("Tensor cores active (DCGM)", f"avg by (Hostname, gpu, GPU_I_ID) (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{sel})"),
         ("GPU memory used ratio (DCGM)", fb_used_ratio(cluster)),
         ("Queue time p95 (s)", p95("vllm:request_queue_time_seconds", cluster)),
         ("Time to first token p95 (s)", p95("vllm:time_to_first_token_seconds", cluster)),
         ("End-to-end latency p95 (s)", p95("vllm:e2e_request_latency_seconds", cluster)),
         ("Generation tokens/s", f"sum by (model_name) (rate(vllm:generation_tokens_total{sel}[5m]))"),
         ("Prompt tokens/s", f"sum by (model_name) (rate(vllm:prompt_tokens_total{sel}[5m]))"),
-        ("KV-cache usage", kv_cache_usage(cluster)),
+        ("KV-cache usage", kv_cache_usage(cluster, kv_metric)),
         ("Requests waiting / running",
          f"sum by (model_name) (vllm:num_requests_waiting{sel}) or sum by (model_name) (vllm:num_requests_running{sel})"),
         ("Preemptions/s (KV-cache pressure)", f"sum by (model_name) (rate(vllm:num_preemptions_total{sel}[5m]))"),
     ]
 
 
-def dashboard_json(title: str, cluster: str) -> dict[str, Any]:
+def dashboard_json(title: str, cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc") -> dict[str, Any]:
     """A Mosaic layout, two tiles a row, each a PromQL line chart."""
     tiles = []
-    for i, (name, query) in enumerate(dashboard_panels(cluster)):
+    for i, (name, query) in enumerate(dashboard_panels(cluster, kv_metric)):
         tiles.append({
             "xPos": (i % 2) * 24, "yPos": (i // 2) * 16, "width": 24, "height": 16,
             "widget": {"title": name, "xyChart": {
@@ -92,7 +92,7 @@ def _policy(name: str, query: str, duration_s: int, doc: str, severity: str) -> 
     )
 
 
-def alert_policies(cluster: str, spec: MonitoringSpec) -> list[AlertPolicy]:
+def alert_policies(cluster: str, spec: MonitoringSpec, kv_metric: str = "vllm:kv_cache_usage_perc") -> list[AlertPolicy]:
     sel = f'{{cluster="{cluster}"}}'
     return [
         _policy("vLLM container restarts (GPU OOM or crash)",
@@ -110,7 +110,7 @@ def alert_policies(cluster: str, spec: MonitoringSpec) -> list[AlertPolicy]:
                 f'{p95("vllm:time_to_first_token_seconds", cluster)} > {spec.ttft_slo_seconds:g}', 300,
                 f"p95 TTFT above {spec.ttft_slo_seconds:g}s for 5 minutes.", "WARNING"),
         _policy("KV cache nearly full",
-                f"({kv_cache_usage(cluster)}) > {spec.kv_cache_alert_ratio:g}", 600,
+                f"({kv_cache_usage(cluster, kv_metric)}) > {spec.kv_cache_alert_ratio:g}", 600,
                 "KV-cache usage high for 10 minutes: requests are being preempted. Lower maxNumSeqs, "
                 f"enable fp8 KV cache, or scale out. Preemptions: vllm:num_preemptions_total{sel}.",
                 "WARNING"),
@@ -139,6 +139,8 @@ class ObservabilityArgs:
     spec: MonitoringSpec
     title: str
     apis: Optional[ProjectApis] = None
+    # The serving release's KV-cache gauge (components.vllm_versions).
+    kv_cache_metric: str = "vllm:kv_cache_usage_perc"
 
 
 class Observability(pulumi.ComponentResource):
@@ -150,7 +152,7 @@ class Observability(pulumi.ComponentResource):
     def __init__(self, name: str, args: ObservabilityArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:Observability", name, None, opts)
         child = child_opts(self, opts, depends_on=args.apis.needs("monitoring.googleapis.com") if args.apis else [])
-        self.dashboard_definition = dashboard_json(args.title, args.cluster_name)
+        self.dashboard_definition = dashboard_json(args.title, args.cluster_name, args.kv_cache_metric)
         self.dashboard = gcp.monitoring.Dashboard(
             f"{name}-dashboard", project=args.project,
             dashboard_json=json.dumps(self.dashboard_definition, sort_keys=True), opts=child)
@@ -162,7 +164,8 @@ class Observability(pulumi.ComponentResource):
                 labels={"email_address": email}, opts=child).name
             for i, email in enumerate(args.spec.notification_emails)
         ]
-        self.alert_definitions = [pulumi_alert_args(p) for p in alert_policies(args.cluster_name, args.spec)]
+        self.alert_definitions = [pulumi_alert_args(p)
+                                  for p in alert_policies(args.cluster_name, args.spec, args.kv_cache_metric)]
         self.alert_policies = []
         for i, kwargs in enumerate(self.alert_definitions):
             self.alert_policies.append(gcp.monitoring.AlertPolicy(

@@ -6,7 +6,8 @@ Writes images/vllm-versions/<version>.json with:
   - flags: every option of the real `vllm serve` parser (option strings, value or switch,
     nargs, type name, choices), built exactly as the `vllm` CLI builds it;
   - routes: every HTTP route of the real OpenAI server app, with all tasks enabled;
-  - metrics: every Prometheus metric the v1 engine declares (name and kind).
+  - metrics: every Prometheus metric the v1 engine declares (name and kind);
+  - environment: every VLLM_* variable the release reads.
 The tests check every argv the stacks generate against the flags, and the guard's and mesh's
 path lists against the routes, without needing vLLM (several GB) installed.
 
@@ -158,6 +159,13 @@ def describe_metrics() -> list[dict[str, str]]:
     return [{"name": n, "kind": k} for n, k in sorted(found.items())]
 
 
+def describe_environment() -> list[str]:
+    """The VLLM_* variables the release knows (it warns about, or refuses, any other)."""
+    import vllm.envs as envs
+
+    return sorted(envs.environment_variables)
+
+
 def snapshot() -> dict[str, Any]:
     import vllm
 
@@ -169,6 +177,7 @@ def snapshot() -> dict[str, Any]:
         "flags": describe_flags(parser),
         "routes": describe_routes(parser),
         "metrics": describe_metrics(),
+        "environment": describe_environment(),
     }
 
 

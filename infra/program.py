@@ -138,7 +138,8 @@ def build(cfg: StackConfig) -> Platform:
         subnetwork=cluster.subnetwork.id, name_prefix=cfg.cluster.name, apis=apis))
     platform.observability = Observability("observability", ObservabilityArgs(
         project=cfg.project, cluster_name=cfg.cluster.name, spec=cfg.monitoring,
-        title=f"vLLM on GKE - {cfg.cluster.name} ({cfg.environment})", apis=apis))
+        title=f"vLLM on GKE - {cfg.cluster.name} ({cfg.environment})", apis=apis,
+        kv_cache_metric=rel.kv_cache_metric))
 
     pulumi.export("clusterName", cluster.cluster.name)
     pulumi.export("kubeconfig", cluster.kubeconfig)

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from tests.conftest import props_of
+from tests.conftest import manifests_of, props_of
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)
@@ -40,12 +40,15 @@ def test_dashboard_panels(plans):
     tiles = dashboard(plans["dev"])["mosaicLayout"]["tiles"]
     queries = {t["widget"]["title"]: t["widget"]["xyChart"]["dataSets"][0]["timeSeriesQuery"]["prometheusQuery"]
                for t in tiles}
-    assert "DCGM_FI_DEV_GPU_UTIL" in queries["GPU utilisation (DCGM)"]
+    # Per MIG instance: DCGM_FI_DEV_GPU_UTIL is not reported for MIG slices.
+    gpu = queries["GPU utilisation per GPU or MIG slice (DCGM engine active)"]
+    assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in gpu and "GPU_I_ID" in gpu
+    assert not any("DCGM_FI_DEV_GPU_UTIL" in q for q in queries.values())
     assert "vllm:request_queue_time_seconds_bucket" in queries["Queue time p95 (s)"]
     assert "vllm:time_to_first_token_seconds_bucket" in queries["Time to first token p95 (s)"]
     assert "vllm:generation_tokens_total" in queries["Generation tokens/s"]
     kv = queries["KV-cache usage"]
-    assert "vllm:kv_cache_usage_perc" in kv and "vllm:gpu_cache_usage_perc" in kv
+    assert "vllm:kv_cache_usage_perc" in kv and "vllm:gpu_cache_usage_perc" not in kv
     assert all('cluster="vllm-dev"' in q for q in queries.values())
     # tiles do not overlap
     cells = {(t["xPos"], t["yPos"]) for t in tiles}
@@ -65,3 +68,33 @@ def test_alert_policies(plans):
             k: v for k, v in alert.items() if k in ("displayName", "combiner", "conditions", "severity")}))
     channels = props_of(plans["prod"], "gcp:monitoring/notificationChannel:NotificationChannel")
     assert sorted(c["labels"]["email_address"] for c in channels) == ["ml-platform-oncall@acme.example", "sre@acme.example"]
+
+
+def exposed(snapshot) -> set[str]:
+    """Series names a release's metrics appear under in Prometheus (counters _total, histograms _bucket...)."""
+    names = set()
+    for m in snapshot["metrics"]:
+        name, kind = m["name"], m["kind"]
+        if kind == "counter":
+            names |= {name, name.removesuffix("_total") + "_total"}
+        elif kind == "histogram":
+            names |= {name + s for s in ("_bucket", "_sum", "_count")}
+        else:
+            names.add(name)
+    return names
+
+
+@pytest.mark.parametrize("version", ["0.34.0", "0.11.0"])
+def test_every_vllm_metric_used_exists_in_the_release(plan_variant, version):
+    import re
+
+    from infra.vllm_argv import load_snapshot
+
+    plan = plan_variant("prod", lambda v: v.update({"vllm-gke:vllmVersion": version}))
+    obs = plan.platform.observability
+    texts = [json.dumps(obs.dashboard_definition), json.dumps(obs.alert_definitions)]
+    texts += [json.dumps(h["spec"]["metrics"]) for h in manifests_of(plan, "HorizontalPodAutoscaler")]
+    used = {m for t in texts for m in re.findall(r"vllm:[a-z0-9_:]+", t)}
+    assert used and "vllm:num_requests_waiting" in used
+    missing = used - exposed(load_snapshot(version))
+    assert not missing, f"vLLM {version} exports no {sorted(missing)}"
