@@ -20,11 +20,25 @@ from infra.manifests import catalog_or_none, describe, is_builtin, validate, val
 from infra.plan import STACKS_DIR, Plan, run_plan
 from infra.plan_output import write_plan
 from infra.report import Verdicts, load_policy_config, verdicts
+from infra.vllm_argv import check_argv, load_snapshot
 from policies.rules import POLICIES, resolve_levels
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan vllm-gke stacks offline: resources, manifests, dashboards, verdicts.")
 console = Console(width=140)
+
+
+def vllm_argv_problems(plan: Plan) -> list[tuple[str, str]]:
+    """Every vLLM server's argv against the chosen release's real parser (images/vllm-versions)."""
+    snapshot = load_snapshot(plan.config.vllm_version)
+    out = []
+    for doc in plan.manifests():
+        if doc.get("kind") != "Deployment":
+            continue
+        for c in doc["spec"]["template"]["spec"].get("containers", []):
+            if "/opt/vllm-gke/serve.py" in c.get("command", []):
+                out += [(describe(doc), err) for err in check_argv(c.get("args", []), snapshot)]
+    return out
 
 
 def resource_table(plan: Plan, detail: bool) -> Table:
@@ -132,6 +146,12 @@ def plan(
         custom = sum(not is_builtin(d) for d in docs)
         console.print(f"[yellow]{custom} custom resources not checked: no upstream CRDs at {crds or DEFAULT_CRD_DIR} "
                       f"(pass --crds DIR or set {CRD_DIR_ENV})[/]", highlight=False)
+    argv_errors = vllm_argv_problems(result)
+    for what, err in argv_errors:
+        console.print(f"[bold red]vLLM {result.config.vllm_version} would refuse[/] {what}: {err}", highlight=False)
+    if not argv_errors:
+        console.print(f"[green]every vLLM command line parses with vLLM {result.config.vllm_version}'s parser "
+                      "(snapshot)[/]")
     assert result.platform.observability is not None
     dashboard_errors = validate_dashboard(result.platform.observability.dashboard_definition)
     for err in dashboard_errors:
@@ -152,7 +172,7 @@ def plan(
         files = write_plan(result, out, report.to_json())
         console.print(f"wrote {len(files)} files under {out / stack}/ (manifests/, dashboard.json, "
                       "alert-policies.json, resources.json, verdicts.json)")
-    if problems or dashboard_errors or report.mandatory:
+    if problems or dashboard_errors or argv_errors or report.mandatory:
         raise typer.Exit(1)
 
 

@@ -111,3 +111,18 @@ def test_plan_without_upstream_crds_says_so(tmp_path, monkeypatch):
 def test_plan_with_a_crd_folder_that_is_not_one(tmp_path):
     result = runner.invoke(app, ["plan", "--stack", "dev", "--no-write", "--crds", str(tmp_path / "nope")])
     assert result.exit_code == 2 and "--crds" in result.output and "Traceback" not in result.output
+
+
+def test_plan_checks_every_vllm_command_line(plans):
+    import copy
+    from types import SimpleNamespace
+
+    from infra.cli import vllm_argv_problems
+
+    assert vllm_argv_problems(plans["dev"]) == []
+    docs = copy.deepcopy(plans["dev"].manifests())
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "qwen-7b-short")
+    deployment["spec"]["template"]["spec"]["containers"][0]["args"].append("--no-such-flag")
+    tampered = SimpleNamespace(config=plans["dev"].config, manifests=lambda: docs)
+    ((what, err),) = vllm_argv_problems(tampered)
+    assert what == "Deployment vllm/qwen-7b-short" and "--no-such-flag" in err
