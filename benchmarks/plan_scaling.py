@@ -52,8 +52,8 @@ def scaled_config(tenants: int, models: int) -> dict[str, Any]:
 
 
 def run_one(tenants: int, models: int) -> dict[str, Any]:
-    from infra.plan import run_program
-    from policies.rules import evaluate
+    from vllm_gke.infra.plan import run_program
+    from vllm_gke.policies.rules import evaluate
 
     # pulumi_gcp loads its modules on first use: one small plan first, so the timing below is the
     # plan's own work, not import time.

@@ -1,13 +1,13 @@
 """Reusable Pulumi components for serving vLLM on GKE; one component per module."""
 
-from components.gateway import Gateway, GatewayArgs, RouteTarget
-from components.gpu_cluster import GpuCluster, GpuClusterArgs
-from components.mesh_namespace import MeshNamespace, MeshNamespaceArgs
-from components.metrics_adapter import MetricsAdapter, MetricsAdapterArgs
-from components.model_store import ModelStore, ModelStoreArgs
-from components.observability import Observability, ObservabilityArgs
-from components.tenant_auth import TenantAuth, TenantAuthArgs
-from components.vllm_service import VllmService, VllmServiceArgs
+from vllm_gke.components.gateway import Gateway, GatewayArgs, RouteTarget
+from vllm_gke.components.gpu_cluster import GpuCluster, GpuClusterArgs
+from vllm_gke.components.mesh_namespace import MeshNamespace, MeshNamespaceArgs
+from vllm_gke.components.metrics_adapter import MetricsAdapter, MetricsAdapterArgs
+from vllm_gke.components.model_store import ModelStore, ModelStoreArgs
+from vllm_gke.components.observability import Observability, ObservabilityArgs
+from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs
+from vllm_gke.components.vllm_service import VllmService, VllmServiceArgs
 
 __all__ = [
     "Gateway", "GatewayArgs", "GpuCluster", "GpuClusterArgs", "MeshNamespace", "MeshNamespaceArgs",

@@ -21,11 +21,11 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from components.k8s_meta import ACCESS_LABEL, custom_resource, meta
-from components.options import child_opts
-from components.project_apis import ProjectApis
-from components.serving_api import ISSUER_HEADER
-from components.specs import GatewaySpec
+from vllm_gke.components.k8s_meta import ACCESS_LABEL, custom_resource, meta
+from vllm_gke.components.options import child_opts
+from vllm_gke.components.project_apis import ProjectApis
+from vllm_gke.components.serving_api import ISSUER_HEADER
+from vllm_gke.components.specs import GatewaySpec
 
 GATEWAY_NAME = "vllm"
 LENGTH_HINT_HEADER = "x-vllm-gke-length"

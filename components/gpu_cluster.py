@@ -11,11 +11,11 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from components.gcp_names import service_account_id
-from components.k8s_meta import COMPUTE_CLASS_LABEL, NODE_POOL_LABEL, custom_resource, meta
-from components.options import child_opts
-from components.project_apis import ProjectApis
-from components.specs import ClusterSpec, MaintenanceSpec, NodePoolSpec, UpgradeSpec
+from vllm_gke.components.gcp_names import service_account_id
+from vllm_gke.components.k8s_meta import COMPUTE_CLASS_LABEL, NODE_POOL_LABEL, custom_resource, meta
+from vllm_gke.components.options import child_opts
+from vllm_gke.components.project_apis import ProjectApis
+from vllm_gke.components.specs import ClusterSpec, MaintenanceSpec, NodePoolSpec, UpgradeSpec
 
 NODE_ROLES = (
     "roles/logging.logWriter",

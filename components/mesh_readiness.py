@@ -21,9 +21,9 @@ from typing import Literal, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.k8s_meta import meta
-from components.options import child_opts
-from components.specs import ImageRef
+from vllm_gke.components.k8s_meta import meta
+from vllm_gke.components.options import child_opts
+from vllm_gke.components.specs import ImageRef
 
 NAMESPACE = "vllm-gke-mesh-check"
 NAME = "mesh-ready"

@@ -14,10 +14,10 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from components.k8s_meta import meta
-from components.options import child_opts
-from components.project_apis import ProjectApis
-from components.specs import ImageRef
+from vllm_gke.components.k8s_meta import meta
+from vllm_gke.components.options import child_opts
+from vllm_gke.components.project_apis import ProjectApis
+from vllm_gke.components.specs import ImageRef
 
 NAMESPACE = "custom-metrics"
 NAME = "custom-metrics-stackdriver-adapter"

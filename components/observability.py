@@ -1,30 +1,27 @@
 """Observability: a Cloud Monitoring dashboard and alert policies over Managed Prometheus.
 
 vLLM metrics come from each VllmService's PodMonitoring, GPU metrics from GKE's managed DCGM
-package. Alert policies are built as google-cloud-monitoring protos, so a misspelt field
-fails at plan time instead of at `pulumi up`.
+package. The dashboard and the alert policies are plain data in the Cloud Monitoring API's
+shape; the offline plan parses both with the API's own protos (infra/manifests.py), so a
+misspelt field fails at plan time. (Not here: importing those protos next to the Pulumi
+provider SDK's own copy of google.rpc.Status would break the component package's process.)
 """
 
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import pulumi
 import pulumi_gcp as gcp
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", FutureWarning)  # google-api-core's notice about Python 3.11's EOL
-    from google.cloud import monitoring_v3
+from vllm_gke.components.options import child_opts
+from vllm_gke.components.project_apis import ProjectApis
+from vllm_gke.components.specs import MonitoringSpec
 
-from components.options import child_opts
-from components.project_apis import ProjectApis
-from components.specs import MonitoringSpec
-
-AlertPolicy = monitoring_v3.AlertPolicy
-Condition = AlertPolicy.Condition
+# An alert policy as gcp.monitoring.AlertPolicy keyword arguments (the API's fields, snake_case).
+AlertPolicy = dict[str, Any]
 
 
 def kv_cache_usage(cluster: str, metric: str = "vllm:kv_cache_usage_perc") -> str:
@@ -79,17 +76,16 @@ def dashboard_json(title: str, cluster: str, kv_metric: str = "vllm:kv_cache_usa
 
 
 def _policy(name: str, query: str, duration_s: int, doc: str, severity: str) -> AlertPolicy:
-    return AlertPolicy(
-        display_name=name,
-        combiner=AlertPolicy.ConditionCombinerType.OR,
-        severity=AlertPolicy.Severity[severity],
-        documentation=AlertPolicy.Documentation(content=doc, mime_type="text/markdown"),
-        conditions=[Condition(
-            display_name=name,
-            condition_prometheus_query_language=Condition.PrometheusQueryLanguageCondition(
-                query=query, duration=f"{duration_s}s", evaluation_interval="60s"),
-        )],
-    )
+    condition: dict[str, Any] = {"query": query, "evaluation_interval": "60s"}
+    if duration_s:
+        condition["duration"] = f"{duration_s}s"
+    return {
+        "display_name": name,
+        "combiner": "OR",
+        "severity": severity,
+        "documentation": {"content": doc, "mime_type": "text/markdown"},
+        "conditions": [{"display_name": name, "condition_prometheus_query_language": condition}],
+    }
 
 
 def alert_policies(cluster: str, spec: MonitoringSpec, kv_metric: str = "vllm:kv_cache_usage_perc") -> list[AlertPolicy]:
@@ -115,21 +111,6 @@ def alert_policies(cluster: str, spec: MonitoringSpec, kv_metric: str = "vllm:kv
                 f"enable fp8 KV cache, or scale out. Preemptions: vllm:num_preemptions_total{sel}.",
                 "WARNING"),
     ]
-
-
-def _strip_empty(value: Any) -> Any:
-    if isinstance(value, dict):
-        out = {k: _strip_empty(v) for k, v in value.items()}
-        return {k: v for k, v in out.items() if v not in ("", [], {}, None, False)}
-    if isinstance(value, list):
-        return [_strip_empty(v) for v in value]
-    return value
-
-
-def pulumi_alert_args(policy: AlertPolicy) -> dict[str, Any]:
-    """The proto as gcp.monitoring.AlertPolicy keyword arguments (snake_case, enums by name)."""
-    data = AlertPolicy.to_dict(policy, preserving_proto_field_name=True, use_integers_for_enums=False)
-    return _strip_empty(data)
 
 
 @dataclass
@@ -164,8 +145,7 @@ class Observability(pulumi.ComponentResource):
                 labels={"email_address": email}, opts=child).name
             for i, email in enumerate(args.spec.notification_emails)
         ]
-        self.alert_definitions = [pulumi_alert_args(p)
-                                  for p in alert_policies(args.cluster_name, args.spec, args.kv_cache_metric)]
+        self.alert_definitions = alert_policies(args.cluster_name, args.spec, args.kv_cache_metric)
         self.alert_policies = []
         for i, kwargs in enumerate(self.alert_definitions):
             self.alert_policies.append(gcp.monitoring.AlertPolicy(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Optional, Sequence
 
-from components.specs import TenantSpec
+from vllm_gke.components.specs import TenantSpec
 
 # Istio writes the verified JWT's issuer into this header (and overwrites a client's copy);
 # the route also strips client copies before the request reaches the mesh.

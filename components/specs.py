@@ -16,7 +16,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from components.catalog import (
+from vllm_gke.components.catalog import (
     CPU_MACHINE_TYPES,
     GPU_MACHINE_TYPES,
     KV_CACHE_BYTES,
@@ -106,8 +106,11 @@ class Spec(BaseModel):
 
 
 class ImageRef(Spec):
+    # Image repository, without tag or digest (e.g. us-central1-docker.pkg.dev/proj/repo/vllm-server).
     repository: str
+    # Image tag: a release, never latest (tag or digest is required).
     tag: Optional[str] = None
+    # Image digest, sha256:<64 hex>; pins the image exactly.
     digest: Optional[str] = None
 
     @field_validator("repository")
@@ -142,7 +145,9 @@ class ImageRef(Spec):
 
 
 class AuthorizedNetwork(Spec):
+    # A source range allowed to reach the control plane.
     cidr: Cidr
+    # A label for the range.
     display_name: str = "authorized"
 
 
@@ -150,7 +155,9 @@ class MaintenanceWindow(Spec):
     """A recurring window (RFC 5545 RRULE) in which GKE may upgrade the control plane and nodes."""
 
     start_time: UtcTime  # e.g. 2026-01-03T02:00:00Z; the time of day and length repeat
+    # End of the first window (RFC 3339 UTC).
     end_time: UtcTime
+    # How the window repeats (RFC 5545 RRULE).
     recurrence: str = "FREQ=WEEKLY;BYDAY=SA,SU"
 
     @field_validator("recurrence")
@@ -164,33 +171,49 @@ class MaintenanceWindow(Spec):
 class MaintenanceExclusion(Spec):
     """A period with no upgrades of the given scope (e.g. a launch week)."""
 
+    # The exclusion's name.
     name: Name
+    # Start (RFC 3339 UTC).
     start_time: UtcTime
+    # End (RFC 3339 UTC).
     end_time: UtcTime
+    # Which upgrades are held back.
     scope: Literal["NO_UPGRADES", "NO_MINOR_UPGRADES", "NO_MINOR_OR_NODE_UPGRADES"] = "NO_MINOR_OR_NODE_UPGRADES"
 
 
 class MaintenanceSpec(Spec):
+    # When GKE may upgrade; unset lets GKE choose.
     window: Optional[MaintenanceWindow] = None
+    # Periods with no upgrades.
     exclusions: list[MaintenanceExclusion] = Field(default_factory=list)
 
 
 class ClusterSpec(Spec):
+    # Cluster name; also the prefix of the VPC, subnets and service accounts.
     name: Name
+    # Zones of the node pools, in gcp:region; the first also holds a zonal Filestore.
     zones: list[str] = Field(min_length=1)
+    # GKE release channel (also picks the managed mesh revision).
     release_channel: Literal["RAPID", "REGULAR", "STABLE"] = "REGULAR"
+    # Machine type of the CPU system pool.
     system_machine_type: str = "e2-standard-4"
     # Total system nodes across all zones (not per zone); the pool autoscales up to systemMaxNodes.
     system_nodes: int = Field(default=1, ge=1, le=10)
+    # Upper bound of the system pool's autoscaling (total).
     system_max_nodes: Optional[int] = Field(default=None, ge=1, le=20)
+    # Node subnet range.
     subnet_cidr: Cidr = "10.10.0.0/20"
+    # Pod (secondary) range.
     pods_cidr: Cidr = "10.20.0.0/14"
+    # Service (secondary) range.
     services_cidr: Cidr = "10.24.0.0/20"
     # The control plane's private range: exactly a /28 (GKE's requirement).
     master_cidr: Cidr = "172.16.0.0/28"
     # The proxy-only subnet regional load balancers' Envoys use (one per region and VPC).
     proxy_only_cidr: Cidr = "10.129.0.0/23"
+    # Nodes without public IPs (egress through Cloud NAT).
     private_nodes: bool = True
+    # Protect the cluster and the weights share from deletion.
     deletion_protection: bool = True
     # Cloud Service Mesh (managed Istio) enforces the tenants' JWT and authorization policies.
     # The fleet feature is one per project: set false where another stack already manages it.
@@ -199,6 +222,7 @@ class ClusterSpec(Spec):
     authorized_networks: list[AuthorizedNetwork] = Field(default_factory=list)
     # Control plane reachable only from inside the VPC (Pulumi must then run from there).
     private_endpoint: bool = False
+    # Maintenance window and exclusions.
     maintenance: MaintenanceSpec = Field(default_factory=MaintenanceSpec)
 
     @property
@@ -238,9 +262,13 @@ class UpgradeSpec(Spec):
     a replica can move before its old node drains (it needs quota for one more node); BLUE_GREEN
     keeps the old nodes until the new ones soak."""
 
+    # Node upgrade strategy.
     strategy: Literal["SURGE", "BLUE_GREEN"] = "SURGE"
+    # SURGE: extra nodes created during an upgrade.
     max_surge: int = Field(default=1, ge=0, le=20)
+    # SURGE: nodes that may be down at once.
     max_unavailable: int = Field(default=0, ge=0, le=20)
+    # BLUE_GREEN: how long the new nodes soak.
     soak_minutes: int = Field(default=30, ge=0, le=1440)
 
     @model_validator(mode="after")
@@ -254,15 +282,23 @@ class NodePoolSpec(Spec):
     """A GPU node pool. Accelerator type and count come from the machine type. Node counts are
     totals across the cluster's zones (GKE's total_*_node_count), not per zone."""
 
+    # Node pool name, referenced by models[].nodePool.
     name: Name
+    # GPU machine type; the accelerator and its count follow from it.
     machine_type: str
+    # MIG profile to split each GPU into (valid for that GPU).
     gpu_partition_size: Optional[str] = None
+    # Spot VMs.
     spot: bool = False
     # Spot pools get an on-demand twin (min 0) that a ComputeClass falls back to.
     on_demand_fallback: bool = True
+    # Fewest nodes (total across zones).
     min_nodes: int = Field(default=0, ge=0)
+    # Most nodes (total across zones).
     max_nodes: int = Field(default=1, ge=1, le=1000)
+    # Boot disk per node, GB.
     disk_size_gb: int = Field(default=200, ge=100)
+    # How GKE replaces the pool's nodes.
     upgrade: UpgradeSpec = Field(default_factory=UpgradeSpec)
     # With a fallback pool: move pods back to spot when it returns. Off by default: it evicts warm
     # replicas that then reload their weights, a visible outage on single-replica pools.
@@ -370,18 +406,26 @@ def extra_arg_problem(arg: str) -> Optional[str]:
 
 
 class CustomShape(Spec):
+    # Parameters, in billions.
     params_billion: float = Field(gt=0)
+    # Transformer layers.
     layers: int = Field(gt=0)
+    # Key/value heads.
     kv_heads: int = Field(gt=0)
+    # Dimension of one attention head.
     head_dim: int = Field(gt=0)
 
 
 class ServingPoolSpec(Spec):
     """One replica set of a model; each model has a short-request and a long-request pool."""
 
+    # Fewest replicas (the autoscaler's floor).
     min_replicas: int = Field(default=1, ge=1)
+    # Most replicas (the autoscaler's ceiling).
     max_replicas: int = Field(default=2, ge=1)
+    # Sequences vLLM batches at once (--max-num-seqs).
     max_num_seqs: int = Field(default=64, ge=1, le=4096)
+    # Tokens per scheduler step (--max-num-batched-tokens).
     max_num_batched_tokens: Optional[int] = Field(default=None, ge=256)
     # Context window this pool accepts; defaults to the model's maxModelLen.
     max_model_len: Optional[int] = Field(default=None, ge=256)
@@ -409,23 +453,37 @@ def _long_default() -> ServingPoolSpec:
 
 
 class ModelSpec(Spec):
+    # Model name: the served model name and route /<name>/v1.
     name: Name
     # hf://org/repo or gs://bucket/prefix
     source: str
+    # Git branch, tag or commit of the source.
     revision: str = "main"
+    # Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b).
     shape: str | CustomShape
+    # Weight dtype or quantisation.
     dtype: Literal["bfloat16", "float16", "fp8", "int8", "awq", "gptq"] = "bfloat16"
+    # KV-cache dtype.
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    # GPUs one replica spans (whole GPUs only).
     tensor_parallel_size: int = Field(default=1, ge=1, le=16)
+    # Longest context, in tokens.
     max_model_len: int = Field(default=8192, ge=256)
+    # Share of each GPU or slice vLLM may use.
     gpu_memory_utilization: float = Field(default=0.90, ge=0.5, le=0.98)
+    # Split long prefills across steps.
     enable_chunked_prefill: bool = True
+    # Reuse KV cache across requests with a common prefix.
     enable_prefix_caching: bool = True
+    # Node pool the replicas run on.
     node_pool: Name
     # Requests whose body is at least this many bytes go to the long pool.
     long_request_bytes: int = Field(default=16384, ge=1024)
+    # The short-request pool.
     short: ServingPoolSpec = Field(default_factory=_short_default)
+    # The long-request pool.
     long: ServingPoolSpec = Field(default_factory=_long_default)
+    # More vLLM flags, checked against the release's parser; platform-managed flags and secrets are refused.
     extra_args: list[str] = Field(default_factory=list)
 
     @field_validator("source")
@@ -485,7 +543,9 @@ class ModelSpec(Spec):
 
 
 class JwtSpec(Spec):
+    # The JWT issuer (iss) of the tenant's tokens, an https URL.
     issuer: str
+    # Where the issuer's signing keys are (https).
     jwks_uri: str
     # Required: without audiences the mesh accepts a token the issuer minted for any other service.
     audiences: list[str] = Field(min_length=1)
@@ -503,19 +563,25 @@ class JwtSpec(Spec):
 
 
 class RateLimitSpec(Spec):
+    # Requests admitted per tenant and replica in any 60 seconds.
     requests_per_minute: int = Field(ge=1)
 
 
 class DedicatedSpec(Spec):
     """Models a tenant gets its own replicas of, on its own (often MIG) node pool."""
 
+    # Models the tenant gets its own replicas of.
     models: list[Name] = Field(min_length=1)
+    # Node pool of those replicas.
     node_pool: Name
 
 
 class TenantSpec(Spec):
+    # Tenant name; its namespace is tenant-<name>.
     name: Name
+    # How the tenant's tokens are verified.
     jwt: JwtSpec
+    # Models the tenant may call.
     models: list[Name] = Field(min_length=1)
 
     @field_validator("models")
@@ -526,8 +592,11 @@ class TenantSpec(Spec):
             raise ValueError(f"models {dupes} are listed more than once")
         return v
 
+    # The tenant's request rate limit.
     rate_limit: RateLimitSpec
+    # Most tokens one request may make vLLM generate (all sequences together).
     max_tokens: int = Field(ge=1, le=131072)
+    # Replicas of the tenant's own.
     dedicated: Optional[DedicatedSpec] = None
 
 
@@ -536,6 +605,7 @@ class GatewaySpec(Spec):
     class_name: Literal[
         "gke-l7-regional-external-managed", "gke-l7-rilb", "gke-l7-global-external-managed"
     ] = "gke-l7-rilb"
+    # The DNS name clients use (required for a managed certificate).
     hostname: Optional[Hostname] = None
     # TLS from an existing kubernetes.io/tls Secret in the serving namespace...
     tls_secret_name: Optional[K8sName] = None
@@ -544,6 +614,7 @@ class GatewaySpec(Spec):
     managed_certificate: bool = False
     # Reserve the load balancer's address, so DNS records survive a re-created Gateway.
     static_ip: bool = True
+    # Backend timeout; long generations stream for minutes.
     request_timeout_seconds: int = Field(default=600, ge=30, le=3600)
 
     @property
@@ -572,7 +643,9 @@ class GatewaySpec(Spec):
 
 
 class SecretKeyRef(Spec):
+    # Secret name.
     name: K8sName
+    # Key in the Secret's data.
     key: str = "token"
 
     @field_validator("key")
@@ -587,6 +660,7 @@ class WeightsSpec(Spec):
     # REGIONAL replicates across the region's zones: the share survives a zone outage, which a
     # zonal tier serving a multi-zone cluster does not.
     tier: Literal["auto", "BASIC_HDD", "BASIC_SSD", "ZONAL", "REGIONAL"] = "auto"
+    # Filestore capacity, GiB; default: the tier's minimum or the weights plus headroom.
     capacity_gb: Optional[int] = Field(default=None, ge=1024)
     # Secret Manager secret holding the Hugging Face token; the loader mounts it through the
     # GKE Secret Manager CSI add-on, so the token never enters Pulumi state or a manifest.
@@ -613,16 +687,22 @@ class WeightsSpec(Spec):
 
 
 class MonitoringSpec(Spec):
+    # Who alert policies notify.
     notification_emails: list[Email] = Field(default_factory=list)
+    # p95 queue time that pages.
     queue_latency_slo_seconds: float = Field(default=2.0, gt=0)
+    # p95 time to first token that warns.
     ttft_slo_seconds: float = Field(default=3.0, gt=0)
+    # KV-cache usage that warns.
     kv_cache_alert_ratio: float = Field(default=0.95, gt=0, le=1)
 
 
 class CostSpec(Spec):
     # Sustained generation throughput of one physical GPU for your models (measure it).
     tokens_per_second_per_gpu: float = Field(default=1500.0, gt=0)
+    # Expected share of capacity in use.
     target_utilization: float = Field(default=0.6, gt=0, le=1)
+    # Hours a month the report prices.
     hours_per_month: float = Field(default=730.0, gt=0, le=744)
 
 

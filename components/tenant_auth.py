@@ -16,11 +16,11 @@ from urllib.parse import urlsplit
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.k8s_meta import MODEL_LABEL, TENANT_LABEL, custom_resource, meta
-from components.mesh_namespace import ISTIO_API, MeshNamespace, MeshNamespaceArgs, TrustedSources
-from components.options import child_opts
-from components.serving_api import ISSUER_HEADER, Route, mesh_operations, tenant_routes
-from components.specs import TenantSpec
+from vllm_gke.components.k8s_meta import MODEL_LABEL, TENANT_LABEL, custom_resource, meta
+from vllm_gke.components.mesh_namespace import ISTIO_API, MeshNamespace, MeshNamespaceArgs, TrustedSources
+from vllm_gke.components.options import child_opts
+from vllm_gke.components.serving_api import ISSUER_HEADER, Route, mesh_operations, tenant_routes
+from vllm_gke.components.specs import TenantSpec
 
 
 def tenant_namespace(tenant: TenantSpec) -> str:

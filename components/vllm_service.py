@@ -15,12 +15,12 @@ from typing import Any, Literal, Mapping, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.gpu_cluster import placement_for
-from components.k8s_meta import BASE_LABELS, MODEL_LABEL, POOL_LABEL, TENANT_LABEL, custom_resource, meta
-from components.model_store import MOUNT_PATH, model_dir, ready_marker
-from components.options import child_opts
-from components.specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
-from components.vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
+from vllm_gke.components.gpu_cluster import placement_for
+from vllm_gke.components.k8s_meta import BASE_LABELS, MODEL_LABEL, POOL_LABEL, TENANT_LABEL, custom_resource, meta
+from vllm_gke.components.model_store import MOUNT_PATH, model_dir, ready_marker
+from vllm_gke.components.options import child_opts
+from vllm_gke.components.specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
+from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
 
 PORT = 8000
 WARM_MARKER = "/tmp/vllm-gke-warm"

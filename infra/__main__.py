@@ -1,6 +1,6 @@
 """Entry point for `pulumi up -s <stack>` (Pulumi.yaml: main: infra/)."""
 
-from infra.config import load
-from infra.program import build
+from vllm_gke.infra.config import load
+from vllm_gke.infra.program import build
 
 build(load())

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from components.model_store import REGIONAL_TIERS
-from infra.capacity import placements
-from infra.config import StackConfig
+from vllm_gke.components.model_store import REGIONAL_TIERS
+from vllm_gke.infra.capacity import placements
+from vllm_gke.infra.config import StackConfig
 
 
 def plan_warnings(cfg: StackConfig, filestore_tier: str) -> list[str]:

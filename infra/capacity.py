@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
+from vllm_gke.components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
 
 if TYPE_CHECKING:
-    from infra.config import StackConfig
+    from vllm_gke.infra.config import StackConfig
 
 GB = 1e9
 RUNTIME_OVERHEAD_GB = 1.0

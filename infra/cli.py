@@ -14,14 +14,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infra.config import ConfigError
-from infra.crd_validation import CRD_DIR_ENV, DEFAULT_CRD_DIR
-from infra.manifests import catalog_or_none, describe, is_builtin, validate, validate_dashboard
-from infra.plan import STACKS_DIR, Plan, run_plan
-from infra.plan_output import write_plan
-from infra.report import Verdicts, load_policy_config, verdicts
-from infra.vllm_argv import check_argv, load_snapshot
-from policies.rules import POLICIES, resolve_levels
+from vllm_gke.infra.config import ConfigError
+from vllm_gke.infra.crd_validation import CRD_DIR_ENV, DEFAULT_CRD_DIR
+from vllm_gke.infra.manifests import (
+    catalog_or_none, describe, is_builtin, validate, validate_alert_policy, validate_dashboard,
+)
+from vllm_gke.infra.plan import STACKS_DIR, Plan, run_plan
+from vllm_gke.infra.plan_output import write_plan
+from vllm_gke.infra.report import Verdicts, load_policy_config, verdicts
+from vllm_gke.infra.vllm_argv import check_argv, load_snapshot
+from vllm_gke.policies.rules import POLICIES, resolve_levels
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan vllm-gke stacks offline: resources, manifests, dashboards, verdicts.")
@@ -154,10 +156,11 @@ def plan(
                       "(snapshot)[/]")
     assert result.platform.observability is not None
     dashboard_errors = validate_dashboard(result.platform.observability.dashboard_definition)
+    dashboard_errors += [e for p in result.platform.observability.alert_definitions for e in validate_alert_policy(p)]
     for err in dashboard_errors:
-        console.print(f"[bold red]dashboard JSON rejected by the Cloud Monitoring schema:[/] {err}", highlight=False)
+        console.print(f"[bold red]rejected by the Cloud Monitoring API's schema:[/] {err}", highlight=False)
     if not dashboard_errors:
-        console.print("[green]dashboard JSON parses as a Cloud Monitoring Dashboard[/]")
+        console.print("[green]dashboard and alert policies parse as Cloud Monitoring API messages[/]")
 
     console.print(policy_table(report))
     for v in report.violations:

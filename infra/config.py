@@ -15,11 +15,11 @@ from typing import Any, Literal, Mapping, Optional
 import pulumi
 from pydantic import Field, ValidationError, field_validator
 
-from components.specs import (
+from vllm_gke.components.specs import (
     ClusterSpec, CostSpec, GatewaySpec, ImageRef, ModelSpec, MonitoringSpec, Name, NodePoolSpec,
     Spec, TenantSpec, WeightsSpec,
 )
-from components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
 
 PROJECT = "vllm-gke"
 # Fields that live in another provider's namespace in stack config.
@@ -112,7 +112,7 @@ def parse(values: Mapping[str, Any], source: str = "stack config") -> StackConfi
         cfg = None
         issues += [ConfigIssue(config_key(e["loc"]), _problem(e)) for e in exc.errors()]
     if cfg is not None:
-        from infra.config_rules import cross_field_issues
+        from vllm_gke.infra.config_rules import cross_field_issues
 
         issues += cross_field_issues(cfg)
     if issues:

@@ -8,13 +8,13 @@ import ipaddress
 from collections import Counter
 from typing import TYPE_CHECKING, Callable
 
-from components.specs import MANAGED_VLLM_OPTIONS, ModelSpec
-from components.vllm_versions import release
-from infra.capacity import gpu_slots_by_pool, pool_capacity
-from infra.vllm_argv import check_argv, load_snapshot, normalise
+from vllm_gke.components.specs import MANAGED_VLLM_OPTIONS, ModelSpec
+from vllm_gke.components.vllm_versions import release
+from vllm_gke.infra.capacity import gpu_slots_by_pool, pool_capacity
+from vllm_gke.infra.vllm_argv import check_argv, load_snapshot, normalise
 
 if TYPE_CHECKING:
-    from infra.config import ConfigIssue, StackConfig
+    from vllm_gke.infra.config import ConfigIssue, StackConfig
 
 PROJECT = "vllm-gke"
 # Namespaces the platform (or Kubernetes, or the mesh) owns.
@@ -25,7 +25,7 @@ Add = Callable[[str, str], None]
 
 
 def cross_field_issues(cfg: "StackConfig") -> list["ConfigIssue"]:
-    from infra.config import ConfigIssue
+    from vllm_gke.infra.config import ConfigIssue
 
     issues: list[ConfigIssue] = []
 

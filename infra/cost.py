@@ -11,11 +11,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from infra.capacity import gpu_slots_by_pool
-from infra.pricing import FILESTORE_GIB_MONTH, GKE_CLUSTER_FEE_HOUR, MACHINE_PRICES, PRICES_AS_OF
+from vllm_gke.infra.capacity import gpu_slots_by_pool
+from vllm_gke.infra.pricing import FILESTORE_GIB_MONTH, GKE_CLUSTER_FEE_HOUR, MACHINE_PRICES, PRICES_AS_OF
 
 if TYPE_CHECKING:
-    from infra.config import StackConfig
+    from vllm_gke.infra.config import StackConfig
 
 
 @dataclass(frozen=True)

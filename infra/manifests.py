@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import kubernetes_validate
 
-from infra.crd_validation import CrdCatalog, crd_dir, load_catalog, validate_custom_resource
+from vllm_gke.infra.crd_validation import CrdCatalog, crd_dir, load_catalog, validate_custom_resource
 
 KUBERNETES_VERSION = "1.33.0"
 
@@ -69,6 +69,28 @@ def validate_dashboard(definition: dict[str, Any]) -> list[str]:
         monitoring_dashboard_v1.Dashboard.from_json(json.dumps(definition))
     except Exception as exc:  # the proto parser raises ParseError subclasses of several kinds
         return [str(exc).splitlines()[0]]
+    return []
+
+
+def validate_alert_policy(policy: dict[str, Any]) -> list[str]:
+    """Parse an alert policy (gcp.monitoring.AlertPolicy kwargs) as the API's own message."""
+    from pydantic.alias_generators import to_camel
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        from google.cloud import monitoring_v3
+
+    def camel(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {to_camel(k): camel(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [camel(v) for v in value]
+        return value
+
+    try:
+        monitoring_v3.AlertPolicy.from_json(json.dumps(camel(policy)))
+    except Exception as exc:  # the proto parser raises ParseError subclasses of several kinds
+        return [f"{policy.get('display_name')}: {str(exc).splitlines()[0]}"]
     return []
 
 

@@ -15,10 +15,10 @@ import yaml
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from infra.config import ConfigError, ConfigIssue, StackConfig, load
-from infra.mocks import PlannedResource, RecordingMocks, RecordingMonitor
-from infra.program import Platform, build
-from policies.rules import Resource
+from vllm_gke.infra.config import ConfigError, ConfigIssue, StackConfig, load
+from vllm_gke.infra.mocks import PlannedResource, RecordingMocks, RecordingMonitor
+from vllm_gke.infra.program import Platform, build
+from vllm_gke.policies.rules import Resource
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STACKS_DIR = REPO_ROOT / "stacks"

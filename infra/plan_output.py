@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import yaml
 
-from infra.plan import Plan
+from vllm_gke.infra.plan import Plan
 
 
 def _manifest_path(doc: dict[str, Any]) -> Path:

@@ -10,21 +10,21 @@ from typing import Any
 
 import pulumi
 
-from components.gateway import Gateway, GatewayArgs, RouteTarget
-from components.gcp_names import service_account_id
-from components.gpu_cluster import GpuCluster, GpuClusterArgs
-from components.mesh_namespace import GOOGLE_HEALTH_CHECK_RANGES, MeshNamespace, MeshNamespaceArgs, TrustedSources
-from components.mesh_readiness import MeshReadiness, MeshReadinessArgs
-from components.metrics_adapter import MetricsAdapter, MetricsAdapterArgs
-from components.model_store import ModelStore, ModelStoreArgs
-from components.observability import Observability, ObservabilityArgs
-from components.project_apis import ProjectApis, ProjectApisArgs
-from components.specs import ModelSpec, TenantSpec
-from components.serving_api import guard_config, tenant_routes
-from components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host
-from components.vllm_service import VllmService, VllmServiceArgs
-from components.vllm_versions import release
-from infra.config import StackConfig
+from vllm_gke.components.gateway import Gateway, GatewayArgs, RouteTarget
+from vllm_gke.components.gcp_names import service_account_id
+from vllm_gke.components.gpu_cluster import GpuCluster, GpuClusterArgs
+from vllm_gke.components.mesh_namespace import GOOGLE_HEALTH_CHECK_RANGES, MeshNamespace, MeshNamespaceArgs, TrustedSources
+from vllm_gke.components.mesh_readiness import MeshReadiness, MeshReadinessArgs
+from vllm_gke.components.metrics_adapter import MetricsAdapter, MetricsAdapterArgs
+from vllm_gke.components.model_store import ModelStore, ModelStoreArgs
+from vllm_gke.components.observability import Observability, ObservabilityArgs
+from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
+from vllm_gke.components.specs import ModelSpec, TenantSpec
+from vllm_gke.components.serving_api import guard_config, tenant_routes
+from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host
+from vllm_gke.components.vllm_service import VllmService, VllmServiceArgs
+from vllm_gke.components.vllm_versions import release
+from vllm_gke.infra.config import StackConfig
 
 BASE_APIS = (
     "serviceusage.googleapis.com", "cloudresourcemanager.googleapis.com", "iam.googleapis.com",

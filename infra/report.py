@@ -7,11 +7,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from infra.advice import plan_warnings
-from infra.capacity import PoolCapacity, capacity_report
-from infra.cost import CostReport, cost_report
-from infra.plan import Plan
-from policies.rules import POLICIES, Violation, evaluate, resolve_levels
+from vllm_gke.infra.advice import plan_warnings
+from vllm_gke.infra.capacity import PoolCapacity, capacity_report
+from vllm_gke.infra.cost import CostReport, cost_report
+from vllm_gke.infra.plan import Plan
+from vllm_gke.policies.rules import POLICIES, Violation, evaluate, resolve_levels
 
 
 @dataclass

@@ -1,14 +1,12 @@
-"""`pulumi preview --policy-pack policies`: the vllm-gke guardrails as a CrossGuard pack."""
+"""`pulumi preview --policy-pack policies`: the vllm-gke guardrails as a CrossGuard pack.
 
-import sys
-from pathlib import Path
+It runs in the project's .venv (PulumiPolicy.yaml), where `pip install -e .` put the rules under
+the vllm_gke namespace.
+"""
 
-# The pack runs from this folder; make the repository importable for policies.rules and the catalog.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from pulumi_policy import PolicyPack
 
-from pulumi_policy import PolicyPack  # noqa: E402
-
-from policies.pack import crossguard_policies  # noqa: E402
+from vllm_gke.policies.pack import crossguard_policies
 
 PolicyPack(name="vllm-gke", policies=crossguard_policies(),
            description="Rejects unsafe or wasteful vLLM-on-GKE plans.")

@@ -8,7 +8,7 @@ from pulumi_policy import (
     EnforcementLevel, ReportViolation, StackValidationArgs, StackValidationPolicy,
 )
 
-from policies.rules import POLICIES, Policy, Resource
+from vllm_gke.policies.rules import POLICIES, Policy, Resource
 
 LEVEL = {"advisory": EnforcementLevel.ADVISORY, "mandatory": EnforcementLevel.MANDATORY,
          "disabled": EnforcementLevel.DISABLED}

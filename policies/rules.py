@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Optional, Sequence
 
-from components.catalog import ACCELERATORS
-from policies.mesh_authz import Request, decide
+from vllm_gke.components.catalog import ACCELERATORS
+from vllm_gke.policies.mesh_authz import Request, decide
 
 Level = Literal["advisory", "mandatory", "disabled"]
 LEVELS: tuple[Level, ...] = ("advisory", "mandatory", "disabled")

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import pytest
 
-from infra.plan import REPO_ROOT, Plan, read_stack_config, run_program  # noqa: F401 (REPO_ROOT for tests)
+from vllm_gke.infra.plan import REPO_ROOT, Plan, read_stack_config, run_program  # noqa: F401 (REPO_ROOT for tests)
 
 STACKS = ("dev", "staging", "prod")
 
@@ -56,7 +56,7 @@ def vllm_deployments(plan: Plan, namespace: str | None = None) -> list[dict[str,
 @pytest.fixture(scope="session")
 def crd_catalog():
     """The upstream CRDs in ../shared/upstream-crds; tests that need them skip where it is absent."""
-    from infra.crd_validation import DEFAULT_CRD_DIR, crd_dir, load_catalog
+    from vllm_gke.infra.crd_validation import DEFAULT_CRD_DIR, crd_dir, load_catalog
 
     directory = crd_dir()
     if directory is None:

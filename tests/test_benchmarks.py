@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.plan_scaling import MODEL_GRID, MODELS_PER_TENANT, TENANT_GRID, scaled_config
-from infra.config import parse
-from infra.plan import run_program
+from vllm_gke.infra.config import parse
+from vllm_gke.infra.plan import run_program
 
 
 @pytest.mark.parametrize("tenants,models", [(max(TENANT_GRID), 1), (1, max(MODEL_GRID)), (10, 5)])

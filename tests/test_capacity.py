@@ -6,10 +6,10 @@ import copy
 
 import pytest
 
-from components.catalog import MODEL_SHAPES
-from components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
-from infra.capacity import GB, RUNTIME_OVERHEAD_GB, capacity_report, pool_capacity
-from infra.config import ConfigError, parse
+from vllm_gke.components.catalog import MODEL_SHAPES
+from vllm_gke.components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
+from vllm_gke.infra.capacity import GB, RUNTIME_OVERHEAD_GB, capacity_report, pool_capacity
+from vllm_gke.infra.config import ConfigError, parse
 
 
 @pytest.mark.parametrize("shape,kv_bytes", [

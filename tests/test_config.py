@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from components.catalog import MACHINE_TYPES
-from components.specs import NodePoolSpec
-from infra.config import ConfigError, parse
+from vllm_gke.components.catalog import MACHINE_TYPES
+from vllm_gke.components.specs import NodePoolSpec
+from vllm_gke.infra.config import ConfigError, parse
 from tests.conftest import STACKS
 
 
@@ -225,7 +225,7 @@ def test_cli_reports_config_errors_without_traceback(tmp_path, stack_values):
     values = copy.deepcopy(stack_values["dev"])
     values["vllm-gke:nodePools"][0]["gpuPartitionSize"] = "1g.10gb"
     (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
-    proc = subprocess.run([sys.executable, "-m", "infra.cli", "plan", "--stack", "dev",
+    proc = subprocess.run([sys.executable, "-m", "vllm_gke.infra.cli", "plan", "--stack", "dev",
                            "--stacks-dir", str(tmp_path), "--no-write"], capture_output=True, text=True)
     assert proc.returncode == 2
     out = proc.stdout + proc.stderr

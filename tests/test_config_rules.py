@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 import pytest
 
-from components.gcp_names import is_service_account_id, service_account_id
-from infra.config import ConfigError, parse
+from vllm_gke.components.gcp_names import is_service_account_id, service_account_id
+from vllm_gke.infra.config import ConfigError, parse
 from tests.conftest import REPO_ROOT
 
 
@@ -143,7 +143,7 @@ def test_derived_service_account_ids_are_valid_and_distinct(base, role):
 
 
 def test_long_cluster_names_plan(stack_values):
-    from infra.plan import run_program
+    from vllm_gke.infra.plan import run_program
 
     values = copy.deepcopy(stack_values["prod"])
     values["vllm-gke:cluster"]["name"] = "a" * 32
@@ -155,7 +155,7 @@ def test_long_cluster_names_plan(stack_values):
 @pytest.mark.parametrize("text,words", [("{not json", "is not JSON"), ('["a"]', "not an object")])
 def test_pulumi_config_that_is_not_a_json_object(text, words):
     env = {"PULUMI_CONFIG": text, "PATH": "/usr/bin:/bin"}
-    code = ("from infra.config import load, ConfigError\n"
+    code = ("from vllm_gke.infra.config import load, ConfigError\n"
             "try:\n    load()\nexcept ConfigError as e:\n    print(e); raise SystemExit(2)\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 2 and "PULUMI_CONFIG" in result.stdout and words in result.stdout
@@ -168,7 +168,7 @@ def test_cli_exits_2_with_the_key_and_no_traceback(tmp_path, stack_values):
     values = copy.deepcopy(stack_values["dev"])
     values["vllm-gke:cluster"]["masterCidr"] = "172.16.0.0/24"
     (tmp_path / "Pulumi.bad.yaml").write_text(yaml.safe_dump({"config": values}))
-    result = subprocess.run([sys.executable, "-m", "infra.cli", "plan", "--stack", "bad", "--stacks-dir", str(tmp_path),
+    result = subprocess.run([sys.executable, "-m", "vllm_gke.infra.cli", "plan", "--stack", "bad", "--stacks-dir", str(tmp_path),
                              "--no-write"], cwd=REPO_ROOT, capture_output=True, text=True)
     assert result.returncode == 2
     assert "vllm-gke:cluster.masterCidr" in result.stdout and "/28" in result.stdout

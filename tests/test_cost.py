@@ -6,10 +6,10 @@ import copy
 
 import pytest
 
-from components.catalog import MACHINE_TYPES
-from infra.config import parse
-from infra.cost import cost_report
-from infra.pricing import MACHINE_PRICES, PRICES_AS_OF
+from vllm_gke.components.catalog import MACHINE_TYPES
+from vllm_gke.infra.config import parse
+from vllm_gke.infra.cost import cost_report
+from vllm_gke.infra.pricing import MACHINE_PRICES, PRICES_AS_OF
 
 
 def test_every_machine_type_has_a_price():

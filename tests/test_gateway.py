@@ -7,7 +7,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from components.gateway import LENGTH_HINT_HEADER, at_least_regex
+from vllm_gke.components.gateway import LENGTH_HINT_HEADER, at_least_regex
 from tests.conftest import manifests_of, props_of
 
 

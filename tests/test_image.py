@@ -12,8 +12,8 @@ import sys
 import time
 
 
-from components.vllm_service import GUARD_MIDDLEWARE, WARM_MARKER
-from infra.plan import REPO_ROOT
+from vllm_gke.components.vllm_service import GUARD_MIDDLEWARE, WARM_MARKER
+from vllm_gke.infra.plan import REPO_ROOT
 from tests.conftest import STACKS, vllm_deployments
 
 IMAGES = REPO_ROOT / "images"

@@ -7,8 +7,8 @@ import copy
 
 import pytest
 
-from infra.crd_validation import apply_defaults, eval_rule, unknown_fields
-from infra.manifests import is_builtin, validate
+from vllm_gke.infra.crd_validation import apply_defaults, eval_rule, unknown_fields
+from vllm_gke.infra.manifests import is_builtin, validate
 from tests.conftest import STACKS, manifests_of
 
 

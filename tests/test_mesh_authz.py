@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.mesh_authz import Request, decide, match_string, normalize_path
+from vllm_gke.policies.mesh_authz import Request, decide, match_string, normalize_path
 from tests.conftest import STACKS, vllm_deployments
 
 HEALTH_CHECKER = "35.191.3.4"      # Google's health-check range

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from components.model_store import plan_filestore
-from components.specs import ModelSpec, WeightsSpec
+from vllm_gke.components.model_store import plan_filestore
+from vllm_gke.components.specs import ModelSpec, WeightsSpec
 from tests.conftest import manifests_of, props_of
 
 

@@ -26,7 +26,7 @@ def test_dashboard_parses_as_the_api_message(plans, stack):
 
 
 def test_dashboard_rejects_unknown_fields(plans):
-    from infra.manifests import validate_dashboard
+    from vllm_gke.infra.manifests import validate_dashboard
 
     good = plans["dev"].platform.observability.dashboard_definition
     assert validate_dashboard(good) == []
@@ -88,7 +88,7 @@ def exposed(snapshot) -> set[str]:
 def test_every_vllm_metric_used_exists_in_the_release(plan_variant, version):
     import re
 
-    from infra.vllm_argv import load_snapshot
+    from vllm_gke.infra.vllm_argv import load_snapshot
 
     plan = plan_variant("prod", lambda v: v.update({"vllm-gke:vllmVersion": version}))
     obs = plan.platform.observability
@@ -98,3 +98,14 @@ def test_every_vllm_metric_used_exists_in_the_release(plan_variant, version):
     assert used and "vllm:num_requests_waiting" in used
     missing = used - exposed(load_snapshot(version))
     assert not missing, f"vLLM {version} exports no {sorted(missing)}"
+
+
+def test_alert_policies_parse_as_api_messages_and_a_typo_does_not(plans):
+    from vllm_gke.infra.manifests import validate_alert_policy
+
+    policies = plans["prod"].platform.observability.alert_definitions
+    assert policies and all(validate_alert_policy(p) == [] for p in policies)
+    bad = json.loads(json.dumps(policies[0]))
+    bad["conditions"][0]["condition_prometheus_query_language"]["evaluation_intervall"] = "60s"
+    (err,) = validate_alert_policy(bad)
+    assert "evaluationIntervall" in err

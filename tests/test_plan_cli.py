@@ -7,7 +7,7 @@ import json
 import yaml
 from typer.testing import CliRunner
 
-from infra.cli import app
+from vllm_gke.infra.cli import app
 
 runner = CliRunner()
 
@@ -74,18 +74,18 @@ def _untainted_plan(real_run_plan):
 
 
 def test_mandatory_violation_exits_1(monkeypatch):
-    import infra.cli
+    from vllm_gke.infra import cli as infra_cli
 
-    monkeypatch.setattr(infra.cli, "run_plan", _untainted_plan(infra.cli.run_plan))
+    monkeypatch.setattr(infra_cli, "run_plan", _untainted_plan(infra_cli.run_plan))
     result = runner.invoke(app, ["plan", "--stack", "dev", "--no-write"])
     assert result.exit_code == 1
     assert "mandatory gpu-node-pools-tainted" in " ".join(result.output.split())
 
 
 def test_policy_config_can_demote_to_advisory(monkeypatch, tmp_path):
-    import infra.cli
+    from vllm_gke.infra import cli as infra_cli
 
-    monkeypatch.setattr(infra.cli, "run_plan", _untainted_plan(infra.cli.run_plan))
+    monkeypatch.setattr(infra_cli, "run_plan", _untainted_plan(infra_cli.run_plan))
     config = tmp_path / "levels.json"
     config.write_text(json.dumps({"gpu-node-pools-tainted": "advisory"}))
     result = runner.invoke(app, ["plan", "--stack", "dev", "--no-write", "--policy-config", str(config)])
@@ -117,7 +117,7 @@ def test_plan_checks_every_vllm_command_line(plans):
     import copy
     from types import SimpleNamespace
 
-    from infra.cli import vllm_argv_problems
+    from vllm_gke.infra.cli import vllm_argv_problems
 
     assert vllm_argv_problems(plans["dev"]) == []
     docs = copy.deepcopy(plans["dev"].manifests())

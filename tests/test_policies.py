@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import pytest
 
-from policies.rules import POLICIES, POLICY_NAMES, Resource, evaluate, resolve_levels
+from vllm_gke.policies.rules import POLICIES, POLICY_NAMES, Resource, evaluate, resolve_levels
 from tests.conftest import STACKS
 
 

@@ -12,8 +12,8 @@ import yaml
 from google.protobuf import empty_pb2, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
 
-from infra.plan import REPO_ROOT
-from policies.rules import POLICY_NAMES
+from vllm_gke.infra.plan import REPO_ROOT
+from vllm_gke.policies.rules import POLICY_NAMES
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 import yaml
 
-from infra.plan import REPO_ROOT
+from vllm_gke.infra.plan import REPO_ROOT
 from tests.conftest import STACKS
 
 
@@ -65,7 +65,7 @@ def test_config_from_the_pulumi_environment(stack_values, monkeypatch):
     """Under `pulumi up` the engine may hand config over only as PULUMI_CONFIG (JSON text values)."""
     import json
 
-    from infra.plan import _as_pulumi_config, run_program
+    from vllm_gke.infra.plan import _as_pulumi_config, run_program
 
     monkeypatch.setenv("PULUMI_CONFIG", json.dumps(_as_pulumi_config(stack_values["staging"])))
     plan = run_program("staging", {})

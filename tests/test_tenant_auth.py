@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from components.serving_api import TENANT_ROUTES, mesh_operations, tenant_routes
+from vllm_gke.components.serving_api import TENANT_ROUTES, mesh_operations, tenant_routes
 
-from components.tenant_auth import ISSUER_HEADER
+from vllm_gke.components.tenant_auth import ISSUER_HEADER
 from tests.conftest import manifests_of
 
 

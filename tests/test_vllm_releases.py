@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
-from infra.vllm_argv import check_argv, load_snapshot, snapshot_versions
+from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from vllm_gke.infra.vllm_argv import check_argv, load_snapshot, snapshot_versions
 from tests.conftest import REPO_ROOT, vllm_deployments
 
 
@@ -53,7 +53,7 @@ def for_release(values, version):
 @pytest.mark.parametrize("version", sorted(RELEASES))
 @pytest.mark.parametrize("stack", ["dev", "prod"])
 def test_the_stack_program_runs_against_each_release(stack_values, stack, version):
-    from infra.plan import run_program
+    from vllm_gke.infra.plan import run_program
 
     plan = run_program(stack, for_release(stack_values[stack], version))
     snap, rel = load_snapshot(version), RELEASES[version]
@@ -67,7 +67,7 @@ def test_the_stack_program_runs_against_each_release(stack_values, stack, versio
 
 
 def test_chunked_prefill_off_uses_the_releases_switch(stack_values):
-    from infra.plan import run_program
+    from vllm_gke.infra.plan import run_program
 
     for version in RELEASES:
         values = for_release(stack_values["dev"], version)

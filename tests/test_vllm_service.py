@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from components.vllm_versions import release
+from vllm_gke.components.vllm_versions import release
 
 import pytest
 
-from components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
-from components.vllm_service import QUEUE_METRIC, container_resources, vllm_args
+from vllm_gke.components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
+from vllm_gke.components.vllm_service import QUEUE_METRIC, container_resources, vllm_args
 from tests.conftest import manifests_of, vllm_deployments
 
 

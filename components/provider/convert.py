@@ -1,0 +1,70 @@
+"""From package inputs (plain dicts, as the provider host hands them over) to the specs.
+
+The package components validate with the same pydantic specs as the stack config, so a
+TypeScript, Go or YAML program gets the same messages, naming the key as that program spelt it
+(camelCase, as in the schema): `GpuCluster.cluster.masterCidr: '172.16.0.0/24' must be a /28 ...`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, TypeVar
+
+import pulumi
+from pydantic import ValidationError
+from pydantic.alias_generators import to_camel
+
+from vllm_gke.components.specs import Spec
+
+S = TypeVar("S", bound=Spec)
+# A spec field typed `str | <Spec>` is two package inputs: `<name>` and `custom_<name>`.
+UNION_PREFIX = "custom_"
+
+
+class InputError(pulumi.RunError):
+    """Bad package input: the message names the component and the key, and says the fix."""
+
+
+def _unfold_unions(data: Any) -> Any:
+    """`custom_<name>` (the structured form of a `str | Spec` field) back into `<name>`."""
+    if isinstance(data, Mapping):
+        out = {k: _unfold_unions(v) for k, v in data.items() if v is not None}
+        for key in [k for k in out if k.startswith(UNION_PREFIX)]:
+            out.setdefault(key.removeprefix(UNION_PREFIX), out.pop(key))
+        return out
+    if isinstance(data, list):
+        return [_unfold_unions(v) for v in data]
+    return data
+
+
+def _where(component: str, field: str, loc: tuple[Any, ...]) -> str:
+    key = f"{component}.{to_camel(field)}" if field else component
+    for part in loc:
+        key += f"[{part}]" if isinstance(part, int) else f".{to_camel(str(part))}"
+    return key
+
+
+def to_spec(model: type[S], data: Any, component: str, field: str) -> S:
+    try:
+        return model.model_validate(_unfold_unions(data or {}))
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "missing":
+                msg = "is required but not set"
+            elif err["type"] == "extra_forbidden":
+                msg = "is not a known input; remove it or fix its spelling"
+            problems.append(f"{_where(component, field, tuple(err['loc']))}: {msg}")
+        raise InputError("; ".join(problems)) from None
+
+
+def to_specs(model: type[S], items: Any, component: str, field: str) -> list[S]:
+    return [to_spec(model, item, component, f"{field}[{i}]") for i, item in enumerate(items or [])]
+
+
+def kubernetes_provider(name: str, kubeconfig: pulumi.Input[str], parent: pulumi.Resource):
+    """A Kubernetes provider for a package component's children, from the cluster's kubeconfig."""
+    import pulumi_kubernetes as k8s
+
+    return k8s.Provider(f"{name}-k8s", kubeconfig=kubeconfig, enable_server_side_apply=True,
+                        opts=pulumi.ResourceOptions(parent=parent))

@@ -1,0 +1,100 @@
+"""Gateway, as the component package exposes it to every Pulumi language."""
+
+# The analyzer reads these annotations at runtime: no `from __future__ import annotations`.
+from typing import Optional, TypedDict
+
+import pulumi
+from typing_extensions import NotRequired
+
+from vllm_gke.components.gateway import Gateway as _Gateway
+from vllm_gke.components.gateway import GatewayArgs, RouteTarget
+from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
+from vllm_gke.components.provider.convert import InputError, kubernetes_provider, to_spec
+from vllm_gke.components.provider.types import GatewaySpec
+from vllm_gke.components.specs import GatewaySpec as GatewayModel
+
+
+class RouteTargetSpec(TypedDict):
+    """The two pools of one model, reachable under /<pathPrefix>/v1/..."""
+
+    route_name: str
+    """The HTTPRoute's name."""
+    namespace: pulumi.Input[str]
+    """The namespace of the route and the two Services."""
+    path_prefix: str
+    """The route's path: /<pathPrefix>/v1 (e.g. the model's name)."""
+    short_service: str
+    """The short-request pool's Service (VllmService.serviceName)."""
+    long_service: str
+    """The long-request pool's Service."""
+    long_request_bytes: int
+    """Requests with a body of at least this many bytes go to the long pool."""
+    port: NotRequired[int]
+    """The Services' port (default 8000)."""
+
+
+class GatewayInputs(TypedDict):
+    """Inputs of Gateway."""
+
+    gateway: GatewaySpec
+    """Gateway class, hostname and TLS."""
+    namespace: pulumi.Input[str]
+    """The namespace of the Gateway (the serving namespace)."""
+    targets: list[RouteTargetSpec]
+    """The models it routes to."""
+    kubeconfig: pulumi.Input[str]
+    """The cluster's kubeconfig (GpuCluster.kubeconfig)."""
+    project: str
+    """The GCP project (reserved address, certificate)."""
+    region: str
+    """The region (regional address and certificate)."""
+    subnetwork: NotRequired[pulumi.Input[str]]
+    """The subnet an internal Gateway's address comes from (GpuCluster.subnetworkId)."""
+    name_prefix: NotRequired[str]
+    """Prefix of the address and certificate names (default vllm)."""
+    enable_apis: NotRequired[bool]
+    """Enable the APIs it needs first (default true)."""
+
+
+class Gateway(pulumi.ComponentResource):
+    """Cloud Load Balancing through the GKE Gateway: HTTPS only when external, length-aware
+    routes to each model's short and long pools, health checks and backend timeouts."""
+
+    gateway_name: pulumi.Output[str]
+    """The Gateway's name."""
+    listener: pulumi.Output[str]
+    """The listener the model routes attach to (https where TLS is configured)."""
+    address: pulumi.Output[str]
+    """The reserved address ('' without staticIp)."""
+    dns_authorization_record: pulumi.Output[str]
+    """For a managed certificate: the DNS record to create, 'NAME TYPE DATA' ('' otherwise)."""
+
+    def __init__(self, name: str, args: GatewayInputs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:Gateway", name, {}, opts)
+        spec = to_spec(GatewayModel, args.get("gateway"), "Gateway", "gateway")
+        targets = []
+        for i, t in enumerate(args.get("targets") or []):
+            missing = [k for k in ("route_name", "namespace", "path_prefix", "short_service", "long_service",
+                                   "long_request_bytes") if t.get(k) is None]
+            if missing:
+                raise InputError(f"Gateway.targets[{i}]: {', '.join(missing)} required but not set")
+            targets.append(RouteTarget(t["route_name"], t["namespace"], t["path_prefix"], t["short_service"],
+                                       t["long_service"], int(t["long_request_bytes"]), int(t.get("port") or 8000)))
+        apis = None
+        if args.get("enable_apis", True):
+            needed = ["compute.googleapis.com"] + (["certificatemanager.googleapis.com"] if spec.managed_certificate else [])
+            apis = ProjectApis(f"{name}-apis", ProjectApisArgs(args["project"], needed),
+                               opts=pulumi.ResourceOptions(parent=self))
+        inner = _Gateway(name, GatewayArgs(
+            spec, args["namespace"], targets, kubernetes_provider(name, args["kubeconfig"], self),
+            project=args["project"], region=args["region"], subnetwork=args.get("subnetwork"),
+            name_prefix=args.get("name_prefix") or "vllm", apis=apis), opts=pulumi.ResourceOptions(parent=self))
+        self.gateway_name = pulumi.Output.from_input("vllm")
+        self.listener = pulumi.Output.from_input(inner.serving_listener)
+        self.address = inner.address if inner.address is not None else pulumi.Output.from_input("")
+        records = inner.dns_authorization
+        self.dns_authorization_record = records.apply(
+            lambda rs: " ".join(f"{r.name} {r.type} {r.data}" for r in rs or [])) if records is not None \
+            else pulumi.Output.from_input("")
+        self.register_outputs({"gatewayName": self.gateway_name, "listener": self.listener, "address": self.address,
+                               "dnsAuthorizationRecord": self.dns_authorization_record})

@@ -1,0 +1,59 @@
+"""Hosting the package: the SDK's ComponentProvider, plus the secret flags its analyzer cannot
+infer (an annotation cannot say `secret`), so generated SDKs and `pulumi preview` treat the
+kubeconfig as the credential-bearing value it is."""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib import metadata
+from typing import Any, Optional
+
+from pulumi.provider import main
+from pulumi.provider.experimental.component import ComponentProvider
+
+from vllm_gke.components.provider import COMPONENTS
+
+PACKAGE = "vllm-gke"
+# Output properties whose values are secret, by component.
+SECRET_OUTPUTS = {"GpuCluster": ("kubeconfig",)}
+# Inputs that carry credentials, by component.
+SECRET_INPUTS = {name: ("kubeconfig",) for name in ("ModelStore", "VllmService", "Gateway", "TenantAuth")}
+
+
+def package_version() -> str:
+    """The one version, from pyproject.toml (via the installed distribution)."""
+    try:
+        return metadata.version(PACKAGE)
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        import tomllib
+        from pathlib import Path
+
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        return tomllib.loads(pyproject.read_text())["project"]["version"]
+
+
+def mark_secrets(schema: dict[str, Any]) -> dict[str, Any]:
+    for component, props in SECRET_OUTPUTS.items():
+        for prop in props:
+            schema["resources"][f"{PACKAGE}:index:{component}"]["properties"][prop]["secret"] = True
+    for component, props in SECRET_INPUTS.items():
+        for prop in props:
+            schema["resources"][f"{PACKAGE}:index:{component}"]["inputProperties"][prop]["secret"] = True
+    return schema
+
+
+class VllmGkeProvider(ComponentProvider):
+    def __init__(self, version: Optional[str] = None) -> None:
+        super().__init__(COMPONENTS, PACKAGE, version=version or package_version())
+        self.schema = json.dumps(mark_secrets(json.loads(self.schema or "{}")))
+
+
+def package_schema() -> dict[str, Any]:
+    """The schema `pulumi package add` receives, built offline (tests check it)."""
+    return json.loads(VllmGkeProvider().schema or "{}")
+
+
+def serve(args: Optional[list[str]] = None) -> None:
+    # The language host passes the plugin's folder, then the engine's address and flags.
+    main(VllmGkeProvider(), list(sys.argv[1:] if args is None else args))

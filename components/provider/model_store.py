@@ -1,0 +1,81 @@
+"""ModelStore, as the component package exposes it to every Pulumi language."""
+
+# The analyzer reads these annotations at runtime: no `from __future__ import annotations`.
+from typing import Optional, TypedDict
+
+import pulumi
+from typing_extensions import NotRequired
+
+from vllm_gke.components.model_store import ModelStore as _ModelStore
+from vllm_gke.components.model_store import ModelStoreArgs
+from vllm_gke.components.provider.convert import kubernetes_provider, to_spec, to_specs
+from vllm_gke.components.provider.types import ImageRef, ModelSpec, WeightsSpec
+from vllm_gke.components.specs import ImageRef as ImageModel
+from vllm_gke.components.specs import ModelSpec as ModelModel
+from vllm_gke.components.specs import WeightsSpec as WeightsModel
+
+
+class ModelStoreInputs(TypedDict):
+    """Inputs of ModelStore."""
+
+    project: str
+    """The GCP project."""
+    zone: str
+    """The zone of a zonal or basic Filestore tier."""
+    region: str
+    """The region of a REGIONAL Filestore tier."""
+    network_name: pulumi.Input[str]
+    """The VPC the share is reachable from (GpuCluster.networkName)."""
+    workload_pool: pulumi.Input[str]
+    """The cluster's Workload Identity pool (GpuCluster.workloadPool), so the loader's binding waits for it."""
+    kubeconfig: pulumi.Input[str]
+    """The cluster's kubeconfig (GpuCluster.kubeconfig)."""
+    models: list[ModelSpec]
+    """The models to load onto the share, once each."""
+    server_image: ImageRef
+    """The server image; hf:// sources load with it."""
+    weights: NotRequired[WeightsSpec]
+    """Filestore tier, capacity, and where the Hugging Face token is."""
+    consumer_namespaces: NotRequired[dict[str, pulumi.Input[str]]]
+    """Namespaces that get a read-only claim onto the share, by a short key."""
+    instance_name: NotRequired[str]
+    """The Filestore instance's name (default <name>-weights)."""
+    protect: NotRequired[bool]
+    """Protect the share from deletion and replacement (default true)."""
+
+
+class ModelStore(pulumi.ComponentResource):
+    """One Filestore share holding every model's weights: loaded once by a Job per model,
+    mounted read-only by every serving namespace."""
+
+    filestore_tier: pulumi.Output[str]
+    """The Filestore tier chosen."""
+    capacity_gb: pulumi.Output[int]
+    """The share's capacity, GiB."""
+    server_ip: pulumi.Output[str]
+    """The share's NFS address."""
+    claim_name: pulumi.Output[str]
+    """The read-only claim's name in each consumer namespace."""
+    loader_jobs: pulumi.Output[list[str]]
+    """The models with a loader Job."""
+
+    def __init__(self, name: str, args: ModelStoreInputs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:ModelStore", name, {}, opts)
+        models = to_specs(ModelModel, args.get("models"), "ModelStore", "models")
+        weights = to_spec(WeightsModel, args.get("weights"), "ModelStore", "weights")
+        image = to_spec(ImageModel, args.get("server_image"), "ModelStore", "server_image")
+        inner = _ModelStore(name, ModelStoreArgs(
+            project=args["project"], zone=args["zone"], region=args["region"], network_name=args["network_name"],
+            workload_pool=args["workload_pool"], models=models, weights=weights, server_image=image,
+            provider=kubernetes_provider(name, args["kubeconfig"], self),
+            consumer_namespaces=dict(args.get("consumer_namespaces") or {}),
+            instance_name=args.get("instance_name"), protect=args.get("protect", True)),
+            opts=pulumi.ResourceOptions(parent=self))
+        self.filestore_tier = pulumi.Output.from_input(inner.tier)
+        self.capacity_gb = pulumi.Output.from_input(inner.capacity_gb)
+        self.server_ip = inner.server_ip
+        self.claim_name = pulumi.Output.from_input(inner.claim_name)
+        self.loader_jobs = pulumi.Output.from_input(sorted(inner.loader_jobs))
+        self.register_outputs({"filestoreTier": self.filestore_tier, "capacityGb": self.capacity_gb,
+                               "serverIp": self.server_ip, "claimName": self.claim_name,
+                               "loaderJobs": self.loader_jobs})

@@ -1,0 +1,52 @@
+"""Observability, as the component package exposes it to every Pulumi language."""
+
+# The analyzer reads these annotations at runtime: no `from __future__ import annotations`.
+from typing import Optional, TypedDict
+
+import pulumi
+from typing_extensions import NotRequired
+
+from vllm_gke.components.observability import Observability as _Observability
+from vllm_gke.components.observability import ObservabilityArgs
+from vllm_gke.components.provider.convert import InputError, to_spec
+from vllm_gke.components.provider.types import MonitoringSpec
+from vllm_gke.components.specs import MonitoringSpec as MonitoringModel
+from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+
+
+class ObservabilityInputs(TypedDict):
+    """Inputs of Observability."""
+
+    project: str
+    """The GCP project."""
+    cluster_name: str
+    """The cluster whose metrics the dashboard and alerts select."""
+    title: str
+    """The dashboard's title."""
+    monitoring: NotRequired[MonitoringSpec]
+    """Notification e-mails and alert thresholds."""
+    vllm_version: NotRequired[str]
+    """The vLLM release serving (its metric names; default the newest supported)."""
+
+
+class Observability(pulumi.ComponentResource):
+    """A Cloud Monitoring dashboard (GPU per MIG slice, queue time, TTFT, tokens/s, KV cache) and
+    alert policies over Managed Prometheus."""
+
+    dashboard_id: pulumi.Output[str]
+    """The dashboard's id."""
+    alert_policy_names: pulumi.Output[list[str]]
+    """The alert policies' display names."""
+
+    def __init__(self, name: str, args: ObservabilityInputs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:Observability", name, {}, opts)
+        spec = to_spec(MonitoringModel, args.get("monitoring"), "Observability", "monitoring")
+        version = args.get("vllm_version") or DEFAULT_VLLM_VERSION
+        if version not in RELEASES:
+            raise InputError(f"Observability.vllmVersion: vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
+        inner = _Observability(name, ObservabilityArgs(
+            project=args["project"], cluster_name=args["cluster_name"], spec=spec, title=args["title"],
+            kv_cache_metric=RELEASES[version].kv_cache_metric), opts=pulumi.ResourceOptions(parent=self))
+        self.dashboard_id = inner.dashboard.id
+        self.alert_policy_names = pulumi.Output.from_input([a["display_name"] for a in inner.alert_definitions])
+        self.register_outputs({"dashboardId": self.dashboard_id, "alertPolicyNames": self.alert_policy_names})

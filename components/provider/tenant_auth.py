@@ -1,0 +1,54 @@
+"""TenantAuth, as the component package exposes it to every Pulumi language."""
+
+# The analyzer reads these annotations at runtime: no `from __future__ import annotations`.
+from typing import Optional, TypedDict
+
+import pulumi
+from typing_extensions import NotRequired
+
+from vllm_gke.components.mesh_namespace import GOOGLE_HEALTH_CHECK_RANGES, TrustedSources
+from vllm_gke.components.provider.convert import kubernetes_provider, to_spec
+from vllm_gke.components.provider.types import TenantSpec
+from vllm_gke.components.specs import TenantSpec as TenantModel
+from vllm_gke.components.tenant_auth import TenantAuth as _TenantAuth
+from vllm_gke.components.tenant_auth import TenantAuthArgs
+
+
+class TenantAuthInputs(TypedDict):
+    """Inputs of TenantAuth."""
+
+    tenant: TenantSpec
+    """The tenant: issuer, audiences, models, caps."""
+    kubeconfig: pulumi.Input[str]
+    """The cluster's kubeconfig (GpuCluster.kubeconfig)."""
+    serving_namespace: pulumi.Input[str]
+    """The namespace of the shared models."""
+    shared_models: list[str]
+    """The shared models the tenant may call (its dedicated ones excluded)."""
+    health_check_sources: NotRequired[list[str]]
+    """Source ranges of load balancer health checks (default Google's ranges; add the proxy-only subnet)."""
+    metrics_sources: NotRequired[list[str]]
+    """Source ranges allowed to scrape /metrics (the pod and node ranges)."""
+
+
+class TenantAuth(pulumi.ComponentResource):
+    """A tenant's mesh namespace (default deny), RequestAuthentication for its issuer and an
+    AuthorizationPolicy per model it may call, on the guard's routes only."""
+
+    namespace: pulumi.Output[str]
+    """The tenant's namespace, tenant-<name>."""
+    issuer: pulumi.Output[str]
+    """The issuer whose tokens identify the tenant."""
+
+    def __init__(self, name: str, args: TenantAuthInputs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:TenantAuth", name, {}, opts)
+        tenant = to_spec(TenantModel, args.get("tenant"), "TenantAuth", "tenant")
+        sources = TrustedSources(health_checks=list(args.get("health_check_sources") or GOOGLE_HEALTH_CHECK_RANGES),
+                                 metrics=list(args.get("metrics_sources") or []))
+        inner = _TenantAuth(name, TenantAuthArgs(
+            tenant=tenant, provider=kubernetes_provider(name, args["kubeconfig"], self),
+            serving_namespace=args["serving_namespace"], shared_models=list(args.get("shared_models") or []),
+            sources=sources), opts=pulumi.ResourceOptions(parent=self))
+        self.namespace = inner.namespace.name
+        self.issuer = pulumi.Output.from_input(tenant.jwt.issuer)
+        self.register_outputs({"namespace": self.namespace, "issuer": self.issuer})

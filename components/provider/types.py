@@ -1,0 +1,311 @@
+"""Input types of the vllm-gke component package.
+
+GENERATED from components/specs.py by components/provider/generate_types.py: do not edit;
+change the specs and regenerate. Keys are the specs' fields; the package components validate
+them with the specs themselves."""
+
+# The analyzer reads these annotations at runtime: no `from __future__ import annotations`.
+from typing import TypedDict
+
+from typing_extensions import NotRequired
+
+class AuthorizedNetwork(TypedDict):
+    """AuthorizedNetwork settings (see the README config reference)."""
+
+    cidr: str
+    """A source range allowed to reach the control plane."""
+    display_name: NotRequired[str]
+    """A label for the range. Default: authorized."""
+
+
+class MaintenanceWindow(TypedDict):
+    """A recurring window (RFC 5545 RRULE) in which GKE may upgrade the control plane and nodes."""
+
+    start_time: str
+    """e.g. 2026-01-03T02:00:00Z; the time of day and length repeat."""
+    end_time: str
+    """End of the first window (RFC 3339 UTC)."""
+    recurrence: NotRequired[str]
+    """How the window repeats (RFC 5545 RRULE). Default: FREQ=WEEKLY;BYDAY=SA,SU."""
+
+
+class MaintenanceExclusion(TypedDict):
+    """A period with no upgrades of the given scope (e.g. a launch week)."""
+
+    name: str
+    """The exclusion's name."""
+    start_time: str
+    """Start (RFC 3339 UTC)."""
+    end_time: str
+    """End (RFC 3339 UTC)."""
+    scope: NotRequired[str]
+    """Which upgrades are held back. One of: NO_UPGRADES, NO_MINOR_UPGRADES, NO_MINOR_OR_NODE_UPGRADES. Default: NO_MINOR_OR_NODE_UPGRADES."""
+
+
+class MaintenanceSpec(TypedDict):
+    """MaintenanceSpec settings (see the README config reference)."""
+
+    window: NotRequired[MaintenanceWindow]
+    """When GKE may upgrade; unset lets GKE choose."""
+    exclusions: NotRequired[list[MaintenanceExclusion]]
+    """Periods with no upgrades."""
+
+
+class ClusterSpec(TypedDict):
+    """ClusterSpec settings (see the README config reference)."""
+
+    name: str
+    """Cluster name; also the prefix of the VPC, subnets and service accounts."""
+    zones: list[str]
+    """Zones of the node pools, in gcp:region; the first also holds a zonal Filestore."""
+    release_channel: NotRequired[str]
+    """GKE release channel (also picks the managed mesh revision). One of: RAPID, REGULAR, STABLE. Default: REGULAR."""
+    system_machine_type: NotRequired[str]
+    """Machine type of the CPU system pool. Default: e2-standard-4."""
+    system_nodes: NotRequired[int]
+    """Total system nodes across all zones (not per zone); the pool autoscales up to systemMaxNodes. Default: 1."""
+    system_max_nodes: NotRequired[int]
+    """Upper bound of the system pool's autoscaling (total)."""
+    subnet_cidr: NotRequired[str]
+    """Node subnet range. Default: 10.10.0.0/20."""
+    pods_cidr: NotRequired[str]
+    """Pod (secondary) range. Default: 10.20.0.0/14."""
+    services_cidr: NotRequired[str]
+    """Service (secondary) range. Default: 10.24.0.0/20."""
+    master_cidr: NotRequired[str]
+    """The control plane's private range: exactly a /28 (GKE's requirement). Default: 172.16.0.0/28."""
+    proxy_only_cidr: NotRequired[str]
+    """The proxy-only subnet regional load balancers' Envoys use (one per region and VPC). Default: 10.129.0.0/23."""
+    private_nodes: NotRequired[bool]
+    """Nodes without public IPs (egress through Cloud NAT). Default: true."""
+    deletion_protection: NotRequired[bool]
+    """Protect the cluster and the weights share from deletion. Default: true."""
+    manage_mesh_feature: NotRequired[bool]
+    """Cloud Service Mesh (managed Istio) enforces the tenants' JWT and authorization policies. The fleet feature is one per project: set false where another stack already manages it. Default: true."""
+    authorized_networks: NotRequired[list[AuthorizedNetwork]]
+    """Who may reach the control plane's public endpoint; empty means anyone (with credentials)."""
+    private_endpoint: NotRequired[bool]
+    """Control plane reachable only from inside the VPC (Pulumi must then run from there). Default: false."""
+    maintenance: NotRequired[MaintenanceSpec]
+    """Maintenance window and exclusions."""
+
+
+class UpgradeSpec(TypedDict):
+    """How GKE replaces this pool's nodes. SURGE with maxSurge >= 1 creates the new node first, so
+    a replica can move before its old node drains (it needs quota for one more node); BLUE_GREEN
+    keeps the old nodes until the new ones soak."""
+
+    strategy: NotRequired[str]
+    """Node upgrade strategy. One of: SURGE, BLUE_GREEN. Default: SURGE."""
+    max_surge: NotRequired[int]
+    """SURGE: extra nodes created during an upgrade. Default: 1."""
+    max_unavailable: NotRequired[int]
+    """SURGE: nodes that may be down at once. Default: 0."""
+    soak_minutes: NotRequired[int]
+    """BLUE_GREEN: how long the new nodes soak. Default: 30."""
+
+
+class NodePoolSpec(TypedDict):
+    """A GPU node pool. Accelerator type and count come from the machine type. Node counts are
+    totals across the cluster's zones (GKE's total_*_node_count), not per zone."""
+
+    name: str
+    """Node pool name, referenced by models[].nodePool."""
+    machine_type: str
+    """GPU machine type; the accelerator and its count follow from it."""
+    gpu_partition_size: NotRequired[str]
+    """MIG profile to split each GPU into (valid for that GPU)."""
+    spot: NotRequired[bool]
+    """Spot VMs. Default: false."""
+    on_demand_fallback: NotRequired[bool]
+    """Spot pools get an on-demand twin (min 0) that a ComputeClass falls back to. Default: true."""
+    min_nodes: NotRequired[int]
+    """Fewest nodes (total across zones). Default: 0."""
+    max_nodes: NotRequired[int]
+    """Most nodes (total across zones). Default: 1."""
+    disk_size_gb: NotRequired[int]
+    """Boot disk per node, GB. Default: 200."""
+    upgrade: NotRequired[UpgradeSpec]
+    """How GKE replaces the pool's nodes."""
+    spot_return_migration: NotRequired[bool]
+    """With a fallback pool: move pods back to spot when it returns. Off by default: it evicts warm replicas that then reload their weights, a visible outage on single-replica pools. Default: false."""
+
+
+class CustomShape(TypedDict):
+    """CustomShape settings (see the README config reference)."""
+
+    params_billion: float
+    """Parameters, in billions."""
+    layers: int
+    """Transformer layers."""
+    kv_heads: int
+    """Key/value heads."""
+    head_dim: int
+    """Dimension of one attention head."""
+
+
+class ServingPoolSpec(TypedDict):
+    """One replica set of a model; each model has a short-request and a long-request pool."""
+
+    min_replicas: NotRequired[int]
+    """Fewest replicas (the autoscaler's floor). Default: 1."""
+    max_replicas: NotRequired[int]
+    """Most replicas (the autoscaler's ceiling). Default: 2."""
+    max_num_seqs: NotRequired[int]
+    """Sequences vLLM batches at once (--max-num-seqs). Default: 64."""
+    max_num_batched_tokens: NotRequired[int]
+    """Tokens per scheduler step (--max-num-batched-tokens)."""
+    max_model_len: NotRequired[int]
+    """Context window this pool accepts; defaults to the model's maxModelLen."""
+    context_tokens: NotRequired[int]
+    """Tokens (prompt + output) a typical request of this pool holds; the capacity check wants room for maxNumSeqs of them. Defaults to the pool's maxModelLen."""
+    queue_depth_target: NotRequired[int]
+    """HPA target: average vllm:num_requests_waiting per pod before scaling out. Default: 8."""
+
+
+class ModelSpec(TypedDict):
+    """ModelSpec settings (see the README config reference)."""
+
+    name: str
+    """Model name: the served model name and route /<name>/v1."""
+    source: str
+    """hf://org/repo or gs://bucket/prefix."""
+    revision: NotRequired[str]
+    """Git branch, tag or commit of the source. Default: main."""
+    shape: NotRequired[str]
+    """The named form of `shape` (or give `custom_shape`). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b)."""
+    custom_shape: NotRequired[CustomShape]
+    """The structured form of `shape` (give one of the two). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b)."""
+    dtype: NotRequired[str]
+    """Weight dtype or quantisation. One of: bfloat16, float16, fp8, int8, awq, gptq. Default: bfloat16."""
+    kv_cache_dtype: NotRequired[str]
+    """KV-cache dtype. One of: auto, fp8. Default: auto."""
+    tensor_parallel_size: NotRequired[int]
+    """GPUs one replica spans (whole GPUs only). Default: 1."""
+    max_model_len: NotRequired[int]
+    """Longest context, in tokens. Default: 8192."""
+    gpu_memory_utilization: NotRequired[float]
+    """Share of each GPU or slice vLLM may use. Default: 0.9."""
+    enable_chunked_prefill: NotRequired[bool]
+    """Split long prefills across steps. Default: true."""
+    enable_prefix_caching: NotRequired[bool]
+    """Reuse KV cache across requests with a common prefix. Default: true."""
+    node_pool: str
+    """Node pool the replicas run on."""
+    long_request_bytes: NotRequired[int]
+    """Requests whose body is at least this many bytes go to the long pool. Default: 16384."""
+    short: NotRequired[ServingPoolSpec]
+    """The short-request pool."""
+    long: NotRequired[ServingPoolSpec]
+    """The long-request pool."""
+    extra_args: NotRequired[list[str]]
+    """More vLLM flags, checked against the release's parser; platform-managed flags and secrets are refused."""
+
+
+class JwtSpec(TypedDict):
+    """JwtSpec settings (see the README config reference)."""
+
+    issuer: str
+    """The JWT issuer (iss) of the tenant's tokens, an https URL."""
+    jwks_uri: str
+    """Where the issuer's signing keys are (https)."""
+    audiences: list[str]
+    """Required: without audiences the mesh accepts a token the issuer minted for any other service."""
+
+
+class RateLimitSpec(TypedDict):
+    """RateLimitSpec settings (see the README config reference)."""
+
+    requests_per_minute: int
+    """Requests admitted per tenant and replica in any 60 seconds."""
+
+
+class DedicatedSpec(TypedDict):
+    """Models a tenant gets its own replicas of, on its own (often MIG) node pool."""
+
+    models: list[str]
+    """Models the tenant gets its own replicas of."""
+    node_pool: str
+    """Node pool of those replicas."""
+
+
+class TenantSpec(TypedDict):
+    """TenantSpec settings (see the README config reference)."""
+
+    name: str
+    """Tenant name; its namespace is tenant-<name>."""
+    jwt: JwtSpec
+    """How the tenant's tokens are verified."""
+    models: list[str]
+    """Models the tenant may call."""
+    rate_limit: RateLimitSpec
+    """The tenant's request rate limit."""
+    max_tokens: int
+    """Most tokens one request may make vLLM generate (all sequences together)."""
+    dedicated: NotRequired[DedicatedSpec]
+    """Replicas of the tenant's own."""
+
+
+class GatewaySpec(TypedDict):
+    """GatewaySpec settings (see the README config reference)."""
+
+    class_name: NotRequired[str]
+    """Internal by default: exposing models to the internet is a decision, with TLS required. One of: gke-l7-regional-external-managed, gke-l7-rilb, gke-l7-global-external-managed. Default: gke-l7-rilb."""
+    hostname: NotRequired[str]
+    """The DNS name clients use (required for a managed certificate)."""
+    tls_secret_name: NotRequired[str]
+    """TLS from an existing kubernetes.io/tls Secret in the serving namespace."""
+    managed_certificate: NotRequired[bool]
+    """...or a Google-managed Certificate Manager certificate for `hostname` (DNS authorization: create the CNAME record the stack exports as `dnsAuthorization`). Default: false."""
+    static_ip: NotRequired[bool]
+    """Reserve the load balancer's address, so DNS records survive a re-created Gateway. Default: true."""
+    request_timeout_seconds: NotRequired[int]
+    """Backend timeout; long generations stream for minutes. Default: 600."""
+
+
+class SecretKeyRef(TypedDict):
+    """SecretKeyRef settings (see the README config reference)."""
+
+    name: str
+    """Secret name."""
+    key: NotRequired[str]
+    """Key in the Secret's data. Default: token."""
+
+
+class ImageRef(TypedDict):
+    """ImageRef settings (see the README config reference)."""
+
+    repository: str
+    """Image repository, without tag or digest (e.g. us-central1-docker.pkg.dev/proj/repo/vllm-server)."""
+    tag: NotRequired[str]
+    """Image tag: a release, never latest (tag or digest is required)."""
+    digest: NotRequired[str]
+    """Image digest, sha256:<64 hex>; pins the image exactly."""
+
+
+class WeightsSpec(TypedDict):
+    """WeightsSpec settings (see the README config reference)."""
+
+    tier: NotRequired[str]
+    """REGIONAL replicates across the region's zones: the share survives a zone outage, which a zonal tier serving a multi-zone cluster does not. One of: auto, BASIC_HDD, BASIC_SSD, ZONAL, REGIONAL. Default: auto."""
+    capacity_gb: NotRequired[int]
+    """Filestore capacity, GiB; default: the tier's minimum or the weights plus headroom."""
+    secret_manager_secret: NotRequired[str]
+    """Secret Manager secret holding the Hugging Face token; the loader mounts it through the GKE Secret Manager CSI add-on, so the token never enters Pulumi state or a manifest. Default: hf-token."""
+    hf_token_kubernetes_secret: NotRequired[SecretKeyRef]
+    """Or: an existing Kubernetes Secret in the loader namespace (e.g. synced from Secret Manager by External Secrets); the loader then reads HF_TOKEN through a secretKeyRef."""
+    gcs_loader_image: NotRequired[ImageRef]
+    """hf:// sources load with the server image (it ships the HF CLI); gs:// ones need gcloud."""
+
+
+class MonitoringSpec(TypedDict):
+    """MonitoringSpec settings (see the README config reference)."""
+
+    notification_emails: NotRequired[list[str]]
+    """Who alert policies notify."""
+    queue_latency_slo_seconds: NotRequired[float]
+    """p95 queue time that pages. Default: 2.0."""
+    ttft_slo_seconds: NotRequired[float]
+    """p95 time to first token that warns. Default: 3.0."""
+    kv_cache_alert_ratio: NotRequired[float]
+    """KV-cache usage that warns. Default: 0.95."""

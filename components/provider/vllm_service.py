@@ -1,0 +1,76 @@
+"""VllmService, as the component package exposes it to every Pulumi language."""
+
+# The analyzer reads these annotations at runtime: no `from __future__ import annotations`.
+from typing import Optional, TypedDict
+
+import pulumi
+from typing_extensions import NotRequired
+
+from vllm_gke.components.provider.convert import InputError, kubernetes_provider, to_spec, to_specs
+from vllm_gke.components.provider.types import ImageRef, ModelSpec, NodePoolSpec, TenantSpec
+from vllm_gke.components.serving_api import guard_config, tenant_routes
+from vllm_gke.components.specs import ImageRef as ImageModel
+from vllm_gke.components.specs import ModelSpec as ModelModel
+from vllm_gke.components.specs import NodePoolSpec as NodePoolModel
+from vllm_gke.components.specs import TenantSpec as TenantModel
+from vllm_gke.components.vllm_service import VllmService as _VllmService
+from vllm_gke.components.vllm_service import VllmServiceArgs
+from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+
+
+class VllmServiceInputs(TypedDict):
+    """Inputs of VllmService."""
+
+    model: ModelSpec
+    """The model this pool serves."""
+    pool_name: str
+    """Which of the model's pools: short or long."""
+    node_pool: NodePoolSpec
+    """The node pool the replicas run on (as given to GpuCluster)."""
+    namespace: pulumi.Input[str]
+    """The (mesh) namespace of the replicas."""
+    image: ImageRef
+    """The server image."""
+    claim_name: pulumi.Input[str]
+    """The read-only weights claim in that namespace (ModelStore.claimName)."""
+    kubeconfig: pulumi.Input[str]
+    """The cluster's kubeconfig (GpuCluster.kubeconfig)."""
+    tenants: NotRequired[list[TenantSpec]]
+    """The tenants allowed to call it: their caps and rate limits go to the in-server guard."""
+    tenant: NotRequired[str]
+    """The tenant owning dedicated replicas, if any."""
+    vllm_version: NotRequired[str]
+    """The vLLM release the image is built on (default the newest supported)."""
+
+
+class VllmService(pulumi.ComponentResource):
+    """One serving pool of one model: vLLM Deployment behind the tenant guard, Service,
+    PodDisruptionBudget, queue-depth autoscaler and PodMonitoring."""
+
+    service_name: pulumi.Output[str]
+    """The Service's name (a Gateway route target)."""
+    deployment_name: pulumi.Output[str]
+    """The Deployment's name."""
+
+    def __init__(self, name: str, args: VllmServiceInputs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:VllmService", name, {}, opts)
+        model = to_spec(ModelModel, args.get("model"), "VllmService", "model")
+        node_pool = to_spec(NodePoolModel, args.get("node_pool"), "VllmService", "node_pool")
+        image = to_spec(ImageModel, args.get("image"), "VllmService", "image")
+        tenants = to_specs(TenantModel, args.get("tenants"), "VllmService", "tenants")
+        pool_name = args.get("pool_name")
+        if pool_name not in ("short", "long"):
+            raise InputError(f"VllmService.poolName: '{pool_name}' must be short or long")
+        version = args.get("vllm_version") or DEFAULT_VLLM_VERSION
+        if version not in RELEASES:
+            raise InputError(f"VllmService.vllmVersion: vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
+        rel = RELEASES[version]
+        inner = _VllmService(name, VllmServiceArgs(
+            model=model, pool_name=pool_name, pool=getattr(model, pool_name), node_pool=node_pool,
+            namespace=args["namespace"], image=image, claim_name=args["claim_name"],
+            provider=kubernetes_provider(name, args["kubeconfig"], self),
+            guard_config=guard_config(tenants, tenant_routes(), rel.max_tokens_rule), tenant=args.get("tenant"),
+            release=rel), opts=pulumi.ResourceOptions(parent=self))
+        self.service_name = pulumi.Output.from_input(inner.service_name)
+        self.deployment_name = inner.deployment.metadata.name
+        self.register_outputs({"serviceName": self.service_name, "deploymentName": self.deployment_name})
