@@ -17,7 +17,7 @@ def test_plan_dev_writes_outputs(tmp_path):
     assert result.exit_code == 0, result.output
     assert "stack dev:" in result.output
     assert "Kubernetes manifests pass schema validation" in result.output
-    assert "dashboard JSON parses as a Cloud Monitoring Dashboard" in result.output
+    assert "dashboard and alert policies parse as Cloud Monitoring API messages" in result.output
     root = tmp_path / "dev"
     docs = list(yaml.safe_load_all((root / "manifests" / "all.yaml").read_text()))
     assert {d["kind"] for d in docs} >= {"Deployment", "HTTPRoute", "AuthorizationPolicy", "PersistentVolume"}
