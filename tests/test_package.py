@@ -1,0 +1,240 @@
+"""The components as a Pulumi package: the schema the SDK's analyzer infers is complete, the
+examples in YAML and TypeScript use it correctly, the package components validate like the
+stack config, and Python users import them under a namespace that cannot collide."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO_ROOT
+from vllm_gke.components.provider import generate_types
+from vllm_gke.components.provider.host import package_schema
+
+EXAMPLES = REPO_ROOT / "examples"
+COMPONENTS = {"GpuCluster", "ModelStore", "VllmService", "Gateway", "TenantAuth", "Observability"}
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    return package_schema()
+
+
+def resource(schema, name):
+    return schema["resources"][f"vllm-gke:index:{name}"]
+
+
+def type_of(schema, ref: str) -> dict[str, Any]:
+    return schema["types"][ref.removeprefix("#/types/")]
+
+
+def test_every_component_is_in_the_schema(schema):
+    assert schema["name"] == "vllm-gke"
+    assert {k.rsplit(":", 1)[1] for k in schema["resources"]} == COMPONENTS
+    assert all(r["isComponent"] for r in schema["resources"].values())
+
+
+def test_the_schema_version_is_the_one_version():
+    version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert package_schema()["version"] == version
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version)
+    assert f"## [{version}]" in (REPO_ROOT / "CHANGELOG.md").read_text()
+
+
+def _properties(schema):
+    for name, r in schema["resources"].items():
+        for kind in ("inputProperties", "properties"):
+            for prop, spec in r.get(kind, {}).items():
+                yield f"{name}.{kind}.{prop}", spec
+    for name, t in schema["types"].items():
+        for prop, spec in t.get("properties", {}).items():
+            yield f"{name}.{prop}", spec
+
+
+def test_every_input_and_output_is_typed_and_described(schema):
+    seen = 0
+    for where, spec in _properties(schema):
+        seen += 1
+        assert spec.get("description"), where
+        text = json.dumps(spec)
+        assert "pulumi.json#/Any" not in text, where  # no Any anywhere
+        assert "type" in spec or "$ref" in spec, where
+        for ref in re.findall(r'"\$ref": "(#/types/[^"]+)"', text):
+            assert ref.removeprefix("#/types/") in schema["types"], (where, ref)
+    assert seen > 150
+    for name in COMPONENTS:
+        r = resource(schema, name)
+        assert r["description"] and r["inputProperties"] and r["properties"], name
+
+
+def test_secrets_are_marked(schema):
+    assert resource(schema, "GpuCluster")["properties"]["kubeconfig"]["secret"] is True
+    for name in ("ModelStore", "VllmService", "Gateway", "TenantAuth"):
+        assert resource(schema, name)["inputProperties"]["kubeconfig"]["secret"] is True
+
+
+def test_inputs_use_the_stack_configs_names(schema):
+    cluster = type_of(schema, "vllm-gke:index:ClusterSpec")["properties"]
+    assert {"masterCidr", "authorizedNetworks", "releaseChannel", "proxyOnlyCidr"} <= set(cluster)
+    model = type_of(schema, "vllm-gke:index:ModelSpec")["properties"]
+    assert {"shape", "customShape", "maxModelLen", "extraArgs"} <= set(model)
+    assert "One of: RAPID, REGULAR, STABLE" in cluster["releaseChannel"]["description"]
+
+
+def test_generated_types_are_up_to_date():
+    assert (REPO_ROOT / "components" / "provider" / "types.py").read_text() == generate_types.render(), \
+        "components/provider/types.py is stale: run python -m vllm_gke.components.provider.generate_types"
+
+
+def test_plugin_layout():
+    plugin = yaml.safe_load((REPO_ROOT / "components" / "provider" / "PulumiPlugin.yaml").read_text())
+    assert plugin["runtime"]["name"] == "python"
+    assert (REPO_ROOT / "components" / "provider" / "__main__.py").exists()
+    assert "-e ../.." in (REPO_ROOT / "components" / "provider" / "requirements.txt").read_text()
+
+
+# --- examples, checked against the schema ---------------------------------------------------------
+
+def check_value(schema, spec: dict[str, Any], value: Any, where: str, errors: list[str]) -> None:
+    if isinstance(value, str) and value.startswith("${"):
+        # A resource's output cannot feed a plain input (config values can: they are known).
+        if spec.get("plain") and "." in value:
+            errors.append(f"{where}: is plain; it cannot take {value}")
+        return  # an interpolation: typed at run time
+    if "$ref" in spec:
+        target = type_of(schema, spec["$ref"])
+        if not isinstance(value, dict):
+            errors.append(f"{where}: expected an object")
+            return
+        check_object(schema, target, value, where, errors)
+    elif spec.get("type") == "array":
+        if not isinstance(value, list):
+            errors.append(f"{where}: expected a list")
+            return
+        for i, item in enumerate(value):
+            check_value(schema, spec["items"], item, f"{where}[{i}]", errors)
+    elif spec.get("type") == "object":
+        if not isinstance(value, dict):
+            errors.append(f"{where}: expected a map")
+    else:
+        expected = {"string": str, "integer": int, "number": (int, float), "boolean": bool}[spec["type"]]
+        if not isinstance(value, expected) or (spec["type"] != "boolean" and isinstance(value, bool)):
+            errors.append(f"{where}: expected {spec['type']}, got {value!r}")
+
+
+def check_object(schema, target: dict[str, Any], value: dict[str, Any], where: str, errors: list[str],
+                 props_key: str = "properties") -> None:
+    props = target.get(props_key, {})
+    for key, item in value.items():
+        if key not in props:
+            errors.append(f"{where}.{key}: not an input of the schema")
+        else:
+            check_value(schema, props[key], item, f"{where}.{key}", errors)
+    for key in target.get("requiredInputs" if props_key == "inputProperties" else "required", []):
+        if key not in value:
+            errors.append(f"{where}.{key}: required")
+
+
+def test_the_yaml_example_matches_the_schema(schema):
+    program = yaml.safe_load((EXAMPLES / "yaml" / "Pulumi.yaml").read_text())
+    errors: list[str] = []
+    for name, res in program["resources"].items():
+        token = res["type"]
+        assert token in schema["resources"], token
+        check_object(schema, schema["resources"][token], res["properties"], name, errors, "inputProperties")
+    for output in program["outputs"].values():
+        resource_name, prop = re.fullmatch(r"\$\{(\w+)\.(\w+)\}", output).groups()
+        token = program["resources"][resource_name]["type"]
+        assert prop in schema["resources"][token]["properties"], output
+    assert errors == []
+
+
+def test_the_yaml_example_runs_under_mocks_and_validates_like_the_stack_config():
+    """Each resource of the YAML program, constructed as the provider host would construct it."""
+    from vllm_gke.components.provider import GpuCluster, Observability
+    from vllm_gke.components.provider.convert import InputError
+    from vllm_gke.infra.plan import read_stack_config, run_program
+
+    program = yaml.safe_load((EXAMPLES / "yaml" / "Pulumi.yaml").read_text())
+    cluster_props = snake(program["resources"]["cluster"]["properties"])
+    cluster_props["project"] = "acme-llm-dev"
+
+    def build(_cfg):
+        cluster = GpuCluster("cluster", cluster_props)
+        Observability("dashboard", {"project": "acme-llm-dev", "cluster_name": "yaml-dev", "title": "t"})
+        return cluster
+
+    plan = run_program("dev", read_stack_config("dev"), program=build)
+    (gke,) = [r for r in plan.resources if r.type == "gcp:container/cluster:Cluster"]
+    assert gke.props["name"] == "yaml-dev" and gke.props["masterAuthorizedNetworksConfig"]["cidrBlocks"]
+    assert plan.of_type("gcp:monitoring/dashboard:Dashboard")
+
+    bad = json.loads(json.dumps(cluster_props))
+    bad["cluster"]["master_cidr"] = "172.16.0.0/24"
+    with pytest.raises(Exception) as exc:
+        run_program("dev", read_stack_config("dev"), program=lambda _c: GpuCluster("cluster", bad))
+    text = str(exc.value)
+    assert isinstance(exc.value, InputError) or "GpuCluster.cluster.masterCidr" in text
+    assert "GpuCluster.cluster.masterCidr" in text and "/28" in text
+
+
+def snake(value: Any) -> Any:
+    """Schema (camelCase) names to Python names, as the provider host maps them."""
+    if isinstance(value, dict):
+        return {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower(): snake(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [snake(v) for v in value]
+    return value
+
+
+TS_NEW = re.compile(r"new vllmgke\.(\w+)\(")
+
+
+def test_the_typescript_example_uses_only_schema_names(schema):
+    text = (EXAMPLES / "typescript" / "index.ts").read_text()
+    used = set(TS_NEW.findall(text))
+    assert used == COMPONENTS
+    known = {p for r in schema["resources"].values() for p in r["inputProperties"]}
+    known |= {p for t in schema["types"].values() for p in t.get("properties", {})}
+    body = re.sub(r"//.*", "", text)
+    keys = set(re.findall(r"(?<![\w.\"'])(\w+):\s", body))
+    assert keys - known == set(), f"not in the schema: {sorted(keys - known)}"
+
+
+@pytest.mark.skipif(shutil.which("tsc") is None, reason="tsc not installed: the TypeScript example is only "
+                    "checked for schema names here")
+def test_the_typescript_example_compiles_against_the_schema(schema, tmp_path):
+    from tests.ts_declarations import declarations
+
+    work = tmp_path / "ts"
+    (work / "node_modules" / "@pulumi" / "vllm-gke").mkdir(parents=True)
+    (work / "node_modules" / "@pulumi" / "vllm-gke" / "index.d.ts").write_text(declarations(schema))
+    (work / "node_modules" / "@pulumi" / "pulumi").mkdir(parents=True)
+    (work / "node_modules" / "@pulumi" / "pulumi" / "index.d.ts").write_text(
+        "export type Input<T> = T | Output<T>;\nexport interface Output<T> { apply<U>(f: (t: T) => U): Output<U>; }\n"
+        "export class Config { constructor(name?: string); require(key: string): string; }\n")
+    shutil.copy(EXAMPLES / "typescript" / "index.ts", work / "index.ts")
+    result = subprocess.run(["tsc", "--noEmit", "--strict", "--target", "es2020", "--moduleResolution", "node",
+                             "index.ts"], cwd=work, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_python_users_import_a_namespace_that_cannot_collide(tmp_path):
+    """A `components` package of someone else's next to ours: both import, neither shadows the other."""
+    (tmp_path / "components").mkdir()
+    (tmp_path / "components" / "__init__.py").write_text("MINE = True\n")
+    code = ("import components, vllm_gke.components as v\n"
+            "from vllm_gke.components import GpuCluster\n"
+            "print(components.MINE, v.__name__, GpuCluster.__module__)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "vllm_gke.components", "vllm_gke.components.gpu_cluster"]
