@@ -18,10 +18,19 @@ import yaml
 
 from tests.conftest import REPO_ROOT
 from vllm_gke.components.provider import generate_types
-from vllm_gke.components.provider.host import package_schema
 
 EXAMPLES = REPO_ROOT / "examples"
 COMPONENTS = {"GpuCluster", "ModelStore", "VllmService", "Gateway", "TenantAuth", "Observability"}
+
+
+def package_schema() -> dict[str, Any]:
+    """The schema the plugin serves, built in a fresh process as the plugin's own: the Pulumi
+    provider SDK and Google's API protos (which other tests import) cannot share one."""
+    code = ("import json\nfrom vllm_gke.components.provider.host import package_schema\n"
+            "print(json.dumps(package_schema()))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +52,9 @@ def test_every_component_is_in_the_schema(schema):
     assert all(r["isComponent"] for r in schema["resources"].values())
 
 
-def test_the_schema_version_is_the_one_version():
+def test_the_schema_version_is_the_one_version(schema):
     version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
-    assert package_schema()["version"] == version
+    assert schema["version"] == version
     assert re.fullmatch(r"\d+\.\d+\.\d+", version)
     assert f"## [{version}]" in (REPO_ROOT / "CHANGELOG.md").read_text()
 
