@@ -247,3 +247,23 @@ def test_python_users_import_a_namespace_that_cannot_collide(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "vllm_gke.components", "vllm_gke.components.gpu_cluster"]
+
+
+def test_the_plugin_serves_its_schema_over_the_provider_protocol():
+    """What `pulumi package add` does first: start the plugin and ask for the schema."""
+    import grpc
+    from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
+
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_gke.components.provider", "127.0.0.1:1"],
+                            cwd=REPO_ROOT / "components" / "provider", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        port = int(proc.stdout.readline().decode().strip())  # the plugin prints its port, as for the engine
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = provider_pb2_grpc.ResourceProviderStub(channel)
+            reply = stub.GetSchema(provider_pb2.GetSchemaRequest(version=0), timeout=30)
+        served = json.loads(reply.schema)
+        assert set(served["resources"]) == {f"vllm-gke:index:{c}" for c in COMPONENTS}
+        assert served["resources"]["vllm-gke:index:GpuCluster"]["properties"]["kubeconfig"]["secret"] is True
+    finally:
+        proc.kill()
+        proc.wait()
