@@ -14,8 +14,8 @@ certificate map annotation on a global Gateway); the address is reserved (NamedA
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_gcp as gcp
@@ -61,6 +61,16 @@ class RouteTarget:
     long_service: str
     long_request_bytes: int
     port: int = 8000
+    # A canary revision's two pools and its share of each rule's traffic (percent).
+    canary_short_service: Optional[str] = None
+    canary_long_service: Optional[str] = None
+    canary_weight: int = 0
+    # Load balancer requests/s cap per replica, by Service (pools that set maxRatePerEndpoint).
+    max_rate_per_endpoint: Mapping[str, int] = field(default_factory=dict)
+
+    def services(self) -> list[str]:
+        canary = [s for s in (self.canary_short_service, self.canary_long_service) if s]
+        return [self.short_service, self.long_service, *canary]
 
 
 @dataclass
@@ -207,10 +217,16 @@ class Gateway(pulumi.ComponentResource):
                    # The tenant is the issuer Istio verified: a client's own copy never gets through.
                    {"type": "RequestHeaderModifier", "requestHeaderModifier": {"remove": [ISSUER_HEADER]}}]
 
-        def backend(service: str) -> list[dict]:
-            return [{"name": service, "port": target.port}]
+        def backend(service: str, canary: Optional[str]) -> list[dict]:
+            if not canary:
+                return [{"name": service, "port": target.port}]
+            # Weights are relative: stable and canary always both listed, so a rollback is a
+            # config change of the weight and the canary can stay warm at 0.
+            return [{"name": service, "port": target.port, "weight": 100 - target.canary_weight},
+                    {"name": canary, "port": target.port, "weight": target.canary_weight}]
 
-        long_backend = {"filters": rewrite, "backendRefs": backend(target.long_service)}
+        long_backend = {"filters": rewrite,
+                        "backendRefs": backend(target.long_service, target.canary_long_service)}
         # One match per rule: a URLRewrite with ReplacePrefixMatch needs exactly one PathPrefix
         # match in its rule (a CEL rule of the HTTPRoute CRD, Gateway API v1.2 onwards). Header
         # matches outrank the bare path match of the last rule (Gateway API precedence).
@@ -221,7 +237,8 @@ class Gateway(pulumi.ComponentResource):
             {"matches": [{"path": path, "headers": [{"type": "Exact", "name": LENGTH_HINT_HEADER,
                                                      "value": "long"}]}],
              **long_backend},
-            {"matches": [{"path": path}], "filters": rewrite, "backendRefs": backend(target.short_service)},
+            {"matches": [{"path": path}], "filters": rewrite,
+             "backendRefs": backend(target.short_service, target.canary_short_service)},
         ]
         route_spec: dict = {"parentRefs": [parent_ref], "rules": rules}
         if spec.hostname:
@@ -229,18 +246,26 @@ class Gateway(pulumi.ComponentResource):
         custom_resource(f"{name}-route-{target.route_name}", "gateway.networking.k8s.io/v1", "HTTPRoute",
                         {**meta(target.route_name), "namespace": target.namespace}, route_spec, opts)
 
-        for service in (target.short_service, target.long_service):
+        for service in target.services():
             ref = {"group": "", "kind": "Service", "name": service}
             # The LB's default health check asks for '/', which vLLM answers 404.
             custom_resource(
                 f"{name}-hc-{target.route_name}-{service}", "networking.gke.io/v1", "HealthCheckPolicy",
                 {**meta(service), "namespace": target.namespace},
                 # USE_FIXED_PORT: gke-gateway-api main rejects `port` without it; GKE 1.33 accepts both.
-                {"default": {"config": {"type": "HTTP", "httpHealthCheck": {
-                    "portSpecification": "USE_FIXED_PORT", "port": target.port, "requestPath": "/health"}}},
+                # A failing replica leaves the load balancer in ~10 s (2 failed checks, 5 s apart).
+                {"default": {"checkIntervalSec": 5, "timeoutSec": 3, "healthyThreshold": 1, "unhealthyThreshold": 2,
+                             "config": {"type": "HTTP", "httpHealthCheck": {
+                                 "portSpecification": "USE_FIXED_PORT", "port": target.port,
+                                 "requestPath": "/health"}}},
                  "targetRef": ref}, opts)
             # Long generations stream for minutes; the LB's 30 s default would cut them.
+            # Draining outlasts the pods' 20 s preStop, so in-flight streams finish on a scale-down.
+            backend_policy: dict = {"timeoutSec": spec.request_timeout_seconds,
+                                    "connectionDraining": {"drainingTimeoutSec": 30}}
+            if target.max_rate_per_endpoint.get(service):
+                backend_policy["maxRatePerEndpoint"] = target.max_rate_per_endpoint[service]
             custom_resource(
                 f"{name}-bp-{target.route_name}-{service}", "networking.gke.io/v1", "GCPBackendPolicy",
                 {**meta(service), "namespace": target.namespace},
-                {"default": {"timeoutSec": spec.request_timeout_seconds}, "targetRef": ref}, opts)
+                {"default": backend_policy, "targetRef": ref}, opts)

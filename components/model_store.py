@@ -185,11 +185,14 @@ class ModelStore(pulumi.ComponentResource):
         program_hash = hashlib.sha256(program.encode()).hexdigest()[:16]
 
         self.loader_jobs = {}
-        for model in args.models:
+        # A canary's revision loads beside the current one (the share's headroom allows for it).
+        loads = [(m.name, m) for m in args.models]
+        loads += [(f"{m.name}-canary", c) for m in args.models if (c := m.canary_model()) is not None]
+        for key, model in loads:
             image = args.server_image if model.source.startswith("hf://") else args.weights.gcs_loader_image
-            self.loader_jobs[model.name] = k8s.batch.v1.Job(
-                f"{name}-load-{model.name}",
-                metadata={**meta(f"load-{model.name}", labels={"vllm-gke.io/model": model.name},
+            self.loader_jobs[key] = k8s.batch.v1.Job(
+                f"{name}-load-{key}",
+                metadata={**meta(f"load-{key}", labels={"vllm-gke.io/model": model.name},
                                  # A 140 GB download outlasts Pulumi's default 10 minute Job await.
                                  annotations={"pulumi.com/timeoutSeconds": "14400"}),
                           "namespace": ns_name},

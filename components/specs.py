@@ -93,7 +93,15 @@ def _cidr(value: str) -> str:
     return value
 
 
+def _git_revision(value: str) -> str:
+    if len(value) > 255 or not _REVISION.fullmatch(value) or ".." in value or value.endswith((".lock", "/", ".")):
+        raise ValueError(f"revision '{value}' is not a git branch, tag or commit (like main, v1.0, a 40-character "
+                         "sha or refs/pr/1)")
+    return value
+
+
 K8sName = Annotated[str, AfterValidator(_k8s_name)]
+Revision = Annotated[str, AfterValidator(_git_revision)]
 Hostname = Annotated[str, AfterValidator(_hostname)]
 Email = Annotated[str, AfterValidator(_email)]
 Cidr = Annotated[str, AfterValidator(_cidr)]
@@ -434,6 +442,8 @@ class ServingPoolSpec(Spec):
     context_tokens: Optional[int] = Field(default=None, ge=16)
     # HPA target: average vllm:num_requests_waiting per pod before scaling out.
     queue_depth_target: int = Field(default=8, ge=1)
+    # Load balancer cap per replica, requests per second (GCPBackendPolicy maxRatePerEndpoint).
+    max_rate_per_endpoint: Optional[int] = Field(default=None, ge=1)
 
     @field_validator("max_replicas")
     @classmethod
@@ -442,6 +452,18 @@ class ServingPoolSpec(Spec):
         if low > v:
             raise ValueError(f"maxReplicas ({v}) is below minReplicas ({low}); raise maxReplicas")
         return v
+
+
+class CanarySpec(Spec):
+    """A new revision of a model, served side by side with the current one on a share of traffic.
+    Roll forward by raising the weight, back by lowering it to 0 or removing the canary."""
+
+    # The revision to try (a git branch, tag or commit of the model's source).
+    revision: Revision
+    # Percent of each route's traffic the canary gets, 0-100.
+    weight: int = Field(ge=0, le=100)
+    # Replicas of the canary in each of the model's pools.
+    replicas: int = Field(default=1, ge=1, le=16)
 
 
 def _short_default() -> ServingPoolSpec:
@@ -458,7 +480,7 @@ class ModelSpec(Spec):
     # hf://org/repo or gs://bucket/prefix
     source: str
     # Git branch, tag or commit of the source.
-    revision: str = "main"
+    revision: Revision = "main"
     # Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b).
     shape: str | CustomShape
     # Weight dtype or quantisation.
@@ -485,6 +507,8 @@ class ModelSpec(Spec):
     long: ServingPoolSpec = Field(default_factory=_long_default)
     # More vLLM flags, checked against the release's parser; platform-managed flags and secrets are refused.
     extra_args: list[str] = Field(default_factory=list)
+    # A canary of another revision, weighted against this one.
+    canary: Optional[CanarySpec] = None
 
     @field_validator("source")
     @classmethod
@@ -496,13 +520,6 @@ class ModelSpec(Spec):
                              "'.', '_', '-'; no '..' segments)")
         return v
 
-    @field_validator("revision")
-    @classmethod
-    def _revision(cls, v: str) -> str:
-        if len(v) > 255 or not _REVISION.fullmatch(v) or ".." in v or v.endswith((".lock", "/", ".")):
-            raise ValueError(f"revision '{v}' is not a git branch, tag or commit (like main, v1.0, a 40-character "
-                             "sha or refs/pr/1)")
-        return v
 
     @field_validator("shape")
     @classmethod
@@ -522,6 +539,22 @@ class ModelSpec(Spec):
             if problem:
                 raise ValueError(problem)
         return v
+
+    @model_validator(mode="after")
+    def _canary_differs(self) -> "ModelSpec":
+        if self.canary is not None and self.canary.revision == self.revision:
+            raise ValueError(f"canary.revision '{self.canary.revision}' is the model's own revision; give the new "
+                             "revision to try, or remove canary")
+        return self
+
+    def canary_model(self) -> Optional["ModelSpec"]:
+        """This model at the canary's revision, with the canary's replica count in both pools."""
+        if self.canary is None:
+            return None
+        pools = {which: getattr(self, which).model_copy(update={"min_replicas": self.canary.replicas,
+                                                                 "max_replicas": self.canary.replicas})
+                 for which in ("short", "long")}
+        return self.model_copy(update={"revision": self.canary.revision, "canary": None, **pools})
 
     @property
     def model_shape(self) -> ModelShape:

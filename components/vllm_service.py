@@ -105,6 +105,8 @@ class VllmServiceArgs:
     guard_config: Mapping[str, Any] = field(default_factory=dict)
     tenant: Optional[str] = None
     release: VllmRelease = field(default_factory=lambda: release(DEFAULT_VLLM_VERSION))
+    # A canary of another revision runs as its own pool beside the stable one.
+    canary: bool = False
 
 
 class VllmService(pulumi.ComponentResource):
@@ -116,12 +118,15 @@ class VllmService(pulumi.ComponentResource):
         super().__init__("vllm-gke:index:VllmService", name, None, opts)
         k8s_opts = child_opts(self, opts, provider=args.provider)
         model, pool = args.model, args.pool
-        self.service_name = f"{model.name}-{args.pool_name}"
-        labels = {MODEL_LABEL: model.name, POOL_LABEL: args.pool_name,
-                  "app.kubernetes.io/name": "vllm"}
+        # A canary's pool label differs, so the stable Service never selects canary pods (and the
+        # stable Deployment's immutable selector stays as it was).
+        pool_label = f"{args.pool_name}-canary" if args.canary else args.pool_name
+        self.service_name = f"{model.name}-{pool_label}" if not args.canary else f"{model.name}-canary-{args.pool_name}"
+        labels = {MODEL_LABEL: model.name, POOL_LABEL: pool_label, "app.kubernetes.io/name": "vllm",
+                  "vllm-gke.io/revision": model.revision.replace("/", "-")[:63].rstrip("-._")}
         if args.tenant:
             labels[TENANT_LABEL] = args.tenant
-        selector = {MODEL_LABEL: model.name, POOL_LABEL: args.pool_name}
+        selector = {MODEL_LABEL: model.name, POOL_LABEL: pool_label}
         placement = placement_for(args.node_pool)
         # One MIG slice is one nvidia.com/gpu; tensor parallelism needs that many whole GPUs.
         gpus = model.tensor_parallel_size
@@ -242,6 +247,19 @@ class VllmService(pulumi.ComponentResource):
                 },
             },
             opts=child_opts(self, opts, provider=args.provider, depends_on=[self.deployment]))
+
+        # For callers inside the mesh: eject a replica that keeps failing, and queue no more than a
+        # few batches' worth in front of each (the load balancer's side is in Gateway).
+        custom_resource(
+            f"{name}-resilience", "networking.istio.io/v1", "DestinationRule",
+            {**meta(self.service_name, labels=labels), "namespace": args.namespace},
+            {"host": pulumi.Output.concat(self.service_name, ".", args.namespace, ".svc.cluster.local"),
+             "trafficPolicy": {
+                 "connectionPool": {"http": {"http1MaxPendingRequests": 4 * pool.max_num_seqs,
+                                             "http2MaxRequests": 2 * pool.max_num_seqs}},
+                 "outlierDetection": {"consecutive5xxErrors": 5, "interval": "10s", "baseEjectionTime": "30s",
+                                      "maxEjectionPercent": 50}}},
+            k8s_opts)
 
         custom_resource(
             f"{name}-podmonitoring", "monitoring.googleapis.com/v1", "PodMonitoring",

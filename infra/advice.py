@@ -15,7 +15,8 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str) -> list[str]:
             f"the weights share is a zonal {filestore_tier} Filestore in {zones[0]} feeding GPU nodes in "
             f"{len(zones)} zones: losing {zones[0]} stops every replica from (re)loading; set "
             "vllm-gke:weights.tier to REGIONAL")
-    for model, pool_name, tenant in placements(cfg):
+    windowed = cfg.cluster.maintenance.window is not None
+    for model, pool_name, tenant in placements(cfg) if not windowed else []:
         for which in ("short", "long"):
             if getattr(model, which).min_replicas == 1:
                 who = f" ({tenant})" if tenant else ""

@@ -91,8 +91,9 @@ def capacity_report(cfg: "StackConfig") -> list[PoolCapacity]:
 
 
 def placements(cfg: "StackConfig") -> list[tuple[ModelSpec, str, Optional[str]]]:
-    """(model, node pool name, tenant) for every set of replicas: shared, then dedicated."""
+    """(model, node pool name, tenant) for every set of replicas: shared, canaries, dedicated."""
     out: list[tuple[ModelSpec, str, Optional[str]]] = [(m, m.node_pool, None) for m in cfg.models]
+    out += [(c, m.node_pool, None) for m in cfg.models if (c := m.canary_model()) is not None]
     models = {m.name: m for m in cfg.models}
     for tenant in cfg.tenants:
         if tenant.dedicated:

@@ -106,32 +106,43 @@ def build(cfg: StackConfig) -> Platform:
     rel = release(cfg.vllm_version)
 
     def serve(key: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
-              callers: list[TenantSpec], tenant: str | None = None) -> dict[str, str]:
+              callers: list[TenantSpec], tenant: str | None = None, canary: bool = False) -> dict[str, str]:
         names = {}
         for which in ("short", "long"):
             svc = VllmService(f"{key}-{which}", VllmServiceArgs(
                 model=model, pool_name=which, pool=getattr(model, which), node_pool=cfg.pool(pool_name),
                 namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
-                provider=provider, guard_config=guard_config(callers, tenant_routes(), rel.max_tokens_rule), release=rel, tenant=tenant),
+                provider=provider, guard_config=guard_config(callers, tenant_routes(), rel.max_tokens_rule),
+                release=rel, tenant=tenant, canary=canary),
                 # Pods need the sidecar (so the mesh first) and the read-only claim.
                 opts=pulumi.ResourceOptions(depends_on=[mesh, store]))
             platform.services[f"{key}-{which}"] = svc
             names[which] = svc.service_name
         return names
 
+    def rate_caps(model: ModelSpec, names: dict[str, str]) -> dict[str, int]:
+        return {names[w]: cap for w in ("short", "long") if (cap := getattr(model, w).max_rate_per_endpoint)}
+
+    def route(key: str, path: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
+              callers: list[TenantSpec], tenant: str | None = None) -> None:
+        names = serve(key, model, pool_name, namespace, callers, tenant)
+        canary_model = model.canary_model()
+        canary = serve(f"{key}-canary", canary_model, pool_name, namespace, callers, tenant, canary=True) \
+            if canary_model else {}
+        targets.append(RouteTarget(
+            key, namespace, path, names["short"], names["long"], model.long_request_bytes,
+            canary_short_service=canary.get("short"), canary_long_service=canary.get("long"),
+            canary_weight=model.canary.weight if model.canary else 0,
+            max_rate_per_endpoint={**rate_caps(model, names), **(rate_caps(canary_model, canary) if canary else {})}))
+
     for model in cfg.models:
         callers = [t for t in cfg.tenants if model.name in shared_models(t)]
-        names = serve(model.name, model, model.node_pool, serving.name, callers)
-        targets.append(RouteTarget(model.name, serving.name, model.name, names["short"], names["long"],
-                                   model.long_request_bytes))
+        route(model.name, model.name, model, model.node_pool, serving.name, callers)
     for t in cfg.tenants:
         for model_name in dedicated_models(t):
             assert t.dedicated is not None
-            model = cfg.model(model_name)
-            ns = tenants[t.name].namespace.name
-            names = serve(f"{t.name}-{model.name}", model, t.dedicated.node_pool, ns, [t], tenant=t.name)
-            targets.append(RouteTarget(f"{t.name}-{model.name}", ns, f"{t.name}/{model.name}",
-                                       names["short"], names["long"], model.long_request_bytes))
+            route(f"{t.name}-{model_name}", f"{t.name}/{model_name}", cfg.model(model_name), t.dedicated.node_pool,
+                  tenants[t.name].namespace.name, [t], tenant=t.name)
 
     platform.gateway = Gateway("gateway", GatewayArgs(
         cfg.gateway, serving.name, targets, provider, project=cfg.project, region=cfg.region,

@@ -113,6 +113,12 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
      "vllm-gke:serverImage.repository", "no tag or digest here"),
     ("unsupported-vllm", "dev", lambda v: v.update({"vllm-gke:vllmVersion": "0.9.0"}),
      "vllm-gke:vllmVersion", "not supported"),
+    ("canary-of-itself", "prod", lambda v: v["vllm-gke:models"][2]["canary"].update(revision="main"),
+     "vllm-gke:models[2]", "canary.revision 'main' is the model's own revision"),
+    ("canary-weight", "prod", lambda v: v["vllm-gke:models"][2]["canary"].update(weight=101),
+     "vllm-gke:models[2].canary.weight", "100"),
+    ("canary-revision", "prod", lambda v: v["vllm-gke:models"][2]["canary"].update(revision="v1..2"),
+     "vllm-gke:models[2].canary.revision", "not a git branch"),
 ]
 
 

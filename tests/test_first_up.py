@@ -130,8 +130,10 @@ def test_disruption_budgets_keep_a_serving_replica(plans):
     plan = plans["prod"]
     for pdb in manifests_of(plan, "PodDisruptionBudget", "vllm"):
         name = pdb["metadata"]["name"]
-        model, pool = name.rsplit("-", 1)
-        min_replicas = getattr(plan.config.model(model), pool).min_replicas
+        model, pool = name.removesuffix("-canary").replace("-canary-", "-").rsplit("-", 1)
+        spec = plan.config.model(model)
+        spec = spec.canary_model() if "-canary-" in name else spec
+        min_replicas = getattr(spec, pool).min_replicas
         expected = {"minAvailable": 1} if min_replicas == 1 else {"maxUnavailable": 1}
         assert {k: v for k, v in pdb["spec"].items() if k != "selector"} == expected, name
     (dev_short,) = [p for p in manifests_of(plans["dev"], "PodDisruptionBudget") if p["metadata"]["name"] == "qwen-7b-short"]

@@ -135,3 +135,58 @@ def test_routes_strip_client_copies_of_the_issuer_header(plans):
                 if rule.get("backendRefs"):
                     mods = [f["requestHeaderModifier"] for f in rule["filters"] if f["type"] == "RequestHeaderModifier"]
                     assert mods == [{"remove": ["x-vllm-gke-issuer"]}], route["metadata"]["name"]
+
+
+def test_a_canary_takes_its_weight_of_every_rule(plans):
+    routes = {r["metadata"]["name"]: r for r in manifests_of(plans["prod"], "HTTPRoute")}
+    for rule in routes["llama-8b"]["spec"]["rules"]:
+        refs = {b["name"]: b["weight"] for b in rule["backendRefs"]}
+        assert sum(refs.values()) == 100 and len(refs) == 2
+        assert any(n.startswith("llama-8b-canary-") and w == 10 for n, w in refs.items())
+    assert all("weight" not in b for r in routes["qwen-7b"]["spec"]["rules"] for b in r["backendRefs"])
+
+
+def test_rollback_is_a_weight_and_removal_a_config_change(plan_variant):
+    def rollback(values):
+        values["vllm-gke:models"][2]["canary"]["weight"] = 0
+    plan = plan_variant("prod", rollback)
+    route = next(r for r in manifests_of(plan, "HTTPRoute") if r["metadata"]["name"] == "llama-8b")
+    weights = {b["name"]: b["weight"] for b in route["spec"]["rules"][0]["backendRefs"]}
+    assert weights == {"llama-8b-long": 100, "llama-8b-canary-long": 0}  # warm, but serving nothing
+
+    def remove(values):
+        del values["vllm-gke:models"][2]["canary"]
+    plan = plan_variant("prod", remove)
+    assert not [d for d in manifests_of(plan, "Deployment") if "canary" in d["metadata"]["name"]]
+
+
+def test_canary_pods_never_join_the_stable_service(plans):
+    from tests.conftest import vllm_deployments
+
+    deployments = {d["metadata"]["name"]: d for d in vllm_deployments(plans["prod"], "vllm")}
+    services = {s["metadata"]["name"]: s for s in manifests_of(plans["prod"], "Service", "vllm")}
+    stable_selector = services["llama-8b-short"]["spec"]["selector"]
+    canary_labels = deployments["llama-8b-canary-short"]["spec"]["template"]["metadata"]["labels"]
+    assert not all(canary_labels.get(k) == v for k, v in stable_selector.items())
+    canary_args = deployments["llama-8b-canary-short"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert canary_args[0] == "/models/llama-8b/0e9e39f249a16976918f6564b8830bc894c89659"
+    # The same tenants may call it: authorization selects by model.
+    assert canary_labels["vllm-gke.io/model"] == "llama-8b"
+
+
+def test_load_balancer_ejects_failing_replicas_and_drains(plans):
+    checks = {h["spec"]["targetRef"]["name"]: h["spec"]["default"] for h in manifests_of(plans["prod"], "HealthCheckPolicy")}
+    assert checks["llama-8b-short"]["checkIntervalSec"] == 5 and checks["llama-8b-short"]["unhealthyThreshold"] == 2
+    policies = {p["spec"]["targetRef"]["name"]: p["spec"]["default"] for p in manifests_of(plans["prod"], "GCPBackendPolicy")}
+    assert policies["llama-8b-short"]["maxRatePerEndpoint"] == 40
+    assert "maxRatePerEndpoint" not in policies["llama-8b-long"]
+    assert all(p["connectionDraining"] == {"drainingTimeoutSec": 30} for p in policies.values())
+
+
+def test_mesh_callers_get_outlier_detection_and_connection_limits(plans):
+    rules = {d["metadata"]["name"]: d["spec"] for d in manifests_of(plans["prod"], "DestinationRule", "vllm")
+             if not d["metadata"]["name"].startswith("jwks-")}
+    rule = rules["llama-8b-short"]
+    assert rule["host"] == "llama-8b-short.vllm.svc.cluster.local"
+    assert rule["trafficPolicy"]["outlierDetection"]["consecutive5xxErrors"] == 5
+    assert rule["trafficPolicy"]["connectionPool"]["http"]["http1MaxPendingRequests"] == 4 * 64

@@ -62,12 +62,15 @@ def test_serving_volumes_are_read_only_many_onto_the_share(plans):
 def test_one_loader_job_per_model_reading_token_from_secret_manager(plans):
     plan = plans["prod"]
     jobs = manifests_of(plan, "Job", "vllm-gke-system")
-    assert sorted(j["metadata"]["name"] for j in jobs) == ["load-llama-70b", "load-llama-8b", "load-qwen-7b"]
+    assert sorted(j["metadata"]["name"] for j in jobs) == ["load-llama-70b", "load-llama-8b", "load-llama-8b-canary",
+                                                           "load-qwen-7b"]
     for job in jobs:
         pod = job["spec"]["template"]["spec"]
         (container,) = pod["containers"]
         command = container["command"]
-        assert command[2] == "hf" and command[4] == "main" and command[5].startswith("/models/")
+        # The canary loads its own pinned revision into its own directory, beside the stable one.
+        revision = "0e9e39f249a16976918f6564b8830bc894c89659" if job["metadata"]["name"].endswith("-canary") else "main"
+        assert command[2] == "hf" and command[4] == revision and command[5].startswith("/models/")
         assert command[-2:] == ["--token-file", "/var/run/secrets/hf/token"]
         # The server image sets HF_HUB_OFFLINE=1; the loader must override it or download nothing.
         env = {e["name"]: e for e in container["env"]}

@@ -267,3 +267,53 @@ def test_the_plugin_serves_its_schema_over_the_provider_protocol():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_component_users_can_run_a_canary_through_the_facades():
+    """VllmService(canary: true) and Gateway canary targets, as a YAML or TypeScript program would declare them."""
+    from vllm_gke.components.provider import Gateway, VllmService
+    from vllm_gke.components.provider.convert import InputError
+    from vllm_gke.infra.plan import read_stack_config, run_program
+
+    from vllm_gke.infra.config import parse
+
+    values = read_stack_config("prod")
+    cfg = parse(values)
+    model = next(m for m in cfg.models if m.canary).model_dump(mode="json", exclude_none=True)
+    common = {"node_pool": cfg.pool(cfg.model(model["name"]).node_pool).model_dump(mode="json", exclude_none=True),
+              "namespace": "llm", "image": cfg.server_image.model_dump(mode="json", exclude_none=True),
+              "claim_name": "weights", "kubeconfig": "kc"}
+    gateway = cfg.gateway.model_dump(mode="json", exclude_none=True)
+
+    def build(_cfg):
+        stable = VllmService("m-short", {"model": model, "pool_name": "short", **common})
+        canary = VllmService("m-canary-short", {"model": model, "pool_name": "short", "canary": True, **common})
+        target = {"route_name": "m", "namespace": "llm", "path_prefix": "m", "short_service": stable.service_name,
+                  "long_service": stable.service_name, "long_request_bytes": 4096,
+                  "canary_short_service": canary.service_name, "canary_long_service": canary.service_name,
+                  "canary_weight": 25}
+        return Gateway("gw", {"gateway": gateway, "namespace": "llm", "targets": [target], "kubeconfig": "kc",
+                              "project": cfg.project, "region": cfg.region})
+
+    plan = run_program("prod", values, program=build)
+    deployments = {d["metadata"]["name"]: d for d in manifests_of_plan(plan, "Deployment")}
+    canary_pod = next(d for n, d in deployments.items() if "canary" in n)["spec"]["template"]["spec"]
+    assert model["canary"]["revision"] in json.dumps(canary_pod)
+    (route,) = [r for r in manifests_of_plan(plan, "HTTPRoute") if r["metadata"]["name"] == "m"]
+    weights = sorted(b["weight"] for rule in route["spec"]["rules"] for b in rule["backendRefs"])
+    assert set(weights) == {25, 75}
+
+    without = dict(model, canary=None)
+    with pytest.raises(Exception, match="VllmService.canary"):
+        run_program("prod", values, program=lambda _c: VllmService(
+            "x", {"model": {k: v for k, v in without.items() if v is not None}, "pool_name": "short",
+                  "canary": True, **common}))
+    with pytest.raises(InputError, match="canaryWeight"):
+        run_program("prod", values, program=lambda _c: Gateway("gw", {
+            "gateway": gateway, "namespace": "llm", "kubeconfig": "kc", "project": cfg.project, "region": cfg.region,
+            "targets": [{"route_name": "m", "namespace": "llm", "path_prefix": "m", "short_service": "a",
+                         "long_service": "b", "long_request_bytes": 1, "canary_weight": 10}]}))
+
+
+def manifests_of_plan(plan: Any, kind: str) -> list[dict[str, Any]]:
+    return [d for d in plan.manifests() if d.get("kind") == kind]

@@ -44,7 +44,7 @@ def test_component_counts(plans):
                                  "vllm-gke:index:VllmService": 2, "vllm-gke:index:Gateway": 1,
                                  "vllm-gke:index:Observability": 1, "vllm-gke:index:MetricsAdapter": 1}
     prod = components("prod")
-    assert prod["vllm-gke:index:VllmService"] == 8  # 3 shared models + 1 dedicated, two pools each
+    assert prod["vllm-gke:index:VllmService"] == 10  # 3 shared models, 1 canary, 1 dedicated; two pools each
     assert prod["vllm-gke:index:TenantAuth"] == 3
     assert prod["vllm-gke:index:MeshNamespace"] == 4
 
@@ -54,7 +54,8 @@ def test_every_component_child_is_parented(plans):
     components = {r.urn for r in plan.resources if not r.custom}
     top_level = {"apis", "gke", "mesh", "serving", "weights", "gateway", "observability", "metrics-adapter"} | {
         f"tenant-{t}" for t in ("search", "support", "analytics")} | {
-        f"{m}-{p}" for m in ("llama-70b", "qwen-7b", "llama-8b", "analytics-qwen-7b") for p in ("short", "long")}
+        f"{m}-{p}" for m in ("llama-70b", "qwen-7b", "llama-8b", "llama-8b-canary", "analytics-qwen-7b")
+        for p in ("short", "long")}
     for r in plan.resources:
         if r.name in top_level and not r.custom:
             continue

@@ -18,7 +18,8 @@ def deployment(plan, name, namespace="vllm"):
 def test_two_pools_per_model(plans):
     names = {(m["metadata"]["namespace"], m["metadata"]["name"]) for m in vllm_deployments(plans["prod"])}
     assert names == {("vllm", f"{m}-{p}") for m in ("llama-70b", "qwen-7b", "llama-8b") for p in ("short", "long")} | {
-        ("tenant-analytics", "qwen-7b-short"), ("tenant-analytics", "qwen-7b-long")}
+        ("tenant-analytics", "qwen-7b-short"), ("tenant-analytics", "qwen-7b-long"),
+        ("vllm", "llama-8b-canary-short"), ("vllm", "llama-8b-canary-long")}
 
 
 def test_vllm_flags_from_config(plans):

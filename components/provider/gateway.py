@@ -31,6 +31,14 @@ class RouteTargetSpec(TypedDict):
     """Requests with a body of at least this many bytes go to the long pool."""
     port: NotRequired[int]
     """The Services' port (default 8000)."""
+    canary_short_service: NotRequired[str]
+    """The canary revision's short-request pool (VllmService with canary: true)."""
+    canary_long_service: NotRequired[str]
+    """The canary revision's long-request pool."""
+    canary_weight: NotRequired[int]
+    """Percent of each rule's traffic sent to the canary pools, 0-100 (default 0)."""
+    max_rate_per_endpoint: NotRequired[dict[str, int]]
+    """Load balancer requests/s cap per replica, by Service name."""
 
 
 class GatewayInputs(TypedDict):
@@ -78,8 +86,19 @@ class Gateway(pulumi.ComponentResource):
                                    "long_request_bytes") if t.get(k) is None]
             if missing:
                 raise InputError(f"Gateway.targets[{i}]: {', '.join(missing)} required but not set")
+            canary = (t.get("canary_short_service"), t.get("canary_long_service"))
+            weight = int(t.get("canary_weight") or 0)
+            if (canary[0] is None) != (canary[1] is None):
+                raise InputError(f"Gateway.targets[{i}]: set both canaryShortService and canaryLongService, or neither")
+            if not 0 <= weight <= 100 or (weight and canary[0] is None):
+                raise InputError(f"Gateway.targets[{i}].canaryWeight: {weight} must be 0-100, and needs the canary "
+                                 "services")
             targets.append(RouteTarget(t["route_name"], t["namespace"], t["path_prefix"], t["short_service"],
-                                       t["long_service"], int(t["long_request_bytes"]), int(t.get("port") or 8000)))
+                                       t["long_service"], int(t["long_request_bytes"]), int(t.get("port") or 8000),
+                                       canary_short_service=canary[0], canary_long_service=canary[1],
+                                       canary_weight=weight,
+                                       max_rate_per_endpoint={k: int(v) for k, v in
+                                                              (t.get("max_rate_per_endpoint") or {}).items()}))
         apis = None
         if args.get("enable_apis", True):
             needed = ["compute.googleapis.com"] + (["certificatemanager.googleapis.com"] if spec.managed_certificate else [])

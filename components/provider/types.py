@@ -161,6 +161,20 @@ class ServingPoolSpec(TypedDict):
     """Tokens (prompt + output) a typical request of this pool holds; the capacity check wants room for maxNumSeqs of them. Defaults to the pool's maxModelLen."""
     queue_depth_target: NotRequired[int]
     """HPA target: average vllm:num_requests_waiting per pod before scaling out. Default: 8."""
+    max_rate_per_endpoint: NotRequired[int]
+    """Load balancer cap per replica, requests per second (GCPBackendPolicy maxRatePerEndpoint)."""
+
+
+class CanarySpec(TypedDict):
+    """A new revision of a model, served side by side with the current one on a share of traffic.
+    Roll forward by raising the weight, back by lowering it to 0 or removing the canary."""
+
+    revision: str
+    """The revision to try (a git branch, tag or commit of the model's source)."""
+    weight: int
+    """Percent of each route's traffic the canary gets, 0-100."""
+    replicas: NotRequired[int]
+    """Replicas of the canary in each of the model's pools. Default: 1."""
 
 
 class ModelSpec(TypedDict):
@@ -200,6 +214,8 @@ class ModelSpec(TypedDict):
     """The long-request pool."""
     extra_args: NotRequired[list[str]]
     """More vLLM flags, checked against the release's parser; platform-managed flags and secrets are refused."""
+    canary: NotRequired[CanarySpec]
+    """A canary of another revision, weighted against this one."""
 
 
 class JwtSpec(TypedDict):

@@ -41,6 +41,8 @@ class VllmServiceInputs(TypedDict):
     """The tenant owning dedicated replicas, if any."""
     vllm_version: NotRequired[str]
     """The vLLM release the image is built on (default the newest supported)."""
+    canary: NotRequired[bool]
+    """Serve the model's canary revision (model.canary) as a separate pool, labelled and named as a canary."""
 
 
 class VllmService(pulumi.ComponentResource):
@@ -65,12 +67,18 @@ class VllmService(pulumi.ComponentResource):
         if version not in RELEASES:
             raise InputError(f"VllmService.vllmVersion: vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
         rel = RELEASES[version]
+        canary = bool(args.get("canary"))
+        if canary:
+            canary_model = model.canary_model()
+            if canary_model is None:
+                raise InputError("VllmService.canary: true needs model.canary (the revision and weight to try)")
+            model = canary_model
         inner = _VllmService(name, VllmServiceArgs(
             model=model, pool_name=pool_name, pool=getattr(model, pool_name), node_pool=node_pool,
             namespace=args["namespace"], image=image, claim_name=args["claim_name"],
             provider=kubernetes_provider(name, args["kubeconfig"], self),
             guard_config=guard_config(tenants, tenant_routes(), rel.max_tokens_rule), tenant=args.get("tenant"),
-            release=rel), opts=pulumi.ResourceOptions(parent=self))
+            release=rel, canary=canary), opts=pulumi.ResourceOptions(parent=self))
         self.service_name = pulumi.Output.from_input(inner.service_name)
         self.deployment_name = inner.deployment.metadata.name
         self.register_outputs({"serviceName": self.service_name, "deploymentName": self.deployment_name})
