@@ -428,6 +428,40 @@ def vllm_autoscaled(resources: Sequence[Resource]) -> Iterator[Finding]:
             yield r, f"{where(r)} has no PodDisruptionBudget: node upgrades could take every replica at once"
 
 
+def _selects(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def vllm_backends_resilient(resources: Sequence[Resource]) -> Iterator[Finding]:
+    """A failing vLLM replica must leave rotation on both paths to it: the load balancer's health
+    check (HealthCheckPolicy, else GKE probes '/', which vLLM answers 404) and the mesh's outlier
+    detection (DestinationRule) for callers inside the cluster."""
+    pods = [(namespace_of(r), ((r.props.get("spec") or {}).get("template") or {}).get("metadata", {}).get("labels") or {})
+            for r, _pod, _c in vllm_servers(resources) if r.props.get("kind") == "Deployment"]
+    checked = {(namespace_of(h), ((h.props.get("spec") or {}).get("targetRef") or {}).get("name"))
+               for h in kube(resources, "HealthCheckPolicy")}
+    ejecting = set()
+    for d in kube(resources, "DestinationRule"):
+        spec = d.props.get("spec") or {}
+        if ((spec.get("trafficPolicy") or {}).get("outlierDetection")):
+            host = str(spec.get("host") or "")
+            parts = host.split(".")
+            ejecting.add((parts[1] if len(parts) > 1 else namespace_of(d), parts[0]))
+    routed = {(b.get("namespace") or namespace_of(route), b.get("name")) for route in kube(resources, "HTTPRoute") for b in _backends(route)
+              if b.get("kind", "Service") == "Service"}
+    for svc in kube(resources, "Service"):
+        ns, name = namespace_of(svc), meta(svc).get("name")
+        selector = (svc.props.get("spec") or {}).get("selector") or {}
+        if not any(pns == ns and _selects(selector, labels) for pns, labels in pods):
+            continue
+        if (ns, name) not in ejecting:
+            yield svc, (f"{where(svc)} serves vLLM with no DestinationRule outlierDetection: mesh callers keep "
+                        "sending to a failing replica")
+        if (ns, name) in routed and (ns, name) not in checked:
+            yield svc, (f"{where(svc)} is a Gateway backend without a HealthCheckPolicy: the load balancer probes "
+                        "'/' (404 on vLLM) and never takes a failing replica out")
+
+
 POLICIES: tuple[Policy, ...] = (
     Policy("gpu-node-pools-tainted", "GPU node pools carry the nvidia.com/gpu NoSchedule taint.",
            "mandatory", gpu_node_pools_tainted),
@@ -464,6 +498,9 @@ POLICIES: tuple[Policy, ...] = (
     Policy("vllm-autoscaled",
            "Every vLLM Deployment has an HPA (with a custom metrics API to read) and a PodDisruptionBudget.",
            "advisory", vllm_autoscaled),
+    Policy("vllm-backends-resilient",
+           "Every vLLM Service ejects failing replicas: outlier detection in the mesh, a health check at the load balancer.",
+           "advisory", vllm_backends_resilient),
 )
 POLICY_NAMES = tuple(p.name for p in POLICIES)
 

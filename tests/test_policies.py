@@ -114,6 +114,12 @@ def _public_control_plane(rs):
     del cluster.props["masterAuthorizedNetworksConfig"]
 
 
+def _no_outlier_detection(rs):
+    rule = next(r for r in rs if r.props.get("kind") == "DestinationRule"
+                and r.props["spec"]["host"].startswith("qwen-7b-short."))
+    del rule.props["spec"]["trafficPolicy"]["outlierDetection"]
+
+
 CASES: dict[str, tuple[Callable, str]] = {
     "gpu-node-pools-tainted": (_untaint, "has no nvidia.com/gpu NO_SCHEDULE taint"),
     "mig-partition-valid": (_bad_mig, "'1g.10gb' is not a MIG profile of nvidia-tesla-a100"),
@@ -129,6 +135,7 @@ CASES: dict[str, tuple[Callable, str]] = {
     "serving-paths-authenticated": (_open_completions, "is allowed without a JWT"),
     "pods-hardened": (_privileged, "allowPrivilegeEscalation is not false"),
     "control-plane-restricted": (_public_control_plane, "public endpoint accepts any source address"),
+    "vllm-backends-resilient": (_no_outlier_detection, "no DestinationRule outlierDetection"),
 }
 
 
@@ -222,3 +229,12 @@ def test_bad_policy_config(config, message):
 def test_policies_have_descriptions_and_defaults():
     for p in POLICIES:
         assert p.description.endswith(".") and p.level in ("advisory", "mandatory")
+
+
+def test_a_gateway_backend_without_a_health_check_is_flagged(plans):
+    rs = resources(plans["prod"])
+    assert violations_of(rs, "vllm-backends-resilient") == []
+    rs[:] = [r for r in rs if not (r.props.get("kind") == "HealthCheckPolicy"
+                                   and r.props["spec"]["targetRef"]["name"] == "llama-8b-canary-short")]
+    (v,) = violations_of(rs, "vllm-backends-resilient")
+    assert "llama-8b-canary-short is a Gateway backend without a HealthCheckPolicy" in v.message
