@@ -93,13 +93,13 @@ def capacity_report(cfg: "StackConfig") -> list[PoolCapacity]:
 def placements(cfg: "StackConfig") -> list[tuple[ModelSpec, str, Optional[str]]]:
     """(model, node pool name, tenant) for every set of replicas: shared, canaries, dedicated."""
     out: list[tuple[ModelSpec, str, Optional[str]]] = [(m, m.node_pool, None) for m in cfg.models]
-    out += [(c, m.node_pool, None) for m in cfg.models if (c := m.canary_model()) is not None]
     models = {m.name: m for m in cfg.models}
     for tenant in cfg.tenants:
         if tenant.dedicated:
             out += [(models[name], tenant.dedicated.node_pool, tenant.name)
                     for name in tenant.dedicated.models if name in models]
-    return out
+    # Each copy of a model (shared or dedicated) runs its canary on the same node pool.
+    return out + [(c, pool, tenant) for m, pool, tenant in out if (c := m.canary_model()) is not None]
 
 
 def gpu_slots_by_pool(cfg: "StackConfig", bound: str = "min") -> dict[str, int]:

@@ -190,3 +190,22 @@ def test_mesh_callers_get_outlier_detection_and_connection_limits(plans):
     assert rule["host"] == "llama-8b-short.vllm.svc.cluster.local"
     assert rule["trafficPolicy"]["outlierDetection"]["consecutive5xxErrors"] == 5
     assert rule["trafficPolicy"]["connectionPool"]["http"]["http1MaxPendingRequests"] == 4 * 64
+
+
+def test_a_dedicated_copy_runs_the_models_canary_too(plan_variant):
+    """A tenant's dedicated replicas follow the model's config, canary included, on the tenant's pool."""
+    from vllm_gke.infra.capacity import gpu_slots_by_pool
+    from vllm_gke.infra.config import parse
+
+    def canary(values):
+        values["vllm-gke:models"][1]["canary"] = {"revision": "v2", "weight": 20}
+    plan = plan_variant("prod", canary)
+    route = next(r for r in manifests_of(plan, "HTTPRoute", "tenant-analytics")
+                 if r["metadata"]["name"] == "analytics-qwen-7b")
+    weights = {b["name"]: b["weight"] for b in route["spec"]["rules"][-1]["backendRefs"]}
+    assert weights == {"qwen-7b-short": 80, "qwen-7b-canary-short": 20}
+    canaries = [d for d in manifests_of(plan, "Deployment", "tenant-analytics") if "canary" in d["metadata"]["name"]]
+    assert len(canaries) == 2
+    # Capacity counts both canaries (shared and dedicated) on the MIG pool: one replica per pool each.
+    before = gpu_slots_by_pool(plan_variant("prod").config)["a100-mig"]
+    assert gpu_slots_by_pool(plan.config)["a100-mig"] == before + 4
