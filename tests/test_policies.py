@@ -16,8 +16,12 @@ def resources(plan) -> list[Resource]:
     return [Resource(r.type, r.name, copy.deepcopy(r.props), r.urn) for r in plan.policy_resources()]
 
 
-def kind(rs: list[Resource], k: str, name: str | None = None) -> Resource:
-    return next(r for r in rs if r.props.get("kind") == k and (name is None or r.props["metadata"]["name"] == name))
+def kind(rs: list[Resource], k: str, name: str | None = None, namespace: str | None = None) -> Resource:
+    """The one resource of that kind (and name, namespace): an ambiguous lookup fails rather than
+    picking whichever the mock runtime happened to register first."""
+    (found,) = [r for r in rs if r.props.get("kind") == k and (name is None or r.props["metadata"]["name"] == name)
+                and (namespace is None or r.props["metadata"].get("namespace") == namespace)]
+    return found
 
 
 def vllm_container(rs: list[Resource]) -> dict[str, Any]:
@@ -101,7 +105,7 @@ def _http_external_gateway(rs):
 
 
 def _open_completions(rs):
-    policy = kind(rs, "AuthorizationPolicy", "allow-lb-health-checks")
+    policy = kind(rs, "AuthorizationPolicy", "allow-lb-health-checks", namespace="vllm")
     policy.props["spec"]["rules"][0]["to"][0]["operation"]["paths"].append("/v1/*")
 
 
