@@ -12,7 +12,7 @@ which vLLM itself refuses to start without.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
 from vllm_gke.components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
@@ -40,6 +40,9 @@ class PoolCapacity:
     max_model_len: int
     max_num_seqs: int
     seqs_fit: int
+    # The revision these replicas serve: a canary's differs from the model's own.
+    revision: str = "main"
+    canary: bool = False
 
     @property
     def fits(self) -> bool:
@@ -80,13 +83,14 @@ def pool_capacity(model: ModelSpec, which: str, pool: ServingPoolSpec, node_pool
         model=model.name, pool=which, node_pool=node_pool.name, tenant=tenant, gpu_memory_gb=memory,
         usable_gb=usable, weights_per_gpu_gb=weights, kv_budget_gb=budget,
         kv_bytes_per_token_per_gpu=per_token, tokens_fit=tokens, context_tokens=context,
-        max_model_len=max_len, max_num_seqs=pool.max_num_seqs, seqs_fit=tokens // context)
+        max_model_len=max_len, max_num_seqs=pool.max_num_seqs, seqs_fit=tokens // context, revision=model.revision)
 
 
 def capacity_report(cfg: "StackConfig") -> list[PoolCapacity]:
     """One row per serving pool the stack declares, shared and dedicated."""
     pools = {p.name: p for p in cfg.node_pools}
-    return [pool_capacity(model, which, getattr(model, which), pools[pool_name], tenant)
+    return [replace(pool_capacity(model, which, getattr(model, which), pools[pool_name], tenant),
+                    canary=model.revision != cfg.model(model.name).revision)
             for model, pool_name, tenant in placements(cfg) for which in ("short", "long")]
 
 

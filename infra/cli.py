@@ -78,7 +78,8 @@ def capacity_table(v: Verdicts) -> Table:
                 "context", "seqs fit", "maxNumSeqs", "fits"):
         table.add_column(col, justify="right" if col not in ("model", "pool", "node pool") else "left")
     for r in v.capacity:
-        table.add_row(r.model + (f" ({r.tenant})" if r.tenant else ""), r.pool, r.node_pool,
+        label = r.model + (f" ({r.tenant})" if r.tenant else "") + (f" canary {r.revision[:7]}" if r.canary else "")
+        table.add_row(label, r.pool, r.node_pool,
                       f"{r.gpu_memory_gb:g}", f"{r.usable_gb:.1f}", f"{r.weights_per_gpu_gb:.1f}",
                       f"{r.kv_budget_gb:.1f}", f"{r.tokens_fit:,}", f"{r.context_tokens:,}", str(r.seqs_fit),
                       str(r.max_num_seqs), "[green]yes[/]" if r.fits else "[red]no[/]")

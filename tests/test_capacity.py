@@ -57,6 +57,9 @@ def test_report_covers_every_serving_pool(plans):
     assert len(rows) == 10 and all(r.fits for r in rows)  # llama-8b's canary included
     assert {(r.model, r.tenant) for r in rows} == {("llama-70b", None), ("qwen-7b", None), ("llama-8b", None),
                                                    ("qwen-7b", "analytics")}
+    # The canary's rows say so, with the revision they serve.
+    assert [(r.pool, r.revision) for r in rows if r.canary] == [
+        ("short", "0e9e39f249a16976918f6564b8830bc894c89659"), ("long", "0e9e39f249a16976918f6564b8830bc894c89659")]
 
 
 def test_too_many_sequences_fail_with_the_numbers(stack_values):
