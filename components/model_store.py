@@ -52,9 +52,16 @@ def ready_marker(model: ModelSpec) -> str:
     return f"{model_dir(model)}/{WEIGHTS_READY_MARKER}"
 
 
+def weight_copies(models: Sequence[ModelSpec]) -> list[tuple[str, ModelSpec]]:
+    """(loader key, model at its revision) for every copy on the share: each model, then each
+    canary's revision, which loads into its own directory beside the current one."""
+    return [(m.name, m) for m in models] + \
+        [(f"{m.name}-canary", c) for m in models if (c := m.canary_model()) is not None]
+
+
 def plan_filestore(models: Sequence[ModelSpec], weights: WeightsSpec) -> tuple[str, int]:
     """Tier and capacity (GiB) for the share: the tier's minimum or the weights plus headroom."""
-    total = sum(m.weights_gb for m in models)
+    total = sum(m.weights_gb for _key, m in weight_copies(models))
     tier = weights.tier if weights.tier != "auto" else ("BASIC_HDD" if total <= HDD_LIMIT_GB else "ZONAL")
     needed = math.ceil(total * HEADROOM / 256) * 256
     capacity = max(TIER_MIN_GB[tier], needed, weights.capacity_gb or 0)
@@ -185,10 +192,7 @@ class ModelStore(pulumi.ComponentResource):
         program_hash = hashlib.sha256(program.encode()).hexdigest()[:16]
 
         self.loader_jobs = {}
-        # A canary's revision loads beside the current one (the share's headroom allows for it).
-        loads = [(m.name, m) for m in args.models]
-        loads += [(f"{m.name}-canary", c) for m in args.models if (c := m.canary_model()) is not None]
-        for key, model in loads:
+        for key, model in weight_copies(args.models):
             image = args.server_image if model.source.startswith("hf://") else args.weights.gcs_loader_image
             self.loader_jobs[key] = k8s.batch.v1.Job(
                 f"{name}-load-{key}",

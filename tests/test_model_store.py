@@ -7,7 +7,7 @@ import re
 import pytest
 
 from vllm_gke.components.model_store import plan_filestore
-from vllm_gke.components.specs import ModelSpec, WeightsSpec
+from vllm_gke.components.specs import CanarySpec, ModelSpec, WeightsSpec
 from tests.conftest import manifests_of, props_of
 
 
@@ -38,6 +38,15 @@ def _model(params: float) -> ModelSpec:
 ])
 def test_plan_filestore(params, tier, capacity):
     assert plan_filestore([_model(params)], WeightsSpec()) == (tier, capacity)
+
+
+def test_a_canary_revision_is_a_second_copy_on_the_share():
+    canary = _model(600).model_copy(update={"canary": CanarySpec(revision="v2", weight=10)})
+    # 2 x 1200 GB x 1.3 headroom, in 256 GiB steps: both revisions are on the share at once.
+    assert plan_filestore([canary], WeightsSpec()) == ("ZONAL", 3328)
+    # Two 50B copies are past what an HDD share loads in reasonable time.
+    assert plan_filestore([_model(50).model_copy(update={"canary": CanarySpec(revision="v2", weight=10)})],
+                          WeightsSpec())[0] == "ZONAL"
 
 
 def test_explicit_tier_keeps_its_minimum():
