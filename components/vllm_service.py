@@ -121,7 +121,7 @@ class VllmService(pulumi.ComponentResource):
         # A canary's pool label differs, so the stable Service never selects canary pods (and the
         # stable Deployment's immutable selector stays as it was).
         pool_label = f"{args.pool_name}-canary" if args.canary else args.pool_name
-        self.service_name = f"{model.name}-{pool_label}" if not args.canary else f"{model.name}-canary-{args.pool_name}"
+        self.service_name = f"{model.name}-canary-{args.pool_name}" if args.canary else f"{model.name}-{args.pool_name}"
         labels = {MODEL_LABEL: model.name, POOL_LABEL: pool_label, "app.kubernetes.io/name": "vllm",
                   "vllm-gke.io/revision": model.revision.replace("/", "-")[:63].rstrip("-._")}
         if args.tenant:

@@ -15,10 +15,11 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str) -> list[str]:
             f"the weights share is a zonal {filestore_tier} Filestore in {zones[0]} feeding GPU nodes in "
             f"{len(zones)} zones: losing {zones[0]} stops every replica from (re)loading; set "
             "vllm-gke:weights.tier to REGIONAL")
-    windowed = cfg.cluster.maintenance.window is not None
-    for model, pool_name, tenant in placements(cfg) if not windowed else []:
+    # With a maintenance window, upgrades wait for it: a single replica is a choice, not a hazard.
+    unwindowed = cfg.cluster.maintenance.window is None
+    for model, _pool_name, tenant in placements(cfg):
         for which in ("short", "long"):
-            if getattr(model, which).min_replicas == 1:
+            if unwindowed and getattr(model, which).min_replicas == 1:
                 who = f" ({tenant})" if tenant else ""
                 out.append(
                     f"{model.name}{who} {which} pool runs one replica: a node upgrade or repair takes it down "

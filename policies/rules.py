@@ -108,6 +108,16 @@ def vllm_servers(resources: Sequence[Resource]) -> Iterator[tuple[Resource, Mapp
                 yield r, pod, c
 
 
+def template_labels(r: Resource) -> Mapping[str, Any]:
+    """The labels of a workload's pod template."""
+    return (((r.props.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
+
+
+def selects(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
+    """A non-empty equality selector matches these labels."""
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
 def env_of(container: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {e.get("name", ""): e for e in container.get("env") or []}
 
@@ -295,7 +305,7 @@ def serving_paths_authenticated(resources: Sequence[Resource]) -> Iterator[Findi
         if r.urn in seen:
             continue
         seen.add(r.urn)
-        labels = (((r.props.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
+        labels = template_labels(r)
         if probe := _open_probe(docs, namespace_of(r), labels, sources):
             yield r, f"{where(r)}: {probe} is allowed without a JWT; only /health and /metrics may be"
 
@@ -423,20 +433,16 @@ def vllm_autoscaled(resources: Sequence[Resource]) -> Iterator[Finding]:
         ns, name = namespace_of(r), meta(r).get("name")
         if (ns, name) not in hpas:
             yield r, f"{where(r)} has no HorizontalPodAutoscaler: fixed replicas idle GPUs or drop load"
-        labels = (((r.props.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
-        if not any(pns == ns and sel and all(labels.get(k) == v for k, v in sel.items()) for pns, sel in pdbs):
+        labels = template_labels(r)
+        if not any(pns == ns and selects(sel, labels) for pns, sel in pdbs):
             yield r, f"{where(r)} has no PodDisruptionBudget: node upgrades could take every replica at once"
-
-
-def _selects(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
-    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
 def vllm_backends_resilient(resources: Sequence[Resource]) -> Iterator[Finding]:
     """A failing vLLM replica must leave rotation on both paths to it: the load balancer's health
     check (HealthCheckPolicy, else GKE probes '/', which vLLM answers 404) and the mesh's outlier
     detection (DestinationRule) for callers inside the cluster."""
-    pods = [(namespace_of(r), ((r.props.get("spec") or {}).get("template") or {}).get("metadata", {}).get("labels") or {})
+    pods = [(namespace_of(r), template_labels(r))
             for r, _pod, _c in vllm_servers(resources) if r.props.get("kind") == "Deployment"]
     checked = {(namespace_of(h), ((h.props.get("spec") or {}).get("targetRef") or {}).get("name"))
                for h in kube(resources, "HealthCheckPolicy")}
@@ -452,7 +458,7 @@ def vllm_backends_resilient(resources: Sequence[Resource]) -> Iterator[Finding]:
     for svc in kube(resources, "Service"):
         ns, name = namespace_of(svc), meta(svc).get("name")
         selector = (svc.props.get("spec") or {}).get("selector") or {}
-        if not any(pns == ns and _selects(selector, labels) for pns, labels in pods):
+        if not any(pns == ns and selects(selector, labels) for pns, labels in pods):
             continue
         if (ns, name) not in ejecting:
             yield svc, (f"{where(svc)} serves vLLM with no DestinationRule outlierDetection: mesh callers keep "
