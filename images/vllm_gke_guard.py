@@ -332,16 +332,17 @@ def read_fields(buf: bytes, kind: str) -> Fields:
     return read_fields_by_scanning(buf, kind)
 
 
-def prompt_count(lists: dict[str, bytes]) -> int:
+def prompt_count(lists: dict[str, bytes], every_item: bool = False) -> int:
     """How many prompts a request carries: a string or a token list is one, a list of them many.
-    With several prompt fields (prompt and prompt_embeds) vLLM may take both: count both."""
+    With several prompt fields (prompt and prompt_embeds) vLLM may take both: count both.
+    `every_item`: each element is a prompt whatever it looks like (a chat batch's conversations)."""
     total = 0
     for raw in lists.values():
         if raw[:1] != b"[":
             total += 1
             continue
         count, first = count_items(raw, 0, len(raw))
-        total += max(count, 1) if first in (b'"', b"[") else 1  # else a list of token ids
+        total += max(count, 1) if every_item or first in (b'"', b"[") else 1  # else a list of token ids
     return max(total, 1)
 
 
@@ -353,7 +354,8 @@ class Budget:
         values = fields.values
         n = as_int(values.get("n", 1), "n") or 1
         best_of = as_int(values.get("best_of"), "best_of") or 1
-        self.sequences = max(n, best_of) * (prompt_count(fields.lists) if kind in PROMPT_FIELDS else 1)
+        prompts = prompt_count(fields.lists, every_item=kind == "chat_batch") if kind in PROMPT_FIELDS else 1
+        self.sequences = max(n, best_of) * prompts
         if self.sequences < 1:
             raise GuardError(400, "n and best_of must be at least 1", "invalid_value", "n")
         if kind in ("chat", "chat_batch"):
@@ -407,16 +409,19 @@ class Disconnected(Exception):
 class _Headers:
     """The few request headers the guard reads, every occurrence kept, in one pass."""
 
-    __slots__ = ("issuer", "content_type", "content_length", "warmup")
+    __slots__ = ("issuer", "content_type", "content_length", "warmup", "objective")
 
-    def __init__(self, headers: list, issuer_header: bytes):
+    def __init__(self, headers: list, issuer_header: bytes, objective_header: bytes = b""):
         self.issuer: list[bytes] = []
         self.content_type: list[bytes] = []
         self.content_length: list[bytes] = []
         self.warmup: list[bytes] = []
+        self.objective: list[bytes] = []
         for k, v in headers:
             if k == issuer_header:
                 self.issuer.append(v)
+            elif k == objective_header:
+                self.objective.append(v)
             elif k == b"content-type":
                 self.content_type.append(v)
             elif k == b"content-length":
@@ -432,6 +437,8 @@ class GuardMiddleware:
         cfg = config if config is not None else json.loads(os.environ.get(CONFIG_ENV) or "{}")
         self.issuer_header = str(cfg.get("issuerHeader", "x-vllm-gke-issuer")).lower().encode()
         self.issuers: dict[str, dict[str, Any]] = dict(cfg.get("issuers") or {})
+        # Behind the endpoint picker: the objective (priority) the route set must be the tenant's own.
+        self.objective_header = str(cfg.get("objectiveHeader") or "").lower().encode()
         self.routes: dict[str, dict[str, str]] = dict(cfg.get("routes") or {})
         self.trusted_peers = frozenset(cfg.get("trustedPeers") or DEFAULT_TRUSTED_PEERS)
         self.max_body = int(cfg.get("maxBodyBytes") or DEFAULT_MAX_BODY_BYTES)
@@ -472,7 +479,7 @@ class GuardMiddleware:
         if route.get("method") != method:
             raise GuardError(405, f"{path} takes {route.get('method')}", "method_not_allowed")
         headers = scope.get("headers") or []
-        seen = _Headers(headers, self.issuer_header)
+        seen = _Headers(headers, self.issuer_header, self.objective_header)
         client = (scope.get("client") or ("", 0))[0]
         if client == "127.0.0.1" and self._is_warmup(seen):
             return scope, receive
@@ -484,6 +491,9 @@ class GuardMiddleware:
         entry = self.issuers.get(issuer)
         if entry is None:
             raise GuardError(403, "no tenant is configured for this token's issuer", "forbidden")
+        if self.objective_header and [o.decode("latin-1") for o in seen.objective] != [entry.get("objective")]:
+            raise GuardError(403, f"tenant '{entry['tenant']}' must call this model under its own path "
+                                  f"(/{entry['tenant']}/<model>/v1)", "forbidden")
         wait = self.limiters[issuer].take()
         if wait is not None:
             err = GuardError(429, f"rate limit of {entry['requestsPerMinute']} requests/minute for tenant "

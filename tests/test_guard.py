@@ -431,3 +431,33 @@ def test_the_scanner_agrees_with_json_loads(body, indent, separators, ensure_asc
     spans, close = guard.scan_object(raw, frozenset(body))
     assert raw[close:close + 1] == b"}"
     assert {k: json.loads(raw[a:b]) for k, (a, b) in spans.items()} == json.loads(raw)
+
+
+# --- behind the endpoint picker: the objective is the tenant's own ----------------------------
+
+def test_behind_the_picker_a_tenant_must_carry_its_own_objective():
+    app = Recorder()
+    cfg = guard_config([TENANT], tenant_routes(), "both", objectives_for="m")
+    mw = guard.GuardMiddleware(app, cfg, Clock())
+    body = {"model": "m", "prompt": "hi", "max_tokens": 5}
+    assert status(call(mw, body, headers=[(b"x-gateway-inference-objective", b"a.m")])) == 200
+    for headers in ([], [(b"x-gateway-inference-objective", b"b.m")],
+                    [(b"x-gateway-inference-objective", b"a.m"), (b"x-gateway-inference-objective", b"a.m")]):
+        sent = call(mw, body, headers=headers)
+        assert status(sent) == 403 and error(sent)["code"] == "forbidden", headers
+        assert "/a/<model>/v1" in error(sent)["message"]
+    assert len(app.seen) == 1
+
+
+def test_without_the_picker_the_objective_header_is_not_required():
+    mw, app = guarded()
+    assert status(call(mw, {"model": "m", "prompt": "hi", "max_tokens": 5})) == 200
+
+
+def test_every_conversation_of_a_chat_batch_counts_whatever_its_first_item_is():
+    """Regression (found by Hypothesis): a batch whose first conversation was not a list counted
+    as one conversation, so the cap added for an unbounded batch of two allowed twice the cap."""
+    mw, app = guarded(rule="or")
+    body = {"messages": [None, [{"role": "user", "content": "hi"}]], "max_tokens": None}
+    assert status(call(mw, body, path="/v1/chat/completions/batch")) == 200
+    assert forwarded(app)["max_completion_tokens"] == CAP // 2
