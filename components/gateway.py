@@ -24,7 +24,7 @@ import pulumi_kubernetes as k8s
 from vllm_gke.components.k8s_meta import ACCESS_LABEL, custom_resource, meta
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.project_apis import ProjectApis
-from vllm_gke.components.serving_api import ISSUER_HEADER
+from vllm_gke.components.serving_api import FAIRNESS_HEADER, ISSUER_HEADER, OBJECTIVE_HEADER, PICKER_CONTROL_HEADERS
 from vllm_gke.components.specs import GatewaySpec
 
 GATEWAY_NAME = "vllm"
@@ -51,8 +51,19 @@ def at_least_regex(n: int) -> str:
 
 
 @dataclass(frozen=True)
+class PickerTarget:
+    """A model's InferencePool as one tenant reaches it: the route sets the tenant's objective
+    (its priority) and fairness id, so neither is the client's to choose."""
+
+    pool_name: str
+    objective: str
+    tenant: str
+
+
+@dataclass(frozen=True)
 class RouteTarget:
-    """The two pools of one model, reachable under /<path_prefix>/v1/..."""
+    """The two pools of one model (or, with `picker`, its InferencePool), reachable under
+    /<path_prefix>/v1/..."""
 
     route_name: str
     namespace: pulumi.Input[str]
@@ -67,8 +78,13 @@ class RouteTarget:
     canary_weight: int = 0
     # Load balancer requests/s cap per replica, by Service (pools that set maxRatePerEndpoint).
     max_rate_per_endpoint: Mapping[str, int] = field(default_factory=dict)
+    # Routing through GKE Inference Gateway's endpoint picker instead of by length.
+    picker: Optional[PickerTarget] = None
 
     def services(self) -> list[str]:
+        """The Services the load balancer sends to (none behind a picker: the pool has its own policies)."""
+        if self.picker:
+            return []
         canary = [s for s in (self.canary_short_service, self.canary_long_service) if s]
         return [self.short_service, self.long_service, *canary]
 
@@ -225,6 +241,9 @@ class Gateway(pulumi.ComponentResource):
             return [{"name": service, "port": target.port, "weight": 100 - target.canary_weight},
                     {"name": canary, "port": target.port, "weight": target.canary_weight}]
 
+        if target.picker:
+            self._picker_route(name, target, path, rewrite, parent_ref, spec, opts)
+            return
         long_backend = {"filters": rewrite,
                         "backendRefs": backend(target.long_service, target.canary_long_service)}
         # One match per rule: a URLRewrite with ReplacePrefixMatch needs exactly one PathPrefix
@@ -240,12 +259,37 @@ class Gateway(pulumi.ComponentResource):
             {"matches": [{"path": path}], "filters": rewrite,
              "backendRefs": backend(target.short_service, target.canary_short_service)},
         ]
+        self._declare_route(name, target, rules, parent_ref, spec, opts)
+
+        self._service_policies(name, target, spec, opts)
+
+    @staticmethod
+    def _declare_route(name: str, target: RouteTarget, rules: list[dict], parent_ref: dict, spec: GatewaySpec,
+                       opts: pulumi.ResourceOptions) -> None:
         route_spec: dict = {"parentRefs": [parent_ref], "rules": rules}
         if spec.hostname:
             route_spec["hostnames"] = [spec.hostname]
         custom_resource(f"{name}-route-{target.route_name}", "gateway.networking.k8s.io/v1", "HTTPRoute",
                         {**meta(target.route_name), "namespace": target.namespace}, route_spec, opts)
 
+    def _picker_route(self, name: str, target: RouteTarget, path: dict, rewrite: list[dict], parent_ref: dict,
+                      spec: GatewaySpec, opts: pulumi.ResourceOptions) -> None:
+        """One rule to the pool; the objective and fairness id are set here (overwriting a client's
+        copy) and the picker's other control headers stripped. The mesh admits the tenant's token
+        only with its own objective, so taking another tenant's path buys nothing but a 403."""
+        picker = target.picker
+        assert picker is not None
+        headers = {"type": "RequestHeaderModifier", "requestHeaderModifier": {
+            "set": [{"name": OBJECTIVE_HEADER, "value": picker.objective},
+                    {"name": FAIRNESS_HEADER, "value": picker.tenant}],
+            "remove": [ISSUER_HEADER, *PICKER_CONTROL_HEADERS]}}
+        filters = [rewrite[0], headers]
+        backend = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": picker.pool_name}
+        self._declare_route(name, target, [{"matches": [{"path": path}], "filters": filters,
+                                            "backendRefs": [backend]}], parent_ref, spec, opts)
+
+    @staticmethod
+    def _service_policies(name: str, target: RouteTarget, spec: GatewaySpec, opts: pulumi.ResourceOptions) -> None:
         for service in target.services():
             ref = {"group": "", "kind": "Service", "name": service}
             # The LB's default health check asks for '/', which vLLM answers 404.

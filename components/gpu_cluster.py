@@ -170,6 +170,8 @@ class GpuCluster(pulumi.ComponentResource):
             remove_default_node_pool=True, initial_node_count=1,
             deletion_protection=spec.deletion_protection,
             release_channel={"channel": spec.release_channel},
+            # A floor, not a pin: GKE still upgrades along the channel (pulumi-gcp minMasterVersion).
+            **({"min_master_version": spec.min_master_version} if spec.min_master_version else {}),
             networking_mode="VPC_NATIVE",
             ip_allocation_policy={"cluster_secondary_range_name": "pods",
                                   "services_secondary_range_name": "services"},

@@ -33,6 +33,7 @@ API_PURPOSES = {
     "monitoring.googleapis.com": "Managed Prometheus, dashboards, alert policies",
     "logging.googleapis.com": "workload and system logs",
     "certificatemanager.googleapis.com": "Google-managed TLS certificates of external gateways",
+    "networkservices.googleapis.com": "Service Extensions: the load balancer calling the Inference Gateway's endpoint picker",
 }
 
 

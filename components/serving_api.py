@@ -17,6 +17,13 @@ from vllm_gke.components.specs import TenantSpec
 # Istio writes the verified JWT's issuer into this header (and overwrites a client's copy);
 # the route also strips client copies before the request reaches the mesh.
 ISSUER_HEADER = "x-vllm-gke-issuer"
+# The endpoint picker's request headers (gateway-api-inference-extension pkg/epp/metadata):
+# the objective names the tenant's InferenceObjective (its priority), the fairness id its flow.
+# Client copies never pass the route: it sets the first two and strips the rest.
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+PICKER_CONTROL_HEADERS = ("x-gateway-destination-endpoint", "x-gateway-destination-endpoint-subset",
+                          "x-gateway-destination-endpoint-served", "x-gateway-model-name-rewrite")
 # Envoy's inbound passthrough connects to the application from this address.
 SIDECAR_PEER = "127.0.0.6"
 
@@ -60,18 +67,31 @@ def tenant_routes(served: Optional[Iterable[str]] = None) -> list[Route]:
     return [r for r in TENANT_ROUTES if paths is None or r.path in paths]
 
 
-def guard_entry(tenant: TenantSpec) -> dict[str, Any]:
-    """What the in-server guard enforces for requests carrying this tenant's verified issuer."""
-    return {tenant.jwt.issuer: {"tenant": tenant.name, "maxTokens": tenant.max_tokens,
-                                "requestsPerMinute": tenant.rate_limit.requests_per_minute}}
+def objective_name(tenant: str, model: str) -> str:
+    """A tenant's InferenceObjective for a model; '.' cannot occur in either name, so no two
+    (tenant, model) pairs share one."""
+    return f"{tenant}.{model}"
+
+
+def guard_entry(tenant: TenantSpec, model: Optional[str] = None) -> dict[str, Any]:
+    """What the in-server guard enforces for requests carrying this tenant's verified issuer;
+    with `model` (a pool behind the endpoint picker) the objective the request must carry."""
+    entry: dict[str, Any] = {"tenant": tenant.name, "maxTokens": tenant.max_tokens,
+                             "requestsPerMinute": tenant.rate_limit.requests_per_minute}
+    if model is not None:
+        entry["objective"] = objective_name(tenant.name, model)
+    return {tenant.jwt.issuer: entry}
 
 
 def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
-                 max_tokens_rule: str = "both") -> dict[str, Any]:
+                 max_tokens_rule: str = "both", objectives_for: Optional[str] = None) -> dict[str, Any]:
+    """The guard's config; `objectives_for` names the model when its pool sits behind the endpoint
+    picker, so each tenant's requests must carry that tenant's own objective."""
     issuers: dict[str, Any] = {}
     for tenant in tenants:
-        issuers.update(guard_entry(tenant))
-    return {
+        issuers.update(guard_entry(tenant, objectives_for))
+    extra = {"objectiveHeader": OBJECTIVE_HEADER} if objectives_for is not None else {}
+    return {**extra,
         "issuerHeader": ISSUER_HEADER,
         "issuers": issuers,
         "routes": {r.path: {"method": r.method, "kind": r.kind} for r in routes},

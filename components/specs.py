@@ -63,6 +63,17 @@ _SECRET_ID = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
 _TOKEN_LIKE = re.compile(r"^(hf_[A-Za-z0-9]{20,}|[A-Za-z0-9+/_=-]{40,})$")
 
 
+def gke_version(value: str) -> Optional[tuple[int, int, int, int]]:
+    """(major, minor, patch, gke.N) of a GKE version or alias; a missing part reads as the newest
+    (the alias picks the highest), so comparisons ask "can this alias resolve below the minimum"
+    only for what is spelled out. None if it is not a version."""
+    m = re.fullmatch(r"1\.(\d+)(?:\.(\d+)(?:-gke\.(\d+))?)?", value)
+    if not m:
+        return None
+    big = 10**9
+    return (1, int(m[1]), int(m[2]) if m[2] is not None else big, int(m[3]) if m[3] is not None else big)
+
+
 def _k8s_name(value: str) -> str:
     if len(value) > 253 or not _K8S_NAME.match(value):
         raise ValueError(f"'{value}' is not a Kubernetes object name: use lowercase letters, digits, '-' "
@@ -232,6 +243,16 @@ class ClusterSpec(Spec):
     private_endpoint: bool = False
     # Maintenance window and exclusions.
     maintenance: MaintenanceSpec = Field(default_factory=MaintenanceSpec)
+    # Lowest control-plane version GKE may run (1.X, 1.X.Y or 1.X.Y-gke.N; "1.X" picks the newest
+    # patch of 1.X, per the GKE API). Unset: the release channel's default.
+    min_master_version: Optional[str] = None
+
+    @field_validator("min_master_version")
+    @classmethod
+    def _gke_version(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and gke_version(v) is None:
+            raise ValueError(f"'{v}' is not a GKE version like 1.34, 1.34.1 or 1.34.0-gke.1626000")
+        return v
 
     @property
     def system_pool_max(self) -> int:
@@ -509,6 +530,10 @@ class ModelSpec(Spec):
     extra_args: list[str] = Field(default_factory=list)
     # A canary of another revision, weighted against this one.
     canary: Optional[CanarySpec] = None
+    # length: a short and a long pool, chosen by request size. inference-gateway: one pool (the
+    # `short` settings) behind GKE Inference Gateway's endpoint picker, which picks the replica by
+    # queue depth, KV-cache use and prefix-cache affinity, with per-tenant priorities.
+    routing: Literal["length", "inference-gateway"] = "length"
 
     @field_validator("source")
     @classmethod
@@ -546,6 +571,28 @@ class ModelSpec(Spec):
             raise ValueError(f"canary.revision '{self.canary.revision}' is the model's own revision; give the new "
                              "revision to try, or remove canary")
         return self
+
+    @model_validator(mode="after")
+    def _one_pool_behind_the_picker(self) -> "ModelSpec":
+        if self.routing != "inference-gateway":
+            return self
+        length_only = sorted({"long", "long_request_bytes"} & self.model_fields_set)
+        if length_only:
+            keys = ", ".join(to_camel(k) for k in length_only)
+            raise ValueError(f"{keys} only apply to routing: length; with routing: inference-gateway the model "
+                             "has one pool, configured under `short`, and the endpoint picker balances it")
+        if self.canary is not None:
+            raise ValueError("canary needs routing: length for now: a weighted split between two InferencePools "
+                             "would lose the tenants' objectives on the canary side")
+        if self.short.max_rate_per_endpoint is not None:
+            raise ValueError("short.maxRatePerEndpoint applies to routing: length; the endpoint picker balances "
+                             "by load, not by a fixed rate")
+        return self
+
+    @property
+    def pool_names(self) -> tuple[Literal["short", "long"], ...]:
+        """The model's serving pools: both with length routing, one behind the endpoint picker."""
+        return ("short",) if self.routing == "inference-gateway" else ("short", "long")
 
     def canary_model(self) -> Optional["ModelSpec"]:
         """This model at the canary's revision, with the canary's replica count in both pools."""
@@ -631,6 +678,9 @@ class TenantSpec(Spec):
     max_tokens: int = Field(ge=1, le=131072)
     # Replicas of the tenant's own.
     dedicated: Optional[DedicatedSpec] = None
+    # Priority of the tenant's requests on models with routing: inference-gateway (its
+    # InferenceObjective): when replicas saturate, higher is served first; negative may be shed.
+    priority: int = Field(default=0, ge=-100, le=100)
 
 
 class GatewaySpec(Spec):

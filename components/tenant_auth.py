@@ -19,7 +19,9 @@ import pulumi_kubernetes as k8s
 from vllm_gke.components.k8s_meta import MODEL_LABEL, TENANT_LABEL, custom_resource, meta
 from vllm_gke.components.mesh_namespace import ISTIO_API, MeshNamespace, MeshNamespaceArgs, TrustedSources
 from vllm_gke.components.options import child_opts
-from vllm_gke.components.serving_api import ISSUER_HEADER, Route, mesh_operations, tenant_routes
+from vllm_gke.components.serving_api import (
+    ISSUER_HEADER, OBJECTIVE_HEADER, Route, mesh_operations, objective_name, tenant_routes,
+)
 from vllm_gke.components.specs import TenantSpec
 
 
@@ -41,6 +43,9 @@ class TenantAuthArgs:
     sources: TrustedSources = TrustedSources()
     # The routes a tenant may call (the guard enforces the same list).
     routes: Sequence[Route] = tuple(tenant_routes())
+    # Shared models behind the endpoint picker: the tenant is admitted only with its own objective
+    # (priority), which its route /<tenant>/<model>/v1 sets; another tenant's route is refused.
+    picker_models: Sequence[str] = ()
 
 
 class TenantAuth(pulumi.ComponentResource):
@@ -72,12 +77,12 @@ class TenantAuth(pulumi.ComponentResource):
                             {"jwtRules": [rule]}, k8s_opts)
 
         def allow(resource: str, policy_name: str, namespace: pulumi.Input[str],
-                  selector: Optional[dict[str, str]]) -> None:
-            spec: dict[str, Any] = {
-                "action": "ALLOW",
-                "rules": [{"from": [{"source": {"requestPrincipals": principals}}],
-                           "to": mesh_operations(args.routes)}],
-            }
+                  selector: Optional[dict[str, str]], objective: Optional[str] = None) -> None:
+            rule: dict[str, Any] = {"from": [{"source": {"requestPrincipals": principals}}],
+                                    "to": mesh_operations(args.routes)}
+            if objective:
+                rule["when"] = [{"key": f"request.headers[{OBJECTIVE_HEADER}]", "values": [objective]}]
+            spec: dict[str, Any] = {"action": "ALLOW", "rules": [rule]}
             if selector:
                 spec["selector"] = {"matchLabels": selector}
             custom_resource(resource, ISTIO_API, "AuthorizationPolicy",
@@ -92,7 +97,8 @@ class TenantAuth(pulumi.ComponentResource):
             request_authentication(f"{name}-jwt-shared", args.serving_namespace)
         for model in args.shared_models:
             allow(f"{name}-allow-{model}", f"allow-{tenant.name}-{model}", args.serving_namespace,
-                  {MODEL_LABEL: model})
+                  {MODEL_LABEL: model},
+                  objective_name(tenant.name, model) if model in args.picker_models else None)
 
         self.register_outputs({"namespace": self.namespace.name, "issuer": tenant.jwt.issuer,
                                "sharedModels": list(args.shared_models)})

@@ -18,7 +18,7 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str) -> list[str]:
     # With a maintenance window, upgrades wait for it: a single replica is a choice, not a hazard.
     unwindowed = cfg.cluster.maintenance.window is None
     for model, _pool_name, tenant in placements(cfg):
-        for which in ("short", "long"):
+        for which in model.pool_names:
             if unwindowed and getattr(model, which).min_replicas == 1:
                 who = f" ({tenant})" if tenant else ""
                 out.append(

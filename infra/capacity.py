@@ -91,7 +91,7 @@ def capacity_report(cfg: "StackConfig") -> list[PoolCapacity]:
     pools = {p.name: p for p in cfg.node_pools}
     return [replace(pool_capacity(model, which, getattr(model, which), pools[pool_name], tenant),
                     canary=model.revision != cfg.model(model.name).revision)
-            for model, pool_name, tenant in placements(cfg) for which in ("short", "long")]
+            for model, pool_name, tenant in placements(cfg) for which in model.pool_names]
 
 
 def placements(cfg: "StackConfig") -> list[tuple[ModelSpec, str, Optional[str]]]:
@@ -110,6 +110,6 @@ def gpu_slots_by_pool(cfg: "StackConfig", bound: str = "min") -> dict[str, int]:
     """GPU units (whole GPUs or MIG slices) each node pool needs at min or max replicas."""
     slots: dict[str, int] = {}
     for model, pool_name, _tenant in placements(cfg):
-        replicas = sum(getattr(getattr(model, which), f"{bound}_replicas") for which in ("short", "long"))
+        replicas = sum(getattr(getattr(model, which), f"{bound}_replicas") for which in model.pool_names)
         slots[pool_name] = slots.get(pool_name, 0) + replicas * model.tensor_parallel_size
     return slots

@@ -8,7 +8,7 @@ import ipaddress
 from collections import Counter
 from typing import TYPE_CHECKING, Callable
 
-from vllm_gke.components.specs import MANAGED_VLLM_OPTIONS, ModelSpec
+from vllm_gke.components.specs import MANAGED_VLLM_OPTIONS, ModelSpec, gke_version
 from vllm_gke.components.vllm_versions import release
 from vllm_gke.infra.capacity import gpu_slots_by_pool, pool_capacity
 from vllm_gke.infra.vllm_argv import check_argv, load_snapshot, normalise
@@ -33,7 +33,7 @@ def cross_field_issues(cfg: "StackConfig") -> list["ConfigIssue"]:
         issues.append(ConfigIssue(f"{PROJECT}:{key}" if ":" not in key else key, problem))
 
     for check in (_unique_names, _placements, _tenant_models, _gpu_slots, _gateway, _network, _zones,
-                  _issuers, _namespaces, _vllm_release, _chunked_prefill):
+                  _issuers, _namespaces, _vllm_release, _chunked_prefill, _inference_gateway):
         check(cfg, add)
     return issues
 
@@ -62,7 +62,7 @@ def _check_placement(cfg: "StackConfig", add: Add, key: str, model: ModelSpec, p
             "GPU(s) per node; use a divisor of that, or a larger machine type")
     where = (f"one {pool.gpu_partition_size} MIG slice" if pool.gpu_partition_size
              else f"one {pool.machine_type} GPU")
-    for which in ("short", "long"):
+    for which in model.pool_names:
         row = pool_capacity(model, which, getattr(model, which), pool)
         if row.fits:
             continue
@@ -77,7 +77,7 @@ def _placements(cfg: "StackConfig", add: Add) -> None:
     for i, model in enumerate(cfg.models):
         key = f"models[{i}]"
         _check_placement(cfg, add, key, model, model.node_pool)
-        for pool_name in ("short", "long"):
+        for pool_name in model.pool_names:
             pool = getattr(model, pool_name)
             if pool.max_model_len and pool.max_model_len > model.max_model_len:
                 add(f"{key}.{pool_name}.maxModelLen", f"{pool.max_model_len} exceeds the model's "
@@ -193,13 +193,37 @@ def _chunked_prefill(cfg: "StackConfig", add: Add) -> None:
     for i, model in enumerate(cfg.models):
         if model.enable_chunked_prefill:
             continue
-        for which in ("short", "long"):
+        for which in model.pool_names:
             pool = getattr(model, which)
             length = model.pool_max_model_len(pool)
             if pool.max_num_batched_tokens and pool.max_num_batched_tokens < length:
                 add(f"models[{i}].{which}.maxNumBatchedTokens", f"{pool.max_num_batched_tokens} is below the pool's "
                     f"maxModelLen {length} with chunked prefill off: vLLM refuses to start (a prompt must fit one "
                     "batch); raise it to at least the context length or set enableChunkedPrefill: true")
+
+
+# GKE installs the InferencePool CRD (inference.networking.k8s.io/v1) itself from this version on
+# ("Deploy GKE Inference Gateway"; llm-d's GKE guide); before it the CRDs are a manual install.
+INFERENCE_GATEWAY_MIN_GKE = "1.34.0-gke.1626000"
+# The Inference Gateway serves through the regional Application Load Balancers only (same guide).
+INFERENCE_GATEWAY_CLASSES = ("gke-l7-rilb", "gke-l7-regional-external-managed")
+
+
+def _inference_gateway(cfg: "StackConfig", add: Add) -> None:
+    picked = [i for i, m in enumerate(cfg.models) if m.routing == "inference-gateway"]
+    if not picked:
+        return
+    first = f"models[{picked[0]}].routing"
+    if cfg.gateway.class_name not in INFERENCE_GATEWAY_CLASSES:
+        add("gateway.className", f"{cfg.gateway.class_name} cannot route to an InferencePool ({first} is "
+            f"inference-gateway); use {' or '.join(INFERENCE_GATEWAY_CLASSES)}, or routing: length")
+    version = cfg.cluster.min_master_version
+    floor = gke_version(INFERENCE_GATEWAY_MIN_GKE)
+    parsed = gke_version(version) if version else None
+    if parsed is None or floor is None or parsed < floor:
+        now = f"is {version}" if version else "is unset"
+        add("cluster.minMasterVersion", f"{now}, but {first} is inference-gateway: GKE provides the InferencePool "
+            f"API from {INFERENCE_GATEWAY_MIN_GKE}; set it to 1.34 or later (e.g. 1.34, or {INFERENCE_GATEWAY_MIN_GKE})")
 
 
 __all__ = ["cross_field_issues"]

@@ -36,7 +36,7 @@ class Plan:
         return [r for r in self.resources if r.type == type_]
 
     def kubernetes(self) -> list[PlannedResource]:
-        return [r for r in self.resources if r.type.startswith("kubernetes:")]
+        return [r for r in self.resources if r.type.startswith("kubernetes:") and r.custom]
 
     def manifests(self) -> list[dict[str, Any]]:
         """Each Kubernetes resource as the manifest the provider would apply."""

@@ -10,9 +10,12 @@ from typing import Any
 
 import pulumi
 
-from vllm_gke.components.gateway import Gateway, GatewayArgs, RouteTarget
+from vllm_gke.components.gateway import Gateway, GatewayArgs, PickerTarget, RouteTarget
 from vllm_gke.components.gcp_names import service_account_id
 from vllm_gke.components.gpu_cluster import GpuCluster, GpuClusterArgs
+from vllm_gke.components.inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
+from vllm_gke.components.inference_pool import InferencePool, InferencePoolArgs
+from vllm_gke.components.k8s_meta import MODEL_LABEL, POOL_LABEL
 from vllm_gke.components.mesh_namespace import GOOGLE_HEALTH_CHECK_RANGES, MeshNamespace, MeshNamespaceArgs, TrustedSources
 from vllm_gke.components.mesh_readiness import MeshReadiness, MeshReadinessArgs
 from vllm_gke.components.metrics_adapter import MetricsAdapter, MetricsAdapterArgs
@@ -20,7 +23,7 @@ from vllm_gke.components.model_store import ModelStore, ModelStoreArgs
 from vllm_gke.components.observability import Observability, ObservabilityArgs
 from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
 from vllm_gke.components.specs import ModelSpec, TenantSpec
-from vllm_gke.components.serving_api import guard_config, tenant_routes
+from vllm_gke.components.serving_api import guard_config, objective_name, tenant_routes
 from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host
 from vllm_gke.components.vllm_service import VllmService, VllmServiceArgs
 from vllm_gke.components.vllm_versions import release
@@ -44,6 +47,7 @@ class Platform:
     metrics_adapter: MetricsAdapter
     tenants: dict[str, TenantAuth] = field(default_factory=dict)
     services: dict[str, VllmService] = field(default_factory=dict)
+    inference_pools: dict[str, InferencePool] = field(default_factory=dict)
     gateway: Gateway | None = None
     observability: Observability | None = None
 
@@ -62,6 +66,10 @@ def required_apis(cfg: StackConfig) -> list[str]:
         apis.append("secretmanager.googleapis.com")
     if cfg.gateway.managed_certificate:
         apis.append("certificatemanager.googleapis.com")
+    if any(m.routing == "inference-gateway" for m in cfg.models):
+        # "Deploy GKE Inference Gateway": the load balancer calls the picker through Service
+        # Extensions, part of the Network Services API.
+        apis.append("networkservices.googleapis.com")
     return apis
 
 
@@ -89,7 +97,8 @@ def build(cfg: StackConfig) -> Platform:
     tenants = {
         t.name: TenantAuth(f"tenant-{t.name}", TenantAuthArgs(
             tenant=t, provider=provider, serving_namespace=serving.name, shared_models=shared_models(t),
-            sources=sources), opts=after_mesh)
+            sources=sources, picker_models=[m for m in shared_models(t) if cfg.model(m).routing == "inference-gateway"]),
+            opts=after_mesh)
         for t in cfg.tenants
     }
     consumers: dict[str, pulumi.Input[str]] = {"serving": serving.name}
@@ -104,15 +113,21 @@ def build(cfg: StackConfig) -> Platform:
 
     targets: list[RouteTarget] = []
     rel = release(cfg.vllm_version)
+    # Pools and objectives wait for the objective CRD and for the API the controller programs.
+    picker_deps: list[pulumi.Resource] = [mesh, *apis.needs("networkservices.googleapis.com")]
+    if any(m.routing == "inference-gateway" for m in cfg.models):
+        picker_deps.append(InferenceObjectiveCrd("inference-objective-crd", InferenceObjectiveCrdArgs(provider)))
 
     def serve(key: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
               callers: list[TenantSpec], tenant: str | None = None, canary: bool = False) -> dict[str, str]:
         names = {}
-        for which in ("short", "long"):
+        picked = model.name if model.routing == "inference-gateway" else None
+        for which in model.pool_names:
             svc = VllmService(f"{key}-{which}", VllmServiceArgs(
                 model=model, pool_name=which, pool=getattr(model, which), node_pool=cfg.pool(pool_name),
                 namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
-                provider=provider, guard_config=guard_config(callers, tenant_routes(), rel.max_tokens_rule),
+                provider=provider,
+                guard_config=guard_config(callers, tenant_routes(), rel.max_tokens_rule, objectives_for=picked),
                 release=rel, tenant=tenant, canary=canary),
                 # Pods need the sidecar (so the mesh first) and the read-only claim.
                 opts=pulumi.ResourceOptions(depends_on=[mesh, store]))
@@ -121,11 +136,14 @@ def build(cfg: StackConfig) -> Platform:
         return names
 
     def rate_caps(model: ModelSpec, names: dict[str, str]) -> dict[str, int]:
-        return {names[w]: cap for w in ("short", "long") if (cap := getattr(model, w).max_rate_per_endpoint)}
+        return {names[w]: cap for w in model.pool_names if (cap := getattr(model, w).max_rate_per_endpoint)}
 
     def route(key: str, path: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
               callers: list[TenantSpec], tenant: str | None = None) -> None:
         names = serve(key, model, pool_name, namespace, callers, tenant)
+        if model.routing == "inference-gateway":
+            picker_routes(key, model, namespace, callers, tenant)
+            return
         canary_model = model.canary_model()
         canary = serve(f"{key}-canary", canary_model, pool_name, namespace, callers, tenant, canary=True) \
             if canary_model else {}
@@ -134,6 +152,25 @@ def build(cfg: StackConfig) -> Platform:
             canary_short_service=canary.get("short"), canary_long_service=canary.get("long"),
             canary_weight=model.canary.weight if model.canary else 0,
             max_rate_per_endpoint={**rate_caps(model, names), **(rate_caps(canary_model, canary) if canary else {})}))
+
+    def picker_routes(key: str, model: ModelSpec, namespace: pulumi.Input[str], callers: list[TenantSpec],
+                      tenant: str | None) -> None:
+        """An InferencePool for the model's pool, and per tenant a route /<tenant>/<model>/v1 that
+        sets the tenant's objective: the tenant must be in the path for its priority to be bound
+        to its token (the load balancer cannot read the JWT; the mesh checks the pair)."""
+        objectives = {objective_name(t.name, model.name): t.priority for t in callers}
+        platform.inference_pools[key] = InferencePool(f"{key}-inference", InferencePoolArgs(
+            pool_name=model.name, namespace=namespace, provider=provider,
+            selector={MODEL_LABEL: model.name, POOL_LABEL: "short"}, objectives=objectives,
+            request_timeout_seconds=cfg.gateway.request_timeout_seconds),
+            opts=pulumi.ResourceOptions(depends_on=picker_deps))
+        for t in callers:
+            # Dedicated: the tenant namespace's route keeps its key; shared: one route per tenant
+            # ('.' never occurs in a name, so these never collide with a dedicated <tenant>-<model>).
+            route_name = key if tenant else f"{model.name}.{t.name}"
+            targets.append(RouteTarget(
+                route_name, namespace, f"{t.name}/{model.name}", f"{model.name}-short", "", model.long_request_bytes,
+                picker=PickerTarget(model.name, objective_name(t.name, model.name), t.name)))
 
     for model in cfg.models:
         callers = [t for t in cfg.tenants if model.name in shared_models(t)]

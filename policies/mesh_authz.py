@@ -37,6 +37,8 @@ class Request:
     token: Optional[tuple[str, str]] = None
     # Whether the token's signature and audience check out against the issuer's keys.
     token_valid: bool = True
+    # Request headers as the workload's Envoy sees them (names lowercase).
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -111,10 +113,13 @@ def _operation_matches(op: Mapping[str, Any], request: Request) -> bool:
     return all(checks[k](v) for k, v in op.items() if k in checks)
 
 
-def _when_matches(condition: Mapping[str, Any], principal: Optional[str], token: Optional[tuple[str, str]]) -> bool:
+def _when_matches(condition: Mapping[str, Any], principal: Optional[str], request: Request) -> bool:
     key = condition.get("key", "")
+    token = request.token
     value = {"request.auth.principal": principal,
              "request.auth.claims[iss]": token[0] if token else None}.get(key)
+    if key.startswith("request.headers[") and key.endswith("]"):
+        value = request.headers.get(key[len("request.headers["):-1].lower())
     values, not_values = condition.get("values") or [], condition.get("notValues") or []
     return (not values or _any(values, value)) and not _any(not_values, value)
 
@@ -126,7 +131,7 @@ def rule_matches(rule: Mapping[str, Any], request: Request, principal: Optional[
     ops = rule.get("to")
     if ops and not any(_operation_matches(o.get("operation") or {}, request) for o in ops):
         return False
-    return all(_when_matches(c, principal, request.token) for c in rule.get("when") or [])
+    return all(_when_matches(c, principal, request) for c in rule.get("when") or [])
 
 
 def _matches(policy: Mapping[str, Any], request: Request, principal: Optional[str]) -> bool:

@@ -468,6 +468,112 @@ def vllm_backends_resilient(resources: Sequence[Resource]) -> Iterator[Finding]:
                         "'/' (404 on vLLM) and never takes a failing replica out")
 
 
+# The endpoint picker's request headers (gateway-api-inference-extension pkg/epp/metadata); the
+# same names as components/serving_api.py, repeated so the pack stays light (a test ties them).
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+PICKER_CONTROL_HEADERS = ("x-gateway-destination-endpoint", "x-gateway-destination-endpoint-subset",
+                          "x-gateway-destination-endpoint-served", "x-gateway-model-name-rewrite")
+GLOBAL_GATEWAY = re.compile(r"global|gxlb")
+
+
+def _to_pool(backend: Mapping[str, Any]) -> bool:
+    return backend.get("kind") == "InferencePool" and backend.get("group") == "inference.networking.k8s.io"
+
+
+def _pool_rules(route: Resource) -> Iterator[tuple[Mapping[str, Any], list[Mapping[str, Any]]]]:
+    for rule in (route.props.get("spec") or {}).get("rules") or []:
+        pools = [b for b in rule.get("backendRefs") or [] if _to_pool(b)]
+        if pools:
+            yield rule, pools
+
+
+def _header_changes(rule: Mapping[str, Any]) -> tuple[dict[str, str], set[str]]:
+    """What a rule's RequestHeaderModifier filters set (name -> value) and remove, names lowercase."""
+    sets: dict[str, str] = {}
+    removes: set[str] = set()
+    for f in rule.get("filters") or []:
+        if f.get("type") == "RequestHeaderModifier":
+            mod = f.get("requestHeaderModifier") or {}
+            sets.update({str(h.get("name", "")).lower(): str(h.get("value", "")) for h in mod.get("set") or []})
+            removes.update(str(h).lower() for h in mod.get("remove") or [])
+    return sets, removes
+
+
+def inference_pools_served(resources: Sequence[Resource]) -> Iterator[Finding]:
+    """An InferencePool serves only with its endpoint picker running, failing closed, health-checked
+    by the load balancer, behind a regional Gateway in a VPC with a proxy-only subnet."""
+    pools = kube(resources, "InferencePool")
+    if not pools:
+        return
+    services = {(namespace_of(s), meta(s).get("name")): s for s in kube(resources, "Service")}
+    deployments = [(namespace_of(d), template_labels(d)) for d in kube(resources, "Deployment")]
+    checked = {(namespace_of(h), ref.get("name")) for h in kube(resources, "HealthCheckPolicy")
+               if (ref := (h.props.get("spec") or {}).get("targetRef") or {}).get("kind") == "InferencePool"}
+    for pool in pools:
+        ns, name = namespace_of(pool), meta(pool).get("name")
+        ref = (pool.props.get("spec") or {}).get("endpointPickerRef") or {}
+        if ref.get("failureMode") == "FailOpen":
+            yield pool, f"{where(pool)} fails open: with its picker down, requests skip priorities and load awareness"
+        svc = services.get((ns, ref.get("name")))
+        if svc is None:
+            yield pool, f"{where(pool)}: its endpoint picker Service '{ref.get('name')}' is not declared in '{ns}'"
+        elif not any(dns == ns and selects((svc.props.get("spec") or {}).get("selector") or {}, labels)
+                     for dns, labels in deployments):
+            yield pool, f"{where(pool)}: no Deployment runs behind its endpoint picker Service '{ref.get('name')}'"
+        if (ns, name) not in checked:
+            yield pool, (f"{where(pool)} has no HealthCheckPolicy: the load balancer probes '/' (404 on vLLM) and "
+                         "marks every replica unhealthy")
+    if not any(r.type == "gcp:compute/subnetwork:Subnetwork" and r.props.get("purpose") == "REGIONAL_MANAGED_PROXY"
+               for r in resources):
+        yield None, "InferencePools are served by a regional load balancer, which needs a proxy-only subnet; none is declared"
+    gateways = {(namespace_of(g), meta(g).get("name")): g for g in kube(resources, "Gateway")}
+    for route in kube(resources, "HTTPRoute"):
+        if not any(True for _ in _pool_rules(route)):
+            continue
+        for _ref, gw in _parent_gateways(route, gateways):
+            cls = (gw.props.get("spec") or {}).get("gatewayClassName", "")
+            if GLOBAL_GATEWAY.search(cls):
+                yield route, f"{where(route)} sends to an InferencePool through {cls}: only regional classes serve pools"
+
+
+def tenant_priorities_bound(resources: Sequence[Resource]) -> Iterator[Finding]:
+    """A tenant's priority is its own: routes to a pool set the objective (overwriting the
+    client's) and strip the picker's control headers, every objective they set exists, and the
+    mesh admits at most one tenant's tokens under each objective."""
+    docs = [r.props for r in resources if r.type.startswith("kubernetes:")]
+    objectives = {(namespace_of(o), meta(o).get("name")) for o in kube(resources, "InferenceObjective")}
+    pools = {(namespace_of(p), meta(p).get("name")): p for p in kube(resources, "InferencePool")}
+    deployments = kube(resources, "Deployment")
+    issuers_by_ns: dict[str, set[str]] = {}
+    for ra in kube(resources, "RequestAuthentication"):
+        issuers_by_ns.setdefault(namespace_of(ra), set()).update(
+            str(rule.get("issuer")) for rule in (ra.props.get("spec") or {}).get("jwtRules") or [])
+    for route in kube(resources, "HTTPRoute"):
+        ns = namespace_of(route)
+        for rule, backends in _pool_rules(route):
+            sets, removes = _header_changes(rule)
+            objective = sets.get(OBJECTIVE_HEADER)
+            if objective is None:
+                yield route, (f"{where(route)} routes to an InferencePool without setting {OBJECTIVE_HEADER}: "
+                              "clients would choose their own priority")
+                continue
+            if missing := [h for h in PICKER_CONTROL_HEADERS if h not in removes and h not in sets]:
+                yield route, f"{where(route)} passes the client's {', '.join(missing)} to the endpoint picker"
+            if (ns, objective) not in objectives:
+                yield route, f"{where(route)} sets objective '{objective}' but no InferenceObjective of that name exists"
+            for b in backends:
+                pool = pools.get((b.get("namespace") or ns, b.get("name")))
+                selector = (((pool.props.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}) if pool else {}
+                pods = [template_labels(d) for d in deployments if namespace_of(d) == ns and selects(selector, template_labels(d))]
+                for labels in pods[:1]:
+                    admitted = sorted(iss for iss in issuers_by_ns.get(ns, set()) if decide(docs, Request(
+                        ns, "/v1/completions", "POST", labels, token=(iss, "policy-probe"),
+                        headers={OBJECTIVE_HEADER: objective})).allowed)
+                    if len(admitted) > 1:
+                        yield route, (f"{where(route)}: objective '{objective}' admits the tokens of {len(admitted)} "
+                                      f"issuers ({', '.join(admitted)}); a tenant could take another's priority")
+
+
 POLICIES: tuple[Policy, ...] = (
     Policy("gpu-node-pools-tainted", "GPU node pools carry the nvidia.com/gpu NoSchedule taint.",
            "mandatory", gpu_node_pools_tainted),
@@ -504,6 +610,12 @@ POLICIES: tuple[Policy, ...] = (
     Policy("vllm-autoscaled",
            "Every vLLM Deployment has an HPA (with a custom metrics API to read) and a PodDisruptionBudget.",
            "advisory", vllm_autoscaled),
+    Policy("inference-pools-served",
+           "InferencePools have a running endpoint picker, fail closed, are health-checked and sit behind a regional Gateway with a proxy-only subnet.",
+           "mandatory", inference_pools_served),
+    Policy("tenant-priorities-bound",
+           "Routes to InferencePools set each tenant's objective themselves, and the mesh admits only that tenant's tokens under it.",
+           "mandatory", tenant_priorities_bound),
     Policy("vllm-backends-resilient",
            "Every vLLM Service ejects failing replicas: outlier detection in the mesh, a health check at the load balancer.",
            "advisory", vllm_backends_resilient),

@@ -119,6 +119,31 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
      "vllm-gke:models[2].canary.weight", "100"),
     ("canary-revision", "prod", lambda v: v["vllm-gke:models"][2]["canary"].update(revision="v1..2"),
      "vllm-gke:models[2].canary.revision", "not a git branch"),
+    # Inference Gateway: the GKE requirements and what one pool behind the picker cannot take.
+    ("picker-on-a-global-gateway", "staging",
+     lambda v: v["vllm-gke:gateway"].update(className="gke-l7-global-external-managed"),
+     "vllm-gke:gateway.className", "cannot route to an InferencePool"),
+    ("picker-without-min-version", "staging", lambda v: v["vllm-gke:cluster"].pop("minMasterVersion"),
+     "vllm-gke:cluster.minMasterVersion", "is unset, but models[0].routing is inference-gateway"),
+    ("picker-on-old-gke", "staging", lambda v: v["vllm-gke:cluster"].update(minMasterVersion="1.34.0-gke.1000"),
+     "vllm-gke:cluster.minMasterVersion", "from 1.34.0-gke.1626000"),
+    ("picker-on-1.33", "staging", lambda v: v["vllm-gke:cluster"].update(minMasterVersion="1.33"),
+     "vllm-gke:cluster.minMasterVersion", "set it to 1.34 or later"),
+    ("gke-version-format", "dev", lambda v: v["vllm-gke:cluster"].update(minMasterVersion="latest-ish"),
+     "vllm-gke:cluster.minMasterVersion", "not a GKE version"),
+    ("picker-with-a-long-pool", "staging",
+     lambda v: v["vllm-gke:models"][0].update(long={"maxNumSeqs": 8}),
+     "vllm-gke:models[0]", "long only apply to routing: length"),
+    ("picker-with-a-canary", "staging",
+     lambda v: v["vllm-gke:models"][0].update(canary={"revision": "v2", "weight": 10}),
+     "vllm-gke:models[0]", "canary needs routing: length"),
+    ("picker-with-a-rate-cap", "staging",
+     lambda v: v["vllm-gke:models"][0]["short"].update(maxRatePerEndpoint=5),
+     "vllm-gke:models[0]", "balances by load"),
+    ("routing-unknown", "dev", lambda v: v["vllm-gke:models"][0].update(routing="round-robin"),
+     "vllm-gke:models[0].routing", "inference-gateway"),
+    ("priority-range", "staging", lambda v: v["vllm-gke:tenants"][0].update(priority=1000),
+     "vllm-gke:tenants[0].priority", "100"),
 ]
 
 
@@ -138,6 +163,10 @@ def test_accepted_forms_stay_accepted(stack_values):
     values["vllm-gke:models"][0]["enableChunkedPrefill"] = False
     values["vllm-gke:models"][0]["long"]["maxNumBatchedTokens"] = 8192
     parse(values)
+    staging = copy.deepcopy(stack_values["staging"])
+    for version in ("1.35", "1.34.1", "1.34.0-gke.1626000", "1.34.2-gke.1"):
+        staging["vllm-gke:cluster"]["minMasterVersion"] = version
+        parse(staging)
 
 
 @pytest.mark.parametrize("base,role", [("a", "nodes"), ("x" * 32, "metrics"), ("vllm-prod-weights", "loader"),

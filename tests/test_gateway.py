@@ -79,6 +79,10 @@ def test_managed_certificate_for_a_regional_gateway(plans):
 def test_managed_certificate_for_a_global_gateway_uses_a_certificate_map(plan_variant):
     def go_global(values):
         values["vllm-gke:gateway"]["className"] = "gke-l7-global-external-managed"
+        # A global class cannot serve an InferencePool: staging's llama-8b goes back to length routing.
+        llama = values["vllm-gke:models"][0]
+        del llama["routing"]
+        llama["long"] = {"minReplicas": 1, "maxReplicas": 1, "maxNumSeqs": 8}
     plan = plan_variant("staging", go_global)
     (gateway,) = manifests_of(plan, "Gateway")
     assert gateway["metadata"]["annotations"] == {"networking.gke.io/certmap": "vllm-staging-gateway"}

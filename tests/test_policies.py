@@ -124,7 +124,25 @@ def _no_outlier_detection(rs):
     del rule.props["spec"]["trafficPolicy"]["outlierDetection"]
 
 
+def _pool_fails_open(rs):
+    pool = kind(rs, "InferencePool", "llama-8b")
+    pool.props["spec"]["endpointPickerRef"]["failureMode"] = "FailOpen"
+
+
+def _objective_from_the_client(rs):
+    """The route no longer sets the objective: the client's own header would reach the picker."""
+    route = kind(rs, "HTTPRoute", "llama-8b.search")
+    for f in route.props["spec"]["rules"][0]["filters"]:
+        if f["type"] == "RequestHeaderModifier":
+            f["requestHeaderModifier"]["set"] = []
+
+
+# Policies about Inference Gateway pools judge the staging stack, whose llama-8b uses one.
+STAGING_CASES = {"inference-pools-served", "tenant-priorities-bound"}
+
 CASES: dict[str, tuple[Callable, str]] = {
+    "inference-pools-served": (_pool_fails_open, "fails open"),
+    "tenant-priorities-bound": (_objective_from_the_client, "clients would choose their own priority"),
     "gpu-node-pools-tainted": (_untaint, "has no nvidia.com/gpu NO_SCHEDULE taint"),
     "mig-partition-valid": (_bad_mig, "'1g.10gb' is not a MIG profile of nvidia-tesla-a100"),
     "weights-read-only": (_writable_weights, "must be mounted readOnly"),
@@ -149,7 +167,7 @@ def test_every_policy_has_a_failing_case():
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_policy_fails_on_a_bad_plan(plans, policy):
-    rs = resources(plans["dev"])
+    rs = resources(plans["staging" if policy in STAGING_CASES else "dev"])
     assert violations_of(rs, policy) == []
     break_it, message = CASES[policy]
     break_it(rs)
@@ -242,3 +260,54 @@ def test_a_gateway_backend_without_a_health_check_is_flagged(plans):
                                    and r.props["spec"]["targetRef"]["name"] == "llama-8b-canary-short")]
     (v,) = violations_of(rs, "vllm-backends-resilient")
     assert "llama-8b-canary-short is a Gateway backend without a HealthCheckPolicy" in v.message
+
+
+def test_inference_pool_needs_its_picker_health_check_and_a_proxy_only_subnet(plans):
+    rs = resources(plans["staging"])
+    rs.remove(kind(rs, "Deployment", "llama-8b-epp"))
+    rs.remove(kind(rs, "HealthCheckPolicy", "llama-8b"))
+    rs[:] = [r for r in rs if r.props.get("purpose") != "REGIONAL_MANAGED_PROXY"]
+    messages = [v.message for v in violations_of(rs, "inference-pools-served")]
+    assert any("no Deployment runs behind its endpoint picker Service 'llama-8b-epp'" in m for m in messages)
+    assert any("has no HealthCheckPolicy" in m for m in messages)
+    assert any("needs a proxy-only subnet" in m for m in messages)
+
+
+def test_inference_pool_behind_a_global_gateway_is_caught(plans):
+    rs = resources(plans["staging"])
+    kind(rs, "Gateway").props["spec"]["gatewayClassName"] = "gke-l7-global-external-managed"
+    messages = [v.message for v in violations_of(rs, "inference-pools-served")]
+    assert any("only regional classes serve pools" in m for m in messages)
+
+
+def test_an_objective_two_tenants_may_use_is_caught_by_evaluating_the_mesh(plans):
+    """Without the objective condition in the mesh, support's token passes under search's
+    objective (priority 10) by calling search's path."""
+    rs = resources(plans["staging"])
+    del kind(rs, "AuthorizationPolicy", "allow-support-llama-8b").props["spec"]["rules"][0]["when"]
+    messages = [v.message for v in violations_of(rs, "tenant-priorities-bound")]
+    assert any("objective 'search.llama-8b' admits the tokens of 2 issuers" in m for m in messages), messages
+
+
+def test_route_passing_picker_control_headers_is_caught(plans):
+    rs = resources(plans["staging"])
+    route = kind(rs, "HTTPRoute", "llama-8b.support")
+    for f in route.props["spec"]["rules"][0]["filters"]:
+        if f["type"] == "RequestHeaderModifier":
+            f["requestHeaderModifier"]["remove"].remove("x-gateway-destination-endpoint")
+    messages = [v.message for v in violations_of(rs, "tenant-priorities-bound")]
+    assert any("passes the client's x-gateway-destination-endpoint" in m for m in messages)
+
+
+def test_route_objective_without_an_inference_objective_is_caught(plans):
+    rs = resources(plans["staging"])
+    rs.remove(kind(rs, "InferenceObjective", "support.llama-8b"))
+    messages = [v.message for v in violations_of(rs, "tenant-priorities-bound")]
+    assert any("no InferenceObjective of that name exists" in m for m in messages)
+
+
+def test_policy_pack_header_names_match_the_components():
+    from vllm_gke.components.serving_api import OBJECTIVE_HEADER, PICKER_CONTROL_HEADERS
+    from vllm_gke.policies import rules
+
+    assert (rules.OBJECTIVE_HEADER, rules.PICKER_CONTROL_HEADERS) == (OBJECTIVE_HEADER, PICKER_CONTROL_HEADERS)

@@ -88,6 +88,8 @@ class ClusterSpec(TypedDict):
     """Control plane reachable only from inside the VPC (Pulumi must then run from there). Default: false."""
     maintenance: NotRequired[MaintenanceSpec]
     """Maintenance window and exclusions."""
+    min_master_version: NotRequired[str]
+    """Lowest control-plane version GKE may run (1.X, 1.X.Y or 1.X.Y-gke.N; "1.X" picks the newest patch of 1.X, per the GKE API). Unset: the release channel's default."""
 
 
 class UpgradeSpec(TypedDict):
@@ -216,6 +218,8 @@ class ModelSpec(TypedDict):
     """More vLLM flags, checked against the release's parser; platform-managed flags and secrets are refused."""
     canary: NotRequired[CanarySpec]
     """A canary of another revision, weighted against this one."""
+    routing: NotRequired[str]
+    """length: a short and a long pool, chosen by request size. inference-gateway: one pool (the `short` settings) behind GKE Inference Gateway's endpoint picker, which picks the replica by queue depth, KV-cache use and prefix-cache affinity, with per-tenant priorities. One of: length, inference-gateway. Default: length."""
 
 
 class JwtSpec(TypedDict):
@@ -260,6 +264,8 @@ class TenantSpec(TypedDict):
     """Most tokens one request may make vLLM generate (all sequences together)."""
     dedicated: NotRequired[DedicatedSpec]
     """Replicas of the tenant's own."""
+    priority: NotRequired[int]
+    """Priority of the tenant's requests on models with routing: inference-gateway (its InferenceObjective): when replicas saturate, higher is served first; negative may be shed. Default: 0."""
 
 
 class GatewaySpec(TypedDict):

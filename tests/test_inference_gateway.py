@@ -1,0 +1,162 @@
+"""routing: inference-gateway - an InferencePool per model, its endpoint picker, per-tenant
+objectives bound to the tenant's token by the route, the mesh and the guard."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from vllm_gke.components.inference_objective_crd import CRD_URL
+from vllm_gke.components.inference_pool import EPP_IMAGE
+from vllm_gke.components.serving_api import OBJECTIVE_HEADER, PICKER_CONTROL_HEADERS
+from vllm_gke.infra.program import required_apis
+from vllm_gke.policies.mesh_authz import Request, decide
+from tests.conftest import manifests_of
+
+SEARCH = "https://auth.acme.example/search"
+SUPPORT = "https://auth.acme.example/support"
+
+
+def one(plan, kind, name):
+    (found,) = [d for d in manifests_of(plan, kind) if d["metadata"]["name"] == name]
+    return found
+
+
+def test_one_pool_per_model_selected_by_the_inference_pool(plans):
+    plan = plans["staging"]
+    names = {d["metadata"]["name"] for d in manifests_of(plan, "Deployment")}
+    assert "llama-8b-short" in names and "llama-8b-long" not in names
+    assert {"mistral-7b-short", "mistral-7b-long"} <= names  # length routing is untouched
+    pool = one(plan, "InferencePool", "llama-8b")
+    assert pool["metadata"]["namespace"] == "vllm"
+    assert pool["spec"]["targetPorts"] == [{"number": 8000}]
+    assert pool["spec"]["endpointPickerRef"] == {"name": "llama-8b-epp", "port": {"number": 9002},
+                                                 "failureMode": "FailClose"}
+    labels = one(plan, "Deployment", "llama-8b-short")["spec"]["template"]["metadata"]["labels"]
+    selector = pool["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= labels.items()
+    # ...and nothing else: not mistral's pods, not another pool's.
+    for d in manifests_of(plan, "Deployment"):
+        if d["metadata"]["name"] != "llama-8b-short":
+            assert not selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_endpoint_picker_runs_the_pinned_upstream_picker_outside_the_mesh(plans):
+    plan = plans["staging"]
+    epp = one(plan, "Deployment", "llama-8b-epp")
+    pod = epp["spec"]["template"]
+    assert pod["metadata"]["labels"]["sidecar.istio.io/inject"] == "false"
+    (c,) = pod["spec"]["containers"]
+    assert c["image"] == EPP_IMAGE.uri == "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0"
+    args = c["args"]
+    assert args[args.index("--pool-name") + 1] == "llama-8b"
+    assert args[args.index("--pool-namespace") + 1] == "vllm"
+    assert epp["spec"]["replicas"] == 1 and epp["spec"]["strategy"] == {"type": "Recreate"}
+    service = one(plan, "Service", "llama-8b-epp")
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert {p["port"] for p in service["spec"]["ports"]} == {9002, 9090}
+
+
+def test_picker_scores_queue_kv_cache_and_prefix_cache(plans):
+    config = one(plans["staging"], "ConfigMap", "llama-8b-epp")
+    picker = yaml.safe_load(config["data"]["default-plugins.yaml"])
+    assert picker["kind"] == "EndpointPickerConfig"
+    (profile,) = picker["schedulingProfiles"]
+    weights = {p["pluginRef"]: p["weight"] for p in profile["plugins"]}
+    assert weights == {"queue-scorer": 2, "kv-cache-utilization-scorer": 2, "prefix-cache-scorer": 3}
+    assert {p["type"] for p in picker["plugins"]} == set(weights)
+
+
+def test_picker_may_only_read_its_namespace(plans):
+    plan = plans["staging"]
+    role = one(plan, "Role", "llama-8b-epp")
+    assert role["metadata"]["namespace"] == "vllm"
+    assert {v for rule in role["rules"] for v in rule["verbs"]} == {"get", "watch", "list"}
+    assert {r for rule in role["rules"] for r in rule["resources"]} == {"inferenceobjectives", "inferencepools", "pods"}
+    binding = one(plan, "RoleBinding", "llama-8b-epp")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llama-8b-epp", "namespace": "vllm"}]
+    assert not [d for d in manifests_of(plan, "ClusterRoleBinding") if "epp" in d["metadata"]["name"]]
+
+
+def test_each_tenant_gets_an_objective_with_its_priority(plans):
+    objectives = {d["metadata"]["name"]: d["spec"] for d in manifests_of(plans["staging"], "InferenceObjective")}
+    assert objectives == {"search.llama-8b": {"poolRef": {"name": "llama-8b"}, "priority": 10},
+                          "support.llama-8b": {"poolRef": {"name": "llama-8b"}, "priority": 0}}
+
+
+def test_load_balancer_policies_target_the_pool(plans):
+    plan = plans["staging"]
+    target = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "llama-8b"}
+    hc = [d for d in manifests_of(plan, "HealthCheckPolicy") if d["spec"]["targetRef"] == target]
+    bp = [d for d in manifests_of(plan, "GCPBackendPolicy") if d["spec"]["targetRef"] == target]
+    assert len(hc) == 1 and hc[0]["spec"]["default"]["config"]["httpHealthCheck"]["requestPath"] == "/health"
+    assert len(bp) == 1 and bp[0]["spec"]["default"]["timeoutSec"] == 600
+    # No Service of llama-8b is a Gateway backend any more, so none has its own policies.
+    assert not [d for d in manifests_of(plan, "HealthCheckPolicy") if d["spec"]["targetRef"]["name"].startswith("llama")
+                and d["spec"]["targetRef"]["kind"] == "Service"]
+
+
+def test_tenant_routes_set_the_objective_and_strip_client_headers(plans):
+    plan = plans["staging"]
+    for tenant in ("search", "support"):
+        route = one(plan, "HTTPRoute", f"llama-8b.{tenant}")
+        (rule,) = route["spec"]["rules"]
+        assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": f"/{tenant}/llama-8b/v1"}}]
+        assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
+                                        "name": "llama-8b"}]
+        (mod,) = [f["requestHeaderModifier"] for f in rule["filters"] if f["type"] == "RequestHeaderModifier"]
+        assert {h["name"]: h["value"] for h in mod["set"]} == {
+            OBJECTIVE_HEADER: f"{tenant}.llama-8b", "x-gateway-inference-fairness-id": tenant}
+        assert {"x-vllm-gke-issuer", *PICKER_CONTROL_HEADERS} <= set(mod["remove"])
+    # The shared /llama-8b/v1 route is gone: a tenant-less path could not carry a priority.
+    assert not [d for d in manifests_of(plan, "HTTPRoute") if d["metadata"]["name"] == "llama-8b"]
+
+
+def test_mesh_admits_a_token_only_under_its_own_tenants_objective(plans):
+    plan = plans["staging"]
+    docs = plan.manifests()
+    labels = one(plan, "Deployment", "llama-8b-short")["spec"]["template"]["metadata"]["labels"]
+
+    def call(issuer, objective):
+        headers = {OBJECTIVE_HEADER: objective} if objective else {}
+        return decide(docs, Request("vllm", "/v1/chat/completions", "POST", labels, token=(issuer, "u"),
+                                    headers=headers)).status
+
+    assert call(SEARCH, "search.llama-8b") == 200
+    assert call(SUPPORT, "support.llama-8b") == 200
+    assert call(SUPPORT, "search.llama-8b") == 403  # support on search's path: search's priority refused
+    assert call(SEARCH, "support.llama-8b") == 403
+    assert call(SEARCH, None) == 403  # around the load balancer, from inside the cluster
+
+
+def test_guard_in_the_pool_knows_each_tenants_objective(plans):
+    c = one(plans["staging"], "Deployment", "llama-8b-short")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    cfg = json.loads(env["GKE_LLM_GUARD_CONFIG"])
+    assert cfg["objectiveHeader"] == OBJECTIVE_HEADER
+    assert {i: e["objective"] for i, e in cfg["issuers"].items()} == {SEARCH: "search.llama-8b",
+                                                                       SUPPORT: "support.llama-8b"}
+    mistral = one(plans["staging"], "Deployment", "mistral-7b-short")["spec"]["template"]["spec"]["containers"][0]
+    assert "objectiveHeader" not in json.loads({e["name"]: e.get("value") for e in mistral["env"]}["GKE_LLM_GUARD_CONFIG"])
+
+
+def test_picker_needs_network_services_and_the_objective_crd_first(plans):
+    plan = plans["staging"]
+    assert "networkservices.googleapis.com" in required_apis(plan.config)
+    assert "networkservices.googleapis.com" not in required_apis(plans["dev"].config)
+    crd = plan.named("kubernetes:yaml/v2:ConfigFile", "inference-objective-crd-crd")
+    assert crd.props["file"] == CRD_URL and "/v1.2.0/" in CRD_URL  # the release the picker image is
+    api = plan.named("gcp:projects/service:Service", "apis-networkservices")
+    for kind in ("InferencePool", "InferenceObjective"):
+        for r in plan.kubernetes():
+            if r.props.get("kind") == kind:
+                assert plan.waits_for(r, crd) and plan.waits_for(r, api), r.name
+    assert not [r for r in plans["dev"].resources if r.type == "kubernetes:yaml/v2:ConfigFile"]
+
+
+def test_cluster_floor_version_reaches_gke(plans):
+    (cluster,) = [r.props for r in plans["staging"].resources if r.type == "gcp:container/cluster:Cluster"]
+    assert cluster["minMasterVersion"] == "1.34"
+    (dev,) = [r.props for r in plans["dev"].resources if r.type == "gcp:container/cluster:Cluster"]
+    assert "minMasterVersion" not in dev
