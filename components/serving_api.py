@@ -80,17 +80,23 @@ def guard_entry(tenant: TenantSpec, model: Optional[str] = None) -> dict[str, An
                              "requestsPerMinute": tenant.rate_limit.requests_per_minute}
     if model is not None:
         entry["objective"] = objective_name(tenant.name, model)
+    if tenant.rate_limit.tokens_per_minute is not None:
+        entry["tokensPerMinute"] = tenant.rate_limit.tokens_per_minute
     return {tenant.jwt.issuer: entry}
 
 
 def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
-                 max_tokens_rule: str = "both", objectives_for: Optional[str] = None) -> dict[str, Any]:
+                 max_tokens_rule: str = "both", objectives_for: Optional[str] = None,
+                 shared_store: Optional[tuple[str, int]] = None) -> dict[str, Any]:
     """The guard's config; `objectives_for` names the model when its pool sits behind the endpoint
-    picker, so each tenant's requests must carry that tenant's own objective."""
+    picker, so each tenant's requests must carry that tenant's own objective; `shared_store`
+    (host, port) counts the tenants' limits across replicas (LimitStore)."""
     issuers: dict[str, Any] = {}
     for tenant in tenants:
         issuers.update(guard_entry(tenant, objectives_for))
-    extra = {"objectiveHeader": OBJECTIVE_HEADER} if objectives_for is not None else {}
+    extra: dict[str, Any] = {"objectiveHeader": OBJECTIVE_HEADER} if objectives_for is not None else {}
+    if shared_store is not None:
+        extra["globalLimits"] = {"host": shared_store[0], "port": shared_store[1]}
     return {**extra,
         "issuerHeader": ISSUER_HEADER,
         "issuers": issuers,

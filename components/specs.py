@@ -643,8 +643,22 @@ class JwtSpec(Spec):
 
 
 class RateLimitSpec(Spec):
-    # Requests admitted per tenant and replica in any 60 seconds.
+    # Requests admitted per tenant in any 60 seconds: per replica, or across all replicas with
+    # vllm-gke:globalLimits enabled (each replica's own count is then the fallback).
     requests_per_minute: int = Field(ge=1)
+    # Generated tokens per tenant in any 60 seconds, across all replicas (needs globalLimits):
+    # each request counts what it may make vLLM generate (its bound under maxTokens).
+    tokens_per_minute: Optional[int] = Field(default=None, ge=1)
+
+
+class GlobalLimitsSpec(Spec):
+    """One shared store of the tenants' sliding windows, so limits hold across replicas."""
+
+    # Count requests and tokens per tenant across all replicas (an in-cluster Redis, reached
+    # over the mesh's mTLS: only the vLLM pods' identities may connect; no password exists).
+    enabled: bool = False
+    # The store's image.
+    image: ImageRef = Field(default_factory=lambda: ImageRef(repository="mirror.gcr.io/library/redis", tag="7.4.2-alpine"))
 
 
 class DedicatedSpec(Spec):
@@ -792,6 +806,6 @@ class CostSpec(Spec):
 __all__ = [
     "AuthorizedNetwork", "MaintenanceExclusion", "MaintenanceSpec", "MaintenanceWindow", "UpgradeSpec",
     "ClusterSpec", "CostSpec", "CustomShape", "DedicatedSpec", "GatewaySpec", "ImageRef",
-    "JwtSpec", "ModelSpec", "MonitoringSpec", "NodePoolSpec", "RateLimitSpec", "SecretKeyRef",
+    "GlobalLimitsSpec", "JwtSpec", "ModelSpec", "MonitoringSpec", "NodePoolSpec", "RateLimitSpec", "SecretKeyRef",
     "ServingPoolSpec", "Spec", "TenantSpec", "WeightsSpec",
 ]

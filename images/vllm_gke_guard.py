@@ -445,6 +445,13 @@ class GuardMiddleware:
         self.rule = str(cfg.get("maxTokensRule") or "both")
         self.limiters = {iss: SlidingWindowLimiter(int(e["requestsPerMinute"]), clock)
                          for iss, e in self.issuers.items()}
+        # Limits across replicas (LimitStore); the per-replica windows above are then the fallback.
+        shared = cfg.get("globalLimits")
+        self.shared: Any = None
+        if shared:
+            from vllm_gke_limits import SharedLimiter
+
+            self.shared = SharedLimiter.connect(str(shared["host"]), int(shared["port"]))
         self.warmup_token = os.environ.get(WARMUP_TOKEN_ENV, "").encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -494,19 +501,17 @@ class GuardMiddleware:
         if self.objective_header and [o.decode("latin-1") for o in seen.objective] != [entry.get("objective")]:
             raise GuardError(403, f"tenant '{entry['tenant']}' must call this model under its own path "
                                   f"(/{entry['tenant']}/<model>/v1)", "forbidden")
-        wait = self.limiters[issuer].take()
-        if wait is not None:
-            err = GuardError(429, f"rate limit of {entry['requestsPerMinute']} requests/minute for tenant "
-                                  f"'{entry['tenant']}' exceeded", "rate_limit_exceeded")
-            err.retry_after = wait  # type: ignore[attr-defined]
-            raise err
+        if self.shared is None:
+            self._take_local(issuer, entry)
         if route.get("kind") == "info":
+            await self._take_shared(issuer, entry, 0)
             return scope, receive
         self._check_content_type(seen.content_type)
         body = await self._read_body(receive, seen.content_length)
         kind = route.get("kind")
         if kind not in OUTPUT_FIELDS:  # pooling: rate limited, generates nothing
             self._object_or_error(body, frozenset())
+            await self._take_shared(issuer, entry, 0)
             return scope, _replay(body, receive)
         try:
             fields = read_fields(body, kind)
@@ -514,12 +519,44 @@ class GuardMiddleware:
         except (JsonShapeError, ValueError) as exc:  # includes UnicodeDecodeError, JSONDecodeError
             raise GuardError(400, f"the body is not a valid JSON object: {exc}", "invalid_json") from None
         add = budget.check(int(entry["maxTokens"]), entry["tenant"])
+        if self.shared is not None:
+            per_sequence = add if add is not None else max(v for v in budget.per_sequence if v is not None)
+            await self._take_shared(issuer, entry, per_sequence * budget.sequences)
         if add is None:
             return scope, _replay(body, receive)
         body = add_field(body, fields.close, OUTPUT_FIELDS[kind], add)
         headers = [(k, v) for k, v in headers if k != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
         return dict(scope, headers=headers), _replay(body, receive)
+
+    def _take_local(self, issuer: str, entry: dict[str, Any]) -> None:
+        wait = self.limiters[issuer].take()
+        if wait is not None:
+            err = GuardError(429, f"rate limit of {entry['requestsPerMinute']} requests/minute for tenant "
+                                  f"'{entry['tenant']}' exceeded", "rate_limit_exceeded")
+            err.retry_after = wait  # type: ignore[attr-defined]
+            raise err
+
+    async def _take_shared(self, issuer: str, entry: dict[str, Any], tokens: int) -> None:
+        """Across replicas, counted once the request is known valid; the local window if the store is down."""
+        if self.shared is None:
+            return
+        from vllm_gke_limits import StoreUnavailable
+
+        try:
+            verdict = await self.shared.take(entry["tenant"], int(entry["requestsPerMinute"]),
+                                             entry.get("tokensPerMinute"), tokens)
+        except StoreUnavailable:
+            self._take_local(issuer, entry)
+            return
+        if verdict.wait is None:
+            return
+        what = (f"{entry['requestsPerMinute']} requests/minute" if verdict.limit == "requests"
+                else f"{entry.get('tokensPerMinute')} tokens/minute (this request may generate {tokens})")
+        err = GuardError(429, f"rate limit of {what} for tenant '{entry['tenant']}' across all replicas exceeded",
+                         "rate_limit_exceeded")
+        err.retry_after = verdict.wait  # type: ignore[attr-defined]
+        raise err
 
     def _is_warmup(self, seen: "_Headers") -> bool:
         return bool(self.warmup_token) and len(seen.warmup) == 1 and \

@@ -16,7 +16,7 @@ import pulumi
 from pydantic import Field, ValidationError, field_validator
 
 from vllm_gke.components.specs import (
-    ClusterSpec, CostSpec, GatewaySpec, ImageRef, ModelSpec, MonitoringSpec, Name, NodePoolSpec,
+    ClusterSpec, CostSpec, GatewaySpec, GlobalLimitsSpec, ImageRef, ModelSpec, MonitoringSpec, Name, NodePoolSpec,
     Spec, TenantSpec, WeightsSpec,
 )
 from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
@@ -60,6 +60,7 @@ class StackConfig(Spec):
     weights: WeightsSpec = Field(default_factory=WeightsSpec)
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
     cost: CostSpec = Field(default_factory=CostSpec)
+    global_limits: GlobalLimitsSpec = Field(default_factory=GlobalLimitsSpec)
 
     @field_validator("vllm_version")
     @classmethod

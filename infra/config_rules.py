@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 PROJECT = "vllm-gke"
 # Namespaces the platform (or Kubernetes, or the mesh) owns.
 RESERVED_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", "istio-system", "gke-managed-system",
-                       "gmp-system", "gmp-public", "custom-metrics", "vllm-gke-system", "vllm-gke-mesh-check"}
+                       "gmp-system", "gmp-public", "custom-metrics", "vllm-gke-system", "vllm-gke-mesh-check",
+                       "vllm-gke-limits"}
 
 Add = Callable[[str, str], None]
 
@@ -33,7 +34,8 @@ def cross_field_issues(cfg: "StackConfig") -> list["ConfigIssue"]:
         issues.append(ConfigIssue(f"{PROJECT}:{key}" if ":" not in key else key, problem))
 
     for check in (_unique_names, _placements, _tenant_models, _gpu_slots, _gateway, _network, _zones,
-                  _issuers, _namespaces, _vllm_release, _chunked_prefill, _inference_gateway):
+                  _issuers, _namespaces, _vllm_release, _chunked_prefill, _inference_gateway,
+                  _global_limits):
         check(cfg, add)
     return issues
 
@@ -200,6 +202,20 @@ def _chunked_prefill(cfg: "StackConfig", add: Add) -> None:
                 add(f"models[{i}].{which}.maxNumBatchedTokens", f"{pool.max_num_batched_tokens} is below the pool's "
                     f"maxModelLen {length} with chunked prefill off: vLLM refuses to start (a prompt must fit one "
                     "batch); raise it to at least the context length or set enableChunkedPrefill: true")
+
+
+def _global_limits(cfg: "StackConfig", add: Add) -> None:
+    for i, tenant in enumerate(cfg.tenants):
+        tpm = tenant.rate_limit.tokens_per_minute
+        if tpm is None:
+            continue
+        key = f"tenants[{i}].rateLimit.tokensPerMinute"
+        if not cfg.global_limits.enabled:
+            add(key, "counts tokens across all replicas, which needs the shared store: set "
+                "vllm-gke:globalLimits.enabled: true, or remove tokensPerMinute")
+        elif tpm < tenant.max_tokens:
+            add(key, f"{tpm} is below the tenant's maxTokens {tenant.max_tokens}: a request at the cap could never "
+                "be admitted; raise it to at least maxTokens (a few times more lets requests overlap)")
 
 
 # GKE installs the InferencePool CRD (inference.networking.k8s.io/v1) itself from this version on

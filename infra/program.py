@@ -16,6 +16,8 @@ from vllm_gke.components.gpu_cluster import GpuCluster, GpuClusterArgs
 from vllm_gke.components.inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
 from vllm_gke.components.inference_pool import InferencePool, InferencePoolArgs
 from vllm_gke.components.k8s_meta import MODEL_LABEL, POOL_LABEL
+from vllm_gke.components.limit_store import PORT as LIMITS_PORT
+from vllm_gke.components.limit_store import LimitStore, LimitStoreArgs
 from vllm_gke.components.mesh_namespace import GOOGLE_HEALTH_CHECK_RANGES, MeshNamespace, MeshNamespaceArgs, TrustedSources
 from vllm_gke.components.mesh_readiness import MeshReadiness, MeshReadinessArgs
 from vllm_gke.components.metrics_adapter import MetricsAdapter, MetricsAdapterArgs
@@ -24,7 +26,7 @@ from vllm_gke.components.observability import Observability, ObservabilityArgs
 from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
 from vllm_gke.components.specs import ModelSpec, TenantSpec
 from vllm_gke.components.serving_api import guard_config, objective_name, tenant_routes
-from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host
+from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
 from vllm_gke.components.vllm_service import VllmService, VllmServiceArgs
 from vllm_gke.components.vllm_versions import release
 from vllm_gke.infra.config import StackConfig
@@ -48,6 +50,7 @@ class Platform:
     tenants: dict[str, TenantAuth] = field(default_factory=dict)
     services: dict[str, VllmService] = field(default_factory=dict)
     inference_pools: dict[str, InferencePool] = field(default_factory=dict)
+    limit_store: LimitStore | None = None
     gateway: Gateway | None = None
     observability: Observability | None = None
 
@@ -113,6 +116,14 @@ def build(cfg: StackConfig) -> Platform:
 
     targets: list[RouteTarget] = []
     rel = release(cfg.vllm_version)
+    shared_store: tuple[str, int] | None = None
+    serving_pods: list[pulumi.Resource] = [mesh, store]
+    if cfg.global_limits.enabled:
+        # vLLM pods run as their namespace's default service account: those identities may connect.
+        clients = [cfg.serving_namespace, *(tenant_namespace(t) for t in cfg.tenants if t.dedicated)]
+        platform.limit_store = LimitStore("limits", LimitStoreArgs(provider, clients, cfg.global_limits.image),
+                                          opts=after_mesh)
+        shared_store = (platform.limit_store.host, LIMITS_PORT)
     # Pools and objectives wait for the objective CRD and for the API the controller programs.
     picker_deps: list[pulumi.Resource] = [mesh, *apis.needs("networkservices.googleapis.com")]
     if any(m.routing == "inference-gateway" for m in cfg.models):
@@ -127,7 +138,8 @@ def build(cfg: StackConfig) -> Platform:
                 model=model, pool_name=which, pool=getattr(model, which), node_pool=cfg.pool(pool_name),
                 namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
                 provider=provider,
-                guard_config=guard_config(callers, tenant_routes(), rel.max_tokens_rule, objectives_for=picked),
+                guard_config=guard_config(callers, tenant_routes(), rel.max_tokens_rule, objectives_for=picked,
+                                          shared_store=shared_store),
                 release=rel, tenant=tenant, canary=canary),
                 # Pods need the sidecar (so the mesh first) and the read-only claim.
                 opts=pulumi.ResourceOptions(depends_on=[mesh, store]))

@@ -574,6 +574,40 @@ def tenant_priorities_bound(resources: Sequence[Resource]) -> Iterator[Finding]:
                                       f"issuers ({', '.join(admitted)}); a tenant could take another's priority")
 
 
+def _guard_configs(resources: Sequence[Resource]) -> Iterator[tuple[Resource, Mapping[str, Any]]]:
+    for r, _pod, c in vllm_servers(resources):
+        raw = (env_of(c).get("GKE_LLM_GUARD_CONFIG") or {}).get("value")
+        try:
+            yield r, json.loads(raw) if isinstance(raw, str) else {}
+        except ValueError:
+            yield r, {}
+
+
+def limit_store_mesh_only(resources: Sequence[Resource]) -> Iterator[Finding]:
+    """The shared limit store has no password: the mesh is its only lock. Its namespace must
+    refuse plaintext (STRICT mTLS) and admit peers by identity alone, on the store's port."""
+    stores = {str(cfg["globalLimits"].get("host", "")) for _r, cfg in _guard_configs(resources)
+              if isinstance(cfg.get("globalLimits"), dict)}
+    for store in sorted(stores):
+        parts = store.split(".")
+        ns = parts[1] if len(parts) > 1 else "default"
+        strict = [p for p in kube(resources, "PeerAuthentication") if namespace_of(p) == ns
+                  and ((p.props.get("spec") or {}).get("mtls") or {}).get("mode") == "STRICT"
+                  and not (p.props.get("spec") or {}).get("portLevelMtls")]
+        if not strict:
+            yield None, f"the limit store {store} has no STRICT PeerAuthentication in '{ns}': plaintext clients get in"
+        allows = [p for p in kube(resources, "AuthorizationPolicy") if namespace_of(p) == ns
+                  and (p.props.get("spec") or {}).get("action", "ALLOW") == "ALLOW"]
+        if not any(_is_deny_all(p) for p in allows):
+            yield None, f"the limit store's namespace '{ns}' has no deny-all AuthorizationPolicy"
+        for p in allows:
+            for rule in (p.props.get("spec") or {}).get("rules") or []:
+                sources = [f.get("source") or {} for f in rule.get("from") or []]
+                if not sources or any(set(src) != {"principals"} or "*" in src["principals"] for src in sources):
+                    yield p, (f"{where(p)} admits clients of the limit store by something other than their mesh "
+                              "identity (principals); any pod could spend or reset a tenant's limits")
+
+
 POLICIES: tuple[Policy, ...] = (
     Policy("gpu-node-pools-tainted", "GPU node pools carry the nvidia.com/gpu NoSchedule taint.",
            "mandatory", gpu_node_pools_tainted),
@@ -616,6 +650,9 @@ POLICIES: tuple[Policy, ...] = (
     Policy("tenant-priorities-bound",
            "Routes to InferencePools set each tenant's objective themselves, and the mesh admits only that tenant's tokens under it.",
            "mandatory", tenant_priorities_bound),
+    Policy("limit-store-mesh-only",
+           "The shared limit store admits only mesh identities over STRICT mTLS.",
+           "mandatory", limit_store_mesh_only),
     Policy("vllm-backends-resilient",
            "Every vLLM Service ejects failing replicas: outlier detection in the mesh, a health check at the load balancer.",
            "advisory", vllm_backends_resilient),

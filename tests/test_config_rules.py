@@ -142,6 +142,12 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
      "vllm-gke:models[0]", "balances by load"),
     ("routing-unknown", "dev", lambda v: v["vllm-gke:models"][0].update(routing="round-robin"),
      "vllm-gke:models[0].routing", "inference-gateway"),
+    ("tokens-without-the-shared-store", "staging",
+     lambda v: v["vllm-gke:tenants"][0]["rateLimit"].update(tokensPerMinute=100000),
+     "vllm-gke:tenants[0].rateLimit.tokensPerMinute", "set vllm-gke:globalLimits.enabled: true"),
+    ("tokens-below-the-cap", "prod",
+     lambda v: v["vllm-gke:tenants"][0]["rateLimit"].update(tokensPerMinute=1000),
+     "vllm-gke:tenants[0].rateLimit.tokensPerMinute", "below the tenant's maxTokens 2048"),
     ("priority-range", "staging", lambda v: v["vllm-gke:tenants"][0].update(priority=1000),
      "vllm-gke:tenants[0].priority", "100"),
 ]

@@ -43,6 +43,10 @@ def test_image_carries_what_the_deployment_runs(plans):
     container = vllm_deployments(plans["dev"])[0]["spec"]["template"]["spec"]["containers"][0]
     assert container["command"][1] == "/opt/vllm-gke/serve.py" and "serve.py" in copied
     assert f"{GUARD_MIDDLEWARE.split('.')[0]}.py" in copied
+    # The guard imports the limits module (globalLimits) from the same folder, and its client pinned.
+    assert "vllm_gke_limits.py" in copied
+    assert re.search(r'^ARG REDIS_PY_VERSION=\d+\.\d+\.\d+$', text, re.M)
+    assert 'pip install --no-cache-dir --no-deps "redis==${REDIS_PY_VERSION}"' in text
     assert "PYTHONPATH=/opt/vllm-gke" in text and "HF_HUB_OFFLINE=1" in text
 
 
@@ -149,3 +153,8 @@ def test_warm_marker_matches_startup_probe(plans):
     c = vllm_deployments(plans["dev"])[0]["spec"]["template"]["spec"]["containers"][0]
     assert c["startupProbe"]["exec"]["command"] == ["test", "-f", WARM_MARKER]
     assert {"name": "GKE_LLM_WARM_MARKER", "value": WARM_MARKER} in c["env"]
+
+
+def test_the_tests_use_the_redis_client_the_image_ships():
+    version = re.search(r"^ARG REDIS_PY_VERSION=(\S+)$", dockerfile(), re.M).group(1)
+    assert f'"redis=={version}"' in (REPO_ROOT / "pyproject.toml").read_text()

@@ -137,12 +137,20 @@ def _objective_from_the_client(rs):
             f["requestHeaderModifier"]["set"] = []
 
 
-# Policies about Inference Gateway pools judge the staging stack, whose llama-8b uses one.
+def _store_open_to_any_source(rs):
+    policy = kind(rs, "AuthorizationPolicy", "allow-vllm-guards")
+    policy.props["spec"]["rules"][0]["from"] = [{"source": {"ipBlocks": ["10.20.0.0/14"]}}]
+
+
+# Policies about Inference Gateway pools judge the staging stack, whose llama-8b uses one; the
+# shared limit store is prod's.
 STAGING_CASES = {"inference-pools-served", "tenant-priorities-bound"}
+PROD_CASES = {"limit-store-mesh-only"}
 
 CASES: dict[str, tuple[Callable, str]] = {
     "inference-pools-served": (_pool_fails_open, "fails open"),
     "tenant-priorities-bound": (_objective_from_the_client, "clients would choose their own priority"),
+    "limit-store-mesh-only": (_store_open_to_any_source, "other than their mesh identity"),
     "gpu-node-pools-tainted": (_untaint, "has no nvidia.com/gpu NO_SCHEDULE taint"),
     "mig-partition-valid": (_bad_mig, "'1g.10gb' is not a MIG profile of nvidia-tesla-a100"),
     "weights-read-only": (_writable_weights, "must be mounted readOnly"),
@@ -167,7 +175,7 @@ def test_every_policy_has_a_failing_case():
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_policy_fails_on_a_bad_plan(plans, policy):
-    rs = resources(plans["staging" if policy in STAGING_CASES else "dev"])
+    rs = resources(plans["staging" if policy in STAGING_CASES else "prod" if policy in PROD_CASES else "dev"])
     assert violations_of(rs, policy) == []
     break_it, message = CASES[policy]
     break_it(rs)
@@ -311,3 +319,10 @@ def test_policy_pack_header_names_match_the_components():
     from vllm_gke.policies import rules
 
     assert (rules.OBJECTIVE_HEADER, rules.PICKER_CONTROL_HEADERS) == (OBJECTIVE_HEADER, PICKER_CONTROL_HEADERS)
+
+
+def test_limit_store_without_strict_mtls_is_caught(plans):
+    rs = resources(plans["prod"])
+    kind(rs, "PeerAuthentication", "strict").props["spec"]["mtls"]["mode"] = "PERMISSIVE"
+    messages = [v.message for v in violations_of(rs, "limit-store-mesh-only")]
+    assert any("no STRICT PeerAuthentication in 'vllm-gke-limits'" in m for m in messages)

@@ -52,7 +52,8 @@ def test_component_counts(plans):
 def test_every_component_child_is_parented(plans):
     plan = plans["prod"]
     components = {r.urn for r in plan.resources if not r.custom}
-    top_level = {"apis", "gke", "mesh", "serving", "weights", "gateway", "observability", "metrics-adapter"} | {
+    top_level = {"apis", "gke", "mesh", "serving", "weights", "gateway", "observability", "metrics-adapter",
+                 "limits"} | {
         f"tenant-{t}" for t in ("search", "support", "analytics")} | {
         f"{m}-{p}" for m in ("llama-70b", "qwen-7b", "llama-8b", "llama-8b-canary", "analytics-qwen-7b")
         for p in ("short", "long")}

@@ -93,7 +93,8 @@ def test_pdb_hpa_and_pod_monitoring_per_pool(plans):
     plan = plans["prod"]
     deployments = vllm_deployments(plan)
     for kind in ("PodDisruptionBudget", "HorizontalPodAutoscaler", "PodMonitoring", "Service"):
-        per_model = [m for m in manifests_of(plan, kind) if m["metadata"]["namespace"] != "custom-metrics"]
+        per_model = [m for m in manifests_of(plan, kind)
+                     if m["metadata"]["namespace"] not in ("custom-metrics", "vllm-gke-limits")]
         assert len(per_model) == len(deployments), kind
     hpa = next(h for h in manifests_of(plan, "HorizontalPodAutoscaler") if h["metadata"]["name"] == "qwen-7b-short"
                and h["metadata"]["namespace"] == "vllm")

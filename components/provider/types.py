@@ -237,7 +237,9 @@ class RateLimitSpec(TypedDict):
     """RateLimitSpec settings (see the README config reference)."""
 
     requests_per_minute: int
-    """Requests admitted per tenant and replica in any 60 seconds."""
+    """Requests admitted per tenant in any 60 seconds: per replica, or across all replicas with vllm-gke:globalLimits enabled (each replica's own count is then the fallback)."""
+    tokens_per_minute: NotRequired[int]
+    """Generated tokens per tenant in any 60 seconds, across all replicas (needs globalLimits): each request counts what it may make vLLM generate (its bound under maxTokens)."""
 
 
 class DedicatedSpec(TypedDict):

@@ -1,0 +1,130 @@
+"""LimitStore: the shared store of the tenants' rate-limit windows (an in-cluster Redis).
+
+The guard in every vLLM replica records each admitted request (and the tokens it may generate)
+here, in one atomic script per request, so a tenant's limits hold across all replicas. Nothing
+is persisted: the windows are a minute long, and a restarted store starts empty (for at most a
+minute a tenant may get up to twice its limit).
+
+Who may connect is decided by the mesh, not a password: the namespace is STRICT mTLS and one
+AuthorizationPolicy admits only the service accounts the vLLM pods run as. So no credential
+exists to leak, rotate or keep out of Pulumi state (a Memorystore instance would need an AUTH
+string in state, which the no-secret-literals policy refuses). Redis' own ACL narrows what any
+client can do to the few commands of the script, on the `rl:` keys only.
+
+If the store is down, each guard falls back to its own per-replica window (see the guard).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from vllm_gke.components.k8s_meta import custom_resource, meta
+from vllm_gke.components.mesh_namespace import ISTIO_API
+from vllm_gke.components.options import child_opts
+from vllm_gke.components.specs import ImageRef
+
+NAMESPACE = "vllm-gke-limits"
+NAME = "limits"
+PORT = 6379
+REDIS_UID = 999  # the redis user of the official image
+# What the guard's script needs and nothing else; keys under rl: only.
+REDIS_CONF = f"""\
+port {PORT}
+bind * -::*
+protected-mode no
+save ""
+appendonly no
+maxmemory 256mb
+maxmemory-policy volatile-ttl
+user default on nopass resetkeys ~rl:* resetchannels -@all +ping +hello +client|setinfo +evalsha +eval +script|load +script|exists +zadd +zcard +zrange +zremrangebyscore +pexpire +time
+"""
+
+
+def host() -> str:
+    """Where the guards reach the store."""
+    return f"{NAME}.{NAMESPACE}.svc.cluster.local"
+
+
+def client_principal(namespace: str, service_account: str = "default") -> str:
+    """The mesh identity of pods in `namespace` running as `service_account`, in any trust domain
+    (Cloud Service Mesh's is <project>.svc.id.goog)."""
+    return f"*/ns/{namespace}/sa/{service_account}"
+
+
+@dataclass
+class LimitStoreArgs:
+    provider: k8s.Provider
+    # Namespaces whose vLLM pods (service account `default`) may use the store.
+    client_namespaces: Sequence[str]
+    image: ImageRef
+
+
+class LimitStore(pulumi.ComponentResource):
+    namespace: k8s.core.v1.Namespace
+    host: str
+
+    def __init__(self, name: str, args: LimitStoreArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:LimitStore", name, None, opts)
+        k8s_opts = child_opts(self, opts, provider=args.provider)
+        self.host = host()
+        labels = {"app.kubernetes.io/name": "vllm-gke-limits"}
+        self.namespace = k8s.core.v1.Namespace(
+            f"{name}-ns", metadata=meta(NAMESPACE, labels={"istio-injection": "enabled"}), opts=k8s_opts)
+        ns = self.namespace.metadata.name
+        in_ns = child_opts(self, opts, provider=args.provider, depends_on=[self.namespace])
+
+        def md(obj: str) -> dict:
+            return {**meta(obj, labels=labels), "namespace": ns}
+
+        custom_resource(f"{name}-mtls", ISTIO_API, "PeerAuthentication", md("strict"),
+                        {"mtls": {"mode": "STRICT"}}, in_ns)
+        custom_resource(f"{name}-deny-all", ISTIO_API, "AuthorizationPolicy", md("deny-all"), {}, in_ns)
+        custom_resource(
+            f"{name}-allow-guards", ISTIO_API, "AuthorizationPolicy", md("allow-vllm-guards"),
+            {"action": "ALLOW", "selector": {"matchLabels": labels},
+             "rules": [{"from": [{"source": {"principals": sorted(client_principal(n) for n in args.client_namespaces)}}],
+                        "to": [{"operation": {"ports": [str(PORT)]}}]}]}, in_ns)
+        config = k8s.core.v1.ConfigMap(f"{name}-config", metadata=md(NAME), data={"redis.conf": REDIS_CONF},
+                                       opts=in_ns)
+        ping = {"exec": {"command": ["redis-cli", "-p", str(PORT), "ping"]}}
+        k8s.apps.v1.Deployment(
+            f"{name}-deploy", metadata=md(NAME),
+            spec={
+                "replicas": 1, "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "automountServiceAccountToken": False,
+                        "securityContext": {"runAsNonRoot": True, "runAsUser": REDIS_UID, "runAsGroup": REDIS_UID,
+                                            "seccompProfile": {"type": "RuntimeDefault"}},
+                        "containers": [{
+                            "name": "redis", "image": args.image.uri,
+                            "command": ["redis-server", "/etc/redis/redis.conf"],
+                            "ports": [{"name": "tcp-redis", "containerPort": PORT}],
+                            "readinessProbe": {**ping, "periodSeconds": 5},
+                            "livenessProbe": {**ping, "periodSeconds": 10, "failureThreshold": 3},
+                            "resources": {"requests": {"cpu": "250m", "memory": "320Mi"},
+                                          "limits": {"cpu": "1", "memory": "384Mi"}},
+                            "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                                "capabilities": {"drop": ["ALL"]}},
+                            "volumeMounts": [{"name": "config", "mountPath": "/etc/redis", "readOnly": True},
+                                             {"name": "data", "mountPath": "/data"}],
+                        }],
+                        "volumes": [{"name": "config", "configMap": {"name": NAME}},
+                                    {"name": "data", "emptyDir": {"sizeLimit": "64Mi"}}],
+                    },
+                },
+            },
+            opts=child_opts(self, opts, provider=args.provider, depends_on=[config, self.namespace]))
+        k8s.core.v1.Service(
+            f"{name}-svc", metadata=md(NAME),
+            # tcp- name: the mesh treats it as opaque TCP (Istio protocol selection by port name).
+            spec={"type": "ClusterIP", "selector": labels,
+                  "ports": [{"name": "tcp-redis", "port": PORT, "targetPort": "tcp-redis"}]},
+            opts=in_ns)
+        self.register_outputs({"host": self.host, "port": PORT, "clients": sorted(args.client_namespaces)})

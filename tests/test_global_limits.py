@@ -1,0 +1,238 @@
+"""Per-tenant limits across all replicas: the shared store's script (run by Redis' Lua engine in
+fakeredis), the guard using it, the fallback to per-replica windows, and what the stack declares."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import fakeredis
+import pytest
+import yaml
+
+from vllm_gke.components.limit_store import NAMESPACE, PORT, REDIS_CONF, host
+from vllm_gke.components.serving_api import guard_config, tenant_routes
+from vllm_gke.components.specs import TenantSpec
+from tests.conftest import REPO_ROOT, manifests_of
+
+sys.path.insert(0, str(REPO_ROOT / "images"))
+import vllm_gke_guard as guard  # noqa: E402
+import vllm_gke_limits as limits  # noqa: E402
+
+ISSUER = "https://auth.example/a"
+
+
+def tenant(rpm=3, tpm=None, cap=100):
+    return TenantSpec.model_validate({
+        "name": "a", "jwt": {"issuer": ISSUER, "jwksUri": "https://auth.example/a/jwks", "audiences": ["x"]},
+        "models": ["m"], "rateLimit": {"requestsPerMinute": rpm, **({"tokensPerMinute": tpm} if tpm else {})},
+        "maxTokens": cap})
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def limiter(server, **kw):
+    return limits.SharedLimiter(fakeredis.FakeAsyncRedis(server=server), **kw)
+
+
+# --- the script --------------------------------------------------------------------------------
+
+def test_at_most_n_requests_in_the_window_across_replicas():
+    server = fakeredis.FakeServer()
+    replicas = [limiter(server) for _ in range(3)]
+
+    async def go():
+        return [await replicas[i % 3].take("a", 5, None, 0) for i in range(9)]
+
+    verdicts = run(go())
+    assert [v.wait is None for v in verdicts] == [True] * 5 + [False] * 4
+    assert all(v.limit == "requests" and 0 < v.wait <= 60 for v in verdicts[5:])
+
+
+def test_tenants_have_separate_windows():
+    server = fakeredis.FakeServer()
+    one = limiter(server)
+
+    async def go():
+        return [await one.take(t, 1, None, 0) for t in ("a", "b", "a")]
+
+    assert [v.wait is None for v in run(go())] == [True, True, False]
+
+
+def test_tokens_reserved_per_minute_across_replicas():
+    server = fakeredis.FakeServer()
+    r1, r2 = limiter(server), limiter(server)
+
+    async def go():
+        return [await r1.take("a", 100, 1000, 600), await r2.take("a", 100, 1000, 400),
+                await r2.take("a", 100, 1000, 1), await r1.take("a", 100, 1000, 0)]
+
+    first, second, third, fourth = run(go())
+    assert first.wait is None and second.wait is None
+    assert third.limit == "tokens" and 0 < third.wait <= 60
+    assert fourth.wait is None  # a request that generates nothing only counts as a request
+
+
+def test_refused_requests_reserve_nothing():
+    server = fakeredis.FakeServer()
+    r = limiter(server)
+
+    async def go():
+        out = [await r.take("a", 2, 100, 80), await r.take("a", 2, 100, 80)]  # the second is over on tokens
+        out.append(await r.take("a", 2, 100, 20))  # so a request slot and 20 tokens are still there
+        return out
+
+    assert [v.wait is None for v in run(go())] == [True, False, True]
+
+
+def test_the_window_slides():
+    server = fakeredis.FakeServer()
+    r = limiter(server, window_ms=100)
+
+    async def go():
+        before = [await r.take("a", 1, None, 0), await r.take("a", 1, None, 0)]
+        await asyncio.sleep(0.15)
+        return before + [await r.take("a", 1, None, 0)]
+
+    assert [v.wait is None for v in run(go())] == [True, False, True]
+
+
+def test_unreachable_store_raises_and_is_not_asked_again_at_once():
+    server = fakeredis.FakeServer()
+    server.connected = False
+    now = [0.0]
+    r = limiter(server, clock=lambda: now[0], retry_after_failure=5.0)
+    with pytest.raises(limits.StoreUnavailable):
+        run(r.take("a", 1, None, 0))
+    server.connected = True
+    with pytest.raises(limits.StoreUnavailable, match="recently"):
+        run(r.take("a", 1, None, 0))
+    now[0] = 6.0
+    assert run(r.take("a", 1, None, 0)).wait is None
+
+
+# --- the guard using it -----------------------------------------------------------------------
+
+class Ok:
+    async def __call__(self, scope, receive, send):
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+def guards(monkeypatch, server, n=2, **tenant_kw):
+    monkeypatch.setattr(limits.SharedLimiter, "connect",
+                        classmethod(lambda cls, host, port: cls(fakeredis.FakeAsyncRedis(server=server))))
+    cfg = guard_config([tenant(**tenant_kw)], tenant_routes(), "both", shared_store=("limits.example", 6379))
+    return [guard.GuardMiddleware(Ok(), cfg) for _ in range(n)]
+
+
+def call(mw, body, path="/v1/completions"):
+    raw = json.dumps(body).encode()
+    chunks = [raw]
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": chunks.pop(0) if chunks else b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
+               (b"x-vllm-gke-issuer", ISSUER.encode())]
+    asyncio.run(mw({"type": "http", "method": "POST", "path": path, "headers": headers,
+                    "client": ("127.0.0.6", 1)}, receive, send))
+    return sent
+
+
+def test_guards_share_the_tenants_request_limit(monkeypatch):
+    a, b = guards(monkeypatch, fakeredis.FakeServer(), rpm=3)
+    codes = [call(mw, {"prompt": "x", "max_tokens": 5})[0]["status"] for mw in (a, b, a, b, a)]
+    assert codes == [200, 200, 200, 429, 429]
+    refused = call(b, {"prompt": "x", "max_tokens": 5})
+    assert dict(refused[0]["headers"]).get(b"retry-after")
+    assert "across all replicas" in json.loads(refused[1]["body"])["error"]["message"]
+
+
+def test_guards_share_the_tenants_token_limit_counting_each_requests_bound(monkeypatch):
+    a, b = guards(monkeypatch, fakeredis.FakeServer(), rpm=100, tpm=250, cap=100)
+    # n=2 x 50 = 100 tokens; the missing bound is the cap (100); then 100 more would exceed 250.
+    assert call(a, {"prompt": "x", "max_tokens": 50, "n": 2})[0]["status"] == 200
+    assert call(b, {"prompt": "x", "max_tokens": None})[0]["status"] == 200
+    refused = call(a, {"prompt": "x", "max_tokens": 100})
+    assert refused[0]["status"] == 429
+    assert "250 tokens/minute (this request may generate 100)" in json.loads(refused[1]["body"])["error"]["message"]
+    assert call(b, {"prompt": "x", "max_tokens": 50})[0]["status"] == 200  # 50 still fits
+    # Pooling generates nothing: it counts as a request only.
+    assert call(a, {"input": "x"}, path="/v1/embeddings")[0]["status"] == 200
+
+
+def test_a_refused_request_takes_no_slot_before_the_body_is_checked(monkeypatch):
+    a, = guards(monkeypatch, fakeredis.FakeServer(), n=1, rpm=1)
+    assert call(a, {"prompt": "x", "max_tokens": 10_000})[0]["status"] == 400  # over the cap
+    assert call(a, {"prompt": "x", "max_tokens": 5})[0]["status"] == 200
+
+
+def test_store_down_falls_back_to_each_replicas_window(monkeypatch):
+    server = fakeredis.FakeServer()
+    server.connected = False
+    a, b = guards(monkeypatch, server, rpm=2)
+    codes = [call(mw, {"prompt": "x", "max_tokens": 5})[0]["status"] for mw in (a, a, a, b, b, b)]
+    assert codes == [200, 200, 429, 200, 200, 429]  # per replica: 2 each
+
+
+# --- what the stack declares -------------------------------------------------------------------
+
+def test_store_admits_only_the_vllm_pods_over_mtls(plans):
+    plan = plans["prod"]
+    (pa,) = manifests_of(plan, "PeerAuthentication")
+    assert pa["metadata"]["namespace"] == NAMESPACE and pa["spec"] == {"mtls": {"mode": "STRICT"}}
+    policies = {p["metadata"]["name"]: p["spec"] for p in manifests_of(plan, "AuthorizationPolicy")
+                if p["metadata"]["namespace"] == NAMESPACE}
+    assert policies["deny-all"] == {}
+    (rule,) = policies["allow-vllm-guards"]["rules"]
+    assert rule["from"][0]["source"]["principals"] == ["*/ns/tenant-analytics/sa/default", "*/ns/vllm/sa/default"]
+    assert rule["to"] == [{"operation": {"ports": [str(PORT)]}}]
+    # The vLLM pods run as those accounts: no serviceAccountName means the namespace's default.
+    for d in manifests_of(plan, "Deployment"):
+        if d["metadata"]["name"].startswith(("llama", "qwen")):
+            assert "serviceAccountName" not in d["spec"]["template"]["spec"]
+
+
+def test_store_keeps_nothing_and_runs_only_the_script():
+    conf = dict(line.split(" ", 1) for line in REDIS_CONF.splitlines())
+    assert conf["save"] == '""' and conf["appendonly"] == "no"
+    acl = conf["user"].split()
+    assert "~rl:*" in acl and "-@all" in acl and "resetkeys" in acl
+    allowed = {a[1:] for a in acl if a.startswith("+")}
+    # Every command the script calls, and the client's handshake, are allowed; nothing more.
+    import re
+    called = {c.lower() for c in re.findall(r"redis\.call\('([A-Z]+)'", limits.SCRIPT)}
+    assert called <= allowed
+    assert allowed - called == {"ping", "hello", "client|setinfo", "evalsha", "eval", "script|load", "script|exists"}
+
+
+def test_guards_in_prod_count_across_replicas(plans):
+    for d in manifests_of(plans["prod"], "Deployment"):
+        containers = d["spec"]["template"]["spec"]["containers"]
+        if containers[0]["name"] != "vllm":
+            continue
+        cfg = json.loads({e["name"]: e.get("value") for e in containers[0]["env"]}["GKE_LLM_GUARD_CONFIG"])
+        assert cfg["globalLimits"] == {"host": host(), "port": PORT}
+    dev = manifests_of(plans["dev"], "Deployment")
+    assert not [d for d in dev if d["metadata"]["namespace"] == NAMESPACE]
+    for d in dev:
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            if c["name"] == "vllm":
+                assert "globalLimits" not in {e["name"]: e.get("value") for e in c["env"]}["GKE_LLM_GUARD_CONFIG"]
+
+
+def test_store_pods_wait_for_the_mesh(plans):
+    plan = plans["prod"]
+    store = plan.kube("Deployment", "limits")
+    assert plan.waits_for(store, plan.kube("Job", "mesh-ready"))  # a meshed pod: the sidecar must inject
