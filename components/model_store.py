@@ -21,7 +21,7 @@ from vllm_gke.components.gcp_names import service_account_id
 from vllm_gke.components.k8s_meta import WEIGHTS_READY_MARKER, custom_resource, meta
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.project_apis import ProjectApis
-from vllm_gke.components.specs import ImageRef, ModelSpec, WeightsSpec
+from vllm_gke.components.specs import AdapterSpec, ImageRef, ModelSpec, WeightsSpec
 
 SHARE_NAME = "models"
 MOUNT_PATH = "/models"
@@ -52,16 +52,50 @@ def ready_marker(model: ModelSpec) -> str:
     return f"{model_dir(model)}/{WEIGHTS_READY_MARKER}"
 
 
-def weight_copies(models: Sequence[ModelSpec]) -> list[tuple[str, ModelSpec]]:
-    """(loader key, model at its revision) for every copy on the share: each model, then each
-    canary's revision, which loads into its own directory beside the current one."""
-    return [(m.name, m) for m in models] + \
-        [(f"{m.name}-canary", c) for m in models if (c := m.canary_model()) is not None]
+# Adapters live under a folder no model name can take (names start with a letter).
+ADAPTERS_DIR = f"{MOUNT_PATH}/.adapters"
+
+
+def adapter_dir(model: ModelSpec, adapter: AdapterSpec) -> str:
+    return f"{ADAPTERS_DIR}/{model.name}/{adapter.name}/{adapter.revision}"
+
+
+@dataclass(frozen=True)
+class WeightCopy:
+    """One set of files on the share, written once by its loader Job."""
+
+    key: str  # the loader Job's suffix
+    model: str  # the model it belongs to
+    source: str
+    revision: str
+    directory: str
+    weights_gb: float
+
+    @property
+    def marker(self) -> str:
+        return f"{self.directory}/{WEIGHTS_READY_MARKER}"
+
+
+def model_copy(key: str, model: ModelSpec) -> WeightCopy:
+    return WeightCopy(key, model.name, model.source, model.revision, model_dir(model), model.weights_gb)
+
+
+def adapter_copies(model: ModelSpec) -> list[WeightCopy]:
+    return [WeightCopy(f"{model.name}-lora-{a.name}", model.name, a.source, a.revision, adapter_dir(model, a),
+                       model.lora_gb() / max(model.lora_slots, 1)) for a in model.adapters]
+
+
+def weight_copies(models: Sequence[ModelSpec]) -> list[WeightCopy]:
+    """Every copy on the share: each model, each canary's revision (its own directory beside the
+    current one), and each LoRA adapter."""
+    return [model_copy(m.name, m) for m in models] + \
+        [model_copy(f"{m.name}-canary", c) for m in models if (c := m.canary_model()) is not None] + \
+        [a for m in models for a in adapter_copies(m)]
 
 
 def plan_filestore(models: Sequence[ModelSpec], weights: WeightsSpec) -> tuple[str, int]:
     """Tier and capacity (GiB) for the share: the tier's minimum or the weights plus headroom."""
-    total = sum(m.weights_gb for _key, m in weight_copies(models))
+    total = sum(c.weights_gb for c in weight_copies(models))
     tier = weights.tier if weights.tier != "auto" else ("BASIC_HDD" if total <= HDD_LIMIT_GB else "ZONAL")
     needed = math.ceil(total * HEADROOM / 256) * 256
     capacity = max(TIER_MIN_GB[tier], needed, weights.capacity_gb or 0)
@@ -72,13 +106,13 @@ LOADER_PROGRAM = Path(__file__).with_name("scripts") / "load_weights.py"
 LOADER_MOUNT = "/opt/vllm-gke-loader"
 
 
-def loader_command(model: ModelSpec) -> list[str]:
+def loader_command(copy: WeightCopy) -> list[str]:
     """The loader's argv: exec form, every value an argument (a shell never parses them)."""
     program = f"{LOADER_MOUNT}/{LOADER_PROGRAM.name}"
-    if model.source.startswith("hf://"):
-        return ["python3", program, "hf", model.source.removeprefix("hf://"), model.revision, model_dir(model),
+    if copy.source.startswith("hf://"):
+        return ["python3", program, "hf", copy.source.removeprefix("hf://"), copy.revision, copy.directory,
                 "--token-file", f"{HF_TOKEN_MOUNT}/token"]
-    return ["python3", program, "gcs", model.source, model_dir(model)]
+    return ["python3", program, "gcs", copy.source, copy.directory]
 
 
 @dataclass
@@ -155,7 +189,7 @@ class ModelStore(pulumi.ComponentResource):
                 f"{name}-loader-hf-token", project=args.project, secret_id=args.weights.secret_manager_secret,
                 role="roles/secretmanager.secretAccessor", member=loader_member,
                 opts=gcp_opts("secretmanager.googleapis.com"))
-        if any(m.source.startswith("gs://") for m in args.models):
+        if any(c.source.startswith("gs://") for c in weight_copies(args.models)):
             gcp.projects.IAMMember(f"{name}-loader-gcs", project=args.project,
                                    role="roles/storage.objectViewer", member=loader_member,
                                    opts=gcp_opts("cloudresourcemanager.googleapis.com"))
@@ -192,11 +226,12 @@ class ModelStore(pulumi.ComponentResource):
         program_hash = hashlib.sha256(program.encode()).hexdigest()[:16]
 
         self.loader_jobs = {}
-        for key, model in weight_copies(args.models):
-            image = args.server_image if model.source.startswith("hf://") else args.weights.gcs_loader_image
+        for copy in weight_copies(args.models):
+            key = copy.key
+            image = args.server_image if copy.source.startswith("hf://") else args.weights.gcs_loader_image
             self.loader_jobs[key] = k8s.batch.v1.Job(
                 f"{name}-load-{key}",
-                metadata={**meta(f"load-{key}", labels={"vllm-gke.io/model": model.name},
+                metadata={**meta(f"load-{key}", labels={"vllm-gke.io/model": copy.model},
                                  # A 140 GB download outlasts Pulumi's default 10 minute Job await.
                                  annotations={"pulumi.com/timeoutSeconds": "14400"}),
                           "namespace": ns_name},
@@ -204,7 +239,7 @@ class ModelStore(pulumi.ComponentResource):
                     "backoffLimit": 4,
                     "activeDeadlineSeconds": 4 * 3600,
                     "template": {
-                        "metadata": {"labels": {"vllm-gke.io/model": model.name},
+                        "metadata": {"labels": {"vllm-gke.io/model": copy.model},
                                      # No mesh sidecar: it would keep the Job from completing.
                                      "annotations": {"sidecar.istio.io/inject": "false",
                                                      "vllm-gke.io/loader-program": program_hash}},
@@ -217,7 +252,7 @@ class ModelStore(pulumi.ComponentResource):
                             "containers": [{
                                 "name": "loader",
                                 "image": image.uri,
-                                "command": loader_command(model),
+                                "command": loader_command(copy),
                                 "resources": {"requests": {"cpu": "2", "memory": "8Gi"},
                                               "limits": {"cpu": "4", "memory": "16Gi"}},
                                 # Root only to write the share's root-owned export; no capabilities.

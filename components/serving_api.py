@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Optional, Sequence
 
-from vllm_gke.components.specs import TenantSpec
+from vllm_gke.components.specs import ModelSpec, TenantSpec
 
 # Istio writes the verified JWT's issuer into this header (and overwrites a client's copy);
 # the route also strips client copies before the request reaches the mesh.
@@ -73,13 +73,17 @@ def objective_name(tenant: str, model: str) -> str:
     return f"{tenant}.{model}"
 
 
-def guard_entry(tenant: TenantSpec, model: Optional[str] = None) -> dict[str, Any]:
+def guard_entry(tenant: TenantSpec, model: Optional[str] = None,
+                served: Optional[ModelSpec] = None) -> dict[str, Any]:
     """What the in-server guard enforces for requests carrying this tenant's verified issuer;
-    with `model` (a pool behind the endpoint picker) the objective the request must carry."""
+    with `model` (a pool behind the endpoint picker) the objective the request must carry; with
+    `served` (a model with LoRA adapters) the `model` values the tenant may send."""
     entry: dict[str, Any] = {"tenant": tenant.name, "maxTokens": tenant.max_tokens,
                              "requestsPerMinute": tenant.rate_limit.requests_per_minute}
     if model is not None:
         entry["objective"] = objective_name(tenant.name, model)
+    if served is not None and served.adapters:
+        entry["models"] = [served.name, *(a.name for a in served.adapters if tenant.name in a.tenants)]
     if tenant.rate_limit.tokens_per_minute is not None:
         entry["tokensPerMinute"] = tenant.rate_limit.tokens_per_minute
     return {tenant.jwt.issuer: entry}
@@ -87,13 +91,13 @@ def guard_entry(tenant: TenantSpec, model: Optional[str] = None) -> dict[str, An
 
 def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
                  max_tokens_rule: str = "both", objectives_for: Optional[str] = None,
-                 shared_store: Optional[tuple[str, int]] = None) -> dict[str, Any]:
+                 shared_store: Optional[tuple[str, int]] = None, served: Optional[ModelSpec] = None) -> dict[str, Any]:
     """The guard's config; `objectives_for` names the model when its pool sits behind the endpoint
     picker, so each tenant's requests must carry that tenant's own objective; `shared_store`
     (host, port) counts the tenants' limits across replicas (LimitStore)."""
     issuers: dict[str, Any] = {}
     for tenant in tenants:
-        issuers.update(guard_entry(tenant, objectives_for))
+        issuers.update(guard_entry(tenant, objectives_for, served))
     extra: dict[str, Any] = {"objectiveHeader": OBJECTIVE_HEADER} if objectives_for is not None else {}
     if shared_store is not None:
         extra["globalLimits"] = {"host": shared_store[0], "port": shared_store[1]}

@@ -408,13 +408,16 @@ MANAGED_VLLM_OPTIONS: dict[str, str] = {
     "enable_prefix_caching": "set models[].enablePrefixCaching",
     "enable_chunked_prefill": "set models[].enableChunkedPrefill",
     "dtype": "set models[].dtype", "quantization": "set models[].dtype", "kv_cache_dtype": "set models[].kvCacheDtype",
+    "enable_lora": "set models[].adapters", "max_loras": "set models[].maxLoras",
+    "max_lora_rank": "set models[].adapters[].rank", "lora_modules": "set models[].adapters",
+    "max_cpu_loras": "set models[].maxLoras",
     "api_key": "a secret on the command line; tenants authenticate with JWTs at the mesh",
     "hf_token": "a secret on the command line; only the loader holds the token",
 }
 _MANAGED_LONG_FLAGS = {f"--{d.replace('_', '-')}": d for d in MANAGED_VLLM_OPTIONS}
 _MANAGED_LONG_FLAGS.update({f"--no-{k[2:]}": d for k, d in list(_MANAGED_LONG_FLAGS.items())})
 _MANAGED_LONG_FLAGS.update({"--disable-prefix-caching": "enable_prefix_caching",
-                            "--disable-chunked-prefill": "enable_chunked_prefill"})
+                            "--disable-chunked-prefill": "enable_chunked_prefill", "--disable-lora": "enable_lora"})
 
 
 def normalise_flag(arg: str) -> str:
@@ -487,6 +490,43 @@ class CanarySpec(Spec):
     replicas: int = Field(default=1, ge=1, le=16)
 
 
+def _weights_source(v: str) -> str:
+    hf = r"hf://[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
+    gs = r"gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[A-Za-z0-9._-]+)*/?"
+    if not re.fullmatch(f"({hf}|{gs})", v) or "/../" in v + "/" or "/./" in v + "/":
+        raise ValueError(f"source '{v}' must be hf://<org>/<repo> or gs://<bucket>/<path> (letters, digits, "
+                         "'.', '_', '-'; no '..' segments)")
+    return v
+
+
+WeightsSource = Annotated[str, AfterValidator(_weights_source)]
+# The ranks vLLM's --max-lora-rank accepts (its parser's choices).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class AdapterSpec(Spec):
+    """A LoRA adapter of a model, loaded onto the share beside it and served by the same replicas."""
+
+    # The name clients send as `model` to use it.
+    name: Name
+    # hf://org/repo or gs://bucket/prefix
+    source: WeightsSource
+    # Git branch, tag or commit of the source.
+    revision: Revision = "main"
+    # The adapter's LoRA rank (r); the model's --max-lora-rank is the largest of its adapters'.
+    rank: int = 16
+    # Tenants allowed to call it; each must also be allowed the base model.
+    tenants: list[Name] = Field(min_length=1)
+
+    @field_validator("rank")
+    @classmethod
+    def _rank(cls, v: int) -> int:
+        if v not in LORA_RANKS:
+            raise ValueError(f"rank {v} is not one vLLM serves; use one of {', '.join(map(str, LORA_RANKS))} "
+                             "(the next one up from the adapter's r)")
+        return v
+
+
 def _short_default() -> ServingPoolSpec:
     return ServingPoolSpec(max_num_seqs=128)
 
@@ -530,6 +570,10 @@ class ModelSpec(Spec):
     extra_args: list[str] = Field(default_factory=list)
     # A canary of another revision, weighted against this one.
     canary: Optional[CanarySpec] = None
+    # LoRA adapters served by the model's replicas (--enable-lora), each for the tenants it names.
+    adapters: list[AdapterSpec] = Field(default_factory=list)
+    # Adapters resident on the GPU at once (--max-loras; default: all of them, at most 8).
+    max_loras: Optional[int] = Field(default=None, ge=1, le=64)
     # length: a short and a long pool, chosen by request size. inference-gateway: one pool (the
     # `short` settings) behind GKE Inference Gateway's endpoint picker, which picks the replica by
     # queue depth, KV-cache use and prefix-cache affinity, with per-tenant priorities.
@@ -538,12 +582,39 @@ class ModelSpec(Spec):
     @field_validator("source")
     @classmethod
     def _source(cls, v: str) -> str:
-        hf = r"hf://[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
-        gs = r"gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[A-Za-z0-9._-]+)*/?"
-        if not re.fullmatch(f"({hf}|{gs})", v) or "/../" in v + "/" or "/./" in v + "/":
-            raise ValueError(f"source '{v}' must be hf://<org>/<repo> or gs://<bucket>/<path> (letters, digits, "
-                             "'.', '_', '-'; no '..' segments)")
-        return v
+        return _weights_source(v)
+
+    @model_validator(mode="after")
+    def _adapter_names(self) -> "ModelSpec":
+        names = [a.name for a in self.adapters]
+        dupes = sorted({n for n in names if names.count(n) > 1 or n == self.name})
+        if dupes:
+            raise ValueError(f"adapters {dupes} repeat a name (or the model's own): each is a distinct `model` value "
+                             "clients send")
+        if self.max_loras is not None and not self.adapters:
+            raise ValueError("maxLoras needs adapters")
+        return self
+
+    @property
+    def lora_slots(self) -> int:
+        """Adapters resident on the GPU at once."""
+        return self.max_loras or min(len(self.adapters), 8)
+
+    @property
+    def max_lora_rank(self) -> int:
+        return max((a.rank for a in self.adapters), default=0)
+
+    def lora_gb(self) -> float:
+        """GPU memory vLLM sets aside for LoRA: `lora_slots` adapters at the largest rank, A and B
+        matrices of every attention and MLP projection of every layer, 16-bit. The hidden size is
+        estimated from the shape (params ~ 12 x layers x hidden^2); the MLP counts as 3.5x hidden."""
+        if not self.adapters:
+            return 0.0
+        s = self.model_shape
+        hidden = (s.params_billion * 1e9 / (12 * s.layers)) ** 0.5
+        # q, k, v, o: (hidden + hidden) each; gate, up, down: (hidden + 3.5 hidden) each.
+        per_rank_per_layer = 4 * 2 * hidden + 3 * 4.5 * hidden
+        return self.lora_slots * self.max_lora_rank * s.layers * per_rank_per_layer * 2 / 1e9
 
 
     @field_validator("shape")
@@ -807,5 +878,5 @@ __all__ = [
     "AuthorizedNetwork", "MaintenanceExclusion", "MaintenanceSpec", "MaintenanceWindow", "UpgradeSpec",
     "ClusterSpec", "CostSpec", "CustomShape", "DedicatedSpec", "GatewaySpec", "ImageRef",
     "GlobalLimitsSpec", "JwtSpec", "ModelSpec", "MonitoringSpec", "NodePoolSpec", "RateLimitSpec", "SecretKeyRef",
-    "ServingPoolSpec", "Spec", "TenantSpec", "WeightsSpec",
+    "ServingPoolSpec", "Spec", "TenantSpec", "WeightsSpec", "AdapterSpec",
 ]

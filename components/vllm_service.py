@@ -17,7 +17,7 @@ import pulumi_kubernetes as k8s
 
 from vllm_gke.components.gpu_cluster import placement_for
 from vllm_gke.components.k8s_meta import BASE_LABELS, MODEL_LABEL, POOL_LABEL, TENANT_LABEL, custom_resource, meta
-from vllm_gke.components.model_store import MOUNT_PATH, model_dir, ready_marker
+from vllm_gke.components.model_store import MOUNT_PATH, adapter_copies, model_dir, ready_marker
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
 from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
@@ -33,6 +33,13 @@ QUEUE_METRIC = "prometheus.googleapis.com|vllm:num_requests_waiting|gauge"
 WAITING_FOR_WEIGHTS = (
     'until [ -f "{marker}" ]; do echo "waiting for weights at {marker}"; sleep 15; done'
 )
+
+
+def wait_for_weights(model: ModelSpec) -> str:
+    """The init container's script: every marker (model, then adapters) present. The paths are made
+    of validated names and git revisions only ([A-Za-z0-9._/-]), so quoting them is enough."""
+    markers = [ready_marker(model), *(c.marker for c in adapter_copies(model))]
+    return "; ".join(WAITING_FOR_WEIGHTS.format(marker=m) for m in markers)
 
 PoolName = Literal["short", "long"]
 # The server runs as this unprivileged user; HOME and the caches live on emptyDirs because the
@@ -76,6 +83,11 @@ def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: VllmRelease = releas
         args += ["--quantization", "compressed-tensors" if model.dtype == "int8" else model.dtype]
     if model.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", model.kv_cache_dtype]
+    if model.adapters:
+        # Loaded at start from the share (never from the hub); clients pick one with `model`.
+        args += ["--enable-lora", "--max-loras", str(model.lora_slots), "--max-lora-rank", str(model.max_lora_rank),
+                 "--max-cpu-loras", str(max(model.lora_slots, len(model.adapters))),
+                 "--lora-modules", *(f"{a.name}={c.directory}" for a, c in zip(model.adapters, adapter_copies(model)))]
     args += ["--middleware", GUARD_MIDDLEWARE]
     return args + list(model.extra_args)
 
@@ -162,7 +174,7 @@ class VllmService(pulumi.ComponentResource):
                         "initContainers": [{
                             "name": "wait-for-weights",
                             "image": args.image.uri,
-                            "command": ["/bin/sh", "-c", WAITING_FOR_WEIGHTS.format(marker=ready_marker(model))],
+                            "command": ["/bin/sh", "-c", wait_for_weights(model)],
                             "resources": {"requests": {"cpu": "50m", "memory": "32Mi"},
                                           "limits": {"cpu": "100m", "memory": "64Mi"}},
                             "securityContext": CONTAINER_SECURITY,

@@ -264,7 +264,7 @@ def as_int(value: Any, field: str, allow_none: bool = True) -> Optional[int]:
     raise GuardError(400, f"{field} must be an integer, not {json.dumps(value)[:40]}", "invalid_type", field)
 
 
-COUNTED = ("n", "best_of", "max_tokens", "max_completion_tokens", "max_output_tokens")
+COUNTED = ("n", "best_of", "max_tokens", "max_completion_tokens", "max_output_tokens", "model")
 PROMPT_FIELDS = {"completions": ("prompt", "prompt_embeds"), "chat_batch": ("messages",)}
 
 
@@ -303,6 +303,7 @@ try:  # msgspec ships in the vLLM image: C speed on small bodies, same reading a
         max_tokens: Any = msgspec.UNSET
         max_completion_tokens: Any = msgspec.UNSET
         max_output_tokens: Any = msgspec.UNSET
+        model: Any = msgspec.UNSET
         prompt: msgspec.Raw = msgspec.UNSET
         prompt_embeds: msgspec.Raw = msgspec.UNSET
         messages: msgspec.Raw = msgspec.UNSET
@@ -316,7 +317,7 @@ try:  # msgspec ships in the vLLM image: C speed on small bodies, same reading a
             raise JsonShapeError(str(exc)) from None
         unset = msgspec.UNSET
         values = {k: v for k, v in zip(COUNTED, (body.n, body.best_of, body.max_tokens, body.max_completion_tokens,
-                                                 body.max_output_tokens)) if v is not unset}
+                                                 body.max_output_tokens, body.model)) if v is not unset}
         lists = {k: bytes(raw) for k in PROMPT_FIELDS.get(kind, ()) if (raw := getattr(body, k)) is not unset}
         return Fields(values, lists, buf.rstrip().rfind(b"}"))
 except ImportError:  # pragma: no cover - the scanner alone is as exact, a little slower
@@ -510,14 +511,19 @@ class GuardMiddleware:
         body = await self._read_body(receive, seen.content_length)
         kind = route.get("kind")
         if kind not in OUTPUT_FIELDS:  # pooling: rate limited, generates nothing
-            self._object_or_error(body, frozenset())
+            if "models" in entry:
+                self._check_model(entry, self._fields(body, kind))
+            else:
+                self._object_or_error(body, frozenset())
             await self._take_shared(issuer, entry, 0)
             return scope, _replay(body, receive)
+        fields = self._fields(body, kind)
         try:
-            fields = read_fields(body, kind)
             budget = Budget(kind, fields, self.rule)
         except (JsonShapeError, ValueError) as exc:  # includes UnicodeDecodeError, JSONDecodeError
             raise GuardError(400, f"the body is not a valid JSON object: {exc}", "invalid_json") from None
+        if "models" in entry:
+            self._check_model(entry, fields)
         add = budget.check(int(entry["maxTokens"]), entry["tenant"])
         if self.shared is not None:
             per_sequence = add if add is not None else max(v for v in budget.per_sequence if v is not None)
@@ -528,6 +534,26 @@ class GuardMiddleware:
         headers = [(k, v) for k, v in headers if k != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
         return dict(scope, headers=headers), _replay(body, receive)
+
+    @staticmethod
+    def _fields(body: bytes, kind: str) -> Fields:
+        try:
+            return read_fields(body, kind)
+        except (JsonShapeError, ValueError) as exc:  # includes UnicodeDecodeError, JSONDecodeError
+            raise GuardError(400, f"the body is not a valid JSON object: {exc}", "invalid_json") from None
+
+    @staticmethod
+    def _check_model(entry: dict[str, Any], fields: Fields) -> None:
+        """On a server with LoRA adapters the body's `model` picks base or adapter: only the ones
+        the tenant is allowed pass (no `model`: the base model). Unknown and forbidden look alike."""
+        model = fields.values.get("model")
+        if model is None:
+            return
+        if not isinstance(model, str):
+            raise GuardError(400, "model must be a string", "invalid_type", "model")
+        if model not in entry["models"]:
+            raise GuardError(404, f"The model `{model[:100]}` does not exist or you do not have access to it.",
+                             "model_not_found", "model")
 
     def _take_local(self, issuer: str, entry: dict[str, Any]) -> None:
         wait = self.limiters[issuer].take()

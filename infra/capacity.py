@@ -3,7 +3,8 @@
 Per GPU (one MIG slice counts as one):
     usable    = slice memory x gpuMemoryUtilization
     weights   = params x bytes per weight / tensorParallelSize
-    kv budget = usable - weights - RUNTIME_OVERHEAD_GB (CUDA context, activations, graphs)
+    lora      = LoRA slots (maxLoras) x the largest adapter rank's A and B matrices / tensorParallelSize
+    kv budget = usable - weights - lora - RUNTIME_OVERHEAD_GB (CUDA context, activations, graphs)
     kv/token  = 2 x layers x kv_heads x head_dim x kv bytes / min(TP, kv_heads)
 A pool fits when its KV budget holds maxNumSeqs sequences of its stated context
 (`contextTokens`, default the pool's maxModelLen) and at least one maxModelLen sequence,
@@ -43,6 +44,8 @@ class PoolCapacity:
     # The revision these replicas serve: a canary's differs from the model's own.
     revision: str = "main"
     canary: bool = False
+    # GPU memory set aside for LoRA adapters (per GPU).
+    lora_per_gpu_gb: float = 0.0
 
     @property
     def fits(self) -> bool:
@@ -51,7 +54,8 @@ class PoolCapacity:
     @property
     def problem(self) -> Optional[str]:
         if self.kv_budget_gb <= 0:
-            return (f"weights need {self.weights_per_gpu_gb:.1f} GB per GPU + {RUNTIME_OVERHEAD_GB:g} GB runtime "
+            lora = f" + {self.lora_per_gpu_gb:.2f} GB of LoRA adapters" if self.lora_per_gpu_gb else ""
+            return (f"weights need {self.weights_per_gpu_gb:.1f} GB per GPU{lora} + {RUNTIME_OVERHEAD_GB:g} GB runtime "
                     f"overhead, but only {self.usable_gb:.1f} GB of {self.gpu_memory_gb:g} GB is usable")
         if self.tokens_fit < self.max_model_len:
             return (f"the KV cache holds {self.tokens_fit} tokens ({self.kv_budget_gb:.2f} GB), less than one "
@@ -73,7 +77,8 @@ def pool_capacity(model: ModelSpec, which: str, pool: ServingPoolSpec, node_pool
     memory = node_pool.slice_memory_gb
     usable = memory * model.gpu_memory_utilization
     weights = model.weights_gb / tp
-    budget = usable - weights - RUNTIME_OVERHEAD_GB
+    lora = model.lora_gb() / tp
+    budget = usable - weights - lora - RUNTIME_OVERHEAD_GB
     # KV heads shard across tensor-parallel ranks; with fewer heads than ranks they are replicated.
     per_token = model.kv_bytes_per_token / min(tp, shape.kv_heads)
     tokens = max(0, int(budget * GB // per_token))
@@ -83,7 +88,8 @@ def pool_capacity(model: ModelSpec, which: str, pool: ServingPoolSpec, node_pool
         model=model.name, pool=which, node_pool=node_pool.name, tenant=tenant, gpu_memory_gb=memory,
         usable_gb=usable, weights_per_gpu_gb=weights, kv_budget_gb=budget,
         kv_bytes_per_token_per_gpu=per_token, tokens_fit=tokens, context_tokens=context,
-        max_model_len=max_len, max_num_seqs=pool.max_num_seqs, seqs_fit=tokens // context, revision=model.revision)
+        max_model_len=max_len, max_num_seqs=pool.max_num_seqs, seqs_fit=tokens // context, revision=model.revision,
+        lora_per_gpu_gb=lora)
 
 
 def capacity_report(cfg: "StackConfig") -> list[PoolCapacity]:

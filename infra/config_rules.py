@@ -35,7 +35,7 @@ def cross_field_issues(cfg: "StackConfig") -> list["ConfigIssue"]:
 
     for check in (_unique_names, _placements, _tenant_models, _gpu_slots, _gateway, _network, _zones,
                   _issuers, _namespaces, _vllm_release, _chunked_prefill, _inference_gateway,
-                  _global_limits):
+                  _global_limits, _adapters):
         check(cfg, add)
     return issues
 
@@ -202,6 +202,23 @@ def _chunked_prefill(cfg: "StackConfig", add: Add) -> None:
                 add(f"models[{i}].{which}.maxNumBatchedTokens", f"{pool.max_num_batched_tokens} is below the pool's "
                     f"maxModelLen {length} with chunked prefill off: vLLM refuses to start (a prompt must fit one "
                     "batch); raise it to at least the context length or set enableChunkedPrefill: true")
+
+
+def _adapters(cfg: "StackConfig", add: Add) -> None:
+    callers: dict[str, set[str]] = {}
+    for t in cfg.tenants:
+        for m in t.models:
+            callers.setdefault(m, set()).add(t.name)
+    for i, model in enumerate(cfg.models):
+        for j, adapter in enumerate(model.adapters):
+            key = f"models[{i}].adapters[{j}]"
+            if len(job := f"load-{model.name}-lora-{adapter.name}") > 63:
+                add(f"{key}.name", f"the loader Job '{job}' would exceed Kubernetes' 63 characters for a "
+                    f"Job's pods; shorten the adapter (or model) name by {len(job) - 63}")
+            for tenant in adapter.tenants:
+                if tenant not in callers.get(model.name, set()):
+                    add(f"{key}.tenants", f"tenant '{tenant}' may not call model '{model.name}': list the model "
+                        f"under that tenant's models (an adapter runs on the model's replicas), or remove it here")
 
 
 def _global_limits(cfg: "StackConfig", add: Add) -> None:

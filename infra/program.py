@@ -139,7 +139,7 @@ def build(cfg: StackConfig) -> Platform:
                 namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
                 provider=provider,
                 guard_config=guard_config(callers, tenant_routes(), rel.max_tokens_rule, objectives_for=picked,
-                                          shared_store=shared_store),
+                                          shared_store=shared_store, served=model),
                 release=rel, tenant=tenant, canary=canary),
                 # Pods need the sidecar (so the mesh first) and the read-only claim.
                 opts=pulumi.ResourceOptions(depends_on=[mesh, store]))

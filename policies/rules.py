@@ -583,6 +583,40 @@ def _guard_configs(resources: Sequence[Resource]) -> Iterator[tuple[Resource, Ma
             yield r, {}
 
 
+def _flag_values(args: Sequence[Any], flag: str) -> list[str]:
+    """The values after `flag` up to the next option (nargs='+')."""
+    out: list[str] = []
+    items = [str(a) for a in args]
+    for i, a in enumerate(items):
+        if a == flag:
+            for v in items[i + 1:]:
+                if v.startswith("--"):
+                    break
+                out.append(v)
+    return out
+
+
+def lora_adapters_scoped(resources: Sequence[Resource]) -> Iterator[Finding]:
+    """A server with LoRA adapters serves several models in one process: the guard must hold a
+    per-tenant list of the `model` values each tenant may send, and every adapter must come
+    from the read-only weights mount (never fetched from a hub at run time)."""
+    configs = {r.urn: cfg for r, cfg in _guard_configs(resources)}
+    for r, pod, c in vllm_servers(resources):
+        modules = _flag_values(list(c.get("command") or []) + list(c.get("args") or []), "--lora-modules")
+        if not modules:
+            continue
+        mounts = [m.get("mountPath", "") for m in c.get("volumeMounts") or [] if m.get("readOnly")]
+        for module in modules:
+            path = module.split("=", 1)[1] if "=" in module else module
+            if not any(path.startswith(m.rstrip("/") + "/") for m in mounts):
+                yield r, f"{where(r)}: LoRA adapter '{module}' is not on a read-only mount of the weights"
+        issuers = (configs.get(r.urn) or {}).get("issuers") or {}
+        unscoped = sorted(e.get("tenant", i) for i, e in issuers.items() if not isinstance(e.get("models"), list))
+        if unscoped:
+            yield r, (f"{where(r)} serves LoRA adapters but its guard lets {', '.join(unscoped)} send any `model`: "
+                      "every tenant could use every adapter")
+
+
 def limit_store_mesh_only(resources: Sequence[Resource]) -> Iterator[Finding]:
     """The shared limit store has no password: the mesh is its only lock. Its namespace must
     refuse plaintext (STRICT mTLS) and admit peers by identity alone, on the store's port."""
@@ -650,6 +684,9 @@ POLICIES: tuple[Policy, ...] = (
     Policy("tenant-priorities-bound",
            "Routes to InferencePools set each tenant's objective themselves, and the mesh admits only that tenant's tokens under it.",
            "mandatory", tenant_priorities_bound),
+    Policy("lora-adapters-scoped",
+           "Servers with LoRA adapters load them from the read-only share and admit each tenant only to its own.",
+           "mandatory", lora_adapters_scoped),
     Policy("limit-store-mesh-only",
            "The shared limit store admits only mesh identities over STRICT mTLS.",
            "mandatory", limit_store_mesh_only),

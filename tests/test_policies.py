@@ -142,15 +142,26 @@ def _store_open_to_any_source(rs):
     policy.props["spec"]["rules"][0]["from"] = [{"source": {"ipBlocks": ["10.20.0.0/14"]}}]
 
 
+def _adapter_for_everyone(rs):
+    dep = kind(rs, "Deployment", "llama-8b-short")
+    env = dep.props["spec"]["template"]["spec"]["containers"][0]["env"]
+    guard_env = next(e for e in env if e["name"] == "GKE_LLM_GUARD_CONFIG")
+    cfg = json.loads(guard_env["value"])
+    for entry in cfg["issuers"].values():
+        del entry["models"]
+    guard_env["value"] = json.dumps(cfg)
+
+
 # Policies about Inference Gateway pools judge the staging stack, whose llama-8b uses one; the
 # shared limit store is prod's.
 STAGING_CASES = {"inference-pools-served", "tenant-priorities-bound"}
-PROD_CASES = {"limit-store-mesh-only"}
+PROD_CASES = {"limit-store-mesh-only", "lora-adapters-scoped"}
 
 CASES: dict[str, tuple[Callable, str]] = {
     "inference-pools-served": (_pool_fails_open, "fails open"),
     "tenant-priorities-bound": (_objective_from_the_client, "clients would choose their own priority"),
     "limit-store-mesh-only": (_store_open_to_any_source, "other than their mesh identity"),
+    "lora-adapters-scoped": (_adapter_for_everyone, "every tenant could use every adapter"),
     "gpu-node-pools-tainted": (_untaint, "has no nvidia.com/gpu NO_SCHEDULE taint"),
     "mig-partition-valid": (_bad_mig, "'1g.10gb' is not a MIG profile of nvidia-tesla-a100"),
     "weights-read-only": (_writable_weights, "must be mounted readOnly"),
@@ -326,3 +337,12 @@ def test_limit_store_without_strict_mtls_is_caught(plans):
     kind(rs, "PeerAuthentication", "strict").props["spec"]["mtls"]["mode"] = "PERMISSIVE"
     messages = [v.message for v in violations_of(rs, "limit-store-mesh-only")]
     assert any("no STRICT PeerAuthentication in 'vllm-gke-limits'" in m for m in messages)
+
+
+def test_adapter_fetched_from_outside_the_share_is_caught(plans):
+    rs = resources(plans["prod"])
+    args = kind(rs, "Deployment", "llama-8b-long").props["spec"]["template"]["spec"]["containers"][0]["args"]
+    i = args.index("--lora-modules")
+    args[i + 1] = "support-sql=acme-ml/llama-3.1-8b-support-sql-lora"
+    messages = [v.message for v in violations_of(rs, "lora-adapters-scoped")]
+    assert any("'support-sql=acme-ml/llama-3.1-8b-support-sql-lora' is not on a read-only mount" in m for m in messages)

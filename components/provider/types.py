@@ -179,6 +179,21 @@ class CanarySpec(TypedDict):
     """Replicas of the canary in each of the model's pools. Default: 1."""
 
 
+class AdapterSpec(TypedDict):
+    """A LoRA adapter of a model, loaded onto the share beside it and served by the same replicas."""
+
+    name: str
+    """The name clients send as `model` to use it."""
+    source: str
+    """hf://org/repo or gs://bucket/prefix."""
+    revision: NotRequired[str]
+    """Git branch, tag or commit of the source. Default: main."""
+    rank: NotRequired[int]
+    """The adapter's LoRA rank (r); the model's --max-lora-rank is the largest of its adapters'. Default: 16."""
+    tenants: list[str]
+    """Tenants allowed to call it; each must also be allowed the base model."""
+
+
 class ModelSpec(TypedDict):
     """ModelSpec settings (see the README config reference)."""
 
@@ -218,6 +233,10 @@ class ModelSpec(TypedDict):
     """More vLLM flags, checked against the release's parser; platform-managed flags and secrets are refused."""
     canary: NotRequired[CanarySpec]
     """A canary of another revision, weighted against this one."""
+    adapters: NotRequired[list[AdapterSpec]]
+    """LoRA adapters served by the model's replicas (--enable-lora), each for the tenants it names."""
+    max_loras: NotRequired[int]
+    """Adapters resident on the GPU at once (--max-loras; default: all of them, at most 8)."""
     routing: NotRequired[str]
     """length: a short and a long pool, chosen by request size. inference-gateway: one pool (the `short` settings) behind GKE Inference Gateway's endpoint picker, which picks the replica by queue depth, KV-cache use and prefix-cache affinity, with per-tenant priorities. One of: length, inference-gateway. Default: length."""
 
