@@ -37,6 +37,8 @@ class GpuClusterArgs:
     labels: Mapping[str, str] = field(default_factory=dict)
     # Enabled APIs to wait for; None where the project's APIs are managed elsewhere.
     apis: Optional[ProjectApis] = None
+    # The Cloud Storage FUSE CSI add-on (weights in a bucket).
+    gcs_fuse: bool = False
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,7 @@ class GpuCluster(pulumi.ComponentResource):
             addons_config={
                 "gcp_filestore_csi_driver_config": {"enabled": True},
                 "gce_persistent_disk_csi_driver_config": {"enabled": True},
+                **({"gcs_fuse_csi_driver_config": {"enabled": True}} if args.gcs_fuse else {}),
                 "http_load_balancing": {"disabled": False},
                 "horizontal_pod_autoscaling": {"disabled": False},
             },

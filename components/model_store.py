@@ -17,7 +17,8 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.gcp_names import service_account_id
+from vllm_gke.components import gcs_weights
+from vllm_gke.components.gcp_names import bucket_name, service_account_id
 from vllm_gke.components.k8s_meta import WEIGHTS_READY_MARKER, custom_resource, meta
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.project_apis import ProjectApis
@@ -27,6 +28,8 @@ SHARE_NAME = "models"
 MOUNT_PATH = "/models"
 CLAIM_NAME = "model-weights"
 LOADER_SA = "weights-loader"
+# The unprivileged user the vLLM server runs as (VllmService); a bucket mount gives it the files.
+SERVER_UID = 1000
 HF_TOKEN_MOUNT = "/var/run/secrets/hf"
 # Filestore's smallest capacity per tier, in GiB (REGIONAL starts at 100 GiB, but its read
 # throughput scales with capacity: below 1 TiB a multi-GB load crawls).
@@ -164,20 +167,39 @@ class ModelStore(pulumi.ComponentResource):
             return child_opts(self, opts, depends_on=apis.needs(*api_names) if apis else [])
 
         k8s_opts = child_opts(self, opts, provider=args.provider)
-        self.tier, self.capacity_gb = plan_filestore(args.models, args.weights)
+        self.backend = args.weights.backend
         self.instance_name = instance_name = args.instance_name or f"{name}-weights"
-        self.location = args.region if self.tier in REGIONAL_TIERS else args.zone
-
-        self.instance = gcp.filestore.Instance(
-            f"{name}-filestore", name=instance_name, project=args.project, location=self.location,
-            tier=self.tier,
-            file_shares={"name": SHARE_NAME, "capacity_gb": self.capacity_gb},
-            networks=[{"network": args.network_name, "modes": ["MODE_IPV4"]}],
-            # Losing the share means reloading every model: a tier change re-creates it, so make
-            # that an explicit decision (`pulumi state unprotect`), not a side effect.
-            opts=child_opts(self, opts, protect=args.protect,
-                            depends_on=apis.needs("file.googleapis.com") if apis else []))
-        self.server_ip = self.instance.networks.apply(lambda n: n[0].ip_addresses[0])
+        # How a serving pod mounts the weights: the claim (Filestore) or the bucket (gcs).
+        self.weights_volume: Optional[dict] = None
+        self.pod_annotations: dict[str, str] = {}
+        # gcs: what the bucket holds, GB (it has no capacity to provision).
+        self.tier, self.capacity_gb = plan_filestore(args.models, args.weights) if self.backend == "filestore" \
+            else ("gcs", math.ceil(sum(c.weights_gb for c in weight_copies(args.models))))
+        self.server_ip: pulumi.Output[str] = pulumi.Output.from_input("")
+        if self.backend == "filestore":
+            self.location = args.region if self.tier in REGIONAL_TIERS else args.zone
+            self.instance = gcp.filestore.Instance(
+                f"{name}-filestore", name=instance_name, project=args.project, location=self.location,
+                tier=self.tier,
+                file_shares={"name": SHARE_NAME, "capacity_gb": self.capacity_gb},
+                networks=[{"network": args.network_name, "modes": ["MODE_IPV4"]}],
+                # Losing the share means reloading every model: a tier change re-creates it, so make
+                # that an explicit decision (`pulumi state unprotect`), not a side effect.
+                opts=child_opts(self, opts, protect=args.protect,
+                                depends_on=apis.needs("file.googleapis.com") if apis else []))
+            self.server_ip = self.instance.networks.apply(lambda n: n[0].ip_addresses[0])
+        else:
+            self.location = args.region
+            self.bucket = gcp.storage.Bucket(
+                f"{name}-bucket", name=args.weights.bucket or bucket_name(args.project, instance_name),
+                project=args.project, location=args.region.upper(), uniform_bucket_level_access=True,
+                public_access_prevention="enforced",
+                # Cloud Storage FUSE lists and renames faster on a hierarchical namespace (GKE's guide).
+                hierarchical_namespace={"enabled": True}, force_destroy=False,
+                opts=child_opts(self, opts, protect=args.protect,
+                                depends_on=apis.needs("storage.googleapis.com") if apis else []))
+            self.weights_volume = gcs_weights.weights_volume(self.bucket.name, read_only=True, uid=SERVER_UID)
+            self.pod_annotations = dict(gcs_weights.MESHED_POD_ANNOTATIONS)
 
         # Loader identity: reads the HF token from Secret Manager and gs:// sources, nothing else.
         self.loader_gsa = gcp.serviceaccount.Account(
@@ -193,6 +215,21 @@ class ModelStore(pulumi.ComponentResource):
             gcp.projects.IAMMember(f"{name}-loader-gcs", project=args.project,
                                    role="roles/storage.objectViewer", member=loader_member,
                                    opts=gcp_opts("cloudresourcemanager.googleapis.com"))
+        if self.backend == "gcs":
+            # Writes the weights into the bucket, nothing else anywhere.
+            gcp.storage.BucketIAMMember(f"{name}-loader-bucket", bucket=self.bucket.name,
+                                        role="roles/storage.objectUser", member=loader_member,
+                                        opts=gcp_opts("storage.googleapis.com"))
+            # Readers: the serving namespaces' pods (service account `default`), by Workload Identity
+            # Federation principal, read-only, on this bucket only.
+            number = gcp.organizations.get_project_output(project_id=args.project).number
+            for key, ns in args.consumer_namespaces.items():
+                gcp.storage.BucketIAMMember(
+                    f"{name}-reader-{key}", bucket=self.bucket.name, role="roles/storage.objectViewer",
+                    member=pulumi.Output.all(number, ns).apply(lambda a: (
+                        f"principal://iam.googleapis.com/projects/{a[0]}/locations/global/workloadIdentityPools/"
+                        f"{args.project}.svc.id.goog/subject/ns/{a[1]}/sa/default")),
+                    opts=gcp_opts("storage.googleapis.com"))
         self.loader_binding = gcp.serviceaccount.IAMMember(
             f"{name}-loader-wi", service_account_id=self.loader_gsa.name,
             role="roles/iam.workloadIdentityUser",
@@ -212,11 +249,16 @@ class ModelStore(pulumi.ComponentResource):
             opts=k8s_opts)
         token = self._token_source(name, args, ns_name, k8s_opts)
 
-        rw_claim = self._claim(name, "rw", ns_name, args, read_only=False)
-        self.claims: dict[str, k8s.core.v1.PersistentVolumeClaim] = {
-            key: self._claim(name, key, ns, args, read_only=True)
-            for key, ns in args.consumer_namespaces.items()
-        }
+        self.claims: dict[str, k8s.core.v1.PersistentVolumeClaim] = {}
+        if self.backend == "filestore":
+            rw_claim = self._claim(name, "rw", ns_name, args, read_only=False)
+            self.claims = {key: self._claim(name, key, ns, args, read_only=True)
+                           for key, ns in args.consumer_namespaces.items()}
+            loader_volume: dict = {"name": "weights", "persistentVolumeClaim": {"claimName": rw_claim.metadata.name}}
+            loader_annotations: dict[str, str] = {}
+        else:
+            loader_volume = gcs_weights.weights_volume(self.bucket.name, read_only=False)
+            loader_annotations = dict(gcs_weights.POD_ANNOTATIONS)
 
         program = LOADER_PROGRAM.read_text()
         program_map = k8s.core.v1.ConfigMap(
@@ -242,7 +284,8 @@ class ModelStore(pulumi.ComponentResource):
                         "metadata": {"labels": {"vllm-gke.io/model": copy.model},
                                      # No mesh sidecar: it would keep the Job from completing.
                                      "annotations": {"sidecar.istio.io/inject": "false",
-                                                     "vllm-gke.io/loader-program": program_hash}},
+                                                     "vllm-gke.io/loader-program": program_hash,
+                                                     **loader_annotations}},
                         "spec": {
                             "serviceAccountName": loader_sa.metadata.name,
                             "automountServiceAccountToken": False,
@@ -266,8 +309,7 @@ class ModelStore(pulumi.ComponentResource):
                                                  *token.mounts],
                             }],
                             "volumes": [
-                                {"name": "weights",
-                                 "persistentVolumeClaim": {"claimName": rw_claim.metadata.name}},
+                                loader_volume,
                                 {"name": "program", "configMap": {"name": "weights-loader"}},
                                 *token.volumes,
                             ],
@@ -278,6 +320,7 @@ class ModelStore(pulumi.ComponentResource):
                                 depends_on=[*token.depends_on, self.loader_binding, program_map]))
 
         self.register_outputs({
+            "backend": self.backend,
             "filestoreTier": self.tier,
             "capacityGb": self.capacity_gb,
             "serverIp": self.server_ip,

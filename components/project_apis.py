@@ -27,6 +27,7 @@ API_PURPOSES = {
     "containerfilesystem.googleapis.com": "image streaming of the multi-GB server image",
     "artifactregistry.googleapis.com": "pulling the pinned server image",
     "file.googleapis.com": "the Filestore share holding the weights",
+    "storage.googleapis.com": "the Cloud Storage bucket holding the weights (weights.backend: gcs)",
     "gkehub.googleapis.com": "fleet membership (Cloud Service Mesh needs it)",
     "mesh.googleapis.com": "Cloud Service Mesh (managed Istio: JWT auth, authorization)",
     "secretmanager.googleapis.com": "the Hugging Face token, read by the loader",

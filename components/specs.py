@@ -825,9 +825,29 @@ class SecretKeyRef(Spec):
 
 
 class WeightsSpec(Spec):
+    # Where the one copy of the weights lives: a Filestore share (NFS, ReadOnlyMany), or a Cloud
+    # Storage bucket mounted by GKE's Cloud Storage FUSE CSI driver with a file cache and parallel
+    # downloads (regional, no capacity to size; each node caches what it reads).
+    backend: Literal["filestore", "gcs"] = "filestore"
+    # gcs: the bucket (default <project>-<cluster>-weights); created by the stack.
+    bucket: Optional[str] = None
+    # Warn when a pool's estimated time from node ready to serving exceeds this.
+    cold_start_budget_seconds: int = Field(default=900, ge=60, le=7200)
+    # The weights store's read throughput, MiB/s, as measured (overrides the documented figure).
+    read_throughput_mib_s: Optional[float] = Field(default=None, gt=0)
     # REGIONAL replicates across the region's zones: the share survives a zone outage, which a
     # zonal tier serving a multi-zone cluster does not.
     tier: Literal["auto", "BASIC_HDD", "BASIC_SSD", "ZONAL", "REGIONAL"] = "auto"
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, v: Optional[str]) -> Optional[str]:
+        from vllm_gke.components.gcp_names import is_bucket_name
+
+        if v is not None and not is_bucket_name(v):
+            raise ValueError(f"'{v}' is not a Cloud Storage bucket name: 3-63 lowercase letters, digits, '-' or '_', "
+                             "a letter or digit at both ends, not starting with goog or containing google")
+        return v
     # Filestore capacity, GiB; default: the tier's minimum or the weights plus headroom.
     capacity_gb: Optional[int] = Field(default=None, ge=1024)
     # Secret Manager secret holding the Hugging Face token; the loader mounts it through the

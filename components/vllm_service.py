@@ -17,7 +17,8 @@ import pulumi_kubernetes as k8s
 
 from vllm_gke.components.gpu_cluster import placement_for
 from vllm_gke.components.k8s_meta import BASE_LABELS, MODEL_LABEL, POOL_LABEL, TENANT_LABEL, custom_resource, meta
-from vllm_gke.components.model_store import MOUNT_PATH, adapter_copies, model_dir, ready_marker
+from vllm_gke.components import gcs_weights
+from vllm_gke.components.model_store import SERVER_UID, MOUNT_PATH, adapter_copies, model_dir, ready_marker
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
 from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
@@ -45,7 +46,6 @@ PoolName = Literal["short", "long"]
 # The server runs as this unprivileged user; HOME and the caches live on emptyDirs because the
 # root filesystem is read-only. USER is set too: torch's compile cache calls getpass.getuser(),
 # which fails for a UID with no passwd entry.
-SERVER_UID = 1000
 HOME = "/home/vllm"
 NON_ROOT = {"runAsNonRoot": True, "runAsUser": SERVER_UID, "runAsGroup": SERVER_UID}
 CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -119,6 +119,10 @@ class VllmServiceArgs:
     release: VllmRelease = field(default_factory=lambda: release(DEFAULT_VLLM_VERSION))
     # A canary of another revision runs as its own pool beside the stable one.
     canary: bool = False
+    # The weights as a pod volume named "weights" instead of `claim_name`'s claim (ModelStore's
+    # bucket backend), with the pod annotations its CSI driver needs.
+    weights_volume: Optional[Mapping[str, Any]] = None
+    weights_annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 class VllmService(pulumi.ComponentResource):
@@ -144,6 +148,12 @@ class VllmService(pulumi.ComponentResource):
         gpus = model.tensor_parallel_size
         shm = "16Gi" if gpus > 1 else "2Gi"
         weights_mount = {"name": "weights", "mountPath": MOUNT_PATH, "readOnly": True}
+        weights_volumes: list[Any] = [
+            {"name": "weights", "persistentVolumeClaim": {"claimName": args.claim_name, "readOnly": True}}]
+        if args.weights_volume is not None:
+            # The bucket mount, and its file cache sized for this model and its adapters.
+            weights_volumes = [dict(args.weights_volume),
+                               gcs_weights.cache_volume(model.weights_gb + model.lora_gb())]
 
         self.deployment = k8s.apps.v1.Deployment(
             f"{name}-deploy",
@@ -159,7 +169,8 @@ class VllmService(pulumi.ComponentResource):
                                      "proxy.istio.io/config": '{"holdApplicationUntilProxyStarts": true}',
                                      # A warm replica is minutes of weight loading: the cluster
                                      # autoscaler must not evict it to consolidate nodes.
-                                     "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}},
+                                     "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+                                     **args.weights_annotations}},
                     "spec": {
                         "terminationGracePeriodSeconds": 120,
                         # The server calls no Kubernetes API: no token to steal.
@@ -213,8 +224,7 @@ class VllmService(pulumi.ComponentResource):
                                              {"name": "home", "mountPath": HOME}],
                         }],
                         "volumes": [
-                            {"name": "weights",
-                             "persistentVolumeClaim": {"claimName": args.claim_name, "readOnly": True}},
+                            *weights_volumes,
                             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
                             # Compile caches (torch.compile, Triton, FlashInfer JIT) and scratch.
                             {"name": "tmp", "emptyDir": {"sizeLimit": "8Gi"}},

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from vllm_gke.components.model_store import REGIONAL_TIERS
 from vllm_gke.infra.capacity import placements
+from vllm_gke.infra.cold_start import cold_start_seconds
 from vllm_gke.infra.config import StackConfig
 
 
 def plan_warnings(cfg: StackConfig, filestore_tier: str) -> list[str]:
     out: list[str] = []
     zones = cfg.cluster.zones
-    if len(zones) > 1 and filestore_tier not in REGIONAL_TIERS:
+    if cfg.weights.backend == "filestore" and len(zones) > 1 and filestore_tier not in REGIONAL_TIERS:
         out.append(
             f"the weights share is a zonal {filestore_tier} Filestore in {zones[0]} feeding GPU nodes in "
             f"{len(zones)} zones: losing {zones[0]} stops every replica from (re)loading; set "
@@ -25,6 +26,17 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str) -> list[str]:
                     f"{model.name}{who} {which} pool runs one replica: a node upgrade or repair takes it down "
                     f"while the weights reload; its PodDisruptionBudget holds voluntary evictions, so set a "
                     "maintenance window (vllm-gke:cluster.maintenance) or minReplicas 2")
+    budget = cfg.weights.cold_start_budget_seconds
+    slow = {}
+    for model, _pool_name, tenant in placements(cfg):
+        seconds = cold_start_seconds(cfg, model)
+        if seconds > budget:
+            slow[f"{model.name}{f' ({tenant})' if tenant else ''}"] = seconds
+    for name, seconds in slow.items():
+        out.append(f"{name}: a new replica needs about {seconds / 60:.0f} min from node ready to serving, over the "
+                   f"{budget / 60:.0f} min budget (vllm-gke:weights.coldStartBudgetSeconds); a faster weights store "
+                   "(weights.tier BASIC_SSD or a larger ZONAL share, or weights.backend gcs), a quantised dtype, or "
+                   "minReplicas above 0 to keep one warm")
     if not cfg.cluster.authorized_networks and not cfg.cluster.private_endpoint:
         out.append("the control plane's public endpoint accepts connections from any address; list "
                    "vllm-gke:cluster.authorizedNetworks or set privateEndpoint")

@@ -46,6 +46,8 @@ class PoolCapacity:
     canary: bool = False
     # GPU memory set aside for LoRA adapters (per GPU).
     lora_per_gpu_gb: float = 0.0
+    # Estimated seconds from node ready to serving (infra/cold_start.py).
+    cold_start_s: float = 0.0
 
     @property
     def fits(self) -> bool:
@@ -95,8 +97,11 @@ def pool_capacity(model: ModelSpec, which: str, pool: ServingPoolSpec, node_pool
 def capacity_report(cfg: "StackConfig") -> list[PoolCapacity]:
     """One row per serving pool the stack declares, shared and dedicated."""
     pools = {p.name: p for p in cfg.node_pools}
+    from vllm_gke.infra.cold_start import cold_start_seconds
+
     return [replace(pool_capacity(model, which, getattr(model, which), pools[pool_name], tenant),
-                    canary=model.revision != cfg.model(model.name).revision)
+                    canary=model.revision != cfg.model(model.name).revision,
+                    cold_start_s=cold_start_seconds(cfg, model))
             for model, pool_name, tenant in placements(cfg) for which in model.pool_names]
 
 

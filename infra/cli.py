@@ -76,14 +76,14 @@ def policy_table(v: Verdicts) -> Table:
 def capacity_table(v: Verdicts) -> Table:
     table = Table(title="GPU capacity per serving pool (GB per GPU or MIG slice)")
     for col in ("model", "pool", "node pool", "GPU", "usable", "weights", "LoRA", "KV budget", "KV tokens",
-                "context", "seqs fit", "maxNumSeqs", "fits"):
+                "context", "seqs fit", "maxNumSeqs", "fits", "to serve"):
         table.add_column(col, justify="right" if col not in ("model", "pool", "node pool") else "left")
     for r in v.capacity:
         label = r.model + (f" ({r.tenant})" if r.tenant else "") + (f" canary {r.revision[:7]}" if r.canary else "")
         table.add_row(label, r.pool, r.node_pool,
                       f"{r.gpu_memory_gb:g}", f"{r.usable_gb:.1f}", f"{r.weights_per_gpu_gb:.1f}",
                       f"{r.lora_per_gpu_gb:.2f}" if r.lora_per_gpu_gb else "-", f"{r.kv_budget_gb:.1f}", f"{r.tokens_fit:,}", f"{r.context_tokens:,}", str(r.seqs_fit),
-                      str(r.max_num_seqs), "[green]yes[/]" if r.fits else "[red]no[/]")
+                      str(r.max_num_seqs), "[green]yes[/]" if r.fits else "[red]no[/]", f"{r.cold_start_s / 60:.1f} min")
     return table
 
 

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vllm_gke.infra.capacity import gpu_slots_by_pool
-from vllm_gke.infra.pricing import FILESTORE_GIB_MONTH, GKE_CLUSTER_FEE_HOUR, MACHINE_PRICES, PRICES_AS_OF
+from vllm_gke.infra.pricing import (
+    FILESTORE_GIB_MONTH, GCS_STANDARD_GB_MONTH, GKE_CLUSTER_FEE_HOUR, MACHINE_PRICES, PRICES_AS_OF,
+)
 
 if TYPE_CHECKING:
     from vllm_gke.infra.config import StackConfig
@@ -84,6 +86,8 @@ def cost_report(cfg: "StackConfig", filestore_tier: str, filestore_gb: int) -> C
                               baseline, peak, pool.machine.gpus, hours))
     system = MACHINE_PRICES[cfg.cluster.system_machine_type].on_demand_hour * cfg.cluster.system_nodes * hours
     fixed = {"system pool": system, "GKE cluster fee": GKE_CLUSTER_FEE_HOUR * hours,
-             f"Filestore {filestore_tier} {filestore_gb} GiB": FILESTORE_GIB_MONTH[filestore_tier] * filestore_gb}
+             **({f"Cloud Storage bucket {filestore_gb} GB": GCS_STANDARD_GB_MONTH * filestore_gb}
+                if filestore_tier == "gcs" else
+                {f"Filestore {filestore_tier} {filestore_gb} GiB": FILESTORE_GIB_MONTH[filestore_tier] * filestore_gb})}
     return CostReport(cfg.environment, PRICES_AS_OF, pools, fixed, cfg.cost.tokens_per_second_per_gpu,
                       cfg.cost.target_utilization, hours)

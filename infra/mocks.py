@@ -74,7 +74,14 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return _outputs(args.typ, args.name, args.inputs, self.project)
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, Optional[list[tuple[str, str]]]]:
-        return {}, None
+        if args.token == "gcp:organizations/getProject:getProject":
+            project = args.args.get("projectId") or self.project
+            return {"projectId": project, "number": MOCK_PROJECT_NUMBER, "name": project}, []
+        return {}, []
+
+
+# What the mock answers for a project's number (a real project's is 12 digits).
+MOCK_PROJECT_NUMBER = "123456789012"
 
 
 class RecordingMonitor(MockMonitor):

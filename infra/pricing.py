@@ -48,3 +48,5 @@ MACHINE_PRICES: Mapping[str, MachinePrice] = {
 
 GKE_CLUSTER_FEE_HOUR = 0.10
 FILESTORE_GIB_MONTH = {"BASIC_HDD": 0.16, "BASIC_SSD": 0.30, "ZONAL": 0.25, "REGIONAL": 0.45}
+# Cloud Storage, Standard class, regional bucket.
+GCS_STANDARD_GB_MONTH = 0.020

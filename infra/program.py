@@ -69,6 +69,8 @@ def required_apis(cfg: StackConfig) -> list[str]:
         apis.append("secretmanager.googleapis.com")
     if cfg.gateway.managed_certificate:
         apis.append("certificatemanager.googleapis.com")
+    if cfg.weights.backend == "gcs":
+        apis.append("storage.googleapis.com")
     if any(m.routing == "inference-gateway" for m in cfg.models):
         # "Deploy GKE Inference Gateway": the load balancer calls the picker through Service
         # Extensions, part of the Network Services API.
@@ -81,7 +83,7 @@ def build(cfg: StackConfig) -> Platform:
     apis = ProjectApis("apis", ProjectApisArgs(cfg.project, required_apis(cfg)))
     cluster = GpuCluster("gke", GpuClusterArgs(
         project=cfg.project, region=cfg.region, cluster=cfg.cluster, node_pools=cfg.node_pools,
-        labels=labels, apis=apis))
+        labels=labels, apis=apis, gcs_fuse=cfg.weights.backend == "gcs"))
     provider = cluster.provider
     # Istio resources and meshed pods wait until the managed control plane serves the cluster.
     mesh = MeshReadiness("mesh", MeshReadinessArgs(provider, cfg.cluster.release_channel))
@@ -140,7 +142,8 @@ def build(cfg: StackConfig) -> Platform:
                 provider=provider,
                 guard_config=guard_config(callers, tenant_routes(), rel.max_tokens_rule, objectives_for=picked,
                                           shared_store=shared_store, served=model),
-                release=rel, tenant=tenant, canary=canary),
+                release=rel, tenant=tenant, canary=canary, weights_volume=store.weights_volume,
+                weights_annotations=store.pod_annotations),
                 # Pods need the sidecar (so the mesh first) and the read-only claim.
                 opts=pulumi.ResourceOptions(depends_on=[mesh, store]))
             platform.services[f"{key}-{which}"] = svc

@@ -170,13 +170,14 @@ def _model_ref(container: Mapping[str, Any]) -> Optional[str]:
 
 def weights_read_only(resources: Sequence[Resource]) -> Iterator[Finding]:
     for r, pod, c in vllm_servers(resources):
-        shared = {v["name"]: v for v in pod.get("volumes") or [] if "persistentVolumeClaim" in v or "nfs" in v}
+        shared = {v["name"]: v for v in pod.get("volumes") or []
+                  if "persistentVolumeClaim" in v or "nfs" in v or "csi" in v}
         mounts = [m for m in c.get("volumeMounts") or [] if m.get("name") in shared]
         if not mounts:
             yield r, f"{where(r)}: the vLLM container mounts no shared weights volume"
         for m in mounts:
             volume = shared[m["name"]]
-            source = volume.get("persistentVolumeClaim") or volume.get("nfs") or {}
+            source = volume.get("persistentVolumeClaim") or volume.get("nfs") or volume.get("csi") or {}
             if not m.get("readOnly") or not source.get("readOnly"):
                 yield r, f"{where(r)}: weights volume '{m['name']}' must be mounted readOnly (mount and volume)"
         model = _model_ref(c)

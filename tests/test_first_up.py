@@ -158,11 +158,17 @@ def test_vllm_pods_are_hardened(plans, stack):
             "cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
 
 
-def test_plan_warns_about_a_zonal_share_behind_a_multi_zone_cluster(plans):
-    staging = plan_warnings(plans["staging"].config, plans["staging"].platform.store.tier)
-    assert any("zonal BASIC_HDD Filestore" in w and "REGIONAL" in w for w in staging)
+def test_plan_warns_about_a_zonal_share_behind_a_multi_zone_cluster(plan_variant, plans):
+    def on_filestore(values):
+        del values["vllm-gke:weights"]
+    staging = plan_variant("staging", on_filestore)
+    warnings = plan_warnings(staging.config, staging.platform.store.tier)
+    assert any("zonal BASIC_HDD Filestore" in w and "REGIONAL" in w for w in warnings)
     prod = plan_warnings(plans["prod"].config, plans["prod"].platform.store.tier)
     assert not any("Filestore" in w for w in prod)
+    # A bucket is regional: staging as shipped (weights.backend gcs) gets no such warning.
+    shipped = plan_warnings(plans["staging"].config, plans["staging"].platform.store.tier)
+    assert not any("Filestore" in w for w in shipped)
 
 
 def test_plan_warns_about_single_replica_pools(plans):

@@ -54,8 +54,11 @@ def test_weights_are_mounted_read_only_and_never_downloaded(plans):
     for plan in plans.values():
         for dep in vllm_deployments(plan):
             pod = dep["spec"]["template"]["spec"]
-            (claim,) = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
-            assert claim["persistentVolumeClaim"] == {"claimName": "model-weights", "readOnly": True}
+            (claim,) = [v for v in pod["volumes"] if v["name"] == "weights"]
+            if plan.config.weights.backend == "filestore":
+                assert claim["persistentVolumeClaim"] == {"claimName": "model-weights", "readOnly": True}
+            else:
+                assert claim["csi"]["readOnly"] is True
             for c in pod["containers"] + pod["initContainers"]:
                 mount = next(m for m in c["volumeMounts"] if m["name"] == claim["name"])
                 assert mount["readOnly"] is True

@@ -329,6 +329,14 @@ class ImageRef(TypedDict):
 class WeightsSpec(TypedDict):
     """WeightsSpec settings (see the README config reference)."""
 
+    backend: NotRequired[str]
+    """Where the one copy of the weights lives: a Filestore share (NFS, ReadOnlyMany), or a Cloud Storage bucket mounted by GKE's Cloud Storage FUSE CSI driver with a file cache and parallel downloads (regional, no capacity to size; each node caches what it reads). One of: filestore, gcs. Default: filestore."""
+    bucket: NotRequired[str]
+    """gcs: the bucket (default <project>-<cluster>-weights); created by the stack."""
+    cold_start_budget_seconds: NotRequired[int]
+    """Warn when a pool's estimated time from node ready to serving exceeds this. Default: 900."""
+    read_throughput_mib_s: NotRequired[float]
+    """The weights store's read throughput, MiB/s, as measured (overrides the documented figure)."""
     tier: NotRequired[str]
     """REGIONAL replicates across the region's zones: the share survives a zone outage, which a zonal tier serving a multi-zone cluster does not. One of: auto, BASIC_HDD, BASIC_SSD, ZONAL, REGIONAL. Default: auto."""
     capacity_gb: NotRequired[int]

@@ -1,0 +1,49 @@
+"""The Cloud Storage weights backend as pods see it: the GKE Cloud Storage FUSE CSI driver.
+
+Settings follow GKE's "Optimize Cloud Storage FUSE CSI driver performance" guide for serving:
+an unbounded metadata cache (the weights never change under a revision's directory), and a file
+cache with parallel downloads, which is what makes a multi-GB model load fast: the sidecar pulls
+each file in parallel chunks into the cache while vLLM reads. The cache lives in an emptyDir
+named `gke-gcsfuse-cache` (the driver's convention), sized to the model.
+
+On a meshed pod the driver's sidecar starts before Envoy and cannot reach the GKE metadata
+server through it: GKE's guide (Pod annotations, Istio) has the application wait for the proxy
+and the metadata server's address bypass it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+CSI_DRIVER = "gcsfuse.csi.storage.gke.io"
+CACHE_VOLUME = "gke-gcsfuse-cache"
+SERVING_CACHE_OPTIONS = (
+    "metadata-cache:ttl-secs:-1", "metadata-cache:stat-cache-max-size-mb:-1",
+    "metadata-cache:type-cache-max-size-mb:-1", "file-cache:max-size-mb:-1",
+    "file-cache:cache-file-for-range-read:true", "file-cache:enable-parallel-downloads:true",
+)
+# The driver's sidecar has no resource limits of its own ("0": unlimited), so a large parallel
+# download is not throttled or OOM-killed; it shares the pod's.
+POD_ANNOTATIONS = {
+    "gke-gcsfuse/volumes": "true",
+    "gke-gcsfuse/cpu-limit": "0", "gke-gcsfuse/memory-limit": "0", "gke-gcsfuse/ephemeral-storage-limit": "0",
+}
+MESHED_POD_ANNOTATIONS = {**POD_ANNOTATIONS, "traffic.sidecar.istio.io/excludeOutboundIPRanges": "169.254.169.254/32"}
+
+
+def mount_options(read_only: bool, uid: Optional[int] = None) -> str:
+    options = ["implicit-dirs", *(SERVING_CACHE_OPTIONS if read_only else ())]
+    if uid is not None:  # a non-root container reads files the driver would otherwise own as root
+        options += [f"uid={uid}", f"gid={uid}"]
+    return ",".join(options)
+
+
+def weights_volume(bucket: Any, read_only: bool, uid: Optional[int] = None) -> dict[str, Any]:
+    return {"name": "weights", "csi": {"driver": CSI_DRIVER, "readOnly": read_only, "volumeAttributes": {
+        "bucketName": bucket, "mountOptions": mount_options(read_only, uid)}}}
+
+
+def cache_volume(weights_gb: float) -> dict[str, Any]:
+    """Room for the model's files, plus a tenth."""
+    return {"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": f"{max(1, math.ceil(weights_gb * 1.1))}Gi"}}

@@ -1,0 +1,126 @@
+"""Fast cold start: weights in a Cloud Storage bucket (Cloud Storage FUSE CSI with file cache and
+parallel downloads), image streaming on every pool, and the time-to-serve estimate and budget."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from vllm_gke.components.gcp_names import bucket_name, is_bucket_name
+from vllm_gke.components.gcs_weights import CACHE_VOLUME, CSI_DRIVER
+from vllm_gke.infra.advice import plan_warnings
+from vllm_gke.infra.capacity import capacity_report
+from vllm_gke.infra.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds, filestore_read_mib_s
+from vllm_gke.infra.config import ConfigError, parse
+from vllm_gke.infra.mocks import MOCK_PROJECT_NUMBER
+from vllm_gke.infra.program import required_apis
+from tests.conftest import manifests_of
+
+
+def props_of(plan, type_):
+    return [r.props for r in plan.resources if r.type == type_]
+
+
+def test_bucket_replaces_the_share(plans):
+    plan = plans["staging"]
+    assert not props_of(plan, "gcp:filestore/instance:Instance")
+    (bucket,) = props_of(plan, "gcp:storage/bucket:Bucket")
+    assert bucket["name"] == "acme-llm-staging-vllm-staging-weights"
+    assert bucket["location"] == "US-CENTRAL1"
+    assert bucket["uniformBucketLevelAccess"] is True and bucket["publicAccessPrevention"] == "enforced"
+    assert bucket["hierarchicalNamespace"] == {"enabled": True}
+    # One bucket, declared by the store component under its logical name.
+    assert plan.named("gcp:storage/bucket:Bucket", "weights-bucket").props == bucket
+    assert not manifests_of(plan, "PersistentVolumeClaim")  # no NFS claims
+    (cluster,) = props_of(plan, "gcp:container/cluster:Cluster")
+    assert cluster["addonsConfig"]["gcsFuseCsiDriverConfig"] == {"enabled": True}
+    assert "storage.googleapis.com" in required_apis(plan.config)
+    assert "storage.googleapis.com" not in required_apis(plans["dev"].config)
+
+
+def test_serving_pods_mount_the_bucket_read_only_with_parallel_downloads(plans):
+    dep = plans["staging"].kube("Deployment", "mistral-7b-long").props["spec"]["template"]
+    volumes = {v["name"]: v for v in dep["spec"]["volumes"]}
+    csi = volumes["weights"]["csi"]
+    assert csi["driver"] == CSI_DRIVER and csi["readOnly"] is True
+    options = csi["volumeAttributes"]["mountOptions"].split(",")
+    assert {"file-cache:enable-parallel-downloads:true", "file-cache:max-size-mb:-1",
+            "metadata-cache:ttl-secs:-1", "uid=1000", "gid=1000"} <= set(options)
+    # The file cache: an emptyDir sized to the model (Mistral 7B, 14.5 GB of bf16 weights).
+    assert volumes[CACHE_VOLUME] == {"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": "16Gi"}}
+    annotations = dep["metadata"]["annotations"]
+    assert annotations["gke-gcsfuse/volumes"] == "true"
+    # Meshed pod: the driver's sidecar reaches the metadata server around Envoy (GKE's guide).
+    assert annotations["traffic.sidecar.istio.io/excludeOutboundIPRanges"] == "169.254.169.254/32"
+    assert "holdApplicationUntilProxyStarts" in annotations["proxy.istio.io/config"]
+    for c in dep["spec"]["containers"] + dep["spec"]["initContainers"]:
+        assert {"name": "weights", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
+
+
+def test_loader_writes_the_bucket_and_readers_only_read_it(plans):
+    plan = plans["staging"]
+    job = plan.kube("Job", "load-mistral-7b").props["spec"]["template"]
+    (weights,) = [v for v in job["spec"]["volumes"] if v["name"] == "weights"]
+    assert weights["csi"]["readOnly"] is False and "file-cache" not in weights["csi"]["volumeAttributes"]["mountOptions"]
+    assert job["metadata"]["annotations"]["gke-gcsfuse/volumes"] == "true"
+    members = {(m["role"], m["member"]) for m in props_of(plan, "gcp:storage/bucketIAMMember:BucketIAMMember")}
+    assert [m for r, m in members if r == "roles/storage.objectUser"] == [
+        "serviceAccount:vllm-staging-weights-loader@acme-llm-staging.iam.gserviceaccount.com"]
+    readers = sorted(m for r, m in members if r == "roles/storage.objectViewer")
+    pool = f"principal://iam.googleapis.com/projects/{MOCK_PROJECT_NUMBER}/locations/global/workloadIdentityPools/" \
+           "acme-llm-staging.svc.id.goog/subject/ns"
+    assert readers == [f"{pool}/vllm/sa/default"]
+    # Nothing project-wide: every grant is on this bucket.
+    assert not [p for p in props_of(plan, "gcp:projects/iAMMember:IAMMember") if "storage" in p["role"]]
+
+
+def test_bucket_names_are_valid_and_derived_when_long():
+    assert bucket_name("p", "x") == "p-x"
+    long = bucket_name("a" * 30, "b" * 40)
+    assert is_bucket_name(long) and len(long) <= 63
+    assert long != bucket_name("a" * 30, "b" * 39 + "c")
+    assert not is_bucket_name("goog-weights") and not is_bucket_name("my.google.weights")
+
+
+def test_bad_bucket_name_is_a_config_error(stack_values):
+    values = copy.deepcopy(stack_values["staging"])
+    values["vllm-gke:weights"]["bucket"] = "Weights_Bucket"
+    with pytest.raises(ConfigError) as exc:
+        parse(values)
+    assert any(str(i).startswith("vllm-gke:weights.bucket:") for i in exc.value.issues)
+
+
+def test_every_gpu_pool_streams_its_image(plans):
+    for plan in plans.values():
+        for pool in props_of(plan, "gcp:container/nodePool:NodePool"):
+            assert pool["nodeConfig"]["gcfsConfig"] == {"enabled": True}, pool["name"]
+
+
+# --- time from node ready to serving -----------------------------------------------------------
+
+def test_filestore_throughput_follows_the_documented_table():
+    assert filestore_read_mib_s("BASIC_HDD", 1024) == 100 and filestore_read_mib_s("BASIC_HDD", 10240) == 180
+    assert filestore_read_mib_s("BASIC_SSD", 2560) == 1200
+    assert filestore_read_mib_s("ZONAL", 2048) == 520
+    assert filestore_read_mib_s("REGIONAL", 1024) == 120 and filestore_read_mib_s("REGIONAL", 10240) == 2600
+
+
+def test_cold_start_is_weights_over_throughput_plus_start(plans):
+    cfg = plans["dev"].config  # qwen-7b, 15.2 GB, on a 1 TiB BASIC_HDD share: 100 MiB/s
+    model = cfg.model("qwen-7b")
+    expected = IMAGE_START_S + model.weights_gb * 1e9 / (100 * 1024 ** 2) + ENGINE_START_S
+    assert cold_start_seconds(cfg, model) == pytest.approx(expected)
+    rows = capacity_report(cfg)
+    assert all(r.cold_start_s == pytest.approx(expected) for r in rows)
+    # A measured throughput overrides the table.
+    faster = cfg.model_copy(update={"weights": cfg.weights.model_copy(update={"read_throughput_mib_s": 1000})})
+    assert cold_start_seconds(faster, model) == pytest.approx(expected - model.weights_gb * 1e9 / 1024 ** 2 * (1 / 100 - 1 / 1000))
+
+
+def test_plan_warns_above_the_cold_start_budget(plans):
+    cfg = plans["dev"].config
+    tight = cfg.model_copy(update={"weights": cfg.weights.model_copy(update={"cold_start_budget_seconds": 120})})
+    warnings = plan_warnings(tight, "BASIC_HDD")
+    assert any(w.startswith("qwen-7b: a new replica needs about 5 min") and "2 min budget" in w for w in warnings)
+    assert not any("budget" in w for w in plan_warnings(cfg, "BASIC_HDD"))
