@@ -451,8 +451,9 @@ class CustomShape(Spec):
 class ServingPoolSpec(Spec):
     """One replica set of a model; each model has a short-request and a long-request pool."""
 
-    # Fewest replicas (the autoscaler's floor).
-    min_replicas: int = Field(default=1, ge=1)
+    # Fewest replicas (the autoscaler's floor); 0 scales the pool to zero when idle (KEDA), and a
+    # standby answers 503 with Retry-After until a replica is ready again.
+    min_replicas: int = Field(default=1, ge=0)
     # Most replicas (the autoscaler's ceiling).
     max_replicas: int = Field(default=2, ge=1)
     # Sequences vLLM batches at once (--max-num-seqs).
@@ -468,6 +469,9 @@ class ServingPoolSpec(Spec):
     queue_depth_target: int = Field(default=8, ge=1)
     # Load balancer cap per replica, requests per second (GCPBackendPolicy maxRatePerEndpoint).
     max_rate_per_endpoint: Optional[int] = Field(default=None, ge=1)
+    # minReplicas 0: seconds without a request (none running, none waiting) before the last
+    # replica goes (KEDA's cooldownPeriod).
+    cooldown_seconds: int = Field(default=900, ge=60, le=86400)
 
     @field_validator("max_replicas")
     @classmethod

@@ -43,6 +43,11 @@ def wait_for_weights(model: ModelSpec) -> str:
     return "; ".join(WAITING_FOR_WEIGHTS.format(marker=m) for m in markers)
 
 PoolName = Literal["short", "long"]
+# GPU replicas are slow to start and costly to churn: scale up fast, down slowly.
+SCALE_BEHAVIOR = {
+    "scaleUp": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]},
+    "scaleDown": {"stabilizationWindowSeconds": 600, "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}]},
+}
 # The server runs as this unprivileged user; HOME and the caches live on emptyDirs because the
 # root filesystem is read-only. USER is set too: torch's compile cache calls getpass.getuser(),
 # which fails for a UID with no passwd entry.
@@ -57,8 +62,47 @@ RUNTIME_ENV = ({"name": "HOME", "value": HOME}, {"name": "USER", "value": "vllm"
 def disruption_budget(pool: ServingPoolSpec) -> dict[str, Any]:
     """Never let a voluntary disruption (node drain, upgrade, autoscaler consolidation) take the
     last serving replica: with one replica that means no eviction at all until GKE's drain
-    timeout, so upgrades happen in the maintenance window; with more, one at a time."""
+    timeout, so upgrades happen in the maintenance window; with more, one at a time. A pool that
+    may scale to zero accepts going to zero."""
     return {"minAvailable": 1} if pool.min_replicas == 1 else {"maxUnavailable": 1}
+
+
+@dataclass(frozen=True)
+class ScaleToZero:
+    """Where KEDA reads the pool's load: Managed Prometheus of `project`, as `auth` allows."""
+
+    project: str
+    auth: str
+    # The standby pods' name prefix: their request count wakes the pool.
+    standby: str = ""
+
+
+def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: ScaleToZero, query_url: str) -> dict:
+    """KEDA's ScaledObject for a pool that may scale to zero. Three triggers, KEDA takes the
+    largest: requests the standby answered (wakes the pool from zero: there is no vLLM metric
+    with no replica), requests waiting (scales out, as the HPA's queue-depth target), requests
+    running (keeps a replica while it works, so an empty queue alone never scales it to zero)."""
+    selector = f'namespace="{namespace}",pod=~"{name}-[a-z0-9]+-[a-z0-9]+"'
+    standby = f'namespace="{namespace}",pod=~"{target.standby}-[a-z0-9]+-[a-z0-9]+"'
+    auth = {"name": target.auth, "kind": "ClusterTriggerAuthentication"}
+
+    def prometheus(query: str, threshold: int) -> dict:
+        return {"type": "prometheus", "authenticationRef": auth, "metadata": {
+            "serverAddress": query_url, "query": query, "threshold": str(threshold), "activationThreshold": "0"}}
+
+    return {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+        "minReplicaCount": 0, "maxReplicaCount": pool.max_replicas,
+        "pollingInterval": 15, "cooldownPeriod": pool.cooldown_seconds,
+        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": SCALE_BEHAVIOR}},
+        "triggers": [
+            # Wake: any request the standby answered in the last two minutes asks for one replica.
+            prometheus(f"clamp_max(sum(increase(vllm_gke_standby_requests_total{{{standby}}}[2m])), 1)", 1),
+            prometheus(f"sum(vllm:num_requests_waiting{{{selector}}})", pool.queue_depth_target),
+            # Keep: while anything runs, one replica (the threshold never asks for more).
+            prometheus(f"clamp_max(sum(vllm:num_requests_running{{{selector}}}), 1)", 1),
+        ],
+    }
 
 
 def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: VllmRelease = release(DEFAULT_VLLM_VERSION)) -> list[str]:
@@ -123,6 +167,8 @@ class VllmServiceArgs:
     # bucket backend), with the pod annotations its CSI driver needs.
     weights_volume: Optional[Mapping[str, Any]] = None
     weights_annotations: Mapping[str, str] = field(default_factory=dict)
+    # Needed by a pool with minReplicas 0: KEDA scales it instead of an HPA.
+    scale_to_zero: Optional[ScaleToZero] = None
 
 
 class VllmService(pulumi.ComponentResource):
@@ -250,25 +296,31 @@ class VllmService(pulumi.ComponentResource):
             spec={**disruption_budget(pool), "selector": {"matchLabels": selector}},
             opts=k8s_opts)
 
-        self.hpa = k8s.autoscaling.v2.HorizontalPodAutoscaler(
-            f"{name}-hpa",
-            metadata={**meta(self.service_name, labels=labels), "namespace": args.namespace},
-            spec={
-                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": self.service_name},
-                "minReplicas": pool.min_replicas,
-                "maxReplicas": pool.max_replicas,
-                "metrics": [{"type": "Pods", "pods": {
-                    "metric": {"name": QUEUE_METRIC},
-                    "target": {"type": "AverageValue", "averageValue": str(pool.queue_depth_target)}}}],
-                "behavior": {
-                    # GPU replicas are slow to start and costly to churn: scale up fast, down slowly.
-                    "scaleUp": {"stabilizationWindowSeconds": 0,
-                                "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]},
-                    "scaleDown": {"stabilizationWindowSeconds": 600,
-                                  "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}]},
+        if pool.min_replicas == 0:
+            if args.scale_to_zero is None:
+                raise ValueError(f"{model.name} {args.pool_name} pool: minReplicas 0 needs scale_to_zero (KEDA)")
+            from vllm_gke.components.keda import gmp_query_url
+
+            self.autoscaler = custom_resource(
+                f"{name}-scaledobject", "keda.sh/v1alpha1", "ScaledObject",
+                {**meta(self.service_name, labels=labels), "namespace": args.namespace},
+                pulumi.Output.from_input(args.namespace).apply(lambda ns: scaled_object(
+                    self.service_name, ns, pool, args.scale_to_zero, gmp_query_url(args.scale_to_zero.project))),
+                child_opts(self, opts, provider=args.provider, depends_on=[self.deployment]))
+        else:
+            self.autoscaler = k8s.autoscaling.v2.HorizontalPodAutoscaler(
+                f"{name}-hpa",
+                metadata={**meta(self.service_name, labels=labels), "namespace": args.namespace},
+                spec={
+                    "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": self.service_name},
+                    "minReplicas": pool.min_replicas,
+                    "maxReplicas": pool.max_replicas,
+                    "metrics": [{"type": "Pods", "pods": {
+                        "metric": {"name": QUEUE_METRIC},
+                        "target": {"type": "AverageValue", "averageValue": str(pool.queue_depth_target)}}}],
+                    "behavior": SCALE_BEHAVIOR,
                 },
-            },
-            opts=child_opts(self, opts, provider=args.provider, depends_on=[self.deployment]))
+                opts=child_opts(self, opts, provider=args.provider, depends_on=[self.deployment]))
 
         # For callers inside the mesh: eject a replica that keeps failing, and queue no more than a
         # few batches' worth in front of each (the load balancer's side is in Gateway).

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from vllm_gke.infra.config import StackConfig
 
 IMAGE_START_S = 30.0
+# A GPU node from a pool at zero nodes: the cluster autoscaler's scale-up plus node boot and the
+# GPU driver (an estimate; before the replica's own cold start).
+NODE_PROVISION_S = 300.0
 ENGINE_START_S = 120.0
 GCS_FUSE_READ_MIB_S = 1000.0
 MIB = 1024 ** 2

@@ -35,7 +35,7 @@ def cross_field_issues(cfg: "StackConfig") -> list["ConfigIssue"]:
 
     for check in (_unique_names, _placements, _tenant_models, _gpu_slots, _gateway, _network, _zones,
                   _issuers, _namespaces, _vllm_release, _chunked_prefill, _inference_gateway,
-                  _global_limits, _adapters):
+                  _global_limits, _adapters, _scale_to_zero):
         check(cfg, add)
     return issues
 
@@ -202,6 +202,21 @@ def _chunked_prefill(cfg: "StackConfig", add: Add) -> None:
                 add(f"models[{i}].{which}.maxNumBatchedTokens", f"{pool.max_num_batched_tokens} is below the pool's "
                     f"maxModelLen {length} with chunked prefill off: vLLM refuses to start (a prompt must fit one "
                     "batch); raise it to at least the context length or set enableChunkedPrefill: true")
+
+
+def _scale_to_zero(cfg: "StackConfig", add: Add) -> None:
+    """A node pool whose every serving pool may scale to zero must itself go to zero nodes, or
+    the GPU node stays (and is billed) with nothing on it."""
+    from vllm_gke.infra.capacity import placements
+
+    floors: dict[str, list[int]] = {}
+    for model, pool_name, _tenant in placements(cfg):
+        floors.setdefault(pool_name, []).extend(getattr(model, w).min_replicas for w in model.pool_names)
+    for i, pool in enumerate(cfg.node_pools):
+        mins = floors.get(pool.name, [])
+        if mins and not any(mins) and pool.min_nodes > 0:
+            add(f"nodePools[{i}].minNodes", f"is {pool.min_nodes}, but every serving pool on '{pool.name}' may scale "
+                "to zero (minReplicas 0): set it to 0 so the GPU node goes too")
 
 
 def _adapters(cfg: "StackConfig", add: Add) -> None:

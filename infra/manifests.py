@@ -43,6 +43,9 @@ UNHELD_CRDS: dict[tuple[str, str], str] = {
         "kubernetes-sigs/gateway-api-inference-extension v1.2.0 config/crd/bases/inference.networking.k8s.io_inferencepools.yaml",
     ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective"):
         "kubernetes-sigs/gateway-api-inference-extension v1.2.0 config/crd/bases/inference.networking.x-k8s.io_inferenceobjectives.yaml",
+    ("keda.sh/v1alpha1", "ScaledObject"): "kedacore/keda v2.20.2 config/crd/bases/keda.sh_scaledobjects.yaml",
+    ("keda.sh/v1alpha1", "ClusterTriggerAuthentication"):
+        "kedacore/keda v2.20.2 config/crd/bases/keda.sh_clustertriggerauthentications.yaml",
 }
 
 

@@ -36,7 +36,8 @@ class Plan:
         return [r for r in self.resources if r.type == type_]
 
     def kubernetes(self) -> list[PlannedResource]:
-        return [r for r in self.resources if r.type.startswith("kubernetes:") and r.custom]
+        return [r for r in self.resources if r.type.startswith("kubernetes:") and r.custom
+                and r.type != "kubernetes:helm.sh/v3:Release"]
 
     def manifests(self) -> list[dict[str, Any]]:
         """Each Kubernetes resource as the manifest the provider would apply."""

@@ -16,6 +16,7 @@ from vllm_gke.components.gpu_cluster import GpuCluster, GpuClusterArgs
 from vllm_gke.components.inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
 from vllm_gke.components.inference_pool import InferencePool, InferencePoolArgs
 from vllm_gke.components.k8s_meta import MODEL_LABEL, POOL_LABEL
+from vllm_gke.components.keda import Keda, KedaArgs
 from vllm_gke.components.limit_store import PORT as LIMITS_PORT
 from vllm_gke.components.limit_store import LimitStore, LimitStoreArgs
 from vllm_gke.components.mesh_namespace import GOOGLE_HEALTH_CHECK_RANGES, MeshNamespace, MeshNamespaceArgs, TrustedSources
@@ -27,8 +28,10 @@ from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
 from vllm_gke.components.specs import ModelSpec, TenantSpec
 from vllm_gke.components.serving_api import guard_config, objective_name, tenant_routes
 from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
-from vllm_gke.components.vllm_service import VllmService, VllmServiceArgs
+from vllm_gke.components.standby import Standby, StandbyArgs
+from vllm_gke.components.vllm_service import ScaleToZero, VllmService, VllmServiceArgs
 from vllm_gke.components.vllm_versions import release
+from vllm_gke.infra.cold_start import NODE_PROVISION_S, cold_start_seconds
 from vllm_gke.infra.config import StackConfig
 
 BASE_APIS = (
@@ -51,6 +54,8 @@ class Platform:
     services: dict[str, VllmService] = field(default_factory=dict)
     inference_pools: dict[str, InferencePool] = field(default_factory=dict)
     limit_store: LimitStore | None = None
+    keda: Keda | None = None
+    standbys: dict[str, Standby] = field(default_factory=dict)
     gateway: Gateway | None = None
     observability: Observability | None = None
 
@@ -118,6 +123,10 @@ def build(cfg: StackConfig) -> Platform:
 
     targets: list[RouteTarget] = []
     rel = release(cfg.vllm_version)
+    if any(getattr(m, w).min_replicas == 0 for m in cfg.models for w in m.pool_names):
+        platform.keda = Keda("keda", KedaArgs(
+            project=cfg.project, provider=provider, workload_pool=cluster.workload_pool,
+            gsa_name=service_account_id(cfg.cluster.name, "keda"), apis=apis))
     shared_store: tuple[str, int] | None = None
     serving_pods: list[pulumi.Resource] = [mesh, store]
     if cfg.global_limits.enabled:
@@ -136,6 +145,10 @@ def build(cfg: StackConfig) -> Platform:
         names = {}
         picked = model.name if model.routing == "inference-gateway" else None
         for which in model.pool_names:
+            pool = getattr(model, which)
+            service_name = f"{model.name}-canary-{which}" if canary else f"{model.name}-{which}"
+            to_zero = ScaleToZero(cfg.project, platform.keda.auth_name, f"{service_name}-standby") \
+                if pool.min_replicas == 0 and platform.keda else None
             svc = VllmService(f"{key}-{which}", VllmServiceArgs(
                 model=model, pool_name=which, pool=getattr(model, which), node_pool=cfg.pool(pool_name),
                 namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
@@ -143,11 +156,20 @@ def build(cfg: StackConfig) -> Platform:
                 guard_config=guard_config(callers, tenant_routes(), rel.max_tokens_rule, objectives_for=picked,
                                           shared_store=shared_store, served=model),
                 release=rel, tenant=tenant, canary=canary, weights_volume=store.weights_volume,
-                weights_annotations=store.pod_annotations),
-                # Pods need the sidecar (so the mesh first) and the read-only claim.
-                opts=pulumi.ResourceOptions(depends_on=[mesh, store]))
+                weights_annotations=store.pod_annotations, scale_to_zero=to_zero),
+                # Pods need the sidecar (so the mesh first) and the read-only claim; KEDA's CRDs
+                # come with its chart.
+                opts=pulumi.ResourceOptions(depends_on=[mesh, store, *([platform.keda] if to_zero else [])]))
             platform.services[f"{key}-{which}"] = svc
             names[which] = svc.service_name
+            if to_zero:
+                pool_label = f"{which}-canary" if canary else which
+                platform.standbys[f"{key}-{which}"] = Standby(f"{key}-{which}-standby", StandbyArgs(
+                    service_name=svc.service_name, model=model.name, namespace=namespace,
+                    pool_selector={MODEL_LABEL: model.name, POOL_LABEL: pool_label},
+                    vllm_only_labels={"app.kubernetes.io/name": "vllm"}, provider=provider,
+                    expected_seconds=int(NODE_PROVISION_S + cold_start_seconds(cfg, model))),
+                    opts=after_mesh)
         return names
 
     def rate_caps(model: ModelSpec, names: dict[str, str]) -> dict[str, int]:

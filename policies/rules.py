@@ -416,7 +416,7 @@ def max_tokens_cap(resources: Sequence[Resource]) -> Iterator[Finding]:
 
 def vllm_autoscaled(resources: Sequence[Resource]) -> Iterator[Finding]:
     hpas = {(namespace_of(h), (h.props.get("spec") or {}).get("scaleTargetRef", {}).get("name"))
-            for h in kube(resources, "HorizontalPodAutoscaler")}
+            for h in kube(resources, "HorizontalPodAutoscaler") + kube(resources, "ScaledObject")}
     pdbs = [(namespace_of(p), ((p.props.get("spec") or {}).get("selector") or {}).get("matchLabels") or {})
             for p in kube(resources, "PodDisruptionBudget")]
     custom_api = any((a.props.get("spec") or {}).get("group") == "custom.metrics.k8s.io"
@@ -433,10 +433,40 @@ def vllm_autoscaled(resources: Sequence[Resource]) -> Iterator[Finding]:
         seen.add(r.urn)
         ns, name = namespace_of(r), meta(r).get("name")
         if (ns, name) not in hpas:
-            yield r, f"{where(r)} has no HorizontalPodAutoscaler: fixed replicas idle GPUs or drop load"
+            yield r, f"{where(r)} has no HorizontalPodAutoscaler or ScaledObject: fixed replicas idle GPUs or drop load"
         labels = template_labels(r)
         if not any(pns == ns and selects(sel, labels) for pns, sel in pdbs):
             yield r, f"{where(r)} has no PodDisruptionBudget: node upgrades could take every replica at once"
+
+
+STANDBY_LABEL = "vllm-gke.io/standby"
+
+
+def scale_to_zero_answered(resources: Sequence[Resource]) -> Iterator[Finding]:
+    """A pool that KEDA may take to zero replicas needs its standby: without one, requests at zero
+    get the load balancer's bare 503 and nothing counts them, so the pool never wakes."""
+    deployments = {(namespace_of(d), meta(d).get("name")): d for d in kube(resources, "Deployment")}
+    standbys = [(namespace_of(d), template_labels(d)) for d in deployments.values()
+                if template_labels(d).get(STANDBY_LABEL) == "true"]
+    services = kube(resources, "Service")
+    for so in kube(resources, "ScaledObject"):
+        spec = so.props.get("spec") or {}
+        if spec.get("minReplicaCount", 0) != 0:
+            continue
+        ns = namespace_of(so)
+        target = deployments.get((ns, (spec.get("scaleTargetRef") or {}).get("name")))
+        if target is None:
+            continue
+        labels = template_labels(target)
+        fronts = [s for s in services if namespace_of(s) == ns and (s.props.get("spec") or {}).get("clusterIP") != "None"
+                  and selects((s.props.get("spec") or {}).get("selector") or {}, labels)]
+        answered = any(selects((f.props.get("spec") or {}).get("selector") or {}, sl)
+                       for f in fronts for sns, sl in standbys if sns == ns)
+        if not answered:
+            yield so, f"{where(so)} may scale {where(target)} to zero but no standby sits behind its Service"
+        queries = " ".join(str((t.get("metadata") or {}).get("query", "")) for t in spec.get("triggers") or [])
+        if "vllm_gke_standby_requests_total" not in queries:
+            yield so, f"{where(so)} has no trigger on the standby's requests: at zero nothing wakes the pool"
 
 
 def vllm_backends_resilient(resources: Sequence[Resource]) -> Iterator[Finding]:
@@ -458,6 +488,8 @@ def vllm_backends_resilient(resources: Sequence[Resource]) -> Iterator[Finding]:
               if b.get("kind", "Service") == "Service"}
     for svc in kube(resources, "Service"):
         ns, name = namespace_of(svc), meta(svc).get("name")
+        if (svc.props.get("spec") or {}).get("clusterIP") == "None":
+            continue  # headless: names the pods, balances nothing
         selector = (svc.props.get("spec") or {}).get("selector") or {}
         if not any(pns == ns and selects(selector, labels) for pns, labels in pods):
             continue
@@ -691,6 +723,9 @@ POLICIES: tuple[Policy, ...] = (
     Policy("limit-store-mesh-only",
            "The shared limit store admits only mesh identities over STRICT mTLS.",
            "mandatory", limit_store_mesh_only),
+    Policy("scale-to-zero-answered",
+           "Pools that scale to zero have a standby that answers 503 with Retry-After and wakes them.",
+           "mandatory", scale_to_zero_answered),
     Policy("vllm-backends-resilient",
            "Every vLLM Service ejects failing replicas: outlier detection in the mesh, a health check at the load balancer.",
            "advisory", vllm_backends_resilient),

@@ -36,7 +36,9 @@ def test_unheld_crds_are_really_missing_from_the_crd_folder(crd_catalog):
 def test_unheld_kinds_are_reported_unchecked_not_passed(plans, crd_catalog):
     docs = plans["staging"].manifests()
     assert unchecked_kinds(docs, crd_catalog) == {("inference.networking.k8s.io/v1", "InferencePool"): 1,
-                                                  ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective"): 2}
+                                                  ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective"): 2,
+                                                  ("keda.sh/v1alpha1", "ScaledObject"): 1,
+                                                  ("keda.sh/v1alpha1", "ClusterTriggerAuthentication"): 1}
     assert validate({"apiVersion": "inference.networking.k8s.io/v2", "kind": "InferencePool",
                      "metadata": {"name": "p"}}, crd_catalog)  # an unlisted version is still an error
 

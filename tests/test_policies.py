@@ -152,9 +152,13 @@ def _adapter_for_everyone(rs):
     guard_env["value"] = json.dumps(cfg)
 
 
+def _no_standby(rs):
+    rs.remove(kind(rs, "Deployment", "mistral-7b-long-standby"))
+
+
 # Policies about Inference Gateway pools judge the staging stack, whose llama-8b uses one; the
 # shared limit store is prod's.
-STAGING_CASES = {"inference-pools-served", "tenant-priorities-bound"}
+STAGING_CASES = {"inference-pools-served", "tenant-priorities-bound", "scale-to-zero-answered"}
 PROD_CASES = {"limit-store-mesh-only", "lora-adapters-scoped"}
 
 CASES: dict[str, tuple[Callable, str]] = {
@@ -162,6 +166,7 @@ CASES: dict[str, tuple[Callable, str]] = {
     "tenant-priorities-bound": (_objective_from_the_client, "clients would choose their own priority"),
     "limit-store-mesh-only": (_store_open_to_any_source, "other than their mesh identity"),
     "lora-adapters-scoped": (_adapter_for_everyone, "every tenant could use every adapter"),
+    "scale-to-zero-answered": (_no_standby, "no standby sits behind its Service"),
     "gpu-node-pools-tainted": (_untaint, "has no nvidia.com/gpu NO_SCHEDULE taint"),
     "mig-partition-valid": (_bad_mig, "'1g.10gb' is not a MIG profile of nvidia-tesla-a100"),
     "weights-read-only": (_writable_weights, "must be mounted readOnly"),
@@ -346,3 +351,11 @@ def test_adapter_fetched_from_outside_the_share_is_caught(plans):
     args[i + 1] = "support-sql=acme-ml/llama-3.1-8b-support-sql-lora"
     messages = [v.message for v in violations_of(rs, "lora-adapters-scoped")]
     assert any("'support-sql=acme-ml/llama-3.1-8b-support-sql-lora' is not on a read-only mount" in m for m in messages)
+
+
+def test_scaled_object_without_a_wake_trigger_is_caught(plans):
+    rs = resources(plans["staging"])
+    so = kind(rs, "ScaledObject", "mistral-7b-long")
+    so.props["spec"]["triggers"] = so.props["spec"]["triggers"][1:]
+    messages = [v.message for v in violations_of(rs, "scale-to-zero-answered")]
+    assert any("nothing wakes the pool" in m for m in messages)

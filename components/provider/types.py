@@ -150,7 +150,7 @@ class ServingPoolSpec(TypedDict):
     """One replica set of a model; each model has a short-request and a long-request pool."""
 
     min_replicas: NotRequired[int]
-    """Fewest replicas (the autoscaler's floor). Default: 1."""
+    """Fewest replicas (the autoscaler's floor); 0 scales the pool to zero when idle (KEDA), and a standby answers 503 with Retry-After until a replica is ready again. Default: 1."""
     max_replicas: NotRequired[int]
     """Most replicas (the autoscaler's ceiling). Default: 2."""
     max_num_seqs: NotRequired[int]
@@ -165,6 +165,8 @@ class ServingPoolSpec(TypedDict):
     """HPA target: average vllm:num_requests_waiting per pod before scaling out. Default: 8."""
     max_rate_per_endpoint: NotRequired[int]
     """Load balancer cap per replica, requests per second (GCPBackendPolicy maxRatePerEndpoint)."""
+    cooldown_seconds: NotRequired[int]
+    """minReplicas 0: seconds without a request (none running, none waiting) before the last replica goes (KEDA's cooldownPeriod). Default: 900."""
 
 
 class CanarySpec(TypedDict):

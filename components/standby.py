@@ -1,0 +1,110 @@
+"""Standby: what answers for a serving pool scaled to zero, and wakes it.
+
+A small CPU pod carrying the pool's labels, so the pool's Service (and the load balancer's NEG,
+and an InferencePool) selects it too - but ready only while the pool has no ready replica: its
+readiness asks a headless Service of the pool's vLLM pods, which resolves only while one is
+ready. So at zero the load balancer sends it the requests, it answers 503 with Retry-After in
+OpenAI's error format and counts them; KEDA reads the count from Managed Prometheus and starts
+the pool; once a replica is ready the standby turns unready and leaves rotation.
+
+Why 503 rather than holding the request: a cold start is minutes (a GPU node, then the weights),
+longer than clients and the load balancer's backend timeout wait, and a held connection ties up
+both; a prompt 503 with Retry-After lets a client back off and come back.
+
+It runs in the mesh like the replicas: only a request with a valid tenant JWT reaches it (the
+model's AuthorizationPolicies select it by the model label), so only tenants can wake GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from vllm_gke.components.k8s_meta import BASE_LABELS, MODEL_LABEL, POOL_LABEL, meta
+from vllm_gke.components.options import child_opts
+from vllm_gke.components.specs import ImageRef
+
+PROGRAM = Path(__file__).with_name("scripts") / "standby.py"
+STANDBY_LABEL = "vllm-gke.io/standby"
+DEFAULT_IMAGE = ImageRef(repository="mirror.gcr.io/library/python", tag="3.12.8-slim")
+UID = 65534  # nobody
+RETRY_AFTER_S = 30
+
+
+@dataclass
+class StandbyArgs:
+    # The pool's Service name (the standby is <service>-standby).
+    service_name: str
+    model: str
+    namespace: pulumi.Input[str]
+    # The pool's Service selector: the standby carries these labels so the Service selects it.
+    pool_selector: Mapping[str, str]
+    # Labels only the vLLM pods carry, added to the selector of the headless readiness Service.
+    vllm_only_labels: Mapping[str, str]
+    provider: k8s.Provider
+    port: int = 8000
+    expected_seconds: int = 600
+    image: ImageRef = field(default_factory=lambda: DEFAULT_IMAGE)
+
+
+class Standby(pulumi.ComponentResource):
+    deployment: k8s.apps.v1.Deployment
+    ready_service: str
+
+    def __init__(self, name: str, args: StandbyArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:Standby", name, None, opts)
+        k8s_opts = child_opts(self, opts, provider=args.provider)
+        standby = f"{args.service_name}-standby"
+        self.ready_service = f"{args.service_name}-ready"
+        labels = {**args.pool_selector, STANDBY_LABEL: "true", "app.kubernetes.io/name": "vllm-gke-standby"}
+        ns = args.namespace
+        # Resolves only while a vLLM replica of the pool is ready (headless, ready addresses only).
+        k8s.core.v1.Service(
+            f"{name}-ready", metadata={**meta(self.ready_service), "namespace": ns},
+            spec={"clusterIP": "None", "publishNotReadyAddresses": False,
+                  "selector": {**args.pool_selector, **args.vllm_only_labels},
+                  "ports": [{"name": "http", "port": args.port, "targetPort": args.port}]},
+            opts=k8s_opts)
+        k8s.core.v1.ConfigMap(f"{name}-program", metadata={**meta(standby), "namespace": ns},
+                              data={PROGRAM.name: PROGRAM.read_text()}, opts=k8s_opts)
+        host = pulumi.Output.concat(self.ready_service, ".", ns, ".svc.cluster.local")
+        health = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 1,
+                  "successThreshold": 1}
+        self.deployment = k8s.apps.v1.Deployment(
+            f"{name}-deploy", metadata={**meta(standby, labels=labels), "namespace": ns},
+            spec={
+                "replicas": 1,
+                "selector": {"matchLabels": {STANDBY_LABEL: "true", MODEL_LABEL: args.pool_selector[MODEL_LABEL],
+                                             POOL_LABEL: args.pool_selector[POOL_LABEL]}},
+                "template": {
+                    "metadata": {"labels": {**BASE_LABELS, **labels},
+                                 "annotations": {"proxy.istio.io/config": '{"holdApplicationUntilProxyStarts": true}'}},
+                    "spec": {
+                        "automountServiceAccountToken": False,
+                        "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID,
+                                            "seccompProfile": {"type": "RuntimeDefault"}},
+                        "containers": [{
+                            "name": "standby", "image": args.image.uri,
+                            "command": ["python3", f"/opt/standby/{PROGRAM.name}", "--model", args.model,
+                                        "--ready-host", host, "--port", str(args.port),
+                                        "--retry-after", str(RETRY_AFTER_S),
+                                        "--expected-seconds", str(args.expected_seconds)],
+                            "ports": [{"name": "http", "containerPort": args.port}],
+                            # Ready only while the pool is not: the load balancer follows readiness.
+                            "readinessProbe": health,
+                            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
+                                          "limits": {"cpu": "500m", "memory": "128Mi"}},
+                            "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                                "capabilities": {"drop": ["ALL"]}},
+                            "volumeMounts": [{"name": "program", "mountPath": "/opt/standby", "readOnly": True}],
+                        }],
+                        "volumes": [{"name": "program", "configMap": {"name": standby}}],
+                    },
+                },
+            },
+            opts=k8s_opts)
+        self.register_outputs({"deployment": standby, "readyService": self.ready_service})

@@ -1,0 +1,147 @@
+"""Scale to zero (minReplicas 0): KEDA installed and authorised to read Managed Prometheus, a
+ScaledObject per such pool, a standby that answers 503 with Retry-After and wakes the pool, the
+node pool going to zero too."""
+
+from __future__ import annotations
+
+import copy
+import http.client
+import json
+import threading
+from http.server import ThreadingHTTPServer
+
+import pytest
+
+from vllm_gke.components.keda import CHART_VERSION, GMP_AUTH, gmp_query_url
+from vllm_gke.components.standby import PROGRAM, RETRY_AFTER_S, STANDBY_LABEL
+from vllm_gke.infra.config import ConfigError, parse
+from tests.conftest import manifests_of
+
+
+def one(plan, kind, name):
+    (found,) = [d for d in manifests_of(plan, kind) if d["metadata"]["name"] == name]
+    return found
+
+
+def test_keda_is_installed_pinned_with_its_google_identity(plans):
+    plan = plans["staging"]
+    (release,) = [r.props for r in plan.resources if r.type == "kubernetes:helm.sh/v3:Release"]
+    assert (release["chart"], release["version"]) == ("keda", CHART_VERSION)
+    assert release["repositoryOpts"]["repo"] == "https://kedacore.github.io/charts"
+    assert release["values"]["podIdentity"]["gcp"]["enabled"] is True
+    binding = plan.named("gcp:serviceaccount/iAMMember:IAMMember", "keda-wi").props
+    assert binding["member"].endswith(".svc.id.goog[keda/keda-operator]")
+    viewer = plan.named("gcp:projects/iAMMember:IAMMember", "keda-monitoring-viewer").props
+    assert viewer["role"] == "roles/monitoring.viewer"
+    auth = one(plan, "ClusterTriggerAuthentication", GMP_AUTH)
+    assert auth["spec"] == {"podIdentity": {"provider": "gcp"}}
+    # Only where a pool may go to zero.
+    assert not [r for r in plans["dev"].resources if r.type == "kubernetes:helm.sh/v3:Release"]
+
+
+def test_pool_at_zero_is_scaled_by_keda_not_an_hpa(plans):
+    plan = plans["staging"]
+    assert not [h for h in manifests_of(plan, "HorizontalPodAutoscaler") if h["metadata"]["name"] == "mistral-7b-long"]
+    so = one(plan, "ScaledObject", "mistral-7b-long")["spec"]
+    assert so["scaleTargetRef"]["name"] == "mistral-7b-long"
+    assert (so["minReplicaCount"], so["maxReplicaCount"], so["cooldownPeriod"]) == (0, 1, 900)
+    wake, queue, keep = so["triggers"]
+    for t in (wake, queue, keep):
+        assert t["type"] == "prometheus" and t["authenticationRef"] == {"name": GMP_AUTH,
+                                                                       "kind": "ClusterTriggerAuthentication"}
+        assert t["metadata"]["serverAddress"] == gmp_query_url("acme-llm-staging")
+        assert t["metadata"]["activationThreshold"] == "0"
+    assert "vllm_gke_standby_requests_total" in wake["metadata"]["query"] and "mistral-7b-long-standby" in \
+        wake["metadata"]["query"]
+    assert "vllm:num_requests_waiting" in queue["metadata"]["query"] and queue["metadata"]["threshold"] == "8"
+    assert "vllm:num_requests_running" in keep["metadata"]["query"]
+    # The other pools keep their HPA.
+    assert one(plan, "HorizontalPodAutoscaler", "mistral-7b-short")["spec"]["minReplicas"] == 1
+
+
+def test_standby_is_selected_by_the_pools_service_and_in_the_mesh(plans):
+    plan = plans["staging"]
+    standby = one(plan, "Deployment", "mistral-7b-long-standby")
+    labels = standby["spec"]["template"]["metadata"]["labels"]
+    assert labels[STANDBY_LABEL] == "true"
+    service = one(plan, "Service", "mistral-7b-long")
+    assert service["spec"]["selector"].items() <= labels.items()
+    # The headless readiness Service selects the vLLM pods only.
+    ready = one(plan, "Service", "mistral-7b-long-ready")
+    assert ready["spec"]["clusterIP"] == "None" and ready["spec"]["publishNotReadyAddresses"] is False
+    assert not ready["spec"]["selector"].items() <= labels.items()
+    vllm_labels = one(plan, "Deployment", "mistral-7b-long")["spec"]["template"]["metadata"]["labels"]
+    assert ready["spec"]["selector"].items() <= vllm_labels.items()
+    # Meshed (no opt-out): only a tenant's JWT reaches it, so only tenants wake GPUs.
+    assert "sidecar.istio.io/inject" not in labels
+    (c,) = standby["spec"]["template"]["spec"]["containers"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert "--ready-host" in c["command"]
+
+
+def test_node_pool_must_go_to_zero_when_every_pool_on_it_may(stack_values):
+    values = copy.deepcopy(stack_values["dev"])
+    for which in ("short", "long"):
+        values["vllm-gke:models"][0][which]["minReplicas"] = 0
+    with pytest.raises(ConfigError) as exc:
+        parse(values)
+    assert any(str(i).startswith("vllm-gke:nodePools[0].minNodes:") and "so the GPU node goes too" in str(i)
+               for i in exc.value.issues)
+    values["vllm-gke:nodePools"][0]["minNodes"] = 0
+    parse(values)
+
+
+# --- the standby program, run against stand-ins ------------------------------------------------
+
+@pytest.fixture
+def standby():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("standby", PROGRAM)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    state = {"ready": False}
+    sb = module.Standby("mistral-7b", lambda: state["ready"], RETRY_AFTER_S, 420)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), sb.handler())
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1], state
+    server.shutdown()
+
+
+def request(port, method, path, body=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request(method, path, body=body, headers={"Content-Type": "application/json"} if body else {})
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    return resp.status, dict(resp.getheaders()), data
+
+
+def test_standby_answers_503_with_retry_after_in_openai_format_and_counts(standby):
+    port, _state = standby
+    status, headers, body = request(port, "POST", "/v1/chat/completions", json.dumps({"model": "mistral-7b"}))
+    assert status == 503 and headers["Retry-After"] == str(RETRY_AFTER_S)
+    error = json.loads(body)["error"]
+    assert error["code"] == "scaling_from_zero" and "about 7 min" in error["message"]
+    request(port, "GET", "/v1/models")
+    _, _, metrics = request(port, "GET", "/metrics")
+    assert b"vllm_gke_standby_requests_total 2" in metrics
+
+
+def test_standby_is_ready_only_while_the_pool_is_not(standby):
+    port, state = standby
+    assert request(port, "GET", "/health")[0] == 200
+    state["ready"] = True
+    assert request(port, "GET", "/health")[0] == 503
+    _, _, metrics = request(port, "GET", "/metrics")
+    assert b"vllm_gke_standby_requests_total 0" in metrics  # probes are not requests
+
+
+def test_headless_lookup_reads_readiness_from_dns():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("standby", PROGRAM)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.resolves("localhost") is True
+    assert module.resolves("no-such-service.invalid") is False
