@@ -138,6 +138,52 @@ def _matches(policy: Mapping[str, Any], request: Request, principal: Optional[st
     return any(rule_matches(rule, request, principal) for rule in (policy.get("spec") or {}).get("rules") or [])
 
 
+def applicable(manifests: Iterable[Mapping[str, Any]], namespace: str, labels: Mapping[str, str]) -> list[Mapping[str, Any]]:
+    """The RequestAuthentications and AuthorizationPolicies that apply to a workload: what
+    `decide` would consider, selected once for many requests to the same workload."""
+    probe = Request(namespace, "/", labels=labels)
+    return [d for d in manifests if d.get("kind") in ("RequestAuthentication", "AuthorizationPolicy")
+            and _applies(d, probe)]
+
+
+def _cannot_match(policy: Mapping[str, Any], principal: str) -> bool:
+    """Every rule of the policy names request principals, none of which is `principal`."""
+    rules = (policy.get("spec") or {}).get("rules") or []
+    if not rules:
+        return False
+    for rule in rules:
+        sources = rule.get("from") or []
+        if not sources or any(set(src.get("source") or {}) != {"requestPrincipals"} for src in sources):
+            return False
+        if any(_any((src.get("source") or {})["requestPrincipals"], principal) for src in sources):
+            return False
+    return True
+
+
+def for_token(manifests: Iterable[Mapping[str, Any]], issuer: str, subject: str) -> list[Mapping[str, Any]]:
+    """`manifests` less what cannot bear on a request with this token: other issuers'
+    RequestAuthentications and policies whose every rule names other principals. `decide` gives
+    the same answer on the result, in time independent of how many other tenants there are."""
+    principal = f"{issuer}/{subject}"
+    docs = list(manifests)
+    kept: list[Mapping[str, Any]] = []
+    dropped_allow = False
+    for d in docs:
+        if d.get("kind") == "RequestAuthentication":
+            if any(r.get("issuer") == issuer for r in (d.get("spec") or {}).get("jwtRules") or []):
+                kept.append(d)
+        elif d.get("kind") == "AuthorizationPolicy" and _cannot_match(d, principal):
+            dropped_allow |= (d.get("spec") or {}).get("action", "ALLOW") == "ALLOW"
+        else:
+            kept.append(d)
+    if dropped_allow and not any(d.get("kind") == "AuthorizationPolicy" and
+                                 (d.get("spec") or {}).get("action", "ALLOW") == "ALLOW" for d in kept):
+        # ALLOW policies still apply: one that matches nothing keeps "none matched" a denial.
+        kept.append({"kind": "AuthorizationPolicy", "metadata": {"name": "(other principals' allows)",
+                     "namespace": ROOT_NAMESPACE}, "spec": {"action": "ALLOW"}})
+    return kept
+
+
 def decide(manifests: Iterable[Mapping[str, Any]], request: Request) -> Decision:
     docs = list(manifests)
     authns = [d for d in docs if d.get("kind") == "RequestAuthentication" and _applies(d, request)]

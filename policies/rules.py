@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Optional, Sequence
 
 from vllm_gke.components.catalog import ACCELERATORS
-from vllm_gke.policies.mesh_authz import Request, decide
+from vllm_gke.policies.mesh_authz import Request, applicable, decide, for_token
 
 Level = Literal["advisory", "mandatory", "disabled"]
 LEVELS: tuple[Level, ...] = ("advisory", "mandatory", "disabled")
@@ -307,7 +307,7 @@ def serving_paths_authenticated(resources: Sequence[Resource]) -> Iterator[Findi
             continue
         seen.add(r.urn)
         labels = template_labels(r)
-        if probe := _open_probe(docs, namespace_of(r), labels, sources):
+        if probe := _open_probe(applicable(docs, namespace_of(r), labels), namespace_of(r), labels, sources):
             yield r, f"{where(r)}: {probe} is allowed without a JWT; only /health and /metrics may be"
 
 
@@ -581,6 +581,8 @@ def tenant_priorities_bound(resources: Sequence[Resource]) -> Iterator[Finding]:
     for ra in kube(resources, "RequestAuthentication"):
         issuers_by_ns.setdefault(namespace_of(ra), set()).update(
             str(rule.get("issuer")) for rule in (ra.props.get("spec") or {}).get("jwtRules") or [])
+    # Per pool: the objectives its routes set, and where its policies apply.
+    pool_objectives: dict[tuple[str, Any], list[tuple[Resource, str]]] = {}
     for route in kube(resources, "HTTPRoute"):
         ns = namespace_of(route)
         for rule, backends in _pool_rules(route):
@@ -595,16 +597,24 @@ def tenant_priorities_bound(resources: Sequence[Resource]) -> Iterator[Finding]:
             if (ns, objective) not in objectives:
                 yield route, f"{where(route)} sets objective '{objective}' but no InferenceObjective of that name exists"
             for b in backends:
-                pool = pools.get((b.get("namespace") or ns, b.get("name")))
-                selector = (((pool.props.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}) if pool else {}
-                pods = [template_labels(d) for d in deployments if namespace_of(d) == ns and selects(selector, template_labels(d))]
-                for labels in pods[:1]:
-                    admitted = sorted(iss for iss in issuers_by_ns.get(ns, set()) if decide(docs, Request(
-                        ns, "/v1/completions", "POST", labels, token=(iss, "policy-probe"),
-                        headers={OBJECTIVE_HEADER: objective})).allowed)
-                    if len(admitted) > 1:
-                        yield route, (f"{where(route)}: objective '{objective}' admits the tokens of {len(admitted)} "
-                                      f"issuers ({', '.join(admitted)}); a tenant could take another's priority")
+                pool_objectives.setdefault((b.get("namespace") or ns, b.get("name")), []).append((route, objective))
+    for (ns, pool_name), routed in pool_objectives.items():
+        pool = pools.get((ns, pool_name))
+        selector = (((pool.props.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}) if pool else {}
+        pods = [template_labels(d) for d in deployments if namespace_of(d) == ns and selects(selector, template_labels(d))]
+        if not pods:
+            continue
+        labels = pods[0]
+        policies = applicable(docs, ns, labels)
+        # Each issuer against each objective, on only the policies that can bear on its token.
+        per_issuer = {iss: for_token(policies, iss, "policy-probe") for iss in sorted(issuers_by_ns.get(ns, set()))}
+        for route, objective in routed:
+            admitted = [iss for iss, mine in per_issuer.items() if decide(mine, Request(
+                ns, "/v1/completions", "POST", labels, token=(iss, "policy-probe"),
+                headers={OBJECTIVE_HEADER: objective})).allowed]
+            if len(admitted) > 1:
+                yield route, (f"{where(route)}: objective '{objective}' admits the tokens of {len(admitted)} "
+                              f"issuers ({', '.join(admitted)}); a tenant could take another's priority")
 
 
 def _guard_configs(resources: Sequence[Resource]) -> Iterator[tuple[Resource, Mapping[str, Any]]]:

@@ -32,3 +32,34 @@ def test_resources_grow_linearly_in_models():
     per_model = _count(1, MODELS_PER_TENANT + 1) - base
     assert per_model > 0
     assert _count(1, MODELS_PER_TENANT + 5) == base + 5 * per_model
+
+
+@pytest.mark.parametrize("tenants,models", [(max(TENANT_GRID), 1), (1, max(MODEL_GRID)), (10, 5)])
+def test_every_option_configs_are_valid_and_use_every_option(tenants, models):
+    cfg = parse(scaled_config(tenants, models, every_option=True))
+    assert cfg.global_limits.enabled and cfg.weights.backend == "gcs"
+    routings = {m.routing for m in cfg.models}
+    assert routings == ({"inference-gateway", "length"} if models > 1 else {"inference-gateway"})
+    assert any(m.adapters for m in cfg.models)
+    if models > 1:
+        assert any(m.canary for m in cfg.models) and any(m.long.min_replicas == 0 for m in cfg.models
+                                                          if m.routing == "length")
+
+
+def _count_all(tenants: int, models: int) -> int:
+    return sum(r.custom for r in run_program("bench", scaled_config(tenants, models, every_option=True)).resources)
+
+
+def test_resources_grow_linearly_in_tenants_with_every_option():
+    base = _count_all(1, 1)
+    per_tenant = _count_all(2, 1) - base
+    assert per_tenant > 0
+    assert _count_all(6, 1) == base + 5 * per_tenant
+
+
+def test_resources_grow_linearly_in_models_with_every_option():
+    # Models alternate between the two routings: count in pairs beyond the tenant's models.
+    base = _count_all(1, MODELS_PER_TENANT + 1)
+    per_pair = _count_all(1, MODELS_PER_TENANT + 3) - base
+    assert per_pair > 0
+    assert _count_all(1, MODELS_PER_TENANT + 7) == base + 3 * per_pair

@@ -112,3 +112,30 @@ def test_a_tenant_token_opens_only_the_guarded_routes(plans):
     for path, method in (("/collective_rpc", "POST"), ("/v1/load_lora_adapter", "POST"), ("/sleep", "POST"),
                          ("/v1/chat/completions", "GET"), ("/docs", "GET"), ("/v1/completions/../../sleep", "POST")):
         assert ask(plan, "vllm", labels, path, method, PROXY_ONLY, search).status == 403, path
+
+
+def test_narrowing_to_one_token_or_workload_never_changes_a_decision(plans):
+    """for_token and applicable only drop what cannot bear on the request: every decision on the
+    narrowed policies equals the decision on all of them."""
+    from vllm_gke.policies.mesh_authz import applicable, for_token
+
+    for stack in ("staging", "prod"):
+        docs = plans[stack].manifests()
+        issuers = sorted({r["issuer"] for d in docs if d["kind"] == "RequestAuthentication"
+                          for r in d["spec"]["jwtRules"]} | {"https://unknown.example"})
+        workloads = {(d["metadata"]["namespace"], tuple(sorted(d["spec"]["template"]["metadata"]["labels"].items())))
+                     for d in docs if d["kind"] == "Deployment"}
+        for ns, labels in sorted(workloads):
+            narrowed = applicable(docs, ns, dict(labels))
+            for issuer in issuers:
+                mine = for_token(narrowed, issuer, "u")
+                for path, headers in (("/v1/completions", {}), ("/v1/models", {}),
+                                      ("/v1/completions", {"x-gateway-inference-objective": "search.llama-8b"}),
+                                      ("/health", {})):
+                    for token in ((issuer, "u"), None):
+                        request = Request(ns, path, "POST" if "completions" in path else "GET", dict(labels),
+                                          token=token, headers=headers)
+                        expected = decide(docs, request)
+                        assert decide(narrowed, request).allowed == expected.allowed, (ns, labels, path)
+                        if token is not None:
+                            assert decide(mine, request).allowed == expected.allowed, (ns, labels, issuer, path)
