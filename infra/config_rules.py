@@ -45,6 +45,18 @@ def _unique_names(cfg: "StackConfig", add: Add) -> None:
         for name, n in Counter(i.name for i in items).items():
             if n > 1:
                 add(field, f"name '{name}' is used {n} times; names must be unique")
+    # The serving namespace holds one AuthorizationPolicy allow-<tenant>-<model> per pair: tenant
+    # 'a-b' calling 'c' and tenant 'a' calling 'b-c' would name the same object, and one tenant's
+    # access would overwrite the other's.
+    seen: dict[str, tuple[int, str]] = {}
+    for i, tenant in enumerate(cfg.tenants):
+        for model in tenant.models:
+            name = f"allow-{tenant.name}-{model}"
+            if name in seen and seen[name][1] != tenant.name:
+                j, other = seen[name]
+                add(f"tenants[{i}].name", f"tenant '{tenant.name}' calling '{model}' and tenant '{other}' "
+                    f"(tenants[{j}]) name the same policy '{name}'; rename one of the tenants or models")
+            seen.setdefault(name, (i, tenant.name))
 
 
 def _check_placement(cfg: "StackConfig", add: Add, key: str, model: ModelSpec, pool_name: str) -> None:

@@ -170,6 +170,12 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
      "vllm-gke:models[0].extraArgs", "set models[].adapters"),
     ("max-loras-without-adapters", "dev", lambda v: v["vllm-gke:models"][0].update(maxLoras=2),
      "vllm-gke:models[0]", "maxLoras needs adapters"),
+    ("policy-names-collide", "dev", lambda v: (
+        v["vllm-gke:models"].append({**v["vllm-gke:models"][0], "name": "team-qwen-7b"}),
+        v["vllm-gke:tenants"].append({**v["vllm-gke:tenants"][0], "name": "dev", "models": ["team-qwen-7b"],
+                                      "jwt": {"issuer": "https://auth.example/dev", "audiences": ["x"],
+                                              "jwksUri": "https://auth.example/dev/jwks"}})),
+     "vllm-gke:tenants[1].name", "name the same policy 'allow-dev-team-qwen-7b'"),
     ("priority-range", "staging", lambda v: v["vllm-gke:tenants"][0].update(priority=1000),
      "vllm-gke:tenants[0].priority", "100"),
 ]
