@@ -15,15 +15,16 @@ def test_generated_configs_are_valid(tenants, models):
     assert len(cfg.tenants) == tenants and len(cfg.models) == models
 
 
-def _count(tenants: int, models: int) -> int:
-    return sum(r.custom for r in run_program("bench", scaled_config(tenants, models)).resources)
+def _count(tenants: int, models: int, every_option: bool = False) -> int:
+    return sum(r.custom for r in run_program("bench", scaled_config(tenants, models, every_option)).resources)
 
 
-def test_resources_grow_linearly_in_tenants():
-    base = _count(1, 1)
-    per_tenant = _count(2, 1) - base
+@pytest.mark.parametrize("every_option", [False, True])
+def test_resources_grow_linearly_in_tenants(every_option):
+    base = _count(1, 1, every_option)
+    per_tenant = _count(2, 1, every_option) - base
     assert per_tenant > 0
-    assert _count(6, 1) == base + 5 * per_tenant
+    assert _count(6, 1, every_option) == base + 5 * per_tenant
 
 
 def test_resources_grow_linearly_in_models():
@@ -46,20 +47,9 @@ def test_every_option_configs_are_valid_and_use_every_option(tenants, models):
                                                           if m.routing == "length")
 
 
-def _count_all(tenants: int, models: int) -> int:
-    return sum(r.custom for r in run_program("bench", scaled_config(tenants, models, every_option=True)).resources)
-
-
-def test_resources_grow_linearly_in_tenants_with_every_option():
-    base = _count_all(1, 1)
-    per_tenant = _count_all(2, 1) - base
-    assert per_tenant > 0
-    assert _count_all(6, 1) == base + 5 * per_tenant
-
-
 def test_resources_grow_linearly_in_models_with_every_option():
     # Models alternate between the two routings: count in pairs beyond the tenant's models.
-    base = _count_all(1, MODELS_PER_TENANT + 1)
-    per_pair = _count_all(1, MODELS_PER_TENANT + 3) - base
+    base = _count(1, MODELS_PER_TENANT + 1, True)
+    per_pair = _count(1, MODELS_PER_TENANT + 3, True) - base
     assert per_pair > 0
-    assert _count_all(1, MODELS_PER_TENANT + 7) == base + 3 * per_pair
+    assert _count(1, MODELS_PER_TENANT + 7, True) == base + 3 * per_pair
