@@ -40,7 +40,7 @@ save ""
 appendonly no
 maxmemory 256mb
 maxmemory-policy volatile-ttl
-user default on nopass resetkeys ~rl:* resetchannels -@all +ping +hello +client|setinfo +evalsha +eval +script|load +script|exists +zadd +zcard +zrange +zremrangebyscore +pexpire +time
+user default on nopass resetkeys ~rl:* resetchannels -@all +ping +hello +evalsha +eval +script|load +script|exists +zadd +zcard +zrange +zremrangebyscore +pexpire +time
 """
 
 

@@ -214,7 +214,7 @@ def test_store_keeps_nothing_and_runs_only_the_script():
     import re
     called = {c.lower() for c in re.findall(r"redis\.call\('([A-Z]+)'", limits.SCRIPT)}
     assert called <= allowed
-    assert allowed - called == {"ping", "hello", "client|setinfo", "evalsha", "eval", "script|load", "script|exists"}
+    assert allowed - called == {"ping", "hello", "evalsha", "eval", "script|load", "script|exists"}
 
 
 def test_guards_in_prod_count_across_replicas(plans):
@@ -236,3 +236,67 @@ def test_store_pods_wait_for_the_mesh(plans):
     plan = plans["prod"]
     store = plan.kube("Deployment", "limits")
     assert plan.waits_for(store, plan.kube("Job", "mesh-ready"))  # a meshed pod: the sidecar must inject
+
+
+# --- against a real Redis, where one is installed (REDIS_SERVER or redis-server on PATH) -------
+
+def _redis_server():
+    import os
+    import shutil
+
+    return os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
+
+
+@pytest.fixture
+def real_redis(tmp_path):
+    import socket
+    import subprocess
+
+    binary = _redis_server()
+    if not binary:
+        pytest.skip("no redis-server here (set REDIS_SERVER): the script ran in fakeredis' Lua above")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = tmp_path / "redis.conf"
+    # The store's own config, on a free local port, in a scratch directory.
+    conf.write_text(REDIS_CONF.replace(f"port {PORT}", f"port {port}").replace("bind * -::*", "bind 127.0.0.1")
+                    + f"dir {tmp_path}\n")
+    proc = subprocess.Popen([binary, str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    import redis
+
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    yield port
+    proc.terminate()
+    proc.wait(5)
+
+
+def test_the_script_and_the_acl_on_a_real_redis(real_redis):
+    import redis
+    import redis.asyncio as aioredis
+
+    async def go():
+        a = limits.SharedLimiter(aioredis.Redis(port=real_redis))
+        b = limits.SharedLimiter(aioredis.Redis(port=real_redis))
+        verdicts = [await (a if i % 2 else b).take("t", 3, 1000, 400) for i in range(4)]
+        return verdicts
+
+    verdicts = run(go())
+    # 3 requests fit, but the third's 400 tokens would make 1,200 of 1,000: refused on tokens.
+    assert [v.wait is None for v in verdicts] == [True, True, False, False]
+    assert verdicts[2].limit == "tokens" and verdicts[3].limit == "tokens"
+    plain = redis.Redis(port=real_redis)
+    assert plain.ping()
+    for forbidden in (lambda: plain.flushall(), lambda: plain.get("rl:{t}:req"), lambda: plain.config_get("*"),
+                      lambda: plain.keys("*")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            forbidden()
+    # Keys outside rl: are out of reach even for the allowed commands.
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        plain.zadd("elsewhere", {"x": 1})
