@@ -43,6 +43,7 @@ def wait_for_weights(model: ModelSpec) -> str:
     return "; ".join(WAITING_FOR_WEIGHTS.format(marker=m) for m in markers)
 
 PoolName = Literal["short", "long"]
+KEDA_MAY_COEXIST = {"validations.keda.sh/hpa-ownership": "false"}
 # GPU replicas are slow to start and costly to churn: scale up fast, down slowly.
 SCALE_BEHAVIOR = {
     "scaleUp": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]},
@@ -310,7 +311,11 @@ class VllmService(pulumi.ComponentResource):
         else:
             self.autoscaler = k8s.autoscaling.v2.HorizontalPodAutoscaler(
                 f"{name}-hpa",
-                metadata={**meta(self.service_name, labels=labels), "namespace": args.namespace},
+                # Switching a running pool to minReplicas 0: Pulumi creates the ScaledObject before
+                # it deletes this HPA, and KEDA's admission webhook refuses a ScaledObject for a
+                # Deployment another HPA scales - unless that HPA opts out of the check.
+                metadata={**meta(self.service_name, labels=labels, annotations=KEDA_MAY_COEXIST),
+                          "namespace": args.namespace},
                 spec={
                     "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": self.service_name},
                     "minReplicas": pool.min_replicas,

@@ -145,3 +145,11 @@ def test_headless_lookup_reads_readiness_from_dns():
     spec.loader.exec_module(module)
     assert module.resolves("localhost") is True
     assert module.resolves("no-such-service.invalid") is False
+
+
+def test_switching_a_running_pool_to_zero_passes_kedas_webhook(plans):
+    """Pulumi creates the ScaledObject before it deletes the pool's HPA; KEDA's webhook (v2.20.2
+    verifyHpas) refuses a ScaledObject for a workload another HPA scales unless that HPA carries
+    validations.keda.sh/hpa-ownership: "false"."""
+    hpa = one(plans["staging"], "HorizontalPodAutoscaler", "mistral-7b-short")
+    assert hpa["metadata"]["annotations"]["validations.keda.sh/hpa-ownership"] == "false"
