@@ -60,6 +60,11 @@ RUNTIME_ENV = ({"name": "HOME", "value": HOME}, {"name": "USER", "value": "vllm"
                {"name": "XDG_CACHE_HOME", "value": f"{HOME}/.cache"})
 
 
+def service_name_of(model: str, pool_name: str, canary: bool = False) -> str:
+    """The pool's Service, Deployment and autoscaler name."""
+    return f"{model}-canary-{pool_name}" if canary else f"{model}-{pool_name}"
+
+
 def disruption_budget(pool: ServingPoolSpec) -> dict[str, Any]:
     """Never let a voluntary disruption (node drain, upgrade, autoscaler consolidation) take the
     last serving replica: with one replica that means no eviction at all until GKE's drain
@@ -184,7 +189,7 @@ class VllmService(pulumi.ComponentResource):
         # A canary's pool label differs, so the stable Service never selects canary pods (and the
         # stable Deployment's immutable selector stays as it was).
         pool_label = f"{args.pool_name}-canary" if args.canary else args.pool_name
-        self.service_name = f"{model.name}-canary-{args.pool_name}" if args.canary else f"{model.name}-{args.pool_name}"
+        self.service_name = service_name_of(model.name, args.pool_name, args.canary)
         labels = {MODEL_LABEL: model.name, POOL_LABEL: pool_label, "app.kubernetes.io/name": "vllm",
                   "vllm-gke.io/revision": model.revision.replace("/", "-")[:63].rstrip("-._")}
         if args.tenant:

@@ -29,7 +29,7 @@ from vllm_gke.components.specs import ModelSpec, TenantSpec
 from vllm_gke.components.serving_api import guard_config, objective_name, tenant_routes
 from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
 from vllm_gke.components.standby import Standby, StandbyArgs
-from vllm_gke.components.vllm_service import ScaleToZero, VllmService, VllmServiceArgs
+from vllm_gke.components.vllm_service import ScaleToZero, VllmService, VllmServiceArgs, service_name_of
 from vllm_gke.components.vllm_versions import release
 from vllm_gke.infra.cold_start import NODE_PROVISION_S, cold_start_seconds
 from vllm_gke.infra.config import StackConfig
@@ -128,7 +128,6 @@ def build(cfg: StackConfig) -> Platform:
             project=cfg.project, provider=provider, workload_pool=cluster.workload_pool,
             gsa_name=service_account_id(cfg.cluster.name, "keda"), apis=apis))
     shared_store: tuple[str, int] | None = None
-    serving_pods: list[pulumi.Resource] = [mesh, store]
     if cfg.global_limits.enabled:
         # vLLM pods run as their namespace's default service account: those identities may connect.
         clients = [cfg.serving_namespace, *(tenant_namespace(t) for t in cfg.tenants if t.dedicated)]
@@ -146,11 +145,11 @@ def build(cfg: StackConfig) -> Platform:
         picked = model.name if model.routing == "inference-gateway" else None
         for which in model.pool_names:
             pool = getattr(model, which)
-            service_name = f"{model.name}-canary-{which}" if canary else f"{model.name}-{which}"
-            to_zero = ScaleToZero(cfg.project, platform.keda.auth_name, f"{service_name}-standby") \
+            standby_name = f"{service_name_of(model.name, which, canary)}-standby"
+            to_zero = ScaleToZero(cfg.project, platform.keda.auth_name, standby_name) \
                 if pool.min_replicas == 0 and platform.keda else None
             svc = VllmService(f"{key}-{which}", VllmServiceArgs(
-                model=model, pool_name=which, pool=getattr(model, which), node_pool=cfg.pool(pool_name),
+                model=model, pool_name=which, pool=pool, node_pool=cfg.pool(pool_name),
                 namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
                 provider=provider,
                 guard_config=guard_config(callers, tenant_routes(), rel.max_tokens_rule, objectives_for=picked,
