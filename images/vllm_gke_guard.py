@@ -449,10 +449,12 @@ class GuardMiddleware:
         # Limits across replicas (LimitStore); the per-replica windows above are then the fallback.
         shared = cfg.get("globalLimits")
         self.shared: Any = None
+        self.store_unavailable: type[Exception] = Exception
         if shared:
-            from vllm_gke_limits import SharedLimiter
+            from vllm_gke_limits import SharedLimiter, StoreUnavailable
 
             self.shared = SharedLimiter.connect(str(shared["host"]), int(shared["port"]))
+            self.store_unavailable = StoreUnavailable
         self.warmup_token = os.environ.get(WARMUP_TOKEN_ENV, "").encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -567,12 +569,10 @@ class GuardMiddleware:
         """Across replicas, counted once the request is known valid; the local window if the store is down."""
         if self.shared is None:
             return
-        from vllm_gke_limits import StoreUnavailable
-
         try:
             verdict = await self.shared.take(entry["tenant"], int(entry["requestsPerMinute"]),
                                              entry.get("tokensPerMinute"), tokens)
-        except StoreUnavailable:
+        except self.store_unavailable:
             self._take_local(issuer, entry)
             return
         if verdict.wait is None:
