@@ -222,13 +222,14 @@ class ModelStore(pulumi.ComponentResource):
                                         opts=gcp_opts("storage.googleapis.com"))
             # Readers: the serving namespaces' pods (service account `default`), by Workload Identity
             # Federation principal, read-only, on this bucket only.
+            # The pool is the cluster's output: the bindings wait for the cluster that creates it.
             number = gcp.organizations.get_project_output(project_id=args.project).number
             for key, ns in args.consumer_namespaces.items():
                 gcp.storage.BucketIAMMember(
                     f"{name}-reader-{key}", bucket=self.bucket.name, role="roles/storage.objectViewer",
-                    member=pulumi.Output.all(number, ns).apply(lambda a: (
+                    member=pulumi.Output.all(number, args.workload_pool, ns).apply(lambda a: (
                         f"principal://iam.googleapis.com/projects/{a[0]}/locations/global/workloadIdentityPools/"
-                        f"{args.project}.svc.id.goog/subject/ns/{a[1]}/sa/default")),
+                        f"{a[1]}/subject/ns/{a[2]}/sa/default")),
                     opts=gcp_opts("storage.googleapis.com"))
         self.loader_binding = gcp.serviceaccount.IAMMember(
             f"{name}-loader-wi", service_account_id=self.loader_gsa.name,

@@ -71,6 +71,10 @@ def test_loader_writes_the_bucket_and_readers_only_read_it(plans):
     pool = f"principal://iam.googleapis.com/projects/{MOCK_PROJECT_NUMBER}/locations/global/workloadIdentityPools/" \
            "acme-llm-staging.svc.id.goog/subject/ns"
     assert readers == [f"{pool}/vllm/sa/default"]
+    # The identity pool exists once the cluster does: the reader bindings wait for it.
+    (cluster,) = plan.of_type("gcp:container/cluster:Cluster")
+    reader = plan.named("gcp:storage/bucketIAMMember:BucketIAMMember", "weights-reader-serving")
+    assert plan.waits_for(reader, cluster)
     # Nothing project-wide: every grant is on this bucket.
     assert not [p for p in props_of(plan, "gcp:projects/iAMMember:IAMMember") if "storage" in p["role"]]
 
