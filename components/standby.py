@@ -46,6 +46,8 @@ class StandbyArgs:
     # Labels only the vLLM pods carry, added to the selector of the headless readiness Service.
     vllm_only_labels: Mapping[str, str]
     provider: k8s.Provider
+    # More labels the pool's pods carry that its mesh policies select on (a dedicated pool's tenant).
+    policy_labels: Mapping[str, str] = field(default_factory=dict)
     port: int = 8000
     expected_seconds: int = 600
     image: ImageRef = field(default_factory=lambda: DEFAULT_IMAGE)
@@ -60,7 +62,8 @@ class Standby(pulumi.ComponentResource):
         k8s_opts = child_opts(self, opts, provider=args.provider)
         standby = f"{args.service_name}-standby"
         self.ready_service = f"{args.service_name}-ready"
-        labels = {**args.pool_selector, STANDBY_LABEL: "true", "app.kubernetes.io/name": "vllm-gke-standby"}
+        labels = {**args.pool_selector, **args.policy_labels, STANDBY_LABEL: "true",
+                  "app.kubernetes.io/name": "vllm-gke-standby"}
         ns = args.namespace
         # Resolves only while a vLLM replica of the pool is ready (headless, ready addresses only).
         k8s.core.v1.Service(

@@ -15,7 +15,7 @@ from vllm_gke.components.gcp_names import service_account_id
 from vllm_gke.components.gpu_cluster import GpuCluster, GpuClusterArgs
 from vllm_gke.components.inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
 from vllm_gke.components.inference_pool import InferencePool, InferencePoolArgs
-from vllm_gke.components.k8s_meta import MODEL_LABEL, POOL_LABEL
+from vllm_gke.components.k8s_meta import MODEL_LABEL, POOL_LABEL, TENANT_LABEL
 from vllm_gke.components.keda import Keda, KedaArgs
 from vllm_gke.components.limit_store import PORT as LIMITS_PORT
 from vllm_gke.components.limit_store import LimitStore, LimitStoreArgs
@@ -167,6 +167,7 @@ def build(cfg: StackConfig) -> Platform:
                     service_name=svc.service_name, model=model.name, namespace=namespace,
                     pool_selector={MODEL_LABEL: model.name, POOL_LABEL: pool_label},
                     vllm_only_labels={"app.kubernetes.io/name": "vllm"}, provider=provider,
+                    policy_labels={TENANT_LABEL: tenant} if tenant else {},
                     expected_seconds=int(NODE_PROVISION_S + cold_start_seconds(cfg, model))),
                     opts=after_mesh)
         return names

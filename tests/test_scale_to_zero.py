@@ -153,3 +153,23 @@ def test_switching_a_running_pool_to_zero_passes_kedas_webhook(plans):
     validations.keda.sh/hpa-ownership: "false"."""
     hpa = one(plans["staging"], "HorizontalPodAutoscaler", "mistral-7b-short")
     assert hpa["metadata"]["annotations"]["validations.keda.sh/hpa-ownership"] == "false"
+
+
+def test_a_tenants_own_pool_at_zero_answers_the_tenant(plan_variant):
+    """A dedicated pool's standby lives in the tenant's namespace, whose allow policy selects the
+    tenant label: without it the tenant's requests at zero would get the mesh's 403, not the 503."""
+    from vllm_gke.policies.mesh_authz import Request, decide
+
+    def analytics_long_to_zero(values):
+        (qwen,) = [m for m in values["vllm-gke:models"] if m["name"] == "qwen-7b"]
+        qwen["long"]["minReplicas"] = 0
+
+    plan = plan_variant("prod", analytics_long_to_zero)
+    standby = plan.kube("Deployment", "qwen-7b-long-standby", "tenant-analytics").props
+    labels = standby["spec"]["template"]["metadata"]["labels"]
+    decision = decide(plan.manifests(), Request("tenant-analytics", "/v1/completions", "POST", labels,
+                                                token=("https://auth.acme.example/analytics", "u")))
+    assert decision.allowed, decision.reason
+    # ...and a token of another tenant is still refused there.
+    assert not decide(plan.manifests(), Request("tenant-analytics", "/v1/completions", "POST", labels,
+                                                token=("https://auth.acme.example/search", "u"))).allowed
