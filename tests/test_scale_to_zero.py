@@ -173,3 +173,18 @@ def test_a_tenants_own_pool_at_zero_answers_the_tenant(plan_variant):
     # ...and a token of another tenant is still refused there.
     assert not decide(plan.manifests(), Request("tenant-analytics", "/v1/completions", "POST", labels,
                                                 token=("https://auth.acme.example/search", "u"))).allowed
+
+
+def test_shared_pool_standby_admits_the_models_tenants_only(plans):
+    from vllm_gke.policies.mesh_authz import Request, decide
+
+    plan = plans["staging"]
+    labels = one(plan, "Deployment", "mistral-7b-long-standby")["spec"]["template"]["metadata"]["labels"]
+    docs = plan.manifests()
+
+    def status(token):
+        return decide(docs, Request("vllm", "/v1/chat/completions", "POST", labels, token=token)).status
+
+    assert status(("https://auth.acme.example/support", "u")) == 200  # support may call mistral-7b
+    assert status(("https://auth.acme.example/search", "u")) == 403   # search may not
+    assert status(None) == 403                                        # nobody without a token wakes GPUs
