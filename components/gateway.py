@@ -21,7 +21,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.k8s_meta import ACCESS_LABEL, custom_resource, meta
+from vllm_gke.components.k8s_meta import ACCESS_LABEL, custom_resource, meta, vllm_health_check
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.project_apis import ProjectApis
 from vllm_gke.components.serving_api import FAIRNESS_HEADER, ISSUER_HEADER, OBJECTIVE_HEADER, PICKER_CONTROL_HEADERS
@@ -228,10 +228,10 @@ class Gateway(pulumi.ComponentResource):
                opts: pulumi.ResourceOptions) -> None:
         prefix = f"/{target.path_prefix}/v1"
         path = {"type": "PathPrefix", "value": prefix}
-        rewrite = [{"type": "URLRewrite",
-                    "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v1"}}},
-                   # The tenant is the issuer Istio verified: a client's own copy never gets through.
-                   {"type": "RequestHeaderModifier", "requestHeaderModifier": {"remove": [ISSUER_HEADER]}}]
+        url_rewrite = {"type": "URLRewrite",
+                       "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v1"}}}
+        # The tenant is the issuer Istio verified: a client's own copy never gets through.
+        rewrite = [url_rewrite, {"type": "RequestHeaderModifier", "requestHeaderModifier": {"remove": [ISSUER_HEADER]}}]
 
         def backend(service: str, canary: Optional[str]) -> list[dict]:
             if not canary:
@@ -242,7 +242,7 @@ class Gateway(pulumi.ComponentResource):
                     {"name": canary, "port": target.port, "weight": target.canary_weight}]
 
         if target.picker:
-            self._picker_route(name, target, path, rewrite, parent_ref, spec, opts)
+            self._picker_route(name, target, path, url_rewrite, parent_ref, spec, opts)
             return
         long_backend = {"filters": rewrite,
                         "backendRefs": backend(target.long_service, target.canary_long_service)}
@@ -272,7 +272,7 @@ class Gateway(pulumi.ComponentResource):
         custom_resource(f"{name}-route-{target.route_name}", "gateway.networking.k8s.io/v1", "HTTPRoute",
                         {**meta(target.route_name), "namespace": target.namespace}, route_spec, opts)
 
-    def _picker_route(self, name: str, target: RouteTarget, path: dict, rewrite: list[dict], parent_ref: dict,
+    def _picker_route(self, name: str, target: RouteTarget, path: dict, url_rewrite: dict, parent_ref: dict,
                       spec: GatewaySpec, opts: pulumi.ResourceOptions) -> None:
         """One rule to the pool; the objective and fairness id are set here (overwriting a client's
         copy) and the picker's other control headers stripped. The mesh admits the tenant's token
@@ -283,7 +283,7 @@ class Gateway(pulumi.ComponentResource):
             "set": [{"name": OBJECTIVE_HEADER, "value": picker.objective},
                     {"name": FAIRNESS_HEADER, "value": picker.tenant}],
             "remove": [ISSUER_HEADER, *PICKER_CONTROL_HEADERS]}}
-        filters = [rewrite[0], headers]
+        filters = [url_rewrite, headers]
         backend = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": picker.pool_name}
         self._declare_route(name, target, [{"matches": [{"path": path}], "filters": filters,
                                             "backendRefs": [backend]}], parent_ref, spec, opts)
@@ -292,17 +292,9 @@ class Gateway(pulumi.ComponentResource):
     def _service_policies(name: str, target: RouteTarget, spec: GatewaySpec, opts: pulumi.ResourceOptions) -> None:
         for service in target.services():
             ref = {"group": "", "kind": "Service", "name": service}
-            # The LB's default health check asks for '/', which vLLM answers 404.
             custom_resource(
                 f"{name}-hc-{target.route_name}-{service}", "networking.gke.io/v1", "HealthCheckPolicy",
-                {**meta(service), "namespace": target.namespace},
-                # USE_FIXED_PORT: gke-gateway-api main rejects `port` without it; GKE 1.33 accepts both.
-                # A failing replica leaves the load balancer in ~10 s (2 failed checks, 5 s apart).
-                {"default": {"checkIntervalSec": 5, "timeoutSec": 3, "healthyThreshold": 1, "unhealthyThreshold": 2,
-                             "config": {"type": "HTTP", "httpHealthCheck": {
-                                 "portSpecification": "USE_FIXED_PORT", "port": target.port,
-                                 "requestPath": "/health"}}},
-                 "targetRef": ref}, opts)
+                {**meta(service), "namespace": target.namespace}, vllm_health_check(ref, target.port), opts)
             # Long generations stream for minutes; the LB's 30 s default would cut them.
             # Draining outlasts the pods' 20 s preStop, so in-flight streams finish on a scale-down.
             backend_policy: dict = {"timeoutSec": spec.request_timeout_seconds,

@@ -26,7 +26,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from vllm_gke.components.k8s_meta import custom_resource, meta
+from vllm_gke.components.k8s_meta import CONTAINER_SECURITY, custom_resource, meta, vllm_health_check
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.specs import ImageRef
 
@@ -127,8 +127,7 @@ class InferencePool(pulumi.ComponentResource):
                             "readinessProbe": {**grpc_probe, "periodSeconds": 2},
                             "resources": {"requests": {"cpu": "1", "memory": "2Gi"},
                                           "limits": {"cpu": "4", "memory": "4Gi"}},
-                            "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                                "capabilities": {"drop": ["ALL"]}},
+                            "securityContext": CONTAINER_SECURITY,
                             "volumeMounts": [{"name": "plugins-config", "mountPath": "/config", "readOnly": True}],
                         }],
                         "volumes": [{"name": "plugins-config", "configMap": {"name": epp}}],
@@ -160,12 +159,8 @@ class InferencePool(pulumi.ComponentResource):
                             {"poolRef": {"name": args.pool_name}, "priority": priority}, after_pool)
 
         target = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": args.pool_name}
-        custom_resource(
-            f"{name}-hc", "networking.gke.io/v1", "HealthCheckPolicy", pool_meta,
-            {"default": {"checkIntervalSec": 5, "timeoutSec": 3, "healthyThreshold": 1, "unhealthyThreshold": 2,
-                         "config": {"type": "HTTP", "httpHealthCheck": {
-                             "portSpecification": "USE_FIXED_PORT", "port": args.port, "requestPath": "/health"}}},
-             "targetRef": target}, after_pool)
+        custom_resource(f"{name}-hc", "networking.gke.io/v1", "HealthCheckPolicy", pool_meta,
+                        vllm_health_check(target, args.port), after_pool)
         custom_resource(
             f"{name}-bp", "networking.gke.io/v1", "GCPBackendPolicy", pool_meta,
             {"default": {"timeoutSec": args.request_timeout_seconds, "logging": {"enabled": True}},

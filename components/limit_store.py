@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.k8s_meta import custom_resource, meta
+from vllm_gke.components.k8s_meta import CONTAINER_SECURITY, custom_resource, meta
 from vllm_gke.components.mesh_namespace import ISTIO_API
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.specs import ImageRef
@@ -110,8 +110,7 @@ class LimitStore(pulumi.ComponentResource):
                             "livenessProbe": {**ping, "periodSeconds": 10, "failureThreshold": 3},
                             "resources": {"requests": {"cpu": "250m", "memory": "320Mi"},
                                           "limits": {"cpu": "1", "memory": "384Mi"}},
-                            "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                                "capabilities": {"drop": ["ALL"]}},
+                            "securityContext": CONTAINER_SECURITY,
                             "volumeMounts": [{"name": "config", "mountPath": "/etc/redis", "readOnly": True},
                                              {"name": "data", "mountPath": "/data"}],
                         }],

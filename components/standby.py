@@ -24,7 +24,7 @@ from typing import Mapping, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.k8s_meta import BASE_LABELS, MODEL_LABEL, POOL_LABEL, meta
+from vllm_gke.components.k8s_meta import BASE_LABELS, CONTAINER_SECURITY, MODEL_LABEL, POOL_LABEL, meta
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.specs import ImageRef
 
@@ -101,8 +101,7 @@ class Standby(pulumi.ComponentResource):
                             "readinessProbe": health,
                             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
                                           "limits": {"cpu": "500m", "memory": "128Mi"}},
-                            "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                                "capabilities": {"drop": ["ALL"]}},
+                            "securityContext": CONTAINER_SECURITY,
                             "volumeMounts": [{"name": "program", "mountPath": "/opt/standby", "readOnly": True}],
                         }],
                         "volumes": [{"name": "program", "configMap": {"name": standby}}],

@@ -16,7 +16,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from vllm_gke.components.gpu_cluster import placement_for
-from vllm_gke.components.k8s_meta import BASE_LABELS, MODEL_LABEL, POOL_LABEL, TENANT_LABEL, custom_resource, meta
+from vllm_gke.components.k8s_meta import (
+    BASE_LABELS, CONTAINER_SECURITY, MODEL_LABEL, POOL_LABEL, TENANT_LABEL, custom_resource, meta,
+)
 from vllm_gke.components import gcs_weights
 from vllm_gke.components.model_store import SERVER_UID, MOUNT_PATH, adapter_copies, model_dir, ready_marker
 from vllm_gke.components.options import child_opts
@@ -54,8 +56,6 @@ SCALE_BEHAVIOR = {
 # which fails for a UID with no passwd entry.
 HOME = "/home/vllm"
 NON_ROOT = {"runAsNonRoot": True, "runAsUser": SERVER_UID, "runAsGroup": SERVER_UID}
-CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                      "capabilities": {"drop": ["ALL"]}}
 RUNTIME_ENV = ({"name": "HOME", "value": HOME}, {"name": "USER", "value": "vllm"},
                {"name": "XDG_CACHE_HOME", "value": f"{HOME}/.cache"})
 
