@@ -7,6 +7,7 @@ Machine types map to their accelerator so config never repeats what GCE already 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -93,6 +94,24 @@ MACHINE_TYPES: Mapping[str, MachineType] = _table(
 )
 
 GPU_MACHINE_TYPES = tuple(n for n, m in MACHINE_TYPES.items() if m.is_gpu)
+
+# Machine series that attach Hyperdisk ML: A3 and G2 (and C3 for loaders) in Compute Engine's
+# machine-series support list; A2 only as A2 Ultra (compute/docs/disks/hyperdisk-perf-limits lists
+# no A2 Standard type). A2 Standard (a2-highgpu, a2-megagpu) takes Persistent Disk only.
+HYPERDISK_ML_PREFIXES = ("a2-ultragpu-", "a3-", "g2-", "c3-", "c3d-")
+
+
+def attaches_hyperdisk_ml(machine_type: str) -> bool:
+    return machine_type.startswith(HYPERDISK_ML_PREFIXES)
+
+
+def populator_vcpus(machine_type: str) -> int | None:
+    """vCPUs of a C3/C3D machine type (the Volume Populator's transfer nodes), None if it is not
+    one or has fewer than 8."""
+    m = re.fullmatch(r"c3d?-(standard|highcpu|highmem)-(\d+)(-lssd)?", machine_type)
+    return int(m[2]) if m and int(m[2]) >= 8 else None
+
+
 CPU_MACHINE_TYPES = tuple(n for n, m in MACHINE_TYPES.items() if not m.is_gpu)
 
 

@@ -12,6 +12,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from vllm_gke.components.gcp_names import service_account_id
+from vllm_gke.components.hyperdisk_weights import TRANSFER_COMPUTE_CLASS
 from vllm_gke.components.k8s_meta import COMPUTE_CLASS_LABEL, NODE_POOL_LABEL, custom_resource, meta
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.project_apis import ProjectApis
@@ -25,6 +26,7 @@ NODE_ROLES = (
     "roles/artifactregistry.reader",
 )
 
+TRANSFER_POOL = "hdml-transfer"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
 
 
@@ -39,6 +41,8 @@ class GpuClusterArgs:
     apis: Optional[ProjectApis] = None
     # The Cloud Storage FUSE CSI add-on (weights in a bucket).
     gcs_fuse: bool = False
+    # Hyperdisk ML weights: the machine type of the pool GKE Volume Populator's transfer Jobs run on.
+    populator_machine_type: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,21 @@ class GpuCluster(pulumi.ComponentResource):
                 self.node_pools[twin] = self._gpu_pool(name, args, pool, twin, False, labels, opts)
                 compute_class_pools[pool.name] = (pool.name, twin, pool.spot_return_migration)
 
+        if args.populator_machine_type:
+            # GKE Volume Populator on a Standard cluster without node auto-provisioning: a pool
+            # labelled and tainted with the compute class its transfer Jobs select, scaled from
+            # zero (a node exists only while a disk is being filled), one node per zone at most.
+            self.node_pools[TRANSFER_POOL] = gcp.container.NodePool(
+                f"{name}-{TRANSFER_POOL}", name=TRANSFER_POOL, project=args.project, location=args.region,
+                cluster=self.cluster.name, initial_node_count=0,
+                autoscaling={"total_min_node_count": 0, "total_max_node_count": zones, "location_policy": "ANY"},
+                node_config=self._node_config(
+                    args.populator_machine_type, 100, {COMPUTE_CLASS_LABEL: TRANSFER_COMPUTE_CLASS}, labels,
+                    taints=[{"key": COMPUTE_CLASS_LABEL, "value": TRANSFER_COMPUTE_CLASS, "effect": "NO_SCHEDULE"}]),
+                management={"auto_repair": True, "auto_upgrade": True},
+                upgrade_settings={"strategy": "SURGE", "max_surge": 1, "max_unavailable": 0},
+                opts=child_opts(self, opts))
+
         hub = needs("gkehub.googleapis.com")
         self.membership = gcp.gkehub.Membership(
             f"{name}-fleet", membership_id=spec.name, project=args.project, location="global",
@@ -258,6 +277,14 @@ class GpuCluster(pulumi.ComponentResource):
                     "nodePoolAutoCreation": {"enabled": False},
                     "whenUnsatisfiable": "DoNotScaleUp",
                 },
+                child_opts(self, opts, provider=self.provider))
+
+        if args.populator_machine_type:
+            custom_resource(
+                f"{name}-cc-{TRANSFER_COMPUTE_CLASS}", "cloud.google.com/v1", "ComputeClass",
+                meta(TRANSFER_COMPUTE_CLASS),
+                {"priorities": [{"nodepools": [TRANSFER_POOL]}], "nodePoolAutoCreation": {"enabled": False},
+                 "whenUnsatisfiable": "DoNotScaleUp"},
                 child_opts(self, opts, provider=self.provider))
 
         self.register_outputs({

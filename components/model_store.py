@@ -18,7 +18,9 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from vllm_gke.components import gcs_weights
+from vllm_gke.components.catalog import populator_vcpus
 from vllm_gke.components.gcp_names import bucket_name, service_account_id
+from vllm_gke.components.hyperdisk_weights import HyperdiskWeights, HyperdiskWeightsArgs, WeightSet
 from vllm_gke.components.k8s_meta import WEIGHTS_READY_MARKER, custom_resource, meta
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.project_apis import ProjectApis
@@ -96,6 +98,10 @@ def weight_copies(models: Sequence[ModelSpec]) -> list[WeightCopy]:
         [a for m in models for a in adapter_copies(m)]
 
 
+def weight_set(copy: WeightCopy) -> WeightSet:
+    return WeightSet(copy.key, copy.source, copy.revision, copy.directory, copy.weights_gb)
+
+
 def plan_filestore(models: Sequence[ModelSpec], weights: WeightsSpec) -> tuple[str, int]:
     """Tier and capacity (GiB) for the share: the tier's minimum or the weights plus headroom."""
     total = sum(c.weights_gb for c in weight_copies(models))
@@ -142,6 +148,10 @@ class ModelStoreArgs:
     provider: k8s.Provider
     # plain name -> namespace (an Output, so claims wait for the namespace to exist)
     consumer_namespaces: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
+    # plain name -> the models its pods serve (hyperdisk-ml: the disks it needs); default: all.
+    consumer_models: Optional[Mapping[str, Sequence[str]]] = None
+    # The cluster's zones (hyperdisk-ml: a disk in each).
+    zones: Sequence[str] = ()
     system_namespace: str = "vllm-gke-system"
     # Filestore instance name, unique per project and zone; defaults to "<name>-weights".
     instance_name: Optional[str] = None
@@ -172,9 +182,10 @@ class ModelStore(pulumi.ComponentResource):
         # How a serving pod mounts the weights: the claim (Filestore) or the bucket (gcs).
         self.weights_volume: Optional[dict] = None
         self.pod_annotations: dict[str, str] = {}
-        # gcs: what the bucket holds, GB (it has no capacity to provision).
+        # gcs, hyperdisk-ml: what the bucket holds, GB (it has no capacity to provision).
         self.tier, self.capacity_gb = plan_filestore(args.models, args.weights) if self.backend == "filestore" \
-            else ("gcs", math.ceil(sum(c.weights_gb for c in weight_copies(args.models))))
+            else (self.backend, math.ceil(sum(c.weights_gb for c in weight_copies(args.models))))
+        self.hyperdisk: Optional[HyperdiskWeights] = None
         self.server_ip: pulumi.Output[str] = pulumi.Output.from_input("")
         if self.backend == "filestore":
             self.location = args.region if self.tier in REGIONAL_TIERS else args.zone
@@ -198,8 +209,9 @@ class ModelStore(pulumi.ComponentResource):
                 hierarchical_namespace={"enabled": True}, force_destroy=False,
                 opts=child_opts(self, opts, protect=args.protect,
                                 depends_on=apis.needs("storage.googleapis.com") if apis else []))
-            self.weights_volume = gcs_weights.weights_volume(self.bucket.name, read_only=True, uid=SERVER_UID)
-            self.pod_annotations = dict(gcs_weights.MESHED_POD_ANNOTATIONS)
+            if self.backend == "gcs":
+                self.weights_volume = gcs_weights.weights_volume(self.bucket.name, read_only=True, uid=SERVER_UID)
+                self.pod_annotations = dict(gcs_weights.MESHED_POD_ANNOTATIONS)
 
         # Loader identity: reads the HF token from Secret Manager and gs:// sources, nothing else.
         self.loader_gsa = gcp.serviceaccount.Account(
@@ -215,15 +227,16 @@ class ModelStore(pulumi.ComponentResource):
             gcp.projects.IAMMember(f"{name}-loader-gcs", project=args.project,
                                    role="roles/storage.objectViewer", member=loader_member,
                                    opts=gcp_opts("cloudresourcemanager.googleapis.com"))
-        if self.backend == "gcs":
+        number = gcp.organizations.get_project_output(project_id=args.project).number
+        if self.backend != "filestore":
             # Writes the weights into the bucket, nothing else anywhere.
             gcp.storage.BucketIAMMember(f"{name}-loader-bucket", bucket=self.bucket.name,
                                         role="roles/storage.objectUser", member=loader_member,
                                         opts=gcp_opts("storage.googleapis.com"))
+        if self.backend == "gcs":
             # Readers: the serving namespaces' pods (service account `default`), by Workload Identity
             # Federation principal, read-only, on this bucket only.
             # The pool is the cluster's output: the bindings wait for the cluster that creates it.
-            number = gcp.organizations.get_project_output(project_id=args.project).number
             for key, ns in args.consumer_namespaces.items():
                 gcp.storage.BucketIAMMember(
                     f"{name}-reader-{key}", bucket=self.bucket.name, role="roles/storage.objectViewer",
@@ -320,6 +333,21 @@ class ModelStore(pulumi.ComponentResource):
                 opts=child_opts(self, opts, provider=args.provider,
                                 depends_on=[*token.depends_on, self.loader_binding, program_map]))
 
+        if self.backend == "hyperdisk-ml":
+            wanted = args.consumer_models
+            consumers = {
+                key: (ns, [weight_set(c) for c in weight_copies(args.models)
+                           if wanted is None or c.model in wanted.get(key, ())])
+                for key, ns in args.consumer_namespaces.items()}
+            self.hyperdisk = HyperdiskWeights(f"{name}-hdml", HyperdiskWeightsArgs(
+                project=args.project, zones=list(args.zones) or [args.zone], bucket=self.bucket.name,
+                workload_pool=args.workload_pool, project_number=number, provider=args.provider,
+                consumers=consumers, loaders=self.loader_jobs, mount_root=MOUNT_PATH,
+                throughput_mib_s=args.weights.hyperdisk_throughput_mib_s,
+                populator_vcpus=populator_vcpus(args.weights.populator_machine_type) or 44,
+                apis=apis.needs("storage.googleapis.com") if apis else []),
+                opts=child_opts(self, opts))
+
         self.register_outputs({
             "backend": self.backend,
             "filestoreTier": self.tier,
@@ -327,6 +355,14 @@ class ModelStore(pulumi.ComponentResource):
             "serverIp": self.server_ip,
             "loaderJobs": list(self.loader_jobs),
         })
+
+    def claims_for(self, consumer: str, model: ModelSpec) -> dict[str, str]:
+        """hyperdisk-ml: mount directory -> claim, for the model's weights and its adapters in the
+        consumer's namespace; empty for the other backends (one volume at /models)."""
+        if self.hyperdisk is None:
+            return {}
+        claims = self.hyperdisk.claims[consumer]
+        return {d: claims[d] for d in (model_dir(model), *(a.directory for a in adapter_copies(model)))}
 
     def _token_source(self, name: str, args: ModelStoreArgs, namespace: pulumi.Input[str],
                       opts: pulumi.ResourceOptions) -> "TokenSource":

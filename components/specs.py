@@ -831,17 +831,36 @@ class SecretKeyRef(Spec):
 class WeightsSpec(Spec):
     # Where the one copy of the weights lives: a Filestore share (NFS, ReadOnlyMany), or a Cloud
     # Storage bucket mounted by GKE's Cloud Storage FUSE CSI driver with a file cache and parallel
-    # downloads (regional, no capacity to size; each node caches what it reads).
-    backend: Literal["filestore", "gcs"] = "filestore"
-    # gcs: the bucket (default <project>-<cluster>-weights); created by the stack.
+    # downloads (regional, no capacity to size; each node caches what it reads), or Hyperdisk ML
+    # disks (ReadOnlyMany, one per weight set and zone) that GKE Volume Populator fills from
+    # that bucket once the loaders have written it.
+    backend: Literal["filestore", "gcs", "hyperdisk-ml"] = "filestore"
+    # gcs, hyperdisk-ml: the bucket (default <project>-<cluster>-weights); created by the stack.
     bucket: Optional[str] = None
+    # hyperdisk-ml: each disk's provisioned throughput, MiB/s (Hyperdisk ML takes 400 to
+    # 1,200,000; GKE's Volume Populator guide uses 2,400). Readers of one disk share it.
+    hyperdisk_throughput_mib_s: int = Field(default=2400, ge=400, le=1_200_000, alias="hyperdiskThroughputMiBps")
+    # hyperdisk-ml: the machine type of the transfer nodes Volume Populator's Jobs run on (a
+    # node pool that scales from zero; C3 or C3D, which attach Hyperdisk ML).
+    populator_machine_type: str = "c3-standard-44"
     # Warn when a pool's estimated time from node ready to serving exceeds this.
     cold_start_budget_seconds: int = Field(default=900, ge=60, le=7200)
     # The weights store's read throughput, MiB/s, as measured (overrides the documented figure).
-    read_throughput_mib_s: Optional[float] = Field(default=None, gt=0)
+    read_throughput_mib_s: Optional[float] = Field(default=None, gt=0, alias="readThroughputMiBps")
     # REGIONAL replicates across the region's zones: the share survives a zone outage, which a
     # zonal tier serving a multi-zone cluster does not.
     tier: Literal["auto", "BASIC_HDD", "BASIC_SSD", "ZONAL", "REGIONAL"] = "auto"
+
+    @field_validator("populator_machine_type")
+    @classmethod
+    def _populator_machine(cls, v: str) -> str:
+        from vllm_gke.components.catalog import populator_vcpus
+
+        if populator_vcpus(v) is None:
+            raise ValueError(f"'{v}' is not a C3 or C3D machine type with at least 8 vCPUs (e.g. c3-standard-44, "
+                             "c3-highcpu-22, c3d-standard-30): the transfer Jobs need a series that attaches "
+                             "Hyperdisk ML")
+        return v
 
     @field_validator("bucket")
     @classmethod

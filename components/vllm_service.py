@@ -173,6 +173,9 @@ class VllmServiceArgs:
     # bucket backend), with the pod annotations its CSI driver needs.
     weights_volume: Optional[Mapping[str, Any]] = None
     weights_annotations: Mapping[str, str] = field(default_factory=dict)
+    # Or one read-only claim per weight set, mounted at its directory (ModelStore's Hyperdisk ML
+    # backend: a populated disk per model revision and per adapter).
+    weights_claims: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
     # Needed by a pool with minReplicas 0: KEDA scales it instead of an HPA.
     scale_to_zero: Optional[ScaleToZero] = None
 
@@ -199,10 +202,16 @@ class VllmService(pulumi.ComponentResource):
         # One MIG slice is one nvidia.com/gpu; tensor parallelism needs that many whole GPUs.
         gpus = model.tensor_parallel_size
         shm = "16Gi" if gpus > 1 else "2Gi"
-        weights_mount = {"name": "weights", "mountPath": MOUNT_PATH, "readOnly": True}
+        weights_mounts: list[dict[str, Any]] = [{"name": "weights", "mountPath": MOUNT_PATH, "readOnly": True}]
         weights_volumes: list[Any] = [
             {"name": "weights", "persistentVolumeClaim": {"claimName": args.claim_name, "readOnly": True}}]
-        if args.weights_volume is not None:
+        if args.weights_claims:
+            ordered = sorted(args.weights_claims.items())
+            weights_mounts = [{"name": f"weights-{i}", "mountPath": d, "readOnly": True}
+                              for i, (d, _) in enumerate(ordered)]
+            weights_volumes = [{"name": f"weights-{i}", "persistentVolumeClaim": {"claimName": c, "readOnly": True}}
+                               for i, (_, c) in enumerate(ordered)]
+        elif args.weights_volume is not None:
             # The bucket mount, and its file cache sized for this model and its adapters.
             weights_volumes = [dict(args.weights_volume),
                                gcs_weights.cache_volume(model.weights_gb + model.lora_gb())]
@@ -241,7 +250,7 @@ class VllmService(pulumi.ComponentResource):
                             "resources": {"requests": {"cpu": "50m", "memory": "32Mi"},
                                           "limits": {"cpu": "100m", "memory": "64Mi"}},
                             "securityContext": CONTAINER_SECURITY,
-                            "volumeMounts": [weights_mount],
+                            "volumeMounts": weights_mounts,
                         }],
                         "containers": [{
                             "name": "vllm",
@@ -271,7 +280,7 @@ class VllmService(pulumi.ComponentResource):
                                               "failureThreshold": 6},
                             # Let the load balancer drop the endpoint before vLLM stops.
                             "lifecycle": {"preStop": {"exec": {"command": ["sleep", "20"]}}},
-                            "volumeMounts": [weights_mount, {"name": "dshm", "mountPath": "/dev/shm"},
+                            "volumeMounts": [*weights_mounts, {"name": "dshm", "mountPath": "/dev/shm"},
                                              {"name": "tmp", "mountPath": "/tmp"},
                                              {"name": "home", "mountPath": HOME}],
                         }],

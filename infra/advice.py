@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from vllm_gke.components.model_store import REGIONAL_TIERS
+from vllm_gke.components.model_store import REGIONAL_TIERS, weight_copies
 from vllm_gke.infra.capacity import placements
 from vllm_gke.infra.cold_start import cold_start_seconds
 from vllm_gke.infra.config import StackConfig
+
+
+def hyperdisk_disks(cfg: StackConfig) -> int:
+    """Disks the Hyperdisk ML backend creates: each weight set a namespace mounts, in every zone."""
+    sets = {m.name: len(weight_copies([m])) for m in cfg.models}
+    namespaces = [[m.name for m in cfg.models]] + [list(t.dedicated.models) for t in cfg.tenants if t.dedicated]
+    return sum(sets[m] for models in namespaces for m in models) * len(cfg.cluster.zones)
 
 
 def plan_warnings(cfg: StackConfig, filestore_tier: str) -> list[str]:
@@ -16,6 +23,13 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str) -> list[str]:
             f"the weights share is a zonal {filestore_tier} Filestore in {zones[0]} feeding GPU nodes in "
             f"{len(zones)} zones: losing {zones[0]} stops every replica from (re)loading; set "
             "vllm-gke:weights.tier to REGIONAL")
+    if cfg.weights.backend == "hyperdisk-ml":
+        disks = hyperdisk_disks(cfg)
+        out.append(
+            f"weights.backend hyperdisk-ml provisions {disks} Hyperdisk ML disks of "
+            f"{cfg.weights.hyperdisk_throughput_mib_s} MiB/s (a weight set per consumer namespace, one per zone); "
+            "they are not in the cost figures (no price list here): check Hyperdisk ML's capacity and "
+            "throughput prices before `pulumi up`")
     # With a maintenance window, upgrades wait for it: a single replica is a choice, not a hazard.
     unwindowed = cfg.cluster.maintenance.window is None
     for model, _pool_name, tenant in placements(cfg):
@@ -35,7 +49,8 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str) -> list[str]:
     for name, seconds in slow.items():
         out.append(f"{name}: a new replica needs about {seconds / 60:.0f} min from node ready to serving, over the "
                    f"{budget / 60:.0f} min budget (vllm-gke:weights.coldStartBudgetSeconds); a faster weights store "
-                   "(weights.tier BASIC_SSD or a larger ZONAL share, or weights.backend gcs), a quantised dtype, or "
+                   "(weights.tier BASIC_SSD or a larger ZONAL share, weights.backend gcs, or hyperdisk-ml with more "
+                   "weights.hyperdiskThroughputMiBps), a quantised dtype, or "
                    "minReplicas above 0 to keep one warm")
     if not cfg.cluster.authorized_networks and not cfg.cluster.private_endpoint:
         out.append("the control plane's public endpoint accepts connections from any address; list "

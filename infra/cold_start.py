@@ -8,7 +8,9 @@
                BASIC_HDD 100 MiB/s below 10 TiB and 180 above, BASIC_SSD 1,200, ZONAL 260 per TiB,
                REGIONAL 120 per TiB below 10 TiB and 260 above); for a bucket, Cloud Storage FUSE
                with parallel downloads has no documented figure, so GCS_FUSE_READ_MIB_S is an
-               assumption; `weights.readThroughputMiBps` overrides either with a measured one
+               assumption; Hyperdisk ML reads at the disk's provisioned throughput
+               (`weights.hyperdiskThroughputMiBps`); `weights.readThroughputMiBps` overrides any
+               of them with a measured figure
   + engine     vLLM's start after the weights: CUDA graphs, compilation, the warm-up requests
                (ENGINE_START_S, an estimate)
 One replica loading alone: replicas that start together share a Filestore share's throughput.
@@ -51,6 +53,9 @@ def read_mib_s(cfg: "StackConfig") -> float:
         return float(cfg.weights.read_throughput_mib_s)
     if cfg.weights.backend == "gcs":
         return GCS_FUSE_READ_MIB_S
+    if cfg.weights.backend == "hyperdisk-ml":
+        # The disk's provisioned throughput; replicas reading one disk together share it.
+        return float(cfg.weights.hyperdisk_throughput_mib_s)
     return filestore_read_mib_s(*plan_filestore(cfg.models, cfg.weights))
 
 

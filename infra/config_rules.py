@@ -8,6 +8,8 @@ import ipaddress
 from collections import Counter
 from typing import TYPE_CHECKING, Callable
 
+from vllm_gke.components.catalog import attaches_hyperdisk_ml
+from vllm_gke.components.hyperdisk_weights import MIN_GKE as VOLUME_POPULATOR_MIN_GKE
 from vllm_gke.components.specs import MANAGED_VLLM_OPTIONS, ModelSpec, gke_version
 from vllm_gke.components.vllm_versions import release
 from vllm_gke.infra.capacity import gpu_slots_by_pool, pool_capacity
@@ -35,7 +37,7 @@ def cross_field_issues(cfg: "StackConfig") -> list["ConfigIssue"]:
 
     for check in (_unique_names, _placements, _tenant_models, _gpu_slots, _gateway, _network, _zones,
                   _issuers, _namespaces, _vllm_release, _chunked_prefill, _inference_gateway,
-                  _global_limits, _adapters, _scale_to_zero):
+                  _global_limits, _adapters, _scale_to_zero, _hyperdisk_ml):
         check(cfg, add)
     return issues
 
@@ -284,6 +286,30 @@ def _inference_gateway(cfg: "StackConfig", add: Add) -> None:
         now = f"is {version}" if version else "is unset"
         add("cluster.minMasterVersion", f"{now}, but {first} is inference-gateway: GKE provides the InferencePool "
             f"API from {INFERENCE_GATEWAY_MIN_GKE}; set it to 1.34 or later (e.g. 1.34, or {INFERENCE_GATEWAY_MIN_GKE})")
+
+
+def _below(version: str | None, minimum: str) -> bool:
+    floor = gke_version(minimum)
+    parsed = gke_version(version) if version else None
+    return parsed is None or floor is None or parsed < floor
+
+
+def _hyperdisk_ml(cfg: "StackConfig", add: Add) -> None:
+    """GKE Volume Populator's requirements (its Hyperdisk ML guide) and the machine series that
+    attach Hyperdisk ML: a replica on any other series would never mount its weights."""
+    if cfg.weights.backend != "hyperdisk-ml":
+        return
+    version = cfg.cluster.min_master_version
+    if _below(version, VOLUME_POPULATOR_MIN_GKE):
+        now = f"is {version}" if version else "is unset"
+        add("cluster.minMasterVersion", f"{now}, but weights.backend is hyperdisk-ml: GKE Volume Populator needs "
+            f"{VOLUME_POPULATOR_MIN_GKE} or later; set it to 1.34 (or {VOLUME_POPULATOR_MIN_GKE}), or use backend "
+            "gcs or filestore")
+    for i, pool in enumerate(cfg.node_pools):
+        if not attaches_hyperdisk_ml(pool.machine_type):
+            add(f"nodePools[{i}].machineType", f"{pool.machine_type} cannot attach Hyperdisk ML (A2 Standard takes "
+                "Persistent Disk only) and weights.backend is hyperdisk-ml; use a2-ultragpu, a3 or g2 machines, or "
+                "backend gcs or filestore")
 
 
 __all__ = ["cross_field_issues"]

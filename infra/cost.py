@@ -87,7 +87,7 @@ def cost_report(cfg: "StackConfig", filestore_tier: str, filestore_gb: int) -> C
     system = MACHINE_PRICES[cfg.cluster.system_machine_type].on_demand_hour * cfg.cluster.system_nodes * hours
     fixed = {"system pool": system, "GKE cluster fee": GKE_CLUSTER_FEE_HOUR * hours,
              **({f"Cloud Storage bucket {filestore_gb} GB": GCS_STANDARD_GB_MONTH * filestore_gb}
-                if filestore_tier == "gcs" else
+                if filestore_tier in ("gcs", "hyperdisk-ml") else
                 {f"Filestore {filestore_tier} {filestore_gb} GiB": FILESTORE_GIB_MONTH[filestore_tier] * filestore_gb})}
     return CostReport(cfg.environment, PRICES_AS_OF, pools, fixed, cfg.cost.tokens_per_second_per_gpu,
                       cfg.cost.target_utilization, hours)

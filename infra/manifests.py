@@ -46,6 +46,8 @@ UNHELD_CRDS: dict[tuple[str, str], str] = {
     ("keda.sh/v1alpha1", "ScaledObject"): "kedacore/keda v2.20.2 config/crd/bases/keda.sh_scaledobjects.yaml",
     ("keda.sh/v1alpha1", "ClusterTriggerAuthentication"):
         "kedacore/keda v2.20.2 config/crd/bases/keda.sh_clustertriggerauthentications.yaml",
+    # GKE installs it and publishes no CRD source; the schema as dumped from a GKE cluster:
+    ("datalayer.gke.io/v1", "GCPDataSource"): "datreeio/CRDs-catalog datalayer.gke.io/gcpdatasource_v1.json",
 }
 
 

@@ -74,7 +74,7 @@ def required_apis(cfg: StackConfig) -> list[str]:
         apis.append("secretmanager.googleapis.com")
     if cfg.gateway.managed_certificate:
         apis.append("certificatemanager.googleapis.com")
-    if cfg.weights.backend == "gcs":
+    if cfg.weights.backend in ("gcs", "hyperdisk-ml"):
         apis.append("storage.googleapis.com")
     if any(m.routing == "inference-gateway" for m in cfg.models):
         # "Deploy GKE Inference Gateway": the load balancer calls the picker through Service
@@ -88,7 +88,10 @@ def build(cfg: StackConfig) -> Platform:
     apis = ProjectApis("apis", ProjectApisArgs(cfg.project, required_apis(cfg)))
     cluster = GpuCluster("gke", GpuClusterArgs(
         project=cfg.project, region=cfg.region, cluster=cfg.cluster, node_pools=cfg.node_pools,
-        labels=labels, apis=apis, gcs_fuse=cfg.weights.backend == "gcs"))
+        labels=labels, apis=apis, gcs_fuse=cfg.weights.backend in ("gcs", "hyperdisk-ml"),
+        # The loaders write the bucket through Cloud Storage FUSE; Volume Populator's transfer
+        # Jobs copy it onto the disks on nodes of their own pool.
+        populator_machine_type=cfg.weights.populator_machine_type if cfg.weights.backend == "hyperdisk-ml" else None))
     provider = cluster.provider
     # Istio resources and meshed pods wait until the managed control plane serves the cluster.
     mesh = MeshReadiness("mesh", MeshReadinessArgs(provider, cfg.cluster.release_channel))
@@ -113,10 +116,14 @@ def build(cfg: StackConfig) -> Platform:
     }
     consumers: dict[str, pulumi.Input[str]] = {"serving": serving.name}
     consumers.update({t.name: tenants[t.name].namespace.name for t in cfg.tenants if t.dedicated})
+    # Every model has a route in the serving namespace; a dedicated tenant's namespace serves its own.
+    consumer_models = {"serving": [m.name for m in cfg.models],
+                       **{t.name: dedicated_models(t) for t in cfg.tenants if t.dedicated}}
     store = ModelStore("weights", ModelStoreArgs(
         project=cfg.project, zone=cfg.cluster.zones[0], region=cfg.region, network_name=cluster.network.name,
         workload_pool=cluster.workload_pool, models=cfg.models, weights=cfg.weights,
         server_image=cfg.server_image, provider=provider, consumer_namespaces=consumers,
+        consumer_models=consumer_models, zones=cfg.cluster.zones,
         instance_name=f"{cfg.cluster.name}-weights", apis=apis, protect=cfg.cluster.deletion_protection))
     platform = Platform(apis=apis, cluster=cluster, mesh=mesh, serving=serving, store=store,
                         metrics_adapter=adapter, tenants=tenants)
@@ -155,7 +162,8 @@ def build(cfg: StackConfig) -> Platform:
                 guard_config=guard_config(callers, tenant_routes(), rel.max_tokens_rule, objectives_for=picked,
                                           shared_store=shared_store, served=model),
                 release=rel, tenant=tenant, canary=canary, weights_volume=store.weights_volume,
-                weights_annotations=store.pod_annotations, scale_to_zero=to_zero),
+                weights_annotations=store.pod_annotations, scale_to_zero=to_zero,
+                weights_claims=store.claims_for(tenant or "serving", model)),
                 # Pods need the sidecar (so the mesh first) and the read-only claim; KEDA's CRDs
                 # come with its chart.
                 opts=pulumi.ResourceOptions(depends_on=[mesh, store, *([platform.keda] if to_zero else [])]))

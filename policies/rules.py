@@ -439,6 +439,48 @@ def vllm_autoscaled(resources: Sequence[Resource]) -> Iterator[Finding]:
             yield r, f"{where(r)} has no PodDisruptionBudget: node upgrades could take every replica at once"
 
 
+HYPERDISK_ML_TRANSFER_CLASS = "gcs-to-hdml-compute-class"
+
+
+def hyperdisk_weights_populated(resources: Sequence[Resource]) -> Iterator[Finding]:
+    """A Hyperdisk ML claim serves weights only if GKE Volume Populator fills it: read-only for
+    many nodes, a GCPDataSource beside it naming an identity other than the servers' own (that
+    one would hand every vLLM pod the bucket), and transfer nodes for the populator's Jobs."""
+    classes = {meta(c).get("name"): c for c in kube(resources, "StorageClass")
+               if (c.props.get("parameters") or {}).get("type") == "hyperdisk-ml"}
+    sources = {(namespace_of(d), meta(d).get("name")): d for d in kube(resources, "GCPDataSource")}
+    claims = [c for c in kube(resources, "PersistentVolumeClaim")
+              if (c.props.get("spec") or {}).get("storageClassName") in classes]
+    for claim in claims:
+        spec = claim.props.get("spec") or {}
+        if spec.get("accessModes") != ["ReadOnlyMany"]:
+            yield claim, (f"{where(claim)} is not ReadOnlyMany: a Hyperdisk ML disk serves many nodes only "
+                          "read-only, and the weights must never be written by a server")
+        ref = spec.get("dataSourceRef") or {}
+        source = sources.get((namespace_of(claim), ref.get("name"))) \
+            if ref.get("kind") == "GCPDataSource" and ref.get("apiGroup") == "datalayer.gke.io" else None
+        if source is None:
+            yield claim, f"{where(claim)} has no GCPDataSource to fill it: the disk would be empty"
+            continue
+        account = ((source.props.get("spec") or {}).get("cloudStorage") or {}).get("serviceAccountName")
+        if account in (None, "", "default"):
+            yield source, (f"{where(source)} reads the bucket as the namespace's default service account: every "
+                           "vLLM pod there would hold read access to all the weights; give it its own")
+    for c in classes.values():
+        if c.props.get("volumeBindingMode") != "Immediate":
+            yield c, (f"{where(c)} binds WaitForFirstConsumer: the copy would start only when a replica is "
+                      "scheduled, and the replica would wait for the whole copy; bind Immediate")
+    if claims:
+        pools = [r for r in resources if r.type == NODE_POOL and
+                 ((r.props.get("nodeConfig") or {}).get("labels") or {}).get("cloud.google.com/compute-class")
+                 == HYPERDISK_ML_TRANSFER_CLASS]
+        compute_classes = [c for c in kube(resources, "ComputeClass") if meta(c).get("name") == HYPERDISK_ML_TRANSFER_CLASS]
+        if not pools or not compute_classes:
+            yield None, (f"Hyperdisk ML claims are populated by Jobs that run only on nodes of the "
+                         f"{HYPERDISK_ML_TRANSFER_CLASS} compute class, and the plan has no such "
+                         f"{'node pool' if not pools else 'ComputeClass'}: the transfer would never start")
+
+
 STANDBY_LABEL = "vllm-gke.io/standby"
 
 
@@ -651,7 +693,8 @@ def lora_adapters_scoped(resources: Sequence[Resource]) -> Iterator[Finding]:
         mounts = [m.get("mountPath", "") for m in c.get("volumeMounts") or [] if m.get("readOnly")]
         for module in modules:
             path = module.split("=", 1)[1] if "=" in module else module
-            if not any(path.startswith(m.rstrip("/") + "/") for m in mounts):
+            # Under a read-only mount, or a mount of its own (Hyperdisk ML: a disk per adapter).
+            if not any(path == m.rstrip("/") or path.startswith(m.rstrip("/") + "/") for m in mounts):
                 yield r, f"{where(r)}: LoRA adapter '{module}' is not on a read-only mount of the weights"
         issuers = (configs.get(r.urn) or {}).get("issuers") or {}
         unscoped = sorted(e.get("tenant", i) for i, e in issuers.items() if not isinstance(e.get("models"), list))
@@ -736,6 +779,9 @@ POLICIES: tuple[Policy, ...] = (
     Policy("scale-to-zero-answered",
            "Pools that scale to zero have a standby that answers 503 with Retry-After and wakes them.",
            "mandatory", scale_to_zero_answered),
+    Policy("hyperdisk-weights-populated",
+           "Hyperdisk ML weight disks are read-only, filled by GKE Volume Populator with their own identity, on transfer nodes.",
+           "mandatory", hyperdisk_weights_populated),
     Policy("vllm-backends-resilient",
            "Every vLLM Service ejects failing replicas: outlier detection in the mesh, a health check at the load balancer.",
            "advisory", vllm_backends_resilient),

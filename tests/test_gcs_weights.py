@@ -128,3 +128,15 @@ def test_plan_warns_above_the_cold_start_budget(plans):
     warnings = plan_warnings(tight, "BASIC_HDD")
     assert any(w.startswith("qwen-7b: a new replica needs about 5 min") and "2 min budget" in w for w in warnings)
     assert not any("budget" in w for w in plan_warnings(cfg, "BASIC_HDD"))
+
+
+def test_the_documented_throughput_key_is_the_one_parsed(stack_values):
+    """README's `readThroughputMiBps` (the alias generator alone would have made it readThroughputMibS,
+    and the documented key was refused as unknown)."""
+    values = copy.deepcopy(stack_values["staging"])
+    values["vllm-gke:weights"]["readThroughputMiBps"] = 640
+    cfg = parse(values)
+    assert cfg.weights.read_throughput_mib_s == 640
+    model = cfg.model("mistral-7b")
+    assert cold_start_seconds(cfg, model) == pytest.approx(
+        IMAGE_START_S + model.weights_gb * 1e9 / (640 * 1024 ** 2) + ENGINE_START_S)

@@ -8,7 +8,7 @@ from typing_extensions import NotRequired
 
 from vllm_gke.components.model_store import ModelStore as _ModelStore
 from vllm_gke.components.model_store import ModelStoreArgs
-from vllm_gke.components.provider.convert import kubernetes_provider, to_spec, to_specs
+from vllm_gke.components.provider.convert import InputError, kubernetes_provider, to_spec, to_specs
 from vllm_gke.components.provider.types import ImageRef, ModelSpec, WeightsSpec
 from vllm_gke.components.specs import ImageRef as ImageModel
 from vllm_gke.components.specs import ModelSpec as ModelModel
@@ -64,6 +64,12 @@ class ModelStore(pulumi.ComponentResource):
         models = to_specs(ModelModel, args.get("models"), "ModelStore", "models")
         weights = to_spec(WeightsModel, args.get("weights"), "ModelStore", "weights")
         image = to_spec(ImageModel, args.get("server_image"), "ModelStore", "server_image")
+        if weights.backend != "filestore":
+            # Those backends give each pod its own volumes (a bucket mount, a claim per weight set),
+            # which the provider's VllmService does not take: its pods would mount a claim that
+            # does not exist and never start.
+            raise InputError(f"ModelStore.weights.backend: '{weights.backend}' is available from the Python "
+                             "components (vllm_gke.components) only; through the provider use filestore")
         inner = _ModelStore(name, ModelStoreArgs(
             project=args["project"], zone=args["zone"], region=args["region"], network_name=args["network_name"],
             workload_pool=args["workload_pool"], models=models, weights=weights, server_image=image,

@@ -332,9 +332,13 @@ class WeightsSpec(TypedDict):
     """WeightsSpec settings (see the README config reference)."""
 
     backend: NotRequired[str]
-    """Where the one copy of the weights lives: a Filestore share (NFS, ReadOnlyMany), or a Cloud Storage bucket mounted by GKE's Cloud Storage FUSE CSI driver with a file cache and parallel downloads (regional, no capacity to size; each node caches what it reads). One of: filestore, gcs. Default: filestore."""
+    """Where the one copy of the weights lives: a Filestore share (NFS, ReadOnlyMany), or a Cloud Storage bucket mounted by GKE's Cloud Storage FUSE CSI driver with a file cache and parallel downloads (regional, no capacity to size; each node caches what it reads), or Hyperdisk ML disks (ReadOnlyMany, one per weight set and zone) that GKE Volume Populator fills from that bucket once the loaders have written it. One of: filestore, gcs, hyperdisk-ml. Default: filestore."""
     bucket: NotRequired[str]
-    """gcs: the bucket (default <project>-<cluster>-weights); created by the stack."""
+    """gcs, hyperdisk-ml: the bucket (default <project>-<cluster>-weights); created by the stack."""
+    hyperdisk_throughput_mib_s: NotRequired[int]
+    """hyperdisk-ml: each disk's provisioned throughput, MiB/s (Hyperdisk ML takes 400 to 1,200,000; GKE's Volume Populator guide uses 2,400). Readers of one disk share it. Default: 2400."""
+    populator_machine_type: NotRequired[str]
+    """hyperdisk-ml: the machine type of the transfer nodes Volume Populator's Jobs run on (a node pool that scales from zero; C3 or C3D, which attach Hyperdisk ML). Default: c3-standard-44."""
     cold_start_budget_seconds: NotRequired[int]
     """Warn when a pool's estimated time from node ready to serving exceeds this. Default: 900."""
     read_throughput_mib_s: NotRequired[float]

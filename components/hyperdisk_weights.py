@@ -1,0 +1,175 @@
+"""HyperdiskWeights: ReadOnlyMany Hyperdisk ML disks that GKE Volume Populator fills from the bucket.
+
+GKE's "Automate data transfer from Cloud Storage to a Hyperdisk ML volume using GKE Volume
+Populator" is the path followed here:
+- a StorageClass of `type: hyperdisk-ml` with the cluster's zones in allowedTopologies and
+  `enable-multi-zone-provisioning` (one disk per zone, so a replica in any zone reads a local
+  copy), Immediate binding (the transfer starts when the claim is created, not when a pod
+  needs it);
+- per consumer namespace (a GCPDataSource must share its claim's namespace) a service account
+  the transfer Job authenticates as, with read access to this bucket only: the serving pods'
+  own identity gets none;
+- per weight set (a model revision, an adapter revision) a GCPDataSource on its folder of the
+  bucket and a ReadOnlyMany claim whose dataSourceRef names it. The claim is created only after
+  its loader Job has completed (the populator copies what the bucket holds at that moment), and
+  its name carries the set's source and revision: a populated disk never changes, so a new
+  revision is a new claim that the Deployment rolls onto, and the old one goes after it.
+The transfer Jobs run in GKE's own namespace on nodes of the `gcs-to-hdml-compute-class`
+compute class (GpuCluster's transfer pool).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
+
+from vllm_gke.components.k8s_meta import custom_resource, meta
+from vllm_gke.components.options import child_opts
+
+CSI_DRIVER = "pd.csi.storage.gke.io"
+STORAGE_CLASS = "vllm-gke-hyperdisk-ml"
+# The compute class name is fixed by GKE: the transfer Jobs select it.
+TRANSFER_COMPUTE_CLASS = "gcs-to-hdml-compute-class"
+POPULATOR_SA = "weights-populator"
+# The guide's requirement for GKE Volume Populator.
+MIN_GKE = "1.33.2-gke.4780000"
+# The transfer Job asks for 24 vCPUs unless told otherwise (the guide's default).
+DEFAULT_TRANSFER_CPUS = 24
+CPU_REQUEST_ANNOTATION = "volume-populator.datalayer.gke.io/cpu-request"
+# Hyperdisk ML takes 4 GiB to 64 TiB; room for the file system and tokenizer files.
+MIN_DISK_GIB = 8
+HEADROOM = 1.15
+# The populator can take as long as the data's size needs; Pulumi awaits a claim with Immediate
+# binding until it is Bound (pulumi-kubernetes #895/#3130), which here is after the copy.
+CLAIM_TIMEOUT_S = 4 * 3600
+
+
+@dataclass(frozen=True)
+class WeightSet:
+    """One folder of the bucket that becomes one disk: its loader wrote it under `directory`."""
+
+    key: str
+    source: str
+    revision: str
+    directory: str  # the mount path, /models/<...>; the bucket folder is the same path below /models
+    weights_gb: float
+
+    @property
+    def claim_name(self) -> str:
+        digest = hashlib.sha256(f"{self.source}\n{self.revision}\n{self.directory}".encode()).hexdigest()[:10]
+        # 63 characters at most: a name the populator may reuse in labels and Job names stays valid.
+        slug = re.sub(r"[^a-z0-9-]+", "-", self.key.lower()).strip("-")[:44].rstrip("-")
+        return f"weights-{slug}-{digest}"
+
+    @property
+    def size_gib(self) -> int:
+        return max(MIN_DISK_GIB, math.ceil(self.weights_gb * HEADROOM) + 1)
+
+
+def bucket_folder(directory: str, mount_root: str) -> str:
+    return directory.removeprefix(mount_root).strip("/")
+
+
+def storage_class_spec(zones: Sequence[str], throughput_mib_s: int) -> dict:
+    params = {"type": "hyperdisk-ml", "provisioned-throughput-on-create": f"{throughput_mib_s}Mi"}
+    if len(zones) > 1:
+        params["enable-multi-zone-provisioning"] = "true"
+    return {
+        "provisioner": CSI_DRIVER,
+        "parameters": params,
+        # A populated disk is never resized or rewritten: a new weight set is a new claim.
+        "allowVolumeExpansion": False,
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate",
+        "allowedTopologies": [{"matchLabelExpressions": [{"key": "topology.gke.io/zone", "values": list(zones)}]}],
+    }
+
+
+def transfer_cpu_request(populator_vcpus: int) -> str:
+    """The transfer Job's CPU request: the default where the node fits it, else what leaves room
+    for the node's system pods."""
+    return str(min(DEFAULT_TRANSFER_CPUS, populator_vcpus - 2))
+
+
+@dataclass
+class HyperdiskWeightsArgs:
+    project: str
+    zones: Sequence[str]
+    bucket: pulumi.Input[str]
+    # Workload Identity pool and project number: the transfer identity's principal.
+    workload_pool: pulumi.Input[str]
+    project_number: pulumi.Input[str]
+    provider: k8s.Provider
+    # consumer key -> (namespace, the weight sets its pods mount)
+    consumers: Mapping[str, tuple[pulumi.Input[str], Sequence[WeightSet]]]
+    # weight set key -> the loader Job that writes it
+    loaders: Mapping[str, pulumi.Resource]
+    mount_root: str
+    throughput_mib_s: int = 2400
+    populator_vcpus: int = 44
+    apis: Sequence[pulumi.Resource] = field(default_factory=list)
+
+
+class HyperdiskWeights(pulumi.ComponentResource):
+    storage_class: k8s.storage.v1.StorageClass
+    # consumer key -> mount directory -> claim name
+    claims: dict[str, dict[str, str]]
+
+    def __init__(self, name: str, args: HyperdiskWeightsArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:HyperdiskWeights", name, None, opts)
+        k8s_opts = child_opts(self, opts, provider=args.provider)
+        self.storage_class = k8s.storage.v1.StorageClass(
+            f"{name}-class", metadata=meta(STORAGE_CLASS),
+            **_snake(storage_class_spec(args.zones, args.throughput_mib_s)), opts=k8s_opts)
+        self.claims = {}
+        for key, (namespace, sets) in args.consumers.items():
+            sa = k8s.core.v1.ServiceAccount(
+                f"{name}-{key}-populator", metadata={**meta(POPULATOR_SA), "namespace": namespace},
+                # Only GKE's transfer Job uses this identity, through Workload Identity Federation.
+                automount_service_account_token=False, opts=k8s_opts)
+            reader = gcp.storage.BucketIAMMember(
+                f"{name}-{key}-reader", bucket=args.bucket, role="roles/storage.objectViewer",
+                member=pulumi.Output.all(args.project_number, args.workload_pool, namespace).apply(lambda a: (
+                    f"principal://iam.googleapis.com/projects/{a[0]}/locations/global/workloadIdentityPools/"
+                    f"{a[1]}/subject/ns/{a[2]}/sa/{POPULATOR_SA}")),
+                opts=child_opts(self, opts, depends_on=list(args.apis)))
+            self.claims[key] = {}
+            for ws in sets:
+                folder = bucket_folder(ws.directory, args.mount_root)
+                source = custom_resource(
+                    f"{name}-{key}-{ws.key}-source", "datalayer.gke.io/v1", "GCPDataSource",
+                    {**meta(ws.claim_name), "namespace": namespace},
+                    pulumi.Output.from_input(args.bucket).apply(lambda b, f=folder: {"cloudStorage": {
+                        "serviceAccountName": POPULATOR_SA, "uri": f"gs://{b}/{f}/"}}),
+                    child_opts(self, opts, provider=args.provider, depends_on=[sa]))
+                loader = args.loaders.get(ws.key)
+                k8s.core.v1.PersistentVolumeClaim(
+                    f"{name}-{key}-{ws.key}-claim",
+                    metadata={**meta(ws.claim_name, annotations={
+                        CPU_REQUEST_ANNOTATION: transfer_cpu_request(args.populator_vcpus),
+                        "pulumi.com/timeoutSeconds": str(CLAIM_TIMEOUT_S)}), "namespace": namespace},
+                    spec={"accessModes": ["ReadOnlyMany"], "storageClassName": STORAGE_CLASS,
+                          "resources": {"requests": {"storage": f"{ws.size_gib}Gi"}},
+                          "dataSourceRef": {"apiGroup": "datalayer.gke.io", "kind": "GCPDataSource",
+                                            "name": ws.claim_name}},
+                    # The copy is of what the bucket holds when the claim appears: after the loader.
+                    # Deleting the data source first would leave the claim stuck (the guide's caution):
+                    # depending on it makes Pulumi delete the claim first.
+                    opts=child_opts(self, opts, provider=args.provider,
+                                    depends_on=[source, reader, self.storage_class, *([loader] if loader else [])]))
+                self.claims[key][ws.directory] = ws.claim_name
+        self.register_outputs({"storageClass": STORAGE_CLASS, "claims": self.claims})
+
+
+def _snake(spec: dict) -> dict:
+    """StorageClass fields are top-level keyword arguments in pulumi-kubernetes."""
+    names = {"allowVolumeExpansion": "allow_volume_expansion", "reclaimPolicy": "reclaim_policy",
+             "volumeBindingMode": "volume_binding_mode", "allowedTopologies": "allowed_topologies"}
+    return {names.get(k, k): v for k, v in spec.items()}

@@ -1,0 +1,280 @@
+"""Hyperdisk ML weights: disks GKE Volume Populator fills from the bucket after the loaders, one
+per weight set and namespace, read-only in every zone; the requirements checked at plan time."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from vllm_gke.components.catalog import GPU_MACHINE_TYPES, attaches_hyperdisk_ml, populator_vcpus
+from vllm_gke.components.hyperdisk_weights import (CPU_REQUEST_ANNOTATION, POPULATOR_SA, STORAGE_CLASS,
+                                                   TRANSFER_COMPUTE_CLASS, WeightSet, transfer_cpu_request)
+from vllm_gke.infra.advice import hyperdisk_disks, plan_warnings
+from vllm_gke.infra.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds
+from vllm_gke.infra.config import ConfigError, parse
+from vllm_gke.infra.manifests import catalog_or_none, unchecked_kinds, validate
+from vllm_gke.infra.mocks import MOCK_PROJECT_NUMBER
+from vllm_gke.infra.plan import read_stack_config, run_program
+from vllm_gke.infra.program import required_apis
+from vllm_gke.policies.rules import Resource, evaluate
+from tests.conftest import manifests_of, vllm_deployments
+
+
+def hyperdisk_values(extra: bool = False) -> dict[str, Any]:
+    """Staging on Hyperdisk ML; `extra` adds what makes more weight sets: a canary revision, a LoRA
+    adapter and a tenant with its own namespace."""
+    values = read_stack_config("staging")
+    values["vllm-gke:weights"] = {"backend": "hyperdisk-ml"}
+    if extra:
+        models = values["vllm-gke:models"]
+        mistral = next(m for m in models if m["name"] == "mistral-7b")
+        mistral["canary"] = {"revision": "0123456789abcdef0123456789abcdef01234567", "weight": 10, "replicas": 1}
+        mistral["adapters"] = [{"name": "tickets", "source": "hf://acme-ml/mistral-tickets-lora", "revision": "v2",
+                                "rank": 16, "tenants": ["support"]}]
+        values["vllm-gke:nodePools"][0]["maxNodes"] = 8
+        values["vllm-gke:tenants"].append({
+            "name": "analytics", "models": ["mistral-7b"], "maxTokens": 1024,
+            "rateLimit": {"requestsPerMinute": 60},
+            "jwt": {"issuer": "https://auth.acme.example/analytics",
+                    "jwksUri": "https://auth.acme.example/analytics/.well-known/jwks.json",
+                    "audiences": ["llm.staging.acme.example"]},
+            "dedicated": {"models": ["mistral-7b"], "nodePool": "a100-80-mig"}})
+    return values
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return run_program("staging", hyperdisk_values())
+
+
+@pytest.fixture(scope="module")
+def wide_plan():
+    return run_program("staging", hyperdisk_values(extra=True))
+
+
+def props_of(plan, type_):
+    return [r.props for r in plan.resources if r.type == type_]
+
+
+def claims(plan, namespace=None):
+    return {c["metadata"]["name"]: c for c in manifests_of(plan, "PersistentVolumeClaim", namespace)}
+
+
+def test_disks_in_every_zone_from_the_bucket(plan):
+    assert not props_of(plan, "gcp:filestore/instance:Instance")
+    (bucket,) = props_of(plan, "gcp:storage/bucket:Bucket")
+    (sc,) = manifests_of(plan, "StorageClass")
+    assert sc["metadata"]["name"] == STORAGE_CLASS and sc["provisioner"] == "pd.csi.storage.gke.io"
+    assert sc["parameters"] == {"type": "hyperdisk-ml", "provisioned-throughput-on-create": "2400Mi",
+                                "enable-multi-zone-provisioning": "true"}
+    # Copies in the cluster's zones, copied as soon as the claim exists, never resized.
+    zones = sc["allowedTopologies"][0]["matchLabelExpressions"][0]
+    assert zones == {"key": "topology.gke.io/zone", "values": ["us-central1-a", "us-central1-c"]}
+    assert sc["volumeBindingMode"] == "Immediate" and sc["allowVolumeExpansion"] is False
+    # The loaders write the bucket through Cloud Storage FUSE.
+    (cluster,) = props_of(plan, "gcp:container/cluster:Cluster")
+    assert cluster["addonsConfig"]["gcsFuseCsiDriverConfig"] == {"enabled": True}
+    assert "storage.googleapis.com" in required_apis(plan.config)
+    sources = {s["metadata"]["name"]: s for s in manifests_of(plan, "GCPDataSource", "vllm")}
+    assert sources["weights-llama-8b-eb0c6f3edc"]["spec"] == {"cloudStorage": {
+        "serviceAccountName": POPULATOR_SA, "uri": f"gs://{bucket['name']}/llama-8b/main/"}}
+
+
+def test_one_zone_has_no_multi_zone_parameter(stack_values):
+    values = hyperdisk_values()
+    values["vllm-gke:cluster"]["zones"] = ["us-central1-a"]
+    (sc,) = manifests_of(run_program("staging", values), "StorageClass")
+    assert "enable-multi-zone-provisioning" not in sc["parameters"]
+
+
+def test_claims_are_read_only_and_filled_by_the_populator(plan):
+    found = claims(plan, "vllm")
+    assert set(found) == {"weights-llama-8b-eb0c6f3edc", "weights-mistral-7b-e1b50bb5ca"}
+    claim = found["weights-mistral-7b-e1b50bb5ca"]
+    assert claim["spec"] == {
+        "accessModes": ["ReadOnlyMany"], "storageClassName": STORAGE_CLASS,
+        "resources": {"requests": {"storage": "18Gi"}},  # 14.5 GB of bf16 weights plus headroom
+        "dataSourceRef": {"apiGroup": "datalayer.gke.io", "kind": "GCPDataSource",
+                          "name": "weights-mistral-7b-e1b50bb5ca"}}
+    annotations = claim["metadata"]["annotations"]
+    # Pulumi awaits the claim until it is Bound - after the copy: hours, not the 5 minute default.
+    assert int(annotations["pulumi.com/timeoutSeconds"]) >= 3600
+    assert annotations[CPU_REQUEST_ANNOTATION] == "24"
+
+
+def test_a_claim_waits_for_its_loader_and_servers_wait_for_the_claims(plan):
+    claim = plan.kube("PersistentVolumeClaim", "weights-mistral-7b-e1b50bb5ca", "vllm")
+    assert plan.waits_for(claim, plan.kube("Job", "load-mistral-7b"))
+    assert not plan.waits_for(claim, plan.kube("Job", "load-llama-8b"))
+    assert plan.waits_for(claim, plan.kube("GCPDataSource", "weights-mistral-7b-e1b50bb5ca", "vllm"))
+    deployment = plan.kube("Deployment", "mistral-7b-short", "vllm")
+    assert plan.waits_for(deployment, claim)
+
+
+def test_servers_mount_their_disk_read_only_at_the_model_directory(plan):
+    for dep in vllm_deployments(plan, "vllm"):
+        pod = dep["spec"]["template"]["spec"]
+        model = dep["metadata"]["labels"]["vllm-gke.io/model"]
+        (volume,) = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+        assert volume["persistentVolumeClaim"]["readOnly"] is True
+        assert volume["persistentVolumeClaim"]["claimName"].startswith(f"weights-{model}-")
+        for c in pod["containers"][:1] + pod["initContainers"]:
+            assert {"name": volume["name"], "mountPath": f"/models/{model}/main", "readOnly": True} \
+                in c["volumeMounts"]
+        # No bucket mount and no bucket access for the servers: the disk is all they read.
+        assert not any("csi" in v for v in pod["volumes"])
+        assert "gke-gcsfuse/volumes" not in dep["spec"]["template"]["metadata"]["annotations"]
+
+
+def test_only_the_populator_identity_reads_the_bucket(plan):
+    readers = [m["member"] for m in props_of(plan, "gcp:storage/bucketIAMMember:BucketIAMMember")
+               if m["role"] == "roles/storage.objectViewer"]
+    assert readers == [f"principal://iam.googleapis.com/projects/{MOCK_PROJECT_NUMBER}/locations/global/"
+                       f"workloadIdentityPools/acme-llm-staging.svc.id.goog/subject/ns/vllm/sa/{POPULATOR_SA}"]
+    (sa,) = [s for s in manifests_of(plan, "ServiceAccount", "vllm") if s["metadata"]["name"] == POPULATOR_SA]
+    assert sa["automountServiceAccountToken"] is False
+
+
+def test_transfer_nodes_scale_from_zero_for_the_populator(plan):
+    pool = plan.named("gcp:container/nodePool:NodePool", "gke-hdml-transfer").props
+    assert pool["nodeConfig"]["machineType"] == "c3-standard-44"
+    assert pool["nodeConfig"]["labels"] == {"cloud.google.com/compute-class": TRANSFER_COMPUTE_CLASS}
+    assert pool["nodeConfig"]["taints"] == [{"key": "cloud.google.com/compute-class",
+                                             "value": TRANSFER_COMPUTE_CLASS, "effect": "NO_SCHEDULE"}]
+    assert pool["autoscaling"]["totalMinNodeCount"] == 0 and pool["initialNodeCount"] == 0
+    assert pool["autoscaling"]["totalMaxNodeCount"] == 2  # a transfer per zone at once
+    (cc,) = [c for c in manifests_of(plan, "ComputeClass") if c["metadata"]["name"] == TRANSFER_COMPUTE_CLASS]
+    assert cc["spec"]["priorities"] == [{"nodepools": ["hdml-transfer"]}]
+    assert cc["spec"]["nodePoolAutoCreation"] == {"enabled": False}
+
+
+def test_other_backends_have_no_transfer_pool(plans):
+    for stack in ("dev", "staging", "prod"):
+        assert not [p for p in props_of(plans[stack], "gcp:container/nodePool:NodePool")
+                    if p["name"] == "hdml-transfer"], stack
+        assert not manifests_of(plans[stack], "GCPDataSource")
+
+
+def test_each_namespace_gets_the_weight_sets_it_serves(wide_plan):
+    shared = claims(wide_plan, "vllm")
+    # Both models, Mistral's canary revision, and the adapter.
+    assert {n.rsplit("-", 1)[0] for n in shared} == {
+        "weights-llama-8b", "weights-mistral-7b", "weights-mistral-7b-canary", "weights-mistral-7b-lora-tickets"}
+    dedicated = claims(wide_plan, "tenant-analytics")
+    assert {n.rsplit("-", 1)[0] for n in dedicated} == {
+        "weights-mistral-7b", "weights-mistral-7b-canary", "weights-mistral-7b-lora-tickets"}
+    # Each namespace's claims come with their own data sources and their own populator identity.
+    assert set(dedicated) == {s["metadata"]["name"] for s in manifests_of(wide_plan, "GCPDataSource", "tenant-analytics")}
+    readers = {m["member"].rsplit("/subject/", 1)[1] for m in props_of(wide_plan, "gcp:storage/bucketIAMMember:BucketIAMMember")
+               if m["role"] == "roles/storage.objectViewer"}
+    assert readers == {f"ns/vllm/sa/{POPULATOR_SA}", f"ns/tenant-analytics/sa/{POPULATOR_SA}"}
+    # The adapter's disk is mounted where --lora-modules points.
+    dep = wide_plan.kube("Deployment", "mistral-7b-short", "tenant-analytics").props
+    mounts = {m["mountPath"] for m in dep["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    assert {"/models/mistral-7b/main", "/models/.adapters/mistral-7b/tickets/v2"} <= mounts
+    assert "tickets=/models/.adapters/mistral-7b/tickets/v2" in json.dumps(dep["spec"]["template"]["spec"]["containers"][0])
+    canary = wide_plan.kube("Deployment", "mistral-7b-canary-short", "vllm").props
+    canary_mounts = {m["mountPath"] for m in canary["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    assert "/models/mistral-7b/0123456789abcdef0123456789abcdef01234567" in canary_mounts
+    assert "/models/mistral-7b/main" not in canary_mounts
+    assert evaluate([Resource(r.type, r.name, copy.deepcopy(r.props), r.urn) for r in wide_plan.policy_resources()]) == []
+
+
+def test_a_new_revision_is_a_new_claim_the_servers_roll_onto():
+    """A populated disk never changes: a new revision must be a new claim (new name), so the
+    Deployment rolls onto it and Pulumi deletes the old one after; other models stay untouched."""
+    before = run_program("staging", hyperdisk_values())
+    values = hyperdisk_values()
+    next(m for m in values["vllm-gke:models"] if m["name"] == "mistral-7b")["revision"] = "v0.3.1"
+    after = run_program("staging", values)
+    old, new = claims(before, "vllm"), claims(after, "vllm")
+    assert {n for n in old if n.startswith("weights-llama-8b-")} == {n for n in new if n.startswith("weights-llama-8b-")}
+    (old_mistral,) = [n for n in old if n.startswith("weights-mistral-7b-")]
+    (new_mistral,) = [n for n in new if n.startswith("weights-mistral-7b-")]
+    assert old_mistral != new_mistral
+    dep = after.kube("Deployment", "mistral-7b-short", "vllm").props["spec"]["template"]["spec"]
+    assert any(v.get("persistentVolumeClaim", {}).get("claimName") == new_mistral for v in dep["volumes"])
+
+
+def test_weight_set_names_are_valid_and_sizes_hold_the_data():
+    ws = WeightSet("A_very.Long-model-name-" + "x" * 80, "hf://org/m", "main", "/models/m/main", 141.2)
+    name = ws.claim_name
+    assert len(name) <= 63 and name == name.lower() and name[0].isalpha() and name[-1].isalnum()
+    assert ws.size_gib >= 141.2 * 1.1
+    assert WeightSet("a", "hf://o/a", "v1", "/models/a/v1", 0.1).size_gib == 8  # Hyperdisk ML's 4 GiB floor, and room
+    assert transfer_cpu_request(44) == "24" and transfer_cpu_request(22) == "20"
+
+
+def test_manifests_validate_and_the_data_source_is_reported_unchecked(plan):
+    catalog = catalog_or_none()
+    docs = plan.manifests()
+    assert {(d["kind"], d["metadata"]["name"]): validate(d, catalog) for d in docs
+            if d["kind"] in ("StorageClass", "PersistentVolumeClaim", "ComputeClass")} == \
+        {k: [] for k in {(d["kind"], d["metadata"]["name"]) for d in docs
+                         if d["kind"] in ("StorageClass", "PersistentVolumeClaim", "ComputeClass")}}
+    assert unchecked_kinds(docs, catalog)[("datalayer.gke.io/v1", "GCPDataSource")] == 2
+
+
+def test_cold_start_reads_at_the_provisioned_throughput():
+    values = hyperdisk_values()
+    values["vllm-gke:weights"]["hyperdiskThroughputMiBps"] = 4800
+    cfg = parse(values)
+    model = cfg.model("mistral-7b")
+    expected = IMAGE_START_S + model.weights_gb * 1e9 / (4800 * 1024 ** 2) + ENGINE_START_S
+    assert cold_start_seconds(cfg, model) == pytest.approx(expected)
+
+
+def test_plan_warns_of_the_unpriced_disks():
+    cfg = parse(hyperdisk_values(extra=True))
+    # (2 models + canary + adapter) in the shared namespace, 3 in the tenant's, in each of 2 zones.
+    assert hyperdisk_disks(cfg) == (4 + 3) * 2
+    assert any("14 Hyperdisk ML disks" in w and "not in the cost figures" in w for w in plan_warnings(cfg, "hyperdisk-ml"))
+
+
+@pytest.mark.parametrize("mutate, key, words", [
+    (lambda v: v["vllm-gke:cluster"].update(minMasterVersion="1.33.1"), "cluster.minMasterVersion",
+     "1.33.2-gke.4780000"),
+    (lambda v: v["vllm-gke:cluster"].pop("minMasterVersion"), "cluster.minMasterVersion", "is unset"),
+    (lambda v: v["vllm-gke:nodePools"][0].update(machineType="a2-highgpu-1g", gpuPartitionSize="3g.20gb"),
+     "nodePools[0].machineType", "cannot attach Hyperdisk ML"),
+    (lambda v: v["vllm-gke:weights"].update(populatorMachineType="e2-standard-8"), "weights.populatorMachineType",
+     "C3 or C3D"),
+    (lambda v: v["vllm-gke:weights"].update(hyperdiskThroughputMiBps=100), "weights.hyperdiskThroughputMiBps",
+     "400"),
+])
+def test_requirements_rejected_with_the_key(mutate, key, words):
+    values = hyperdisk_values()
+    mutate(values)
+    with pytest.raises(ConfigError) as exc:
+        parse(values)
+    text = str(exc.value)
+    assert key in text and words in text, text
+
+
+def test_machine_series_table():
+    assert attaches_hyperdisk_ml("a3-highgpu-8g") and attaches_hyperdisk_ml("g2-standard-8")
+    assert attaches_hyperdisk_ml("a2-ultragpu-1g")
+    assert not attaches_hyperdisk_ml("a2-highgpu-8g") and not attaches_hyperdisk_ml("a2-megagpu-16g")
+    assert {m for m in GPU_MACHINE_TYPES if not attaches_hyperdisk_ml(m)} == {
+        m for m in GPU_MACHINE_TYPES if m.startswith(("a2-highgpu-", "a2-megagpu-"))}
+    assert populator_vcpus("c3-standard-44") == 44 and populator_vcpus("c3d-highcpu-30") == 30
+    assert populator_vcpus("c3-standard-4") is None and populator_vcpus("n2-standard-32") is None
+
+
+def test_the_provider_refuses_backends_its_vllm_service_cannot_mount():
+    from vllm_gke.components.provider import ModelStore
+    from vllm_gke.components.provider.convert import InputError
+
+    values = read_stack_config("dev")
+    cfg = parse(values)
+    for backend in ("gcs", "hyperdisk-ml"):
+        args = {"project": cfg.project, "zone": "us-central1-a", "region": cfg.region, "network_name": "vpc",
+                "workload_pool": "p.svc.id.goog", "kubeconfig": "kc",
+                "models": [m.model_dump(mode="json", exclude_none=True) for m in cfg.models],
+                "weights": {"backend": backend},
+                "server_image": cfg.server_image.model_dump(mode="json", exclude_none=True)}
+        with pytest.raises(InputError, match=f"backend: '{backend}'"):
+            run_program("dev", values, program=lambda _c, a=args: ModelStore("w", a))
