@@ -156,10 +156,25 @@ def _no_standby(rs):
     rs.remove(kind(rs, "Deployment", "mistral-7b-long-standby"))
 
 
+def _unpopulated_disk(rs):
+    rs.remove(kind(rs, "GCPDataSource", namespace="vllm", name=next(
+        r.props["metadata"]["name"] for r in rs if r.props.get("kind") == "GCPDataSource")))
+
+
+@pytest.fixture(scope="module")
+def hyperdisk_plan():
+    from tests.test_hyperdisk_weights import hyperdisk_values
+    from vllm_gke.infra.plan import run_program
+
+    return run_program("staging", hyperdisk_values())
+
+
 # Policies about Inference Gateway pools judge the staging stack, whose llama-8b uses one; the
 # shared limit store is prod's.
 STAGING_CASES = {"inference-pools-served", "tenant-priorities-bound", "scale-to-zero-answered"}
 PROD_CASES = {"limit-store-mesh-only", "lora-adapters-scoped"}
+# No shipped stack uses Hyperdisk ML: its policy judges staging on that backend.
+HYPERDISK_CASES = {"hyperdisk-weights-populated"}
 
 CASES: dict[str, tuple[Callable, str]] = {
     "inference-pools-served": (_pool_fails_open, "fails open"),
@@ -167,6 +182,7 @@ CASES: dict[str, tuple[Callable, str]] = {
     "limit-store-mesh-only": (_store_open_to_any_source, "other than their mesh identity"),
     "lora-adapters-scoped": (_adapter_for_everyone, "every tenant could use every adapter"),
     "scale-to-zero-answered": (_no_standby, "no standby sits behind its Service"),
+    "hyperdisk-weights-populated": (_unpopulated_disk, "has no GCPDataSource to fill it"),
     "gpu-node-pools-tainted": (_untaint, "has no nvidia.com/gpu NO_SCHEDULE taint"),
     "mig-partition-valid": (_bad_mig, "'1g.10gb' is not a MIG profile of nvidia-tesla-a100"),
     "weights-read-only": (_writable_weights, "must be mounted readOnly"),
@@ -190,8 +206,10 @@ def test_every_policy_has_a_failing_case():
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
-def test_policy_fails_on_a_bad_plan(plans, policy):
-    rs = resources(plans["staging" if policy in STAGING_CASES else "prod" if policy in PROD_CASES else "dev"])
+def test_policy_fails_on_a_bad_plan(plans, policy, request):
+    plan = request.getfixturevalue("hyperdisk_plan") if policy in HYPERDISK_CASES else \
+        plans["staging" if policy in STAGING_CASES else "prod" if policy in PROD_CASES else "dev"]
+    rs = resources(plan)
     assert violations_of(rs, policy) == []
     break_it, message = CASES[policy]
     break_it(rs)
@@ -359,3 +377,17 @@ def test_scaled_object_without_a_wake_trigger_is_caught(plans):
     so.props["spec"]["triggers"] = so.props["spec"]["triggers"][1:]
     messages = [v.message for v in violations_of(rs, "scale-to-zero-answered")]
     assert any("nothing wakes the pool" in m for m in messages)
+
+
+def test_hyperdisk_claims_need_read_only_their_own_identity_and_transfer_nodes(hyperdisk_plan):
+    rs = resources(hyperdisk_plan)
+    claim = next(r for r in rs if r.props.get("kind") == "PersistentVolumeClaim")
+    claim.props["spec"]["accessModes"] = ["ReadWriteOnce"]
+    source = next(r for r in rs if r.props.get("kind") == "GCPDataSource")
+    source.props["spec"]["cloudStorage"]["serviceAccountName"] = "default"
+    storage_class = kind(rs, "StorageClass")
+    storage_class.props["volumeBindingMode"] = "WaitForFirstConsumer"
+    rs.remove(next(r for r in rs if r.type == "gcp:container/nodePool:NodePool" and r.props["name"] == "hdml-transfer"))
+    messages = [v.message for v in violations_of(rs, "hyperdisk-weights-populated")]
+    for words in ("is not ReadOnlyMany", "default service account", "bind Immediate", "no such node pool"):
+        assert any(words in m for m in messages), (words, messages)
