@@ -21,6 +21,7 @@ compute class (GpuCluster's transfer pool).
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -34,7 +35,9 @@ from vllm_gke.components.k8s_meta import custom_resource, meta
 from vllm_gke.components.options import child_opts
 
 CSI_DRIVER = "pd.csi.storage.gke.io"
-STORAGE_CLASS = "vllm-gke-hyperdisk-ml"
+# The class's name carries a digest of its spec: a StorageClass is immutable, and changing the
+# zones or the throughput must give new disks (new claims), not leave the old ones as they were.
+STORAGE_CLASS_PREFIX = "vllm-gke-hyperdisk-ml"
 # The compute class name is fixed by GKE: the transfer Jobs select it.
 TRANSFER_COMPUTE_CLASS = "gcs-to-hdml-compute-class"
 POPULATOR_SA = "weights-populator"
@@ -61,9 +64,10 @@ class WeightSet:
     directory: str  # the mount path, /models/<...>; the bucket folder is the same path below /models
     weights_gb: float
 
-    @property
-    def claim_name(self) -> str:
-        digest = hashlib.sha256(f"{self.source}\n{self.revision}\n{self.directory}".encode()).hexdigest()[:10]
+    def claim_name(self, storage_class: str) -> str:
+        """Unique to what the disk holds and how it is provisioned: anything else is a new claim."""
+        identity = f"{self.source}\n{self.revision}\n{self.directory}\n{storage_class}"
+        digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
         # 63 characters at most: a name the populator may reuse in labels and Job names stays valid.
         slug = re.sub(r"[^a-z0-9-]+", "-", self.key.lower()).strip("-")[:44].rstrip("-")
         return f"weights-{slug}-{digest}"
@@ -90,6 +94,11 @@ def storage_class_spec(zones: Sequence[str], throughput_mib_s: int) -> dict:
         "volumeBindingMode": "Immediate",
         "allowedTopologies": [{"matchLabelExpressions": [{"key": "topology.gke.io/zone", "values": list(zones)}]}],
     }
+
+
+def storage_class_name(spec: dict) -> str:
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{STORAGE_CLASS_PREFIX}-{digest}"
 
 
 def transfer_cpu_request(populator_vcpus: int) -> str:
@@ -125,9 +134,10 @@ class HyperdiskWeights(pulumi.ComponentResource):
     def __init__(self, name: str, args: HyperdiskWeightsArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:HyperdiskWeights", name, None, opts)
         k8s_opts = child_opts(self, opts, provider=args.provider)
+        class_spec = storage_class_spec(args.zones, args.throughput_mib_s)
+        self.storage_class_name = class_name = storage_class_name(class_spec)
         self.storage_class = k8s.storage.v1.StorageClass(
-            f"{name}-class", metadata=meta(STORAGE_CLASS),
-            **_snake(storage_class_spec(args.zones, args.throughput_mib_s)), opts=k8s_opts)
+            f"{name}-class", metadata=meta(class_name), **_snake(class_spec), opts=k8s_opts)
         self.claims = {}
         for key, (namespace, sets) in args.consumers.items():
             sa = k8s.core.v1.ServiceAccount(
@@ -142,30 +152,31 @@ class HyperdiskWeights(pulumi.ComponentResource):
                 opts=child_opts(self, opts, depends_on=list(args.apis)))
             self.claims[key] = {}
             for ws in sets:
+                claim_name = ws.claim_name(class_name)
                 folder = bucket_folder(ws.directory, args.mount_root)
                 source = custom_resource(
                     f"{name}-{key}-{ws.key}-source", "datalayer.gke.io/v1", "GCPDataSource",
-                    {**meta(ws.claim_name), "namespace": namespace},
+                    {**meta(claim_name), "namespace": namespace},
                     pulumi.Output.from_input(args.bucket).apply(lambda b, f=folder: {"cloudStorage": {
                         "serviceAccountName": POPULATOR_SA, "uri": f"gs://{b}/{f}/"}}),
                     child_opts(self, opts, provider=args.provider, depends_on=[sa]))
                 loader = args.loaders.get(ws.key)
                 k8s.core.v1.PersistentVolumeClaim(
                     f"{name}-{key}-{ws.key}-claim",
-                    metadata={**meta(ws.claim_name, annotations={
+                    metadata={**meta(claim_name, annotations={
                         CPU_REQUEST_ANNOTATION: transfer_cpu_request(args.populator_vcpus),
                         "pulumi.com/timeoutSeconds": str(CLAIM_TIMEOUT_S)}), "namespace": namespace},
-                    spec={"accessModes": ["ReadOnlyMany"], "storageClassName": STORAGE_CLASS,
+                    spec={"accessModes": ["ReadOnlyMany"], "storageClassName": class_name,
                           "resources": {"requests": {"storage": f"{ws.size_gib}Gi"}},
                           "dataSourceRef": {"apiGroup": "datalayer.gke.io", "kind": "GCPDataSource",
-                                            "name": ws.claim_name}},
+                                            "name": claim_name}},
                     # The copy is of what the bucket holds when the claim appears: after the loader.
                     # Deleting the data source first would leave the claim stuck (the guide's caution):
                     # depending on it makes Pulumi delete the claim first.
                     opts=child_opts(self, opts, provider=args.provider,
                                     depends_on=[source, reader, self.storage_class, *([loader] if loader else [])]))
-                self.claims[key][ws.directory] = ws.claim_name
-        self.register_outputs({"storageClass": STORAGE_CLASS, "claims": self.claims})
+                self.claims[key][ws.directory] = claim_name
+        self.register_outputs({"storageClass": class_name, "claims": self.claims})
 
 
 def _snake(spec: dict) -> dict:

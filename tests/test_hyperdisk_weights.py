@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
 import pytest
 
 from vllm_gke.components.catalog import GPU_MACHINE_TYPES, attaches_hyperdisk_ml, populator_vcpus
-from vllm_gke.components.hyperdisk_weights import (CPU_REQUEST_ANNOTATION, POPULATOR_SA, STORAGE_CLASS,
+from vllm_gke.components.hyperdisk_weights import (CPU_REQUEST_ANNOTATION, POPULATOR_SA, STORAGE_CLASS_PREFIX,
                                                    TRANSFER_COMPUTE_CLASS, WeightSet, transfer_cpu_request)
 from vllm_gke.infra.advice import hyperdisk_disks, plan_warnings
 from vllm_gke.infra.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds
@@ -63,11 +64,17 @@ def claims(plan, namespace=None):
     return {c["metadata"]["name"]: c for c in manifests_of(plan, "PersistentVolumeClaim", namespace)}
 
 
+def claim_of(plan, model: str, namespace: str = "vllm") -> str:
+    """The claim name of a model's own weights (a digest follows the set's key)."""
+    (name,) = [n for n in claims(plan, namespace) if re.fullmatch(rf"weights-{model}-[0-9a-f]{{10}}", n)]
+    return name
+
+
 def test_disks_in_every_zone_from_the_bucket(plan):
     assert not props_of(plan, "gcp:filestore/instance:Instance")
     (bucket,) = props_of(plan, "gcp:storage/bucket:Bucket")
     (sc,) = manifests_of(plan, "StorageClass")
-    assert sc["metadata"]["name"] == STORAGE_CLASS and sc["provisioner"] == "pd.csi.storage.gke.io"
+    assert sc["metadata"]["name"].startswith(STORAGE_CLASS_PREFIX) and sc["provisioner"] == "pd.csi.storage.gke.io"
     assert sc["parameters"] == {"type": "hyperdisk-ml", "provisioned-throughput-on-create": "2400Mi",
                                 "enable-multi-zone-provisioning": "true"}
     # Copies in the cluster's zones, copied as soon as the claim exists, never resized.
@@ -79,7 +86,7 @@ def test_disks_in_every_zone_from_the_bucket(plan):
     assert cluster["addonsConfig"]["gcsFuseCsiDriverConfig"] == {"enabled": True}
     assert "storage.googleapis.com" in required_apis(plan.config)
     sources = {s["metadata"]["name"]: s for s in manifests_of(plan, "GCPDataSource", "vllm")}
-    assert sources["weights-llama-8b-eb0c6f3edc"]["spec"] == {"cloudStorage": {
+    assert sources[claim_of(plan, "llama-8b")]["spec"] == {"cloudStorage": {
         "serviceAccountName": POPULATOR_SA, "uri": f"gs://{bucket['name']}/llama-8b/main/"}}
 
 
@@ -92,13 +99,15 @@ def test_one_zone_has_no_multi_zone_parameter(stack_values):
 
 def test_claims_are_read_only_and_filled_by_the_populator(plan):
     found = claims(plan, "vllm")
-    assert set(found) == {"weights-llama-8b-eb0c6f3edc", "weights-mistral-7b-e1b50bb5ca"}
-    claim = found["weights-mistral-7b-e1b50bb5ca"]
+    mistral = claim_of(plan, "mistral-7b")
+    assert set(found) == {claim_of(plan, "llama-8b"), mistral}
+    claim = found[mistral]
+    (sc,) = manifests_of(plan, "StorageClass")
     assert claim["spec"] == {
-        "accessModes": ["ReadOnlyMany"], "storageClassName": STORAGE_CLASS,
+        "accessModes": ["ReadOnlyMany"], "storageClassName": sc["metadata"]["name"],
         "resources": {"requests": {"storage": "18Gi"}},  # 14.5 GB of bf16 weights plus headroom
         "dataSourceRef": {"apiGroup": "datalayer.gke.io", "kind": "GCPDataSource",
-                          "name": "weights-mistral-7b-e1b50bb5ca"}}
+                          "name": mistral}}
     annotations = claim["metadata"]["annotations"]
     # Pulumi awaits the claim until it is Bound - after the copy: hours, not the 5 minute default.
     assert int(annotations["pulumi.com/timeoutSeconds"]) >= 3600
@@ -106,10 +115,11 @@ def test_claims_are_read_only_and_filled_by_the_populator(plan):
 
 
 def test_a_claim_waits_for_its_loader_and_servers_wait_for_the_claims(plan):
-    claim = plan.kube("PersistentVolumeClaim", "weights-mistral-7b-e1b50bb5ca", "vllm")
+    mistral = claim_of(plan, "mistral-7b")
+    claim = plan.kube("PersistentVolumeClaim", mistral, "vllm")
     assert plan.waits_for(claim, plan.kube("Job", "load-mistral-7b"))
     assert not plan.waits_for(claim, plan.kube("Job", "load-llama-8b"))
-    assert plan.waits_for(claim, plan.kube("GCPDataSource", "weights-mistral-7b-e1b50bb5ca", "vllm"))
+    assert plan.waits_for(claim, plan.kube("GCPDataSource", mistral, "vllm"))
     deployment = plan.kube("Deployment", "mistral-7b-short", "vllm")
     assert plan.waits_for(deployment, claim)
 
@@ -199,9 +209,27 @@ def test_a_new_revision_is_a_new_claim_the_servers_roll_onto():
     assert any(v.get("persistentVolumeClaim", {}).get("claimName") == new_mistral for v in dep["volumes"])
 
 
+def test_a_new_throughput_or_zone_is_a_new_class_and_new_disks(plan):
+    """A StorageClass is immutable, and a populated disk keeps the throughput and zones it was made
+    with: changing either must produce a new class and new claims, so the servers roll onto disks
+    that match the config."""
+    for change in ({"weights": {"backend": "hyperdisk-ml", "hyperdiskThroughputMiBps": 4800}},
+                   {"zones": ["us-central1-a", "us-central1-b", "us-central1-c"]}):
+        values = hyperdisk_values()
+        if "weights" in change:
+            values["vllm-gke:weights"] = change["weights"]
+        else:
+            values["vllm-gke:cluster"]["zones"] = change["zones"]
+        other = run_program("staging", values)
+        (before,), (after,) = manifests_of(plan, "StorageClass"), manifests_of(other, "StorageClass")
+        assert before["metadata"]["name"] != after["metadata"]["name"], change
+        assert not set(claims(plan)) & set(claims(other)), change
+        assert {c["spec"]["storageClassName"] for c in claims(other).values()} == {after["metadata"]["name"]}
+
+
 def test_weight_set_names_are_valid_and_sizes_hold_the_data():
     ws = WeightSet("A_very.Long-model-name-" + "x" * 80, "hf://org/m", "main", "/models/m/main", 141.2)
-    name = ws.claim_name
+    name = ws.claim_name("vllm-gke-hyperdisk-ml-0123abcd")
     assert len(name) <= 63 and name == name.lower() and name[0].isalpha() and name[-1].isalnum()
     assert ws.size_gib >= 141.2 * 1.1
     assert WeightSet("a", "hf://o/a", "v1", "/models/a/v1", 0.1).size_gib == 8  # Hyperdisk ML's 4 GiB floor, and room
