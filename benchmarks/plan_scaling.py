@@ -58,10 +58,14 @@ def scaled_config(tenants: int, models: int, every_option: bool = False) -> dict
 def with_every_option(config: dict[str, Any]) -> dict[str, Any]:
     """Inference Gateway routing on every other model (the rest length-routed with a canary),
     a LoRA adapter per called model, long pools that scale to zero, tenant priorities and limits
-    across replicas, weights in a bucket."""
+    across replicas, weights on Hyperdisk ML disks filled from a bucket (the backend that declares
+    the most: bucket, loaders, and a disk per weight set); its GPU machines must attach Hyperdisk
+    ML, so A2 Ultra."""
     config["vllm-gke:cluster"]["minMasterVersion"] = "1.34"
     config["vllm-gke:globalLimits"] = {"enabled": True}
-    config["vllm-gke:weights"] = {"backend": "gcs"}
+    config["vllm-gke:weights"] = {"backend": "hyperdisk-ml"}
+    for pool in config["vllm-gke:nodePools"]:
+        pool.update(machineType="a2-ultragpu-8g", gpuPartitionSize="3g.40gb")
     callers: dict[str, list[str]] = {}
     for t, tenant in enumerate(config["vllm-gke:tenants"]):
         tenant["priority"] = t % 3

@@ -38,7 +38,7 @@ def test_resources_grow_linearly_in_models():
 @pytest.mark.parametrize("tenants,models", [(max(TENANT_GRID), 1), (1, max(MODEL_GRID)), (10, 5)])
 def test_every_option_configs_are_valid_and_use_every_option(tenants, models):
     cfg = parse(scaled_config(tenants, models, every_option=True))
-    assert cfg.global_limits.enabled and cfg.weights.backend == "gcs"
+    assert cfg.global_limits.enabled and cfg.weights.backend == "hyperdisk-ml"
     routings = {m.routing for m in cfg.models}
     assert routings == ({"inference-gateway", "length"} if models > 1 else {"inference-gateway"})
     assert any(m.adapters for m in cfg.models)

@@ -255,10 +255,11 @@ def test_cold_start_reads_at_the_provisioned_throughput():
     assert cold_start_seconds(cfg, model) == pytest.approx(expected)
 
 
-def test_plan_warns_of_the_unpriced_disks():
+def test_plan_warns_of_the_unpriced_disks(wide_plan):
     cfg = parse(hyperdisk_values(extra=True))
-    # (2 models + canary + adapter) in the shared namespace, 3 in the tenant's, in each of 2 zones.
-    assert hyperdisk_disks(cfg) == (4 + 3) * 2
+    # (2 models + canary + adapter) in the shared namespace, 3 in the tenant's, in each of 2 zones:
+    # as many as the plan has claims, times the zones.
+    assert hyperdisk_disks(cfg) == (4 + 3) * 2 == len(manifests_of(wide_plan, "PersistentVolumeClaim")) * 2
     assert any("14 Hyperdisk ML disks" in w and "not in the cost figures" in w for w in plan_warnings(cfg, "hyperdisk-ml"))
 
 
