@@ -109,7 +109,6 @@ def transfer_cpu_request(populator_vcpus: int) -> str:
 
 @dataclass
 class HyperdiskWeightsArgs:
-    project: str
     zones: Sequence[str]
     bucket: pulumi.Input[str]
     # Workload Identity pool and project number: the transfer identity's principal.

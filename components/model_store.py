@@ -1,8 +1,10 @@
-"""ModelStore: one Filestore share holding every model's weights, loaded once, mounted read-only.
+"""ModelStore: one copy of every model's weights, loaded once, mounted read-only.
 
 Replicas never download weights: a loader Job per model writes them to
-/models/<model>/<revision> and drops a completion marker; every serving namespace gets a
-ReadOnlyMany PV/PVC onto the same share, and servers wait for the marker before starting.
+/models/<model>/<revision> and drops a completion marker, and servers wait for the marker before
+starting. The copy lives on a Filestore share (every serving namespace gets a ReadOnlyMany PV/PVC
+onto it), in a Cloud Storage bucket (mounted through Cloud Storage FUSE), or in that bucket and
+on Hyperdisk ML disks GKE Volume Populator fills from it (HyperdiskWeights).
 """
 
 from __future__ import annotations
@@ -340,7 +342,7 @@ class ModelStore(pulumi.ComponentResource):
                            if wanted is None or c.model in wanted.get(key, ())])
                 for key, ns in args.consumer_namespaces.items()}
             self.hyperdisk = HyperdiskWeights(f"{name}-hdml", HyperdiskWeightsArgs(
-                project=args.project, zones=list(args.zones) or [args.zone], bucket=self.bucket.name,
+                zones=list(args.zones) or [args.zone], bucket=self.bucket.name,
                 workload_pool=args.workload_pool, project_number=number, provider=args.provider,
                 consumers=consumers, loaders=self.loader_jobs, mount_root=MOUNT_PATH,
                 throughput_mib_s=args.weights.hyperdisk_throughput_mib_s,
