@@ -467,7 +467,7 @@ class GuardMiddleware:
                 await send({"type": "websocket.close", "code": 1008})
             return
         try:
-            forward = await self._admit(scope, receive)
+            *forward, listed = await self._admit(scope, receive)
         except GuardError as err:
             await self._respond(send, err)
             return
@@ -477,12 +477,14 @@ class GuardMiddleware:
             log.exception("guard failed on %s %s", scope.get("method"), scope.get("path"))
             await self._respond(send, GuardError(400, "the request could not be checked", "unprocessable"))
             return
-        await self.app(*forward, send)
+        await self.app(*forward, send if listed is None else _model_list_filter(send, listed))
 
-    async def _admit(self, scope: Scope, receive: Receive) -> tuple[Scope, Receive]:
+    async def _admit(self, scope: Scope, receive: Receive) -> tuple[Scope, Receive, Optional[frozenset[str]]]:
+        """The scope and body to forward, and on a server with adapters the `model` values the
+        tenant may see listed (GET /v1/models names every adapter the server loaded)."""
         path, method = scope.get("path") or "", scope.get("method") or ""
         if OPEN_ROUTES.get(path) == method:
-            return scope, receive
+            return scope, receive, None
         route = self.routes.get(path)
         if route is None or path in OPEN_ROUTES:
             raise GuardError(404, f"no route {path}", "not_found")
@@ -492,7 +494,7 @@ class GuardMiddleware:
         seen = _Headers(headers, self.issuer_header, self.objective_header)
         client = (scope.get("client") or ("", 0))[0]
         if client == "127.0.0.1" and self._is_warmup(seen):
-            return scope, receive
+            return scope, receive, None
         if client not in self.trusted_peers:
             raise GuardError(403, "the request did not come through the mesh sidecar; refused", "no_mesh")
         if len(seen.issuer) != 1:
@@ -508,7 +510,7 @@ class GuardMiddleware:
             self._take_local(issuer, entry)
         if route.get("kind") == "info":
             await self._take_shared(issuer, entry, 0)
-            return scope, receive
+            return scope, receive, frozenset(entry["models"]) if "models" in entry else None
         self._check_content_type(seen.content_type)
         body = await self._read_body(receive, seen.content_length)
         kind = route.get("kind")
@@ -518,7 +520,7 @@ class GuardMiddleware:
             else:
                 self._object_or_error(body, frozenset())
             await self._take_shared(issuer, entry, 0)
-            return scope, _replay(body, receive)
+            return scope, _replay(body, receive), None
         fields = self._fields(body, kind)
         try:
             budget = Budget(kind, fields, self.rule)
@@ -531,11 +533,11 @@ class GuardMiddleware:
             per_sequence = add if add is not None else max(v for v in budget.per_sequence if v is not None)
             await self._take_shared(issuer, entry, per_sequence * budget.sequences)
         if add is None:
-            return scope, _replay(body, receive)
+            return scope, _replay(body, receive), None
         body = add_field(body, fields.close, OUTPUT_FIELDS[kind], add)
         headers = [(k, v) for k, v in headers if k != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
-        return dict(scope, headers=headers), _replay(body, receive)
+        return dict(scope, headers=headers), _replay(body, receive), None
 
     @staticmethod
     def _fields(body: bytes, kind: str) -> Fields:
@@ -628,6 +630,57 @@ class GuardMiddleware:
             headers.append((b"retry-after", str(max(1, int(retry_after + 0.999))).encode()))
         await send({"type": "http.response.start", "status": err.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+# A model list is a few KB; past this the response is not one, and the tenant gets an empty list.
+MODEL_LIST_MAX_BYTES = 1 << 20
+EMPTY_MODEL_LIST = b'{"object": "list", "data": []}'
+
+
+def _model_list_filter(send: Send, allowed: frozenset[str]) -> Send:
+    """Pass a 200 model list on with only the entries whose `id` the tenant may use; anything
+    else (an error status) unchanged. A body that is not the list OpenAI's format describes
+    becomes an empty list: nothing another tenant may use is ever shown."""
+    start: Optional[Message] = None
+    chunks: list[bytes] = []
+    size = 0
+
+    async def filtered(message: Message) -> None:
+        nonlocal start, size
+        if message.get("type") == "http.response.start":
+            if message.get("status") != 200:
+                start = None
+                await send(message)
+                return
+            start = message
+            return
+        if start is None or message.get("type") != "http.response.body":
+            await send(message)
+            return
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size <= MODEL_LIST_MAX_BYTES:
+            chunks.append(chunk)
+        if message.get("more_body"):
+            return
+        body = _listed_only(b"".join(chunks), allowed) if size <= MODEL_LIST_MAX_BYTES else EMPTY_MODEL_LIST
+        headers = [(k, v) for k, v in start.get("headers") or [] if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({**start, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    return filtered
+
+
+def _listed_only(body: bytes, allowed: frozenset[str]) -> bytes:
+    try:
+        listing = json.loads(body)
+    except ValueError:
+        return EMPTY_MODEL_LIST
+    if not isinstance(listing, dict) or not isinstance(listing.get("data"), list):
+        return EMPTY_MODEL_LIST
+    listing["data"] = [m for m in listing["data"] if isinstance(m, dict) and m.get("id") in allowed]
+    return json.dumps(listing).encode()
 
 
 def _replay(body: bytes, upstream: Receive) -> Receive:

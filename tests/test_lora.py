@@ -127,3 +127,55 @@ def test_share_is_sized_for_the_adapters_too():
     copies = {c.key: c for c in weight_copies([heavy])}
     assert set(copies) == {"m", "m-lora-mine", "m-lora-theirs"}
     assert copies["m-lora-mine"].weights_gb == pytest.approx(heavy.lora_gb() / 2)
+
+
+class ListingApp:
+    """vLLM's GET /v1/models on a LoRA server: the base model and every adapter it loaded."""
+
+    def __init__(self, status=200, body=None, chunks=1):
+        self.status, self.chunks = status, chunks
+        self.body = body if body is not None else json.dumps({"object": "list", "data": [
+            {"id": "m", "object": "model", "root": "/models/m/main"},
+            {"id": "mine", "object": "model", "parent": "m"},
+            {"id": "theirs", "object": "model", "parent": "m"}]}).encode()
+
+    async def __call__(self, scope, receive, send):
+        await send({"type": "http.response.start", "status": self.status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(self.body)).encode())]})
+        step = -(-len(self.body) // self.chunks)
+        for i in range(0, len(self.body), step):
+            await send({"type": "http.response.body", "body": self.body[i:i + step],
+                        "more_body": i + step < len(self.body)})
+
+
+def listing(app, tenant=TENANT, served=MODEL):
+    mw = guard.GuardMiddleware(app, guard_config([tenant], tenant_routes(), served=served), Clock())
+    sent = call(mw, path="/v1/models", method="GET", issuer=tenant.jwt.issuer)
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent, body
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_the_model_list_shows_a_tenant_only_what_it_may_use(chunks):
+    """Another tenant's adapter names (often a customer's) never reach this tenant."""
+    sent, body = listing(ListingApp(chunks=chunks))
+    assert status(sent) == 200
+    assert [m["id"] for m in json.loads(body)["data"]] == ["m", "mine"]
+    assert dict(sent[0]["headers"])[b"content-length"] == str(len(body)).encode()
+
+
+@pytest.mark.parametrize("app", [ListingApp(body=b"not json"), ListingApp(body=b'["m", "theirs"]'),
+                                 ListingApp(body=json.dumps({"data": ["theirs"]}).encode())])
+def test_a_model_list_the_guard_cannot_read_is_empty_not_passed_on(app):
+    sent, body = listing(app)
+    assert status(sent) == 200 and json.loads(body)["data"] == []
+
+
+def test_errors_and_servers_without_adapters_pass_unchanged():
+    sent, body = listing(ListingApp(status=503, body=b'{"error": "starting"}'))
+    assert status(sent) == 503 and body == b'{"error": "starting"}'
+    plain = MODEL.model_copy(update={"adapters": []})
+    app = ListingApp()
+    sent, body = listing(app, served=plain)
+    assert body == app.body  # one model, nothing to hide: the bytes untouched
