@@ -25,12 +25,13 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Protocol, Sequence
 
 import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
+from vllm_gke.components.gcp_names import workload_principal
 from vllm_gke.components.k8s_meta import custom_resource, meta
 from vllm_gke.components.options import child_opts
 
@@ -54,27 +55,34 @@ HEADROOM = 1.15
 CLAIM_TIMEOUT_S = 4 * 3600
 
 
-@dataclass(frozen=True)
-class WeightSet:
-    """One folder of the bucket that becomes one disk: its loader wrote it under `directory`."""
-
-    key: str
-    source: str
-    revision: str
-    directory: str  # the mount path, /models/<...>; the bucket folder is the same path below /models
-    weights_gb: float
-
-    def claim_name(self, storage_class: str) -> str:
-        """Unique to what the disk holds and how it is provisioned: anything else is a new claim."""
-        identity = f"{self.source}\n{self.revision}\n{self.directory}\n{storage_class}"
-        digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
-        # 63 characters at most: a name the populator may reuse in labels and Job names stays valid.
-        slug = re.sub(r"[^a-z0-9-]+", "-", self.key.lower()).strip("-")[:44].rstrip("-")
-        return f"weights-{slug}-{digest}"
+class WeightSet(Protocol):
+    """One folder of the bucket that becomes one disk (ModelStore's WeightCopy): its loader
+    wrote it under `directory`, the mount path; the bucket folder is the same path below the
+    mount root."""
 
     @property
-    def size_gib(self) -> int:
-        return max(MIN_DISK_GIB, math.ceil(self.weights_gb * HEADROOM) + 1)
+    def key(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def revision(self) -> str: ...
+    @property
+    def directory(self) -> str: ...
+    @property
+    def weights_gb(self) -> float: ...
+
+
+def claim_name(ws: WeightSet, storage_class: str) -> str:
+    """Unique to what the disk holds and how it is provisioned: anything else is a new claim."""
+    identity = f"{ws.source}\n{ws.revision}\n{ws.directory}\n{storage_class}"
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
+    # 63 characters at most: a name the populator may reuse in labels and Job names stays valid.
+    slug = re.sub(r"[^a-z0-9-]+", "-", ws.key.lower()).strip("-")[:44].rstrip("-")
+    return f"weights-{slug}-{digest}"
+
+
+def disk_size_gib(weights_gb: float) -> int:
+    return max(MIN_DISK_GIB, math.ceil(weights_gb * HEADROOM) + 1)
 
 
 def bucket_folder(directory: str, mount_root: str) -> str:
@@ -145,36 +153,34 @@ class HyperdiskWeights(pulumi.ComponentResource):
                 automount_service_account_token=False, opts=k8s_opts)
             reader = gcp.storage.BucketIAMMember(
                 f"{name}-{key}-reader", bucket=args.bucket, role="roles/storage.objectViewer",
-                member=pulumi.Output.all(args.project_number, args.workload_pool, namespace).apply(lambda a: (
-                    f"principal://iam.googleapis.com/projects/{a[0]}/locations/global/workloadIdentityPools/"
-                    f"{a[1]}/subject/ns/{a[2]}/sa/{POPULATOR_SA}")),
+                member=workload_principal(args.project_number, args.workload_pool, namespace, POPULATOR_SA),
                 opts=child_opts(self, opts, depends_on=list(args.apis)))
             self.claims[key] = {}
             for ws in sets:
-                claim_name = ws.claim_name(class_name)
+                claim = claim_name(ws, class_name)
                 folder = bucket_folder(ws.directory, args.mount_root)
                 source = custom_resource(
                     f"{name}-{key}-{ws.key}-source", "datalayer.gke.io/v1", "GCPDataSource",
-                    {**meta(claim_name), "namespace": namespace},
+                    {**meta(claim), "namespace": namespace},
                     pulumi.Output.from_input(args.bucket).apply(lambda b, f=folder: {"cloudStorage": {
                         "serviceAccountName": POPULATOR_SA, "uri": f"gs://{b}/{f}/"}}),
                     child_opts(self, opts, provider=args.provider, depends_on=[sa]))
                 loader = args.loaders.get(ws.key)
                 k8s.core.v1.PersistentVolumeClaim(
                     f"{name}-{key}-{ws.key}-claim",
-                    metadata={**meta(claim_name, annotations={
+                    metadata={**meta(claim, annotations={
                         CPU_REQUEST_ANNOTATION: transfer_cpu_request(args.populator_vcpus),
                         "pulumi.com/timeoutSeconds": str(CLAIM_TIMEOUT_S)}), "namespace": namespace},
                     spec={"accessModes": ["ReadOnlyMany"], "storageClassName": class_name,
-                          "resources": {"requests": {"storage": f"{ws.size_gib}Gi"}},
+                          "resources": {"requests": {"storage": f"{disk_size_gib(ws.weights_gb)}Gi"}},
                           "dataSourceRef": {"apiGroup": "datalayer.gke.io", "kind": "GCPDataSource",
-                                            "name": claim_name}},
+                                            "name": claim}},
                     # The copy is of what the bucket holds when the claim appears: after the loader.
                     # Deleting the data source first would leave the claim stuck (the guide's caution):
                     # depending on it makes Pulumi delete the claim first.
                     opts=child_opts(self, opts, provider=args.provider,
                                     depends_on=[source, reader, self.storage_class, *([loader] if loader else [])]))
-                self.claims[key][ws.directory] = claim_name
+                self.claims[key][ws.directory] = claim
         self.register_outputs({"storageClass": class_name, "claims": self.claims})
 
 

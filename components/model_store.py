@@ -21,8 +21,8 @@ import pulumi_kubernetes as k8s
 
 from vllm_gke.components import gcs_weights
 from vllm_gke.components.catalog import populator_vcpus
-from vllm_gke.components.gcp_names import bucket_name, service_account_id
-from vllm_gke.components.hyperdisk_weights import HyperdiskWeights, HyperdiskWeightsArgs, WeightSet
+from vllm_gke.components.gcp_names import bucket_name, service_account_id, workload_principal
+from vllm_gke.components.hyperdisk_weights import HyperdiskWeights, HyperdiskWeightsArgs
 from vllm_gke.components.k8s_meta import WEIGHTS_READY_MARKER, custom_resource, meta
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.project_apis import ProjectApis
@@ -98,10 +98,6 @@ def weight_copies(models: Sequence[ModelSpec]) -> list[WeightCopy]:
     return [model_copy(m.name, m) for m in models] + \
         [model_copy(f"{m.name}-canary", c) for m in models if (c := m.canary_model()) is not None] + \
         [a for m in models for a in adapter_copies(m)]
-
-
-def weight_set(copy: WeightCopy) -> WeightSet:
-    return WeightSet(copy.key, copy.source, copy.revision, copy.directory, copy.weights_gb)
 
 
 def plan_filestore(models: Sequence[ModelSpec], weights: WeightsSpec) -> tuple[str, int]:
@@ -229,8 +225,8 @@ class ModelStore(pulumi.ComponentResource):
             gcp.projects.IAMMember(f"{name}-loader-gcs", project=args.project,
                                    role="roles/storage.objectViewer", member=loader_member,
                                    opts=gcp_opts("cloudresourcemanager.googleapis.com"))
-        number = gcp.organizations.get_project_output(project_id=args.project).number
         if self.backend != "filestore":
+            number = gcp.organizations.get_project_output(project_id=args.project).number
             # Writes the weights into the bucket, nothing else anywhere.
             gcp.storage.BucketIAMMember(f"{name}-loader-bucket", bucket=self.bucket.name,
                                         role="roles/storage.objectUser", member=loader_member,
@@ -242,9 +238,7 @@ class ModelStore(pulumi.ComponentResource):
             for key, ns in args.consumer_namespaces.items():
                 gcp.storage.BucketIAMMember(
                     f"{name}-reader-{key}", bucket=self.bucket.name, role="roles/storage.objectViewer",
-                    member=pulumi.Output.all(number, args.workload_pool, ns).apply(lambda a: (
-                        f"principal://iam.googleapis.com/projects/{a[0]}/locations/global/workloadIdentityPools/"
-                        f"{a[1]}/subject/ns/{a[2]}/sa/default")),
+                    member=workload_principal(number, args.workload_pool, ns, "default"),
                     opts=gcp_opts("storage.googleapis.com"))
         self.loader_binding = gcp.serviceaccount.IAMMember(
             f"{name}-loader-wi", service_account_id=self.loader_gsa.name,
@@ -338,8 +332,7 @@ class ModelStore(pulumi.ComponentResource):
         if self.backend == "hyperdisk-ml":
             wanted = args.consumer_models
             consumers = {
-                key: (ns, [weight_set(c) for c in weight_copies(args.models)
-                           if wanted is None or c.model in wanted.get(key, ())])
+                key: (ns, [c for c in weight_copies(args.models) if wanted is None or c.model in wanted.get(key, ())])
                 for key, ns in args.consumer_namespaces.items()}
             self.hyperdisk = HyperdiskWeights(f"{name}-hdml", HyperdiskWeightsArgs(
                 zones=list(args.zones) or [args.zone], bucket=self.bucket.name,

@@ -12,7 +12,9 @@ import pytest
 
 from vllm_gke.components.catalog import GPU_MACHINE_TYPES, attaches_hyperdisk_ml, populator_vcpus
 from vllm_gke.components.hyperdisk_weights import (CPU_REQUEST_ANNOTATION, POPULATOR_SA, STORAGE_CLASS_PREFIX,
-                                                   TRANSFER_COMPUTE_CLASS, WeightSet, transfer_cpu_request)
+                                                   TRANSFER_COMPUTE_CLASS, claim_name, disk_size_gib,
+                                                   transfer_cpu_request)
+from vllm_gke.components.model_store import WeightCopy
 from vllm_gke.infra.advice import hyperdisk_disks, plan_warnings
 from vllm_gke.infra.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds
 from vllm_gke.infra.config import ConfigError, parse
@@ -228,11 +230,11 @@ def test_a_new_throughput_or_zone_is_a_new_class_and_new_disks(plan):
 
 
 def test_weight_set_names_are_valid_and_sizes_hold_the_data():
-    ws = WeightSet("A_very.Long-model-name-" + "x" * 80, "hf://org/m", "main", "/models/m/main", 141.2)
-    name = ws.claim_name("vllm-gke-hyperdisk-ml-0123abcd")
+    ws = WeightCopy("A_very.Long-model-name-" + "x" * 80, "m", "hf://org/m", "main", "/models/m/main", 141.2)
+    name = claim_name(ws, "vllm-gke-hyperdisk-ml-0123abcd")
     assert len(name) <= 63 and name == name.lower() and name[0].isalpha() and name[-1].isalnum()
-    assert ws.size_gib >= 141.2 * 1.1
-    assert WeightSet("a", "hf://o/a", "v1", "/models/a/v1", 0.1).size_gib == 8  # Hyperdisk ML's 4 GiB floor, and room
+    assert disk_size_gib(141.2) >= 141.2 * 1.1
+    assert disk_size_gib(0.1) == 8  # Hyperdisk ML's 4 GiB floor, and room
     assert transfer_cpu_request(44) == "24" and transfer_cpu_request(22) == "20"
 
 
