@@ -279,13 +279,15 @@ class GpuCluster(pulumi.ComponentResource):
                 },
                 child_opts(self, opts, provider=self.provider))
 
+        # What GKE Volume Populator's transfer Jobs need before a claim asks for a copy.
+        self.transfer_ready: list[pulumi.Resource] = []
         if args.populator_machine_type:
-            custom_resource(
+            self.transfer_ready = [self.node_pools[TRANSFER_POOL], custom_resource(
                 f"{name}-cc-{TRANSFER_COMPUTE_CLASS}", "cloud.google.com/v1", "ComputeClass",
                 meta(TRANSFER_COMPUTE_CLASS),
                 {"priorities": [{"nodepools": [TRANSFER_POOL]}], "nodePoolAutoCreation": {"enabled": False},
                  "whenUnsatisfiable": "DoNotScaleUp"},
-                child_opts(self, opts, provider=self.provider))
+                child_opts(self, opts, provider=self.provider))]
 
         self.register_outputs({
             "clusterName": self.cluster.name,

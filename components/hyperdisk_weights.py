@@ -131,6 +131,9 @@ class HyperdiskWeightsArgs:
     throughput_mib_s: int = 2400
     populator_vcpus: int = 44
     apis: Sequence[pulumi.Resource] = field(default_factory=list)
+    # The transfer node pool and its compute class: a claim made before them would start a
+    # transfer Job with nowhere to run.
+    transfer_ready: Sequence[pulumi.Resource] = field(default_factory=list)
 
 
 class HyperdiskWeights(pulumi.ComponentResource):
@@ -179,7 +182,8 @@ class HyperdiskWeights(pulumi.ComponentResource):
                     # Deleting the data source first would leave the claim stuck (the guide's caution):
                     # depending on it makes Pulumi delete the claim first.
                     opts=child_opts(self, opts, provider=args.provider,
-                                    depends_on=[source, reader, self.storage_class, *([loader] if loader else [])]))
+                                    depends_on=[source, reader, self.storage_class, *args.transfer_ready,
+                                                *([loader] if loader else [])]))
                 self.claims[key][ws.directory] = claim
         self.register_outputs({"storageClass": class_name, "claims": self.claims})
 

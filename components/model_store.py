@@ -150,6 +150,8 @@ class ModelStoreArgs:
     consumer_models: Optional[Mapping[str, Sequence[str]]] = None
     # The cluster's zones (hyperdisk-ml: a disk in each).
     zones: Sequence[str] = ()
+    # hyperdisk-ml: the transfer nodes and their compute class (GpuCluster.transfer_ready).
+    transfer_ready: Sequence[pulumi.Resource] = ()
     system_namespace: str = "vllm-gke-system"
     # Filestore instance name, unique per project and zone; defaults to "<name>-weights".
     instance_name: Optional[str] = None
@@ -338,6 +340,7 @@ class ModelStore(pulumi.ComponentResource):
                 zones=list(args.zones) or [args.zone], bucket=self.bucket.name,
                 workload_pool=args.workload_pool, project_number=number, provider=args.provider,
                 consumers=consumers, loaders=self.loader_jobs, mount_root=MOUNT_PATH,
+                transfer_ready=list(args.transfer_ready),
                 throughput_mib_s=args.weights.hyperdisk_throughput_mib_s,
                 populator_vcpus=populator_vcpus(args.weights.populator_machine_type) or 44,
                 apis=apis.needs("storage.googleapis.com") if apis else []),

@@ -123,7 +123,7 @@ def build(cfg: StackConfig) -> Platform:
         project=cfg.project, zone=cfg.cluster.zones[0], region=cfg.region, network_name=cluster.network.name,
         workload_pool=cluster.workload_pool, models=cfg.models, weights=cfg.weights,
         server_image=cfg.server_image, provider=provider, consumer_namespaces=consumers,
-        consumer_models=consumer_models, zones=cfg.cluster.zones,
+        consumer_models=consumer_models, zones=cfg.cluster.zones, transfer_ready=cluster.transfer_ready,
         instance_name=f"{cfg.cluster.name}-weights", apis=apis, protect=cfg.cluster.deletion_protection))
     platform = Platform(apis=apis, cluster=cluster, mesh=mesh, serving=serving, store=store,
                         metrics_adapter=adapter, tenants=tenants)

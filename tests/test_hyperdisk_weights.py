@@ -122,6 +122,9 @@ def test_a_claim_waits_for_its_loader_and_servers_wait_for_the_claims(plan):
     assert plan.waits_for(claim, plan.kube("Job", "load-mistral-7b"))
     assert not plan.waits_for(claim, plan.kube("Job", "load-llama-8b"))
     assert plan.waits_for(claim, plan.kube("GCPDataSource", mistral, "vllm"))
+    # The transfer Job must have nodes of its compute class to run on.
+    assert plan.waits_for(claim, plan.kube("ComputeClass", TRANSFER_COMPUTE_CLASS))
+    assert plan.waits_for(claim, plan.named("gcp:container/nodePool:NodePool", "gke-hdml-transfer"))
     deployment = plan.kube("Deployment", "mistral-7b-short", "vllm")
     assert plan.waits_for(deployment, claim)
 
