@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vllm_gke.components.model_store import REGIONAL_TIERS, weight_copies
-from vllm_gke.infra.capacity import placements
+from vllm_gke.infra.capacity import consumer_models, placements
 from vllm_gke.infra.cold_start import cold_start_seconds
 from vllm_gke.infra.config import StackConfig
 
@@ -11,8 +11,7 @@ from vllm_gke.infra.config import StackConfig
 def hyperdisk_disks(cfg: StackConfig) -> int:
     """Disks the Hyperdisk ML backend creates: each weight set a namespace mounts, in every zone."""
     sets = {m.name: len(weight_copies([m])) for m in cfg.models}
-    namespaces = [[m.name for m in cfg.models]] + [list(t.dedicated.models) for t in cfg.tenants if t.dedicated]
-    return sum(sets[m] for models in namespaces for m in models) * len(cfg.cluster.zones)
+    return sum(sets[m] for models in consumer_models(cfg).values() for m in models) * len(cfg.cluster.zones)
 
 
 def plan_warnings(cfg: StackConfig, filestore_tier: str) -> list[str]:

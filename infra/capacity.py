@@ -117,6 +117,14 @@ def placements(cfg: "StackConfig") -> list[tuple[ModelSpec, str, Optional[str]]]
     return out + [(c, pool, tenant) for m, pool, tenant in out if (c := m.canary_model()) is not None]
 
 
+def consumer_models(cfg: "StackConfig") -> dict[str, list[str]]:
+    """The models each serving namespace runs, by consumer key: every model has a route in the
+    shared namespace ("serving"); a dedicated tenant's namespace (its name) serves its own."""
+    out: dict[str, list[str]] = {"serving": [m.name for m in cfg.models]}
+    out.update({t.name: list(t.dedicated.models) for t in cfg.tenants if t.dedicated})
+    return out
+
+
 def gpu_slots_by_pool(cfg: "StackConfig", bound: str = "min") -> dict[str, int]:
     """GPU units (whole GPUs or MIG slices) each node pool needs at min or max replicas."""
     slots: dict[str, int] = {}

@@ -280,15 +280,14 @@ def _inference_gateway(cfg: "StackConfig", add: Add) -> None:
         add("gateway.className", f"{cfg.gateway.class_name} cannot route to an InferencePool ({first} is "
             f"inference-gateway); use {' or '.join(INFERENCE_GATEWAY_CLASSES)}, or routing: length")
     version = cfg.cluster.min_master_version
-    floor = gke_version(INFERENCE_GATEWAY_MIN_GKE)
-    parsed = gke_version(version) if version else None
-    if parsed is None or floor is None or parsed < floor:
+    if _below(version, INFERENCE_GATEWAY_MIN_GKE):
         now = f"is {version}" if version else "is unset"
         add("cluster.minMasterVersion", f"{now}, but {first} is inference-gateway: GKE provides the InferencePool "
             f"API from {INFERENCE_GATEWAY_MIN_GKE}; set it to 1.34 or later (e.g. 1.34, or {INFERENCE_GATEWAY_MIN_GKE})")
 
 
 def _below(version: str | None, minimum: str) -> bool:
+    """Whether the cluster's version floor may resolve below `minimum` (unset or unparsable: yes)."""
     floor = gke_version(minimum)
     parsed = gke_version(version) if version else None
     return parsed is None or floor is None or parsed < floor

@@ -31,6 +31,7 @@ from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_hos
 from vllm_gke.components.standby import Standby, StandbyArgs
 from vllm_gke.components.vllm_service import ScaleToZero, VllmService, VllmServiceArgs, service_name_of
 from vllm_gke.components.vllm_versions import release
+from vllm_gke.infra.capacity import consumer_models
 from vllm_gke.infra.cold_start import NODE_PROVISION_S, cold_start_seconds
 from vllm_gke.infra.config import StackConfig
 
@@ -116,14 +117,11 @@ def build(cfg: StackConfig) -> Platform:
     }
     consumers: dict[str, pulumi.Input[str]] = {"serving": serving.name}
     consumers.update({t.name: tenants[t.name].namespace.name for t in cfg.tenants if t.dedicated})
-    # Every model has a route in the serving namespace; a dedicated tenant's namespace serves its own.
-    consumer_models = {"serving": [m.name for m in cfg.models],
-                       **{t.name: dedicated_models(t) for t in cfg.tenants if t.dedicated}}
     store = ModelStore("weights", ModelStoreArgs(
         project=cfg.project, zone=cfg.cluster.zones[0], region=cfg.region, network_name=cluster.network.name,
         workload_pool=cluster.workload_pool, models=cfg.models, weights=cfg.weights,
         server_image=cfg.server_image, provider=provider, consumer_namespaces=consumers,
-        consumer_models=consumer_models, zones=cfg.cluster.zones, transfer_ready=cluster.transfer_ready,
+        consumer_models=consumer_models(cfg), zones=cfg.cluster.zones, transfer_ready=cluster.transfer_ready,
         instance_name=f"{cfg.cluster.name}-weights", apis=apis, protect=cfg.cluster.deletion_protection))
     platform = Platform(apis=apis, cluster=cluster, mesh=mesh, serving=serving, store=store,
                         metrics_adapter=adapter, tenants=tenants)

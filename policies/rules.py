@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Optional, Sequence
 
 from vllm_gke.components.catalog import ACCELERATORS
+from vllm_gke.components.hyperdisk_weights import TRANSFER_COMPUTE_CLASS
+from vllm_gke.components.k8s_meta import COMPUTE_CLASS_LABEL
 from vllm_gke.policies.mesh_authz import Request, applicable, decide, for_token
 
 Level = Literal["advisory", "mandatory", "disabled"]
@@ -439,9 +441,6 @@ def vllm_autoscaled(resources: Sequence[Resource]) -> Iterator[Finding]:
             yield r, f"{where(r)} has no PodDisruptionBudget: node upgrades could take every replica at once"
 
 
-HYPERDISK_ML_TRANSFER_CLASS = "gcs-to-hdml-compute-class"
-
-
 def hyperdisk_weights_populated(resources: Sequence[Resource]) -> Iterator[Finding]:
     """A Hyperdisk ML claim serves weights only if GKE Volume Populator fills it: read-only for
     many nodes, a GCPDataSource beside it naming an identity other than the servers' own (that
@@ -472,12 +471,12 @@ def hyperdisk_weights_populated(resources: Sequence[Resource]) -> Iterator[Findi
                       "scheduled, and the replica would wait for the whole copy; bind Immediate")
     if claims:
         pools = [r for r in resources if r.type == NODE_POOL and
-                 ((r.props.get("nodeConfig") or {}).get("labels") or {}).get("cloud.google.com/compute-class")
-                 == HYPERDISK_ML_TRANSFER_CLASS]
-        compute_classes = [c for c in kube(resources, "ComputeClass") if meta(c).get("name") == HYPERDISK_ML_TRANSFER_CLASS]
+                 ((r.props.get("nodeConfig") or {}).get("labels") or {}).get(COMPUTE_CLASS_LABEL)
+                 == TRANSFER_COMPUTE_CLASS]
+        compute_classes = [c for c in kube(resources, "ComputeClass") if meta(c).get("name") == TRANSFER_COMPUTE_CLASS]
         if not pools or not compute_classes:
             yield None, (f"Hyperdisk ML claims are populated by Jobs that run only on nodes of the "
-                         f"{HYPERDISK_ML_TRANSFER_CLASS} compute class, and the plan has no such "
+                         f"{TRANSFER_COMPUTE_CLASS} compute class, and the plan has no such "
                          f"{'node pool' if not pools else 'ComputeClass'}: the transfer would never start")
 
 
