@@ -268,20 +268,55 @@ COUNTED = ("n", "best_of", "max_tokens", "max_completion_tokens", "max_output_to
 PROMPT_FIELDS = {"completions": ("prompt", "prompt_embeds"), "chat_batch": ("messages",)}
 
 
+class _Absent:
+    """A field the body does not have (null is None: vLLM reads the two differently)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+_NO_LISTS: dict[str, bytes] = {}  # shared, never written
+
+
 class Fields:
     """The fields of a request body the budget needs: the counted ones decoded (as json.loads
-    would), the prompt lists as raw JSON to count, and where the object closes."""
+    would; ABSENT when missing), the prompt lists as raw JSON to count, and where the object
+    closes (-1: not known yet, found when a bound must be added). Attributes, not a dict: this
+    is built on every request."""
 
-    __slots__ = ("values", "lists", "close")
+    __slots__ = COUNTED + ("lists", "close")
 
-    def __init__(self, values: dict[str, Any], lists: dict[str, bytes], close: int):
-        self.values, self.lists, self.close = values, lists, close
+    def __init__(self, n: Any, best_of: Any, max_tokens: Any, max_completion_tokens: Any,
+                 max_output_tokens: Any, model: Any, lists: dict[str, bytes], close: int):
+        self.n, self.best_of, self.max_tokens = n, best_of, max_tokens
+        self.max_completion_tokens, self.max_output_tokens, self.model = max_completion_tokens, max_output_tokens, model
+        self.lists, self.close = lists, close
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """The counted fields the body has, as json.loads gives them."""
+        return {k: v for k in COUNTED if (v := getattr(self, k)) is not ABSENT}
+
+    def closing_brace(self, buf: bytes) -> int:
+        return self.close if self.close >= 0 else buf.rstrip().rfind(b"}")
+
+
+# A string json.loads would return as is: no escapes, no control characters.
+_PLAIN_STRING = re.compile(rb'"[^"\\\x00-\x1f]*"')
 
 
 def _decode_small(raw: bytes) -> Any:
-    if raw.isdigit():  # the common case, without json.loads
+    """A scanned value as json.loads gives it, the common forms without its per-call cost."""
+    if raw.isdigit():
         return int(raw)
-    return None if raw == b"null" else json.loads(raw)
+    if raw == b"null":
+        return None
+    if _PLAIN_STRING.fullmatch(raw):  # json.loads decodes bytes as UTF-8 with surrogatepass
+        return raw[1:-1].decode("utf-8", "surrogatepass")
+    return json.loads(raw)
 
 
 _WANTED = {kind: frozenset(COUNTED + PROMPT_FIELDS.get(kind, ())) for kind in OUTPUT_FIELDS}
@@ -290,36 +325,35 @@ _WANTED = {kind: frozenset(COUNTED + PROMPT_FIELDS.get(kind, ())) for kind in OU
 def read_fields_by_scanning(buf: bytes, kind: str) -> Fields:
     lists = PROMPT_FIELDS.get(kind, ())
     spans, close = scan_object(buf, _WANTED.get(kind) or frozenset(COUNTED + lists))
-    values = {k: _decode_small(buf[a:b]) for k, (a, b) in spans.items() if k not in lists}
-    return Fields(values, {k: buf[a:b] for k, (a, b) in spans.items() if k in lists}, close)
+    values = [_decode_small(buf[span[0]:span[1]]) if (span := spans.get(k)) else ABSENT for k in COUNTED]
+    raw = {k: buf[span[0]:span[1]] for k in lists if (span := spans.get(k))} if lists else _NO_LISTS
+    return Fields(*values, raw, close)
 
 
 try:  # msgspec ships in the vLLM image: C speed on small bodies, same reading as json.loads
     import msgspec
 
     class _Body(msgspec.Struct):
-        n: Any = msgspec.UNSET
-        best_of: Any = msgspec.UNSET
-        max_tokens: Any = msgspec.UNSET
-        max_completion_tokens: Any = msgspec.UNSET
-        max_output_tokens: Any = msgspec.UNSET
-        model: Any = msgspec.UNSET
-        prompt: msgspec.Raw = msgspec.UNSET
-        prompt_embeds: msgspec.Raw = msgspec.UNSET
-        messages: msgspec.Raw = msgspec.UNSET
+        n: Any = ABSENT
+        best_of: Any = ABSENT
+        max_tokens: Any = ABSENT
+        max_completion_tokens: Any = ABSENT
+        max_output_tokens: Any = ABSENT
+        model: Any = ABSENT
+        prompt: msgspec.Raw = ABSENT
+        prompt_embeds: msgspec.Raw = ABSENT
+        messages: msgspec.Raw = ABSENT
 
     _BODY = msgspec.json.Decoder(_Body)
 
     def read_fields_with_msgspec(buf: bytes, kind: str) -> Fields:
         try:
-            body = _BODY.decode(buf)
+            b = _BODY.decode(buf)
         except msgspec.MsgspecError as exc:
             raise JsonShapeError(str(exc)) from None
-        unset = msgspec.UNSET
-        values = {k: v for k, v in zip(COUNTED, (body.n, body.best_of, body.max_tokens, body.max_completion_tokens,
-                                                 body.max_output_tokens, body.model)) if v is not unset}
-        lists = {k: bytes(raw) for k in PROMPT_FIELDS.get(kind, ()) if (raw := getattr(body, k)) is not unset}
-        return Fields(values, lists, buf.rstrip().rfind(b"}"))
+        names = PROMPT_FIELDS.get(kind)
+        lists = {k: bytes(raw) for k in names if (raw := getattr(b, k)) is not ABSENT} if names else _NO_LISTS
+        return Fields(b.n, b.best_of, b.max_tokens, b.max_completion_tokens, b.max_output_tokens, b.model, lists, -1)
 except ImportError:  # pragma: no cover - the scanner alone is as exact, a little slower
     read_fields_with_msgspec = None  # type: ignore[assignment]
 
@@ -350,29 +384,39 @@ def prompt_count(lists: dict[str, bytes], every_item: bool = False) -> int:
 class Budget:
     """The output bound of one request: per-sequence tokens x sequences."""
 
+    __slots__ = ("kind", "sequences", "per_sequence", "param")
+
     def __init__(self, kind: str, fields: Fields, rule: str):
         self.kind = kind
-        values = fields.values
-        n = as_int(values.get("n", 1), "n") or 1
-        best_of = as_int(values.get("best_of"), "best_of") or 1
+        n, best_of = fields.n, fields.best_of
+        n = 1 if n is ABSENT else as_int(n, "n") or 1
+        best_of = 1 if best_of is ABSENT else as_int(best_of, "best_of") or 1
         prompts = prompt_count(fields.lists, every_item=kind == "chat_batch") if kind in PROMPT_FIELDS else 1
-        self.sequences = max(n, best_of) * prompts
+        self.sequences = (n if n > best_of else best_of) * prompts
         if self.sequences < 1:
             raise GuardError(400, "n and best_of must be at least 1", "invalid_value", "n")
-        if kind in ("chat", "chat_batch"):
-            mct = as_int(values.get("max_completion_tokens"), "max_completion_tokens")
-            mt = as_int(values.get("max_tokens"), "max_tokens")
+        if kind == "chat" or kind == "chat_batch":
+            mct, mt = fields.max_completion_tokens, fields.max_tokens
+            mct = None if mct is ABSENT else as_int(mct, "max_completion_tokens")
+            mt = None if mt is ABSENT else as_int(mt, "max_tokens")
             # vLLM <= 0.1x: `max_completion_tokens or max_tokens` (0 falls through);
             # later: max_completion_tokens unless None. "both": bound under either reading.
-            readings = {"or": [mct or mt], "not-none": [mct if mct is not None else mt]}
-            self.per_sequence = readings.get(rule, readings["or"] + readings["not-none"])
+            not_none = mct if mct is not None else mt
+            if rule == "not-none":
+                self.per_sequence = [not_none]
+            elif rule == "or" or mct:  # a non-zero max_completion_tokens: both readings agree
+                self.per_sequence = [mct or mt]
+            else:
+                self.per_sequence = [mct or mt, not_none]
             self.param = "max_completion_tokens" if mct is not None else "max_tokens"
         elif kind == "completions":
-            self.per_sequence = [as_int(values.get("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS), "max_tokens")]
+            mt = fields.max_tokens
+            self.per_sequence = [COMPLETIONS_DEFAULT_MAX_TOKENS if mt is ABSENT else as_int(mt, "max_tokens")]
             self.param = "max_tokens"
         else:
             self.param = OUTPUT_FIELDS[kind]
-            self.per_sequence = [as_int(values.get(self.param), self.param)]
+            value = getattr(fields, self.param)
+            self.per_sequence = [None if value is ABSENT else as_int(value, self.param)]
 
     def check(self, cap: int, tenant: str) -> Optional[int]:
         """None when the request is within the cap; else the per-sequence bound to add."""
@@ -407,28 +451,48 @@ class Disconnected(Exception):
     pass
 
 
+# Which of _Headers' lists a header goes to (the issuer and objective names come from config).
+_ISSUER, _OBJECTIVE, _CONTENT_TYPE, _CONTENT_LENGTH, _WARMUP = range(5)
+
+
+def header_slots(issuer_header: bytes, objective_header: bytes = b"") -> dict[bytes, int]:
+    slots = {b"content-type": _CONTENT_TYPE, b"content-length": _CONTENT_LENGTH, WARMUP_HEADER: _WARMUP}
+    if objective_header:
+        slots[objective_header] = _OBJECTIVE
+    slots[issuer_header] = _ISSUER  # set last: it wins should config name a standard header
+    return slots
+
+
 class _Headers:
-    """The few request headers the guard reads, every occurrence kept, in one pass."""
+    """The few request headers the guard reads, every occurrence kept, in one pass (one dict
+    lookup a header: this runs on every request)."""
 
-    __slots__ = ("issuer", "content_type", "content_length", "warmup", "objective")
+    __slots__ = ("issuer", "objective", "content_type", "content_length", "warmup")
 
-    def __init__(self, headers: list, issuer_header: bytes, objective_header: bytes = b""):
-        self.issuer: list[bytes] = []
-        self.content_type: list[bytes] = []
-        self.content_length: list[bytes] = []
-        self.warmup: list[bytes] = []
-        self.objective: list[bytes] = []
+    def __init__(self, headers: list, slots: dict[bytes, int]):
+        found: tuple[list[bytes], ...] = ([], [], [], [], [])
+        get = slots.get
         for k, v in headers:
-            if k == issuer_header:
-                self.issuer.append(v)
-            elif k == objective_header:
-                self.objective.append(v)
-            elif k == b"content-type":
-                self.content_type.append(v)
-            elif k == b"content-length":
-                self.content_length.append(v)
-            elif k == WARMUP_HEADER:
-                self.warmup.append(v)
+            i = get(k)
+            if i is not None:
+                found[i].append(v)
+        self.issuer, self.objective, self.content_type, self.content_length, self.warmup = found
+
+
+class Tenant:
+    """One issuer's tenant, read from config once (not looked up in a dict on every request)."""
+
+    __slots__ = ("name", "cap", "rpm", "tpm", "objective", "models", "limiter")
+
+    def __init__(self, entry: dict[str, Any], clock: Callable[[], float]):
+        self.name = str(entry["tenant"])
+        self.cap = int(entry["maxTokens"])
+        self.rpm = int(entry["requestsPerMinute"])
+        self.tpm: Optional[int] = entry.get("tokensPerMinute")
+        self.objective: Optional[str] = entry.get("objective")
+        # On a server with LoRA adapters: the `model` values the tenant may name.
+        self.models: Optional[frozenset[str]] = frozenset(entry["models"]) if "models" in entry else None
+        self.limiter = SlidingWindowLimiter(self.rpm, clock)
 
 
 class GuardMiddleware:
@@ -437,16 +501,15 @@ class GuardMiddleware:
         self.app = app
         cfg = config if config is not None else json.loads(os.environ.get(CONFIG_ENV) or "{}")
         self.issuer_header = str(cfg.get("issuerHeader", "x-vllm-gke-issuer")).lower().encode()
-        self.issuers: dict[str, dict[str, Any]] = dict(cfg.get("issuers") or {})
+        self.tenants = {iss: Tenant(e, clock) for iss, e in (cfg.get("issuers") or {}).items()}
         # Behind the endpoint picker: the objective (priority) the route set must be the tenant's own.
         self.objective_header = str(cfg.get("objectiveHeader") or "").lower().encode()
-        self.routes: dict[str, dict[str, str]] = dict(cfg.get("routes") or {})
+        # path -> (method, kind)
+        self.routes = {path: (r.get("method"), r.get("kind")) for path, r in (cfg.get("routes") or {}).items()}
         self.trusted_peers = frozenset(cfg.get("trustedPeers") or DEFAULT_TRUSTED_PEERS)
         self.max_body = int(cfg.get("maxBodyBytes") or DEFAULT_MAX_BODY_BYTES)
         self.rule = str(cfg.get("maxTokensRule") or "both")
-        self.limiters = {iss: SlidingWindowLimiter(int(e["requestsPerMinute"]), clock)
-                         for iss, e in self.issuers.items()}
-        # Limits across replicas (LimitStore); the per-replica windows above are then the fallback.
+        # Limits across replicas (LimitStore); the per-replica windows are then the fallback.
         shared = cfg.get("globalLimits")
         self.shared: Any = None
         self.store_unavailable: type[Exception] = Exception
@@ -456,6 +519,7 @@ class GuardMiddleware:
             self.shared = SharedLimiter.connect(str(shared["host"]), int(shared["port"]))
             self.store_unavailable = StoreUnavailable
         self.warmup_token = os.environ.get(WARMUP_TOKEN_ENV, "").encode()
+        self.header_slots = header_slots(self.issuer_header, self.objective_header)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope.get("type")
@@ -467,7 +531,7 @@ class GuardMiddleware:
                 await send({"type": "websocket.close", "code": 1008})
             return
         try:
-            *forward, listed = await self._admit(scope, receive)
+            scope, receive, listed = await self._admit(scope, receive)
         except GuardError as err:
             await self._respond(send, err)
             return
@@ -477,64 +541,75 @@ class GuardMiddleware:
             log.exception("guard failed on %s %s", scope.get("method"), scope.get("path"))
             await self._respond(send, GuardError(400, "the request could not be checked", "unprocessable"))
             return
-        await self.app(*forward, send if listed is None else _model_list_filter(send, listed))
+        await self.app(scope, receive, send if listed is None else _model_list_filter(send, listed))
 
     async def _admit(self, scope: Scope, receive: Receive) -> tuple[Scope, Receive, Optional[frozenset[str]]]:
         """The scope and body to forward, and on a server with adapters the `model` values the
-        tenant may see listed (GET /v1/models names every adapter the server loaded)."""
+        tenant may see listed (GET /v1/models names every adapter the server loaded).
+        Every request passes here: the common path avoids what it can (it is timed by
+        benchmarks/guard_overhead.py)."""
         path, method = scope.get("path") or "", scope.get("method") or ""
         if OPEN_ROUTES.get(path) == method:
             return scope, receive, None
         route = self.routes.get(path)
         if route is None or path in OPEN_ROUTES:
             raise GuardError(404, f"no route {path}", "not_found")
-        if route.get("method") != method:
-            raise GuardError(405, f"{path} takes {route.get('method')}", "method_not_allowed")
+        route_method, kind = route
+        if route_method != method:
+            raise GuardError(405, f"{path} takes {route_method}", "method_not_allowed")
         headers = scope.get("headers") or []
-        seen = _Headers(headers, self.issuer_header, self.objective_header)
+        seen = _Headers(headers, self.header_slots)
         client = (scope.get("client") or ("", 0))[0]
-        if client == "127.0.0.1" and self._is_warmup(seen):
+        if self.warmup_token and client == "127.0.0.1" and self._is_warmup(seen):
             return scope, receive, None
         if client not in self.trusted_peers:
             raise GuardError(403, "the request did not come through the mesh sidecar; refused", "no_mesh")
         if len(seen.issuer) != 1:
             raise GuardError(403 if not seen.issuer else 400, "exactly one verified issuer is required", "forbidden")
-        issuer = seen.issuer[0].decode("latin-1")
-        entry = self.issuers.get(issuer)
-        if entry is None:
+        tenant = self.tenants.get(seen.issuer[0].decode("latin-1"))
+        if tenant is None:
             raise GuardError(403, "no tenant is configured for this token's issuer", "forbidden")
-        if self.objective_header and [o.decode("latin-1") for o in seen.objective] != [entry.get("objective")]:
-            raise GuardError(403, f"tenant '{entry['tenant']}' must call this model under its own path "
-                                  f"(/{entry['tenant']}/<model>/v1)", "forbidden")
+        if self.objective_header and [o.decode("latin-1") for o in seen.objective] != [tenant.objective]:
+            raise GuardError(403, f"tenant '{tenant.name}' must call this model under its own path "
+                                  f"(/{tenant.name}/<model>/v1)", "forbidden")
         if self.shared is None:
-            self._take_local(issuer, entry)
-        if route.get("kind") == "info":
-            await self._take_shared(issuer, entry, 0)
-            return scope, receive, frozenset(entry["models"]) if "models" in entry else None
-        self._check_content_type(seen.content_type)
-        body = await self._read_body(receive, seen.content_length)
-        kind = route.get("kind")
+            self._take_local(tenant)
+        if kind == "info":
+            await self._take_shared(tenant, 0)
+            return scope, receive, tenant.models
+        if seen.content_type != [b"application/json"]:  # the common value, without parsing it
+            self._check_content_type(seen.content_type)
+        lengths = seen.content_length
+        if lengths and (not lengths[0].isdigit() or int(lengths[0]) > self.max_body):
+            raise GuardError(413, f"request body over {self.max_body} bytes", "payload_too_large")
+        message = await receive()
+        if message.get("type") == "http.request" and not message.get("more_body"):  # one message: the common case
+            body = message.get("body", b"")
+            if len(body) > self.max_body:
+                raise GuardError(413, f"request body over {self.max_body} bytes", "payload_too_large")
+        else:
+            body = await self._read_body(receive, message)
         if kind not in OUTPUT_FIELDS:  # pooling: rate limited, generates nothing
-            if "models" in entry:
-                self._check_model(entry, self._fields(body, kind))
+            if tenant.models is not None:
+                self._check_model(tenant.models, self._fields(body, kind))
             else:
                 self._object_or_error(body, frozenset())
-            await self._take_shared(issuer, entry, 0)
+            await self._take_shared(tenant, 0)
             return scope, _replay(body, receive), None
         fields = self._fields(body, kind)
         try:
             budget = Budget(kind, fields, self.rule)
         except (JsonShapeError, ValueError) as exc:  # includes UnicodeDecodeError, JSONDecodeError
             raise GuardError(400, f"the body is not a valid JSON object: {exc}", "invalid_json") from None
-        if "models" in entry:
-            self._check_model(entry, fields)
-        add = budget.check(int(entry["maxTokens"]), entry["tenant"])
+        if tenant.models is not None:
+            self._check_model(tenant.models, fields)
+        add = budget.check(tenant.cap, tenant.name)
         if self.shared is not None:
             per_sequence = add if add is not None else max(v for v in budget.per_sequence if v is not None)
-            await self._take_shared(issuer, entry, per_sequence * budget.sequences)
+            await self._take_shared(tenant, per_sequence * budget.sequences)
         if add is None:
             return scope, _replay(body, receive), None
-        body = add_field(body, fields.close, OUTPUT_FIELDS[kind], add)
+        body = add_field(body, fields.closing_brace(body), OUTPUT_FIELDS[kind], add)
         headers = [(k, v) for k, v in headers if k != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
         return dict(scope, headers=headers), _replay(body, receive), None
@@ -547,41 +622,41 @@ class GuardMiddleware:
             raise GuardError(400, f"the body is not a valid JSON object: {exc}", "invalid_json") from None
 
     @staticmethod
-    def _check_model(entry: dict[str, Any], fields: Fields) -> None:
+    def _check_model(allowed: frozenset[str], fields: Fields) -> None:
         """On a server with LoRA adapters the body's `model` picks base or adapter: only the ones
         the tenant is allowed pass (no `model`: the base model). Unknown and forbidden look alike."""
-        model = fields.values.get("model")
-        if model is None:
+        model = fields.model
+        if model is None or model is ABSENT:
             return
         if not isinstance(model, str):
             raise GuardError(400, "model must be a string", "invalid_type", "model")
-        if model not in entry["models"]:
+        if model not in allowed:
             raise GuardError(404, f"The model `{model[:100]}` does not exist or you do not have access to it.",
                              "model_not_found", "model")
 
-    def _take_local(self, issuer: str, entry: dict[str, Any]) -> None:
-        wait = self.limiters[issuer].take()
+    @staticmethod
+    def _take_local(tenant: Tenant) -> None:
+        wait = tenant.limiter.take()
         if wait is not None:
-            err = GuardError(429, f"rate limit of {entry['requestsPerMinute']} requests/minute for tenant "
-                                  f"'{entry['tenant']}' exceeded", "rate_limit_exceeded")
+            err = GuardError(429, f"rate limit of {tenant.rpm} requests/minute for tenant "
+                                  f"'{tenant.name}' exceeded", "rate_limit_exceeded")
             err.retry_after = wait  # type: ignore[attr-defined]
             raise err
 
-    async def _take_shared(self, issuer: str, entry: dict[str, Any], tokens: int) -> None:
+    async def _take_shared(self, tenant: Tenant, tokens: int) -> None:
         """Across replicas, counted once the request is known valid; the local window if the store is down."""
         if self.shared is None:
             return
         try:
-            verdict = await self.shared.take(entry["tenant"], int(entry["requestsPerMinute"]),
-                                             entry.get("tokensPerMinute"), tokens)
+            verdict = await self.shared.take(tenant.name, tenant.rpm, tenant.tpm, tokens)
         except self.store_unavailable:
-            self._take_local(issuer, entry)
+            self._take_local(tenant)
             return
         if verdict.wait is None:
             return
-        what = (f"{entry['requestsPerMinute']} requests/minute" if verdict.limit == "requests"
-                else f"{entry.get('tokensPerMinute')} tokens/minute (this request may generate {tokens})")
-        err = GuardError(429, f"rate limit of {what} for tenant '{entry['tenant']}' across all replicas exceeded",
+        what = (f"{tenant.rpm} requests/minute" if verdict.limit == "requests"
+                else f"{tenant.tpm} tokens/minute (this request may generate {tokens})")
+        err = GuardError(429, f"rate limit of {what} for tenant '{tenant.name}' across all replicas exceeded",
                          "rate_limit_exceeded")
         err.retry_after = verdict.wait  # type: ignore[attr-defined]
         raise err
@@ -605,12 +680,10 @@ class GuardMiddleware:
         except (JsonShapeError, UnicodeDecodeError, ValueError) as exc:
             raise GuardError(400, f"the body is not a JSON object: {exc}", "invalid_json") from None
 
-    async def _read_body(self, receive: Receive, lengths: list[bytes]) -> bytes:
-        if lengths and (not lengths[0].isdigit() or int(lengths[0]) > self.max_body):
-            raise GuardError(413, f"request body over {self.max_body} bytes", "payload_too_large")
+    async def _read_body(self, receive: Receive, message: Message) -> bytes:
+        """The whole body, from its first message on."""
         chunks, size = [], 0
         while True:
-            message = await receive()
             if message.get("type") == "http.disconnect":
                 raise Disconnected()
             chunk = message.get("body", b"")
@@ -620,6 +693,7 @@ class GuardMiddleware:
             chunks.append(chunk)
             if not message.get("more_body"):
                 return b"".join(chunks)
+            message = await receive()
 
     @staticmethod
     async def _respond(send: Send, err: GuardError) -> None:
@@ -698,4 +772,4 @@ def _replay(body: bytes, upstream: Receive) -> Receive:
     return receive
 
 
-__all__ = ["Budget", "GuardMiddleware", "SlidingWindowLimiter", "scan_object"]
+__all__ = ["Budget", "GuardMiddleware", "SlidingWindowLimiter", "Tenant", "scan_object"]

@@ -7,7 +7,7 @@ import json
 import sys
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from vllm_gke.components.serving_api import OPEN_ROUTES, TENANT_ROUTES, guard_config, tenant_routes
@@ -61,8 +61,9 @@ def scope_for(path, method, headers, client="127.0.0.6", kind="http"):
     return {"type": kind, "method": method, "path": path, "headers": headers, "client": (client, 40000)}
 
 
-async def _call(mw, raw, path, method, headers, client, disconnect_after=None):
-    chunks = [raw[:7], raw[7:]] if raw else [b""]
+async def _call(mw, raw, path, method, headers, client, disconnect_after=None, split=7):
+    # Two messages by default (the guard must join them); split=None: the whole body in one.
+    chunks = [raw[:split], raw[split:]] if raw and split is not None else [raw]
     sent: list[dict] = []
 
     async def receive():
@@ -233,6 +234,30 @@ def test_a_client_that_disconnects_mid_body_forwards_nothing():
     mw, app = guarded()
     sent = call(mw, {"prompt": "hello world", "max_tokens": 1}, disconnect_after=1)
     assert sent == [] and app.seen == []
+
+
+def test_a_client_that_disconnects_before_the_body_forwards_nothing():
+    mw, app = guarded()
+    sent = call(mw, {"prompt": "hello world", "max_tokens": 1}, disconnect_after=2)  # both chunks left: at once
+    assert sent == [] and app.seen == []
+
+
+@pytest.mark.parametrize("split", [None, 1, 7])
+def test_a_body_in_one_message_or_several_is_checked_alike(split):
+    """The guard reads a one-message body (what uvicorn hands over for a small request) on a
+    shorter path than a chunked one: both must cap, refuse and limit the same."""
+    hdrs = [(b"content-type", b"application/json"), (b"x-vllm-gke-issuer", ISSUER.encode())]
+
+    def send(body, mw):
+        raw = json.dumps(body).encode()
+        return asyncio.run(_call(mw, raw, "/v1/chat/completions", "POST", hdrs, "127.0.0.6", split=split))
+
+    mw, app = guarded()
+    assert status(send({"messages": []}, mw)) == 200
+    assert json.loads(app.seen[-1][1])["max_completion_tokens"] == CAP
+    assert status(send({"messages": [], "max_tokens": CAP + 1}, mw)) == 400
+    mw, app = guarded(maxBodyBytes=64)  # no content-length: the size is only known from the body
+    assert status(send({"messages": [{"role": "user", "content": "x" * 100}]}, mw)) == 413 and not app.seen
 
 
 # --- who may call what -----------------------------------------------------------------------
@@ -419,7 +444,24 @@ def test_both_readers_agree_with_json_loads(body, indent, separators, ensure_asc
         assert fields.values == {k: expected[k] for k in guard.COUNTED if k in expected}
         assert {k: json.loads(v) for k, v in fields.lists.items()} == \
             {k: expected[k] for k in ("prompt", "prompt_embeds") if k in expected}
-        assert raw[fields.close:fields.close + 1] == b"}"
+        assert raw[fields.closing_brace(raw):fields.closing_brace(raw) + 1] == b"}"
+
+
+@settings(max_examples=500)
+@given(raw=st.one_of(st.binary(max_size=12).map(lambda b: b'"' + b + b'"'), st.binary(max_size=12)))
+@example(raw=b'"\xed\xa0\x80"')  # a lone surrogate: json.loads decodes bytes with surrogatepass
+@example(raw=b'"tab\there"')  # a raw control character: json.loads refuses it
+@example(raw=b'"caf\xc3\xa9"')
+def test_a_scanned_value_decodes_as_json_loads_decodes_it(raw):
+    """The scanner's shortcuts for digits, null and plain strings give what json.loads gives,
+    or fail where it fails (any ValueError is a 400)."""
+    try:
+        expected = json.loads(raw)
+    except ValueError:
+        with pytest.raises(ValueError):
+            guard._decode_small(raw)
+        return
+    assert guard._decode_small(raw) == expected and type(guard._decode_small(raw)) is type(expected)
 
 
 @settings(max_examples=300)
