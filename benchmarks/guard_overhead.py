@@ -8,10 +8,11 @@
    1 KB and a 128 KB chat request that is within the tenant's cap (the common case: nothing to
    rewrite).
 2. Inside uvicorn (uvloop + httptools, as vLLM runs): requests/s, p50 and p99 from wrk at 1, 64
-   and 512 connections, baseline against guarded, both sizes. The app stands in for vLLM's HTTP
-   layer up to the engine: a FastAPI route taking a pydantic model of the chat request (what
-   vLLM's router does: json.loads, then validation), answering at once - no tokenizer, no
-   engine, so the guard's share is larger here than in a real server.
+   and 512 connections, baseline against guarded, both sizes, for two stand-ins of vLLM's HTTP
+   layer up to the engine (benchmarks/vllm_stand_in.py): `vllm-like`, what vLLM's build_app puts
+   in front of the engine on every chat request, and `bare`, one FastAPI route and nothing else
+   (the guard's largest possible share). The guard is loaded as vLLM's --middleware loads it:
+   `app.add_middleware(GuardMiddleware)`, its config from GKE_LLM_GUARD_CONFIG.
 Ratios are guarded/baseline from the same run; absolute numbers depend on the machine.
 """
 
@@ -35,9 +36,9 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "images"))
 import vllm_gke_guard as guard  # noqa: E402
+from benchmarks.vllm_stand_in import PATH, STAND_INS  # noqa: E402
 
 ISSUER = "https://auth.example/bench"
-PATH = "/v1/chat/completions"
 SIZES = {"1KB": 1024, "128KB": 128 * 1024}
 CONCURRENCY = (1, 64, 512)
 
@@ -55,35 +56,6 @@ def chat_body(size: int) -> bytes:
     room = size - len(json.dumps(doc))
     doc["messages"][1]["content"] = text[:room]
     return json.dumps(doc).encode()
-
-
-def stand_in_app():
-    """vLLM's HTTP layer up to the engine: FastAPI + a pydantic chat request model."""
-    from typing import Optional
-
-    from fastapi import FastAPI
-    from pydantic import BaseModel, ConfigDict
-
-    class Message(BaseModel):
-        role: str
-        content: str
-
-    class ChatRequest(BaseModel):  # the fields vLLM's ChatCompletionRequest validates most
-        model_config = ConfigDict(extra="allow")
-        model: Optional[str] = None
-        messages: list[Message]
-        max_tokens: Optional[int] = None
-        max_completion_tokens: Optional[int] = None
-        n: Optional[int] = 1
-        temperature: Optional[float] = None
-
-    app = FastAPI()
-
-    @app.post(PATH)
-    async def chat(request: ChatRequest) -> dict:
-        return {"ok": True, "n": request.n}
-
-    return app
 
 
 class NaiveGuard:
@@ -157,11 +129,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(mode: str, port: int) -> None:
+def serve(stack: str, mode: str, port: int) -> None:
     import uvicorn
 
-    base = stand_in_app()
-    app = base if mode == "baseline" else guard.GuardMiddleware(base, guard_config("127.0.0.1"))
+    os.environ[guard.CONFIG_ENV] = json.dumps(guard_config("127.0.0.1"))
+    app = STAND_INS[stack](guard.GuardMiddleware if mode == "guard" else None)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False,
                 loop="uvloop", http="httptools")
 
@@ -170,10 +142,10 @@ def pin(cpu: int) -> list[str]:
     return ["taskset", "-c", str(cpu)] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []
 
 
-def start_server(mode: str) -> tuple[subprocess.Popen, int]:
+def start_server(stack: str, mode: str) -> tuple[subprocess.Popen, int]:
     port = free_port()
     # Pinned apart (server on one core, wrk on the other) so they do not share a core's time.
-    proc = subprocess.Popen([*pin(1), sys.executable, "-m", "benchmarks.guard_overhead", "--serve", mode,
+    proc = subprocess.Popen([*pin(1), sys.executable, "-m", "benchmarks.guard_overhead", "--serve", stack, mode,
                              str(port)], cwd=REPO)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -221,11 +193,9 @@ def wrk(port: int, script: Path, connections: int, seconds: int, pid: int) -> di
     return {"rps": rps, "p50_ms": p50, "p99_ms": p99, "cpu_us": cpu_us}
 
 
-def in_uvicorn(seconds: int, repeats: int = 3) -> list[dict[str, Any]]:
-    if shutil.which("wrk") is None:
-        raise SystemExit("wrk is not installed (apt-get install wrk); part 2 needs it")
+def in_uvicorn(stack: str, seconds: int, repeats: int = 3) -> list[dict[str, Any]]:
     rows = []
-    servers = {mode: start_server(mode) for mode in ("baseline", "guard")}
+    servers = {mode: start_server(stack, mode) for mode in ("baseline", "guard")}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for label, size in SIZES.items():
@@ -256,26 +226,34 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=3, help="wrk duration per measurement")
     parser.add_argument("--repeats", type=int, default=5, help="alternating runs per cell (median)")
-    parser.add_argument("--serve", nargs=2, metavar=("MODE", "PORT"), help=argparse.SUPPRESS)
+    parser.add_argument("--stand-in", choices=[*STAND_INS, "all"], default="all", help="which app part 2 serves")
+    parser.add_argument("--serve", nargs=3, metavar=("STAND_IN", "MODE", "PORT"), help=argparse.SUPPRESS)
     parser.add_argument("--in-process-only", action="store_true")
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve[0], int(args.serve[1]))
+        serve(args.serve[0], args.serve[1], int(args.serve[2]))
         return 0
+    if not args.in_process_only and shutil.which("wrk") is None:
+        print("wrk is not installed (apt-get install wrk); part 2 needs it, or pass --in-process-only",
+              file=sys.stderr)
+        return 2
     print("1. per request, in process (microseconds added to an app that does nothing)")
     print(f"{'body':>6} {'app alone':>10} {'+ guard':>9} {'+ naive decode/encode':>22}")
     for r in in_process():
         print(f"{r['size']:>6} {r['baseline_us']:>9.2f} {r['guard_us']:>9.2f} {r['naive_us']:>22.2f}")
     if args.in_process_only:
         return 0
-    print(f"\n2. inside uvicorn, wrk, median of {args.repeats} alternating {args.seconds} s runs per cell")
-    print(f"{'body':>6} {'conns':>5} {'req/s base':>10} {'req/s guard':>11} {'ratio':>6} "
-          f"{'p50 ms b/g':>13} {'p99 ms b/g':>15} {'CPU us/req b/g':>15} {'added':>6}")
-    for r in in_uvicorn(args.seconds, args.repeats):
-        b, g = r["baseline"], r["guard"]
-        print(f"{r['size']:>6} {r['connections']:>5} {b['rps']:>10.0f} {g['rps']:>11.0f} {g['rps'] / b['rps']:>6.3f} "
-              f"{b['p50_ms']:>6.2f}/{g['p50_ms']:<6.2f} {b['p99_ms']:>7.2f}/{g['p99_ms']:<7.2f} "
-              f"{b['cpu_us']:>7.0f}/{g['cpu_us']:<7.0f} {g['cpu_us'] - b['cpu_us']:>6.1f}")
+    for stack in (STAND_INS if args.stand_in == "all" else [args.stand_in]):
+        print(f"\n2. inside uvicorn, stand-in '{stack}', wrk, median of {args.repeats} alternating "
+              f"{args.seconds} s runs per cell")
+        print(f"{'body':>6} {'conns':>5} {'req/s base':>10} {'req/s guard':>11} {'ratio':>6} "
+              f"{'p50 ms b/g':>13} {'p99 ms b/g':>15} {'CPU us/req b/g':>15} {'added':>6}")
+        for r in in_uvicorn(stack, args.seconds, args.repeats):
+            b, g = r["baseline"], r["guard"]
+            print(f"{r['size']:>6} {r['connections']:>5} {b['rps']:>10.0f} {g['rps']:>11.0f} "
+                  f"{g['rps'] / b['rps']:>6.3f} {b['p50_ms']:>6.2f}/{g['p50_ms']:<6.2f} "
+                  f"{b['p99_ms']:>7.2f}/{g['p99_ms']:<7.2f} {b['cpu_us']:>7.0f}/{g['cpu_us']:<7.0f} "
+                  f"{g['cpu_us'] - b['cpu_us']:>6.1f}", flush=True)
     return 0
 
 

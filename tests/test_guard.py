@@ -345,6 +345,32 @@ def test_at_most_n_in_any_minute_from_a_cold_start():
     assert status(call(mw, {"prompt": "x"})) == 200
 
 
+def test_the_window_stays_exact_across_compactions_of_its_log():
+    """The log drops expired entries from its front in batches: decisions and waits over many
+    windows and compactions match a plain queue of the admissions in the window."""
+    import collections
+    import random
+
+    rng = random.Random(7)
+    clock = Clock()
+    limit = 3000
+    limiter = guard.SlidingWindowLimiter(limit, clock)
+    window: collections.deque[float] = collections.deque()
+    compactions = 0
+    for _ in range(40_000):
+        clock.now += rng.choice((0.0, 0.001, 0.004, 0.02, 0.5))
+        while window and window[0] <= clock.now - 60:
+            window.popleft()
+        expected = None if len(window) < limit else window[0] + 60 - clock.now
+        head = limiter.head
+        assert limiter.take() == expected
+        compactions += limiter.head < head
+        if expected is None:
+            window.append(clock.now)
+        assert len(limiter) == len(window)
+    assert compactions >= 3 and len(limiter.times) < 2 * (limit + limiter.COMPACT_AFTER)
+
+
 @given(times=st.lists(st.floats(0, 300, allow_nan=False), min_size=1, max_size=80), limit=st.integers(1, 8))
 def test_no_window_of_sixty_seconds_admits_more_than_the_limit(times, limit):
     clock = Clock()
