@@ -220,6 +220,19 @@ def test_unsupported_media_type():
     assert status(sent) == 415 and not app.seen
 
 
+@pytest.mark.parametrize("types,expected", [
+    ([b"application/json"], 200), ([b"application/json; charset=utf-8"], 200), ([b"Application/JSON"], 200),
+    ([b"application/vnd.api+json"], 200), ([], 200),  # FastAPI reads an untyped body as JSON
+    ([b"text/plain"], 415), ([b"application/json", b"application/json"], 415),
+    ([b"text/plain", b"application/json"], 415)])
+def test_the_content_type_is_json_and_given_at_most_once(types, expected):
+    mw, app = guarded()
+    raw = json.dumps({"prompt": "x", "max_tokens": 1}).encode()
+    hdrs = [(b"content-type", t) for t in types] + [(b"x-vllm-gke-issuer", ISSUER.encode())]
+    sent = asyncio.run(_call(mw, raw, "/v1/completions", "POST", hdrs, "127.0.0.6"))
+    assert status(sent) == expected and bool(app.seen) == (expected == 200)
+
+
 def test_body_over_the_limit_is_413_whether_declared_or_streamed():
     mw, app = guarded(maxBodyBytes=64)
     assert status(call(mw, {"prompt": "x" * 100})) == 413
@@ -328,6 +341,7 @@ def test_warm_up_token_only_from_the_entrypoint(monkeypatch):
                        client="127.0.0.1")) == 403
     # The token from any other peer (even through the sidecar) is just a header.
     assert status(call(mw, {"prompt": "x"}, issuer=None, headers=token, client="127.0.0.6")) == 403
+    assert status(call(mw, {"prompt": "x"}, issuer=None, headers=token * 2, client="127.0.0.1")) == 403  # sent twice
 
 
 # --- rate limit ---------------------------------------------------------------------------------
@@ -468,9 +482,10 @@ def test_both_readers_agree_with_json_loads(body, indent, separators, ensure_asc
     for reader in (guard.read_fields_by_scanning, guard.read_fields_with_msgspec):
         fields = reader(raw, "completions")
         assert fields.values == {k: expected[k] for k in guard.COUNTED if k in expected}
-        assert {k: json.loads(v) for k, v in fields.lists.items()} == \
+        assert {k: json.loads(v) for k, v in guard.prompt_lists(fields, "completions").items()} == \
             {k: expected[k] for k in ("prompt", "prompt_embeds") if k in expected}
-        assert raw[fields.closing_brace(raw):fields.closing_brace(raw) + 1] == b"}"
+        close = guard.closing_brace(fields, raw)
+        assert raw[close:close + 1] == b"}"
 
 
 @settings(max_examples=500)
