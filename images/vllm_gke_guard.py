@@ -385,6 +385,7 @@ try:  # msgspec ships in the vLLM image: C speed on small bodies, same reading a
             raise JsonShapeError(str(exc)) from None
 except ImportError:  # pragma: no cover - the scanner alone is as exact, a little slower
     read_fields_with_msgspec = None  # type: ignore[assignment]
+    _BODY = None
 
 # Below this size msgspec's C parser wins; above it the scanner's memchr over long strings does.
 MSGSPEC_MAX_BYTES = 16 * 1024
@@ -392,8 +393,11 @@ MSGSPEC_MAX_BYTES = 16 * 1024
 
 def read_fields(buf: bytes, kind: str) -> Any:
     """Fields, or msgspec's struct with the same attributes."""
-    if read_fields_with_msgspec is not None and len(buf) <= MSGSPEC_MAX_BYTES:
-        return read_fields_with_msgspec(buf, kind)
+    if _BODY is not None and len(buf) <= MSGSPEC_MAX_BYTES:
+        try:
+            return _BODY.decode(buf)  # read_fields_with_msgspec, without a call: this runs on every request
+        except msgspec.MsgspecError as exc:
+            raise JsonShapeError(str(exc)) from None
     return read_fields_by_scanning(buf, kind)
 
 
@@ -619,8 +623,8 @@ class GuardMiddleware:
                                       or objective.decode("latin-1") != tenant.objective):
             raise GuardError(403, f"tenant '{tenant.name}' must call this model under its own path "
                                   f"(/{tenant.name}/<model>/v1)", "forbidden")
-        if self.shared is None:
-            self._take_local(tenant)
+        if self.shared is None and (wait := tenant.limiter.take()) is not None:
+            raise self._rate_limited(tenant, wait)
         if kind == "info":
             await self._take_shared(tenant, 0)
             return scope, receive, tenant.models
@@ -682,13 +686,11 @@ class GuardMiddleware:
                              "model_not_found", "model")
 
     @staticmethod
-    def _take_local(tenant: Tenant) -> None:
-        wait = tenant.limiter.take()
-        if wait is not None:
-            err = GuardError(429, f"rate limit of {tenant.rpm} requests/minute for tenant "
-                                  f"'{tenant.name}' exceeded", "rate_limit_exceeded")
-            err.retry_after = wait  # type: ignore[attr-defined]
-            raise err
+    def _rate_limited(tenant: Tenant, wait: float) -> GuardError:
+        err = GuardError(429, f"rate limit of {tenant.rpm} requests/minute for tenant "
+                              f"'{tenant.name}' exceeded", "rate_limit_exceeded")
+        err.retry_after = wait  # type: ignore[attr-defined]
+        return err
 
     async def _take_shared(self, tenant: Tenant, tokens: int) -> None:
         """Across replicas, counted once the request is known valid; the local window if the store is down."""
@@ -696,8 +698,9 @@ class GuardMiddleware:
             return
         try:
             verdict = await self.shared.take(tenant.name, tenant.rpm, tenant.tpm, tokens)
-        except self.store_unavailable:
-            self._take_local(tenant)
+        except self.store_unavailable:  # the replica's own window instead
+            if (wait := tenant.limiter.take()) is not None:
+                raise self._rate_limited(tenant, wait) from None
             return
         if verdict.wait is None:
             return
