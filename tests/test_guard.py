@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 
 import pytest
@@ -544,3 +545,92 @@ def test_every_conversation_of_a_chat_batch_counts_whatever_its_first_item_is():
     body = {"messages": [None, [{"role": "user", "content": "hi"}]], "max_tokens": None}
     assert status(call(mw, body, path="/v1/chat/completions/batch")) == 200
     assert forwarded(app)["max_completion_tokens"] == CAP // 2
+
+
+# --- the common-chat path decides exactly as the general one ----------------------------------
+
+_bounds = st.one_of(st.integers(-3, 2 * CAP), st.none(), st.booleans(), st.floats(-1, 2 * CAP, allow_nan=False),
+                    st.sampled_from(["7", "x", [], {}]))
+_chat_bodies = st.one_of(
+    st.fixed_dictionaries({"messages": st.just([{"role": "user", "content": "hi"}]), "max_completion_tokens": _bounds},
+                          optional={"max_tokens": _bounds, "n": _bounds, "best_of": _bounds,
+                                    "model": st.sampled_from(["m", "other", 3]),
+                                    "pad": st.sampled_from(["", "x" * 70, "x" * 17_000])}).map(
+        lambda d: json.dumps(d).encode()),
+    st.fixed_dictionaries({"messages": st.just([])}, optional={"max_tokens": _bounds}).map(
+        lambda d: json.dumps(d).encode()),
+    st.sampled_from([b"", b"[]", b"{", b'{"max_completion_tokens": 5} x', b'\xff{}', b'{"n": 1, "n": 2}']))
+# The common request, and each way of being a little different from it.
+_COMMON = {"issuers": [ISSUER], "types": [b"application/json"], "length": "right", "extra": [],
+           "client": "127.0.0.6", "split": None, "method": "POST"}
+_VARIANTS = {"issuers": [[], [ISSUER, ISSUER], ["https://other.example"]],
+             "types": [[], [b"application/json"] * 2, [b"text/plain"], [b"application/json; charset=utf-8"]],
+             "length": ["none", "short", "long", "junk", "twice"],
+             "extra": [[(guard.WARMUP_HEADER, b"t")], [(b"x-other", b"1")]],
+             "client": ["127.0.0.1", "10.1.2.3"], "split": [7], "method": ["GET"]}
+_chat_requests = st.builds(
+    lambda raw, changes: {**_COMMON, **dict(changes), "raw": raw}, _chat_bodies,
+    st.lists(st.sampled_from(list(_VARIANTS)).flatmap(lambda k: st.tuples(st.just(k), st.sampled_from(_VARIANTS[k]))),
+             max_size=2))
+
+
+def _both_paths_decide_alike(requests, rule="both", max_body=None, warm_up="", peers=None):
+    extra = {"maxBodyBytes": max_body} if max_body else {}
+    if peers:
+        extra["trustedPeers"] = peers
+    pairs = []
+    before = os.environ.get(guard.WARMUP_TOKEN_ENV)
+    os.environ[guard.WARMUP_TOKEN_ENV] = warm_up
+    try:
+        for fast in (True, False):
+            app = Recorder()
+            mw = guard.GuardMiddleware(app, config(rule, rpm=2, **extra), Clock())
+            mw.fast_path = fast
+            pairs.append((mw, app))
+    finally:
+        os.environ.pop(guard.WARMUP_TOKEN_ENV) if before is None else os.environ.update({guard.WARMUP_TOKEN_ENV: before})
+    for req in requests:
+        req = {**_COMMON, **req}
+        raw = req["raw"]
+        lengths = {"right": [str(len(raw))], "none": [], "short": [str(max(len(raw) - 1, 0))],
+                   "long": [str(len(raw) + 5)], "junk": ["12a"], "twice": [str(len(raw))] * 2}[req["length"]]
+        hdrs = [(b"x-vllm-gke-issuer", i.encode()) for i in req["issuers"]] + \
+            [(b"content-type", t) for t in req["types"]] + [(b"content-length", n.encode()) for n in lengths] + \
+            req["extra"]
+        outcomes = []
+        for mw, app in pairs:
+            sent = asyncio.run(_call(mw, raw, "/v1/chat/completions", req["method"], hdrs, req["client"],
+                                     split=req["split"]))
+            outcomes.append((sent, app.seen[-1:] if app.seen else [], len(mw.tenants[ISSUER].limiter)))
+            app.seen.clear()
+        assert outcomes[0] == outcomes[1], req
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=st.lists(_chat_requests, min_size=1, max_size=4), rule=st.sampled_from(["both", "or", "not-none"]),
+       max_body=st.sampled_from([None, 64, 20_000]), warm_up=st.sampled_from(["", "t"]),
+       peers=st.sampled_from([None, ["127.0.0.6", "127.0.0.1"]]))
+def test_the_common_chat_path_decides_as_the_general_one(requests, rule, max_body, warm_up, peers):
+    """Same responses, same bytes forwarded, same requests counted, for chat requests of every
+    shape near the common one (2 a minute, so the limit is reached too)."""
+    _both_paths_decide_alike(requests, rule, max_body, warm_up, peers)
+
+
+def _chat(**body):
+    return json.dumps({"messages": [], **body}).encode()
+
+
+@pytest.mark.parametrize("requests,kw", [
+    ([{"raw": _chat(max_completion_tokens=0)}], {}),  # 0: readings differ, the cap is added
+    ([{"raw": _chat(max_completion_tokens=5, max_tokens="x")}], {}),  # max_tokens still validated
+    ([{"raw": _chat(max_completion_tokens=5, max_tokens=1.5)}], {}),
+    ([{"raw": _chat(max_completion_tokens=CAP + 1)}], {}),
+    ([{"raw": _chat(max_completion_tokens=True)}], {}),
+    ([{"raw": _chat(max_completion_tokens=5, n=2)}], {}),
+    ([{"raw": _chat(max_completion_tokens=5), "client": "127.0.0.1", "extra": [(guard.WARMUP_HEADER, b"t")]}],
+     {"warm_up": "t", "peers": ["127.0.0.6", "127.0.0.1"]}),  # the warm-up skips the tenant checks
+    ([{"raw": _chat(max_completion_tokens=5, pad="x" * 100)}], {"max_body": 64}),
+    ([{"raw": _chat(max_completion_tokens=5)}] * 3, {}),  # the third is over the rate
+])
+def test_the_common_chat_path_decides_as_the_general_one_on_its_edges(requests, kw):
+    _both_paths_decide_alike(requests, **kw)
