@@ -12,11 +12,12 @@
    layer up to the engine (benchmarks/vllm_stand_in.py): `vllm-like`, what vLLM's build_app puts
    in front of the engine on every chat request, and `bare`, one FastAPI route and nothing else
    (the guard's largest possible share). The guard is loaded as vLLM's --middleware loads it:
-   `app.add_middleware(GuardMiddleware)`, its config from GKE_LLM_GUARD_CONFIG.
+   `app.add_middleware(GuardMiddleware)`, its config from GKE_LLM_GUARD_CONFIG. Each mode runs
+   in two server processes, alternated; server CPU per request comes from /proc. Then the
+   guard's own checks, timed by the guard inside a loaded server: part 1's figure with the
+   server's other work around it, the guard's code and data out of the CPU's caches.
 Ratios are guarded/baseline from the same run; absolute numbers depend on the machine.
 """
-
-# No `from __future__ import annotations`: FastAPI must resolve the local request model.
 
 import argparse
 import asyncio
@@ -24,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -129,11 +131,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(stack: str, mode: str, port: int) -> None:
+class TimedGuard(guard.GuardMiddleware):
+    """The guard, timing its own checks (everything before the app is called) on each request."""
+
+    samples: list[int] = []
+
+    async def _admit(self, scope, receive):
+        start = time.perf_counter_ns()
+        admitted = await super()._admit(scope, receive)
+        self.samples.append(time.perf_counter_ns() - start)
+        return admitted
+
+
+def serve(stack: str, mode: str, port: int, report: str = "") -> None:
     import uvicorn
 
     os.environ[guard.CONFIG_ENV] = json.dumps(guard_config("127.0.0.1"))
-    app = STAND_INS[stack](guard.GuardMiddleware if mode == "guard" else None)
+    middleware = {"baseline": None, "guard": guard.GuardMiddleware, "timed": TimedGuard}[mode]
+    app = STAND_INS[stack](middleware)
+    if report:  # uvicorn re-raises the SIGTERM that stopped it once it has shut down: write then
+        def write_report(_signum: int, _frame: Any) -> None:
+            Path(report).write_text(json.dumps(TimedGuard.samples))
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, write_report)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False,
                 loop="uvloop", http="httptools")
 
@@ -142,11 +163,11 @@ def pin(cpu: int) -> list[str]:
     return ["taskset", "-c", str(cpu)] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []
 
 
-def start_server(stack: str, mode: str) -> tuple[subprocess.Popen, int]:
+def start_server(stack: str, mode: str, report: str = "") -> tuple[subprocess.Popen, int]:
     port = free_port()
     # Pinned apart (server on one core, wrk on the other) so they do not share a core's time.
     proc = subprocess.Popen([*pin(1), sys.executable, "-m", "benchmarks.guard_overhead", "--serve", stack, mode,
-                             str(port)], cwd=REPO)
+                             str(port), report], cwd=REPO)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with socket.socket() as s:
@@ -193,45 +214,74 @@ def wrk(port: int, script: Path, connections: int, seconds: int, pid: int) -> di
     return {"rps": rps, "p50_ms": p50, "p99_ms": p99, "cpu_us": cpu_us}
 
 
+# Two server processes a mode: the same app in two processes differs by a few percent (memory
+# layout), as much as what is measured; alternating over both evens that out.
+INSTANCES = ("baseline", "baseline", "guard", "guard")
+
+
 def in_uvicorn(stack: str, seconds: int, repeats: int = 3) -> list[dict[str, Any]]:
     rows = []
-    servers = {mode: start_server(stack, mode) for mode in ("baseline", "guard")}
+    servers = [(mode, *start_server(stack, mode)) for mode in INSTANCES]
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for label, size in SIZES.items():
-                body = Path(tmp) / f"{label}.json"
-                body.write_bytes(chat_body(size))
-                script = Path(tmp) / f"{label}.lua"
-                script.write_text(LUA.format(issuer=ISSUER, body=body))
+                script = wrk_script(Path(tmp), label, size)
                 for connections in CONCURRENCY:
                     result: dict[str, Any] = {"size": label, "connections": connections}
-                    for mode in ("baseline", "guard"):  # warm both, then measure side by side
-                        wrk(servers[mode][1], script, connections, 1, servers[mode][0].pid)
+                    for _mode, proc, port in servers:  # warm all, then measure side by side
+                        wrk(port, script, connections, 1, proc.pid)
                     runs: dict[str, list[dict[str, float]]] = {"baseline": [], "guard": []}
                     for _ in range(repeats):  # alternate, so drift in the machine hits both alike
-                        for mode in ("baseline", "guard"):
-                            runs[mode].append(wrk(servers[mode][1], script, connections, seconds,
-                                                  servers[mode][0].pid))
+                        for mode, proc, port in servers:
+                            runs[mode].append(wrk(port, script, connections, seconds, proc.pid))
                     for mode, samples in runs.items():
                         result[mode] = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
                     rows.append(result)
     finally:
-        for proc, _port in servers.values():
+        for _mode, proc, _port in servers:
             proc.terminate()
             proc.wait(timeout=10)
     return rows
 
 
+def wrk_script(tmp: Path, label: str, size: int) -> Path:
+    body = tmp / f"{label}.json"
+    body.write_bytes(chat_body(size))
+    script = tmp / f"{label}.lua"
+    script.write_text(LUA.format(issuer=ISSUER, body=body))
+    return script
+
+
+def guard_time_in_server(stack: str, seconds: int) -> dict[str, float]:
+    """Median microseconds of the guard's own checks per request, timed by the guard inside a
+    loaded server (64 connections): what it costs with the server's other work around it, its
+    code and data no longer in the CPU's caches."""
+    medians = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, size in SIZES.items():
+            report = Path(tmp) / f"{label}.samples.json"
+            proc, port = start_server(stack, "timed", str(report))
+            try:
+                wrk(port, wrk_script(Path(tmp), label, size), 64, seconds, proc.pid)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=10)
+            samples = json.loads(report.read_text())
+            medians[label] = statistics.median(samples[len(samples) // 5:]) / 1000  # past the warm-up
+    return medians
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=int, default=3, help="wrk duration per measurement")
-    parser.add_argument("--repeats", type=int, default=5, help="alternating runs per cell (median)")
+    parser.add_argument("--seconds", type=int, default=2, help="wrk duration per measurement")
+    parser.add_argument("--repeats", type=int, default=4,
+                        help="rounds per cell, each over all four servers (two a mode); the median of each mode")
     parser.add_argument("--stand-in", choices=[*STAND_INS, "all"], default="all", help="which app part 2 serves")
-    parser.add_argument("--serve", nargs=3, metavar=("STAND_IN", "MODE", "PORT"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", nargs=4, metavar=("STAND_IN", "MODE", "PORT", "REPORT"), help=argparse.SUPPRESS)
     parser.add_argument("--in-process-only", action="store_true")
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve[0], args.serve[1], int(args.serve[2]))
+        serve(args.serve[0], args.serve[1], int(args.serve[2]), args.serve[3])
         return 0
     if not args.in_process_only and shutil.which("wrk") is None:
         print("wrk is not installed (apt-get install wrk); part 2 needs it, or pass --in-process-only",
@@ -244,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.in_process_only:
         return 0
     for stack in (STAND_INS if args.stand_in == "all" else [args.stand_in]):
-        print(f"\n2. inside uvicorn, stand-in '{stack}', wrk, median of {args.repeats} alternating "
-              f"{args.seconds} s runs per cell")
+        print(f"\n2. inside uvicorn, stand-in '{stack}', wrk, median of {2 * args.repeats} alternating "
+              f"{args.seconds} s runs a mode per cell, over two server processes a mode")
         print(f"{'body':>6} {'conns':>5} {'req/s base':>10} {'req/s guard':>11} {'ratio':>6} "
               f"{'p50 ms b/g':>13} {'p99 ms b/g':>15} {'CPU us/req b/g':>15} {'added':>6}")
         for r in in_uvicorn(stack, args.seconds, args.repeats):
@@ -254,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{g['rps'] / b['rps']:>6.3f} {b['p50_ms']:>6.2f}/{g['p50_ms']:<6.2f} "
                   f"{b['p99_ms']:>7.2f}/{g['p99_ms']:<7.2f} {b['cpu_us']:>7.0f}/{g['cpu_us']:<7.0f} "
                   f"{g['cpu_us'] - b['cpu_us']:>6.1f}", flush=True)
+        timed = guard_time_in_server(stack, args.seconds)
+        print("   the guard's own checks, timed inside the server at 64 connections (median us/request): " +
+              ", ".join(f"{label} {us:.1f}" for label, us in timed.items()), flush=True)
     return 0
 
 

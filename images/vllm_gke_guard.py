@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import re
+import sys
 import time
 from array import array
 from typing import Any, Awaitable, Callable, Optional
@@ -125,7 +126,9 @@ _WS_RUN = re.compile(rb"[ \t\n\r]*")
 # Runs the scanner can hop over in one C call: anything but quotes and brackets, and short
 # strings without escapes (sre walks strings at ~4 ns a byte, memchr far faster: long or
 # escaped strings are left to _skip_string).
-_BULK = re.compile(rb'(?:[^"\[\]{}]|"[^"\\]{0,64}")*')
+# Bounded, so that no single call can run long (sre takes ~100 ns an iteration of a group, and
+# a body can be one long run of digits or short strings): the caller loops, spending its work.
+_BULK = re.compile(rb'(?:[^"\[\]{}]{1,4096}|"[^"\\]{0,64}"){0,16}')
 # A key without escapes, the colon and the whitespace around them.
 _KEY = re.compile(rb'[ \t\n\r]*"([^"\\]*)"[ \t\n\r]*:[ \t\n\r]*')
 _SCALAR = re.compile(rb"[^,\]}\s]+")
@@ -141,34 +144,60 @@ def _skip_ws(buf: bytes, i: int) -> int:
     return i
 
 
-def _skip_string(buf: bytes, i: int) -> int:
+class ScanTooLong(Exception):
+    """The scanner's work allowance ran out: the body has so many strings, escapes or brackets
+    that msgspec's linear C parser is faster; the caller decodes it that way instead. Without
+    an allowance a body of escaped quotes costs the scanner ~100 ms a MB of event-loop time."""
+
+
+def _spend(work: list[int], steps: int = 1) -> None:
+    work[0] -= steps
+    if work[0] < 0:
+        raise ScanTooLong()
+
+
+def _skip_string(buf: bytes, i: int, work: list[int]) -> int:
     """Index after the closing quote of the string opening at buf[i]."""
     j = i + 1
     while True:
         q = buf.find(b'"', j)
         if q < 0:
             raise JsonShapeError("unterminated string")
-        k = q - 1
+        if buf[q - 1] != 0x5C:  # not escaped: the common case
+            return q + 1
+        k, lowest = q - 1, q - 1 - work[0]
         while buf[k] == 0x5C:  # backslash
             k -= 1
+            if k < lowest:
+                raise ScanTooLong()
+        _spend(work, q - k)
         if (q - 1 - k) % 2 == 0:
             return q + 1
         j = q + 1
 
 
-def _skip_container(buf: bytes, i: int) -> int:
+def _skip_container(buf: bytes, i: int, work: list[int]) -> int:
     depth = 0
     pos = i
     n = len(buf)
     while True:
-        pos = _BULK.match(buf, pos).end()  # type: ignore[union-attr]
+        end = _BULK.match(buf, pos).end()  # type: ignore[union-attr]
+        work[0] -= 1 + ((end - pos) >> 7)  # _spend, inline
+        if work[0] < 0:
+            raise ScanTooLong()
+        pos = end
         if pos >= n:
             raise JsonShapeError("unterminated array or object")
         c = buf[pos]
         if c == 0x22:
-            pos = _skip_string(buf, pos)
+            pos = _skip_string(buf, pos, work)
             continue
-        depth += 1 if c in (0x5B, 0x7B) else -1
+        if c == 0x5B or c == 0x7B:
+            depth += 1
+        elif c == 0x5D or c == 0x7D:
+            depth -= 1
+        else:
+            continue  # _BULK stopped at its bound
         pos += 1
         if depth == 0:
             return pos
@@ -176,26 +205,26 @@ def _skip_container(buf: bytes, i: int) -> int:
             raise JsonShapeError("unbalanced brackets")
 
 
-def _skip_value(buf: bytes, i: int) -> int:
+def _skip_value(buf: bytes, i: int, work: list[int]) -> int:
     if i >= len(buf):
         raise JsonShapeError("missing value")
     c = buf[i]
     if c == 0x22:
-        return _skip_string(buf, i)
+        return _skip_string(buf, i, work)
     if c in (0x5B, 0x7B):
-        return _skip_container(buf, i)
+        return _skip_container(buf, i, work)
     m = _SCALAR.match(buf, i)
     if m is None:
         raise JsonShapeError("missing value")
     return m.end()
 
 
-def _slow_key(buf: bytes, i: int) -> tuple[str, int]:
+def _slow_key(buf: bytes, i: int, work: list[int]) -> tuple[str, int]:
     """A key with escapes (decoded exactly as json.loads does) and where its value starts."""
     i = _skip_ws(buf, i)
     if buf[i:i + 1] != b'"':
         raise JsonShapeError("expected a key")
-    end = _skip_string(buf, i)
+    end = _skip_string(buf, i, work)
     key = json.loads(buf[i:end])
     i = _skip_ws(buf, end)
     if buf[i:i + 1] != b":":
@@ -203,9 +232,13 @@ def _slow_key(buf: bytes, i: int) -> tuple[str, int]:
     return key, _skip_ws(buf, i + 1)
 
 
-def scan_object(buf: bytes, wanted: frozenset[str]) -> tuple[dict[str, tuple[int, int]], int]:
+def scan_object(buf: bytes, wanted: frozenset[str], work: Optional[list[int]] = None) \
+        -> tuple[dict[str, tuple[int, int]], int]:
     """Spans of the wanted top-level fields (the last occurrence, as json.loads keeps) and the
-    index of the object's closing brace. Anything that is not one JSON object is refused."""
+    index of the object's closing brace. Anything that is not one JSON object is refused.
+    `work`: [steps allowed] (ScanTooLong past it); no limit by default."""
+    if work is None:
+        work = [sys.maxsize]
     i = _skip_ws(buf, 0)
     if buf[i:i + 1] != b"{":
         # Also refuses what json.loads would decode as UTF-16/32 or with a BOM.
@@ -216,6 +249,9 @@ def scan_object(buf: bytes, wanted: frozenset[str]) -> tuple[dict[str, tuple[int
         close = i
     else:
         while True:
+            work[0] -= 1  # _spend, inline
+            if work[0] < 0:
+                raise ScanTooLong()
             m = _MEMBER.match(buf, i)
             if m is not None:  # the common small member
                 key = m.group(1).decode("utf-8")
@@ -230,8 +266,8 @@ def scan_object(buf: bytes, wanted: frozenset[str]) -> tuple[dict[str, tuple[int
             if m is not None:
                 key, start = m.group(1).decode("utf-8"), m.end()
             else:
-                key, start = _slow_key(buf, i)
-            end = _skip_value(buf, start)
+                key, start = _slow_key(buf, i, work)
+            end = _skip_value(buf, start, work)
             if key in wanted:
                 spans[key] = (start, end)
             after = _AFTER.match(buf, end)
@@ -246,18 +282,20 @@ def scan_object(buf: bytes, wanted: frozenset[str]) -> tuple[dict[str, tuple[int
     return spans, close
 
 
-def count_items(buf: bytes, start: int, end: int) -> tuple[int, bytes]:
-    """(elements, first byte of the first element) of the JSON array at buf[start:end]."""
+def count_items(buf: bytes, start: int, end: int, work: Optional[list[int]] = None) -> int:
+    """Elements of the JSON array at buf[start:end] (the scanner's way: msgspec's is faster)."""
+    if work is None:
+        work = [sys.maxsize]
     i = _skip_ws(buf, start + 1)
     if buf[i:i + 1] == b"]":
-        return 0, b""
-    first = buf[i:i + 1]
+        return 0
     count = 0
     while i < end:
-        i = _skip_ws(buf, _skip_value(buf, i))
+        _spend(work)
+        i = _skip_ws(buf, _skip_value(buf, i, work))
         count += 1
         if buf[i:i + 1] != b",":
-            return count, first
+            return count
         i = _skip_ws(buf, i + 1)
     raise JsonShapeError("malformed array")
 
@@ -350,9 +388,9 @@ def _decode_small(raw: bytes) -> Any:
 _WANTED = {kind: frozenset(COUNTED + PROMPT_FIELDS.get(kind, ())) for kind in OUTPUT_FIELDS}
 
 
-def read_fields_by_scanning(buf: bytes, kind: str) -> Fields:
+def read_fields_by_scanning(buf: bytes, kind: str, work: Optional[list[int]] = None) -> Fields:
     lists = PROMPT_FIELDS.get(kind, ())
-    spans, close = scan_object(buf, _WANTED.get(kind) or frozenset(COUNTED + lists))
+    spans, close = scan_object(buf, _WANTED.get(kind) or frozenset(COUNTED + lists), work)
     values = [_decode_small(buf[span[0]:span[1]]) if (span := spans.get(k)) else ABSENT for k in COUNTED]
     values += [buf[span[0]:span[1]] if k in lists and (span := spans.get(k)) else ABSENT for k in LISTED]
     return Fields(values, close)
@@ -377,6 +415,12 @@ try:  # msgspec ships in the vLLM image: C speed on small bodies, same reading a
             return {k: v for k in COUNTED if (v := getattr(self, k)) is not ABSENT}
 
     _BODY = msgspec.json.Decoder(_Body)
+    _ARRAY = msgspec.json.Decoder(list[msgspec.Raw])  # its elements, undecoded: to count them
+
+    class _AnyObject(msgspec.Struct):
+        pass
+
+    _OBJECT = msgspec.json.Decoder(_AnyObject)  # any JSON object: every member skipped in C
 
     def read_fields_with_msgspec(buf: bytes, kind: str) -> Any:
         try:
@@ -385,7 +429,7 @@ try:  # msgspec ships in the vLLM image: C speed on small bodies, same reading a
             raise JsonShapeError(str(exc)) from None
 except ImportError:  # pragma: no cover - the scanner alone is as exact, a little slower
     read_fields_with_msgspec = None  # type: ignore[assignment]
-    _BODY = None
+    _BODY = _ARRAY = _OBJECT = None
 
 # Below this size msgspec's C parser wins; above it the scanner's memchr over long strings does.
 MSGSPEC_MAX_BYTES = 16 * 1024
@@ -393,25 +437,58 @@ MSGSPEC_MAX_BYTES = 16 * 1024
 
 def read_fields(buf: bytes, kind: str) -> Any:
     """Fields, or msgspec's struct with the same attributes."""
-    if _BODY is not None and len(buf) <= MSGSPEC_MAX_BYTES:
-        try:
-            return _BODY.decode(buf)  # read_fields_with_msgspec, without a call: this runs on every request
-        except msgspec.MsgspecError as exc:
-            raise JsonShapeError(str(exc)) from None
-    return read_fields_by_scanning(buf, kind)
+    if _BODY is None:
+        return read_fields_by_scanning(buf, kind)
+    if len(buf) > MSGSPEC_MAX_BYTES:
+        try:  # while its work stays under msgspec's (~0.3 ns a byte), the scanner is the faster
+            return read_fields_by_scanning(buf, kind, [scan_allowance(len(buf))])
+        except ScanTooLong:
+            pass
+    try:
+        return _BODY.decode(buf)  # read_fields_with_msgspec, without a call: this runs on every request
+    except msgspec.MsgspecError as exc:
+        raise JsonShapeError(str(exc)) from None
+
+
+def scan_allowance(size: int) -> int:
+    """Scanner steps (~0.25 us each) worth spending on a body before msgspec would have been faster."""
+    return 64 + size // 1024
+
+
+def is_object(buf: bytes) -> None:
+    """Refuses (JsonShapeError) what is not one JSON object, in linear time."""
+    if _OBJECT is None:
+        scan_object(buf, frozenset())
+        return
+    try:
+        _OBJECT.decode(buf)
+    except msgspec.MsgspecError as exc:
+        raise JsonShapeError(str(exc)) from None
 
 
 def prompt_count(lists: dict[str, bytes], every_item: bool = False) -> int:
     """How many prompts a request carries: a string or a token list is one, a list of them many.
     With several prompt fields (prompt and prompt_embeds) vLLM may take both: count both.
-    `every_item`: each element is a prompt whatever it looks like (a chat batch's conversations)."""
+    `every_item`: each element is a prompt whatever it looks like (a chat batch's conversations).
+    Counted in C where msgspec is there: a list can hold millions of elements."""
     total = 0
     for raw in lists.values():
         if raw[:1] != b"[":
             total += 1
             continue
-        count, first = count_items(raw, 0, len(raw))
-        total += max(count, 1) if every_item or first in (b'"', b"[") else 1  # else a list of token ids
+        i = _skip_ws(raw, 1)
+        first = raw[i:i + 1]
+        if not every_item and first not in (b'"', b"["):  # a list of token ids (or empty): one prompt
+            total += 1
+            continue
+        if _ARRAY is None:
+            count = count_items(raw, 0, len(raw))
+        else:
+            try:
+                count = len(_ARRAY.decode(raw))
+            except msgspec.MsgspecError as exc:
+                raise JsonShapeError(str(exc)) from None
+        total += max(count, 1)
     return max(total, 1)
 
 
@@ -716,7 +793,7 @@ class GuardMiddleware:
             if tenant.models is not None:
                 self._check_model(tenant.models, self._fields(body, kind))
             else:
-                self._object_or_error(body, frozenset())
+                self._object_or_error(body)
             await self._take_shared(tenant, 0)
             return scope, _Replay(body, receive), None
         fields = self._fields(body, kind)
@@ -796,9 +873,9 @@ class GuardMiddleware:
             raise GuardError(415, "the body must be application/json", "unsupported_media_type")
 
     @staticmethod
-    def _object_or_error(body: bytes, wanted: frozenset[str]) -> tuple[dict[str, tuple[int, int]], int]:
+    def _object_or_error(body: bytes) -> None:
         try:
-            return scan_object(body, wanted)
+            is_object(body)
         except (JsonShapeError, UnicodeDecodeError, ValueError) as exc:
             raise GuardError(400, f"the body is not a JSON object: {exc}", "invalid_json") from None
 

@@ -517,6 +517,46 @@ def test_the_scanner_agrees_with_json_loads(body, indent, separators, ensure_asc
     assert {k: json.loads(raw[a:b]) for k, (a, b) in spans.items()} == json.loads(raw)
 
 
+_LONG = {
+    "short strings": {"prompt": ["ab"] * 20_000, "max_tokens": 5, "n": 2},
+    "token ids": {"prompt": list(range(200_000)), "max_tokens": 5},
+    "quotes": {"messages": [{"role": "user", "content": '"' * 40_000}], "max_completion_tokens": 7},
+    "backslashes": {"messages": [{"role": "user", "content": "\\" * 40_000 + '"'}], "max_tokens": 9, "model": "m"},
+    "many messages": {"messages": [{"role": "user", "content": "hi"}] * 5_000, "best_of": 3},
+    "long runs": {"model": "m", "messages": [{"role": "user", "content": "x" * 70_000}], "max_completion_tokens": 1},
+}
+
+
+@pytest.mark.parametrize("name", list(_LONG))
+def test_large_bodies_read_as_json_loads_reads_them_whatever_their_shape(name):
+    """Past 16 KB the scanner reads a body while that is cheaper than msgspec, and gives up
+    (ScanTooLong) on bodies of many strings, escapes or brackets, which msgspec then reads:
+    either way the same fields as json.loads, and no body costs the scanner more than its allowance."""
+    raw = json.dumps(_LONG[name]).encode()
+    expected = json.loads(raw)
+    kind = "completions" if "prompt" in expected else "chat_batch"
+    fields = guard.read_fields(raw, kind)
+    assert fields.values == {k: expected[k] for k in guard.COUNTED if k in expected}
+    assert {k: json.loads(v) for k, v in guard.prompt_lists(fields, kind).items()} == \
+        {k: expected[k] for k in guard.PROMPT_FIELDS[kind] if k in expected}
+    gives_up = name not in ("long runs",)
+    if gives_up:
+        with pytest.raises(guard.ScanTooLong):
+            guard.read_fields_by_scanning(raw, kind, [guard.scan_allowance(len(raw))])
+    assert guard.read_fields_by_scanning(raw, kind).values == fields.values  # without an allowance: slow, same
+    prompts = len(expected.get("prompt", expected.get("messages"))) if name in ("short strings", "many messages") else 1
+    assert guard.Budget(kind, fields, "both").sequences == prompts * max(expected.get("n", 1), expected.get("best_of", 1))
+
+
+def test_the_scanner_hops_long_containers_in_bounded_steps():
+    """Containers longer than one bounded hop (16 runs or short strings, 4 KB a run) end where
+    json.loads says they do."""
+    body = {"a": ["s"] * 100, "b": [[1] * 3000, {"k": "v" * 60}] * 3, "c": "1" * 9000, "d": [1.5e3] * 2000, "max_tokens": 3}
+    raw = json.dumps(body).encode()
+    spans, close = guard.scan_object(raw, frozenset(body))
+    assert {k: json.loads(raw[a:b]) for k, (a, b) in spans.items()} == body and close == len(raw) - 1
+
+
 # --- behind the endpoint picker: the objective is the tenant's own ----------------------------
 
 def test_behind_the_picker_a_tenant_must_carry_its_own_objective():
