@@ -755,11 +755,21 @@ class GuardMiddleware:
         # From here on, as the general path: counted, then the body.
         if (wait := tenant.limiter.take()) is not None:
             raise self._rate_limited(tenant, wait)
-        body = await self._receive_body(receive)
-        try:
-            fields = read_fields(body, "chat")
-        except (JsonShapeError, ValueError):
-            fields = None  # the general path says why
+        message = await receive()
+        if message.get("type") == "http.request" and not message.get("more_body") \
+                and len(body := message.get("body", b"")) <= MSGSPEC_MAX_BYTES and _BODY is not None:
+            if len(body) > self.max_body:
+                raise GuardError(413, f"request body over {self.max_body} bytes", "payload_too_large")
+            try:  # read_fields, inline
+                fields = _BODY.decode(body)
+            except msgspec.MsgspecError:
+                fields = None  # the general path says why
+        else:
+            body = await self._receive_body(receive, message)
+            try:
+                fields = read_fields(body, "chat")
+            except (JsonShapeError, ValueError):
+                fields = None
         if fields is not None and fields.n is ABSENT and fields.best_of is ABSENT:
             mct, mt = fields.max_completion_tokens, fields.max_tokens
             # One sequence bounded by a positive max_completion_tokens within the cap: every reading
