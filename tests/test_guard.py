@@ -672,6 +672,8 @@ def _chat(**body):
     ([{"raw": _chat(max_completion_tokens=5, pad="x" * 100)}], {"max_body": 64}),
     ([{"raw": _chat(max_completion_tokens=5), "length": "long"}],  # the stated length alone is over the limit
      {"max_body": len(_chat(max_completion_tokens=5)) + 2}),
+    ([{"raw": _chat(max_completion_tokens=5), "length": "short"}],  # the body alone is over it
+     {"max_body": len(_chat(max_completion_tokens=5)) - 1}),
     ([{"raw": _chat(max_completion_tokens=5)}] * 3, {}),  # the third is over the rate
 ])
 def test_the_common_chat_path_decides_as_the_general_one_on_its_edges(requests, kw):
