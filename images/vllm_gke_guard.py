@@ -282,24 +282,6 @@ def scan_object(buf: bytes, wanted: frozenset[str], work: Optional[list[int]] = 
     return spans, close
 
 
-def count_items(buf: bytes, start: int, end: int, work: Optional[list[int]] = None) -> int:
-    """Elements of the JSON array at buf[start:end] (the scanner's way: msgspec's is faster)."""
-    if work is None:
-        work = [sys.maxsize]
-    i = _skip_ws(buf, start + 1)
-    if buf[i:i + 1] == b"]":
-        return 0
-    count = 0
-    while i < end:
-        _spend(work)
-        i = _skip_ws(buf, _skip_value(buf, i, work))
-        count += 1
-        if buf[i:i + 1] != b",":
-            return count
-        i = _skip_ws(buf, i + 1)
-    raise JsonShapeError("malformed array")
-
-
 # --- what vLLM would generate ------------------------------------------------------------------
 
 def as_int(value: Any, field: str, allow_none: bool = True) -> Optional[int]:
@@ -354,8 +336,12 @@ class Fields:
 
     @property
     def values(self) -> dict[str, Any]:
-        """The counted fields the body has, as json.loads gives them."""
-        return {k: v for k in COUNTED if (v := getattr(self, k)) is not ABSENT}
+        return present_values(self)
+
+
+def present_values(fields: Any) -> dict[str, Any]:
+    """The counted fields a body has, as json.loads gives them."""
+    return {k: v for k in COUNTED if (v := getattr(fields, k)) is not ABSENT}
 
 
 def prompt_lists(fields: Any, kind: str) -> dict[str, bytes]:
@@ -412,7 +398,7 @@ try:  # msgspec ships in the vLLM image: C speed on small bodies, same reading a
 
         @property
         def values(self) -> dict[str, Any]:
-            return {k: v for k in COUNTED if (v := getattr(self, k)) is not ABSENT}
+            return present_values(self)
 
     _BODY = msgspec.json.Decoder(_Body)
     _ARRAY = msgspec.json.Decoder(list[msgspec.Raw])  # its elements, undecoded: to count them
@@ -427,7 +413,7 @@ try:  # msgspec ships in the vLLM image: C speed on small bodies, same reading a
             return _BODY.decode(buf)
         except msgspec.MsgspecError as exc:
             raise JsonShapeError(str(exc)) from None
-except ImportError:  # pragma: no cover - the scanner alone is as exact, a little slower
+except ImportError:  # pragma: no cover - then json.loads where the scanner would be slow: as exact, slower
     read_fields_with_msgspec = None  # type: ignore[assignment]
     _BODY = _ARRAY = _OBJECT = None
 
@@ -438,7 +424,10 @@ MSGSPEC_MAX_BYTES = 16 * 1024
 def read_fields(buf: bytes, kind: str) -> Any:
     """Fields, or msgspec's struct with the same attributes."""
     if _BODY is None:
-        return read_fields_by_scanning(buf, kind)
+        try:
+            return read_fields_by_scanning(buf, kind, [scan_allowance(len(buf))])
+        except ScanTooLong:
+            return read_fields_with_json(buf, kind)
     if len(buf) > MSGSPEC_MAX_BYTES:
         try:  # while its work stays under msgspec's (~0.3 ns a byte), the scanner is the faster
             return read_fields_by_scanning(buf, kind, [scan_allowance(len(buf))])
@@ -450,6 +439,20 @@ def read_fields(buf: bytes, kind: str) -> Any:
         raise JsonShapeError(str(exc)) from None
 
 
+def read_fields_with_json(buf: bytes, kind: str) -> Fields:
+    """Without msgspec, for what the scanner gives up on: json.loads is linear, in C."""
+    try:
+        doc = json.loads(buf)
+    except ValueError as exc:
+        raise JsonShapeError(str(exc)) from None
+    if not isinstance(doc, dict):
+        raise JsonShapeError("the body must be a JSON object")
+    lists = PROMPT_FIELDS.get(kind, ())
+    values = [doc.get(k, ABSENT) for k in COUNTED]
+    values += [json.dumps(doc[k]).encode() if k in lists and k in doc else ABSENT for k in LISTED]
+    return Fields(values, -1)
+
+
 def scan_allowance(size: int) -> int:
     """Scanner steps (~0.25 us each) worth spending on a body before msgspec would have been faster."""
     return 64 + size // 1024
@@ -458,7 +461,10 @@ def scan_allowance(size: int) -> int:
 def is_object(buf: bytes) -> None:
     """Refuses (JsonShapeError) what is not one JSON object, in linear time."""
     if _OBJECT is None:
-        scan_object(buf, frozenset())
+        try:
+            scan_object(buf, frozenset(), [scan_allowance(len(buf))])
+        except ScanTooLong:
+            read_fields_with_json(buf, "")
         return
     try:
         _OBJECT.decode(buf)
@@ -482,7 +488,10 @@ def prompt_count(lists: dict[str, bytes], every_item: bool = False) -> int:
             total += 1
             continue
         if _ARRAY is None:
-            count = count_items(raw, 0, len(raw))
+            try:
+                count = len(json.loads(raw))
+            except ValueError as exc:
+                raise JsonShapeError(str(exc)) from None
         else:
             try:
                 count = len(_ARRAY.decode(raw))

@@ -527,11 +527,16 @@ _LONG = {
 }
 
 
+@pytest.mark.parametrize("with_msgspec", [True, False])
 @pytest.mark.parametrize("name", list(_LONG))
-def test_large_bodies_read_as_json_loads_reads_them_whatever_their_shape(name):
+def test_large_bodies_read_as_json_loads_reads_them_whatever_their_shape(name, with_msgspec, monkeypatch):
     """Past 16 KB the scanner reads a body while that is cheaper than msgspec, and gives up
-    (ScanTooLong) on bodies of many strings, escapes or brackets, which msgspec then reads:
-    either way the same fields as json.loads, and no body costs the scanner more than its allowance."""
+    (ScanTooLong) on bodies of many strings, escapes or brackets, which msgspec (json.loads in an
+    image without it) then reads: either way the same fields as json.loads, and no body costs the
+    scanner more than its allowance."""
+    if not with_msgspec:
+        for name_ in ("_BODY", "_ARRAY", "_OBJECT"):
+            monkeypatch.setattr(guard, name_, None)
     raw = json.dumps(_LONG[name]).encode()
     expected = json.loads(raw)
     kind = "completions" if "prompt" in expected else "chat_batch"
@@ -678,3 +683,18 @@ def _chat(**body):
 ])
 def test_the_common_chat_path_decides_as_the_general_one_on_its_edges(requests, kw):
     _both_paths_decide_alike(requests, **kw)
+
+
+def test_without_msgspec_the_guard_decides_the_same(monkeypatch):
+    """msgspec ships in the vLLM image; without it (the guard is standard library otherwise)
+    the scanner and json.loads give the same answers."""
+    for name in ("_BODY", "_ARRAY", "_OBJECT"):
+        monkeypatch.setattr(guard, name, None)
+    mw, app = guarded()
+    chat = "/v1/chat/completions"
+    assert status(call(mw, {"messages": [], "max_completion_tokens": 5}, path=chat)) == 200
+    assert status(call(mw, {"messages": [], "max_completion_tokens": CAP + 1}, path=chat)) == 400
+    assert status(call(mw, {"messages": []}, path=chat)) == 200 and forwarded(app)["max_completion_tokens"] == CAP
+    assert status(call(mw, {"prompt": ["a"] * 30_000, "max_tokens": 1}, path="/v1/completions")) == 400  # 30k prompts
+    assert status(call(mw, raw=b"[1, 2]", path="/v1/embeddings")) == 400
+    assert status(call(mw, {"input": ["x"] * 20_000}, path="/v1/embeddings")) == 200
