@@ -60,6 +60,12 @@ def bare_app(middleware: Optional[type] = None):
     return app
 
 
+def needs(data: Any, field: str, other: str) -> Any:
+    if isinstance(data, dict) and data.get(field) and not data.get(other):
+        raise ValueError(f"{field} needs {other}")
+    return data
+
+
 def vllm_like_app(middleware: Optional[type] = None):
     from fastapi import Depends, FastAPI, HTTPException, Request
     from fastapi.middleware.cors import CORSMiddleware
@@ -147,19 +153,16 @@ def vllm_like_app(middleware: Optional[type] = None):
         cache_salt: Optional[str] = None
         kv_transfer_params: Optional[dict[str, Any]] = None
 
+        # Separate validators, as vLLM's model has several: each is a call on every request.
         @model_validator(mode="before")
         @classmethod
         def stream_options_need_stream(cls, data: Any) -> Any:
-            if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
-                raise ValueError("stream_options needs stream")
-            return data
+            return needs(data, "stream_options", "stream")
 
         @model_validator(mode="before")
         @classmethod
         def top_logprobs_need_logprobs(cls, data: Any) -> Any:
-            if isinstance(data, dict) and data.get("top_logprobs") and not data.get("logprobs"):
-                raise ValueError("top_logprobs needs logprobs")
-            return data
+            return needs(data, "top_logprobs", "logprobs")
 
     class ResponseMessage(BaseModel):
         role: str
