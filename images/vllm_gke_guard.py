@@ -781,7 +781,7 @@ class GuardMiddleware:
             # of the rule agrees; max_tokens must still be what as_int accepts.
             if type(mct) is int and 0 < mct <= tenant.cap and (mt is ABSENT or mt is None or type(mt) is int):
                 return scope, _Replay(body, receive), None
-        return await self._admit_body(scope, receive, body, "chat", tenant)
+        return await self._admit_body(scope, receive, body, "chat", tenant, fields)
 
     async def _receive_body(self, receive: Receive, message: Optional[Message] = None) -> bytes:
         if message is None:
@@ -795,9 +795,10 @@ class GuardMiddleware:
             raise GuardError(413, f"request body over {self.max_body} bytes", "payload_too_large")
         return body
 
-    async def _admit_body(self, scope: Scope, receive: Receive, body: bytes, kind: str, tenant: Tenant) \
-            -> tuple[Scope, Receive, Optional[frozenset[str]]]:
-        """The checks on the body, once the request is counted and its body read."""
+    async def _admit_body(self, scope: Scope, receive: Receive, body: bytes, kind: str, tenant: Tenant,
+                          fields: Any = None) -> tuple[Scope, Receive, Optional[frozenset[str]]]:
+        """The checks on the body, once the request is counted and its body read (and its fields,
+        where the caller has read them already)."""
         if kind not in OUTPUT_FIELDS:  # pooling: rate limited, generates nothing
             if tenant.models is not None:
                 self._check_model(tenant.models, self._fields(body, kind))
@@ -805,7 +806,8 @@ class GuardMiddleware:
                 self._object_or_error(body)
             await self._take_shared(tenant, 0)
             return scope, _Replay(body, receive), None
-        fields = self._fields(body, kind)
+        if fields is None:
+            fields = self._fields(body, kind)
         try:
             budget = Budget(kind, fields, self.rule)
         except (JsonShapeError, ValueError) as exc:  # includes UnicodeDecodeError, JSONDecodeError
