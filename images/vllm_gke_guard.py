@@ -720,7 +720,7 @@ class GuardMiddleware:
             self._check_content_type(seen)
         length = seen.content_length
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            raise GuardError(413, f"request body over {self.max_body} bytes", "payload_too_large")
+            raise self._too_large()
         return await self._admit_body(scope, receive, await self._receive_body(receive), kind, tenant)
 
     async def _admit_common_chat(self, scope: Scope, receive: Receive) \
@@ -764,7 +764,7 @@ class GuardMiddleware:
         if message.get("type") == "http.request" and not message.get("more_body") \
                 and len(body := message.get("body", b"")) <= MSGSPEC_MAX_BYTES and _BODY is not None:
             if len(body) > self.max_body:
-                raise GuardError(413, f"request body over {self.max_body} bytes", "payload_too_large")
+                raise self._too_large()
             try:  # read_fields, inline
                 fields = _BODY.decode(body)
             except msgspec.MsgspecError:
@@ -792,8 +792,11 @@ class GuardMiddleware:
 
     def _within_limit(self, body: bytes) -> bytes:
         if len(body) > self.max_body:
-            raise GuardError(413, f"request body over {self.max_body} bytes", "payload_too_large")
+            raise self._too_large()
         return body
+
+    def _too_large(self) -> GuardError:
+        return GuardError(413, f"request body over {self.max_body} bytes", "payload_too_large")
 
     async def _admit_body(self, scope: Scope, receive: Receive, body: bytes, kind: str, tenant: Tenant,
                           fields: Any = None) -> tuple[Scope, Receive, Optional[frozenset[str]]]:
@@ -899,7 +902,7 @@ class GuardMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
-                raise GuardError(413, f"request body over {self.max_body} bytes", "payload_too_large")
+                raise self._too_large()
             chunks.append(chunk)
             if not message.get("more_body"):
                 return b"".join(chunks)
