@@ -25,13 +25,13 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,9 +51,9 @@ def guard_config(trusted: str) -> dict[str, Any]:
             "routes": {PATH: {"method": "POST", "kind": "chat"}}, "trustedPeers": [trusted]}
 
 
-def chat_body(size: int) -> bytes:
+def chat_body(size: int, model: str = "m") -> bytes:
     text = ("The quick brown fox jumps over the lazy dog. " * (size // 40 + 1))
-    doc = {"model": "m", "messages": [{"role": "system", "content": "Answer briefly."},
+    doc = {"model": model, "messages": [{"role": "system", "content": "Answer briefly."},
                                       {"role": "user", "content": ""}], "max_completion_tokens": 256}
     room = size - len(json.dumps(doc))
     doc["messages"][1]["content"] = text[:room]
@@ -131,8 +131,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+REPORT_ENV = "GUARD_BENCH_REPORT"
+
+
 class TimedGuard(guard.GuardMiddleware):
-    """The guard, timing its own checks (everything before the app is called) on each request."""
+    """The guard, timing its own checks (everything before the app is called) on each request;
+    the samples go to the file named in GUARD_BENCH_REPORT every 500 requests (outside the timed
+    part), so that however the server is stopped they are there."""
 
     samples: list[int] = []
 
@@ -140,42 +145,55 @@ class TimedGuard(guard.GuardMiddleware):
         start = time.perf_counter_ns()
         admitted = await super()._admit(scope, receive)
         self.samples.append(time.perf_counter_ns() - start)
+        if len(self.samples) % 500 == 0 and os.environ.get(REPORT_ENV):
+            Path(os.environ[REPORT_ENV]).write_text(json.dumps(self.samples))
         return admitted
 
 
-def serve(stack: str, mode: str, port: int, report: str = "") -> None:
+def serve(stack: str, mode: str, port: int) -> None:
     import uvicorn
 
     os.environ[guard.CONFIG_ENV] = json.dumps(guard_config("127.0.0.1"))
     middleware = {"baseline": None, "guard": guard.GuardMiddleware, "timed": TimedGuard}[mode]
     app = STAND_INS[stack](middleware)
-    if report:  # uvicorn re-raises the SIGTERM that stopped it once it has shut down: write then
-        def write_report(_signum: int, _frame: Any) -> None:
-            Path(report).write_text(json.dumps(TimedGuard.samples))
-            os._exit(0)
-
-        signal.signal(signal.SIGTERM, write_report)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False,
                 loop="uvloop", http="httptools")
+
+
+@dataclass
+class StandInServer:
+    """One of benchmarks/vllm_stand_in.py's apps, served by uvicorn in a process of its own."""
+
+    name: str
+    issuer: str = ISSUER
+    model: str = "m"
+    startup_s: float = 30
+    warmup_s: int = 1
+
+    def command(self, mode: str, port: int) -> tuple[list[str], dict[str, str]]:
+        return ([sys.executable, "-m", "benchmarks.guard_overhead", "--serve", self.name, mode, str(port)],
+                dict(os.environ))
 
 
 def pin(cpu: int) -> list[str]:
     return ["taskset", "-c", str(cpu)] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []
 
 
-def start_server(stack: str, mode: str, report: str = "") -> tuple[subprocess.Popen, int]:
+def start_server(server: Any, mode: str, report: str = "") -> tuple[subprocess.Popen, int]:
     port = free_port()
+    argv, env = server.command(mode, port)
+    if report:
+        env[REPORT_ENV] = report
     # Pinned apart (server on one core, wrk on the other) so they do not share a core's time.
-    proc = subprocess.Popen([*pin(1), sys.executable, "-m", "benchmarks.guard_overhead", "--serve", stack, mode,
-                             str(port), report], cwd=REPO)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    proc = subprocess.Popen([*pin(1), *argv], cwd=REPO, env=env, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + server.startup_s
+    while time.monotonic() < deadline and proc.poll() is None:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return proc, port
-        time.sleep(0.1)
+        time.sleep(0.2)
     proc.kill()
-    raise RuntimeError(f"the {mode} server did not start")
+    raise RuntimeError(f"the {server.name} {mode} server did not start")
 
 
 LUA = """wrk.method = "POST"
@@ -200,15 +218,19 @@ def cpu_seconds(pid: int) -> float:
 
 def wrk(port: int, script: Path, connections: int, seconds: int, pid: int) -> dict[str, float]:
     cpu_before = cpu_seconds(pid)
-    out = subprocess.run([*pin(0), "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script),
-                          f"http://127.0.0.1:{port}{PATH}"], capture_output=True, text=True, check=True).stdout
+    # A long timeout: a server taking ~80 ms a 128 KB request keeps 512 clients waiting ~40 s.
+    out = subprocess.run([*pin(0), "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "120s",
+                          "--latency", "-s", str(script), f"http://127.0.0.1:{port}{PATH}"],
+                         capture_output=True, text=True, check=True).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))
     p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: .*", out)
     if errors:
-        raise RuntimeError(f"{errors.group(1)} failed responses: the benchmark is measuring errors")
+        raise RuntimeError(f"{errors.group(0)}: the benchmark is measuring errors")
     requests = int(re.search(r"(\d+) requests in", out).group(1))
+    if not requests:
+        raise RuntimeError(f"no response in {seconds} s at {connections} connections")
     # Server CPU per request: steadier on a shared machine than req/s, and what the guard adds.
     cpu_us = (cpu_seconds(pid) - cpu_before) / requests * 1e6
     return {"rps": rps, "p50_ms": p50, "p99_ms": p99, "cpu_us": cpu_us}
@@ -219,17 +241,17 @@ def wrk(port: int, script: Path, connections: int, seconds: int, pid: int) -> di
 INSTANCES = ("baseline", "baseline", "guard", "guard")
 
 
-def in_uvicorn(stack: str, seconds: int, repeats: int = 3) -> list[dict[str, Any]]:
+def in_uvicorn(server: Any, seconds: int, repeats: int = 3) -> list[dict[str, Any]]:
     rows = []
-    servers = [(mode, *start_server(stack, mode)) for mode in INSTANCES]
+    servers = [(mode, *start_server(server, mode)) for mode in INSTANCES]
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for label, size in SIZES.items():
-                script = wrk_script(Path(tmp), label, size)
+                script = wrk_script(Path(tmp), server, label, size)
                 for connections in CONCURRENCY:
                     result: dict[str, Any] = {"size": label, "connections": connections}
                     for _mode, proc, port in servers:  # warm all, then measure side by side
-                        wrk(port, script, connections, 1, proc.pid)
+                        wrk(port, script, connections, server.warmup_s, proc.pid)
                     runs: dict[str, list[dict[str, float]]] = {"baseline": [], "guard": []}
                     for _ in range(repeats):  # alternate, so drift in the machine hits both alike
                         for mode, proc, port in servers:
@@ -239,20 +261,28 @@ def in_uvicorn(stack: str, seconds: int, repeats: int = 3) -> list[dict[str, Any
                     rows.append(result)
     finally:
         for _mode, proc, _port in servers:
-            proc.terminate()
-            proc.wait(timeout=10)
+            stop(proc)
     return rows
 
 
-def wrk_script(tmp: Path, label: str, size: int) -> Path:
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def wrk_script(tmp: Path, server: Any, label: str, size: int) -> Path:
     body = tmp / f"{label}.json"
-    body.write_bytes(chat_body(size))
+    body.write_bytes(chat_body(size, server.model))
     script = tmp / f"{label}.lua"
-    script.write_text(LUA.format(issuer=ISSUER, body=body))
+    script.write_text(LUA.format(issuer=server.issuer, body=body))
     return script
 
 
-def guard_time_in_server(stack: str, seconds: int) -> dict[str, float]:
+def guard_time_in_server(server: Any, seconds: int) -> dict[str, float]:
     """Median microseconds of the guard's own checks per request, timed by the guard inside a
     loaded server (64 connections): what it costs with the server's other work around it, its
     code and data no longer in the CPU's caches."""
@@ -260,12 +290,11 @@ def guard_time_in_server(stack: str, seconds: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         for label, size in SIZES.items():
             report = Path(tmp) / f"{label}.samples.json"
-            proc, port = start_server(stack, "timed", str(report))
+            proc, port = start_server(server, "timed", str(report))
             try:
-                wrk(port, wrk_script(Path(tmp), label, size), 64, seconds, proc.pid)
+                wrk(port, wrk_script(Path(tmp), server, label, size), 64, seconds, proc.pid)
             finally:
-                proc.terminate()
-                proc.wait(timeout=10)
+                stop(proc)
             samples = json.loads(report.read_text())
             medians[label] = statistics.median(samples[len(samples) // 5:]) / 1000  # past the warm-up
     return medians
@@ -276,16 +305,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=2, help="wrk duration per measurement")
     parser.add_argument("--repeats", type=int, default=4,
                         help="rounds per cell, each over all four servers (two a mode); the median of each mode")
-    parser.add_argument("--stand-in", choices=[*STAND_INS, "all"], default="all", help="which app part 2 serves")
-    parser.add_argument("--serve", nargs=4, metavar=("STAND_IN", "MODE", "PORT", "REPORT"), help=argparse.SUPPRESS)
+    parser.add_argument("--stand-in", choices=[*STAND_INS, "vllm", "all"], default="all",
+                        help="which server part 2 measures ('all': every one available)")
+    parser.add_argument("--vllm-python", metavar="PYTHON",
+                        help="the python of an environment with the pinned vLLM (benchmarks/vllm_server.py): "
+                             "adds the 'vllm' server, vLLM's own")
+    parser.add_argument("--vllm-seconds", type=int, default=10,
+                        help="wrk duration per measurement of the 'vllm' server (~250 req/s at 1 KB, ~12 at 128 KB)")
+    parser.add_argument("--serve", nargs=3, metavar=("STAND_IN", "MODE", "PORT"), help=argparse.SUPPRESS)
     parser.add_argument("--in-process-only", action="store_true")
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve[0], args.serve[1], int(args.serve[2]), args.serve[3])
+        serve(args.serve[0], args.serve[1], int(args.serve[2]))
         return 0
     if not args.in_process_only and shutil.which("wrk") is None:
         print("wrk is not installed (apt-get install wrk); part 2 needs it, or pass --in-process-only",
               file=sys.stderr)
+        return 2
+    if args.stand_in == "vllm" and not args.vllm_python:
+        print("--stand-in vllm needs --vllm-python: the python of an environment with the pinned vLLM "
+              "(see benchmarks/vllm_server.py)", file=sys.stderr)
+        return 2
+    if args.vllm_python and not Path(args.vllm_python).exists():
+        print(f"--vllm-python {args.vllm_python}: no such file", file=sys.stderr)
         return 2
     print("1. per request, in process (microseconds added to an app that does nothing)")
     print(f"{'body':>6} {'app alone':>10} {'+ guard':>9} {'+ naive decode/encode':>22}")
@@ -293,18 +335,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['size']:>6} {r['baseline_us']:>9.2f} {r['guard_us']:>9.2f} {r['naive_us']:>22.2f}")
     if args.in_process_only:
         return 0
-    for stack in (STAND_INS if args.stand_in == "all" else [args.stand_in]):
-        print(f"\n2. inside uvicorn, stand-in '{stack}', wrk, median of {2 * args.repeats} alternating "
-              f"{args.seconds} s runs a mode per cell, over two server processes a mode")
+    names = [*STAND_INS, *(["vllm"] if args.vllm_python else [])] if args.stand_in == "all" else [args.stand_in]
+    for name in names:
+        if name == "vllm":
+            from benchmarks.vllm_server import VllmServer
+
+            server: Any = VllmServer.prepare(args.vllm_python)
+            seconds = args.vllm_seconds
+        else:
+            server, seconds = StandInServer(name), args.seconds
+        print(f"\n2. inside uvicorn, server '{name}', wrk, median of {2 * args.repeats} alternating "
+              f"{seconds} s runs a mode per cell, over two server processes a mode")
         print(f"{'body':>6} {'conns':>5} {'req/s base':>10} {'req/s guard':>11} {'ratio':>6} "
               f"{'p50 ms b/g':>13} {'p99 ms b/g':>15} {'CPU us/req b/g':>15} {'added':>6}")
-        for r in in_uvicorn(stack, args.seconds, args.repeats):
+        for r in in_uvicorn(server, seconds, args.repeats):
             b, g = r["baseline"], r["guard"]
             print(f"{r['size']:>6} {r['connections']:>5} {b['rps']:>10.0f} {g['rps']:>11.0f} "
                   f"{g['rps'] / b['rps']:>6.3f} {b['p50_ms']:>6.2f}/{g['p50_ms']:<6.2f} "
                   f"{b['p99_ms']:>7.2f}/{g['p99_ms']:<7.2f} {b['cpu_us']:>7.0f}/{g['cpu_us']:<7.0f} "
                   f"{g['cpu_us'] - b['cpu_us']:>6.1f}", flush=True)
-        timed = guard_time_in_server(stack, args.seconds)
+        timed = guard_time_in_server(server, seconds)
         print("   the guard's own checks, timed inside the server at 64 connections (median us/request): " +
               ", ".join(f"{label} {us:.1f}" for label, us in timed.items()), flush=True)
     return 0

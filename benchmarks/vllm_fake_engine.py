@@ -1,0 +1,183 @@
+"""vLLM's own OpenAI API server with the GPU engine replaced by one that answers at once.
+
+    python -m benchmarks.vllm_fake_engine MODEL_DIR -- <vllm serve flags>   # in a venv with vllm
+
+Everything the API-server process does for a request is the pinned release's own code: its
+argument parser, build_app (routes, CORS, metrics, the --middleware classes), the chat request
+model, the chat template (jinja) and tokenization (Hugging Face tokenizers), the AsyncLLM input
+processor, the output processor (detokenization), Prometheus stats and the response. Only the
+engine core, a separate process on the GPU in real use, is a stand-in: each request gets its
+tokens back in one output as soon as it is added, so the API server does less per request than
+under real decoding (which streams a token at a time through the output processor) and the
+guard's share measured against it is, if anything, larger than in production.
+
+The model directory holds no weights (nothing loads them): a config, and a tokenizer built from
+a real 130k-token byte-level BPE (Mistral's Tekken vocabulary, which ships in mistral_common, a
+vLLM dependency) split as Llama 3 splits, and a ChatML chat template of Qwen2.5's shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import sys
+import tempfile
+import types
+from pathlib import Path
+from typing import Any
+
+# Tokens the stand-in engine "generates" for every request, then stops.
+GENERATED = 16
+
+CHAT_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) or message.role == 'assistant' %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def make_model_dir(target: Path) -> Path:
+    """A weightless model directory vLLM accepts: Qwen2 config, tokenizer, chat template."""
+    from importlib.resources import files
+
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    if (target / "config.json").exists():
+        return target
+    final, target = target, target.with_name(f"{target.name}.{os.getpid()}.partial")  # renamed when whole
+    target.mkdir(parents=True, exist_ok=True)
+    tekken = json.loads(files("mistral_common").joinpath("data/tekken_240911.json").read_text())
+    config = tekken["config"]
+    ranks = tekken["vocab"][:config["default_vocab_size"] - config["default_num_special_tokens"]]
+    with tempfile.NamedTemporaryFile("w", suffix=".tiktoken", delete=False) as bpe:
+        for entry in ranks:
+            bpe.write(f"{entry['token_bytes']} {entry['rank']}\n")
+    try:
+        # Split as Llama 3's tokenizer splits (the converter's default pattern): the prod stack's
+        # longest-prompt pool serves Llama 3.
+        tokenizer = TikTokenConverter(vocab_file=bpe.name, extra_special_tokens=SPECIAL).converted()
+    finally:
+        os.unlink(bpe.name)
+    tokenizer.save(str(target / "tokenizer.json"))
+    vocab = tokenizer.get_vocab_size()
+    ids = {t: tokenizer.token_to_id(t) for t in SPECIAL}
+    (target / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 65536, "chat_template": CHAT_TEMPLATE,
+        "bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None,
+        "added_tokens_decoder": {str(i): {"content": t, "special": True, "lstrip": False, "rstrip": False,
+                                          "normalized": False, "single_word": False} for t, i in ids.items()}}))
+    (target / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "max_position_embeddings": 65536, "vocab_size": vocab, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "torch_dtype": "bfloat16", "tie_word_embeddings": True, "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"]}))
+    (target / "generation_config.json").write_text(json.dumps({"eos_token_id": ids["<|im_end|>"]}))
+    target.rename(final)
+    return final
+
+
+class InstantEngineCore:
+    """The engine-core client AsyncLLM talks to, answering every request at once: GENERATED
+    tokens and a stop. Requests and outputs still go through vLLM's msgpack codec, as over
+    the real client's ZMQ sockets."""
+
+    def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any):
+        from vllm.v1.engine import EngineCoreOutputs
+        from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+        self.vllm_config = vllm_config
+        self.outputs: asyncio.Queue = asyncio.Queue()
+        self.encoder = MsgpackEncoder()
+        self.decoder = MsgpackDecoder(EngineCoreOutputs)
+        self.engine_ranks_managed = [0]
+        self.engine_status: dict[str, Any] = {"status": "healthy"}
+        self.resources = types.SimpleNamespace(engine_dead=False, output_queue_task=None)
+
+    async def add_request_async(self, request: Any) -> None:
+        from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+
+        self.encoder.encode(request)
+        prompt = request.prompt_token_ids or [0]
+        out = EngineCoreOutputs(outputs=[EngineCoreOutput(
+            request_id=request.request_id, new_token_ids=[prompt[i % len(prompt)] for i in range(GENERATED)],
+            finish_reason=FinishReason.STOP)])
+        self.outputs.put_nowait(self.decoder.decode(self.encoder.encode(out)))
+
+    async def get_output_async(self) -> Any:
+        return await self.outputs.get()
+
+    async def get_supported_tasks_async(self) -> tuple[str, ...]:
+        return ("generate",)
+
+    async def abort_requests_async(self, request_ids: Any) -> None:
+        return None
+
+    async def is_sleeping_async(self) -> bool:
+        return False
+
+    async def reset_mm_cache_async(self) -> None:
+        return None
+
+    async def reset_prefix_cache_async(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    def dp_engines_running(self) -> bool:
+        return True
+
+    def shutdown(self, timeout: Any = None) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.endswith("_async"):
+            async def nothing(*args: Any, **kwargs: Any) -> None:
+                return None
+            return nothing
+        raise AttributeError(name)
+
+
+def install_instant_engine() -> None:
+    """Make AsyncLLM talk to InstantEngineCore instead of starting an engine-core process."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # no GPU: vLLM's CPU platform
+    import vllm.triton_utils
+    from vllm.v1.engine import core_client
+
+    # The CPU platform's config check wants triton-cpu for the model runner; none runs here.
+    vllm.triton_utils.HAS_TRITON = True
+    core_client.EngineCoreClient.make_async_mp_client = staticmethod(  # type: ignore[method-assign]
+        lambda vllm_config, *a, **k: InstantEngineCore(vllm_config))
+
+
+def main(argv: list[str]) -> int:
+    """`make-model DIR`, or `serve MODEL_DIR [flags]`: exactly `vllm serve`, the real CLI, in this
+    process (one API server runs in the CLI's own process), with the instant engine core."""
+    if len(argv) == 2 and argv[0] == "make-model":
+        make_model_dir(Path(argv[1]))
+        return 0
+    if len(argv) < 2 or argv[0] != "serve":
+        print("usage: python -m benchmarks.vllm_fake_engine (make-model DIR | serve MODEL_DIR [vllm serve flags])",
+              file=sys.stderr)
+        return 2
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    install_instant_engine()
+    from vllm.entrypoints.cli.main import main as vllm_cli
+
+    sys.argv = ["vllm", *argv]
+    vllm_cli()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
