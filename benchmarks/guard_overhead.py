@@ -216,12 +216,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wrk(port: int, script: Path, connections: int, seconds: int, pid: int) -> dict[str, float]:
-    cpu_before = cpu_seconds(pid)
+def start_wrk(port: int, script: Path, connections: int, seconds: int) -> subprocess.Popen:
     # A long timeout: a server taking ~80 ms a 128 KB request keeps 512 clients waiting ~40 s.
-    out = subprocess.run([*pin(0), "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "120s",
-                          "--latency", "-s", str(script), f"http://127.0.0.1:{port}{PATH}"],
-                         capture_output=True, text=True, check=True).stdout
+    return subprocess.Popen([*pin(0), "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "120s",
+                             "--latency", "-s", str(script), f"http://127.0.0.1:{port}{PATH}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wrk_result(client: subprocess.Popen, connections: int, seconds: int, pid: int, cpu_before: float) \
+        -> dict[str, float]:
+    out, err = client.communicate()
+    if client.returncode:
+        raise RuntimeError(f"wrk failed: {err.strip()}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))
     p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))
@@ -231,10 +237,36 @@ def wrk(port: int, script: Path, connections: int, seconds: int, pid: int) -> di
     requests = int(re.search(r"(\d+) requests in", out).group(1))
     if not requests:
         raise RuntimeError(f"no response in {seconds} s at {connections} connections")
-    # Server CPU per request: steadier on a shared machine than req/s, and what the guard adds.
+    # Server CPU per request: what the guard adds, and unlike req/s blind to time the VM's host
+    # takes from it (steal).
     cpu_us = (cpu_seconds(pid) - cpu_before) / requests * 1e6
-    settle(pid)
     return {"rps": rps, "p50_ms": p50, "p99_ms": p99, "cpu_us": cpu_us}
+
+
+def wrk(port: int, script: Path, connections: int, seconds: int, pid: int) -> dict[str, float]:
+    cpu_before = cpu_seconds(pid)
+    result = wrk_result(start_wrk(port, script, connections, seconds), connections, seconds, pid, cpu_before)
+    settle(pid)
+    return result
+
+
+def wrk_pair(a: tuple[int, int], b: tuple[int, int], script: Path, connections: int, seconds: int) \
+        -> tuple[dict[str, float], dict[str, float]]:
+    """Two servers (port, pid) loaded at the same time, each by its own wrk: they share one
+    core, so whatever the machine does to that core in those seconds it does to both."""
+    before = cpu_seconds(a[1]), cpu_seconds(b[1])
+    clients = start_wrk(a[0], script, connections, seconds), start_wrk(b[0], script, connections, seconds)
+    results = (wrk_result(clients[0], connections, seconds, a[1], before[0]),
+               wrk_result(clients[1], connections, seconds, b[1], before[1]))
+    settle(a[1])
+    settle(b[1])
+    return results
+
+
+def stat_ticks() -> tuple[int, int]:
+    """(steal, total) CPU ticks of the machine so far, from /proc/stat: what the host took."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[7], sum(fields[:8])
 
 
 def settle(pid: int, timeout_s: float = 120) -> None:
@@ -255,7 +287,11 @@ def settle(pid: int, timeout_s: float = 120) -> None:
 INSTANCES = ("baseline", "baseline", "guard", "guard")
 
 
-def in_uvicorn(server: Any, seconds: int, repeats: int = 3) -> list[dict[str, Any]]:
+def in_uvicorn(server: Any, seconds: int, repeats: int = 3, paired: bool = False) -> list[dict[str, Any]]:
+    """Per cell: each mode's medians, `ratio` (guard/baseline req/s) and `steal` (the share of
+    the machine's CPU time its host took meanwhile). Alternating: one server at a time, ratio of
+    the medians. Paired: a baseline and a guarded server at once on the one core, ratio the
+    median of the pairs' ratios."""
     rows = []
     servers = [(mode, *start_server(server, mode)) for mode in INSTANCES]
     try:
@@ -267,11 +303,25 @@ def in_uvicorn(server: Any, seconds: int, repeats: int = 3) -> list[dict[str, An
                     for _mode, proc, port in servers:  # warm all, then measure side by side
                         wrk(port, script, connections, server.warmup_s, proc.pid)
                     runs: dict[str, list[dict[str, float]]] = {"baseline": [], "guard": []}
+                    ratios = []
+                    steal_before = stat_ticks()
                     for _ in range(repeats):  # alternate, so drift in the machine hits both alike
-                        for mode, proc, port in servers:
-                            runs[mode].append(wrk(port, script, connections, seconds, proc.pid))
+                        if paired:
+                            (_, b1, pb1), (_, b2, pb2), (_, g1, pg1), (_, g2, pg2) = servers
+                            for b, g in (((pb1, b1.pid), (pg1, g1.pid)), ((pb2, b2.pid), (pg2, g2.pid))):
+                                rb, rg = wrk_pair(b, g, script, connections, seconds)
+                                runs["baseline"].append(rb)
+                                runs["guard"].append(rg)
+                                ratios.append(rg["rps"] / rb["rps"])
+                        else:
+                            for mode, proc, port in servers:
+                                runs[mode].append(wrk(port, script, connections, seconds, proc.pid))
+                    steal_after = stat_ticks()
                     for mode, samples in runs.items():
                         result[mode] = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+                    result["ratio"] = statistics.median(ratios) if paired else \
+                        result["guard"]["rps"] / result["baseline"]["rps"]
+                    result["steal"] = (steal_after[0] - steal_before[0]) / max(1, steal_after[1] - steal_before[1])
                     rows.append(result)
     finally:
         for _mode, proc, _port in servers:
@@ -326,22 +376,25 @@ def main(argv: list[str] | None = None) -> int:
                              "adds the 'vllm' server, vLLM's own")
     parser.add_argument("--vllm-seconds", type=int, default=10,
                         help="wrk duration per measurement of the 'vllm' server (~250 req/s at 1 KB, ~12 at 128 KB)")
+    parser.add_argument("--paired", action="store_true",
+                        help="load a baseline and a guarded server at the same time on the one core, so that "
+                             "time the VM's host steals hits both (default: one at a time, alternating)")
     parser.add_argument("--serve", nargs=3, metavar=("STAND_IN", "MODE", "PORT"), help=argparse.SUPPRESS)
     parser.add_argument("--in-process-only", action="store_true")
     args = parser.parse_args(argv)
     if args.serve:
         serve(args.serve[0], args.serve[1], int(args.serve[2]))
         return 0
-    if not args.in_process_only and shutil.which("wrk") is None:
-        print("wrk is not installed (apt-get install wrk); part 2 needs it, or pass --in-process-only",
-              file=sys.stderr)
-        return 2
     if args.stand_in == "vllm" and not args.vllm_python:
         print("--stand-in vllm needs --vllm-python: the python of an environment with the pinned vLLM "
               "(see benchmarks/vllm_server.py)", file=sys.stderr)
         return 2
     if args.vllm_python and not Path(args.vllm_python).exists():
         print(f"--vllm-python {args.vllm_python}: no such file", file=sys.stderr)
+        return 2
+    if not args.in_process_only and shutil.which("wrk") is None:
+        print("wrk is not installed (apt-get install wrk); part 2 needs it, or pass --in-process-only",
+              file=sys.stderr)
         return 2
     print("1. per request, in process (microseconds added to an app that does nothing)")
     print(f"{'body':>6} {'app alone':>10} {'+ guard':>9} {'+ naive decode/encode':>22}")
@@ -358,16 +411,17 @@ def main(argv: list[str] | None = None) -> int:
             seconds = args.vllm_seconds
         else:
             server, seconds = StandInServer(name), args.seconds
-        print(f"\n2. inside uvicorn, server '{name}', wrk, median of {2 * args.repeats} alternating "
-              f"{seconds} s runs a mode per cell, over two server processes a mode")
+        how = (f"median ratio of {2 * args.repeats} {seconds} s runs of a baseline and a guarded server at once"
+               if args.paired else f"median of {2 * args.repeats} alternating {seconds} s runs a mode per cell")
+        print(f"\n2. inside uvicorn, server '{name}', wrk, {how}, over two server processes a mode")
         print(f"{'body':>6} {'conns':>5} {'req/s base':>10} {'req/s guard':>11} {'ratio':>6} "
-              f"{'p50 ms b/g':>13} {'p99 ms b/g':>15} {'CPU us/req b/g':>15} {'added':>6}")
-        for r in in_uvicorn(server, seconds, args.repeats):
+              f"{'p50 ms b/g':>13} {'p99 ms b/g':>15} {'CPU us/req b/g':>15} {'added':>6} {'steal':>6}")
+        for r in in_uvicorn(server, seconds, args.repeats, args.paired):
             b, g = r["baseline"], r["guard"]
             print(f"{r['size']:>6} {r['connections']:>5} {b['rps']:>10.0f} {g['rps']:>11.0f} "
-                  f"{g['rps'] / b['rps']:>6.3f} {b['p50_ms']:>6.2f}/{g['p50_ms']:<6.2f} "
+                  f"{r['ratio']:>6.3f} {b['p50_ms']:>6.2f}/{g['p50_ms']:<6.2f} "
                   f"{b['p99_ms']:>7.2f}/{g['p99_ms']:<7.2f} {b['cpu_us']:>7.0f}/{g['cpu_us']:<7.0f} "
-                  f"{g['cpu_us'] - b['cpu_us']:>6.1f}", flush=True)
+                  f"{g['cpu_us'] - b['cpu_us']:>6.1f} {r['steal']:>6.0%}", flush=True)
         timed = guard_time_in_server(server, seconds)
         print("   the guard's own checks, timed inside the server at 64 connections (median us/request): " +
               ", ".join(f"{label} {us:.1f}" for label, us in timed.items()), flush=True)

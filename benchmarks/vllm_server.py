@@ -37,8 +37,12 @@ def longest_prompt_deployment(stack: str = STACK) -> tuple[list[str], dict[str, 
     --max-model-len, as the offline plan declares them."""
     from vllm_gke.infra.plan import read_stack_config, run_program
 
+    return longest_prompt_container(run_program(stack, read_stack_config(stack)), stack)
+
+
+def longest_prompt_container(plan: Any, stack: str = STACK) -> tuple[list[str], dict[str, Any]]:
     best: tuple[int, list[str], dict[str, Any]] = (-1, [], {})
-    for resource in run_program(stack, read_stack_config(stack)).of_type("kubernetes:apps/v1:Deployment"):
+    for resource in plan.of_type("kubernetes:apps/v1:Deployment"):
         for container in resource.props["spec"]["template"]["spec"]["containers"]:
             if container["name"] != "vllm":
                 continue
@@ -122,7 +126,7 @@ class VllmServer:
         return argv, env
 
 
-__all__ = ["VllmServer", "bench_guard_config", "longest_prompt_deployment", "server_args"]
+__all__ = ["VllmServer", "bench_guard_config", "longest_prompt_container", "longest_prompt_deployment", "server_args"]
 
 if __name__ == "__main__":
     print(" ".join(VllmServer.prepare(sys.argv[1]).command("guard", 8000)[0]))

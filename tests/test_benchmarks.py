@@ -53,3 +53,67 @@ def test_resources_grow_linearly_in_models_with_every_option():
     per_pair = _count(1, MODELS_PER_TENANT + 3, True) - base
     assert per_pair > 0
     assert _count(1, MODELS_PER_TENANT + 7, True) == base + 3 * per_pair
+
+
+# --- the guard benchmark's `vllm` server: the pinned vLLM run with a stack deployment's own flags ---
+
+from pathlib import Path  # noqa: E402
+
+from benchmarks.vllm_server import MIDDLEWARE, bench_guard_config, longest_prompt_container, server_args  # noqa: E402
+from tests.test_vllm_flags import pinned_version  # noqa: E402
+from vllm_gke.infra.vllm_argv import check_argv, load_snapshot  # noqa: E402
+
+
+def test_the_vllm_server_runs_the_deployment_a_128kb_prompt_goes_to(plans):
+    args, config = longest_prompt_container(plans["prod"])
+    lengths = [int(c["args"][c["args"].index("--max-model-len") + 1])
+               for d in plans["prod"].of_type("kubernetes:apps/v1:Deployment")
+               for c in d.props["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+    assert int(args[args.index("--max-model-len") + 1]) == max(lengths) >= 32768  # ~29k tokens fit
+    assert config["routes"]["/v1/chat/completions"] == {"kind": "chat", "method": "POST"}
+
+
+def test_server_args_keep_the_deployment_flags_and_load_the_guard_as_the_pod_does(plans):
+    args, _ = longest_prompt_container(plans["prod"])
+    guarded = server_args(args, Path("/tmp/model"), 9100, MIDDLEWARE["guard"])
+    baseline = server_args(args, Path("/tmp/model"), 9100, None)
+    assert guarded[0] == baseline[0] == "/tmp/model"
+    # The pod's own --middleware value: the benchmark loads the guard exactly as vLLM does in the pod.
+    assert MIDDLEWARE["guard"] == args[args.index("--middleware") + 1]
+    assert guarded.count("--middleware") == 1 and guarded[guarded.index("--middleware") + 1] == MIDDLEWARE["guard"]
+    assert "--middleware" not in baseline and baseline == guarded[:-2]
+    for flag, value in (("--host", "127.0.0.1"), ("--port", "9100"), ("--tensor-parallel-size", "1")):
+        assert guarded.count(flag) == 1 and guarded[guarded.index(flag) + 1] == value
+    # Everything else as deployed, in order.
+    dropped = {"--host", "--port", "--middleware", "--tensor-parallel-size"}
+    kept = [a for i, a in enumerate(args[1:], 1) if a not in dropped and args[i - 1] not in dropped]
+    assert guarded[1:1 + len(kept)] == kept
+    assert check_argv(guarded, load_snapshot(pinned_version())) == []
+
+
+def test_bench_guard_config_differs_from_the_pod_only_where_nothing_here_is_a_pod(plans):
+    _, config = longest_prompt_container(plans["prod"])
+    assert "globalLimits" in config  # prod shares limits across replicas through Redis
+    bench = bench_guard_config(config)
+    assert "globalLimits" not in bench and bench["trustedPeers"] == ["127.0.0.1"]
+    for issuer, tenant in config["issuers"].items():
+        assert bench["issuers"][issuer] == {**tenant, "requestsPerMinute": 10**9}
+    same = set(config) - {"globalLimits", "trustedPeers", "issuers"}
+    assert same and {k: bench[k] for k in same} == {k: config[k] for k in same}
+
+
+def test_the_vllm_frontend_requirements_are_for_the_pinned_release():
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"vllm-{pinned_version()}-frontend.txt"
+    lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+    assert "torch==2.14.0" in lines and not any(line.startswith("flashinfer") for line in lines)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--stand-in", "vllm"], "--stand-in vllm needs --vllm-python"),
+    (["--vllm-python", "/nonexistent/bin/python"], "--vllm-python /nonexistent/bin/python: no such file"),
+])
+def test_the_guard_benchmark_refuses_a_vllm_server_it_cannot_start(argv, message, capsys):
+    from benchmarks.guard_overhead import main
+
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,134 @@
+"""The guard inside the real vLLM, started as the pod starts it.
+
+The container's entrypoint (images/serve.py) runs the pinned vLLM's own `vllm serve` with the
+prod stack's flags for its longest-prompt pool, `--middleware vllm_gke_guard.GuardMiddleware`
+included; only the GPU engine core is a stand-in that answers at once
+(benchmarks/vllm_fake_engine.py). Needs an environment with the pinned vLLM
+(benchmarks/vllm_server.py says how): VLLM_PYTHON=/path/to/its/python. Skipped without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from benchmarks.vllm_server import MIDDLEWARE, REPO, bench_guard_config, longest_prompt_container, server_args
+
+VLLM_PYTHON = os.environ.get("VLLM_PYTHON", "")
+pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="VLLM_PYTHON (a python with the pinned vllm) is not set")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def pod(plans, tmp_path_factory):
+    """serve.py running vLLM behind the guard: (base URL, served model, issuer, cap, marker)."""
+    tmp = tmp_path_factory.mktemp("vllm")
+    model_dir = tmp / "model"
+    subprocess.run([VLLM_PYTHON, "-m", "benchmarks.vllm_fake_engine", "make-model", str(model_dir)], cwd=REPO,
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args, config = longest_prompt_container(plans["prod"])
+    guard_config = bench_guard_config(config)  # no sidecar here: the local client stands in for Envoy
+    port = _free_port()
+    marker = tmp / "warm"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "images"), str(REPO)]),
+               GKE_LLM_GUARD_CONFIG=json.dumps(guard_config), GKE_LLM_WARM_MARKER=str(marker),
+               GKE_LLM_WARMUP_PAUSE_SECONDS="1",
+               GKE_LLM_SERVER_COMMAND=f"{VLLM_PYTHON} -m benchmarks.vllm_fake_engine serve")
+    log = open(tmp / "server.log", "wb")
+    proc = subprocess.Popen([sys.executable, str(REPO / "images" / "serve.py"),
+                             *server_args(args, model_dir, port, MIDDLEWARE["guard"])],
+                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(1)
+    issuer, tenant = next(iter(guard_config["issuers"].items()))
+    served = args[args.index("--served-model-name") + 1]
+    try:
+        yield {"base": f"http://127.0.0.1:{port}", "model": served, "issuer": issuer, "cap": tenant["maxTokens"],
+               "marker": marker, "proc": proc, "log": tmp / "server.log"}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def call(pod: dict[str, Any], path: str, body: Optional[dict[str, Any]] = None, issuer: bool = True,
+         method: str = "POST") -> tuple[int, dict[str, Any]]:
+    headers = {"content-type": "application/json"}
+    if issuer:
+        headers["x-vllm-gke-issuer"] = pod["issuer"]
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(pod["base"] + path, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def chat(pod: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"model": pod["model"], "messages": [{"role": "user", "content": "Hello there"}], **fields}
+
+
+def test_the_pod_warms_up_through_the_guard(pod):
+    # serve.py marks the replica warm only once a warm-up request (which carries its own token,
+    # not a tenant's) was served: the guard let it through and vLLM answered.
+    assert pod["marker"].exists(), pod["log"].read_text()[-3000:]
+    assert pod["proc"].poll() is None
+
+
+def test_a_tenant_request_within_the_cap_is_served(pod):
+    status, body = call(pod, "/v1/chat/completions", chat(pod, max_completion_tokens=256))
+    assert status == 200, body
+    assert body["choices"][0]["message"]["role"] == "assistant" and body["usage"]["completion_tokens"] > 0
+
+
+def test_a_request_without_a_bound_is_served_with_the_cap_added(pod):
+    status, body = call(pod, "/v1/chat/completions", chat(pod))
+    assert status == 200, body
+
+
+def test_over_the_cap_is_refused_in_openai_format(pod):
+    status, body = call(pod, "/v1/chat/completions", chat(pod, max_completion_tokens=pod["cap"] + 1))
+    assert status == 400
+    assert body["error"]["code"] == "max_tokens_exceeded" and body["error"]["type"] == "invalid_request_error"
+    status, body = call(pod, "/v1/completions", {"model": pod["model"], "prompt": ["a", "b"],
+                                                 "max_tokens": pod["cap"] // 2 + 1})
+    assert status == 400 and body["error"]["code"] == "max_tokens_exceeded"
+
+
+def test_no_issuer_no_service(pod):
+    status, body = call(pod, "/v1/chat/completions", chat(pod, max_completion_tokens=8), issuer=False)
+    assert status == 403 and body["error"]["type"] == "permission_error"
+
+
+def test_a_vllm_route_the_guard_does_not_know_is_refused(pod):
+    # The pinned vLLM serves these; the guard's routes do not list them: deny by default.
+    for path in ("/v1/chat/completions/render", "/inference/v1/generate", "/scale_elastic_ep"):
+        status, body = call(pod, path, {"model": pod["model"]})
+        assert status == 404 and body["error"]["code"] == "not_found", path
+
+
+def test_the_model_list_and_health_pass(pod):
+    status, body = call(pod, "/v1/models", method="GET")
+    assert status == 200 and [m["id"] for m in body["data"]] == [pod["model"]]
+    with urllib.request.urlopen(pod["base"] + "/health", timeout=10) as resp:
+        assert resp.status == 200
