@@ -22,7 +22,9 @@ Ratios are guarded/baseline from the same run; absolute numbers depend on the ma
 import argparse
 import asyncio
 import json
+import math
 import os
+import random
 import re
 import shutil
 import socket
@@ -250,19 +252,6 @@ def wrk(port: int, script: Path, connections: int, seconds: int, pid: int) -> di
     return result
 
 
-def wrk_pair(a: tuple[int, int], b: tuple[int, int], script: Path, connections: int, seconds: int) \
-        -> tuple[dict[str, float], dict[str, float]]:
-    """Two servers (port, pid) loaded at the same time, each by its own wrk: they share one
-    core, so whatever the machine does to that core in those seconds it does to both."""
-    before = cpu_seconds(a[1]), cpu_seconds(b[1])
-    clients = start_wrk(a[0], script, connections, seconds), start_wrk(b[0], script, connections, seconds)
-    results = (wrk_result(clients[0], connections, seconds, a[1], before[0]),
-               wrk_result(clients[1], connections, seconds, b[1], before[1]))
-    settle(a[1])
-    settle(b[1])
-    return results
-
-
 def stat_ticks() -> tuple[int, int]:
     """(steal, total) CPU ticks of the machine so far, from /proc/stat: what the host took."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -287,11 +276,9 @@ def settle(pid: int, timeout_s: float = 120) -> None:
 INSTANCES = ("baseline", "baseline", "guard", "guard")
 
 
-def in_uvicorn(server: Any, seconds: int, repeats: int = 3, paired: bool = False) -> list[dict[str, Any]]:
-    """Per cell: each mode's medians, `ratio` (guard/baseline req/s) and `steal` (the share of
-    the machine's CPU time its host took meanwhile). Alternating: one server at a time, ratio of
-    the medians. Paired: a baseline and a guarded server at once on the one core, ratio the
-    median of the pairs' ratios."""
+def in_uvicorn(server: Any, seconds: int, repeats: int = 3) -> list[dict[str, Any]]:
+    """Per cell: each mode's medians, `ratio` (guard/baseline median req/s), `runs` (each mode's
+    req/s of every run) and `steal` (the share of the machine's CPU time its host took meanwhile)."""
     rows = []
     servers = [(mode, *start_server(server, mode)) for mode in INSTANCES]
     try:
@@ -303,30 +290,37 @@ def in_uvicorn(server: Any, seconds: int, repeats: int = 3, paired: bool = False
                     for _mode, proc, port in servers:  # warm all, then measure side by side
                         wrk(port, script, connections, server.warmup_s, proc.pid)
                     runs: dict[str, list[dict[str, float]]] = {"baseline": [], "guard": []}
-                    ratios = []
                     steal_before = stat_ticks()
                     for _ in range(repeats):  # alternate, so drift in the machine hits both alike
-                        if paired:
-                            (_, b1, pb1), (_, b2, pb2), (_, g1, pg1), (_, g2, pg2) = servers
-                            for b, g in (((pb1, b1.pid), (pg1, g1.pid)), ((pb2, b2.pid), (pg2, g2.pid))):
-                                rb, rg = wrk_pair(b, g, script, connections, seconds)
-                                runs["baseline"].append(rb)
-                                runs["guard"].append(rg)
-                                ratios.append(rg["rps"] / rb["rps"])
-                        else:
-                            for mode, proc, port in servers:
-                                runs[mode].append(wrk(port, script, connections, seconds, proc.pid))
+                        for mode, proc, port in servers:
+                            runs[mode].append(wrk(port, script, connections, seconds, proc.pid))
                     steal_after = stat_ticks()
                     for mode, samples in runs.items():
                         result[mode] = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
-                    result["ratio"] = statistics.median(ratios) if paired else \
-                        result["guard"]["rps"] / result["baseline"]["rps"]
+                    result["ratio"] = result["guard"]["rps"] / result["baseline"]["rps"]
+                    result["runs"] = {mode: [r["rps"] for r in samples] for mode, samples in runs.items()}
                     result["steal"] = (steal_after[0] - steal_before[0]) / max(1, steal_after[1] - steal_before[1])
                     rows.append(result)
     finally:
         for _mode, proc, _port in servers:
             stop(proc)
     return rows
+
+
+def pooled_ratio(rows: list[dict[str, Any]], resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Guarded/baseline req/s over all cells of a server: the geometric mean of the cells'
+    ratios of medians, and a 95% interval from resampling each cell's runs (a bootstrap). One
+    cell's runs scatter more than the guard's effect on a busy VM; the cells together say more."""
+    rng = random.Random(seed)
+
+    def estimate(pick: Callable[[list[float]], list[float]]) -> float:
+        logs = [math.log(statistics.median(pick(r["runs"]["guard"])) / statistics.median(pick(r["runs"]["baseline"])))
+                for r in rows]
+        return math.exp(statistics.fmean(logs))
+
+    point = estimate(lambda xs: xs)
+    boot = sorted(estimate(lambda xs: rng.choices(xs, k=len(xs))) for _ in range(resamples))
+    return point, boot[int(0.025 * resamples)], boot[int(0.975 * resamples) - 1]
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -376,9 +370,6 @@ def main(argv: list[str] | None = None) -> int:
                              "adds the 'vllm' server, vLLM's own")
     parser.add_argument("--vllm-seconds", type=int, default=10,
                         help="wrk duration per measurement of the 'vllm' server (~250 req/s at 1 KB, ~12 at 128 KB)")
-    parser.add_argument("--paired", action="store_true",
-                        help="load a baseline and a guarded server at the same time on the one core, so that "
-                             "time the VM's host steals hits both (default: one at a time, alternating)")
     parser.add_argument("--serve", nargs=3, metavar=("STAND_IN", "MODE", "PORT"), help=argparse.SUPPRESS)
     parser.add_argument("--in-process-only", action="store_true")
     args = parser.parse_args(argv)
@@ -411,17 +402,19 @@ def main(argv: list[str] | None = None) -> int:
             seconds = args.vllm_seconds
         else:
             server, seconds = StandInServer(name), args.seconds
-        how = (f"median ratio of {2 * args.repeats} {seconds} s runs of a baseline and a guarded server at once"
-               if args.paired else f"median of {2 * args.repeats} alternating {seconds} s runs a mode per cell")
-        print(f"\n2. inside uvicorn, server '{name}', wrk, {how}, over two server processes a mode")
+        print(f"\n2. inside uvicorn, server '{name}', wrk, median of {2 * args.repeats} alternating "
+              f"{seconds} s runs a mode per cell, over two server processes a mode")
         print(f"{'body':>6} {'conns':>5} {'req/s base':>10} {'req/s guard':>11} {'ratio':>6} "
               f"{'p50 ms b/g':>13} {'p99 ms b/g':>15} {'CPU us/req b/g':>15} {'added':>6} {'steal':>6}")
-        for r in in_uvicorn(server, seconds, args.repeats, args.paired):
+        rows = in_uvicorn(server, seconds, args.repeats)
+        for r in rows:
             b, g = r["baseline"], r["guard"]
             print(f"{r['size']:>6} {r['connections']:>5} {b['rps']:>10.0f} {g['rps']:>11.0f} "
                   f"{r['ratio']:>6.3f} {b['p50_ms']:>6.2f}/{g['p50_ms']:<6.2f} "
                   f"{b['p99_ms']:>7.2f}/{g['p99_ms']:<7.2f} {b['cpu_us']:>7.0f}/{g['cpu_us']:<7.0f} "
                   f"{g['cpu_us'] - b['cpu_us']:>6.1f} {r['steal']:>6.0%}", flush=True)
+        point, low, high = pooled_ratio(rows)
+        print(f"   guarded/baseline req/s over all {len(rows)} cells: {point:.3f} (95% interval {low:.3f}-{high:.3f})")
         timed = guard_time_in_server(server, seconds)
         print("   the guard's own checks, timed inside the server at 64 connections (median us/request): " +
               ", ".join(f"{label} {us:.1f}" for label, us in timed.items()), flush=True)

@@ -117,3 +117,28 @@ def test_the_guard_benchmark_refuses_a_vllm_server_it_cannot_start(argv, message
 
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def _cells(baseline: list[list[float]], guard: list[list[float]]) -> list[dict]:
+    return [{"runs": {"baseline": b, "guard": g}} for b, g in zip(baseline, guard)]
+
+
+def test_pooled_ratio_of_the_guard_benchmark():
+    from benchmarks.guard_overhead import pooled_ratio
+
+    same = [[100.0, 100.0, 100.0], [10.0, 10.0]]
+    assert pooled_ratio(_cells(same, same)) == (1.0, 1.0, 1.0)
+    # The same scatter in both modes: the point is 1, the interval around it (runs resampled per mode).
+    scattered = [[100.0, 104.0, 96.0], [10.0, 11.0, 9.0]]
+    point, low, high = pooled_ratio(_cells(scattered, scattered))
+    assert point == 1.0 and low < 1.0 < high
+    halved = _cells([[100.0, 100.0], [8.0, 8.0]], [[50.0, 50.0], [4.0, 4.0]])
+    assert pooled_ratio(halved) == pytest.approx((0.5, 0.5, 0.5))
+    # Geometric mean of the cells' ratios of medians: 0.9 and 1/0.9 pool to 1.
+    assert pooled_ratio(_cells([[100.0], [90.0]], [[90.0], [100.0]]))[0] == pytest.approx(1.0)
+    tight = _cells([[100.0, 101.0, 99.0, 100.0]] * 3, [[97.0, 98.0, 96.0, 97.0]] * 3)
+    loose = _cells([[100.0, 120.0, 80.0, 100.0]] * 3, [[97.0, 117.0, 77.0, 97.0]] * 3)
+    for cells in (tight, loose):
+        point, low, high = pooled_ratio(cells)
+        assert low <= point <= high and pooled_ratio(cells) == (point, low, high)  # seeded: the same each time
+    assert (pooled_ratio(loose)[2] - pooled_ratio(loose)[1]) > 3 * (pooled_ratio(tight)[2] - pooled_ratio(tight)[1])
