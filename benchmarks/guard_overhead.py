@@ -2,20 +2,25 @@
 
     .venv/bin/pip install -e '.[bench]'            # uvicorn[standard] (uvloop, httptools)
     .venv/bin/python -m benchmarks.guard_overhead  # needs wrk (apt-get install wrk) for part 2
+    ... --vllm-python .vllm/bin/python             # also vLLM's own server (benchmarks/vllm_server.py)
 
 1. In process: microseconds per request for an ASGI app alone, behind the guard, and behind a
    naive guard that decodes and re-encodes the whole body (what the guard used to do), for a
    1 KB and a 128 KB chat request that is within the tenant's cap (the common case: nothing to
    rewrite).
 2. Inside uvicorn (uvloop + httptools, as vLLM runs): requests/s, p50 and p99 from wrk at 1, 64
-   and 512 connections, baseline against guarded, both sizes, for two stand-ins of vLLM's HTTP
-   layer up to the engine (benchmarks/vllm_stand_in.py): `vllm-like`, what vLLM's build_app puts
-   in front of the engine on every chat request, and `bare`, one FastAPI route and nothing else
-   (the guard's largest possible share). The guard is loaded as vLLM's --middleware loads it:
-   `app.add_middleware(GuardMiddleware)`, its config from GKE_LLM_GUARD_CONFIG. Each mode runs
-   in two server processes, alternated; server CPU per request comes from /proc. Then the
-   guard's own checks, timed by the guard inside a loaded server: part 1's figure with the
-   server's other work around it, the guard's code and data out of the CPU's caches.
+   and 512 connections, baseline against guarded, both sizes, for each server:
+   `vllm` (with --vllm-python), the pinned vLLM's own `vllm serve` with a stack deployment's
+   flags and guard config, its GPU engine core answering at once (benchmarks/vllm_server.py);
+   and two stand-ins of vLLM's HTTP layer only (benchmarks/vllm_stand_in.py): `vllm-like`, what
+   vLLM's build_app puts in front of the engine on every chat request, and `bare`, one FastAPI
+   route (the guard's largest possible share). The guard is loaded as vLLM's --middleware loads
+   it (`app.add_middleware(GuardMiddleware)`, its config from GKE_LLM_GUARD_CONFIG). Each mode
+   runs in two server processes, alternated; server CPU per request comes from /proc, and the
+   share of CPU time the VM's host stole meanwhile from /proc/stat. Per server, the ratios of
+   all cells pooled, with a bootstrap interval. Then the guard's own checks, timed by the guard
+   inside a loaded server: part 1's figure with the server's other work around it, the guard's
+   code and data out of the CPU's caches.
 Ratios are guarded/baseline from the same run; absolute numbers depend on the machine.
 """
 
