@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 import pytest
 
+from benchmarks.guard_overhead import stop
 from benchmarks.vllm_server import MIDDLEWARE, REPO, bench_guard_config, longest_prompt_container, server_args
 
 VLLM_PYTHON = os.environ.get("VLLM_PYTHON", "")
@@ -62,11 +63,7 @@ def pod(plans, tmp_path_factory):
         yield {"base": f"http://127.0.0.1:{port}", "model": served, "issuer": issuer, "cap": tenant["maxTokens"],
                "marker": marker, "proc": proc, "log": tmp / "server.log"}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         log.close()
 
 
