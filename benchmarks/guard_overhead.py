@@ -223,18 +223,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_wrk(port: int, script: Path, connections: int, seconds: int) -> subprocess.Popen:
+def wrk(port: int, script: Path, connections: int, seconds: int, pid: int) -> dict[str, float]:
+    cpu_before = cpu_seconds(pid)
     # A long timeout: a server taking ~80 ms a 128 KB request keeps 512 clients waiting ~40 s.
-    return subprocess.Popen([*pin(0), "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "120s",
-                             "--latency", "-s", str(script), f"http://127.0.0.1:{port}{PATH}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wrk_result(client: subprocess.Popen, connections: int, seconds: int, pid: int, cpu_before: float) \
-        -> dict[str, float]:
-    out, err = client.communicate()
-    if client.returncode:
-        raise RuntimeError(f"wrk failed: {err.strip()}")
+    out = subprocess.run([*pin(0), "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "120s",
+                          "--latency", "-s", str(script), f"http://127.0.0.1:{port}{PATH}"],
+                         capture_output=True, text=True, check=True).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))
     p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))
@@ -247,14 +241,8 @@ def wrk_result(client: subprocess.Popen, connections: int, seconds: int, pid: in
     # Server CPU per request: what the guard adds, and unlike req/s blind to time the VM's host
     # takes from it (steal).
     cpu_us = (cpu_seconds(pid) - cpu_before) / requests * 1e6
-    return {"rps": rps, "p50_ms": p50, "p99_ms": p99, "cpu_us": cpu_us}
-
-
-def wrk(port: int, script: Path, connections: int, seconds: int, pid: int) -> dict[str, float]:
-    cpu_before = cpu_seconds(pid)
-    result = wrk_result(start_wrk(port, script, connections, seconds), connections, seconds, pid, cpu_before)
     settle(pid)
-    return result
+    return {"rps": rps, "p50_ms": p50, "p99_ms": p99, "cpu_us": cpu_us}
 
 
 def stat_ticks() -> tuple[int, int]:
@@ -366,7 +354,7 @@ def guard_time_in_server(server: Any, seconds: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=2, help="wrk duration per measurement")
-    parser.add_argument("--repeats", type=int, default=4,
+    parser.add_argument("--repeats", type=int, default=3,
                         help="rounds per cell, each over all four servers (two a mode); the median of each mode")
     parser.add_argument("--stand-in", choices=[*STAND_INS, "vllm", "all"], default="all",
                         help="which server part 2 measures ('all': every one available)")
