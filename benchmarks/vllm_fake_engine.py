@@ -94,9 +94,10 @@ class InstantEngineCore:
     the real client's ZMQ sockets."""
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any):
-        from vllm.v1.engine import EngineCoreOutputs
+        from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
         from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
+        self.output, self.outputs_of, self.stop = EngineCoreOutput, EngineCoreOutputs, FinishReason.STOP
         self.vllm_config = vllm_config
         self.outputs: asyncio.Queue = asyncio.Queue()
         self.encoder = MsgpackEncoder()
@@ -106,13 +107,11 @@ class InstantEngineCore:
         self.resources = types.SimpleNamespace(engine_dead=False, output_queue_task=None)
 
     async def add_request_async(self, request: Any) -> None:
-        from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
-
         self.encoder.encode(request)
         prompt = request.prompt_token_ids or [0]
-        out = EngineCoreOutputs(outputs=[EngineCoreOutput(
+        out = self.outputs_of(outputs=[self.output(
             request_id=request.request_id, new_token_ids=[prompt[i % len(prompt)] for i in range(GENERATED)],
-            finish_reason=FinishReason.STOP)])
+            finish_reason=self.stop)])
         self.outputs.put_nowait(self.decoder.decode(self.encoder.encode(out)))
 
     async def get_output_async(self) -> Any:
@@ -121,14 +120,8 @@ class InstantEngineCore:
     async def get_supported_tasks_async(self) -> tuple[str, ...]:
         return ("generate",)
 
-    async def abort_requests_async(self, request_ids: Any) -> None:
-        return None
-
     async def is_sleeping_async(self) -> bool:
         return False
-
-    async def reset_mm_cache_async(self) -> None:
-        return None
 
     async def reset_prefix_cache_async(self, *args: Any, **kwargs: Any) -> bool:
         return True
@@ -140,7 +133,7 @@ class InstantEngineCore:
         return None
 
     def __getattr__(self, name: str) -> Any:
-        if name.endswith("_async"):
+        if name.endswith("_async"):  # everything else AsyncLLM may ask of its engine: done, nothing to say
             async def nothing(*args: Any, **kwargs: Any) -> None:
                 return None
             return nothing
