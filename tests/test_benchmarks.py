@@ -1,12 +1,18 @@
-"""The scaling benchmark's generated stacks are valid, and what they declare grows linearly."""
+"""The scaling benchmark's generated stacks are valid, and what they declare grows linearly; the guard
+benchmark runs vLLM with a stack deployment's own flags and pools its cells soundly."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from benchmarks.plan_scaling import MODEL_GRID, MODELS_PER_TENANT, TENANT_GRID, scaled_config
+from benchmarks.vllm_server import MIDDLEWARE, bench_guard_config, longest_prompt_container, server_args
+from tests.test_vllm_flags import pinned_version
 from vllm_gke.infra.config import parse
 from vllm_gke.infra.plan import run_program
+from vllm_gke.infra.vllm_argv import check_argv, load_snapshot
 
 
 @pytest.mark.parametrize("tenants,models", [(max(TENANT_GRID), 1), (1, max(MODEL_GRID)), (10, 5)])
@@ -56,12 +62,6 @@ def test_resources_grow_linearly_in_models_with_every_option():
 
 
 # --- the guard benchmark's `vllm` server: the pinned vLLM run with a stack deployment's own flags ---
-
-from pathlib import Path  # noqa: E402
-
-from benchmarks.vllm_server import MIDDLEWARE, bench_guard_config, longest_prompt_container, server_args  # noqa: E402
-from tests.test_vllm_flags import pinned_version  # noqa: E402
-from vllm_gke.infra.vllm_argv import check_argv, load_snapshot  # noqa: E402
 
 
 def test_the_vllm_server_runs_the_deployment_a_128kb_prompt_goes_to(plans):
