@@ -14,11 +14,14 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "images"))
+from serve import flag  # noqa: E402  (the container entrypoint's reading of a vllm serve argv)
+
 # The deployment whose flags and guard config the server runs with: the prod stack's pool that
 # takes the longest prompts (--max-model-len 32768), where a 128 KB prompt (~29k tokens) goes.
 STACK = "prod"
@@ -26,10 +29,6 @@ STACK = "prod"
 # one process (no tensor parallelism); the client is the local wrk, not Envoy; tenants are not
 # throttled; no store across replicas (its round trip is not the guard's CPU).
 SINGLE_PROCESS = {"--tensor-parallel-size": "1"}
-
-
-def _flag_value(args: list[str], name: str) -> str:
-    return args[args.index(name) + 1] if name in args else ""
 
 
 def longest_prompt_deployment(stack: str = STACK) -> tuple[list[str], dict[str, Any]]:
@@ -48,7 +47,7 @@ def longest_prompt_container(plan: Any, stack: str = STACK) -> tuple[list[str], 
                 continue
             args = list(container["args"])
             env = {e["name"]: e.get("value") for e in container.get("env", [])}
-            length = int(_flag_value(args, "--max-model-len") or 0)
+            length = int(flag(args, "--max-model-len", "0"))
             if length > best[0]:
                 best = (length, args, json.loads(env.get("GKE_LLM_GUARD_CONFIG") or "{}"))
     if best[0] < 0:
@@ -98,7 +97,6 @@ class VllmServer:
     name: str = "vllm"
     startup_s: float = 600
     warmup_s: int = 5  # its first requests are slow (templates compiled, caches filled)
-    env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def prepare(cls, python: str, stack: str = STACK) -> "VllmServer":
@@ -110,14 +108,14 @@ class VllmServer:
 
     @property
     def model(self) -> str:
-        return _flag_value(self.args, "--served-model-name") or str(self.model_dir)
+        return flag(self.args, "--served-model-name", str(self.model_dir))
 
     @property
     def issuer(self) -> str:
         return next(iter(self.guard_config["issuers"]))
 
     def command(self, mode: str, port: int) -> tuple[list[str], dict[str, str]]:
-        env = dict(os.environ, **self.env)
+        env = dict(os.environ)
         # The image installs the guard beside vLLM; here it is imported from images/.
         env["PYTHONPATH"] = os.pathsep.join([str(REPO / "images"), str(REPO)])
         env["GKE_LLM_GUARD_CONFIG"] = json.dumps(self.guard_config)

@@ -23,7 +23,7 @@ from typing import Any, Optional
 import pytest
 
 from benchmarks.guard_overhead import stop
-from benchmarks.vllm_server import MIDDLEWARE, REPO, bench_guard_config, longest_prompt_container, server_args
+from benchmarks.vllm_server import MIDDLEWARE, REPO, bench_guard_config, flag, longest_prompt_container, server_args
 
 VLLM_PYTHON = os.environ.get("VLLM_PYTHON", "")
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="VLLM_PYTHON (a python with the pinned vllm) is not set")
@@ -58,7 +58,7 @@ def pod(plans, tmp_path_factory):
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(1)
     issuer, tenant = next(iter(guard_config["issuers"].items()))
-    served = args[args.index("--served-model-name") + 1]
+    served = flag(args, "--served-model-name", "")
     try:
         yield {"base": f"http://127.0.0.1:{port}", "model": served, "issuer": issuer, "cap": tenant["maxTokens"],
                "marker": marker, "proc": proc, "log": tmp / "server.log"}
