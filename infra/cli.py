@@ -17,7 +17,7 @@ from rich.table import Table
 from vllm_gke.infra.config import ConfigError
 from vllm_gke.infra.crd_validation import CRD_DIR_ENV, DEFAULT_CRD_DIR
 from vllm_gke.infra.manifests import (
-    UNHELD_CRDS, catalog_or_none, describe, is_builtin, unchecked_kinds, validate, validate_alert_policy,
+    catalog_or_none, describe, is_builtin, validate, validate_alert_policy,
     validate_dashboard,
 )
 from vllm_gke.infra.plan import STACKS_DIR, Plan, run_plan
@@ -146,10 +146,6 @@ def plan(
                 console.print(f"  - {what}: {err}", highlight=False)
     else:
         console.print(f"[green]all {n_docs} Kubernetes manifests pass schema validation[/]")
-    if catalog is not None:
-        for (api_version, kind), n in sorted(unchecked_kinds(docs, catalog).items()):
-            console.print(f"[yellow]{n} {kind} ({api_version}) not checked: the CRD folder lacks it; upstream: "
-                          f"{UNHELD_CRDS[(api_version, kind)]} (add it there, or pass --crds)[/]", highlight=False)
     if catalog is None:
         custom = sum(not is_builtin(d) for d in docs)
         console.print(f"[yellow]{custom} custom resources not checked: no upstream CRDs at {crds or DEFAULT_CRD_DIR} "

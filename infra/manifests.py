@@ -35,33 +35,6 @@ def is_builtin(doc: dict[str, Any]) -> bool:
     return "." not in group or group.endswith(".k8s.io")
 
 
-# Kinds the platform emits whose CRDs ../shared/upstream-crds does not hold, with where upstream
-# publishes them. They are reported as unchecked, never passed silently; the tests fail once the
-# folder gains one of them, so it is then validated like every other kind.
-UNHELD_CRDS: dict[tuple[str, str], str] = {
-    ("inference.networking.k8s.io/v1", "InferencePool"):
-        "kubernetes-sigs/gateway-api-inference-extension v1.2.0 config/crd/bases/inference.networking.k8s.io_inferencepools.yaml",
-    ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective"):
-        "kubernetes-sigs/gateway-api-inference-extension v1.2.0 config/crd/bases/inference.networking.x-k8s.io_inferenceobjectives.yaml",
-    ("keda.sh/v1alpha1", "ScaledObject"): "kedacore/keda v2.20.2 config/crd/bases/keda.sh_scaledobjects.yaml",
-    ("keda.sh/v1alpha1", "ClusterTriggerAuthentication"):
-        "kedacore/keda v2.20.2 config/crd/bases/keda.sh_clustertriggerauthentications.yaml",
-    # GKE installs it and publishes no CRD source; the schema as dumped from a GKE cluster:
-    ("datalayer.gke.io/v1", "GCPDataSource"): "datreeio/CRDs-catalog datalayer.gke.io/gcpdatasource_v1.json",
-}
-
-
-def unchecked_kinds(docs: list[dict[str, Any]], catalog: Optional[CrdCatalog]) -> dict[tuple[str, str], int]:
-    """Custom kinds among `docs` that no held CRD validates (the UNHELD_CRDS ones), with counts."""
-    held = catalog.kinds() if catalog else set()
-    out: dict[tuple[str, str], int] = {}
-    for d in docs:
-        key = (d.get("apiVersion", ""), d.get("kind", ""))
-        if not is_builtin(d) and key not in held and key in UNHELD_CRDS:
-            out[key] = out.get(key, 0) + 1
-    return out
-
-
 def catalog_or_none(directory: Optional[Path] = None) -> Optional[CrdCatalog]:
     path = directory or crd_dir()
     return load_catalog(path) if path else None
@@ -69,14 +42,12 @@ def catalog_or_none(directory: Optional[Path] = None) -> Optional[CrdCatalog]:
 
 def validate(doc: dict[str, Any], catalog: Optional[CrdCatalog] = None) -> list[str]:
     """Problems with one manifest; empty when it is valid. Custom resources need a catalog
-    of upstream CRDs: without one they are not checked here (see `unchecked_kinds`)."""
+    of upstream CRDs: without one they are not checked here (the plan says so)."""
     api_version, kind = doc.get("apiVersion", ""), doc.get("kind", "")
     if not is_builtin(doc):
         if catalog is None:
             return []
         errors = validate_custom_resource(doc, catalog)
-        if errors is None and (api_version, kind) in UNHELD_CRDS:
-            return []  # reported by unchecked_kinds
         if errors is None:
             return [f"no upstream CRD for {api_version} {kind} in the CRD folder: add it there"]
         return errors

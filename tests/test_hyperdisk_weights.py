@@ -18,7 +18,7 @@ from vllm_gke.components.model_store import WeightCopy
 from vllm_gke.infra.advice import hyperdisk_disks, plan_warnings
 from vllm_gke.infra.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds
 from vllm_gke.infra.config import ConfigError, parse
-from vllm_gke.infra.manifests import catalog_or_none, unchecked_kinds, validate
+from vllm_gke.infra.manifests import catalog_or_none, validate
 from vllm_gke.infra.mocks import MOCK_PROJECT_NUMBER
 from vllm_gke.infra.plan import read_stack_config, run_program
 from vllm_gke.infra.program import required_apis
@@ -241,14 +241,18 @@ def test_weight_set_names_are_valid_and_sizes_hold_the_data():
     assert transfer_cpu_request(44) == "24" and transfer_cpu_request(22) == "20"
 
 
-def test_manifests_validate_and_the_data_source_is_reported_unchecked(plan):
+def test_manifests_validate_the_data_source_included(plan):
+    KINDS = ("StorageClass", "PersistentVolumeClaim", "ComputeClass", "GCPDataSource")
     catalog = catalog_or_none()
     docs = plan.manifests()
     assert {(d["kind"], d["metadata"]["name"]): validate(d, catalog) for d in docs
-            if d["kind"] in ("StorageClass", "PersistentVolumeClaim", "ComputeClass")} == \
-        {k: [] for k in {(d["kind"], d["metadata"]["name"]) for d in docs
-                         if d["kind"] in ("StorageClass", "PersistentVolumeClaim", "ComputeClass")}}
-    assert unchecked_kinds(docs, catalog)[("datalayer.gke.io/v1", "GCPDataSource")] == 2
+            if d["kind"] in KINDS} == {k: [] for k in {(d["kind"], d["metadata"]["name"]) for d in docs
+                                                       if d["kind"] in KINDS}}
+    sources = [d for d in docs if d["kind"] == "GCPDataSource"]
+    assert len(sources) == 2
+    bad = copy.deepcopy(sources[0])
+    bad["spec"]["cloudStorage"]["notAField"] = 1
+    assert validate(bad, catalog)
 
 
 def test_cold_start_reads_at_the_provisioned_throughput():

@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from vllm_gke.infra.crd_validation import apply_defaults, eval_rule, unknown_fields
-from vllm_gke.infra.manifests import UNHELD_CRDS, is_builtin, unchecked_kinds, validate
+from vllm_gke.infra.manifests import is_builtin, validate
 from tests.conftest import STACKS, manifests_of
 
 
@@ -22,23 +22,20 @@ def test_every_manifest_validates(plans, crd_catalog, stack):
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_custom_kind_has_an_upstream_crd(plans, crd_catalog, stack):
-    """Each custom kind validates against a held CRD, or is one of the listed few the folder lacks
-    (reported as unchecked by the plan, never passed silently)."""
+    """Every custom kind a stack emits is validated against a CRD the folder holds: none is
+    left unchecked (the Inference Gateway, KEDA and Volume Populator kinds included)."""
     custom = {(d["apiVersion"], d["kind"]) for d in plans[stack].manifests() if not is_builtin(d)}
-    assert custom and custom <= crd_catalog.kinds() | set(UNHELD_CRDS)
+    assert custom and custom <= crd_catalog.kinds()
 
 
-def test_unheld_crds_are_really_missing_from_the_crd_folder(crd_catalog):
-    """Once the folder gains one of them, drop it from UNHELD_CRDS so it is validated."""
-    assert not set(UNHELD_CRDS) & crd_catalog.kinds()
-
-
-def test_unheld_kinds_are_reported_unchecked_not_passed(plans, crd_catalog):
+def test_inference_keda_and_populator_kinds_are_validated_not_passed(plans, crd_catalog):
+    """The kinds once listed as unheld are checked against their upstream CRDs: a bad field fails."""
     docs = plans["staging"].manifests()
-    assert unchecked_kinds(docs, crd_catalog) == {("inference.networking.k8s.io/v1", "InferencePool"): 1,
-                                                  ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective"): 2,
-                                                  ("keda.sh/v1alpha1", "ScaledObject"): 1,
-                                                  ("keda.sh/v1alpha1", "ClusterTriggerAuthentication"): 1}
+    for kind in ("InferencePool", "InferenceObjective", "ScaledObject", "ClusterTriggerAuthentication"):
+        doc = copy.deepcopy(next(d for d in docs if d["kind"] == kind))
+        assert validate(doc, crd_catalog) == [], kind
+        doc["spec"]["notAField"] = 1
+        assert any("notAField" in e for e in validate(doc, crd_catalog)), kind
     assert validate({"apiVersion": "inference.networking.k8s.io/v2", "kind": "InferencePool",
                      "metadata": {"name": "p"}}, crd_catalog)  # an unlisted version is still an error
 
