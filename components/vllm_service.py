@@ -45,6 +45,9 @@ def wait_for_weights(model: ModelSpec) -> str:
     return "; ".join(WAITING_FOR_WEIGHTS.format(marker=m) for m in markers)
 
 PoolName = Literal["short", "long"]
+# Carried by vLLM pods only: a pool's standby shares its model and pool labels (so the Service
+# selects it) but not this one.
+SERVER_LABELS = {"app.kubernetes.io/name": "vllm"}
 KEDA_MAY_COEXIST = {"validations.keda.sh/hpa-ownership": "false"}
 # GPU replicas are slow to start and costly to churn: scale up fast, down slowly.
 SCALE_BEHAVIOR = {
@@ -193,7 +196,7 @@ class VllmService(pulumi.ComponentResource):
         # stable Deployment's immutable selector stays as it was).
         pool_label = f"{args.pool_name}-canary" if args.canary else args.pool_name
         self.service_name = service_name_of(model.name, args.pool_name, args.canary)
-        labels = {MODEL_LABEL: model.name, POOL_LABEL: pool_label, "app.kubernetes.io/name": "vllm",
+        labels = {MODEL_LABEL: model.name, POOL_LABEL: pool_label, **SERVER_LABELS,
                   "vllm-gke.io/revision": model.revision.replace("/", "-")[:63].rstrip("-._")}
         if args.tenant:
             labels[TENANT_LABEL] = args.tenant
@@ -308,7 +311,9 @@ class VllmService(pulumi.ComponentResource):
         self.pdb = k8s.policy.v1.PodDisruptionBudget(
             f"{name}-pdb",
             metadata={**meta(self.service_name, labels=labels), "namespace": args.namespace},
-            spec={**disruption_budget(pool), "selector": {"matchLabels": selector}},
+            # vLLM pods only: the standby is never Ready while the pool serves, and counted here it
+            # would leave no disruption allowed, blocking every node drain and upgrade.
+            spec={**disruption_budget(pool), "selector": {"matchLabels": {**selector, **SERVER_LABELS}}},
             opts=k8s_opts)
 
         if pool.min_replicas == 0:
@@ -340,19 +345,6 @@ class VllmService(pulumi.ComponentResource):
                     "behavior": SCALE_BEHAVIOR,
                 },
                 opts=child_opts(self, opts, provider=args.provider, depends_on=[self.deployment]))
-
-        # For callers inside the mesh: eject a replica that keeps failing, and queue no more than a
-        # few batches' worth in front of each (the load balancer's side is in Gateway).
-        custom_resource(
-            f"{name}-resilience", "networking.istio.io/v1", "DestinationRule",
-            {**meta(self.service_name, labels=labels), "namespace": args.namespace},
-            {"host": pulumi.Output.concat(self.service_name, ".", args.namespace, ".svc.cluster.local"),
-             "trafficPolicy": {
-                 "connectionPool": {"http": {"http1MaxPendingRequests": 4 * pool.max_num_seqs,
-                                             "http2MaxRequests": 2 * pool.max_num_seqs}},
-                 "outlierDetection": {"consecutive5xxErrors": 5, "interval": "10s", "baseEjectionTime": "30s",
-                                      "maxEjectionPercent": 50}}},
-            k8s_opts)
 
         custom_resource(
             f"{name}-podmonitoring", "monitoring.googleapis.com/v1", "PodMonitoring",

@@ -29,7 +29,7 @@ from vllm_gke.components.specs import ModelSpec, TenantSpec
 from vllm_gke.components.serving_api import guard_config, objective_name, tenant_routes
 from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
 from vllm_gke.components.standby import Standby, StandbyArgs
-from vllm_gke.components.vllm_service import ScaleToZero, VllmService, VllmServiceArgs, service_name_of
+from vllm_gke.components.vllm_service import SERVER_LABELS, ScaleToZero, VllmService, VllmServiceArgs, service_name_of
 from vllm_gke.components.vllm_versions import release
 from vllm_gke.infra.capacity import consumer_models
 from vllm_gke.infra.cold_start import NODE_PROVISION_S, cold_start_seconds
@@ -172,7 +172,7 @@ def build(cfg: StackConfig) -> Platform:
                 platform.standbys[f"{key}-{which}"] = Standby(f"{key}-{which}-standby", StandbyArgs(
                     service_name=svc.service_name, model=model.name, namespace=namespace,
                     pool_selector={MODEL_LABEL: model.name, POOL_LABEL: pool_label},
-                    vllm_only_labels={"app.kubernetes.io/name": "vllm"}, provider=provider,
+                    vllm_only_labels=SERVER_LABELS, provider=provider,
                     policy_labels={TENANT_LABEL: tenant} if tenant else {},
                     expected_seconds=int(NODE_PROVISION_S + cold_start_seconds(cfg, model))),
                     opts=after_mesh)

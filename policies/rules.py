@@ -511,33 +511,22 @@ def scale_to_zero_answered(resources: Sequence[Resource]) -> Iterator[Finding]:
 
 
 def vllm_backends_resilient(resources: Sequence[Resource]) -> Iterator[Finding]:
-    """A failing vLLM replica must leave rotation on both paths to it: the load balancer's health
-    check (HealthCheckPolicy, else GKE probes '/', which vLLM answers 404) and the mesh's outlier
-    detection (DestinationRule) for callers inside the cluster."""
+    """A failing vLLM replica must leave the load balancer's rotation: a HealthCheckPolicy on every
+    Service the Gateway sends to (else GKE probes '/', which vLLM answers 404). The load balancer
+    and the endpoint picker call the pods from outside the mesh, so a DestinationRule (outlier
+    detection, connection limits) would apply to no caller: it is no substitute."""
     pods = [(namespace_of(r), template_labels(r))
             for r, _pod, _c in vllm_servers(resources) if r.props.get("kind") == "Deployment"]
     checked = {(namespace_of(h), ((h.props.get("spec") or {}).get("targetRef") or {}).get("name"))
                for h in kube(resources, "HealthCheckPolicy")}
-    ejecting = set()
-    for d in kube(resources, "DestinationRule"):
-        spec = d.props.get("spec") or {}
-        if ((spec.get("trafficPolicy") or {}).get("outlierDetection")):
-            host = str(spec.get("host") or "")
-            parts = host.split(".")
-            ejecting.add((parts[1] if len(parts) > 1 else namespace_of(d), parts[0]))
     routed = {(b.get("namespace") or namespace_of(route), b.get("name")) for route in kube(resources, "HTTPRoute") for b in _backends(route)
               if b.get("kind", "Service") == "Service"}
     for svc in kube(resources, "Service"):
         ns, name = namespace_of(svc), meta(svc).get("name")
-        if (svc.props.get("spec") or {}).get("clusterIP") == "None":
-            continue  # headless: names the pods, balances nothing
         selector = (svc.props.get("spec") or {}).get("selector") or {}
-        if not any(pns == ns and selects(selector, labels) for pns, labels in pods):
+        if (ns, name) not in routed or not any(pns == ns and selects(selector, labels) for pns, labels in pods):
             continue
-        if (ns, name) not in ejecting:
-            yield svc, (f"{where(svc)} serves vLLM with no DestinationRule outlierDetection: mesh callers keep "
-                        "sending to a failing replica")
-        if (ns, name) in routed and (ns, name) not in checked:
+        if (ns, name) not in checked:
             yield svc, (f"{where(svc)} is a Gateway backend without a HealthCheckPolicy: the load balancer probes "
                         "'/' (404 on vLLM) and never takes a failing replica out")
 
@@ -782,7 +771,7 @@ POLICIES: tuple[Policy, ...] = (
            "Hyperdisk ML weight disks are read-only, filled by GKE Volume Populator with their own identity, on transfer nodes.",
            "mandatory", hyperdisk_weights_populated),
     Policy("vllm-backends-resilient",
-           "Every vLLM Service ejects failing replicas: outlier detection in the mesh, a health check at the load balancer.",
+           "Every vLLM Service behind the Gateway has a load balancer health check, so failing replicas leave rotation.",
            "advisory", vllm_backends_resilient),
 )
 POLICY_NAMES = tuple(p.name for p in POLICIES)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from vllm_gke.components.gateway import LENGTH_HINT_HEADER, at_least_regex
-from tests.conftest import manifests_of, props_of
+from tests.conftest import STACKS, manifests_of, props_of
 
 
 @given(threshold=st.integers(1, 10**7), value=st.integers(0, 10**9))
@@ -187,13 +188,17 @@ def test_load_balancer_ejects_failing_replicas_and_drains(plans):
     assert all(p["connectionDraining"] == {"drainingTimeoutSec": 30} for p in policies.values())
 
 
-def test_mesh_callers_get_outlier_detection_and_connection_limits(plans):
-    rules = {d["metadata"]["name"]: d["spec"] for d in manifests_of(plans["prod"], "DestinationRule", "vllm")
-             if not d["metadata"]["name"].startswith("jwks-")}
-    rule = rules["llama-8b-short"]
-    assert rule["host"] == "llama-8b-short.vllm.svc.cluster.local"
-    assert rule["trafficPolicy"]["outlierDetection"]["consecutive5xxErrors"] == 5
-    assert rule["trafficPolicy"]["connectionPool"]["http"]["http1MaxPendingRequests"] == 4 * 64
+@pytest.mark.parametrize("stack", STACKS)
+def test_no_destination_rule_claims_limits_for_vllm_services(plans, stack):
+    """No mesh client calls a vLLM Service (the load balancer and the picker are outside the mesh):
+    a DestinationRule's connection limits and outlier detection there would limit nothing."""
+    plan = plans[stack]
+    services = {f"{s['metadata']['name']}.{s['metadata']['namespace']}.svc.cluster.local"
+                for s in manifests_of(plan, "Service") if s["spec"].get("selector", {}).get("app.kubernetes.io/name") == "vllm"
+                or s["metadata"].get("labels", {}).get("app.kubernetes.io/name") == "vllm"}
+    assert services
+    hosts = {d["spec"]["host"] for d in manifests_of(plan, "DestinationRule")}
+    assert not hosts & services
 
 
 def test_a_dedicated_copy_runs_the_models_canary_too(plan_variant):

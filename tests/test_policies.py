@@ -118,10 +118,9 @@ def _public_control_plane(rs):
     del cluster.props["masterAuthorizedNetworksConfig"]
 
 
-def _no_outlier_detection(rs):
-    rule = next(r for r in rs if r.props.get("kind") == "DestinationRule"
-                and r.props["spec"]["host"].startswith("qwen-7b-short."))
-    del rule.props["spec"]["trafficPolicy"]["outlierDetection"]
+def _no_health_check(rs):
+    rs.remove(next(r for r in rs if r.props.get("kind") == "HealthCheckPolicy"
+                   and r.props["spec"]["targetRef"]["name"] == "qwen-7b-short"))
 
 
 def _pool_fails_open(rs):
@@ -197,7 +196,7 @@ CASES: dict[str, tuple[Callable, str]] = {
     "serving-paths-authenticated": (_open_completions, "is allowed without a JWT"),
     "pods-hardened": (_privileged, "allowPrivilegeEscalation is not false"),
     "control-plane-restricted": (_public_control_plane, "public endpoint accepts any source address"),
-    "vllm-backends-resilient": (_no_outlier_detection, "no DestinationRule outlierDetection"),
+    "vllm-backends-resilient": (_no_health_check, "without a HealthCheckPolicy"),
 }
 
 

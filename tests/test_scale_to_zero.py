@@ -188,3 +188,20 @@ def test_shared_pool_standby_admits_the_models_tenants_only(plans):
     assert status(("https://auth.acme.example/support", "u")) == 200  # support may call mistral-7b
     assert status(("https://auth.acme.example/search", "u")) == 403   # search may not
     assert status(None) == 403                                        # nobody without a token wakes GPUs
+
+
+@pytest.mark.parametrize("stack", ["staging", "prod"])
+def test_disruption_budgets_select_vllm_pods_only(plans, stack):
+    """A standby is never Ready while its pool serves: counted by the pool's PodDisruptionBudget it
+    would leave no disruption allowed and block every drain. Each budget selects exactly its
+    Deployment's pods, and no standby's."""
+    plan = plans[stack]
+    standbys = [d["spec"]["template"]["metadata"]["labels"] for d in manifests_of(plan, "Deployment")
+                if STANDBY_LABEL in d["spec"]["template"]["metadata"]["labels"]]
+    assert standbys or stack == "prod"
+    for pdb in manifests_of(plan, "PodDisruptionBudget"):
+        selector = pdb["spec"]["selector"]["matchLabels"]
+        assert not any(selector.items() <= labels.items() for labels in standbys), pdb["metadata"]["name"]
+        (dep,) = [d for d in manifests_of(plan, "Deployment", pdb["metadata"]["namespace"])
+                  if d["metadata"]["name"] == pdb["metadata"]["name"]]
+        assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
