@@ -74,9 +74,13 @@ class Standby(pulumi.ComponentResource):
             opts=k8s_opts)
         k8s.core.v1.ConfigMap(f"{name}-program", metadata={**meta(standby), "namespace": ns},
                               data={PROGRAM.name: PROGRAM.read_text()}, opts=k8s_opts)
-        host = pulumi.Output.concat(self.ready_service, ".", ns, ".svc.cluster.local")
-        health = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 1,
-                  "successThreshold": 1}
+        # Fully qualified (trailing dot): one query, no search-list expansion whose extra lookups
+        # could fail on their own.
+        host = pulumi.Output.concat(self.ready_service, ".", ns, ".svc.cluster.local.")
+        # /health answers from the program's last definite DNS answer, at once; two misses in a
+        # row before it leaves rotation, and an explicit timeout (the default is 1 s).
+        health = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 3, "timeoutSeconds": 2,
+                  "failureThreshold": 2, "successThreshold": 1}
         self.deployment = k8s.apps.v1.Deployment(
             f"{name}-deploy", metadata={**meta(standby, labels=labels), "namespace": ns},
             spec={

@@ -137,14 +137,51 @@ def test_standby_is_ready_only_while_the_pool_is_not(standby):
     assert b"vllm_gke_standby_requests_total 0" in metrics  # probes are not requests
 
 
-def test_headless_lookup_reads_readiness_from_dns():
+def standby_module():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("standby", PROGRAM)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.resolves("localhost") is True
-    assert module.resolves("no-such-service.invalid") is False
+    return module
+
+
+def test_headless_lookup_reads_readiness_from_dns():
+    module = standby_module()
+    assert module.lookup("localhost") is True
+    assert module.lookup("no-such-service.invalid") is False
+
+
+@pytest.mark.parametrize("error", ["EAI_AGAIN", "EAI_FAIL"])
+def test_a_dns_error_never_puts_the_standby_in_rotation(monkeypatch, error):
+    """A timeout or SERVFAIL (EAI_AGAIN) says nothing about the pool: only NXDOMAIN/NODATA count
+    as "no ready replica", and an error keeps the last definite answer."""
+    import socket
+
+    module = standby_module()
+
+    def failing(host, port):
+        raise socket.gaierror(getattr(socket, error), "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", failing)
+    assert module.lookup("llama-8b-short-ready.vllm.svc.cluster.local.") is None
+    answers = iter([None, True, None, False, None])
+    watch = module.PoolWatch("h", look=lambda host: next(answers))
+    seen = []
+    for _ in range(5):
+        watch.refresh()
+        seen.append(watch.serving_ready())
+    # unknown at start: serving; then up; an error keeps it up; down; an error keeps it down
+    assert seen == [True, True, True, False, False]
+
+
+def test_standby_probe_has_explicit_timeout_and_a_fully_qualified_host(plans):
+    standby = one(plans["staging"], "Deployment", "mistral-7b-long-standby")
+    (c,) = standby["spec"]["template"]["spec"]["containers"]
+    probe = c["readinessProbe"]
+    assert probe["timeoutSeconds"] >= 1 and probe["failureThreshold"] >= 2
+    host = c["command"][c["command"].index("--ready-host") + 1]
+    assert host == "mistral-7b-long-ready.vllm.svc.cluster.local."
 
 
 def test_switching_a_running_pool_to_zero_passes_kedas_webhook(plans):

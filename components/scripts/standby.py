@@ -19,15 +19,47 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 
 MAX_DRAIN = 1 << 20
+# getaddrinfo's answers that mean "this name has no address": NXDOMAIN (EAI_NONAME) or NODATA
+# (EAI_NODATA). Anything else (EAI_AGAIN for a timeout or SERVFAIL, EAI_FAIL, ...) says nothing
+# about the pool.
+NO_ADDRESS = frozenset(code for code in (getattr(socket, "EAI_NONAME", None), getattr(socket, "EAI_NODATA", None))
+                       if code is not None)
 
 
-def resolves(host: str) -> bool:
-    """A headless Service resolves only while it has ready endpoints."""
+def lookup(host: str) -> Optional[bool]:
+    """Whether a headless Service has a ready endpoint: True if it resolves, False on a definite
+    "no such name or address", None when DNS did not answer (the pool's state is unknown)."""
     try:
         socket.getaddrinfo(host, None)
         return True
-    except (socket.gaierror, UnicodeError):
-        return False
+    except socket.gaierror as exc:
+        return False if exc.errno in NO_ADDRESS else None
+    except (UnicodeError, OSError):
+        return None
+
+
+class PoolWatch:
+    """The pool's readiness from its headless Service, looked up every `interval` seconds in the
+    background so a probe never waits on DNS. Only definite answers move it: a DNS error keeps the
+    last known state, and before the first answer the pool counts as serving (the standby stays
+    out of rotation rather than answer 503 for a pool that may be up)."""
+
+    def __init__(self, host: str, interval: float = 2.0, look: Callable[[str], Optional[bool]] = lookup):
+        self.host, self.interval, self.look = host, interval, look
+        self.serving: Optional[bool] = None
+
+    def refresh(self) -> None:
+        answer = self.look(self.host)
+        if answer is not None:
+            self.serving = answer
+
+    def serving_ready(self) -> bool:
+        return self.serving is not False
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.refresh()
+            stop.wait(self.interval)
 
 
 class Standby:
@@ -105,7 +137,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--retry-after", type=int, default=30)
     parser.add_argument("--expected-seconds", type=int, default=600)
     args = parser.parse_args(argv)
-    standby = Standby(args.model, lambda: resolves(args.ready_host), args.retry_after, args.expected_seconds)
+    watch = PoolWatch(args.ready_host)
+    threading.Thread(target=watch.run, args=(threading.Event(),), daemon=True).start()
+    standby = Standby(args.model, watch.serving_ready, args.retry_after, args.expected_seconds)
     ThreadingHTTPServer(("0.0.0.0", args.port), standby.handler()).serve_forever()
     return 0
 
