@@ -696,6 +696,12 @@ class ModelSpec(Spec):
     def pool_max_model_len(self, pool: ServingPoolSpec) -> int:
         return pool.max_model_len or self.max_model_len
 
+    @property
+    def served_max_model_len(self) -> int:
+        """The longest context any of the model's pools serves: the long pool's with length
+        routing, the one pool's behind the endpoint picker (which may be shorter than the model's)."""
+        return max(self.pool_max_model_len(getattr(self, which)) for which in self.pool_names)
+
 
 class JwtSpec(Spec):
     # The JWT issuer (iss) of the tenant's tokens, an https URL.

@@ -87,6 +87,15 @@ def capacity_table(v: Verdicts) -> Table:
     return table
 
 
+def url_table(v: Verdicts) -> Table:
+    table = Table(title="tenant URLs (OpenAI base URL per tenant and model)")
+    for col in ("tenant", "model", "base URL", "via"):
+        table.add_column(col)
+    for u in v.urls:
+        table.add_row(u.tenant, u.model, u.url, u.via)
+    return table
+
+
 def cost_table(v: Verdicts) -> Table:
     c = v.cost
     table = Table(title=f"monthly cost, USD (list prices as of {c.prices_as_of}, {c.hours_per_month:g} h/month)")
@@ -170,6 +179,7 @@ def plan(
         console.print(f"  [{colour}]{v.level}[/] {v.policy}: {v.message}", highlight=False)
     console.print(capacity_table(report))
     console.print(cost_table(report))
+    console.print(url_table(report))
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
 

@@ -108,9 +108,11 @@ def _tenant_models(cfg: "StackConfig", add: Add) -> None:
             if model is None:
                 add(f"tenants[{i}].models", f"model '{model_name}' is not declared; use one of "
                     f"{', '.join(models)} or add it under vllm-gke:models")
-            elif tenant.max_tokens > model.max_model_len:
-                add(f"tenants[{i}].maxTokens", f"{tenant.max_tokens} exceeds model '{model_name}' maxModelLen "
-                    f"{model.max_model_len}: no request could use it; lower it to at most {model.max_model_len}")
+            elif tenant.max_tokens > (served := model.served_max_model_len):
+                where = (f"its one pool behind the endpoint picker (short.maxModelLen {served})"
+                         if model.routing == "inference-gateway" else f"maxModelLen {served}")
+                add(f"tenants[{i}].maxTokens", f"{tenant.max_tokens} exceeds what model '{model_name}' serves, "
+                    f"{where}: no request could use it; lower it to at most {served} or raise the pool's maxModelLen")
         if tenant.dedicated:
             for model_name in tenant.dedicated.models:
                 if model_name not in tenant.models:

@@ -34,6 +34,7 @@ from vllm_gke.components.vllm_versions import release
 from vllm_gke.infra.capacity import consumer_models
 from vllm_gke.infra.cold_start import NODE_PROVISION_S, cold_start_seconds
 from vllm_gke.infra.config import StackConfig
+from vllm_gke.infra.tenant_urls import path_prefix
 
 BASE_APIS = (
     "serviceusage.googleapis.com", "cloudresourcemanager.googleapis.com", "iam.googleapis.com",
@@ -212,7 +213,8 @@ def build(cfg: StackConfig) -> Platform:
             # ('.' never occurs in a name, so these never collide with a dedicated <tenant>-<model>).
             route_name = key if tenant else f"{model.name}.{t.name}"
             targets.append(RouteTarget(
-                route_name, namespace, f"{t.name}/{model.name}", f"{model.name}-short", "", model.long_request_bytes,
+                route_name, namespace, path_prefix(model, t, tenant is not None), f"{model.name}-short", "",
+                model.long_request_bytes,
                 picker=PickerTarget(model.name, objective_name(t.name, model.name), t.name)))
 
     for model in cfg.models:
@@ -221,7 +223,8 @@ def build(cfg: StackConfig) -> Platform:
     for t in cfg.tenants:
         for model_name in dedicated_models(t):
             assert t.dedicated is not None
-            route(f"{t.name}-{model_name}", f"{t.name}/{model_name}", cfg.model(model_name), t.dedicated.node_pool,
+            model = cfg.model(model_name)
+            route(f"{t.name}-{model_name}", path_prefix(model, t, dedicated=True), model, t.dedicated.node_pool,
                   tenants[t.name].namespace.name, [t], tenant=t.name)
 
     platform.gateway = Gateway("gateway", GatewayArgs(

@@ -11,6 +11,7 @@ from vllm_gke.infra.advice import plan_warnings
 from vllm_gke.infra.capacity import PoolCapacity, capacity_report
 from vllm_gke.infra.cost import CostReport, cost_report
 from vllm_gke.infra.plan import Plan
+from vllm_gke.infra.tenant_urls import TenantUrl, tenant_urls, url_notes
 from vllm_gke.policies.rules import POLICIES, Violation, evaluate, resolve_levels
 
 
@@ -21,6 +22,7 @@ class Verdicts:
     capacity: list[PoolCapacity]
     cost: CostReport
     warnings: list[str]
+    urls: list[TenantUrl]
 
     @property
     def mandatory(self) -> list[Violation]:
@@ -33,6 +35,7 @@ class Verdicts:
                          for p in POLICIES],
             "capacity": [{**asdict(row), "fits": row.fits} for row in self.capacity],
             "warnings": list(self.warnings),
+            "tenantUrls": [asdict(u) for u in self.urls],
             "cost": {
                 "pricesAsOf": self.cost.prices_as_of,
                 "pools": [{**asdict(p), "baselineMonth": p.baseline_month, "peakMonth": p.peak_month}
@@ -58,5 +61,6 @@ def verdicts(plan: Plan, policy_config: Optional[Mapping[str, Any]] = None) -> V
         violations=evaluate(plan.policy_resources(), policy_config),
         capacity=capacity_report(plan.config),
         cost=cost_report(plan.config, store.tier, store.capacity_gb),
-        warnings=plan_warnings(plan.config, store.tier),
+        warnings=plan_warnings(plan.config, store.tier) + url_notes(plan.config),
+        urls=tenant_urls(plan.config),
     )

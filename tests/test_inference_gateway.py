@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from vllm_gke.components.inference_objective_crd import CRD_URL
@@ -12,7 +13,8 @@ from vllm_gke.components.inference_pool import EPP_IMAGE
 from vllm_gke.components.serving_api import OBJECTIVE_HEADER, PICKER_CONTROL_HEADERS
 from vllm_gke.infra.program import required_apis
 from vllm_gke.policies.mesh_authz import Request, decide
-from tests.conftest import manifests_of
+from vllm_gke.infra.tenant_urls import tenant_urls, url_notes
+from tests.conftest import STACKS, manifests_of
 
 SEARCH = "https://auth.acme.example/search"
 SUPPORT = "https://auth.acme.example/support"
@@ -160,3 +162,19 @@ def test_cluster_floor_version_reaches_gke(plans):
     assert cluster["minMasterVersion"] == "1.34"
     (dev,) = [r.props for r in plans["dev"].resources if r.type == "gcp:container/cluster:Cluster"]
     assert "minMasterVersion" not in dev
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_tenant_url_the_plan_prints_is_a_declared_route(plans, stack):
+    """The plan's tenant URLs come from the same path function as the routes: each one is the
+    prefix of an HTTPRoute in the namespace that serves it, and nothing else is routed."""
+    from urllib.parse import urlsplit
+
+    plan = plans[stack]
+    urls = tenant_urls(plan.config)
+    declared = {rule["matches"][0]["path"]["value"] for route in manifests_of(plan, "HTTPRoute")
+                for rule in route["spec"]["rules"] if rule.get("backendRefs")}
+    assert {urlsplit(u.url).path for u in urls} == declared
+    picked = [u for u in urls if u.via == "endpoint picker"]
+    assert all(urlsplit(u.url).path == f"/{u.tenant}/{u.model}/v1" for u in picked)
+    assert bool(picked) == bool(url_notes(plan.config))

@@ -1,0 +1,57 @@
+"""Where each tenant calls each of its models: the path the Gateway routes, and why there.
+
+A model with length routing is shared at /<model>/v1; behind the endpoint picker the tenant is in
+the path (/<tenant>/<model>/v1: the route sets the tenant's objective, so its priority is bound
+to its token); a tenant's dedicated copy is at /<tenant>/<model>/v1 too. The program declares
+its routes from `path_prefix`, and the plan prints `tenant_urls`, so the two cannot differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_gke.components.specs import ModelSpec, TenantSpec
+from vllm_gke.infra.config import StackConfig
+
+
+def path_prefix(model: ModelSpec, tenant: TenantSpec, dedicated: bool) -> str:
+    """The route's path prefix (without '/' and '/v1') for `tenant` calling `model`."""
+    if dedicated or model.routing == "inference-gateway":
+        return f"{tenant.name}/{model.name}"
+    return model.name
+
+
+@dataclass(frozen=True)
+class TenantUrl:
+    tenant: str
+    model: str
+    url: str
+    # "shared" (length routing), "endpoint picker" or "dedicated"
+    via: str
+
+
+def gateway_base(cfg: StackConfig) -> str:
+    scheme = "https" if cfg.gateway.tls else "http"
+    return f"{scheme}://{cfg.gateway.hostname or '<gatewayAddress>'}"
+
+
+def tenant_urls(cfg: StackConfig) -> list[TenantUrl]:
+    base = gateway_base(cfg)
+    out = []
+    for tenant in cfg.tenants:
+        dedicated = set(tenant.dedicated.models) if tenant.dedicated else set()
+        for name in tenant.models:
+            model = cfg.model(name)
+            via = "dedicated" if name in dedicated else (
+                "endpoint picker" if model.routing == "inference-gateway" else "shared")
+            out.append(TenantUrl(tenant.name, name, f"{base}/{path_prefix(model, tenant, name in dedicated)}/v1", via))
+    return out
+
+
+def url_notes(cfg: StackConfig) -> list[str]:
+    """What a reader of the plan must know before changing routing: the URLs move."""
+    picked = sorted(m.name for m in cfg.models if m.routing == "inference-gateway")
+    if not picked:
+        return []
+    return [f"{', '.join(picked)}: behind the endpoint picker each tenant calls /<tenant>/<model>/v1, not the "
+            "shared /<model>/v1; switching a model's routing moves its tenants' URLs (tell them first)"]
