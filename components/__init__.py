@@ -7,7 +7,6 @@ from vllm_gke.components.inference_pool import InferencePool, InferencePoolArgs
 from vllm_gke.components.keda import Keda, KedaArgs
 from vllm_gke.components.limit_store import LimitStore, LimitStoreArgs
 from vllm_gke.components.mesh_namespace import MeshNamespace, MeshNamespaceArgs
-from vllm_gke.components.metrics_adapter import MetricsAdapter, MetricsAdapterArgs
 from vllm_gke.components.model_store import ModelStore, ModelStoreArgs
 from vllm_gke.components.observability import Observability, ObservabilityArgs
 from vllm_gke.components.standby import Standby, StandbyArgs
@@ -17,7 +16,6 @@ from vllm_gke.components.vllm_service import VllmService, VllmServiceArgs
 __all__ = [
     "Gateway", "GatewayArgs", "GpuCluster", "GpuClusterArgs", "InferenceObjectiveCrd", "InferenceObjectiveCrdArgs",
     "InferencePool", "InferencePoolArgs", "Keda", "KedaArgs", "LimitStore", "LimitStoreArgs", "MeshNamespace", "MeshNamespaceArgs",
-    "MetricsAdapter", "MetricsAdapterArgs",
     "ModelStore", "ModelStoreArgs", "Observability", "ObservabilityArgs", "RouteTarget",
     "Standby", "StandbyArgs", "TenantAuth", "TenantAuthArgs", "VllmService", "VllmServiceArgs",
 ]

@@ -1,9 +1,15 @@
-"""Keda: the KEDA operator (Helm chart, pinned), so serving pools can scale to zero and back.
+"""Keda: the KEDA operator (Helm chart, pinned), which scales every serving pool, to zero and back.
 
 An HPA cannot go below one replica; KEDA can, and it reads its triggers from Managed
 Prometheus through the GMP query API (monitoring.googleapis.com), authenticated as a Google
 service account through Workload Identity (the chart's podIdentity.gcp, KEDA's "GCP Workload
 Identity" authentication provider). The account may read monitoring data and nothing else.
+
+The chart registers the cluster's one `v1beta1.external.metrics.k8s.io` APIService (its metrics
+server, pod port 6443) and an admission webhook (pod port 9443). A private cluster's control
+plane reaches nodes only on 443 and 10250 by GKE's own firewall rule, so this component opens
+those two ports from the control plane's range; without it the HPAs KEDA makes read no metric
+and the webhook, failing open, is silently skipped.
 """
 
 from __future__ import annotations
@@ -25,6 +31,10 @@ NAMESPACE = "keda"
 OPERATOR_SA = "keda-operator"
 # The ClusterTriggerAuthentication ScaledObjects use to query Managed Prometheus.
 GMP_AUTH = "gmp-workload-identity"
+# What the control plane calls on KEDA's pods (chart values metricsServer's service.portHttpsTarget
+# and the webhooks' port): see infra/contracts.py.
+METRICS_SERVER_PORT = 6443
+WEBHOOK_PORT = 9443
 
 
 def gmp_query_url(project: str) -> str:
@@ -40,6 +50,10 @@ class KedaArgs:
     workload_pool: pulumi.Input[str]
     gsa_name: str
     apis: Optional[ProjectApis] = None
+    # A private cluster: its VPC and control plane range (GpuCluster's network, cluster.masterCidr),
+    # for the firewall rule that lets the API server reach KEDA's metrics server and webhook.
+    network: Optional[pulumi.Input[str]] = None
+    control_plane_cidr: Optional[str] = None
 
 
 class Keda(pulumi.ComponentResource):
@@ -64,6 +78,18 @@ class Keda(pulumi.ComponentResource):
             member=pulumi.Output.from_input(args.workload_pool).apply(
                 lambda pool: f"serviceAccount:{pool}[{NAMESPACE}/{OPERATOR_SA}]"),
             opts=gcp_opts("iam.googleapis.com"))
+        release_deps: list[pulumi.Resource] = [binding]
+        if args.control_plane_cidr:
+            if args.network is None:
+                raise ValueError("Keda: control_plane_cidr needs network (the cluster's VPC)")
+            # The VPC is the cluster's own (GpuCluster), so the rule may target all its instances;
+            # the source is the control plane alone.
+            release_deps.append(gcp.compute.Firewall(
+                f"{name}-control-plane", project=args.project, network=args.network, direction="INGRESS",
+                description="GKE control plane to KEDA's metrics server and admission webhook",
+                source_ranges=[args.control_plane_cidr],
+                allows=[{"protocol": "tcp", "ports": [str(METRICS_SERVER_PORT), str(WEBHOOK_PORT)]}],
+                opts=gcp_opts("compute.googleapis.com")))
         k8s_opts = child_opts(self, opts, provider=args.provider)
         namespace = k8s.core.v1.Namespace(f"{name}-ns", metadata=meta(NAMESPACE), opts=k8s_opts)
         self.release = k8s.helm.v3.Release(
@@ -71,8 +97,9 @@ class Keda(pulumi.ComponentResource):
             repository_opts={"repo": CHART_REPO}, namespace=namespace.metadata.name,
             values={"podIdentity": {"gcp": {"enabled": True, "gcpIAMServiceAccount": gsa.email}},
                     "serviceAccount": {"operator": {"name": OPERATOR_SA}}},
-            # The operator must not start before it may use its Google identity.
-            opts=child_opts(self, opts, provider=args.provider, depends_on=[binding]))
+            # The operator must not start before it may use its Google identity, nor the metrics
+            # server before the control plane can reach it.
+            opts=child_opts(self, opts, provider=args.provider, depends_on=release_deps))
         custom_resource(
             f"{name}-gmp-auth", "keda.sh/v1alpha1", "ClusterTriggerAuthentication", meta(GMP_AUTH),
             {"podIdentity": {"provider": "gcp"}},

@@ -670,11 +670,14 @@ class ModelSpec(Spec):
         return ("short",) if self.routing == "inference-gateway" else ("short", "long")
 
     def canary_model(self) -> Optional["ModelSpec"]:
-        """This model at the canary's revision, with the canary's replica count in both pools."""
+        """This model at the canary's revision, with the canary's replica count in both pools. A
+        canary follows its pool's scaling: beside a pool that may go to zero it may too (up to
+        its replicas), so a sleeping model keeps no canary GPU up."""
         if self.canary is None:
             return None
-        pools = {which: getattr(self, which).model_copy(update={"min_replicas": self.canary.replicas,
-                                                                 "max_replicas": self.canary.replicas})
+        replicas = self.canary.replicas
+        pools = {which: getattr(self, which).model_copy(update={
+            "min_replicas": 0 if getattr(self, which).min_replicas == 0 else replicas, "max_replicas": replicas})
                  for which in ("short", "long")}
         return self.model_copy(update={"revision": self.canary.revision, "canary": None, **pools})
 

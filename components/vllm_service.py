@@ -1,8 +1,12 @@
 """VllmService: one serving pool (short or long requests) of one model.
 
 Declares the Deployment running vLLM's OpenAI server from the pinned image, its Service,
-a PodDisruptionBudget, an HPA on queue depth (vllm:num_requests_waiting through the
-Managed Prometheus custom-metrics adapter) and a PodMonitoring for scraping.
+a PodDisruptionBudget, a KEDA ScaledObject on queue depth (vllm:num_requests_waiting, read from
+Managed Prometheus) and a PodMonitoring for scraping.
+
+Every pool is scaled by KEDA, whatever its floor: one autoscaling path, one external metrics
+server (KEDA's), and a floor raised from 0 is a ScaledObject update that KEDA's operator acts on
+at once (it scales a target below minReplicaCount up to it; an HPA never scales from zero).
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ WARM_MARKER = "/tmp/vllm-gke-warm"
 GUARD_CONFIG_ENV = "GKE_LLM_GUARD_CONFIG"
 WARM_MARKER_ENV = "GKE_LLM_WARM_MARKER"
 GUARD_MIDDLEWARE = "vllm_gke_guard.GuardMiddleware"
-QUEUE_METRIC = "prometheus.googleapis.com|vllm:num_requests_waiting|gauge"
 WAITING_FOR_WEIGHTS = (
     'until [ -f "{marker}" ]; do echo "waiting for weights at {marker}"; sleep 15; done'
 )
@@ -48,7 +51,6 @@ PoolName = Literal["short", "long"]
 # Carried by vLLM pods only: a pool's standby shares its model and pool labels (so the Service
 # selects it) but not this one.
 SERVER_LABELS = {"app.kubernetes.io/name": "vllm"}
-KEDA_MAY_COEXIST = {"validations.keda.sh/hpa-ownership": "false"}
 # GPU replicas are slow to start and costly to churn: scale up fast, down slowly.
 SCALE_BEHAVIOR = {
     "scaleUp": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]},
@@ -77,41 +79,52 @@ def disruption_budget(pool: ServingPoolSpec) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class ScaleToZero:
-    """Where KEDA reads the pool's load: Managed Prometheus of `project`, as `auth` allows."""
+class KedaScaling:
+    """Where KEDA reads the pool's load: Managed Prometheus of `project`, as the
+    ClusterTriggerAuthentication `auth` allows (Keda.auth_name)."""
 
     project: str
     auth: str
-    # The standby pods' name prefix: their request count wakes the pool.
+    # For a pool that may go to zero: its standby's name prefix, whose request count wakes it.
     standby: str = ""
 
 
-def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: ScaleToZero, query_url: str) -> dict:
-    """KEDA's ScaledObject for a pool that may scale to zero. Three triggers, KEDA takes the
-    largest: requests the standby answered (wakes the pool from zero: there is no vLLM metric
-    with no replica), requests waiting (scales out, as the HPA's queue-depth target), requests
-    running (keeps a replica while it works, so an empty queue alone never scales it to zero)."""
+def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: KedaScaling, query_url: str) -> dict:
+    """KEDA's ScaledObject for a pool. The queue trigger scales out as an HPA on queue depth
+    would (requests waiting per replica over queueDepthTarget). A pool that may go to zero has
+    two more, KEDA taking the largest: requests its standby answered (wakes it: at zero there is
+    no vLLM metric) and requests running (keeps a replica while it works, so an empty queue alone
+    never takes the last one)."""
     selector = f'namespace="{namespace}",pod=~"{name}-[a-z0-9]+-[a-z0-9]+"'
-    standby = f'namespace="{namespace}",pod=~"{target.standby}-[a-z0-9]+-[a-z0-9]+"'
     auth = {"name": target.auth, "kind": "ClusterTriggerAuthentication"}
 
     def prometheus(query: str, threshold: int) -> dict:
         return {"type": "prometheus", "authenticationRef": auth, "metadata": {
             "serverAddress": query_url, "query": query, "threshold": str(threshold), "activationThreshold": "0"}}
 
-    return {
+    queue = prometheus(f"sum(vllm:num_requests_waiting{{{selector}}})", pool.queue_depth_target)
+    spec: dict[str, Any] = {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
-        "minReplicaCount": 0, "maxReplicaCount": pool.max_replicas,
-        "pollingInterval": 15, "cooldownPeriod": pool.cooldown_seconds,
+        "minReplicaCount": pool.min_replicas, "maxReplicaCount": pool.max_replicas,
+        "pollingInterval": 15,
         "advanced": {"horizontalPodAutoscalerConfig": {"behavior": SCALE_BEHAVIOR}},
-        "triggers": [
+        "triggers": [queue],
+    }
+    if pool.min_replicas == 0:
+        if not target.standby:
+            raise ValueError(f"{name}: a pool that may scale to zero needs its standby's name to wake it")
+        standby = f'namespace="{namespace}",pod=~"{target.standby}-[a-z0-9]+-[a-z0-9]+"'
+        spec["cooldownPeriod"] = pool.cooldown_seconds
+        # A pool switched to minReplicas 0 that was never active would go at KEDA's first poll.
+        spec["initialCooldownPeriod"] = pool.cooldown_seconds
+        spec["triggers"] = [
             # Wake: any request the standby answered in the last two minutes asks for one replica.
             prometheus(f"clamp_max(sum(increase(vllm_gke_standby_requests_total{{{standby}}}[2m])), 1)", 1),
-            prometheus(f"sum(vllm:num_requests_waiting{{{selector}}})", pool.queue_depth_target),
+            queue,
             # Keep: while anything runs, one replica (the threshold never asks for more).
             prometheus(f"clamp_max(sum(vllm:num_requests_running{{{selector}}}), 1)", 1),
-        ],
-    }
+        ]
+    return spec
 
 
 def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: VllmRelease = release(DEFAULT_VLLM_VERSION)) -> list[str]:
@@ -179,8 +192,8 @@ class VllmServiceArgs:
     # Or one read-only claim per weight set, mounted at its directory (ModelStore's Hyperdisk ML
     # backend: a populated disk per model revision and per adapter).
     weights_claims: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
-    # Needed by a pool with minReplicas 0: KEDA scales it instead of an HPA.
-    scale_to_zero: Optional[ScaleToZero] = None
+    # KEDA scales every pool (Keda installed; for minReplicas 0, with the standby's name).
+    scaling: Optional[KedaScaling] = None
 
 
 class VllmService(pulumi.ComponentResource):
@@ -223,7 +236,11 @@ class VllmService(pulumi.ComponentResource):
             f"{name}-deploy",
             metadata={**meta(self.service_name, labels=labels), "namespace": args.namespace},
             spec={
-                # No replicas: the HPA owns the count; Pulumi setting it would fight the autoscaler.
+                # KEDA owns the count. A pool that may go to zero starts there (the first `pulumi up`
+                # pays no cold start, and KEDA wakes it on the first request); the others start at
+                # one and KEDA raises them to their floor. ignore_changes below: later updates
+                # never set it back.
+                **({"replicas": 0} if pool.min_replicas == 0 else {}),
                 "selector": {"matchLabels": selector},
                 "strategy": {"type": "RollingUpdate",
                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
@@ -299,7 +316,11 @@ class VllmService(pulumi.ComponentResource):
             },
             opts=child_opts(self, opts, provider=args.provider,
                             # A first rollout waits for the weights to load: allow for it.
-                            custom_timeouts=pulumi.CustomTimeouts(create="45m", update="45m")))
+                            custom_timeouts=pulumi.CustomTimeouts(create="45m", update="45m"),
+                            # With server-side apply, pulumi-kubernetes drops an ignored field that
+                            # another manager (KEDA, through the scale subresource) owns, so an
+                            # update neither conflicts nor resets the count (pulumi-kubernetes#2566).
+                            ignore_changes=["spec.replicas"]))
 
         self.service = k8s.core.v1.Service(
             f"{name}-svc",
@@ -316,35 +337,17 @@ class VllmService(pulumi.ComponentResource):
             spec={**disruption_budget(pool), "selector": {"matchLabels": {**selector, **SERVER_LABELS}}},
             opts=k8s_opts)
 
-        if pool.min_replicas == 0:
-            if args.scale_to_zero is None:
-                raise ValueError(f"{model.name} {args.pool_name} pool: minReplicas 0 needs scale_to_zero (KEDA)")
-            from vllm_gke.components.keda import gmp_query_url
+        if args.scaling is None:
+            raise ValueError(f"{model.name} {args.pool_name} pool: scaling (KEDA) is required")
+        from vllm_gke.components.keda import gmp_query_url
 
-            self.autoscaler = custom_resource(
-                f"{name}-scaledobject", "keda.sh/v1alpha1", "ScaledObject",
-                {**meta(self.service_name, labels=labels), "namespace": args.namespace},
-                pulumi.Output.from_input(args.namespace).apply(lambda ns: scaled_object(
-                    self.service_name, ns, pool, args.scale_to_zero, gmp_query_url(args.scale_to_zero.project))),
-                child_opts(self, opts, provider=args.provider, depends_on=[self.deployment]))
-        else:
-            self.autoscaler = k8s.autoscaling.v2.HorizontalPodAutoscaler(
-                f"{name}-hpa",
-                # Switching a running pool to minReplicas 0: Pulumi creates the ScaledObject before
-                # it deletes this HPA, and KEDA's admission webhook refuses a ScaledObject for a
-                # Deployment another HPA scales - unless that HPA opts out of the check.
-                metadata={**meta(self.service_name, labels=labels, annotations=KEDA_MAY_COEXIST),
-                          "namespace": args.namespace},
-                spec={
-                    "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": self.service_name},
-                    "minReplicas": pool.min_replicas,
-                    "maxReplicas": pool.max_replicas,
-                    "metrics": [{"type": "Pods", "pods": {
-                        "metric": {"name": QUEUE_METRIC},
-                        "target": {"type": "AverageValue", "averageValue": str(pool.queue_depth_target)}}}],
-                    "behavior": SCALE_BEHAVIOR,
-                },
-                opts=child_opts(self, opts, provider=args.provider, depends_on=[self.deployment]))
+        scaling = args.scaling
+        self.autoscaler = custom_resource(
+            f"{name}-scaledobject", "keda.sh/v1alpha1", "ScaledObject",
+            {**meta(self.service_name, labels=labels), "namespace": args.namespace},
+            pulumi.Output.from_input(args.namespace).apply(lambda ns: scaled_object(
+                self.service_name, ns, pool, scaling, gmp_query_url(scaling.project))),
+            child_opts(self, opts, provider=args.provider, depends_on=[self.deployment]))
 
         custom_resource(
             f"{name}-podmonitoring", "monitoring.googleapis.com/v1", "PodMonitoring",

@@ -31,6 +31,11 @@ class PlannedResource:
     # URNs the engine waits for before creating this one: depends_on, the resources whose
     # outputs feed its inputs, and its provider.
     dependencies: frozenset[str] = frozenset()
+    # Resource options that decide what an update does: properties whose changes Pulumi ignores
+    # (for Kubernetes objects under server-side apply, left to their other field managers), and
+    # whether a replacement deletes the old resource first.
+    ignore_changes: tuple[str, ...] = ()
+    delete_before_replace: bool = False
 
 
 def unwrap_secrets(value: Any, path: tuple[Any, ...] = (),
@@ -104,5 +109,7 @@ class RecordingMonitor(MockMonitor):
             self.recorded.append(PlannedResource(
                 type=request.type, name=request.name, urn=response.urn,
                 parent=request.parent or None, custom=bool(request.custom),
-                props=props, secret_paths=secrets, dependencies=frozenset(deps)))
+                props=props, secret_paths=secrets, dependencies=frozenset(deps),
+                ignore_changes=tuple(request.ignoreChanges),
+                delete_before_replace=bool(request.deleteBeforeReplace)))
         return response

@@ -21,7 +21,6 @@ from vllm_gke.components.limit_store import PORT as LIMITS_PORT
 from vllm_gke.components.limit_store import LimitStore, LimitStoreArgs
 from vllm_gke.components.mesh_namespace import GOOGLE_HEALTH_CHECK_RANGES, MeshNamespace, MeshNamespaceArgs, TrustedSources
 from vllm_gke.components.mesh_readiness import MeshReadiness, MeshReadinessArgs
-from vllm_gke.components.metrics_adapter import MetricsAdapter, MetricsAdapterArgs
 from vllm_gke.components.model_store import ModelStore, ModelStoreArgs
 from vllm_gke.components.observability import Observability, ObservabilityArgs
 from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
@@ -29,7 +28,7 @@ from vllm_gke.components.specs import ModelSpec, TenantSpec
 from vllm_gke.components.serving_api import guard_config, objective_name, tenant_routes
 from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
 from vllm_gke.components.standby import Standby, StandbyArgs
-from vllm_gke.components.vllm_service import SERVER_LABELS, ScaleToZero, VllmService, VllmServiceArgs, service_name_of
+from vllm_gke.components.vllm_service import SERVER_LABELS, KedaScaling, VllmService, VllmServiceArgs, service_name_of
 from vllm_gke.components.vllm_versions import release
 from vllm_gke.infra.capacity import consumer_models
 from vllm_gke.infra.cold_start import NODE_PROVISION_S, cold_start_seconds
@@ -51,12 +50,11 @@ class Platform:
     mesh: MeshReadiness
     serving: MeshNamespace
     store: ModelStore
-    metrics_adapter: MetricsAdapter
+    keda: Keda
     tenants: dict[str, TenantAuth] = field(default_factory=dict)
     services: dict[str, VllmService] = field(default_factory=dict)
     inference_pools: dict[str, InferencePool] = field(default_factory=dict)
     limit_store: LimitStore | None = None
-    keda: Keda | None = None
     standbys: dict[str, Standby] = field(default_factory=dict)
     gateway: Gateway | None = None
     observability: Observability | None = None
@@ -98,10 +96,12 @@ def build(cfg: StackConfig) -> Platform:
     # Istio resources and meshed pods wait until the managed control plane serves the cluster.
     mesh = MeshReadiness("mesh", MeshReadinessArgs(provider, cfg.cluster.release_channel))
     after_mesh = pulumi.ResourceOptions(depends_on=[mesh])
-    # HPAs on vLLM's queue depth read it through the custom metrics API.
-    adapter = MetricsAdapter("metrics-adapter", MetricsAdapterArgs(
+    # KEDA scales every serving pool on vLLM's metrics in Managed Prometheus (and serves the
+    # cluster's external metrics API: the one server of it).
+    keda = Keda("keda", KedaArgs(
         project=cfg.project, provider=provider, workload_pool=cluster.workload_pool,
-        gsa_name=service_account_id(cfg.cluster.name, "metrics"), apis=apis))
+        gsa_name=service_account_id(cfg.cluster.name, "keda"), apis=apis, network=cluster.network.id,
+        control_plane_cidr=cfg.cluster.master_cidr if cfg.cluster.private_nodes else None))
     sources = TrustedSources(
         health_checks=[*GOOGLE_HEALTH_CHECK_RANGES, cluster.proxy_only_cidr],
         metrics=[cfg.cluster.pods_cidr, cfg.cluster.subnet_cidr])
@@ -125,14 +125,10 @@ def build(cfg: StackConfig) -> Platform:
         consumer_models=consumer_models(cfg), zones=cfg.cluster.zones, transfer_ready=cluster.transfer_ready,
         instance_name=f"{cfg.cluster.name}-weights", apis=apis, protect=cfg.cluster.deletion_protection))
     platform = Platform(apis=apis, cluster=cluster, mesh=mesh, serving=serving, store=store,
-                        metrics_adapter=adapter, tenants=tenants)
+                        keda=keda, tenants=tenants)
 
     targets: list[RouteTarget] = []
     rel = release(cfg.vllm_version)
-    if any(getattr(m, w).min_replicas == 0 for m in cfg.models for w in m.pool_names):
-        platform.keda = Keda("keda", KedaArgs(
-            project=cfg.project, provider=provider, workload_pool=cluster.workload_pool,
-            gsa_name=service_account_id(cfg.cluster.name, "keda"), apis=apis))
     shared_store: tuple[str, int] | None = None
     if cfg.global_limits.enabled:
         # vLLM pods run as their namespace's default service account: those identities may connect.
@@ -151,9 +147,8 @@ def build(cfg: StackConfig) -> Platform:
         picked = model.name if model.routing == "inference-gateway" else None
         for which in model.pool_names:
             pool = getattr(model, which)
-            standby_name = f"{service_name_of(model.name, which, canary)}-standby"
-            to_zero = ScaleToZero(cfg.project, platform.keda.auth_name, standby_name) \
-                if pool.min_replicas == 0 and platform.keda else None
+            to_zero = pool.min_replicas == 0
+            standby_name = f"{service_name_of(model.name, which, canary)}-standby" if to_zero else ""
             svc = VllmService(f"{key}-{which}", VllmServiceArgs(
                 model=model, pool_name=which, pool=pool, node_pool=cfg.pool(pool_name),
                 namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
@@ -161,11 +156,12 @@ def build(cfg: StackConfig) -> Platform:
                 guard_config=guard_config(callers, tenant_routes(), rel.max_tokens_rule, objectives_for=picked,
                                           shared_store=shared_store, served=model),
                 release=rel, tenant=tenant, canary=canary, weights_volume=store.weights_volume,
-                weights_annotations=store.pod_annotations, scale_to_zero=to_zero,
+                weights_annotations=store.pod_annotations,
+                scaling=KedaScaling(cfg.project, keda.auth_name, standby_name),
                 weights_claims=store.claims_for(tenant or "serving", model)),
                 # Pods need the sidecar (so the mesh first) and the read-only claim; KEDA's CRDs
                 # come with its chart.
-                opts=pulumi.ResourceOptions(depends_on=[mesh, store, *([platform.keda] if to_zero else [])]))
+                opts=pulumi.ResourceOptions(depends_on=[mesh, store, keda]))
             platform.services[f"{key}-{which}"] = svc
             names[which] = svc.service_name
             if to_zero:

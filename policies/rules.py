@@ -417,25 +417,32 @@ def max_tokens_cap(resources: Sequence[Resource]) -> Iterator[Finding]:
 
 
 def vllm_autoscaled(resources: Sequence[Resource]) -> Iterator[Finding]:
-    hpas = {(namespace_of(h), (h.props.get("spec") or {}).get("scaleTargetRef", {}).get("name"))
-            for h in kube(resources, "HorizontalPodAutoscaler") + kube(resources, "ScaledObject")}
+    """Every vLLM Deployment is scaled by a KEDA ScaledObject (with KEDA's chart in the plan to
+    act on it) and covered by a PodDisruptionBudget. An HPA on a custom metric needs a custom
+    metrics API the platform no longer runs (KEDA's metrics server is the external one)."""
+    scaled = {(namespace_of(h), (h.props.get("spec") or {}).get("scaleTargetRef", {}).get("name"))
+              for h in kube(resources, "ScaledObject")}
     pdbs = [(namespace_of(p), ((p.props.get("spec") or {}).get("selector") or {}).get("matchLabels") or {})
             for p in kube(resources, "PodDisruptionBudget")]
+    keda = any(r.type == "kubernetes:helm.sh/v3:Release" and r.props.get("chart") == "keda" for r in resources)
     custom_api = any((a.props.get("spec") or {}).get("group") == "custom.metrics.k8s.io"
                      for a in kube(resources, "APIService"))
     for h in kube(resources, "HorizontalPodAutoscaler"):
         metrics = (h.props.get("spec") or {}).get("metrics") or []
         if not custom_api and any(m.get("type") in ("Pods", "Object") for m in metrics):
             yield h, (f"{where(h)} scales on a custom metric but the plan serves no custom.metrics.k8s.io "
-                      "API (deploy the metrics adapter), so it would never scale")
+                      "API, so it would never scale")
+    if scaled and not keda:
+        yield next(iter(kube(resources, "ScaledObject"))), \
+            "ScaledObjects are declared but no KEDA chart is installed to act on them"
     seen = set()
     for r, _pod, _c in vllm_servers(resources):
         if r.props.get("kind") != "Deployment" or r.urn in seen:
             continue
         seen.add(r.urn)
         ns, name = namespace_of(r), meta(r).get("name")
-        if (ns, name) not in hpas:
-            yield r, f"{where(r)} has no HorizontalPodAutoscaler or ScaledObject: fixed replicas idle GPUs or drop load"
+        if (ns, name) not in scaled:
+            yield r, f"{where(r)} has no KEDA ScaledObject: fixed replicas idle GPUs or drop load"
         labels = template_labels(r)
         if not any(pns == ns and selects(sel, labels) for pns, sel in pdbs):
             yield r, f"{where(r)} has no PodDisruptionBudget: node upgrades could take every replica at once"
@@ -750,7 +757,7 @@ POLICIES: tuple[Policy, ...] = (
     Policy("max-tokens-cap", "Every vLLM server enforces a max_tokens cap for each tenant.",
            "mandatory", max_tokens_cap),
     Policy("vllm-autoscaled",
-           "Every vLLM Deployment has an HPA (with a custom metrics API to read) and a PodDisruptionBudget.",
+           "Every vLLM Deployment is scaled by a KEDA ScaledObject (KEDA installed) and has a PodDisruptionBudget.",
            "advisory", vllm_autoscaled),
     Policy("inference-pools-served",
            "InferencePools have a running endpoint picker, fail closed, are health-checked and sit behind a regional Gateway with a proxy-only subnet.",

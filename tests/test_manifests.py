@@ -67,8 +67,8 @@ def test_core_schema_rejects_unknown_field(plans):
 
 def test_core_schema_rejects_wrong_type(plans):
     def bad(doc):
-        doc["spec"]["minReplicas"] = "one"
-    assert _mutated(plans["dev"], "HorizontalPodAutoscaler", bad)
+        doc["spec"]["minAvailable"] = ["one"]
+    assert _mutated(plans["dev"], "PodDisruptionBudget", bad)
 
 
 def test_crd_rejects_bad_enum_unknown_field_and_missing_required(plans, crd_catalog):

@@ -95,8 +95,8 @@ def _no_cap(rs):
     env["value"] = json.dumps(cfg)
 
 
-def _no_hpa(rs):
-    rs[:] = [r for r in rs if r.props.get("kind") != "HorizontalPodAutoscaler"]
+def _no_autoscaler(rs):
+    rs[:] = [r for r in rs if r.props.get("kind") != "ScaledObject"]
 
 
 def _http_external_gateway(rs):
@@ -191,7 +191,7 @@ CASES: dict[str, tuple[Callable, str]] = {
     "resource-limits": (_no_limits, "has no cpu/memory limit"),
     "no-secret-literals": (_secret_literal, "env HF_TOKEN of container 'vllm' is a literal"),
     "max-tokens-cap": (_no_cap, "has no positive maxTokens cap"),
-    "vllm-autoscaled": (_no_hpa, "has no HorizontalPodAutoscaler"),
+    "vllm-autoscaled": (_no_autoscaler, "has no KEDA ScaledObject"),
     "external-gateway-https-only": (_http_external_gateway, "has no HTTPS listener"),
     "serving-paths-authenticated": (_open_completions, "is allowed without a JWT"),
     "pods-hardened": (_privileged, "allowPrivilegeEscalation is not false"),
@@ -262,16 +262,23 @@ def test_tenant_route_on_the_http_listener_of_an_external_gateway(plans):
     assert any("admits routes from 'All'" in v.message for v in violations_of(rs, "external-gateway-https-only"))
 
 
-def test_hpa_without_custom_metrics_api_is_flagged(plans):
+def test_scaled_objects_without_keda_or_custom_metric_hpas_are_flagged(plans):
     rs = resources(plans["dev"])
-    rs[:] = [r for r in rs if r.props.get("kind") != "APIService"]
-    messages = [v.message for v in violations_of(rs, "vllm-autoscaled")]
-    assert len(messages) == 2 and all("no custom.metrics.k8s.io API" in m for m in messages)
+    rs[:] = [r for r in rs if not (r.type == "kubernetes:helm.sh/v3:Release" and r.props.get("chart") == "keda")]
+    (v,) = violations_of(rs, "vllm-autoscaled")
+    assert "no KEDA chart is installed" in v.message
+    rs = resources(plans["dev"])
+    rs.append(Resource("kubernetes:autoscaling/v2:HorizontalPodAutoscaler", "hpa", {
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "qwen-7b-short", "namespace": "vllm"},
+        "spec": {"scaleTargetRef": {"name": "qwen-7b-short"}, "metrics": [{"type": "Pods"}]}}))
+    (v,) = violations_of(rs, "vllm-autoscaled")
+    assert "no custom.metrics.k8s.io API" in v.message
 
 
 def test_enforcement_levels_are_configurable(plans):
     rs = resources(plans["dev"])
-    _no_hpa(rs)
+    _no_autoscaler(rs)
     assert {v.level for v in evaluate(rs)} == {"advisory"}
     assert {v.level for v in evaluate(rs, {"vllm-autoscaled": "mandatory"})} == {"mandatory"}
     assert {v.level for v in evaluate(rs, {"all": "mandatory"})} == {"mandatory"}

@@ -35,13 +35,12 @@ def test_keda_is_installed_pinned_with_its_google_identity(plans):
     assert viewer["role"] == "roles/monitoring.viewer"
     auth = one(plan, "ClusterTriggerAuthentication", GMP_AUTH)
     assert auth["spec"] == {"podIdentity": {"provider": "gcp"}}
-    # Only where a pool may go to zero.
-    assert not [r for r in plans["dev"].resources if r.type == "kubernetes:helm.sh/v3:Release"]
+    # Every stack: KEDA scales every pool, not only those that may go to zero.
+    assert [r.props["chart"] for r in plans["dev"].resources if r.type == "kubernetes:helm.sh/v3:Release"] == ["keda"]
 
 
-def test_pool_at_zero_is_scaled_by_keda_not_an_hpa(plans):
+def test_pool_at_zero_is_woken_kept_and_scaled_by_keda(plans):
     plan = plans["staging"]
-    assert not [h for h in manifests_of(plan, "HorizontalPodAutoscaler") if h["metadata"]["name"] == "mistral-7b-long"]
     so = one(plan, "ScaledObject", "mistral-7b-long")["spec"]
     assert so["scaleTargetRef"]["name"] == "mistral-7b-long"
     assert (so["minReplicaCount"], so["maxReplicaCount"], so["cooldownPeriod"]) == (0, 1, 900)
@@ -55,8 +54,10 @@ def test_pool_at_zero_is_scaled_by_keda_not_an_hpa(plans):
         wake["metadata"]["query"]
     assert "vllm:num_requests_waiting" in queue["metadata"]["query"] and queue["metadata"]["threshold"] == "8"
     assert "vllm:num_requests_running" in keep["metadata"]["query"]
-    # The other pools keep their HPA.
-    assert one(plan, "HorizontalPodAutoscaler", "mistral-7b-short")["spec"]["minReplicas"] == 1
+    # A pool with a floor: the queue trigger alone.
+    short = one(plan, "ScaledObject", "mistral-7b-short")["spec"]
+    assert short["minReplicaCount"] == 1 and [t["metadata"]["query"] for t in short["triggers"]] == [
+        queue["metadata"]["query"].replace("mistral-7b-long", "mistral-7b-short")]
 
 
 def test_standby_is_selected_by_the_pools_service_and_in_the_mesh(plans):
@@ -184,12 +185,36 @@ def test_standby_probe_has_explicit_timeout_and_a_fully_qualified_host(plans):
     assert host == "mistral-7b-long-ready.vllm.svc.cluster.local."
 
 
-def test_switching_a_running_pool_to_zero_passes_kedas_webhook(plans):
-    """Pulumi creates the ScaledObject before it deletes the pool's HPA; KEDA's webhook (v2.20.2
-    verifyHpas) refuses a ScaledObject for a workload another HPA scales unless that HPA carries
-    validations.keda.sh/hpa-ownership: "false"."""
-    hpa = one(plans["staging"], "HorizontalPodAutoscaler", "mistral-7b-short")
-    assert hpa["metadata"]["annotations"]["validations.keda.sh/hpa-ownership"] == "false"
+def test_a_pool_at_zero_starts_there_and_keda_owns_the_count(plans):
+    """The first `pulumi up` starts a pool that may go to zero at zero (no cold start paid for a
+    pool nobody called); every vLLM Deployment leaves spec.replicas to KEDA on later updates."""
+    plan = plans["staging"]
+    long = plan.kube("Deployment", "mistral-7b-long", "vllm")
+    assert long.props["spec"]["replicas"] == 0
+    assert "replicas" not in plan.kube("Deployment", "mistral-7b-short", "vllm").props["spec"]
+    for dep in plan.of_type("kubernetes:apps/v1:Deployment"):
+        if dep.props["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/name") == "vllm":
+            assert "spec.replicas" in dep.ignore_changes, dep.name
+
+
+@pytest.mark.parametrize("floor", [0, 1])
+def test_changing_the_floor_updates_one_scaled_object_in_place(plan_variant, floor):
+    """minReplicas 0 -> 1 on a pool at zero: the same ScaledObject (same URN) gets minReplicaCount 1,
+    and KEDA's operator scales a target below its minimum up to it (keda v2.20.2
+    pkg/scaling/executor/scale_scaledobjects.go:102-109). Had the pool moved to an HPA instead, the
+    HPA would refuse to scale from 0 and KEDA, losing its ScaledObject, would leave it at 0."""
+    def set_floor(values):
+        (mistral,) = [m for m in values["vllm-gke:models"] if m["name"] == "mistral-7b"]
+        mistral["long"]["minReplicas"] = floor
+
+    plans_of = (plan_variant("staging"), plan_variant("staging", set_floor))
+    after = plans_of[1]
+    so_before, so_after = (p.kube("ScaledObject", "mistral-7b-long", "vllm") for p in plans_of)
+    assert so_before.urn == so_after.urn
+    assert so_after.props["spec"]["minReplicaCount"] == floor
+    assert not after.of_type("kubernetes:autoscaling/v2:HorizontalPodAutoscaler")
+    standby = [r for r in after.of_type("kubernetes:apps/v1:Deployment") if r.name.endswith("-standby-deploy")]
+    assert bool(standby) == (floor == 0)
 
 
 def test_a_tenants_own_pool_at_zero_answers_the_tenant(plan_variant):
@@ -242,3 +267,34 @@ def test_disruption_budgets_select_vllm_pods_only(plans, stack):
         (dep,) = [d for d in manifests_of(plan, "Deployment", pdb["metadata"]["namespace"])
                   if d["metadata"]["name"] == pdb["metadata"]["name"]]
         assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_a_canary_follows_its_pools_scaling_to_zero(plan_variant):
+    """Beside a pool that may go to zero its canary may too (up to canary.replicas), with its own
+    standby; beside a pool with a floor it keeps canary.replicas."""
+    def long_to_zero(values):
+        (llama,) = [m for m in values["vllm-gke:models"] if m["name"] == "llama-8b"]
+        llama["long"]["minReplicas"] = 0
+
+    plan = plan_variant("prod", long_to_zero)
+    long = plan.kube("ScaledObject", "llama-8b-canary-long", "vllm").props["spec"]
+    assert (long["minReplicaCount"], long["maxReplicaCount"]) == (0, 1)
+    assert "llama-8b-canary-long-standby" in long["triggers"][0]["metadata"]["query"]
+    assert plan.kube("Deployment", "llama-8b-canary-long-standby", "vllm")
+    assert plan.kube("Deployment", "llama-8b-canary-long", "vllm").props["spec"]["replicas"] == 0
+    short = plan.kube("ScaledObject", "llama-8b-canary-short", "vllm").props["spec"]
+    assert (short["minReplicaCount"], short["maxReplicaCount"]) == (1, 1)
+
+
+def test_a_private_control_plane_reaches_kedas_metrics_server_and_webhook(plans, plan_variant):
+    """GKE's own rule lets a private cluster's control plane reach nodes on 443 and 10250 only;
+    KEDA's metrics server (6443) and admission webhook (9443) need one more, before the chart."""
+    plan = plans["prod"]
+    (rule,) = plan.of_type("gcp:compute/firewall:Firewall")
+    assert rule.props["sourceRanges"] == [plan.config.cluster.master_cidr]
+    assert rule.props["allows"] == [{"protocol": "tcp", "ports": ["6443", "9443"]}]
+    assert rule.props["direction"] == "INGRESS"
+    (release,) = plan.of_type("kubernetes:helm.sh/v3:Release")
+    assert plan.waits_for(release, rule)
+    public = plan_variant("dev", lambda v: v["vllm-gke:cluster"].update(privateNodes=False))
+    assert not public.of_type("gcp:compute/firewall:Firewall")

@@ -42,7 +42,7 @@ def test_component_counts(plans):
                                  "vllm-gke:index:GpuCluster": 1, "vllm-gke:index:ModelStore": 1,
                                  "vllm-gke:index:MeshNamespace": 2, "vllm-gke:index:TenantAuth": 1,
                                  "vllm-gke:index:VllmService": 2, "vllm-gke:index:Gateway": 1,
-                                 "vllm-gke:index:Observability": 1, "vllm-gke:index:MetricsAdapter": 1}
+                                 "vllm-gke:index:Observability": 1, "vllm-gke:index:Keda": 1}
     prod = components("prod")
     assert prod["vllm-gke:index:VllmService"] == 10  # 3 shared models, 1 canary, 1 dedicated; two pools each
     assert prod["vllm-gke:index:TenantAuth"] == 3
@@ -52,7 +52,7 @@ def test_component_counts(plans):
 def test_every_component_child_is_parented(plans):
     plan = plans["prod"]
     components = {r.urn for r in plan.resources if not r.custom}
-    top_level = {"apis", "gke", "mesh", "serving", "weights", "gateway", "observability", "metrics-adapter",
+    top_level = {"apis", "gke", "mesh", "serving", "weights", "gateway", "observability", "keda",
                  "limits"} | {
         f"tenant-{t}" for t in ("search", "support", "analytics")} | {
         f"{m}-{p}" for m in ("llama-70b", "qwen-7b", "llama-8b", "llama-8b-canary", "analytics-qwen-7b")

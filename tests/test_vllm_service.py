@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from vllm_gke.components.vllm_versions import release
+import json
 
 import pytest
 
+from vllm_gke.components.vllm_versions import release
+
 from vllm_gke.components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
-from vllm_gke.components.vllm_service import QUEUE_METRIC, container_resources, vllm_args
-from tests.conftest import manifests_of, vllm_deployments
+from vllm_gke.components.vllm_service import container_resources, vllm_args
+from tests.conftest import STACKS, manifests_of, vllm_deployments
 
 
 def deployment(plan, name, namespace="vllm"):
@@ -92,20 +94,21 @@ def test_placement_on_mig_slice_and_spot_compute_class(plans):
                                     "vllm-gke.io/node-pool": "a100-tp8"}
 
 
-def test_pdb_hpa_and_pod_monitoring_per_pool(plans):
+def test_pdb_scaled_object_and_pod_monitoring_per_pool(plans):
     plan = plans["prod"]
     deployments = vllm_deployments(plan)
-    for kind in ("PodDisruptionBudget", "HorizontalPodAutoscaler", "PodMonitoring", "Service"):
-        per_model = [m for m in manifests_of(plan, kind)
-                     if m["metadata"]["namespace"] not in ("custom-metrics", "vllm-gke-limits")]
+    for kind in ("PodDisruptionBudget", "ScaledObject", "PodMonitoring", "Service"):
+        per_model = [m for m in manifests_of(plan, kind) if m["metadata"]["namespace"] not in ("vllm-gke-limits",)]
         assert len(per_model) == len(deployments), kind
-    hpa = next(h for h in manifests_of(plan, "HorizontalPodAutoscaler") if h["metadata"]["name"] == "qwen-7b-short"
-               and h["metadata"]["namespace"] == "vllm")
-    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
-    (metric,) = hpa["spec"]["metrics"]
-    assert metric["pods"]["metric"]["name"] == QUEUE_METRIC == "prometheus.googleapis.com|vllm:num_requests_waiting|gauge"
+    so = next(h for h in manifests_of(plan, "ScaledObject") if h["metadata"]["name"] == "qwen-7b-short"
+              and h["metadata"]["namespace"] == "vllm")["spec"]
+    assert (so["minReplicaCount"], so["maxReplicaCount"]) == (2, 6)
+    (queue,) = so["triggers"]
+    assert queue["metadata"]["query"].startswith("sum(vllm:num_requests_waiting{")
+    assert queue["metadata"]["threshold"] == str(plan.config.model("qwen-7b").short.queue_depth_target)
+    assert "cooldownPeriod" not in so  # KEDA warns on it for a pool that never goes to zero
     for dep in deployments:
-        assert "replicas" not in dep["spec"]  # the HPA owns it
+        assert "replicas" not in dep["spec"]  # KEDA owns it; pools with a floor start at one
     pm = manifests_of(plan, "PodMonitoring")[0]
     assert pm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
 
@@ -119,15 +122,14 @@ def test_container_resources_share_the_node(machine, partition, gpus, cpu, mem):
     assert res["limits"] == {"cpu": cpu, "memory": mem, "nvidia.com/gpu": str(gpus)}
 
 
-def test_hpa_metric_is_served_by_the_metrics_adapter(plans):
-    plan = plans["dev"]
-    apis = {a["metadata"]["name"]: a["spec"] for a in manifests_of(plan, "APIService")}
-    assert set(apis) == {"v1beta1.custom.metrics.k8s.io", "v1beta2.custom.metrics.k8s.io",
-                         "v1beta1.external.metrics.k8s.io"}
-    assert all(a["service"] == {"name": "custom-metrics-stackdriver-adapter", "namespace": "custom-metrics"}
-               for a in apis.values())
-    (sa,) = [s for s in manifests_of(plan, "ServiceAccount", "custom-metrics")]
-    assert sa["metadata"]["annotations"]["iam.gke.io/gcp-service-account"].startswith("vllm-dev-metrics@")
-    binding = next(b for b in manifests_of(plan, "ClusterRoleBinding") if b["metadata"]["name"] == "external-metrics-reader")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "horizontal-pod-autoscaler",
-                                    "namespace": "kube-system"}]
+@pytest.mark.parametrize("stack", STACKS)
+def test_one_autoscaling_path_and_one_external_metrics_server(plans, stack):
+    """KEDA scales every pool; the plan declares no APIService of its own (KEDA's chart registers
+    the one v1beta1.external.metrics.k8s.io) and no HPA, and runs no custom metrics adapter,
+    whose serving certificate could not be written to its read-only root filesystem."""
+    plan = plans[stack]
+    assert manifests_of(plan, "APIService") == []
+    assert manifests_of(plan, "HorizontalPodAutoscaler") == []
+    assert not [d for d in manifests_of(plan, "Deployment") if "metrics-stackdriver-adapter" in json.dumps(d)]
+    (release,) = [r.props for r in plan.resources if r.type == "kubernetes:helm.sh/v3:Release"]
+    assert release["chart"] == "keda" and release["values"].get("metricsServer", {}).get("enabled", True)

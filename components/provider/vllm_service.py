@@ -7,6 +7,7 @@ import pulumi
 from typing_extensions import NotRequired
 
 from vllm_gke.components.provider.convert import InputError, kubernetes_provider, to_spec, to_specs
+from vllm_gke.components.keda import GMP_AUTH
 from vllm_gke.components.provider.types import ImageRef, ModelSpec, NodePoolSpec, TenantSpec
 from vllm_gke.components.serving_api import guard_config, tenant_routes
 from vllm_gke.components.specs import ImageRef as ImageModel
@@ -14,7 +15,7 @@ from vllm_gke.components.specs import ModelSpec as ModelModel
 from vllm_gke.components.specs import NodePoolSpec as NodePoolModel
 from vllm_gke.components.specs import TenantSpec as TenantModel
 from vllm_gke.components.vllm_service import VllmService as _VllmService
-from vllm_gke.components.vllm_service import VllmServiceArgs
+from vllm_gke.components.vllm_service import KedaScaling, VllmServiceArgs
 from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
 
 
@@ -35,10 +36,15 @@ class VllmServiceInputs(TypedDict):
     """The read-only weights claim in that namespace (ModelStore.claimName)."""
     kubeconfig: pulumi.Input[str]
     """The cluster's kubeconfig (GpuCluster.kubeconfig)."""
+    project: str
+    """The Google Cloud project whose Managed Prometheus KEDA reads the pool's queue depth from
+    (KEDA, chart 2.20.2 with its ClusterTriggerAuthentication, must be installed in the cluster)."""
     tenants: NotRequired[list[TenantSpec]]
     """The tenants allowed to call it: their caps and rate limits go to the in-server guard."""
     tenant: NotRequired[str]
     """The tenant owning dedicated replicas, if any."""
+    keda_auth: NotRequired[str]
+    """The ClusterTriggerAuthentication KEDA queries Managed Prometheus with (default gmp-workload-identity)."""
     vllm_version: NotRequired[str]
     """The vLLM release the image is built on (default the newest supported)."""
     canary: NotRequired[bool]
@@ -47,7 +53,7 @@ class VllmServiceInputs(TypedDict):
 
 class VllmService(pulumi.ComponentResource):
     """One serving pool of one model: vLLM Deployment behind the tenant guard, Service,
-    PodDisruptionBudget, queue-depth autoscaler and PodMonitoring."""
+    PodDisruptionBudget, KEDA ScaledObject on queue depth and PodMonitoring."""
 
     service_name: pulumi.Output[str]
     """The Service's name (a Gateway route target)."""
@@ -67,6 +73,13 @@ class VllmService(pulumi.ComponentResource):
         if version not in RELEASES:
             raise InputError(f"VllmService.vllmVersion: vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
         rel = RELEASES[version]
+        project = args.get("project")
+        if not project:
+            raise InputError("VllmService.project: the Google Cloud project whose Managed Prometheus KEDA reads "
+                             "is required")
+        if getattr(model, pool_name).min_replicas == 0:
+            raise InputError(f"VllmService.model.{pool_name}.minReplicas: 0 needs the standby the stack program "
+                             "declares to answer and wake the pool; use 1 or more through the component package")
         canary = bool(args.get("canary"))
         if canary:
             canary_model = model.canary_model()
@@ -78,7 +91,8 @@ class VllmService(pulumi.ComponentResource):
             namespace=args["namespace"], image=image, claim_name=args["claim_name"],
             provider=kubernetes_provider(name, args["kubeconfig"], self),
             guard_config=guard_config(tenants, tenant_routes(), rel.max_tokens_rule), tenant=args.get("tenant"),
-            release=rel, canary=canary), opts=pulumi.ResourceOptions(parent=self))
+            release=rel, canary=canary, scaling=KedaScaling(project, args.get("keda_auth") or GMP_AUTH)),
+            opts=pulumi.ResourceOptions(parent=self))
         self.service_name = pulumi.Output.from_input(inner.service_name)
         self.deployment_name = inner.deployment.metadata.name
         self.register_outputs({"serviceName": self.service_name, "deploymentName": self.deployment_name})

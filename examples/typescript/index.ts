@@ -66,6 +66,7 @@ const pools = ["short", "long"].map(pool => new vllmgke.VllmService(`qwen-7b-${p
     image: image,
     claimName: weights.claimName,
     kubeconfig: cluster.kubeconfig,
+    project: project,  // KEDA (installed in the cluster) reads the queue depth from its Managed Prometheus
     tenants: [tenant],
 }));
 
