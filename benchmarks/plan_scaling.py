@@ -68,7 +68,7 @@ def with_every_option(config: dict[str, Any]) -> dict[str, Any]:
         pool.update(machineType="a2-ultragpu-8g", gpuPartitionSize="3g.40gb")
     callers: dict[str, list[str]] = {}
     for t, tenant in enumerate(config["vllm-gke:tenants"]):
-        tenant["priority"] = t % 3
+        tenant["priority"] = -(t % 3)  # 0 never shed, negative shed first
         tenant["rateLimit"]["tokensPerMinute"] = 100_000
         for m in tenant["models"]:
             callers.setdefault(m, []).append(tenant["name"])

@@ -24,13 +24,18 @@ import pulumi_kubernetes as k8s
 from vllm_gke.components.k8s_meta import ACCESS_LABEL, custom_resource, meta, vllm_health_check
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.project_apis import ProjectApis
-from vllm_gke.components.serving_api import FAIRNESS_HEADER, ISSUER_HEADER, OBJECTIVE_HEADER, PICKER_CONTROL_HEADERS
+from vllm_gke.components.serving_api import FAIRNESS_HEADER, ISSUER_HEADER, OBJECTIVE_HEADER, REFUSED_AT_THE_PICKER
 from vllm_gke.components.specs import GatewaySpec
+from vllm_gke.components.vllm_service import drain_seconds
 
 GATEWAY_NAME = "vllm"
 LENGTH_HINT_HEADER = "x-vllm-gke-length"
 HTTP_LISTENER = "http"
 HTTPS_LISTENER = "https"
+# GCPBackendPolicy's connectionDraining.drainingTimeoutSec upper bound (Cloud Load Balancing).
+MAX_DRAINING_S = 3600
+# Where a request carrying a picker control header is redirected: no route serves it (404).
+PICKER_HEADER_REFUSED_PATH = "/vllm-gke/errors/gateway-control-header-not-allowed"
 
 
 def at_least_regex(n: int) -> str:
@@ -50,14 +55,50 @@ def at_least_regex(n: int) -> str:
     return "^(" + "|".join(alternatives) + ")$"
 
 
+def at_most_regex(n: int) -> str:
+    """An RE2 pattern matching exactly the decimal integers 0..n (no leading zeros)."""
+    digits = str(n)
+    width = len(digits)
+    alternatives = ["0"]
+    if width > 1:
+        alternatives.append(f"[1-9][0-9]{{0,{width - 2}}}")  # fewer digits than n
+    alternatives.append(digits)
+    for i, ch in enumerate(digits):
+        high = int(ch) - 1
+        low = 1 if i == 0 else 0
+        if high < low:
+            continue
+        rest = width - i - 1
+        tail = f"[0-9]{{{rest}}}" if rest else ""
+        alternatives.append(f"{digits[:i]}[{low}-{high}]{tail}")
+    return "^(" + "|".join(alternatives) + ")$"
+
+
+def backend_defaults(request_timeout_seconds: int) -> dict[str, Any]:
+    """GCPBackendPolicy defaults for vLLM replicas. Long generations stream for minutes (the load
+    balancer's 30 s default would cut them); a detached endpoint keeps its connections for as long
+    as a stopping replica may still answer (preStop plus the longest request), so what it
+    accepted finishes on a scale-down or drain."""
+    return {"timeoutSec": request_timeout_seconds,
+            "connectionDraining": {"drainingTimeoutSec": min(MAX_DRAINING_S, drain_seconds(request_timeout_seconds))}}
+
+
 @dataclass(frozen=True)
 class PickerTarget:
-    """A model's InferencePool as one tenant reaches it: the route sets the tenant's objective
-    (its priority) and fairness id, so neither is the client's to choose."""
+    """A model's InferencePool as one tenant reaches it. The tenant must send its own objective
+    (no other value is routed) and may not send the picker's other control headers (refused):
+    the picker reads the request before route-level header changes apply (envoy#15012), so
+    neither its priority nor its replica is the client's to choose. The route also sets them
+    for the replica, whose mesh policy and guard check the same objective."""
 
     pool_name: str
     objective: str
     tenant: str
+    # (path, method) pairs the picker serves (serving_api.picker_routes()).
+    routes: tuple[tuple[str, str], ...] = (("/v1/chat/completions", "POST"), ("/v1/completions", "POST"),
+                                           ("/v1/models", "GET"))
+    # The largest Content-Length a body may declare (the picker buffers it whole).
+    max_body_bytes: int = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -242,7 +283,7 @@ class Gateway(pulumi.ComponentResource):
                     {"name": canary, "port": target.port, "weight": target.canary_weight}]
 
         if target.picker:
-            self._picker_route(name, target, path, url_rewrite, parent_ref, spec, opts)
+            self._picker_route(name, target, parent_ref, spec, opts)
             return
         long_backend = {"filters": rewrite,
                         "backendRefs": backend(target.long_service, target.canary_long_service)}
@@ -272,21 +313,39 @@ class Gateway(pulumi.ComponentResource):
         custom_resource(f"{name}-route-{target.route_name}", "gateway.networking.k8s.io/v1", "HTTPRoute",
                         {**meta(target.route_name), "namespace": target.namespace}, route_spec, opts)
 
-    def _picker_route(self, name: str, target: RouteTarget, path: dict, url_rewrite: dict, parent_ref: dict,
-                      spec: GatewaySpec, opts: pulumi.ResourceOptions) -> None:
-        """One rule to the pool; the objective and fairness id are set here (overwriting a client's
-        copy) and the picker's other control headers stripped. The mesh admits the tenant's token
-        only with its own objective, so taking another tenant's path buys nothing but a 403."""
+    def _picker_route(self, name: str, target: RouteTarget, parent_ref: dict, spec: GatewaySpec,
+                      opts: pulumi.ResourceOptions) -> None:
+        """One rule per route the picker serves, each requiring the tenant's own objective and,
+        for a body, a Content-Length within the limit (no chunked or oversized body reaches the
+        picker, which buffers it whole); and first a rule that answers any request carrying one
+        of the picker's other control headers with a redirect to a path nothing serves. Each of
+        its matches is a served match plus that header, so it outranks the served rule by header
+        count (Gateway API precedence), whatever the implementation does with ties."""
         picker = target.picker
         assert picker is not None
+        prefix = f"/{target.path_prefix}"
+        own = {"type": "Exact", "name": OBJECTIVE_HEADER, "value": picker.objective}
+        length = {"type": "RegularExpression", "name": "content-length", "value": at_most_regex(picker.max_body_bytes)}
+
+        def served(path: str, method: str) -> dict:
+            return {"path": {"type": "Exact", "value": f"{prefix}{path}"}, "method": method,
+                    "headers": [own, *([length] if method == "POST" else [])]}
+
         headers = {"type": "RequestHeaderModifier", "requestHeaderModifier": {
             "set": [{"name": OBJECTIVE_HEADER, "value": picker.objective},
                     {"name": FAIRNESS_HEADER, "value": picker.tenant}],
-            "remove": [ISSUER_HEADER, *PICKER_CONTROL_HEADERS]}}
-        filters = [url_rewrite, headers]
+            "remove": [ISSUER_HEADER, *REFUSED_AT_THE_PICKER]}}
         backend = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": picker.pool_name}
-        self._declare_route(name, target, [{"matches": [{"path": path}], "filters": filters,
-                                            "backendRefs": [backend]}], parent_ref, spec, opts)
+        refused = {"matches": [{**served(path, method), "headers": [*served(path, method)["headers"], {
+            "type": "RegularExpression", "name": header, "value": ".*"}]}
+            for path, method in picker.routes for header in REFUSED_AT_THE_PICKER],
+            "filters": [{"type": "RequestRedirect", "requestRedirect": {
+                "path": {"type": "ReplaceFullPath", "replaceFullPath": PICKER_HEADER_REFUSED_PATH},
+                "statusCode": 302}}]}
+        rules = [refused, *({"matches": [served(path, method)], "filters": [
+            {"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplaceFullPath", "replaceFullPath": path}}},
+            headers], "backendRefs": [backend]} for path, method in picker.routes)]
+        self._declare_route(name, target, rules, parent_ref, spec, opts)
 
     @staticmethod
     def _service_policies(name: str, target: RouteTarget, spec: GatewaySpec, opts: pulumi.ResourceOptions) -> None:
@@ -295,10 +354,7 @@ class Gateway(pulumi.ComponentResource):
             custom_resource(
                 f"{name}-hc-{target.route_name}-{service}", "networking.gke.io/v1", "HealthCheckPolicy",
                 {**meta(service), "namespace": target.namespace}, vllm_health_check(ref, target.port), opts)
-            # Long generations stream for minutes; the LB's 30 s default would cut them.
-            # Draining outlasts the pods' 20 s preStop, so in-flight streams finish on a scale-down.
-            backend_policy: dict = {"timeoutSec": spec.request_timeout_seconds,
-                                    "connectionDraining": {"drainingTimeoutSec": 30}}
+            backend_policy: dict = backend_defaults(spec.request_timeout_seconds)
             if target.max_rate_per_endpoint.get(service):
                 backend_policy["maxRatePerEndpoint"] = target.max_rate_per_endpoint[service]
             custom_resource(

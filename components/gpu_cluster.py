@@ -179,6 +179,8 @@ class GpuCluster(pulumi.ComponentResource):
             # A floor, not a pin: GKE still upgrades along the channel (pulumi-gcp minMasterVersion).
             **({"min_master_version": spec.min_master_version} if spec.min_master_version else {}),
             networking_mode="VPC_NATIVE",
+            # Dataplane V2 enforces NetworkPolicy (immutable: set at creation only).
+            **({"datapath_provider": "ADVANCED_DATAPATH"} if spec.dataplane_v2 else {}),
             ip_allocation_policy={"cluster_secondary_range_name": "pods",
                                   "services_secondary_range_name": "services"},
             private_cluster_config={"enable_private_nodes": spec.private_nodes,

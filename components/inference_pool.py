@@ -3,9 +3,10 @@
 Declares what the upstream `inferencepool` chart (gateway-api-inference-extension v1.2.0,
 config/charts/inferencepool) installs for the GKE provider, as typed Pulumi resources:
   - the InferencePool (inference.networking.k8s.io/v1) selecting the model's vLLM pods;
-  - its endpoint picker (EPP): ServiceAccount, a Role that reads pools, objectives and pods,
-    the plugin config (queue depth, KV-cache utilisation and prefix-cache affinity scorers),
-    Deployment and Service, scraped by Managed Prometheus;
+  - its endpoint picker (EPP): ServiceAccount, a Role that reads pools, objectives and pods
+    (and, for leader election, leases and events), the plugin config (queue depth, KV-cache
+    utilisation and prefix-cache affinity scorers), Deployment and Service, scraped by Managed
+    Prometheus;
   - one InferenceObjective per tenant, carrying the tenant's priority;
   - the load balancer's HealthCheckPolicy and GCPBackendPolicy, which target the pool
     (GKE's "Deploy GKE Inference Gateway" guide: the default health check asks for '/').
@@ -15,20 +16,32 @@ the proxy-only subnet) and it serves its own TLS (--secure-serving, the EPP defa
 sidecar would demand a mesh identity the load balancer does not have. It never serves a
 tenant: it only answers "which replica", and the request itself still enters the chosen
 replica through that replica's sidecar, JWT and AuthorizationPolicy.
+
+Run as upstream runs it highly available (`--ha-enable-leader-election`, the chart's
+replicas > 1 path): every replica serves ext_proc, only the leader runs the controllers and
+reports ready (cmd/epp/runner/health.go:46-95), and a standby takes the lease within seconds of
+losing the leader (it is released on a graceful stop). No PodDisruptionBudget: with one Ready
+pod by design, any budget would forbid evicting the leader and block every drain. Its metric
+names come from the vLLM release (the v1.2.0 default KV-cache gauge is gone from 0.34), pprof is
+off (it would be served without auth beside /metrics), and a NetworkPolicy admits only the load
+balancer's proxies and health checks to ext_proc and the metrics scrapers to 9090.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
+from vllm_gke.components.gateway import backend_defaults
 from vllm_gke.components.k8s_meta import CONTAINER_SECURITY, custom_resource, meta, vllm_health_check
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.specs import ImageRef
+from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, release
 
 POOL_API = "inference.networking.k8s.io/v1"
 OBJECTIVE_API = "inference.networking.x-k8s.io/v1alpha2"
@@ -38,6 +51,9 @@ HEALTH_PORT = 9003
 METRICS_PORT = 9090
 EPP_UID = 65532  # the distroless image's nonroot user
 CONFIG_FILE = "default-plugins.yaml"
+REPLICAS = 2
+# The managed collectors of Google Cloud Managed Service for Prometheus run in one of these.
+GMP_NAMESPACES = ("gmp-system", "gke-gmp-system")
 # The chart's default scheduling profile: prefix-cache affinity first, then load.
 SCORER_WEIGHTS = (("queue-scorer", 2), ("kv-cache-utilization-scorer", 2), ("prefix-cache-scorer", 3))
 
@@ -64,6 +80,13 @@ class InferencePoolArgs:
     port: int = 8000
     request_timeout_seconds: int = 600
     image: ImageRef = EPP_IMAGE
+    # The picker's metric-name flags for the pool's vLLM release (VllmRelease.picker_metrics);
+    # the v1.2.0 defaults name a KV-cache gauge vLLM 0.34 no longer exports.
+    model_metrics: Mapping[str, str] = field(default_factory=lambda: release(DEFAULT_VLLM_VERSION).picker_metrics)
+    # Who may call ext_proc (the load balancer's proxy-only subnet and health-check ranges) and
+    # scrape 9090 besides Managed Prometheus' collectors (the nodes' range, for host-network ones).
+    load_balancer_sources: Sequence[str] = ()
+    metrics_sources: Sequence[str] = ()
 
 
 class InferencePool(pulumi.ComponentResource):
@@ -89,42 +112,62 @@ class InferencePool(pulumi.ComponentResource):
             {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
              "verbs": ["get", "watch", "list"]},
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "watch", "list"]},
+            # Leader election (the chart's leader-election-rbac.yaml for replicas > 1).
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
         ], opts=k8s_opts)
         k8s.rbac.v1.RoleBinding(
             f"{name}-epp-binding", metadata=md(epp),
             role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": epp},
             subjects=[{"kind": "ServiceAccount", "name": epp, "namespace": ns}],
             opts=child_opts(self, opts, provider=args.provider, depends_on=[role, sa]))
+        plugins = picker_config()
         config = k8s.core.v1.ConfigMap(f"{name}-epp-config", metadata=md(epp),
-                                       data={CONFIG_FILE: picker_config()}, opts=k8s_opts)
-        grpc_probe = {"grpc": {"port": HEALTH_PORT, "service": "inference-extension"}}
+                                       data={CONFIG_FILE: plugins}, opts=k8s_opts)
+        # Only the leader is ready; liveness holds on every replica (health.go:46-95).
+        def grpc_probe(service: str) -> dict:
+            return {"grpc": {"port": HEALTH_PORT, "service": service}}
+
+        metric_flags = [item for flag, metric in sorted(args.model_metrics.items()) for item in (flag, metric)]
         self.picker = k8s.apps.v1.Deployment(
             f"{name}-epp", metadata=md(epp),
             spec={
-                # One active picker: its prefix-cache index lives in memory (the chart's pattern).
-                "replicas": 1, "strategy": {"type": "Recreate"},
+                "replicas": REPLICAS,
+                # Old and new replicas at once: a new pod cannot turn ready while the old leader
+                # holds the lease, so a surge-only rollout would never finish, and Recreate would
+                # wait out the old pods' grace period before starting any new one.
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "100%"}},
                 "selector": {"matchLabels": {"inferencepool": epp}},
                 "template": {
-                    # Outside the mesh: see the module docstring.
-                    "metadata": {"labels": {**labels, "sidecar.istio.io/inject": "false"}},
+                    # Outside the mesh: see the module docstring. The config's digest rolls the
+                    # picker when its plugins change (it reads the file once, at start).
+                    "metadata": {"labels": {**labels, "sidecar.istio.io/inject": "false"},
+                                 "annotations": {"vllm-gke.io/config-sha256":
+                                                 hashlib.sha256(plugins.encode()).hexdigest()[:16]}},
                     "spec": {
                         "serviceAccountName": epp,
                         # Outlast the longest vLLM drain, so in-flight picks complete.
                         "terminationGracePeriodSeconds": 130,
                         "securityContext": {"runAsNonRoot": True, "runAsUser": EPP_UID, "runAsGroup": EPP_UID,
                                             "seccompProfile": {"type": "RuntimeDefault"}},
+                        # A node drain takes one replica, never both.
+                        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                            "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                                               "labelSelector": {"matchLabels": {"inferencepool": epp}}}}]}},
                         "containers": [{
                             "name": "epp", "image": args.image.uri,
                             "args": ["--pool-name", args.pool_name, "--pool-namespace", ns,
                                      "--zap-encoder", "json", "--config-file", f"/config/{CONFIG_FILE}",
-                                     "--v", "1", "--tracing=false", "--metrics-endpoint-auth=false"],
+                                     "--v", "1", "--tracing=false", "--metrics-endpoint-auth=false",
+                                     "--ha-enable-leader-election", "--enable-pprof=false", *metric_flags],
                             "ports": [{"name": "grpc", "containerPort": EXT_PROC_PORT},
                                       {"name": "grpc-health", "containerPort": HEALTH_PORT},
                                       {"name": "metrics", "containerPort": METRICS_PORT}],
                             "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                                     {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
-                            "livenessProbe": {**grpc_probe, "initialDelaySeconds": 5, "periodSeconds": 10},
-                            "readinessProbe": {**grpc_probe, "periodSeconds": 2},
+                            "livenessProbe": {**grpc_probe("liveness"), "initialDelaySeconds": 5, "periodSeconds": 10},
+                            "readinessProbe": {**grpc_probe("readiness"), "periodSeconds": 2},
                             "resources": {"requests": {"cpu": "1", "memory": "2Gi"},
                                           "limits": {"cpu": "4", "memory": "4Gi"}},
                             "securityContext": CONTAINER_SECURITY,
@@ -135,6 +178,24 @@ class InferencePool(pulumi.ComponentResource):
                 },
             },
             opts=child_opts(self, opts, provider=args.provider, depends_on=[config, sa]))
+        if not args.load_balancer_sources:
+            # An ingress rule with no sources admits every source: never declare one.
+            raise ValueError(f"InferencePool {args.pool_name}: load_balancer_sources (the proxy-only subnet and "
+                             "the health-check ranges) are required")
+        ip_blocks = [{"ipBlock": {"cidr": c}} for c in args.load_balancer_sources]
+        gmp = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": n}}} for n in GMP_NAMESPACES]
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-epp-ingress", metadata=md(epp),
+            spec={"podSelector": {"matchLabels": {"inferencepool": epp}}, "policyTypes": ["Ingress"],
+                  "ingress": [
+                      # ext_proc and its health port: the load balancer's proxies and health checks.
+                      {"from": ip_blocks, "ports": [{"protocol": "TCP", "port": EXT_PROC_PORT},
+                                                    {"protocol": "TCP", "port": HEALTH_PORT}]},
+                      # /metrics: Managed Prometheus' collectors (and host-network scrapers).
+                      {"from": [*gmp, *({"ipBlock": {"cidr": c}} for c in args.metrics_sources)],
+                       "ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
+                  ]},
+            opts=k8s_opts)
         service = k8s.core.v1.Service(
             f"{name}-epp-svc", metadata=md(epp),
             spec={"type": "ClusterIP", "selector": {"inferencepool": epp},
@@ -163,7 +224,7 @@ class InferencePool(pulumi.ComponentResource):
                         vllm_health_check(target, args.port), after_pool)
         custom_resource(
             f"{name}-bp", "networking.gke.io/v1", "GCPBackendPolicy", pool_meta,
-            {"default": {"timeoutSec": args.request_timeout_seconds, "logging": {"enabled": True}},
+            {"default": {**backend_defaults(args.request_timeout_seconds), "logging": {"enabled": True}},
              "targetRef": target}, after_pool)
 
         self.register_outputs({"poolName": args.pool_name, "picker": epp,

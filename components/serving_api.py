@@ -17,13 +17,21 @@ from vllm_gke.components.specs import ModelSpec, TenantSpec
 # Istio writes the verified JWT's issuer into this header (and overwrites a client's copy);
 # the route also strips client copies before the request reaches the mesh.
 ISSUER_HEADER = "x-vllm-gke-issuer"
-# The endpoint picker's request headers (gateway-api-inference-extension pkg/epp/metadata):
-# the objective names the tenant's InferenceObjective (its priority), the fairness id its flow.
-# Client copies never pass the route: it sets the first two and strips the rest.
+# The endpoint picker's request headers (gateway-api-inference-extension v1.2.0
+# pkg/epp/metadata/consts.go:31-36): the objective names the tenant's InferenceObjective (its
+# priority), the fairness id its flow (read by flow control only). The picker reads the request
+# as the client sent it: route-level header changes are applied after ext_proc (envoy#15012),
+# so a route that only sets the objective may not be what the picker sees. Routes therefore
+# require the tenant's own objective (no other value is routed) and refuse the other control
+# headers outright; they still set and strip them for the replica.
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 PICKER_CONTROL_HEADERS = ("x-gateway-destination-endpoint", "x-gateway-destination-endpoint-subset",
                           "x-gateway-destination-endpoint-served", "x-gateway-model-name-rewrite")
+# llm-d's router (the picker's new home) reads this name before the one above from v0.9.0: refused
+# too, so a later pin cannot open a second way to choose a priority.
+LLMD_OBJECTIVE_HEADER = "x-llm-d-inference-objective"
+REFUSED_AT_THE_PICKER = (*PICKER_CONTROL_HEADERS, LLMD_OBJECTIVE_HEADER)
 # Envoy's inbound passthrough connects to the application from this address.
 SIDECAR_PEER = "127.0.0.6"
 
@@ -61,6 +69,29 @@ TENANT_ROUTES: tuple[Route, ...] = (
 OPEN_ROUTES: tuple[Route, ...] = (Route("/health", "GET", "info"), Route("/metrics", "GET", "info"))
 
 
+# What the pinned picker serves (gateway-api-inference-extension v1.2.0): it buffers and decodes
+# every body, requires a string `model`, and parses only a non-empty string `prompt` or a
+# `messages` list of message objects (pkg/epp/requestcontrol/director.go:114-127,
+# pkg/epp/util/request/body.go:27-58); anything else - embeddings, responses, pooling, a prompt
+# list or token ids, a chat batch - it answers 400 in its own format. A body-less GET goes to a
+# random replica (pkg/epp/handlers/request.go:41-55). Only these are routed behind it.
+PICKER_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+# The picker holds a whole body in memory before any JWT is checked: its routes admit only bodies
+# with a Content-Length up to this many bytes per token of the pool's context (at least 1 MiB).
+PICKER_BYTES_PER_TOKEN = 16
+PICKER_MIN_BODY_BYTES = 1 << 20
+
+
+def picker_routes() -> list[Route]:
+    """The tenant routes a model behind the endpoint picker serves (PICKER_PATHS)."""
+    return [r for r in TENANT_ROUTES if r.path in PICKER_PATHS]
+
+
+def picker_max_body_bytes(model: ModelSpec) -> int:
+    """The largest body a picker route admits for `model`: room for its longest context."""
+    return max(PICKER_MIN_BODY_BYTES, model.served_max_model_len * PICKER_BYTES_PER_TOKEN)
+
+
 def tenant_routes(served: Optional[Iterable[str]] = None) -> list[Route]:
     """The tenant routes a server actually registers (all of them when `served` is None)."""
     paths = None if served is None else set(served)
@@ -91,16 +122,20 @@ def guard_entry(tenant: TenantSpec, model: Optional[str] = None,
 
 def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
                  max_tokens_rule: str = "both", objectives_for: Optional[str] = None,
-                 shared_store: Optional[tuple[str, int]] = None, served: Optional[ModelSpec] = None) -> dict[str, Any]:
+                 shared_store: Optional[tuple[str, int]] = None, served: Optional[ModelSpec] = None,
+                 max_body_bytes: Optional[int] = None) -> dict[str, Any]:
     """The guard's config; `objectives_for` names the model when its pool sits behind the endpoint
     picker, so each tenant's requests must carry that tenant's own objective; `shared_store`
-    (host, port) counts the tenants' limits across replicas (LimitStore)."""
+    (host, port) counts the tenants' limits across replicas (LimitStore); `max_body_bytes`
+    lowers the guard's body limit (a picker route's)."""
     issuers: dict[str, Any] = {}
     for tenant in tenants:
         issuers.update(guard_entry(tenant, objectives_for, served))
     extra: dict[str, Any] = {"objectiveHeader": OBJECTIVE_HEADER} if objectives_for is not None else {}
     if shared_store is not None:
         extra["globalLimits"] = {"host": shared_store[0], "port": shared_store[1]}
+    if max_body_bytes is not None:
+        extra["maxBodyBytes"] = max_body_bytes
     return {**extra,
         "issuerHeader": ISSUER_HEADER,
         "issuers": issuers,

@@ -232,6 +232,11 @@ class ClusterSpec(Spec):
     proxy_only_cidr: Cidr = "10.129.0.0/23"
     # Nodes without public IPs (egress through Cloud NAT).
     private_nodes: bool = True
+    # GKE Dataplane V2, which enforces the NetworkPolicies the platform declares for its pods
+    # outside the mesh (the endpoint picker). Fixed at creation: changing it replaces the cluster,
+    # so a cluster made without it (vllm-gke 0.2.0) keeps false, and the plan says what is then
+    # not enforced.
+    dataplane_v2: bool = True
     # Protect the cluster and the weights share from deletion.
     deletion_protection: bool = True
     # Cloud Service Mesh (managed Istio) enforces the tenants' JWT and authorization policies.
@@ -777,8 +782,21 @@ class TenantSpec(Spec):
     # Replicas of the tenant's own.
     dedicated: Optional[DedicatedSpec] = None
     # Priority of the tenant's requests on models with routing: inference-gateway (its
-    # InferenceObjective): when replicas saturate, higher is served first; negative may be shed.
+    # InferenceObjective). The pinned endpoint picker (gateway-api-inference-extension v1.2.0,
+    # without its experimental flow control) only sheds: while every replica of the pool is
+    # saturated (more than 5 requests waiting or KV cache over 80% on each), a negative priority's
+    # requests get 429; 0, the default, is never shed. It orders nothing by priority.
     priority: int = Field(default=0, ge=-100, le=100)
+
+    @field_validator("priority")
+    @classmethod
+    def _sheddable_or_not(cls, v: int) -> int:
+        if v > 0:
+            raise ValueError(
+                f"{v} would change nothing: the pinned endpoint picker (v1.2.0) serves no priority before "
+                "another, it only sheds negative ones (429) while the pool is saturated; use 0 (never shed) "
+                "or a negative number (shed first)")
+        return v
 
 
 class GatewaySpec(Spec):

@@ -20,7 +20,7 @@ from vllm_gke.components.k8s_meta import MODEL_LABEL, TENANT_LABEL, custom_resou
 from vllm_gke.components.mesh_namespace import ISTIO_API, MeshNamespace, MeshNamespaceArgs, TrustedSources
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.serving_api import (
-    ISSUER_HEADER, OBJECTIVE_HEADER, Route, mesh_operations, objective_name, tenant_routes,
+    ISSUER_HEADER, OBJECTIVE_HEADER, Route, mesh_operations, objective_name, picker_routes, tenant_routes,
 )
 from vllm_gke.components.specs import TenantSpec
 
@@ -78,8 +78,9 @@ class TenantAuth(pulumi.ComponentResource):
 
         def allow(resource: str, policy_name: str, namespace: pulumi.Input[str],
                   selector: Optional[dict[str, str]], objective: Optional[str] = None) -> None:
+            # Behind the picker, only what it serves (the guard and the route admit the same).
             rule: dict[str, Any] = {"from": [{"source": {"requestPrincipals": principals}}],
-                                    "to": mesh_operations(args.routes)}
+                                    "to": mesh_operations(picker_routes() if objective else args.routes)}
             if objective:
                 rule["when"] = [{"key": f"request.headers[{OBJECTIVE_HEADER}]", "values": [objective]}]
             spec: dict[str, Any] = {"action": "ALLOW", "rules": [rule]}

@@ -31,6 +31,9 @@ from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease,
 
 PORT = 8000
 WARM_MARKER = "/tmp/vllm-gke-warm"
+# How long a stopping replica keeps serving before vLLM gets SIGTERM: the load balancer takes the
+# endpoint out of its NEG meanwhile, so no new request arrives once vLLM starts to drain.
+PRE_STOP_S = 20
 # The platform's own variables: not VLLM_*, which vLLM validates as its own and warns (or, with
 # --fail-on-environ-validation, fails) on.
 GUARD_CONFIG_ENV = "GKE_LLM_GUARD_CONFIG"
@@ -127,7 +130,24 @@ def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: Keda
     return spec
 
 
-def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: VllmRelease = release(DEFAULT_VLLM_VERSION)) -> list[str]:
+def drain_seconds(request_timeout_seconds: int) -> int:
+    """How long a stopping replica may still be answering a request it accepted: the preStop
+    window plus the longest request the load balancer lets run (its backend timeout)."""
+    return PRE_STOP_S + request_timeout_seconds
+
+
+def sidecar_config(request_timeout_seconds: int) -> dict[str, str]:
+    """Pod annotations that keep the Istio sidecar up while vLLM finishes what it accepted: as a
+    native sidecar it stops only after vLLM has exited; as a classic one it drains for the whole
+    window (default 5 s) and leaves as soon as no connection is open."""
+    proxy = {"holdApplicationUntilProxyStarts": True,
+             "terminationDrainDuration": f"{drain_seconds(request_timeout_seconds)}s",
+             "proxyMetadata": {"EXIT_ON_ZERO_ACTIVE_CONNECTIONS": "true"}}
+    return {"proxy.istio.io/config": json.dumps(proxy, sort_keys=True), "sidecar.istio.io/nativeSidecar": "true"}
+
+
+def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: VllmRelease = release(DEFAULT_VLLM_VERSION),
+              request_timeout_seconds: int = 600) -> list[str]:
     """Flags for `vllm serve` of release `rel`, following GKE's vLLM serving guides."""
     args = [
         model_dir(model),
@@ -154,6 +174,10 @@ def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: VllmRelease = releas
         args += ["--enable-lora", "--max-loras", str(model.lora_slots), "--max-lora-rank", str(model.max_lora_rank),
                  "--max-cpu-loras", str(max(model.lora_slots, len(model.adapters))),
                  "--lora-modules", *(f"{a.name}={c.directory}" for a, c in zip(model.adapters, adapter_copies(model)))]
+    if rel.shutdown_timeout_flag:
+        # On SIGTERM the engine keeps generating what it accepted for up to this long, streams
+        # included, instead of aborting it (0.34's default of 0).
+        args += [rel.shutdown_timeout_flag, str(request_timeout_seconds)]
     args += ["--middleware", GUARD_MIDDLEWARE]
     return args + list(model.extra_args)
 
@@ -194,6 +218,9 @@ class VllmServiceArgs:
     weights_claims: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
     # KEDA scales every pool (Keda installed; for minReplicas 0, with the standby's name).
     scaling: Optional[KedaScaling] = None
+    # The load balancer's backend timeout (GatewaySpec.request_timeout_seconds): how long a
+    # stopping replica keeps finishing the requests it accepted.
+    request_timeout_seconds: int = 600
 
 
 class VllmService(pulumi.ComponentResource):
@@ -247,13 +274,14 @@ class VllmService(pulumi.ComponentResource):
                 "template": {
                     "metadata": {"labels": {**BASE_LABELS, **labels},
                                  "annotations": {
-                                     "proxy.istio.io/config": '{"holdApplicationUntilProxyStarts": true}',
+                                     **sidecar_config(args.request_timeout_seconds),
                                      # A warm replica is minutes of weight loading: the cluster
                                      # autoscaler must not evict it to consolidate nodes.
                                      "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
                                      **args.weights_annotations}},
                     "spec": {
-                        "terminationGracePeriodSeconds": 120,
+                        # preStop, then vLLM finishing what it accepted, then its own teardown.
+                        "terminationGracePeriodSeconds": drain_seconds(args.request_timeout_seconds) + 30,
                         # The server calls no Kubernetes API: no token to steal.
                         "automountServiceAccountToken": False,
                         "nodeSelector": dict(placement.node_selector),
@@ -276,7 +304,7 @@ class VllmService(pulumi.ComponentResource):
                             "name": "vllm",
                             "image": args.image.uri,
                             "command": ["python3", "/opt/vllm-gke/serve.py"],
-                            "args": vllm_args(model, pool, args.release),
+                            "args": vllm_args(model, pool, args.release, args.request_timeout_seconds),
                             "ports": [{"name": "http", "containerPort": PORT}],
                             "env": [
                                 *RUNTIME_ENV,
@@ -299,7 +327,7 @@ class VllmService(pulumi.ComponentResource):
                                               "periodSeconds": 15, "timeoutSeconds": 5,
                                               "failureThreshold": 6},
                             # Let the load balancer drop the endpoint before vLLM stops.
-                            "lifecycle": {"preStop": {"exec": {"command": ["sleep", "20"]}}},
+                            "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_S)]}}},
                             "volumeMounts": [*weights_mounts, {"name": "dshm", "mountPath": "/dev/shm"},
                                              {"name": "tmp", "mountPath": "/tmp"},
                                              {"name": "home", "mountPath": HOME}],

@@ -8,7 +8,7 @@ here that the release does not have fails the tests.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Optional
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,29 @@ class VllmRelease:
     disable_chunked_prefill: str
     # KV-cache usage gauge (renamed from vllm:gpu_cache_usage_perc, which 0.34 no longer has).
     kv_cache_metric: str
+    # The flag that lets the engine finish in-flight requests after SIGTERM instead of aborting
+    # them (0.34's --shutdown-timeout, default 0 = abort); None where the release has none.
+    shutdown_timeout_flag: Optional[str] = None
+    # The gauges the endpoint picker and KEDA read (the same names in both releases).
+    queue_metric: str = "vllm:num_requests_waiting"
+    running_metric: str = "vllm:num_requests_running"
+    lora_info_metric: str = "vllm:lora_requests_info"
+    cache_info_metric: str = "vllm:cache_config_info"
+
+    @property
+    def picker_metrics(self) -> dict[str, str]:
+        """The endpoint picker's metric-name flags (gateway-api-inference-extension v1.2.0
+        cmd/epp/runner/runner.go:128-133) for this release: its default KV-cache gauge is
+        vllm:gpu_cache_usage_perc, which 0.34 no longer exports (a missing gauge reads as 0)."""
+        return {"--total-queued-requests-metric": self.queue_metric,
+                "--kv-cache-usage-percentage-metric": self.kv_cache_metric,
+                "--lora-info-metric": self.lora_info_metric,
+                "--cache-info-metric": self.cache_info_metric}
 
 
 RELEASES: dict[str, VllmRelease] = {
     "0.34.0": VllmRelease("0.34.0", "v0.34.0", "not-none", "--disable-prefix-caching", "--disable-chunked-prefill",
-                          "vllm:kv_cache_usage_perc"),
+                          "vllm:kv_cache_usage_perc", shutdown_timeout_flag="--shutdown-timeout"),
     "0.11.0": VllmRelease("0.11.0", "v0.11.0", "or", "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
                           "vllm:kv_cache_usage_perc"),
 }

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 STUB_ENV = "VLLM_SNAPSHOT_STUB_DIR"
 
@@ -149,13 +149,18 @@ def _walk_routes(routes: Any, prefix: str = "") -> typing.Iterator[tuple[str, se
 
 
 METRIC_DECL = re.compile(r"(gauge|counter|histogram)\w*\(\s*name\s*=\s*\"(vllm:[a-z0-9_:]+)\"", re.I)
+# Info metrics (vllm:cache_config_info) are gauges whose name is chosen before the declaration.
+INFO_DECL = re.compile(r"\bname\s*=\s*\"(vllm:[a-z0-9_:]+_info)\"")
 
 
-def describe_metrics() -> list[dict[str, str]]:
+def describe_metrics(root: Optional[Path] = None) -> list[dict[str, str]]:
     found: dict[str, str] = {}
-    for source in (_vllm_dir() / "v1").rglob("*.py"):
-        for kind, name in METRIC_DECL.findall(source.read_text(errors="ignore")):
+    for source in ((root or _vllm_dir()) / "v1").rglob("*.py"):
+        text = source.read_text(errors="ignore")
+        for kind, name in METRIC_DECL.findall(text):
             found[name] = kind.lower()
+        for name in INFO_DECL.findall(text):
+            found.setdefault(name, "gauge")
     return [{"name": n, "kind": k} for n, k in sorted(found.items())]
 
 

@@ -51,6 +51,9 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str) -> list[str]:
                    "(weights.tier BASIC_SSD or a larger ZONAL share, weights.backend gcs, or hyperdisk-ml with more "
                    "weights.hyperdiskThroughputMiBps), a quantised dtype, or "
                    "minReplicas above 0 to keep one warm")
+    if not cfg.cluster.dataplane_v2 and any(m.routing == "inference-gateway" for m in cfg.models):
+        out.append("cluster.dataplaneV2 is false: the endpoint pickers' NetworkPolicies are not enforced, so any pod "
+                   "in the cluster can call ext_proc and read their metrics; only a new cluster can have Dataplane V2")
     if not cfg.cluster.authorized_networks and not cfg.cluster.private_endpoint:
         out.append("the control plane's public endpoint accepts connections from any address; list "
                    "vllm-gke:cluster.authorizedNetworks or set privateEndpoint")

@@ -25,7 +25,9 @@ from vllm_gke.components.model_store import ModelStore, ModelStoreArgs
 from vllm_gke.components.observability import Observability, ObservabilityArgs
 from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
 from vllm_gke.components.specs import ModelSpec, TenantSpec
-from vllm_gke.components.serving_api import guard_config, objective_name, tenant_routes
+from vllm_gke.components.serving_api import (
+    guard_config, objective_name, picker_max_body_bytes, picker_routes, tenant_routes,
+)
 from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
 from vllm_gke.components.standby import Standby, StandbyArgs
 from vllm_gke.components.vllm_service import SERVER_LABELS, KedaScaling, VllmService, VllmServiceArgs, service_name_of
@@ -153,11 +155,13 @@ def build(cfg: StackConfig) -> Platform:
                 model=model, pool_name=which, pool=pool, node_pool=cfg.pool(pool_name),
                 namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
                 provider=provider,
-                guard_config=guard_config(callers, tenant_routes(), rel.max_tokens_rule, objectives_for=picked,
-                                          shared_store=shared_store, served=model),
+                guard_config=guard_config(callers, picker_routes() if picked else tenant_routes(), rel.max_tokens_rule,
+                                          objectives_for=picked, shared_store=shared_store, served=model,
+                                          max_body_bytes=picker_max_body_bytes(model) if picked else None),
                 release=rel, tenant=tenant, canary=canary, weights_volume=store.weights_volume,
                 weights_annotations=store.pod_annotations,
                 scaling=KedaScaling(cfg.project, keda.auth_name, standby_name),
+                request_timeout_seconds=cfg.gateway.request_timeout_seconds,
                 weights_claims=store.claims_for(tenant or "serving", model)),
                 # Pods need the sidecar (so the mesh first) and the read-only claim; KEDA's CRDs
                 # come with its chart.
@@ -182,7 +186,7 @@ def build(cfg: StackConfig) -> Platform:
               callers: list[TenantSpec], tenant: str | None = None) -> None:
         names = serve(key, model, pool_name, namespace, callers, tenant)
         if model.routing == "inference-gateway":
-            picker_routes(key, model, namespace, callers, tenant)
+            picker_pool(key, model, namespace, callers, tenant)
             return
         canary_model = model.canary_model()
         canary = serve(f"{key}-canary", canary_model, pool_name, namespace, callers, tenant, canary=True) \
@@ -193,7 +197,7 @@ def build(cfg: StackConfig) -> Platform:
             canary_weight=model.canary.weight if model.canary else 0,
             max_rate_per_endpoint={**rate_caps(model, names), **(rate_caps(canary_model, canary) if canary else {})}))
 
-    def picker_routes(key: str, model: ModelSpec, namespace: pulumi.Input[str], callers: list[TenantSpec],
+    def picker_pool(key: str, model: ModelSpec, namespace: pulumi.Input[str], callers: list[TenantSpec],
                       tenant: str | None) -> None:
         """An InferencePool for the model's pool, and per tenant a route /<tenant>/<model>/v1 that
         sets the tenant's objective: the tenant must be in the path for its priority to be bound
@@ -202,7 +206,8 @@ def build(cfg: StackConfig) -> Platform:
         platform.inference_pools[key] = InferencePool(f"{key}-inference", InferencePoolArgs(
             pool_name=model.name, namespace=namespace, provider=provider,
             selector={MODEL_LABEL: model.name, POOL_LABEL: "short"}, objectives=objectives,
-            request_timeout_seconds=cfg.gateway.request_timeout_seconds),
+            request_timeout_seconds=cfg.gateway.request_timeout_seconds, model_metrics=rel.picker_metrics,
+            load_balancer_sources=sources.health_checks, metrics_sources=[cfg.cluster.subnet_cidr]),
             opts=pulumi.ResourceOptions(depends_on=picker_deps))
         for t in callers:
             # Dedicated: the tenant namespace's route keeps its key; shared: one route per tenant
@@ -211,7 +216,9 @@ def build(cfg: StackConfig) -> Platform:
             targets.append(RouteTarget(
                 route_name, namespace, path_prefix(model, t, tenant is not None), f"{model.name}-short", "",
                 model.long_request_bytes,
-                picker=PickerTarget(model.name, objective_name(t.name, model.name), t.name)))
+                picker=PickerTarget(model.name, objective_name(t.name, model.name), t.name,
+                                    routes=tuple((r.path, r.method) for r in picker_routes()),
+                                    max_body_bytes=picker_max_body_bytes(model))))
 
     for model in cfg.models:
         callers = [t for t in cfg.tenants if model.name in shared_models(t)]

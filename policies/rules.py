@@ -18,6 +18,7 @@ from vllm_gke.components.catalog import ACCELERATORS
 from vllm_gke.components.hyperdisk_weights import TRANSFER_COMPUTE_CLASS
 from vllm_gke.components.k8s_meta import COMPUTE_CLASS_LABEL
 from vllm_gke.policies.mesh_authz import Request, applicable, decide, for_token
+from vllm_gke.policies.route_match import HttpRequest, reach
 
 Level = Literal["advisory", "mandatory", "disabled"]
 LEVELS: tuple[Level, ...] = ("advisory", "mandatory", "disabled")
@@ -519,7 +520,8 @@ def scale_to_zero_answered(resources: Sequence[Resource]) -> Iterator[Finding]:
 
 def vllm_backends_resilient(resources: Sequence[Resource]) -> Iterator[Finding]:
     """A failing vLLM replica must leave the load balancer's rotation: a HealthCheckPolicy on every
-    Service the Gateway sends to (else GKE probes '/', which vLLM answers 404). The load balancer
+    Service the Gateway sends to (else GKE probes '/', which vLLM answers 404); a stopping one must
+    keep its connections as long as a request may run (connection draining >= the timeout). The load balancer
     and the endpoint picker call the pods from outside the mesh, so a DestinationRule (outlier
     detection, connection limits) would apply to no caller: it is no substitute."""
     pods = [(namespace_of(r), template_labels(r))
@@ -536,6 +538,14 @@ def vllm_backends_resilient(resources: Sequence[Resource]) -> Iterator[Finding]:
         if (ns, name) not in checked:
             yield svc, (f"{where(svc)} is a Gateway backend without a HealthCheckPolicy: the load balancer probes "
                         "'/' (404 on vLLM) and never takes a failing replica out")
+    for policy in kube(resources, "GCPBackendPolicy"):
+        default = (policy.props.get("spec") or {}).get("default") or {}
+        # Numbers reach the pack as doubles from the engine.
+        timeout = int(default.get("timeoutSec") or 30)
+        draining = int((default.get("connectionDraining") or {}).get("drainingTimeoutSec") or 0)
+        if draining < min(3600, timeout):
+            yield policy, (f"{where(policy)} drains a detached endpoint for {draining} s but lets a request run "
+                           f"{timeout} s: a scale-down or drain cuts the requests a stopping replica still serves")
 
 
 # The endpoint picker's request headers (gateway-api-inference-extension pkg/epp/metadata); the
@@ -543,6 +553,7 @@ def vllm_backends_resilient(resources: Sequence[Resource]) -> Iterator[Finding]:
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 PICKER_CONTROL_HEADERS = ("x-gateway-destination-endpoint", "x-gateway-destination-endpoint-subset",
                           "x-gateway-destination-endpoint-served", "x-gateway-model-name-rewrite")
+REFUSED_AT_THE_PICKER = (*PICKER_CONTROL_HEADERS, "x-llm-d-inference-objective")
 GLOBAL_GATEWAY = re.compile(r"global|gxlb")
 
 
@@ -606,14 +617,26 @@ def inference_pools_served(resources: Sequence[Resource]) -> Iterator[Finding]:
                 yield route, f"{where(route)} sends to an InferencePool through {cls}: only regional classes serve pools"
 
 
+def _sample_request(match: Mapping[str, Any], extra: Mapping[str, str]) -> HttpRequest:
+    """A request that holds for `match` (its Exact path, method and header values; "0" for a
+    pattern, which the platform's content-length patterns accept), plus `extra` headers."""
+    headers = {str(h.get("name")): (str(h.get("value")) if h.get("type", "Exact") == "Exact" else "0")
+               for h in match.get("headers") or []}
+    path = (match.get("path") or {}).get("value", "/")
+    return HttpRequest(path, str(match.get("method") or "POST"), {**headers, **extra})
+
+
 def tenant_priorities_bound(resources: Sequence[Resource]) -> Iterator[Finding]:
-    """A tenant's priority is its own: routes to a pool set the objective (overwriting the
-    client's) and strip the picker's control headers, every objective they set exists, and the
-    mesh admits at most one tenant's tokens under each objective."""
+    """A tenant's priority is its own. The picker reads a request as the client sent it (route
+    header changes apply after ext_proc, envoy#15012), so a route to a pool must only admit
+    requests that already carry the objective it sets, refuse those carrying the picker's other
+    control headers, and strip them for the replica; every objective must exist, and the mesh
+    must admit at most one tenant's tokens under each."""
     docs = [r.props for r in resources if r.type.startswith("kubernetes:")]
     objectives = {(namespace_of(o), meta(o).get("name")) for o in kube(resources, "InferenceObjective")}
     pools = {(namespace_of(p), meta(p).get("name")): p for p in kube(resources, "InferencePool")}
     deployments = kube(resources, "Deployment")
+    routes = [r.props for r in kube(resources, "HTTPRoute")]
     issuers_by_ns: dict[str, set[str]] = {}
     for ra in kube(resources, "RequestAuthentication"):
         issuers_by_ns.setdefault(namespace_of(ra), set()).update(
@@ -629,8 +652,18 @@ def tenant_priorities_bound(resources: Sequence[Resource]) -> Iterator[Finding]:
                 yield route, (f"{where(route)} routes to an InferencePool without setting {OBJECTIVE_HEADER}: "
                               "clients would choose their own priority")
                 continue
+            required = {"type": "Exact", "name": OBJECTIVE_HEADER, "value": objective}
+            if not all(required in (m.get("headers") or []) for m in rule.get("matches") or [{}]):
+                yield route, (f"{where(route)} routes to an InferencePool without requiring {OBJECTIVE_HEADER}: "
+                              f"{objective}: the picker reads the client's value (route header changes come after "
+                              "ext_proc), so clients would choose their own priority")
             if missing := [h for h in PICKER_CONTROL_HEADERS if h not in removes and h not in sets]:
-                yield route, f"{where(route)} passes the client's {', '.join(missing)} to the endpoint picker"
+                yield route, f"{where(route)} passes the client's {', '.join(missing)} to the replica"
+            for match in rule.get("matches") or [{}]:
+                for header in REFUSED_AT_THE_PICKER:
+                    reached = reach(routes, _sample_request(match, {header: "x"}))
+                    if reached is not None and any(_to_pool(b) for b in reached.backends):
+                        yield route, f"{where(route)} passes the client's {header} to the endpoint picker"
             if (ns, objective) not in objectives:
                 yield route, f"{where(route)} sets objective '{objective}' but no InferenceObjective of that name exists"
             for b in backends:

@@ -181,8 +181,11 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
                                       "jwt": {"issuer": "https://auth.example/dev", "audiences": ["x"],
                                               "jwksUri": "https://auth.example/dev/jwks"}})),
      "vllm-gke:tenants[1].name", "name the same policy 'allow-dev-team-qwen-7b'"),
-    ("priority-range", "staging", lambda v: v["vllm-gke:tenants"][0].update(priority=1000),
-     "vllm-gke:tenants[0].priority", "100"),
+    ("priority-range", "staging", lambda v: v["vllm-gke:tenants"][0].update(priority=-1000),
+     "vllm-gke:tenants[0].priority", "-100"),
+    # The pinned picker orders nothing by priority: a positive one would be a promise it breaks.
+    ("priority-the-picker-ignores", "staging", lambda v: v["vllm-gke:tenants"][0].update(priority=10),
+     "vllm-gke:tenants[0].priority", "only sheds negative ones"),
 ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vllm_gke.components.gateway import LENGTH_HINT_HEADER, at_least_regex
-from tests.conftest import STACKS, manifests_of, props_of
+from tests.conftest import STACKS, manifests_of, props_of, vllm_deployments
 
 
 @given(threshold=st.integers(1, 10**7), value=st.integers(0, 10**9))
@@ -185,7 +186,33 @@ def test_load_balancer_ejects_failing_replicas_and_drains(plans):
     policies = {p["spec"]["targetRef"]["name"]: p["spec"]["default"] for p in manifests_of(plans["prod"], "GCPBackendPolicy")}
     assert policies["llama-8b-short"]["maxRatePerEndpoint"] == 40
     assert "maxRatePerEndpoint" not in policies["llama-8b-long"]
-    assert all(p["connectionDraining"] == {"drainingTimeoutSec": 30} for p in policies.values())
+    timeout = plans["prod"].config.gateway.request_timeout_seconds
+    assert all(p["connectionDraining"] == {"drainingTimeoutSec": 20 + timeout} for p in policies.values())
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_a_stopping_replica_finishes_what_it_accepted(plans, stack):
+    """vLLM 0.34 aborts unfinished requests on SIGTERM unless --shutdown-timeout is set (default 0,
+    vllm/engine/arg_utils.py:1971); so: 20 s preStop while the load balancer detaches the endpoint,
+    then vLLM drains for up to the gateway's request timeout, within the grace period; the load
+    balancer keeps the detached endpoint's connections as long, and the sidecar outlives vLLM."""
+    plan = plans[stack]
+    timeout = plan.config.gateway.request_timeout_seconds
+    for dep in vllm_deployments(plan):
+        pod = dep["spec"]["template"]
+        (c,) = pod["spec"]["containers"]
+        args = c["args"]
+        assert args[args.index("--shutdown-timeout") + 1] == str(timeout)
+        assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "20"]
+        assert pod["spec"]["terminationGracePeriodSeconds"] >= 20 + timeout + 10
+        proxy = json.loads(pod["metadata"]["annotations"]["proxy.istio.io/config"])
+        assert proxy["terminationDrainDuration"] == f"{20 + timeout}s"
+        assert proxy["proxyMetadata"]["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"] == "true"
+        assert pod["metadata"]["annotations"]["sidecar.istio.io/nativeSidecar"] == "true"
+    for policy in manifests_of(plan, "GCPBackendPolicy"):
+        default = policy["spec"]["default"]
+        assert default["connectionDraining"]["drainingTimeoutSec"] >= min(3600, 20 + default["timeoutSec"])
+
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -4,15 +4,20 @@ objectives bound to the tenant's token by the route, the mesh and the guard."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vllm_gke.components.inference_objective_crd import CRD_URL
 from vllm_gke.components.inference_pool import EPP_IMAGE
-from vllm_gke.components.serving_api import OBJECTIVE_HEADER, PICKER_CONTROL_HEADERS
+from vllm_gke.components.gateway import at_most_regex
+from vllm_gke.components.serving_api import OBJECTIVE_HEADER, PICKER_CONTROL_HEADERS, PICKER_PATHS, picker_max_body_bytes
 from vllm_gke.infra.program import required_apis
 from vllm_gke.policies.mesh_authz import Request, decide
+from vllm_gke.policies.route_match import HttpRequest, reach
 from vllm_gke.infra.tenant_urls import tenant_urls, url_notes
 from tests.conftest import STACKS, manifests_of
 
@@ -54,10 +59,52 @@ def test_endpoint_picker_runs_the_pinned_upstream_picker_outside_the_mesh(plans)
     args = c["args"]
     assert args[args.index("--pool-name") + 1] == "llama-8b"
     assert args[args.index("--pool-namespace") + 1] == "vllm"
-    assert epp["spec"]["replicas"] == 1 and epp["spec"]["strategy"] == {"type": "Recreate"}
     service = one(plan, "Service", "llama-8b-epp")
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     assert {p["port"] for p in service["spec"]["ports"]} == {9002, 9090}
+
+
+def test_picker_is_highly_available_without_pprof_and_reads_the_releases_metrics(plans):
+    """Upstream's HA path (leader election: one ready leader, standbys that take over in seconds),
+    no pprof beside unauthenticated /metrics, config changes roll it, and the metric names it
+    scrapes are the ones the pinned vLLM exports (v1.2.0's default KV gauge is gone from 0.34)."""
+    from vllm_gke.components.vllm_versions import release
+    from vllm_gke.infra.vllm_argv import load_snapshot
+
+    plan = plans["staging"]
+    epp = one(plan, "Deployment", "llama-8b-epp")
+    assert epp["spec"]["replicas"] >= 2
+    assert epp["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == "100%"
+    pod = epp["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    args = c["args"]
+    assert "--ha-enable-leader-election" in args and "--enable-pprof=false" in args
+    assert (c["readinessProbe"]["grpc"]["service"], c["livenessProbe"]["grpc"]["service"]) == ("readiness", "liveness")
+    rel = release(plan.config.vllm_version)
+    exported = {m["name"] for m in load_snapshot(rel.version)["metrics"]}
+    for flag in ("--total-queued-requests-metric", "--kv-cache-usage-percentage-metric", "--lora-info-metric",
+                 "--cache-info-metric"):
+        assert args[args.index(flag) + 1] in exported, flag
+    assert args[args.index("--kv-cache-usage-percentage-metric") + 1] == "vllm:kv_cache_usage_perc"
+    digest = pod["metadata"]["annotations"]["vllm-gke.io/config-sha256"]
+    config = one(plan, "ConfigMap", "llama-8b-epp")["data"]["default-plugins.yaml"]
+    import hashlib
+    assert digest == hashlib.sha256(config.encode()).hexdigest()[:16]
+    assert not [p for p in manifests_of(plan, "PodDisruptionBudget") if "epp" in p["metadata"]["name"]]
+
+
+def test_only_the_load_balancer_reaches_the_picker(plans):
+    plan = plans["staging"]
+    (netpol,) = [n for n in manifests_of(plan, "NetworkPolicy") if n["metadata"]["name"] == "llama-8b-epp"]
+    spec = netpol["spec"]
+    assert spec["podSelector"]["matchLabels"] == {"inferencepool": "llama-8b-epp"}
+    ext_proc, metrics = spec["ingress"]
+    assert {b["ipBlock"]["cidr"] for b in ext_proc["from"]} == {
+        plan.config.cluster.proxy_only_cidr, "35.191.0.0/16", "130.211.0.0/22"}
+    assert {p["port"] for p in ext_proc["ports"]} == {9002, 9003}
+    assert {p["port"] for p in metrics["ports"]} == {9090} and all(metrics["from"])
+    (cluster,) = plan.of_type("gcp:container/cluster:Cluster")
+    assert cluster.props["datapathProvider"] == "ADVANCED_DATAPATH"  # Dataplane V2 enforces it
 
 
 def test_picker_scores_queue_kv_cache_and_prefix_cache(plans):
@@ -74,8 +121,11 @@ def test_picker_may_only_read_its_namespace(plans):
     plan = plans["staging"]
     role = one(plan, "Role", "llama-8b-epp")
     assert role["metadata"]["namespace"] == "vllm"
-    assert {v for rule in role["rules"] for v in rule["verbs"]} == {"get", "watch", "list"}
-    assert {r for rule in role["rules"] for r in rule["resources"]} == {"inferenceobjectives", "inferencepools", "pods"}
+    verbs = {r: set(rule["verbs"]) for rule in role["rules"] for r in rule["resources"]}
+    assert {r: v for r, v in verbs.items() if r not in ("leases", "events")} == {
+        r: {"get", "watch", "list"} for r in ("inferenceobjectives", "inferencepools", "pods")}
+    # ...and write only what leader election needs, in its own namespace.
+    assert verbs["events"] == {"create", "patch"} and "create" in verbs["leases"]
     binding = one(plan, "RoleBinding", "llama-8b-epp")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llama-8b-epp", "namespace": "vllm"}]
     assert not [d for d in manifests_of(plan, "ClusterRoleBinding") if "epp" in d["metadata"]["name"]]
@@ -83,8 +133,8 @@ def test_picker_may_only_read_its_namespace(plans):
 
 def test_each_tenant_gets_an_objective_with_its_priority(plans):
     objectives = {d["metadata"]["name"]: d["spec"] for d in manifests_of(plans["staging"], "InferenceObjective")}
-    assert objectives == {"search.llama-8b": {"poolRef": {"name": "llama-8b"}, "priority": 10},
-                          "support.llama-8b": {"poolRef": {"name": "llama-8b"}, "priority": 0}}
+    assert objectives == {"search.llama-8b": {"poolRef": {"name": "llama-8b"}, "priority": 0},
+                          "support.llama-8b": {"poolRef": {"name": "llama-8b"}, "priority": -1}}
 
 
 def test_load_balancer_policies_target_the_pool(plans):
@@ -99,20 +149,70 @@ def test_load_balancer_policies_target_the_pool(plans):
                 and d["spec"]["targetRef"]["kind"] == "Service"]
 
 
-def test_tenant_routes_set_the_objective_and_strip_client_headers(plans):
+def test_tenant_routes_require_the_tenants_own_objective_and_set_it(plans):
     plan = plans["staging"]
     for tenant in ("search", "support"):
         route = one(plan, "HTTPRoute", f"llama-8b.{tenant}")
-        (rule,) = route["spec"]["rules"]
-        assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": f"/{tenant}/llama-8b/v1"}}]
-        assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
-                                        "name": "llama-8b"}]
-        (mod,) = [f["requestHeaderModifier"] for f in rule["filters"] if f["type"] == "RequestHeaderModifier"]
-        assert {h["name"]: h["value"] for h in mod["set"]} == {
-            OBJECTIVE_HEADER: f"{tenant}.llama-8b", "x-gateway-inference-fairness-id": tenant}
-        assert {"x-vllm-gke-issuer", *PICKER_CONTROL_HEADERS} <= set(mod["remove"])
+        to_pool = [r for r in route["spec"]["rules"] if r.get("backendRefs")]
+        assert {m["path"]["value"] for r in to_pool for m in r["matches"]} == {
+            f"/{tenant}/llama-8b{p}" for p in PICKER_PATHS}
+        for rule in to_pool:
+            assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
+                                            "name": "llama-8b"}]
+            (match,) = rule["matches"]
+            assert {"type": "Exact", "name": OBJECTIVE_HEADER, "value": f"{tenant}.llama-8b"} in match["headers"]
+            (mod,) = [f["requestHeaderModifier"] for f in rule["filters"] if f["type"] == "RequestHeaderModifier"]
+            assert {h["name"]: h["value"] for h in mod["set"]} == {
+                OBJECTIVE_HEADER: f"{tenant}.llama-8b", "x-gateway-inference-fairness-id": tenant}
+            assert {"x-vllm-gke-issuer", *PICKER_CONTROL_HEADERS} <= set(mod["remove"])
     # The shared /llama-8b/v1 route is gone: a tenant-less path could not carry a priority.
     assert not [d for d in manifests_of(plan, "HTTPRoute") if d["metadata"]["name"] == "llama-8b"]
+
+
+def _reach(plan, path, method="POST", headers=None):
+    return reach(manifests_of(plan, "HTTPRoute"), HttpRequest(path, method, headers or {}), listener="https")
+
+
+def test_the_picker_sees_only_the_tenants_own_objective_whatever_the_filter_order(plans):
+    """Route-level header changes may reach Envoy's ext_proc filter after the picker has read the
+    request (envoy#15012): so only a request that already carries the tenant's own objective is
+    routed to the pool, and one with another control header goes nowhere near it."""
+    plan = plans["staging"]
+    body = {"content-length": "512"}
+    own = {OBJECTIVE_HEADER: "support.llama-8b", **body}
+    path = "/support/llama-8b/v1/chat/completions"
+    reached = _reach(plan, path, headers=own)
+    assert reached.backends[0]["kind"] == "InferencePool"
+    assert _reach(plan, path, headers={OBJECTIVE_HEADER: "search.llama-8b", **body}) is None  # search's priority
+    assert _reach(plan, path, headers=body) is None  # no objective: the picker would give priority 0
+    for header in (*PICKER_CONTROL_HEADERS, "x-llm-d-inference-objective"):
+        refused = _reach(plan, path, headers={**own, header: "10.0.0.1:8000"})
+        assert not refused.backends and refused.redirect["statusCode"] == 302, header
+    assert _reach(plan, "/support/llama-8b/v1/models", "GET", {OBJECTIVE_HEADER: "support.llama-8b"}).backends
+
+
+def test_the_picker_gets_only_what_it_parses_and_bounded_bodies(plans):
+    """The v1.2.0 picker buffers a whole body and answers 400 to anything but a chat or a
+    single-prompt completion: other routes, chunked bodies and bodies over the limit are not routed."""
+    plan = plans["staging"]
+    own = {OBJECTIVE_HEADER: "search.llama-8b"}
+    limit = picker_max_body_bytes(plan.config.model("llama-8b"))
+    assert limit == max(1 << 20, 16384 * 16)
+    base = "/search/llama-8b/v1"
+    assert _reach(plan, f"{base}/completions", headers={**own, "content-length": str(limit)}).backends
+    assert _reach(plan, f"{base}/completions", headers={**own, "content-length": str(limit + 1)}) is None
+    assert _reach(plan, f"{base}/completions", headers=own) is None  # chunked: no Content-Length
+    for other in ("/embeddings", "/responses", "/chat/completions/batch", "/messages", "/chat/completions/render"):
+        assert _reach(plan, f"{base}{other}", headers={**own, "content-length": "10"}) is None, other
+    guard = json.loads({e["name"]: e.get("value") for e in one(plan, "Deployment", "llama-8b-short")["spec"][
+        "template"]["spec"]["containers"][0]["env"]}["GKE_LLM_GUARD_CONFIG"])
+    assert set(guard["routes"]) == set(PICKER_PATHS) and guard["maxBodyBytes"] == limit
+
+
+@given(limit=st.integers(0, 10**9), value=st.integers(0, 10**10))
+def test_at_most_regex_matches_exactly_the_values_up_to_the_limit(limit, value):
+    assert bool(re.fullmatch(at_most_regex(limit), str(value))) == (value <= limit)
+    assert not re.fullmatch(at_most_regex(limit), "0" + str(value))
 
 
 def test_mesh_admits_a_token_only_under_its_own_tenants_objective(plans):
@@ -172,9 +272,10 @@ def test_every_tenant_url_the_plan_prints_is_a_declared_route(plans, stack):
 
     plan = plans[stack]
     urls = tenant_urls(plan.config)
-    declared = {rule["matches"][0]["path"]["value"] for route in manifests_of(plan, "HTTPRoute")
-                for rule in route["spec"]["rules"] if rule.get("backendRefs")}
-    assert {urlsplit(u.url).path for u in urls} == declared
+    declared = {m["path"]["value"] for route in manifests_of(plan, "HTTPRoute")
+                for rule in route["spec"]["rules"] if rule.get("backendRefs") for m in rule["matches"]}
+    paths = {urlsplit(u.url).path for u in urls}
+    assert {next(p for p in paths if d == p or d.startswith(p + "/")) for d in declared} == paths
     picked = [u for u in urls if u.via == "endpoint picker"]
     assert all(urlsplit(u.url).path == f"/{u.tenant}/{u.model}/v1" for u in picked)
     assert bool(picked) == bool(url_notes(plan.config))

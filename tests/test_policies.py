@@ -129,11 +129,11 @@ def _pool_fails_open(rs):
 
 
 def _objective_from_the_client(rs):
-    """The route no longer sets the objective: the client's own header would reach the picker."""
+    """The route no longer requires the tenant's objective: any client's value would reach the picker."""
     route = kind(rs, "HTTPRoute", "llama-8b.search")
-    for f in route.props["spec"]["rules"][0]["filters"]:
-        if f["type"] == "RequestHeaderModifier":
-            f["requestHeaderModifier"]["set"] = []
+    for rule in route.props["spec"]["rules"]:
+        for m in rule["matches"]:
+            m["headers"] = [h for h in m.get("headers", []) if h["name"] != "x-gateway-inference-objective"]
 
 
 def _store_open_to_any_source(rs):
@@ -177,7 +177,7 @@ HYPERDISK_CASES = {"hyperdisk-weights-populated"}
 
 CASES: dict[str, tuple[Callable, str]] = {
     "inference-pools-served": (_pool_fails_open, "fails open"),
-    "tenant-priorities-bound": (_objective_from_the_client, "clients would choose their own priority"),
+    "tenant-priorities-bound": (_objective_from_the_client, "without requiring x-gateway-inference-objective"),
     "limit-store-mesh-only": (_store_open_to_any_source, "other than their mesh identity"),
     "lora-adapters-scoped": (_adapter_for_everyone, "every tenant could use every adapter"),
     "scale-to-zero-answered": (_no_standby, "no standby sits behind its Service"),
@@ -301,6 +301,14 @@ def test_policies_have_descriptions_and_defaults():
         assert p.description.endswith(".") and p.level in ("advisory", "mandatory")
 
 
+def test_draining_shorter_than_a_request_is_flagged(plans):
+    rs = resources(plans["prod"])
+    policy = kind(rs, "GCPBackendPolicy", "qwen-7b-short", "vllm")
+    policy.props["spec"]["default"]["connectionDraining"] = {"drainingTimeoutSec": 30}
+    (v,) = violations_of(rs, "vllm-backends-resilient")
+    assert "drains a detached endpoint for 30 s but lets a request run 600 s" in v.message
+
+
 def test_a_gateway_backend_without_a_health_check_is_flagged(plans):
     rs = resources(plans["prod"])
     assert violations_of(rs, "vllm-backends-resilient") == []
@@ -330,7 +338,7 @@ def test_inference_pool_behind_a_global_gateway_is_caught(plans):
 
 def test_an_objective_two_tenants_may_use_is_caught_by_evaluating_the_mesh(plans):
     """Without the objective condition in the mesh, support's token passes under search's
-    objective (priority 10) by calling search's path."""
+    objective by calling search's path (never shed, where support's own priority is -1)."""
     rs = resources(plans["staging"])
     del kind(rs, "AuthorizationPolicy", "allow-support-llama-8b").props["spec"]["rules"][0]["when"]
     messages = [v.message for v in violations_of(rs, "tenant-priorities-bound")]
@@ -340,11 +348,19 @@ def test_an_objective_two_tenants_may_use_is_caught_by_evaluating_the_mesh(plans
 def test_route_passing_picker_control_headers_is_caught(plans):
     rs = resources(plans["staging"])
     route = kind(rs, "HTTPRoute", "llama-8b.support")
-    for f in route.props["spec"]["rules"][0]["filters"]:
-        if f["type"] == "RequestHeaderModifier":
-            f["requestHeaderModifier"]["remove"].remove("x-gateway-destination-endpoint")
+    for rule in route.props["spec"]["rules"]:
+        for f in rule.get("filters", []):
+            if f["type"] == "RequestHeaderModifier":
+                f["requestHeaderModifier"]["remove"].remove("x-gateway-destination-endpoint")
     messages = [v.message for v in violations_of(rs, "tenant-priorities-bound")]
-    assert any("passes the client's x-gateway-destination-endpoint" in m for m in messages)
+    assert any("passes the client's x-gateway-destination-endpoint to the replica" in m for m in messages)
+    # Without the refusing rule, the client's control headers would reach the picker itself.
+    rs = resources(plans["staging"])
+    route = kind(rs, "HTTPRoute", "llama-8b.support")
+    route.props["spec"]["rules"] = [r for r in route.props["spec"]["rules"] if r.get("backendRefs")]
+    messages = [v.message for v in violations_of(rs, "tenant-priorities-bound")]
+    assert any("passes the client's x-gateway-model-name-rewrite to the endpoint picker" in m for m in messages)
+    assert any("passes the client's x-llm-d-inference-objective to the endpoint picker" in m for m in messages)
 
 
 def test_route_objective_without_an_inference_objective_is_caught(plans):
@@ -358,7 +374,10 @@ def test_policy_pack_header_names_match_the_components():
     from vllm_gke.components.serving_api import OBJECTIVE_HEADER, PICKER_CONTROL_HEADERS
     from vllm_gke.policies import rules
 
+    from vllm_gke.components.serving_api import REFUSED_AT_THE_PICKER
+
     assert (rules.OBJECTIVE_HEADER, rules.PICKER_CONTROL_HEADERS) == (OBJECTIVE_HEADER, PICKER_CONTROL_HEADERS)
+    assert rules.REFUSED_AT_THE_PICKER == REFUSED_AT_THE_PICKER
 
 
 def test_limit_store_without_strict_mtls_is_caught(plans):

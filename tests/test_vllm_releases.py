@@ -34,7 +34,14 @@ def test_each_release_matches_its_real_snapshot(version):
     for flag in (rel.disable_prefix_caching, rel.disable_chunked_prefill, "--enable-prefix-caching",
                  "--enable-chunked-prefill", "--middleware"):
         assert flags[flag]["kind"] == "switch" or flag == "--middleware", flag
-    assert rel.kv_cache_metric in {m["name"] for m in snap["metrics"]}
+    metrics = {m["name"] for m in snap["metrics"]}
+    assert {rel.kv_cache_metric, rel.queue_metric, rel.running_metric, rel.lora_info_metric,
+            rel.cache_info_metric} <= metrics
+    assert set(rel.picker_metrics.values()) <= metrics
+    if rel.shutdown_timeout_flag:
+        assert flags[rel.shutdown_timeout_flag]["kind"] != "switch"
+    else:
+        assert "--shutdown-timeout" not in flags
     assert {"/v1/completions", "/v1/chat/completions", "/health", "/metrics"} <= {r["path"] for r in snap["routes"]}
 
 

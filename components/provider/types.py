@@ -78,6 +78,8 @@ class ClusterSpec(TypedDict):
     """The proxy-only subnet regional load balancers' Envoys use (one per region and VPC). Default: 10.129.0.0/23."""
     private_nodes: NotRequired[bool]
     """Nodes without public IPs (egress through Cloud NAT). Default: true."""
+    dataplane_v2: NotRequired[bool]
+    """GKE Dataplane V2, which enforces the NetworkPolicies the platform declares for its pods outside the mesh (the endpoint picker). Fixed at creation: changing it replaces the cluster, so a cluster made without it (vllm-gke 0.2.0) keeps false, and the plan says what is then not enforced. Default: true."""
     deletion_protection: NotRequired[bool]
     """Protect the cluster and the weights share from deletion. Default: true."""
     manage_mesh_feature: NotRequired[bool]
@@ -288,7 +290,7 @@ class TenantSpec(TypedDict):
     dedicated: NotRequired[DedicatedSpec]
     """Replicas of the tenant's own."""
     priority: NotRequired[int]
-    """Priority of the tenant's requests on models with routing: inference-gateway (its InferenceObjective): when replicas saturate, higher is served first; negative may be shed. Default: 0."""
+    """Priority of the tenant's requests on models with routing: inference-gateway (its InferenceObjective). The pinned endpoint picker (gateway-api-inference-extension v1.2.0, without its experimental flow control) only sheds: while every replica of the pool is saturated (more than 5 requests waiting or KV cache over 80% on each), a negative priority's requests get 429; 0, the default, is never shed. It orders nothing by priority. Default: 0."""
 
 
 class GatewaySpec(TypedDict):
