@@ -117,7 +117,7 @@ class RouteTarget:
     canary_short_service: Optional[str] = None
     canary_long_service: Optional[str] = None
     canary_weight: int = 0
-    # Load balancer requests/s cap per replica, by Service (pools that set maxRatePerEndpoint).
+    # Load balancer target requests/s per replica (a capacity, not a cap), by Service (pools that set maxRatePerEndpoint).
     max_rate_per_endpoint: Mapping[str, int] = field(default_factory=dict)
     # Routing through GKE Inference Gateway's endpoint picker instead of by length.
     picker: Optional[PickerTarget] = None

@@ -472,7 +472,9 @@ class ServingPoolSpec(Spec):
     context_tokens: Optional[int] = Field(default=None, ge=16)
     # HPA target: average vllm:num_requests_waiting per pod before scaling out.
     queue_depth_target: int = Field(default=8, ge=1)
-    # Load balancer cap per replica, requests per second (GCPBackendPolicy maxRatePerEndpoint).
+    # Load balancer target rate per replica, requests per second (GCPBackendPolicy
+    # maxRatePerEndpoint): a capacity the load balancer balances by, not a cap - it prefers
+    # replicas below it and, once every replica is at it, overfills them in proportion.
     max_rate_per_endpoint: Optional[int] = Field(default=None, ge=1)
     # minReplicas 0: seconds without a request (none running, none waiting) before the last
     # replica goes (KEDA's cooldownPeriod).

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vllm_gke.components.gateway import LENGTH_HINT_HEADER, at_least_regex
-from tests.conftest import STACKS, manifests_of, props_of, vllm_deployments
+from tests.conftest import REPO_ROOT, STACKS, manifests_of, props_of, vllm_deployments
 
 
 @given(threshold=st.integers(1, 10**7), value=st.integers(0, 10**9))
@@ -245,3 +245,14 @@ def test_a_dedicated_copy_runs_the_models_canary_too(plan_variant):
     # Capacity counts both canaries (shared and dedicated) on the MIG pool: one replica per pool each.
     before = gpu_slots_by_pool(plan_variant("prod").config)["a100-mig"]
     assert gpu_slots_by_pool(plan.config)["a100-mig"] == before + 4
+
+
+def test_max_rate_per_endpoint_is_documented_as_a_capacity_not_a_cap():
+    """GKE's traffic management: the target capacity "isn't a circuit breaker"; once every
+    endpoint is at it, requests overfill them in proportion. The config's own description (the
+    package schema's too) must not promise a cap."""
+    doc = (REPO_ROOT / "components" / "provider" / "types.py").read_text()
+    described = doc[doc.index("max_rate_per_endpoint: NotRequired[int]"):][:400]
+    assert "not a cap" in described and "overfills" in described
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert "isn't a\ncircuit breaker" in readme or "isn't a circuit breaker" in readme

@@ -38,7 +38,7 @@ class RouteTargetSpec(TypedDict):
     canary_weight: NotRequired[int]
     """Percent of each rule's traffic sent to the canary pools, 0-100 (default 0)."""
     max_rate_per_endpoint: NotRequired[dict[str, int]]
-    """Load balancer requests/s cap per replica, by Service name."""
+    """Load balancer target requests/s per replica (a capacity it balances by, not a cap), by Service name."""
 
 
 class GatewayInputs(TypedDict):

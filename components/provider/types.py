@@ -166,7 +166,7 @@ class ServingPoolSpec(TypedDict):
     queue_depth_target: NotRequired[int]
     """HPA target: average vllm:num_requests_waiting per pod before scaling out. Default: 8."""
     max_rate_per_endpoint: NotRequired[int]
-    """Load balancer cap per replica, requests per second (GCPBackendPolicy maxRatePerEndpoint)."""
+    """Load balancer target rate per replica, requests per second (GCPBackendPolicy maxRatePerEndpoint): a capacity the load balancer balances by, not a cap - it prefers replicas below it and, once every replica is at it, overfills them in proportion."""
     cooldown_seconds: NotRequired[int]
     """minReplicas 0: seconds without a request (none running, none waiting) before the last replica goes (KEDA's cooldownPeriod). Default: 900."""
 
