@@ -89,10 +89,10 @@ def capacity_table(v: Verdicts) -> Table:
 
 def url_table(v: Verdicts) -> Table:
     table = Table(title="tenant URLs (OpenAI base URL per tenant and model)")
-    for col in ("tenant", "model", "base URL", "via"):
+    for col in ("tenant", "model", "base URL", "via", "header to send"):
         table.add_column(col)
     for u in v.urls:
-        table.add_row(u.tenant, u.model, u.url, u.via)
+        table.add_row(u.tenant, u.model, u.url, u.via, u.header or "-")
     return table
 
 

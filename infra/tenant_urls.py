@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllm_gke.components.serving_api import OBJECTIVE_HEADER, objective_name
 from vllm_gke.components.specs import ModelSpec, TenantSpec
 from vllm_gke.infra.config import StackConfig
 
@@ -28,6 +29,8 @@ class TenantUrl:
     url: str
     # "shared" (length routing), "endpoint picker" or "dedicated"
     via: str
+    # The header every request must carry (behind the picker: the tenant's objective), or "".
+    header: str = ""
 
 
 def gateway_base(cfg: StackConfig) -> str:
@@ -44,7 +47,10 @@ def tenant_urls(cfg: StackConfig) -> list[TenantUrl]:
             model = cfg.model(name)
             via = "dedicated" if name in dedicated else (
                 "endpoint picker" if model.routing == "inference-gateway" else "shared")
-            out.append(TenantUrl(tenant.name, name, f"{base}/{path_prefix(model, tenant, name in dedicated)}/v1", via))
+            header = (f"{OBJECTIVE_HEADER}: {objective_name(tenant.name, name)}"
+                      if model.routing == "inference-gateway" else "")
+            out.append(TenantUrl(tenant.name, name, f"{base}/{path_prefix(model, tenant, name in dedicated)}/v1", via,
+                                 header))
     return out
 
 
@@ -53,5 +59,6 @@ def url_notes(cfg: StackConfig) -> list[str]:
     picked = sorted(m.name for m in cfg.models if m.routing == "inference-gateway")
     if not picked:
         return []
-    return [f"{', '.join(picked)}: behind the endpoint picker each tenant calls /<tenant>/<model>/v1, not the "
-            "shared /<model>/v1; switching a model's routing moves its tenants' URLs (tell them first)"]
+    return [f"{', '.join(picked)}: behind the endpoint picker each tenant calls /<tenant>/<model>/v1 with its "
+            f"{OBJECTIVE_HEADER} header, not the shared /<model>/v1; switching a model's routing moves its "
+            "tenants' URLs (tell them first)"]

@@ -278,4 +278,8 @@ def test_every_tenant_url_the_plan_prints_is_a_declared_route(plans, stack):
     assert {next(p for p in paths if d == p or d.startswith(p + "/")) for d in declared} == paths
     picked = [u for u in urls if u.via == "endpoint picker"]
     assert all(urlsplit(u.url).path == f"/{u.tenant}/{u.model}/v1" for u in picked)
+    # ...and the header the route requires is the one printed.
+    for u in picked:
+        name, value = u.header.split(": ")
+        assert _reach(plan, f"{urlsplit(u.url).path}/models", "GET", {name: value}).backends
     assert bool(picked) == bool(url_notes(plan.config))
