@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from vllm_gke.infra.config import ConfigError
+from vllm_gke.infra.contracts import CONTRACTS
+from vllm_gke.infra.contracts import problems as contract_problems
 from vllm_gke.infra.crd_validation import CRD_DIR_ENV, DEFAULT_CRD_DIR
 from vllm_gke.infra.manifests import (
     catalog_or_none, describe, is_builtin, validate, validate_alert_policy,
@@ -159,6 +161,12 @@ def plan(
         custom = sum(not is_builtin(d) for d in docs)
         console.print(f"[yellow]{custom} custom resources not checked: no upstream CRDs at {crds or DEFAULT_CRD_DIR} "
                       f"(pass --crds DIR or set {CRD_DIR_ENV})[/]", highlight=False)
+    broken = contract_problems(result)
+    for contract, problem in broken:
+        console.print(f"[bold red]breaks the {contract.component} {contract.version} contract[/] "
+                      f"({contract.source}): {problem}", highlight=False)
+    if not broken:
+        console.print(f"[green]all {len(CONTRACTS)} component contracts hold (docs/contracts.md)[/]")
     argv_errors = vllm_argv_problems(result)
     for what, err in argv_errors:
         console.print(f"[bold red]vLLM {result.config.vllm_version} would refuse[/] {what}: {err}", highlight=False)
@@ -187,7 +195,7 @@ def plan(
         files = write_plan(result, out, report.to_json())
         console.print(f"wrote {len(files)} files under {out / stack}/ (manifests/, dashboard.json, "
                       "alert-policies.json, resources.json, verdicts.json)")
-    if problems or dashboard_errors or argv_errors or report.mandatory:
+    if problems or dashboard_errors or argv_errors or broken or report.mandatory:
         raise typer.Exit(1)
 
 

@@ -1,0 +1,428 @@
+"""What the platform relies on in the third-party workloads the stacks run, and a check of each.
+
+One row per behaviour: the component and version the plan pins, what it does at run time, where
+upstream says so (repository@tag:path:lines, read at that tag, or the vendor's page for what is
+GKE-managed and published nowhere else), and a check that the plan honours it. `vllm-gke plan`
+runs every check; the tests run them on every stack and break each one; docs/contracts.md is
+generated from this table (`python -m vllm_gke.infra.contracts`).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from vllm_gke.components.inference_pool import EPP_IMAGE, EXT_PROC_PORT, EPP_UID, HEALTH_PORT, METRICS_PORT
+from vllm_gke.components.keda import CHART_VERSION, METRICS_SERVER_PORT, OPERATOR_SA, WEBHOOK_PORT
+from vllm_gke.components.serving_api import PICKER_PATHS, REFUSED_AT_THE_PICKER
+from vllm_gke.components.vllm_versions import release
+from vllm_gke.infra.plan import Plan, manifest
+from vllm_gke.infra.vllm_argv import load_snapshot
+
+Check = Callable[[Plan], list[str]]
+
+
+@dataclass(frozen=True)
+class Contract:
+    component: str
+    version: str
+    # What the component does that the platform depends on.
+    behaviour: str
+    # Where upstream establishes it, at that version.
+    source: str
+    # What the plan does about it.
+    honoured_by: str
+    check: Check
+
+
+# --- plan helpers ---------------------------------------------------------------------------
+
+def _docs(plan: Plan, kind: str) -> list[dict[str, Any]]:
+    return [manifest(r) for r in plan.kubernetes() if r.props.get("kind") == kind]
+
+
+def _vllm_deployments(plan: Plan) -> list[dict[str, Any]]:
+    return [d for d in _docs(plan, "Deployment")
+            if (d["spec"]["template"]["metadata"].get("labels") or {}).get("app.kubernetes.io/name") == "vllm"]
+
+
+def _vllm_containers(plan: Plan) -> Iterator[tuple[str, dict[str, Any]]]:
+    for d in _vllm_deployments(plan):
+        (c,) = [c for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+        yield f"{d['metadata']['namespace']}/{d['metadata']['name']}", c
+
+
+def _flag(args: list[Any], flag: str) -> Optional[str]:
+    items = [str(a) for a in args]
+    return items[items.index(flag) + 1] if flag in items and items.index(flag) + 1 < len(items) else None
+
+
+def _pickers(plan: Plan) -> list[dict[str, Any]]:
+    return [d for d in _docs(plan, "Deployment") if (d["spec"]["template"]["metadata"].get("labels") or {})
+            .get("app.kubernetes.io/name") == "vllm-gke-epp"]
+
+
+def _picker_container(d: dict[str, Any]) -> dict[str, Any]:
+    (c,) = d["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def _keda_release(plan: Plan) -> Optional[dict[str, Any]]:
+    return next((r.props for r in plan.resources
+                 if r.type == "kubernetes:helm.sh/v3:Release" and r.props.get("chart") == "keda"), None)
+
+
+def _exported(plan: Plan) -> set[str]:
+    return {m["name"] for m in load_snapshot(plan.config.vllm_version)["metrics"]}
+
+
+def _queried_metrics(query: str) -> set[str]:
+    return set(re.findall(r"(vllm:[a-z0-9_:]+)\{", query))
+
+
+# --- KEDA chart 2.20.2 ------------------------------------------------------------------------
+
+def keda_owns_external_metrics(plan: Plan) -> list[str]:
+    out = []
+    if _keda_release(plan) is None:
+        out.append("no KEDA release: nothing serves the external metrics the ScaledObjects' HPAs read")
+    for a in _docs(plan, "APIService"):
+        if a["spec"].get("group") == "external.metrics.k8s.io":
+            out.append(f"APIService {a['metadata']['name']} would be a second owner of KEDA's external metrics API")
+    return out
+
+
+def keda_ports_open_on_private_clusters(plan: Plan) -> list[str]:
+    if not plan.config.cluster.private_nodes:
+        return []
+    rules = [r.props for r in plan.of_type("gcp:compute/firewall:Firewall")
+             if plan.config.cluster.master_cidr in (r.props.get("sourceRanges") or [])]
+    ports = {p for r in rules for a in r.get("allows") or [] for p in a.get("ports") or []}
+    missing = {str(METRICS_SERVER_PORT), str(WEBHOOK_PORT)} - ports
+    return [f"no firewall rule lets the control plane reach tcp:{', '.join(sorted(missing))}"] if missing else []
+
+
+def keda_operator_identity(plan: Plan) -> list[str]:
+    out = []
+    release_ = _keda_release(plan)
+    values = (release_ or {}).get("values") or {}
+    if ((values.get("serviceAccount") or {}).get("operator") or {}).get("name") != OPERATOR_SA:
+        out.append(f"the chart's operator service account is not {OPERATOR_SA}")
+    if not ((values.get("podIdentity") or {}).get("gcp") or {}).get("enabled"):
+        out.append("podIdentity.gcp is off: the operator would call Managed Prometheus without a Google identity")
+    members = [r.props.get("member", "") for r in plan.of_type("gcp:serviceaccount/iAMMember:IAMMember")]
+    if not any(m.endswith(f"[keda/{OPERATOR_SA}]") for m in members):
+        out.append(f"no Workload Identity binding for keda/{OPERATOR_SA}")
+    for pool in plan.of_type("gcp:container/nodePool:NodePool"):
+        mode = ((pool.props.get("nodeConfig") or {}).get("workloadMetadataConfig") or {}).get("mode")
+        if mode != "GKE_METADATA":
+            out.append(f"node pool {pool.props.get('name')} runs no GKE metadata server: the operator's nodeSelector "
+                       "iam.gke.io/gke-metadata-server-enabled would not match it")
+    return out
+
+
+def keda_queries_one_series_of_exported_metrics(plan: Plan) -> list[str]:
+    out = []
+    exported = _exported(plan)
+    for so in _docs(plan, "ScaledObject"):
+        for t in so["spec"]["triggers"]:
+            query = t["metadata"]["query"]
+            if not re.match(r"^(clamp_max\()?sum\(", query):
+                out.append(f"ScaledObject {so['metadata']['name']}: query {query!r} may return several series")
+            if missing := _queried_metrics(query) - exported:
+                out.append(f"ScaledObject {so['metadata']['name']}: vLLM {plan.config.vllm_version} exports no "
+                           f"{', '.join(sorted(missing))}")
+            if t.get("authenticationRef", {}).get("kind") != "ClusterTriggerAuthentication":
+                out.append(f"ScaledObject {so['metadata']['name']}: a trigger without the GMP authentication")
+    return out
+
+
+def keda_scales_every_pool(plan: Plan) -> list[str]:
+    scaled = {(so["metadata"]["namespace"], so["spec"]["scaleTargetRef"]["name"]) for so in _docs(plan, "ScaledObject")}
+    out = [f"Deployment {d['metadata']['namespace']}/{d['metadata']['name']} has no ScaledObject"
+           for d in _vllm_deployments(plan) if (d["metadata"]["namespace"], d["metadata"]["name"]) not in scaled]
+    out += [f"HorizontalPodAutoscaler {h['metadata']['name']}: KEDA's webhook refuses a ScaledObject beside it"
+            for h in _docs(plan, "HorizontalPodAutoscaler")
+            if (h["metadata"].get("annotations") or {}).get("validations.keda.sh/hpa-ownership") != "false"]
+    return out
+
+
+def keda_names_fit(plan: Plan) -> list[str]:
+    return [f"ScaledObject {so['metadata']['name']}: its HPA keda-hpa-<name> would exceed 63 characters"
+            for so in _docs(plan, "ScaledObject") if len("keda-hpa-" + so["metadata"]["name"]) > 63]
+
+
+def keda_cooldown_only_for_zero(plan: Plan) -> list[str]:
+    return [f"ScaledObject {so['metadata']['name']}: cooldownPeriod with minReplicaCount > 0 (KEDA warns, ignores it)"
+            for so in _docs(plan, "ScaledObject")
+            if "cooldownPeriod" in so["spec"] and so["spec"].get("minReplicaCount", 0) > 0]
+
+
+def keda_admits_the_scaled_objects(plan: Plan) -> list[str]:
+    return keda_names_fit(plan) + keda_cooldown_only_for_zero(plan)
+
+
+# --- Endpoint picker v1.2.0 --------------------------------------------------------------------
+
+def picker_reads_exported_metrics(plan: Plan) -> list[str]:
+    out = []
+    exported = _exported(plan)
+    for d in _pickers(plan):
+        args = _picker_container(d)["args"]
+        for flag in ("--total-queued-requests-metric", "--kv-cache-usage-percentage-metric", "--lora-info-metric",
+                     "--cache-info-metric"):
+            value = _flag(args, flag)
+            if value is None:
+                out.append(f"{d['metadata']['name']}: {flag} unset (v1.2.0's default may not be exported)")
+            elif value not in exported:
+                out.append(f"{d['metadata']['name']}: {flag} {value} is not exported by vLLM {plan.config.vllm_version}")
+    return out
+
+
+def picker_without_pprof(plan: Plan) -> list[str]:
+    return [f"{d['metadata']['name']}: pprof on (served without auth on :{METRICS_PORT})" for d in _pickers(plan)
+            if "--enable-pprof=false" not in _picker_container(d)["args"]]
+
+
+def picker_highly_available(plan: Plan) -> list[str]:
+    out = []
+    leases = any("leases" in rule.get("resources", []) and "update" in rule.get("verbs", [])
+                 for role in _docs(plan, "Role") for rule in role.get("rules") or [])
+    for d in _pickers(plan):
+        c = _picker_container(d)
+        name = d["metadata"]["name"]
+        if d["spec"].get("replicas", 1) < 2 or "--ha-enable-leader-election" not in c["args"]:
+            out.append(f"{name}: one replica without leader election: every restart is an outage")
+        if (c.get("readinessProbe") or {}).get("grpc", {}).get("service") != "readiness":
+            out.append(f"{name}: readiness is not the leader-only 'readiness' service")
+        if not leases:
+            out.append(f"{name}: no Role lets it take a lease")
+    return out
+
+
+def picker_ports(plan: Plan) -> list[str]:
+    out = []
+    for d in _pickers(plan):
+        ports = {p["containerPort"] for p in _picker_container(d).get("ports") or []}
+        if ports != {EXT_PROC_PORT, HEALTH_PORT, METRICS_PORT}:
+            out.append(f"{d['metadata']['name']}: ports {sorted(ports)} are not the picker's defaults")
+        if d["spec"]["template"]["spec"].get("securityContext", {}).get("runAsUser") != EPP_UID:
+            out.append(f"{d['metadata']['name']}: not the image's nonroot user {EPP_UID}")
+    for pool in _docs(plan, "InferencePool"):
+        if pool["spec"]["endpointPickerRef"]["port"]["number"] != EXT_PROC_PORT:
+            out.append(f"InferencePool {pool['metadata']['name']} calls the picker on another port")
+    return out
+
+
+def _pool_rules(plan: Plan) -> Iterator[tuple[str, dict[str, Any]]]:
+    for route in _docs(plan, "HTTPRoute"):
+        for rule in route["spec"]["rules"]:
+            if any(b.get("kind") == "InferencePool" for b in rule.get("backendRefs") or []):
+                yield route["metadata"]["name"], rule
+
+
+def picker_gets_what_it_parses(plan: Plan) -> list[str]:
+    out = []
+    for name, rule in _pool_rules(plan):
+        for m in rule.get("matches") or [{}]:
+            path = (m.get("path") or {})
+            if path.get("type") != "Exact" or not any(path.get("value", "").endswith(p) for p in PICKER_PATHS):
+                out.append(f"HTTPRoute {name}: {path.get('type')} {path.get('value')} reaches the picker, which parses "
+                           "only chat completions, single-prompt completions and GET /v1/models")
+            length = [h for h in m.get("headers") or [] if h.get("name", "").lower() == "content-length"]
+            if m.get("method") != "GET" and not length:
+                out.append(f"HTTPRoute {name}: a body of any size (or chunked) reaches the picker, which buffers it whole")
+    return out
+
+
+def picker_objective_is_the_tenants(plan: Plan) -> list[str]:
+    from vllm_gke.policies.route_match import HttpRequest, reach
+
+    out = []
+    routes = _docs(plan, "HTTPRoute")
+    for name, rule in _pool_rules(plan):
+        for m in rule.get("matches") or [{}]:
+            if not any(h.get("name") == "x-gateway-inference-objective" and h.get("type", "Exact") == "Exact"
+                       for h in m.get("headers") or []):
+                out.append(f"HTTPRoute {name}: the picker would read a client-chosen objective")
+                continue
+            headers = {h["name"]: (h["value"] if h.get("type", "Exact") == "Exact" else "0") for h in m["headers"]}
+            for header in REFUSED_AT_THE_PICKER:
+                reached = reach(routes, HttpRequest(m["path"]["value"], m.get("method", "POST"), {**headers, header: "x"}))
+                if reached and any(b.get("kind") == "InferencePool" for b in reached.backends):
+                    out.append(f"HTTPRoute {name}: a client's {header} reaches the picker")
+    for objective in _docs(plan, "InferenceObjective"):
+        if objective["spec"].get("priority", 0) > 0:
+            out.append(f"InferenceObjective {objective['metadata']['name']}: a positive priority the picker ignores")
+    return out
+
+
+# --- vLLM ---------------------------------------------------------------------------------------
+
+def vllm_drains_on_stop(plan: Plan) -> list[str]:
+    rel = release(plan.config.vllm_version)
+    if not rel.shutdown_timeout_flag:
+        return []
+    timeout = plan.config.gateway.request_timeout_seconds
+    out = []
+    for name, c in _vllm_containers(plan):
+        value = _flag(c["args"], rel.shutdown_timeout_flag)
+        if value is None or int(value) < timeout:
+            out.append(f"{name}: {rel.shutdown_timeout_flag} {value or 0}: vLLM aborts what it is generating on SIGTERM")
+    return out
+
+
+def vllm_health_and_guard(plan: Plan) -> list[str]:
+    out = []
+    for name, c in _vllm_containers(plan):
+        if _flag(c["args"], "--middleware") != "vllm_gke_guard.GuardMiddleware":
+            out.append(f"{name}: the guard is not loaded as vLLM middleware")
+        for probe in ("readinessProbe", "livenessProbe"):
+            if (c.get(probe) or {}).get("httpGet", {}).get("path") != "/health":
+                out.append(f"{name}: {probe} is not vLLM's /health")
+    return out
+
+
+def vllm_writes_only_to_volumes(plan: Plan) -> list[str]:
+    out = []
+    for name, c in _vllm_containers(plan):
+        env = {e["name"]: e.get("value") for e in c.get("env") or []}
+        mounts = {m["mountPath"] for m in c.get("volumeMounts") or [] if not m.get("readOnly")}
+        if not (c.get("securityContext") or {}).get("readOnlyRootFilesystem"):
+            continue
+        home = env.get("HOME")
+        if home not in mounts or "/tmp" not in mounts:
+            out.append(f"{name}: HOME ({home}) and /tmp must be writable volumes: vLLM caches under ~/.cache/vllm")
+    return out
+
+
+CONTRACTS: tuple[Contract, ...] = (
+    Contract("KEDA chart", CHART_VERSION,
+             "registers APIService v1beta1.external.metrics.k8s.io for its metrics server (on whenever "
+             "metricsServer.enabled, the default); only one server may own it",
+             "kedacore/charts@v2.20.2:keda/templates/metrics-server/apiservice.yaml:1-31",
+             "KEDA is installed in every stack and the plan declares no external-metrics APIService of its own",
+             keda_owns_external_metrics),
+    Contract("KEDA chart", CHART_VERSION,
+             f"the metrics server listens on pod port {METRICS_SERVER_PORT} (service.portHttpsTarget) and the "
+             f"admission webhook on {WEBHOOK_PORT}; the control plane calls both",
+             "kedacore/charts@v2.20.2:keda/templates/metrics-server/deployment.yaml:131,151; "
+             "kedacore/keda@v2.20.2:cmd/webhooks/main.go:72",
+             "on a private cluster a firewall rule opens exactly these ports from the control plane's range",
+             keda_ports_open_on_private_clusters),
+    Contract("KEDA chart", CHART_VERSION,
+             "podIdentity.gcp annotates only the operator's service account (serviceAccount.operator.name) and "
+             "adds nodeSelector iam.gke.io/gke-metadata-server-enabled to the operator",
+             "kedacore/charts@v2.20.2:keda/templates/manager/serviceaccount.yaml:39; "
+             "keda/templates/manager/deployment.yaml:244",
+             "Workload Identity binding for keda/keda-operator; every node pool runs the GKE metadata server",
+             keda_operator_identity),
+    Contract("KEDA", CHART_VERSION,
+             "the prometheus scaler with podIdentity gcp calls with a monitoring.read token; a query returning "
+             "more than one series is an error",
+             "kedacore/keda@v2.20.2:pkg/scalers/prometheus_scaler.go:124,274; pkg/scalers/gcp/gcp_common.go:17",
+             "every trigger sums to one series of a metric the pinned vLLM exports, authenticated by the "
+             "ClusterTriggerAuthentication",
+             keda_queries_one_series_of_exported_metrics),
+    Contract("KEDA", CHART_VERSION,
+             "the operator scales a target below minReplicaCount up to it; its webhook refuses a ScaledObject "
+             "for a workload another HPA scales unless that HPA says validations.keda.sh/hpa-ownership: \"false\"",
+             "kedacore/keda@v2.20.2:pkg/scaling/executor/scale_scaledobjects.go:102-109; "
+             "apis/keda/v1alpha1/scaledobject_webhook.go:274",
+             "every vLLM Deployment has a ScaledObject and no other HPA",
+             keda_scales_every_pool),
+    Contract("KEDA", CHART_VERSION,
+             "the webhook refuses a ScaledObject whose name (a label value, and keda-hpa-<name>) is over 63 "
+             "characters; cooldownPeriod applies only with minReplicaCount 0",
+             "kedacore/keda@v2.20.2:apis/keda/v1alpha1/scaledobject_webhook.go:58,204,348-352",
+             "ScaledObject names fit; cooldownPeriod only on pools that may go to zero",
+             keda_admits_the_scaled_objects),
+    Contract("endpoint picker", EPP_IMAGE.tag,
+             "scrapes vllm:gpu_cache_usage_perc by default for KV-cache usage (vLLM 0.34 exports "
+             "vllm:kv_cache_usage_perc; a missing gauge reads as 0); names set by flags",
+             "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:pkg/epp/server/runserver.go:81; "
+             "cmd/epp/runner/runner.go:128-133",
+             "every metric-name flag set to a gauge the pinned vLLM exports (VllmRelease.picker_metrics)",
+             picker_reads_exported_metrics),
+    Contract("endpoint picker", EPP_IMAGE.tag,
+             "--enable-pprof defaults to true, on the metrics server (:9090), behind the same (here disabled) auth",
+             "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:cmd/epp/runner/runner.go:115",
+             "--enable-pprof=false", picker_without_pprof),
+    Contract("endpoint picker", EPP_IMAGE.tag,
+             "--ha-enable-leader-election (default off) runs the controllers on the leader only; the 'readiness' "
+             "gRPC health service passes on the leader only",
+             "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:cmd/epp/runner/runner.go:147; "
+             "cmd/epp/runner/health.go:59-67",
+             "two replicas with the flag, readiness on 'readiness', a Role for leases",
+             picker_highly_available),
+    Contract("endpoint picker", EPP_IMAGE.tag,
+             f"serves ext_proc on {EXT_PROC_PORT}, gRPC health on {HEALTH_PORT}, metrics on {METRICS_PORT}; "
+             f"the image is distroless nonroot ({EPP_UID})",
+             "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:cmd/epp/runner/runner.go:111-113; Dockerfile:4",
+             "the Deployment's ports, the InferencePool's endpointPickerRef and runAsUser",
+             picker_ports),
+    Contract("endpoint picker", EPP_IMAGE.tag,
+             "buffers the whole body with no limit, requires a string model and parses only a string prompt "
+             "or a messages list (400 otherwise); reads no path",
+             "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:pkg/epp/handlers/server.go:205; "
+             "pkg/epp/requestcontrol/director.go:119; pkg/epp/util/request/body.go:27-58",
+             "routes to a pool match only the picker's paths exactly, and bodies only with a bounded Content-Length",
+             picker_gets_what_it_parses),
+    Contract("endpoint picker", EPP_IMAGE.tag,
+             "reads x-gateway-inference-objective (and its other control headers) as the client sent them; "
+             "only priority < 0 has an effect (shed while saturated)",
+             "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:pkg/epp/handlers/request.go:57-81; "
+             "pkg/epp/util/request/sheddable.go:21",
+             "routes require the tenant's own objective and refuse the other control headers; no positive priority",
+             picker_objective_is_the_tenants),
+    Contract("vLLM", "0.34.0",
+             "--shutdown-timeout defaults to 0: on SIGTERM the engine aborts unfinished requests; > 0 drains",
+             "vllm-project/vllm@v0.34.0:vllm/engine/arg_utils.py:1971-1976; vllm/v1/engine/core.py:1886-1905",
+             "--shutdown-timeout = the gateway's request timeout (grace period and LB draining cover it)",
+             vllm_drains_on_stop),
+    Contract("vLLM", "0.34.0",
+             "--middleware classes wrap the app; /health answers 200, or 503 once the engine is dead",
+             "vllm-project/vllm@v0.34.0:vllm/entrypoints/serve/middleware/register.py:65-69; "
+             "vllm/entrypoints/serve/instrumentator/health.py:22-35",
+             "the guard is loaded as middleware; readiness and liveness probe /health",
+             vllm_health_and_guard),
+    Contract("vLLM", "0.34.0",
+             "caches under ~/.cache/vllm (VLLM_CACHE_ROOT) and torch/Triton compile caches under HOME and /tmp",
+             "vllm-project/vllm@v0.34.0:vllm/envs.py:35,756",
+             "HOME and /tmp are writable emptyDirs under a read-only root filesystem",
+             vllm_writes_only_to_volumes),
+)
+
+
+def problems(plan: Plan) -> list[tuple[Contract, str]]:
+    """Every row the plan breaks, with what breaks it."""
+    return [(c, p) for c in CONTRACTS for p in c.check(plan)]
+
+
+def markdown() -> str:
+    rows = ["# Component contracts", "",
+            "Generated from `infra/contracts.py` (`python -m vllm_gke.infra.contracts`): what the platform relies on",
+            "in each third-party workload it runs, where upstream says so at the pinned version, and what the",
+            "plan does about it. `vllm-gke plan` checks every row; the tests check every stack and break each row.",
+            "", "| component | version | behaviour | upstream source | honoured by |", "|---|---|---|---|---|"]
+    for c in CONTRACTS:
+        rows.append(f"| {c.component} | {c.version} | {c.behaviour} | {c.source} | {c.honoured_by} |")
+    return "\n".join(rows) + "\n"
+
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "contracts.md"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    target = Path((argv or sys.argv[1:] or [str(DOC)])[0])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(markdown())
+    print(f"wrote {target}: {len(CONTRACTS)} contracts")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

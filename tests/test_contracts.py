@@ -1,0 +1,136 @@
+"""The component contracts: every stack honours every row, each row's check catches the plan
+breaking it, and docs/contracts.md is the table as the code has it."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Callable
+
+import pytest
+
+from vllm_gke.infra.contracts import CONTRACTS, DOC, markdown, problems
+from vllm_gke.infra.mocks import PlannedResource
+from tests.conftest import STACKS
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_stack_honours_every_contract(plans, stack):
+    assert [(c.component, c.behaviour[:40], p) for c, p in problems(plans[stack])] == []
+
+
+def test_every_row_names_an_upstream_source_at_a_version():
+    for c in CONTRACTS:
+        assert c.version and ("@" in c.source or c.source.startswith("https://")), c.behaviour
+        assert c.behaviour and c.honoured_by
+
+
+def test_the_contracts_page_is_generated_from_the_table():
+    assert DOC.read_text() == markdown(), "run: python -m vllm_gke.infra.contracts"
+
+
+def _kube(plan, kind, name=None):
+    return next(r for r in plan.resources if r.props.get("kind") == kind
+                and (name is None or r.props["metadata"]["name"] == name))
+
+
+def _container(plan, kind, name):
+    return _kube(plan, kind, name).props["spec"]["template"]["spec"]["containers"][0]
+
+
+def _drop(plan, kind, name):
+    plan.resources.remove(_kube(plan, kind, name))
+
+
+def _drop_arg(plan, kind, name, flag, with_value=True):
+    args = _container(plan, kind, name)["args"]
+    i = args.index(flag)
+    del args[i:i + (2 if with_value else 1)]
+
+
+def _add_external_apiservice(plan):
+    plan.resources.append(PlannedResource("kubernetes:apiregistration.k8s.io/v1:APIService", "x", "urn:x", None, True, {
+        "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+        "metadata": {"name": "v1beta1.external.metrics.k8s.io"},
+        "spec": {"group": "external.metrics.k8s.io", "version": "v1beta1"}}))
+
+
+def _no_firewall(plan):
+    plan.resources[:] = [r for r in plan.resources if r.type != "gcp:compute/firewall:Firewall"]
+
+
+def _no_pod_identity(plan):
+    release = next(r for r in plan.resources if r.type == "kubernetes:helm.sh/v3:Release")
+    release.props["values"]["podIdentity"]["gcp"]["enabled"] = False
+
+
+def _unsummed_query(plan):
+    trigger = _kube(plan, "ScaledObject").props["spec"]["triggers"][0]
+    trigger["metadata"]["query"] = "vllm:num_requests_waiting{pod=~'x'}"
+
+
+def _cooldown_on_a_floor(plan):
+    so = next(r for r in plan.resources if r.props.get("kind") == "ScaledObject"
+              and r.props["spec"]["minReplicaCount"] > 0)
+    so.props["spec"]["cooldownPeriod"] = 300
+
+
+def _single_picker(plan):
+    _kube(plan, "Deployment", "llama-8b-epp").props["spec"]["replicas"] = 1
+
+
+def _picker_port(plan):
+    _container(plan, "Deployment", "llama-8b-epp")["ports"][0]["containerPort"] = 9000
+
+
+def _prefix_to_the_picker(plan):
+    rule = next(r for r in _kube(plan, "HTTPRoute", "llama-8b.search").props["spec"]["rules"] if r.get("backendRefs"))
+    rule["matches"][0]["path"] = {"type": "PathPrefix", "value": "/search/llama-8b/v1"}
+
+
+def _objective_not_required(plan):
+    for rule in _kube(plan, "HTTPRoute", "llama-8b.search").props["spec"]["rules"]:
+        for m in rule["matches"]:
+            m["headers"] = [h for h in m.get("headers", []) if h["name"] != "x-gateway-inference-objective"]
+
+
+def _writable_root_without_tmp(plan):
+    c = _container(plan, "Deployment", "qwen-7b-short")
+    c["volumeMounts"] = [m for m in c["volumeMounts"] if m["mountPath"] != "/tmp"]
+
+
+BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
+    "keda_owns_external_metrics": ("dev", _add_external_apiservice, "second owner"),
+    "keda_ports_open_on_private_clusters": ("prod", _no_firewall, "tcp:6443, 9443"),
+    "keda_operator_identity": ("dev", _no_pod_identity, "podIdentity.gcp is off"),
+    "keda_queries_one_series_of_exported_metrics": ("dev", _unsummed_query, "may return several series"),
+    "keda_scales_every_pool": ("dev", lambda p: _drop(p, "ScaledObject", "qwen-7b-short"), "has no ScaledObject"),
+    "keda_admits_the_scaled_objects": ("dev", _cooldown_on_a_floor, "cooldownPeriod with minReplicaCount > 0"),
+    "picker_reads_exported_metrics": ("staging", lambda p: _drop_arg(
+        p, "Deployment", "llama-8b-epp", "--kv-cache-usage-percentage-metric"), "unset"),
+    "picker_without_pprof": ("staging", lambda p: _drop_arg(
+        p, "Deployment", "llama-8b-epp", "--enable-pprof=false", with_value=False), "pprof on"),
+    "picker_highly_available": ("staging", _single_picker, "one replica without leader election"),
+    "picker_ports": ("staging", _picker_port, "not the picker's defaults"),
+    "picker_gets_what_it_parses": ("staging", _prefix_to_the_picker, "reaches the picker, which parses"),
+    "picker_objective_is_the_tenants": ("staging", _objective_not_required, "client-chosen objective"),
+    "vllm_drains_on_stop": ("dev", lambda p: _drop_arg(p, "Deployment", "qwen-7b-short", "--shutdown-timeout"),
+                            "aborts what it is generating"),
+    "vllm_health_and_guard": ("dev", lambda p: _drop_arg(p, "Deployment", "qwen-7b-short", "--middleware"),
+                              "not loaded as vLLM middleware"),
+    "vllm_writes_only_to_volumes": ("dev", _writable_root_without_tmp, "must be writable volumes"),
+}
+
+
+def test_every_row_has_a_break():
+    assert sorted(c.check.__name__ for c in CONTRACTS) == sorted(BREAKS)
+
+
+@pytest.mark.parametrize("contract", CONTRACTS, ids=[c.check.__name__ for c in CONTRACTS])
+def test_each_row_catches_its_break(plans, contract):
+    stack, mutate, message = BREAKS[contract.check.__name__]
+    plan = dataclasses.replace(plans[stack], resources=copy.deepcopy(plans[stack].resources))
+    assert contract.check(plan) == []
+    mutate(plan)
+    found = contract.check(plan)
+    assert any(message in p for p in found), found
