@@ -37,6 +37,10 @@ ISTIO_CRDS = (
 )
 REVISIONS = {"REGULAR": "asm-managed", "RAPID": "asm-managed-rapid", "STABLE": "asm-managed-stable"}
 TIMEOUT = "20m"
+# kubectl caches discovery in $KUBECACHEDIR, else $HOME/.kube/cache (cli-runtime v0.33.5
+# pkg/genericclioptions/config_flags.go:303-309); on the read-only root filesystem it would
+# re-run full discovery on every retry. An emptyDir shared by both containers holds it.
+CACHE_DIR = "/kube-cache"
 
 
 @dataclass
@@ -49,6 +53,8 @@ class MeshReadinessArgs:
 def _kubectl(name: str, image: str, args: list[str]) -> dict:
     return {
         "name": name, "image": image, "command": ["kubectl"], "args": args,
+        "env": [{"name": "KUBECACHEDIR", "value": CACHE_DIR}],
+        "volumeMounts": [{"name": "kube-cache", "mountPath": CACHE_DIR}],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}},
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "runAsUser": 65532, "capabilities": {"drop": ["ALL"]}},
@@ -102,6 +108,7 @@ class MeshReadiness(pulumi.ComponentResource):
                         "containers": [_kubectl("control-plane", image, [
                             "wait", "--for=condition=ProvisioningFinished", f"--timeout={TIMEOUT}",
                             "-n", "istio-system", f"controlplanerevision/{self.revision}"])],
+                        "volumes": [{"name": "kube-cache", "emptyDir": {"sizeLimit": "64Mi"}}],
                     },
                 },
             },

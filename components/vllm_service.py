@@ -136,13 +136,14 @@ def drain_seconds(request_timeout_seconds: int) -> int:
     return PRE_STOP_S + request_timeout_seconds
 
 
-def sidecar_config(request_timeout_seconds: int) -> dict[str, str]:
-    """Pod annotations that keep the Istio sidecar up while vLLM finishes what it accepted: as a
-    native sidecar it stops only after vLLM has exited; as a classic one it drains for the whole
-    window (default 5 s) and leaves as soon as no connection is open."""
-    proxy = {"holdApplicationUntilProxyStarts": True,
-             "terminationDrainDuration": f"{drain_seconds(request_timeout_seconds)}s",
-             "proxyMetadata": {"EXIT_ON_ZERO_ACTIVE_CONNECTIONS": "true"}}
+def sidecar_config() -> dict[str, str]:
+    """Pod annotations that keep the Istio sidecar up while vLLM finishes what it accepted. As a
+    native sidecar (an init container that Kubernetes stops only after vLLM has exited; its
+    injected preStop starts the drain and its listeners keep accepting) it outlives vLLM by
+    construction. As a classic one, pilot-agent's default would exit 5 s after SIGTERM; with
+    EXIT_ON_ZERO_ACTIVE_CONNECTIONS it exits once no connection is open, bounded by the grace
+    period (istio 1.24.6/1.30.3 pkg/envoy/agent.go:152-230)."""
+    proxy = {"holdApplicationUntilProxyStarts": True, "proxyMetadata": {"EXIT_ON_ZERO_ACTIVE_CONNECTIONS": "true"}}
     return {"proxy.istio.io/config": json.dumps(proxy, sort_keys=True), "sidecar.istio.io/nativeSidecar": "true"}
 
 
@@ -274,7 +275,7 @@ class VllmService(pulumi.ComponentResource):
                 "template": {
                     "metadata": {"labels": {**BASE_LABELS, **labels},
                                  "annotations": {
-                                     **sidecar_config(args.request_timeout_seconds),
+                                     **sidecar_config(),
                                      # A warm replica is minutes of weight loading: the cluster
                                      # autoscaler must not evict it to consolidate nodes.
                                      "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",

@@ -9,20 +9,25 @@ generated from this table (`python -m vllm_gke.infra.contracts`).
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from vllm_gke.components.hyperdisk_weights import CPU_REQUEST_ANNOTATION, MIN_GKE as POPULATOR_MIN_GKE, TRANSFER_COMPUTE_CLASS
 from vllm_gke.components.inference_pool import EPP_IMAGE, EXT_PROC_PORT, EPP_UID, HEALTH_PORT, METRICS_PORT
+from vllm_gke.components.k8s_meta import COMPUTE_CLASS_LABEL
 from vllm_gke.components.keda import CHART_VERSION, METRICS_SERVER_PORT, OPERATOR_SA, WEBHOOK_PORT
-from vllm_gke.components.serving_api import PICKER_PATHS, REFUSED_AT_THE_PICKER
+from vllm_gke.components.serving_api import PICKER_PATHS, REFUSED_AT_THE_PICKER, SIDECAR_PEER
+from vllm_gke.components.specs import gke_version
 from vllm_gke.components.vllm_versions import release
 from vllm_gke.infra.plan import Plan, manifest
 from vllm_gke.infra.vllm_argv import load_snapshot
 
 Check = Callable[[Plan], list[str]]
+
 
 
 @dataclass(frozen=True)
@@ -299,6 +304,128 @@ def vllm_writes_only_to_volumes(plan: Plan) -> list[str]:
     return out
 
 
+# --- Istio sidecar (managed Cloud Service Mesh) ---------------------------------------------------
+
+ISTIO = "1.24.6 / 1.30.3"
+
+
+def _guard_configs(plan: Plan) -> Iterator[tuple[str, dict[str, Any]]]:
+    for name, c in _vllm_containers(plan):
+        env = {e["name"]: e.get("value") for e in c.get("env") or []}
+        yield name, json.loads(env.get("GKE_LLM_GUARD_CONFIG") or "{}")
+
+
+def istio_peer_and_claim_header(plan: Plan) -> list[str]:
+    out = []
+    headers = {rule.get("header") for ra in _docs(plan, "RequestAuthentication")
+               for jwt in ra["spec"].get("jwtRules") or [] for rule in jwt.get("outputClaimToHeaders") or []
+               if rule.get("claim") == "iss"}
+    for name, cfg in _guard_configs(plan):
+        if cfg.get("trustedPeers") != [SIDECAR_PEER]:
+            out.append(f"{name}: the guard trusts {cfg.get('trustedPeers')}, not the sidecar's {SIDECAR_PEER}")
+        if cfg.get("issuerHeader") not in headers:
+            out.append(f"{name}: no RequestAuthentication writes the issuer into {cfg.get('issuerHeader')}")
+    for d in _vllm_deployments(plan):
+        if (d["spec"]["template"]["metadata"].get("labels") or {}).get("sidecar.istio.io/inject") == "false":
+            out.append(f"{d['metadata']['name']}: no sidecar, so no JWT check and no 127.0.0.6 peer")
+    return out
+
+
+def istio_sidecar_outlives_vllm(plan: Plan) -> list[str]:
+    out = []
+    for d in _vllm_deployments(plan):
+        ann = d["spec"]["template"]["metadata"].get("annotations") or {}
+        proxy = json.loads(ann.get("proxy.istio.io/config") or "{}")
+        if ann.get("sidecar.istio.io/nativeSidecar") != "true" or \
+                (proxy.get("proxyMetadata") or {}).get("EXIT_ON_ZERO_ACTIVE_CONNECTIONS") != "true":
+            out.append(f"{d['metadata']['name']}: the sidecar may exit before vLLM has finished what it accepted")
+    return out
+
+
+# --- Cloud Storage FUSE CSI driver ------------------------------------------------------------------
+
+def gcsfuse_sidecar_with_the_mesh(plan: Plan) -> list[str]:
+    out = []
+    for d in _vllm_deployments(plan):
+        pod = d["spec"]["template"]
+        if not any((v.get("csi") or {}).get("driver") == "gcsfuse.csi.storage.gke.io" for v in pod["spec"]["volumes"]):
+            continue
+        ann = pod["metadata"].get("annotations") or {}
+        proxy = json.loads(ann.get("proxy.istio.io/config") or "{}")
+        if ann.get("gke-gcsfuse/volumes") != "true":
+            out.append(f"{d['metadata']['name']}: no gke-gcsfuse/volumes annotation: no sidecar mounts the bucket")
+        if "169.254.169.254/32" not in ann.get("traffic.sidecar.istio.io/excludeOutboundIPRanges", ""):
+            out.append(f"{d['metadata']['name']}: the FUSE sidecar's metadata-server calls go through Envoy")
+        if not proxy.get("holdApplicationUntilProxyStarts"):
+            out.append(f"{d['metadata']['name']}: the FUSE sidecar may start before the proxy")
+        if not any(v["name"] == "gke-gcsfuse-cache" and "emptyDir" in v for v in pod["spec"]["volumes"]):
+            out.append(f"{d['metadata']['name']}: no gke-gcsfuse-cache volume: the file cache lands in the driver's default")
+    return out
+
+
+# --- Redis ------------------------------------------------------------------------------------------
+
+def redis_writes_nothing_and_scripts_obey_the_acl(plan: Plan) -> list[str]:
+    out = []
+    for cm in _docs(plan, "ConfigMap"):
+        conf = (cm.get("data") or {}).get("redis.conf")
+        if conf is None:
+            continue
+        lines = {line.strip() for line in conf.splitlines()}
+        if 'save ""' not in lines or "appendonly no" not in lines:
+            out.append("redis.conf keeps persistence on: Redis would write to its read-only root filesystem")
+        users = [line for line in lines if line.startswith("user ")]
+        if not users or any("~rl:*" not in u or "+evalsha" not in u or "allkeys" in u or "~*" in u for u in users):
+            out.append("redis.conf's ACL does not confine the script to rl: keys")
+    return out
+
+
+# --- kubectl (mesh readiness) -------------------------------------------------------------------------
+
+def kubectl_cache_is_writable(plan: Plan) -> list[str]:
+    out = []
+    for job in _docs(plan, "Job"):
+        spec = job["spec"]["template"]["spec"]
+        for c in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+            if c.get("command") != ["kubectl"]:
+                continue
+            env = {e["name"]: e.get("value") for e in c.get("env") or []}
+            mounts = {m["mountPath"] for m in c.get("volumeMounts") or [] if not m.get("readOnly")}
+            if env.get("KUBECACHEDIR") not in mounts:
+                out.append(f"{job['metadata']['name']}/{c['name']}: kubectl's discovery cache is not on a writable volume")
+    return out
+
+
+# --- GKE Volume Populator -----------------------------------------------------------------------------
+
+def populator_inputs(plan: Plan) -> list[str]:
+    out = []
+    sources = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in _docs(plan, "GCPDataSource")}
+    for claim in _docs(plan, "PersistentVolumeClaim"):
+        ref = claim["spec"].get("dataSourceRef") or {}
+        if ref.get("kind") != "GCPDataSource":
+            continue
+        name = claim["metadata"]["name"]
+        source = sources.get((claim["metadata"]["namespace"], ref.get("name")))
+        if source is None:
+            out.append(f"claim {name}: its GCPDataSource is not in the claim's namespace")
+            continue
+        storage = source["spec"].get("cloudStorage") or {}
+        if not str(storage.get("uri", "")).endswith("/") or not storage.get("serviceAccountName"):
+            out.append(f"claim {name}: the data source needs a gs:// folder (trailing /) and a service account")
+        if CPU_REQUEST_ANNOTATION not in (claim["metadata"].get("annotations") or {}):
+            out.append(f"claim {name}: no {CPU_REQUEST_ANNOTATION}: the transfer sizes itself for the default node")
+    if sources:
+        pools = [r.props for r in plan.of_type("gcp:container/nodePool:NodePool")]
+        if not any(((p.get("nodeConfig") or {}).get("labels") or {}).get(COMPUTE_CLASS_LABEL) == TRANSFER_COMPUTE_CLASS
+                   for p in pools):
+            out.append(f"no node pool labelled {COMPUTE_CLASS_LABEL}={TRANSFER_COMPUTE_CLASS} for the transfer Jobs")
+        version = plan.config.cluster.min_master_version
+        if version is None or (gke_version(version) or (0,)) < (gke_version(POPULATOR_MIN_GKE) or (0,)):
+            out.append(f"cluster.minMasterVersion {version}: Volume Populator needs {POPULATOR_MIN_GKE} or later")
+    return out
+
+
 CONTRACTS: tuple[Contract, ...] = (
     Contract("KEDA chart", CHART_VERSION,
              "registers APIService v1beta1.external.metrics.k8s.io for its metrics server (on whenever "
@@ -394,6 +521,46 @@ CONTRACTS: tuple[Contract, ...] = (
              "vllm-project/vllm@v0.34.0:vllm/envs.py:35,756",
              "HOME and /tmp are writable emptyDirs under a read-only root filesystem",
              vllm_writes_only_to_volumes),
+    Contract("Istio sidecar", ISTIO,
+             "inbound traffic reaches the app from the passthrough address 127.0.0.6; outputClaimToHeaders "
+             "writes the verified claim and strips a client's copy of that header",
+             "istio/istio@1.24.6,1.30.3:pilot/pkg/networking/core/listener_address.go:35-37; "
+             "pilot/pkg/security/authn/policy_applier.go:174-179 (1.30.3: 175-180)",
+             "the guard trusts only 127.0.0.6 and reads the issuer header the RequestAuthentications write; "
+             "every vLLM pod is meshed", istio_peer_and_claim_header),
+    Contract("Istio sidecar", ISTIO,
+             "sidecar.istio.io/nativeSidecar makes istio-proxy an init container stopped after the app; a "
+             "classic sidecar exits 5 s after SIGTERM unless EXIT_ON_ZERO_ACTIVE_CONNECTIONS (proxyMetadata)",
+             "istio/api@1.24.6:annotation/annotations.yaml:251 (1.30.3: 273); "
+             "istio/istio@1.24.6,1.30.3:pkg/envoy/agent.go:152-230",
+             "vLLM pods carry both, so the sidecar serves until vLLM has drained", istio_sidecar_outlives_vllm),
+    Contract("Cloud Storage FUSE CSI driver", "GKE-managed (v1.24.4 read)",
+             "gke-gcsfuse/volumes injects gke-gcsfuse-sidecar after istio-proxy; with Istio the app must wait for "
+             "the proxy and the metadata server be excluded from capture; a pod volume named gke-gcsfuse-cache "
+             "holds the file cache",
+             "GoogleCloudPlatform/gcs-fuse-csi-driver@v1.24.4:pkg/webhook/mutatingwebhook.go:245-259; "
+             "pkg/webhook/injection.go:35-41; docs/istio.md:24-61",
+             "bucket-backed pods carry the annotations and their own sized cache volume", gcsfuse_sidecar_with_the_mesh),
+    Contract("Redis", "7.4.2",
+             "with save \"\" and appendonly no it writes no file, on shutdown either; commands a script calls are "
+             "checked against the caller's ACL and key patterns",
+             "redis/redis@7.4.1 (7.4.2 changes none of it):src/server.c:4474-4485; src/config.c:2705-2713; "
+             "src/script.c:575-602; src/acl.c:1673",
+             "no persistence under a read-only root filesystem; one ACL user confined to ~rl:* and the script's "
+             "commands", redis_writes_nothing_and_scripts_obey_the_acl),
+    Contract("kubectl", "v1.33.5",
+             "caches discovery in $KUBECACHEDIR, else $HOME/.kube/cache; an unwritable cache means full discovery "
+             "on every call",
+             "kubernetes/cli-runtime@v0.33.5:pkg/genericclioptions/config_flags.go:303-309; "
+             "kubernetes/client-go@v0.33.5:util/homedir/homedir.go:91",
+             "KUBECACHEDIR on an emptyDir shared by the mesh-readiness Job's containers", kubectl_cache_is_writable),
+    Contract("GKE Volume Populator", "GKE-managed",
+             "a GCPDataSource (cloudStorage uri of a folder, serviceAccountName) beside its claim; transfer Jobs "
+             "on nodes of compute class gcs-to-hdml-compute-class, sized by volume-populator.datalayer.gke.io/"
+             f"cpu-request; GKE {POPULATOR_MIN_GKE} or later",
+             "https://cloud.google.com/kubernetes-engine/docs/how-to/persistent-volumes/volume-populator-hdml",
+             "each claim's data source, annotation, the transfer pool's label and the version floor",
+             populator_inputs),
 )
 
 

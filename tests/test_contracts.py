@@ -14,9 +14,23 @@ from vllm_gke.infra.mocks import PlannedResource
 from tests.conftest import STACKS
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_every_stack_honours_every_contract(plans, stack):
-    assert [(c.component, c.behaviour[:40], p) for c, p in problems(plans[stack])] == []
+@pytest.fixture(scope="module")
+def hyperdisk():
+    """Staging on Hyperdisk ML weights, the one backend no stack uses (Volume Populator's rows)."""
+    from tests.test_hyperdisk_weights import hyperdisk_values
+    from vllm_gke.infra.plan import run_program
+
+    return run_program("staging", hyperdisk_values(extra=True))
+
+
+@pytest.fixture
+def any_plan(plans, hyperdisk):
+    return lambda stack: hyperdisk if stack == "hyperdisk" else plans[stack]
+
+
+@pytest.mark.parametrize("stack", [*STACKS, "hyperdisk"])
+def test_every_stack_honours_every_contract(any_plan, stack):
+    assert [(c.component, c.behaviour[:40], p) for c, p in problems(any_plan(stack))] == []
 
 
 def test_every_row_names_an_upstream_source_at_a_version():
@@ -94,6 +108,42 @@ def _objective_not_required(plan):
             m["headers"] = [h for h in m.get("headers", []) if h["name"] != "x-gateway-inference-objective"]
 
 
+def _guard_trusts(plan, peers):
+    import json
+
+    env = next(e for e in _container(plan, "Deployment", "qwen-7b-short")["env"] if e["name"] == "GKE_LLM_GUARD_CONFIG")
+    cfg = json.loads(env["value"])
+    cfg["trustedPeers"] = peers
+    env["value"] = json.dumps(cfg)
+
+
+def _classic_sidecar_default(plan):
+    pod = _kube(plan, "Deployment", "qwen-7b-short").props["spec"]["template"]
+    del pod["metadata"]["annotations"]["sidecar.istio.io/nativeSidecar"]
+    pod["metadata"]["annotations"]["proxy.istio.io/config"] = '{"holdApplicationUntilProxyStarts": true}'
+
+
+def _fuse_through_envoy(plan):
+    ann = _kube(plan, "Deployment", "mistral-7b-short").props["spec"]["template"]["metadata"]["annotations"]
+    del ann["traffic.sidecar.istio.io/excludeOutboundIPRanges"]
+
+
+def _persistent_redis(plan):
+    cm = next(r for r in plan.resources if r.props.get("kind") == "ConfigMap" and "redis.conf" in r.props.get("data", {}))
+    cm.props["data"]["redis.conf"] = cm.props["data"]["redis.conf"].replace('save ""', "save 60 1")
+
+
+def _kubectl_without_cache(plan):
+    for c in _kube(plan, "Job", "mesh-ready").props["spec"]["template"]["spec"]["containers"]:
+        c["env"] = []
+
+
+def _claim_without_cpu_request(plan):
+    claim = next(r for r in plan.resources if r.props.get("kind") == "PersistentVolumeClaim"
+                 and (r.props["spec"].get("dataSourceRef") or {}).get("kind") == "GCPDataSource")
+    claim.props["metadata"]["annotations"] = {}
+
+
 def _writable_root_without_tmp(plan):
     c = _container(plan, "Deployment", "qwen-7b-short")
     c["volumeMounts"] = [m for m in c["volumeMounts"] if m["mountPath"] != "/tmp"]
@@ -119,6 +169,12 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "vllm_health_and_guard": ("dev", lambda p: _drop_arg(p, "Deployment", "qwen-7b-short", "--middleware"),
                               "not loaded as vLLM middleware"),
     "vllm_writes_only_to_volumes": ("dev", _writable_root_without_tmp, "must be writable volumes"),
+    "istio_peer_and_claim_header": ("dev", lambda p: _guard_trusts(p, ["127.0.0.1"]), "not the sidecar's 127.0.0.6"),
+    "istio_sidecar_outlives_vllm": ("dev", _classic_sidecar_default, "may exit before vLLM"),
+    "gcsfuse_sidecar_with_the_mesh": ("staging", _fuse_through_envoy, "metadata-server calls go through Envoy"),
+    "redis_writes_nothing_and_scripts_obey_the_acl": ("prod", _persistent_redis, "keeps persistence on"),
+    "kubectl_cache_is_writable": ("dev", _kubectl_without_cache, "not on a writable volume"),
+    "populator_inputs": ("hyperdisk", _claim_without_cpu_request, "volume-populator.datalayer.gke.io/cpu-request"),
 }
 
 
@@ -127,9 +183,9 @@ def test_every_row_has_a_break():
 
 
 @pytest.mark.parametrize("contract", CONTRACTS, ids=[c.check.__name__ for c in CONTRACTS])
-def test_each_row_catches_its_break(plans, contract):
+def test_each_row_catches_its_break(any_plan, contract):
     stack, mutate, message = BREAKS[contract.check.__name__]
-    plan = dataclasses.replace(plans[stack], resources=copy.deepcopy(plans[stack].resources))
+    plan = dataclasses.replace(any_plan(stack), resources=copy.deepcopy(any_plan(stack).resources))
     assert contract.check(plan) == []
     mutate(plan)
     found = contract.check(plan)

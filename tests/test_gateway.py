@@ -206,7 +206,6 @@ def test_a_stopping_replica_finishes_what_it_accepted(plans, stack):
         assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "20"]
         assert pod["spec"]["terminationGracePeriodSeconds"] >= 20 + timeout + 10
         proxy = json.loads(pod["metadata"]["annotations"]["proxy.istio.io/config"])
-        assert proxy["terminationDrainDuration"] == f"{20 + timeout}s"
         assert proxy["proxyMetadata"]["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"] == "true"
         assert pod["metadata"]["annotations"]["sidecar.istio.io/nativeSidecar"] == "true"
     for policy in manifests_of(plan, "GCPBackendPolicy"):
