@@ -104,13 +104,21 @@ def objective_name(tenant: str, model: str) -> str:
     return f"{tenant}.{model}"
 
 
+def cache_salt(tenant: TenantSpec) -> str:
+    """The tenant's prefix-cache salt: the guard sets it on every salted request (overwriting a
+    client's), so no two tenants' requests share a cached prefix on one replica. A tenant name
+    (a DNS label) is within vLLM's rules for it: 1-128 characters, none of @ / \\ or NUL."""
+    return f"tenant-{tenant.name}"
+
+
 def guard_entry(tenant: TenantSpec, model: Optional[str] = None,
                 served: Optional[ModelSpec] = None) -> dict[str, Any]:
     """What the in-server guard enforces for requests carrying this tenant's verified issuer;
     with `model` (a pool behind the endpoint picker) the objective the request must carry; with
     `served` (a model with LoRA adapters) the `model` values the tenant may send."""
     entry: dict[str, Any] = {"tenant": tenant.name, "maxTokens": tenant.max_tokens,
-                             "requestsPerMinute": tenant.rate_limit.requests_per_minute}
+                             "requestsPerMinute": tenant.rate_limit.requests_per_minute,
+                             "cacheSalt": cache_salt(tenant)}
     if model is not None:
         entry["objective"] = objective_name(tenant.name, model)
     if served is not None and served.adapters:
@@ -123,7 +131,7 @@ def guard_entry(tenant: TenantSpec, model: Optional[str] = None,
 def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
                  max_tokens_rule: str = "both", objectives_for: Optional[str] = None,
                  shared_store: Optional[tuple[str, int]] = None, served: Optional[ModelSpec] = None,
-                 max_body_bytes: Optional[int] = None) -> dict[str, Any]:
+                 max_body_bytes: Optional[int] = None, cache_salt_paths: Sequence[str] = ()) -> dict[str, Any]:
     """The guard's config; `objectives_for` names the model when its pool sits behind the endpoint
     picker, so each tenant's requests must carry that tenant's own objective; `shared_store`
     (host, port) counts the tenants' limits across replicas (LimitStore); `max_body_bytes`
@@ -136,6 +144,9 @@ def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
         extra["globalLimits"] = {"host": shared_store[0], "port": shared_store[1]}
     if max_body_bytes is not None:
         extra["maxBodyBytes"] = max_body_bytes
+    salted = sorted(p for p in cache_salt_paths if any(r.path == p for r in routes))
+    if salted:
+        extra["cacheSaltRoutes"] = salted
     return {**extra,
         "issuerHeader": ISSUER_HEADER,
         "issuers": issuers,

@@ -32,6 +32,9 @@ class VllmRelease:
     lora_info_metric: str = "vllm:lora_requests_info"
     cache_info_metric: str = "vllm:cache_config_info"
 
+    # Tenant routes whose request models take `cache_salt` (a per-request prefix-cache salt).
+    cache_salt_paths: tuple[str, ...] = ()
+
     @property
     def picker_metrics(self) -> dict[str, str]:
         """The endpoint picker's metric-name flags (gateway-api-inference-extension v1.2.0
@@ -44,10 +47,17 @@ class VllmRelease:
 
 
 RELEASES: dict[str, VllmRelease] = {
+    # cache_salt: 0.34's chat, chat batch, completions, responses, messages and pooling request
+    # models (vllm/entrypoints/pooling/base/protocol.py:84 and the openai/anthropic protocols);
+    # not tokenize/detokenize. 0.11: chat, completions, responses (entrypoints/openai/protocol.py).
     "0.34.0": VllmRelease("0.34.0", "v0.34.0", "not-none", "--disable-prefix-caching", "--disable-chunked-prefill",
-                          "vllm:kv_cache_usage_perc", shutdown_timeout_flag="--shutdown-timeout"),
+                          "vllm:kv_cache_usage_perc", shutdown_timeout_flag="--shutdown-timeout",
+                          cache_salt_paths=("/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch",
+                                            "/v1/responses", "/v1/messages", "/v1/embeddings", "/pooling", "/classify",
+                                            "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank")),
     "0.11.0": VllmRelease("0.11.0", "v0.11.0", "or", "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
-                          "vllm:kv_cache_usage_perc"),
+                          "vllm:kv_cache_usage_perc",
+                          cache_salt_paths=("/v1/completions", "/v1/chat/completions", "/v1/responses")),
 }
 DEFAULT_VLLM_VERSION = "0.34.0"
 

@@ -10,7 +10,10 @@ It is all that stands between a tenant and the GPUs, so it denies by default:
     exact under concurrency, from a cold start) and a cap on the tokens one request can make
     vLLM generate: per-sequence max tokens (resolved as the pinned vLLM resolves them)
     x max(n, best_of) x number of prompts. A missing bound is set to what the cap allows, a
-    larger one refused.
+    larger one refused;
+  - per tenant, its own prefix-cache salt on every route the release salts (`cache_salt`,
+    overwriting a client's): tenants on one replica share no cached prefix, so none can time
+    another's prompts (vLLM documents cache_salt for exactly this).
 Errors are OpenAI-style JSON 4xx; nothing raised inside the guard escapes as a 500. A client that
 disconnects mid-body gets nothing forwarded.
 
@@ -528,8 +531,17 @@ class Budget:
             self.param = "max_completion_tokens" if mct is not None else "max_tokens"
         elif kind == "completions":
             mt = fields.max_tokens
-            self.per_sequence = [COMPLETIONS_DEFAULT_MAX_TOKENS if mt is ABSENT else as_int(mt, "max_tokens")]
+            mt = COMPLETIONS_DEFAULT_MAX_TOKENS if mt is ABSENT else as_int(mt, "max_tokens")
+            self.per_sequence = [mt]
             self.param = "max_tokens"
+            if rule != "not-none":
+                # vLLM <= 0.1x reads `max_completion_tokens or max_tokens` for completions too (an
+                # extra field its request model keeps: vllm/entrypoints/utils.py get_max_tokens).
+                mct = fields.max_completion_tokens
+                mct = None if mct is ABSENT else as_int(mct, "max_completion_tokens")
+                self.per_sequence = [mct or mt] if rule == "or" else [mct or mt, mt]
+                if mct:
+                    self.param = "max_completion_tokens"
         else:
             self.param = OUTPUT_FIELDS[kind]
             value = getattr(fields, self.param)
@@ -560,9 +572,26 @@ class Budget:
 
 def add_field(buf: bytes, close: int, name: str, value: int) -> bytes:
     """Append `"name": value` as the object's last member: with duplicate keys the last wins."""
+    return add_members(buf, close, b'"' + name.encode() + b'":' + str(value).encode())
+
+
+def add_members(buf: bytes, close: int, members: bytes) -> bytes:
+    """Append already-encoded members (`"a":1,"b":"x"`) as the object's last: they win over any
+    earlier copy of the same keys, as json.loads (and so vLLM) reads duplicates."""
     before = buf[:close].rstrip()
     sep = b"" if before.endswith(b"{") else b","
-    return before + sep + b'"' + name.encode() + b'":' + str(value).encode() + buf[close:]
+    return before + sep + members + buf[close:]
+
+
+def utf8_or_error(body: bytes) -> None:
+    """Refuse a body that is not UTF-8 anywhere, also inside fields the guard does not read
+    (msgspec and the scanner skip those): vLLM would fail on it later, past the guard."""
+    if not body.isascii():  # the common case without a decode
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise GuardError(400, f"the body is not valid UTF-8: {exc.reason} at byte {exc.start}",
+                             "invalid_encoding") from None
 
 
 # --- the middleware --------------------------------------------------------------------------
@@ -612,7 +641,7 @@ class _Headers:
 class Tenant:
     """One issuer's tenant, read from config once (not looked up in a dict on every request)."""
 
-    __slots__ = ("name", "cap", "rpm", "tpm", "objective", "models", "limiter")
+    __slots__ = ("name", "cap", "rpm", "tpm", "objective", "models", "limiter", "salt")
 
     def __init__(self, entry: dict[str, Any], clock: Callable[[], float]):
         self.name = str(entry["tenant"])
@@ -623,6 +652,9 @@ class Tenant:
         # On a server with LoRA adapters: the `model` values the tenant may name.
         self.models: Optional[frozenset[str]] = frozenset(entry["models"]) if "models" in entry else None
         self.limiter = SlidingWindowLimiter(self.rpm, clock)
+        # The member appended to salted requests, encoded once: `"cache_salt":"<salt>"`.
+        salt = entry.get("cacheSalt")
+        self.salt: Optional[bytes] = b'"cache_salt":' + json.dumps(str(salt)).encode() if salt else None
 
 
 class GuardMiddleware:
@@ -639,6 +671,8 @@ class GuardMiddleware:
         self.trusted_peers = frozenset(cfg.get("trustedPeers") or DEFAULT_TRUSTED_PEERS)
         self.max_body = int(cfg.get("maxBodyBytes") or DEFAULT_MAX_BODY_BYTES)
         self.rule = str(cfg.get("maxTokensRule") or "both")
+        # The routes whose request models take cache_salt in the pinned release.
+        self.salted = frozenset(cfg.get("cacheSaltRoutes") or ())
         # Limits across replicas (LimitStore); the per-replica windows are then the fallback.
         shared = cfg.get("globalLimits")
         self.shared: Any = None
@@ -721,7 +755,8 @@ class GuardMiddleware:
         length = seen.content_length
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             raise self._too_large()
-        return await self._admit_body(scope, receive, await self._receive_body(receive), kind, tenant)
+        return await self._admit_body(scope, receive, await self._receive_body(receive), kind, tenant,
+                                      salt=tenant.salt if path in self.salted else None)
 
     async def _admit_common_chat(self, scope: Scope, receive: Receive) \
             -> Optional[tuple[Scope, Receive, Optional[frozenset[str]]]]:
@@ -734,6 +769,7 @@ class GuardMiddleware:
         rate limit is taken it finishes as the general path would (tests compare the two)."""
         if self.shared is not None or self.objective_header:
             return None
+        path = scope.get("path")
         issuer_header = self.issuer_header
         issuer = content_type = length = None
         for k, v in scope.get("headers") or ():
@@ -779,9 +815,14 @@ class GuardMiddleware:
             mct, mt = fields.max_completion_tokens, fields.max_tokens
             # One sequence bounded by a positive max_completion_tokens within the cap: every reading
             # of the rule agrees; max_tokens must still be what as_int accepts.
-            if type(mct) is int and 0 < mct <= tenant.cap and (mt is ABSENT or mt is None or type(mt) is int):
-                return scope, _Replay(body, receive), None
-        return await self._admit_body(scope, receive, body, "chat", tenant, fields)
+            if type(mct) is int and 0 < mct <= tenant.cap and (mt is ABSENT or mt is None or type(mt) is int) \
+                    and body.isascii():
+                salt = tenant.salt if path in self.salted else None
+                if salt is None:
+                    return scope, _Replay(body, receive), None
+                return self._forward(scope, receive, add_members(body, closing_brace(fields, body), salt))
+        return await self._admit_body(scope, receive, body, "chat", tenant, fields,
+                                      salt=tenant.salt if path in self.salted else None)
 
     async def _receive_body(self, receive: Receive, message: Optional[Message] = None) -> bytes:
         if message is None:
@@ -799,16 +840,20 @@ class GuardMiddleware:
         return GuardError(413, f"request body over {self.max_body} bytes", "payload_too_large")
 
     async def _admit_body(self, scope: Scope, receive: Receive, body: bytes, kind: str, tenant: Tenant,
-                          fields: Any = None) -> tuple[Scope, Receive, Optional[frozenset[str]]]:
+                          fields: Any = None, salt: Optional[bytes] = None) \
+            -> tuple[Scope, Receive, Optional[frozenset[str]]]:
         """The checks on the body, once the request is counted and its body read (and its fields,
-        where the caller has read them already)."""
+        where the caller has read them already); `salt`, the tenant's cache_salt member to append."""
+        utf8_or_error(body)
         if kind not in OUTPUT_FIELDS:  # pooling: rate limited, generates nothing
             if tenant.models is not None:
-                self._check_model(tenant.models, self._fields(body, kind))
+                self._check_model(tenant.models, fields := self._fields(body, kind))
             else:
                 self._object_or_error(body)
             await self._take_shared(tenant, 0)
-            return scope, _Replay(body, receive), None
+            if salt is None:
+                return scope, _Replay(body, receive), None
+            return self._forward(scope, receive, add_members(body, closing_brace(fields, body), salt))
         if fields is None:
             fields = self._fields(body, kind)
         try:
@@ -821,9 +866,15 @@ class GuardMiddleware:
         if self.shared is not None:
             per_sequence = add if add is not None else max(v for v in budget.per_sequence if v is not None)
             await self._take_shared(tenant, per_sequence * budget.sequences)
-        if add is None:
+        if add is None and salt is None:
             return scope, _Replay(body, receive), None
-        body = add_field(body, closing_brace(fields, body), OUTPUT_FIELDS[kind], add)
+        members = b",".join(m for m in (
+            None if add is None else b'"' + OUTPUT_FIELDS[kind].encode() + b'":' + str(add).encode(), salt) if m)
+        return self._forward(scope, receive, add_members(body, closing_brace(fields, body), members))
+
+    @staticmethod
+    def _forward(scope: Scope, receive: Receive, body: bytes) -> tuple[Scope, Receive, Optional[frozenset[str]]]:
+        """Forward a rewritten body, with its Content-Length fixed."""
         headers = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
         return dict(scope, headers=headers), _Replay(body, receive), None

@@ -698,3 +698,83 @@ def test_without_msgspec_the_guard_decides_the_same(monkeypatch):
     assert status(call(mw, {"prompt": ["a"] * 30_000, "max_tokens": 1}, path="/v1/completions")) == 400  # 30k prompts
     assert status(call(mw, raw=b"[1, 2]", path="/v1/embeddings")) == 400
     assert status(call(mw, {"input": ["x"] * 20_000}, path="/v1/embeddings")) == 200
+
+
+# --- tenants share no prefix cache (cache_salt), and what else vLLM would trip on ------------------
+
+SALTED = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+
+
+def salted(**kw):
+    app = Recorder()
+    return guard.GuardMiddleware(app, config(cacheSaltRoutes=SALTED, **kw), Clock()), app
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "cache_salt": "tenant-b"}),
+    ("/v1/completions", {"prompt": "hi", "cache_salt": "x", "max_tokens": 5}),
+    ("/v1/embeddings", {"input": "hi", "cache_salt": "tenant-b"}),
+])
+def test_every_salted_request_carries_the_tenants_own_salt(monkeypatch, fast_path, path, body):
+    """Two tenants' identical prompts must not share vLLM's prefix cache (a timing side channel):
+    the guard appends the tenant's salt as the last key, which wins over a client's (json.loads
+    keeps the last duplicate), on the common path and the general one alike."""
+    monkeypatch.setattr(guard.GuardMiddleware, "fast_path", fast_path)
+    mw, app = salted()
+    assert status(call(mw, body, path=path)) == 200
+    headers, raw = app.seen[-1]
+    assert json.loads(raw)["cache_salt"] == "tenant-a"
+    assert raw.rstrip().endswith(b'"cache_salt":"tenant-a"}')
+    assert headers[b"content-length"] == str(len(raw)).encode()
+
+
+def test_unsalted_routes_and_releases_are_left_alone():
+    mw, app = salted()
+    assert status(call(mw, {"prompt": "hi"}, path="/tokenize")) == 200  # its request model has no cache_salt
+    assert b"cache_salt" not in app.seen[-1][1]
+    mw, app = guarded()  # a config without cacheSaltRoutes (a release without the field)
+    assert status(call(mw, {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5},
+                       path="/v1/chat/completions")) == 200
+    assert b"cache_salt" not in app.seen[-1][1]
+
+
+def test_the_plan_salts_what_each_release_takes(plans):
+    from vllm_gke.components.vllm_versions import RELEASES
+    from tests.conftest import vllm_deployments
+
+    for dep in vllm_deployments(plans["prod"]):
+        env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+        cfg = json.loads(env["GKE_LLM_GUARD_CONFIG"])
+        assert set(cfg["cacheSaltRoutes"]) == set(RELEASES["0.34.0"].cache_salt_paths) & set(cfg["routes"])
+        salts = [e["cacheSalt"] for e in cfg["issuers"].values()]
+        assert len(set(salts)) == len(salts) and all(s == f"tenant-{e['tenant']}" for s, e in
+                                                    zip(salts, cfg["issuers"].values()))
+    assert set(RELEASES["0.11.0"].cache_salt_paths) == {"/v1/completions", "/v1/chat/completions", "/v1/responses"}
+
+
+@pytest.mark.parametrize("rule,status_", [("or", 400), ("both", 400), ("not-none", 200)])
+def test_completions_bound_is_read_as_the_release_reads_it(rule, status_):
+    """vLLM 0.11 reads `max_completion_tokens or max_tokens` for completions too (an extra field its
+    request model keeps); 0.34 reads max_tokens only."""
+    mw, _ = guarded(rule)
+    sent = call(mw, {"prompt": "hi", "max_completion_tokens": 100000, "max_tokens": 5})
+    assert status(sent) == status_
+    if status_ == 400:
+        assert error(sent)["code"] == "max_tokens_exceeded" and error(sent)["param"] == "max_completion_tokens"
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize("path,raw", [
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\xff\xfe"}], "max_completion_tokens": 5}'),
+    ("/v1/chat/completions", b'{"messages": [], "user": "\xc3"}'),
+    ("/v1/completions", b'{"prompt": "hi", "suffix": "\xed\xa0\x80"}'),  # an encoded surrogate
+    ("/v1/embeddings", b'{"input": "hi", "extra": "\x80"}'),
+])
+def test_invalid_utf8_anywhere_is_a_400(monkeypatch, fast_path, path, raw):
+    monkeypatch.setattr(guard.GuardMiddleware, "fast_path", fast_path)
+    mw, app = guarded()
+    sent = call(mw, raw=raw, path=path)
+    assert status(sent) == 400 and error(sent)["code"] == "invalid_encoding"
+    assert app.seen == []

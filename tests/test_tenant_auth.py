@@ -75,7 +75,7 @@ def test_guard_config_carries_caps_of_the_callers_only(plans):
     assert {v["tenant"] for v in shared["issuers"].values()} == {"search", "support"}
     assert shared["issuers"]["https://auth.acme.example/support"] == {
         "tenant": "support", "maxTokens": 1024, "requestsPerMinute": 1200, "tokensPerMinute": 400000,
-        "models": ["llama-8b", "support-sql"]}
+        "models": ["llama-8b", "support-sql"], "cacheSalt": "tenant-support"}
     dedicated = guard("qwen-7b-short", "tenant-analytics")
     assert list(dedicated["issuers"]) == ["https://auth.acme.example/analytics"]
     assert shared["issuerHeader"] == ISSUER_HEADER

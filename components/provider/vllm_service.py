@@ -90,7 +90,8 @@ class VllmService(pulumi.ComponentResource):
             model=model, pool_name=pool_name, pool=getattr(model, pool_name), node_pool=node_pool,
             namespace=args["namespace"], image=image, claim_name=args["claim_name"],
             provider=kubernetes_provider(name, args["kubeconfig"], self),
-            guard_config=guard_config(tenants, tenant_routes(), rel.max_tokens_rule), tenant=args.get("tenant"),
+            guard_config=guard_config(tenants, tenant_routes(), rel.max_tokens_rule,
+                                      cache_salt_paths=rel.cache_salt_paths), tenant=args.get("tenant"),
             release=rel, canary=canary, scaling=KedaScaling(project, args.get("keda_auth") or GMP_AUTH)),
             opts=pulumi.ResourceOptions(parent=self))
         self.service_name = pulumi.Output.from_input(inner.service_name)
