@@ -16,6 +16,7 @@ If the store is down, each guard falls back to its own per-replica window (see t
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -40,7 +41,7 @@ save ""
 appendonly no
 maxmemory 256mb
 maxmemory-policy volatile-ttl
-user default on nopass resetkeys ~rl:* resetchannels -@all +ping +hello +evalsha +eval +script|load +script|exists +zadd +zcard +zrange +zremrangebyscore +pexpire +time
+user default on nopass resetkeys ~rl:* resetchannels -@all +ping +hello +evalsha +eval +script|load +script|exists +hmget +hset +hincrby +hdel +del +pexpire +time
 """
 
 
@@ -97,7 +98,9 @@ class LimitStore(pulumi.ComponentResource):
                 "replicas": 1, "strategy": {"type": "Recreate"},
                 "selector": {"matchLabels": labels},
                 "template": {
-                    "metadata": {"labels": labels},
+                    # Redis reads its config once, at start: a changed config must roll the pod.
+                    "metadata": {"labels": labels, "annotations": {
+                        "vllm-gke.io/config-sha256": hashlib.sha256(REDIS_CONF.encode()).hexdigest()[:16]}},
                     "spec": {
                         "automountServiceAccountToken": False,
                         "securityContext": {"runAsNonRoot": True, "runAsUser": REDIS_UID, "runAsGroup": REDIS_UID,

@@ -59,7 +59,35 @@ OUTPUT_FIELDS = {"completions": "max_tokens", "chat": "max_completion_tokens",
                  "chat_batch": "max_completion_tokens", "responses": "max_output_tokens", "messages": "max_tokens"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
-log = logging.getLogger("vllm_gke_guard")
+# A child of vLLM's own logger, whose handler vLLM's logging config sets up: in vLLM's API
+# server the root logger has no handler and is at ERROR, so a plain module logger shows nothing.
+log = logging.getLogger("vllm.gke_guard")
+
+
+class _NoCounter:
+    def inc(self) -> None:
+        pass
+
+
+def _counter(name: str, documentation: str) -> Any:
+    """A Prometheus counter on vLLM's /metrics (prometheus_client's default registry, which vLLM's
+    single API server serves); a no-op where prometheus_client is missing (tests)."""
+    try:
+        from prometheus_client import Counter
+    except ImportError:  # pragma: no cover - it ships with vLLM
+        return _NoCounter()
+    try:
+        return Counter(name, documentation)
+    except ValueError:  # registered already (the module loaded twice)
+        from prometheus_client import REGISTRY
+
+        return REGISTRY._names_to_collectors[name]  # type: ignore[attr-defined]
+
+
+# Requests counted on the replica's own windows because the shared limit store did not answer:
+# the dashboard and an alert read it (vllm_gke_guard_limit_store_fallbacks_total).
+STORE_FALLBACKS = _counter("vllm_gke_guard_limit_store_fallbacks", "Requests limited per replica because the "
+                           "shared limit store was unreachable")
 
 
 class GuardError(Exception):
@@ -118,6 +146,46 @@ class SlidingWindowLimiter:
             times.append(now)
             return None
         return times[head] + WINDOW_SECONDS - now
+
+
+class SlidingTokenWindow:
+    """At most `limit` tokens reserved in any WINDOW_SECONDS, per replica: the fallback for a
+    tenant's tokensPerMinute while the shared store is unreachable. A log of (time, tokens) in
+    two flat arrays with a running sum; each entry is dropped once, so a call costs amortised O(1)."""
+
+    def __init__(self, limit: int, clock: Callable[[], float] = time.monotonic):
+        self.limit = limit
+        self.clock = clock
+        self.times = array("d")
+        self.tokens = array("q")
+        self.head = 0
+        self.used = 0
+
+    def take(self, tokens: int) -> Optional[float]:
+        """None when `tokens` fit (and are reserved), else seconds until they could."""
+        now = self.clock()
+        times, held = self.times, self.tokens
+        cutoff = now - WINDOW_SECONDS
+        head, end = self.head, len(times)
+        while head < end and times[head] <= cutoff:
+            self.used -= held[head]
+            head += 1
+        if head >= SlidingWindowLimiter.COMPACT_AFTER and head * 2 >= end:
+            del times[:head]
+            del held[:head]
+            head = 0
+        self.head = head
+        if self.used + tokens <= self.limit:
+            if tokens > 0:
+                times.append(now)
+                held.append(tokens)
+                self.used += tokens
+            return None
+        freed, i = 0, head
+        while i < len(times) and self.used - freed + tokens > self.limit:
+            freed += held[i]
+            i += 1
+        return (times[i - 1] + WINDOW_SECONDS - now) if i > head else WINDOW_SECONDS
 
 
 # --- the top-level JSON scanner --------------------------------------------------------------
@@ -641,7 +709,7 @@ class _Headers:
 class Tenant:
     """One issuer's tenant, read from config once (not looked up in a dict on every request)."""
 
-    __slots__ = ("name", "cap", "rpm", "tpm", "objective", "models", "limiter", "salt")
+    __slots__ = ("name", "cap", "rpm", "tpm", "objective", "models", "limiter", "tokens", "salt")
 
     def __init__(self, entry: dict[str, Any], clock: Callable[[], float]):
         self.name = str(entry["tenant"])
@@ -652,6 +720,8 @@ class Tenant:
         # On a server with LoRA adapters: the `model` values the tenant may name.
         self.models: Optional[frozenset[str]] = frozenset(entry["models"]) if "models" in entry else None
         self.limiter = SlidingWindowLimiter(self.rpm, clock)
+        # tokensPerMinute per replica, while the shared store is unreachable.
+        self.tokens = SlidingTokenWindow(int(self.tpm), clock) if self.tpm else None
         # The member appended to salted requests, encoded once: `"cache_salt":"<salt>"`.
         salt = entry.get("cacheSalt")
         self.salt: Optional[bytes] = b'"cache_salt":' + json.dumps(str(salt)).encode() if salt else None
@@ -912,9 +982,16 @@ class GuardMiddleware:
             return
         try:
             verdict = await self.shared.take(tenant.name, tenant.rpm, tenant.tpm, tokens)
-        except self.store_unavailable:  # the replica's own window instead
+        except self.store_unavailable:  # the replica's own windows instead, requests and tokens
+            STORE_FALLBACKS.inc()
             if (wait := tenant.limiter.take()) is not None:
                 raise self._rate_limited(tenant, wait) from None
+            if tenant.tokens is not None and (wait := tenant.tokens.take(tokens)) is not None:
+                err = GuardError(429, f"rate limit of {tenant.tpm} tokens/minute for tenant '{tenant.name}' exceeded "
+                                      f"(this request may generate {tokens}; counted on this replica while the "
+                                      "shared store is unreachable)", "rate_limit_exceeded")
+                err.retry_after = wait  # type: ignore[attr-defined]
+                raise err from None
             return
         if verdict.wait is None:
             return

@@ -1,62 +1,93 @@
-"""Per-tenant limits across all replicas: sliding windows in the shared store (LimitStore).
+"""Per-tenant limits across all replicas: windows in the shared store (LimitStore).
 
 One Lua script per request, run atomically by Redis on Redis' own clock, so every replica sees
 the same windows: at most `requests` admitted and at most `tokens` reserved per tenant in any
-`window` milliseconds. Each admitted request reserves the tokens it may make vLLM generate (its
-bound under the tenant's maxTokens): what it actually generates is not known when it is admitted,
-so the count is conservative.
+60 seconds. Each admitted request reserves the tokens it may make vLLM generate (its bound under
+the tenant's maxTokens): what it actually generates is not known when it is admitted, so the
+count is conservative.
 
-When the store cannot be reached the caller falls back to its per-replica window; after a
-failure the store is not asked again for `retry_after_failure` seconds, so an outage adds no
-latency to every request.
+Each call costs the same whatever the window holds. A tenant's window is one hash of BUCKETS
+one-second buckets (requests and tokens per bucket, in a ring) plus running totals: a call drops
+the buckets that left the window since the last one (at most BUCKETS, usually none), compares
+the totals and adds to the current bucket. 61 buckets cover the current second and the 60 before
+it, so whatever 60 seconds one looks at, they hold at most the limit. (A log of every admission,
+read on every call, let one tenant's flood of refused requests slow the single-threaded store
+for every tenant: 13 ms a call at 6,000 entries.)
+
+A refusal is remembered here until its Retry-After passes: the tenant's next requests are
+refused without asking the store, so a refused flood never reaches it. When the store cannot be
+reached the caller falls back to its per-replica windows; after a failure the store is not asked
+again for `retry_after_failure` seconds, so an outage adds no latency to every request.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-log = logging.getLogger("vllm_gke_guard")
+# A child of vLLM's own logger, whose handler vLLM's logging config sets up: the root logger
+# in vLLM's API server has none (and is at ERROR), so a plain module logger is never shown.
+log = logging.getLogger("vllm.gke_guard")
 
-WINDOW_MS = 60_000
-# KEYS: requests, tokens (sorted sets scored by ms). ARGV: window ms, max requests, max tokens
-# (0: no token limit), this request's tokens, a unique member.
-# Returns {1} when admitted, else {0, reason, ms until it could be}.
+BUCKET_MS = 1000
+BUCKETS = 61
+# KEYS: the tenant's window (a hash). ARGV: bucket ms, buckets, max requests, max tokens (0: no
+# token limit), this request's tokens. Returns {1} when admitted, else {0, reason, ms until it
+# could be}. Every loop is bounded by the bucket count.
 SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local window, max_req, max_tok = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local tokens, member = tonumber(ARGV[4]), ARGV[5]
-local start = now - window
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', start)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', start)
-if redis.call('ZCARD', KEYS[1]) >= max_req then
-  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  return {0, 'requests', tonumber(oldest[2]) + window - now}
-end
-if max_tok > 0 then
-  local held = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-  local used = 0
-  for i = 1, #held, 2 do used = used + tonumber(string.match(held[i], ':(%d+)$')) end
-  if used + tokens > max_tok then
-    local freed = 0
-    for i = 1, #held, 2 do
-      freed = freed + tonumber(string.match(held[i], ':(%d+)$'))
-      if used - freed + tokens <= max_tok then return {0, 'tokens', tonumber(held[i + 1]) + window - now} end
-    end
-    return {0, 'tokens', window}
+local width, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local max_req, max_tok, tokens = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local key = KEYS[1]
+local head = redis.call('HMGET', key, 'last', 'req', 'tok')
+local last, req, tok = tonumber(head[1]), tonumber(head[2]) or 0, tonumber(head[3]) or 0
+local b = math.floor(now / width)
+if last ~= nil and b < last then b = last end
+if last == nil or b - last >= n then
+  if last ~= nil then redis.call('DEL', key) end
+  req, tok = 0, 0
+elseif b > last then
+  local gone = {}
+  for i = last - n + 1, b - n do
+    gone[#gone + 1] = 'r' .. (i % n)
+    gone[#gone + 1] = 't' .. (i % n)
   end
-  if tokens > 0 then
-    redis.call('ZADD', KEYS[2], now, member .. ':' .. tokens)
-    redis.call('PEXPIRE', KEYS[2], window)
+  local old = redis.call('HMGET', key, unpack(gone))
+  for j = 1, #old, 2 do
+    req = req - (tonumber(old[j]) or 0)
+    tok = tok - (tonumber(old[j + 1]) or 0)
   end
+  redis.call('HDEL', key, unpack(gone))
 end
-redis.call('ZADD', KEYS[1], now, member)
-redis.call('PEXPIRE', KEYS[1], window)
-return {1}
+local function wait_for(prefix, excess)
+  local fields = {}
+  for i = b - n + 1, b do fields[#fields + 1] = prefix .. (i % n) end
+  local counts = redis.call('HMGET', key, unpack(fields))
+  local freed = 0
+  for j = 1, #counts do
+    freed = freed + (tonumber(counts[j]) or 0)
+    if freed >= excess then return (b + j) * width - now end
+  end
+  return n * width
+end
+local verdict
+if req + 1 > max_req then
+  verdict = {0, 'requests', wait_for('r', req + 1 - max_req)}
+elseif max_tok > 0 and tok + tokens > max_tok then
+  verdict = {0, 'tokens', wait_for('t', tok + tokens - max_tok)}
+else
+  local slot = b % n
+  redis.call('HINCRBY', key, 'r' .. slot, 1)
+  if tokens > 0 then redis.call('HINCRBY', key, 't' .. slot, tokens) end
+  req, tok = req + 1, tok + tokens
+  verdict = {1}
+end
+redis.call('HSET', key, 'last', b, 'req', req, 'tok', tok)
+redis.call('PEXPIRE', key, n * width)
+return verdict
 """
 
 
@@ -72,14 +103,18 @@ class Verdict:
 
 
 class SharedLimiter:
-    def __init__(self, client: Any, window_ms: int = WINDOW_MS, retry_after_failure: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, client: Any, bucket_ms: int = BUCKET_MS, buckets: int = BUCKETS,
+                 retry_after_failure: float = 5.0, clock: Callable[[], float] = time.monotonic):
         self.client = client
         self.script = client.register_script(SCRIPT)
-        self.window_ms = window_ms
+        self.bucket_ms, self.buckets = bucket_ms, buckets
         self.retry_after_failure = retry_after_failure
         self.clock = clock
         self._down_until = 0.0
+        # tenant -> (until, limit, tokens): until then its requests are refused without asking the
+        # store - all of them after a refusal on requests, those reserving as many tokens or more
+        # after one on tokens (a smaller one may still fit).
+        self._refused: dict[str, tuple[float, str, int]] = {}
 
     @classmethod
     def connect(cls, host: str, port: int, timeout: float = 0.25) -> "SharedLimiter":
@@ -90,12 +125,19 @@ class SharedLimiter:
 
     async def take(self, tenant: str, requests: int, tokens_limit: Optional[int], tokens: int) -> Verdict:
         """Admit one request of `tenant` reserving `tokens`, or say how long to wait."""
-        if self.clock() < self._down_until:
+        now = self.clock()
+        refused = self._refused.get(tenant)
+        if refused is not None:
+            until, limit, held = refused
+            if now >= until:
+                del self._refused[tenant]
+            elif limit == "requests" or tokens >= held:
+                return Verdict(wait=until - now, limit=limit)
+        if now < self._down_until:
             raise StoreUnavailable("recently unreachable")
-        keys = [f"rl:{{{tenant}}}:req", f"rl:{{{tenant}}}:tok"]  # one hash slot per tenant
         try:
-            result = await self.script(keys=keys, args=[self.window_ms, requests, tokens_limit or 0, tokens,
-                                                        uuid.uuid4().hex])
+            result = await self.script(keys=[f"rl:{{{tenant}}}:w"],  # one hash slot per tenant
+                                       args=[self.bucket_ms, self.buckets, requests, tokens_limit or 0, tokens])
         except Exception as exc:  # connection, timeout, script or server errors alike
             self._down_until = self.clock() + self.retry_after_failure
             log.warning("shared limit store unavailable (%s); per-replica limits apply for %.0f s",
@@ -104,4 +146,6 @@ class SharedLimiter:
         if int(result[0]) == 1:
             return Verdict()
         reason = result[1].decode() if isinstance(result[1], bytes) else str(result[1])
-        return Verdict(wait=max(int(result[2]), 1) / 1000.0, limit=reason)
+        wait = max(int(result[2]), 1) / 1000.0
+        self._refused[tenant] = (self.clock() + wait, reason, tokens)
+        return Verdict(wait=wait, limit=reason)

@@ -50,7 +50,7 @@ def test_at_most_n_requests_in_the_window_across_replicas():
 
     verdicts = run(go())
     assert [v.wait is None for v in verdicts] == [True] * 5 + [False] * 4
-    assert all(v.limit == "requests" and 0 < v.wait <= 60 for v in verdicts[5:])
+    assert all(v.limit == "requests" and 0 < v.wait <= 61 for v in verdicts[5:])  # 61 one-second buckets
 
 
 def test_tenants_have_separate_windows():
@@ -73,7 +73,7 @@ def test_tokens_reserved_per_minute_across_replicas():
 
     first, second, third, fourth = run(go())
     assert first.wait is None and second.wait is None
-    assert third.limit == "tokens" and 0 < third.wait <= 60
+    assert third.limit == "tokens" and 0 < third.wait <= 61
     assert fourth.wait is None  # a request that generates nothing only counts as a request
 
 
@@ -91,7 +91,7 @@ def test_refused_requests_reserve_nothing():
 
 def test_the_window_slides():
     server = fakeredis.FakeServer()
-    r = limiter(server, window_ms=1000)
+    r = limiter(server, bucket_ms=100, buckets=10)
 
     async def go():
         before = [await r.take("a", 1, None, 0), await r.take("a", 1, None, 0)]
@@ -113,6 +113,73 @@ def test_unreachable_store_raises_and_is_not_asked_again_at_once():
         run(r.take("a", 1, None, 0))
     now[0] = 6.0
     assert run(r.take("a", 1, None, 0)).wait is None
+
+
+class CountingClient:
+    """A client that counts the scripts it runs on the store."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def register_script(self, script):
+        inner = self.inner.register_script(script)
+
+        async def run(**kw):
+            self.calls += 1
+            return await inner(**kw)
+
+        return run
+
+
+def test_a_refused_flood_never_reaches_the_store():
+    """One tenant's flood of refused requests must not load the single-threaded store every
+    tenant shares: after a refusal the replica refuses locally until its Retry-After passes."""
+    server = fakeredis.FakeServer()
+    client = CountingClient(fakeredis.FakeAsyncRedis(server=server))
+    now = [0.0]
+    r = limits.SharedLimiter(client, clock=lambda: now[0])
+
+    async def go(n):
+        return [await r.take("a", 2, None, 0) for _ in range(n)]
+
+    verdicts = run(go(1000))
+    assert [v.wait is None for v in verdicts[:3]] == [True, True, False]
+    assert all(v.limit == "requests" and v.wait > 0 for v in verdicts[2:])
+    assert client.calls == 3  # two admitted, one refused; the other 997 never left the replica
+    now[0] = 62.0  # past the Retry-After: the store is asked again
+    run(go(1))
+    assert client.calls == 4
+
+
+def test_a_token_refusal_still_lets_a_smaller_request_ask():
+    server = fakeredis.FakeServer()
+    client = CountingClient(fakeredis.FakeAsyncRedis(server=server))
+    r = limits.SharedLimiter(client)
+
+    async def go():
+        return [await r.take("a", 100, 100, 80), await r.take("a", 100, 100, 80), await r.take("a", 100, 100, 90),
+                await r.take("a", 100, 100, 20)]
+
+    verdicts = run(go())
+    assert [v.wait is None for v in verdicts] == [True, False, False, True]
+    assert client.calls == 3  # the 90-token one was refused locally after the 80-token refusal
+
+
+def test_the_window_state_is_bounded_whatever_it_holds():
+    """A call's work is bounded by the bucket count, not the admissions in the window: the
+    tenant's window is one hash of at most 2 x 61 buckets and 3 totals, after 3,000 admissions."""
+    server = fakeredis.FakeServer()
+    r = limiter(server)
+
+    async def go():
+        for _ in range(3000):
+            assert (await r.take("a", 10**6, 10**9, 7)).wait is None
+
+    run(go())
+    plain = fakeredis.FakeRedis(server=server)
+    assert plain.hlen("rl:{a}:w") <= 2 * limits.BUCKETS + 3
+    totals = plain.hmget("rl:{a}:w", "req", "tok")
+    assert [int(v) for v in totals] == [3000, 21000]
 
 
 # --- the guard using it -----------------------------------------------------------------------
@@ -184,6 +251,50 @@ def test_store_down_falls_back_to_each_replicas_window(monkeypatch):
     a, b = guards(monkeypatch, server, rpm=2)
     codes = [call(mw, {"prompt": "x", "max_tokens": 5})[0]["status"] for mw in (a, a, a, b, b, b)]
     assert codes == [200, 200, 429, 200, 200, 429]  # per replica: 2 each
+
+
+def test_store_down_still_enforces_tokens_per_minute_per_replica(monkeypatch):
+    server = fakeredis.FakeServer()
+    server.connected = False
+    a, = guards(monkeypatch, server, n=1, rpm=100, tpm=250, cap=100)
+    codes = [call(a, {"prompt": "x", "max_tokens": 100})[0]["status"] for _ in range(3)]
+    assert codes == [200, 200, 429]
+    refused = call(a, {"prompt": "x", "max_tokens": 100})
+    assert "250 tokens/minute" in json.loads(refused[1]["body"])["error"]["message"]
+    assert call(a, {"prompt": "x", "max_tokens": 50})[0]["status"] == 200  # 50 more still fit
+
+
+def test_a_store_outage_is_logged_where_vllm_shows_logs_and_counted(monkeypatch):
+    """In vLLM's API server the root logger has no handler: the guard logs through vLLM's own
+    logger ("vllm", which vLLM's logging config gives a handler), and counts each fallback on
+    vLLM's /metrics for the dashboard and the alert."""
+    import logging
+
+    from prometheus_client import REGISTRY, generate_latest
+
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    vllm_logger = logging.getLogger("vllm")
+    handler = Keep()
+    vllm_logger.addHandler(handler)
+    vllm_logger.setLevel(logging.INFO)
+    try:
+        before = REGISTRY.get_sample_value("vllm_gke_guard_limit_store_fallbacks_total") or 0
+        server = fakeredis.FakeServer()
+        server.connected = False
+        a, = guards(monkeypatch, server, n=1, rpm=100)
+        for _ in range(3):
+            assert call(a, {"prompt": "x", "max_tokens": 5})[0]["status"] == 200
+    finally:
+        vllm_logger.removeHandler(handler)
+    assert any("shared limit store unavailable" in m for m in seen)
+    assert limits.log.name.startswith("vllm.") and guard.log.name.startswith("vllm.")
+    assert REGISTRY.get_sample_value("vllm_gke_guard_limit_store_fallbacks_total") == before + 3
+    assert b"vllm_gke_guard_limit_store_fallbacks_total" in generate_latest()
 
 
 # --- what the stack declares -------------------------------------------------------------------
@@ -300,3 +411,18 @@ def test_the_script_and_the_acl_on_a_real_redis(real_redis):
     # Keys outside rl: are out of reach even for the allowed commands.
     with pytest.raises(redis.exceptions.NoPermissionError):
         plain.zadd("elsewhere", {"x": 1})
+
+
+def test_a_changed_store_config_rolls_the_store(plans, plan_variant, monkeypatch):
+    """The ConfigMap has a fixed name and Redis reads it once: the pod template carries its digest,
+    so a config change is a new pod, not a running store with the old config."""
+    import hashlib
+
+    from vllm_gke.components import limit_store
+
+    store = plans["prod"].kube("Deployment", "limits").props
+    digest = store["spec"]["template"]["metadata"]["annotations"]["vllm-gke.io/config-sha256"]
+    assert digest == hashlib.sha256(REDIS_CONF.encode()).hexdigest()[:16]
+    monkeypatch.setattr(limit_store, "REDIS_CONF", REDIS_CONF.replace("maxmemory 256mb", "maxmemory 128mb"))
+    changed = plan_variant("prod").kube("Deployment", "limits").props
+    assert changed["spec"]["template"]["metadata"]["annotations"]["vllm-gke.io/config-sha256"] != digest
