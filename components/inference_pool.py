@@ -131,7 +131,9 @@ class InferencePool(pulumi.ComponentResource):
 
         metric_flags = [item for flag, metric in sorted(args.model_metrics.items()) for item in (flag, metric)]
         self.picker = k8s.apps.v1.Deployment(
-            f"{name}-epp", metadata=md(epp),
+            # Only the leader turns ready, by design: Pulumi waits for it, not for every replica
+            # (its default wait would never end).
+            f"{name}-epp", metadata={**md(epp), "annotations": {"pulumi.com/waitFor": "jsonpath={.status.readyReplicas}=1"}},
             spec={
                 "replicas": REPLICAS,
                 # Old and new replicas at once: a new pod cannot turn ready while the old leader
@@ -165,7 +167,10 @@ class InferencePool(pulumi.ComponentResource):
                                       {"name": "grpc-health", "containerPort": HEALTH_PORT},
                                       {"name": "metrics", "containerPort": METRICS_PORT}],
                             "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                                    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                                    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                                    # It decodes every body whole before any JWT is checked: the Go
+                                    # runtime collects harder before the container's limit.
+                                    {"name": "GOMEMLIMIT", "value": "3GiB"}],
                             "livenessProbe": {**grpc_probe("liveness"), "initialDelaySeconds": 5, "periodSeconds": 10},
                             "readinessProbe": {**grpc_probe("readiness"), "periodSeconds": 2},
                             "resources": {"requests": {"cpu": "1", "memory": "2Gi"},
@@ -217,7 +222,9 @@ class InferencePool(pulumi.ComponentResource):
         for objective, priority in sorted(args.objectives.items()):
             custom_resource(f"{name}-objective-{objective}", OBJECTIVE_API, "InferenceObjective",
                             {**meta(objective), "namespace": ns},
-                            {"poolRef": {"name": args.pool_name}, "priority": priority}, after_pool)
+                            # The picker matches poolRef's name and group (its default, spelt out).
+                            {"poolRef": {"name": args.pool_name, "group": "inference.networking.k8s.io"},
+                             "priority": priority}, after_pool)
 
         target = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": args.pool_name}
         custom_resource(f"{name}-hc", "networking.gke.io/v1", "HealthCheckPolicy", pool_meta,

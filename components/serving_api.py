@@ -19,19 +19,24 @@ from vllm_gke.components.specs import ModelSpec, TenantSpec
 ISSUER_HEADER = "x-vllm-gke-issuer"
 # The endpoint picker's request headers (gateway-api-inference-extension v1.2.0
 # pkg/epp/metadata/consts.go:31-36): the objective names the tenant's InferenceObjective (its
-# priority), the fairness id its flow (read by flow control only). The picker reads the request
-# as the client sent it: route-level header changes are applied after ext_proc (envoy#15012),
-# so a route that only sets the objective may not be what the picker sees. Routes therefore
-# require the tenant's own objective (no other value is routed) and refuse the other control
-# headers outright; they still set and strip them for the replica.
+# priority), the fairness id its flow (read by flow control only), the rewrite header a model
+# name it would put in the body. The picker reads the request as the client sent it: route-level
+# header changes are applied after ext_proc (envoy#15012), so a route that only sets the
+# objective may not be what the picker sees. Routes therefore require the tenant's own objective
+# (no other value is routed) and refuse the other headers the picker reads; they still set the
+# objective and fairness id, and strip what the picker reads, for the replica.
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
-PICKER_CONTROL_HEADERS = ("x-gateway-destination-endpoint", "x-gateway-destination-endpoint-subset",
-                          "x-gateway-destination-endpoint-served", "x-gateway-model-name-rewrite")
-# llm-d's router (the picker's new home) reads this name before the one above from v0.9.0: refused
-# too, so a later pin cannot open a second way to choose a priority.
+MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
+# What the picker sets on the request it answers for (pkg/epp/handlers/request.go:106-134, with
+# ClearRouteCache): a route must neither match on it (a route re-matched after the picker would
+# send every request elsewhere) nor strip it (filters applied after ext_proc would drop the
+# picker's choice). A client's copy is overwritten by the picker.
+PICKER_SETS = ("x-gateway-destination-endpoint",)
+# llm-d's router (the picker's new home) reads this name before the objective above from v0.9.0:
+# refused too, so a later pin cannot open a second way to choose a priority.
 LLMD_OBJECTIVE_HEADER = "x-llm-d-inference-objective"
-REFUSED_AT_THE_PICKER = (*PICKER_CONTROL_HEADERS, LLMD_OBJECTIVE_HEADER)
+REFUSED_AT_THE_PICKER = (MODEL_REWRITE_HEADER, LLMD_OBJECTIVE_HEADER)
 # Envoy's inbound passthrough connects to the application from this address.
 SIDECAR_PEER = "127.0.0.6"
 
@@ -90,6 +95,12 @@ def picker_routes() -> list[Route]:
 def picker_max_body_bytes(model: ModelSpec) -> int:
     """The largest body a picker route admits for `model`: room for its longest context."""
     return max(PICKER_MIN_BODY_BYTES, model.served_max_model_len * PICKER_BYTES_PER_TOKEN)
+
+
+# The picker forwards the body re-encoded by Go's encoding/json (pkg/epp/handlers/server.go:230),
+# which writes <, > and & as 6-byte escapes: the replica's guard takes up to this many times the
+# route's limit, so it never refuses what the route admitted.
+PICKER_REENCODING_GROWTH = 6
 
 
 def tenant_routes(served: Optional[Iterable[str]] = None) -> list[Route]:

@@ -17,6 +17,7 @@ model's AuthorizationPolicies select it by the model label), so only tenants can
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional
@@ -72,8 +73,9 @@ class Standby(pulumi.ComponentResource):
                   "selector": {**args.pool_selector, **args.vllm_only_labels},
                   "ports": [{"name": "http", "port": args.port, "targetPort": args.port}]},
             opts=k8s_opts)
-        k8s.core.v1.ConfigMap(f"{name}-program", metadata={**meta(standby), "namespace": ns},
-                              data={PROGRAM.name: PROGRAM.read_text()}, opts=k8s_opts)
+        source = PROGRAM.read_text()
+        program = k8s.core.v1.ConfigMap(f"{name}-program", metadata={**meta(standby), "namespace": ns},
+                                        data={PROGRAM.name: source}, opts=k8s_opts)
         # Fully qualified (trailing dot): one query, no search-list expansion whose extra lookups
         # could fail on their own.
         host = pulumi.Output.concat(self.ready_service, ".", ns, ".svc.cluster.local.")
@@ -82,14 +84,21 @@ class Standby(pulumi.ComponentResource):
         health = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 3, "timeoutSeconds": 2,
                   "failureThreshold": 2, "successThreshold": 1}
         self.deployment = k8s.apps.v1.Deployment(
-            f"{name}-deploy", metadata={**meta(standby, labels=labels), "namespace": ns},
+            # Ready only while the pool is not: neither Pulumi nor a rollout may wait for it to be
+            # ready. Pulumi waits for the new pod to exist; the old one goes first.
+            f"{name}-deploy", metadata={**meta(standby, labels=labels, annotations={
+                "pulumi.com/waitFor": "jsonpath={.status.updatedReplicas}=1"}), "namespace": ns},
             spec={
                 "replicas": 1,
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
                 "selector": {"matchLabels": {STANDBY_LABEL: "true", MODEL_LABEL: args.pool_selector[MODEL_LABEL],
                                              POOL_LABEL: args.pool_selector[POOL_LABEL]}},
                 "template": {
+                    # The program's digest: a changed program rolls the pod (it is read once, at start).
                     "metadata": {"labels": {**BASE_LABELS, **labels},
-                                 "annotations": {"proxy.istio.io/config": '{"holdApplicationUntilProxyStarts": true}'}},
+                                 "annotations": {"proxy.istio.io/config": '{"holdApplicationUntilProxyStarts": true}',
+                                                 "vllm-gke.io/program-sha256":
+                                                     hashlib.sha256(source.encode()).hexdigest()[:16]}},
                     "spec": {
                         "automountServiceAccountToken": False,
                         "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID,
@@ -112,5 +121,5 @@ class Standby(pulumi.ComponentResource):
                     },
                 },
             },
-            opts=k8s_opts)
+            opts=child_opts(self, opts, provider=args.provider, depends_on=[program]))
         self.register_outputs({"deployment": standby, "readyService": self.ready_service})

@@ -93,11 +93,11 @@ class KedaScaling:
 
 
 def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: KedaScaling, query_url: str) -> dict:
-    """KEDA's ScaledObject for a pool. The queue trigger scales out as an HPA on queue depth
-    would (requests waiting per replica over queueDepthTarget). A pool that may go to zero has
-    two more, KEDA taking the largest: requests its standby answered (wakes it: at zero there is
-    no vLLM metric) and requests running (keeps a replica while it works, so an empty queue alone
-    never takes the last one)."""
+    """KEDA's ScaledObject for a pool, KEDA taking the largest trigger: requests waiting per
+    replica over queueDepthTarget (scales out, as an HPA on queue depth would) and requests
+    running (keeps a replica while it works, so an empty queue alone never takes the last one). A
+    pool that may go to zero has a third: requests its standby answered (wakes it: at zero there
+    is no vLLM metric)."""
     selector = f'namespace="{namespace}",pod=~"{name}-[a-z0-9]+-[a-z0-9]+"'
     auth = {"name": target.auth, "kind": "ClusterTriggerAuthentication"}
 
@@ -106,12 +106,15 @@ def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: Keda
             "serverAddress": query_url, "query": query, "threshold": str(threshold), "activationThreshold": "0"}}
 
     queue = prometheus(f"sum(vllm:num_requests_waiting{{{selector}}})", pool.queue_depth_target)
+    # Keep: while anything runs, one replica (the threshold never asks for more). On every pool,
+    # so KEDA's record of when the pool was last active is current the day it is switched to zero.
+    keep = prometheus(f"clamp_max(sum(vllm:num_requests_running{{{selector}}}), 1)", 1)
     spec: dict[str, Any] = {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
         "minReplicaCount": pool.min_replicas, "maxReplicaCount": pool.max_replicas,
         "pollingInterval": 15,
         "advanced": {"horizontalPodAutoscalerConfig": {"behavior": SCALE_BEHAVIOR}},
-        "triggers": [queue],
+        "triggers": [queue, keep],
     }
     if pool.min_replicas == 0:
         if not target.standby:
@@ -123,9 +126,7 @@ def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: Keda
         spec["triggers"] = [
             # Wake: any request the standby answered in the last two minutes asks for one replica.
             prometheus(f"clamp_max(sum(increase(vllm_gke_standby_requests_total{{{standby}}}[2m])), 1)", 1),
-            queue,
-            # Keep: while anything runs, one replica (the threshold never asks for more).
-            prometheus(f"clamp_max(sum(vllm:num_requests_running{{{selector}}}), 1)", 1),
+            queue, keep,
         ]
     return spec
 
@@ -353,7 +354,12 @@ class VllmService(pulumi.ComponentResource):
 
         self.service = k8s.core.v1.Service(
             f"{name}-svc",
-            metadata={**meta(self.service_name, labels=labels), "namespace": args.namespace},
+            # A pool that may go to zero shares its Service with a standby that is never ready
+            # while the pool serves: Pulumi's wait for a Service with no unready address would
+            # fail every update then.
+            metadata={**meta(self.service_name, labels=labels,
+                             annotations={"pulumi.com/skipAwait": "true"} if pool.min_replicas == 0 else None),
+                      "namespace": args.namespace},
             spec={"type": "ClusterIP", "selector": selector,
                   "ports": [{"name": "http", "port": PORT, "targetPort": "http", "appProtocol": "http"}]},
             opts=k8s_opts)

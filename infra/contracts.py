@@ -238,7 +238,7 @@ def picker_gets_what_it_parses(plan: Plan) -> list[str]:
                 out.append(f"HTTPRoute {name}: {path.get('type')} {path.get('value')} reaches the picker, which parses "
                            "only chat completions, single-prompt completions and GET /v1/models")
             length = [h for h in m.get("headers") or [] if h.get("name", "").lower() == "content-length"]
-            if m.get("method") != "GET" and not length:
+            if not path.get("value", "").endswith("/v1/models") and not length:
                 out.append(f"HTTPRoute {name}: a body of any size (or chunked) reaches the picker, which buffers it whole")
     return out
 
@@ -256,7 +256,7 @@ def picker_objective_is_the_tenants(plan: Plan) -> list[str]:
                 continue
             headers = {h["name"]: (h["value"] if h.get("type", "Exact") == "Exact" else "0") for h in m["headers"]}
             for header in REFUSED_AT_THE_PICKER:
-                reached = reach(routes, HttpRequest(m["path"]["value"], m.get("method", "POST"), {**headers, header: "x"}))
+                reached = reach(routes, HttpRequest(m["path"]["value"], "POST", {**headers, header: "x"}))
                 if reached and any(b.get("kind") == "InferencePool" for b in reached.backends):
                     out.append(f"HTTPRoute {name}: a client's {header} reaches the picker")
     for objective in _docs(plan, "InferenceObjective"):

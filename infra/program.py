@@ -26,7 +26,7 @@ from vllm_gke.components.observability import Observability, ObservabilityArgs
 from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
 from vllm_gke.components.specs import ModelSpec, TenantSpec
 from vllm_gke.components.serving_api import (
-    guard_config, objective_name, picker_max_body_bytes, picker_routes, tenant_routes,
+    PICKER_REENCODING_GROWTH, guard_config, objective_name, picker_max_body_bytes, picker_routes, tenant_routes,
 )
 from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
 from vllm_gke.components.standby import Standby, StandbyArgs
@@ -157,7 +157,8 @@ def build(cfg: StackConfig) -> Platform:
                 provider=provider,
                 guard_config=guard_config(callers, picker_routes() if picked else tenant_routes(), rel.max_tokens_rule,
                                           objectives_for=picked, shared_store=shared_store, served=model,
-                                          max_body_bytes=picker_max_body_bytes(model) if picked else None,
+                                          max_body_bytes=PICKER_REENCODING_GROWTH * picker_max_body_bytes(model)
+                                          if picked else None,
                                           cache_salt_paths=rel.cache_salt_paths),
                 release=rel, tenant=tenant, canary=canary, weights_volume=store.weights_volume,
                 weights_annotations=store.pod_annotations,

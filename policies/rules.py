@@ -551,9 +551,8 @@ def vllm_backends_resilient(resources: Sequence[Resource]) -> Iterator[Finding]:
 # The endpoint picker's request headers (gateway-api-inference-extension pkg/epp/metadata); the
 # same names as components/serving_api.py, repeated so the pack stays light (a test ties them).
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
-PICKER_CONTROL_HEADERS = ("x-gateway-destination-endpoint", "x-gateway-destination-endpoint-subset",
-                          "x-gateway-destination-endpoint-served", "x-gateway-model-name-rewrite")
-REFUSED_AT_THE_PICKER = (*PICKER_CONTROL_HEADERS, "x-llm-d-inference-objective")
+PICKER_SETS = ("x-gateway-destination-endpoint",)
+REFUSED_AT_THE_PICKER = ("x-gateway-model-name-rewrite", "x-llm-d-inference-objective")
 GLOBAL_GATEWAY = re.compile(r"global|gxlb")
 
 
@@ -657,8 +656,12 @@ def tenant_priorities_bound(resources: Sequence[Resource]) -> Iterator[Finding]:
                 yield route, (f"{where(route)} routes to an InferencePool without requiring {OBJECTIVE_HEADER}: "
                               f"{objective}: the picker reads the client's value (route header changes come after "
                               "ext_proc), so clients would choose their own priority")
-            if missing := [h for h in PICKER_CONTROL_HEADERS if h not in removes and h not in sets]:
+            if missing := [h for h in REFUSED_AT_THE_PICKER if h not in removes]:
                 yield route, f"{where(route)} passes the client's {', '.join(missing)} to the replica"
+            if stripped := [h for h in PICKER_SETS if h in removes or any(
+                    str(x.get("name", "")).lower() == h for m in rule.get("matches") or [] for x in m.get("headers") or [])]:
+                yield route, (f"{where(route)} matches on or strips {', '.join(stripped)}, which the picker sets: "
+                              "applied after ext_proc it would drop or redirect the picker's choice")
             for match in rule.get("matches") or [{}]:
                 for header in REFUSED_AT_THE_PICKER:
                     reached = reach(routes, _sample_request(match, {header: "x"}))

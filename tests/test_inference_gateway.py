@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from vllm_gke.components.inference_objective_crd import CRD_URL
 from vllm_gke.components.inference_pool import EPP_IMAGE
 from vllm_gke.components.gateway import at_most_regex
-from vllm_gke.components.serving_api import OBJECTIVE_HEADER, PICKER_CONTROL_HEADERS, PICKER_PATHS, picker_max_body_bytes
+from vllm_gke.components.serving_api import (
+    OBJECTIVE_HEADER, PICKER_PATHS, PICKER_REENCODING_GROWTH, PICKER_SETS, REFUSED_AT_THE_PICKER, picker_max_body_bytes,
+)
 from vllm_gke.infra.program import required_apis
 from vllm_gke.policies.mesh_authz import Request, decide
 from vllm_gke.policies.route_match import HttpRequest, reach
@@ -62,6 +64,13 @@ def test_endpoint_picker_runs_the_pinned_upstream_picker_outside_the_mesh(plans)
     service = one(plan, "Service", "llama-8b-epp")
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     assert {p["port"] for p in service["spec"]["ports"]} == {9002, 9090}
+
+
+def test_pulumi_waits_for_the_pickers_leader_not_every_replica(plans):
+    """Only the leader is ready (health.go:65-67): Pulumi's default wait for every replica of a
+    Deployment would never end on the first `pulumi up`."""
+    epp = plans["staging"].kube("Deployment", "llama-8b-epp").props
+    assert epp["metadata"]["annotations"]["pulumi.com/waitFor"] == "jsonpath={.status.readyReplicas}=1"
 
 
 def test_picker_is_highly_available_without_pprof_and_reads_the_releases_metrics(plans):
@@ -133,8 +142,9 @@ def test_picker_may_only_read_its_namespace(plans):
 
 def test_each_tenant_gets_an_objective_with_its_priority(plans):
     objectives = {d["metadata"]["name"]: d["spec"] for d in manifests_of(plans["staging"], "InferenceObjective")}
-    assert objectives == {"search.llama-8b": {"poolRef": {"name": "llama-8b"}, "priority": 0},
-                          "support.llama-8b": {"poolRef": {"name": "llama-8b"}, "priority": -1}}
+    ref = {"name": "llama-8b", "group": "inference.networking.k8s.io"}
+    assert objectives == {"search.llama-8b": {"poolRef": ref, "priority": 0},
+                          "support.llama-8b": {"poolRef": ref, "priority": -1}}
 
 
 def test_load_balancer_policies_target_the_pool(plans):
@@ -164,7 +174,10 @@ def test_tenant_routes_require_the_tenants_own_objective_and_set_it(plans):
             (mod,) = [f["requestHeaderModifier"] for f in rule["filters"] if f["type"] == "RequestHeaderModifier"]
             assert {h["name"]: h["value"] for h in mod["set"]} == {
                 OBJECTIVE_HEADER: f"{tenant}.llama-8b", "x-gateway-inference-fairness-id": tenant}
-            assert {"x-vllm-gke-issuer", *PICKER_CONTROL_HEADERS} <= set(mod["remove"])
+            assert {"x-vllm-gke-issuer", *REFUSED_AT_THE_PICKER} <= set(mod["remove"])
+            # ...but never what the picker sets: route filters may run after it (envoy#15012).
+            assert not set(PICKER_SETS) & set(mod["remove"])
+            assert not [h for h in match["headers"] if h["name"] in PICKER_SETS]
     # The shared /llama-8b/v1 route is gone: a tenant-less path could not carry a priority.
     assert not [d for d in manifests_of(plan, "HTTPRoute") if d["metadata"]["name"] == "llama-8b"]
 
@@ -185,9 +198,12 @@ def test_the_picker_sees_only_the_tenants_own_objective_whatever_the_filter_orde
     assert reached.backends[0]["kind"] == "InferencePool"
     assert _reach(plan, path, headers={OBJECTIVE_HEADER: "search.llama-8b", **body}) is None  # search's priority
     assert _reach(plan, path, headers=body) is None  # no objective: the picker would give priority 0
-    for header in (*PICKER_CONTROL_HEADERS, "x-llm-d-inference-objective"):
-        refused = _reach(plan, path, headers={**own, header: "10.0.0.1:8000"})
+    for header in REFUSED_AT_THE_PICKER:
+        refused = _reach(plan, path, headers={**own, header: "other-model"})
         assert not refused.backends and refused.redirect["statusCode"] == 302, header
+    # The picker's own answer (x-gateway-destination-endpoint, with ClearRouteCache): should the
+    # load balancer match the route again, the request still reaches the pool.
+    assert _reach(plan, path, headers={**own, "x-gateway-destination-endpoint": "10.0.0.1:8000"}).backends
     assert _reach(plan, "/support/llama-8b/v1/models", "GET", {OBJECTIVE_HEADER: "support.llama-8b"}).backends
 
 
@@ -206,7 +222,8 @@ def test_the_picker_gets_only_what_it_parses_and_bounded_bodies(plans):
         assert _reach(plan, f"{base}{other}", headers={**own, "content-length": "10"}) is None, other
     guard = json.loads({e["name"]: e.get("value") for e in one(plan, "Deployment", "llama-8b-short")["spec"][
         "template"]["spec"]["containers"][0]["env"]}["GKE_LLM_GUARD_CONFIG"])
-    assert set(guard["routes"]) == set(PICKER_PATHS) and guard["maxBodyBytes"] == limit
+    assert set(guard["routes"]) == set(PICKER_PATHS)
+    assert guard["maxBodyBytes"] == PICKER_REENCODING_GROWTH * limit  # the picker re-encodes (<>& grow 6x)
 
 
 @given(limit=st.integers(0, 10**9), value=st.integers(0, 10**10))

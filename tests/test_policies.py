@@ -351,9 +351,11 @@ def test_route_passing_picker_control_headers_is_caught(plans):
     for rule in route.props["spec"]["rules"]:
         for f in rule.get("filters", []):
             if f["type"] == "RequestHeaderModifier":
-                f["requestHeaderModifier"]["remove"].remove("x-gateway-destination-endpoint")
+                f["requestHeaderModifier"]["remove"].remove("x-gateway-model-name-rewrite")
+                f["requestHeaderModifier"]["remove"].append("x-gateway-destination-endpoint")
     messages = [v.message for v in violations_of(rs, "tenant-priorities-bound")]
-    assert any("passes the client's x-gateway-destination-endpoint to the replica" in m for m in messages)
+    assert any("passes the client's x-gateway-model-name-rewrite to the replica" in m for m in messages)
+    assert any("strips x-gateway-destination-endpoint, which the picker sets" in m for m in messages)
     # Without the refusing rule, the client's control headers would reach the picker itself.
     rs = resources(plans["staging"])
     route = kind(rs, "HTTPRoute", "llama-8b.support")
@@ -371,13 +373,11 @@ def test_route_objective_without_an_inference_objective_is_caught(plans):
 
 
 def test_policy_pack_header_names_match_the_components():
-    from vllm_gke.components.serving_api import OBJECTIVE_HEADER, PICKER_CONTROL_HEADERS
+    from vllm_gke.components.serving_api import OBJECTIVE_HEADER, PICKER_SETS, REFUSED_AT_THE_PICKER
     from vllm_gke.policies import rules
 
-    from vllm_gke.components.serving_api import REFUSED_AT_THE_PICKER
-
-    assert (rules.OBJECTIVE_HEADER, rules.PICKER_CONTROL_HEADERS) == (OBJECTIVE_HEADER, PICKER_CONTROL_HEADERS)
-    assert rules.REFUSED_AT_THE_PICKER == REFUSED_AT_THE_PICKER
+    assert (rules.OBJECTIVE_HEADER, rules.PICKER_SETS, rules.REFUSED_AT_THE_PICKER) == (
+        OBJECTIVE_HEADER, PICKER_SETS, REFUSED_AT_THE_PICKER)
 
 
 def test_limit_store_without_strict_mtls_is_caught(plans):

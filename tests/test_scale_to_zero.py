@@ -54,10 +54,12 @@ def test_pool_at_zero_is_woken_kept_and_scaled_by_keda(plans):
         wake["metadata"]["query"]
     assert "vllm:num_requests_waiting" in queue["metadata"]["query"] and queue["metadata"]["threshold"] == "8"
     assert "vllm:num_requests_running" in keep["metadata"]["query"]
-    # A pool with a floor: the queue trigger alone.
+    # A pool with a floor: no wake trigger; the keep trigger too, so that KEDA knows when it was
+    # last active should it be switched to zero (a switched idle pool goes at once, a busy one
+    # after cooldownSeconds of nothing).
     short = one(plan, "ScaledObject", "mistral-7b-short")["spec"]
     assert short["minReplicaCount"] == 1 and [t["metadata"]["query"] for t in short["triggers"]] == [
-        queue["metadata"]["query"].replace("mistral-7b-long", "mistral-7b-short")]
+        t["metadata"]["query"].replace("mistral-7b-long", "mistral-7b-short") for t in (queue, keep)]
 
 
 def test_standby_is_selected_by_the_pools_service_and_in_the_mesh(plans):
@@ -174,6 +176,22 @@ def test_a_dns_error_never_puts_the_standby_in_rotation(monkeypatch, error):
         seen.append(watch.serving_ready())
     # unknown at start: serving; then up; an error keeps it up; down; an error keeps it down
     assert seen == [True, True, True, False, False]
+
+
+def test_pulumi_never_waits_for_the_standby_or_its_pool_service_to_be_ready(plans):
+    """The standby is unready while its pool serves, and the pool's Service selects it: Pulumi's
+    default waits (every replica ready; no unready address) would fail any update made while the
+    pool is awake. A changed program rolls the standby, old pod first."""
+    import hashlib
+
+    plan = plans["staging"]
+    standby = one(plan, "Deployment", "mistral-7b-long-standby")
+    assert standby["metadata"]["annotations"]["pulumi.com/waitFor"] == "jsonpath={.status.updatedReplicas}=1"
+    assert standby["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert standby["spec"]["template"]["metadata"]["annotations"]["vllm-gke.io/program-sha256"] == \
+        hashlib.sha256(PROGRAM.read_text().encode()).hexdigest()[:16]
+    assert one(plan, "Service", "mistral-7b-long")["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
+    assert "annotations" not in one(plan, "Service", "mistral-7b-short")["metadata"]
 
 
 def test_standby_probe_has_explicit_timeout_and_a_fully_qualified_host(plans):

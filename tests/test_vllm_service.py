@@ -103,8 +103,9 @@ def test_pdb_scaled_object_and_pod_monitoring_per_pool(plans):
     so = next(h for h in manifests_of(plan, "ScaledObject") if h["metadata"]["name"] == "qwen-7b-short"
               and h["metadata"]["namespace"] == "vllm")["spec"]
     assert (so["minReplicaCount"], so["maxReplicaCount"]) == (2, 6)
-    (queue,) = so["triggers"]
+    queue, keep = so["triggers"]
     assert queue["metadata"]["query"].startswith("sum(vllm:num_requests_waiting{")
+    assert keep["metadata"]["query"].startswith("clamp_max(sum(vllm:num_requests_running{")
     assert queue["metadata"]["threshold"] == str(plan.config.model("qwen-7b").short.queue_depth_target)
     assert "cooldownPeriod" not in so  # KEDA warns on it for a pool that never goes to zero
     for dep in deployments:
