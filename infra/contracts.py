@@ -85,7 +85,14 @@ def _exported(plan: Plan) -> set[str]:
 
 
 def _queried_metrics(query: str) -> set[str]:
-    return set(re.findall(r"(vllm:[a-z0-9_:]+)\{", query))
+    return set(re.findall(r"(vllm[_:][a-z0-9_:]+)\{", query))
+
+
+def _standby_metrics() -> set[str]:
+    """The counters the standby program exports (components/scripts/standby.py)."""
+    from vllm_gke.components.standby import PROGRAM
+
+    return set(re.findall(r"# TYPE (\w+) counter", PROGRAM.read_text()))
 
 
 # --- KEDA chart 2.20.2 ------------------------------------------------------------------------
@@ -121,6 +128,9 @@ def keda_operator_identity(plan: Plan) -> list[str]:
     members = [r.props.get("member", "") for r in plan.of_type("gcp:serviceaccount/iAMMember:IAMMember")]
     if not any(m.endswith(f"[keda/{OPERATOR_SA}]") for m in members):
         out.append(f"no Workload Identity binding for keda/{OPERATOR_SA}")
+    if not any(r.name == "keda-monitoring-viewer" and r.props.get("role") == "roles/monitoring.viewer"
+               for r in plan.of_type("gcp:projects/iAMMember:IAMMember")):
+        out.append("KEDA's Google service account may not read Managed Prometheus (roles/monitoring.viewer)")
     for pool in plan.of_type("gcp:container/nodePool:NodePool"):
         mode = ((pool.props.get("nodeConfig") or {}).get("workloadMetadataConfig") or {}).get("mode")
         if mode != "GKE_METADATA":
@@ -131,15 +141,15 @@ def keda_operator_identity(plan: Plan) -> list[str]:
 
 def keda_queries_one_series_of_exported_metrics(plan: Plan) -> list[str]:
     out = []
-    exported = _exported(plan)
+    exported = _exported(plan) | _standby_metrics()
     for so in _docs(plan, "ScaledObject"):
         for t in so["spec"]["triggers"]:
             query = t["metadata"]["query"]
             if not re.match(r"^(clamp_max\()?sum\(", query):
                 out.append(f"ScaledObject {so['metadata']['name']}: query {query!r} may return several series")
             if missing := _queried_metrics(query) - exported:
-                out.append(f"ScaledObject {so['metadata']['name']}: vLLM {plan.config.vllm_version} exports no "
-                           f"{', '.join(sorted(missing))}")
+                out.append(f"ScaledObject {so['metadata']['name']}: neither vLLM {plan.config.vllm_version} nor the "
+                           f"standby exports {', '.join(sorted(missing))}")
             if t.get("authenticationRef", {}).get("kind") != "ClusterTriggerAuthentication":
                 out.append(f"ScaledObject {so['metadata']['name']}: a trigger without the GMP authentication")
     return out
@@ -265,7 +275,39 @@ def picker_objective_is_the_tenants(plan: Plan) -> list[str]:
     return out
 
 
+def picker_finds_the_objectives(plan: Plan) -> list[str]:
+    out = []
+    pools = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in _docs(plan, "InferencePool")}
+    routed = {(route["metadata"]["namespace"], h["value"]) for _name, rule in _pool_rules(plan)
+              for route in _docs(plan, "HTTPRoute") if rule in route["spec"]["rules"]
+              for m in rule.get("matches") or [] for h in m.get("headers") or []
+              if h.get("name") == "x-gateway-inference-objective"}
+    objectives = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in _docs(plan, "InferenceObjective")}
+    for (ns, name), o in objectives.items():
+        ref = o["spec"].get("poolRef") or {}
+        if (ns, ref.get("name")) not in pools or ref.get("group", "inference.networking.k8s.io") != \
+                "inference.networking.k8s.io":
+            out.append(f"InferenceObjective {ns}/{name}: its poolRef names no InferencePool of its namespace")
+    for ns, value in routed:
+        if (ns, value) not in objectives:
+            out.append(f"routes require objective {value}, but no InferenceObjective of that name is in {ns}")
+    return out
+
+
 # --- vLLM ---------------------------------------------------------------------------------------
+
+def vllm_exports_what_monitoring_reads(plan: Plan) -> list[str]:
+    obs = plan.platform.observability
+    if obs is None:
+        return []
+    text = json.dumps([obs.dashboard_definition, obs.alert_definitions])
+    read = set(re.findall(r"(vllm:[a-z0-9_:]+)", text))
+    exported = _exported(plan)
+    # prometheus_client exposes a counter `x` as `x_total`, a histogram as `x_bucket`/`_sum`/`_count`.
+    base = {re.sub(r"_(total|bucket|sum|count)$", "", m) for m in read}
+    return [f"the dashboard or an alert reads {m}, which vLLM {plan.config.vllm_version} does not export"
+            for m in sorted(base - exported)]
+
 
 def vllm_drains_on_stop(plan: Plan) -> list[str]:
     rel = release(plan.config.vllm_version)
@@ -464,7 +506,7 @@ CONTRACTS: tuple[Contract, ...] = (
     Contract("KEDA", CHART_VERSION,
              "the webhook refuses a ScaledObject whose name (a label value, and keda-hpa-<name>) is over 63 "
              "characters; cooldownPeriod applies only with minReplicaCount 0",
-             "kedacore/keda@v2.20.2:apis/keda/v1alpha1/scaledobject_webhook.go:58,204,348-352",
+             "kedacore/keda@v2.20.2:apis/keda/v1alpha1/scaledobject_webhook.go:58,204-215,348-352",
              "ScaledObject names fit; cooldownPeriod only on pools that may go to zero",
              keda_admits_the_scaled_objects),
     Contract("endpoint picker", EPP_IMAGE.tag,
@@ -482,7 +524,7 @@ CONTRACTS: tuple[Contract, ...] = (
              "--ha-enable-leader-election (default off) runs the controllers on the leader only; the 'readiness' "
              "gRPC health service passes on the leader only",
              "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:cmd/epp/runner/runner.go:147; "
-             "cmd/epp/runner/health.go:59-67",
+             "cmd/epp/runner/health.go:65-67",
              "two replicas with the flag, readiness on 'readiness', a Role for leases",
              picker_highly_available),
     Contract("endpoint picker", EPP_IMAGE.tag,
@@ -499,12 +541,27 @@ CONTRACTS: tuple[Contract, ...] = (
              "routes to a pool match only the picker's paths exactly, and bodies only with a bounded Content-Length",
              picker_gets_what_it_parses),
     Contract("endpoint picker", EPP_IMAGE.tag,
-             "reads x-gateway-inference-objective (and its other control headers) as the client sent them; "
-             "only priority < 0 has an effect (shed while saturated)",
+             "reads x-gateway-inference-objective and x-gateway-model-name-rewrite as the client sent them (the "
+             "fairness id too, used by flow control only) and sets x-gateway-destination-endpoint; only priority "
+             "< 0 has an effect (shed while saturated)",
              "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:pkg/epp/handlers/request.go:57-81; "
              "pkg/epp/util/request/sheddable.go:21",
-             "routes require the tenant's own objective and refuse the other control headers; no positive priority",
+             "routes require the tenant's own objective, refuse the rewrite header (and llm-d's objective), "
+             "never match on or strip the picker's own header; no positive priority",
              picker_objective_is_the_tenants),
+    Contract("endpoint picker", EPP_IMAGE.tag,
+             "finds an objective by metadata.name among those in the pool's namespace whose poolRef names the "
+             "pool and its group; an unknown one is priority 0",
+             "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:pkg/epp/datastore/datastore.go:174-189; "
+             "pkg/epp/controller/inferenceobjective_reconciler.go:57,86; pkg/epp/requestcontrol/director.go:97-111",
+             "each required objective exists beside its pool, poolRef name and group spelt out",
+             picker_finds_the_objectives),
+    Contract("vLLM", "0.34.0",
+             "exports vllm:num_requests_running/waiting, vllm:kv_cache_usage_perc, vllm:time_to_first_token_seconds "
+             "and the other series the dashboard and alerts read (names in the release's snapshot)",
+             "vllm-project/vllm@v0.34.0:vllm/v1/metrics/loggers.py:499-975 (images/vllm-versions/0.34.0.json)",
+             "every vllm: series the dashboard and the alert policies query is one the release exports",
+             vllm_exports_what_monitoring_reads),
     Contract("vLLM", "0.34.0",
              "--shutdown-timeout defaults to 0: on SIGTERM the engine aborts unfinished requests; > 0 drains",
              "vllm-project/vllm@v0.34.0:vllm/engine/arg_utils.py:1971-1976; vllm/v1/engine/core.py:1886-1905",
@@ -517,22 +574,26 @@ CONTRACTS: tuple[Contract, ...] = (
              "the guard is loaded as middleware; readiness and liveness probe /health",
              vllm_health_and_guard),
     Contract("vLLM", "0.34.0",
-             "caches under ~/.cache/vllm (VLLM_CACHE_ROOT) and torch/Triton compile caches under HOME and /tmp",
-             "vllm-project/vllm@v0.34.0:vllm/envs.py:35,756",
+             "caches under ~/.cache/vllm (VLLM_CACHE_ROOT, or XDG_CACHE_HOME) and torch/Triton compile caches "
+             "under HOME and /tmp",
+             "vllm-project/vllm@v0.34.0:vllm/envs.py:361-366,756-762",
              "HOME and /tmp are writable emptyDirs under a read-only root filesystem",
              vllm_writes_only_to_volumes),
     Contract("Istio sidecar", ISTIO,
              "inbound traffic reaches the app from the passthrough address 127.0.0.6; outputClaimToHeaders "
              "writes the verified claim and strips a client's copy of that header",
-             "istio/istio@1.24.6,1.30.3:pilot/pkg/networking/core/listener_address.go:35-37; "
-             "pilot/pkg/security/authn/policy_applier.go:174-179 (1.30.3: 175-180)",
+             "istio/istio@1.24.6:pilot/pkg/networking/core/listener_address.go:35-37 (the address), "
+             "pilot/pkg/networking/core/cluster_builder.go:441-451 (1.30.3: 671-681, the inbound cluster's source); "
+             "pilot/pkg/security/authn/policy_applier.go:174-179 (1.30.3: 175-180, claim_to_headers; the strip of a "
+             "client's copy is Envoy's jwt_authn, istio/istio#53212)",
              "the guard trusts only 127.0.0.6 and reads the issuer header the RequestAuthentications write; "
              "every vLLM pod is meshed", istio_peer_and_claim_header),
     Contract("Istio sidecar", ISTIO,
-             "sidecar.istio.io/nativeSidecar makes istio-proxy an init container stopped after the app; a "
-             "classic sidecar exits 5 s after SIGTERM unless EXIT_ON_ZERO_ACTIVE_CONNECTIONS (proxyMetadata)",
-             "istio/api@1.24.6:annotation/annotations.yaml:251 (1.30.3: 273); "
-             "istio/istio@1.24.6,1.30.3:pkg/envoy/agent.go:152-230",
+             "sidecar.istio.io/nativeSidecar makes istio-proxy an init container that drains from its preStop and "
+             "stops after the app; a classic sidecar exits 5 s after SIGTERM (terminationDrainDuration) unless "
+             "EXIT_ON_ZERO_ACTIVE_CONNECTIONS (proxyMetadata) makes it wait for its last connection",
+             "istio/api@1.24.6:annotation/annotations.yaml:251 (1.30.3: 273); istio/istio@1.24.6,1.30.3:"
+             "pkg/envoy/agent.go:140-230; pkg/config/mesh/mesh.go:45",
              "vLLM pods carry both, so the sidecar serves until vLLM has drained", istio_sidecar_outlives_vllm),
     Contract("Cloud Storage FUSE CSI driver", "GKE-managed (v1.24.4 read)",
              "gke-gcsfuse/volumes injects gke-gcsfuse-sidecar after istio-proxy; with Istio the app must wait for "

@@ -144,6 +144,14 @@ def _claim_without_cpu_request(plan):
     claim.props["metadata"]["annotations"] = {}
 
 
+def _objective_elsewhere(plan):
+    _kube(plan, "InferenceObjective", "search.llama-8b").props["spec"]["poolRef"]["name"] = "other"
+
+
+def _dashboard_reads_a_gone_gauge(plan):
+    plan.platform.observability.dashboard_definition = {"q": "vllm:gpu_cache_usage_perc{}"}
+
+
 def _writable_root_without_tmp(plan):
     c = _container(plan, "Deployment", "qwen-7b-short")
     c["volumeMounts"] = [m for m in c["volumeMounts"] if m["mountPath"] != "/tmp"]
@@ -175,6 +183,8 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "redis_writes_nothing_and_scripts_obey_the_acl": ("prod", _persistent_redis, "keeps persistence on"),
     "kubectl_cache_is_writable": ("dev", _kubectl_without_cache, "not on a writable volume"),
     "populator_inputs": ("hyperdisk", _claim_without_cpu_request, "volume-populator.datalayer.gke.io/cpu-request"),
+    "picker_finds_the_objectives": ("staging", _objective_elsewhere, "names no InferencePool"),
+    "vllm_exports_what_monitoring_reads": ("dev", _dashboard_reads_a_gone_gauge, "vllm:gpu_cache_usage_perc"),
 }
 
 
@@ -185,7 +195,9 @@ def test_every_row_has_a_break():
 @pytest.mark.parametrize("contract", CONTRACTS, ids=[c.check.__name__ for c in CONTRACTS])
 def test_each_row_catches_its_break(any_plan, contract):
     stack, mutate, message = BREAKS[contract.check.__name__]
-    plan = dataclasses.replace(any_plan(stack), resources=copy.deepcopy(any_plan(stack).resources))
+    original = any_plan(stack)
+    platform = dataclasses.replace(original.platform, observability=copy.copy(original.platform.observability))
+    plan = dataclasses.replace(original, resources=copy.deepcopy(original.resources), platform=platform)
     assert contract.check(plan) == []
     mutate(plan)
     found = contract.check(plan)
