@@ -117,7 +117,7 @@ class InferencePool(pulumi.ComponentResource):
              "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
             {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
         ], opts=k8s_opts)
-        k8s.rbac.v1.RoleBinding(
+        binding = k8s.rbac.v1.RoleBinding(
             f"{name}-epp-binding", metadata=md(epp),
             role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": epp},
             subjects=[{"kind": "ServiceAccount", "name": epp, "namespace": ns}],
@@ -182,7 +182,8 @@ class InferencePool(pulumi.ComponentResource):
                     },
                 },
             },
-            opts=child_opts(self, opts, provider=args.provider, depends_on=[config, sa]))
+            # Its RBAC first: without it the picker's watches fail and it restarts until RBAC lands.
+            opts=child_opts(self, opts, provider=args.provider, depends_on=[config, sa, binding]))
         if not args.load_balancer_sources:
             # An ingress rule with no sources admits every source: never declare one.
             raise ValueError(f"InferencePool {args.pool_name}: load_balancer_sources (the proxy-only subnet and "

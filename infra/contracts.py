@@ -610,8 +610,8 @@ CONTRACTS: tuple[Contract, ...] = (
              "no persistence under a read-only root filesystem; one ACL user confined to ~rl:* and the script's "
              "commands", redis_writes_nothing_and_scripts_obey_the_acl),
     Contract("kubectl", "v1.33.5",
-             "caches discovery in $KUBECACHEDIR, else $HOME/.kube/cache; an unwritable cache means full discovery "
-             "on every call",
+             "caches discovery in $KUBECACHEDIR, else $HOME/.kube/cache (HOME unset: a relative path); an "
+             "unwritable cache is only logged at -v1 and nothing is cached for the Job's retries",
              "kubernetes/cli-runtime@v0.33.5:pkg/genericclioptions/config_flags.go:303-309; "
              "kubernetes/client-go@v0.33.5:util/homedir/homedir.go:91",
              "KUBECACHEDIR on an emptyDir shared by the mesh-readiness Job's containers", kubectl_cache_is_writable),

@@ -68,9 +68,11 @@ def test_endpoint_picker_runs_the_pinned_upstream_picker_outside_the_mesh(plans)
 
 def test_pulumi_waits_for_the_pickers_leader_not_every_replica(plans):
     """Only the leader is ready (health.go:65-67): Pulumi's default wait for every replica of a
-    Deployment would never end on the first `pulumi up`."""
-    epp = plans["staging"].kube("Deployment", "llama-8b-epp").props
-    assert epp["metadata"]["annotations"]["pulumi.com/waitFor"] == "jsonpath={.status.readyReplicas}=1"
+    Deployment would never end on the first `pulumi up`. Its RBAC comes first."""
+    plan = plans["staging"]
+    epp = plan.kube("Deployment", "llama-8b-epp")
+    assert epp.props["metadata"]["annotations"]["pulumi.com/waitFor"] == "jsonpath={.status.readyReplicas}=1"
+    assert plan.waits_for(epp, plan.kube("RoleBinding", "llama-8b-epp"))
 
 
 def test_picker_is_highly_available_without_pprof_and_reads_the_releases_metrics(plans):
