@@ -39,9 +39,20 @@ def fb_used_ratio(cluster: str) -> str:
     return f"max by (Hostname, gpu, GPU_I_ID) (DCGM_FI_DEV_FB_USED{sel} / (DCGM_FI_DEV_FB_USED{sel} + DCGM_FI_DEV_FB_FREE{sel}))"
 
 
-def dashboard_panels(cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc") -> list[tuple[str, str]]:
+# The guard's count of requests limited per replica because the shared limit store did not answer
+# (images/vllm_gke_guard.py STORE_FALLBACKS), on every vLLM replica's /metrics.
+FALLBACKS_METRIC = "vllm_gke_guard_limit_store_fallbacks_total"
+
+
+def fallbacks(cluster: str) -> str:
+    return f'sum by (namespace) (rate({FALLBACKS_METRIC}{{cluster="{cluster}"}}[5m]))'
+
+
+def dashboard_panels(cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc",
+                     limit_store: bool = False) -> list[tuple[str, str]]:
     sel = f'{{cluster="{cluster}"}}'
-    return [
+    store = [("Requests limited per replica: limit store unreachable (/s)", fallbacks(cluster))] if limit_store else []
+    return [*store,
         # DCGM_FI_DEV_GPU_UTIL is per physical GPU and not reported for MIG instances; the
         # profiling metric is, per instance (GPU_I_ID), and for whole GPUs alike.
         ("GPU utilisation per GPU or MIG slice (DCGM engine active)",
@@ -60,10 +71,11 @@ def dashboard_panels(cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc") 
     ]
 
 
-def dashboard_json(title: str, cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc") -> dict[str, Any]:
+def dashboard_json(title: str, cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc",
+                   limit_store: bool = False) -> dict[str, Any]:
     """A Mosaic layout, two tiles a row, each a PromQL line chart."""
     tiles = []
-    for i, (name, query) in enumerate(dashboard_panels(cluster, kv_metric)):
+    for i, (name, query) in enumerate(dashboard_panels(cluster, kv_metric, limit_store)):
         tiles.append({
             "xPos": (i % 2) * 24, "yPos": (i // 2) * 16, "width": 24, "height": 16,
             "widget": {"title": name, "xyChart": {
@@ -88,9 +100,15 @@ def _policy(name: str, query: str, duration_s: int, doc: str, severity: str) -> 
     }
 
 
-def alert_policies(cluster: str, spec: MonitoringSpec, kv_metric: str = "vllm:kv_cache_usage_perc") -> list[AlertPolicy]:
+def alert_policies(cluster: str, spec: MonitoringSpec, kv_metric: str = "vllm:kv_cache_usage_perc",
+                   limit_store: bool = False) -> list[AlertPolicy]:
     sel = f'{{cluster="{cluster}"}}'
-    return [
+    store = [_policy(
+        "Shared limit store unreachable", f"{fallbacks(cluster)} > 0", 300,
+        "For 5 minutes guards could not reach the shared limit store (LimitStore) and limited tenants per "
+        "replica: a tenant may get up to its limit on every replica. Check the limits Deployment in "
+        "vllm-gke-limits and its mesh policy.", "ERROR")] if limit_store else []
+    return [*store,
         _policy("vLLM container restarts (GPU OOM or crash)",
                 f'sum by (namespace, pod) (increase(kube_pod_container_status_restarts_total'
                 f'{{cluster="{cluster}", container="vllm"}}[15m])) > 0', 0,
@@ -100,8 +118,8 @@ def alert_policies(cluster: str, spec: MonitoringSpec, kv_metric: str = "vllm:kv
                 "GPU framebuffer above 98% for 5 minutes: the next long request may OOM.", "WARNING"),
         _policy("Queue latency SLO breached",
                 f'{p95("vllm:request_queue_time_seconds", cluster)} > {spec.queue_latency_slo_seconds:g}', 300,
-                f"p95 queue time above {spec.queue_latency_slo_seconds:g}s for 5 minutes. The HPA should be "
-                "adding replicas; if it is at maxReplicas, raise it or add node pool capacity.", "ERROR"),
+                f"p95 queue time above {spec.queue_latency_slo_seconds:g}s for 5 minutes. KEDA should be "
+                "adding replicas; if the pool is at maxReplicas, raise it or add node pool capacity.", "ERROR"),
         _policy("Time-to-first-token SLO breached",
                 f'{p95("vllm:time_to_first_token_seconds", cluster)} > {spec.ttft_slo_seconds:g}', 300,
                 f"p95 TTFT above {spec.ttft_slo_seconds:g}s for 5 minutes.", "WARNING"),
@@ -122,6 +140,8 @@ class ObservabilityArgs:
     apis: Optional[ProjectApis] = None
     # The serving release's KV-cache gauge (components.vllm_versions).
     kv_cache_metric: str = "vllm:kv_cache_usage_perc"
+    # Guards count tenants' limits in the shared store (globalLimits): chart and alert its outages.
+    limit_store: bool = False
 
 
 class Observability(pulumi.ComponentResource):
@@ -133,7 +153,8 @@ class Observability(pulumi.ComponentResource):
     def __init__(self, name: str, args: ObservabilityArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:Observability", name, None, opts)
         child = child_opts(self, opts, depends_on=args.apis.needs("monitoring.googleapis.com") if args.apis else [])
-        self.dashboard_definition = dashboard_json(args.title, args.cluster_name, args.kv_cache_metric)
+        self.dashboard_definition = dashboard_json(args.title, args.cluster_name, args.kv_cache_metric,
+                                                   args.limit_store)
         self.dashboard = gcp.monitoring.Dashboard(
             f"{name}-dashboard", project=args.project,
             dashboard_json=json.dumps(self.dashboard_definition, sort_keys=True), opts=child)
@@ -145,7 +166,7 @@ class Observability(pulumi.ComponentResource):
                 labels={"email_address": email}, opts=child).name
             for i, email in enumerate(args.spec.notification_emails)
         ]
-        self.alert_definitions = alert_policies(args.cluster_name, args.spec, args.kv_cache_metric)
+        self.alert_definitions = alert_policies(args.cluster_name, args.spec, args.kv_cache_metric, args.limit_store)
         self.alert_policies = []
         for i, kwargs in enumerate(self.alert_definitions):
             self.alert_policies.append(gcp.monitoring.AlertPolicy(

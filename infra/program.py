@@ -238,7 +238,7 @@ def build(cfg: StackConfig) -> Platform:
     platform.observability = Observability("observability", ObservabilityArgs(
         project=cfg.project, cluster_name=cfg.cluster.name, spec=cfg.monitoring,
         title=f"vLLM on GKE - {cfg.cluster.name} ({cfg.environment})", apis=apis,
-        kv_cache_metric=rel.kv_cache_metric))
+        kv_cache_metric=rel.kv_cache_metric, limit_store=cfg.global_limits.enabled))
 
     pulumi.export("clusterName", cluster.cluster.name)
     pulumi.export("kubeconfig", cluster.kubeconfig)

@@ -429,3 +429,15 @@ def test_a_changed_store_config_rolls_the_store(plans, plan_variant, monkeypatch
     monkeypatch.setattr(limit_store, "REDIS_CONF", REDIS_CONF.replace("maxmemory 256mb", "maxmemory 128mb"))
     changed = plan_variant("prod").kube("Deployment", "limits").props
     assert changed["spec"]["template"]["metadata"]["annotations"]["vllm-gke.io/config-sha256"] != digest
+
+
+def test_store_outages_are_charted_and_alerted_where_limits_are_shared(plans):
+    from vllm_gke.components.observability import FALLBACKS_METRIC
+
+    obs = plans["prod"].platform.observability
+    assert FALLBACKS_METRIC in json.dumps(obs.dashboard_definition)
+    (alert,) = [a for a in obs.alert_definitions if FALLBACKS_METRIC in json.dumps(a)]
+    assert alert["severity"] == "ERROR"
+    assert FALLBACKS_METRIC == "vllm_gke_guard_limit_store_fallbacks_total"  # the guard's counter, as exposed
+    dev = plans["dev"].platform.observability  # no shared store, no chart of it
+    assert FALLBACKS_METRIC not in json.dumps([dev.dashboard_definition, dev.alert_definitions])

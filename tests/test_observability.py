@@ -22,7 +22,8 @@ def dashboard(plan) -> dict:
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
 def test_dashboard_parses_as_the_api_message(plans, stack):
     parsed = monitoring_dashboard_v1.Dashboard.from_json(json.dumps(dashboard(plans[stack])))
-    assert len(parsed.mosaic_layout.tiles) == 11
+    # one more where limits are shared across replicas (prod): the limit store's fallbacks
+    assert len(parsed.mosaic_layout.tiles) == (12 if plans[stack].config.global_limits.enabled else 11)
 
 
 def test_dashboard_rejects_unknown_fields(plans):
@@ -57,7 +58,8 @@ def test_dashboard_panels(plans):
 
 def test_alert_policies(plans):
     alerts = {a["displayName"]: a for a in props_of(plans["prod"], "gcp:monitoring/alertPolicy:AlertPolicy")}
-    assert set(alerts) == {"vLLM container restarts (GPU OOM or crash)", "GPU memory nearly exhausted",
+    assert set(alerts) == {"Shared limit store unreachable", "vLLM container restarts (GPU OOM or crash)",
+                           "GPU memory nearly exhausted",
                            "Queue latency SLO breached", "Time-to-first-token SLO breached", "KV cache nearly full"}
     queue = alerts["Queue latency SLO breached"]["conditions"][0]["conditionPrometheusQueryLanguage"]
     assert queue["query"].endswith("> 1") and queue["duration"] == "300s"
