@@ -317,3 +317,28 @@ def test_component_users_can_run_a_canary_through_the_facades():
 
 def manifests_of_plan(plan: Any, kind: str) -> list[dict[str, Any]]:
     return [d for d in plan.manifests() if d.get("kind") == kind]
+
+
+def test_the_pulumi_floor_hosts_the_package():
+    """The floor in pyproject.toml is the first published release whose component-provider
+    analyzer infers this package's schema (found from the wheels: 3.166.0 first has
+    ComponentProvider, every release before 3.237.0 fails on the package's types). Run where
+    `PULUMI_FLOOR_CHECK=1` (it downloads that wheel): the floor's own wheel hosts the package."""
+    import os
+    import re
+    import subprocess
+    import sys
+    import tempfile
+
+    floor = re.search(r'"pulumi>=([0-9.]+),', (REPO_ROOT / "pyproject.toml").read_text()).group(1)
+    assert tuple(int(x) for x in floor.split(".")) >= (3, 237)
+    if not os.environ.get("PULUMI_FLOOR_CHECK"):
+        pytest.skip("set PULUMI_FLOOR_CHECK=1 to install the floor's wheel and host the package with it")
+    with tempfile.TemporaryDirectory() as target:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target,
+                        f"pulumi=={floor}.0"], check=True)
+        code = ("import pulumi, sys; assert pulumi.__file__.startswith(sys.argv[1]);"
+                "from vllm_gke.components.provider.host import package_schema;"
+                "assert 'vllm-gke:index:VllmService' in package_schema()['resources']")
+        env = {**os.environ, "PYTHONPATH": target}
+        assert subprocess.run([sys.executable, "-c", code, target], env=env).returncode == 0
