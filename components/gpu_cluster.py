@@ -41,6 +41,9 @@ class GpuClusterArgs:
     apis: Optional[ProjectApis] = None
     # The Cloud Storage FUSE CSI add-on (weights in a bucket).
     gcs_fuse: bool = False
+    # The Secret Manager CSI add-on, for weights' HF tokens read from Secret Manager: off where
+    # nothing mounts a secret from it (one less node DaemonSet with access to the API).
+    secret_manager: bool = True
     # Hyperdisk ML weights: the machine type of the pool GKE Volume Populator's transfer Jobs run on.
     populator_machine_type: Optional[str] = None
 
@@ -197,7 +200,7 @@ class GpuCluster(pulumi.ComponentResource):
                 "horizontal_pod_autoscaling": {"disabled": False},
             },
             gateway_api_config={"channel": "CHANNEL_STANDARD"},
-            secret_manager_config={"enabled": True},
+            secret_manager_config={"enabled": args.secret_manager},
             monitoring_config={
                 "enable_components": ["SYSTEM_COMPONENTS", "POD", "DEPLOYMENT", "HPA", "DCGM"],
                 "managed_prometheus": {"enabled": True},

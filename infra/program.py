@@ -91,6 +91,7 @@ def build(cfg: StackConfig) -> Platform:
     cluster = GpuCluster("gke", GpuClusterArgs(
         project=cfg.project, region=cfg.region, cluster=cfg.cluster, node_pools=cfg.node_pools,
         labels=labels, apis=apis, gcs_fuse=cfg.weights.backend in ("gcs", "hyperdisk-ml"),
+        secret_manager=cfg.weights.hf_token_kubernetes_secret is None,
         # The loaders write the bucket through Cloud Storage FUSE; Volume Populator's transfer
         # Jobs copy it onto the disks on nodes of their own pool.
         populator_machine_type=cfg.weights.populator_machine_type if cfg.weights.backend == "hyperdisk-ml" else None))

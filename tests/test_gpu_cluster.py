@@ -145,3 +145,12 @@ def test_control_plane_authorized_networks(plans, plan_variant):
         del values["vllm-gke:cluster"]["authorizedNetworks"]
     (dev,) = props_of(plan_variant("dev", open_to_all), CLUSTER)
     assert "masterAuthorizedNetworksConfig" not in dev
+
+
+def test_secret_manager_add_on_only_where_the_weights_read_from_it(plans, plan_variant):
+    (cluster,) = plans["dev"].of_type("gcp:container/cluster:Cluster")
+    assert cluster.props["secretManagerConfig"] == {"enabled": True}  # the HF token from Secret Manager
+    plan = plan_variant("dev", lambda v: v.setdefault("vllm-gke:weights", {}).update(
+        hfTokenKubernetesSecret={"name": "hf-token"}))
+    (cluster,) = plan.of_type("gcp:container/cluster:Cluster")
+    assert cluster.props["secretManagerConfig"] == {"enabled": False}
