@@ -137,3 +137,18 @@ MODEL_SHAPES: Mapping[str, ModelShape] = {
 # Bytes per weight for each dtype/quantisation the config accepts.
 WEIGHT_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "int8": 1.0, "awq": 0.5, "gptq": 0.5}
 KV_CACHE_BYTES = {"auto": 2.0, "fp8": 1.0}
+
+
+# Compute Engine zones by region (the suffixes), for the regions GPU serving usually runs in
+# (cloud.google.com/compute/docs/regions-zones); a region not listed is not checked.
+REGION_ZONES: dict[str, tuple[str, ...]] = {
+    "us-central1": ("a", "b", "c", "f"), "us-east1": ("b", "c", "d"), "us-east4": ("a", "b", "c"),
+    "us-east5": ("a", "b", "c"), "us-south1": ("a", "b", "c"), "us-west1": ("a", "b", "c"),
+    "us-west2": ("a", "b", "c"), "us-west3": ("a", "b", "c"), "us-west4": ("a", "b", "c"),
+    "northamerica-northeast1": ("a", "b", "c"), "southamerica-east1": ("a", "b", "c"),
+    "europe-west1": ("b", "c", "d"), "europe-west2": ("a", "b", "c"), "europe-west3": ("a", "b", "c"),
+    "europe-west4": ("a", "b", "c"), "europe-west6": ("a", "b", "c"), "europe-north1": ("a", "b", "c"),
+    "asia-east1": ("a", "b", "c"), "asia-northeast1": ("a", "b", "c"), "asia-northeast3": ("a", "b", "c"),
+    "asia-south1": ("a", "b", "c"), "asia-southeast1": ("a", "b", "c"), "australia-southeast1": ("a", "b", "c"),
+    "me-west1": ("a", "b", "c"),
+}

@@ -96,6 +96,8 @@ def _email(value: str) -> str:
 def _cidr(value: str) -> str:
     import ipaddress
 
+    if "/" not in value:  # ip_network would read a bare address as a /32
+        raise ValueError(f"'{value}' has no prefix length; write the range, like {value}/14")
     try:
         ipaddress.ip_network(value, strict=True)
     except ValueError:

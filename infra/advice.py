@@ -6,6 +6,7 @@ from vllm_gke.components.model_store import REGIONAL_TIERS, weight_copies
 from vllm_gke.infra.capacity import consumer_models, placements
 from vllm_gke.infra.cold_start import cold_start_seconds
 from vllm_gke.infra.config import StackConfig
+from vllm_gke.infra.pricing import PRICE_REGION
 
 
 def hyperdisk_disks(cfg: StackConfig) -> int:
@@ -54,6 +55,9 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str) -> list[str]:
     if not cfg.cluster.dataplane_v2 and any(m.routing == "inference-gateway" for m in cfg.models):
         out.append("cluster.dataplaneV2 is false: the endpoint pickers' NetworkPolicies are not enforced, so any pod "
                    "in the cluster can call ext_proc and read their metrics; only a new cluster can have Dataplane V2")
+    if cfg.region != PRICE_REGION:
+        out.append(f"the cost figures are {PRICE_REGION} list prices; {cfg.region}'s differ (GPU machines often by "
+                   "10-30%): check the region's prices before budgeting")
     if not cfg.cluster.authorized_networks and not cfg.cluster.private_endpoint:
         out.append("the control plane's public endpoint accepts connections from any address; list "
                    "vllm-gke:cluster.authorizedNetworks or set privateEndpoint")

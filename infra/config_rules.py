@@ -5,6 +5,10 @@ is here. Every problem names the key to change and how."""
 from __future__ import annotations
 
 import ipaddress
+
+from pydantic.alias_generators import to_camel
+
+from vllm_gke.components.catalog import REGION_ZONES
 from collections import Counter
 from typing import TYPE_CHECKING, Callable
 
@@ -147,19 +151,28 @@ def _network(cfg: "StackConfig", add: Add) -> None:
     ranges = {"subnetCidr": c.subnet_cidr, "podsCidr": c.pods_cidr, "servicesCidr": c.services_cidr,
               "masterCidr": c.master_cidr, "proxyOnlyCidr": c.proxy_only_cidr}
     nets = {k: ipaddress.ip_network(v) for k, v in ranges.items()}
+    set_keys = {to_camel(k) for k in c.model_fields_set}
     keys = list(nets)
     for i, a in enumerate(keys):
         for b in keys[i + 1:]:
             if nets[a].overlaps(nets[b]):
-                add(f"cluster.{b}", f"{ranges[b]} overlaps cluster.{a} {ranges[a]}; the node, pod, service, "
-                    "control-plane and proxy-only ranges must not share addresses")
+                # Named by a key the stack set: a default it never wrote is named as such.
+                key, other = (b, a) if b in set_keys or a not in set_keys else (a, b)
+                default = "" if other in set_keys else " (its default)"
+                add(f"cluster.{key}", f"{ranges[key]} overlaps cluster.{other} {ranges[other]}{default}; the node, "
+                    f"pod, service, control-plane and proxy-only ranges must not share addresses: change "
+                    f"cluster.{key}{'' if other in set_keys else f' or set cluster.{other}'}")
 
 
 def _zones(cfg: "StackConfig", add: Add) -> None:
+    known = REGION_ZONES.get(cfg.region)
     for zone in cfg.cluster.zones:
         if not zone.startswith(f"{cfg.region}-"):
             add("cluster.zones", f"zone '{zone}' is not in region {cfg.region} (gcp:region); use zones like "
                 f"{cfg.region}-a, or change gcp:region")
+        elif known is not None and zone.rsplit("-", 1)[1] not in known:
+            add("cluster.zones", f"zone '{zone}' does not exist; {cfg.region} has "
+                f"{', '.join(f'{cfg.region}-{z}' for z in known)}")
 
 
 def _issuers(cfg: "StackConfig", add: Add) -> None:

@@ -49,3 +49,17 @@ def test_more_throughput_means_cheaper_tokens(stack_values):
     values["vllm-gke:cost"] = {"tokensPerSecondPerGpu": 3000}
     fast = cost_report(parse(values), "BASIC_HDD", 1024)
     assert fast.usd_per_million_tokens == pytest.approx(slow.usd_per_million_tokens / 2)
+
+
+def test_a_region_priced_as_us_central1_is_said_so(stack_values):
+    import copy
+
+    from vllm_gke.infra.advice import plan_warnings
+    from vllm_gke.infra.config import parse
+
+    values = copy.deepcopy(stack_values["dev"])
+    assert not [w for w in plan_warnings(parse(values), "BASIC_HDD") if "list prices" in w]
+    values["gcp:region"] = "europe-west4"
+    values["vllm-gke:cluster"]["zones"] = ["europe-west4-a"]
+    (warning,) = [w for w in plan_warnings(parse(values), "BASIC_HDD") if "list prices" in w]
+    assert "us-central1 list prices; europe-west4's differ" in warning
