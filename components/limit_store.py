@@ -26,6 +26,7 @@ import pulumi_kubernetes as k8s
 from vllm_gke.components.k8s_meta import CONTAINER_SECURITY, custom_resource, meta
 from vllm_gke.components.mesh_namespace import ISTIO_API
 from vllm_gke.components.options import child_opts
+from vllm_gke.components.model_store import SERVER_SA
 from vllm_gke.components.specs import ImageRef
 
 NAMESPACE = "vllm-gke-limits"
@@ -50,7 +51,7 @@ def host() -> str:
     return f"{NAME}.{NAMESPACE}.svc.cluster.local"
 
 
-def client_principal(namespace: str, service_account: str = "default") -> str:
+def client_principal(namespace: str, service_account: str = SERVER_SA) -> str:
     """The mesh identity of pods in `namespace` running as `service_account`, in any trust domain
     (Cloud Service Mesh's is <project>.svc.id.goog)."""
     return f"*/ns/{namespace}/sa/{service_account}"

@@ -50,6 +50,9 @@ class MeshNamespaceArgs:
     # Service Mesh fetches JWKS from the workload's own Envoy, which reaches only hosts the mesh
     # knows (ServiceEntry) and speaks TLS to them only when told (DestinationRule).
     jwks_hosts: Sequence[str] = ()
+    # Kubernetes service accounts to create here (no token mounted): the vLLM servers' and the
+    # standbys' own identities, so no grant names the namespace's shared `default`.
+    service_accounts: Sequence[str] = ()
 
 
 def allow_unauthenticated(path: str, sources: Sequence[str]) -> dict:
@@ -74,6 +77,9 @@ class MeshNamespace(pulumi.ComponentResource):
                                              **args.labels}),
             opts=k8s_opts)
         self.name = self.namespace.metadata.name
+        for account in args.service_accounts:
+            k8s.core.v1.ServiceAccount(f"{name}-sa-{account}", metadata={**meta(account), "namespace": self.name},
+                                       automount_service_account_token=False, opts=k8s_opts)
 
         def policy(resource: str, policy_name: str, spec: dict) -> None:
             custom_resource(resource, ISTIO_API, "AuthorizationPolicy",

@@ -34,6 +34,9 @@ CLAIM_NAME = "model-weights"
 LOADER_SA = "weights-loader"
 # The unprivileged user the vLLM server runs as (VllmService); a bucket mount gives it the files.
 SERVER_UID = 1000
+# The vLLM servers' Kubernetes service account in every consumer namespace (MeshNamespace makes
+# it): the identity the weights bucket, the limit store and nothing else grant to.
+SERVER_SA = "vllm-server"
 HF_TOKEN_MOUNT = "/var/run/secrets/hf"
 # Filestore's smallest capacity per tier, in GiB (REGIONAL starts at 100 GiB, but its read
 # throughput scales with capacity: below 1 TiB a multi-GB load crawls).
@@ -49,6 +52,11 @@ HEADROOM = 1.3  # tokenizer files, a second revision during a roll-forward
 
 LOADER_ENV = ({"name": "HF_HUB_OFFLINE", "value": "0"}, {"name": "TRANSFORMERS_OFFLINE", "value": "0"},
               {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"})
+
+
+def source_bucket(source: str) -> str:
+    """The bucket of a gs:// source."""
+    return source.removeprefix("gs://").split("/", 1)[0]
 
 
 def model_dir(model: ModelSpec) -> str:
@@ -218,29 +226,33 @@ class ModelStore(pulumi.ComponentResource):
             f"{name}-loader-gsa", account_id=service_account_id(instance_name, "loader"), project=args.project,
             display_name="vllm-gke weights loader", opts=gcp_opts("iam.googleapis.com"))
         loader_member = self.loader_gsa.email.apply(lambda e: f"serviceAccount:{e}")
+        # What the loader Jobs may only start after (their first run would fail without it).
+        grants: list[pulumi.Resource] = []
         if args.weights.hf_token_kubernetes_secret is None:
-            gcp.secretmanager.SecretIamMember(
+            grants.append(gcp.secretmanager.SecretIamMember(
                 f"{name}-loader-hf-token", project=args.project, secret_id=args.weights.secret_manager_secret,
                 role="roles/secretmanager.secretAccessor", member=loader_member,
-                opts=gcp_opts("secretmanager.googleapis.com"))
-        if any(c.source.startswith("gs://") for c in weight_copies(args.models)):
-            gcp.projects.IAMMember(f"{name}-loader-gcs", project=args.project,
-                                   role="roles/storage.objectViewer", member=loader_member,
-                                   opts=gcp_opts("cloudresourcemanager.googleapis.com"))
+                opts=gcp_opts("secretmanager.googleapis.com")))
+        # gs:// sources: read access on each source bucket, not on every bucket of the project.
+        for bucket in sorted({source_bucket(c.source) for c in weight_copies(args.models) if c.source.startswith("gs://")}):
+            grants.append(gcp.storage.BucketIAMMember(
+                f"{name}-loader-source-{bucket}", bucket=bucket, role="roles/storage.objectViewer",
+                member=loader_member, opts=gcp_opts("storage.googleapis.com")))
         if self.backend != "filestore":
             number = gcp.organizations.get_project_output(project_id=args.project).number
             # Writes the weights into the bucket, nothing else anywhere.
-            gcp.storage.BucketIAMMember(f"{name}-loader-bucket", bucket=self.bucket.name,
-                                        role="roles/storage.objectUser", member=loader_member,
-                                        opts=gcp_opts("storage.googleapis.com"))
+            grants.append(gcp.storage.BucketIAMMember(f"{name}-loader-bucket", bucket=self.bucket.name,
+                                                      role="roles/storage.objectUser", member=loader_member,
+                                                      opts=gcp_opts("storage.googleapis.com")))
         if self.backend == "gcs":
-            # Readers: the serving namespaces' pods (service account `default`), by Workload Identity
-            # Federation principal, read-only, on this bucket only.
+            # Readers: the vLLM servers of each consumer namespace (their own service account,
+            # SERVER_SA - not the namespace's default, which the standby and anything else there
+            # would share), by Workload Identity Federation principal, read-only, this bucket only.
             # The pool is the cluster's output: the bindings wait for the cluster that creates it.
             for key, ns in args.consumer_namespaces.items():
                 gcp.storage.BucketIAMMember(
                     f"{name}-reader-{key}", bucket=self.bucket.name, role="roles/storage.objectViewer",
-                    member=workload_principal(number, args.workload_pool, ns, "default"),
+                    member=workload_principal(number, args.workload_pool, ns, SERVER_SA),
                     opts=gcp_opts("storage.googleapis.com"))
         self.loader_binding = gcp.serviceaccount.IAMMember(
             f"{name}-loader-wi", service_account_id=self.loader_gsa.name,
@@ -329,7 +341,7 @@ class ModelStore(pulumi.ComponentResource):
                     },
                 },
                 opts=child_opts(self, opts, provider=args.provider,
-                                depends_on=[*token.depends_on, self.loader_binding, program_map]))
+                                depends_on=[*token.depends_on, self.loader_binding, program_map, *grants]))
 
         if self.backend == "hyperdisk-ml":
             wanted = args.consumer_models

@@ -34,6 +34,8 @@ STANDBY_LABEL = "vllm-gke.io/standby"
 DEFAULT_IMAGE = ImageRef(repository="mirror.gcr.io/library/python", tag="3.12.8-slim")
 UID = 65534  # nobody
 RETRY_AFTER_S = 30
+# The standbys' own service account (MeshNamespace makes it): no grant names it.
+STANDBY_SA = "vllm-standby"
 
 
 @dataclass
@@ -52,6 +54,9 @@ class StandbyArgs:
     port: int = 8000
     expected_seconds: int = 600
     image: ImageRef = field(default_factory=lambda: DEFAULT_IMAGE)
+    # Its own identity, not the namespace's default (which is the mesh identity other grants
+    # might name); "" keeps the default.
+    service_account: str = ""
 
 
 class Standby(pulumi.ComponentResource):
@@ -100,6 +105,7 @@ class Standby(pulumi.ComponentResource):
                                                  "vllm-gke.io/program-sha256":
                                                      hashlib.sha256(source.encode()).hexdigest()[:16]}},
                     "spec": {
+                        **({"serviceAccountName": args.service_account} if args.service_account else {}),
                         "automountServiceAccountToken": False,
                         "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID,
                                             "seccompProfile": {"type": "RuntimeDefault"}},

@@ -46,6 +46,8 @@ class TenantAuthArgs:
     # Shared models behind the endpoint picker: the tenant is admitted only with its own objective
     # (priority), which its route /<tenant>/<model>/v1 sets; another tenant's route is refused.
     picker_models: Sequence[str] = ()
+    # Service accounts of the tenant's own namespace (its dedicated servers' and standbys').
+    service_accounts: Sequence[str] = ()
 
 
 class TenantAuth(pulumi.ComponentResource):
@@ -58,7 +60,7 @@ class TenantAuth(pulumi.ComponentResource):
         labels = {TENANT_LABEL: tenant.name}
         self.namespace = MeshNamespace(
             f"{name}-ns", MeshNamespaceArgs(tenant_namespace(tenant), args.provider, labels, args.sources,
-                                            jwks_hosts=[jwks_host(tenant)]),
+                                            jwks_hosts=[jwks_host(tenant)], service_accounts=args.service_accounts),
             opts=child_opts(self, opts))
         principals = [f"{tenant.jwt.issuer}/*"]
 

@@ -24,7 +24,7 @@ from vllm_gke.components.k8s_meta import (
     BASE_LABELS, CONTAINER_SECURITY, MODEL_LABEL, POOL_LABEL, TENANT_LABEL, custom_resource, meta,
 )
 from vllm_gke.components import gcs_weights
-from vllm_gke.components.model_store import SERVER_UID, MOUNT_PATH, adapter_copies, model_dir, ready_marker
+from vllm_gke.components.model_store import SERVER_SA, SERVER_UID, MOUNT_PATH, adapter_copies, model_dir, ready_marker
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
 from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
@@ -223,6 +223,9 @@ class VllmServiceArgs:
     # The load balancer's backend timeout (GatewaySpec.request_timeout_seconds): how long a
     # stopping replica keeps finishing the requests it accepted.
     request_timeout_seconds: int = 600
+    # The servers' Kubernetes service account (MeshNamespace service_accounts creates it); None:
+    # the namespace's default.
+    service_account: Optional[str] = SERVER_SA
 
 
 class VllmService(pulumi.ComponentResource):
@@ -282,6 +285,9 @@ class VllmService(pulumi.ComponentResource):
                                      "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
                                      **args.weights_annotations}},
                     "spec": {
+                        # Its own identity: the weights bucket and the limit store grant to it
+                        # alone (MeshNamespace creates it), not to the namespace's default.
+                        **({"serviceAccountName": args.service_account} if args.service_account else {}),
                         # preStop, then vLLM finishing what it accepted, then its own teardown.
                         "terminationGracePeriodSeconds": drain_seconds(args.request_timeout_seconds) + 30,
                         # The server calls no Kubernetes API: no token to steal.

@@ -21,7 +21,7 @@ from vllm_gke.components.limit_store import PORT as LIMITS_PORT
 from vllm_gke.components.limit_store import LimitStore, LimitStoreArgs
 from vllm_gke.components.mesh_namespace import GOOGLE_HEALTH_CHECK_RANGES, MeshNamespace, MeshNamespaceArgs, TrustedSources
 from vllm_gke.components.mesh_readiness import MeshReadiness, MeshReadinessArgs
-from vllm_gke.components.model_store import ModelStore, ModelStoreArgs
+from vllm_gke.components.model_store import SERVER_SA, ModelStore, ModelStoreArgs
 from vllm_gke.components.observability import Observability, ObservabilityArgs
 from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
 from vllm_gke.components.specs import ModelSpec, TenantSpec
@@ -29,7 +29,7 @@ from vllm_gke.components.serving_api import (
     PICKER_REENCODING_GROWTH, guard_config, objective_name, picker_max_body_bytes, picker_routes, tenant_routes,
 )
 from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
-from vllm_gke.components.standby import Standby, StandbyArgs
+from vllm_gke.components.standby import STANDBY_SA, Standby, StandbyArgs
 from vllm_gke.components.vllm_service import SERVER_LABELS, KedaScaling, VllmService, VllmServiceArgs, service_name_of
 from vllm_gke.components.vllm_versions import release
 from vllm_gke.infra.capacity import consumer_models
@@ -110,12 +110,14 @@ def build(cfg: StackConfig) -> Platform:
         metrics=[cfg.cluster.pods_cidr, cfg.cluster.subnet_cidr])
     serving_jwks = sorted({jwks_host(t) for t in cfg.tenants if shared_models(t)})
     serving = MeshNamespace("serving", MeshNamespaceArgs(
-        cfg.serving_namespace, provider, sources=sources, jwks_hosts=serving_jwks), opts=after_mesh)
+        cfg.serving_namespace, provider, sources=sources, jwks_hosts=serving_jwks,
+        service_accounts=(SERVER_SA, STANDBY_SA)), opts=after_mesh)
 
     tenants = {
         t.name: TenantAuth(f"tenant-{t.name}", TenantAuthArgs(
             tenant=t, provider=provider, serving_namespace=serving.name, shared_models=shared_models(t),
-            sources=sources, picker_models=[m for m in shared_models(t) if cfg.model(m).routing == "inference-gateway"]),
+            sources=sources, picker_models=[m for m in shared_models(t) if cfg.model(m).routing == "inference-gateway"],
+            service_accounts=(SERVER_SA, STANDBY_SA) if t.dedicated else ()),
             opts=after_mesh)
         for t in cfg.tenants
     }
@@ -134,7 +136,7 @@ def build(cfg: StackConfig) -> Platform:
     rel = release(cfg.vllm_version)
     shared_store: tuple[str, int] | None = None
     if cfg.global_limits.enabled:
-        # vLLM pods run as their namespace's default service account: those identities may connect.
+        # The vLLM servers' own identities (SERVER_SA) may connect, nothing else in their namespaces.
         clients = [cfg.serving_namespace, *(tenant_namespace(t) for t in cfg.tenants if t.dedicated)]
         platform.limit_store = LimitStore("limits", LimitStoreArgs(provider, clients, cfg.global_limits.image),
                                           opts=after_mesh)
@@ -143,6 +145,10 @@ def build(cfg: StackConfig) -> Platform:
     picker_deps: list[pulumi.Resource] = [mesh, *apis.needs("networkservices.googleapis.com")]
     if any(m.routing == "inference-gateway" for m in cfg.models):
         picker_deps.append(InferenceObjectiveCrd("inference-objective-crd", InferenceObjectiveCrdArgs(provider)))
+
+    def identities(tenant: str | None) -> pulumi.Resource:
+        """The MeshNamespace holding the servers' and standbys' service accounts."""
+        return tenants[tenant].namespace if tenant else serving
 
     def serve(key: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
               callers: list[TenantSpec], tenant: str | None = None, canary: bool = False) -> dict[str, str]:
@@ -168,7 +174,8 @@ def build(cfg: StackConfig) -> Platform:
                 weights_claims=store.claims_for(tenant or "serving", model)),
                 # Pods need the sidecar (so the mesh first) and the read-only claim; KEDA's CRDs
                 # come with its chart.
-                opts=pulumi.ResourceOptions(depends_on=[mesh, store, keda]))
+                # ...and the namespace's identities (a pod of a missing service account is refused).
+                opts=pulumi.ResourceOptions(depends_on=[mesh, store, keda, identities(tenant)]))
             platform.services[f"{key}-{which}"] = svc
             names[which] = svc.service_name
             if to_zero:
@@ -178,8 +185,9 @@ def build(cfg: StackConfig) -> Platform:
                     pool_selector={MODEL_LABEL: model.name, POOL_LABEL: pool_label},
                     vllm_only_labels=SERVER_LABELS, provider=provider,
                     policy_labels={TENANT_LABEL: tenant} if tenant else {},
-                    expected_seconds=int(NODE_PROVISION_S + cold_start_seconds(cfg, model))),
-                    opts=after_mesh)
+                    expected_seconds=int(NODE_PROVISION_S + cold_start_seconds(cfg, model)),
+                    service_account=STANDBY_SA),
+                    opts=pulumi.ResourceOptions(depends_on=[mesh, identities(tenant)]))
         return names
 
     def rate_caps(model: ModelSpec, names: dict[str, str]) -> dict[str, int]:

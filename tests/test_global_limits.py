@@ -307,12 +307,18 @@ def test_store_admits_only_the_vllm_pods_over_mtls(plans):
                 if p["metadata"]["namespace"] == NAMESPACE}
     assert policies["deny-all"] == {}
     (rule,) = policies["allow-vllm-guards"]["rules"]
-    assert rule["from"][0]["source"]["principals"] == ["*/ns/tenant-analytics/sa/default", "*/ns/vllm/sa/default"]
+    assert rule["from"][0]["source"]["principals"] == ["*/ns/tenant-analytics/sa/vllm-server",
+                                                       "*/ns/vllm/sa/vllm-server"]
     assert rule["to"] == [{"operation": {"ports": [str(PORT)]}}]
-    # The vLLM pods run as those accounts: no serviceAccountName means the namespace's default.
+    # The vLLM pods run as those accounts, and nothing else does: not the standbys, not `default`.
+    accounts = {}
     for d in manifests_of(plan, "Deployment"):
-        if d["metadata"]["name"].startswith(("llama", "qwen")):
-            assert "serviceAccountName" not in d["spec"]["template"]["spec"]
+        spec = d["spec"]["template"]["spec"]
+        accounts.setdefault(spec.get("serviceAccountName", "default"), set()).add(d["metadata"]["name"])
+    assert all(n.startswith(("llama", "qwen")) and "standby" not in n and "epp" not in n
+               for n in accounts["vllm-server"])
+    assert {(s["metadata"]["namespace"], s["metadata"]["name"]) for s in manifests_of(plan, "ServiceAccount")} >= {
+        ("vllm", "vllm-server"), ("vllm", "vllm-standby"), ("tenant-analytics", "vllm-server")}
 
 
 def test_store_keeps_nothing_and_runs_only_the_script():

@@ -145,8 +145,14 @@ def test_gcs_source_uses_gcloud_loader(plan_variant):
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["command"][2:] == ["gcs", "gs://acme-models/qwen2.5-7b", "/models/qwen-7b/main"]
     assert container["image"].startswith("gcr.io/google.com/cloudsdktool/google-cloud-cli:")
-    roles = {p["role"] for p in props_of(plan, "gcp:projects/iAMMember:IAMMember")}
-    assert "roles/storage.objectViewer" in roles
+    # Read access on the source bucket only, not on every bucket of the project...
+    assert not [p for p in props_of(plan, "gcp:projects/iAMMember:IAMMember") if "storage" in p["role"]]
+    grant = plan.named("gcp:storage/bucketIAMMember:BucketIAMMember", "weights-loader-source-acme-models")
+    assert (grant.props["bucket"], grant.props["role"]) == ("acme-models", "roles/storage.objectViewer")
+    # ...and the loader waits for it (and its other grants): its first run would fail without.
+    job = plan.kube("Job", "load-qwen-7b")
+    assert plan.waits_for(job, grant)
+    assert plan.waits_for(job, plan.named("gcp:secretmanager/secretIamMember:SecretIamMember", "weights-loader-hf-token"))
 
 
 def test_hf_token_from_a_kubernetes_secret_reference(plan_variant):

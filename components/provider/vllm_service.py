@@ -92,7 +92,9 @@ class VllmService(pulumi.ComponentResource):
             provider=kubernetes_provider(name, args["kubeconfig"], self),
             guard_config=guard_config(tenants, tenant_routes(), rel.max_tokens_rule,
                                       cache_salt_paths=rel.cache_salt_paths), tenant=args.get("tenant"),
-            release=rel, canary=canary, scaling=KedaScaling(project, args.get("keda_auth") or GMP_AUTH)),
+            release=rel, canary=canary, scaling=KedaScaling(project, args.get("keda_auth") or GMP_AUTH),
+            # The package makes no service account: the namespace's default, as before.
+            service_account=None),
             opts=pulumi.ResourceOptions(parent=self))
         self.service_name = pulumi.Output.from_input(inner.service_name)
         self.deployment_name = inner.deployment.metadata.name
