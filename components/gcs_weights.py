@@ -44,6 +44,10 @@ def weights_volume(bucket: Any, read_only: bool, uid: Optional[int] = None) -> d
         "bucketName": bucket, "mountOptions": mount_options(read_only, uid)}}}
 
 
-def cache_volume(weights_gb: float) -> dict[str, Any]:
+def cache_gi(weights_gb: float) -> int:
     """Room for the model's files, plus a tenth."""
-    return {"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": f"{max(1, math.ceil(weights_gb * 1.1))}Gi"}}
+    return max(1, math.ceil(weights_gb * 1.1))
+
+
+def cache_volume(weights_gb: float) -> dict[str, Any]:
+    return {"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": f"{cache_gi(weights_gb)}Gi"}}

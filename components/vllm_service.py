@@ -184,15 +184,31 @@ def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: VllmRelease = releas
     return args + list(model.extra_args)
 
 
-def container_resources(node_pool: NodePoolSpec, gpus: int) -> dict[str, dict[str, str]]:
-    """A pod's share of the node's CPU and RAM, in proportion to the GPU units it takes."""
+# The node-disk emptyDirs a server writes - compile caches and scratch (/tmp) and its home - at
+# most (their sizeLimits), and what they typically hold (the request).
+TMP_GI, HOME_GI = 8, 16
+SCRATCH_REQUEST_GI = 4
+
+
+def scratch_gi(model: ModelSpec, bucket_cache: bool) -> int:
+    """Node disk to request for one replica: its compile caches, plus, on the bucket backend,
+    Cloud Storage FUSE's file cache (an emptyDir sized to the model and its adapters, which the
+    sidecar fills with the whole model on the first read)."""
+    return SCRATCH_REQUEST_GI + (gcs_weights.cache_gi(model.weights_gb + model.lora_gb()) if bucket_cache else 0)
+
+
+def container_resources(node_pool: NodePoolSpec, gpus: int, scratch: int = 0) -> dict[str, dict[str, str]]:
+    """A pod's share of the node's CPU and RAM, in proportion to the GPU units it takes, and the
+    node disk its emptyDirs may fill (`scratch` GiB): requested, so the scheduler never packs more
+    replicas on a node than its boot disk holds (the kubelet would evict them under DiskPressure)."""
     machine = node_pool.machine
     units = node_pool.slices_per_node
     cpu = max(1, math.floor((machine.vcpus - 2) / units)) * gpus
     memory = max(8, math.floor((machine.memory_gb * 0.85 - 4) / units)) * gpus
     # requests == limits: Guaranteed QoS, so the kubelet never evicts a loaded model first.
     res = {"cpu": str(cpu), "memory": f"{memory}Gi", "nvidia.com/gpu": str(gpus)}
-    return {"requests": dict(res), "limits": dict(res)}
+    requests = {**res, **({"ephemeral-storage": f"{scratch}Gi"} if scratch else {})}
+    return {"requests": requests, "limits": dict(res)}
 
 
 @dataclass
@@ -323,7 +339,8 @@ class VllmService(pulumi.ComponentResource):
                                 {"name": GUARD_CONFIG_ENV,
                                  "value": json.dumps(dict(args.guard_config), sort_keys=True)},
                             ],
-                            "resources": container_resources(args.node_pool, gpus),
+                            "resources": container_resources(
+                                args.node_pool, gpus, scratch_gi(model, args.weights_volume is not None)),
                             "securityContext": CONTAINER_SECURITY,
                             # Model load plus warm-up can take many minutes: allow up to 30.
                             "startupProbe": {"exec": {"command": ["test", "-f", WARM_MARKER]},
@@ -344,8 +361,8 @@ class VllmService(pulumi.ComponentResource):
                             *weights_volumes,
                             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
                             # Compile caches (torch.compile, Triton, FlashInfer JIT) and scratch.
-                            {"name": "tmp", "emptyDir": {"sizeLimit": "8Gi"}},
-                            {"name": "home", "emptyDir": {"sizeLimit": "16Gi"}},
+                            {"name": "tmp", "emptyDir": {"sizeLimit": f"{TMP_GI}Gi"}},
+                            {"name": "home", "emptyDir": {"sizeLimit": f"{HOME_GI}Gi"}},
                         ],
                     },
                 },

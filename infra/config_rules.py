@@ -5,18 +5,19 @@ is here. Every problem names the key to change and how."""
 from __future__ import annotations
 
 import ipaddress
+from collections import Counter
+from typing import TYPE_CHECKING, Callable
 
 from pydantic.alias_generators import to_camel
 
 from vllm_gke.components.catalog import REGION_ZONES
-from collections import Counter
-from typing import TYPE_CHECKING, Callable
 
 from vllm_gke.components.catalog import attaches_hyperdisk_ml
 from vllm_gke.components.hyperdisk_weights import MIN_GKE as VOLUME_POPULATOR_MIN_GKE
 from vllm_gke.components.specs import MANAGED_VLLM_OPTIONS, ModelSpec, gke_version
 from vllm_gke.components.vllm_versions import release
-from vllm_gke.infra.capacity import gpu_slots_by_pool, pool_capacity
+from vllm_gke.components.vllm_service import scratch_gi
+from vllm_gke.infra.capacity import gpu_slots_by_pool, placements, pool_capacity
 from vllm_gke.infra.vllm_argv import check_argv, load_snapshot, normalise
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ def cross_field_issues(cfg: "StackConfig") -> list["ConfigIssue"]:
 
     for check in (_unique_names, _placements, _tenant_models, _gpu_slots, _gateway, _network, _zones,
                   _issuers, _namespaces, _vllm_release, _chunked_prefill, _inference_gateway,
-                  _global_limits, _adapters, _scale_to_zero, _hyperdisk_ml):
+                  _global_limits, _adapters, _scale_to_zero, _hyperdisk_ml, _node_disks):
         check(cfg, add)
     return issues
 
@@ -162,6 +163,36 @@ def _network(cfg: "StackConfig", add: Add) -> None:
                 add(f"cluster.{key}", f"{ranges[key]} overlaps cluster.{other} {ranges[other]}{default}; the node, "
                     f"pod, service, control-plane and proxy-only ranges must not share addresses: change "
                     f"cluster.{key}{'' if other in set_keys else f' or set cluster.{other}'}")
+
+
+# Of a node's boot disk, what the OS, the kubelet and the images (the multi-GB server image among
+# them) keep, before pods' emptyDirs get any: a conservative share.
+SYSTEM_DISK_GB = 60
+
+
+def _node_disks(cfg: "StackConfig", add: Add) -> None:
+    """Every replica requests the node disk its emptyDirs may fill (scratch, and on the bucket
+    backend the file cache): the replicas a node can hold must fit its boot disk, or the
+    scheduler leaves GPU slices idle (and without requests the kubelet would evict them)."""
+    pools = {p.name: p for p in cfg.node_pools}
+    bucket_cache = cfg.weights.backend == "gcs"
+    worst: dict[str, tuple[int, int, str]] = {}  # node pool -> (GiB a full node asks, replicas, model)
+    for model, pool_name, _tenant in placements(cfg):
+        pool = pools.get(pool_name)
+        if pool is None:
+            continue
+        per_node = pool.slices_per_node // model.tensor_parallel_size
+        need = per_node * scratch_gi(model, bucket_cache)
+        if per_node and need > worst.get(pool_name, (0, 0, ""))[0]:
+            worst[pool_name] = (need, per_node, model.name)
+    for pool_name, (need, per_node, model_name) in worst.items():
+        pool = pools[pool_name]
+        usable = pool.disk_size_gb - SYSTEM_DISK_GB
+        if need > usable:
+            add(f"nodePools[{pool_name}].diskSizeGb",
+                f"{pool.disk_size_gb} GB holds {usable} GB for pods, but {per_node} replicas of {model_name} on a "
+                f"node ask {need} GiB (compile caches{' and the bucket file cache' if bucket_cache else ''}); raise "
+                f"diskSizeGb to {need + SYSTEM_DISK_GB} or more")
 
 
 def _zones(cfg: "StackConfig", add: Add) -> None:

@@ -46,6 +46,10 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
      "vllm-gke:cluster.subnetCidr", "overlaps cluster.proxyOnlyCidr 10.129.0.0/23 (its default)"),
     ("cidr-without-prefix", "dev", lambda v: v["vllm-gke:cluster"].update(podsCidr="10.20.0.0"),
      "vllm-gke:cluster.podsCidr", "has no prefix length"),
+    # The bucket backend's file cache is on the node's boot disk: a node full of replicas must fit.
+    ("boot-disk-too-small-for-the-file-cache", "staging",
+     lambda v: v["vllm-gke:nodePools"][0].update(diskSizeGb=100),
+     "vllm-gke:nodePools[a100-80-mig].diskSizeGb", "raise diskSizeGb to"),
     ("zone-that-does-not-exist", "dev", lambda v: v["vllm-gke:cluster"].update(zones=["us-central1-e"]),
      "vllm-gke:cluster.zones", "does not exist; us-central1 has us-central1-a"),
     ("control-plane-not-28", "dev", lambda v: v["vllm-gke:cluster"].update(masterCidr="172.16.0.0/27"),

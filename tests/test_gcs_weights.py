@@ -140,3 +140,15 @@ def test_the_documented_throughput_key_is_the_one_parsed(stack_values):
     model = cfg.model("mistral-7b")
     assert cold_start_seconds(cfg, model) == pytest.approx(
         IMAGE_START_S + model.weights_gb * 1e9 / (640 * 1024 ** 2) + ENGINE_START_S)
+
+
+def test_bucket_backed_replicas_request_the_node_disk_their_file_cache_takes(plans):
+    """The file cache (1.1x the model) is an emptyDir on the node's boot disk: requested, so a
+    dense MIG node is never packed past its disk (DiskPressure would evict loaded replicas)."""
+    from vllm_gke.components.gcs_weights import cache_gi
+
+    plan = plans["staging"]
+    model = plan.config.model("mistral-7b")
+    dep = plan.kube("Deployment", "mistral-7b-short", "vllm").props
+    (c,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+    assert c["resources"]["requests"]["ephemeral-storage"] == f"{4 + cache_gi(model.weights_gb + model.lora_gb())}Gi"

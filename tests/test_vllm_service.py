@@ -76,7 +76,9 @@ def test_probes_shm_and_gpu_limits(plans):
     assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 1800
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert c["resources"]["requests"] == c["resources"]["limits"]
+    # Guaranteed QoS: requests equal limits (ephemeral storage, requested only, does not count)
+    assert {k: v for k, v in c["resources"]["requests"].items() if k != "ephemeral-storage"} == c["resources"]["limits"]
+    assert c["resources"]["requests"]["ephemeral-storage"] == "4Gi"  # compile caches (Filestore: no file cache)
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
     tp8 = deployment(plans["prod"], "llama-70b-short")["spec"]["template"]["spec"]["containers"][0]
