@@ -34,15 +34,25 @@ SIZES = (10, 1_000, 10_000)
 ADMIN = "bench-admin"
 
 
-def start_redis(binary: str, workdir: Path) -> tuple[subprocess.Popen, int]:
+def start_redis(binary: str, workdir: Path, extra_conf: str = "") -> tuple[subprocess.Popen, int]:
+    """redis-server with the store's own config and ACL (plus `extra_conf`) on a free loopback
+    port, in `workdir`, answering once it returns (the tests use it too)."""
+    import redis
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     conf = workdir / "redis.conf"
-    # The store's config, plus an admin user for this benchmark alone (INFO is outside the ACL).
     conf.write_text(REDIS_CONF.replace(f"port {PORT}", f"port {port}").replace("bind * -::*", "bind 127.0.0.1")
-                    + f"dir {workdir}\nuser {ADMIN} on >{ADMIN} ~* &* +@all\n")
+                    + f"dir {workdir}\n" + extra_conf)
     proc = subprocess.Popen([binary, str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    client = redis.Redis(port=port)
+    for _ in range(200):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
     return proc, port
 
 
@@ -64,15 +74,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     import redis
 
     with tempfile.TemporaryDirectory() as tmp:
-        proc, port = start_redis(binary, Path(tmp))
+        # An admin user for this benchmark alone: INFO is outside the store's ACL.
+        proc, port = start_redis(binary, Path(tmp), f"user {ADMIN} on >{ADMIN} ~* &* +@all\n")
         try:
             client = redis.Redis(port=port)
-            for _ in range(200):
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    time.sleep(0.05)
             script = client.register_script(limits.SCRIPT)
 
             def call(tenant: str, requests: int) -> list:

@@ -367,31 +367,15 @@ def _redis_server():
 @pytest.fixture
 def real_redis(tmp_path):
     import os
-    import socket
-    import subprocess
 
     binary = _redis_server()
     if not binary:
         if os.environ.get("CI"):
             pytest.fail("CI runs the limit store against a real redis-server: .ci/run installs Debian's package")
         pytest.skip("no redis-server here (set REDIS_SERVER): the script ran in fakeredis' Lua above")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    conf = tmp_path / "redis.conf"
-    # The store's own config, on a free local port, in a scratch directory.
-    conf.write_text(REDIS_CONF.replace(f"port {PORT}", f"port {port}").replace("bind * -::*", "bind 127.0.0.1")
-                    + f"dir {tmp_path}\n")
-    proc = subprocess.Popen([binary, str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    import redis
+    from benchmarks.limit_store import start_redis
 
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
+    proc, port = start_redis(binary, tmp_path)  # the store's own config and ACL
     yield port
     proc.terminate()
     proc.wait(5)
