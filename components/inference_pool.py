@@ -203,7 +203,9 @@ class InferencePool(pulumi.ComponentResource):
                   ]},
             opts=k8s_opts)
         service = k8s.core.v1.Service(
-            f"{name}-epp-svc", metadata=md(epp),
+            # The standby replicas are unready by design (only the leader is ready): Pulumi's wait
+            # for a Service with no unready address would fail every update of it.
+            f"{name}-epp-svc", metadata={**md(epp), "annotations": {"pulumi.com/skipAwait": "true"}},
             spec={"type": "ClusterIP", "selector": {"inferencepool": epp},
                   "ports": [{"name": "grpc-ext-proc", "protocol": "TCP", "port": EXT_PROC_PORT},
                             {"name": "http-metrics", "protocol": "TCP", "port": METRICS_PORT}]},

@@ -72,6 +72,12 @@ def test_pulumi_waits_for_the_pickers_leader_not_every_replica(plans):
     plan = plans["staging"]
     epp = plan.kube("Deployment", "llama-8b-epp")
     assert epp.props["metadata"]["annotations"]["pulumi.com/waitFor"] == "jsonpath={.status.readyReplicas}=1"
+    # waitFor replaces the built-in Deployment await from pulumi-kubernetes 4.18.4 (#3329) on.
+    from tests.conftest import REPO_ROOT
+
+    assert '"pulumi-kubernetes>=4.18.4,<5"' in (REPO_ROOT / "pyproject.toml").read_text()
+    # ...and not for its Service to have no unready address: the standby replica always is one.
+    assert plan.kube("Service", "llama-8b-epp").props["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
     assert plan.waits_for(epp, plan.kube("RoleBinding", "llama-8b-epp"))
 
 
