@@ -241,7 +241,9 @@ class GpuCluster(pulumi.ComponentResource):
             self.node_pools[TRANSFER_POOL] = gcp.container.NodePool(
                 f"{name}-{TRANSFER_POOL}", name=TRANSFER_POOL, project=args.project, location=args.region,
                 cluster=self.cluster.name, initial_node_count=0,
-                autoscaling={"total_min_node_count": 0, "total_max_node_count": zones, "location_policy": "ANY"},
+                # Per zone (not a total, which location policy ANY may put in one zone): at most one
+                # node in each zone, where that zone's disks are filled.
+                autoscaling={"min_node_count": 0, "max_node_count": 1, "location_policy": "ANY"},
                 node_config=self._node_config(
                     args.populator_machine_type, 100, {COMPUTE_CLASS_LABEL: TRANSFER_COMPUTE_CLASS}, labels,
                     taints=[{"key": COMPUTE_CLASS_LABEL, "value": TRANSFER_COMPUTE_CLASS, "effect": "NO_SCHEDULE"}]),

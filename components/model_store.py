@@ -112,9 +112,21 @@ def plan_filestore(models: Sequence[ModelSpec], weights: WeightsSpec) -> tuple[s
     """Tier and capacity (GiB) for the share: the tier's minimum or the weights plus headroom."""
     total = sum(c.weights_gb for c in weight_copies(models))
     tier = weights.tier if weights.tier != "auto" else ("BASIC_HDD" if total <= HDD_LIMIT_GB else "ZONAL")
-    needed = math.ceil(total * HEADROOM / 256) * 256
-    capacity = max(TIER_MIN_GB[tier], needed, weights.capacity_gb or 0)
+    capacity = filestore_capacity(tier, max(TIER_MIN_GB[tier], math.ceil(total * HEADROOM), weights.capacity_gb or 0))
     return tier, capacity
+
+
+# Zonal and regional Filestore sizes: 1-9.75 TiB in 256 GiB steps, 10-100 TiB in 2.5 TiB steps, and
+# an instance cannot move between the two ranges in place (cloud.google.com/filestore/docs/service-tiers).
+LOW_RANGE_MAX_GB = 9984
+HIGH_RANGE_MIN_GB, HIGH_RANGE_STEP_GB = 10240, 2560
+
+
+def filestore_capacity(tier: str, gb: int) -> int:
+    """The smallest size the tier offers that holds `gb` GiB."""
+    if tier in ("ZONAL", "REGIONAL") and gb > LOW_RANGE_MAX_GB:
+        return max(HIGH_RANGE_MIN_GB, math.ceil(gb / HIGH_RANGE_STEP_GB) * HIGH_RANGE_STEP_GB)
+    return math.ceil(gb / 256) * 256
 
 
 LOADER_PROGRAM = Path(__file__).with_name("scripts") / "load_weights.py"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_gke.components.model_store import REGIONAL_TIERS, weight_copies
+from vllm_gke.components.model_store import LOW_RANGE_MAX_GB, REGIONAL_TIERS, weight_copies
 from vllm_gke.infra.capacity import consumer_models, placements
 from vllm_gke.infra.cold_start import cold_start_seconds
 from vllm_gke.infra.config import StackConfig
@@ -15,7 +15,7 @@ def hyperdisk_disks(cfg: StackConfig) -> int:
     return sum(sets[m] for models in consumer_models(cfg).values() for m in models) * len(cfg.cluster.zones)
 
 
-def plan_warnings(cfg: StackConfig, filestore_tier: str) -> list[str]:
+def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: int = 0) -> list[str]:
     out: list[str] = []
     zones = cfg.cluster.zones
     if cfg.weights.backend == "filestore" and len(zones) > 1 and filestore_tier not in REGIONAL_TIERS:
@@ -23,6 +23,11 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str) -> list[str]:
             f"the weights share is a zonal {filestore_tier} Filestore in {zones[0]} feeding GPU nodes in "
             f"{len(zones)} zones: losing {zones[0]} stops every replica from (re)loading; set "
             "vllm-gke:weights.tier to REGIONAL")
+    if filestore_tier in ("ZONAL", "REGIONAL") and cfg.weights.backend == "filestore" and \
+            0.9 * LOW_RANGE_MAX_GB < filestore_capacity_gb <= LOW_RANGE_MAX_GB:
+        out.append(f"the {filestore_tier} share is {filestore_capacity_gb} GiB, near the 9.75 TiB top of its range: it "
+                   "cannot grow past it in place (10 TiB and up is another range), so the next model that does not fit "
+                   "re-creates the share; size it 10 TiB now (weights.capacityGb: 10240) if models will be added")
     if cfg.weights.backend == "hyperdisk-ml":
         disks = hyperdisk_disks(cfg)
         out.append(

@@ -61,6 +61,6 @@ def verdicts(plan: Plan, policy_config: Optional[Mapping[str, Any]] = None) -> V
         violations=evaluate(plan.policy_resources(), policy_config),
         capacity=capacity_report(plan.config),
         cost=cost_report(plan.config, store.tier, store.capacity_gb),
-        warnings=plan_warnings(plan.config, store.tier) + url_notes(plan.config),
+        warnings=plan_warnings(plan.config, store.tier, store.capacity_gb) + url_notes(plan.config),
         urls=tenant_urls(plan.config),
     )

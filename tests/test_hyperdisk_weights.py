@@ -159,8 +159,11 @@ def test_transfer_nodes_scale_from_zero_for_the_populator(plan):
     assert pool["nodeConfig"]["labels"] == {"cloud.google.com/compute-class": TRANSFER_COMPUTE_CLASS}
     assert pool["nodeConfig"]["taints"] == [{"key": "cloud.google.com/compute-class",
                                              "value": TRANSFER_COMPUTE_CLASS, "effect": "NO_SCHEDULE"}]
-    assert pool["autoscaling"]["totalMinNodeCount"] == 0 and pool["initialNodeCount"] == 0
-    assert pool["autoscaling"]["totalMaxNodeCount"] == 2  # a transfer per zone at once
+    # At most one node in each zone (per-zone counts: a total under location policy ANY could put
+    # every node in one zone), none while no disk is being filled.
+    assert pool["autoscaling"]["minNodeCount"] == 0 and pool["initialNodeCount"] == 0
+    assert pool["autoscaling"]["maxNodeCount"] == 1
+    assert "totalMaxNodeCount" not in pool["autoscaling"]
     (cc,) = [c for c in manifests_of(plan, "ComputeClass") if c["metadata"]["name"] == TRANSFER_COMPUTE_CLASS]
     assert cc["spec"]["priorities"] == [{"nodepools": ["hdml-transfer"]}]
     assert cc["spec"]["nodePoolAutoCreation"] == {"enabled": False}

@@ -168,3 +168,25 @@ def test_hf_token_from_a_kubernetes_secret_reference(plan_variant):
     assert [v["name"] for v in job["spec"]["template"]["spec"]["volumes"]] == ["weights", "program"]
     assert not manifests_of(plan, "SecretProviderClass")
     assert not props_of(plan, "gcp:secretmanager/secretIamMember:SecretIamMember")
+
+
+@pytest.mark.parametrize("tier,gb,size", [
+    ("ZONAL", 1000, 1024), ("ZONAL", 9984, 9984), ("ZONAL", 9985, 10240), ("ZONAL", 12000, 12800),
+    ("REGIONAL", 20000, 20480), ("BASIC_HDD", 1100, 1280),
+])
+def test_filestore_sizes_are_ones_the_tier_offers(tier, gb, size):
+    """Zonal and regional: 256 GiB steps to 9.75 TiB, then 2.5 TiB steps from 10 TiB."""
+    from vllm_gke.components.model_store import filestore_capacity
+
+    assert filestore_capacity(tier, gb) == size
+
+
+def test_a_share_near_the_top_of_its_range_is_warned_about(stack_values):
+    import copy
+
+    from vllm_gke.infra.advice import plan_warnings
+    from vllm_gke.infra.config import parse
+
+    cfg = parse(copy.deepcopy(stack_values["prod"]))
+    assert [w for w in plan_warnings(cfg, "ZONAL", 9728) if "cannot grow past it in place" in w]
+    assert not [w for w in plan_warnings(cfg, "ZONAL", 4096) if "cannot grow past it in place" in w]
