@@ -247,6 +247,8 @@ def test_weight_set_names_are_valid_and_sizes_hold_the_data():
 def test_manifests_validate_the_data_source_included(plan):
     KINDS = ("StorageClass", "PersistentVolumeClaim", "ComputeClass", "GCPDataSource")
     catalog = catalog_or_none()
+    if catalog is None:
+        pytest.skip("no ../shared/upstream-crds here: custom resources are validated where it is")
     docs = plan.manifests()
     assert {(d["kind"], d["metadata"]["name"]): validate(d, catalog) for d in docs
             if d["kind"] in KINDS} == {k: [] for k in {(d["kind"], d["metadata"]["name"]) for d in docs
