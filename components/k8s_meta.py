@@ -50,3 +50,11 @@ def custom_resource(resource_name: str, api_version: str, kind: str, metadata: d
     return k8s.apiextensions.CustomResource(
         resource_name, api_version=api_version, kind=kind, metadata=metadata, spec=spec, opts=opts
     )
+
+
+def deny_all_ingress(resource_name: str, namespace: pulumi.Input[str], opts: pulumi.ResourceOptions) -> None:
+    """A NetworkPolicy refusing every connection to the namespace's pods: for namespaces outside the
+    mesh whose pods serve nothing (loaders, checks). Enforced by GKE Dataplane V2."""
+    k8s.networking.v1.NetworkPolicy(
+        resource_name, metadata={**meta("deny-all-ingress"), "namespace": namespace},
+        spec={"podSelector": {}, "policyTypes": ["Ingress"]}, opts=opts)

@@ -21,7 +21,7 @@ from typing import Literal, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.k8s_meta import meta
+from vllm_gke.components.k8s_meta import deny_all_ingress, meta
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.specs import ImageRef
 
@@ -72,6 +72,8 @@ class MeshReadiness(pulumi.ComponentResource):
         k8s_opts = child_opts(self, opts, provider=args.provider)
         self.revision = REVISIONS[args.release_channel]
         ns = k8s.core.v1.Namespace(f"{name}-ns", metadata=meta(NAMESPACE), opts=k8s_opts)
+        # The check serves nothing and sits outside the mesh: nothing may connect to it.
+        deny_all_ingress(f"{name}-deny-ingress", ns.metadata.name, k8s_opts)
         sa = k8s.core.v1.ServiceAccount(f"{name}-ksa", metadata={**meta(NAME), "namespace": ns.metadata.name},
                                         opts=k8s_opts)
         # Read-only, and only the two kinds it waits on.

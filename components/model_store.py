@@ -23,7 +23,7 @@ from vllm_gke.components import gcs_weights
 from vllm_gke.components.catalog import populator_vcpus
 from vllm_gke.components.gcp_names import bucket_name, service_account_id, workload_principal
 from vllm_gke.components.hyperdisk_weights import HyperdiskWeights, HyperdiskWeightsArgs
-from vllm_gke.components.k8s_meta import WEIGHTS_READY_MARKER, custom_resource, meta
+from vllm_gke.components.k8s_meta import WEIGHTS_READY_MARKER, custom_resource, deny_all_ingress, meta
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.project_apis import ProjectApis
 from vllm_gke.components.specs import AdapterSpec, ImageRef, ModelSpec, WeightsSpec
@@ -276,6 +276,8 @@ class ModelStore(pulumi.ComponentResource):
         system_ns = k8s.core.v1.Namespace(f"{name}-system-ns", metadata=meta(args.system_namespace),
                                           opts=k8s_opts)
         ns_name = system_ns.metadata.name
+        # The loaders serve nothing and sit outside the mesh: nothing may connect to them.
+        deny_all_ingress(f"{name}-system-deny-ingress", ns_name, k8s_opts)
         loader_sa = k8s.core.v1.ServiceAccount(
             f"{name}-loader-ksa",
             metadata={**meta(LOADER_SA), "namespace": ns_name,

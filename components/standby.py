@@ -118,6 +118,9 @@ class Standby(pulumi.ComponentResource):
                             "ports": [{"name": "http", "containerPort": args.port}],
                             # Ready only while the pool is not: the load balancer follows readiness.
                             "readinessProbe": health,
+                            # Alive whatever the pool does: /metrics answers while the server runs.
+                            "livenessProbe": {"httpGet": {"path": "/metrics", "port": "http"}, "periodSeconds": 10,
+                                              "timeoutSeconds": 2, "failureThreshold": 3},
                             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
                                           "limits": {"cpu": "500m", "memory": "128Mi"}},
                             "securityContext": CONTAINER_SECURITY,

@@ -174,3 +174,19 @@ def test_plan_warns_about_a_zonal_share_behind_a_multi_zone_cluster(plan_variant
 def test_plan_warns_about_single_replica_pools(plans):
     dev = plan_warnings(plans["dev"].config, plans["dev"].platform.store.tier)
     assert any(w.startswith("qwen-7b short pool runs one replica") for w in dev)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_pods_outside_the_mesh_accept_no_connection_they_do_not_serve(plans, stack):
+    """The loaders and the mesh-readiness check serve nothing: their namespaces deny all ingress
+    (Dataplane V2 enforces it); the picker admits only the load balancer (test_inference_gateway)."""
+    plan = plans[stack]
+    denied = {n["metadata"]["namespace"] for n in manifests_of(plan, "NetworkPolicy")
+              if n["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}}
+    assert {"vllm-gke-system", "vllm-gke-mesh-check"} <= denied
+
+
+def test_the_standby_has_a_liveness_probe_that_holds_whatever_the_pool_does(plans):
+    standby = next(d for d in manifests_of(plans["staging"], "Deployment") if d["metadata"]["name"].endswith("-standby"))
+    (c,) = standby["spec"]["template"]["spec"]["containers"]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/metrics"  # /health is 503 while the pool serves
