@@ -638,9 +638,9 @@ class Budget:
         return per_sequence
 
 
-def add_field(buf: bytes, close: int, name: str, value: int) -> bytes:
-    """Append `"name": value` as the object's last member: with duplicate keys the last wins."""
-    return add_members(buf, close, b'"' + name.encode() + b'":' + str(value).encode())
+def int_member(name: str, value: int) -> bytes:
+    """`"name":value`, a member add_members appends."""
+    return b'"' + name.encode() + b'":' + str(value).encode()
 
 
 def add_members(buf: bytes, close: int, members: bytes) -> bytes:
@@ -881,18 +881,17 @@ class GuardMiddleware:
                 fields = read_fields(body, "chat")
             except (JsonShapeError, ValueError):
                 fields = None
+        salt = tenant.salt if path in self.salted else None
         if fields is not None and fields.n is ABSENT and fields.best_of is ABSENT:
             mct, mt = fields.max_completion_tokens, fields.max_tokens
             # One sequence bounded by a positive max_completion_tokens within the cap: every reading
             # of the rule agrees; max_tokens must still be what as_int accepts.
             if type(mct) is int and 0 < mct <= tenant.cap and (mt is ABSENT or mt is None or type(mt) is int) \
                     and body.isascii():
-                salt = tenant.salt if path in self.salted else None
                 if salt is None:
                     return scope, _Replay(body, receive), None
                 return self._forward(scope, receive, add_members(body, closing_brace(fields, body), salt))
-        return await self._admit_body(scope, receive, body, "chat", tenant, fields,
-                                      salt=tenant.salt if path in self.salted else None)
+        return await self._admit_body(scope, receive, body, "chat", tenant, fields, salt=salt)
 
     async def _receive_body(self, receive: Receive, message: Optional[Message] = None) -> bytes:
         if message is None:
@@ -938,8 +937,7 @@ class GuardMiddleware:
             await self._take_shared(tenant, per_sequence * budget.sequences)
         if add is None and salt is None:
             return scope, _Replay(body, receive), None
-        members = b",".join(m for m in (
-            None if add is None else b'"' + OUTPUT_FIELDS[kind].encode() + b'":' + str(add).encode(), salt) if m)
+        members = b",".join(m for m in (None if add is None else int_member(OUTPUT_FIELDS[kind], add), salt) if m)
         return self._forward(scope, receive, add_members(body, closing_brace(fields, body), members))
 
     @staticmethod
