@@ -338,9 +338,11 @@ class Gateway(pulumi.ComponentResource):
                     {"name": FAIRNESS_HEADER, "value": picker.tenant}],
             "remove": [ISSUER_HEADER, *REFUSED_AT_THE_PICKER]}}  # never PICKER_SETS: see serving_api
         backend = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": picker.pool_name}
-        refused = {"matches": [{**served(path, method), "headers": [*served(path, method)["headers"], {
-            "type": "RegularExpression", "name": header, "value": ".*"}]}
-            for path, method in picker.routes for header in REFUSED_AT_THE_PICKER],
+        def with_header(match: dict, header: str) -> dict:
+            return {**match, "headers": [*match["headers"], {"type": "RegularExpression", "name": header, "value": ".*"}]}
+
+        refused = {"matches": [with_header(served(path, method), header)
+                               for path, method in picker.routes for header in REFUSED_AT_THE_PICKER],
             "filters": [{"type": "RequestRedirect", "requestRedirect": {
                 "path": {"type": "ReplaceFullPath", "replaceFullPath": PICKER_HEADER_REFUSED_PATH},
                 "statusCode": 302}}]}

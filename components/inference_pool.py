@@ -29,7 +29,6 @@ balancer's proxies and health checks to ext_proc and the metrics scrapers to 909
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
@@ -38,7 +37,7 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from vllm_gke.components.gateway import backend_defaults
-from vllm_gke.components.k8s_meta import CONTAINER_SECURITY, custom_resource, meta, vllm_health_check
+from vllm_gke.components.k8s_meta import CONTAINER_SECURITY, content_digest, custom_resource, meta, vllm_health_check
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.specs import ImageRef
 from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, release
@@ -146,7 +145,7 @@ class InferencePool(pulumi.ComponentResource):
                     # picker when its plugins change (it reads the file once, at start).
                     "metadata": {"labels": {**labels, "sidecar.istio.io/inject": "false"},
                                  "annotations": {"vllm-gke.io/config-sha256":
-                                                 hashlib.sha256(plugins.encode()).hexdigest()[:16]}},
+                                                 content_digest(plugins)}},
                     "spec": {
                         "serviceAccountName": epp,
                         # Outlast the longest vLLM drain, so in-flight picks complete.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Mapping, Optional
 
 import pulumi
@@ -50,6 +51,12 @@ def custom_resource(resource_name: str, api_version: str, kind: str, metadata: d
     return k8s.apiextensions.CustomResource(
         resource_name, api_version=api_version, kind=kind, metadata=metadata, spec=spec, opts=opts
     )
+
+
+def content_digest(text: str) -> str:
+    """A pod-template annotation value for a file a container reads once at start: a changed
+    file changes the template, so the pods roll."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def deny_all_ingress(resource_name: str, namespace: pulumi.Input[str], opts: pulumi.ResourceOptions) -> None:

@@ -16,14 +16,13 @@ If the store is down, each guard falls back to its own per-replica window (see t
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.k8s_meta import CONTAINER_SECURITY, custom_resource, meta
+from vllm_gke.components.k8s_meta import CONTAINER_SECURITY, content_digest, custom_resource, meta
 from vllm_gke.components.mesh_namespace import ISTIO_API
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.model_store import SERVER_SA
@@ -101,7 +100,7 @@ class LimitStore(pulumi.ComponentResource):
                 "template": {
                     # Redis reads its config once, at start: a changed config must roll the pod.
                     "metadata": {"labels": labels, "annotations": {
-                        "vllm-gke.io/config-sha256": hashlib.sha256(REDIS_CONF.encode()).hexdigest()[:16]}},
+                        "vllm-gke.io/config-sha256": content_digest(REDIS_CONF)}},
                     "spec": {
                         "automountServiceAccountToken": False,
                         "securityContext": {"runAsNonRoot": True, "runAsUser": REDIS_UID, "runAsGroup": REDIS_UID,

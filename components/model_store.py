@@ -9,7 +9,6 @@ on Hyperdisk ML disks GKE Volume Populator fills from it (HyperdiskWeights).
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from vllm_gke.components import gcs_weights
 from vllm_gke.components.catalog import populator_vcpus
 from vllm_gke.components.gcp_names import bucket_name, service_account_id, workload_principal
 from vllm_gke.components.hyperdisk_weights import HyperdiskWeights, HyperdiskWeightsArgs
-from vllm_gke.components.k8s_meta import WEIGHTS_READY_MARKER, custom_resource, deny_all_ingress, meta
+from vllm_gke.components.k8s_meta import WEIGHTS_READY_MARKER, content_digest, custom_resource, deny_all_ingress, meta
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.project_apis import ProjectApis
 from vllm_gke.components.specs import AdapterSpec, ImageRef, ModelSpec, WeightsSpec
@@ -303,7 +302,7 @@ class ModelStore(pulumi.ComponentResource):
             f"{name}-loader-program", metadata={**meta("weights-loader"), "namespace": ns_name},
             data={LOADER_PROGRAM.name: program}, opts=k8s_opts)
         # In the pod template, so a changed program re-runs the (immutable) Jobs.
-        program_hash = hashlib.sha256(program.encode()).hexdigest()[:16]
+        program_hash = content_digest(program)
 
         self.loader_jobs = {}
         for copy in weight_copies(args.models):

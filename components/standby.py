@@ -17,7 +17,6 @@ model's AuthorizationPolicies select it by the model label), so only tenants can
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional
@@ -25,7 +24,7 @@ from typing import Mapping, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.k8s_meta import BASE_LABELS, CONTAINER_SECURITY, MODEL_LABEL, POOL_LABEL, meta
+from vllm_gke.components.k8s_meta import BASE_LABELS, CONTAINER_SECURITY, MODEL_LABEL, POOL_LABEL, content_digest, meta
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.specs import ImageRef
 
@@ -103,7 +102,7 @@ class Standby(pulumi.ComponentResource):
                     "metadata": {"labels": {**BASE_LABELS, **labels},
                                  "annotations": {"proxy.istio.io/config": '{"holdApplicationUntilProxyStarts": true}',
                                                  "vllm-gke.io/program-sha256":
-                                                     hashlib.sha256(source.encode()).hexdigest()[:16]}},
+                                                     content_digest(source)}},
                     "spec": {
                         **({"serviceAccountName": args.service_account} if args.service_account else {}),
                         "automountServiceAccountToken": False,
