@@ -254,7 +254,7 @@ def picker_gets_what_it_parses(plan: Plan) -> list[str]:
 
 
 def picker_objective_is_the_tenants(plan: Plan) -> list[str]:
-    from vllm_gke.policies.route_match import HttpRequest, reach
+    from vllm_gke.policies.route_match import reach, sample_request
 
     out = []
     routes = _docs(plan, "HTTPRoute")
@@ -264,9 +264,8 @@ def picker_objective_is_the_tenants(plan: Plan) -> list[str]:
                        for h in m.get("headers") or []):
                 out.append(f"HTTPRoute {name}: the picker would read a client-chosen objective")
                 continue
-            headers = {h["name"]: (h["value"] if h.get("type", "Exact") == "Exact" else "0") for h in m["headers"]}
             for header in REFUSED_AT_THE_PICKER:
-                reached = reach(routes, HttpRequest(m["path"]["value"], "POST", {**headers, header: "x"}))
+                reached = reach(routes, sample_request(m, {header: "x"}))
                 if reached and any(b.get("kind") == "InferencePool" for b in reached.backends):
                     out.append(f"HTTPRoute {name}: a client's {header} reaches the picker")
     for objective in _docs(plan, "InferenceObjective"):

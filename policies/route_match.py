@@ -76,6 +76,15 @@ def holds(match: Mapping[str, Any], request: HttpRequest) -> bool:
             and _headers_hold(match, request.headers))
 
 
+def sample_request(match: Mapping[str, Any], extra: Mapping[str, str]) -> HttpRequest:
+    """A request that holds for `match` (its Exact path, method and header values; "0" for a
+    pattern, which the platform's content-length patterns accept), plus `extra` headers."""
+    headers = {str(h.get("name")): (str(h.get("value")) if h.get("type", "Exact") == "Exact" else "0")
+               for h in match.get("headers") or []}
+    path = (match.get("path") or {}).get("value", "/")
+    return HttpRequest(path, str(match.get("method") or "POST"), {**headers, **extra})
+
+
 def _rank(match: Mapping[str, Any]) -> tuple[int, int, int, int, int]:
     path = match.get("path") or {"type": "PathPrefix", "value": "/"}
     exact = 1 if path.get("type") == "Exact" else 0

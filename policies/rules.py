@@ -18,7 +18,7 @@ from vllm_gke.components.catalog import ACCELERATORS
 from vllm_gke.components.hyperdisk_weights import TRANSFER_COMPUTE_CLASS
 from vllm_gke.components.k8s_meta import COMPUTE_CLASS_LABEL
 from vllm_gke.policies.mesh_authz import Request, applicable, decide, for_token
-from vllm_gke.policies.route_match import HttpRequest, reach
+from vllm_gke.policies.route_match import reach, sample_request
 
 Level = Literal["advisory", "mandatory", "disabled"]
 LEVELS: tuple[Level, ...] = ("advisory", "mandatory", "disabled")
@@ -616,15 +616,6 @@ def inference_pools_served(resources: Sequence[Resource]) -> Iterator[Finding]:
                 yield route, f"{where(route)} sends to an InferencePool through {cls}: only regional classes serve pools"
 
 
-def _sample_request(match: Mapping[str, Any], extra: Mapping[str, str]) -> HttpRequest:
-    """A request that holds for `match` (its Exact path, method and header values; "0" for a
-    pattern, which the platform's content-length patterns accept), plus `extra` headers."""
-    headers = {str(h.get("name")): (str(h.get("value")) if h.get("type", "Exact") == "Exact" else "0")
-               for h in match.get("headers") or []}
-    path = (match.get("path") or {}).get("value", "/")
-    return HttpRequest(path, str(match.get("method") or "POST"), {**headers, **extra})
-
-
 def tenant_priorities_bound(resources: Sequence[Resource]) -> Iterator[Finding]:
     """A tenant's priority is its own. The picker reads a request as the client sent it (route
     header changes apply after ext_proc, envoy#15012), so a route to a pool must only admit
@@ -664,7 +655,7 @@ def tenant_priorities_bound(resources: Sequence[Resource]) -> Iterator[Finding]:
                               "applied after ext_proc it would drop or redirect the picker's choice")
             for match in rule.get("matches") or [{}]:
                 for header in REFUSED_AT_THE_PICKER:
-                    reached = reach(routes, _sample_request(match, {header: "x"}))
+                    reached = reach(routes, sample_request(match, {header: "x"}))
                     if reached is not None and any(_to_pool(b) for b in reached.backends):
                         yield route, f"{where(route)} passes the client's {header} to the endpoint picker"
             if (ns, objective) not in objectives:
