@@ -50,6 +50,12 @@ CPU_REQUEST_ANNOTATION = "volume-populator.datalayer.gke.io/cpu-request"
 # Hyperdisk ML takes 4 GiB to 64 TiB; room for the file system and tokenizer files.
 MIN_DISK_GIB = 8
 HEADROOM = 1.15
+# What of a disk the copied files may fill: the PD CSI driver formats ext4, whose inode tables
+# (1.6% at the default inode ratio), journal (up to 1 GiB) and possible 5% root reserve come off
+# the top. The loader refuses a selection above this, naming the key, instead of the populator
+# retrying a copy that can never fit.
+USABLE_SHARE = 0.93
+FS_OVERHEAD_GIB = 1.0
 # The populator can take as long as the data's size needs; Pulumi awaits a claim with Immediate
 # binding until it is Bound (pulumi-kubernetes #895/#3130), which here is after the copy.
 CLAIM_TIMEOUT_S = 4 * 3600
@@ -72,9 +78,11 @@ class WeightSet(Protocol):
     def weights_gb(self) -> float: ...
 
 
-def claim_name(ws: WeightSet, storage_class: str) -> str:
-    """Unique to what the disk holds and how it is provisioned: anything else is a new claim."""
-    identity = f"{ws.source}\n{ws.revision}\n{ws.directory}\n{storage_class}"
+def claim_name(ws: WeightSet, storage_class: str, reads: str) -> str:
+    """Unique to what the disk holds and how it is provisioned: anything else is a new claim. The
+    size is part of it: a claim's size cannot change while the populator fills it (the spec of an
+    unbound claim is immutable), so a raised diskGb must be a new claim."""
+    identity = f"{ws.source}\n{ws.revision}\n{ws.directory}\n{storage_class}\n{reads}\n{disk_size_gib(ws.weights_gb)}"
     digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
     # 63 characters at most: a name the populator may reuse in labels and Job names stays valid.
     slug = re.sub(r"[^a-z0-9-]+", "-", ws.key.lower()).strip("-")[:44].rstrip("-")
@@ -83,6 +91,12 @@ def claim_name(ws: WeightSet, storage_class: str) -> str:
 
 def disk_size_gib(weights_gb: float) -> int:
     return max(MIN_DISK_GIB, math.ceil(weights_gb * HEADROOM) + 1)
+
+
+def usable_gib(weights_gb: float) -> float:
+    """The most the loader may put in the folder the disk of `weights_gb` is filled from. With
+    diskGb set to the loaded size (what the loader asks for), the disk holds it."""
+    return disk_size_gib(weights_gb) * USABLE_SHARE - FS_OVERHEAD_GIB
 
 
 def bucket_folder(directory: str, mount_root: str) -> str:
@@ -127,6 +141,8 @@ class HyperdiskWeightsArgs:
     consumers: Mapping[str, tuple[pulumi.Input[str], Sequence[WeightSet]]]
     # weight set key -> the loader Job that writes it
     loaders: Mapping[str, pulumi.Resource]
+    # weight set key -> which files its loader selected (load_weights.py --reads)
+    reads: Mapping[str, str]
     mount_root: str
     throughput_mib_s: int = 2400
     populator_vcpus: int = 44
@@ -160,7 +176,7 @@ class HyperdiskWeights(pulumi.ComponentResource):
                 opts=child_opts(self, opts, depends_on=list(args.apis)))
             self.claims[key] = {}
             for ws in sets:
-                claim = claim_name(ws, class_name)
+                claim = claim_name(ws, class_name, args.reads[ws.key])
                 folder = bucket_folder(ws.directory, args.mount_root)
                 source = custom_resource(
                     f"{name}-{key}-{ws.key}-source", "datalayer.gke.io/v1", "GCPDataSource",

@@ -21,11 +21,12 @@ import pulumi_kubernetes as k8s
 from vllm_gke.components import gcs_weights
 from vllm_gke.components.catalog import populator_vcpus
 from vllm_gke.components.gcp_names import bucket_name, service_account_id, workload_principal
-from vllm_gke.components.hyperdisk_weights import HyperdiskWeights, HyperdiskWeightsArgs
+from vllm_gke.components.hyperdisk_weights import HyperdiskWeights, HyperdiskWeightsArgs, usable_gib
 from vllm_gke.components.k8s_meta import WEIGHTS_READY_MARKER, content_digest, custom_resource, deny_all_ingress, meta
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.project_apis import ProjectApis
 from vllm_gke.components.specs import AdapterSpec, ImageRef, ModelSpec, WeightsSpec
+from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
 
 SHARE_NAME = "models"
 MOUNT_PATH = "/models"
@@ -83,28 +84,35 @@ class WeightCopy:
     source: str
     revision: str
     directory: str
+    # GiB its files take on disk (the stack's diskGb, else an estimate).
     weights_gb: float
+    # The config key that sets weights_gb: what the loader names when the files do not fit.
+    size_key: str = "diskGb"
+    adapter: bool = False
 
     @property
     def marker(self) -> str:
         return f"{self.directory}/{WEIGHTS_READY_MARKER}"
 
 
-def model_copy(key: str, model: ModelSpec) -> WeightCopy:
-    return WeightCopy(key, model.name, model.source, model.revision, model_dir(model), model.weights_gb)
+def model_copy(key: str, model: ModelSpec, size_key: str = "diskGb") -> WeightCopy:
+    return WeightCopy(key, model.name, model.source, model.revision, model_dir(model), model.files_gb, size_key)
 
 
-def adapter_copies(model: ModelSpec) -> list[WeightCopy]:
+def adapter_copies(model: ModelSpec, key_prefix: str = "") -> list[WeightCopy]:
+    # The estimate: the GPU memory one adapter slot takes at the largest rank.
     return [WeightCopy(f"{model.name}-lora-{a.name}", model.name, a.source, a.revision, adapter_dir(model, a),
-                       model.lora_gb() / max(model.lora_slots, 1)) for a in model.adapters]
+                       a.disk_gb or model.lora_gb() / max(model.lora_slots, 1),
+                       f"{key_prefix}adapters[{j}].diskGb", adapter=True) for j, a in enumerate(model.adapters)]
 
 
 def weight_copies(models: Sequence[ModelSpec]) -> list[WeightCopy]:
     """Every copy on the share: each model, each canary's revision (its own directory beside the
-    current one), and each LoRA adapter."""
-    return [model_copy(m.name, m) for m in models] + \
-        [model_copy(f"{m.name}-canary", c) for m in models if (c := m.canary_model()) is not None] + \
-        [a for m in models for a in adapter_copies(m)]
+    current one), and each LoRA adapter; each names the key (models[i]...) that sizes it."""
+    return [model_copy(m.name, m, f"models[{i}].diskGb") for i, m in enumerate(models)] + \
+        [model_copy(f"{m.name}-canary", c, f"models[{i}].diskGb") for i, m in enumerate(models)
+         if (c := m.canary_model()) is not None] + \
+        [a for i, m in enumerate(models) for a in adapter_copies(m, f"models[{i}].")]
 
 
 def plan_filestore(models: Sequence[ModelSpec], weights: WeightsSpec) -> tuple[str, int]:
@@ -130,15 +138,29 @@ def filestore_capacity(tier: str, gb: int) -> int:
 
 LOADER_PROGRAM = Path(__file__).with_name("scripts") / "load_weights.py"
 LOADER_MOUNT = "/opt/vllm-gke-loader"
+# load_weights.py's EXIT_UNLOADABLE.
+LOADER_EXIT_UNLOADABLE = 3
 
 
-def loader_command(copy: WeightCopy) -> list[str]:
-    """The loader's argv: exec form, every value an argument (a shell never parses them)."""
+def reads(copy: WeightCopy, rel: VllmRelease) -> str:
+    """Which weight files vLLM opens in this copy (the loader's --reads)."""
+    return "adapter" if copy.adapter else rel.weights_rule
+
+
+def loader_command(copy: WeightCopy, rel: VllmRelease, max_gib: Optional[float] = None) -> list[str]:
+    """The loader's argv: exec form, every value an argument (a shell never parses them). With
+    max_gib (a Hyperdisk ML disk is filled from the folder) the loader refuses a selection that
+    does not fit, naming the key, and leaves nothing else in the folder."""
     program = f"{LOADER_MOUNT}/{LOADER_PROGRAM.name}"
     if copy.source.startswith("hf://"):
-        return ["python3", program, "hf", copy.source.removeprefix("hf://"), copy.revision, copy.directory,
+        argv = ["python3", program, "hf", copy.source.removeprefix("hf://"), copy.revision, copy.directory,
                 "--token-file", f"{HF_TOKEN_MOUNT}/token"]
-    return ["python3", program, "gcs", copy.source, copy.directory]
+    else:
+        argv = ["python3", program, "gcs", copy.source, copy.directory]
+    argv += ["--reads", reads(copy, rel), "--size-key", copy.size_key]
+    if max_gib is not None:
+        argv += ["--max-gib", f"{max_gib:.2f}", "--prune"]
+    return argv
 
 
 @dataclass
@@ -179,6 +201,8 @@ class ModelStoreArgs:
     apis: Optional[ProjectApis] = None
     # Protect the Filestore instance from deletion and replacement.
     protect: bool = True
+    # The vLLM release that reads the weights: which weight files the loaders copy.
+    vllm_release: VllmRelease = field(default_factory=lambda: release(DEFAULT_VLLM_VERSION))
 
 
 class ModelStore(pulumi.ComponentResource):
@@ -317,6 +341,10 @@ class ModelStore(pulumi.ComponentResource):
                 spec={
                     "backoffLimit": 4,
                     "activeDeadlineSeconds": 4 * 3600,
+                    # What no retry mends (the files do not fit, nothing vLLM loads) fails the
+                    # Job at once, so `pulumi up` stops with the loader's message.
+                    "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
+                        "containerName": "loader", "operator": "In", "values": [LOADER_EXIT_UNLOADABLE]}}]},
                     "template": {
                         "metadata": {"labels": {"vllm-gke.io/model": copy.model},
                                      # No mesh sidecar: it would keep the Job from completing.
@@ -326,13 +354,19 @@ class ModelStore(pulumi.ComponentResource):
                         "spec": {
                             "serviceAccountName": loader_sa.metadata.name,
                             "automountServiceAccountToken": False,
-                            "restartPolicy": "OnFailure",
+                            # Never: a pod failure policy needs it; a failed pod is retried
+                            # as a new pod up to backoffLimit.
+                            "restartPolicy": "Never",
                             "nodeSelector": dict(args.loader_node_selector),
                             "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                             "containers": [{
                                 "name": "loader",
                                 "image": image.uri,
-                                "command": loader_command(copy),
+                                "command": loader_command(
+                                    copy, args.vllm_release,
+                                    usable_gib(copy.weights_gb) if self.backend == "hyperdisk-ml" else None),
+                                # The error (the key to raise) shows in the pod's and Job's status.
+                                "terminationMessagePolicy": "FallbackToLogsOnError",
                                 "resources": {"requests": {"cpu": "2", "memory": "8Gi"},
                                               "limits": {"cpu": "4", "memory": "16Gi"}},
                                 # Root only to write the share's root-owned export; no capabilities.
@@ -365,6 +399,7 @@ class ModelStore(pulumi.ComponentResource):
                 zones=list(args.zones) or [args.zone], bucket=self.bucket.name,
                 workload_pool=args.workload_pool, project_number=number, provider=args.provider,
                 consumers=consumers, loaders=self.loader_jobs, mount_root=MOUNT_PATH,
+                reads={c.key: reads(c, args.vllm_release) for c in weight_copies(args.models)},
                 transfer_ready=list(args.transfer_ready),
                 throughput_mib_s=args.weights.hyperdisk_throughput_mib_s,
                 populator_vcpus=populator_vcpus(args.weights.populator_machine_type) or 44,

@@ -528,6 +528,9 @@ class AdapterSpec(Spec):
     revision: Revision = "main"
     # The adapter's LoRA rank (r); the model's --max-lora-rank is the largest of its adapters'.
     rank: int = 16
+    # GiB the adapter's files take on disk (default: estimated from the rank and the model's
+    # shape). Sizes its Hyperdisk ML disk; raise it when the loader says so.
+    disk_gb: Optional[float] = Field(default=None, gt=0)
     # Tenants allowed to call it; each must also be allowed the base model.
     tenants: list[Name] = Field(min_length=1)
 
@@ -559,6 +562,9 @@ class ModelSpec(Spec):
     shape: str | CustomShape
     # Weight dtype or quantisation.
     dtype: Literal["bfloat16", "float16", "fp8", "int8", "awq", "gptq"] = "bfloat16"
+    # GiB the files vLLM reads take on disk (default: paramsBillion x dtype bytes). Sizes the
+    # Hyperdisk ML disks and the Filestore share; raise it when the loader says so.
+    disk_gb: Optional[float] = Field(default=None, gt=0)
     # KV-cache dtype.
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     # GPUs one replica spans (whole GPUs only).
@@ -699,6 +705,11 @@ class ModelSpec(Spec):
     @property
     def weights_gb(self) -> float:
         return self.model_shape.params_billion * WEIGHT_BYTES[self.dtype]
+
+    @property
+    def files_gb(self) -> float:
+        """What the loaded files take on disk: the stack's figure, else the weights' estimate."""
+        return self.disk_gb or self.weights_gb
 
     @property
     def kv_bytes_per_token(self) -> int:

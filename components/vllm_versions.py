@@ -34,6 +34,10 @@ class VllmRelease:
 
     # Tenant routes whose request models take `cache_salt` (a per-request prefix-cache salt).
     cache_salt_paths: tuple[str, ...] = ()
+    # Which weight files the release's loader opens with load_format auto (the loader program's
+    # --reads): 0.34 prefers Mistral's consolidated*.safetensors where a repository has them
+    # (model_loader/default_loader.py:170-183), 0.11 reads the HF shards.
+    weights_rule: Literal["hf", "mistral-first"] = "hf"
 
     @property
     def picker_metrics(self) -> dict[str, str]:
@@ -54,7 +58,8 @@ RELEASES: dict[str, VllmRelease] = {
                           "vllm:kv_cache_usage_perc", shutdown_timeout_flag="--shutdown-timeout",
                           cache_salt_paths=("/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch",
                                             "/v1/responses", "/v1/messages", "/v1/embeddings", "/pooling", "/classify",
-                                            "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank")),
+                                            "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"),
+                          weights_rule="mistral-first"),
     "0.11.0": VllmRelease("0.11.0", "v0.11.0", "or", "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
                           "vllm:kv_cache_usage_perc",
                           cache_salt_paths=("/v1/completions", "/v1/chat/completions", "/v1/responses")),

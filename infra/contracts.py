@@ -20,6 +20,7 @@ from vllm_gke.components.hyperdisk_weights import CPU_REQUEST_ANNOTATION, MIN_GK
 from vllm_gke.components.inference_pool import EPP_IMAGE, EXT_PROC_PORT, EPP_UID, HEALTH_PORT, METRICS_PORT
 from vllm_gke.components.k8s_meta import COMPUTE_CLASS_LABEL
 from vllm_gke.components.keda import CHART_VERSION, METRICS_SERVER_PORT, OPERATOR_SA, WEBHOOK_PORT
+from vllm_gke.components.model_store import LOADER_PROGRAM
 from vllm_gke.components.serving_api import PICKER_PATHS, REFUSED_AT_THE_PICKER, SIDECAR_PEER
 from vllm_gke.components.specs import gke_version
 from vllm_gke.components.vllm_versions import release
@@ -437,6 +438,23 @@ def kubectl_cache_is_writable(plan: Plan) -> list[str]:
     return out
 
 
+# --- vLLM weight loading -----------------------------------------------------------------------------
+
+def loader_copies_what_vllm_opens(plan: Plan) -> list[str]:
+    """Each loader Job selects by the pinned release's rule (models) or vLLM's adapter rule."""
+    out, rule = [], release(plan.config.vllm_version).weights_rule
+    for job in _docs(plan, "Job"):
+        for c in job["spec"]["template"]["spec"].get("containers", []):
+            argv = [str(a) for a in c.get("command") or []]
+            if not any(a.endswith("/" + LOADER_PROGRAM.name) for a in argv):
+                continue
+            wanted = "adapter" if ".adapters[" in (_flag(argv, "--size-key") or "") else rule
+            if _flag(argv, "--reads") != wanted:
+                out.append(f"{job['metadata']['name']}: loads by rule {_flag(argv, '--reads')}, "
+                           f"but vLLM {plan.config.vllm_version} opens by {wanted}")
+    return out
+
+
 # --- GKE Volume Populator -----------------------------------------------------------------------------
 
 def populator_inputs(plan: Plan) -> list[str]:
@@ -614,6 +632,16 @@ CONTRACTS: tuple[Contract, ...] = (
              "kubernetes/cli-runtime@v0.33.5:pkg/genericclioptions/config_flags.go:303-309; "
              "kubernetes/client-go@v0.33.5:util/homedir/homedir.go:91",
              "KUBECACHEDIR on an emptyDir shared by the mesh-readiness Job's containers", kubectl_cache_is_writable),
+    Contract("vLLM", "0.34.0",
+             "with load_format auto a model folder holding top-level consolidated*.safetensors loads those "
+             "(filtered by consolidated.safetensors.index.json), else the first of *.safetensors, *.bin, *.pt "
+             "(safetensors filtered by model.safetensors.index.json); a LoRA adapter opens the first of "
+             "adapter_model.safetensors, .bin, .pt",
+             "vllm-project/vllm@v0.34.0:vllm/model_executor/model_loader/default_loader.py:170-258; "
+             "vllm/lora/lora_model.py:243-245",
+             "each loader Job copies the config and tokenizer files and only the weights that rule opens "
+             "(--reads, VllmRelease.weights_rule), so a disk sized for them holds them",
+             loader_copies_what_vllm_opens),
     Contract("GKE Volume Populator", "GKE-managed",
              "a GCPDataSource (cloudStorage uri of a folder, serviceAccountName) beside its claim; transfer Jobs "
              "on nodes of compute class gcs-to-hdml-compute-class, sized by volume-populator.datalayer.gke.io/"

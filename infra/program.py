@@ -128,7 +128,8 @@ def build(cfg: StackConfig) -> Platform:
         workload_pool=cluster.workload_pool, models=cfg.models, weights=cfg.weights,
         server_image=cfg.server_image, provider=provider, consumer_namespaces=consumers,
         consumer_models=consumer_models(cfg), zones=cfg.cluster.zones, transfer_ready=cluster.transfer_ready,
-        instance_name=f"{cfg.cluster.name}-weights", apis=apis, protect=cfg.cluster.deletion_protection))
+        instance_name=f"{cfg.cluster.name}-weights", apis=apis, protect=cfg.cluster.deletion_protection,
+        vllm_release=release(cfg.vllm_version)))
     platform = Platform(apis=apis, cluster=cluster, mesh=mesh, serving=serving, store=store,
                         keda=keda, tenants=tenants)
 

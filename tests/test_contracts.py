@@ -157,6 +157,11 @@ def _writable_root_without_tmp(plan):
     c["volumeMounts"] = [m for m in c["volumeMounts"] if m["mountPath"] != "/tmp"]
 
 
+def _loader_reads_every_format(plan):
+    argv = _container(plan, "Job", "load-mistral-7b")["command"]
+    argv[argv.index("--reads") + 1] = "hf"
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_owns_external_metrics": ("dev", _add_external_apiservice, "second owner"),
     "keda_ports_open_on_private_clusters": ("prod", _no_firewall, "tcp:6443, 9443"),
@@ -182,6 +187,7 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "gcsfuse_sidecar_with_the_mesh": ("staging", _fuse_through_envoy, "metadata-server calls go through Envoy"),
     "redis_writes_nothing_and_scripts_obey_the_acl": ("prod", _persistent_redis, "keeps persistence on"),
     "kubectl_cache_is_writable": ("dev", _kubectl_without_cache, "not on a writable volume"),
+    "loader_copies_what_vllm_opens": ("staging", _loader_reads_every_format, "opens by mistral-first"),
     "populator_inputs": ("hyperdisk", _claim_without_cpu_request, "volume-populator.datalayer.gke.io/cpu-request"),
     "picker_finds_the_objectives": ("staging", _objective_elsewhere, "names no InferencePool"),
     "vllm_exports_what_monitoring_reads": ("dev", _dashboard_reads_a_gone_gauge, "vllm:gpu_cache_usage_perc"),

@@ -41,7 +41,7 @@ def run_loader(container, tmp_path: Path, env_from_pod=True, extra_env=None) -> 
         env.update({e["name"]: e["value"] for e in container["env"] if "value" in e})
     argv = [a.replace("/models/", f"{tmp_path}/models/").replace("/var/run/secrets/hf", str(tmp_path / "secrets"))
             for a in container["command"]]
-    argv[0:2] = [sys.executable, str(PROGRAM)]
+    argv[0:2] = [sys.executable, str(HUB / "run_loader.py"), str(PROGRAM)]
     return subprocess.run(argv, env=env, capture_output=True, text=True)
 
 
@@ -69,13 +69,15 @@ def test_loader_downloads_under_the_server_image_environment(plans, tmp_path):
     # A mutable revision is resolved once, downloaded exactly, and the commit recorded.
     assert marker["source"] == "hf://Qwen/Qwen2.5-7B-Instruct" and marker["revision"] == "main"
     assert marker["commit"] == "0123456789abcdef0123456789abcdef01234567"
-    info, download = hub_calls(tmp_path)
-    assert download["revision"] == marker["commit"]
-    assert download["ignore_patterns"] == ["original/*", "*.pth"] and download["token"] == "hf_fromsecretmanager"
-    assert (dest / "config.json").exists()
-    # Run again (a re-created Job): the marker stops it before any download.
+    info, index, download = hub_calls(tmp_path)
+    assert info["files_metadata"] and index["filename"] == "model.safetensors.index.json"
+    assert download["revision"] == index["revision"] == marker["commit"]
+    assert download["token"] == "hf_fromsecretmanager"
+    assert (dest / "config.json").exists() and (dest / "model-00004-of-00004.safetensors").exists()
+    assert marker["reads"] == "mistral-first" and marker["files"] == 14
+    # Run again (a re-created Job): the marker stops it before any call to the Hub.
     assert run_loader(container, tmp_path).returncode == 0
-    assert len(hub_calls(tmp_path)) == 2
+    assert len(hub_calls(tmp_path)) == 3
 
 
 def test_the_image_environment_alone_would_stop_the_download(plans, tmp_path):
@@ -84,24 +86,6 @@ def test_the_image_environment_alone_would_stop_the_download(plans, tmp_path):
     result = run_loader(loader_container(plans["dev"]), tmp_path, env_from_pod=False)
     assert result.returncode != 0 and "offline" in result.stderr
     assert not (tmp_path / "models/qwen-7b/main/.vllm-gke-complete").exists()
-
-
-def test_gcs_loader_syncs_then_marks(plan_variant, tmp_path):
-    def to_gcs(values):
-        values["vllm-gke:models"][0]["source"] = "gs://acme-models/qwen2.5-7b"
-    container = loader_container(plan_variant("dev", to_gcs))
-    assert container["command"][2:4] == ["gcs", "gs://acme-models/qwen2.5-7b"]
-    gcloud = tmp_path / "bin" / "gcloud"
-    gcloud.parent.mkdir()
-    gcloud.write_text('#!/bin/sh\necho "$@" > "$FAKE_GCLOUD_LOG"\nfor last; do :; done\necho {} > "$last/config.json"\n')
-    gcloud.chmod(0o755)
-    env = {"PATH": f"{gcloud.parent}:{os.environ['PATH']}", "FAKE_GCLOUD_LOG": str(tmp_path / "gcloud.log")}
-    result = run_loader(container, tmp_path, extra_env=env)
-    assert result.returncode == 0, result.stderr
-    assert (tmp_path / "gcloud.log").read_text().split()[:4] == ["storage", "rsync", "--recursive",
-                                                                 "gs://acme-models/qwen2.5-7b"]
-    assert json.loads((tmp_path / "models/qwen-7b/main/.vllm-gke-complete").read_text())["source"] == \
-        "gs://acme-models/qwen2.5-7b"
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -237,7 +237,7 @@ def test_a_new_throughput_or_zone_is_a_new_class_and_new_disks(plan):
 
 def test_weight_set_names_are_valid_and_sizes_hold_the_data():
     ws = WeightCopy("A_very.Long-model-name-" + "x" * 80, "m", "hf://org/m", "main", "/models/m/main", 141.2)
-    name = claim_name(ws, "vllm-gke-hyperdisk-ml-0123abcd")
+    name = claim_name(ws, "vllm-gke-hyperdisk-ml-0123abcd", "mistral-first")
     assert len(name) <= 63 and name == name.lower() and name[0].isalpha() and name[-1].isalnum()
     assert disk_size_gib(141.2) >= 141.2 * 1.1
     assert disk_size_gib(0.1) == 8  # Hyperdisk ML's 4 GiB floor, and room

@@ -13,6 +13,7 @@ from vllm_gke.components.provider.types import ImageRef, ModelSpec, WeightsSpec
 from vllm_gke.components.specs import ImageRef as ImageModel
 from vllm_gke.components.specs import ModelSpec as ModelModel
 from vllm_gke.components.specs import WeightsSpec as WeightsModel
+from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
 
 
 class ModelStoreInputs(TypedDict):
@@ -42,6 +43,8 @@ class ModelStoreInputs(TypedDict):
     """The Filestore instance's name (default <name>-weights)."""
     protect: NotRequired[bool]
     """Protect the share from deletion and replacement (default true)."""
+    vllm_version: NotRequired[str]
+    """The vLLM release that serves the weights: which weight files the loaders copy (default the newest supported)."""
 
 
 class ModelStore(pulumi.ComponentResource):
@@ -64,6 +67,9 @@ class ModelStore(pulumi.ComponentResource):
         models = to_specs(ModelModel, args.get("models"), "ModelStore", "models")
         weights = to_spec(WeightsModel, args.get("weights"), "ModelStore", "weights")
         image = to_spec(ImageModel, args.get("server_image"), "ModelStore", "server_image")
+        version = args.get("vllm_version") or DEFAULT_VLLM_VERSION
+        if version not in RELEASES:
+            raise InputError(f"ModelStore.vllmVersion: vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
         if weights.backend != "filestore":
             # Those backends give each pod its own volumes (a bucket mount, a claim per weight set),
             # which the provider's VllmService does not take: its pods would mount a claim that
@@ -75,7 +81,8 @@ class ModelStore(pulumi.ComponentResource):
             workload_pool=args["workload_pool"], models=models, weights=weights, server_image=image,
             provider=kubernetes_provider(name, args["kubeconfig"], self),
             consumer_namespaces=dict(args.get("consumer_namespaces") or {}),
-            instance_name=args.get("instance_name"), protect=args.get("protect", True)),
+            instance_name=args.get("instance_name"), protect=args.get("protect", True),
+            vllm_release=RELEASES[version]),
             opts=pulumi.ResourceOptions(parent=self))
         self.filestore_tier = pulumi.Output.from_input(inner.tier)
         self.capacity_gb = pulumi.Output.from_input(inner.capacity_gb)

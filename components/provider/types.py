@@ -194,6 +194,8 @@ class AdapterSpec(TypedDict):
     """Git branch, tag or commit of the source. Default: main."""
     rank: NotRequired[int]
     """The adapter's LoRA rank (r); the model's --max-lora-rank is the largest of its adapters'. Default: 16."""
+    disk_gb: NotRequired[float]
+    """GiB the adapter's files take on disk (default: estimated from the rank and the model's shape). Sizes its Hyperdisk ML disk; raise it when the loader says so."""
     tenants: list[str]
     """Tenants allowed to call it; each must also be allowed the base model."""
 
@@ -213,6 +215,8 @@ class ModelSpec(TypedDict):
     """The structured form of `shape` (give one of the two). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b)."""
     dtype: NotRequired[str]
     """Weight dtype or quantisation. One of: bfloat16, float16, fp8, int8, awq, gptq. Default: bfloat16."""
+    disk_gb: NotRequired[float]
+    """GiB the files vLLM reads take on disk (default: paramsBillion x dtype bytes). Sizes the Hyperdisk ML disks and the Filestore share; raise it when the loader says so."""
     kv_cache_dtype: NotRequired[str]
     """KV-cache dtype. One of: auto, fp8. Default: auto."""
     tensor_parallel_size: NotRequired[int]
