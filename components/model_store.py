@@ -9,6 +9,7 @@ on Hyperdisk ML disks GKE Volume Populator fills from it (HyperdiskWeights).
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,8 +46,6 @@ REGIONAL_TIERS = frozenset({"REGIONAL"})
 # A statically bound NFS volume's size is nominal: the kubelet never enforces it. Tying it to the
 # share's capacity would turn every resize (adding a model) into a change of an immutable field.
 NOMINAL_VOLUME_SIZE = "1Gi"
-# Below this much weight data a 100 MiB/s HDD share is fine; above it, loads need SSD throughput.
-HDD_LIMIT_GB = 100
 HEADROOM = 1.3  # tokenizer files, a second revision during a roll-forward
 
 
@@ -116,9 +115,11 @@ def weight_copies(models: Sequence[ModelSpec]) -> list[WeightCopy]:
 
 
 def plan_filestore(models: Sequence[ModelSpec], weights: WeightsSpec) -> tuple[str, int]:
-    """Tier and capacity (GiB) for the share: the tier's minimum or the weights plus headroom."""
+    """Tier and capacity (GiB) for the share: the tier's minimum or the weights plus headroom. The
+    tier is the config's alone: one chosen from the models would replace the share when a model
+    is added (a tier cannot change in place)."""
     total = sum(c.weights_gb for c in weight_copies(models))
-    tier = weights.tier if weights.tier != "auto" else ("BASIC_HDD" if total <= HDD_LIMIT_GB else "ZONAL")
+    tier = weights.tier
     capacity = filestore_capacity(tier, max(TIER_MIN_GB[tier], math.ceil(total * HEADROOM), weights.capacity_gb or 0))
     return tier, capacity
 
@@ -134,6 +135,18 @@ def filestore_capacity(tier: str, gb: int) -> int:
     if tier in ("ZONAL", "REGIONAL") and gb > LOW_RANGE_MAX_GB:
         return max(HIGH_RANGE_MIN_GB, math.ceil(gb / HIGH_RANGE_STEP_GB) * HIGH_RANGE_STEP_GB)
     return math.ceil(gb / 256) * 256
+
+
+def share_identity(instance_name: str, tier: str, location: str) -> str:
+    """A digest of what Filestore cannot change in place (tier, location) and the name it was asked
+    for: the instance and its PVs and PVCs are named by it, so a change is a new share beside the
+    old one, with new claims the servers roll onto (once loaded) before the old ones are deleted."""
+    return hashlib.sha256(f"{instance_name}\n{tier}\n{location}".encode()).hexdigest()[:6]
+
+
+def share_instance_name(instance_name: str, identity: str) -> str:
+    """Filestore instance ids: a lowercase letter first, at most 63 characters, no trailing '-'."""
+    return f"{instance_name[:63 - len(identity) - 1].rstrip('-')}-{identity}"
 
 
 LOADER_PROGRAM = Path(__file__).with_name("scripts") / "load_weights.py"
@@ -209,6 +222,7 @@ class ModelStore(pulumi.ComponentResource):
     instance: gcp.filestore.Instance
     server_ip: pulumi.Output[str]
     loader_jobs: dict[str, k8s.batch.v1.Job]
+    # The read-only claim in each consumer namespace (Filestore: named by the share's identity).
     claim_name: str = CLAIM_NAME
 
     def __init__(self, name: str, args: ModelStoreArgs, opts: Optional[pulumi.ResourceOptions] = None):
@@ -229,15 +243,20 @@ class ModelStore(pulumi.ComponentResource):
         self.tier, self.capacity_gb = plan_filestore(args.models, args.weights) if self.backend == "filestore" \
             else (self.backend, math.ceil(sum(c.weights_gb for c in weight_copies(args.models))))
         self.hyperdisk: Optional[HyperdiskWeights] = None
+        self.share_identity = ""
         self.server_ip: pulumi.Output[str] = pulumi.Output.from_input("")
         if self.backend == "filestore":
             self.location = args.region if self.tier in REGIONAL_TIERS else args.zone
+            self.share_identity = share_identity(instance_name, self.tier, self.location)
+            self.claim_name = f"{CLAIM_NAME}-{self.share_identity}"
             self.instance = gcp.filestore.Instance(
-                f"{name}-filestore", name=instance_name, project=args.project, location=self.location,
+                f"{name}-filestore", name=share_instance_name(instance_name, self.share_identity),
+                project=args.project, location=self.location,
                 tier=self.tier,
                 file_shares={"name": SHARE_NAME, "capacity_gb": self.capacity_gb},
                 networks=[{"network": args.network_name, "modes": ["MODE_IPV4"]}],
-                # Losing the share means reloading every model: a tier change re-creates it, so make
+                # Losing the share means reloading every model: a tier or zone change re-creates it
+                # (a new name, so the new share is made and loaded before the old one goes), so make
                 # that an explicit decision (`pulumi state unprotect`), not a side effect.
                 opts=child_opts(self, opts, protect=args.protect,
                                 depends_on=apis.needs("file.googleapis.com") if apis else []))
@@ -447,7 +466,9 @@ class ModelStore(pulumi.ComponentResource):
                read_only: bool) -> k8s.core.v1.PersistentVolumeClaim:
         """A PV onto the share and the PVC bound to it; a PV binds one claim, so one pair per namespace."""
         mode = "ReadOnlyMany" if read_only else "ReadWriteMany"
-        pv_name = f"{self.instance_name}-{key}"
+        # Named by the share's identity: a new share gets new volumes and claims, created beside
+        # the old ones (a PV's source and a bound claim cannot change), so pods roll onto them.
+        pv_name = f"{self.instance_name}-{self.share_identity}-{key}"
         opts = child_opts(self, self._opts, provider=args.provider)
         pv = k8s.core.v1.PersistentVolume(
             f"{name}-pv-{key}",
@@ -463,7 +484,8 @@ class ModelStore(pulumi.ComponentResource):
             opts=opts)
         return k8s.core.v1.PersistentVolumeClaim(
             f"{name}-pvc-{key}",
-            metadata={**meta(CLAIM_NAME if read_only else f"{CLAIM_NAME}-rw"), "namespace": namespace},
+            metadata={**meta(self.claim_name if read_only else f"{CLAIM_NAME}-rw-{self.share_identity}"),
+                      "namespace": namespace},
             spec={
                 "accessModes": [mode],
                 "storageClassName": "",

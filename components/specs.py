@@ -9,7 +9,7 @@ that names the fix; cross-field rules live in infra/config.py.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import (
     AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator,
@@ -889,9 +889,19 @@ class WeightsSpec(Spec):
     cold_start_budget_seconds: int = Field(default=900, ge=60, le=7200)
     # The weights store's read throughput, MiB/s, as measured (overrides the documented figure).
     read_throughput_mib_s: Optional[float] = Field(default=None, gt=0, alias="readThroughputMiBps")
-    # REGIONAL replicates across the region's zones: the share survives a zone outage, which a
-    # zonal tier serving a multi-zone cluster does not.
-    tier: Literal["auto", "BASIC_HDD", "BASIC_SSD", "ZONAL", "REGIONAL"] = "auto"
+    # The Filestore tier, fixed for the share's life (a change re-creates it). REGIONAL replicates
+    # across the region's zones: the share survives a zone outage, which a zonal tier serving a
+    # multi-zone cluster does not. BASIC_HDD reads at 100 MiB/s whatever its size.
+    tier: Literal["BASIC_HDD", "BASIC_SSD", "ZONAL", "REGIONAL"] = "ZONAL"
+
+    @field_validator("tier", mode="before")
+    @classmethod
+    def _tier(cls, v: Any) -> Any:
+        if v == "auto":
+            raise ValueError("'auto' is no longer a tier: it chose BASIC_HDD or ZONAL from the models' total size, so "
+                             "adding a model re-created the share. Set the tier the share has: BASIC_HDD if it was "
+                             "made while the weights totalled 100 GB or less, else ZONAL")
+        return v
 
     @field_validator("populator_machine_type")
     @classmethod

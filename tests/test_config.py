@@ -231,3 +231,9 @@ def test_cli_reports_config_errors_without_traceback(tmp_path, stack_values):
     out = proc.stdout + proc.stderr
     assert "vllm-gke:nodePools[0].gpuPartitionSize" in out and "3g.20gb" in out
     assert "Traceback" not in out
+
+
+def test_a_tier_chosen_by_size_is_refused_with_the_fix(dev_values):
+    dev_values["vllm-gke:weights"]["tier"] = "auto"
+    message = one_issue(dev_values)
+    assert "weights.tier" in message and "BASIC_HDD" in message and "ZONAL" in message and "re-created" in message

@@ -147,7 +147,7 @@ def test_plan_warns_about_a_zonal_share_behind_a_multi_zone_cluster(plan_variant
         del values["vllm-gke:weights"]
     staging = plan_variant("staging", on_filestore)
     warnings = plan_warnings(staging.config, staging.platform.store.tier)
-    assert any("zonal BASIC_HDD Filestore" in w and "REGIONAL" in w for w in warnings)
+    assert any("zonal ZONAL Filestore" in w and "REGIONAL" in w for w in warnings)
     prod = plan_warnings(plans["prod"].config, plans["prod"].platform.store.tier)
     assert not any("Filestore" in w for w in prod)
     # A bucket is regional: staging as shipped (weights.backend gcs) gets no such warning.

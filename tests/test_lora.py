@@ -120,7 +120,7 @@ def test_share_is_sized_for_the_adapters_too():
     heavy = MODEL.model_copy(update={"max_loras": 2, "adapters": [
         a.model_copy(update={"rank": 512}) for a in MODEL.adapters]})
     assert heavy.lora_gb() > MODEL.lora_gb()
-    tier, _ = plan_filestore([heavy], WeightsSpec())
+    tier, _ = plan_filestore([heavy], WeightsSpec(tier="BASIC_HDD"))
     assert tier == "BASIC_HDD"
     from vllm_gke.components.model_store import weight_copies
 

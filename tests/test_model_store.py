@@ -8,7 +8,7 @@ import pytest
 
 from vllm_gke.components.model_store import plan_filestore
 from vllm_gke.components.specs import CanarySpec, ModelSpec, WeightsSpec
-from tests.conftest import manifests_of, props_of
+from tests.conftest import manifests_of, props_of, vllm_deployments
 
 
 def test_one_filestore_instance_per_stack(plans):
@@ -33,11 +33,14 @@ def _model(params: float) -> ModelSpec:
                                                         "kv_heads": 1, "head_dim": 1}, node_pool="p")
 
 
-@pytest.mark.parametrize("params,tier,capacity", [
-    (7, "BASIC_HDD", 1024), (50, "BASIC_HDD", 1024), (51, "ZONAL", 1024), (600, "ZONAL", 1792),
+@pytest.mark.parametrize("params,tier,expected", [
+    (7, None, ("ZONAL", 1024)), (600, None, ("ZONAL", 1792)),
+    # The config's tier, whatever the models weigh: a tier that followed their size re-created the share.
+    (7, "BASIC_HDD", ("BASIC_HDD", 1024)), (600, "BASIC_HDD", ("BASIC_HDD", 1792)),
 ])
-def test_plan_filestore(params, tier, capacity):
-    assert plan_filestore([_model(params)], WeightsSpec()) == (tier, capacity)
+def test_plan_filestore(params, tier, expected):
+    weights = WeightsSpec() if tier is None else WeightsSpec(tier=tier)
+    assert plan_filestore([_model(params)], weights) == expected
 
 
 def test_a_canary_revision_is_a_second_copy_on_the_share():
@@ -58,14 +61,15 @@ def test_serving_volumes_are_read_only_many_onto_the_share(plans):
     pvs = {m["metadata"]["name"]: m["spec"] for m in manifests_of(plan, "PersistentVolume")}
     ro = {k: v for k, v in pvs.items() if v["accessModes"] == ["ReadOnlyMany"]}
     # the serving namespace plus the one tenant with dedicated replicas
-    assert set(ro) == {"vllm-prod-weights-serving", "vllm-prod-weights-analytics"}
+    share = plan.platform.store.share_identity
+    assert set(ro) == {f"vllm-prod-weights-{share}-serving", f"vllm-prod-weights-{share}-analytics"}
     for spec in ro.values():
         assert spec["nfs"] == {"server": "198.51.100.2", "path": "/models", "readOnly": True}
     claims = {(m["metadata"]["namespace"], m["metadata"]["name"]): m["spec"]
               for m in manifests_of(plan, "PersistentVolumeClaim")}
-    assert claims[("vllm", "model-weights")]["volumeName"] == "vllm-prod-weights-serving"
-    assert claims[("tenant-analytics", "model-weights")]["accessModes"] == ["ReadOnlyMany"]
-    assert claims[("vllm-gke-system", "model-weights-rw")]["accessModes"] == ["ReadWriteMany"]
+    assert claims[("vllm", f"model-weights-{share}")]["volumeName"] == f"vllm-prod-weights-{share}-serving"
+    assert claims[("tenant-analytics", f"model-weights-{share}")]["accessModes"] == ["ReadOnlyMany"]
+    assert claims[("vllm-gke-system", f"model-weights-rw-{share}")]["accessModes"] == ["ReadWriteMany"]
 
 
 def test_one_loader_job_per_model_reading_token_from_secret_manager(plans):
@@ -123,7 +127,7 @@ def test_volume_size_is_independent_of_the_share(plans, plan_variant):
     def add_model(values):
         values["vllm-gke:models"].append({**values["vllm-gke:models"][0], "name": "qwen-7b-b"})
         values["vllm-gke:nodePools"][0]["maxNodes"] = 2
-        values["vllm-gke:weights"] = {"capacityGb": 4096}
+        values["vllm-gke:weights"]["capacityGb"] = 4096
     before, after = plans["dev"], plan_variant("dev", add_model)
     (fs_before,), (fs_after,) = (props_of(p, "gcp:filestore/instance:Instance") for p in (before, after))
     assert fs_before["fileShares"]["capacityGb"] < fs_after["fileShares"]["capacityGb"]
@@ -197,3 +201,63 @@ def test_a_share_near_the_top_of_its_range_is_warned_about(stack_values):
     cfg = parse(copy.deepcopy(stack_values["prod"]))
     assert [w for w in plan_warnings(cfg, "ZONAL", 9728) if "cannot grow past it in place" in w]
     assert not [w for w in plan_warnings(cfg, "ZONAL", 4096) if "cannot grow past it in place" in w]
+
+
+def _share(plan):
+    (fs,) = props_of(plan, "gcp:filestore/instance:Instance")
+    claims = {(m["metadata"]["namespace"], m["metadata"]["name"]) for m in manifests_of(plan, "PersistentVolumeClaim")}
+    pvs = {m["metadata"]["name"] for m in manifests_of(plan, "PersistentVolume")}
+    mounted = {v["persistentVolumeClaim"]["claimName"] for d in vllm_deployments(plan)
+               for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == "weights"}
+    loaders = {v["persistentVolumeClaim"]["claimName"] for j in manifests_of(plan, "Job", "vllm-gke-system")
+               for v in j["spec"]["template"]["spec"]["volumes"] if v["name"] == "weights"}
+    return fs, claims, pvs, mounted, loaders
+
+
+def test_adding_a_large_model_keeps_the_share_and_its_claims(plans, plan_variant):
+    """The tier is the config's: 900 GB more weights (once over auto's 100 GB line to ZONAL) grow the
+    share in place, nothing is re-created."""
+    def add_70b(values):
+        values["vllm-gke:models"].append({**values["vllm-gke:models"][0], "name": "big", "diskGb": 900})
+        values["vllm-gke:nodePools"][0]["maxNodes"] = 8
+    before, after = _share(plans["dev"]), _share(plan_variant("dev", add_70b))
+    assert (before[0]["name"], before[0]["tier"], before[0]["location"]) == \
+        (after[0]["name"], after[0]["tier"], after[0]["location"])
+    assert after[0]["fileShares"]["capacityGb"] > before[0]["fileShares"]["capacityGb"]
+    assert before[1:3] == after[1:3] and before[3] <= after[3]
+
+
+@pytest.mark.parametrize("change", ["tier", "zone"])
+def test_a_new_share_comes_up_beside_the_old_one_and_pods_roll_onto_it(plans, plan_variant, change):
+    """A tier or zone change re-creates the share: under new names (instance, PVs, PVCs) nothing is
+    deleted first, the loaders re-run onto the new share, and the servers' claim changes, so they
+    roll onto it; the old claims, still in use until then, go after."""
+    def move(values):
+        if change == "tier":
+            values["vllm-gke:weights"]["tier"] = "ZONAL"
+        else:
+            values["vllm-gke:cluster"]["zones"] = ["us-central1-b"]
+    old, new = _share(plans["dev"]), _share(plan_variant("dev", move))
+    assert old[0]["name"] != new[0]["name"]
+    for before, after in zip(old[1:], new[1:]):
+        assert before and after and not before & after
+    (claim,) = new[3]
+    assert ("vllm", claim) in new[1]
+    (rw,) = new[4]
+    assert ("vllm-gke-system", rw) in new[1]
+
+
+def test_the_share_and_its_claims_are_not_deleted_before_they_are_replaced(plans):
+    plan = plans["dev"]
+    share = [r for r in plan.resources if r.type in ("gcp:filestore/instance:Instance",)
+             or r.props.get("kind") in ("PersistentVolume", "PersistentVolumeClaim")]
+    assert len(share) == 5 and not any(r.delete_before_replace for r in share)
+
+
+def test_filestore_instance_names_stay_valid():
+    from vllm_gke.components.model_store import share_identity, share_instance_name
+
+    identity = share_identity("c" * 70, "ZONAL", "us-central1-a")
+    name = share_instance_name("c" * 70, identity)
+    assert len(name) == 63 and name.endswith(f"-{identity}")
+    assert share_identity("a", "ZONAL", "us-central1-a") != share_identity("a", "ZONAL", "us-central1-b")

@@ -58,7 +58,8 @@ def test_weights_are_mounted_read_only_and_never_downloaded(plans):
             pod = dep["spec"]["template"]["spec"]
             (claim,) = [v for v in pod["volumes"] if v["name"] == "weights"]
             if plan.config.weights.backend == "filestore":
-                assert claim["persistentVolumeClaim"] == {"claimName": "model-weights", "readOnly": True}
+                share = plan.platform.store.share_identity
+                assert claim["persistentVolumeClaim"] == {"claimName": f"model-weights-{share}", "readOnly": True}
             else:
                 assert claim["csi"]["readOnly"] is True
             for c in pod["containers"] + pod["initContainers"]:

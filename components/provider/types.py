@@ -350,7 +350,7 @@ class WeightsSpec(TypedDict):
     read_throughput_mib_s: NotRequired[float]
     """The weights store's read throughput, MiB/s, as measured (overrides the documented figure)."""
     tier: NotRequired[str]
-    """REGIONAL replicates across the region's zones: the share survives a zone outage, which a zonal tier serving a multi-zone cluster does not. One of: auto, BASIC_HDD, BASIC_SSD, ZONAL, REGIONAL. Default: auto."""
+    """The Filestore tier, fixed for the share's life (a change re-creates it). REGIONAL replicates across the region's zones: the share survives a zone outage, which a zonal tier serving a multi-zone cluster does not. BASIC_HDD reads at 100 MiB/s whatever its size. One of: BASIC_HDD, BASIC_SSD, ZONAL, REGIONAL. Default: ZONAL."""
     capacity_gb: NotRequired[int]
     """Filestore capacity, GiB; default: the tier's minimum or the weights plus headroom."""
     secret_manager_secret: NotRequired[str]
