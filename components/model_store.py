@@ -23,7 +23,7 @@ from vllm_gke.components import gcs_weights
 from vllm_gke.components.catalog import populator_vcpus
 from vllm_gke.components.gcp_names import bucket_name, service_account_id, workload_principal
 from vllm_gke.components.hyperdisk_weights import HyperdiskWeights, HyperdiskWeightsArgs, usable_gib
-from vllm_gke.components.k8s_meta import WEIGHTS_READY_MARKER, content_digest, custom_resource, deny_all_ingress, meta
+from vllm_gke.components.k8s_meta import CONTAINER_SECURITY, WEIGHTS_READY_MARKER, content_digest, custom_resource, deny_all_ingress, meta
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.project_apis import ProjectApis
 from vllm_gke.components.specs import AdapterSpec, ImageRef, ModelSpec, WeightsSpec
@@ -51,6 +51,19 @@ HEADROOM = 1.3  # tokenizer files, a second revision during a roll-forward
 
 LOADER_ENV = ({"name": "HF_HUB_OFFLINE", "value": "0"}, {"name": "TRANSFORMERS_OFFLINE", "value": "0"},
               {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"})
+# The loader's root filesystem is read-only: what huggingface_hub and gcloud write besides the
+# weights (HF_HOME under XDG_CACHE_HOME, gcloud's CLOUDSDK_CONFIG, temporary files) goes to small
+# emptyDirs. Xet's chunk cache (10 GB by default) is off: each file is read once.
+LOADER_HOME = "/home/loader"
+LOADER_SCRATCH = (("home", LOADER_HOME), ("tmp", "/tmp"))
+LOADER_SCRATCH_GI = 2
+LOADER_RUNTIME_ENV = ({"name": "HOME", "value": LOADER_HOME}, {"name": "XDG_CACHE_HOME", "value": f"{LOADER_HOME}/.cache"},
+                      {"name": "CLOUDSDK_CONFIG", "value": f"{LOADER_HOME}/.config/gcloud"},
+                      {"name": "TMPDIR", "value": "/tmp"}, {"name": "HF_XET_CHUNK_CACHE_SIZE_BYTES", "value": "0"})
+# The bucket backends' loaders write through the FUSE mount as this user (the mount's uid/gid):
+# no root. Filestore's export is root-owned (the instance's default), so there the loader is root,
+# without capabilities, on a read-only root filesystem.
+LOADER_UID = 1001
 
 
 def source_bucket(source: str) -> str:
@@ -337,7 +350,7 @@ class ModelStore(pulumi.ComponentResource):
             loader_volume: dict = {"name": "weights", "persistentVolumeClaim": {"claimName": rw_claim.metadata.name}}
             loader_annotations: dict[str, str] = {}
         else:
-            loader_volume = gcs_weights.weights_volume(self.bucket.name, read_only=False)
+            loader_volume = gcs_weights.weights_volume(self.bucket.name, read_only=False, uid=LOADER_UID)
             loader_annotations = dict(gcs_weights.POD_ANNOTATIONS)
 
         program = LOADER_PROGRAM.read_text()
@@ -348,6 +361,7 @@ class ModelStore(pulumi.ComponentResource):
         program_hash = content_digest(program)
 
         self.loader_jobs = {}
+        scratch = f"{LOADER_SCRATCH_GI * len(LOADER_SCRATCH)}Gi"
         for copy in weight_copies(args.models):
             key = copy.key
             image = args.server_image if copy.source.startswith("hf://") else args.weights.gcs_loader_image
@@ -377,7 +391,10 @@ class ModelStore(pulumi.ComponentResource):
                             # as a new pod up to backoffLimit.
                             "restartPolicy": "Never",
                             "nodeSelector": dict(args.loader_node_selector),
-                            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                            "securityContext": {
+                                "seccompProfile": {"type": "RuntimeDefault"},
+                                **({} if self.backend == "filestore" else {
+                                    "runAsNonRoot": True, "runAsUser": LOADER_UID, "runAsGroup": LOADER_UID})},
                             "containers": [{
                                 "name": "loader",
                                 "image": image.uri,
@@ -386,20 +403,21 @@ class ModelStore(pulumi.ComponentResource):
                                     usable_gib(copy.weights_gb) if self.backend == "hyperdisk-ml" else None),
                                 # The error (the key to raise) shows in the pod's and Job's status.
                                 "terminationMessagePolicy": "FallbackToLogsOnError",
-                                "resources": {"requests": {"cpu": "2", "memory": "8Gi"},
-                                              "limits": {"cpu": "4", "memory": "16Gi"}},
-                                # Root only to write the share's root-owned export; no capabilities.
-                                "securityContext": {"allowPrivilegeEscalation": False,
-                                                    "capabilities": {"drop": ["ALL"]}},
+                                "resources": {"requests": {"cpu": "2", "memory": "8Gi", "ephemeral-storage": scratch},
+                                              "limits": {"cpu": "4", "memory": "16Gi", "ephemeral-storage": scratch}},
+                                "securityContext": dict(CONTAINER_SECURITY),
                                 # The server image sets HF_HUB_OFFLINE=1 so replicas never download;
                                 # the loader is the one place that must.
-                                "env": [*LOADER_ENV, *token.env],
+                                "env": [*LOADER_ENV, *LOADER_RUNTIME_ENV, *token.env],
                                 "volumeMounts": [{"name": "weights", "mountPath": MOUNT_PATH},
                                                  {"name": "program", "mountPath": LOADER_MOUNT, "readOnly": True},
+                                                 *({"name": v, "mountPath": p} for v, p in LOADER_SCRATCH),
                                                  *token.mounts],
                             }],
                             "volumes": [
                                 loader_volume,
+                                *({"name": v, "emptyDir": {"sizeLimit": f"{LOADER_SCRATCH_GI}Gi"}}
+                                  for v, _ in LOADER_SCRATCH),
                                 {"name": "program", "configMap": {"name": "weights-loader"}},
                                 *token.volumes,
                             ],

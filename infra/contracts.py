@@ -455,6 +455,27 @@ def loader_copies_what_vllm_opens(plan: Plan) -> list[str]:
     return out
 
 
+def loader_writes_only_to_volumes(plan: Plan) -> list[str]:
+    """huggingface_hub and gcloud write under HOME (HF_HOME, hf_xet's logs, CLOUDSDK_CONFIG) and
+    TMPDIR besides the weights: on a read-only root filesystem those must be writable mounts."""
+    out = []
+    for job in _docs(plan, "Job"):
+        for c in job["spec"]["template"]["spec"].get("containers", []):
+            if not any(str(a).endswith("/" + LOADER_PROGRAM.name) for a in c.get("command") or []):
+                continue
+            env = {e["name"]: e.get("value") for e in c.get("env") or []}
+            writable = {m["mountPath"] for m in c.get("volumeMounts") or [] if not m.get("readOnly")}
+            if not (c.get("securityContext") or {}).get("readOnlyRootFilesystem"):
+                out.append(f"{job['metadata']['name']}: the loader's root filesystem is writable")
+            for var in ("HOME", "TMPDIR"):
+                if env.get(var) not in writable:
+                    out.append(f"{job['metadata']['name']}: {var} is not a writable volume: the Hub client and "
+                               "gcloud write there")
+            if env.get("HF_XET_CHUNK_CACHE_SIZE_BYTES") != "0":
+                out.append(f"{job['metadata']['name']}: hf_xet's 10 GB chunk cache would fill the loader's home")
+    return out
+
+
 # --- GKE Volume Populator -----------------------------------------------------------------------------
 
 def populator_inputs(plan: Plan) -> list[str]:
@@ -642,6 +663,16 @@ CONTRACTS: tuple[Contract, ...] = (
              "each loader Job copies the config and tokenizer files and only the weights that rule opens "
              "(--reads, VllmRelease.weights_rule), so a disk sized for them holds them",
              loader_copies_what_vllm_opens),
+    Contract("huggingface_hub / hf_xet", ">=2.0 (vLLM 0.34's floor); xet-runtime 1.5.2",
+             "downloads into local_dir write their metadata under <local_dir>/.cache/huggingface; the client "
+             "keeps HF_HOME (XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface) and hf_xet logs under "
+             "HF_XET_CACHE/logs (HF_HOME/xet) with a 10 GB chunk cache there unless "
+             "HF_XET_CHUNK_CACHE_SIZE_BYTES says otherwise",
+             "huggingface/huggingface_hub@v2.4.0:src/huggingface_hub/constants.py:159-170,341-342; "
+             "huggingface/xet-core@xet-runtime-v1.5.2:xet_runtime/src/config/groups/log.rs:6-16, chunk_cache.rs:1-10",
+             "loader containers run on a read-only root filesystem with HOME and TMPDIR on emptyDirs, the "
+             "chunk cache off; the weights' own metadata lands in the weights folder and the loader prunes it",
+             loader_writes_only_to_volumes),
     Contract("GKE Volume Populator", "GKE-managed",
              "a GCPDataSource (cloudStorage uri of a folder, serviceAccountName) beside its claim; transfer Jobs "
              "on nodes of compute class gcs-to-hdml-compute-class, sized by volume-populator.datalayer.gke.io/"

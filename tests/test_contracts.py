@@ -162,6 +162,11 @@ def _loader_reads_every_format(plan):
     argv[argv.index("--reads") + 1] = "hf"
 
 
+def _loader_home_on_the_root_filesystem(plan):
+    mounts = _container(plan, "Job", "load-qwen-7b")["volumeMounts"]
+    mounts[:] = [m for m in mounts if m["name"] != "home"]
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_owns_external_metrics": ("dev", _add_external_apiservice, "second owner"),
     "keda_ports_open_on_private_clusters": ("prod", _no_firewall, "tcp:6443, 9443"),
@@ -188,6 +193,7 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "redis_writes_nothing_and_scripts_obey_the_acl": ("prod", _persistent_redis, "keeps persistence on"),
     "kubectl_cache_is_writable": ("dev", _kubectl_without_cache, "not on a writable volume"),
     "loader_copies_what_vllm_opens": ("staging", _loader_reads_every_format, "opens by mistral-first"),
+    "loader_writes_only_to_volumes": ("dev", _loader_home_on_the_root_filesystem, "HOME is not a writable volume"),
     "populator_inputs": ("hyperdisk", _claim_without_cpu_request, "volume-populator.datalayer.gke.io/cpu-request"),
     "picker_finds_the_objectives": ("staging", _objective_elsewhere, "names no InferencePool"),
     "vllm_exports_what_monitoring_reads": ("dev", _dashboard_reads_a_gone_gauge, "vllm:gpu_cache_usage_perc"),

@@ -33,14 +33,28 @@ def loader_container(plan, model="qwen-7b"):
     return job["spec"]["template"]["spec"]["containers"][0]
 
 
+POD_PATHS = (("/models", "models"), ("/var/run/secrets/hf", "secrets"), ("/home/loader", "home"), ("/tmp", "tmp"))
+
+
 def run_loader(container, tmp_path: Path, env_from_pod=True, extra_env=None) -> subprocess.CompletedProcess:
-    """The container's command, locally: the image's ENV overridden by the pod's env."""
+    """The container's command, locally: the image's ENV overridden by the pod's env, the pod's
+    paths under tmp_path, and (as under its read-only root filesystem) any write outside the
+    container's writable mounts an error."""
+    def local(value: str) -> str:
+        for pod_path, folder in POD_PATHS:
+            if value == pod_path or value.startswith(pod_path + "/"):
+                return str(tmp_path / folder) + value[len(pod_path):]
+        return value
+
+    writable = [local(m["mountPath"]) for m in container.get("volumeMounts", []) if not m.get("readOnly")]
+    for folder in writable:
+        Path(folder).mkdir(parents=True, exist_ok=True)
     env = {**image_env(), "PATH": os.environ["PATH"], "PYTHONPATH": str(HUB), "FAKE_HUB_LOG": str(tmp_path / "hub.log"),
+           "PYTHONDONTWRITEBYTECODE": "1", "FAKE_WRITABLE": os.pathsep.join([*writable, str(tmp_path / "hub.log")]),
            **(extra_env or {})}
     if env_from_pod:
-        env.update({e["name"]: e["value"] for e in container["env"] if "value" in e})
-    argv = [a.replace("/models/", f"{tmp_path}/models/").replace("/var/run/secrets/hf", str(tmp_path / "secrets"))
-            for a in container["command"]]
+        env.update({e["name"]: local(e["value"]) for e in container["env"] if "value" in e})
+    argv = [local(a) for a in container["command"]]
     argv[0:2] = [sys.executable, str(HUB / "run_loader.py"), str(PROGRAM)]
     return subprocess.run(argv, env=env, capture_output=True, text=True)
 

@@ -138,12 +138,28 @@ def test_volume_size_is_independent_of_the_share(plans, plan_variant):
 
 
 def test_loader_pod_is_unprivileged(plans):
-    for job in manifests_of(plans["prod"], "Job", "vllm-gke-system"):
-        pod = job["spec"]["template"]["spec"]
-        assert pod["automountServiceAccountToken"] is False
-        assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
-        sc = pod["containers"][0]["securityContext"]
-        assert sc == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    """Root only where the export it writes is root-owned (Filestore); everywhere a read-only root
+    filesystem, no capabilities, and emptyDirs for what the libraries write besides the weights."""
+    for stack, plan in plans.items():
+        for job in manifests_of(plan, "Job", "vllm-gke-system"):
+            pod = job["spec"]["template"]["spec"]
+            assert pod["automountServiceAccountToken"] is False
+            (c,) = pod["containers"]
+            assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            mounts = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
+            assert {env["HOME"], env["TMPDIR"], "/models"} == mounts
+            assert env["CLOUDSDK_CONFIG"].startswith(env["HOME"]) and env["XDG_CACHE_HOME"].startswith(env["HOME"])
+            assert env["HF_XET_CHUNK_CACHE_SIZE_BYTES"] == "0"
+            if plan.config.weights.backend == "filestore":
+                assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+            else:
+                assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}, "runAsNonRoot": True,
+                                                  "runAsUser": 1001, "runAsGroup": 1001}
+                (weights,) = [v for v in pod["volumes"] if v["name"] == "weights"]
+                assert "uid=1001,gid=1001" in weights["csi"]["volumeAttributes"]["mountOptions"]
+    assert {p.config.weights.backend for p in plans.values()} >= {"filestore", "gcs"}
 
 
 def test_gcs_source_uses_gcloud_loader(plan_variant):
@@ -176,7 +192,7 @@ def test_hf_token_from_a_kubernetes_secret_reference(plan_variant):
     env = {e["name"]: e for e in container["env"]}
     assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {
         "secretKeyRef": {"name": "hf-credentials", "key": "hf"}}}
-    assert [v["name"] for v in job["spec"]["template"]["spec"]["volumes"]] == ["weights", "program"]
+    assert [v["name"] for v in job["spec"]["template"]["spec"]["volumes"]] == ["weights", "home", "tmp", "program"]
     assert not manifests_of(plan, "SecretProviderClass")
     assert not props_of(plan, "gcp:secretmanager/secretIamMember:SecretIamMember")
 

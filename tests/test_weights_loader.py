@@ -45,7 +45,7 @@ def arg(command: list[str], flag: str) -> str:
 
 
 def with_token(tmp_path: Path) -> None:
-    (tmp_path / "secrets").mkdir(exist_ok=True)
+    (tmp_path / "secrets").mkdir(parents=True, exist_ok=True)
     (tmp_path / "secrets" / "token").write_text("hf_x\n")
 
 
@@ -222,3 +222,20 @@ def test_the_fake_hub_has_the_real_libraries_signatures():
     names = ["model-00001-of-00002.safetensors", "odd[1].json", "star*.json", "original/params.json", "a.json"]
     wanted = ["odd[1].json", "star*.json", "model-00001-of-00002.safetensors"]
     assert sorted(filter_repo_objects(names, allow_patterns=[glob.escape(n) for n in wanted])) == sorted(wanted)
+
+
+def test_the_loader_writes_only_to_its_writable_volumes(plans, hyperdisk_plan, tmp_path):
+    """Under each backend's pod (read-only root filesystem), the loader writes nothing outside its
+    writable mounts: run_loader fails any other write, as EROFS would."""
+    for n, (plan, key) in enumerate([(plans["dev"], "qwen-7b"), (plans["staging"], "llama-8b"),
+                                     (hyperdisk_plan, "mistral-7b")]):
+        with_token(tmp_path / str(n))
+        result = run_loader(container(plan, key), tmp_path / str(n))
+        assert result.returncode == 0 and "read-only:" not in result.stderr, result.stderr
+    # The check is live: a read-only weights mount fails the first write into it.
+    frozen = json.loads(json.dumps(container(plans["dev"], "qwen-7b")))
+    for m in frozen["volumeMounts"]:
+        m["readOnly"] = True
+    with_token(tmp_path / "frozen")
+    result = run_loader(frozen, tmp_path / "frozen")
+    assert result.returncode != 0 and "read-only:" in result.stderr
