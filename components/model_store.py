@@ -63,7 +63,7 @@ LOADER_RUNTIME_ENV = ({"name": "HOME", "value": LOADER_HOME}, {"name": "XDG_CACH
 # The bucket backends' loaders write through the FUSE mount as this user (the mount's uid/gid):
 # no root. Filestore's export is root-owned (the instance's default), so there the loader is root,
 # without capabilities, on a read-only root filesystem.
-LOADER_UID = 1001
+LOADER_UID = 10001
 
 
 def source_bucket(source: str) -> str:

@@ -156,9 +156,9 @@ def test_loader_pod_is_unprivileged(plans):
                 assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
             else:
                 assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}, "runAsNonRoot": True,
-                                                  "runAsUser": 1001, "runAsGroup": 1001}
+                                                  "runAsUser": 10001, "runAsGroup": 10001}
                 (weights,) = [v for v in pod["volumes"] if v["name"] == "weights"]
-                assert "uid=1001,gid=1001" in weights["csi"]["volumeAttributes"]["mountOptions"]
+                assert "uid=10001,gid=10001" in weights["csi"]["volumeAttributes"]["mountOptions"]
     assert {p.config.weights.backend for p in plans.values()} >= {"filestore", "gcs"}
 
 
