@@ -26,7 +26,14 @@ from benchmarks.guard_overhead import stop
 from benchmarks.vllm_server import MIDDLEWARE, REPO, bench_guard_config, flag, longest_prompt_container, server_args
 
 VLLM_PYTHON = os.environ.get("VLLM_PYTHON", "")
-pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="VLLM_PYTHON (a python with the pinned vllm) is not set")
+pytestmark = pytest.mark.skipif(not VLLM_PYTHON and not os.environ.get("CI"),
+                                reason="VLLM_PYTHON (a python with the pinned vllm) is not set")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pinned_vllm():
+    if not VLLM_PYTHON:
+        pytest.fail("CI runs the guard inside the real vLLM: .ci/run installs it and sets VLLM_PYTHON")
 
 
 def _free_port() -> int:
