@@ -48,11 +48,21 @@ def fallbacks(cluster: str) -> str:
     return f'sum by (namespace) (rate({FALLBACKS_METRIC}{{cluster="{cluster}"}}[5m]))'
 
 
+# Tenant requests the guard refused because they did not come from the sidecar's passthrough
+# address (images/vllm_gke_guard.py UNTRUSTED_PEERS).
+UNTRUSTED_PEER_METRIC = "vllm_gke_guard_untrusted_peer_requests_total"
+
+
+def untrusted_peers(cluster: str) -> str:
+    return f'sum by (namespace, pod) (rate({UNTRUSTED_PEER_METRIC}{{cluster="{cluster}"}}[5m]))'
+
+
 def dashboard_panels(cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc",
                      limit_store: bool = False) -> list[tuple[str, str]]:
     sel = f'{{cluster="{cluster}"}}'
     store = [("Requests limited per replica: limit store unreachable (/s)", fallbacks(cluster))] if limit_store else []
     return [*store,
+        ("Tenant requests refused: not from the mesh sidecar (/s)", untrusted_peers(cluster)),
         # DCGM_FI_DEV_GPU_UTIL is per physical GPU and not reported for MIG instances; the
         # profiling metric is, per instance (GPU_I_ID), and for whole GPUs alike.
         ("GPU utilisation per GPU or MIG slice (DCGM engine active)",
@@ -109,6 +119,12 @@ def alert_policies(cluster: str, spec: MonitoringSpec, kv_metric: str = "vllm:kv
         "replica: a tenant may get up to its limit on every replica. Check the limits Deployment in "
         "vllm-gke-limits and its mesh policy.", "ERROR")] if limit_store else []
     return [*store,
+        _policy("Tenant requests bypass or miss the mesh sidecar", f"{untrusted_peers(cluster)} > 0", 300,
+                "For 5 minutes a vLLM replica's guard refused tenant requests that did not come from the Istio "
+                "sidecar's inbound passthrough address (127.0.0.6). Either something in the pod calls vLLM "
+                "directly, or the mesh's data plane delivers from another address: the replica's log names it. "
+                "Check `gcloud container fleet mesh describe` (controlPlaneManagement.implementation) and the "
+                "README's 'Managed Cloud Service Mesh'.", "ERROR"),
         _policy("vLLM container restarts (GPU OOM or crash)",
                 f'sum by (namespace, pod) (increase(kube_pod_container_status_restarts_total'
                 f'{{cluster="{cluster}", container="vllm"}}[15m])) > 0', 0,

@@ -44,11 +44,18 @@ WAITING_FOR_WEIGHTS = (
 )
 
 
+# Bucket-backed weights: the markers the entrypoint (images/serve.py) waits for before vLLM starts.
+WEIGHTS_MARKERS_ENV = "GKE_LLM_WEIGHTS_MARKERS"
+
+
+def weights_markers(model: ModelSpec) -> list[str]:
+    return [ready_marker(model), *(c.marker for c in adapter_copies(model))]
+
+
 def wait_for_weights(model: ModelSpec) -> str:
     """The init container's script: every marker (model, then adapters) present. The paths are made
     of validated names and git revisions only ([A-Za-z0-9._/-]), so quoting them is enough."""
-    markers = [ready_marker(model), *(c.marker for c in adapter_copies(model))]
-    return "; ".join(WAITING_FOR_WEIGHTS.format(marker=m) for m in markers)
+    return "; ".join(WAITING_FOR_WEIGHTS.format(marker=m) for m in weights_markers(model))
 
 PoolName = Literal["short", "long"]
 # Carried by vLLM pods only: a pool's standby shares its model and pool labels (so the Service
@@ -279,6 +286,22 @@ class VllmService(pulumi.ComponentResource):
             # The bucket mount, and its file cache sized for this model and its adapters.
             weights_volumes = [dict(args.weights_volume),
                                gcs_weights.cache_volume(model.weights_gb + model.lora_gb())]
+        # Reading a bucket mount needs the network: an init container would read it before the
+        # mesh sidecar serves whenever the sidecar is a classic one (managed Cloud Service Mesh
+        # lists no nativeSidecar annotation) and Istio CNI captures the pod's traffic from the
+        # start, so the FUSE sidecar's calls go nowhere and the pod never starts. The entrypoint
+        # waits instead, after the proxy (holdApplicationUntilProxyStarts).
+        fuse = args.weights_volume is not None and not args.weights_claims
+        init_containers = [] if fuse else [{
+            "name": "wait-for-weights",
+            "image": args.image.uri,
+            "command": ["/bin/sh", "-c", wait_for_weights(model)],
+            "resources": {"requests": {"cpu": "50m", "memory": "32Mi"},
+                          "limits": {"cpu": "100m", "memory": "64Mi"}},
+            "securityContext": CONTAINER_SECURITY,
+            "volumeMounts": weights_mounts,
+        }]
+        wait_env = [{"name": WEIGHTS_MARKERS_ENV, "value": ":".join(weights_markers(model))}] if fuse else []
 
         self.deployment = k8s.apps.v1.Deployment(
             f"{name}-deploy",
@@ -315,15 +338,7 @@ class VllmService(pulumi.ComponentResource):
                             "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
                                                 "labelSelector": {"matchLabels": selector}}}]}},
                         "securityContext": {**NON_ROOT, "seccompProfile": {"type": "RuntimeDefault"}},
-                        "initContainers": [{
-                            "name": "wait-for-weights",
-                            "image": args.image.uri,
-                            "command": ["/bin/sh", "-c", wait_for_weights(model)],
-                            "resources": {"requests": {"cpu": "50m", "memory": "32Mi"},
-                                          "limits": {"cpu": "100m", "memory": "64Mi"}},
-                            "securityContext": CONTAINER_SECURITY,
-                            "volumeMounts": weights_mounts,
-                        }],
+                        "initContainers": init_containers,
                         "containers": [{
                             "name": "vllm",
                             "image": args.image.uri,
@@ -332,6 +347,7 @@ class VllmService(pulumi.ComponentResource):
                             "ports": [{"name": "http", "containerPort": PORT}],
                             "env": [
                                 *RUNTIME_ENV,
+                                *wait_env,
                                 {"name": "HF_HUB_OFFLINE", "value": "1"},
                                 {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
                                 {"name": "VLLM_NO_USAGE_STATS", "value": "1"},

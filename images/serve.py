@@ -25,6 +25,25 @@ WARMUP_HEADER = "x-gke-llm-warmup"
 WARM_MARKER_ENV, WARMUP_TOKEN_ENV, SERVER_COMMAND_ENV = (
     "GKE_LLM_WARM_MARKER", "GKE_LLM_WARMUP_TOKEN", "GKE_LLM_SERVER_COMMAND")
 WARMUP_ROUNDS = 5
+# Files that must exist before vLLM starts (bucket-backed weights: each copy's completion marker,
+# read through the FUSE mount once the mesh sidecar serves), joined by ':'.
+WEIGHTS_MARKERS_ENV = "GKE_LLM_WEIGHTS_MARKERS"
+
+
+def wait_for_files(paths: Sequence[str], stopped: Callable[[], bool] = lambda: False,
+                   say_every: int = 15, sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Wait until every path exists (a mount that errors reads as not yet); False once stopped.
+    Polls each second, so a SIGTERM while waiting ends the container at once."""
+    for path in paths:
+        waited = 0
+        while not os.path.isfile(path):
+            if stopped():
+                return False
+            if waited % say_every == 0:
+                print(f"vllm-gke: waiting for weights at {path}", file=sys.stderr, flush=True)
+            sleep(1.0)
+            waited += 1
+    return True
 
 
 def flag(argv: Sequence[str], name: str, default: str) -> str:
@@ -98,6 +117,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     token = secrets.token_hex(16)
     env = dict(os.environ, **{WARMUP_TOKEN_ENV: token})
     command = os.environ.get(SERVER_COMMAND_ENV, "vllm serve").split()
+    stop: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, _f: stop.append(s))
+    markers = [m for m in os.environ.get(WEIGHTS_MARKERS_ENV, "").split(":") if m]
+    if not wait_for_files(markers, stopped=lambda: bool(stop)):
+        return 0
     proc = subprocess.Popen([*command, *argv], env=env)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _f: proc.send_signal(s))

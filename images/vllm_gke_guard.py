@@ -88,6 +88,14 @@ def _counter(name: str, documentation: str) -> Any:
 # the dashboard and an alert read it (vllm_gke_guard_limit_store_fallbacks_total).
 STORE_FALLBACKS = _counter("vllm_gke_guard_limit_store_fallbacks", "Requests limited per replica because the "
                            "shared limit store was unreachable")
+# Tenant requests refused because they did not arrive from the sidecar's inbound passthrough
+# address: a process in the pod calling vLLM directly, or a mesh whose data plane delivers from
+# another address (the platform is built on istiod's 127.0.0.6; managed Cloud Service Mesh's
+# TRAFFIC_DIRECTOR implementation does not document it). An alert reads it
+# (vllm_gke_guard_untrusted_peer_requests_total); the log names the address, once each.
+UNTRUSTED_PEERS = _counter("vllm_gke_guard_untrusted_peer_requests", "Tenant requests refused because they did "
+                           "not come from the mesh sidecar's inbound passthrough address")
+LOGGED_PEERS_MAX = 16
 
 
 class GuardError(Exception):
@@ -754,6 +762,18 @@ class GuardMiddleware:
             self.store_unavailable = StoreUnavailable
         self.warmup_token = os.environ.get(WARMUP_TOKEN_ENV, "").encode()
         self.header_slots = header_slots(self.issuer_header, self.objective_header)
+        self.logged_peers: set[str] = set()
+
+    def _untrusted(self, client: str) -> None:
+        """Count the refusal; name each new address once (bounded: a flood logs nothing more)."""
+        UNTRUSTED_PEERS.inc()
+        if client not in self.logged_peers and len(self.logged_peers) < LOGGED_PEERS_MAX:
+            self.logged_peers.add(client)
+            log.error("refused a tenant request from %s: only the mesh sidecar's inbound passthrough address (%s) "
+                      "is trusted. If every request comes from it, the mesh's data plane does not deliver from "
+                      "127.0.0.6: check the control plane implementation (gcloud container fleet mesh describe: "
+                      "controlPlaneManagement.implementation) against the README's 'Managed Cloud Service Mesh'",
+                      client or "an unknown peer", ", ".join(sorted(self.trusted_peers)))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope.get("type")
@@ -803,6 +823,7 @@ class GuardMiddleware:
         if self.warmup_token and client == "127.0.0.1" and self._is_warmup(seen):
             return scope, receive, None
         if client not in self.trusted_peers:
+            self._untrusted(client)
             raise GuardError(403, "the request did not come through the mesh sidecar; refused", "no_mesh")
         issuer = seen.once(_ISSUER)
         if issuer is None:

@@ -405,6 +405,50 @@ def gcsfuse_sidecar_with_the_mesh(plan: Plan) -> list[str]:
     return out
 
 
+FUSE_SIDECAR, PROXY, ISTIO_INIT = "gke-gcsfuse-sidecar", "istio-proxy", "istio-init"
+
+
+def injected_init_order(init: list[str], native_proxy: bool, fuse_first: bool) -> list[str]:
+    """The init containers after both webhooks, in either order: the FUSE driver puts its (native)
+    sidecar right after an istio-proxy init container, else first; Istio's reorderPod puts
+    istio-init and a native istio-proxy first, or, with a classic proxy, istio-init last."""
+    def fuse(names: list[str]) -> list[str]:
+        at = names.index(PROXY) + 1 if PROXY in names else 0
+        return [*names[:at], FUSE_SIDECAR, *names[at:]]
+
+    def istio(names: list[str]) -> list[str]:
+        rest = [n for n in names if n not in (ISTIO_INIT, PROXY)]
+        return [ISTIO_INIT, PROXY, *rest] if native_proxy else [*rest, ISTIO_INIT]
+    return istio(fuse(init)) if fuse_first else fuse(istio(init))
+
+
+def fuse_pods_start_under_any_sidecar_mode(plan: Plan) -> list[str]:
+    """An init container reading a bucket mount needs the FUSE sidecar's network before the pod's
+    Envoy runs whenever the proxy is classic (Istio CNI captures traffic from the sandbox's start;
+    managed Cloud Service Mesh lists no nativeSidecar annotation): the pod would never start."""
+    out = []
+    for d in _docs(plan, "Deployment"):
+        pod = d["spec"]["template"]
+        fuse_volumes = {v["name"] for v in pod["spec"].get("volumes") or []
+                        if (v.get("csi") or {}).get("driver") == "gcsfuse.csi.storage.gke.io"}
+        if not fuse_volumes or (pod["metadata"].get("annotations") or {}).get("sidecar.istio.io/inject") == "false":
+            continue
+        init = [c["name"] for c in pod["spec"].get("initContainers") or []]
+        readers = {c["name"] for c in pod["spec"].get("initContainers") or []
+                   if fuse_volumes & {m["name"] for m in c.get("volumeMounts") or []}}
+        for native in (True, False):
+            for fuse_first in (True, False):
+                order = injected_init_order(init, native, fuse_first)
+                proxy_up = order.index(PROXY) if native else len(order)  # a classic proxy: after every init
+                if native and order.index(FUSE_SIDECAR) < proxy_up:
+                    out.append(f"{d['metadata']['name']}: the FUSE sidecar would start before the proxy")
+                for r in readers:
+                    if order.index(r) < proxy_up:
+                        out.append(f"{d['metadata']['name']}: init container {r} reads the bucket before the "
+                                   f"mesh proxy serves ({'native' if native else 'classic'} sidecar)")
+    return sorted(set(out))
+
+
 # --- Redis ------------------------------------------------------------------------------------------
 
 def redis_writes_nothing_and_scripts_obey_the_acl(plan: Plan) -> list[str]:
@@ -640,6 +684,16 @@ CONTRACTS: tuple[Contract, ...] = (
              "GoogleCloudPlatform/gcs-fuse-csi-driver@v1.24.4:pkg/webhook/mutatingwebhook.go:245-259; "
              "pkg/webhook/injection.go:35-41; docs/istio.md:24-61",
              "bucket-backed pods carry the annotations and their own sized cache volume", gcsfuse_sidecar_with_the_mesh),
+    Contract("Cloud Storage FUSE CSI driver + Istio injector", "v1.24.4 / 1.24.6, 1.30.3",
+             "the FUSE webhook inserts its native sidecar right after an istio-proxy init container, else first; "
+             "Istio orders istio-init and a native proxy first, a classic proxy's istio-init last; with Istio CNI "
+             "an init container's traffic is captured before any proxy runs",
+             "GoogleCloudPlatform/gcs-fuse-csi-driver@v1.24.4:pkg/webhook/injection.go:123,187-193; "
+             "istio/istio@1.24.6:pkg/kube/inject/webhook.go:772-815 (1.30.3: 781-824); "
+             "https://istio.io/latest/docs/setup/additional-setup/cni/#compatibility-with-application-init-containers",
+             "no init container of a meshed pod reads a bucket mount: the entrypoint waits for bucket-backed "
+             "weights after the proxy, so pods start with a native or a classic sidecar",
+             fuse_pods_start_under_any_sidecar_mode),
     Contract("Redis", "7.4.2",
              "with save \"\" and appendonly no it writes no file, on shutdown either; commands a script calls are "
              "checked against the caller's ACL and key patterns",

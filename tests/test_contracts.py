@@ -167,6 +167,11 @@ def _loader_home_on_the_root_filesystem(plan):
     mounts[:] = [m for m in mounts if m["name"] != "home"]
 
 
+def _init_container_reads_the_bucket(plan):
+    pod = _kube(plan, "Deployment", "mistral-7b-short").props["spec"]["template"]["spec"]
+    pod["initContainers"] = [{"name": "wait-for-weights", "volumeMounts": [{"name": "weights", "mountPath": "/models"}]}]
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_owns_external_metrics": ("dev", _add_external_apiservice, "second owner"),
     "keda_ports_open_on_private_clusters": ("prod", _no_firewall, "tcp:6443, 9443"),
@@ -194,6 +199,8 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "kubectl_cache_is_writable": ("dev", _kubectl_without_cache, "not on a writable volume"),
     "loader_copies_what_vllm_opens": ("staging", _loader_reads_every_format, "opens by mistral-first"),
     "loader_writes_only_to_volumes": ("dev", _loader_home_on_the_root_filesystem, "HOME is not a writable volume"),
+    "fuse_pods_start_under_any_sidecar_mode": ("staging", _init_container_reads_the_bucket,
+                                               "reads the bucket before the mesh proxy serves (classic sidecar)"),
     "populator_inputs": ("hyperdisk", _claim_without_cpu_request, "volume-populator.datalayer.gke.io/cpu-request"),
     "picker_finds_the_objectives": ("staging", _objective_elsewhere, "names no InferencePool"),
     "vllm_exports_what_monitoring_reads": ("dev", _dashboard_reads_a_gone_gauge, "vllm:gpu_cache_usage_perc"),
@@ -214,3 +221,13 @@ def test_each_row_catches_its_break(any_plan, contract):
     mutate(plan)
     found = contract.check(plan)
     assert any(message in p for p in found), found
+
+
+def test_the_injection_order_is_the_webhooks():
+    """The simulated order, as the two webhooks' sources give it, in either admission order."""
+    from vllm_gke.infra.contracts import injected_init_order
+
+    for fuse_first in (True, False):
+        assert injected_init_order(["wait"], True, fuse_first) == ["istio-init", "istio-proxy", "gke-gcsfuse-sidecar",
+                                                                    "wait"]
+        assert injected_init_order(["wait"], False, fuse_first) == ["gke-gcsfuse-sidecar", "wait", "istio-init"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 
@@ -322,6 +323,26 @@ def test_fail_closed_without_the_sidecar():
     mw, app = guarded()
     sent = call(mw, {"prompt": "x"}, client="10.20.3.4")  # straight to the pod, not via Envoy
     assert status(sent) == 403 and error(sent)["code"] == "no_mesh" and not app.seen
+
+
+def test_a_refused_peer_is_counted_and_named_once(caplog):
+    """A data plane delivering from another address than istiod's 127.0.0.6 would refuse every tenant:
+    it shows on the replica's /metrics (an alert reads it) and in vLLM's log, each address once."""
+    from prometheus_client import REGISTRY
+
+    metric = "vllm_gke_guard_untrusted_peer_requests_total"
+    before = REGISTRY.get_sample_value(metric) or 0
+    mw, _ = guarded()
+    with caplog.at_level(logging.ERROR, logger="vllm.gke_guard"):
+        for client in ["10.20.3.4", "10.20.3.4", "127.0.0.1"]:
+            assert error(call(mw, {"prompt": "x"}, client=client))["code"] == "no_mesh"
+        for n in range(2 * guard.LOGGED_PEERS_MAX):  # a flood from many addresses logs a bounded number
+            call(mw, {"prompt": "x"}, client=f"10.9.0.{n}")
+    assert REGISTRY.get_sample_value(metric) == before + 3 + 2 * guard.LOGGED_PEERS_MAX
+    named = [r.getMessage() for r in caplog.records if "refused a tenant request from" in r.getMessage()]
+    assert len(named) == guard.LOGGED_PEERS_MAX and sum("10.20.3.4" in m for m in named) == 1
+    assert all("127.0.0.6" in m and "controlPlaneManagement.implementation" in m for m in named)
+    assert status(call(mw, {"prompt": "x"})) == 200 and REGISTRY.get_sample_value(metric) == before + 3 + 32
 
 
 def test_issuer_header_exactly_once_and_known():

@@ -108,6 +108,30 @@ def run_entrypoint(tmp_path, **extra):
                              "--served-model-name", "m", "--port", str(free_port())], env=env)
 
 
+def test_entrypoint_starts_vllm_only_once_the_weights_are_there(tmp_path):
+    """Bucket-backed weights: the wait is the entrypoint's (after the mesh sidecar), not an init
+    container's; vLLM starts once every marker exists, and a stop while waiting ends it at once."""
+    markers = [tmp_path / "m" / ".vllm-gke-complete", tmp_path / "a" / ".vllm-gke-complete"]
+    proc = run_entrypoint(tmp_path, GKE_LLM_WEIGHTS_MARKERS=":".join(map(str, markers)))
+    try:
+        time.sleep(1.5)
+        assert proc.poll() is None and not (tmp_path / "log").exists()  # vLLM not started
+        for m in markers:
+            m.parent.mkdir()
+            m.write_text("{}")
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "warm").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "warm").exists()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+    waiting = run_entrypoint(tmp_path / "x", GKE_LLM_WEIGHTS_MARKERS=str(tmp_path / "never"))
+    time.sleep(0.5)
+    waiting.send_signal(signal.SIGTERM)
+    assert waiting.wait(timeout=5) == 0 and not (tmp_path / "x" / "log").exists()
+
+
 def test_entrypoint_never_marks_warm_when_every_warm_up_fails(tmp_path):
     proc = run_entrypoint(tmp_path, FAKE_VLLM_COMPLETION_STATUS="500")
     try:

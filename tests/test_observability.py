@@ -23,7 +23,7 @@ def dashboard(plan) -> dict:
 def test_dashboard_parses_as_the_api_message(plans, stack):
     parsed = monitoring_dashboard_v1.Dashboard.from_json(json.dumps(dashboard(plans[stack])))
     # one more where limits are shared across replicas (prod): the limit store's fallbacks
-    assert len(parsed.mosaic_layout.tiles) == (12 if plans[stack].config.global_limits.enabled else 11)
+    assert len(parsed.mosaic_layout.tiles) == (13 if plans[stack].config.global_limits.enabled else 12)
 
 
 def test_dashboard_rejects_unknown_fields(plans):
@@ -48,6 +48,8 @@ def test_dashboard_panels(plans):
     assert "vllm:request_queue_time_seconds_bucket" in queries["Queue time p95 (s)"]
     assert "vllm:time_to_first_token_seconds_bucket" in queries["Time to first token p95 (s)"]
     assert "vllm:generation_tokens_total" in queries["Generation tokens/s"]
+    assert "vllm_gke_guard_untrusted_peer_requests_total" in queries[
+        "Tenant requests refused: not from the mesh sidecar (/s)"]
     kv = queries["KV-cache usage"]
     assert "vllm:kv_cache_usage_perc" in kv and "vllm:gpu_cache_usage_perc" not in kv
     assert all('cluster="vllm-dev"' in q for q in queries.values())
@@ -58,9 +60,12 @@ def test_dashboard_panels(plans):
 
 def test_alert_policies(plans):
     alerts = {a["displayName"]: a for a in props_of(plans["prod"], "gcp:monitoring/alertPolicy:AlertPolicy")}
-    assert set(alerts) == {"Shared limit store unreachable", "vLLM container restarts (GPU OOM or crash)",
+    assert set(alerts) == {"Shared limit store unreachable", "Tenant requests bypass or miss the mesh sidecar",
+                           "vLLM container restarts (GPU OOM or crash)",
                            "GPU memory nearly exhausted",
                            "Queue latency SLO breached", "Time-to-first-token SLO breached", "KV cache nearly full"}
+    peers = alerts["Tenant requests bypass or miss the mesh sidecar"]["conditions"][0]["conditionPrometheusQueryLanguage"]
+    assert "vllm_gke_guard_untrusted_peer_requests_total" in peers["query"] and peers["duration"] == "300s"
     queue = alerts["Queue latency SLO breached"]["conditions"][0]["conditionPrometheusQueryLanguage"]
     assert queue["query"].endswith("> 1") and queue["duration"] == "300s"
     for alert in alerts.values():

@@ -24,7 +24,7 @@ def test_plan_dev_writes_outputs(tmp_path):
     assert (root / "manifests" / "vllm" / "deployment-qwen-7b-short.yaml").exists()
     dashboard = json.loads((root / "dashboard.json").read_text())
     assert dashboard["displayName"].startswith("vLLM on GKE - vllm-dev")
-    assert len(json.loads((root / "alert-policies.json").read_text())) == 5
+    assert len(json.loads((root / "alert-policies.json").read_text())) == 6
     inventory = json.loads((root / "resources.json").read_text())
     provider = next(r for r in inventory if r["type"] == "pulumi:providers:kubernetes")
     assert provider["props"]["kubeconfig"] == "[secret]"

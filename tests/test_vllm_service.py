@@ -67,8 +67,11 @@ def test_weights_are_mounted_read_only_and_never_downloaded(plans):
                 assert mount["readOnly"] is True
             env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
             assert env["HF_HUB_OFFLINE"] == "1"
-            wait = pod["initContainers"][0]["command"][-1]
-            assert ".vllm-gke-complete" in wait
+            if plan.config.weights.backend == "gcs":  # the entrypoint waits: tests/test_gcs_weights.py
+                assert ".vllm-gke-complete" in env["GKE_LLM_WEIGHTS_MARKERS"] and not pod["initContainers"]
+            else:
+                wait = pod["initContainers"][0]["command"][-1]
+                assert ".vllm-gke-complete" in wait and "GKE_LLM_WEIGHTS_MARKERS" not in env
 
 
 def test_probes_shm_and_gpu_limits(plans):
