@@ -83,8 +83,13 @@ class TenantAuth(pulumi.ComponentResource):
             # Behind the picker, only what it serves (the guard and the route admit the same).
             rule: dict[str, Any] = {"from": [{"source": {"requestPrincipals": principals}}],
                                     "to": mesh_operations(picker_routes() if objective else args.routes)}
+            # The guard reads the tenant from this header: it must name the token's own issuer
+            # when Envoy's RBAC runs (after jwt_authn wrote it), so a data plane that left a
+            # client's copy in place (outputClaimToHeaders unsupported) still cannot pass one
+            # tenant's token off as another's; without the header the request is refused.
+            rule["when"] = [{"key": f"request.headers[{ISSUER_HEADER}]", "values": [tenant.jwt.issuer]}]
             if objective:
-                rule["when"] = [{"key": f"request.headers[{OBJECTIVE_HEADER}]", "values": [objective]}]
+                rule["when"].append({"key": f"request.headers[{OBJECTIVE_HEADER}]", "values": [objective]})
             spec: dict[str, Any] = {"action": "ALLOW", "rules": [rule]}
             if selector:
                 spec["selector"] = {"matchLabels": selector}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import posixpath
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 ROOT_NAMESPACE = "istio-system"
@@ -184,17 +184,25 @@ def for_token(manifests: Iterable[Mapping[str, Any]], issuer: str, subject: str)
     return kept
 
 
-def decide(manifests: Iterable[Mapping[str, Any]], request: Request) -> Decision:
+def decide(manifests: Iterable[Mapping[str, Any]], request: Request, claim_to_headers: bool = True) -> Decision:
+    """`claim_to_headers`: the data plane applies outputClaimToHeaders (Envoy's jwt_authn writes
+    the verified claim, replacing a client's copy, before RBAC runs); False models one that
+    ignores it and leaves the client's headers as sent."""
     docs = list(manifests)
     authns = [d for d in docs if d.get("kind") == "RequestAuthentication" and _applies(d, request)]
     authzs = [d for d in docs if d.get("kind") == "AuthorizationPolicy" and _applies(d, request)]
     principal: Optional[str] = None
     if request.token is not None:
         issuer, subject = request.token
-        issuers = {r.get("issuer") for a in authns for r in (a.get("spec") or {}).get("jwtRules") or []}
-        if issuer not in issuers or not request.token_valid:
+        rules = [r for a in authns for r in (a.get("spec") or {}).get("jwtRules") or [] if r.get("issuer") == issuer]
+        if not rules or not request.token_valid:
             return Decision(False, 401, f"Jwt issuer {issuer} is not configured or the token is invalid")
         principal = f"{issuer}/{subject}"
+        if claim_to_headers:
+            claims = {"iss": issuer, "sub": subject}
+            written = {o["header"].lower(): claims[o["claim"]] for r in rules for o in r.get("outputClaimToHeaders") or []
+                       if o.get("claim") in claims}
+            request = replace(request, headers={**request.headers, **written})
     for p in authzs:
         if (p.get("spec") or {}).get("action") == "CUSTOM":
             return Decision(False, 403, "CUSTOM policies are not modelled: treat as deny")

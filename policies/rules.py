@@ -289,15 +289,31 @@ def _probe_sources(resources: Sequence[Resource]) -> list[str]:
     return sorted(ips)
 
 
+def _forged_claim_headers(docs: list[Mapping[str, Any]], namespace: str) -> list[dict[str, str]]:
+    """What a client without a token can send: nothing, or any header a RequestAuthentication
+    writes from a claim, set to each issuer it knows (only a verified token's claim replaces it)."""
+    out: list[dict[str, str]] = [{}]
+    for d in docs:
+        if d.get("kind") != "RequestAuthentication" or (d.get("metadata") or {}).get("namespace") != namespace:
+            continue
+        for rule in (d.get("spec") or {}).get("jwtRules") or []:
+            for o in rule.get("outputClaimToHeaders") or []:
+                if o.get("claim") == "iss" and rule.get("issuer"):
+                    out.append({o["header"].lower(): rule["issuer"]})
+    return out
+
+
 def _open_probe(docs: list[Mapping[str, Any]], namespace: str, labels: Mapping[str, str],
                 sources: Sequence[str]) -> Optional[str]:
     """The first unauthenticated request to a serving path the mesh would let through, if any."""
+    forged = _forged_claim_headers(docs, namespace)
     for path in SERVING_PROBE_PATHS:
         for ip in sources:
             for method in ("GET", "POST"):
-                decision = decide(docs, Request(namespace, path, method, labels, ip))
-                if decision.allowed:
-                    return f"{method} {path} from {ip} ({decision.reason})"
+                for headers in forged:
+                    decision = decide(docs, Request(namespace, path, method, labels, ip, headers=headers))
+                    if decision.allowed:
+                        return f"{method} {path} from {ip} ({decision.reason})"
     return None
 
 

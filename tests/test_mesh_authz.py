@@ -85,6 +85,29 @@ def test_a_forged_or_foreign_token_is_rejected(plans):
     assert ask(plan, ns, labels, "/v1/completions", "POST", PROXY_ONLY, ("https://evil.example", "me")).status == 401
 
 
+@pytest.mark.parametrize("claim_to_headers", [True, False])
+def test_one_tenants_token_never_passes_as_anothers(plans, claim_to_headers):
+    """The guard takes the tenant from the issuer header. Where the data plane writes it from the
+    verified claim (istiod), a forged copy is replaced; where it would not (outputClaimToHeaders
+    unsupported), the mesh itself refuses a header that is not the token's own issuer."""
+    plan = plans["prod"]
+    search, support = "https://auth.acme.example/search", "https://auth.acme.example/support"
+    labels = {(ns, name): lbl for ns, lbl, name in workloads(plan)}["vllm", "llama-8b-short"]
+
+    def call(header):
+        request = Request("vllm", "/v1/chat/completions", "POST", labels, PROXY_ONLY, (search, "svc-1"),
+                          headers={} if header is None else {"x-vllm-gke-issuer": header})
+        return decide(plan.manifests(), request, claim_to_headers=claim_to_headers)
+
+    assert call(search).allowed
+    assert call(support).allowed is claim_to_headers  # rewritten to search's own issuer, or refused
+    assert call(None).allowed is claim_to_headers
+    # Without a token a forged header opens nothing, whatever the data plane does.
+    forged = Request("vllm", "/v1/chat/completions", "POST", labels, PROXY_ONLY, None,
+                     headers={"x-vllm-gke-issuer": search})
+    assert decide(plan.manifests(), forged, claim_to_headers=claim_to_headers).status == 403
+
+
 def test_evaluator_semantics():
     assert match_string("https://a/*", "https://a/x") and not match_string("https://a/*", "https://ab/x")
     assert match_string("*.json", "x.json") and match_string("*", "anything")
