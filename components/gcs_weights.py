@@ -14,7 +14,7 @@ and the metadata server's address bypass it.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 CSI_DRIVER = "gcsfuse.csi.storage.gke.io"
 CACHE_VOLUME = "gke-gcsfuse-cache"
@@ -44,10 +44,26 @@ def weights_volume(bucket: Any, read_only: bool, uid: Optional[int] = None) -> d
         "bucketName": bucket, "mountOptions": mount_options(read_only, uid)}}}
 
 
-def cache_gi(weights_gb: float) -> int:
-    """Room for the model's files, plus a tenth."""
-    return max(1, math.ceil(weights_gb * 1.1))
+def cache_gi(files_gb: float) -> int:
+    """Room for the files a server reads, plus a tenth."""
+    return max(1, math.ceil(files_gb * 1.1))
 
 
-def cache_volume(weights_gb: float) -> dict[str, Any]:
-    return {"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": f"{cache_gi(weights_gb)}Gi"}}
+def cache_volume(files_gb: float) -> dict[str, Any]:
+    return {"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": f"{cache_gi(files_gb)}Gi"}}
+
+
+def cache_limit_mb(files_gb: float) -> int:
+    """gcsfuse's own cap on the file cache, below the emptyDir's sizeLimit: past the limit the
+    kubelet evicts the pod, while gcsfuse past its cap only evicts cached files."""
+    return int(cache_gi(files_gb) * 1024 * 0.95)
+
+
+def with_cache_limit(volume: Mapping[str, Any], files_gb: float) -> dict[str, Any]:
+    """The bucket volume with its unbounded file cache capped for one server's files."""
+    csi = dict(volume["csi"])
+    attributes = dict(csi["volumeAttributes"])
+    attributes["mountOptions"] = attributes["mountOptions"].replace(
+        "file-cache:max-size-mb:-1", f"file-cache:max-size-mb:{cache_limit_mb(files_gb)}")
+    csi["volumeAttributes"] = attributes
+    return {**volume, "csi": csi}

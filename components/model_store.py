@@ -118,6 +118,11 @@ def adapter_copies(model: ModelSpec, key_prefix: str = "") -> list[WeightCopy]:
                        f"{key_prefix}adapters[{j}].diskGb", adapter=True) for j, a in enumerate(model.adapters)]
 
 
+def served_files_gb(model: ModelSpec) -> float:
+    """What one server of the model reads from the store: its files and its adapters'."""
+    return model.files_gb + sum(a.weights_gb for a in adapter_copies(model))
+
+
 def weight_copies(models: Sequence[ModelSpec]) -> list[WeightCopy]:
     """Every copy on the share: each model, each canary's revision (its own directory beside the
     current one), and each LoRA adapter; each names the key (models[i]...) that sizes it."""
@@ -173,7 +178,8 @@ def reads(copy: WeightCopy, rel: VllmRelease) -> str:
     return "adapter" if copy.adapter else rel.weights_rule
 
 
-def loader_command(copy: WeightCopy, rel: VllmRelease, max_gib: Optional[float] = None) -> list[str]:
+def loader_command(copy: WeightCopy, rel: VllmRelease, max_gib: Optional[float] = None,
+                   bucket: Optional[pulumi.Input[str]] = None) -> list[pulumi.Input[str]]:
     """The loader's argv: exec form, every value an argument (a shell never parses them). With
     max_gib (a Hyperdisk ML disk is filled from the folder) the loader refuses a selection that
     does not fit, naming the key, and leaves nothing else in the folder."""
@@ -183,6 +189,9 @@ def loader_command(copy: WeightCopy, rel: VllmRelease, max_gib: Optional[float] 
                 "--token-file", f"{HF_TOKEN_MOUNT}/token"]
     else:
         argv = ["python3", program, "gcs", copy.source, copy.directory]
+        if bucket is not None:  # the folder is the weights bucket's: copy server-side
+            folder = copy.directory.removeprefix(MOUNT_PATH).strip("/")
+            argv += ["--dest-uri", pulumi.Output.concat("gs://", bucket, "/", folder)]
     argv += ["--reads", reads(copy, rel), "--size-key", copy.size_key]
     if max_gib is not None:
         argv += ["--max-gib", f"{max_gib:.2f}", "--prune"]
@@ -400,7 +409,8 @@ class ModelStore(pulumi.ComponentResource):
                                 "image": image.uri,
                                 "command": loader_command(
                                     copy, args.vllm_release,
-                                    usable_gib(copy.weights_gb) if self.backend == "hyperdisk-ml" else None),
+                                    usable_gib(copy.weights_gb) if self.backend == "hyperdisk-ml" else None,
+                                    bucket=None if self.backend == "filestore" else self.bucket.name),
                                 # The error (the key to raise) shows in the pod's and Job's status.
                                 "terminationMessagePolicy": "FallbackToLogsOnError",
                                 "resources": {"requests": {"cpu": "2", "memory": "8Gi", "ephemeral-storage": scratch},
@@ -408,7 +418,12 @@ class ModelStore(pulumi.ComponentResource):
                                 "securityContext": dict(CONTAINER_SECURITY),
                                 # The server image sets HF_HUB_OFFLINE=1 so replicas never download;
                                 # the loader is the one place that must.
-                                "env": [*LOADER_ENV, *LOADER_RUNTIME_ENV, *token.env],
+                                "env": [*LOADER_ENV, *LOADER_RUNTIME_ENV, *token.env,
+                                        # Through FUSE, downloads must write in order: gcsfuse streams
+                                        # sequential writes but stages out-of-order ones (hf_xet's
+                                        # parallel reconstruction) whole on the node's disk.
+                                        *([] if self.backend == "filestore" else
+                                          [{"name": "HF_HUB_DISABLE_XET", "value": "1"}])],
                                 "volumeMounts": [{"name": "weights", "mountPath": MOUNT_PATH},
                                                  {"name": "program", "mountPath": LOADER_MOUNT, "readOnly": True},
                                                  *({"name": v, "mountPath": p} for v, p in LOADER_SCRATCH),

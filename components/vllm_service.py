@@ -24,7 +24,9 @@ from vllm_gke.components.k8s_meta import (
     BASE_LABELS, CONTAINER_SECURITY, MODEL_LABEL, POOL_LABEL, TENANT_LABEL, custom_resource, meta,
 )
 from vllm_gke.components import gcs_weights
-from vllm_gke.components.model_store import SERVER_SA, SERVER_UID, MOUNT_PATH, adapter_copies, model_dir, ready_marker
+from vllm_gke.components.model_store import (
+    SERVER_SA, SERVER_UID, MOUNT_PATH, adapter_copies, model_dir, ready_marker, served_files_gb,
+)
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
 from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
@@ -201,7 +203,7 @@ def scratch_gi(model: ModelSpec, bucket_cache: bool) -> int:
     """Node disk to request for one replica: its compile caches, plus, on the bucket backend,
     Cloud Storage FUSE's file cache (an emptyDir sized to the model and its adapters, which the
     sidecar fills with the whole model on the first read)."""
-    return SCRATCH_REQUEST_GI + (gcs_weights.cache_gi(model.weights_gb + model.lora_gb()) if bucket_cache else 0)
+    return SCRATCH_REQUEST_GI + (gcs_weights.cache_gi(served_files_gb(model)) if bucket_cache else 0)
 
 
 def container_resources(node_pool: NodePoolSpec, gpus: int, scratch: int = 0) -> dict[str, dict[str, str]]:
@@ -284,8 +286,8 @@ class VllmService(pulumi.ComponentResource):
                                for i, (_, c) in enumerate(ordered)]
         elif args.weights_volume is not None:
             # The bucket mount, and its file cache sized for this model and its adapters.
-            weights_volumes = [dict(args.weights_volume),
-                               gcs_weights.cache_volume(model.weights_gb + model.lora_gb())]
+            weights_volumes = [gcs_weights.with_cache_limit(args.weights_volume, served_files_gb(model)),
+                               gcs_weights.cache_volume(served_files_gb(model))]
         # Reading a bucket mount needs the network: an init container would read it before the
         # mesh sidecar serves whenever the sidecar is a classic one (managed Cloud Service Mesh
         # lists no nativeSidecar annotation) and Istio CNI captures the pod's traffic from the

@@ -45,7 +45,8 @@ def test_serving_pods_mount_the_bucket_read_only_with_parallel_downloads(plans):
     csi = volumes["weights"]["csi"]
     assert csi["driver"] == CSI_DRIVER and csi["readOnly"] is True
     options = csi["volumeAttributes"]["mountOptions"].split(",")
-    assert {"file-cache:enable-parallel-downloads:true", "file-cache:max-size-mb:-1",
+    # gcsfuse caps its cache below the emptyDir's limit (16Gi): past that the kubelet evicts the pod.
+    assert {"file-cache:enable-parallel-downloads:true", f"file-cache:max-size-mb:{int(16 * 1024 * 0.95)}",
             "metadata-cache:ttl-secs:-1", "uid=1000", "gid=1000"} <= set(options)
     # The file cache: an emptyDir sized to the model (Mistral 7B, 14.5 GB of bf16 weights).
     assert volumes[CACHE_VOLUME] == {"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": "16Gi"}}
@@ -152,3 +153,17 @@ def test_bucket_backed_replicas_request_the_node_disk_their_file_cache_takes(pla
     dep = plan.kube("Deployment", "mistral-7b-short", "vllm").props
     (c,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
     assert c["resources"]["requests"]["ephemeral-storage"] == f"{4 + cache_gi(model.weights_gb + model.lora_gb())}Gi"
+
+
+def test_the_file_cache_holds_the_files_the_server_reads(plan_variant):
+    """Sized from diskGb (what the loader measured), not the dtype estimate: Mistral 7B served as fp8
+    from its bf16 checkpoint reads 16 GB through the cache, not 8."""
+    def fp8_checkpoint(values):
+        model = next(m for m in values["vllm-gke:models"] if m["name"] == "mistral-7b")
+        model.update({"dtype": "fp8", "diskGb": 16})
+    dep = plan_variant("staging", fp8_checkpoint).kube("Deployment", "mistral-7b-long").props["spec"]["template"]
+    volumes = {v["name"]: v for v in dep["spec"]["volumes"]}
+    assert volumes[CACHE_VOLUME]["emptyDir"]["sizeLimit"] == "18Gi"
+    assert f"file-cache:max-size-mb:{int(18 * 1024 * 0.95)}" in volumes["weights"]["csi"]["volumeAttributes"]["mountOptions"]
+    vllm = next(c for c in dep["spec"]["containers"] if c["name"] == "vllm")
+    assert int(vllm["resources"]["requests"]["ephemeral-storage"].removesuffix("Gi")) >= 18

@@ -141,6 +141,17 @@ def test_files_that_cannot_fit_fail_the_job_at_once_naming_the_key(tmp_path):
     assert run_loader(container(fixed, "mistral-7b"), tmp_path).returncode == 0
 
 
+def test_a_loaded_folder_that_outgrew_a_smaller_disk_fails_too(tmp_path):
+    """Loaded once for a 14 GB disk, then the config shrinks it again: the marker alone must not pass
+    a folder the new disk cannot hold (Volume Populator would retry for hours)."""
+    with_token(tmp_path)
+    assert run_loader(container(mistral_at(dtype="fp8", disk_gb=14), "mistral-7b"), tmp_path).returncode == 0
+    (tmp_path / "hub.log").unlink()
+    result = run_loader(container(mistral_at(dtype="fp8"), "mistral-7b"), tmp_path)
+    assert result.returncode == LOADER_EXIT_UNLOADABLE and "Set models[1].diskGb to 14" in result.stderr
+    assert hub_calls(tmp_path) == []  # decided from the marker, before any call to the Hub
+
+
 def test_a_raised_size_or_other_selection_is_a_new_claim():
     """An unbound claim's spec is immutable: a bigger disk must be another claim."""
     ws = WeightCopy("m", "m", "hf://a/b", "main", "/models/m/main", 14.5)
@@ -199,8 +210,10 @@ def test_bucket_sources_are_listed_then_synced_without_what_vllm_skips(plan_vari
         result = run_loader(container(plan, "mistral-7b"), tmp_path, extra_env=env)
     assert result.returncode == 0, result.stderr
     argv = (tmp_path / "gcloud.log").read_text().splitlines()
+    # Into the weights bucket's own folder, server-side: not through the FUSE mount (whose sidecar
+    # stages out-of-order writes, as gcloud's sliced downloads are, whole on the node's disk).
     assert argv[:3] == ["storage", "rsync", "--recursive"] and argv[-2:] == [
-        "gs://acme-models/mistral-7b", str(tmp_path / "models/mistral-7b/main")]
+        "gs://acme-models/mistral-7b", "gs://acme-llm-staging-vllm-staging-weights/mistral-7b/main"]
     exclude = re.compile(arg(argv, "--exclude"))
     copied = {f for f in REPOS[MISTRAL] if not exclude.search(f)}
     assert copied == NON_WEIGHTS | {"consolidated.safetensors"}

@@ -160,8 +160,13 @@ class BucketSource:
     """A gs:// folder: listed and read through the Cloud Storage JSON API with the pod's
     Workload Identity token, copied with `gcloud storage rsync` (parallel, resumable)."""
 
-    def __init__(self, source: str):
+    def __init__(self, source: str, dest_uri: Optional[str] = None):
         self.source = source.rstrip("/")
+        # Where the copy goes when the destination folder is itself a bucket's (mounted through
+        # Cloud Storage FUSE): bucket to bucket, server-side, nothing through the pod or the FUSE
+        # sidecar's staging disk (gcloud's sliced downloads write out of order, which gcsfuse
+        # stages whole on local disk).
+        self.dest_uri = dest_uri.rstrip("/") if dest_uri else None
         self.bucket, _, prefix = self.source.removeprefix("gs://").partition("/")
         self.prefix = f"{prefix}/" if prefix else ""
         self.description = self.source
@@ -199,7 +204,8 @@ class BucketSource:
         unwanted = sorted(set(everything) - set(paths))
         # rsync's --exclude is a Python regex on the path relative to the source.
         exclude = ["--exclude", "^(?:" + "|".join(re.escape(p) for p in unwanted) + ")$"] if unwanted else []
-        subprocess.run(["gcloud", "storage", "rsync", "--recursive", *exclude, self.source, str(dest)], check=True)
+        subprocess.run(["gcloud", "storage", "rsync", "--recursive", *exclude, self.source, self.dest_uri or str(dest)],
+                       check=True)
 
 
 def read_marker(dest: Path) -> Optional[dict]:
@@ -239,19 +245,30 @@ def unloadable(message: str) -> int:
     return EXIT_UNLOADABLE
 
 
-def done(dest: Path, rule: str, do_prune: bool) -> bool:
-    """A marker for this selection (and, where asked, a folder holding nothing else)."""
+def too_large(total: float, max_gib: Optional[float], size_key: str, what: str) -> Optional[str]:
+    if max_gib is None or total <= max_gib * GIB:
+        return None
+    return (f"the files vLLM reads from {what} take {total / GIB:.2f} GiB; the disk made for them holds "
+            f"{max_gib:.2f} GiB. Set {size_key} to {int(total / GIB) + 1} (or more) and run pulumi up again.")
+
+
+def done(dest: Path, rule: str, do_prune: bool, max_gib: Optional[float] = None, size_key: str = "") -> Optional[int]:
+    """The exit status when a marker says this selection is here (and, where asked, nothing else):
+    0, or EXIT_UNLOADABLE when it no longer fits the disk it fills (a smaller disk since: the
+    copy would never complete). None when there is loading to do."""
     marker = read_marker(dest)
     if marker is None or marker.get("reads") != rule or (do_prune and not marker.get("pruned")):
-        return False
+        return None
+    if (problem := too_large(float(marker.get("bytes") or 0), max_gib, size_key, str(dest))) is not None:
+        return unloadable(problem)
     print(f"weights already loaded in {dest}: {marker}")
-    return True
+    return 0
 
 
 def load(source: Source, dest: Path, rule: str, max_gib: Optional[float], size_key: str, do_prune: bool,
          record: dict[str, object]) -> int:
-    if done(dest, rule, do_prune):
-        return 0
+    if (status := done(dest, rule, do_prune, max_gib, size_key)) is not None:
+        return status
     everything = source.files()
     dest.mkdir(parents=True, exist_ok=True)
     try:
@@ -260,10 +277,8 @@ def load(source: Source, dest: Path, rule: str, max_gib: Optional[float], size_k
         return unloadable(f"{source.description}: {problem}")
     total = sum(everything[f] for f in wanted)
     print(f"{source.description}: vLLM reads {len(wanted)} of its {len(everything)} files, {total / GIB:.2f} GiB")
-    if max_gib is not None and total > max_gib * GIB:
-        return unloadable(f"the files vLLM reads from {source.description} take {total / GIB:.2f} GiB; the disk made "
-                         f"for them holds {max_gib:.2f} GiB. Set {size_key} to {int(total / GIB) + 1} (or more) "
-                         "and run pulumi up again.")
+    if (problem := too_large(total, max_gib, size_key, source.description)) is not None:
+        return unloadable(problem)
     have = present(dest)
     missing = sum(size for f, size in everything.items() if f in wanted and have.get(f) != size)
     free = shutil.disk_usage(dest).free
@@ -299,14 +314,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.add_argument("--max-gib", type=float, help="the most the selection may take")
         p.add_argument("--size-key", default="the model's diskGb", help="the config key that sets --max-gib")
         p.add_argument("--prune", action="store_true", help="remove files beyond the selection")
+        p.add_argument("--dest-uri", help="gs:// folder that dest mounts: copy bucket to bucket (gcs sources)")
     args = parser.parse_args(argv)
     if args.kind == "hf":
-        if done(args.dest, args.reads, args.prune):
-            return 0  # before any call to the Hub: a re-run needs no network
+        if (status := done(args.dest, args.reads, args.prune, args.max_gib, args.size_key)) is not None:
+            return status  # before any call to the Hub: a re-run needs no network
         hub = HubSource(args.repo, args.revision, read_token(args.token_file), args.dest)
         return load(hub, args.dest, args.reads, args.max_gib, args.size_key, args.prune,
                     {"source": f"hf://{args.repo}", "revision": args.revision, "commit": hub.commit})
-    return load(BucketSource(args.source), args.dest, args.reads, args.max_gib, args.size_key, args.prune,
+    return load(BucketSource(args.source, args.dest_uri), args.dest, args.reads, args.max_gib, args.size_key, args.prune,
                 {"source": args.source})
 
 
