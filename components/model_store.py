@@ -42,6 +42,7 @@ HF_TOKEN_MOUNT = "/var/run/secrets/hf"
 # Filestore's smallest capacity per tier, in GiB (REGIONAL starts at 100 GiB, but its read
 # throughput scales with capacity: below 1 TiB a multi-GB load crawls).
 TIER_MIN_GB = {"BASIC_HDD": 1024, "BASIC_SSD": 2560, "ZONAL": 1024, "REGIONAL": 1024}
+BASIC_TIERS = frozenset({"BASIC_HDD", "BASIC_SSD"})
 REGIONAL_TIERS = frozenset({"REGIONAL"})
 # A statically bound NFS volume's size is nominal: the kubelet never enforces it. Tying it to the
 # share's capacity would turn every resize (adding a model) into a change of an immutable field.
@@ -136,10 +137,23 @@ def plan_filestore(models: Sequence[ModelSpec], weights: WeightsSpec) -> tuple[s
     """Tier and capacity (GiB) for the share: the tier's minimum or the weights plus headroom. The
     tier is the config's alone: one chosen from the models would replace the share when a model
     is added (a tier cannot change in place)."""
-    total = sum(c.weights_gb for c in weight_copies(models))
     tier = weights.tier
-    capacity = filestore_capacity(tier, max(TIER_MIN_GB[tier], math.ceil(total * HEADROOM), weights.capacity_gb or 0))
+    if tier in BASIC_TIERS:
+        # Basic shares only grow: derived from the models, removing one would plan a shrink the
+        # API refuses. Their size is the config's (the stack config checks the models fit it).
+        return tier, filestore_capacity(tier, max(TIER_MIN_GB[tier], weights.capacity_gb or 0))
+    capacity = filestore_capacity(tier, max(TIER_MIN_GB[tier], needed_gb(models), weights.capacity_gb or 0))
     return tier, capacity
+
+
+def needed_gb(models: Sequence[ModelSpec]) -> int:
+    """What the share must hold: every copy, plus headroom."""
+    return math.ceil(sum(c.weights_gb for c in weight_copies(models)) * HEADROOM)
+
+
+def capacity_range(tier: str, capacity_gb: int) -> str:
+    """Zonal and regional shares cannot move between their two size ranges in place."""
+    return "high" if tier in ("ZONAL", "REGIONAL") and capacity_gb > LOW_RANGE_MAX_GB else "low"
 
 
 # Zonal and regional Filestore sizes: 1-9.75 TiB in 256 GiB steps, 10-100 TiB in 2.5 TiB steps, and
@@ -155,11 +169,13 @@ def filestore_capacity(tier: str, gb: int) -> int:
     return math.ceil(gb / 256) * 256
 
 
-def share_identity(instance_name: str, tier: str, location: str) -> str:
-    """A digest of what Filestore cannot change in place (tier, location) and the name it was asked
-    for: the instance and its PVs and PVCs are named by it, so a change is a new share beside the
-    old one, with new claims the servers roll onto (once loaded) before the old ones are deleted."""
-    return hashlib.sha256(f"{instance_name}\n{tier}\n{location}".encode()).hexdigest()[:6]
+def share_identity(instance_name: str, tier: str, location: str, size_range: str = "low") -> str:
+    """A digest of what Filestore cannot change in place (tier, location, a zonal or regional
+    share's size range) and the name it was asked for: the instance and its PVs and PVCs are
+    named by it, so a change is a new share beside the old one, with new claims the servers roll
+    onto (once loaded) before the old ones are deleted."""
+    identity = f"{instance_name}\n{tier}\n{location}" + ("" if size_range == "low" else f"\n{size_range}")
+    return hashlib.sha256(identity.encode()).hexdigest()[:6]
 
 
 def share_instance_name(instance_name: str, identity: str) -> str:
@@ -269,7 +285,8 @@ class ModelStore(pulumi.ComponentResource):
         self.server_ip: pulumi.Output[str] = pulumi.Output.from_input("")
         if self.backend == "filestore":
             self.location = args.region if self.tier in REGIONAL_TIERS else args.zone
-            self.share_identity = share_identity(instance_name, self.tier, self.location)
+            self.share_identity = share_identity(instance_name, self.tier, self.location,
+                                                 capacity_range(self.tier, self.capacity_gb))
             self.claim_name = f"{CLAIM_NAME}-{self.share_identity}"
             self.instance = gcp.filestore.Instance(
                 f"{name}-filestore", name=share_instance_name(instance_name, self.share_identity),

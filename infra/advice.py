@@ -26,8 +26,9 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: 
     if filestore_tier in ("ZONAL", "REGIONAL") and cfg.weights.backend == "filestore" and \
             0.9 * LOW_RANGE_MAX_GB < filestore_capacity_gb <= LOW_RANGE_MAX_GB:
         out.append(f"the {filestore_tier} share is {filestore_capacity_gb} GiB, near the 9.75 TiB top of its range: it "
-                   "cannot grow past it in place (10 TiB and up is another range), so the next model that does not fit "
-                   "re-creates the share; size it 10 TiB now (weights.capacityGb: 10240) if models will be added")
+                   "cannot grow past it in place (10 TiB and up is another range), so growing past it brings up a new "
+                   "share beside this one and loads every model again; size it 10 TiB now (weights.capacityGb: 10240) "
+                   "if models will be added")
     if cfg.weights.backend == "hyperdisk-ml":
         disks = hyperdisk_disks(cfg)
         out.append(

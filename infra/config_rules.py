@@ -42,7 +42,7 @@ def cross_field_issues(cfg: "StackConfig") -> list["ConfigIssue"]:
 
     for check in (_unique_names, _placements, _tenant_models, _gpu_slots, _gateway, _network, _zones,
                   _issuers, _namespaces, _vllm_release, _chunked_prefill, _inference_gateway,
-                  _global_limits, _adapters, _scale_to_zero, _hyperdisk_ml, _node_disks):
+                  _global_limits, _adapters, _scale_to_zero, _hyperdisk_ml, _node_disks, _filestore_size):
         check(cfg, add)
     return issues
 
@@ -294,6 +294,19 @@ def _adapters(cfg: "StackConfig", add: Add) -> None:
                 if tenant not in callers.get(model.name, set()):
                     add(f"{key}.tenants", f"tenant '{tenant}' may not call model '{model.name}': list the model "
                         f"under that tenant's models (an adapter runs on the model's replicas), or remove it here")
+
+
+def _filestore_size(cfg: "StackConfig", add: Add) -> None:
+    from vllm_gke.components.model_store import BASIC_TIERS, TIER_MIN_GB, needed_gb
+
+    weights = cfg.weights
+    if weights.backend != "filestore" or weights.tier not in BASIC_TIERS:
+        return
+    size = max(TIER_MIN_GB[weights.tier], weights.capacity_gb or 0)
+    if (needed := needed_gb(cfg.models)) > size:
+        add("weights.capacityGb", f"the models' weights need a {needed} GiB share (their files plus 30%), but the "
+            f"{weights.tier} share is {size} GiB; set weights.capacityGb to {needed} or more. A Basic share only "
+            "grows, so its size is this key's, never derived from the models: lowering it later is refused")
 
 
 def _global_limits(cfg: "StackConfig", add: Add) -> None:

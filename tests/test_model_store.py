@@ -36,7 +36,8 @@ def _model(params: float) -> ModelSpec:
 @pytest.mark.parametrize("params,tier,expected", [
     (7, None, ("ZONAL", 1024)), (600, None, ("ZONAL", 1792)),
     # The config's tier, whatever the models weigh: a tier that followed their size re-created the share.
-    (7, "BASIC_HDD", ("BASIC_HDD", 1024)), (600, "BASIC_HDD", ("BASIC_HDD", 1792)),
+    # A Basic share only grows: its size is weights.capacityGb's (the config checks the models fit).
+    (7, "BASIC_HDD", ("BASIC_HDD", 1024)), (600, "BASIC_HDD", ("BASIC_HDD", 1024)),
 ])
 def test_plan_filestore(params, tier, expected):
     weights = WeightsSpec() if tier is None else WeightsSpec(tier=tier)
@@ -236,6 +237,7 @@ def test_adding_a_large_model_keeps_the_share_and_its_claims(plans, plan_variant
     def add_70b(values):
         values["vllm-gke:models"].append({**values["vllm-gke:models"][0], "name": "big", "diskGb": 900})
         values["vllm-gke:nodePools"][0]["maxNodes"] = 8
+        values["vllm-gke:weights"]["capacityGb"] = 2048  # a Basic share grows when this key says so
     before, after = _share(plans["dev"]), _share(plan_variant("dev", add_70b))
     assert (before[0]["name"], before[0]["tier"], before[0]["location"]) == \
         (after[0]["name"], after[0]["tier"], after[0]["location"])
@@ -277,3 +279,31 @@ def test_filestore_instance_names_stay_valid():
     name = share_instance_name("c" * 70, identity)
     assert len(name) == 63 and name.endswith(f"-{identity}")
     assert share_identity("a", "ZONAL", "us-central1-a") != share_identity("a", "ZONAL", "us-central1-b")
+
+
+def test_a_basic_share_is_sized_by_its_key_and_never_shrinks(dev_values):
+    from vllm_gke.infra.config import ConfigError, parse
+
+    dev_values["vllm-gke:models"].append({**dev_values["vllm-gke:models"][0], "name": "big", "diskGb": 900})
+    dev_values["vllm-gke:nodePools"][0]["maxNodes"] = 8
+    with pytest.raises(ConfigError) as exc:
+        parse(dev_values)
+    (issue,) = [str(i) for i in exc.value.issues]
+    assert "vllm-gke:weights.capacityGb" in issue and "set weights.capacityGb to 1190 or more" in issue
+    # Removing the model again plans the same size: nothing for the API to refuse.
+    dev_values["vllm-gke:weights"]["capacityGb"] = 2048
+    grown = plan_filestore(parse(dev_values).models, parse(dev_values).weights)
+    dev_values["vllm-gke:models"].pop()
+    assert plan_filestore(parse(dev_values).models, parse(dev_values).weights) == grown == ("BASIC_HDD", 2048)
+
+
+def test_crossing_a_zonal_size_range_brings_up_a_new_share(plans, plan_variant):
+    """A ZONAL share cannot move from the 1-9.75 TiB range to 10 TiB and up in place."""
+    def grow(values):
+        values["vllm-gke:weights"] = {"tier": "ZONAL", "capacityGb": 9984}
+    def cross(values):
+        values["vllm-gke:weights"] = {"tier": "ZONAL", "capacityGb": 10240}
+    low, high = _share(plan_variant("dev", grow)), _share(plan_variant("dev", cross))
+    assert low[0]["name"] != high[0]["name"] and not low[1] & high[1]
+    same = _share(plan_variant("dev", lambda v: v.update({"vllm-gke:weights": {"tier": "ZONAL", "capacityGb": 2048}})))
+    assert same[0]["name"] == low[0]["name"]  # within a range: resized in place
