@@ -29,7 +29,13 @@ POD_ANNOTATIONS = {
     "gke-gcsfuse/volumes": "true",
     "gke-gcsfuse/cpu-limit": "0", "gke-gcsfuse/memory-limit": "0", "gke-gcsfuse/ephemeral-storage-limit": "0",
 }
-MESHED_POD_ANNOTATIONS = {**POD_ANNOTATIONS, "traffic.sidecar.istio.io/excludeOutboundIPRanges": "169.254.169.254/32"}
+# On a meshed pod the FUSE sidecar's calls bypass Envoy: the metadata server (GKE's guide for
+# Istio), and HTTPS to Cloud Storage, so the mount works before any proxy runs (a classic sidecar
+# under Istio CNI starts after the FUSE sidecar has begun retrying, and gcsfuse gives up after
+# minutes). Nothing else in a serving pod calls out on 443: vLLM runs offline, Envoy fetches JWKS
+# as its own user (never captured), and the guard's limit store is on 6379, still meshed.
+MESHED_POD_ANNOTATIONS = {**POD_ANNOTATIONS, "traffic.sidecar.istio.io/excludeOutboundIPRanges": "169.254.169.254/32",
+                          "traffic.sidecar.istio.io/excludeOutboundPorts": "443"}
 
 
 def mount_options(read_only: bool, uid: Optional[int] = None) -> str:

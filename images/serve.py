@@ -36,11 +36,18 @@ def wait_for_files(paths: Sequence[str], stopped: Callable[[], bool] = lambda: F
     Polls each second, so a SIGTERM while waiting ends the container at once."""
     for path in paths:
         waited = 0
-        while not os.path.isfile(path):
+        while True:
+            try:
+                os.stat(path)
+                break
+            except FileNotFoundError:
+                problem = f"waiting for weights at {path}"
+            except OSError as error:  # a mount that does not serve (ENOTCONN, EIO): say so
+                problem = f"the weights mount does not answer for {path}: {error}"
             if stopped():
                 return False
             if waited % say_every == 0:
-                print(f"vllm-gke: waiting for weights at {path}", file=sys.stderr, flush=True)
+                print(f"vllm-gke: {problem}", file=sys.stderr, flush=True)
             sleep(1.0)
             waited += 1
     return True

@@ -433,6 +433,10 @@ def fuse_pods_start_under_any_sidecar_mode(plan: Plan) -> list[str]:
                         if (v.get("csi") or {}).get("driver") == "gcsfuse.csi.storage.gke.io"}
         if not fuse_volumes or (pod["metadata"].get("annotations") or {}).get("sidecar.istio.io/inject") == "false":
             continue
+        if "443" not in (pod["metadata"].get("annotations") or {}).get(
+                "traffic.sidecar.istio.io/excludeOutboundPorts", "").split(","):
+            out.append(f"{d['metadata']['name']}: the FUSE sidecar's HTTPS to Cloud Storage goes through a proxy "
+                       "that a classic sidecar starts only after it (gcsfuse gives up retrying in minutes)")
         init = [c["name"] for c in pod["spec"].get("initContainers") or []]
         readers = {c["name"] for c in pod["spec"].get("initContainers") or []
                    if fuse_volumes & {m["name"] for m in c.get("volumeMounts") or []}}
@@ -691,8 +695,9 @@ CONTRACTS: tuple[Contract, ...] = (
              "GoogleCloudPlatform/gcs-fuse-csi-driver@v1.24.4:pkg/webhook/injection.go:123,187-193; "
              "istio/istio@1.24.6:pkg/kube/inject/webhook.go:772-815 (1.30.3: 781-824); "
              "https://istio.io/latest/docs/setup/additional-setup/cni/#compatibility-with-application-init-containers",
-             "no init container of a meshed pod reads a bucket mount: the entrypoint waits for bucket-backed "
-             "weights after the proxy, so pods start with a native or a classic sidecar",
+             "no init container of a meshed pod reads a bucket mount (the entrypoint waits for bucket-backed "
+             "weights after the proxy) and the FUSE sidecar's HTTPS bypasses Envoy (excludeOutboundPorts 443), so "
+             "pods start with a native or a classic sidecar",
              fuse_pods_start_under_any_sidecar_mode),
     Contract("Redis", "7.4.2",
              "with save \"\" and appendonly no it writes no file, on shutdown either; commands a script calls are "

@@ -54,6 +54,8 @@ def test_serving_pods_mount_the_bucket_read_only_with_parallel_downloads(plans):
     assert annotations["gke-gcsfuse/volumes"] == "true"
     # Meshed pod: the driver's sidecar reaches the metadata server around Envoy (GKE's guide).
     assert annotations["traffic.sidecar.istio.io/excludeOutboundIPRanges"] == "169.254.169.254/32"
+    # ...and Cloud Storage too: with a classic proxy (Istio CNI) the FUSE sidecar starts before any Envoy.
+    assert annotations["traffic.sidecar.istio.io/excludeOutboundPorts"] == "443"
     assert "holdApplicationUntilProxyStarts" in annotations["proxy.istio.io/config"]
     for c in dep["spec"]["containers"] + dep["spec"]["initContainers"]:
         assert {"name": "weights", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]

@@ -132,6 +132,18 @@ def test_entrypoint_starts_vllm_only_once_the_weights_are_there(tmp_path):
     assert waiting.wait(timeout=5) == 0 and not (tmp_path / "x" / "log").exists()
 
 
+def test_a_mount_that_does_not_answer_is_said_not_waited_on_silently(tmp_path, capsys):
+    sys.path.insert(0, str(IMAGES))
+    import serve
+
+    broken = tmp_path / "file"
+    broken.write_text("")
+    calls = []
+    assert serve.wait_for_files([str(broken / "marker")], stopped=lambda: len(calls) >= 2,
+                                say_every=1, sleep=calls.append) is False
+    assert "does not answer" in capsys.readouterr().err
+
+
 def test_entrypoint_never_marks_warm_when_every_warm_up_fails(tmp_path):
     proc = run_entrypoint(tmp_path, FAKE_VLLM_COMPLETION_STATUS="500")
     try:
