@@ -88,6 +88,10 @@ def make_model_dir(target: Path) -> Path:
     return final
 
 
+# A file each engine request is recorded in (its cache_salt and max_tokens), when set.
+ENGINE_LOG_ENV = "FAKE_ENGINE_LOG"
+
+
 class InstantEngineCore:
     """The engine-core client AsyncLLM talks to, answering every request at once: GENERATED
     tokens and a stop. Requests and outputs still go through vLLM's msgpack codec, as over
@@ -108,6 +112,11 @@ class InstantEngineCore:
 
     async def add_request_async(self, request: Any) -> None:
         self.encoder.encode(request)
+        if log := os.environ.get(ENGINE_LOG_ENV):  # what reached the engine, for tests
+            params = request.sampling_params
+            with open(log, "a") as fh:
+                fh.write(json.dumps({"cache_salt": request.cache_salt,
+                                     "max_tokens": getattr(params, "max_tokens", None)}) + "\n")
         prompt = request.prompt_token_ids or [0]
         out = self.outputs_of(outputs=[self.output(
             request_id=request.request_id, new_token_ids=[prompt[i % len(prompt)] for i in range(GENERATED)],

@@ -34,6 +34,9 @@ class VllmRelease:
 
     # Tenant routes whose request models take `cache_salt` (a per-request prefix-cache salt).
     cache_salt_paths: tuple[str, ...] = ()
+    # Tenant routes that reach the shared prefix cache with no salt the guard can set: refused,
+    # or two tenants' prompts would share cached prefixes (a timing side channel).
+    unsalted_paths: tuple[str, ...] = ()
     # Which weight files the release's loader opens with load_format auto (the loader program's
     # --reads): 0.34 prefers Mistral's consolidated*.safetensors where a repository has them
     # (model_loader/default_loader.py:170-183), 0.11 reads the HF shards.
@@ -62,7 +65,12 @@ RELEASES: dict[str, VllmRelease] = {
                           weights_rule="mistral-first"),
     "0.11.0": VllmRelease("0.11.0", "v0.11.0", "or", "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
                           "vllm:kv_cache_usage_perc",
-                          cache_salt_paths=("/v1/completions", "/v1/chat/completions", "/v1/responses")),
+                          cache_salt_paths=("/v1/completions", "/v1/chat/completions", "/v1/responses"),
+                          # 0.11 keeps prefix caching on for pooling models (engine/arg_utils.py:1563-1577)
+                          # and its pooling requests' prompt form takes no salt (serving_embedding.py
+                          # renders it without one; serving_engine.py:848 salts only the chat form).
+                          unsalted_paths=("/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score",
+                                          "/rerank", "/v1/rerank", "/v2/rerank")),
 }
 DEFAULT_VLLM_VERSION = "0.34.0"
 

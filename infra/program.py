@@ -163,7 +163,9 @@ def build(cfg: StackConfig) -> Platform:
                 model=model, pool_name=which, pool=pool, node_pool=cfg.pool(pool_name),
                 namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
                 provider=provider,
-                guard_config=guard_config(callers, picker_routes() if picked else tenant_routes(), rel.max_tokens_rule,
+                guard_config=guard_config(callers, picker_routes() if picked else
+                                          [r for r in tenant_routes() if r.path not in rel.unsalted_paths],
+                                          rel.max_tokens_rule,
                                           objectives_for=picked, shared_store=shared_store, served=model,
                                           max_body_bytes=PICKER_REENCODING_GROWTH * picker_max_body_bytes(model)
                                           if picked else None,

@@ -775,6 +775,23 @@ def test_the_plan_salts_what_each_release_takes(plans):
     assert set(RELEASES["0.11.0"].cache_salt_paths) == {"/v1/completions", "/v1/chat/completions", "/v1/responses"}
 
 
+def test_0_11_routes_with_a_shared_unsalted_prefix_cache_are_refused(plan_variant):
+    """On 0.11 the pooling routes share the prefix cache with no salt the guard can set: the guard
+    serves none of them, so no tenant's embedding prompt warms another's."""
+    plan = plan_variant("dev", lambda v: v.update({"vllm-gke:vllmVersion": "0.11.0",
+                                                   "vllm-gke:serverImage": {**v["vllm-gke:serverImage"],
+                                                                            "tag": "v0.11.0-gke.1"}}))
+    from tests.conftest import vllm_deployments
+
+    for dep in vllm_deployments(plan):
+        env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+        cfg = json.loads(env["GKE_LLM_GUARD_CONFIG"])
+        assert "/v1/chat/completions" in cfg["routes"] and set(cfg["cacheSaltRoutes"]) <= set(cfg["routes"])
+        assert not set(cfg["routes"]) & {"/v1/embeddings", "/pooling", "/classify", "/score", "/v1/rerank"}
+        mw = guard.GuardMiddleware(Recorder(), cfg, Clock())
+        assert status(call(mw, {"input": "hi", "model": "m"}, path="/v1/embeddings")) == 404
+
+
 @pytest.mark.parametrize("rule,status_", [("or", 400), ("both", 400), ("not-none", 200)])
 def test_completions_bound_is_read_as_the_release_reads_it(rule, status_):
     """vLLM 0.11 reads `max_completion_tokens or max_tokens` for completions too (an extra field its

@@ -56,7 +56,8 @@ def pod(plans, tmp_path_factory):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "images"), str(REPO)]),
                GKE_LLM_GUARD_CONFIG=json.dumps(guard_config), GKE_LLM_WARM_MARKER=str(marker),
                GKE_LLM_WARMUP_PAUSE_SECONDS="1",
-               GKE_LLM_SERVER_COMMAND=f"{VLLM_PYTHON} -m benchmarks.vllm_fake_engine serve")
+               GKE_LLM_SERVER_COMMAND=f"{VLLM_PYTHON} -m benchmarks.vllm_fake_engine serve",
+               FAKE_ENGINE_LOG=str(tmp / "engine.jsonl"))
     log = open(tmp / "server.log", "wb")
     proc = subprocess.Popen([sys.executable, str(REPO / "images" / "serve.py"),
                              *server_args(args, model_dir, port, MIDDLEWARE["guard"])],
@@ -68,7 +69,8 @@ def pod(plans, tmp_path_factory):
     served = flag(args, "--served-model-name", "")
     try:
         yield {"base": f"http://127.0.0.1:{port}", "model": served, "issuer": issuer, "cap": tenant["maxTokens"],
-               "marker": marker, "proc": proc, "log": tmp / "server.log"}
+               "marker": marker, "proc": proc, "log": tmp / "server.log", "engine": tmp / "engine.jsonl",
+               "salt": tenant.get("cacheSalt")}
     finally:
         stop(proc)
         log.close()
@@ -136,3 +138,27 @@ def test_the_model_list_and_health_pass(pod):
     assert status == 200 and [m["id"] for m in body["data"]] == [pod["model"]]
     with urllib.request.urlopen(pod["base"] + "/health", timeout=10) as resp:
         assert resp.status == 200
+
+
+def engine_requests(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in pod["engine"].read_text().splitlines()] if pod["engine"].exists() else []
+
+
+def test_the_tenants_cache_salt_reaches_the_engine_whatever_the_client_sent(pod):
+    """Prefix-cache isolation, as the engine sees it: every salted route's request carries the
+    tenant's own salt, and a client's salt (another tenant's) is overwritten."""
+    assert pod["salt"]
+    seen = len(engine_requests(pod))
+    assert call(pod, "/v1/chat/completions", chat(pod, max_tokens=8, cache_salt="tenant-someone-else"))[0] == 200
+    assert call(pod, "/v1/completions", {"model": pod["model"], "prompt": "Hello", "max_tokens": 8})[0] == 200
+    reached = engine_requests(pod)[seen:]
+    assert [r["cache_salt"] for r in reached] == [pod["salt"], pod["salt"]]
+    assert all(r["max_tokens"] == 8 for r in reached)
+
+
+def test_the_guards_counters_are_on_vllms_metrics(pod):
+    """The alerts read the guard's counters from the replica's own /metrics."""
+    assert call(pod, "/v1/chat/completions", chat(pod), issuer=False)[0] == 403
+    with urllib.request.urlopen(pod["base"] + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    assert "vllm_gke_guard_untrusted_peer_requests_total" in text
