@@ -32,15 +32,20 @@ NAMESPACE = "vllm-gke-limits"
 NAME = "limits"
 PORT = 6379
 REDIS_UID = 999  # the redis user of the official image
-# What the guard's script needs and nothing else; keys under rl: only.
+# What the guard's script needs and nothing else; keys under rl: only. Every window key expires
+# by itself, so memory is never full for long; if it is, a write fails and the guards fall back
+# (counted, alerted) rather than Redis evicting tenants' windows, which would reset their limits
+# silently. Each replica holds at most 16 connections (SharedLimiter.connect): 4,096 clients is
+# 256 replicas, about 115 MB of client state within maxmemory.
 REDIS_CONF = f"""\
 port {PORT}
 bind * -::*
 protected-mode no
 save ""
 appendonly no
+maxclients 4096
 maxmemory 256mb
-maxmemory-policy volatile-ttl
+maxmemory-policy noeviction
 user default on nopass resetkeys ~rl:* resetchannels -@all +ping +hello +evalsha +eval +script|load +script|exists +hmget +hset +hincrby +hdel +del +pexpire +time
 """
 

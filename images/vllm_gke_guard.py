@@ -510,7 +510,7 @@ def read_fields(buf: bytes, kind: str) -> Any:
             pass
     try:
         return _BODY.decode(buf)
-    except msgspec.MsgspecError as exc:
+    except (msgspec.MsgspecError, RecursionError) as exc:  # deep nesting is malformed too
         raise JsonShapeError(str(exc)) from None
 
 
@@ -518,7 +518,7 @@ def read_fields_with_json(buf: bytes, kind: str) -> Fields:
     """Without msgspec, for what the scanner gives up on: json.loads is linear, in C."""
     try:
         doc = json.loads(buf)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise JsonShapeError(str(exc)) from None
     if not isinstance(doc, dict):
         raise JsonShapeError("the body must be a JSON object")
@@ -543,7 +543,7 @@ def is_object(buf: bytes) -> None:
         return
     try:
         _OBJECT.decode(buf)
-    except msgspec.MsgspecError as exc:
+    except (msgspec.MsgspecError, RecursionError) as exc:  # deep nesting is malformed too
         raise JsonShapeError(str(exc)) from None
 
 
@@ -570,7 +570,7 @@ def prompt_count(lists: dict[str, bytes], every_item: bool = False) -> int:
         else:
             try:
                 count = len(_ARRAY.decode(raw))
-            except msgspec.MsgspecError as exc:
+            except (msgspec.MsgspecError, RecursionError) as exc:  # deep nesting is malformed too
                 raise JsonShapeError(str(exc)) from None
         total += max(count, 1)
     return max(total, 1)
@@ -894,7 +894,7 @@ class GuardMiddleware:
                 raise self._too_large()
             try:  # read_fields, inline
                 fields = _BODY.decode(body)
-            except msgspec.MsgspecError:
+            except (msgspec.MsgspecError, RecursionError):
                 fields = None  # the general path says why
         else:
             body = await self._receive_body(receive, message)

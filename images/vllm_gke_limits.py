@@ -15,13 +15,18 @@ read on every call, let one tenant's flood of refused requests slow the single-t
 for every tenant: 13 ms a call at 6,000 entries.)
 
 A refusal is remembered here until its Retry-After passes: the tenant's next requests are
-refused without asking the store, so a refused flood never reaches it. When the store cannot be
-reached the caller falls back to its per-replica windows; after a failure the store is not asked
-again for `retry_after_failure` seconds, so an outage adds no latency to every request.
+refused without asking the store, so a refused flood never reaches it. A replica has at most one
+call per tenant in flight (the others wait their turn, then read the refusal first) over a
+bounded pool of connections: a tenant's burst is one call at a time from each replica, never a
+storm of connections that could slow the store (or, past its maxclients, refuse everyone).
+When the store cannot be reached the caller falls back to its per-replica windows; after a
+failure the store is not asked again for `retry_after_failure` seconds, so an outage adds no
+latency to every request, and it is logged once per outage, not per request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -115,33 +120,52 @@ class SharedLimiter:
         # store - all of them after a refusal on requests, those reserving as many tokens or more
         # after one on tokens (a smaller one may still fit).
         self._refused: dict[str, tuple[float, str, int]] = {}
+        # tenant -> its one call in flight from this replica.
+        self._turns: dict[str, asyncio.Lock] = {}
 
     @classmethod
-    def connect(cls, host: str, port: int, timeout: float = 0.25) -> "SharedLimiter":
+    def connect(cls, host: str, port: int, timeout: float = 0.25, connections: int = 16) -> "SharedLimiter":
         import redis.asyncio as aioredis  # only in images with globalLimits; imported when configured
 
-        return cls(aioredis.Redis(host=host, port=port, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                  health_check_interval=30))
+        pool = aioredis.BlockingConnectionPool(host=host, port=port, max_connections=connections, timeout=timeout,
+                                               socket_timeout=timeout, socket_connect_timeout=timeout,
+                                               health_check_interval=30)
+        return cls(aioredis.Redis(connection_pool=pool))
+
+    def _cached_refusal(self, tenant: str, tokens: int) -> Optional[Verdict]:
+        refused = self._refused.get(tenant)
+        if refused is None:
+            return None
+        until, limit, held = refused
+        now = self.clock()
+        if now >= until:
+            del self._refused[tenant]
+            return None
+        return Verdict(wait=until - now, limit=limit) if limit == "requests" or tokens >= held else None
 
     async def take(self, tenant: str, requests: int, tokens_limit: Optional[int], tokens: int) -> Verdict:
         """Admit one request of `tenant` reserving `tokens`, or say how long to wait."""
-        now = self.clock()
-        refused = self._refused.get(tenant)
-        if refused is not None:
-            until, limit, held = refused
-            if now >= until:
-                del self._refused[tenant]
-            elif limit == "requests" or tokens >= held:
-                return Verdict(wait=until - now, limit=limit)
-        if now < self._down_until:
-            raise StoreUnavailable("recently unreachable")
+        if (verdict := self._cached_refusal(tenant, tokens)) is not None:
+            return verdict
+        turn = self._turns.setdefault(tenant, asyncio.Lock())
+        async with turn:
+            # What the call before this one learnt: a refusal, or that the store is down.
+            if (verdict := self._cached_refusal(tenant, tokens)) is not None:
+                return verdict
+            if self.clock() < self._down_until:
+                raise StoreUnavailable("recently unreachable")
+            return await self._ask(tenant, requests, tokens_limit, tokens)
+
+    async def _ask(self, tenant: str, requests: int, tokens_limit: Optional[int], tokens: int) -> Verdict:
         try:
             result = await self.script(keys=[f"rl:{{{tenant}}}:w"],  # one hash slot per tenant
                                        args=[self.bucket_ms, self.buckets, requests, tokens_limit or 0, tokens])
         except Exception as exc:  # connection, timeout, script or server errors alike
-            self._down_until = self.clock() + self.retry_after_failure
-            log.warning("shared limit store unavailable (%s); per-replica limits apply for %.0f s",
-                        type(exc).__name__, self.retry_after_failure)
+            now = self.clock()
+            if now >= self._down_until:  # the first failure of an outage says so; the rest count
+                log.warning("shared limit store unavailable (%s); per-replica limits apply for %.0f s",
+                            type(exc).__name__, self.retry_after_failure)
+            self._down_until = now + self.retry_after_failure
             raise StoreUnavailable(str(exc)) from None
         if int(result[0]) == 1:
             return Verdict()

@@ -4,6 +4,7 @@ fakeredis), the guard using it, the fallback to per-replica windows, and what th
 from __future__ import annotations
 
 import asyncio
+import logging
 import json
 import sys
 import time
@@ -118,14 +119,16 @@ def test_unreachable_store_raises_and_is_not_asked_again_at_once():
 class CountingClient:
     """A client that counts the scripts it runs on the store."""
 
-    def __init__(self, inner):
-        self.inner, self.calls = inner, 0
+    def __init__(self, inner, latency: float = 0.0):
+        self.inner, self.calls, self.latency = inner, 0, latency
 
     def register_script(self, script):
         inner = self.inner.register_script(script)
 
         async def run(**kw):
             self.calls += 1
+            if self.latency:
+                await asyncio.sleep(self.latency)
             return await inner(**kw)
 
         return run
@@ -149,6 +152,65 @@ def test_a_refused_flood_never_reaches_the_store():
     now[0] = 62.0  # past the Retry-After: the store is asked again
     run(go(1))
     assert client.calls == 4
+
+
+def test_a_concurrent_flood_is_one_call_at_a_time_and_never_anothers_fallback():
+    """Requests arrive at once, not one after another: a tenant's burst on a replica is one store
+    call at a time, the calls after its first refusal stay local, and the next tenant is still
+    counted in the store (not pushed to per-replica limits)."""
+    server = fakeredis.FakeServer()
+    client = CountingClient(fakeredis.FakeAsyncRedis(server=server), latency=0.001)  # a network round trip
+    r = limits.SharedLimiter(client)
+
+    async def go():
+        burst = await asyncio.gather(*(r.take("a", 600, None, 0) for _ in range(1500)))
+        return burst, await r.take("b", 600, None, 0)
+
+    burst, other = run(go())
+    assert sum(v.wait is None for v in burst) == 600
+    assert client.calls == 600 + 1 + 1  # 600 admitted, one refusal, and tenant b's own call
+    assert other.wait is None
+
+
+def test_an_outage_is_said_once_not_per_request(caplog):
+    class Down:
+        def register_script(self, script):
+            async def run(**kw):
+                await asyncio.sleep(0.01)
+                raise ConnectionError("refused")
+            return run
+
+    r = limits.SharedLimiter(Down())
+
+    async def go():
+        return await asyncio.gather(*(r.take(t, 5, None, 0) for t in ("a", "b", "c") for _ in range(200)),
+                                    return_exceptions=True)
+
+    with caplog.at_level(logging.WARNING, logger="vllm.gke_guard"):
+        outcomes = run(go())
+    assert all(isinstance(o, limits.StoreUnavailable) for o in outcomes)
+    assert len([r for r in caplog.records if "unavailable" in r.getMessage()]) == 1
+
+
+def test_a_burst_holds_few_connections_to_a_real_store(real_redis):
+    """The pool is bounded: 3,000 requests at once from one replica hold at most its connections."""
+    r = limits.SharedLimiter.connect("127.0.0.1", real_redis, connections=4)
+    peak = []
+
+    def established() -> int:  # the store's side of each TCP connection (Linux /proc/net/tcp)
+        rows = [line.split() for line in open("/proc/net/tcp").read().splitlines()[1:]]
+        return sum(1 for row in rows if int(row[1].split(":")[1], 16) == real_redis and row[3] == "01")
+
+    async def go():
+        async def watch():
+            for _ in range(40):
+                peak.append(established())
+                await asyncio.sleep(0.002)
+        return await asyncio.gather(watch(), *(r.take(t, 100000, None, 0) for t in ("a", "b", "c", "d", "e", "f")
+                                               for _ in range(500)))
+    verdicts = run(go())[1:]
+    assert all(v.wait is None for v in verdicts)  # all 3,000 counted in the store
+    assert 0 < max(peak) <= 4
 
 
 def test_a_token_refusal_still_lets_a_smaller_request_ask():

@@ -319,6 +319,20 @@ def test_websockets_are_closed():
     assert sent == [{"type": "websocket.close", "code": 1008}] and not app.seen
 
 
+@pytest.mark.parametrize("depth", [1000, 5000, 100_000])
+def test_deep_nesting_is_malformed_json_not_a_guard_failure(depth, caplog):
+    """A tenant nesting arrays thousands deep gets a 400, and the log gets no traceback per request."""
+    mw, app = guarded()
+    body = b'{"prompt": "x", "max_tokens": 5, "extra": ' + b"[" * depth + b"]" * depth + b"}"
+    with caplog.at_level(logging.ERROR, logger="vllm.gke_guard"):
+        sent = call(mw, raw=body)
+    # Within the interpreter's recursion limit it is JSON like any other; past it, malformed.
+    assert status(sent) == 200 if app.seen else 400 <= status(sent) < 500
+    if depth >= 5000:
+        assert not app.seen
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 def test_fail_closed_without_the_sidecar():
     mw, app = guarded()
     sent = call(mw, {"prompt": "x"}, client="10.20.3.4")  # straight to the pod, not via Envoy
