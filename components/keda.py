@@ -35,6 +35,9 @@ GMP_AUTH = "gmp-workload-identity"
 # and the webhooks' port): see infra/contracts.py.
 METRICS_SERVER_PORT = 6443
 WEBHOOK_PORT = 9443
+# The operator's gRPC metrics service, which only the metrics server calls (chart: the metrics
+# server's NetworkPolicy egress to the operator, keda/templates/metrics-server/networkpolicy.yaml).
+OPERATOR_GRPC_PORT = 9666
 
 
 def gmp_query_url(project: str) -> str:
@@ -100,6 +103,17 @@ class Keda(pulumi.ComponentResource):
             # The operator must not start before it may use its Google identity, nor the metrics
             # server before the control plane can reach it.
             opts=child_opts(self, opts, provider=args.provider, depends_on=release_deps))
+        # KEDA runs outside the mesh: its pods accept only what they serve - the control plane's
+        # calls to the metrics server and the webhook (from the control plane's addresses, not a
+        # pod's, hence no source), and the metrics server's gRPC to the operator. Kubelet probes
+        # come from the node, which Dataplane V2 always admits. Not the chart's own policies: their
+        # egress stops at the cluster, so the operator could not reach Managed Prometheus.
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-ingress", metadata={**meta("keda-serves-only"), "namespace": namespace.metadata.name},
+            spec={"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [
+                {"ports": [{"protocol": "TCP", "port": METRICS_SERVER_PORT}, {"protocol": "TCP", "port": WEBHOOK_PORT}]},
+                {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": OPERATOR_GRPC_PORT}]}]},
+            opts=k8s_opts)
         custom_resource(
             f"{name}-gmp-auth", "keda.sh/v1alpha1", "ClusterTriggerAuthentication", meta(GMP_AUTH),
             {"podIdentity": {"provider": "gcp"}},

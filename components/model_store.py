@@ -119,6 +119,13 @@ def adapter_copies(model: ModelSpec, key_prefix: str = "") -> list[WeightCopy]:
                        f"{key_prefix}adapters[{j}].diskGb", adapter=True) for j, a in enumerate(model.adapters)]
 
 
+def reads_hub_token_from_secret_manager(models: Sequence[ModelSpec], weights: WeightsSpec) -> bool:
+    """Whether any loader needs the Hugging Face token from Secret Manager: only hf:// sources
+    read one, and only where no Kubernetes Secret is given instead."""
+    return weights.hf_token_kubernetes_secret is None and any(
+        c.source.startswith("hf://") for c in weight_copies(models))
+
+
 def served_files_gb(model: ModelSpec) -> float:
     """What one server of the model reads from the store: its files and its adapters'."""
     return model.files_gb + sum(a.weights_gb for a in adapter_copies(model))
@@ -321,7 +328,7 @@ class ModelStore(pulumi.ComponentResource):
         loader_member = self.loader_gsa.email.apply(lambda e: f"serviceAccount:{e}")
         # What the loader Jobs may only start after (their first run would fail without it).
         grants: list[pulumi.Resource] = []
-        if args.weights.hf_token_kubernetes_secret is None:
+        if reads_hub_token_from_secret_manager(args.models, args.weights):
             grants.append(gcp.secretmanager.SecretIamMember(
                 f"{name}-loader-hf-token", project=args.project, secret_id=args.weights.secret_manager_secret,
                 role="roles/secretmanager.secretAccessor", member=loader_member,
@@ -496,6 +503,8 @@ class ModelStore(pulumi.ComponentResource):
         """Where the loader finds the HF token: a Kubernetes Secret reference, or Secret Manager
         mounted through the GKE CSI add-on. Either way only a reference is in the plan."""
         ref = args.weights.hf_token_kubernetes_secret
+        if not any(c.source.startswith("hf://") for c in weight_copies(args.models)):
+            return TokenSource()  # bucket sources only: no token to read
         if ref is not None:
             return TokenSource(env=[{"name": "HF_TOKEN", "valueFrom": {
                 "secretKeyRef": {"name": ref.name, "key": ref.key}}}])

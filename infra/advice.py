@@ -58,9 +58,12 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: 
                    "(weights.tier BASIC_SSD or a larger ZONAL share, weights.backend gcs, or hyperdisk-ml with more "
                    "weights.hyperdiskThroughputMiBps), a quantised dtype, or "
                    "minReplicas above 0 to keep one warm")
-    if not cfg.cluster.dataplane_v2 and any(m.routing == "inference-gateway" for m in cfg.models):
-        out.append("cluster.dataplaneV2 is false: the endpoint pickers' NetworkPolicies are not enforced, so any pod "
-                   "in the cluster can call ext_proc and read their metrics; only a new cluster can have Dataplane V2")
+    if not cfg.cluster.dataplane_v2:
+        pickers = " the endpoint pickers' ext_proc and metrics," if any(
+            m.routing == "inference-gateway" for m in cfg.models) else ""
+        out.append("cluster.dataplaneV2 is false: no NetworkPolicy is enforced, so any pod in the cluster can reach"
+                   f"{pickers} KEDA's ports and the loaders' and mesh check's pods, which sit outside the mesh; only a "
+                   "new cluster can have Dataplane V2")
     if cfg.region != PRICE_REGION:
         out.append(f"the cost figures are {PRICE_REGION} list prices; {cfg.region}'s differ (GPU machines often by "
                    "10-30%): check the region's prices before budgeting")

@@ -666,14 +666,18 @@ CONTRACTS: tuple[Contract, ...] = (
              "HOME and /tmp are writable emptyDirs under a read-only root filesystem",
              vllm_writes_only_to_volumes),
     Contract("Istio sidecar", ISTIO,
-             "inbound traffic reaches the app from the passthrough address 127.0.0.6; outputClaimToHeaders "
-             "writes the verified claim and strips a client's copy of that header",
+             "inbound traffic reaches the app from the passthrough address 127.0.0.6 (mesh inboundTrafficPolicy "
+             "PASSTHROUGH, the default, with REDIRECT capture; LOCALHOST mode would deliver from 127.0.0.1, TPROXY "
+             "from the client: both refused); outputClaimToHeaders writes the verified claim and strips a client's "
+             "copy of that header",
              "istio/istio@1.24.6:pilot/pkg/networking/core/listener_address.go:35-37 (the address), "
+             "pkg/config/mesh/mesh.go:84 and pilot/pkg/networking/core/cluster.go:512-515 (PASSTHROUGH by default), "
              "pilot/pkg/networking/core/cluster_builder.go:441-451 (1.30.3: 671-681, the inbound cluster's source); "
              "pilot/pkg/security/authn/policy_applier.go:174-179 (1.30.3: 175-180, claim_to_headers; the strip of a "
              "client's copy is Envoy's jwt_authn, istio/istio#53212)",
-             "the guard trusts only 127.0.0.6 and reads the issuer header the RequestAuthentications write; "
-             "every vLLM pod is meshed", istio_peer_and_claim_header),
+             "the guard trusts only 127.0.0.6 and reads the issuer header the RequestAuthentications write; each "
+             "ALLOW rule also requires that header to be its token's issuer, so a data plane leaving a client's copy "
+             "in place cannot pass one tenant as another; every vLLM pod is meshed", istio_peer_and_claim_header),
     Contract("Istio sidecar", ISTIO,
              "sidecar.istio.io/nativeSidecar makes istio-proxy an init container that drains from its preStop and "
              "stops after the app; a classic sidecar exits 5 s after SIGTERM (terminationDrainDuration) unless "

@@ -21,7 +21,7 @@ from vllm_gke.components.limit_store import PORT as LIMITS_PORT
 from vllm_gke.components.limit_store import LimitStore, LimitStoreArgs
 from vllm_gke.components.mesh_namespace import GOOGLE_HEALTH_CHECK_RANGES, MeshNamespace, MeshNamespaceArgs, TrustedSources
 from vllm_gke.components.mesh_readiness import MeshReadiness, MeshReadinessArgs
-from vllm_gke.components.model_store import SERVER_SA, ModelStore, ModelStoreArgs
+from vllm_gke.components.model_store import SERVER_SA, ModelStore, ModelStoreArgs, reads_hub_token_from_secret_manager
 from vllm_gke.components.observability import Observability, ObservabilityArgs
 from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
 from vllm_gke.components.specs import ModelSpec, TenantSpec
@@ -72,7 +72,7 @@ def shared_models(tenant: TenantSpec) -> list[str]:
 
 def required_apis(cfg: StackConfig) -> list[str]:
     apis = list(BASE_APIS)
-    if cfg.weights.hf_token_kubernetes_secret is None:
+    if reads_hub_token_from_secret_manager(cfg.models, cfg.weights):
         apis.append("secretmanager.googleapis.com")
     if cfg.gateway.managed_certificate:
         apis.append("certificatemanager.googleapis.com")
@@ -91,7 +91,7 @@ def build(cfg: StackConfig) -> Platform:
     cluster = GpuCluster("gke", GpuClusterArgs(
         project=cfg.project, region=cfg.region, cluster=cfg.cluster, node_pools=cfg.node_pools,
         labels=labels, apis=apis, gcs_fuse=cfg.weights.backend in ("gcs", "hyperdisk-ml"),
-        secret_manager=cfg.weights.hf_token_kubernetes_secret is None,
+        secret_manager=reads_hub_token_from_secret_manager(cfg.models, cfg.weights),
         # The loaders write the bucket through Cloud Storage FUSE; Volume Populator's transfer
         # Jobs copy it onto the disks on nodes of their own pool.
         populator_machine_type=cfg.weights.populator_machine_type if cfg.weights.backend == "hyperdisk-ml" else None))

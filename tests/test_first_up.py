@@ -188,3 +188,12 @@ def test_the_standby_has_a_liveness_probe_that_holds_whatever_the_pool_does(plan
     standby = next(d for d in manifests_of(plans["staging"], "Deployment") if d["metadata"]["name"].endswith("-standby"))
     (c,) = standby["spec"]["template"]["spec"]["containers"]
     assert c["livenessProbe"]["httpGet"]["path"] == "/metrics"  # /health is 503 while the pool serves
+
+
+def test_a_cluster_without_dataplane_v2_is_warned_for_every_unenforced_policy(dev_values):
+    from vllm_gke.infra.config import parse
+
+    dev_values["vllm-gke:cluster"]["dataplaneV2"] = False
+    (warning,) = [w for w in plan_warnings(parse(dev_values), "BASIC_HDD") if "dataplaneV2" in w]
+    assert "no NetworkPolicy is enforced" in warning and "KEDA" in warning and "loaders" in warning
+    assert "endpoint pickers" not in warning  # dev has none

@@ -177,10 +177,9 @@ def test_gcs_source_uses_gcloud_loader(plan_variant):
     assert not [p for p in props_of(plan, "gcp:projects/iAMMember:IAMMember") if "storage" in p["role"]]
     grant = plan.named("gcp:storage/bucketIAMMember:BucketIAMMember", "weights-loader-source-acme-models")
     assert (grant.props["bucket"], grant.props["role"]) == ("acme-models", "roles/storage.objectViewer")
-    # ...and the loader waits for it (and its other grants): its first run would fail without.
+    # ...and the loader waits for it: its first run would fail without.
     job = plan.kube("Job", "load-qwen-7b")
     assert plan.waits_for(job, grant)
-    assert plan.waits_for(job, plan.named("gcp:secretmanager/secretIamMember:SecretIamMember", "weights-loader-hf-token"))
 
 
 def test_hf_token_from_a_kubernetes_secret_reference(plan_variant):
@@ -307,3 +306,20 @@ def test_crossing_a_zonal_size_range_brings_up_a_new_share(plans, plan_variant):
     assert low[0]["name"] != high[0]["name"] and not low[1] & high[1]
     same = _share(plan_variant("dev", lambda v: v.update({"vllm-gke:weights": {"tier": "ZONAL", "capacityGb": 2048}})))
     assert same[0]["name"] == low[0]["name"]  # within a range: resized in place
+
+
+def test_bucket_sources_alone_need_no_secret_manager(plan_variant):
+    """No hf:// source, no Hugging Face token: no Secret Manager API, add-on, grant or mount."""
+    def from_buckets(values):
+        for m in values["vllm-gke:models"]:
+            m["source"] = f"gs://acme-models/{m['name']}"
+    plan = plan_variant("dev", from_buckets)
+    from vllm_gke.infra.program import required_apis
+
+    assert "secretmanager.googleapis.com" not in required_apis(plan.config)
+    (cluster,) = props_of(plan, "gcp:container/cluster:Cluster")
+    assert not (cluster.get("secretManagerConfig") or {}).get("enabled")
+    assert not props_of(plan, "gcp:secretmanager/secretIamMember:SecretIamMember")
+    assert not manifests_of(plan, "SecretProviderClass")
+    for job in manifests_of(plan, "Job", "vllm-gke-system"):
+        assert not any(v["name"] == "hf-token" for v in job["spec"]["template"]["spec"]["volumes"])

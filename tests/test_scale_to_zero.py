@@ -316,3 +316,16 @@ def test_a_private_control_plane_reaches_kedas_metrics_server_and_webhook(plans,
     assert plan.waits_for(release, rule)
     public = plan_variant("dev", lambda v: v["vllm-gke:cluster"].update(privateNodes=False))
     assert not public.of_type("gcp:compute/firewall:Firewall")
+
+
+def test_keda_accepts_only_what_it_serves(plans):
+    """KEDA is outside the mesh: its namespace admits the control plane on the metrics server and
+    webhook ports, and its own metrics server on the operator's gRPC port; nothing else."""
+    for plan in plans.values():
+        (policy,) = [p for p in manifests_of(plan, "NetworkPolicy", "keda")]
+        spec = policy["spec"]
+        assert spec["podSelector"] == {} and spec["policyTypes"] == ["Ingress"]
+        opened = {(r.get("from") is not None, p["port"]) for r in spec["ingress"] for p in r["ports"]}
+        assert opened == {(False, 6443), (False, 9443), (True, 9666)}
+        (grpc,) = [r for r in spec["ingress"] if r.get("from")]
+        assert grpc["from"] == [{"podSelector": {}}]  # the namespace's own pods only
