@@ -9,7 +9,7 @@ that names the fix; cross-field rules live in infra/config.py.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional
 
 from pydantic import (
     AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator,
@@ -93,17 +93,36 @@ def _email(value: str) -> str:
     return value
 
 
-def _cidr(value: str) -> str:
+def cidr_range(hint: int, smallest: int = 32, why: str = "") -> Callable[[str], str]:
+    """A validator of an IPv4 range: a bare address is refused (ip_network would read it as a
+    /32) with the range it probably means (`hint` its prefix), set host bits with the range they
+    belong to, and a range smaller than a /`smallest` with `why`."""
     import ipaddress
 
-    if "/" not in value:  # ip_network would read a bare address as a /32
-        raise ValueError(f"'{value}' has no prefix length; write the range, like {value}/14")
-    try:
-        ipaddress.ip_network(value, strict=True)
-    except ValueError:
-        raise ValueError(f"'{value}' is not a CIDR range like 10.0.0.0/20 (address bits past the prefix "
-                         "must be zero)") from None
-    return value
+    def check(value: str) -> str:
+        if "/" not in value:
+            try:
+                address = ipaddress.ip_address(value)
+            except ValueError:
+                raise ValueError(f"'{value}' is not an IPv4 range like 10.0.0.0/{hint}") from None
+            if address.version == 4:
+                raise ValueError(f"'{value}' has no prefix length; write the range, like "
+                                 f"{ipaddress.ip_network(f'{value}/{hint}', strict=False)}")
+        try:
+            network = ipaddress.ip_network(value, strict=True)
+        except ValueError:
+            try:
+                meant = ipaddress.ip_network(value, strict=False)
+            except ValueError:
+                raise ValueError(f"'{value}' is not an IPv4 range like 10.0.0.0/{hint}") from None
+            raise ValueError(f"'{value}' has address bits past its prefix; the range is {meant}") from None
+        if network.version != 4:
+            raise ValueError(f"'{value}' is IPv6: these ranges are IPv4 (like 10.0.0.0/{hint})")
+        if network.prefixlen > smallest:
+            raise ValueError(f"'{value}' is too small: a /{smallest} at least{why}")
+        return value
+
+    return check
 
 
 def _git_revision(value: str) -> str:
@@ -117,7 +136,12 @@ K8sName = Annotated[str, AfterValidator(_k8s_name)]
 Revision = Annotated[str, AfterValidator(_git_revision)]
 Hostname = Annotated[str, AfterValidator(_hostname)]
 Email = Annotated[str, AfterValidator(_email)]
-Cidr = Annotated[str, AfterValidator(_cidr)]
+Cidr = Annotated[str, AfterValidator(cidr_range(32))]
+SubnetCidr = Annotated[str, AfterValidator(cidr_range(20, 29, " (GKE's smallest node subnet)"))]
+PodsCidr = Annotated[str, AfterValidator(cidr_range(14, 21, ": each node takes a /24 of it, so a /21 is 8 nodes"))]
+ServicesCidr = Annotated[str, AfterValidator(cidr_range(20, 27, " (GKE's smallest services range)"))]
+MasterCidr = Annotated[str, AfterValidator(cidr_range(28))]
+ProxyOnlyCidr = Annotated[str, AfterValidator(cidr_range(23, 26, " (Google's smallest proxy-only subnet)"))]
 
 
 class Spec(BaseModel):
@@ -223,15 +247,15 @@ class ClusterSpec(Spec):
     # Upper bound of the system pool's autoscaling (total).
     system_max_nodes: Optional[int] = Field(default=None, ge=1, le=20)
     # Node subnet range.
-    subnet_cidr: Cidr = "10.10.0.0/20"
+    subnet_cidr: SubnetCidr = "10.10.0.0/20"
     # Pod (secondary) range.
-    pods_cidr: Cidr = "10.20.0.0/14"
+    pods_cidr: PodsCidr = "10.20.0.0/14"
     # Service (secondary) range.
-    services_cidr: Cidr = "10.24.0.0/20"
+    services_cidr: ServicesCidr = "10.24.0.0/20"
     # The control plane's private range: exactly a /28 (GKE's requirement).
-    master_cidr: Cidr = "172.16.0.0/28"
+    master_cidr: MasterCidr = "172.16.0.0/28"
     # The proxy-only subnet regional load balancers' Envoys use (one per region and VPC).
-    proxy_only_cidr: Cidr = "10.129.0.0/23"
+    proxy_only_cidr: ProxyOnlyCidr = "10.129.0.0/23"
     # Nodes without public IPs (egress through Cloud NAT).
     private_nodes: bool = True
     # GKE Dataplane V2, which enforces the NetworkPolicies the platform declares for its pods

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vllm_gke.components.catalog import REGION_ZONES
 from vllm_gke.components.model_store import LOW_RANGE_MAX_GB, REGIONAL_TIERS, weight_copies
 from vllm_gke.infra.capacity import consumer_models, placements
 from vllm_gke.infra.cold_start import cold_start_seconds
@@ -64,6 +65,9 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: 
         out.append("cluster.dataplaneV2 is false: no NetworkPolicy is enforced, so any pod in the cluster can reach"
                    f"{pickers} KEDA's ports and the loaders' and mesh check's pods, which sit outside the mesh; only a "
                    "new cluster can have Dataplane V2")
+    if cfg.region not in REGION_ZONES:
+        out.append(f"gcp:region {cfg.region} is not in the zone table this release holds (components/catalog.py): "
+                   "its zones were not checked to exist; check the region and cluster.zones before `pulumi up`")
     if cfg.region != PRICE_REGION:
         out.append(f"the cost figures are {PRICE_REGION} list prices; {cfg.region}'s differ (GPU machines often by "
                    "10-30%): check the region's prices before budgeting")

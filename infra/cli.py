@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from vllm_gke.infra.pricing import PRICE_REGION
 from vllm_gke.infra.config import ConfigError
 from vllm_gke.infra.contracts import CONTRACTS
 from vllm_gke.infra.contracts import problems as contract_problems
@@ -100,7 +101,8 @@ def url_table(v: Verdicts) -> Table:
 
 def cost_table(v: Verdicts) -> Table:
     c = v.cost
-    table = Table(title=f"monthly cost, USD (list prices as of {c.prices_as_of}, {c.hours_per_month:g} h/month)")
+    table = Table(title=f"monthly cost, USD ({PRICE_REGION} list prices as of {c.prices_as_of}, "
+                        f"{c.hours_per_month:g} h/month)")
     for col in ("item", "machine", "nodes (baseline-peak)", "$/h per node", "baseline", "peak"):
         table.add_column(col, justify="left" if col in ("item", "machine") else "right")
     for p in c.pools:

@@ -290,8 +290,12 @@ def _adapters(cfg: "StackConfig", add: Add) -> None:
             if len(job := f"load-{model.name}-lora-{adapter.name}") > 63:
                 add(f"{key}.name", f"the loader Job '{job}' would exceed Kubernetes' 63 characters for a "
                     f"Job's pods; shorten the adapter (or model) name by {len(job) - 63}")
+            declared = {t.name for t in cfg.tenants}
             for tenant in adapter.tenants:
-                if tenant not in callers.get(model.name, set()):
+                if tenant not in declared:
+                    add(f"{key}.tenants", f"tenant '{tenant}' is not declared; use one of "
+                        f"{', '.join(sorted(declared)) or '(no tenants)'}")
+                elif tenant not in callers.get(model.name, set()):
                     add(f"{key}.tenants", f"tenant '{tenant}' may not call model '{model.name}': list the model "
                         f"under that tenant's models (an adapter runs on the model's replicas), or remove it here")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 from typing import Any, Optional
 
@@ -33,6 +34,9 @@ def write_plan(plan: Plan, out_dir: Path, verdicts: Optional[dict[str, Any]] = N
     """Write everything under out_dir/<stack>/ and return the files written."""
     root = out_dir / plan.stack
     written: list[Path] = []
+    # Only this plan's manifests: a resource renamed since an earlier plan must not linger there
+    # for a scanner or a diff to read.
+    shutil.rmtree(root / "manifests", ignore_errors=True)
 
     def write(rel: Path, text: str) -> None:
         path = root / rel
@@ -40,7 +44,9 @@ def write_plan(plan: Plan, out_dir: Path, verdicts: Optional[dict[str, Any]] = N
         path.write_text(text)
         written.append(path)
 
-    docs = plan.manifests()
+    # A stable order whatever order the engine registered resources in: diffs show changes only.
+    docs = sorted(plan.manifests(), key=lambda d: (d.get("kind", ""), (d.get("metadata") or {}).get("namespace") or "",
+                                                   (d.get("metadata") or {}).get("name") or ""))
     for doc in docs:
         write(_manifest_path(doc), yaml.safe_dump(doc, sort_keys=False))
     write(Path("manifests/all.yaml"), yaml.safe_dump_all(docs, sort_keys=False))
@@ -52,6 +58,7 @@ def write_plan(plan: Plan, out_dir: Path, verdicts: Optional[dict[str, Any]] = N
     inventory = [{"type": r.type, "name": r.name, "component": plan.component_of(r),
                   "dependsOn": sorted(names.get(u, u) for u in r.dependencies),
                   "props": redact(r.props, r.secret_paths)} for r in plan.resources if r.custom]
+    inventory.sort(key=lambda r: (r["type"], r["name"]))
     write(Path("resources.json"), json.dumps(inventory, indent=2, default=str) + "\n")
     if verdicts is not None:
         write(Path("verdicts.json"), json.dumps(verdicts, indent=2) + "\n")

@@ -36,14 +36,28 @@ def tenant(values, i=0):
 CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
     # (id, stack, mutate, key the message starts with, words it contains)
     ("cidr-unparsable", "dev", lambda v: v["vllm-gke:cluster"].update(podsCidr="10.20.0.0/33"),
-     "vllm-gke:cluster.podsCidr", "not a CIDR"),
+     "vllm-gke:cluster.podsCidr", "not an IPv4 range like 10.0.0.0/14"),
+    ("cidr-junk", "dev", lambda v: v["vllm-gke:cluster"].update(podsCidr="banana"),
+     "vllm-gke:cluster.podsCidr", "'banana' is not an IPv4 range"),
+    # The fix offered is one the check then accepts.
     ("cidr-host-bits", "dev", lambda v: v["vllm-gke:cluster"].update(subnetCidr="10.10.0.1/20"),
-     "vllm-gke:cluster.subnetCidr", "bits past the prefix"),
+     "vllm-gke:cluster.subnetCidr", "bits past its prefix; the range is 10.10.0.0/20"),
+    ("cidr-master-without-prefix", "dev", lambda v: v["vllm-gke:cluster"].update(masterCidr="172.16.0.0"),
+     "vllm-gke:cluster.masterCidr", "like 172.16.0.0/28"),
+    ("cidr-subnet-without-prefix", "dev", lambda v: v["vllm-gke:cluster"].update(subnetCidr="10.10.0.0"),
+     "vllm-gke:cluster.subnetCidr", "like 10.10.0.0/20"),
+    ("cidr-pods-too-small", "dev", lambda v: v["vllm-gke:cluster"].update(podsCidr="10.20.0.0/30"),
+     "vllm-gke:cluster.podsCidr", "too small: a /21 at least"),
+    ("cidr-ipv6", "dev", lambda v: v["vllm-gke:cluster"].update(podsCidr="fd00::/64"),
+     "vllm-gke:cluster.podsCidr", "is IPv6"),
     ("cidr-overlap", "dev", lambda v: v["vllm-gke:cluster"].update(servicesCidr="10.20.4.0/22"),
      "vllm-gke:cluster.servicesCidr", "overlaps cluster.podsCidr"),
     # The stack set subnetCidr only: the overlap is named by it, the default it met said to be one.
     ("cidr-overlap-proxy-only", "dev", lambda v: v["vllm-gke:cluster"].update(subnetCidr="10.128.0.0/14"),
      "vllm-gke:cluster.subnetCidr", "overlaps cluster.proxyOnlyCidr 10.129.0.0/23 (its default)"),
+    ("adapter-tenant-not-declared", "prod",
+     lambda v: next(m for m in v["vllm-gke:models"] if m.get("adapters"))["adapters"][0].update(tenants=["suport"]),
+     "vllm-gke:models[2].adapters[0].tenants", "tenant 'suport' is not declared; use one of analytics, search, support"),
     ("cidr-without-prefix", "dev", lambda v: v["vllm-gke:cluster"].update(podsCidr="10.20.0.0"),
      "vllm-gke:cluster.podsCidr", "has no prefix length"),
     # The bucket backend's file cache is on the node's boot disk: a node full of replicas must fit.

@@ -126,3 +126,16 @@ def test_plan_checks_every_vllm_command_line(plans):
     tampered = SimpleNamespace(config=plans["dev"].config, manifests=lambda: docs)
     ((what, err),) = vllm_argv_problems(tampered)
     assert what == "Deployment vllm/qwen-7b-short" and "--no-such-flag" in err
+
+
+def test_plan_output_holds_only_this_plans_manifests_in_a_stable_order(tmp_path):
+    stale = tmp_path / "dev" / "manifests" / "vllm" / "persistentvolumeclaim-model-weights-000000.yaml"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("kind: PersistentVolumeClaim\n")
+    assert runner.invoke(app, ["plan", "--stack", "dev", "--out", str(tmp_path)]).exit_code == 0
+    assert not stale.exists()
+    first = (tmp_path / "dev" / "manifests" / "all.yaml").read_text()
+    inventory = (tmp_path / "dev" / "resources.json").read_text()
+    assert runner.invoke(app, ["plan", "--stack", "dev", "--out", str(tmp_path)]).exit_code == 0
+    assert (tmp_path / "dev" / "manifests" / "all.yaml").read_text() == first
+    assert (tmp_path / "dev" / "resources.json").read_text() == inventory
