@@ -614,7 +614,12 @@ class Budget:
                 # vLLM <= 0.1x reads `max_completion_tokens or max_tokens` for completions too (an
                 # extra field its request model keeps: vllm/entrypoints/utils.py get_max_tokens).
                 mct = fields.max_completion_tokens
-                mct = None if mct is ABSENT else as_int(mct, "max_completion_tokens")
+                if mct is not ABSENT and mct is not None and type(mct) is not int:
+                    # An extra field: no model converts it, and vLLM's min(int, "5") would fail
+                    # with a 500. Only a JSON integer (or null) is what the engine can read.
+                    raise GuardError(400, f"max_completion_tokens must be an integer, not "
+                                          f"{json.dumps(mct)[:40]}", "invalid_type", "max_completion_tokens")
+                mct = None if mct is ABSENT else mct
                 self.per_sequence = [mct or mt] if rule == "or" else [mct or mt, mt]
                 if mct:
                     self.param = "max_completion_tokens"

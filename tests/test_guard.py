@@ -333,6 +333,15 @@ def test_deep_nesting_is_malformed_json_not_a_guard_failure(depth, caplog):
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+@pytest.mark.parametrize("value", ["5", 5.0, True, [5]])
+def test_0_11_completions_take_max_completion_tokens_only_as_a_json_integer(value):
+    """0.11 keeps it as an extra field, unconverted: a string would reach min(int, str) in vLLM."""
+    mw, app = guarded("or")
+    sent = call(mw, {"prompt": "x", "max_tokens": 5, "max_completion_tokens": value})
+    assert status(sent) == 400 and error(sent)["param"] == "max_completion_tokens" and not app.seen
+    assert status(call(mw, {"prompt": "x", "max_tokens": 5, "max_completion_tokens": 5})) == 200
+
+
 def test_fail_closed_without_the_sidecar():
     mw, app = guarded()
     sent = call(mw, {"prompt": "x"}, client="10.20.3.4")  # straight to the pod, not via Envoy
