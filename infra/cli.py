@@ -6,6 +6,8 @@ violation), 2 bad config or input.
 
 from __future__ import annotations
 
+import json
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Optional
@@ -23,7 +25,7 @@ from vllm_gke.infra.manifests import (
     catalog_or_none, describe, is_builtin, validate, validate_alert_policy,
     validate_dashboard,
 )
-from vllm_gke.infra.plan import STACKS_DIR, Plan, run_plan
+from vllm_gke.infra.plan import Plan, default_stacks_dir, run_plan
 from vllm_gke.infra.plan_output import write_plan
 from vllm_gke.infra.report import Verdicts, load_policy_config, verdicts
 from vllm_gke.infra.vllm_argv import check_argv, load_snapshot
@@ -120,7 +122,8 @@ def cost_table(v: Verdicts) -> Table:
 def plan(
     stack: str = typer.Option("dev", "--stack", "-s", help="stack name: stacks/Pulumi.<stack>.yaml"),
     out: Path = typer.Option(Path("plan-out"), "--out", "-o", help="folder for manifests and JSON"),
-    stacks_dir: Path = typer.Option(STACKS_DIR, "--stacks-dir", help="folder holding Pulumi.<stack>.yaml"),
+    stacks_dir: Optional[Path] = typer.Option(
+        None, "--stacks-dir", help="folder holding Pulumi.<stack>.yaml (default ./stacks, else this checkout's)"),
     detail: bool = typer.Option(False, "--detail", help="list every resource, not counts per type"),
     write: bool = typer.Option(True, "--write/--no-write", help="write files under --out"),
     policy_config: Optional[Path] = typer.Option(
@@ -201,10 +204,24 @@ def plan(
         raise typer.Exit(1)
 
 
+@app.command("schema")
+def schema(out: Optional[Path] = typer.Option(None, "--out", "-o", help="file to write (default: standard output)")) -> None:
+    """The component package's Pulumi schema, as `pulumi package get-schema` would give it, without the
+    Pulumi CLI: for SDK generation and review."""
+    from vllm_gke.components.provider.host import package_schema
+
+    text = json.dumps(package_schema(), indent=2, sort_keys=True) + "\n"
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text)
+        console.print(f"wrote {out}")
+
+
 @app.command("stacks")
-def list_stacks(stacks_dir: Path = typer.Option(STACKS_DIR, "--stacks-dir")) -> None:
-    """List the stacks this checkout can plan."""
-    for path in sorted(stacks_dir.glob("Pulumi.*.yaml")):
+def list_stacks(stacks_dir: Optional[Path] = typer.Option(None, "--stacks-dir")) -> None:
+    """List the stacks that can be planned here."""
+    for path in sorted((stacks_dir or default_stacks_dir()).glob("Pulumi.*.yaml")):
         console.print(path.name.split(".")[1])
 
 

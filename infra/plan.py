@@ -22,6 +22,13 @@ from vllm_gke.policies.rules import Resource
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STACKS_DIR = REPO_ROOT / "stacks"
+
+
+def default_stacks_dir() -> Path:
+    """./stacks where the user runs the command (a project of their own, the package installed),
+    else this checkout's."""
+    here = Path.cwd() / "stacks"
+    return here if here.is_dir() else STACKS_DIR
 PROJECT = "vllm-gke"
 
 
@@ -157,5 +164,5 @@ def run_program(stack: str, values: dict[str, Any],
 
 
 def run_plan(stack: str, stacks_dir: Optional[Path] = None) -> Plan:
-    values = read_stack_config(stack, stacks_dir or STACKS_DIR)
+    values = read_stack_config(stack, stacks_dir or default_stacks_dir())
     return run_program(stack, values)

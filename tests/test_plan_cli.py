@@ -139,3 +139,12 @@ def test_plan_output_holds_only_this_plans_manifests_in_a_stable_order(tmp_path)
     assert runner.invoke(app, ["plan", "--stack", "dev", "--out", str(tmp_path)]).exit_code == 0
     assert (tmp_path / "dev" / "manifests" / "all.yaml").read_text() == first
     assert (tmp_path / "dev" / "resources.json").read_text() == inventory
+
+
+def test_schema_command_writes_the_package_schema_without_the_pulumi_cli(tmp_path):
+    from vllm_gke.components.provider.host import package_schema
+
+    result = runner.invoke(app, ["schema", "--out", str(tmp_path / "schema.json")])
+    assert result.exit_code == 0, result.output
+    written = json.loads((tmp_path / "schema.json").read_text())
+    assert written == package_schema() and "vllm-gke:index:VllmService" in written["resources"]
