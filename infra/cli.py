@@ -208,9 +208,17 @@ def plan(
 def schema(out: Optional[Path] = typer.Option(None, "--out", "-o", help="file to write (default: standard output)")) -> None:
     """The component package's Pulumi schema, as `pulumi package get-schema` would give it, without the
     Pulumi CLI: for SDK generation and review."""
-    from vllm_gke.components.provider.host import package_schema
+    import subprocess
 
-    text = json.dumps(package_schema(), indent=2, sort_keys=True) + "\n"
+    # In a process of its own: the provider's protos and google-cloud-monitoring's (which the plan's
+    # checks load) both define google.rpc.Status, and one process cannot hold both.
+    code = ("import json\nfrom vllm_gke.components.provider.host import package_schema\n"
+            "print(json.dumps(package_schema(), indent=2, sort_keys=True))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if result.returncode != 0:
+        console.print(f"error: the component package's schema could not be built:\n{result.stderr[-2000:]}")
+        raise typer.Exit(1)
+    text = result.stdout
     if out is None:
         sys.stdout.write(text)
     else:

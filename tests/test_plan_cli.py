@@ -142,7 +142,8 @@ def test_plan_output_holds_only_this_plans_manifests_in_a_stable_order(tmp_path)
 
 
 def test_schema_command_writes_the_package_schema_without_the_pulumi_cli(tmp_path):
-    from vllm_gke.components.provider.host import package_schema
+    import vllm_gke.infra.manifests  # noqa: F401  (the plan's checks loaded first, as in `vllm-gke`)
+    from tests.test_package import package_schema
 
     result = runner.invoke(app, ["schema", "--out", str(tmp_path / "schema.json")])
     assert result.exit_code == 0, result.output
