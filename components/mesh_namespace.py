@@ -32,20 +32,37 @@ GOOGLE_HEALTH_CHECK_RANGES = ("35.191.0.0/16", "130.211.0.0/22")
 
 @dataclass(frozen=True)
 class TrustedSources:
-    """Source ranges allowed the two unauthenticated paths."""
+    """Source ranges allowed the two unauthenticated paths. No defaults: Google's health-check
+    ranges alone miss the proxy-only subnet the regional Gateway classes probe from, and no
+    metrics range means Managed Prometheus never scrapes vLLM, so KEDA never scales.
+    `for_cluster` derives both from the cluster's ranges."""
 
     # Load balancer health checks: Google's ranges plus the proxy-only subnet.
-    health_checks: Sequence[str] = GOOGLE_HEALTH_CHECK_RANGES
-    # Metric scrapes: the pod and node ranges; empty allows no scrape.
-    metrics: Sequence[str] = ()
+    health_checks: Sequence[pulumi.Input[str]]
+    # Metric scrapes: the pod and node ranges.
+    metrics: Sequence[str]
+
+    @classmethod
+    def for_cluster(cls, proxy_only_cidr: pulumi.Input[str], pods_cidr: str, subnet_cidr: str) -> "TrustedSources":
+        return cls(health_checks=[*GOOGLE_HEALTH_CHECK_RANGES, proxy_only_cidr], metrics=[pods_cidr, subnet_cidr])
+
+    def __post_init__(self) -> None:
+        if not self.metrics:
+            raise ValueError("TrustedSources.metrics: empty, Managed Prometheus could scrape no vLLM metrics and KEDA "
+                             "would never scale; give the pod and node ranges (TrustedSources.for_cluster)")
+        if not set(GOOGLE_HEALTH_CHECK_RANGES) <= set(h for h in self.health_checks if isinstance(h, str)) \
+                or len(self.health_checks) <= len(GOOGLE_HEALTH_CHECK_RANGES):
+            raise ValueError("TrustedSources.health_checks: needs Google's health-check ranges "
+                             f"({', '.join(GOOGLE_HEALTH_CHECK_RANGES)}) and the proxy-only subnet the regional "
+                             "Gateway classes probe from (TrustedSources.for_cluster)")
 
 
 @dataclass
 class MeshNamespaceArgs:
     name: str
     provider: k8s.Provider
+    sources: TrustedSources
     labels: Mapping[str, str] = field(default_factory=dict)
-    sources: TrustedSources = field(default_factory=TrustedSources)
     # Hosts of the JWKS endpoints RequestAuthentications in this namespace use: managed Cloud
     # Service Mesh fetches JWKS from the workload's own Envoy, which reaches only hosts the mesh
     # knows (ServiceEntry) and speaks TLS to them only when told (DestinationRule).

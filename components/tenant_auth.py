@@ -40,7 +40,7 @@ class TenantAuthArgs:
     serving_namespace: pulumi.Input[str]
     # Models the tenant reaches in the shared serving namespace (dedicated ones excluded).
     shared_models: Sequence[str]
-    sources: TrustedSources = TrustedSources()
+    sources: TrustedSources
     # The routes a tenant may call (the guard enforces the same list).
     routes: Sequence[Route] = tuple(tenant_routes())
     # Shared models behind the endpoint picker: the tenant is admitted only with its own objective
@@ -59,7 +59,7 @@ class TenantAuth(pulumi.ComponentResource):
         tenant = args.tenant
         labels = {TENANT_LABEL: tenant.name}
         self.namespace = MeshNamespace(
-            f"{name}-ns", MeshNamespaceArgs(tenant_namespace(tenant), args.provider, labels, args.sources,
+            f"{name}-ns", MeshNamespaceArgs(tenant_namespace(tenant), args.provider, args.sources, labels,
                                             jwks_hosts=[jwks_host(tenant)], service_accounts=args.service_accounts),
             opts=child_opts(self, opts))
         principals = [f"{tenant.jwt.issuer}/*"]

@@ -230,8 +230,10 @@ class VllmServiceArgs:
     image: ImageRef
     claim_name: pulumi.Input[str]
     provider: k8s.Provider
+    # What the in-server guard admits: serving_api.guard_config(tenants, routes, ...). Required: a
+    # guard without tenants refuses every request.
+    guard_config: Mapping[str, Any]
     # Per-issuer max_tokens caps and rate limits the in-server guard enforces.
-    guard_config: Mapping[str, Any] = field(default_factory=dict)
     tenant: Optional[str] = None
     release: VllmRelease = field(default_factory=lambda: release(DEFAULT_VLLM_VERSION))
     # A canary of another revision runs as its own pool beside the stable one.
@@ -259,6 +261,9 @@ class VllmService(pulumi.ComponentResource):
     service_name: str
 
     def __init__(self, name: str, args: VllmServiceArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        if "issuers" not in (args.guard_config or {}):
+            raise ValueError(f"VllmService {name}: guard_config has no issuers, so the guard would refuse every "
+                             "request; build it with serving_api.guard_config(tenants, tenant_routes(), ...)")
         super().__init__("vllm-gke:index:VllmService", name, None, opts)
         k8s_opts = child_opts(self, opts, provider=args.provider)
         model, pool = args.model, args.pool

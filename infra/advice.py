@@ -65,6 +65,11 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: 
         out.append("cluster.dataplaneV2 is false: no NetworkPolicy is enforced, so any pod in the cluster can reach"
                    f"{pickers} KEDA's ports and the loaders' and mesh check's pods, which sit outside the mesh; only a "
                    "new cluster can have Dataplane V2")
+    called = {m for t in cfg.tenants for m in t.models}
+    for model in cfg.models:
+        if model.name not in called:
+            out.append(f"{model.name}: no tenant lists it under models, so its replicas (and GPUs) serve nobody; "
+                       "allow a tenant to call it, or remove it")
     if cfg.region not in REGION_ZONES:
         out.append(f"gcp:region {cfg.region} is not in the zone table this release holds (components/catalog.py): "
                    "its zones were not checked to exist; check the region and cluster.zones before `pulumi up`")

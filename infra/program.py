@@ -19,7 +19,7 @@ from vllm_gke.components.k8s_meta import MODEL_LABEL, POOL_LABEL, TENANT_LABEL
 from vllm_gke.components.keda import Keda, KedaArgs
 from vllm_gke.components.limit_store import PORT as LIMITS_PORT
 from vllm_gke.components.limit_store import LimitStore, LimitStoreArgs
-from vllm_gke.components.mesh_namespace import GOOGLE_HEALTH_CHECK_RANGES, MeshNamespace, MeshNamespaceArgs, TrustedSources
+from vllm_gke.components.mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
 from vllm_gke.components.mesh_readiness import MeshReadiness, MeshReadinessArgs
 from vllm_gke.components.model_store import SERVER_SA, ModelStore, ModelStoreArgs, reads_hub_token_from_secret_manager
 from vllm_gke.components.observability import Observability, ObservabilityArgs
@@ -105,9 +105,7 @@ def build(cfg: StackConfig) -> Platform:
         project=cfg.project, provider=provider, workload_pool=cluster.workload_pool,
         gsa_name=service_account_id(cfg.cluster.name, "keda"), apis=apis, network=cluster.network.id,
         control_plane_cidr=cfg.cluster.master_cidr if cfg.cluster.private_nodes else None))
-    sources = TrustedSources(
-        health_checks=[*GOOGLE_HEALTH_CHECK_RANGES, cluster.proxy_only_cidr],
-        metrics=[cfg.cluster.pods_cidr, cfg.cluster.subnet_cidr])
+    sources = TrustedSources.for_cluster(cluster.proxy_only_cidr, cfg.cluster.pods_cidr, cfg.cluster.subnet_cidr)
     serving_jwks = sorted({jwks_host(t) for t in cfg.tenants if shared_models(t)})
     serving = MeshNamespace("serving", MeshNamespaceArgs(
         cfg.serving_namespace, provider, sources=sources, jwks_hosts=serving_jwks,

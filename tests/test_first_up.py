@@ -207,3 +207,11 @@ def test_a_region_the_zone_table_does_not_hold_is_said(dev_values):
     assert any("us-central9 is not in the zone table" in w for w in plan_warnings(parse(dev_values), "BASIC_HDD"))
     assert not any("zone table" in w for w in plan_warnings(parse({**dev_values, "gcp:region": "us-central1",
         "vllm-gke:cluster": {**dev_values["vllm-gke:cluster"], "zones": ["us-central1-a"]}}), "BASIC_HDD"))
+
+
+def test_a_model_no_tenant_may_call_is_said(dev_values):
+    from vllm_gke.infra.config import parse
+
+    dev_values["vllm-gke:models"].append({**dev_values["vllm-gke:models"][0], "name": "orphan"})
+    dev_values["vllm-gke:nodePools"][0]["maxNodes"] = 4
+    assert any(w.startswith("orphan: no tenant lists it") for w in plan_warnings(parse(dev_values), "BASIC_HDD"))

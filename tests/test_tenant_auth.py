@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from vllm_gke.components.serving_api import TENANT_ROUTES, mesh_operations, tenant_routes
 
 from vllm_gke.components.tenant_auth import ISSUER_HEADER
@@ -79,3 +81,17 @@ def test_guard_config_carries_caps_of_the_callers_only(plans):
     dedicated = guard("qwen-7b-short", "tenant-analytics")
     assert list(dedicated["issuers"]) == ["https://auth.acme.example/analytics"]
     assert shared["issuerHeader"] == ISSUER_HEADER
+
+
+def test_trusted_sources_have_no_default_that_skips_a_health_check_or_a_scrape():
+    from vllm_gke.components.mesh_namespace import GOOGLE_HEALTH_CHECK_RANGES, TrustedSources
+
+    with pytest.raises(TypeError):
+        TrustedSources()  # no defaults
+    with pytest.raises(ValueError, match="proxy-only subnet"):
+        TrustedSources(health_checks=list(GOOGLE_HEALTH_CHECK_RANGES), metrics=["10.20.0.0/14"])
+    with pytest.raises(ValueError, match="KEDA would never scale"):
+        TrustedSources(health_checks=[*GOOGLE_HEALTH_CHECK_RANGES, "10.129.0.0/23"], metrics=[])
+    derived = TrustedSources.for_cluster("10.129.0.0/23", "10.20.0.0/14", "10.10.0.0/20")
+    assert list(derived.health_checks) == [*GOOGLE_HEALTH_CHECK_RANGES, "10.129.0.0/23"]
+    assert list(derived.metrics) == ["10.20.0.0/14", "10.10.0.0/20"]

@@ -140,3 +140,23 @@ def test_one_autoscaling_path_and_one_external_metrics_server(plans, stack):
     assert not [d for d in manifests_of(plan, "Deployment") if "metrics-stackdriver-adapter" in json.dumps(d)]
     (release,) = [r.props for r in plan.resources if r.type == "kubernetes:helm.sh/v3:Release"]
     assert release["chart"] == "keda" and release["values"].get("metricsServer", {}).get("enabled", True)
+
+
+def test_a_guard_without_tenants_is_refused_at_the_component(plans):
+    """VllmServiceArgs.guard_config is required: a guard config with no issuers refuses every request."""
+    import dataclasses
+
+    import pulumi
+
+    from vllm_gke.components.vllm_service import VllmService, VllmServiceArgs
+
+    plan = plans["dev"]
+    model = plan.config.models[0]
+    args = dict(model=model, pool_name="short", pool=model.short, node_pool=plan.config.pool(model.node_pool),
+                namespace="vllm", image=plan.config.server_image, claim_name="c", provider=None)
+    with pytest.raises(TypeError):
+        VllmServiceArgs(**args)  # no default
+    assert "guard_config" in {f.name for f in dataclasses.fields(VllmServiceArgs) if f.default is dataclasses.MISSING
+                              and f.default_factory is dataclasses.MISSING}
+    with pytest.raises(ValueError, match="guard_config has no issuers"):
+        VllmService.__init__(object.__new__(VllmService), "x", VllmServiceArgs(**args, guard_config={}))

@@ -4,11 +4,11 @@
 from typing import Optional, TypedDict
 
 import pulumi
-from typing_extensions import NotRequired
 
-from vllm_gke.components.mesh_namespace import GOOGLE_HEALTH_CHECK_RANGES, TrustedSources
+from vllm_gke.components.mesh_namespace import TrustedSources
 from vllm_gke.components.provider.convert import kubernetes_provider, to_spec
-from vllm_gke.components.provider.types import TenantSpec
+from vllm_gke.components.provider.types import ClusterSpec, TenantSpec
+from vllm_gke.components.specs import ClusterSpec as ClusterModel
 from vllm_gke.components.specs import TenantSpec as TenantModel
 from vllm_gke.components.tenant_auth import TenantAuth as _TenantAuth
 from vllm_gke.components.tenant_auth import TenantAuthArgs
@@ -25,10 +25,9 @@ class TenantAuthInputs(TypedDict):
     """The namespace of the shared models."""
     shared_models: list[str]
     """The shared models the tenant may call (its dedicated ones excluded)."""
-    health_check_sources: NotRequired[list[str]]
-    """Source ranges of load balancer health checks (default Google's ranges; add the proxy-only subnet)."""
-    metrics_sources: NotRequired[list[str]]
-    """Source ranges allowed to scrape /metrics (the pod and node ranges)."""
+    cluster: ClusterSpec
+    """The cluster's settings, as given to GpuCluster: its proxy-only subnet (with Google's ranges) may
+    health-check the servers and its pod and node ranges scrape their metrics (KEDA scales on them)."""
 
 
 class TenantAuth(pulumi.ComponentResource):
@@ -43,8 +42,8 @@ class TenantAuth(pulumi.ComponentResource):
     def __init__(self, name: str, args: TenantAuthInputs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:TenantAuth", name, {}, opts)
         tenant = to_spec(TenantModel, args.get("tenant"), "TenantAuth", "tenant")
-        sources = TrustedSources(health_checks=list(args.get("health_check_sources") or GOOGLE_HEALTH_CHECK_RANGES),
-                                 metrics=list(args.get("metrics_sources") or []))
+        cluster = to_spec(ClusterModel, args.get("cluster"), "TenantAuth", "cluster")
+        sources = TrustedSources.for_cluster(cluster.proxy_only_cidr, cluster.pods_cidr, cluster.subnet_cidr)
         inner = _TenantAuth(name, TenantAuthArgs(
             tenant=tenant, provider=kubernetes_provider(name, args["kubeconfig"], self),
             serving_namespace=args["serving_namespace"], shared_models=list(args.get("shared_models") or []),

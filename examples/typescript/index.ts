@@ -5,15 +5,17 @@ import * as vllmgke from "@pulumi/vllm-gke";
 
 const project = new pulumi.Config("gcp").require("project");
 
+const clusterSpec = {
+    name: "ts-prod",
+    zones: ["us-central1-a", "us-central1-b"],
+    releaseChannel: "STABLE",
+    authorizedNetworks: [{ cidr: "203.0.113.0/24", displayName: "office" }],
+};
+
 const cluster = new vllmgke.GpuCluster("cluster", {
     project: project,
     region: "us-central1",
-    cluster: {
-        name: "ts-prod",
-        zones: ["us-central1-a", "us-central1-b"],
-        releaseChannel: "STABLE",
-        authorizedNetworks: [{ cidr: "203.0.113.0/24", displayName: "office" }],
-    },
+    cluster: clusterSpec,
     nodePools: [
         { name: "a100-mig", machineType: "a2-highgpu-8g", gpuPartitionSize: "3g.20gb", minNodes: 1, maxNodes: 2 },
     ],
@@ -53,6 +55,7 @@ const tenant = {
 
 new vllmgke.TenantAuth("search", {
     tenant: tenant,
+    cluster: clusterSpec,  // its ranges: who may health-check and scrape the servers
     kubeconfig: cluster.kubeconfig,
     servingNamespace: "vllm",
     sharedModels: ["qwen-7b"],
