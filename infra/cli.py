@@ -14,6 +14,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from vllm_gke.infra.pricing import PRICE_REGION
@@ -137,7 +138,7 @@ def plan(
         levels = load_policy_config(policy_config)
         resolve_levels(levels)
     except (OSError, ValueError) as exc:
-        console.print(f"[bold red]error:[/] --policy-config {policy_config}: {exc}", highlight=False)
+        console.print(f"[bold red]error:[/] --policy-config {escape(str(policy_config))}: {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     if crds is not None and not crds.is_dir():
         console.print(f"[bold red]error:[/] --crds {crds}: not a folder; point it at a folder of CRD YAML files",
@@ -146,7 +147,7 @@ def plan(
     try:
         result = run_plan(stack, stacks_dir)
     except ConfigError as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     report = verdicts(result, levels)
     console.print(resource_table(result, detail))
@@ -159,7 +160,7 @@ def plan(
         console.print(f"[bold red]{len(problems)} of {n_docs} manifests fail schema validation:[/]")
         for what, errs in problems:
             for err in errs:
-                console.print(f"  - {what}: {err}", highlight=False)
+                console.print(f"  - {escape(str(what))}: {escape(str(err))}", highlight=False)
     else:
         console.print(f"[green]all {n_docs} Kubernetes manifests pass schema validation[/]")
     if catalog is None:
@@ -169,12 +170,12 @@ def plan(
     broken = contract_problems(result)
     for contract, problem in broken:
         console.print(f"[bold red]breaks the {contract.component} {contract.version} contract[/] "
-                      f"({contract.source}): {problem}", highlight=False)
+                      f"({escape(contract.source)}): {escape(problem)}", highlight=False)
     if not broken:
         console.print(f"[green]all {len(CONTRACTS)} component contracts hold (docs/contracts.md)[/]")
     argv_errors = vllm_argv_problems(result)
     for what, err in argv_errors:
-        console.print(f"[bold red]vLLM {result.config.vllm_version} would refuse[/] {what}: {err}", highlight=False)
+        console.print(f"[bold red]vLLM {result.config.vllm_version} would refuse[/] {escape(str(what))}: {escape(str(err))}", highlight=False)
     if not argv_errors:
         console.print(f"[green]every vLLM command line parses with vLLM {result.config.vllm_version}'s parser "
                       "(snapshot)[/]")
@@ -182,19 +183,19 @@ def plan(
     dashboard_errors = validate_dashboard(result.platform.observability.dashboard_definition)
     dashboard_errors += [e for p in result.platform.observability.alert_definitions for e in validate_alert_policy(p)]
     for err in dashboard_errors:
-        console.print(f"[bold red]rejected by the Cloud Monitoring API's schema:[/] {err}", highlight=False)
+        console.print(f"[bold red]rejected by the Cloud Monitoring API's schema:[/] {escape(str(err))}", highlight=False)
     if not dashboard_errors:
         console.print("[green]dashboard and alert policies parse as Cloud Monitoring API messages[/]")
 
     console.print(policy_table(report))
     for v in report.violations:
         colour = "red" if v.level == "mandatory" else "yellow"
-        console.print(f"  [{colour}]{v.level}[/] {v.policy}: {v.message}", highlight=False)
+        console.print(f"  [{colour}]{v.level}[/] {v.policy}: {escape(v.message)}", highlight=False)
     console.print(capacity_table(report))
     console.print(cost_table(report))
     console.print(url_table(report))
     for warning in report.warnings:
-        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
 
     if write:
         files = write_plan(result, out, report.to_json())

@@ -7,13 +7,14 @@ trace, and the offline plan prints it and exits 2.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Optional
+from typing import Any, Literal, Mapping, Optional, get_args
 
 import pulumi
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from vllm_gke.components.specs import (
     ClusterSpec, CostSpec, GatewaySpec, GlobalLimitsSpec, ImageRef, ModelSpec, MonitoringSpec, Name, NodePoolSpec,
@@ -76,16 +77,55 @@ class StackConfig(Spec):
         return next(m for m in self.models if m.name == name)
 
 
-def config_key(loc: tuple[Any, ...]) -> str:
-    """('nodePools', 0, 'machineType') -> 'vllm-gke:nodePools[0].machineType'."""
+def config_key(loc: tuple[Any, ...], data: Any = None) -> str:
+    """('nodePools', 0, 'machineType') -> 'vllm-gke:nodePools[0].machineType'; with the config's
+    `data`, a list item by its name where it has one ('nodePools[a100-mig]'), as the file reads."""
     if not loc:
         return f"{PROJECT}:<root>"
     head = str(loc[0])
     snake = {f.alias: n for n, f in StackConfig.model_fields.items()}.get(head, head)
     key = FOREIGN_KEYS.get(snake, f"{PROJECT}:{head}")
+    node = data.get(head) if isinstance(data, Mapping) else None
     for part in loc[1:]:
-        key += f"[{part}]" if isinstance(part, int) else f".{part}"
+        if isinstance(part, int):
+            item = node[part] if isinstance(node, list) and part < len(node) else None
+            name = item.get("name") if isinstance(item, Mapping) else None
+            key += f"[{name}]" if isinstance(name, str) and name else f"[{part}]"
+            node = item
+        else:
+            key += f".{part}"
+            node = node.get(part) if isinstance(node, Mapping) else None
     return key
+
+
+def _model_at(loc: tuple[Any, ...]) -> Optional[type[BaseModel]]:
+    """The pydantic model whose field `loc` names (for 'did you mean')."""
+    model: Any = StackConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        fields = {f.alias or n: f for n, f in model.model_fields.items()}
+        if part not in fields:
+            return None
+        annotation = fields[part].annotation
+        for _ in range(3):  # Optional[...], list[...]: down to the model
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                break
+            args = [a for a in get_args(annotation) if a is not type(None)]
+            annotation = args[0] if args else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _did_you_mean(loc: tuple[Any, ...]) -> str:
+    model = _model_at(loc)
+    if model is None or not loc:
+        return ""
+    known = [f.alias or n for n, f in model.model_fields.items()]
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def _problem(err: Mapping[str, Any]) -> str:
@@ -93,7 +133,8 @@ def _problem(err: Mapping[str, Any]) -> str:
     if kind == "missing":
         return "is required but not set; add it to the stack config"
     if kind == "extra_forbidden":
-        return "is not a known setting; remove it or fix its spelling (see README 'Config reference')"
+        return ("is not a known setting" + (_did_you_mean(tuple(err.get("loc") or ())) or
+                                            "; remove it or fix its spelling (see README 'Config reference')"))
     return msg
 
 

@@ -237,3 +237,21 @@ def test_a_tier_chosen_by_size_is_refused_with_the_fix(dev_values):
     dev_values["vllm-gke:weights"]["tier"] = "auto"
     message = one_issue(dev_values)
     assert "weights.tier" in message and "BASIC_HDD" in message and "ZONAL" in message and "re-created" in message
+
+
+def test_an_unknown_key_gets_the_known_one_it_resembles(dev_values):
+    dev_values["vllm-gke:gateway"]["classname"] = dev_values["vllm-gke:gateway"].pop("className")
+    dev_values["vllm-gke:tenants"][0]["maxToken"] = dev_values["vllm-gke:tenants"][0].pop("maxTokens")
+    found = issues(dev_values)
+    assert "vllm-gke:gateway.classname: is not a known setting; did you mean className?" in found
+    assert "vllm-gke:tenants[0].maxToken: is not a known setting; did you mean maxTokens?" in found
+    dev_values["vllm-gke:gateway"]["zzz"] = 1
+    assert any(f.startswith("vllm-gke:gateway.zzz: is not a known setting; remove it") for f in issues(dev_values))
+
+
+def test_config_keys_can_name_list_items_by_name():
+    from vllm_gke.infra.config import config_key
+
+    data = {"tenants": [{"name": "dev-team"}], "nodePools": [{}]}
+    assert config_key(("tenants", 0, "maxTokens"), data) == "vllm-gke:tenants[dev-team].maxTokens"
+    assert config_key(("nodePools", 0, "machineType"), data) == "vllm-gke:nodePools[0].machineType"
