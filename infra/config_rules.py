@@ -17,7 +17,7 @@ from vllm_gke.components.hyperdisk_weights import MIN_GKE as VOLUME_POPULATOR_MI
 from vllm_gke.components.specs import MANAGED_VLLM_OPTIONS, ModelSpec, gke_version
 from vllm_gke.components.vllm_versions import release
 from vllm_gke.components.vllm_service import scratch_gi
-from vllm_gke.infra.capacity import gpu_slots_by_pool, placements, pool_capacity
+from vllm_gke.components.capacity import gpu_slots_by_pool, placements, pool_capacity
 from vllm_gke.infra.vllm_argv import check_argv, load_snapshot, normalise
 
 if TYPE_CHECKING:
@@ -267,7 +267,7 @@ def _chunked_prefill(cfg: "StackConfig", add: Add) -> None:
 def _scale_to_zero(cfg: "StackConfig", add: Add) -> None:
     """A node pool whose every serving pool may scale to zero must itself go to zero nodes, or
     the GPU node stays (and is billed) with nothing on it."""
-    from vllm_gke.infra.capacity import placements
+    from vllm_gke.components.capacity import placements
 
     floors: dict[str, list[int]] = {}
     for model, pool_name, _tenant in placements(cfg):

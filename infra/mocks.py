@@ -36,6 +36,10 @@ class PlannedResource:
     # whether a replacement deletes the old resource first.
     ignore_changes: tuple[str, ...] = ()
     delete_before_replace: bool = False
+    # The parents of its aliases (a URN, or "" for none): where the engine looks for it under an
+    # older URN; alias_urns: aliases the SDK resolved to whole URNs.
+    alias_parents: tuple[str, ...] = ()
+    alias_urns: tuple[str, ...] = ()
 
 
 def unwrap_secrets(value: Any, path: tuple[Any, ...] = (),
@@ -111,5 +115,9 @@ class RecordingMonitor(MockMonitor):
                 parent=request.parent or None, custom=bool(request.custom),
                 props=props, secret_paths=secrets, dependencies=frozenset(deps),
                 ignore_changes=tuple(request.ignoreChanges),
-                delete_before_replace=bool(request.deleteBeforeReplace)))
+                delete_before_replace=bool(request.deleteBeforeReplace),
+                alias_parents=tuple("" if a.spec.noParent else a.spec.parentUrn for a in request.aliases
+                                    if a.WhichOneof("alias") == "spec"),
+                alias_urns=tuple(request.aliasURNs) + tuple(a.urn for a in request.aliases
+                                                            if a.WhichOneof("alias") == "urn")))
         return response

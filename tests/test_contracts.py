@@ -215,7 +215,8 @@ def test_every_row_has_a_break():
 def test_each_row_catches_its_break(any_plan, contract):
     stack, mutate, message = BREAKS[contract.check.__name__]
     original = any_plan(stack)
-    platform = dataclasses.replace(original.platform, observability=copy.copy(original.platform.observability))
+    platform = copy.copy(original.platform)  # the component object; its observability copied to mutate
+    platform.observability = copy.copy(original.platform.observability)
     plan = dataclasses.replace(original, resources=copy.deepcopy(original.resources), platform=platform)
     assert contract.check(plan) == []
     mutate(plan)

@@ -229,7 +229,7 @@ def test_no_destination_rule_claims_limits_for_vllm_services(plans, stack):
 
 def test_a_dedicated_copy_runs_the_models_canary_too(plan_variant):
     """A tenant's dedicated replicas follow the model's config, canary included, on the tenant's pool."""
-    from vllm_gke.infra.capacity import gpu_slots_by_pool
+    from vllm_gke.components.capacity import gpu_slots_by_pool
     from vllm_gke.infra.config import parse
 
     def canary(values):

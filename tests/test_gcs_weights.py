@@ -10,8 +10,8 @@ import pytest
 from vllm_gke.components.gcp_names import bucket_name, is_bucket_name
 from vllm_gke.components.gcs_weights import CACHE_VOLUME, CSI_DRIVER
 from vllm_gke.infra.advice import plan_warnings
-from vllm_gke.infra.capacity import capacity_report
-from vllm_gke.infra.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds, filestore_read_mib_s
+from vllm_gke.components.capacity import capacity_report
+from vllm_gke.components.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds, filestore_read_mib_s
 from vllm_gke.infra.config import ConfigError, parse
 from vllm_gke.infra.mocks import MOCK_PROJECT_NUMBER
 from vllm_gke.infra.program import required_apis

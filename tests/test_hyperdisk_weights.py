@@ -16,7 +16,7 @@ from vllm_gke.components.hyperdisk_weights import (CPU_REQUEST_ANNOTATION, POPUL
                                                    transfer_cpu_request)
 from vllm_gke.components.model_store import WeightCopy
 from vllm_gke.infra.advice import hyperdisk_disks, plan_warnings
-from vllm_gke.infra.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds
+from vllm_gke.components.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds
 from vllm_gke.infra.config import ConfigError, parse
 from vllm_gke.infra.manifests import catalog_or_none, validate
 from vllm_gke.infra.mocks import MOCK_PROJECT_NUMBER

@@ -20,7 +20,7 @@ from vllm_gke.components.serving_api import (
 from vllm_gke.infra.program import required_apis
 from vllm_gke.policies.mesh_authz import Request, decide
 from vllm_gke.policies.route_match import HttpRequest, reach
-from vllm_gke.infra.tenant_urls import tenant_urls, url_notes
+from vllm_gke.components.tenant_urls import tenant_urls, url_notes
 from tests.conftest import STACKS, manifests_of
 
 SEARCH = "https://auth.acme.example/search"

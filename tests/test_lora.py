@@ -12,7 +12,7 @@ import pytest
 from vllm_gke.components.model_store import ADAPTERS_DIR, plan_filestore
 from vllm_gke.components.serving_api import guard_config, tenant_routes
 from vllm_gke.components.specs import ModelSpec, TenantSpec, WeightsSpec
-from vllm_gke.infra.capacity import pool_capacity
+from vllm_gke.components.capacity import pool_capacity
 from vllm_gke.infra.config import ConfigError, parse
 from tests.conftest import REPO_ROOT, manifests_of
 

@@ -18,8 +18,9 @@ def test_stack_files_hold_only_config():
 
 def test_program_has_no_stack_specific_code():
     """What is composed never branches on the stack or environment name."""
+    # components/stack_config.py names the environments a stack may label itself with; it composes nothing.
     composing = [REPO_ROOT / "infra" / "program.py", REPO_ROOT / "infra" / "__main__.py",
-                 *(REPO_ROOT / "components").glob("*.py")]
+                 *(p for p in (REPO_ROOT / "components").glob("*.py") if p.name != "stack_config.py")]
     for path in composing:
         text = path.read_text()
         assert "get_stack" not in text, path
@@ -38,7 +39,7 @@ def test_component_counts(plans):
     def components(stack):
         return Counter(r.type for r in plans[stack].resources if r.type.startswith("vllm-gke:"))
 
-    assert components("dev") == {"vllm-gke:index:ProjectApis": 1, "vllm-gke:index:MeshReadiness": 1,
+    assert components("dev") == {"vllm-gke:index:Platform": 1, "vllm-gke:index:ProjectApis": 1, "vllm-gke:index:MeshReadiness": 1,
                                  "vllm-gke:index:GpuCluster": 1, "vllm-gke:index:ModelStore": 1,
                                  "vllm-gke:index:MeshNamespace": 2, "vllm-gke:index:TenantAuth": 1,
                                  "vllm-gke:index:VllmService": 2, "vllm-gke:index:Gateway": 1,
@@ -50,17 +51,23 @@ def test_component_counts(plans):
 
 
 def test_every_component_child_is_parented(plans):
+    """One Platform holds everything; what stacks declared at the top level before it existed is
+    its child now, aliased to the stack root, so an existing stack keeps those resources."""
     plan = plans["prod"]
     components = {r.urn for r in plan.resources if not r.custom}
-    top_level = {"apis", "gke", "mesh", "serving", "weights", "gateway", "observability", "keda",
-                 "limits"} | {
+    (platform,) = [r for r in plan.resources if r.type == "vllm-gke:index:Platform"]
+    before = {"apis", "gke", "mesh", "serving", "weights", "gateway", "observability", "keda", "limits"} | {
         f"tenant-{t}" for t in ("search", "support", "analytics")} | {
         f"{m}-{p}" for m in ("llama-70b", "qwen-7b", "llama-8b", "llama-8b-canary", "analytics-qwen-7b")
         for p in ("short", "long")}
     for r in plan.resources:
-        if r.name in top_level and not r.custom:
+        if r is platform:
             continue
         assert r.parent in components, (r.type, r.name)
+    top = {r.name: r for r in plan.resources if r.parent == platform.urn}
+    assert before <= set(top)
+    for r in top.values():
+        assert r.alias_parents == ("",) or r.alias_urns, (r.name, r.alias_parents)
 
 
 def test_config_from_the_pulumi_environment(stack_values, monkeypatch):

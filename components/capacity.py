@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Optional
 from vllm_gke.components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
 
 if TYPE_CHECKING:
-    from vllm_gke.infra.config import StackConfig
+    from vllm_gke.components.stack_config import StackConfig
 
 GB = 1e9
 RUNTIME_OVERHEAD_GB = 1.0
@@ -46,7 +46,7 @@ class PoolCapacity:
     canary: bool = False
     # GPU memory set aside for LoRA adapters (per GPU).
     lora_per_gpu_gb: float = 0.0
-    # Estimated seconds from node ready to serving (infra/cold_start.py).
+    # Estimated seconds from node ready to serving (components/cold_start.py).
     cold_start_s: float = 0.0
 
     @property
@@ -97,7 +97,7 @@ def pool_capacity(model: ModelSpec, which: str, pool: ServingPoolSpec, node_pool
 def capacity_report(cfg: "StackConfig") -> list[PoolCapacity]:
     """One row per serving pool the stack declares, shared and dedicated."""
     pools = {p.name: p for p in cfg.node_pools}
-    from vllm_gke.infra.cold_start import cold_start_seconds
+    from vllm_gke.components.cold_start import cold_start_seconds
 
     return [replace(pool_capacity(model, which, getattr(model, which), pools[pool_name], tenant),
                     canary=model.revision != cfg.model(model.name).revision,

@@ -24,7 +24,7 @@ from vllm_gke.components.model_store import plan_filestore
 from vllm_gke.components.specs import ModelSpec
 
 if TYPE_CHECKING:
-    from vllm_gke.infra.config import StackConfig
+    from vllm_gke.components.stack_config import StackConfig
 
 IMAGE_START_S = 30.0
 # A GPU node from a pool at zero nodes: the cluster autoscaler's scale-up plus node boot and the

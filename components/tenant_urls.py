@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from vllm_gke.components.serving_api import OBJECTIVE_HEADER, objective_name
 from vllm_gke.components.specs import ModelSpec, TenantSpec
-from vllm_gke.infra.config import StackConfig
+from vllm_gke.components.stack_config import StackConfig
 
 
 def path_prefix(model: ModelSpec, tenant: TenantSpec, dedicated: bool) -> str:

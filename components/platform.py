@@ -1,0 +1,282 @@
+"""Platform: a whole serving platform from one StackConfig - the stack program's composition as
+a component, for teams whose own Pulumi program declares the platform (and for the stack program,
+which is this and its exports).
+
+Every resource the stacks declared at the top level is now a child of the Platform; each carries
+an alias to the stack root, so a stack created before the component existed keeps its resources
+(the engine matches them by the old URNs) instead of replacing them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import pulumi
+
+from vllm_gke.components.capacity import consumer_models
+from vllm_gke.components.cold_start import NODE_PROVISION_S, cold_start_seconds
+from vllm_gke.components.gateway import Gateway, GatewayArgs, PickerTarget, RouteTarget
+from vllm_gke.components.gcp_names import service_account_id
+from vllm_gke.components.gpu_cluster import GpuCluster, GpuClusterArgs
+from vllm_gke.components.inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
+from vllm_gke.components.inference_pool import InferencePool, InferencePoolArgs
+from vllm_gke.components.k8s_meta import MODEL_LABEL, POOL_LABEL, TENANT_LABEL
+from vllm_gke.components.keda import Keda, KedaArgs
+from vllm_gke.components.limit_store import PORT as LIMITS_PORT
+from vllm_gke.components.limit_store import LimitStore, LimitStoreArgs
+from vllm_gke.components.mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
+from vllm_gke.components.mesh_readiness import MeshReadiness, MeshReadinessArgs
+from vllm_gke.components.options import child_opts
+from vllm_gke.components.model_store import SERVER_SA, ModelStore, ModelStoreArgs, reads_hub_token_from_secret_manager
+from vllm_gke.components.observability import Observability, ObservabilityArgs
+from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
+from vllm_gke.components.specs import ModelSpec, TenantSpec
+from vllm_gke.components.serving_api import (
+    PICKER_REENCODING_GROWTH, guard_config, objective_name, picker_max_body_bytes, picker_routes, tenant_routes,
+)
+from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
+from vllm_gke.components.stack_config import StackConfig
+from vllm_gke.components.standby import STANDBY_SA, Standby, StandbyArgs
+from vllm_gke.components.tenant_urls import path_prefix
+from vllm_gke.components.vllm_service import SERVER_LABELS, KedaScaling, VllmService, VllmServiceArgs, service_name_of
+from vllm_gke.components.vllm_versions import release
+
+BASE_APIS = (
+    "serviceusage.googleapis.com", "cloudresourcemanager.googleapis.com", "iam.googleapis.com",
+    "iamcredentials.googleapis.com", "compute.googleapis.com", "container.googleapis.com",
+    "containerfilesystem.googleapis.com", "artifactregistry.googleapis.com", "file.googleapis.com",
+    "gkehub.googleapis.com", "mesh.googleapis.com", "monitoring.googleapis.com", "logging.googleapis.com",
+)
+
+
+def dedicated_models(tenant: TenantSpec) -> list[str]:
+    return list(tenant.dedicated.models) if tenant.dedicated else []
+
+
+def shared_models(tenant: TenantSpec) -> list[str]:
+    return [m for m in tenant.models if m not in dedicated_models(tenant)]
+
+
+def required_apis(cfg: StackConfig) -> list[str]:
+    apis = list(BASE_APIS)
+    if reads_hub_token_from_secret_manager(cfg.models, cfg.weights):
+        apis.append("secretmanager.googleapis.com")
+    if cfg.gateway.managed_certificate:
+        apis.append("certificatemanager.googleapis.com")
+    if cfg.weights.backend in ("gcs", "hyperdisk-ml"):
+        apis.append("storage.googleapis.com")
+    if any(m.routing == "inference-gateway" for m in cfg.models):
+        # "Deploy GKE Inference Gateway": the load balancer calls the picker through Service
+        # Extensions, part of the Network Services API.
+        apis.append("networkservices.googleapis.com")
+    return apis
+
+
+@dataclass
+class PlatformArgs:
+    # The platform's settings, validated as a stack's config is (infra/config.py parse()).
+    config: StackConfig
+
+
+class Platform(pulumi.ComponentResource):
+    """GKE with GPU pools, the weights store, tenants, vLLM pools behind the gateway, autoscaling,
+    limits and monitoring: everything one stack declares."""
+
+    apis: ProjectApis
+    cluster: GpuCluster
+    mesh: MeshReadiness
+    serving: MeshNamespace
+    store: ModelStore
+    keda: Keda
+    tenants: dict[str, TenantAuth]
+    services: dict[str, VllmService]
+    inference_pools: dict[str, InferencePool]
+    limit_store: Optional[LimitStore]
+    standbys: dict[str, Standby]
+    gateway: Gateway
+    observability: Observability
+    routes: dict[str, str]
+
+    def __init__(self, name: str, args: PlatformArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:Platform", name, None, opts)
+        cfg = args.config
+        self.services, self.inference_pools, self.standbys = {}, {}, {}
+        self.limit_store = None
+
+        def child(depends_on: Sequence[pulumi.Resource] = ()) -> pulumi.ResourceOptions:
+            """Parented here, waiting for what the Platform waits for; aliased to the stack root
+            where stacks made before this component declared the same resource."""
+            return child_opts(self, opts, depends_on=depends_on,
+                              aliases=[pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)])
+
+        labels = {"environment": cfg.environment}
+        apis = ProjectApis("apis", ProjectApisArgs(cfg.project, required_apis(cfg)), opts=child())
+        cluster = GpuCluster("gke", GpuClusterArgs(
+            project=cfg.project, region=cfg.region, cluster=cfg.cluster, node_pools=cfg.node_pools,
+            labels=labels, apis=apis, gcs_fuse=cfg.weights.backend in ("gcs", "hyperdisk-ml"),
+            secret_manager=reads_hub_token_from_secret_manager(cfg.models, cfg.weights),
+            # The loaders write the bucket through Cloud Storage FUSE; Volume Populator's transfer
+            # Jobs copy it onto the disks on nodes of their own pool.
+            populator_machine_type=cfg.weights.populator_machine_type if cfg.weights.backend == "hyperdisk-ml" else None),
+            opts=child())
+        provider = cluster.provider
+        # Istio resources and meshed pods wait until the managed control plane serves the cluster.
+        mesh = MeshReadiness("mesh", MeshReadinessArgs(provider, cfg.cluster.release_channel), opts=child())
+        after_mesh = child([mesh])
+        # KEDA scales every serving pool on vLLM's metrics in Managed Prometheus (and serves the
+        # cluster's external metrics API: the one server of it).
+        keda = Keda("keda", KedaArgs(
+            project=cfg.project, provider=provider, workload_pool=cluster.workload_pool,
+            gsa_name=service_account_id(cfg.cluster.name, "keda"), apis=apis, network=cluster.network.id,
+            control_plane_cidr=cfg.cluster.master_cidr if cfg.cluster.private_nodes else None), opts=child())
+        sources = TrustedSources.for_cluster(cluster.proxy_only_cidr, cfg.cluster.pods_cidr, cfg.cluster.subnet_cidr)
+        serving_jwks = sorted({jwks_host(t) for t in cfg.tenants if shared_models(t)})
+        serving = MeshNamespace("serving", MeshNamespaceArgs(
+            cfg.serving_namespace, provider, sources=sources, jwks_hosts=serving_jwks,
+            service_accounts=(SERVER_SA, STANDBY_SA)), opts=after_mesh)
+
+        tenants = {
+            t.name: TenantAuth(f"tenant-{t.name}", TenantAuthArgs(
+                tenant=t, provider=provider, serving_namespace=serving.name, shared_models=shared_models(t),
+                sources=sources, picker_models=[m for m in shared_models(t) if cfg.model(m).routing == "inference-gateway"],
+                service_accounts=(SERVER_SA, STANDBY_SA) if t.dedicated else ()),
+                opts=after_mesh)
+            for t in cfg.tenants
+        }
+        consumers: dict[str, pulumi.Input[str]] = {"serving": serving.name}
+        consumers.update({t.name: tenants[t.name].namespace.name for t in cfg.tenants if t.dedicated})
+        store = ModelStore("weights", ModelStoreArgs(
+            project=cfg.project, zone=cfg.cluster.zones[0], region=cfg.region, network_name=cluster.network.name,
+            workload_pool=cluster.workload_pool, models=cfg.models, weights=cfg.weights,
+            server_image=cfg.server_image, provider=provider, consumer_namespaces=consumers,
+            consumer_models=consumer_models(cfg), zones=cfg.cluster.zones, transfer_ready=cluster.transfer_ready,
+            instance_name=f"{cfg.cluster.name}-weights", apis=apis, protect=cfg.cluster.deletion_protection,
+            vllm_release=release(cfg.vllm_version)), opts=child())
+        self.apis, self.cluster, self.mesh, self.serving, self.store = apis, cluster, mesh, serving, store
+        self.keda, self.tenants = keda, tenants
+
+        targets: list[RouteTarget] = []
+        rel = release(cfg.vllm_version)
+        shared_store: tuple[str, int] | None = None
+        if cfg.global_limits.enabled:
+            # The vLLM servers' own identities (SERVER_SA) may connect, nothing else in their namespaces.
+            clients = [cfg.serving_namespace, *(tenant_namespace(t) for t in cfg.tenants if t.dedicated)]
+            self.limit_store = LimitStore("limits", LimitStoreArgs(provider, clients, cfg.global_limits.image),
+                                              opts=after_mesh)
+            shared_store = (self.limit_store.host, LIMITS_PORT)
+        # Pools and objectives wait for the objective CRD and for the API the controller programs.
+        picker_deps: list[pulumi.Resource] = [mesh, *apis.needs("networkservices.googleapis.com")]
+        if any(m.routing == "inference-gateway" for m in cfg.models):
+            picker_deps.append(InferenceObjectiveCrd("inference-objective-crd", InferenceObjectiveCrdArgs(provider),
+                                                     opts=child()))
+
+        def identities(tenant: str | None) -> pulumi.Resource:
+            """The MeshNamespace holding the servers' and standbys' service accounts."""
+            return tenants[tenant].namespace if tenant else serving
+
+        def serve(key: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
+                  callers: list[TenantSpec], tenant: str | None = None, canary: bool = False) -> dict[str, str]:
+            names = {}
+            picked = model.name if model.routing == "inference-gateway" else None
+            for which in model.pool_names:
+                pool = getattr(model, which)
+                to_zero = pool.min_replicas == 0
+                standby_name = f"{service_name_of(model.name, which, canary)}-standby" if to_zero else ""
+                svc = VllmService(f"{key}-{which}", VllmServiceArgs(
+                    model=model, pool_name=which, pool=pool, node_pool=cfg.pool(pool_name),
+                    namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
+                    provider=provider,
+                    guard_config=guard_config(callers, picker_routes() if picked else
+                                              [r for r in tenant_routes() if r.path not in rel.unsalted_paths],
+                                              rel.max_tokens_rule,
+                                              objectives_for=picked, shared_store=shared_store, served=model,
+                                              max_body_bytes=PICKER_REENCODING_GROWTH * picker_max_body_bytes(model)
+                                              if picked else None,
+                                              cache_salt_paths=rel.cache_salt_paths),
+                    release=rel, tenant=tenant, canary=canary, weights_volume=store.weights_volume,
+                    weights_annotations=store.pod_annotations,
+                    scaling=KedaScaling(cfg.project, keda.auth_name, standby_name),
+                    request_timeout_seconds=cfg.gateway.request_timeout_seconds,
+                    weights_claims=store.claims_for(tenant or "serving", model)),
+                    # Pods need the sidecar (so the mesh first) and the read-only claim; KEDA's CRDs
+                    # come with its chart.
+                    # ...and the namespace's identities (a pod of a missing service account is refused).
+                    opts=child([mesh, store, keda, identities(tenant)]))
+                self.services[f"{key}-{which}"] = svc
+                names[which] = svc.service_name
+                if to_zero:
+                    pool_label = f"{which}-canary" if canary else which
+                    self.standbys[f"{key}-{which}"] = Standby(f"{key}-{which}-standby", StandbyArgs(
+                        service_name=svc.service_name, model=model.name, namespace=namespace,
+                        pool_selector={MODEL_LABEL: model.name, POOL_LABEL: pool_label},
+                        vllm_only_labels=SERVER_LABELS, provider=provider,
+                        policy_labels={TENANT_LABEL: tenant} if tenant else {},
+                        expected_seconds=int(NODE_PROVISION_S + cold_start_seconds(cfg, model)),
+                        service_account=STANDBY_SA),
+                        opts=child([mesh, identities(tenant)]))
+            return names
+
+        def rate_caps(model: ModelSpec, names: dict[str, str]) -> dict[str, int]:
+            return {names[w]: cap for w in model.pool_names if (cap := getattr(model, w).max_rate_per_endpoint)}
+
+        def route(key: str, path: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
+                  callers: list[TenantSpec], tenant: str | None = None) -> None:
+            names = serve(key, model, pool_name, namespace, callers, tenant)
+            if model.routing == "inference-gateway":
+                picker_pool(key, model, namespace, callers, tenant)
+                return
+            canary_model = model.canary_model()
+            canary = serve(f"{key}-canary", canary_model, pool_name, namespace, callers, tenant, canary=True) \
+                if canary_model else {}
+            targets.append(RouteTarget(
+                key, namespace, path, names["short"], names["long"], model.long_request_bytes,
+                canary_short_service=canary.get("short"), canary_long_service=canary.get("long"),
+                canary_weight=model.canary.weight if model.canary else 0,
+                max_rate_per_endpoint={**rate_caps(model, names), **(rate_caps(canary_model, canary) if canary else {})}))
+
+        def picker_pool(key: str, model: ModelSpec, namespace: pulumi.Input[str], callers: list[TenantSpec],
+                          tenant: str | None) -> None:
+            """An InferencePool for the model's pool, and per tenant a route /<tenant>/<model>/v1 that
+            sets the tenant's objective: the tenant must be in the path for its priority to be bound
+            to its token (the load balancer cannot read the JWT; the mesh checks the pair)."""
+            objectives = {objective_name(t.name, model.name): t.priority for t in callers}
+            self.inference_pools[key] = InferencePool(f"{key}-inference", InferencePoolArgs(
+                pool_name=model.name, namespace=namespace, provider=provider,
+                selector={MODEL_LABEL: model.name, POOL_LABEL: "short"}, objectives=objectives,
+                request_timeout_seconds=cfg.gateway.request_timeout_seconds, model_metrics=rel.picker_metrics,
+                load_balancer_sources=sources.health_checks, metrics_sources=[cfg.cluster.subnet_cidr]),
+                opts=child(picker_deps))
+            for t in callers:
+                # Dedicated: the tenant namespace's route keeps its key; shared: one route per tenant
+                # ('.' never occurs in a name, so these never collide with a dedicated <tenant>-<model>).
+                route_name = key if tenant else f"{model.name}.{t.name}"
+                targets.append(RouteTarget(
+                    route_name, namespace, path_prefix(model, t, tenant is not None), f"{model.name}-short", "",
+                    model.long_request_bytes,
+                    picker=PickerTarget(model.name, objective_name(t.name, model.name), t.name,
+                                        routes=tuple((r.path, r.method) for r in picker_routes()),
+                                        max_body_bytes=picker_max_body_bytes(model))))
+
+        for model in cfg.models:
+            callers = [t for t in cfg.tenants if model.name in shared_models(t)]
+            route(model.name, model.name, model, model.node_pool, serving.name, callers)
+        for t in cfg.tenants:
+            for model_name in dedicated_models(t):
+                assert t.dedicated is not None
+                model = cfg.model(model_name)
+                route(f"{t.name}-{model_name}", path_prefix(model, t, dedicated=True), model, t.dedicated.node_pool,
+                      tenants[t.name].namespace.name, [t], tenant=t.name)
+
+        self.gateway = Gateway("gateway", GatewayArgs(
+            cfg.gateway, serving.name, targets, provider, project=cfg.project, region=cfg.region,
+            subnetwork=cluster.subnetwork.id, name_prefix=cfg.cluster.name, apis=apis), opts=child())
+        self.observability = Observability("observability", ObservabilityArgs(
+            project=cfg.project, cluster_name=cfg.cluster.name, spec=cfg.monitoring,
+            title=f"vLLM on GKE - {cfg.cluster.name} ({cfg.environment})", apis=apis,
+            kv_cache_metric=rel.kv_cache_metric, limit_store=cfg.global_limits.enabled), opts=child())
+
+        self.routes = {t.route_name: f"/{t.path_prefix}/v1" for t in targets}
+        self.register_outputs({"clusterName": cluster.cluster.name, "kubeconfig": cluster.kubeconfig,
+                               "routes": self.routes, "dashboard": self.observability.dashboard.id,
+                               "filestore": {"tier": store.tier, "capacityGb": store.capacity_gb}})
