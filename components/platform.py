@@ -36,7 +36,8 @@ from vllm_gke.components.serving_api import (
     PICKER_REENCODING_GROWTH, guard_config, objective_name, picker_max_body_bytes, picker_routes, tenant_routes,
 )
 from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
-from vllm_gke.components.stack_config import StackConfig
+from vllm_gke.components.config_rules import cross_field_issues
+from vllm_gke.components.stack_config import ConfigError, StackConfig
 from vllm_gke.components.standby import STANDBY_SA, Standby, StandbyArgs
 from vllm_gke.components.tenant_urls import path_prefix
 from vllm_gke.components.vllm_service import SERVER_LABELS, KedaScaling, VllmService, VllmServiceArgs, service_name_of
@@ -99,8 +100,12 @@ class Platform(pulumi.ComponentResource):
     routes: dict[str, str]
 
     def __init__(self, name: str, args: PlatformArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("vllm-gke:index:Platform", name, None, opts)
         cfg = args.config
+        # The stack config's own checks across fields (capacity, fit, references, ranges, the vLLM
+        # release's parser), with its messages, whoever builds the config.
+        if issues := cross_field_issues(cfg):
+            raise ConfigError(issues, f"Platform '{name}' config")
+        super().__init__("vllm-gke:index:Platform", name, None, opts)
         self.services, self.inference_pools, self.standbys = {}, {}, {}
         self.limit_store = None
 

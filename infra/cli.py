@@ -29,7 +29,7 @@ from vllm_gke.infra.manifests import (
 from vllm_gke.infra.plan import Plan, default_stacks_dir, run_plan
 from vllm_gke.infra.plan_output import write_plan
 from vllm_gke.infra.report import Verdicts, load_policy_config, verdicts
-from vllm_gke.infra.vllm_argv import check_argv, load_snapshot
+from vllm_gke.components.vllm_argv import check_argv, load_snapshot
 from vllm_gke.policies.rules import POLICIES, resolve_levels
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,

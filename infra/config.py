@@ -10,35 +10,16 @@ from __future__ import annotations
 import difflib
 import json
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any, Mapping, Optional, get_args
 
 import pulumi
 from pydantic import BaseModel, ValidationError
 
-from vllm_gke.components.stack_config import StackConfig
+from vllm_gke.components.stack_config import ConfigError, ConfigIssue, StackConfig
 
 PROJECT = "vllm-gke"
 # Fields that live in another provider's namespace in stack config.
 FOREIGN_KEYS = {"project": "gcp:project", "region": "gcp:region"}
-
-
-@dataclass(frozen=True)
-class ConfigIssue:
-    key: str
-    problem: str
-
-    def __str__(self) -> str:
-        return f"{self.key}: {self.problem}"
-
-
-class ConfigError(pulumi.RunError):
-    def __init__(self, issues: list[ConfigIssue], source: str = "stack config"):
-        self.issues = issues
-        self.source = source
-        lines = [f"invalid {source} ({len(issues)} problem{'s' if len(issues) != 1 else ''}):"]
-        lines += [f"  - {issue}" for issue in issues]
-        super().__init__("\n".join(lines))
 
 
 def config_key(loc: tuple[Any, ...], data: Any = None) -> str:
@@ -118,7 +99,7 @@ def parse(values: Mapping[str, Any], source: str = "stack config") -> StackConfi
         cfg = None
         issues += [ConfigIssue(config_key(e["loc"]), _problem(e)) for e in exc.errors()]
     if cfg is not None:
-        from vllm_gke.infra.config_rules import cross_field_issues
+        from vllm_gke.components.config_rules import cross_field_issues
 
         issues += cross_field_issues(cfg)
     if issues:

@@ -25,7 +25,7 @@ from vllm_gke.components.serving_api import PICKER_PATHS, REFUSED_AT_THE_PICKER,
 from vllm_gke.components.specs import gke_version
 from vllm_gke.components.vllm_versions import release
 from vllm_gke.infra.plan import Plan, manifest
-from vllm_gke.infra.vllm_argv import load_snapshot
+from vllm_gke.components.vllm_argv import load_snapshot
 
 Check = Callable[[Plan], list[str]]
 

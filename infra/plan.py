@@ -166,3 +166,25 @@ def run_program(stack: str, values: dict[str, Any],
 def run_plan(stack: str, stacks_dir: Optional[Path] = None) -> Plan:
     values = read_stack_config(stack, stacks_dir or default_stacks_dir())
     return run_program(stack, values)
+
+
+def run_program_file(path: Path, config: dict[str, Any], stack: str = "dev") -> list[PlannedResource]:
+    """A Pulumi program of one's own (a Python file, as `pulumi up` runs its __main__) under the
+    same mocks: what it would declare, for the policy pack and the tests."""
+    import runpy
+
+    def _run() -> list[PlannedResource]:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            mocks = RecordingMocks(str(config.get("gcp:project", "mock-project")))
+            monitor = RecordingMonitor(mocks)
+            pulumi.runtime.set_mocks(mocks, project=path.parent.name, stack=stack, preview=False, monitor=monitor)
+            pulumi.runtime.set_all_config(_as_pulumi_config(config))
+            _sync_await(run_pulumi_func(lambda: runpy.run_path(str(path), run_name="__main__")))
+            return monitor.recorded
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    return contextvars.Context().run(_run)

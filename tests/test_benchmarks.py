@@ -12,7 +12,7 @@ from benchmarks.vllm_server import MIDDLEWARE, bench_guard_config, longest_promp
 from tests.test_vllm_flags import pinned_version
 from vllm_gke.infra.config import parse
 from vllm_gke.infra.plan import run_program
-from vllm_gke.infra.vllm_argv import check_argv, load_snapshot
+from vllm_gke.components.vllm_argv import check_argv, load_snapshot
 
 
 @pytest.mark.parametrize("tenants,models", [(max(TENANT_GRID), 1), (1, max(MODEL_GRID)), (10, 5)])

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from vllm_gke.components.serving_api import OPEN_ROUTES, TENANT_ROUTES, guard_config, tenant_routes
 from vllm_gke.components.specs import TenantSpec
-from vllm_gke.infra.vllm_argv import load_snapshot, snapshot_versions
+from vllm_gke.components.vllm_argv import load_snapshot, snapshot_versions
 from tests.conftest import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "images"))

@@ -86,7 +86,7 @@ def test_picker_is_highly_available_without_pprof_and_reads_the_releases_metrics
     no pprof beside unauthenticated /metrics, config changes roll it, and the metric names it
     scrapes are the ones the pinned vLLM exports (v1.2.0's default KV gauge is gone from 0.34)."""
     from vllm_gke.components.vllm_versions import release
-    from vllm_gke.infra.vllm_argv import load_snapshot
+    from vllm_gke.components.vllm_argv import load_snapshot
 
     plan = plans["staging"]
     epp = one(plan, "Deployment", "llama-8b-epp")

@@ -95,7 +95,7 @@ def exposed(snapshot) -> set[str]:
 def test_every_vllm_metric_used_exists_in_the_release(plan_variant, version):
     import re
 
-    from vllm_gke.infra.vllm_argv import load_snapshot
+    from vllm_gke.components.vllm_argv import load_snapshot
 
     plan = plan_variant("prod", lambda v: v.update({"vllm-gke:vllmVersion": version}))
     obs = plan.platform.observability

@@ -23,11 +23,12 @@ from pydantic.fields import FieldInfo
 from vllm_gke.components import specs
 from vllm_gke.components.provider.convert import UNION_PREFIX
 from vllm_gke.components.specs import Spec
+from vllm_gke.components.stack_config import StackConfig
 
 OUT = Path(__file__).with_name("types.py")
 # The specs the package exposes, roots first; nested specs are followed.
 ROOTS = (specs.ClusterSpec, specs.NodePoolSpec, specs.ModelSpec, specs.TenantSpec, specs.GatewaySpec,
-         specs.WeightsSpec, specs.MonitoringSpec, specs.ImageRef)
+         specs.WeightsSpec, specs.MonitoringSpec, specs.ImageRef, StackConfig)
 # A spec field typed `str | <Spec>` becomes two optional fields: the string form under its own
 # name and the structured form under `custom_<name>` (the schema has no unions).
 

@@ -16,7 +16,7 @@ from vllm_gke.components.provider import COMPONENTS
 
 PACKAGE = "vllm-gke"
 # Output properties whose values are secret, by component.
-SECRET_OUTPUTS = {"GpuCluster": ("kubeconfig",)}
+SECRET_OUTPUTS = {"GpuCluster": ("kubeconfig",), "Platform": ("kubeconfig",)}
 # Inputs that carry credentials, by component.
 SECRET_INPUTS = {name: ("kubeconfig",) for name in ("ModelStore", "VllmService", "Gateway", "TenantAuth")}
 

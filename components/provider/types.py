@@ -372,3 +372,58 @@ class MonitoringSpec(TypedDict):
     """p95 time to first token that warns. Default: 3.0."""
     kv_cache_alert_ratio: NotRequired[float]
     """KV-cache usage that warns. Default: 0.95."""
+
+
+class CostSpec(TypedDict):
+    """CostSpec settings (see the README config reference)."""
+
+    tokens_per_second_per_gpu: NotRequired[float]
+    """Sustained generation throughput of one physical GPU for your models (measure it). Default: 1500.0."""
+    target_utilization: NotRequired[float]
+    """Expected share of capacity in use. Default: 0.6."""
+    hours_per_month: NotRequired[float]
+    """Hours a month the report prices. Default: 730.0."""
+
+
+class GlobalLimitsSpec(TypedDict):
+    """One shared store of the tenants' sliding windows, so limits hold across replicas."""
+
+    enabled: NotRequired[bool]
+    """Count requests and tokens per tenant across all replicas (an in-cluster Redis, reached over the mesh's mTLS: only the vLLM pods' identities may connect; no password exists). Default: false."""
+    image: NotRequired[ImageRef]
+    """The store's image."""
+
+
+class StackConfig(TypedDict):
+    """A whole platform's settings: what one stack's config holds (see the README config reference)."""
+
+    project: str
+    """The Google Cloud project everything is created in (stack config: gcp:project)."""
+    region: str
+    """The region of the cluster, its subnets, gateway and bucket (stack config: gcp:region)."""
+    environment: str
+    """A label on every resource; behaviour comes from the other settings, never from this. One of: dev, staging, prod."""
+    cluster: ClusterSpec
+    """The GKE cluster: name, zones, ranges, release channel, private nodes, maintenance."""
+    node_pools: list[NodePoolSpec]
+    """The GPU node pools (machine type, MIG partition, spot, sizes) the models run on."""
+    models: list[ModelSpec]
+    """The models served: source, shape, dtype, pools, routing, adapters, canary."""
+    tenants: NotRequired[list[TenantSpec]]
+    """The tenants: JWT issuer, the models each may call, rate limits and token caps."""
+    server_image: ImageRef
+    """The vLLM server image built from images/ (a tag of the chosen vLLM release, or a digest)."""
+    vllm_version: NotRequired[str]
+    """The vLLM release the server image is built on (see components/vllm_versions.py). Default: 0.34.0."""
+    serving_namespace: NotRequired[str]
+    """The namespace of the shared model pools. Default: vllm."""
+    gateway: NotRequired[GatewaySpec]
+    """The load balancer: Gateway class, hostname, TLS, request timeout."""
+    weights: NotRequired[WeightsSpec]
+    """Where the one copy of the weights lives (Filestore, a bucket, Hyperdisk ML) and the HF token."""
+    monitoring: NotRequired[MonitoringSpec]
+    """Alert e-mails and SLO thresholds."""
+    cost: NotRequired[CostSpec]
+    """Throughput and utilisation assumptions of the cost report."""
+    global_limits: NotRequired[GlobalLimitsSpec]
+    """Per-tenant limits across all replicas (a shared store) instead of per replica."""

@@ -18,10 +18,10 @@ from vllm_gke.components.specs import MANAGED_VLLM_OPTIONS, ModelSpec, gke_versi
 from vllm_gke.components.vllm_versions import release
 from vllm_gke.components.vllm_service import scratch_gi
 from vllm_gke.components.capacity import gpu_slots_by_pool, placements, pool_capacity
-from vllm_gke.infra.vllm_argv import check_argv, load_snapshot, normalise
+from vllm_gke.components.vllm_argv import check_argv, load_snapshot, normalise
 
 if TYPE_CHECKING:
-    from vllm_gke.infra.config import ConfigIssue, StackConfig
+    from vllm_gke.components.stack_config import ConfigIssue, StackConfig
 
 PROJECT = "vllm-gke"
 # Namespaces the platform (or Kubernetes, or the mesh) owns.
@@ -33,7 +33,7 @@ Add = Callable[[str, str], None]
 
 
 def cross_field_issues(cfg: "StackConfig") -> list["ConfigIssue"]:
-    from vllm_gke.infra.config import ConfigIssue
+    from vllm_gke.components.stack_config import ConfigIssue
 
     issues: list[ConfigIssue] = []
 

@@ -1,0 +1,48 @@
+"""Platform, as the component package exposes it to every Pulumi language (not platform.py: the plugin
+runs with this folder on sys.path, where that name would shadow the standard library's): one resource
+declares the whole serving platform from the same settings a stack's config holds, checked the same way."""
+
+# The analyzer reads these annotations at runtime: no `from __future__ import annotations`.
+from typing import Optional, TypedDict
+
+import pulumi
+
+from vllm_gke.components.platform import Platform as _Platform
+from vllm_gke.components.platform import PlatformArgs
+from vllm_gke.components.provider.convert import to_spec
+from vllm_gke.components.provider.types import StackConfig
+from vllm_gke.components.stack_config import StackConfig as StackConfigModel
+
+
+class PlatformInputs(TypedDict):
+    """Inputs of Platform."""
+
+    config: StackConfig
+    """The platform's settings: project, region, cluster, node pools, models, tenants, image, gateway,
+    weights, monitoring (the keys of a stack's config, camelCase)."""
+
+
+class Platform(pulumi.ComponentResource):
+    """GKE with GPU/MIG pools, one shared copy of the weights, vLLM pools behind Cloud Load Balancing
+    with length- or inference-aware routing, per-tenant JWT auth and limits, KEDA autoscaling and
+    Cloud Monitoring: everything one vllm-gke stack declares."""
+
+    cluster_name: pulumi.Output[str]
+    """The GKE cluster's name."""
+    kubeconfig: pulumi.Output[str]
+    """A kubeconfig that authenticates with gke-gcloud-auth-plugin (secret)."""
+    routes: pulumi.Output[dict[str, str]]
+    """Each route's path prefix (<model> or <tenant>/<model>, then /v1), by route name."""
+    dashboard_id: pulumi.Output[str]
+    """The Cloud Monitoring dashboard's id."""
+
+    def __init__(self, name: str, args: PlatformInputs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:Platform", name, {}, opts)
+        config = to_spec(StackConfigModel, args.get("config"), "Platform", "config")
+        inner = _Platform(name, PlatformArgs(config), opts=pulumi.ResourceOptions(parent=self))
+        self.cluster_name = inner.cluster.cluster.name
+        self.kubeconfig = inner.cluster.kubeconfig
+        self.routes = pulumi.Output.from_input(inner.routes)
+        self.dashboard_id = inner.observability.dashboard.id
+        self.register_outputs({"clusterName": self.cluster_name, "kubeconfig": self.kubeconfig,
+                               "routes": self.routes, "dashboardId": self.dashboard_id})
