@@ -39,14 +39,15 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: 
             "throughput prices before `pulumi up`")
     # With a maintenance window, upgrades wait for it: a single replica is a choice, not a hazard.
     unwindowed = cfg.cluster.maintenance.window is None
-    for model, _pool_name, tenant in placements(cfg):
-        for which in model.pool_names:
-            if unwindowed and getattr(model, which).min_replicas == 1:
-                who = f" ({tenant})" if tenant else ""
-                out.append(
-                    f"{model.name}{who} {which} pool runs one replica: a node upgrade or repair takes it down "
-                    f"while the weights reload; its PodDisruptionBudget holds voluntary evictions, so set a "
-                    "maintenance window (vllm-gke:cluster.maintenance) or minReplicas 2")
+    single = [f"{model.name}{f' ({tenant})' if tenant else ''} {which}"
+              for model, _pool_name, tenant in placements(cfg) for which in model.pool_names
+              if unwindowed and getattr(model, which).min_replicas == 1]
+    if single:  # one warning for all of them: the same hazard and the same fix
+        pools = ", ".join(single)
+        out.append(
+            f"{'these pools run' if len(single) > 1 else 'this pool runs'} one replica ({pools}): a node upgrade "
+            "or repair takes each down while the weights reload; their PodDisruptionBudgets hold voluntary "
+            "evictions, so set a maintenance window (vllm-gke:cluster.maintenance) or minReplicas 2")
     budget = cfg.weights.cold_start_budget_seconds
     slow = {}
     for model, _pool_name, tenant in placements(cfg):

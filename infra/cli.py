@@ -132,8 +132,13 @@ def plan(
     crds: Optional[Path] = typer.Option(
         None, "--crds", help=f"folder of upstream CRDs to validate custom resources against "
         f"(default ${CRD_DIR_ENV} or ../shared/upstream-crds)"),
+    output: str = typer.Option("text", "--output", help="text (tables for people) or json (one document for "
+                               "machines, on standard output)"),
 ) -> None:
     """Run the stack program under mocks and report what `pulumi up` would create."""
+    if output not in ("text", "json"):
+        console.print(f"[bold red]error:[/] --output {escape(output)}: use text or json", highlight=False)
+        raise typer.Exit(2)
     try:
         levels = load_policy_config(policy_config)
         resolve_levels(levels)
@@ -150,57 +155,69 @@ def plan(
         console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     report = verdicts(result, levels)
-    console.print(resource_table(result, detail))
-
     docs = result.manifests()
     catalog = catalog_or_none(crds)
     problems = [(describe(doc), errs) for doc in docs if (errs := validate(doc, catalog))]
-    n_docs = len(docs)
-    if problems:
-        console.print(f"[bold red]{len(problems)} of {n_docs} manifests fail schema validation:[/]")
-        for what, errs in problems:
-            for err in errs:
-                console.print(f"  - {escape(str(what))}: {escape(str(err))}", highlight=False)
-    else:
-        console.print(f"[green]all {n_docs} Kubernetes manifests pass schema validation[/]")
-    if catalog is None:
-        custom = sum(not is_builtin(d) for d in docs)
-        console.print(f"[yellow]{custom} custom resources not checked: no upstream CRDs at {crds or DEFAULT_CRD_DIR} "
-                      f"(pass --crds DIR or set {CRD_DIR_ENV})[/]", highlight=False)
     broken = contract_problems(result)
-    for contract, problem in broken:
-        console.print(f"[bold red]breaks the {contract.component} {contract.version} contract[/] "
-                      f"({escape(contract.source)}): {escape(problem)}", highlight=False)
-    if not broken:
-        console.print(f"[green]all {len(CONTRACTS)} component contracts hold (docs/contracts.md)[/]")
     argv_errors = vllm_argv_problems(result)
-    for what, err in argv_errors:
-        console.print(f"[bold red]vLLM {result.config.vllm_version} would refuse[/] {escape(str(what))}: {escape(str(err))}", highlight=False)
-    if not argv_errors:
-        console.print(f"[green]every vLLM command line parses with vLLM {result.config.vllm_version}'s parser "
-                      "(snapshot)[/]")
     assert result.platform.observability is not None
     dashboard_errors = validate_dashboard(result.platform.observability.dashboard_definition)
     dashboard_errors += [e for p in result.platform.observability.alert_definitions for e in validate_alert_policy(p)]
-    for err in dashboard_errors:
-        console.print(f"[bold red]rejected by the Cloud Monitoring API's schema:[/] {escape(str(err))}", highlight=False)
-    if not dashboard_errors:
-        console.print("[green]dashboard and alert policies parse as Cloud Monitoring API messages[/]")
+    files = write_plan(result, out, report.to_json()) if write else []
 
-    console.print(policy_table(report))
-    for v in report.violations:
-        colour = "red" if v.level == "mandatory" else "yellow"
-        console.print(f"  [{colour}]{v.level}[/] {v.policy}: {escape(v.message)}", highlight=False)
-    console.print(capacity_table(report))
-    console.print(cost_table(report))
-    console.print(url_table(report))
-    for warning in report.warnings:
-        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
-
-    if write:
-        files = write_plan(result, out, report.to_json())
-        console.print(f"wrote {len(files)} files under {out / stack}/ (manifests/, dashboard.json, "
-                      "alert-policies.json, resources.json, verdicts.json)")
+    if output == "json":
+        sys.stdout.write(json.dumps({
+            **report.to_json(),
+            "checks": {"manifests": [{"resource": str(w), "errors": [str(e) for e in errs]} for w, errs in problems],
+                       "contracts": [{"component": c.component, "source": c.source, "problem": p} for c, p in broken],
+                       "vllmArgs": [{"resource": str(w), "error": str(e)} for w, e in argv_errors],
+                       "monitoring": [str(e) for e in dashboard_errors],
+                       "customResourcesChecked": catalog is not None},
+            "written": [str(f) for f in files]}, indent=2, default=str) + "\n")
+    else:
+        # What a person decides on first: what it holds, what it costs, what to watch, where tenants call.
+        console.print(capacity_table(report))
+        console.print(cost_table(report))
+        for warning in report.warnings:
+            console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+        console.print(url_table(report))
+        console.print(policy_table(report))
+        for v in report.violations:
+            colour = "red" if v.level == "mandatory" else "yellow"
+            console.print(f"  [{colour}]{v.level}[/] {v.policy}: {escape(v.message)}", highlight=False)
+        n_docs = len(docs)
+        if problems:
+            console.print(f"[bold red]{len(problems)} of {n_docs} manifests fail schema validation:[/]")
+            for what, errs in problems:
+                for err in errs:
+                    console.print(f"  - {escape(str(what))}: {escape(str(err))}", highlight=False)
+        else:
+            console.print(f"[green]all {n_docs} Kubernetes manifests pass schema validation[/]")
+        if catalog is None:
+            custom = sum(not is_builtin(d) for d in docs)
+            console.print(f"[yellow]{custom} custom resources not checked: no upstream CRDs at "
+                          f"{crds or DEFAULT_CRD_DIR} (pass --crds DIR or set {CRD_DIR_ENV})[/]", highlight=False)
+        for contract, problem in broken:
+            console.print(f"[bold red]breaks the {contract.component} {contract.version} contract[/] "
+                          f"({escape(contract.source)}): {escape(problem)}", highlight=False)
+        if not broken:
+            console.print(f"[green]all {len(CONTRACTS)} component contracts hold (docs/contracts.md)[/]")
+        for what, err in argv_errors:
+            console.print(f"[bold red]vLLM {result.config.vllm_version} would refuse[/] {escape(str(what))}: "
+                          f"{escape(str(err))}", highlight=False)
+        if not argv_errors:
+            console.print(f"[green]every vLLM command line parses with vLLM {result.config.vllm_version}'s parser "
+                          "(snapshot)[/]")
+        for err in dashboard_errors:
+            console.print(f"[bold red]rejected by the Cloud Monitoring API's schema:[/] {escape(str(err))}",
+                          highlight=False)
+        if not dashboard_errors:
+            console.print("[green]dashboard and alert policies parse as Cloud Monitoring API messages[/]")
+        # The resource counts last: what `pulumi up` creates, for those who read that far.
+        console.print(resource_table(result, detail))
+        if write:
+            console.print(f"wrote {len(files)} files under {out / stack}/ (manifests/, dashboard.json, "
+                          "alert-policies.json, resources.json, verdicts.json)")
     if problems or dashboard_errors or argv_errors or broken or report.mandatory:
         raise typer.Exit(1)
 

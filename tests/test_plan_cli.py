@@ -165,3 +165,20 @@ def test_bracketed_keys_print_as_written(tmp_path):
     (stacks / "Pulumi.dev.yaml").write_text(text.replace("zones: [us-central1-a]", "zones: ['[red]a']"))
     result = runner.invoke(app, ["plan", "--stack", "dev", "--stacks-dir", str(stacks), "--no-write"])
     assert result.exit_code == 2 and "'[red]a'" in result.output
+
+
+def test_plan_output_json_is_one_document_for_machines(tmp_path):
+    result = runner.invoke(app, ["plan", "--stack", "dev", "--out", str(tmp_path), "--output", "json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc == {**json.loads((tmp_path / "dev" / "verdicts.json").read_text()), "checks": doc["checks"],
+                   "written": doc["written"]}
+    assert doc["checks"]["manifests"] == [] and doc["checks"]["contracts"] == [] and doc["checks"]["vllmArgs"] == []
+    assert runner.invoke(app, ["plan", "--stack", "dev", "--no-write", "--output", "yaml"]).exit_code == 2
+
+
+def test_plan_text_puts_decisions_first_and_resource_counts_last():
+    result = runner.invoke(app, ["plan", "--stack", "dev", "--no-write"])
+    text = result.output
+    assert text.index("GPU capacity") < text.index("monthly cost") < text.index("warning:") \
+        < text.index("tenant URLs") < text.index("policies") < text.index("stack dev:")
