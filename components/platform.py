@@ -78,6 +78,13 @@ def required_apis(cfg: StackConfig) -> list[str]:
 class PlatformArgs:
     # The platform's settings, validated as a stack's config is (infra/config.py parse()).
     config: StackConfig
+    # What the children's names start with: by default the Platform's own name and '-', so two
+    # platforms in one program (two regions, say) never share a URN. The stack program uses "".
+    child_prefix: Optional[str] = None
+    # Only the stack program: alias each child to the stack root, where stacks made before this
+    # component declared it (so they keep those resources). Elsewhere an alias to the root could
+    # take over a top-level resource of the same name.
+    stack_aliases: bool = False
 
 
 class Platform(pulumi.ComponentResource):
@@ -109,15 +116,17 @@ class Platform(pulumi.ComponentResource):
         self.services, self.inference_pools, self.standbys = {}, {}, {}
         self.limit_store = None
 
+        p = f"{name}-" if args.child_prefix is None else args.child_prefix
+        aliases = [pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)] if args.stack_aliases else []
+
         def child(depends_on: Sequence[pulumi.Resource] = ()) -> pulumi.ResourceOptions:
-            """Parented here, waiting for what the Platform waits for; aliased to the stack root
-            where stacks made before this component declared the same resource."""
-            return child_opts(self, opts, depends_on=depends_on,
-                              aliases=[pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)])
+            """Parented here, waiting for what the Platform waits for (and, in the stack program,
+            aliased to the stack root, where earlier stacks declared the same resource)."""
+            return child_opts(self, opts, depends_on=depends_on, aliases=aliases)
 
         labels = {"environment": cfg.environment}
-        apis = ProjectApis("apis", ProjectApisArgs(cfg.project, required_apis(cfg)), opts=child())
-        cluster = GpuCluster("gke", GpuClusterArgs(
+        apis = ProjectApis(f"{p}apis", ProjectApisArgs(cfg.project, required_apis(cfg)), opts=child())
+        cluster = GpuCluster(f"{p}gke", GpuClusterArgs(
             project=cfg.project, region=cfg.region, cluster=cfg.cluster, node_pools=cfg.node_pools,
             labels=labels, apis=apis, gcs_fuse=cfg.weights.backend in ("gcs", "hyperdisk-ml"),
             secret_manager=reads_hub_token_from_secret_manager(cfg.models, cfg.weights),
@@ -127,22 +136,22 @@ class Platform(pulumi.ComponentResource):
             opts=child())
         provider = cluster.provider
         # Istio resources and meshed pods wait until the managed control plane serves the cluster.
-        mesh = MeshReadiness("mesh", MeshReadinessArgs(provider, cfg.cluster.release_channel), opts=child())
+        mesh = MeshReadiness(f"{p}mesh", MeshReadinessArgs(provider, cfg.cluster.release_channel), opts=child())
         after_mesh = child([mesh])
         # KEDA scales every serving pool on vLLM's metrics in Managed Prometheus (and serves the
         # cluster's external metrics API: the one server of it).
-        keda = Keda("keda", KedaArgs(
+        keda = Keda(f"{p}keda", KedaArgs(
             project=cfg.project, provider=provider, workload_pool=cluster.workload_pool,
             gsa_name=service_account_id(cfg.cluster.name, "keda"), apis=apis, network=cluster.network.id,
             control_plane_cidr=cfg.cluster.master_cidr if cfg.cluster.private_nodes else None), opts=child())
         sources = TrustedSources.for_cluster(cluster.proxy_only_cidr, cfg.cluster.pods_cidr, cfg.cluster.subnet_cidr)
         serving_jwks = sorted({jwks_host(t) for t in cfg.tenants if shared_models(t)})
-        serving = MeshNamespace("serving", MeshNamespaceArgs(
+        serving = MeshNamespace(f"{p}serving", MeshNamespaceArgs(
             cfg.serving_namespace, provider, sources=sources, jwks_hosts=serving_jwks,
             service_accounts=(SERVER_SA, STANDBY_SA)), opts=after_mesh)
 
         tenants = {
-            t.name: TenantAuth(f"tenant-{t.name}", TenantAuthArgs(
+            t.name: TenantAuth(f"{p}tenant-{t.name}", TenantAuthArgs(
                 tenant=t, provider=provider, serving_namespace=serving.name, shared_models=shared_models(t),
                 sources=sources, picker_models=[m for m in shared_models(t) if cfg.model(m).routing == "inference-gateway"],
                 service_accounts=(SERVER_SA, STANDBY_SA) if t.dedicated else ()),
@@ -151,7 +160,7 @@ class Platform(pulumi.ComponentResource):
         }
         consumers: dict[str, pulumi.Input[str]] = {"serving": serving.name}
         consumers.update({t.name: tenants[t.name].namespace.name for t in cfg.tenants if t.dedicated})
-        store = ModelStore("weights", ModelStoreArgs(
+        store = ModelStore(f"{p}weights", ModelStoreArgs(
             project=cfg.project, zone=cfg.cluster.zones[0], region=cfg.region, network_name=cluster.network.name,
             workload_pool=cluster.workload_pool, models=cfg.models, weights=cfg.weights,
             server_image=cfg.server_image, provider=provider, consumer_namespaces=consumers,
@@ -167,13 +176,13 @@ class Platform(pulumi.ComponentResource):
         if cfg.global_limits.enabled:
             # The vLLM servers' own identities (SERVER_SA) may connect, nothing else in their namespaces.
             clients = [cfg.serving_namespace, *(tenant_namespace(t) for t in cfg.tenants if t.dedicated)]
-            self.limit_store = LimitStore("limits", LimitStoreArgs(provider, clients, cfg.global_limits.image),
+            self.limit_store = LimitStore(f"{p}limits", LimitStoreArgs(provider, clients, cfg.global_limits.image),
                                               opts=after_mesh)
             shared_store = (self.limit_store.host, LIMITS_PORT)
         # Pools and objectives wait for the objective CRD and for the API the controller programs.
         picker_deps: list[pulumi.Resource] = [mesh, *apis.needs("networkservices.googleapis.com")]
         if any(m.routing == "inference-gateway" for m in cfg.models):
-            picker_deps.append(InferenceObjectiveCrd("inference-objective-crd", InferenceObjectiveCrdArgs(provider),
+            picker_deps.append(InferenceObjectiveCrd(f"{p}inference-objective-crd", InferenceObjectiveCrdArgs(provider),
                                                      opts=child()))
 
         def identities(tenant: str | None) -> pulumi.Resource:
@@ -188,7 +197,7 @@ class Platform(pulumi.ComponentResource):
                 pool = getattr(model, which)
                 to_zero = pool.min_replicas == 0
                 standby_name = f"{service_name_of(model.name, which, canary)}-standby" if to_zero else ""
-                svc = VllmService(f"{key}-{which}", VllmServiceArgs(
+                svc = VllmService(f"{p}{key}-{which}", VllmServiceArgs(
                     model=model, pool_name=which, pool=pool, node_pool=cfg.pool(pool_name),
                     namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
                     provider=provider,
@@ -212,7 +221,7 @@ class Platform(pulumi.ComponentResource):
                 names[which] = svc.service_name
                 if to_zero:
                     pool_label = f"{which}-canary" if canary else which
-                    self.standbys[f"{key}-{which}"] = Standby(f"{key}-{which}-standby", StandbyArgs(
+                    self.standbys[f"{key}-{which}"] = Standby(f"{p}{key}-{which}-standby", StandbyArgs(
                         service_name=svc.service_name, model=model.name, namespace=namespace,
                         pool_selector={MODEL_LABEL: model.name, POOL_LABEL: pool_label},
                         vllm_only_labels=SERVER_LABELS, provider=provider,
@@ -246,7 +255,7 @@ class Platform(pulumi.ComponentResource):
             sets the tenant's objective: the tenant must be in the path for its priority to be bound
             to its token (the load balancer cannot read the JWT; the mesh checks the pair)."""
             objectives = {objective_name(t.name, model.name): t.priority for t in callers}
-            self.inference_pools[key] = InferencePool(f"{key}-inference", InferencePoolArgs(
+            self.inference_pools[key] = InferencePool(f"{p}{key}-inference", InferencePoolArgs(
                 pool_name=model.name, namespace=namespace, provider=provider,
                 selector={MODEL_LABEL: model.name, POOL_LABEL: "short"}, objectives=objectives,
                 request_timeout_seconds=cfg.gateway.request_timeout_seconds, model_metrics=rel.picker_metrics,
@@ -273,10 +282,10 @@ class Platform(pulumi.ComponentResource):
                 route(f"{t.name}-{model_name}", path_prefix(model, t, dedicated=True), model, t.dedicated.node_pool,
                       tenants[t.name].namespace.name, [t], tenant=t.name)
 
-        self.gateway = Gateway("gateway", GatewayArgs(
+        self.gateway = Gateway(f"{p}gateway", GatewayArgs(
             cfg.gateway, serving.name, targets, provider, project=cfg.project, region=cfg.region,
             subnetwork=cluster.subnetwork.id, name_prefix=cfg.cluster.name, apis=apis), opts=child())
-        self.observability = Observability("observability", ObservabilityArgs(
+        self.observability = Observability(f"{p}observability", ObservabilityArgs(
             project=cfg.project, cluster_name=cfg.cluster.name, spec=cfg.monitoring,
             title=f"vLLM on GKE - {cfg.cluster.name} ({cfg.environment})", apis=apis,
             kv_cache_metric=rel.kv_cache_metric, limit_store=cfg.global_limits.enabled), opts=child())

@@ -14,7 +14,9 @@ __all__ = ["Platform", "build", "required_apis"]
 
 
 def build(cfg: StackConfig) -> Platform:
-    platform = Platform("vllm-gke", PlatformArgs(cfg))
+    # Children keep the names stacks gave them before the Platform component existed, and their
+    # aliases to the stack root keep those stacks' resources.
+    platform = Platform("vllm-gke", PlatformArgs(cfg, child_prefix="", stack_aliases=True))
     pulumi.export("clusterName", platform.cluster.cluster.name)
     pulumi.export("kubeconfig", platform.cluster.kubeconfig)
     pulumi.export("filestore", {"tier": platform.store.tier, "capacityGb": platform.store.capacity_gb})

@@ -287,7 +287,8 @@ def test_component_users_can_run_a_canary_through_the_facades():
     model = next(m for m in cfg.models if m.canary).model_dump(mode="json", exclude_none=True)
     common = {"node_pool": cfg.pool(cfg.model(model["name"]).node_pool).model_dump(mode="json", exclude_none=True),
               "namespace": "llm", "image": cfg.server_image.model_dump(mode="json", exclude_none=True),
-              "claim_name": "weights", "kubeconfig": "kc", "project": cfg.project}
+              "claim_name": "weights", "kubeconfig": "kc", "project": cfg.project,
+              "tenants": [cfg.tenants[0].model_dump(mode="json", by_alias=True, exclude_none=True)]}
     gateway = cfg.gateway.model_dump(mode="json", exclude_none=True)
 
     def build(_cfg):

@@ -35,6 +35,11 @@ class Platform(pulumi.ComponentResource):
     """Each route's path prefix (<model> or <tenant>/<model>, then /v1), by route name."""
     dashboard_id: pulumi.Output[str]
     """The Cloud Monitoring dashboard's id."""
+    gateway_address: pulumi.Output[Optional[str]]
+    """The load balancer's reserved address (gateway.staticIp), to point the hostname at."""
+    dns_authorization: pulumi.Output[Optional[list[dict[str, str]]]]
+    """With gateway.managedCertificate: the DNS records (name, type, data: a CNAME) Certificate
+    Manager needs before it issues the certificate."""
 
     def __init__(self, name: str, args: PlatformInputs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:Platform", name, {}, opts)
@@ -44,5 +49,8 @@ class Platform(pulumi.ComponentResource):
         self.kubeconfig = inner.cluster.kubeconfig
         self.routes = pulumi.Output.from_input(inner.routes)
         self.dashboard_id = inner.observability.dashboard.id
+        self.gateway_address = pulumi.Output.from_input(inner.gateway.address)
+        self.dns_authorization = pulumi.Output.from_input(inner.gateway.dns_authorization)
         self.register_outputs({"clusterName": self.cluster_name, "kubeconfig": self.kubeconfig,
-                               "routes": self.routes, "dashboardId": self.dashboard_id})
+                               "routes": self.routes, "dashboardId": self.dashboard_id,
+                               "gatewayAddress": self.gateway_address, "dnsAuthorization": self.dns_authorization})

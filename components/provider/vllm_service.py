@@ -39,7 +39,7 @@ class VllmServiceInputs(TypedDict):
     project: str
     """The Google Cloud project whose Managed Prometheus KEDA reads the pool's queue depth from
     (KEDA, chart 2.20.2 with its ClusterTriggerAuthentication, must be installed in the cluster)."""
-    tenants: NotRequired[list[TenantSpec]]
+    tenants: list[TenantSpec]
     """The tenants allowed to call it: their caps and rate limits go to the in-server guard."""
     tenant: NotRequired[str]
     """The tenant owning dedicated replicas, if any."""
@@ -66,6 +66,9 @@ class VllmService(pulumi.ComponentResource):
         node_pool = to_spec(NodePoolModel, args.get("node_pool"), "VllmService", "node_pool")
         image = to_spec(ImageModel, args.get("image"), "VllmService", "image")
         tenants = to_specs(TenantModel, args.get("tenants"), "VllmService", "tenants")
+        if not tenants:
+            raise InputError("VllmService.tenants: none given, so the guard would refuse every request; list the "
+                             "tenants that may call this model")
         pool_name = args.get("pool_name")
         if pool_name not in ("short", "long"):
             raise InputError(f"VllmService.poolName: '{pool_name}' must be short or long")
