@@ -119,11 +119,15 @@ def adapter_copies(model: ModelSpec, key_prefix: str = "") -> list[WeightCopy]:
                        f"{key_prefix}adapters[{j}].diskGb", adapter=True) for j, a in enumerate(model.adapters)]
 
 
+def reads_hub(models: Sequence[ModelSpec]) -> bool:
+    """Whether any copy comes from the Hugging Face Hub (the only sources that need its token)."""
+    return any(c.source.startswith("hf://") for c in weight_copies(models))
+
+
 def reads_hub_token_from_secret_manager(models: Sequence[ModelSpec], weights: WeightsSpec) -> bool:
     """Whether any loader needs the Hugging Face token from Secret Manager: only hf:// sources
     read one, and only where no Kubernetes Secret is given instead."""
-    return weights.hf_token_kubernetes_secret is None and any(
-        c.source.startswith("hf://") for c in weight_copies(models))
+    return weights.hf_token_kubernetes_secret is None and reads_hub(models)
 
 
 def served_files_gb(model: ModelSpec) -> float:
@@ -503,7 +507,7 @@ class ModelStore(pulumi.ComponentResource):
         """Where the loader finds the HF token: a Kubernetes Secret reference, or Secret Manager
         mounted through the GKE CSI add-on. Either way only a reference is in the plan."""
         ref = args.weights.hf_token_kubernetes_secret
-        if not any(c.source.startswith("hf://") for c in weight_copies(args.models)):
+        if not reads_hub(args.models):
             return TokenSource()  # bucket sources only: no token to read
         if ref is not None:
             return TokenSource(env=[{"name": "HF_TOKEN", "valueFrom": {

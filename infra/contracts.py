@@ -488,18 +488,23 @@ def kubectl_cache_is_writable(plan: Plan) -> list[str]:
 
 # --- vLLM weight loading -----------------------------------------------------------------------------
 
-def loader_copies_what_vllm_opens(plan: Plan) -> list[str]:
-    """Each loader Job selects by the pinned release's rule (models) or vLLM's adapter rule."""
-    out, rule = [], release(plan.config.vllm_version).weights_rule
+def _loaders(plan: Plan) -> Iterator[tuple[dict[str, Any], dict[str, Any], list[str]]]:
+    """Each weights-loader container: (its Job, the container, its argv as strings)."""
     for job in _docs(plan, "Job"):
         for c in job["spec"]["template"]["spec"].get("containers", []):
             argv = [str(a) for a in c.get("command") or []]
-            if not any(a.endswith("/" + LOADER_PROGRAM.name) for a in argv):
-                continue
-            wanted = "adapter" if ".adapters[" in (_flag(argv, "--size-key") or "") else rule
-            if _flag(argv, "--reads") != wanted:
-                out.append(f"{job['metadata']['name']}: loads by rule {_flag(argv, '--reads')}, "
-                           f"but vLLM {plan.config.vllm_version} opens by {wanted}")
+            if any(a.endswith("/" + LOADER_PROGRAM.name) for a in argv):
+                yield job, c, argv
+
+
+def loader_copies_what_vllm_opens(plan: Plan) -> list[str]:
+    """Each loader Job selects by the pinned release's rule (models) or vLLM's adapter rule."""
+    out, rule = [], release(plan.config.vllm_version).weights_rule
+    for job, _c, argv in _loaders(plan):
+        wanted = "adapter" if ".adapters[" in (_flag(argv, "--size-key") or "") else rule
+        if _flag(argv, "--reads") != wanted:
+            out.append(f"{job['metadata']['name']}: loads by rule {_flag(argv, '--reads')}, "
+                       f"but vLLM {plan.config.vllm_version} opens by {wanted}")
     return out
 
 
@@ -507,20 +512,17 @@ def loader_writes_only_to_volumes(plan: Plan) -> list[str]:
     """huggingface_hub and gcloud write under HOME (HF_HOME, hf_xet's logs, CLOUDSDK_CONFIG) and
     TMPDIR besides the weights: on a read-only root filesystem those must be writable mounts."""
     out = []
-    for job in _docs(plan, "Job"):
-        for c in job["spec"]["template"]["spec"].get("containers", []):
-            if not any(str(a).endswith("/" + LOADER_PROGRAM.name) for a in c.get("command") or []):
-                continue
-            env = {e["name"]: e.get("value") for e in c.get("env") or []}
-            writable = {m["mountPath"] for m in c.get("volumeMounts") or [] if not m.get("readOnly")}
-            if not (c.get("securityContext") or {}).get("readOnlyRootFilesystem"):
-                out.append(f"{job['metadata']['name']}: the loader's root filesystem is writable")
-            for var in ("HOME", "TMPDIR"):
-                if env.get(var) not in writable:
-                    out.append(f"{job['metadata']['name']}: {var} is not a writable volume: the Hub client and "
-                               "gcloud write there")
-            if env.get("HF_XET_CHUNK_CACHE_SIZE_BYTES") != "0":
-                out.append(f"{job['metadata']['name']}: hf_xet's 10 GB chunk cache would fill the loader's home")
+    for job, c, _argv in _loaders(plan):
+        env = {e["name"]: e.get("value") for e in c.get("env") or []}
+        writable = {m["mountPath"] for m in c.get("volumeMounts") or [] if not m.get("readOnly")}
+        if not (c.get("securityContext") or {}).get("readOnlyRootFilesystem"):
+            out.append(f"{job['metadata']['name']}: the loader's root filesystem is writable")
+        for var in ("HOME", "TMPDIR"):
+            if env.get(var) not in writable:
+                out.append(f"{job['metadata']['name']}: {var} is not a writable volume: the Hub client and "
+                           "gcloud write there")
+        if env.get("HF_XET_CHUNK_CACHE_SIZE_BYTES") != "0":
+            out.append(f"{job['metadata']['name']}: hf_xet's 10 GB chunk cache would fill the loader's home")
     return out
 
 

@@ -130,37 +130,40 @@ def _as_pulumi_config(values: dict[str, Any]) -> dict[str, str]:
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
 
 
-def run_program(stack: str, values: dict[str, Any],
-                program: Callable[[StackConfig], Platform] = build) -> Plan:
-    """Run `program` under mocks with the given raw stack config; raise ConfigError on bad config."""
-    project = str(values.get("gcp:project", "mock-project"))
-
-    def _run() -> Plan:
+def _under_mocks(project: str, stack: str, config: dict[str, Any],
+                 body: Callable[[], None]) -> list[PlannedResource]:
+    """Run `body` as a Pulumi program under the recording mocks, with `config` as stack config,
+    and return what it registered."""
+    def _run() -> list[PlannedResource]:
         # Our own event loop: asyncio.run() elsewhere in the process leaves none behind.
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         try:
-            return _plan()
+            mocks = RecordingMocks(str(config.get("gcp:project", "mock-project")))
+            monitor = RecordingMonitor(mocks)
+            pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
+            pulumi.runtime.set_all_config(_as_pulumi_config(config))
+            _sync_await(run_pulumi_func(body))
+            return monitor.recorded
         finally:
             asyncio.set_event_loop(None)
             loop.close()
 
-    def _plan() -> Plan:
-        mocks = RecordingMocks(project)
-        monitor = RecordingMonitor(mocks)
-        pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
-        pulumi.runtime.set_all_config(_as_pulumi_config(values))
-        result: dict[str, Any] = {}
-
-        def body() -> None:
-            cfg = load()
-            result["config"], result["platform"] = cfg, program(cfg)
-
-        _sync_await(run_pulumi_func(body))
-        return Plan(stack, result["config"], result["platform"], monitor.recorded)
-
-    # A fresh context per plan: Pulumi keeps its settings, config and root stack in contextvars.
+    # A fresh context per run: Pulumi keeps its settings, config and root stack in contextvars.
     return contextvars.Context().run(_run)
+
+
+def run_program(stack: str, values: dict[str, Any],
+                program: Callable[[StackConfig], Platform] = build) -> Plan:
+    """Run `program` under mocks with the given raw stack config; raise ConfigError on bad config."""
+    result: dict[str, Any] = {}
+
+    def body() -> None:
+        cfg = load()
+        result["config"], result["platform"] = cfg, program(cfg)
+
+    recorded = _under_mocks(PROJECT, stack, values, body)
+    return Plan(stack, result["config"], result["platform"], recorded)
 
 
 def run_plan(stack: str, stacks_dir: Optional[Path] = None) -> Plan:
@@ -173,18 +176,4 @@ def run_program_file(path: Path, config: dict[str, Any], stack: str = "dev") -> 
     same mocks: what it would declare, for the policy pack and the tests."""
     import runpy
 
-    def _run() -> list[PlannedResource]:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            mocks = RecordingMocks(str(config.get("gcp:project", "mock-project")))
-            monitor = RecordingMonitor(mocks)
-            pulumi.runtime.set_mocks(mocks, project=path.parent.name, stack=stack, preview=False, monitor=monitor)
-            pulumi.runtime.set_all_config(_as_pulumi_config(config))
-            _sync_await(run_pulumi_func(lambda: runpy.run_path(str(path), run_name="__main__")))
-            return monitor.recorded
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
-
-    return contextvars.Context().run(_run)
+    return _under_mocks(path.parent.name, stack, config, lambda: runpy.run_path(str(path), run_name="__main__"))
