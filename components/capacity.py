@@ -68,8 +68,15 @@ class PoolCapacity:
         return None
 
     def fix(self) -> str:
-        return ("use a larger MIG slice or GPU, raise tensorParallelSize on whole GPUs, quantise (dtype fp8/awq, "
-                "kvCacheDtype fp8), or lower maxNumSeqs / contextTokens / maxModelLen")
+        """What can help this problem: weights that do not fit are not helped by fewer sequences."""
+        if self.kv_budget_gb <= 0:
+            return ("use a larger MIG slice or GPU, raise tensorParallelSize on whole GPUs, or quantise the weights "
+                    "(dtype fp8, an AWQ/GPTQ revision)")
+        if self.tokens_fit < self.max_model_len:
+            return ("lower maxModelLen, use a larger MIG slice or GPU, raise tensorParallelSize on whole GPUs, or "
+                    "kvCacheDtype fp8")
+        return ("lower maxNumSeqs or contextTokens, use kvCacheDtype fp8, a larger MIG slice or GPU, or raise "
+                "tensorParallelSize on whole GPUs")
 
 
 def pool_capacity(model: ModelSpec, which: str, pool: ServingPoolSpec, node_pool: NodePoolSpec,

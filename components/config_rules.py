@@ -14,7 +14,7 @@ from vllm_gke.components.catalog import REGION_ZONES
 
 from vllm_gke.components.catalog import attaches_hyperdisk_ml
 from vllm_gke.components.hyperdisk_weights import MIN_GKE as VOLUME_POPULATOR_MIN_GKE
-from vllm_gke.components.specs import MANAGED_VLLM_OPTIONS, ModelSpec, gke_version
+from vllm_gke.components.specs import MANAGED_VLLM_OPTIONS, ModelSpec, NodePoolSpec, gke_version
 from vllm_gke.components.vllm_versions import release
 from vllm_gke.components.vllm_service import scratch_gi
 from vllm_gke.components.capacity import gpu_slots_by_pool, placements, pool_capacity
@@ -73,6 +73,12 @@ def _check_placement(cfg: "StackConfig", add: Add, key: str, model: ModelSpec, p
         add(f"{key}.nodePool", f"node pool '{pool_name}' does not exist; use one of "
             f"{', '.join(pools)} or add it under vllm-gke:nodePools")
         return
+    check_fit(add, key, model, pool)
+
+
+def check_fit(add: Add, key: str, model: ModelSpec, pool: NodePoolSpec) -> None:
+    """The model on one GPU or slice of `pool`: tensor parallelism the pool can give, and weights
+    plus KV cache that fit (components/capacity.py). Also run by the package's VllmService."""
     tp = model.tensor_parallel_size
     if pool.gpu_partition_size and tp > 1:
         add(f"{key}.tensorParallelSize", f"is {tp} but pool '{pool.name}' is MIG-partitioned "
@@ -236,19 +242,24 @@ def _vllm_release(cfg: "StackConfig", add: Add) -> None:
     if tag and not (tag == rel.image_tag or tag.startswith(rel.image_tag + "-")):
         add("serverImage.tag", f"'{tag}' is not an image of vLLM {cfg.vllm_version} (vllm-gke:vllmVersion); build "
             f"one tagged {rel.image_tag}-<suffix> or set vllmVersion to the image's release")
-    snapshot = load_snapshot(cfg.vllm_version)
-    flags = snapshot["flags"]
     for i, model in enumerate(cfg.models):
-        key = f"models[{i}].extraArgs"
-        for arg in model.extra_args:
-            if not arg.startswith("-"):
-                continue
-            name = normalise(arg)[0] if arg.startswith("--") else arg.split("=", 1)[0]
-            spec = flags.get(name)
-            if spec is not None and spec["dest"] in MANAGED_VLLM_OPTIONS:
-                add(key, f"may not set {name}: {MANAGED_VLLM_OPTIONS[spec['dest']]}")
-        for problem in check_argv(model.extra_args, snapshot) if model.extra_args else []:
-            add(key, f"{problem} (checked against vLLM {cfg.vllm_version}'s parser)")
+        check_extra_args(add, f"models[{i}].extraArgs", model, cfg.vllm_version)
+
+
+def check_extra_args(add: Add, key: str, model: ModelSpec, vllm_version: str) -> None:
+    """The model's extraArgs against the release's real parser, and none the platform sets itself.
+    Also run by the package's VllmService."""
+    snapshot = load_snapshot(vllm_version)
+    flags = snapshot["flags"]
+    for arg in model.extra_args:
+        if not arg.startswith("-"):
+            continue
+        name = normalise(arg)[0] if arg.startswith("--") else arg.split("=", 1)[0]
+        spec = flags.get(name)
+        if spec is not None and spec["dest"] in MANAGED_VLLM_OPTIONS:
+            add(key, f"may not set {name}: {MANAGED_VLLM_OPTIONS[spec['dest']]}")
+    for problem in check_argv(model.extra_args, snapshot) if model.extra_args else []:
+        add(key, f"{problem} (checked against vLLM {vllm_version}'s parser)")
 
 
 def _chunked_prefill(cfg: "StackConfig", add: Add) -> None:

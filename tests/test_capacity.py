@@ -95,3 +95,19 @@ def test_custom_shape_is_accepted(stack_values):
     values["vllm-gke:models"][0]["shape"] = {"paramsBillion": 3.2, "layers": 28, "kvHeads": 8, "headDim": 128}
     rows = capacity_report(parse(values))
     assert rows[0].weights_per_gpu_gb == pytest.approx(6.4)
+
+
+@pytest.mark.parametrize("pool_kwargs,machine,helps,misleads", [
+    # Weights alone overflow the slice: fewer sequences cannot help.
+    ({"max_num_seqs": 1}, ("a2-highgpu-8g", "1g.5gb"), "quantise the weights", "maxNumSeqs"),
+    # One maxModelLen sequence does not fit: a shorter maxModelLen does.
+    ({"max_num_seqs": 1, "max_model_len": 131072}, ("a2-highgpu-1g", "3g.20gb"), "lower maxModelLen", "maxNumSeqs"),
+    # Too many sequences of the stated context: fewer do.
+    ({"max_num_seqs": 512, "context_tokens": 8192}, ("a2-ultragpu-1g", None), "lower maxNumSeqs", "quantise"),
+])
+def test_the_fix_offered_is_one_that_helps(pool_kwargs, machine, helps, misleads):
+    model = ModelSpec(name="m", source="hf://a/b", shape="llama-3-8b", node_pool="p")
+    node_pool = NodePoolSpec(name="p", machine_type=machine[0], gpu_partition_size=machine[1])
+    row = pool_capacity(model, "short", ServingPoolSpec(**pool_kwargs), node_pool)
+    assert not row.fits
+    assert helps in row.fix() and misleads not in row.fix()

@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pulumi
 import pytest
 import yaml
 
@@ -348,3 +349,74 @@ def test_the_pulumi_floor_hosts_the_package():
                 "assert 'vllm-gke:index:VllmService' in package_schema()['resources']")
         env = {**os.environ, "PYTHONPATH": target}
         assert subprocess.run([sys.executable, "-c", code, target], env=env).returncode == 0
+
+
+def test_bad_inputs_reach_the_engine_as_input_errors_not_tracebacks():
+    """What a TypeScript or YAML user sees: the provider's Construct fails with one input-property
+    error per problem (the engine prints `config.models[0]: ...`), not a Python traceback."""
+    from pulumi.errors import InputPropertiesError
+
+    from vllm_gke.components.provider.host import VllmGkeProvider
+    from vllm_gke.infra.plan import read_stack_config, run_program
+
+    program = yaml.safe_load((EXAMPLES / "yaml" / "Pulumi.yaml").read_text())
+    config = json.loads(json.dumps(program["resources"]["platform"]["properties"]["config"]))
+    config["project"] = "acme-llm-dev"
+    config["models"][0]["shape"] = "llama-3-70b"  # does not fit its slice: a cross-field check
+    provider = VllmGkeProvider()
+    with pytest.raises(InputPropertiesError) as exc:
+        run_program("dev", read_stack_config("dev"), program=lambda _c: provider.construct(
+            "platform", "vllm-gke:index:Platform", {"config": config}))
+    (problem,) = [e for e in exc.value.errors if "weights need" in e["reason"]]
+    assert problem["property_path"].startswith("config.models[0]")
+    assert "Traceback" not in exc.value.message
+
+    # A schema-level problem in a finer component: every bad key named, all in one run.
+    with pytest.raises(InputPropertiesError) as exc:
+        run_program("dev", read_stack_config("dev"), program=lambda _c: provider.construct(
+            "gke", "vllm-gke:index:GpuCluster", {
+                "project": "p", "region": "us-central1",
+                "cluster": {"name": "c", "zones": ["us-central1-a"], "masterCidr": "172.16.0.0/24"},
+                "nodePools": [{"name": "a", "machineType": "nope"}, {"name": "b", "machineType": "nope2"}]}))
+    paths = {e["property_path"] for e in exc.value.errors}
+    assert {"cluster.masterCidr", "nodePools[0].machineType", "nodePools[1].machineType"} <= paths, paths
+
+
+def test_a_callers_depends_on_reaches_every_resource_a_facade_declares():
+    """`dependsOn` on a package component: its resources wait too (Pulumi does not pass a
+    component's dependsOn to its children by itself)."""
+    from vllm_gke.components.provider import Observability
+    from vllm_gke.infra.plan import _under_mocks
+
+    def body() -> None:
+        first = pulumi.CustomResource("test:index:First", "first", {})
+        Observability("obs", {"project": "p", "cluster_name": "c", "title": "t", "monitoring": {}},
+                      opts=pulumi.ResourceOptions(depends_on=[first]))
+
+    recorded = _under_mocks("p", "dev", {}, body)
+    children = [r for r in recorded if r.custom and "obs" in r.urn]
+    assert children and all(any("first" in d for d in r.dependencies) for r in children), \
+        [(r.name, r.dependencies) for r in children]
+
+
+def test_the_package_vllm_service_runs_the_stack_configs_fit_checks():
+    """A 70B model on a 3g.20gb slice, declared through the package: the stack config's message,
+    key named, and the fix that helps (not fewer sequences)."""
+    from vllm_gke.components.provider import VllmService
+    from vllm_gke.components.provider.convert import InputError
+    from vllm_gke.infra.plan import read_stack_config, run_program
+
+    model = {"name": "big", "source": "hf://meta-llama/Llama-3.1-70B-Instruct", "shape": "llama-3-70b",
+             "node_pool": "mig", "extra_args": ["--no-such-flag"]}
+    args = {"model": model, "pool_name": "short", "namespace": "vllm", "claim_name": "weights", "kubeconfig": "kc",
+            "project": "p", "node_pool": {"name": "mig", "machine_type": "a2-highgpu-8g",
+                                          "gpu_partition_size": "3g.20gb"},
+            "image": {"repository": "r", "tag": "v0.34.0"},
+            "tenants": [{"name": "t", "jwt": {"issuer": "https://i.example", "jwks_uri": "https://i.example/jwks",
+                                              "audiences": ["a"]}, "models": ["big"]}]}
+    with pytest.raises(InputError) as exc:
+        run_program("dev", read_stack_config("dev"), program=lambda _c: VllmService("big-short", args))
+    problems = {i.key: i.problem for i in exc.value.issues}
+    assert "weights need 141.2 GB per GPU" in problems["VllmService.model"]
+    assert "quantise" in problems["VllmService.model"] and "maxNumSeqs" not in problems["VllmService.model"]
+    assert "--no-such-flag" in problems["VllmService.model.extraArgs"]

@@ -7,21 +7,31 @@ TypeScript, Go or YAML program gets the same messages, naming the key as that pr
 
 from __future__ import annotations
 
-from typing import Any, Mapping, TypeVar
+from typing import Any, Mapping, TypeVar, cast
 
 import pulumi
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
 from vllm_gke.components.specs import Spec
+from vllm_gke.components.stack_config import ConfigError, ConfigIssue
 
 S = TypeVar("S", bound=Spec)
 # A spec field typed `str | <Spec>` is two package inputs: `<name>` and `custom_<name>`.
 UNION_PREFIX = "custom_"
 
 
-class InputError(pulumi.RunError):
-    """Bad package input: the message names the component and the key, and says the fix."""
+class InputError(ConfigError):
+    """Bad package input: each problem names the component and the key (`VllmService.poolName`) and
+    says the fix. The provider hands the problems to the engine one per input property
+    (host.py), so a TypeScript or YAML program reports them without a Python traceback."""
+
+    def __init__(self, problems: str | list[ConfigIssue], component: str = "") -> None:
+        if isinstance(problems, str):
+            key, _, problem = problems.partition(": ")
+            problems = [ConfigIssue(key, problem)]
+        component = component or problems[0].key.split(".", 1)[0].split("[", 1)[0]
+        super().__init__(problems, f"{component} inputs")
 
 
 def _unfold_unions(data: Any) -> Any:
@@ -54,12 +64,52 @@ def to_spec(model: type[S], data: Any, component: str, field: str) -> S:
                 msg = "is required but not set"
             elif err["type"] == "extra_forbidden":
                 msg = "is not a known input; remove it or fix its spelling"
-            problems.append(f"{_where(component, field, tuple(err['loc']))}: {msg}")
-        raise InputError("; ".join(problems)) from None
+            problems.append(ConfigIssue(_where(component, field, tuple(err["loc"])), msg))
+        raise InputError(problems, component) from None
 
 
 def to_specs(model: type[S], items: Any, component: str, field: str) -> list[S]:
-    return [to_spec(model, item, component, f"{field}[{i}]") for i, item in enumerate(items or [])]
+    """Every item checked, and every item's problems reported together."""
+    specs, problems = [], []
+    for i, item in enumerate(items or []):
+        try:
+            specs.append(to_spec(model, item, component, f"{field}[{i}]"))
+        except InputError as exc:
+            problems += exc.issues
+    if problems:
+        raise InputError(problems, component)
+    return specs
+
+
+class Problems:
+    """Every problem of one component's inputs, reported together: a user fixes them in one pass."""
+
+    def __init__(self, component: str) -> None:
+        self.component = component
+        self.issues: list[ConfigIssue] = []
+
+    def spec(self, model: type[S], data: Any, field: str) -> S:
+        """The input as its spec; on problems, None (after `raise_any` the caller never sees it)."""
+        try:
+            return to_spec(model, data, self.component, field)
+        except InputError as exc:
+            self.issues += exc.issues
+            return cast(S, None)
+
+    def specs(self, model: type[S], items: Any, field: str) -> list[S]:
+        try:
+            return to_specs(model, items, self.component, field)
+        except InputError as exc:
+            self.issues += exc.issues
+            return []
+
+    def add(self, key: str, problem: str) -> None:
+        """`key` as the schema spells it, without the component: `poolName`, `targets[0].canaryWeight`."""
+        self.issues.append(ConfigIssue(f"{self.component}.{key}", problem))
+
+    def raise_any(self) -> None:
+        if self.issues:
+            raise InputError(self.issues, self.component)
 
 
 def kubernetes_provider(name: str, kubeconfig: pulumi.Input[str], parent: pulumi.Resource):

@@ -4,12 +4,14 @@
 from typing import Optional, TypedDict
 
 import pulumi
+from pydantic.alias_generators import to_camel
 from typing_extensions import NotRequired
 
+from vllm_gke.components.options import child_opts
 from vllm_gke.components.gateway import Gateway as _Gateway
 from vllm_gke.components.gateway import GatewayArgs, RouteTarget
 from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
-from vllm_gke.components.provider.convert import InputError, kubernetes_provider, to_spec
+from vllm_gke.components.provider.convert import Problems, kubernetes_provider
 from vllm_gke.components.provider.types import GatewaySpec
 from vllm_gke.components.specs import GatewaySpec as GatewayModel
 
@@ -79,35 +81,37 @@ class Gateway(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GatewayInputs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:Gateway", name, {}, opts)
-        spec = to_spec(GatewayModel, args.get("gateway"), "Gateway", "gateway")
+        problems = Problems("Gateway")
+        spec = problems.spec(GatewayModel, args.get("gateway"), "gateway")
         targets = []
         for i, t in enumerate(args.get("targets") or []):
-            missing = [k for k in ("route_name", "namespace", "path_prefix", "short_service", "long_service",
-                                   "long_request_bytes") if t.get(k) is None]
+            missing = [to_camel(k) for k in ("route_name", "namespace", "path_prefix", "short_service", "long_service",
+                                             "long_request_bytes") if t.get(k) is None]
             if missing:
-                raise InputError(f"Gateway.targets[{i}]: {', '.join(missing)} required but not set")
+                problems.add(f"targets[{i}]", f"{', '.join(missing)} required but not set")
+                continue
             canary = (t.get("canary_short_service"), t.get("canary_long_service"))
             weight = int(t.get("canary_weight") or 0)
             if (canary[0] is None) != (canary[1] is None):
-                raise InputError(f"Gateway.targets[{i}]: set both canaryShortService and canaryLongService, or neither")
+                problems.add(f"targets[{i}]", "set both canaryShortService and canaryLongService, or neither")
             if not 0 <= weight <= 100 or (weight and canary[0] is None):
-                raise InputError(f"Gateway.targets[{i}].canaryWeight: {weight} must be 0-100, and needs the canary "
-                                 "services")
+                problems.add(f"targets[{i}].canaryWeight", f"{weight} must be 0-100, and needs the canary services")
             targets.append(RouteTarget(t["route_name"], t["namespace"], t["path_prefix"], t["short_service"],
                                        t["long_service"], int(t["long_request_bytes"]), int(t.get("port") or 8000),
                                        canary_short_service=canary[0], canary_long_service=canary[1],
                                        canary_weight=weight,
                                        max_rate_per_endpoint={k: int(v) for k, v in
                                                               (t.get("max_rate_per_endpoint") or {}).items()}))
+        problems.raise_any()
         apis = None
         if args.get("enable_apis", True):
             needed = ["compute.googleapis.com"] + (["certificatemanager.googleapis.com"] if spec.managed_certificate else [])
             apis = ProjectApis(f"{name}-apis", ProjectApisArgs(args["project"], needed),
-                               opts=pulumi.ResourceOptions(parent=self))
+                               opts=child_opts(self, opts))
         inner = _Gateway(name, GatewayArgs(
             spec, args["namespace"], targets, kubernetes_provider(name, args["kubeconfig"], self),
             project=args["project"], region=args["region"], subnetwork=args.get("subnetwork"),
-            name_prefix=args.get("name_prefix") or "vllm", apis=apis), opts=pulumi.ResourceOptions(parent=self))
+            name_prefix=args.get("name_prefix") or "vllm", apis=apis), opts=child_opts(self, opts))
         self.gateway_name = pulumi.Output.from_input("vllm")
         self.listener = pulumi.Output.from_input(inner.serving_listener)
         self.address = inner.address if inner.address is not None else pulumi.Output.from_input("")

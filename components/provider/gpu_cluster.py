@@ -6,10 +6,11 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
+from vllm_gke.components.options import child_opts
 from vllm_gke.components.gpu_cluster import GpuCluster as _GpuCluster
 from vllm_gke.components.gpu_cluster import GpuClusterArgs
 from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
-from vllm_gke.components.provider.convert import to_spec, to_specs
+from vllm_gke.components.provider.convert import Problems
 from vllm_gke.components.provider.types import ClusterSpec, NodePoolSpec
 from vllm_gke.components.specs import ClusterSpec as ClusterModel
 from vllm_gke.components.specs import NodePoolSpec as NodePoolModel
@@ -57,9 +58,11 @@ class GpuCluster(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GpuClusterInputs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:GpuCluster", name, {}, opts)
-        cluster = to_spec(ClusterModel, args.get("cluster"), "GpuCluster", "cluster")
-        pools = to_specs(NodePoolModel, args.get("node_pools"), "GpuCluster", "node_pools")
-        child = pulumi.ResourceOptions(parent=self)
+        problems = Problems("GpuCluster")
+        cluster = problems.spec(ClusterModel, args.get("cluster"), "cluster")
+        pools = problems.specs(NodePoolModel, args.get("node_pools"), "node_pools")
+        problems.raise_any()
+        child = child_opts(self, opts)
         apis = None
         if args.get("enable_apis", True):
             apis = ProjectApis(f"{name}-apis", ProjectApisArgs(args["project"], CLUSTER_APIS), opts=child)

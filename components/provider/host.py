@@ -9,10 +9,13 @@ import sys
 from importlib import metadata
 from typing import Any, Optional
 
-from pulumi.provider import main
+from pulumi.errors import InputPropertiesError
+from pulumi.provider import ConstructResult, main
 from pulumi.provider.experimental.component import ComponentProvider
+from pulumi.provider.server import ComponentInitError
 
 from vllm_gke.components.provider import COMPONENTS
+from vllm_gke.components.stack_config import ConfigError
 
 PACKAGE = "vllm-gke"
 # Output properties whose values are secret, by component.
@@ -47,6 +50,22 @@ class VllmGkeProvider(ComponentProvider):
     def __init__(self, version: Optional[str] = None) -> None:
         super().__init__(COMPONENTS, PACKAGE, version=version or package_version())
         self.schema = json.dumps(mark_secrets(json.loads(self.schema or "{}")))
+
+    def construct(self, name: str, resource_type: str, inputs: Any, options: Any = None) -> ConstructResult:
+        """Bad inputs reach the engine as input-property errors (one per key, with the fix), which
+        every language's CLI prints as such, instead of a Python traceback from inside the plugin."""
+        try:
+            return super().construct(name, resource_type, inputs, options)
+        except ComponentInitError as exc:
+            if isinstance(exc.inner, ConfigError):
+                raise input_properties_error(resource_type, exc.inner) from None
+            raise
+
+
+def input_properties_error(resource_type: str, error: ConfigError) -> InputPropertiesError:
+    component = resource_type.rsplit(":", 1)[-1]
+    return InputPropertiesError(str(error), [
+        {"property_path": issue.key.removeprefix(f"{component}."), "reason": issue.problem} for issue in error.issues])
 
 
 def package_schema() -> dict[str, Any]:

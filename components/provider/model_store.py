@@ -6,9 +6,10 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
+from vllm_gke.components.options import child_opts
 from vllm_gke.components.model_store import ModelStore as _ModelStore
 from vllm_gke.components.model_store import ModelStoreArgs
-from vllm_gke.components.provider.convert import InputError, kubernetes_provider, to_spec, to_specs
+from vllm_gke.components.provider.convert import Problems, kubernetes_provider
 from vllm_gke.components.provider.types import ImageRef, ModelSpec, WeightsSpec
 from vllm_gke.components.specs import ImageRef as ImageModel
 from vllm_gke.components.specs import ModelSpec as ModelModel
@@ -64,18 +65,20 @@ class ModelStore(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ModelStoreInputs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:ModelStore", name, {}, opts)
-        models = to_specs(ModelModel, args.get("models"), "ModelStore", "models")
-        weights = to_spec(WeightsModel, args.get("weights"), "ModelStore", "weights")
-        image = to_spec(ImageModel, args.get("server_image"), "ModelStore", "server_image")
+        problems = Problems("ModelStore")
+        models = problems.specs(ModelModel, args.get("models"), "models")
+        weights = problems.spec(WeightsModel, args.get("weights"), "weights")
+        image = problems.spec(ImageModel, args.get("server_image"), "server_image")
         version = args.get("vllm_version") or DEFAULT_VLLM_VERSION
         if version not in RELEASES:
-            raise InputError(f"ModelStore.vllmVersion: vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
-        if weights.backend != "filestore":
+            problems.add("vllmVersion", f"vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
+        if weights is not None and weights.backend != "filestore":
             # Those backends give each pod its own volumes (a bucket mount, a claim per weight set),
             # which the provider's VllmService does not take: its pods would mount a claim that
             # does not exist and never start.
-            raise InputError(f"ModelStore.weights.backend: '{weights.backend}' is available from the Python "
-                             "components (vllm_gke.components) only; through the provider use filestore")
+            problems.add("weights.backend", f"'{weights.backend}' is available from the Python components "
+                         "(vllm_gke.components) only; through the provider use filestore")
+        problems.raise_any()
         inner = _ModelStore(name, ModelStoreArgs(
             project=args["project"], zone=args["zone"], region=args["region"], network_name=args["network_name"],
             workload_pool=args["workload_pool"], models=models, weights=weights, server_image=image,
@@ -83,7 +86,7 @@ class ModelStore(pulumi.ComponentResource):
             consumer_namespaces=dict(args.get("consumer_namespaces") or {}),
             instance_name=args.get("instance_name"), protect=args.get("protect", True),
             vllm_release=RELEASES[version]),
-            opts=pulumi.ResourceOptions(parent=self))
+            opts=child_opts(self, opts))
         self.filestore_tier = pulumi.Output.from_input(inner.tier)
         self.capacity_gb = pulumi.Output.from_input(inner.capacity_gb)
         self.server_ip = inner.server_ip

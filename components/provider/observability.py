@@ -6,9 +6,10 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
+from vllm_gke.components.options import child_opts
 from vllm_gke.components.observability import Observability as _Observability
 from vllm_gke.components.observability import ObservabilityArgs
-from vllm_gke.components.provider.convert import InputError, to_spec
+from vllm_gke.components.provider.convert import Problems
 from vllm_gke.components.provider.types import MonitoringSpec
 from vllm_gke.components.specs import MonitoringSpec as MonitoringModel
 from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
@@ -40,13 +41,15 @@ class Observability(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ObservabilityInputs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:Observability", name, {}, opts)
-        spec = to_spec(MonitoringModel, args.get("monitoring"), "Observability", "monitoring")
+        problems = Problems("Observability")
+        spec = problems.spec(MonitoringModel, args.get("monitoring"), "monitoring")
         version = args.get("vllm_version") or DEFAULT_VLLM_VERSION
         if version not in RELEASES:
-            raise InputError(f"Observability.vllmVersion: vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
+            problems.add("vllmVersion", f"vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
+        problems.raise_any()
         inner = _Observability(name, ObservabilityArgs(
             project=args["project"], cluster_name=args["cluster_name"], spec=spec, title=args["title"],
-            kv_cache_metric=RELEASES[version].kv_cache_metric), opts=pulumi.ResourceOptions(parent=self))
+            kv_cache_metric=RELEASES[version].kv_cache_metric), opts=child_opts(self, opts))
         self.dashboard_id = inner.dashboard.id
         self.alert_policy_names = pulumi.Output.from_input([a["display_name"] for a in inner.alert_definitions])
         self.register_outputs({"dashboardId": self.dashboard_id, "alertPolicyNames": self.alert_policy_names})

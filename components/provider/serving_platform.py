@@ -9,8 +9,10 @@ import pulumi
 
 from vllm_gke.components.platform import Platform as _Platform
 from vllm_gke.components.platform import PlatformArgs
-from vllm_gke.components.provider.convert import to_spec
+from vllm_gke.components.options import child_opts
+from vllm_gke.components.provider.convert import InputError, to_spec
 from vllm_gke.components.provider.types import StackConfig
+from vllm_gke.components.stack_config import ConfigError, ConfigIssue
 from vllm_gke.components.stack_config import StackConfig as StackConfigModel
 
 
@@ -44,7 +46,12 @@ class Platform(pulumi.ComponentResource):
     def __init__(self, name: str, args: PlatformInputs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:Platform", name, {}, opts)
         config = to_spec(StackConfigModel, args.get("config"), "Platform", "config")
-        inner = _Platform(name, PlatformArgs(config), opts=pulumi.ResourceOptions(parent=self))
+        try:
+            inner = _Platform(name, PlatformArgs(config), opts=child_opts(self, opts))
+        except ConfigError as exc:
+            # The stack config's keys (`vllm-gke:models[0]`, `gcp:project`) as this input spells them.
+            raise InputError([ConfigIssue(f"Platform.config.{issue.key.split(':', 1)[-1]}", issue.problem)
+                              for issue in exc.issues], "Platform") from None
         self.cluster_name = inner.cluster.cluster.name
         self.kubeconfig = inner.cluster.kubeconfig
         self.routes = pulumi.Output.from_input(inner.routes)

@@ -5,8 +5,9 @@ from typing import Optional, TypedDict
 
 import pulumi
 
+from vllm_gke.components.options import child_opts
 from vllm_gke.components.mesh_namespace import TrustedSources
-from vllm_gke.components.provider.convert import kubernetes_provider, to_spec
+from vllm_gke.components.provider.convert import Problems, kubernetes_provider
 from vllm_gke.components.provider.types import ClusterSpec, TenantSpec
 from vllm_gke.components.specs import ClusterSpec as ClusterModel
 from vllm_gke.components.specs import TenantSpec as TenantModel
@@ -41,13 +42,15 @@ class TenantAuth(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: TenantAuthInputs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:TenantAuth", name, {}, opts)
-        tenant = to_spec(TenantModel, args.get("tenant"), "TenantAuth", "tenant")
-        cluster = to_spec(ClusterModel, args.get("cluster"), "TenantAuth", "cluster")
+        problems = Problems("TenantAuth")
+        tenant = problems.spec(TenantModel, args.get("tenant"), "tenant")
+        cluster = problems.spec(ClusterModel, args.get("cluster"), "cluster")
+        problems.raise_any()
         sources = TrustedSources.for_cluster(cluster.proxy_only_cidr, cluster.pods_cidr, cluster.subnet_cidr)
         inner = _TenantAuth(name, TenantAuthArgs(
             tenant=tenant, provider=kubernetes_provider(name, args["kubeconfig"], self),
             serving_namespace=args["serving_namespace"], shared_models=list(args.get("shared_models") or []),
-            sources=sources), opts=pulumi.ResourceOptions(parent=self))
+            sources=sources), opts=child_opts(self, opts))
         self.namespace = inner.namespace.name
         self.issuer = pulumi.Output.from_input(tenant.jwt.issuer)
         self.register_outputs({"namespace": self.namespace, "issuer": self.issuer})

@@ -6,7 +6,9 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
-from vllm_gke.components.provider.convert import InputError, kubernetes_provider, to_spec, to_specs
+from vllm_gke.components.options import child_opts
+from vllm_gke.components.config_rules import check_extra_args, check_fit
+from vllm_gke.components.provider.convert import Problems, kubernetes_provider
 from vllm_gke.components.keda import GMP_AUTH
 from vllm_gke.components.provider.types import ImageRef, ModelSpec, NodePoolSpec, TenantSpec
 from vllm_gke.components.serving_api import guard_config, tenant_routes
@@ -17,6 +19,9 @@ from vllm_gke.components.specs import TenantSpec as TenantModel
 from vllm_gke.components.vllm_service import VllmService as _VllmService
 from vllm_gke.components.vllm_service import KedaScaling, VllmServiceArgs
 from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+
+
+POOL_NAMES = ("short", "long")
 
 
 class VllmServiceInputs(TypedDict):
@@ -62,33 +67,40 @@ class VllmService(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: VllmServiceInputs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:VllmService", name, {}, opts)
-        model = to_spec(ModelModel, args.get("model"), "VllmService", "model")
-        node_pool = to_spec(NodePoolModel, args.get("node_pool"), "VllmService", "node_pool")
-        image = to_spec(ImageModel, args.get("image"), "VllmService", "image")
-        tenants = to_specs(TenantModel, args.get("tenants"), "VllmService", "tenants")
-        if not tenants:
-            raise InputError("VllmService.tenants: none given, so the guard would refuse every request; list the "
-                             "tenants that may call this model")
+        problems = Problems("VllmService")
+        model = problems.spec(ModelModel, args.get("model"), "model")
+        node_pool = problems.spec(NodePoolModel, args.get("node_pool"), "node_pool")
+        image = problems.spec(ImageModel, args.get("image"), "image")
+        tenants = problems.specs(TenantModel, args.get("tenants"), "tenants")
+        if not args.get("tenants"):
+            problems.add("tenants", "none given, so the guard would refuse every request; list the tenants that "
+                         "may call this model")
         pool_name = args.get("pool_name")
-        if pool_name not in ("short", "long"):
-            raise InputError(f"VllmService.poolName: '{pool_name}' must be short or long")
+        if pool_name not in POOL_NAMES:
+            problems.add("poolName", f"'{pool_name}' must be short or long")
         version = args.get("vllm_version") or DEFAULT_VLLM_VERSION
         if version not in RELEASES:
-            raise InputError(f"VllmService.vllmVersion: vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
-        rel = RELEASES[version]
-        project = args.get("project")
-        if not project:
-            raise InputError("VllmService.project: the Google Cloud project whose Managed Prometheus KEDA reads "
-                             "is required")
-        if getattr(model, pool_name).min_replicas == 0:
-            raise InputError(f"VllmService.model.{pool_name}.minReplicas: 0 needs the standby the stack program "
-                             "declares to answer and wake the pool; use 1 or more through the component package")
+            problems.add("vllmVersion", f"vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
+        if not args.get("project"):
+            problems.add("project", "the Google Cloud project whose Managed Prometheus KEDA reads is required")
         canary = bool(args.get("canary"))
+        if model is not None and pool_name in POOL_NAMES:
+            if getattr(model, pool_name).min_replicas == 0:
+                problems.add(f"model.{pool_name}.minReplicas", "0 needs the standby the stack program declares to "
+                             "answer and wake the pool; use 1 or more through the component package")
+            if canary and model.canary_model() is None:
+                problems.add("canary", "true needs model.canary (the revision and weight to try)")
+            if node_pool is not None:
+                # The stack config's own checks: the model on this node pool, its extra vLLM flags.
+                served = (model.canary_model() or model) if canary else model
+                check_fit(problems.add, "model", served, node_pool)
+                if version in RELEASES:
+                    check_extra_args(problems.add, "model.extraArgs", served, version)
+        problems.raise_any()
+        rel = RELEASES[version]
+        project = args["project"]
         if canary:
-            canary_model = model.canary_model()
-            if canary_model is None:
-                raise InputError("VllmService.canary: true needs model.canary (the revision and weight to try)")
-            model = canary_model
+            model = model.canary_model()
         inner = _VllmService(name, VllmServiceArgs(
             model=model, pool_name=pool_name, pool=getattr(model, pool_name), node_pool=node_pool,
             namespace=args["namespace"], image=image, claim_name=args["claim_name"],
@@ -98,7 +110,7 @@ class VllmService(pulumi.ComponentResource):
             release=rel, canary=canary, scaling=KedaScaling(project, args.get("keda_auth") or GMP_AUTH),
             # The package makes no service account: the namespace's default, as before.
             service_account=None),
-            opts=pulumi.ResourceOptions(parent=self))
+            opts=child_opts(self, opts))
         self.service_name = pulumi.Output.from_input(inner.service_name)
         self.deployment_name = inner.deployment.metadata.name
         self.register_outputs({"serviceName": self.service_name, "deploymentName": self.deployment_name})
