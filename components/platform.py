@@ -33,7 +33,7 @@ from vllm_gke.components.observability import Observability, ObservabilityArgs
 from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
 from vllm_gke.components.specs import ModelSpec, TenantSpec
 from vllm_gke.components.serving_api import (
-    PICKER_REENCODING_GROWTH, guard_config, objective_name, picker_max_body_bytes, picker_routes, tenant_routes,
+    objective_name, picker_max_body_bytes, picker_routes, pool_guard_config,
 )
 from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
 from vllm_gke.components.config_rules import cross_field_issues
@@ -192,7 +192,6 @@ class Platform(pulumi.ComponentResource):
         def serve(key: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
                   callers: list[TenantSpec], tenant: str | None = None, canary: bool = False) -> dict[str, str]:
             names = {}
-            picked = model.name if model.routing == "inference-gateway" else None
             for which in model.pool_names:
                 pool = getattr(model, which)
                 to_zero = pool.min_replicas == 0
@@ -201,13 +200,7 @@ class Platform(pulumi.ComponentResource):
                     model=model, pool_name=which, pool=pool, node_pool=cfg.pool(pool_name),
                     namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
                     provider=provider,
-                    guard_config=guard_config(callers, picker_routes() if picked else
-                                              [r for r in tenant_routes() if r.path not in rel.unsalted_paths],
-                                              rel.max_tokens_rule,
-                                              objectives_for=picked, shared_store=shared_store, served=model,
-                                              max_body_bytes=PICKER_REENCODING_GROWTH * picker_max_body_bytes(model)
-                                              if picked else None,
-                                              cache_salt_paths=rel.cache_salt_paths),
+                    guard_config=pool_guard_config(callers, model, rel, shared_store),
                     release=rel, tenant=tenant, canary=canary, weights_volume=store.weights_volume,
                     weights_annotations=store.pod_annotations,
                     scaling=KedaScaling(cfg.project, keda.auth_name, standby_name),

@@ -10,9 +10,12 @@ someone decides how to meter them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Optional, Sequence
 
 from vllm_gke.components.specs import ModelSpec, TenantSpec
+
+if TYPE_CHECKING:
+    from vllm_gke.components.vllm_versions import VllmRelease
 
 # Istio writes the verified JWT's issuer into this header (and overwrites a client's copy);
 # the route also strips client copies before the request reaches the mesh.
@@ -173,3 +176,16 @@ def mesh_operations(routes: Sequence[Route]) -> list[dict[str, Any]]:
     for r in routes:
         by_method.setdefault(r.method, []).append(r.path)
     return [{"operation": {"methods": [m], "paths": sorted(p)}} for m, p in sorted(by_method.items())]
+
+
+def pool_guard_config(callers: Sequence[TenantSpec], model: ModelSpec, release: "VllmRelease",
+                      shared_store: Optional[tuple[str, int]] = None) -> dict[str, Any]:
+    """The guard's config for one pool of `model`, as Platform and the package's VllmService both
+    build it: the routes the release serves salted (or the picker's, behind the endpoint picker,
+    each tenant bound to its own objective), the tenants' adapters, the shared limit store."""
+    picked = model.name if model.routing == "inference-gateway" else None
+    routes = picker_routes() if picked else [r for r in tenant_routes() if r.path not in release.unsalted_paths]
+    return guard_config(callers, routes, release.max_tokens_rule, objectives_for=picked, shared_store=shared_store,
+                        served=model,
+                        max_body_bytes=PICKER_REENCODING_GROWTH * picker_max_body_bytes(model) if picked else None,
+                        cache_salt_paths=release.cache_salt_paths)

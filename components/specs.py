@@ -660,13 +660,27 @@ class ModelSpec(Spec):
         return self.lora_slots * self.max_lora_rank * s.layers * per_rank_per_layer * 2 / 1e9
 
 
+    @model_validator(mode="before")
+    @classmethod
+    def _custom_shape(cls, data: Any) -> Any:
+        """`customShape` is the structured form of `shape`, as the component package names it
+        (its schema has no unions): one name per concept in the stack config and every language."""
+        if isinstance(data, dict) and ("customShape" in data or "custom_shape" in data):
+            data = dict(data)
+            custom = data.pop("customShape", None) or data.pop("custom_shape", None)
+            if data.get("shape") is not None:
+                raise ValueError("give shape (a catalog name) or customShape ({paramsBillion, layers, kvHeads, "
+                                 "headDim}), not both")
+            data["shape"] = custom
+        return data
+
     @field_validator("shape")
     @classmethod
     def _shape(cls, v: str | CustomShape) -> str | CustomShape:
         if isinstance(v, str) and v not in MODEL_SHAPES:
             raise ValueError(
                 f"unknown model shape '{v}'; use one of {', '.join(MODEL_SHAPES)} or give "
-                "{paramsBillion, layers, kvHeads, headDim}"
+                "customShape: {paramsBillion, layers, kvHeads, headDim}"
             )
         return v
 

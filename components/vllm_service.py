@@ -96,7 +96,7 @@ class KedaScaling:
     ClusterTriggerAuthentication `auth` allows (Keda.auth_name)."""
 
     project: str
-    auth: str
+    auth: pulumi.Input[str]
     # For a pool that may go to zero: its standby's name prefix, whose request count wakes it.
     standby: str = ""
 

@@ -4,6 +4,8 @@ the policy pack: each declares a whole platform that serves, and every mandatory
 from __future__ import annotations
 
 import copy
+import os
+import shutil
 from collections import Counter
 
 import pytest
@@ -48,3 +50,35 @@ def test_a_platform_built_in_a_program_gets_the_stack_configs_checks(tmp_path):
     with pytest.raises(ConfigError) as exc:
         run_program_file(program, {"gcp:project": "team-llm-prod"})
     assert "weights need 141.2 GB per GPU" in str(exc.value) and "models[0]" in str(exc.value)
+
+
+@pytest.mark.skipif(shutil.which("tsc") is None and not os.environ.get("CI"),
+                    reason="tsc not installed: the TypeScript program cannot be compiled and run here")
+def test_the_typescript_components_example_serves_and_passes_every_policy(tmp_path):
+    """The finer-component TypeScript program, compiled and run by node against a recording SDK,
+    then built through the package's classes under mocks: its namespace exists, its pools scale,
+    and every mandatory policy passes."""
+    from tests.test_package import package_schema
+    from tests.ts_program import record_program, replay
+    from vllm_gke.components import provider
+    from vllm_gke.infra.plan import _under_mocks
+
+    records = record_program(package_schema(), REPO_ROOT / "examples" / "typescript-components" / "index.ts",
+                             tmp_path, {"gcp:project": "acme-llm-prod"})
+    classes = {c.__name__: c for c in provider.COMPONENTS}
+    recorded = _under_mocks("ts", "dev", {"gcp:project": "acme-llm-prod"}, lambda: replay(records, classes))
+    manifests = [r.props for r in recorded if r.type.startswith("kubernetes:")]
+    namespaces = {m["metadata"]["name"] for m in manifests if m.get("kind") == "Namespace"}
+    used = {m["metadata"].get("namespace") for m in manifests if m.get("metadata", {}).get("namespace")}
+    assert "vllm" in namespaces and used <= namespaces | {"kube-system", "default"}, used - namespaces
+    kinds = Counter(m.get("kind") for m in manifests)
+    assert kinds["ScaledObject"] == 2 and kinds["HTTPRoute"] >= 1 and kinds["RequestAuthentication"] >= 1
+    servers = [m for m in manifests if m.get("kind") == "Deployment"
+               and m["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/name") == "vllm"]
+    assert len(servers) == 2 and all(d["spec"]["template"]["spec"]["serviceAccountName"] == "vllm-server"
+                                     for d in servers)
+    resources = [Resource(r.type, r.name, copy.deepcopy(r.props), r.urn) for r in recorded if r.custom]
+    assert [(v.policy, v.message[:100]) for v in evaluate(resources) if v.level == "mandatory"] == []
+    # Waiting as wired: every server waits for the mesh, KEDA and the weights.
+    server_urns = [r for r in recorded if r.props.get("kind") == "Deployment" and "qwen-7b-short" in r.name]
+    assert server_urns and all(any("mesh" in d for d in r.dependencies) for r in server_urns)

@@ -22,7 +22,8 @@ from tests.conftest import REPO_ROOT
 from vllm_gke.components.provider import generate_types
 
 EXAMPLES = REPO_ROOT / "examples"
-COMPONENTS = {"Platform", "GpuCluster", "ModelStore", "VllmService", "Gateway", "TenantAuth", "Observability"}
+COMPONENTS = {"Platform", "GpuCluster", "MeshReadiness", "Keda", "MeshNamespace", "TenantAuth", "ModelStore", "VllmService",
+              "InferencePool", "LimitStore", "Gateway", "Observability"}
 
 
 def package_schema() -> dict[str, Any]:
@@ -123,6 +124,11 @@ def check_value(schema, spec: dict[str, Any], value: Any, where: str, errors: li
         return  # an interpolation: typed at run time
     if "$ref" in spec:
         target = type_of(schema, spec["$ref"])
+        if "enum" in target:
+            allowed = [e["value"] for e in target["enum"]]
+            if value not in allowed:
+                errors.append(f"{where}: {value!r} is not one of {allowed}")
+            return
         if not isinstance(value, dict):
             errors.append(f"{where}: expected an object")
             return
@@ -212,13 +218,15 @@ TS_NEW = re.compile(r"new vllmgke\.(\w+)\(")
 
 
 @pytest.mark.parametrize("example,components", [("typescript", {"Platform"}),
-                                                  ("typescript-components", COMPONENTS - {"Platform"})])
+                                                  # InferencePool: test_the_picker_path_composes_from_the_facades
+                                                  ("typescript-components", COMPONENTS - {"Platform", "InferencePool"})])
 def test_the_typescript_examples_use_only_schema_names(schema, example, components):
     text = (EXAMPLES / example / "index.ts").read_text()
     used = set(TS_NEW.findall(text))
     assert used == components
     known = {p for r in schema["resources"].values() for p in r["inputProperties"]}
     known |= {p for t in schema["types"].values() for p in t.get("properties", {})}
+    known |= {"dependsOn"}  # a resource option, as every SDK spells it
     body = re.sub(r"//.*", "", text)
     keys = set(re.findall(r"(?<![\w.\"'])(\w+):\s", body))
     assert keys - known == set(), f"not in the schema: {sorted(keys - known)}"
@@ -351,34 +359,46 @@ def test_the_pulumi_floor_hosts_the_package():
         assert subprocess.run([sys.executable, "-c", code, target], env=env).returncode == 0
 
 
+CONSTRUCT_BAD_INPUTS = """
+import json, sys
+from pulumi.errors import InputPropertiesError
+from vllm_gke.components.provider.host import VllmGkeProvider
+from vllm_gke.infra.plan import read_stack_config, run_program
+
+provider = VllmGkeProvider()
+out = []
+for name, token, inputs in json.loads(sys.stdin.read()):
+    try:
+        run_program("dev", read_stack_config("dev"), program=lambda _c: provider.construct(name, token, inputs))
+        out.append(None)
+    except InputPropertiesError as exc:
+        out.append({"message": exc.message, "errors": exc.errors})
+print(json.dumps(out))
+"""
+
+
 def test_bad_inputs_reach_the_engine_as_input_errors_not_tracebacks():
     """What a TypeScript or YAML user sees: the provider's Construct fails with one input-property
-    error per problem (the engine prints `config.models[0]: ...`), not a Python traceback."""
-    from pulumi.errors import InputPropertiesError
-
-    from vllm_gke.components.provider.host import VllmGkeProvider
-    from vllm_gke.infra.plan import read_stack_config, run_program
-
+    error per problem (the engine prints `config.models[0]: ...`), not a Python traceback. In a
+    process of its own, as the plugin runs: its protos clash with Google's API client's."""
     program = yaml.safe_load((EXAMPLES / "yaml" / "Pulumi.yaml").read_text())
     config = json.loads(json.dumps(program["resources"]["platform"]["properties"]["config"]))
     config["project"] = "acme-llm-dev"
     config["models"][0]["shape"] = "llama-3-70b"  # does not fit its slice: a cross-field check
-    provider = VllmGkeProvider()
-    with pytest.raises(InputPropertiesError) as exc:
-        run_program("dev", read_stack_config("dev"), program=lambda _c: provider.construct(
-            "platform", "vllm-gke:index:Platform", {"config": config}))
-    (problem,) = [e for e in exc.value.errors if "weights need" in e["reason"]]
+    cases = [["platform", "vllm-gke:index:Platform", {"config": config}],
+             # A schema-level problem in a finer component: every bad key named, all in one run.
+             ["gke", "vllm-gke:index:GpuCluster", {
+                 "project": "p", "region": "us-central1",
+                 "cluster": {"name": "c", "zones": ["us-central1-a"], "masterCidr": "172.16.0.0/24"},
+                 "nodePools": [{"name": "a", "machineType": "nope"}, {"name": "b", "machineType": "nope2"}]}]]
+    result = subprocess.run([sys.executable, "-c", CONSTRUCT_BAD_INPUTS], input=json.dumps(cases), cwd=REPO_ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    platform, cluster = json.loads(result.stdout)
+    (problem,) = [e for e in platform["errors"] if "weights need" in e["reason"]]
     assert problem["property_path"].startswith("config.models[0]")
-    assert "Traceback" not in exc.value.message
-
-    # A schema-level problem in a finer component: every bad key named, all in one run.
-    with pytest.raises(InputPropertiesError) as exc:
-        run_program("dev", read_stack_config("dev"), program=lambda _c: provider.construct(
-            "gke", "vllm-gke:index:GpuCluster", {
-                "project": "p", "region": "us-central1",
-                "cluster": {"name": "c", "zones": ["us-central1-a"], "masterCidr": "172.16.0.0/24"},
-                "nodePools": [{"name": "a", "machineType": "nope"}, {"name": "b", "machineType": "nope2"}]}))
-    paths = {e["property_path"] for e in exc.value.errors}
+    assert "Traceback" not in platform["message"]
+    paths = {e["property_path"] for e in cluster["errors"]}
     assert {"cluster.masterCidr", "nodePools[0].machineType", "nodePools[1].machineType"} <= paths, paths
 
 
@@ -420,3 +440,66 @@ def test_the_package_vllm_service_runs_the_stack_configs_fit_checks():
     assert "weights need 141.2 GB per GPU" in problems["VllmService.model"]
     assert "quantise" in problems["VllmService.model"] and "maxNumSeqs" not in problems["VllmService.model"]
     assert "--no-such-flag" in problems["VllmService.model.extraArgs"]
+
+
+def test_the_picker_path_composes_from_the_facades():
+    """A model behind GKE Inference Gateway's endpoint picker, wired from the package's finer
+    components as a TypeScript or YAML program would: the route reaches the InferencePool only
+    with the tenant's own objective, the replica's guard requires it, every mandatory policy passes."""
+    import copy
+
+    from vllm_gke.components.provider import Gateway, GpuCluster, InferencePool, MeshNamespace, TenantAuth, VllmService
+    from vllm_gke.infra.plan import _under_mocks
+    from vllm_gke.policies.rules import Resource, evaluate
+
+    cluster = {"name": "c", "zones": ["us-central1-a"]}
+    tenant = {"name": "search", "jwt": {"issuer": "https://auth.acme.example/search",
+                                        "jwks_uri": "https://auth.acme.example/search/jwks", "audiences": ["llm"]},
+              "models": ["qwen-7b"], "priority": -1, "rate_limit": {"requests_per_minute": 60}, "max_tokens": 1024}
+    model = {"name": "qwen-7b", "source": "hf://Qwen/Qwen2.5-7B-Instruct", "shape": "qwen2.5-7b",
+             "node_pool": "gpu", "routing": "inference-gateway", "short": {"min_replicas": 1, "max_replicas": 2, "max_num_seqs": 8}}
+
+    def body() -> None:
+        GpuCluster("gke", {"project": "p", "region": "us-central1", "cluster": cluster,
+                           "node_pools": [{"name": "gpu", "machine_type": "g2-standard-8"}]})
+        ns = MeshNamespace("serving", {"name": "vllm", "kubeconfig": "kc", "cluster": cluster, "tenants": [tenant]})
+        TenantAuth("search", {"tenant": tenant, "kubeconfig": "kc", "serving_namespace": ns.name,
+                              "shared_models": ["qwen-7b"], "picker_models": ["qwen-7b"], "cluster": cluster})
+        VllmService("qwen-7b-short", {
+            "model": model, "pool_name": "short", "node_pool": {"name": "gpu", "machine_type": "g2-standard-8"},
+            "namespace": ns.name, "image": {"repository": "r", "tag": "v0.34.0"}, "claim_name": "weights",
+            "kubeconfig": "kc", "project": "p", "tenants": [tenant]})
+        pool = InferencePool("qwen-7b", {"model": model, "namespace": ns.name, "kubeconfig": "kc",
+                                         "tenants": [tenant], "cluster": cluster, "declare_objective_crd": True})
+        Gateway("gw", {"gateway": {"class_name": "gke-l7-rilb"}, "namespace": ns.name, "kubeconfig": "kc",
+                       "project": "p", "region": "us-central1", "targets": [{
+                           "route_name": "qwen-7b.search", "namespace": ns.name, "path_prefix": "search/qwen-7b",
+                           "inference_pool": "qwen-7b", "tenant": "search"}]},
+                opts=pulumi.ResourceOptions(depends_on=[pool]))
+
+    recorded = _under_mocks("p", "dev", {}, body)
+    manifests = [r.props for r in recorded if r.type.startswith("kubernetes:")]
+    (route,) = [m for m in manifests if m.get("kind") == "HTTPRoute"]
+    backends = [b for rule in route["spec"]["rules"] for b in rule.get("backendRefs", [])]
+    assert backends and all(b["kind"] == "InferencePool" and b["name"] == "qwen-7b" for b in backends)
+    objectives = [m for m in manifests if m.get("kind") == "InferenceObjective"]
+    assert [(o["metadata"]["name"], o["spec"]["priority"]) for o in objectives] == [("search.qwen-7b", -1)]
+    (server,) = [m for m in manifests if m.get("kind") == "Deployment" and "epp" not in m["metadata"]["name"]]
+    env = {e["name"]: e.get("value") for e in server["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert '"objective": "search.qwen-7b"' in env["GKE_LLM_GUARD_CONFIG"]
+    resources = [Resource(r.type, r.name, copy.deepcopy(r.props), r.urn) for r in recorded if r.custom]
+    assert [(v.policy, v.message[:100]) for v in evaluate(resources) if v.level == "mandatory"] == []
+
+
+def test_the_readme_consumes_the_current_release_and_the_release_is_tagged():
+    """The README's `pulumi package add` source names this version's tag, and the tag exists
+    (where the checkout carries tags at all: a source archive has none)."""
+    version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+    readme = (REPO_ROOT / "README.md").read_text()
+    refs = set(re.findall(r"(?:checkout |@)v(\d+\.\d+\.\d+)", readme))
+    assert refs == {version}, f"the README points at {refs}, the release is {version}"
+    assert "acme/vllm-gke" not in readme  # no placeholder owner presented as a source
+    tags = subprocess.run(["git", "tag", "--list"], cwd=REPO_ROOT, capture_output=True, text=True).stdout.split()
+    if not tags:
+        pytest.skip("this checkout carries no tags")
+    assert f"v{version}" in tags, f"release {version} is not tagged: git tag v{version} on its commit"

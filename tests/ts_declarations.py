@@ -32,6 +32,10 @@ def _interface(name: str, props: dict[str, Any], required: list[str], inputs: bo
 def declarations(schema: dict[str, Any]) -> str:
     out = ['import { Input, Output } from "@pulumi/pulumi";']
     for token, t in schema.get("types", {}).items():
+        if "enum" in t:  # as the SDK's enums: the values are the type (a string literal is assignable)
+            values = " | ".join(f'"{e["value"]}"' for e in t["enum"])
+            out.append(f"export type {token.rsplit(':', 1)[-1]} = {values};")
+            continue
         out.append(_interface(token.rsplit(":", 1)[-1], t.get("properties", {}), t.get("required", []), True))
     for token, r in schema["resources"].items():
         name = token.rsplit(":", 1)[-1]

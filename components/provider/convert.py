@@ -7,6 +7,7 @@ TypeScript, Go or YAML program gets the same messages, naming the key as that pr
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Mapping, TypeVar, cast
 
 import pulumi
@@ -43,7 +44,13 @@ def _unfold_unions(data: Any) -> Any:
         return out
     if isinstance(data, list):
         return [_unfold_unions(v) for v in data]
-    return data
+    # The provider host hands enum inputs over as the schema's enum members.
+    return data.value if isinstance(data, Enum) else data
+
+
+def plain(value: Any) -> Any:
+    """An enum input's value (the provider host passes enum members), anything else as given."""
+    return value.value if isinstance(value, Enum) else value
 
 
 def _where(component: str, field: str, loc: tuple[Any, ...]) -> str:

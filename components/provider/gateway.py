@@ -9,10 +9,11 @@ from typing_extensions import NotRequired
 
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.gateway import Gateway as _Gateway
-from vllm_gke.components.gateway import GatewayArgs, RouteTarget
+from vllm_gke.components.gateway import GatewayArgs, PickerTarget, RouteTarget
 from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
 from vllm_gke.components.provider.convert import Problems, kubernetes_provider
 from vllm_gke.components.provider.types import GatewaySpec
+from vllm_gke.components.serving_api import PICKER_MIN_BODY_BYTES, objective_name, picker_routes
 from vllm_gke.components.specs import GatewaySpec as GatewayModel
 
 
@@ -25,12 +26,19 @@ class RouteTargetSpec(TypedDict):
     """The namespace of the route and the two Services."""
     path_prefix: str
     """The route's path: /<pathPrefix>/v1 (e.g. the model's name)."""
-    short_service: str
-    """The short-request pool's Service (VllmService.serviceName)."""
-    long_service: str
-    """The long-request pool's Service."""
-    long_request_bytes: int
-    """Requests with a body of at least this many bytes go to the long pool."""
+    short_service: NotRequired[str]
+    """The short-request pool's Service (VllmService.serviceName); not with inferencePool."""
+    long_service: NotRequired[str]
+    """The long-request pool's Service; not with inferencePool."""
+    long_request_bytes: NotRequired[int]
+    """Requests with a body of at least this many bytes go to the long pool; not with inferencePool."""
+    inference_pool: NotRequired[str]
+    """Route through GKE Inference Gateway's endpoint picker to this InferencePool (InferencePool.poolName)
+    instead of by length; one target per tenant, whose objective the route requires."""
+    tenant: NotRequired[str]
+    """With inferencePool: the tenant this route serves (its path should name it: <tenant>/<model>)."""
+    max_body_bytes: NotRequired[int]
+    """With inferencePool: the largest request body the route admits (the picker buffers it whole; default 1 MiB)."""
     port: NotRequired[int]
     """The Services' port (default 8000)."""
     canary_short_service: NotRequired[str]
@@ -85,10 +93,27 @@ class Gateway(pulumi.ComponentResource):
         spec = problems.spec(GatewayModel, args.get("gateway"), "gateway")
         targets = []
         for i, t in enumerate(args.get("targets") or []):
+            picker = None
+            if t.get("inference_pool"):
+                if not t.get("tenant"):
+                    problems.add(f"targets[{i}].tenant", "required with inferencePool: the tenant whose objective "
+                                 "the route requires")
+                    continue
+                if any(t.get(k) for k in ("short_service", "long_service", "canary_short_service", "canary_weight")):
+                    problems.add(f"targets[{i}]", "inferencePool routes to the picker: leave out the Services and "
+                                 "the canary")
+                    continue
+                pool = str(t["inference_pool"])
+                picker = PickerTarget(pool, objective_name(str(t["tenant"]), pool), str(t["tenant"]),
+                                      routes=tuple((r.path, r.method) for r in picker_routes()),
+                                      max_body_bytes=int(t.get("max_body_bytes") or PICKER_MIN_BODY_BYTES))
+                targets.append(RouteTarget(t["route_name"], t["namespace"], t["path_prefix"], f"{pool}-short", "", 0,
+                                           int(t.get("port") or 8000), picker=picker))
+                continue
             missing = [to_camel(k) for k in ("route_name", "namespace", "path_prefix", "short_service", "long_service",
                                              "long_request_bytes") if t.get(k) is None]
             if missing:
-                problems.add(f"targets[{i}]", f"{', '.join(missing)} required but not set")
+                problems.add(f"targets[{i}]", f"{', '.join(missing)} required but not set (or give inferencePool)")
                 continue
             canary = (t.get("canary_short_service"), t.get("canary_long_service"))
             weight = int(t.get("canary_weight") or 0)

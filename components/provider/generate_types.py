@@ -15,9 +15,10 @@ import re
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Callable, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
+from pydantic.alias_generators import to_pascal
 from pydantic.fields import FieldInfo
 
 from vllm_gke.components import specs
@@ -83,16 +84,43 @@ def _unannotate(ann: Any) -> Any:
     return get_args(ann)[0] if get_origin(ann) is typing.Annotated else ann
 
 
-def _type_text(ann: Any, nested: list[type]) -> str:
+class Enums:
+    """The enums the specs' Literal fields become: named after the field (ReleaseChannel), or after
+    spec and field where two fields of one name take different values."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, tuple[str, ...]] = {}
+        self.docs: dict[str, str] = {}
+
+    def name_for(self, spec: str, field: str, values: tuple[str, ...], doc: str) -> str:
+        name = to_pascal(field)
+        if self.values.get(name, values) != values:
+            name = to_pascal(spec.removesuffix("Spec")) + name
+        self.values.setdefault(name, values)
+        self.docs.setdefault(name, doc)
+        return name
+
+    def render(self) -> list[str]:
+        out = []
+        for name, values in self.values.items():
+            out += [f"class {name}(str, Enum):", f'    """{self.docs[name]}"""', ""]
+            for value in values:
+                member = re.sub(r"\W", "_", value).upper()
+                out += [f"    {'V' + member if member[0].isdigit() else member} = {value!r}"]
+            out += ["", ""]
+        return out
+
+
+def _type_text(ann: Any, nested: list[type], enum: Callable[[tuple[str, ...]], str] | None = None) -> str:
     ann = _unannotate(ann)
     origin = get_origin(ann)
     if origin is Literal:
-        return "str"
+        return enum(tuple(str(v) for v in get_args(ann))) if enum else "str"
     if origin is list:
-        return f"list[{_type_text(get_args(ann)[0], nested)}]"
+        return f"list[{_type_text(get_args(ann)[0], nested, enum)}]"
     if origin is dict:
         k, v = get_args(ann)
-        return f"dict[{_type_text(k, nested)}, {_type_text(v, nested)}]"
+        return f"dict[{_type_text(k, nested)}, {_type_text(v, nested, enum)}]"
     if isinstance(ann, type) and issubclass(ann, Spec):
         if ann not in nested:
             nested.append(ann)
@@ -122,6 +150,7 @@ def render() -> str:
         'them with the specs themselves."""',
         "",
         "# The analyzer reads these annotations at runtime: no `from __future__ import annotations`.",
+        "from enum import Enum",
         "from typing import TypedDict",
         "",
         "from typing_extensions import NotRequired",
@@ -129,6 +158,7 @@ def render() -> str:
     ]
     blocks: dict[type, list[str]] = {}
     order: list[type] = []
+    enums = Enums()
 
     def emit(cls: type) -> None:
         """Nested types first: the analyzer follows real classes, not forward references."""
@@ -145,13 +175,19 @@ def render() -> str:
             ann, optional = _strip_optional(field.annotation)
             required = field.is_required() and not optional
             union = _union_parts(ann)
+            comment = comments.get(name)
+
+            def enum(values: tuple[str, ...], cls: type = cls, name: str = name, comment: str | None = comment) -> str:
+                return enums.name_for(cls.__name__, name, values,
+                                      (comment or name.replace("_", " ").capitalize()).rstrip(".") + ".")
+
             entries = []
             if union:
                 scalar, spec = union
                 entries.append((name, _type_text(scalar, nested), False))
                 entries.append((f"{UNION_PREFIX}{name}", _type_text(spec, nested), False))
             else:
-                entries.append((name, _type_text(ann, nested), required))
+                entries.append((name, _type_text(ann, nested, enum), required))
             for key, text, req in entries:
                 body.append(f"    {key}: {text if req else f'NotRequired[{text}]'}")
                 description = _describe(name, field, comments.get(name))
@@ -167,6 +203,7 @@ def render() -> str:
 
     for root in ROOTS:
         emit(root)
+    out += enums.render()
     for cls in order:
         out += blocks[cls]
     return "\n".join(out).rstrip() + "\n"

@@ -21,7 +21,8 @@ PACKAGE = "vllm-gke"
 # Output properties whose values are secret, by component.
 SECRET_OUTPUTS = {"GpuCluster": ("kubeconfig",), "Platform": ("kubeconfig",)}
 # Inputs that carry credentials, by component.
-SECRET_INPUTS = {name: ("kubeconfig",) for name in ("ModelStore", "VllmService", "Gateway", "TenantAuth")}
+SECRET_INPUTS = {name: ("kubeconfig",) for name in ("ModelStore", "VllmService", "Gateway", "TenantAuth", "MeshReadiness",
+                                                     "Keda", "MeshNamespace", "InferencePool", "LimitStore")}
 
 
 def package_version() -> str:

@@ -4,8 +4,11 @@
 from typing import Optional, TypedDict
 
 import pulumi
+from typing_extensions import NotRequired
 
+from vllm_gke.components.model_store import SERVER_SA
 from vllm_gke.components.options import child_opts
+from vllm_gke.components.standby import STANDBY_SA
 from vllm_gke.components.mesh_namespace import TrustedSources
 from vllm_gke.components.provider.convert import Problems, kubernetes_provider
 from vllm_gke.components.provider.types import ClusterSpec, TenantSpec
@@ -29,6 +32,9 @@ class TenantAuthInputs(TypedDict):
     cluster: ClusterSpec
     """The cluster's settings, as given to GpuCluster: its proxy-only subnet (with Google's ranges) may
     health-check the servers and its pod and node ranges scrape their metrics (KEDA scales on them)."""
+    picker_models: NotRequired[list[str]]
+    """Those of sharedModels behind the endpoint picker (routing: inference-gateway): the tenant's
+    requests to them must carry its own objective."""
 
 
 class TenantAuth(pulumi.ComponentResource):
@@ -50,7 +56,9 @@ class TenantAuth(pulumi.ComponentResource):
         inner = _TenantAuth(name, TenantAuthArgs(
             tenant=tenant, provider=kubernetes_provider(name, args["kubeconfig"], self),
             serving_namespace=args["serving_namespace"], shared_models=list(args.get("shared_models") or []),
-            sources=sources), opts=child_opts(self, opts))
+            sources=sources, picker_models=list(args.get("picker_models") or []),
+            # A dedicated tenant's servers run in its namespace, as the servers' service accounts.
+            service_accounts=(SERVER_SA, STANDBY_SA) if tenant.dedicated else ()), opts=child_opts(self, opts))
         self.namespace = inner.namespace.name
         self.issuer = pulumi.Output.from_input(tenant.jwt.issuer)
         self.register_outputs({"namespace": self.namespace, "issuer": self.issuer})

@@ -5,9 +5,91 @@ change the specs and regenerate. Keys are the specs' fields; the package compone
 them with the specs themselves."""
 
 # The analyzer reads these annotations at runtime: no `from __future__ import annotations`.
+from enum import Enum
 from typing import TypedDict
 
 from typing_extensions import NotRequired
+
+class ReleaseChannel(str, Enum):
+    """GKE release channel (also picks the managed mesh revision)."""
+
+    RAPID = 'RAPID'
+    REGULAR = 'REGULAR'
+    STABLE = 'STABLE'
+
+
+class Scope(str, Enum):
+    """Which upgrades are held back."""
+
+    NO_UPGRADES = 'NO_UPGRADES'
+    NO_MINOR_UPGRADES = 'NO_MINOR_UPGRADES'
+    NO_MINOR_OR_NODE_UPGRADES = 'NO_MINOR_OR_NODE_UPGRADES'
+
+
+class Strategy(str, Enum):
+    """Node upgrade strategy."""
+
+    SURGE = 'SURGE'
+    BLUE_GREEN = 'BLUE_GREEN'
+
+
+class Dtype(str, Enum):
+    """Weight dtype or quantisation."""
+
+    BFLOAT16 = 'bfloat16'
+    FLOAT16 = 'float16'
+    FP8 = 'fp8'
+    INT8 = 'int8'
+    AWQ = 'awq'
+    GPTQ = 'gptq'
+
+
+class KvCacheDtype(str, Enum):
+    """KV-cache dtype."""
+
+    AUTO = 'auto'
+    FP8 = 'fp8'
+
+
+class Routing(str, Enum):
+    """length: a short and a long pool, chosen by request size. inference-gateway: one pool (the `short` settings) behind GKE Inference Gateway's endpoint picker, which picks the replica by queue depth, KV-cache use and prefix-cache affinity, with per-tenant priorities."""
+
+    LENGTH = 'length'
+    INFERENCE_GATEWAY = 'inference-gateway'
+
+
+class ClassName(str, Enum):
+    """Internal by default: exposing models to the internet is a decision, with TLS required."""
+
+    GKE_L7_REGIONAL_EXTERNAL_MANAGED = 'gke-l7-regional-external-managed'
+    GKE_L7_RILB = 'gke-l7-rilb'
+    GKE_L7_GLOBAL_EXTERNAL_MANAGED = 'gke-l7-global-external-managed'
+
+
+class Backend(str, Enum):
+    """Where the one copy of the weights lives: a Filestore share (NFS, ReadOnlyMany), or a Cloud Storage bucket mounted by GKE's Cloud Storage FUSE CSI driver with a file cache and parallel downloads (regional, no capacity to size; each node caches what it reads), or Hyperdisk ML disks (ReadOnlyMany, one per weight set and zone) that GKE Volume Populator fills from that bucket once the loaders have written it."""
+
+    FILESTORE = 'filestore'
+    GCS = 'gcs'
+    HYPERDISK_ML = 'hyperdisk-ml'
+
+
+class Tier(str, Enum):
+    """The Filestore tier, fixed for the share's life (a change re-creates it). REGIONAL replicates across the region's zones: the share survives a zone outage, which a zonal tier serving a multi-zone cluster does not. BASIC_HDD reads at 100 MiB/s whatever its size."""
+
+    BASIC_HDD = 'BASIC_HDD'
+    BASIC_SSD = 'BASIC_SSD'
+    ZONAL = 'ZONAL'
+    REGIONAL = 'REGIONAL'
+
+
+class Environment(str, Enum):
+    """A label on every resource; behaviour comes from the other settings, never from this."""
+
+    DEV = 'dev'
+    STAGING = 'staging'
+    PROD = 'prod'
+
 
 class AuthorizedNetwork(TypedDict):
     """AuthorizedNetwork settings (see the README config reference)."""
@@ -38,7 +120,7 @@ class MaintenanceExclusion(TypedDict):
     """Start (RFC 3339 UTC)."""
     end_time: str
     """End (RFC 3339 UTC)."""
-    scope: NotRequired[str]
+    scope: NotRequired[Scope]
     """Which upgrades are held back. One of: NO_UPGRADES, NO_MINOR_UPGRADES, NO_MINOR_OR_NODE_UPGRADES. Default: NO_MINOR_OR_NODE_UPGRADES."""
 
 
@@ -58,7 +140,7 @@ class ClusterSpec(TypedDict):
     """Cluster name; also the prefix of the VPC, subnets and service accounts."""
     zones: list[str]
     """Zones of the node pools, in gcp:region; the first also holds a zonal Filestore."""
-    release_channel: NotRequired[str]
+    release_channel: NotRequired[ReleaseChannel]
     """GKE release channel (also picks the managed mesh revision). One of: RAPID, REGULAR, STABLE. Default: REGULAR."""
     system_machine_type: NotRequired[str]
     """Machine type of the CPU system pool. Default: e2-standard-4."""
@@ -99,7 +181,7 @@ class UpgradeSpec(TypedDict):
     a replica can move before its old node drains (it needs quota for one more node); BLUE_GREEN
     keeps the old nodes until the new ones soak."""
 
-    strategy: NotRequired[str]
+    strategy: NotRequired[Strategy]
     """Node upgrade strategy. One of: SURGE, BLUE_GREEN. Default: SURGE."""
     max_surge: NotRequired[int]
     """SURGE: extra nodes created during an upgrade. Default: 1."""
@@ -213,11 +295,11 @@ class ModelSpec(TypedDict):
     """The named form of `shape` (or give `custom_shape`). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b)."""
     custom_shape: NotRequired[CustomShape]
     """The structured form of `shape` (give one of the two). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b)."""
-    dtype: NotRequired[str]
+    dtype: NotRequired[Dtype]
     """Weight dtype or quantisation. One of: bfloat16, float16, fp8, int8, awq, gptq. Default: bfloat16."""
     disk_gb: NotRequired[float]
     """GiB the files vLLM reads take on disk (default: paramsBillion x dtype bytes). Sizes the Hyperdisk ML disks and the Filestore share; raise it when the loader says so."""
-    kv_cache_dtype: NotRequired[str]
+    kv_cache_dtype: NotRequired[KvCacheDtype]
     """KV-cache dtype. One of: auto, fp8. Default: auto."""
     tensor_parallel_size: NotRequired[int]
     """GPUs one replica spans (whole GPUs only). Default: 1."""
@@ -245,7 +327,7 @@ class ModelSpec(TypedDict):
     """LoRA adapters served by the model's replicas (--enable-lora), each for the tenants it names."""
     max_loras: NotRequired[int]
     """Adapters resident on the GPU at once (--max-loras; default: all of them, at most 8)."""
-    routing: NotRequired[str]
+    routing: NotRequired[Routing]
     """length: a short and a long pool, chosen by request size. inference-gateway: one pool (the `short` settings) behind GKE Inference Gateway's endpoint picker, which picks the replica by queue depth, KV-cache use and prefix-cache affinity, with per-tenant priorities. One of: length, inference-gateway. Default: length."""
 
 
@@ -300,7 +382,7 @@ class TenantSpec(TypedDict):
 class GatewaySpec(TypedDict):
     """GatewaySpec settings (see the README config reference)."""
 
-    class_name: NotRequired[str]
+    class_name: NotRequired[ClassName]
     """Internal by default: exposing models to the internet is a decision, with TLS required. One of: gke-l7-regional-external-managed, gke-l7-rilb, gke-l7-global-external-managed. Default: gke-l7-rilb."""
     hostname: NotRequired[str]
     """The DNS name clients use (required for a managed certificate)."""
@@ -337,7 +419,7 @@ class ImageRef(TypedDict):
 class WeightsSpec(TypedDict):
     """WeightsSpec settings (see the README config reference)."""
 
-    backend: NotRequired[str]
+    backend: NotRequired[Backend]
     """Where the one copy of the weights lives: a Filestore share (NFS, ReadOnlyMany), or a Cloud Storage bucket mounted by GKE's Cloud Storage FUSE CSI driver with a file cache and parallel downloads (regional, no capacity to size; each node caches what it reads), or Hyperdisk ML disks (ReadOnlyMany, one per weight set and zone) that GKE Volume Populator fills from that bucket once the loaders have written it. One of: filestore, gcs, hyperdisk-ml. Default: filestore."""
     bucket: NotRequired[str]
     """gcs, hyperdisk-ml: the bucket (default <project>-<cluster>-weights); created by the stack."""
@@ -349,7 +431,7 @@ class WeightsSpec(TypedDict):
     """Warn when a pool's estimated time from node ready to serving exceeds this. Default: 900."""
     read_throughput_mib_s: NotRequired[float]
     """The weights store's read throughput, MiB/s, as measured (overrides the documented figure)."""
-    tier: NotRequired[str]
+    tier: NotRequired[Tier]
     """The Filestore tier, fixed for the share's life (a change re-creates it). REGIONAL replicates across the region's zones: the share survives a zone outage, which a zonal tier serving a multi-zone cluster does not. BASIC_HDD reads at 100 MiB/s whatever its size. One of: BASIC_HDD, BASIC_SSD, ZONAL, REGIONAL. Default: ZONAL."""
     capacity_gb: NotRequired[int]
     """Filestore capacity, GiB; default: the tier's minimum or the weights plus headroom."""
@@ -401,7 +483,7 @@ class StackConfig(TypedDict):
     """The Google Cloud project everything is created in (stack config: gcp:project)."""
     region: str
     """The region of the cluster, its subnets, gateway and bucket (stack config: gcp:region)."""
-    environment: str
+    environment: Environment
     """A label on every resource; behaviour comes from the other settings, never from this. One of: dev, staging, prod."""
     cluster: ClusterSpec
     """The GKE cluster: name, zones, ranges, release channel, private nodes, maintenance."""

@@ -1,6 +1,7 @@
 """VllmService, as the component package exposes it to every Pulumi language."""
 
 # The analyzer reads these annotations at runtime: no `from __future__ import annotations`.
+from enum import Enum
 from typing import Optional, TypedDict
 
 import pulumi
@@ -8,10 +9,13 @@ from typing_extensions import NotRequired
 
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.config_rules import check_extra_args, check_fit
-from vllm_gke.components.provider.convert import Problems, kubernetes_provider
+from vllm_gke.components.provider.convert import Problems, kubernetes_provider, plain
 from vllm_gke.components.keda import GMP_AUTH
 from vllm_gke.components.provider.types import ImageRef, ModelSpec, NodePoolSpec, TenantSpec
-from vllm_gke.components.serving_api import guard_config, tenant_routes
+from vllm_gke.components.limit_store import PORT as LIMITS_PORT
+from vllm_gke.components.limit_store import host as limit_store_host
+from vllm_gke.components.model_store import SERVER_SA
+from vllm_gke.components.serving_api import pool_guard_config
 from vllm_gke.components.specs import ImageRef as ImageModel
 from vllm_gke.components.specs import ModelSpec as ModelModel
 from vllm_gke.components.specs import NodePoolSpec as NodePoolModel
@@ -21,7 +25,14 @@ from vllm_gke.components.vllm_service import KedaScaling, VllmServiceArgs
 from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
 
 
-POOL_NAMES = ("short", "long")
+class PoolName(str, Enum):
+    """Which of a model's serving pools."""
+
+    SHORT = "short"
+    LONG = "long"
+
+
+POOL_NAMES = tuple(p.value for p in PoolName)
 
 
 class VllmServiceInputs(TypedDict):
@@ -29,12 +40,13 @@ class VllmServiceInputs(TypedDict):
 
     model: ModelSpec
     """The model this pool serves."""
-    pool_name: str
-    """Which of the model's pools: short or long."""
+    pool_name: PoolName
+    """Which of the model's pools: short (or the one pool behind the endpoint picker) or long."""
     node_pool: NodePoolSpec
     """The node pool the replicas run on (as given to GpuCluster)."""
     namespace: pulumi.Input[str]
-    """The (mesh) namespace of the replicas."""
+    """The (mesh) namespace of the replicas: MeshNamespace.name, or TenantAuth.namespace for a tenant's
+    dedicated replicas (both hold the service account the replicas run as)."""
     image: ImageRef
     """The server image."""
     claim_name: pulumi.Input[str]
@@ -48,12 +60,15 @@ class VllmServiceInputs(TypedDict):
     """The tenants allowed to call it: their caps and rate limits go to the in-server guard."""
     tenant: NotRequired[str]
     """The tenant owning dedicated replicas, if any."""
-    keda_auth: NotRequired[str]
+    keda_auth: NotRequired[pulumi.Input[str]]
     """The ClusterTriggerAuthentication KEDA queries Managed Prometheus with (default gmp-workload-identity)."""
     vllm_version: NotRequired[str]
     """The vLLM release the image is built on (default the newest supported)."""
     canary: NotRequired[bool]
     """Serve the model's canary revision (model.canary) as a separate pool, labelled and named as a canary."""
+    global_limits: NotRequired[bool]
+    """Count the tenants' rate limits across all replicas in the cluster's LimitStore (declare one, with
+    this namespace among its clients; give it to dependsOn). Default false: per replica."""
 
 
 class VllmService(pulumi.ComponentResource):
@@ -75,7 +90,7 @@ class VllmService(pulumi.ComponentResource):
         if not args.get("tenants"):
             problems.add("tenants", "none given, so the guard would refuse every request; list the tenants that "
                          "may call this model")
-        pool_name = args.get("pool_name")
+        pool_name = plain(args.get("pool_name"))
         if pool_name not in POOL_NAMES:
             problems.add("poolName", f"'{pool_name}' must be short or long")
         version = args.get("vllm_version") or DEFAULT_VLLM_VERSION
@@ -105,11 +120,12 @@ class VllmService(pulumi.ComponentResource):
             model=model, pool_name=pool_name, pool=getattr(model, pool_name), node_pool=node_pool,
             namespace=args["namespace"], image=image, claim_name=args["claim_name"],
             provider=kubernetes_provider(name, args["kubeconfig"], self),
-            guard_config=guard_config(tenants, tenant_routes(), rel.max_tokens_rule,
-                                      cache_salt_paths=rel.cache_salt_paths), tenant=args.get("tenant"),
+            guard_config=pool_guard_config(tenants, model, rel, (limit_store_host(), LIMITS_PORT)
+                                           if args.get("global_limits") else None), tenant=args.get("tenant"),
             release=rel, canary=canary, scaling=KedaScaling(project, args.get("keda_auth") or GMP_AUTH),
-            # The package makes no service account: the namespace's default, as before.
-            service_account=None),
+            # vllm-server: MeshNamespace (and TenantAuth, for a dedicated tenant) makes it, and the
+            # LimitStore admits it.
+            service_account=SERVER_SA),
             opts=child_opts(self, opts))
         self.service_name = pulumi.Output.from_input(inner.service_name)
         self.deployment_name = inner.deployment.metadata.name

@@ -1,0 +1,85 @@
+"""InferencePool, as the component package exposes it to every Pulumi language."""
+
+# The analyzer reads these annotations at runtime: no `from __future__ import annotations`.
+from typing import Optional, TypedDict
+
+import pulumi
+from typing_extensions import NotRequired
+
+from vllm_gke.components.inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
+from vllm_gke.components.inference_pool import InferencePool as _InferencePool
+from vllm_gke.components.inference_pool import InferencePoolArgs
+from vllm_gke.components.mesh_namespace import TrustedSources
+from vllm_gke.components.options import child_opts
+from vllm_gke.components.provider.convert import Problems, kubernetes_provider
+from vllm_gke.components.provider.types import ClusterSpec, ModelSpec, TenantSpec
+from vllm_gke.components.serving_api import objective_name
+from vllm_gke.components.specs import ClusterSpec as ClusterModel
+from vllm_gke.components.specs import ModelSpec as ModelModel
+from vllm_gke.components.specs import TenantSpec as TenantModel
+from vllm_gke.components.k8s_meta import MODEL_LABEL, POOL_LABEL
+from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+
+
+class InferencePoolInputs(TypedDict):
+    """Inputs of InferencePool."""
+
+    model: ModelSpec
+    """The model (routing: inference-gateway) whose one pool (VllmService with poolName short) the picker serves."""
+    namespace: pulumi.Input[str]
+    """The namespace of that pool's replicas."""
+    kubeconfig: pulumi.Input[str]
+    """The cluster's kubeconfig (GpuCluster.kubeconfig)."""
+    tenants: list[TenantSpec]
+    """The tenants calling it: each gets an InferenceObjective <tenant>.<model> with its priority."""
+    cluster: ClusterSpec
+    """The cluster's settings: the load balancer's proxy-only subnet may call the picker, the nodes scrape it."""
+    declare_objective_crd: bool
+    """Declare the InferenceObjective CRD (gateway-api-inference-extension v1.2.0) with this pool: true on
+    exactly one InferencePool per cluster (GKE provides InferencePool's CRD, not this one)."""
+    request_timeout_seconds: NotRequired[int]
+    """The load balancer's timeout for one request, seconds (default 600)."""
+    vllm_version: NotRequired[str]
+    """The vLLM release of the pool's image: the picker reads that release's metric names (default the newest)."""
+
+
+class InferencePool(pulumi.ComponentResource):
+    """GKE Inference Gateway's endpoint picker for one model's pool: an InferencePool, the picker
+    (v1.2.0) that chooses the replica by queue depth, KV-cache use and prefix affinity, and an
+    InferenceObjective per tenant carrying its priority. Route to it with a Gateway target's
+    inferencePool and tenant."""
+
+    pool_name: pulumi.Output[str]
+    """The InferencePool's name (a Gateway target's inferencePool)."""
+
+    def __init__(self, name: str, args: InferencePoolInputs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:InferencePool", name, {}, opts)
+        problems = Problems("InferencePool")
+        model = problems.spec(ModelModel, args.get("model"), "model")
+        tenants = problems.specs(TenantModel, args.get("tenants"), "tenants")
+        cluster = problems.spec(ClusterModel, args.get("cluster"), "cluster")
+        if model is not None and model.routing != "inference-gateway":
+            problems.add("model.routing", f"is '{model.routing}'; an InferencePool serves a model with routing: "
+                         "inference-gateway (its one pool behind the picker)")
+        if not args.get("tenants"):
+            problems.add("tenants", "none given: no tenant would have an objective, so no route could reach the pool")
+        version = args.get("vllm_version") or DEFAULT_VLLM_VERSION
+        if version not in RELEASES:
+            problems.add("vllmVersion", f"vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
+        problems.raise_any()
+        provider = kubernetes_provider(name, args["kubeconfig"], self)
+        deps: list[pulumi.Resource] = []
+        if args.get("declare_objective_crd"):
+            deps.append(InferenceObjectiveCrd(f"{name}-objective-crd", InferenceObjectiveCrdArgs(provider),
+                                              opts=child_opts(self, opts)))
+        sources = TrustedSources.for_cluster(cluster.proxy_only_cidr, cluster.pods_cidr, cluster.subnet_cidr)
+        inner = _InferencePool(name, InferencePoolArgs(
+            pool_name=model.name, namespace=args["namespace"], provider=provider,
+            selector={MODEL_LABEL: model.name, POOL_LABEL: "short"},
+            objectives={objective_name(t.name, model.name): t.priority for t in tenants},
+            request_timeout_seconds=int(args.get("request_timeout_seconds") or 600),
+            model_metrics=RELEASES[version].picker_metrics, load_balancer_sources=sources.health_checks,
+            metrics_sources=[cluster.subnet_cidr]),
+            opts=child_opts(self, opts, depends_on=deps))
+        self.pool_name = pulumi.Output.from_input(inner.pool_name)
+        self.register_outputs({"poolName": self.pool_name})

@@ -1,0 +1,57 @@
+"""MeshNamespace, as the component package exposes it to every Pulumi language."""
+
+# The analyzer reads these annotations at runtime: no `from __future__ import annotations`.
+from typing import Optional, TypedDict
+
+import pulumi
+from typing_extensions import NotRequired
+
+from vllm_gke.components.mesh_namespace import MeshNamespace as _MeshNamespace
+from vllm_gke.components.mesh_namespace import MeshNamespaceArgs, TrustedSources
+from vllm_gke.components.model_store import SERVER_SA
+from vllm_gke.components.options import child_opts
+from vllm_gke.components.provider.convert import Problems, kubernetes_provider
+from vllm_gke.components.provider.types import ClusterSpec, TenantSpec
+from vllm_gke.components.specs import ClusterSpec as ClusterModel
+from vllm_gke.components.specs import TenantSpec as TenantModel
+from vllm_gke.components.standby import STANDBY_SA
+from vllm_gke.components.tenant_auth import jwks_host
+
+
+class MeshNamespaceInputs(TypedDict):
+    """Inputs of MeshNamespace."""
+
+    name: str
+    """The namespace's name: where the shared models' servers, their Services and the Gateway live."""
+    kubeconfig: pulumi.Input[str]
+    """The cluster's kubeconfig (GpuCluster.kubeconfig)."""
+    cluster: ClusterSpec
+    """The cluster's settings, as given to GpuCluster: its proxy-only subnet (with Google's ranges) may
+    health-check the servers and its pod and node ranges scrape their metrics (KEDA scales on them)."""
+    tenants: NotRequired[list[TenantSpec]]
+    """The tenants calling models here: the mesh may fetch their issuers' signing keys (JWKS)."""
+
+
+class MeshNamespace(pulumi.ComponentResource):
+    """A namespace in the mesh that denies every request it does not allow: load balancer health
+    checks and metric scrapes from the cluster's ranges pass, tenants pass by TenantAuth. It holds
+    the servers' service accounts (VllmService runs as vllm-server)."""
+
+    name: pulumi.Output[str]
+    """The namespace's name (VllmService.namespace, Gateway.namespace, TenantAuth.servingNamespace)."""
+
+    def __init__(self, name: str, args: MeshNamespaceInputs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:MeshNamespace", name, {}, opts)
+        problems = Problems("MeshNamespace")
+        cluster = problems.spec(ClusterModel, args.get("cluster"), "cluster")
+        tenants = problems.specs(TenantModel, args.get("tenants"), "tenants")
+        if not args.get("name"):
+            problems.add("name", "is required: the namespace the servers run in (e.g. vllm)")
+        problems.raise_any()
+        inner = _MeshNamespace(name, MeshNamespaceArgs(
+            args["name"], kubernetes_provider(name, args["kubeconfig"], self),
+            sources=TrustedSources.for_cluster(cluster.proxy_only_cidr, cluster.pods_cidr, cluster.subnet_cidr),
+            jwks_hosts=sorted({jwks_host(t) for t in tenants}), service_accounts=(SERVER_SA, STANDBY_SA)),
+            opts=child_opts(self, opts))
+        self.name = inner.name
+        self.register_outputs({"name": self.name})
