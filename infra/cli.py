@@ -28,6 +28,7 @@ from vllm_gke.infra.manifests import (
 )
 from vllm_gke.infra.plan import Plan, default_stacks_dir, run_plan
 from vllm_gke.infra.plan_output import write_plan
+from vllm_gke.infra.plan_pictures import pictures
 from vllm_gke.infra.report import Verdicts, load_policy_config, verdicts
 from vllm_gke.components.vllm_argv import check_argv, load_snapshot
 from vllm_gke.policies.rules import POLICIES, resolve_levels
@@ -109,8 +110,11 @@ def cost_table(v: Verdicts) -> Table:
     for col in ("item", "machine", "nodes (baseline-peak)", "$/h per node", "baseline", "peak"):
         table.add_column(col, justify="left" if col in ("item", "machine") else "right")
     for p in c.pools:
-        table.add_row(p.pool + (" (spot)" if p.spot else ""), p.machine_type, f"{p.baseline_nodes}-{p.peak_nodes}",
-                      f"{p.hour_price:.2f}", f"{p.baseline_month:,.0f}", f"{p.peak_month:,.0f}")
+        price = f"{p.hour_price:.2f}" + (f" (peak {p.peak_hour_price:.2f} on-demand)"
+                                          if p.peak_hour_price and p.peak_hour_price != p.hour_price else "")
+        nodes = f"{p.baseline_nodes}-{p.peak_nodes}" + (f" (capped: {p.wanted_peak_nodes} wanted)" if p.capped else "")
+        table.add_row(p.pool + (" (spot)" if p.spot else ""), p.machine_type, nodes, price,
+                      f"{p.baseline_month:,.0f}", f"{p.peak_month:,.0f}")
     for item, month in c.fixed_month.items():
         table.add_row(item, "", "", "", f"{month:,.0f}", f"{month:,.0f}")
     table.add_row("[bold]total[/]", "", "", "", f"[bold]{c.baseline_month:,.0f}[/]", f"[bold]{c.peak_month:,.0f}[/]")
@@ -163,7 +167,7 @@ def plan(
     assert result.platform.observability is not None
     dashboard_errors = validate_dashboard(result.platform.observability.dashboard_definition)
     dashboard_errors += [e for p in result.platform.observability.alert_definitions for e in validate_alert_policy(p)]
-    files = write_plan(result, out, report.to_json()) if write else []
+    files = write_plan(result, out, report.to_json(), pictures(result.config, report.cost)) if write else []
 
     if output == "json":
         sys.stdout.write(json.dumps({

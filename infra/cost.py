@@ -1,8 +1,11 @@
 """Cost report per stack: node-hours x list price, monthly totals, $ per million tokens.
 
 Baseline is what runs with every pool at its minReplicas (never below minNodes); peak is
-every pool at maxReplicas (never above maxNodes). Token cost assumes the configured
-tokens/s per physical GPU at the configured utilisation, at baseline.
+every pool at maxReplicas (never above maxNodes: replicas beyond it stay pending, which the report
+says). A spot pool with its on-demand fallback is priced at spot for the baseline and at the
+on-demand price for the peak: a burst is when spot capacity is likeliest to run out and the
+fallback twin takes the nodes. Token cost assumes the configured tokens/s per physical GPU at the
+configured utilisation, at baseline.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ class PoolCost:
     peak_nodes: int
     gpus_per_node: int
     hours_per_month: float
+    # The price a peak node is charged at: on-demand where a spot pool falls back to it.
+    peak_hour_price: float = 0.0
+    # Nodes every pool at maxReplicas would need (above maxNodes: the peak is capped).
+    wanted_peak_nodes: int = 0
 
     @property
     def baseline_month(self) -> float:
@@ -37,7 +44,11 @@ class PoolCost:
 
     @property
     def peak_month(self) -> float:
-        return self.peak_nodes * self.hour_price * self.hours_per_month
+        return self.peak_nodes * (self.peak_hour_price or self.hour_price) * self.hours_per_month
+
+    @property
+    def capped(self) -> bool:
+        return self.wanted_peak_nodes > self.peak_nodes
 
 
 @dataclass(frozen=True)
@@ -80,10 +91,14 @@ def cost_report(cfg: "StackConfig", filestore_tier: str, filestore_gb: int) -> C
         per_node = pool.slices_per_node
         price = MACHINE_PRICES[pool.machine_type]
         baseline = max(pool.min_nodes, math.ceil(low.get(pool.name, 0) / per_node))
-        peak = min(pool.max_nodes, max(baseline, math.ceil(high.get(pool.name, 0) / per_node)))
+        wanted = max(baseline, math.ceil(high.get(pool.name, 0) / per_node))
+        peak = min(pool.max_nodes, wanted)
         pools.append(PoolCost(pool.name, pool.machine_type, pool.spot,
                               price.spot_hour if pool.spot else price.on_demand_hour,
-                              baseline, peak, pool.machine.gpus, hours))
+                              baseline, peak, pool.machine.gpus, hours,
+                              peak_hour_price=price.on_demand_hour if pool.spot and pool.on_demand_fallback
+                              else (price.spot_hour if pool.spot else price.on_demand_hour),
+                              wanted_peak_nodes=wanted))
     system = MACHINE_PRICES[cfg.cluster.system_machine_type].on_demand_hour * cfg.cluster.system_nodes * hours
     fixed = {"system pool": system, "GKE cluster fee": GKE_CLUSTER_FEE_HOUR * hours,
              **({f"Cloud Storage bucket {filestore_gb} GB": GCS_STANDARD_GB_MONTH * filestore_gb}

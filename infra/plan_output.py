@@ -30,7 +30,8 @@ def redact(props: dict[str, Any], secret_paths: list[tuple[Any, ...]]) -> dict[s
     return out
 
 
-def write_plan(plan: Plan, out_dir: Path, verdicts: Optional[dict[str, Any]] = None) -> list[Path]:
+def write_plan(plan: Plan, out_dir: Path, verdicts: Optional[dict[str, Any]] = None,
+               pictures: Optional[dict[str, str]] = None) -> list[Path]:
     """Write everything under out_dir/<stack>/ and return the files written."""
     root = out_dir / plan.stack
     written: list[Path] = []
@@ -62,4 +63,6 @@ def write_plan(plan: Plan, out_dir: Path, verdicts: Optional[dict[str, Any]] = N
     write(Path("resources.json"), json.dumps(inventory, indent=2, default=str) + "\n")
     if verdicts is not None:
         write(Path("verdicts.json"), json.dumps(verdicts, indent=2) + "\n")
+    for file_name, text in (pictures or {}).items():
+        write(Path(file_name), text)
     return written

@@ -54,13 +54,21 @@ def load_policy_config(path: Optional[Path]) -> Mapping[str, Any]:
     return json.loads(path.read_text())
 
 
+def capped_peaks(cost: CostReport) -> list[str]:
+    """A peak the node pool cannot reach: the replicas beyond it stay pending."""
+    return [f"node pool '{p.pool}': every serving pool at maxReplicas needs {p.wanted_peak_nodes} nodes but maxNodes is "
+            f"{p.peak_nodes}, so the peak is capped there and the replicas beyond it stay pending; raise the pool's "
+            "maxNodes or lower maxReplicas" for p in cost.pools if p.capped]
+
+
 def verdicts(plan: Plan, policy_config: Optional[Mapping[str, Any]] = None) -> Verdicts:
     store = plan.platform.store
+    cost = cost_report(plan.config, store.tier, store.capacity_gb)
     return Verdicts(
         levels=dict(resolve_levels(policy_config)),
         violations=evaluate(plan.policy_resources(), policy_config),
         capacity=capacity_report(plan.config),
-        cost=cost_report(plan.config, store.tier, store.capacity_gb),
-        warnings=plan_warnings(plan.config, store.tier, store.capacity_gb) + url_notes(plan.config),
+        cost=cost,
+        warnings=plan_warnings(plan.config, store.tier, store.capacity_gb) + capped_peaks(cost) + url_notes(plan.config),
         urls=tenant_urls(plan.config),
     )

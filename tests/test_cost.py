@@ -63,3 +63,36 @@ def test_a_region_priced_as_us_central1_is_said_so(stack_values):
     values["vllm-gke:cluster"]["zones"] = ["europe-west4-a"]
     (warning,) = [w for w in plan_warnings(parse(values), "BASIC_HDD") if "list prices" in w]
     assert "us-central1 list prices; europe-west4's differ" in warning
+
+
+def test_a_spot_pool_peaks_at_the_on_demand_price(plans):
+    """dev's pool is spot with the on-demand fallback: baseline at spot, peak at on-demand (a
+    burst is when spot runs out and the fallback twin takes the nodes)."""
+    (pool,) = cost_report(plans["dev"].config, "BASIC_HDD", 1024).pools
+    price = MACHINE_PRICES["a2-highgpu-1g"]
+    assert pool.baseline_month == pytest.approx(pool.baseline_nodes * price.spot_hour * 730)
+    assert pool.peak_month == pytest.approx(pool.peak_nodes * price.on_demand_hour * 730)
+
+
+def test_a_spot_pool_without_fallback_peaks_at_spot(stack_values):
+    values = copy.deepcopy(stack_values["dev"])
+    values["vllm-gke:nodePools"][0]["onDemandFallback"] = False
+    (pool,) = cost_report(parse(values), "BASIC_HDD", 1024).pools
+    assert pool.peak_month == pytest.approx(pool.peak_nodes * MACHINE_PRICES["a2-highgpu-1g"].spot_hour * 730)
+
+
+def test_a_capped_peak_is_said(plans):
+    """prod's llama-70b at maxReplicas wants 6 nodes: with maxNodes 4 the plan says the peak is
+    capped and what to change."""
+    from vllm_gke.infra.report import capped_peaks
+
+    cfg = plans["prod"].config
+    tp8 = next(p for p in cfg.node_pools if p.name == "a100-tp8")
+    capped_cfg = cfg.model_copy(update={"node_pools": [p.model_copy(update={"max_nodes": 4}) if p is tp8 else p
+                                                       for p in cfg.node_pools]})
+    report = cost_report(capped_cfg, "ZONAL", 1024)
+    pool = next(p for p in report.pools if p.pool == "a100-tp8")
+    assert (pool.peak_nodes, pool.wanted_peak_nodes, pool.capped) == (4, 6, True)
+    (warning,) = capped_peaks(report)
+    assert "'a100-tp8'" in warning and "needs 6 nodes but maxNodes is 4" in warning and "maxNodes" in warning
+    assert capped_peaks(cost_report(cfg, "ZONAL", 1024)) == []

@@ -1,0 +1,87 @@
+"""Two pictures of a plan, as Mermaid (rendered by GitHub, GitLab and most Markdown viewers): the
+node pools packed with their serving pools at baseline and peak, and the route map from a path
+to the tenants that call it to the pool that serves it. Written with the plan; the README shows
+the dev stack's, and a test keeps them equal to what the plan writes."""
+
+from __future__ import annotations
+
+import re
+
+from vllm_gke.components.capacity import placements
+from vllm_gke.components.stack_config import StackConfig
+from vllm_gke.components.tenant_urls import path_prefix
+from vllm_gke.infra.cost import CostReport
+
+
+def _id(*parts: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", "_".join(parts))
+
+
+def node_pools_picture(cfg: StackConfig, cost: CostReport) -> str:
+    """Each node pool with its slots (GPUs or MIG slices) and the serving pools on them: replicas
+    x GPUs each at baseline (minReplicas) and peak (maxReplicas)."""
+    nodes = {p.pool: p for p in cost.pools}
+    lines = ["flowchart TB"]
+    for pool in cfg.node_pools:
+        c = nodes[pool.name]
+        per_node = pool.slices_per_node
+        unit = pool.gpu_partition_size or "GPU"
+        spot = ", spot" if pool.spot else ""
+        capped = f", capped: {c.wanted_peak_nodes} wanted" if c.capped else ""
+        lines.append(f'  subgraph {_id("np", pool.name)}["{pool.name}: {pool.machine_type}{spot}, {per_node} x {unit} '
+                     f'per node; nodes {c.baseline_nodes} baseline, {c.peak_nodes} peak{capped}"]')
+        used_low = used_high = 0
+        for model, node_pool, tenant in placements(cfg):
+            if node_pool != pool.name:
+                continue
+            for which in model.pool_names:
+                sp = getattr(model, which)
+                tp = model.tensor_parallel_size
+                used_low += sp.min_replicas * tp
+                used_high += sp.max_replicas * tp
+                owner = f" for {tenant}" if tenant else ""
+                canary = " canary" if model.revision != cfg.model(model.name).revision else ""
+                lines.append(f'    {_id("sp", pool.name, model.name, which, tenant or "", canary)}'
+                             f'["{model.name}{canary} {which}{owner}: {sp.min_replicas}-{sp.max_replicas} replicas '
+                             f'x {tp} {unit}"]')
+        lines.append(f'    {_id("slots", pool.name)}(["{unit} slots used: {used_low} of '
+                     f'{c.baseline_nodes * per_node} baseline, {used_high} of {c.peak_nodes * per_node} peak"])')
+        lines.append("  end")
+    return "\n".join(lines) + "\n"
+
+
+def routes_picture(cfg: StackConfig) -> str:
+    """Path -> the tenants whose tokens it admits -> the pool(s) behind it (by request length,
+    the endpoint picker, or a tenant's dedicated copy)."""
+    lines = ["flowchart LR", '  lb(["load balancer"])']
+    seen_paths: set[str] = set()
+    for tenant in cfg.tenants:
+        dedicated = set(tenant.dedicated.models) if tenant.dedicated else set()
+        lines.append(f'  {_id("t", tenant.name)}{{{{"tenant {tenant.name}"}}}}')
+        for name in tenant.models:
+            model = cfg.model(name)
+            own = name in dedicated
+            path = f"/{path_prefix(model, tenant, own)}/v1"
+            pid = _id("p", path)
+            if path not in seen_paths:
+                seen_paths.add(path)
+                lines.append(f'  lb --> {pid}["{path}"]')
+                where = f" ({tenant.name}'s own)" if own else ""
+                if model.routing == "inference-gateway":
+                    lines.append(f'  {pid} -->|"endpoint picker"| {_id("ip", name)}[("InferencePool {name}")]')
+                else:
+                    owner = tenant.name if own else ""
+                    for which in model.pool_names:
+                        label = (f"body under {model.long_request_bytes} B" if which == "short"
+                                 else f"body {model.long_request_bytes} B or more")
+                        lines.append(f'  {pid} -->|"{label}"| {_id("s", name, which, owner)}[("{name} {which}{where}")]')
+                    if model.canary is not None and model.canary.weight:
+                        lines.append(f'  {pid} -->|"canary {model.canary.weight}%"| {_id("c", name, owner)}'
+                                     f'[("{name} canary {model.canary.revision[:12]}{where}")]')
+            lines.append(f'  {_id("t", tenant.name)} -.->|JWT| {pid}')
+    return "\n".join(lines) + "\n"
+
+
+def pictures(cfg: StackConfig, cost: CostReport) -> dict[str, str]:
+    """File name -> Mermaid text."""
+    return {"node-pools.mmd": node_pools_picture(cfg, cost), "routes.mmd": routes_picture(cfg)}
