@@ -14,7 +14,7 @@ from vllm_gke.components.catalog import REGION_ZONES
 
 from vllm_gke.components.catalog import attaches_hyperdisk_ml
 from vllm_gke.components.hyperdisk_weights import MIN_GKE as VOLUME_POPULATOR_MIN_GKE
-from vllm_gke.components.specs import MANAGED_VLLM_OPTIONS, ModelSpec, NodePoolSpec, gke_version
+from vllm_gke.components.specs import MANAGED_VLLM_OPTIONS, ModelSpec, NodePoolSpec, gke_version, item_key
 from vllm_gke.components.vllm_versions import release
 from vllm_gke.components.vllm_service import scratch_gi
 from vllm_gke.components.capacity import gpu_slots_by_pool, placements, pool_capacity
@@ -61,8 +61,9 @@ def _unique_names(cfg: "StackConfig", add: Add) -> None:
             name = f"allow-{tenant.name}-{model}"
             if name in seen and seen[name][1] != tenant.name:
                 j, other = seen[name]
-                add(f"tenants[{i}].name", f"tenant '{tenant.name}' calling '{model}' and tenant '{other}' "
-                    f"(tenants[{j}]) name the same policy '{name}'; rename one of the tenants or models")
+                add(f"{item_key('tenants', cfg.tenants, i)}.name", f"tenant '{tenant.name}' calling '{model}' and "
+                    f"tenant '{other}' ({item_key('tenants', cfg.tenants, j)}) name the same policy '{name}'; rename "
+                    "one of the tenants or models")
             seen.setdefault(name, (i, tenant.name))
 
 
@@ -102,35 +103,35 @@ def check_fit(add: Add, key: str, model: ModelSpec, pool: NodePoolSpec) -> None:
 
 def _placements(cfg: "StackConfig", add: Add) -> None:
     for i, model in enumerate(cfg.models):
-        key = f"models[{i}]"
+        key = item_key("models", cfg.models, i)
         _check_placement(cfg, add, key, model, model.node_pool)
         for pool_name in model.pool_names:
             pool = getattr(model, pool_name)
             if pool.max_model_len and pool.max_model_len > model.max_model_len:
                 add(f"{key}.{pool_name}.maxModelLen", f"{pool.max_model_len} exceeds the model's "
-                    f"maxModelLen {model.max_model_len}; lower it or raise models[{i}].maxModelLen")
+                    f"maxModelLen {model.max_model_len}; lower it or raise {key}.maxModelLen")
 
 
 def _tenant_models(cfg: "StackConfig", add: Add) -> None:
     models = {m.name: m for m in cfg.models}
     for i, tenant in enumerate(cfg.tenants):
+        key = item_key("tenants", cfg.tenants, i)
         for model_name in tenant.models:
             model = models.get(model_name)
             if model is None:
-                add(f"tenants[{i}].models", f"model '{model_name}' is not declared; use one of "
+                add(f"{key}.models", f"model '{model_name}' is not declared; use one of "
                     f"{', '.join(models)} or add it under vllm-gke:models")
             elif tenant.max_tokens > (served := model.served_max_model_len):
                 where = (f"its one pool behind the endpoint picker (short.maxModelLen {served})"
                          if model.routing == "inference-gateway" else f"maxModelLen {served}")
-                add(f"tenants[{i}].maxTokens", f"{tenant.max_tokens} exceeds what model '{model_name}' serves, "
+                add(f"{key}.maxTokens", f"{tenant.max_tokens} exceeds what model '{model_name}' serves, "
                     f"{where}: no request could use it; lower it to at most {served} or raise the pool's maxModelLen")
         if tenant.dedicated:
             for model_name in tenant.dedicated.models:
                 if model_name not in tenant.models:
-                    add(f"tenants[{i}].dedicated.models", f"'{model_name}' must also be listed in "
-                        f"tenants[{i}].models")
+                    add(f"{key}.dedicated.models", f"'{model_name}' must also be listed in {key}.models")
                 elif model_name in models:
-                    _check_placement(cfg, add, f"tenants[{i}].dedicated", models[model_name], tenant.dedicated.node_pool)
+                    _check_placement(cfg, add, f"{key}.dedicated", models[model_name], tenant.dedicated.node_pool)
 
 
 def _gpu_slots(cfg: "StackConfig", add: Add) -> None:
@@ -142,8 +143,8 @@ def _gpu_slots(cfg: "StackConfig", add: Add) -> None:
         offered = pool.max_nodes * pool.slices_per_node
         if needed > offered:
             idx = cfg.node_pools.index(pool)
-            add(f"nodePools[{idx}].maxNodes", f"pool '{name}' offers at most {offered} GPU slot(s) "
-                f"({pool.max_nodes} node(s) x {pool.slices_per_node}) but its models' minReplicas need "
+            add(f"{item_key('nodePools', cfg.node_pools, idx)}.maxNodes", f"pool '{name}' offers at most {offered} "
+                f"GPU slot(s) ({pool.max_nodes} node(s) x {pool.slices_per_node}) but its models' minReplicas need "
                 f"{needed}; raise maxNodes or lower minReplicas")
 
 
@@ -195,7 +196,7 @@ def _node_disks(cfg: "StackConfig", add: Add) -> None:
         pool = pools[pool_name]
         usable = pool.disk_size_gb - SYSTEM_DISK_GB
         if need > usable:
-            add(f"nodePools[{pool_name}].diskSizeGb",
+            add(f"{item_key('nodePools', cfg.node_pools, cfg.node_pools.index(pool))}.diskSizeGb",
                 f"{pool.disk_size_gb} GB holds {usable} GB for pods, but {per_node} replicas of {model_name} on a "
                 f"node ask {need} GiB (compile caches{' and the bucket file cache' if bucket_cache else ''}); raise "
                 f"diskSizeGb to {need + SYSTEM_DISK_GB} or more")
@@ -219,11 +220,13 @@ def _issuers(cfg: "StackConfig", add: Add) -> None:
             if i >= j:
                 continue
             if a.jwt.issuer == b.jwt.issuer:
-                add(f"tenants[{j}].jwt.issuer", f"'{b.jwt.issuer}' is also tenants[{i}]'s ('{a.name}'): tenants are "
-                    "told apart by issuer, so each needs its own")
+                add(f"{item_key('tenants', tenants, j)}.jwt.issuer", f"'{b.jwt.issuer}' is also "
+                    f"{item_key('tenants', tenants, i)}'s ('{a.name}'): tenants are told apart by issuer, so each "
+                    "needs its own")
             for (x, xi), (y, yi) in (((a, i), (b, j)), ((b, j), (a, i))):
                 if y.jwt.issuer.startswith(x.jwt.issuer + "/"):
-                    add(f"tenants[{yi}].jwt.issuer", f"'{y.jwt.issuer}' lies under tenants[{xi}]'s issuer "
+                    add(f"{item_key('tenants', tenants, yi)}.jwt.issuer", f"'{y.jwt.issuer}' lies under "
+                        f"{item_key('tenants', tenants, xi)}'s issuer "
                         f"'{x.jwt.issuer}': the mesh admits '{x.jwt.issuer}/*' as '{x.name}', which would match "
                         f"'{y.name}' tokens; use issuers that are not path prefixes of each other")
 
@@ -243,7 +246,7 @@ def _vllm_release(cfg: "StackConfig", add: Add) -> None:
         add("serverImage.tag", f"'{tag}' is not an image of vLLM {cfg.vllm_version} (vllm-gke:vllmVersion); build "
             f"one tagged {rel.image_tag}-<suffix> or set vllmVersion to the image's release")
     for i, model in enumerate(cfg.models):
-        check_extra_args(add, f"models[{i}].extraArgs", model, cfg.vllm_version)
+        check_extra_args(add, f"{item_key('models', cfg.models, i)}.extraArgs", model, cfg.vllm_version)
 
 
 def check_extra_args(add: Add, key: str, model: ModelSpec, vllm_version: str) -> None:
@@ -270,9 +273,10 @@ def _chunked_prefill(cfg: "StackConfig", add: Add) -> None:
             pool = getattr(model, which)
             length = model.pool_max_model_len(pool)
             if pool.max_num_batched_tokens and pool.max_num_batched_tokens < length:
-                add(f"models[{i}].{which}.maxNumBatchedTokens", f"{pool.max_num_batched_tokens} is below the pool's "
-                    f"maxModelLen {length} with chunked prefill off: vLLM refuses to start (a prompt must fit one "
-                    "batch); raise it to at least the context length or set enableChunkedPrefill: true")
+                add(f"{item_key('models', cfg.models, i)}.{which}.maxNumBatchedTokens",
+                    f"{pool.max_num_batched_tokens} is below the pool's maxModelLen {length} with chunked prefill "
+                    "off: vLLM refuses to start (a prompt must fit one batch); raise it to at least the context "
+                    "length or set enableChunkedPrefill: true")
 
 
 def _scale_to_zero(cfg: "StackConfig", add: Add) -> None:
@@ -286,8 +290,8 @@ def _scale_to_zero(cfg: "StackConfig", add: Add) -> None:
     for i, pool in enumerate(cfg.node_pools):
         mins = floors.get(pool.name, [])
         if mins and not any(mins) and pool.min_nodes > 0:
-            add(f"nodePools[{i}].minNodes", f"is {pool.min_nodes}, but every serving pool on '{pool.name}' may scale "
-                "to zero (minReplicas 0): set it to 0 so the GPU node goes too")
+            add(f"{item_key('nodePools', cfg.node_pools, i)}.minNodes", f"is {pool.min_nodes}, but every serving "
+                f"pool on '{pool.name}' may scale to zero (minReplicas 0): set it to 0 so the GPU node goes too")
 
 
 def _adapters(cfg: "StackConfig", add: Add) -> None:
@@ -297,7 +301,7 @@ def _adapters(cfg: "StackConfig", add: Add) -> None:
             callers.setdefault(m, set()).add(t.name)
     for i, model in enumerate(cfg.models):
         for j, adapter in enumerate(model.adapters):
-            key = f"models[{i}].adapters[{j}]"
+            key = f"{item_key('models', cfg.models, i)}.{item_key('adapters', model.adapters, j)}"
             if len(job := f"load-{model.name}-lora-{adapter.name}") > 63:
                 add(f"{key}.name", f"the loader Job '{job}' would exceed Kubernetes' 63 characters for a "
                     f"Job's pods; shorten the adapter (or model) name by {len(job) - 63}")
@@ -329,7 +333,7 @@ def _global_limits(cfg: "StackConfig", add: Add) -> None:
         tpm = tenant.rate_limit.tokens_per_minute
         if tpm is None:
             continue
-        key = f"tenants[{i}].rateLimit.tokensPerMinute"
+        key = f"{item_key('tenants', cfg.tenants, i)}.rateLimit.tokensPerMinute"
         if not cfg.global_limits.enabled:
             add(key, "counts tokens across all replicas, which needs the shared store: set "
                 "vllm-gke:globalLimits.enabled: true, or remove tokensPerMinute")
@@ -349,7 +353,7 @@ def _inference_gateway(cfg: "StackConfig", add: Add) -> None:
     picked = [i for i, m in enumerate(cfg.models) if m.routing == "inference-gateway"]
     if not picked:
         return
-    first = f"models[{picked[0]}].routing"
+    first = f"{item_key('models', cfg.models, picked[0])}.routing"
     if cfg.gateway.class_name not in INFERENCE_GATEWAY_CLASSES:
         add("gateway.className", f"{cfg.gateway.class_name} cannot route to an InferencePool ({first} is "
             f"inference-gateway); use {' or '.join(INFERENCE_GATEWAY_CLASSES)}, or routing: length")
@@ -380,9 +384,9 @@ def _hyperdisk_ml(cfg: "StackConfig", add: Add) -> None:
             "gcs or filestore")
     for i, pool in enumerate(cfg.node_pools):
         if not attaches_hyperdisk_ml(pool.machine_type):
-            add(f"nodePools[{i}].machineType", f"{pool.machine_type} cannot attach Hyperdisk ML (A2 Standard takes "
-                "Persistent Disk only) and weights.backend is hyperdisk-ml; use a2-ultragpu, a3 or g2 machines, or "
-                "backend gcs or filestore")
+            add(f"{item_key('nodePools', cfg.node_pools, i)}.machineType", f"{pool.machine_type} cannot attach "
+                "Hyperdisk ML (A2 Standard takes Persistent Disk only) and weights.backend is hyperdisk-ml; use "
+                "a2-ultragpu, a3 or g2 machines, or backend gcs or filestore")
 
 
 __all__ = ["cross_field_issues"]

@@ -26,7 +26,7 @@ from vllm_gke.components.hyperdisk_weights import HyperdiskWeights, HyperdiskWei
 from vllm_gke.components.k8s_meta import CONTAINER_SECURITY, WEIGHTS_READY_MARKER, content_digest, custom_resource, deny_all_ingress, meta
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.project_apis import ProjectApis
-from vllm_gke.components.specs import AdapterSpec, ImageRef, ModelSpec, WeightsSpec
+from vllm_gke.components.specs import AdapterSpec, ImageRef, ModelSpec, WeightsSpec, item_key
 from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
 
 SHARE_NAME = "models"
@@ -116,7 +116,8 @@ def adapter_copies(model: ModelSpec, key_prefix: str = "") -> list[WeightCopy]:
     # The estimate: the GPU memory one adapter slot takes at the largest rank.
     return [WeightCopy(f"{model.name}-lora-{a.name}", model.name, a.source, a.revision, adapter_dir(model, a),
                        a.disk_gb or model.lora_gb() / max(model.lora_slots, 1),
-                       f"{key_prefix}adapters[{j}].diskGb", adapter=True) for j, a in enumerate(model.adapters)]
+                       f"{key_prefix}{item_key('adapters', model.adapters, j)}.diskGb", adapter=True)
+            for j, a in enumerate(model.adapters)]
 
 
 def reads_hub(models: Sequence[ModelSpec]) -> bool:
@@ -137,11 +138,11 @@ def served_files_gb(model: ModelSpec) -> float:
 
 def weight_copies(models: Sequence[ModelSpec]) -> list[WeightCopy]:
     """Every copy on the share: each model, each canary's revision (its own directory beside the
-    current one), and each LoRA adapter; each names the key (models[i]...) that sizes it."""
-    return [model_copy(m.name, m, f"models[{i}].diskGb") for i, m in enumerate(models)] + \
-        [model_copy(f"{m.name}-canary", c, f"models[{i}].diskGb") for i, m in enumerate(models)
+    current one), and each LoRA adapter; each names the key (models[<name>]...) that sizes it."""
+    return [model_copy(m.name, m, f"{item_key('models', models, i)}.diskGb") for i, m in enumerate(models)] + \
+        [model_copy(f"{m.name}-canary", c, f"{item_key('models', models, i)}.diskGb") for i, m in enumerate(models)
          if (c := m.canary_model()) is not None] + \
-        [a for i, m in enumerate(models) for a in adapter_copies(m, f"models[{i}].")]
+        [a for i, m in enumerate(models) for a in adapter_copies(m, f"{item_key('models', models, i)}.")]
 
 
 def plan_filestore(models: Sequence[ModelSpec], weights: WeightsSpec) -> tuple[str, int]:

@@ -150,6 +150,15 @@ class Spec(BaseModel):
     )
 
 
+def item_key(field: str, items: Any, i: int) -> str:
+    """The config key of a list's i-th item as the stack file reads it, by its name
+    ('models[qwen-7b]'); by index ('models[0]') where it has no name or its list repeats the name
+    (the repeat itself is reported on its own)."""
+    name = getattr(items[i], "name", None)
+    unique = isinstance(name, str) and name and sum(getattr(x, "name", None) == name for x in items) == 1
+    return f"{field}[{name}]" if unique else f"{field}[{i}]"
+
+
 class ImageRef(Spec):
     # Image repository, without tag or digest (e.g. us-central1-docker.pkg.dev/proj/repo/vllm-server).
     repository: str
@@ -1011,5 +1020,5 @@ __all__ = [
     "AuthorizedNetwork", "MaintenanceExclusion", "MaintenanceSpec", "MaintenanceWindow", "UpgradeSpec",
     "ClusterSpec", "CostSpec", "CustomShape", "DedicatedSpec", "GatewaySpec", "ImageRef",
     "GlobalLimitsSpec", "JwtSpec", "ModelSpec", "MonitoringSpec", "NodePoolSpec", "RateLimitSpec", "SecretKeyRef",
-    "ServingPoolSpec", "Spec", "TenantSpec", "WeightsSpec", "AdapterSpec",
+    "ServingPoolSpec", "Spec", "TenantSpec", "WeightsSpec", "AdapterSpec", "item_key",
 ]

@@ -24,7 +24,8 @@ FOREIGN_KEYS = {"project": "gcp:project", "region": "gcp:region"}
 
 def config_key(loc: tuple[Any, ...], data: Any = None) -> str:
     """('nodePools', 0, 'machineType') -> 'vllm-gke:nodePools[0].machineType'; with the config's
-    `data`, a list item by its name where it has one ('nodePools[a100-mig]'), as the file reads."""
+    `data`, a list item by its name where it has one ('nodePools[a100-mig]'), as the file reads.
+    An item without a name (or one its list repeats, so the name would be ambiguous) keeps its index."""
     if not loc:
         return f"{PROJECT}:<root>"
     head = str(loc[0])
@@ -33,9 +34,11 @@ def config_key(loc: tuple[Any, ...], data: Any = None) -> str:
     node = data.get(head) if isinstance(data, Mapping) else None
     for part in loc[1:]:
         if isinstance(part, int):
-            item = node[part] if isinstance(node, list) and part < len(node) else None
+            item = node[part] if isinstance(node, list) and 0 <= part < len(node) else None
             name = item.get("name") if isinstance(item, Mapping) else None
-            key += f"[{name}]" if isinstance(name, str) and name else f"[{part}]"
+            unique = isinstance(node, list) and sum(
+                isinstance(x, Mapping) and x.get("name") == name for x in node) == 1
+            key += f"[{name}]" if isinstance(name, str) and name and unique else f"[{part}]"
             node = item
         else:
             key += f".{part}"
@@ -97,7 +100,7 @@ def parse(values: Mapping[str, Any], source: str = "stack config") -> StackConfi
         cfg: Optional[StackConfig] = StackConfig.model_validate(data)
     except ValidationError as exc:
         cfg = None
-        issues += [ConfigIssue(config_key(e["loc"]), _problem(e)) for e in exc.errors()]
+        issues += [ConfigIssue(config_key(e["loc"], data), _problem(e)) for e in exc.errors()]
     if cfg is not None:
         from vllm_gke.components.config_rules import cross_field_issues
 

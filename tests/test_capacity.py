@@ -68,7 +68,7 @@ def test_too_many_sequences_fail_with_the_numbers(stack_values):
     with pytest.raises(ConfigError) as exc:
         parse(values)
     (issue,) = exc.value.issues
-    assert issue.key == "vllm-gke:models[0].short"
+    assert issue.key == "vllm-gke:models[qwen-7b].short"
     assert "48130 tokens (2.76 GB): 23 sequences of 2048 tokens, fewer than maxNumSeqs 64" in issue.problem
     assert "kvCacheDtype fp8" in issue.problem
 

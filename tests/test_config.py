@@ -39,7 +39,7 @@ def test_shipped_stacks_parse(stack_values, stack):
 def test_unknown_machine_type_names_key_and_choices(dev_values):
     dev_values["vllm-gke:nodePools"][0]["machineType"] = "a2-highgpu-3g"
     msg = one_issue(dev_values)
-    assert msg.startswith("vllm-gke:nodePools[0].machineType:")
+    assert msg.startswith("vllm-gke:nodePools[a100-mig].machineType:")
     assert "'a2-highgpu-3g'" in msg and "a2-highgpu-1g" in msg and "a3-highgpu-8g" in msg
 
 
@@ -47,7 +47,7 @@ def test_mig_profile_of_other_gpu_is_rejected(dev_values):
     # 1g.10gb is an A100 80GB profile; a2-highgpu-1g carries an A100 40GB.
     dev_values["vllm-gke:nodePools"][0]["gpuPartitionSize"] = "1g.10gb"
     msg = one_issue(dev_values)
-    assert msg.startswith("vllm-gke:nodePools[0].gpuPartitionSize:")
+    assert msg.startswith("vllm-gke:nodePools[a100-mig].gpuPartitionSize:")
     assert "nvidia-tesla-a100" in msg and "3g.20gb" in msg
 
 
@@ -59,7 +59,7 @@ def test_mig_on_gpu_without_mig_is_rejected(dev_values):
 def test_model_that_does_not_fit_its_mig_slice(dev_values):
     dev_values["vllm-gke:nodePools"][0]["gpuPartitionSize"] = "2g.10gb"
     msg = one_issue(dev_values)
-    assert msg.startswith("vllm-gke:models[0]:")
+    assert msg.startswith("vllm-gke:models[qwen-7b]:")
     assert "weights need 15.2 GB per GPU" in msg and "2g.10gb" in msg and "only 9.5 GB of 10 GB" in msg
     assert "larger MIG slice" in msg and "fp8" in msg
 
@@ -73,14 +73,14 @@ def test_quantised_model_fits_where_bf16_does_not(dev_values):
 
 def test_tensor_parallel_on_mig_is_rejected(dev_values):
     dev_values["vllm-gke:models"][0]["tensorParallelSize"] = 2
-    assert any(i.startswith("vllm-gke:models[0].tensorParallelSize:") and "MIG slices cannot be joined" in i
+    assert any(i.startswith("vllm-gke:models[qwen-7b].tensorParallelSize:") and "MIG slices cannot be joined" in i
                for i in issues(dev_values))
 
 
 def test_tensor_parallel_must_divide_gpus(stack_values):
     values = copy.deepcopy(stack_values["prod"])
     values["vllm-gke:models"][0]["tensorParallelSize"] = 3
-    assert any(i.startswith("vllm-gke:models[0].tensorParallelSize:") and "divisor" in i
+    assert any(i.startswith("vllm-gke:models[llama-70b].tensorParallelSize:") and "divisor" in i
                for i in issues(values))
 
 
@@ -88,8 +88,8 @@ def test_unknown_node_pool_and_model_references(dev_values):
     dev_values["vllm-gke:models"][0]["nodePool"] = "h100"
     dev_values["vllm-gke:tenants"][0]["models"] = ["qwen-7b", "gpt-5"]
     found = issues(dev_values)
-    assert any(i.startswith("vllm-gke:models[0].nodePool:") and "'h100'" in i and "a100-mig" in i for i in found)
-    assert any(i.startswith("vllm-gke:tenants[0].models:") and "'gpt-5'" in i for i in found)
+    assert any(i.startswith("vllm-gke:models[qwen-7b].nodePool:") and "'h100'" in i and "a100-mig" in i for i in found)
+    assert any(i.startswith("vllm-gke:tenants[dev-team].models:") and "'gpt-5'" in i for i in found)
 
 
 def test_missing_and_unknown_keys(dev_values):
@@ -122,7 +122,7 @@ def test_unpinned_image_is_rejected(dev_values, image):
 def test_replica_bounds_and_duplicates(dev_values):
     dev_values["vllm-gke:models"][0]["short"].update(minReplicas=3, maxReplicas=2)
     found = issues(dev_values)
-    assert any(i.startswith("vllm-gke:models[0].short.maxReplicas:") and "raise maxReplicas" in i for i in found)
+    assert any(i.startswith("vllm-gke:models[qwen-7b].short.maxReplicas:") and "raise maxReplicas" in i for i in found)
 
 
 def test_duplicate_tenant_names(dev_values):
@@ -135,7 +135,7 @@ def test_duplicate_tenant_names(dev_values):
 def test_pool_too_small_for_min_replicas(dev_values):
     dev_values["vllm-gke:models"][0]["short"].update(minReplicas=2, maxReplicas=2)
     msg = one_issue(dev_values)
-    assert msg.startswith("vllm-gke:nodePools[0].maxNodes:")
+    assert msg.startswith("vllm-gke:nodePools[a100-mig].maxNodes:")
     assert "offers at most 2 GPU slot(s)" in msg and "need 3" in msg
 
 
@@ -160,7 +160,7 @@ def test_managed_certificate_needs_a_hostname(dev_values):
 def test_dedicated_model_must_be_one_of_the_tenants(stack_values):
     values = copy.deepcopy(stack_values["prod"])
     values["vllm-gke:tenants"][2]["dedicated"]["models"] = ["llama-8b"]
-    assert "'llama-8b' must also be listed in tenants[2].models" in one_issue(values)
+    assert "'llama-8b' must also be listed in tenants[analytics].models" in one_issue(values)
 
 
 @pytest.mark.parametrize("machine", [m for m, t in MACHINE_TYPES.items() if t.is_gpu])
@@ -229,7 +229,7 @@ def test_cli_reports_config_errors_without_traceback(tmp_path, stack_values):
                            "--stacks-dir", str(tmp_path), "--no-write"], capture_output=True, text=True)
     assert proc.returncode == 2
     out = proc.stdout + proc.stderr
-    assert "vllm-gke:nodePools[0].gpuPartitionSize" in out and "3g.20gb" in out
+    assert "vllm-gke:nodePools[a100-mig].gpuPartitionSize" in out and "3g.20gb" in out
     assert "Traceback" not in out
 
 
@@ -244,7 +244,7 @@ def test_an_unknown_key_gets_the_known_one_it_resembles(dev_values):
     dev_values["vllm-gke:tenants"][0]["maxToken"] = dev_values["vllm-gke:tenants"][0].pop("maxTokens")
     found = issues(dev_values)
     assert "vllm-gke:gateway.classname: is not a known setting; did you mean className?" in found
-    assert "vllm-gke:tenants[0].maxToken: is not a known setting; did you mean maxTokens?" in found
+    assert "vllm-gke:tenants[dev-team].maxToken: is not a known setting; did you mean maxTokens?" in found
     dev_values["vllm-gke:gateway"]["zzz"] = 1
     assert any(f.startswith("vllm-gke:gateway.zzz: is not a known setting; remove it") for f in issues(dev_values))
 
@@ -255,3 +255,31 @@ def test_config_keys_can_name_list_items_by_name():
     data = {"tenants": [{"name": "dev-team"}], "nodePools": [{}]}
     assert config_key(("tenants", 0, "maxTokens"), data) == "vllm-gke:tenants[dev-team].maxTokens"
     assert config_key(("nodePools", 0, "machineType"), data) == "vllm-gke:nodePools[0].machineType"
+
+
+def test_messages_name_list_items_by_name_and_keep_the_index_where_there_is_none(stack_values):
+    """A key reads as the stack file does: the second model is models[qwen-7b], whether pydantic or
+    a check across fields finds the problem; a list whose items have no name keeps the index."""
+    values = copy.deepcopy(stack_values["prod"])
+    assert values["vllm-gke:models"][1]["name"] == "qwen-7b"
+    values["vllm-gke:models"][1]["dtype"] = "bf17"
+    (issue,) = issues(values)
+    assert issue.startswith("vllm-gke:models[qwen-7b].dtype: Input should be 'bfloat16'"), issue
+
+    values = copy.deepcopy(stack_values["prod"])
+    values["vllm-gke:nodePools"][1]["gpuPartitionSize"] = "2g.10gb"  # qwen-7b's pool, a100-mig
+    found = issues(values)
+    assert any(i.startswith("vllm-gke:models[qwen-7b]: model 'qwen-7b' on one 2g.10gb MIG slice") for i in found), found
+    assert any(i.startswith("vllm-gke:tenants[analytics].dedicated: model 'qwen-7b'") for i in found), found
+    assert not any("models[1]" in i or "tenants[2]" in i for i in found), found
+
+    values = copy.deepcopy(stack_values["prod"])
+    values["vllm-gke:cluster"]["zones"] = [values["vllm-gke:cluster"]["zones"][0], 7]
+    assert one_issue(values).startswith("vllm-gke:cluster.zones[1]: Input should be a valid string")
+    # An item whose name is missing, not a string, or repeated keeps its index too.
+    values = copy.deepcopy(stack_values["prod"])
+    values["vllm-gke:models"][1]["name"] = 5
+    assert one_issue(values).startswith("vllm-gke:models[1].name: Input should be a valid string")
+    values = copy.deepcopy(stack_values["prod"])
+    values["vllm-gke:models"][1].update(name="llama-8b", dtype="bf17")
+    assert one_issue(values).startswith("vllm-gke:models[1].dtype: Input should be 'bfloat16'")

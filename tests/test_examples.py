@@ -49,7 +49,7 @@ def test_a_platform_built_in_a_program_gets_the_stack_configs_checks(tmp_path):
     program.write_text(text)
     with pytest.raises(ConfigError) as exc:
         run_program_file(program, {"gcp:project": "team-llm-prod"})
-    assert "weights need 141.2 GB per GPU" in str(exc.value) and "models[0]" in str(exc.value)
+    assert "weights need 141.2 GB per GPU" in str(exc.value) and "models[qwen-7b]" in str(exc.value)
 
 
 @pytest.mark.skipif(shutil.which("tsc") is None and not os.environ.get("CI"),

@@ -282,7 +282,7 @@ def test_plan_warns_of_the_unpriced_disks(wide_plan):
      "1.33.2-gke.4780000"),
     (lambda v: v["vllm-gke:cluster"].pop("minMasterVersion"), "cluster.minMasterVersion", "is unset"),
     (lambda v: v["vllm-gke:nodePools"][0].update(machineType="a2-highgpu-1g", gpuPartitionSize="3g.20gb"),
-     "nodePools[0].machineType", "cannot attach Hyperdisk ML"),
+     "nodePools[a100-80-mig].machineType", "cannot attach Hyperdisk ML"),
     (lambda v: v["vllm-gke:weights"].update(populatorMachineType="e2-standard-8"), "weights.populatorMachineType",
      "C3 or C3D"),
     (lambda v: v["vllm-gke:weights"].update(hyperdiskThroughputMiBps=100), "weights.hyperdiskThroughputMiBps",

@@ -82,8 +82,10 @@ def test_one_loader_job_per_model_reading_token_from_secret_manager(plans):
     jobs = [j for j in jobs if "-lora-" not in j["metadata"]["name"]]  # adapters: tests/test_lora.py
     models = [m.name for m in plan.config.models]
 
-    def idx(job):
-        return models.index(job["metadata"]["labels"]["vllm-gke.io/model"].removesuffix("-canary"))
+    def model_of(job):
+        name = job["metadata"]["labels"]["vllm-gke.io/model"].removesuffix("-canary")
+        assert name in models, name
+        return name
     for job in jobs:
         pod = job["spec"]["template"]["spec"]
         (container,) = pod["containers"]
@@ -93,7 +95,7 @@ def test_one_loader_job_per_model_reading_token_from_secret_manager(plans):
         assert command[2] == "hf" and command[4] == revision and command[5].startswith("/models/")
         assert command[6:8] == ["--token-file", "/var/run/secrets/hf/token"]
         # Filestore is sized for the whole share, so the loader copies vLLM's selection unbounded.
-        assert command[8:] == ["--reads", "mistral-first", "--size-key", f"models[{idx(job)}].diskGb"]
+        assert command[8:] == ["--reads", "mistral-first", "--size-key", f"models[{model_of(job)}].diskGb"]
         # The server image sets HF_HUB_OFFLINE=1; the loader must override it or download nothing.
         env = {e["name"]: e for e in container["env"]}
         assert env["HF_HUB_OFFLINE"] == {"name": "HF_HUB_OFFLINE", "value": "0"}
@@ -171,7 +173,7 @@ def test_gcs_source_uses_gcloud_loader(plan_variant):
     (job,) = manifests_of(plan, "Job", "vllm-gke-system")
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["command"][2:] == ["gcs", "gs://acme-models/qwen2.5-7b", "/models/qwen-7b/main",
-                                        "--reads", "mistral-first", "--size-key", "models[0].diskGb"]
+                                        "--reads", "mistral-first", "--size-key", "models[qwen-7b].diskGb"]
     assert container["image"].startswith("gcr.io/google.com/cloudsdktool/google-cloud-cli:")
     # Read access on the source bucket only, not on every bucket of the project...
     assert not [p for p in props_of(plan, "gcp:projects/iAMMember:IAMMember") if "storage" in p["role"]]

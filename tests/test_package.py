@@ -379,7 +379,7 @@ print(json.dumps(out))
 
 def test_bad_inputs_reach_the_engine_as_input_errors_not_tracebacks():
     """What a TypeScript or YAML user sees: the provider's Construct fails with one input-property
-    error per problem (the engine prints `config.models[0]: ...`), not a Python traceback. In a
+    error per problem (the engine prints `config.models[qwen-7b]: ...`), not a Python traceback. In a
     process of its own, as the plugin runs: its protos clash with Google's API client's."""
     program = yaml.safe_load((EXAMPLES / "yaml" / "Pulumi.yaml").read_text())
     config = json.loads(json.dumps(program["resources"]["platform"]["properties"]["config"]))
@@ -396,7 +396,7 @@ def test_bad_inputs_reach_the_engine_as_input_errors_not_tracebacks():
     assert result.returncode == 0, result.stderr
     platform, cluster = json.loads(result.stdout)
     (problem,) = [e for e in platform["errors"] if "weights need" in e["reason"]]
-    assert problem["property_path"].startswith("config.models[0]")
+    assert problem["property_path"].startswith("config.models[qwen-7b]")
     assert "Traceback" not in platform["message"]
     paths = {e["property_path"] for e in cluster["errors"]}
     assert {"cluster.masterCidr", "nodePools[0].machineType", "nodePools[1].machineType"} <= paths, paths

@@ -88,7 +88,7 @@ def test_node_pool_must_go_to_zero_when_every_pool_on_it_may(stack_values):
         values["vllm-gke:models"][0][which]["minReplicas"] = 0
     with pytest.raises(ConfigError) as exc:
         parse(values)
-    assert any(str(i).startswith("vllm-gke:nodePools[0].minNodes:") and "so the GPU node goes too" in str(i)
+    assert any(str(i).startswith("vllm-gke:nodePools[a100-mig].minNodes:") and "so the GPU node goes too" in str(i)
                for i in exc.value.issues)
     values["vllm-gke:nodePools"][0]["minNodes"] = 0
     parse(values)

@@ -113,7 +113,7 @@ def test_an_adapter_loads_its_adapter_weights_only(hyperdisk_plan, tmp_path):
     with_token(tmp_path)
     command = container(hyperdisk_plan, "mistral-7b-lora-tickets")["command"]
     assert arg(command, "--reads") == "adapter"
-    assert arg(command, "--size-key") == "models[1].adapters[0].diskGb"
+    assert arg(command, "--size-key") == "models[mistral-7b].adapters[tickets].diskGb"
     assert run_loader(container(hyperdisk_plan, "mistral-7b-lora-tickets"), tmp_path).returncode == 0
     files = loaded(tmp_path / "models/.adapters/mistral-7b/tickets/v2")
     # Not the training state, not the intermediate checkpoint.
@@ -126,7 +126,7 @@ def test_files_that_cannot_fit_fail_the_job_at_once_naming_the_key(tmp_path):
     with_token(tmp_path)
     result = run_loader(container(plan, "mistral-7b"), tmp_path)
     assert result.returncode == LOADER_EXIT_UNLOADABLE, result.stderr
-    assert "Set models[1].diskGb to 14" in result.stderr
+    assert "Set models[mistral-7b].diskGb to 14" in result.stderr
     # Known from the listing: nothing was downloaded but the index the selection reads.
     assert [c["call"] for c in hub_calls(tmp_path)] == ["model_info"]
     assert not (tmp_path / "models/mistral-7b/main" / load_weights.MARKER).exists()
@@ -148,7 +148,7 @@ def test_a_loaded_folder_that_outgrew_a_smaller_disk_fails_too(tmp_path):
     assert run_loader(container(mistral_at(dtype="fp8", disk_gb=14), "mistral-7b"), tmp_path).returncode == 0
     (tmp_path / "hub.log").unlink()
     result = run_loader(container(mistral_at(dtype="fp8"), "mistral-7b"), tmp_path)
-    assert result.returncode == LOADER_EXIT_UNLOADABLE and "Set models[1].diskGb to 14" in result.stderr
+    assert result.returncode == LOADER_EXIT_UNLOADABLE and "Set models[mistral-7b].diskGb to 14" in result.stderr
     assert hub_calls(tmp_path) == []  # decided from the marker, before any call to the Hub
 
 
