@@ -7,7 +7,7 @@ stack's keys in every problem) and checks them across fields.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 import pulumi
 
@@ -27,6 +27,48 @@ class ConfigIssue:
 
     def __str__(self) -> str:
         return f"{self.key}: {self.problem}"
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# pydantic's error types in the words of a config file: what the value must be, and what it was.
+_WORDING: dict[str, str] = {
+    "string_type": "must be text", "int_type": "must be a whole number", "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number", "float_type": "must be a number", "float_parsing": "must be a number",
+    "bool_type": "must be true or false", "bool_parsing": "must be true or false", "list_type": "must be a list",
+    "dict_type": "must be a map of keys to values", "model_type": "must be a map of settings",
+    "model_attributes_type": "must be a map of settings",
+}
+_BOUNDS = {"greater_than_equal": ("at least", "ge"), "greater_than": ("more than", "gt"),
+           "less_than_equal": ("at most", "le"), "less_than": ("less than", "lt")}
+
+
+def plain_problem(err: Mapping[str, Any]) -> str:
+    """One pydantic error as a person reads it: `must be a whole number, not 'abc'` rather than
+    `Input should be a valid integer, unable to parse string as an integer`. The specs' own
+    validators already speak plainly; their text is kept."""
+    kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
+    if kind in _WORDING:
+        return f"{_WORDING[kind]}, not {_shown(value)}"
+    if kind in _BOUNDS:
+        words, bound = _BOUNDS[kind]
+        return f"must be {words} {ctx.get(bound)}, not {_shown(value)}"
+    if kind == "literal_error":
+        return f"{_shown(value)} is not one of: {str(ctx.get('expected', '')).replace(' or ', ', ')}"
+    if kind == "string_too_short":
+        return f"must have at least {ctx.get('min_length')} characters, not {_shown(value)}"
+    if kind == "string_too_long":
+        return f"must have at most {ctx.get('max_length')} characters, not {_shown(value)}"
+    if kind == "too_short":
+        return f"must have at least {ctx.get('min_length')} items"
+    if kind == "too_long":
+        return f"must have at most {ctx.get('max_length')} items"
+    if kind == "string_pattern_mismatch":
+        return f"{_shown(value)} is not of the form {ctx.get('pattern')}"
+    return str(err["msg"]).removeprefix("Value error, ")
 
 
 class ConfigError(pulumi.RunError):

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional, get_args
 import pulumi
 from pydantic import BaseModel, ValidationError
 
-from vllm_gke.components.stack_config import ConfigError, ConfigIssue, StackConfig
+from vllm_gke.components.stack_config import ConfigError, ConfigIssue, StackConfig, plain_problem
 
 PROJECT = "vllm-gke"
 # Fields that live in another provider's namespace in stack config.
@@ -77,13 +77,13 @@ def _did_you_mean(loc: tuple[Any, ...]) -> str:
 
 
 def _problem(err: Mapping[str, Any]) -> str:
-    kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
+    kind = err["type"]
     if kind == "missing":
         return "is required but not set; add it to the stack config"
     if kind == "extra_forbidden":
         return ("is not a known setting" + (_did_you_mean(tuple(err.get("loc") or ())) or
                                             "; remove it or fix its spelling (see README 'Config reference')"))
-    return msg
+    return plain_problem(err)
 
 
 def parse(values: Mapping[str, Any], source: str = "stack config") -> StackConfig:

@@ -264,7 +264,7 @@ def test_messages_name_list_items_by_name_and_keep_the_index_where_there_is_none
     assert values["vllm-gke:models"][1]["name"] == "qwen-7b"
     values["vllm-gke:models"][1]["dtype"] = "bf17"
     (issue,) = issues(values)
-    assert issue.startswith("vllm-gke:models[qwen-7b].dtype: Input should be 'bfloat16'"), issue
+    assert issue.startswith("vllm-gke:models[qwen-7b].dtype: 'bf17' is not one of: 'bfloat16'"), issue
 
     values = copy.deepcopy(stack_values["prod"])
     values["vllm-gke:nodePools"][1]["gpuPartitionSize"] = "2g.10gb"  # qwen-7b's pool, a100-mig
@@ -275,11 +275,26 @@ def test_messages_name_list_items_by_name_and_keep_the_index_where_there_is_none
 
     values = copy.deepcopy(stack_values["prod"])
     values["vllm-gke:cluster"]["zones"] = [values["vllm-gke:cluster"]["zones"][0], 7]
-    assert one_issue(values).startswith("vllm-gke:cluster.zones[1]: Input should be a valid string")
+    assert one_issue(values).startswith("vllm-gke:cluster.zones[1]: must be text, not")
     # An item whose name is missing, not a string, or repeated keeps its index too.
     values = copy.deepcopy(stack_values["prod"])
     values["vllm-gke:models"][1]["name"] = 5
-    assert one_issue(values).startswith("vllm-gke:models[1].name: Input should be a valid string")
+    assert one_issue(values).startswith("vllm-gke:models[1].name: must be text, not")
     values = copy.deepcopy(stack_values["prod"])
     values["vllm-gke:models"][1].update(name="llama-8b", dtype="bf17")
-    assert one_issue(values).startswith("vllm-gke:models[1].dtype: Input should be 'bfloat16'")
+    assert one_issue(values).startswith("vllm-gke:models[1].dtype: ")
+
+
+def test_messages_say_what_a_value_must_be_not_pydantics_words(dev_values):
+    """`must be a whole number, not 'abc'`, not `Input should be a valid integer, unable to parse ...`."""
+    model = dev_values["vllm-gke:models"][0]
+    model["short"]["maxNumSeqs"] = "abc"
+    model["gpuMemoryUtilization"] = 2
+    model["extraArgs"] = "--x"
+    dev_values["vllm-gke:nodePools"][0]["minNodes"] = -1
+    found = issues(dev_values)
+    assert "vllm-gke:models[qwen-7b].short.maxNumSeqs: must be a whole number, not 'abc'" in found
+    assert "vllm-gke:models[qwen-7b].gpuMemoryUtilization: must be at most 0.98, not 2" in found
+    assert "vllm-gke:models[qwen-7b].extraArgs: must be a list, not '--x'" in found
+    assert "vllm-gke:nodePools[a100-mig].minNodes: must be at least 0, not -1" in found
+    assert not any("Input should" in i or "pydantic" in i for i in found), found

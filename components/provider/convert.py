@@ -12,10 +12,10 @@ from typing import Any, Mapping, TypeVar, cast
 
 import pulumi
 from pydantic import ValidationError
-from pydantic.alias_generators import to_camel
+from pydantic.alias_generators import to_camel, to_snake
 
 from vllm_gke.components.specs import Spec
-from vllm_gke.components.stack_config import ConfigError, ConfigIssue
+from vllm_gke.components.stack_config import ConfigError, ConfigIssue, plain_problem
 
 S = TypeVar("S", bound=Spec)
 # A spec field typed `str | <Spec>` is two package inputs: `<name>` and `custom_<name>`.
@@ -53,34 +53,50 @@ def plain(value: Any) -> Any:
     return value.value if isinstance(value, Enum) else value
 
 
-def _where(component: str, field: str, loc: tuple[Any, ...]) -> str:
-    key = f"{component}.{to_camel(field)}" if field else component
+def _where(component: str, field: str, loc: tuple[Any, ...], data: Any = None) -> str:
+    """The key as the program spelt it: camelCase, list items by their name where they have a
+    unique one (`nodePools[a100-mig].machineType`), as the stack config's messages name them."""
+    # A list item's field arrives as spelt already (`nodePools[a100-mig]`).
+    key = f"{component}.{field if '[' in field else to_camel(field)}" if field else component
+    node = data
     for part in loc:
-        key += f"[{part}]" if isinstance(part, int) else f".{to_camel(str(part))}"
+        if isinstance(part, int):
+            item = node[part] if isinstance(node, list) and 0 <= part < len(node) else None
+            name = item.get("name") if isinstance(item, Mapping) else None
+            unique = isinstance(name, str) and name and sum(
+                isinstance(x, Mapping) and x.get("name") == name for x in node) == 1
+            key += f"[{name}]" if unique else f"[{part}]"
+            node = item
+        else:
+            key += f".{to_camel(str(part))}"
+            node = (node.get(str(part), node.get(to_snake(str(part)))) if isinstance(node, Mapping) else None)
     return key
 
 
 def to_spec(model: type[S], data: Any, component: str, field: str) -> S:
+    data = _unfold_unions(data or {})
     try:
-        return model.model_validate(_unfold_unions(data or {}))
+        return model.model_validate(data)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            msg = err["msg"].removeprefix("Value error, ")
+            msg = plain_problem(err)
             if err["type"] == "missing":
                 msg = "is required but not set"
             elif err["type"] == "extra_forbidden":
                 msg = "is not a known input; remove it or fix its spelling"
-            problems.append(ConfigIssue(_where(component, field, tuple(err["loc"])), msg))
+            problems.append(ConfigIssue(_where(component, field, tuple(err["loc"]), data), msg))
         raise InputError(problems, component) from None
 
 
 def to_specs(model: type[S], items: Any, component: str, field: str) -> list[S]:
     """Every item checked, and every item's problems reported together."""
     specs, problems = [], []
-    for i, item in enumerate(items or []):
+    items = list(items or [])
+    for i, item in enumerate(items):
         try:
-            specs.append(to_spec(model, item, component, f"{field}[{i}]"))
+            label = to_camel(field) + _where("", "", (i,), items)
+            specs.append(to_spec(model, item, component, label))
         except InputError as exc:
             problems += exc.issues
     if problems:
