@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from pydantic.alias_generators import to_camel
 
@@ -14,7 +14,9 @@ from vllm_gke.components.catalog import REGION_ZONES
 
 from vllm_gke.components.catalog import attaches_hyperdisk_ml
 from vllm_gke.components.hyperdisk_weights import MIN_GKE as VOLUME_POPULATOR_MIN_GKE
-from vllm_gke.components.specs import MANAGED_VLLM_OPTIONS, ModelSpec, NodePoolSpec, gke_version, item_key
+from vllm_gke.components.specs import (
+    MANAGED_VLLM_OPTIONS, ClusterSpec, ImageRef, ModelSpec, NodePoolSpec, TenantSpec, gke_version, item_key,
+)
 from vllm_gke.components.vllm_versions import release
 from vllm_gke.components.vllm_service import scratch_gi
 from vllm_gke.components.capacity import gpu_slots_by_pool, placements, pool_capacity
@@ -27,7 +29,7 @@ PROJECT = "vllm-gke"
 # Namespaces the platform (or Kubernetes, or the mesh) owns.
 RESERVED_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", "istio-system", "gke-managed-system",
                        "gmp-system", "gmp-public", "custom-metrics", "vllm-gke-system", "vllm-gke-mesh-check",
-                       "vllm-gke-limits"}
+                       "vllm-gke-limits", "keda"}
 
 Add = Callable[[str, str], None]
 
@@ -41,7 +43,7 @@ def cross_field_issues(cfg: "StackConfig") -> list["ConfigIssue"]:
         issues.append(ConfigIssue(f"{PROJECT}:{key}" if ":" not in key else key, problem))
 
     for check in (_unique_names, _placements, _tenant_models, _gpu_slots, _gateway, _network, _zones,
-                  _issuers, _namespaces, _vllm_release, _chunked_prefill, _inference_gateway,
+                  _issuers, _namespaces, _vllm_release, _inference_gateway,
                   _global_limits, _adapters, _scale_to_zero, _hyperdisk_ml, _node_disks, _filestore_size):
         check(cfg, add)
     return issues
@@ -105,11 +107,23 @@ def _placements(cfg: "StackConfig", add: Add) -> None:
     for i, model in enumerate(cfg.models):
         key = item_key("models", cfg.models, i)
         _check_placement(cfg, add, key, model, model.node_pool)
-        for pool_name in model.pool_names:
-            pool = getattr(model, pool_name)
-            if pool.max_model_len and pool.max_model_len > model.max_model_len:
-                add(f"{key}.{pool_name}.maxModelLen", f"{pool.max_model_len} exceeds the model's "
-                    f"maxModelLen {model.max_model_len}; lower it or raise {key}.maxModelLen")
+        check_pool_lengths(add, key, model)
+
+
+def check_pool_lengths(add: Add, key: str, model: ModelSpec) -> None:
+    """Each pool's context within the model's, and with chunked prefill off, a batch that holds a
+    whole prompt (vLLM refuses to start otherwise). Also run by the package's VllmService."""
+    for pool_name in model.pool_names:
+        pool = getattr(model, pool_name)
+        if pool.max_model_len and pool.max_model_len > model.max_model_len:
+            add(f"{key}.{pool_name}.maxModelLen", f"{pool.max_model_len} exceeds the model's "
+                f"maxModelLen {model.max_model_len}; lower it or raise {key}.maxModelLen")
+        length = model.pool_max_model_len(pool)
+        if not model.enable_chunked_prefill and pool.max_num_batched_tokens and pool.max_num_batched_tokens < length:
+            add(f"{key}.{pool_name}.maxNumBatchedTokens",
+                f"{pool.max_num_batched_tokens} is below the pool's maxModelLen {length} with chunked prefill "
+                "off: vLLM refuses to start (a prompt must fit one batch); raise it to at least the context "
+                "length or set enableChunkedPrefill: true")
 
 
 def _tenant_models(cfg: "StackConfig", add: Add) -> None:
@@ -121,17 +135,23 @@ def _tenant_models(cfg: "StackConfig", add: Add) -> None:
             if model is None:
                 add(f"{key}.models", f"model '{model_name}' is not declared; use one of "
                     f"{', '.join(models)} or add it under vllm-gke:models")
-            elif tenant.max_tokens > (served := model.served_max_model_len):
-                where = (f"its one pool behind the endpoint picker (short.maxModelLen {served})"
-                         if model.routing == "inference-gateway" else f"maxModelLen {served}")
-                add(f"{key}.maxTokens", f"{tenant.max_tokens} exceeds what model '{model_name}' serves, "
-                    f"{where}: no request could use it; lower it to at most {served} or raise the pool's maxModelLen")
+            else:
+                check_tenant_cap(add, key, tenant, model)
         if tenant.dedicated:
             for model_name in tenant.dedicated.models:
                 if model_name not in tenant.models:
                     add(f"{key}.dedicated.models", f"'{model_name}' must also be listed in {key}.models")
                 elif model_name in models:
                     _check_placement(cfg, add, f"{key}.dedicated", models[model_name], tenant.dedicated.node_pool)
+
+
+def check_tenant_cap(add: Add, key: str, tenant: TenantSpec, model: ModelSpec) -> None:
+    """A tenant's maxTokens within what the model serves. Also run by the package's VllmService."""
+    if tenant.max_tokens > (served := model.served_max_model_len):
+        where = (f"its one pool behind the endpoint picker (short.maxModelLen {served})"
+                 if model.routing == "inference-gateway" else f"maxModelLen {served}")
+        add(f"{key}.maxTokens", f"{tenant.max_tokens} exceeds what model '{model.name}' serves, "
+            f"{where}: no request could use it; lower it to at most {served} or raise the pool's maxModelLen")
 
 
 def _gpu_slots(cfg: "StackConfig", add: Add) -> None:
@@ -155,7 +175,11 @@ def _gateway(cfg: "StackConfig", add: Add) -> None:
 
 
 def _network(cfg: "StackConfig", add: Add) -> None:
-    c = cfg.cluster
+    check_network(add, cfg.cluster)
+
+
+def check_network(add: Add, c: ClusterSpec, prefix: str = "cluster") -> None:
+    """The cluster's ranges share no address. Also run by the package's GpuCluster."""
     ranges = {"subnetCidr": c.subnet_cidr, "podsCidr": c.pods_cidr, "servicesCidr": c.services_cidr,
               "masterCidr": c.master_cidr, "proxyOnlyCidr": c.proxy_only_cidr}
     nets = {k: ipaddress.ip_network(v) for k, v in ranges.items()}
@@ -167,9 +191,9 @@ def _network(cfg: "StackConfig", add: Add) -> None:
                 # Named by a key the stack set: a default it never wrote is named as such.
                 key, other = (b, a) if b in set_keys or a not in set_keys else (a, b)
                 default = "" if other in set_keys else " (its default)"
-                add(f"cluster.{key}", f"{ranges[key]} overlaps cluster.{other} {ranges[other]}{default}; the node, "
+                add(f"{prefix}.{key}", f"{ranges[key]} overlaps {prefix}.{other} {ranges[other]}{default}; the node, "
                     f"pod, service, control-plane and proxy-only ranges must not share addresses: change "
-                    f"cluster.{key}{'' if other in set_keys else f' or set cluster.{other}'}")
+                    f"{prefix}.{key}{'' if other in set_keys else f' or set {prefix}.{other}'}")
 
 
 # Of a node's boot disk, what the OS, the kubelet and the images (the multi-GB server image among
@@ -203,14 +227,20 @@ def _node_disks(cfg: "StackConfig", add: Add) -> None:
 
 
 def _zones(cfg: "StackConfig", add: Add) -> None:
-    known = REGION_ZONES.get(cfg.region)
-    for zone in cfg.cluster.zones:
-        if not zone.startswith(f"{cfg.region}-"):
-            add("cluster.zones", f"zone '{zone}' is not in region {cfg.region} (gcp:region); use zones like "
-                f"{cfg.region}-a, or change gcp:region")
+    check_zones(add, cfg.region, cfg.cluster.zones)
+
+
+def check_zones(add: Add, region: str, zones: Sequence[str], key: str = "cluster.zones",
+                region_key: str = "gcp:region") -> None:
+    """Zones that exist, in the region. Also run by the package's GpuCluster."""
+    known = REGION_ZONES.get(region)
+    for zone in zones:
+        if not zone.startswith(f"{region}-"):
+            add(key, f"zone '{zone}' is not in region {region} ({region_key}); use zones like "
+                f"{region}-a, or change {region_key}")
         elif known is not None and zone.rsplit("-", 1)[1] not in known:
-            add("cluster.zones", f"zone '{zone}' does not exist; {cfg.region} has "
-                f"{', '.join(f'{cfg.region}-{z}' for z in known)}")
+            add(key, f"zone '{zone}' does not exist; {region} has "
+                f"{', '.join(f'{region}-{z}' for z in known)}")
 
 
 def _issuers(cfg: "StackConfig", add: Add) -> None:
@@ -232,21 +262,31 @@ def _issuers(cfg: "StackConfig", add: Add) -> None:
 
 
 def _namespaces(cfg: "StackConfig", add: Add) -> None:
-    tenant_namespaces = {f"tenant-{t.name}" for t in cfg.tenants}
-    ns = cfg.serving_namespace
+    check_serving_namespace(add, "servingNamespace", cfg.serving_namespace, cfg.tenants)
+
+
+def check_serving_namespace(add: Add, key: str, ns: str, tenants: Sequence[TenantSpec] = ()) -> None:
+    """Not a tenant's namespace, nor one the platform or GKE owns. Also run by the package's MeshNamespace."""
+    tenant_namespaces = {f"tenant-{t.name}" for t in tenants}
     if ns in tenant_namespaces or ns in RESERVED_NAMESPACES:
         owner = "a tenant's namespace" if ns in tenant_namespaces else "a namespace the platform or GKE owns"
-        add("servingNamespace", f"'{ns}' is {owner}; choose another name (default vllm)")
+        add(key, f"'{ns}' is {owner}; choose another name (default vllm)")
 
 
 def _vllm_release(cfg: "StackConfig", add: Add) -> None:
-    rel = release(cfg.vllm_version)
-    tag = cfg.server_image.tag
-    if tag and not (tag == rel.image_tag or tag.startswith(rel.image_tag + "-")):
-        add("serverImage.tag", f"'{tag}' is not an image of vLLM {cfg.vllm_version} (vllm-gke:vllmVersion); build "
-            f"one tagged {rel.image_tag}-<suffix> or set vllmVersion to the image's release")
+    check_image_tag(add, "serverImage.tag", cfg.server_image, cfg.vllm_version)
     for i, model in enumerate(cfg.models):
         check_extra_args(add, f"{item_key('models', cfg.models, i)}.extraArgs", model, cfg.vllm_version)
+
+
+def check_image_tag(add: Add, key: str, image: ImageRef, vllm_version: str,
+                    version_key: str = "vllm-gke:vllmVersion") -> None:
+    """An image tag of the chosen vLLM release. Also run by the package's VllmService."""
+    rel = release(vllm_version)
+    tag = image.tag
+    if tag and not (tag == rel.image_tag or tag.startswith(rel.image_tag + "-")):
+        add(key, f"'{tag}' is not an image of vLLM {vllm_version} ({version_key}); build "
+            f"one tagged {rel.image_tag}-<suffix> or set {version_key} to the image's release")
 
 
 def check_extra_args(add: Add, key: str, model: ModelSpec, vllm_version: str) -> None:
@@ -263,20 +303,6 @@ def check_extra_args(add: Add, key: str, model: ModelSpec, vllm_version: str) ->
             add(key, f"may not set {name}: {MANAGED_VLLM_OPTIONS[spec['dest']]}")
     for problem in check_argv(model.extra_args, snapshot) if model.extra_args else []:
         add(key, f"{problem} (checked against vLLM {vllm_version}'s parser)")
-
-
-def _chunked_prefill(cfg: "StackConfig", add: Add) -> None:
-    for i, model in enumerate(cfg.models):
-        if model.enable_chunked_prefill:
-            continue
-        for which in model.pool_names:
-            pool = getattr(model, which)
-            length = model.pool_max_model_len(pool)
-            if pool.max_num_batched_tokens and pool.max_num_batched_tokens < length:
-                add(f"{item_key('models', cfg.models, i)}.{which}.maxNumBatchedTokens",
-                    f"{pool.max_num_batched_tokens} is below the pool's maxModelLen {length} with chunked prefill "
-                    "off: vLLM refuses to start (a prompt must fit one batch); raise it to at least the context "
-                    "length or set enableChunkedPrefill: true")
 
 
 def _scale_to_zero(cfg: "StackConfig", add: Add) -> None:
@@ -330,13 +356,19 @@ def _filestore_size(cfg: "StackConfig", add: Add) -> None:
 
 def _global_limits(cfg: "StackConfig", add: Add) -> None:
     for i, tenant in enumerate(cfg.tenants):
-        tpm = tenant.rate_limit.tokens_per_minute
-        if tpm is None:
-            continue
-        key = f"{item_key('tenants', cfg.tenants, i)}.rateLimit.tokensPerMinute"
-        if not cfg.global_limits.enabled:
-            add(key, "counts tokens across all replicas, which needs the shared store: set "
-                "vllm-gke:globalLimits.enabled: true, or remove tokensPerMinute")
+        check_tenant_limits(add, item_key("tenants", cfg.tenants, i), tenant, cfg.global_limits.enabled)
+
+
+def check_tenant_limits(add: Add, tenant_key: str, tenant: TenantSpec, shared_store: bool,
+                        store_key: str = "vllm-gke:globalLimits.enabled") -> None:
+    """tokensPerMinute needs the shared store and room for one capped request. Also run by the
+    package's VllmService."""
+    tpm = tenant.rate_limit.tokens_per_minute
+    if tpm is not None:
+        key = f"{tenant_key}.rateLimit.tokensPerMinute"
+        if not shared_store:
+            add(key, f"counts tokens across all replicas, which needs the shared store: set {store_key}: true, "
+                "or remove tokensPerMinute")
         elif tpm < tenant.max_tokens:
             add(key, f"{tpm} is below the tenant's maxTokens {tenant.max_tokens}: a request at the cap could never "
                 "be admitted; raise it to at least maxTokens (a few times more lets requests overlap)")
@@ -353,15 +385,24 @@ def _inference_gateway(cfg: "StackConfig", add: Add) -> None:
     picked = [i for i, m in enumerate(cfg.models) if m.routing == "inference-gateway"]
     if not picked:
         return
-    first = f"{item_key('models', cfg.models, picked[0])}.routing"
-    if cfg.gateway.class_name not in INFERENCE_GATEWAY_CLASSES:
-        add("gateway.className", f"{cfg.gateway.class_name} cannot route to an InferencePool ({first} is "
-            f"inference-gateway); use {' or '.join(INFERENCE_GATEWAY_CLASSES)}, or routing: length")
-    version = cfg.cluster.min_master_version
+    first = f"{item_key('models', cfg.models, picked[0])}.routing is inference-gateway"
+    check_inference_gateway_class(add, "gateway.className", cfg.gateway.class_name, first)
+    check_inference_gateway_version(add, "cluster.minMasterVersion", cfg.cluster.min_master_version, first)
+
+
+def check_inference_gateway_class(add: Add, key: str, class_name: str, why: str) -> None:
+    """A Gateway class that can route to an InferencePool. Also run by the package's Gateway."""
+    if class_name not in INFERENCE_GATEWAY_CLASSES:
+        add(key, f"{class_name} cannot route to an InferencePool ({why}); use "
+            f"{' or '.join(INFERENCE_GATEWAY_CLASSES)}, or routing: length")
+
+
+def check_inference_gateway_version(add: Add, key: str, version: str | None, why: str) -> None:
+    """A cluster on which GKE provides the InferencePool API. Also run by the package's InferencePool."""
     if _below(version, INFERENCE_GATEWAY_MIN_GKE):
         now = f"is {version}" if version else "is unset"
-        add("cluster.minMasterVersion", f"{now}, but {first} is inference-gateway: GKE provides the InferencePool "
-            f"API from {INFERENCE_GATEWAY_MIN_GKE}; set it to 1.34 or later (e.g. 1.34, or {INFERENCE_GATEWAY_MIN_GKE})")
+        add(key, f"{now}, but {why}: GKE provides the InferencePool API from {INFERENCE_GATEWAY_MIN_GKE}; set it to "
+            f"1.34 or later (e.g. 1.34, or {INFERENCE_GATEWAY_MIN_GKE})")
 
 
 def _below(version: str | None, minimum: str) -> bool:

@@ -64,7 +64,7 @@ def client_principal(namespace: str, service_account: str = SERVER_SA) -> str:
 @dataclass
 class LimitStoreArgs:
     provider: k8s.Provider
-    # Namespaces whose vLLM pods (service account `default`) may use the store.
+    # Namespaces whose vLLM servers (service account vllm-server) may use the store.
     client_namespaces: Sequence[str]
     image: ImageRef
 

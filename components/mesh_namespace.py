@@ -62,14 +62,17 @@ class MeshNamespaceArgs:
     name: str
     provider: k8s.Provider
     sources: TrustedSources
-    labels: Mapping[str, str] = field(default_factory=dict)
     # Hosts of the JWKS endpoints RequestAuthentications in this namespace use: managed Cloud
     # Service Mesh fetches JWKS from the workload's own Envoy, which reaches only hosts the mesh
-    # knows (ServiceEntry) and speaks TLS to them only when told (DestinationRule).
-    jwks_hosts: Sequence[str] = ()
+    # knows (ServiceEntry) and speaks TLS to them only when told (DestinationRule). No default:
+    # without its issuer's host here, every token in the namespace fails verification.
+    jwks_hosts: Sequence[str]
     # Kubernetes service accounts to create here (no token mounted): the vLLM servers' and the
-    # standbys' own identities, so no grant names the namespace's shared `default`.
-    service_accounts: Sequence[str] = ()
+    # standbys' own identities, so no grant names the namespace's shared `default`. No default:
+    # a pod naming an account that does not exist is never created (VllmServiceArgs runs as
+    # vllm-server, Standby as vllm-standby).
+    service_accounts: Sequence[str]
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 def allow_unauthenticated(path: str, sources: Sequence[str]) -> dict:

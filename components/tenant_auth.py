@@ -33,6 +33,14 @@ def jwks_host(tenant: TenantSpec) -> str:
     return urlsplit(tenant.jwt.jwks_uri).hostname or ""
 
 
+def server_accounts(tenant: TenantSpec) -> tuple[str, ...]:
+    """The service accounts a tenant's namespace holds: its dedicated servers' and standbys'."""
+    from vllm_gke.components.model_store import SERVER_SA
+    from vllm_gke.components.standby import STANDBY_SA
+
+    return (SERVER_SA, STANDBY_SA) if tenant.dedicated else ()
+
+
 @dataclass
 class TenantAuthArgs:
     tenant: TenantSpec
@@ -46,8 +54,9 @@ class TenantAuthArgs:
     # Shared models behind the endpoint picker: the tenant is admitted only with its own objective
     # (priority), which its route /<tenant>/<model>/v1 sets; another tenant's route is refused.
     picker_models: Sequence[str] = ()
-    # Service accounts of the tenant's own namespace (its dedicated servers' and standbys').
-    service_accounts: Sequence[str] = ()
+    # Service accounts of the tenant's own namespace (its dedicated servers' and standbys'); by
+    # default those two where the tenant has dedicated replicas, none otherwise.
+    service_accounts: Optional[Sequence[str]] = None
 
 
 class TenantAuth(pulumi.ComponentResource):
@@ -59,8 +68,10 @@ class TenantAuth(pulumi.ComponentResource):
         tenant = args.tenant
         labels = {TENANT_LABEL: tenant.name}
         self.namespace = MeshNamespace(
-            f"{name}-ns", MeshNamespaceArgs(tenant_namespace(tenant), args.provider, args.sources, labels,
-                                            jwks_hosts=[jwks_host(tenant)], service_accounts=args.service_accounts),
+            f"{name}-ns", MeshNamespaceArgs(tenant_namespace(tenant), args.provider, args.sources, labels=labels,
+                                            jwks_hosts=[jwks_host(tenant)],
+                                            service_accounts=server_accounts(tenant) if args.service_accounts is None
+                                            else args.service_accounts),
             opts=child_opts(self, opts))
         principals = [f"{tenant.jwt.issuer}/*"]
 

@@ -58,15 +58,16 @@ def test_the_typescript_components_example_serves_and_passes_every_policy(tmp_pa
     """The finer-component TypeScript program, compiled and run by node against a recording SDK,
     then built through the package's classes under mocks: its namespace exists, its pools scale,
     and every mandatory policy passes."""
-    from tests.test_package import package_schema
-    from tests.ts_program import record_program, replay
-    from vllm_gke.components import provider
-    from vllm_gke.infra.plan import _under_mocks
+    from types import SimpleNamespace
 
+    from tests.test_package import package_schema
+    from tests.ts_program import record_program, replay_through_host
+
+    config = {"gcp:project": "acme-llm-prod"}
     records = record_program(package_schema(), REPO_ROOT / "examples" / "typescript-components" / "index.ts",
-                             tmp_path, {"gcp:project": "acme-llm-prod"})
-    classes = {c.__name__: c for c in provider.COMPONENTS}
-    recorded = _under_mocks("ts", "dev", {"gcp:project": "acme-llm-prod"}, lambda: replay(records, classes))
+                             tmp_path, config)
+    # Built through the provider host's construct, with the camelCase inputs the engine sends.
+    recorded = [SimpleNamespace(**r) for r in replay_through_host(records, config, REPO_ROOT)]
     manifests = [r.props for r in recorded if r.type.startswith("kubernetes:")]
     namespaces = {m["metadata"]["name"] for m in manifests if m.get("kind") == "Namespace"}
     used = {m["metadata"].get("namespace") for m in manifests if m.get("metadata", {}).get("namespace")}

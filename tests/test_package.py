@@ -23,7 +23,7 @@ from vllm_gke.components.provider import generate_types
 
 EXAMPLES = REPO_ROOT / "examples"
 COMPONENTS = {"Platform", "GpuCluster", "MeshReadiness", "Keda", "MeshNamespace", "TenantAuth", "ModelStore", "VllmService",
-              "InferencePool", "LimitStore", "Gateway", "Observability"}
+              "InferenceObjectiveCrd", "InferencePool", "LimitStore", "Gateway", "Observability"}
 
 
 def package_schema() -> dict[str, Any]:
@@ -219,7 +219,8 @@ TS_NEW = re.compile(r"new vllmgke\.(\w+)\(")
 
 @pytest.mark.parametrize("example,components", [("typescript", {"Platform"}),
                                                   # InferencePool: test_the_picker_path_composes_from_the_facades
-                                                  ("typescript-components", COMPONENTS - {"Platform", "InferencePool"})])
+                                                  ("typescript-components", COMPONENTS - {"Platform", "InferencePool",
+                                                                                          "InferenceObjectiveCrd"})])
 def test_the_typescript_examples_use_only_schema_names(schema, example, components):
     text = (EXAMPLES / example / "index.ts").read_text()
     used = set(TS_NEW.findall(text))
@@ -297,7 +298,8 @@ def test_component_users_can_run_a_canary_through_the_facades():
     common = {"node_pool": cfg.pool(cfg.model(model["name"]).node_pool).model_dump(mode="json", exclude_none=True),
               "namespace": "llm", "image": cfg.server_image.model_dump(mode="json", exclude_none=True),
               "claim_name": "weights", "kubeconfig": "kc", "project": cfg.project,
-              "tenants": [cfg.tenants[0].model_dump(mode="json", by_alias=True, exclude_none=True)]}
+              "tenants": [cfg.tenants[0].model_dump(mode="json", by_alias=True, exclude_none=True)],
+              "global_limits": cfg.global_limits.enabled}
     gateway = cfg.gateway.model_dump(mode="json", exclude_none=True)
 
     def build(_cfg):
@@ -448,11 +450,13 @@ def test_the_picker_path_composes_from_the_facades():
     with the tenant's own objective, the replica's guard requires it, every mandatory policy passes."""
     import copy
 
-    from vllm_gke.components.provider import Gateway, GpuCluster, InferencePool, MeshNamespace, TenantAuth, VllmService
+    from vllm_gke.components.provider import (
+        Gateway, GpuCluster, InferenceObjectiveCrd, InferencePool, MeshNamespace, TenantAuth, VllmService,
+    )
     from vllm_gke.infra.plan import _under_mocks
     from vllm_gke.policies.rules import Resource, evaluate
 
-    cluster = {"name": "c", "zones": ["us-central1-a"]}
+    cluster = {"name": "c", "zones": ["us-central1-a"], "min_master_version": "1.34"}
     tenant = {"name": "search", "jwt": {"issuer": "https://auth.acme.example/search",
                                         "jwks_uri": "https://auth.acme.example/search/jwks", "audiences": ["llm"]},
               "models": ["qwen-7b"], "priority": -1, "rate_limit": {"requests_per_minute": 60}, "max_tokens": 1024}
@@ -469,8 +473,10 @@ def test_the_picker_path_composes_from_the_facades():
             "model": model, "pool_name": "short", "node_pool": {"name": "gpu", "machine_type": "g2-standard-8"},
             "namespace": ns.name, "image": {"repository": "r", "tag": "v0.34.0"}, "claim_name": "weights",
             "kubeconfig": "kc", "project": "p", "tenants": [tenant]})
-        pool = InferencePool("qwen-7b", {"model": model, "namespace": ns.name, "kubeconfig": "kc",
-                                         "tenants": [tenant], "cluster": cluster, "declare_objective_crd": True})
+        crd = InferenceObjectiveCrd("objectives", {"kubeconfig": "kc"})
+        pool = InferencePool("qwen-7b", {"project": "p", "model": model, "namespace": ns.name, "kubeconfig": "kc",
+                                         "tenants": [tenant], "cluster": cluster},
+                             opts=pulumi.ResourceOptions(depends_on=[crd]))
         Gateway("gw", {"gateway": {"class_name": "gke-l7-rilb"}, "namespace": ns.name, "kubeconfig": "kc",
                        "project": "p", "region": "us-central1", "targets": [{
                            "route_name": "qwen-7b.search", "namespace": ns.name, "path_prefix": "search/qwen-7b",
@@ -498,8 +504,151 @@ def test_the_readme_consumes_the_current_release_and_the_release_is_tagged():
     readme = (REPO_ROOT / "README.md").read_text()
     refs = set(re.findall(r"(?:checkout |@)v(\d+\.\d+\.\d+)", readme))
     assert refs == {version}, f"the README points at {refs}, the release is {version}"
-    assert "acme/vllm-gke" not in readme  # no placeholder owner presented as a source
+    sources = [readme] + [p.read_text() for p in (REPO_ROOT / "examples").rglob("*")
+                          if p.is_file() and p.suffix in (".txt", ".json", ".yaml", ".ts", ".py")]
+    assert not any("github.com/acme/vllm-gke" in text for text in sources)  # no placeholder owner as a source
+    assert not any(re.search(r"@v(?!" + re.escape(version) + r")\d+\.\d+\.\d+", text) for text in sources)
     tags = subprocess.run(["git", "tag", "--list"], cwd=REPO_ROOT, capture_output=True, text=True).stdout.split()
     if not tags:
         pytest.skip("this checkout carries no tags")
     assert f"v{version}" in tags, f"release {version} is not tagged: git tag v{version} on its commit"
+
+
+TENANT = {"name": "search", "jwt": {"issuer": "https://auth.acme.example/search",
+                                    "jwks_uri": "https://auth.acme.example/search/jwks", "audiences": ["llm"]},
+          "models": ["qwen-7b"], "rate_limit": {"requests_per_minute": 60}, "max_tokens": 1024}
+MODEL = {"name": "qwen-7b", "source": "hf://Qwen/Qwen2.5-7B-Instruct", "shape": "qwen2.5-7b", "node_pool": "gpu",
+         "short": {"max_num_seqs": 8}, "long": {"max_num_seqs": 2}}
+CLUSTER = {"name": "c", "zones": ["us-central1-a"]}
+PICKED = {**{k: v for k, v in MODEL.items() if k != "long"}, "routing": "inference-gateway"}
+
+
+def _service(**changes):
+    args = {"model": MODEL, "pool_name": "short", "node_pool": {"name": "gpu", "machine_type": "g2-standard-8"},
+            "namespace": "vllm", "image": {"repository": "r", "tag": "v0.34.0"}, "claim_name": "weights",
+            "kubeconfig": "kc", "project": "p", "tenants": [TENANT]}
+    return {**args, **changes}
+
+
+@pytest.mark.parametrize("component,args,key,words", [
+    # The stack config's checks, run by the component that holds the pieces.
+    ("VllmService", _service(image={"repository": "r", "tag": "v0.11.0"}), "VllmService.image.tag", "not an image of vLLM"),
+    ("VllmService", _service(tenants=[{**TENANT, "rate_limit": {"requests_per_minute": 60, "tokens_per_minute": 9000}}]),
+     "VllmService.tenants[search].rateLimit.tokensPerMinute", "globalLimits"),
+    ("VllmService", _service(tenants=[{**TENANT, "max_tokens": 100000}]), "VllmService.tenants[search].maxTokens",
+     "exceeds what model"),
+    ("VllmService", _service(model=PICKED, pool_name="long"), "VllmService.poolName",
+     "nothing would route"),
+    ("VllmService", _service(model={**MODEL, "node_pool": "other"}), "VllmService.model.nodePool", "not nodePool.name"),
+    ("VllmService", _service(model={**MODEL, "enable_chunked_prefill": False,
+                                    "short": {"max_num_seqs": 8, "max_num_batched_tokens": 512}}),
+     "VllmService.model.short.maxNumBatchedTokens", "refuses to start"),
+    ("VllmService", _service(request_timeout_seconds=7200), "VllmService.requestTimeoutSeconds", "30-3600"),
+    ("GpuCluster", {"project": "p", "region": "europe-west4", "cluster": CLUSTER,
+                    "node_pools": [{"name": "gpu", "machine_type": "g2-standard-8"}]},
+     "GpuCluster.cluster.zones", "not in region europe-west4"),
+    ("InferencePool", {"project": "p", "model": PICKED, "namespace": "vllm",
+                       "kubeconfig": "kc", "tenants": [TENANT], "cluster": CLUSTER},
+     "InferencePool.cluster.minMasterVersion", "1.34"),
+    ("Gateway", {"gateway": {"class_name": "gke-l7-global-external-managed", "hostname": "h.example",
+                             "managed_certificate": True}, "namespace": "vllm", "kubeconfig": "kc", "project": "p",
+                 "region": "us-central1", "targets": [{"route_name": "a", "namespace": "vllm", "path_prefix": "a",
+                                                       "inference_pool": "qwen-7b", "tenant": "search"}]},
+     "Gateway.gateway.className", "cannot route to an InferencePool"),
+    ("Gateway", {"gateway": {}, "namespace": "vllm", "kubeconfig": "kc", "project": "p", "region": "us-central1",
+                 "targets": [{"route_name": "a", "namespace": "vllm", "path_prefix": p, "short_service": "s",
+                              "long_service": "l", "long_request_bytes": 1} for p in ("a", "b")]},
+     "Gateway.targets", "routeName 'a' is used more than once"),
+    ("MeshNamespace", {"name": "keda", "kubeconfig": "kc", "cluster": CLUSTER, "tenants": [TENANT]},
+     "MeshNamespace.name", "owns"),
+    ("MeshNamespace", {"name": "vllm", "kubeconfig": "kc", "cluster": CLUSTER, "tenants": []},
+     "MeshNamespace.tenants", "refuse every token"),
+    ("TenantAuth", {"tenant": TENANT, "kubeconfig": "kc", "serving_namespace": "vllm", "cluster": CLUSTER,
+                    "shared_models": ["qwen-7b", "qwen-7b"]}, "TenantAuth.sharedModels", "more than once"),
+    ("ModelStore", {"project": "p", "zone": "us-central1-a", "region": "us-central1", "network_name": "n",
+                    "workload_pool": "p.svc.id.goog", "kubeconfig": "kc", "models": [MODEL],
+                    "server_image": {"repository": "r", "tag": "v0.34.0"}, "consumer_namespaces": {"rw": "vllm"}},
+     "ModelStore.consumerNamespaces.rw", "DNS label"),
+])
+def test_each_component_runs_the_stack_configs_checks_on_what_it_holds(component, args, key, words):
+    from vllm_gke.components import provider
+    from vllm_gke.components.provider.convert import InputError
+    from vllm_gke.infra.plan import _under_mocks
+
+    with pytest.raises(InputError) as exc:
+        _under_mocks("p", "dev", {}, lambda: getattr(provider, component)("x", args))
+    problems = {i.key: i.problem for i in exc.value.issues}
+    assert key in problems and words in problems[key], problems
+
+
+def test_the_facades_enable_the_apis_the_stack_program_would():
+    """Composed from the finer components, a fresh project gets the APIs Platform enables: the
+    share (file), Workload Identity (iamcredentials), the image (artifactregistry), logs,
+    monitoring, and the picker's Network Services."""
+    from vllm_gke.components import provider
+    from vllm_gke.infra.plan import _under_mocks
+
+    def body() -> None:
+        provider.GpuCluster("gke", {"project": "p", "region": "us-central1", "cluster": CLUSTER,
+                                    "node_pools": [{"name": "gpu", "machine_type": "g2-standard-8"}]})
+        provider.ModelStore("weights", {"project": "p", "zone": "us-central1-a", "region": "us-central1",
+                                        "network_name": "n", "workload_pool": "p.svc.id.goog", "kubeconfig": "kc",
+                                        "models": [MODEL], "server_image": {"repository": "r", "tag": "v0.34.0"},
+                                        "consumer_namespaces": {"serving": "vllm"}})
+        provider.Observability("obs", {"project": "p", "cluster_name": "c", "title": "t"})
+        provider.InferencePool("pool", {"project": "p", "model": PICKED,
+                                        "namespace": "vllm", "kubeconfig": "kc", "tenants": [TENANT],
+                                        "cluster": {**CLUSTER, "min_master_version": "1.34"}})
+
+    recorded = _under_mocks("p", "dev", {}, body)
+    enabled = {r.props["service"] for r in recorded if r.type == "gcp:projects/service:Service"}
+    assert {"file.googleapis.com", "iamcredentials.googleapis.com", "artifactregistry.googleapis.com",
+            "logging.googleapis.com", "monitoring.googleapis.com", "networkservices.googleapis.com"} <= enabled
+    (share,) = [r for r in recorded if r.type == "gcp:filestore/instance:Instance"]
+    file_api = {r.urn for r in recorded if r.props.get("service") == "file.googleapis.com"}
+    assert file_api & share.dependencies, "the share waits for the Filestore API"
+
+
+def test_facade_settings_the_stack_program_derives_reach_the_pods():
+    """requestTimeoutSeconds drains as long as the load balancer waits; MeshReadiness follows the
+    cluster's release channel; Observability alerts on the limit store; a dedicated tenant's
+    namespace holds the servers' service accounts."""
+    from vllm_gke.components import provider
+    from vllm_gke.infra.plan import _under_mocks
+
+    def body() -> None:
+        provider.VllmService("s", _service(request_timeout_seconds=1800))
+        provider.MeshReadiness("mesh", {"kubeconfig": "kc", "cluster": {**CLUSTER, "release_channel": "STABLE"}})
+        provider.Observability("obs", {"project": "p", "cluster_name": "c", "title": "t", "limit_store": True})
+        provider.TenantAuth("t", {"tenant": {**TENANT, "dedicated": {"models": ["qwen-7b"], "node_pool": "gpu"}},
+                                  "kubeconfig": "kc", "serving_namespace": "vllm", "cluster": CLUSTER,
+                                  "shared_models": []})
+
+    recorded = _under_mocks("p", "dev", {}, body)
+    manifests = [r.props for r in recorded if r.type.startswith("kubernetes:")]
+    (server,) = [m for m in manifests if m.get("kind") == "Deployment"]
+    assert server["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 1800
+    assert "1800" in server["spec"]["template"]["spec"]["containers"][0]["args"]
+    (job,) = [m for m in manifests if m.get("kind") == "Job"]
+    assert "asm-managed-stable" in json.dumps(job)
+    alerts = [r.props["displayName"] for r in recorded if r.type == "gcp:monitoring/alertPolicy:AlertPolicy"]
+    assert any("limit store" in a.lower() for a in alerts), alerts
+    accounts = {m["metadata"]["name"] for m in manifests if m.get("kind") == "ServiceAccount"}
+    assert {"vllm-server", "vllm-standby"} <= accounts
+
+
+def test_a_package_pool_scales_to_zero_with_its_standby():
+    """minReplicas 0 through the package: the pool's standby answers at zero and its request
+    count is the ScaledObject's wake trigger, as in the stack program."""
+    from vllm_gke.components import provider
+    from vllm_gke.infra.plan import _under_mocks
+
+    model = {**MODEL, "short": {"max_num_seqs": 8, "min_replicas": 0}}
+    recorded = _under_mocks("p", "dev", {}, lambda: provider.VllmService("s", _service(model=model)))
+    manifests = [r.props for r in recorded if r.type.startswith("kubernetes:")]
+    deployments = {m["metadata"]["name"] for m in manifests if m.get("kind") == "Deployment"}
+    assert deployments == {"qwen-7b-short", "qwen-7b-short-standby"}
+    (scaled,) = [m for m in manifests if m.get("kind") == "ScaledObject"]
+    assert scaled["spec"]["minReplicaCount"] == 0
+    assert any("vllm_gke_standby_requests_total" in json.dumps(t) and "qwen-7b-short-standby" in json.dumps(t)
+               for t in scaled["spec"]["triggers"])

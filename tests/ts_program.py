@@ -92,3 +92,57 @@ def replay(records: list[dict[str, Any]], classes: dict[str, Callable[..., Any]]
         opts = pulumi.ResourceOptions(depends_on=[built[n] for n in record["dependsOn"]])
         built[record["name"]] = classes[record["type"]](record["name"], resolve(snake(record["args"])), opts)
     return built
+
+
+# The same replay through the provider host's own entry point (VllmGkeProvider.construct: schema
+# names, enum members, input mapping), in a process of its own, as the plugin runs (its protos clash
+# with Google's API client's). Prints what the mocks recorded, as JSON.
+REPLAY_THROUGH_HOST = """
+import json, sys
+from dataclasses import asdict
+from pulumi.resource import ResourceOptions
+from vllm_gke.components.provider.host import VllmGkeProvider
+from vllm_gke.infra.plan import _under_mocks
+
+records, config = json.loads(sys.stdin.read())
+
+
+class Recording(VllmGkeProvider):
+    # Keeps the component each construct built, for the program's dependsOn.
+    instances = []
+
+    def get_state(self, instance, component_def):
+        self.instances.append(instance)
+        return super().get_state(instance, component_def)
+
+
+provider = Recording()
+
+def body():
+    built = {}
+    def resolve(value):
+        if isinstance(value, dict) and "__ref" in value:
+            name, prop = value["__ref"]
+            return built[name][0].state[prop]
+        if isinstance(value, dict):
+            return {k: resolve(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [resolve(v) for v in value]
+        return value
+    for r in records:
+        opts = ResourceOptions(depends_on=[built[n][1] for n in r["dependsOn"]])
+        result = provider.construct(r["name"], f"vllm-gke:index:{r['type']}", resolve(r["args"]), opts)
+        built[r["name"]] = (result, provider.instances[-1])
+
+recorded = _under_mocks("ts", "dev", config, body)
+print(json.dumps([{**asdict(r), "dependencies": sorted(r.dependencies)} for r in recorded], default=str))
+"""
+
+
+def replay_through_host(records: list[dict[str, Any]], config: dict[str, str], cwd: Path) -> list[dict[str, Any]]:
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", REPLAY_THROUGH_HOST], input=json.dumps([records, config]),
+                            capture_output=True, text=True, cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)

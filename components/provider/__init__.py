@@ -7,6 +7,7 @@ component the stack program composes is here, with the stack config's checks.
 
 from vllm_gke.components.provider.gateway import Gateway
 from vllm_gke.components.provider.gpu_cluster import GpuCluster
+from vllm_gke.components.provider.inference_objective_crd import InferenceObjectiveCrd
 from vllm_gke.components.provider.inference_pool import InferencePool
 from vllm_gke.components.provider.keda import Keda
 from vllm_gke.components.provider.limit_store import LimitStore
@@ -19,5 +20,5 @@ from vllm_gke.components.provider.tenant_auth import TenantAuth
 from vllm_gke.components.provider.vllm_service import VllmService
 
 COMPONENTS = [Platform, GpuCluster, MeshReadiness, Keda, MeshNamespace, TenantAuth, ModelStore, VllmService,
-              InferencePool, LimitStore, Gateway, Observability]
+              InferenceObjectiveCrd, InferencePool, LimitStore, Gateway, Observability]
 __all__ = ["COMPONENTS", *(c.__name__ for c in COMPONENTS)]

@@ -7,6 +7,7 @@ import pulumi
 from pydantic.alias_generators import to_camel
 from typing_extensions import NotRequired
 
+from vllm_gke.components.config_rules import check_inference_gateway_class
 from vllm_gke.components.options import child_opts
 from vllm_gke.components.gateway import Gateway as _Gateway
 from vllm_gke.components.gateway import GatewayArgs, PickerTarget, RouteTarget
@@ -27,18 +28,21 @@ class RouteTargetSpec(TypedDict):
     path_prefix: str
     """The route's path: /<pathPrefix>/v1 (e.g. the model's name)."""
     short_service: NotRequired[str]
-    """The short-request pool's Service (VllmService.serviceName); not with inferencePool."""
+    """The short-request pool's Service, <model>-short (plain: it names the route's backends); not with
+    inferencePool."""
     long_service: NotRequired[str]
-    """The long-request pool's Service; not with inferencePool."""
+    """The long-request pool's Service, <model>-long; not with inferencePool."""
     long_request_bytes: NotRequired[int]
     """Requests with a body of at least this many bytes go to the long pool; not with inferencePool."""
     inference_pool: NotRequired[str]
-    """Route through GKE Inference Gateway's endpoint picker to this InferencePool (InferencePool.poolName)
+    """Route through GKE Inference Gateway's endpoint picker to this InferencePool (the model's name, plain)
     instead of by length; one target per tenant, whose objective the route requires."""
     tenant: NotRequired[str]
     """With inferencePool: the tenant this route serves (its path should name it: <tenant>/<model>)."""
     max_body_bytes: NotRequired[int]
-    """With inferencePool: the largest request body the route admits (the picker buffers it whole; default 1 MiB)."""
+    """With inferencePool: the largest request body the route admits (the picker buffers it whole). Default
+    1 MiB; Platform gives 16 bytes per token of the pool's maxModelLen (at least 1 MiB), which a model with
+    more than 64k context needs."""
     port: NotRequired[int]
     """The Services' port (default 8000)."""
     canary_short_service: NotRequired[str]
@@ -127,10 +131,16 @@ class Gateway(pulumi.ComponentResource):
                                        canary_weight=weight,
                                        max_rate_per_endpoint={k: int(v) for k, v in
                                                               (t.get("max_rate_per_endpoint") or {}).items()}))
+        for route in sorted({t.route_name for t in targets if [x.route_name for x in targets].count(t.route_name) > 1}):
+            problems.add("targets", f"routeName '{route}' is used more than once; each route needs its own name")
+        if spec is not None and any(t.picker for t in targets):
+            check_inference_gateway_class(problems.add, "gateway.className", spec.class_name,
+                                          "a target routes to an InferencePool")
         problems.raise_any()
         apis = None
         if args.get("enable_apis", True):
             needed = ["compute.googleapis.com"] + (["certificatemanager.googleapis.com"] if spec.managed_certificate else [])
+            needed += ["networkservices.googleapis.com"] if any(t.picker for t in targets) else []
             apis = ProjectApis(f"{name}-apis", ProjectApisArgs(args["project"], needed),
                                opts=child_opts(self, opts))
         inner = _Gateway(name, GatewayArgs(

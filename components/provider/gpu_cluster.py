@@ -10,14 +10,18 @@ from vllm_gke.components.options import child_opts
 from vllm_gke.components.gpu_cluster import GpuCluster as _GpuCluster
 from vllm_gke.components.gpu_cluster import GpuClusterArgs
 from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
+from vllm_gke.components.config_rules import check_network, check_zones
 from vllm_gke.components.provider.convert import Problems
 from vllm_gke.components.provider.types import ClusterSpec, NodePoolSpec
 from vllm_gke.components.specs import ClusterSpec as ClusterModel
 from vllm_gke.components.specs import NodePoolSpec as NodePoolModel
 
+# What the cluster and every node need (iamcredentials: Workload Identity; artifactregistry: the
+# server image; logging: the nodes' logs), as the stack program enables them (platform.BASE_APIS).
 CLUSTER_APIS = ("serviceusage.googleapis.com", "cloudresourcemanager.googleapis.com", "iam.googleapis.com",
-                "compute.googleapis.com", "container.googleapis.com", "containerfilesystem.googleapis.com",
-                "gkehub.googleapis.com", "mesh.googleapis.com")
+                "iamcredentials.googleapis.com", "compute.googleapis.com", "container.googleapis.com",
+                "containerfilesystem.googleapis.com", "artifactregistry.googleapis.com", "gkehub.googleapis.com",
+                "mesh.googleapis.com", "logging.googleapis.com")
 
 
 class GpuClusterInputs(TypedDict):
@@ -61,6 +65,10 @@ class GpuCluster(pulumi.ComponentResource):
         problems = Problems("GpuCluster")
         cluster = problems.spec(ClusterModel, args.get("cluster"), "cluster")
         pools = problems.specs(NodePoolModel, args.get("node_pools"), "node_pools")
+        if cluster is not None:
+            # The stack config's checks on the cluster alone: zones in the region, ranges apart.
+            check_zones(problems.add, str(args.get("region")), cluster.zones, "cluster.zones", "region")
+            check_network(problems.add, cluster)
         problems.raise_any()
         child = child_opts(self, opts)
         apis = None

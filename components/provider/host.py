@@ -22,7 +22,8 @@ PACKAGE = "vllm-gke"
 SECRET_OUTPUTS = {"GpuCluster": ("kubeconfig",), "Platform": ("kubeconfig",)}
 # Inputs that carry credentials, by component.
 SECRET_INPUTS = {name: ("kubeconfig",) for name in ("ModelStore", "VllmService", "Gateway", "TenantAuth", "MeshReadiness",
-                                                     "Keda", "MeshNamespace", "InferencePool", "LimitStore")}
+                                                     "Keda", "MeshNamespace", "InferencePool", "LimitStore",
+                                                     "InferenceObjectiveCrd")}
 
 
 def package_version() -> str:

@@ -6,11 +6,12 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
-from vllm_gke.components.inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
+from vllm_gke.components.config_rules import check_inference_gateway_version
 from vllm_gke.components.inference_pool import InferencePool as _InferencePool
 from vllm_gke.components.inference_pool import InferencePoolArgs
 from vllm_gke.components.mesh_namespace import TrustedSources
 from vllm_gke.components.options import child_opts
+from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
 from vllm_gke.components.provider.convert import Problems, kubernetes_provider
 from vllm_gke.components.provider.types import ClusterSpec, ModelSpec, TenantSpec
 from vllm_gke.components.serving_api import objective_name
@@ -24,6 +25,8 @@ from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
 class InferencePoolInputs(TypedDict):
     """Inputs of InferencePool."""
 
+    project: str
+    """The project (the Network Services API is enabled there)."""
     model: ModelSpec
     """The model (routing: inference-gateway) whose one pool (VllmService with poolName short) the picker serves."""
     namespace: pulumi.Input[str]
@@ -34,9 +37,8 @@ class InferencePoolInputs(TypedDict):
     """The tenants calling it: each gets an InferenceObjective <tenant>.<model> with its priority."""
     cluster: ClusterSpec
     """The cluster's settings: the load balancer's proxy-only subnet may call the picker, the nodes scrape it."""
-    declare_objective_crd: bool
-    """Declare the InferenceObjective CRD (gateway-api-inference-extension v1.2.0) with this pool: true on
-    exactly one InferencePool per cluster (GKE provides InferencePool's CRD, not this one)."""
+    enable_apis: NotRequired[bool]
+    """Enable the Network Services API the load balancer calls the picker through (default true)."""
     request_timeout_seconds: NotRequired[int]
     """The load balancer's timeout for one request, seconds (default 600)."""
     vllm_version: NotRequired[str]
@@ -46,8 +48,8 @@ class InferencePoolInputs(TypedDict):
 class InferencePool(pulumi.ComponentResource):
     """GKE Inference Gateway's endpoint picker for one model's pool: an InferencePool, the picker
     (v1.2.0) that chooses the replica by queue depth, KV-cache use and prefix affinity, and an
-    InferenceObjective per tenant carrying its priority. Route to it with a Gateway target's
-    inferencePool and tenant."""
+    InferenceObjective per tenant carrying its priority. Give it an InferenceObjectiveCrd (declared
+    once per cluster) in dependsOn; route to it with a Gateway target's inferencePool and tenant."""
 
     pool_name: pulumi.Output[str]
     """The InferencePool's name (a Gateway target's inferencePool)."""
@@ -63,15 +65,19 @@ class InferencePool(pulumi.ComponentResource):
                          "inference-gateway (its one pool behind the picker)")
         if not args.get("tenants"):
             problems.add("tenants", "none given: no tenant would have an objective, so no route could reach the pool")
+        if cluster is not None:
+            check_inference_gateway_version(problems.add, "cluster.minMasterVersion", cluster.min_master_version,
+                                            "an InferencePool needs it")
         version = args.get("vllm_version") or DEFAULT_VLLM_VERSION
         if version not in RELEASES:
             problems.add("vllmVersion", f"vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
         problems.raise_any()
         provider = kubernetes_provider(name, args["kubeconfig"], self)
         deps: list[pulumi.Resource] = []
-        if args.get("declare_objective_crd"):
-            deps.append(InferenceObjectiveCrd(f"{name}-objective-crd", InferenceObjectiveCrdArgs(provider),
-                                              opts=child_opts(self, opts)))
+        if args.get("enable_apis", True):
+            # "Deploy GKE Inference Gateway": the load balancer calls the picker through Service Extensions.
+            deps.append(ProjectApis(f"{name}-apis", ProjectApisArgs(args["project"], ["networkservices.googleapis.com"]),
+                                    opts=child_opts(self, opts)))
         sources = TrustedSources.for_cluster(cluster.proxy_only_cidr, cluster.pods_cidr, cluster.subnet_cidr)
         inner = _InferencePool(name, InferencePoolArgs(
             pool_name=model.name, namespace=args["namespace"], provider=provider,

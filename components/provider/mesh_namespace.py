@@ -4,8 +4,8 @@
 from typing import Optional, TypedDict
 
 import pulumi
-from typing_extensions import NotRequired
 
+from vllm_gke.components.config_rules import check_serving_namespace
 from vllm_gke.components.mesh_namespace import MeshNamespace as _MeshNamespace
 from vllm_gke.components.mesh_namespace import MeshNamespaceArgs, TrustedSources
 from vllm_gke.components.model_store import SERVER_SA
@@ -28,8 +28,9 @@ class MeshNamespaceInputs(TypedDict):
     cluster: ClusterSpec
     """The cluster's settings, as given to GpuCluster: its proxy-only subnet (with Google's ranges) may
     health-check the servers and its pod and node ranges scrape their metrics (KEDA scales on them)."""
-    tenants: NotRequired[list[TenantSpec]]
-    """The tenants calling models here: the mesh may fetch their issuers' signing keys (JWKS)."""
+    tenants: list[TenantSpec]
+    """The tenants calling models here: the mesh fetches their issuers' signing keys (JWKS) from this
+    namespace (without them every token here fails verification)."""
 
 
 class MeshNamespace(pulumi.ComponentResource):
@@ -47,6 +48,11 @@ class MeshNamespace(pulumi.ComponentResource):
         tenants = problems.specs(TenantModel, args.get("tenants"), "tenants")
         if not args.get("name"):
             problems.add("name", "is required: the namespace the servers run in (e.g. vllm)")
+        else:
+            check_serving_namespace(problems.add, "name", str(args["name"]), tenants)
+        if not args.get("tenants"):
+            problems.add("tenants", "none given: the mesh would fetch no issuer's keys here and refuse every token; "
+                         "list the tenants that call the models in this namespace")
         problems.raise_any()
         inner = _MeshNamespace(name, MeshNamespaceArgs(
             args["name"], kubernetes_provider(name, args["kubeconfig"], self),

@@ -4,13 +4,13 @@
 from typing import Optional, TypedDict
 
 import pulumi
-from typing_extensions import NotRequired
 
-from vllm_gke.components.mesh_readiness import REVISIONS, MeshReadinessArgs
+from vllm_gke.components.mesh_readiness import MeshReadinessArgs
 from vllm_gke.components.mesh_readiness import MeshReadiness as _MeshReadiness
 from vllm_gke.components.options import child_opts
-from vllm_gke.components.provider.convert import Problems, kubernetes_provider, plain
-from vllm_gke.components.provider.types import ReleaseChannel
+from vllm_gke.components.provider.convert import Problems, kubernetes_provider
+from vllm_gke.components.provider.types import ClusterSpec
+from vllm_gke.components.specs import ClusterSpec as ClusterModel
 
 
 class MeshReadinessInputs(TypedDict):
@@ -18,9 +18,9 @@ class MeshReadinessInputs(TypedDict):
 
     kubeconfig: pulumi.Input[str]
     """The cluster's kubeconfig (GpuCluster.kubeconfig)."""
-    release_channel: NotRequired[ReleaseChannel]
-    """The cluster's release channel (cluster.releaseChannel): the managed control plane's revision
-    follows it (default REGULAR)."""
+    cluster: ClusterSpec
+    """The cluster's settings, as given to GpuCluster: the managed control plane's revision follows its
+    releaseChannel."""
 
 
 class MeshReadiness(pulumi.ComponentResource):
@@ -34,10 +34,9 @@ class MeshReadiness(pulumi.ComponentResource):
     def __init__(self, name: str, args: MeshReadinessInputs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:MeshReadiness", name, {}, opts)
         problems = Problems("MeshReadiness")
-        channel = plain(args.get("release_channel")) or "REGULAR"
-        if channel not in REVISIONS:
-            problems.add("releaseChannel", f"'{channel}' must be one of {', '.join(REVISIONS)}")
+        cluster = problems.spec(ClusterModel, args.get("cluster"), "cluster")
         problems.raise_any()
+        channel = cluster.release_channel
         inner = _MeshReadiness(name, MeshReadinessArgs(kubernetes_provider(name, args["kubeconfig"], self),
                                                        channel),  # type: ignore[arg-type]
                                opts=child_opts(self, opts))

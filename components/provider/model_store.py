@@ -1,14 +1,16 @@
 """ModelStore, as the component package exposes it to every Pulumi language."""
 
 # The analyzer reads these annotations at runtime: no `from __future__ import annotations`.
+import re
 from typing import Optional, TypedDict
 
 import pulumi
 from typing_extensions import NotRequired
 
 from vllm_gke.components.options import child_opts
+from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
 from vllm_gke.components.model_store import ModelStore as _ModelStore
-from vllm_gke.components.model_store import ModelStoreArgs
+from vllm_gke.components.model_store import ModelStoreArgs, reads_hub_token_from_secret_manager
 from vllm_gke.components.provider.convert import Problems, kubernetes_provider
 from vllm_gke.components.provider.types import ImageRef, ModelSpec, WeightsSpec
 from vllm_gke.components.specs import ImageRef as ImageModel
@@ -39,7 +41,11 @@ class ModelStoreInputs(TypedDict):
     weights: NotRequired[WeightsSpec]
     """Filestore tier, capacity, and where the Hugging Face token is."""
     consumer_namespaces: NotRequired[dict[str, pulumi.Input[str]]]
-    """Namespaces that get a read-only claim onto the share, by a short key."""
+    """Namespaces that get a read-only claim onto the share, by a short key of your choice (a DNS label:
+    it names the claim's volume)."""
+    enable_apis: NotRequired[bool]
+    """Enable the APIs it needs first (Filestore; Secret Manager where the Hugging Face token is there;
+    default true)."""
     instance_name: NotRequired[str]
     """The Filestore instance's name (default <name>-weights)."""
     protect: NotRequired[bool]
@@ -78,14 +84,23 @@ class ModelStore(pulumi.ComponentResource):
             # does not exist and never start.
             problems.add("weights.backend", f"'{weights.backend}' is available from the Python components "
                          "(vllm_gke.components) only; through the provider use filestore")
+        for key in args.get("consumer_namespaces") or {}:
+            if not re.fullmatch(r"[a-z]([-a-z0-9]{0,30}[a-z0-9])?", key) or key == "rw":
+                problems.add(f"consumerNamespaces.{key}", "must be a short DNS label (lower-case letters, digits, "
+                             "'-'), not 'rw' (the loaders' own volume): it names the claim's volume")
         problems.raise_any()
+        apis = None
+        if args.get("enable_apis", True):
+            needed = ["file.googleapis.com", "iam.googleapis.com"]
+            needed += ["secretmanager.googleapis.com"] if reads_hub_token_from_secret_manager(models, weights) else []
+            apis = ProjectApis(f"{name}-apis", ProjectApisArgs(args["project"], needed), opts=child_opts(self, opts))
         inner = _ModelStore(name, ModelStoreArgs(
             project=args["project"], zone=args["zone"], region=args["region"], network_name=args["network_name"],
             workload_pool=args["workload_pool"], models=models, weights=weights, server_image=image,
             provider=kubernetes_provider(name, args["kubeconfig"], self),
             consumer_namespaces=dict(args.get("consumer_namespaces") or {}),
             instance_name=args.get("instance_name"), protect=args.get("protect", True),
-            vllm_release=RELEASES[version]),
+            vllm_release=RELEASES[version], apis=apis),
             opts=child_opts(self, opts))
         self.filestore_tier = pulumi.Output.from_input(inner.tier)
         self.capacity_gb = pulumi.Output.from_input(inner.capacity_gb)

@@ -7,6 +7,7 @@ import pulumi
 from typing_extensions import NotRequired
 
 from vllm_gke.components.options import child_opts
+from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
 from vllm_gke.components.observability import Observability as _Observability
 from vllm_gke.components.observability import ObservabilityArgs
 from vllm_gke.components.provider.convert import Problems
@@ -28,6 +29,10 @@ class ObservabilityInputs(TypedDict):
     """Notification e-mails and alert thresholds."""
     vllm_version: NotRequired[str]
     """The vLLM release serving (its metric names; default the newest supported)."""
+    limit_store: NotRequired[bool]
+    """A LimitStore counts the tenants' limits: alert when the guards cannot reach it (default false)."""
+    enable_apis: NotRequired[bool]
+    """Enable the Monitoring API first (default true)."""
 
 
 class Observability(pulumi.ComponentResource):
@@ -49,7 +54,10 @@ class Observability(pulumi.ComponentResource):
         problems.raise_any()
         inner = _Observability(name, ObservabilityArgs(
             project=args["project"], cluster_name=args["cluster_name"], spec=spec, title=args["title"],
-            kv_cache_metric=RELEASES[version].kv_cache_metric), opts=child_opts(self, opts))
+            kv_cache_metric=RELEASES[version].kv_cache_metric, limit_store=bool(args.get("limit_store")),
+            apis=ProjectApis(f"{name}-apis", ProjectApisArgs(args["project"], ["monitoring.googleapis.com"]),
+                             opts=child_opts(self, opts)) if args.get("enable_apis", True) else None),
+            opts=child_opts(self, opts))
         self.dashboard_id = inner.dashboard.id
         self.alert_policy_names = pulumi.Output.from_input([a["display_name"] for a in inner.alert_definitions])
         self.register_outputs({"dashboardId": self.dashboard_id, "alertPolicyNames": self.alert_policy_names})

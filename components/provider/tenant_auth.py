@@ -6,9 +6,7 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
-from vllm_gke.components.model_store import SERVER_SA
 from vllm_gke.components.options import child_opts
-from vllm_gke.components.standby import STANDBY_SA
 from vllm_gke.components.mesh_namespace import TrustedSources
 from vllm_gke.components.provider.convert import Problems, kubernetes_provider
 from vllm_gke.components.provider.types import ClusterSpec, TenantSpec
@@ -51,14 +49,20 @@ class TenantAuth(pulumi.ComponentResource):
         problems = Problems("TenantAuth")
         tenant = problems.spec(TenantModel, args.get("tenant"), "tenant")
         cluster = problems.spec(ClusterModel, args.get("cluster"), "cluster")
+        shared = list(args.get("shared_models") or [])
+        for model in sorted({m for m in shared if shared.count(m) > 1}):
+            problems.add("sharedModels", f"'{model}' is listed more than once")
+        for model in args.get("picker_models") or []:
+            if model not in shared:
+                problems.add("pickerModels", f"'{model}' is not in sharedModels; list the shared models behind the "
+                             "endpoint picker")
         problems.raise_any()
         sources = TrustedSources.for_cluster(cluster.proxy_only_cidr, cluster.pods_cidr, cluster.subnet_cidr)
         inner = _TenantAuth(name, TenantAuthArgs(
             tenant=tenant, provider=kubernetes_provider(name, args["kubeconfig"], self),
             serving_namespace=args["serving_namespace"], shared_models=list(args.get("shared_models") or []),
-            sources=sources, picker_models=list(args.get("picker_models") or []),
-            # A dedicated tenant's servers run in its namespace, as the servers' service accounts.
-            service_accounts=(SERVER_SA, STANDBY_SA) if tenant.dedicated else ()), opts=child_opts(self, opts))
+            # A dedicated tenant's namespace holds its servers' service accounts (TenantAuthArgs' default).
+            sources=sources, picker_models=list(args.get("picker_models") or [])), opts=child_opts(self, opts))
         self.namespace = inner.namespace.name
         self.issuer = pulumi.Output.from_input(tenant.jwt.issuer)
         self.register_outputs({"namespace": self.namespace, "issuer": self.issuer})

@@ -8,7 +8,10 @@ import pulumi
 from typing_extensions import NotRequired
 
 from vllm_gke.components.options import child_opts
-from vllm_gke.components.config_rules import check_extra_args, check_fit
+from vllm_gke.components.config_rules import (
+    check_extra_args, check_fit, check_image_tag, check_pool_lengths, check_tenant_cap, check_tenant_limits,
+)
+from vllm_gke.components.specs import item_key
 from vllm_gke.components.provider.convert import Problems, kubernetes_provider, plain
 from vllm_gke.components.keda import GMP_AUTH
 from vllm_gke.components.provider.types import ImageRef, ModelSpec, NodePoolSpec, TenantSpec
@@ -21,7 +24,9 @@ from vllm_gke.components.specs import ModelSpec as ModelModel
 from vllm_gke.components.specs import NodePoolSpec as NodePoolModel
 from vllm_gke.components.specs import TenantSpec as TenantModel
 from vllm_gke.components.vllm_service import VllmService as _VllmService
-from vllm_gke.components.vllm_service import KedaScaling, VllmServiceArgs
+from vllm_gke.components.vllm_service import SERVER_LABELS, KedaScaling, VllmServiceArgs, service_name_of
+from vllm_gke.components.standby import STANDBY_SA, Standby, StandbyArgs
+from vllm_gke.components.k8s_meta import MODEL_LABEL, POOL_LABEL, TENANT_LABEL
 from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
 
 
@@ -45,8 +50,8 @@ class VllmServiceInputs(TypedDict):
     node_pool: NodePoolSpec
     """The node pool the replicas run on (as given to GpuCluster)."""
     namespace: pulumi.Input[str]
-    """The (mesh) namespace of the replicas: MeshNamespace.name, or TenantAuth.namespace for a tenant's
-    dedicated replicas (both hold the service account the replicas run as)."""
+    """The (mesh) namespace of the replicas: MeshNamespace.name, or, for a tenant's dedicated replicas,
+    TenantAuth.namespace of a tenant with `dedicated` (both hold the service account they run as)."""
     image: ImageRef
     """The server image."""
     claim_name: pulumi.Input[str]
@@ -69,11 +74,18 @@ class VllmServiceInputs(TypedDict):
     global_limits: NotRequired[bool]
     """Count the tenants' rate limits across all replicas in the cluster's LimitStore (declare one, with
     this namespace among its clients; give it to dependsOn). Default false: per replica."""
+    cold_start_seconds: NotRequired[int]
+    """With minReplicas 0: how long a wake takes (a GPU node, then the weights), which the standby tells
+    callers to wait (default 900; the plan estimates it for a stack)."""
+    request_timeout_seconds: NotRequired[int]
+    """The load balancer's timeout for one request (the Gateway's gateway.requestTimeoutSeconds, default 600):
+    a stopping replica finishes requests that long before it exits."""
 
 
 class VllmService(pulumi.ComponentResource):
     """One serving pool of one model: vLLM Deployment behind the tenant guard, Service,
-    PodDisruptionBudget, KEDA ScaledObject on queue depth and PodMonitoring."""
+    PodDisruptionBudget, KEDA ScaledObject on queue depth and PodMonitoring; with minReplicas 0, the
+    standby that answers at zero and wakes the pool."""
 
     service_name: pulumi.Output[str]
     """The Service's name (a Gateway route target)."""
@@ -100,33 +112,58 @@ class VllmService(pulumi.ComponentResource):
             problems.add("project", "the Google Cloud project whose Managed Prometheus KEDA reads is required")
         canary = bool(args.get("canary"))
         if model is not None and pool_name in POOL_NAMES:
-            if getattr(model, pool_name).min_replicas == 0:
-                problems.add(f"model.{pool_name}.minReplicas", "0 needs the standby the stack program declares to "
-                             "answer and wake the pool; use 1 or more through the component package")
             if canary and model.canary_model() is None:
                 problems.add("canary", "true needs model.canary (the revision and weight to try)")
+            if pool_name not in model.pool_names:
+                problems.add("poolName", f"'{pool_name}': model '{model.name}' has routing {model.routing}, whose one "
+                             "pool is short (behind the endpoint picker); nothing would route to a long pool")
+            # The stack config's own checks, as it runs them on this model, its node pool and callers.
+            served = (model.canary_model() or model) if canary else model
+            check_pool_lengths(problems.add, "model", served)
             if node_pool is not None:
-                # The stack config's own checks: the model on this node pool, its extra vLLM flags.
-                served = (model.canary_model() or model) if canary else model
+                if model.node_pool != node_pool.name:
+                    problems.add("model.nodePool", f"'{model.node_pool}' is not nodePool.name '{node_pool.name}': "
+                                 "give the node pool the model names")
                 check_fit(problems.add, "model", served, node_pool)
-                if version in RELEASES:
-                    check_extra_args(problems.add, "model.extraArgs", served, version)
+            if version in RELEASES:
+                check_extra_args(problems.add, "model.extraArgs", served, version)
+            for i, tenant in enumerate(tenants):
+                key = item_key("tenants", tenants, i)
+                check_tenant_cap(problems.add, key, tenant, served)
+                check_tenant_limits(problems.add, key, tenant, bool(args.get("global_limits")), "globalLimits")
+        if image is not None and version in RELEASES:
+            check_image_tag(problems.add, "image.tag", image, version, "vllmVersion")
+        timeout = int(args.get("request_timeout_seconds") or 600)
+        if not 30 <= timeout <= 3600:
+            problems.add("requestTimeoutSeconds", f"must be 30-3600 (as gateway.requestTimeoutSeconds), not {timeout}")
         problems.raise_any()
         rel = RELEASES[version]
         project = args["project"]
         if canary:
             model = model.canary_model()
+        provider = kubernetes_provider(name, args["kubeconfig"], self)
+        to_zero = getattr(model, pool_name).min_replicas == 0
+        standby_name = f"{service_name_of(model.name, pool_name, canary)}-standby" if to_zero else ""
         inner = _VllmService(name, VllmServiceArgs(
             model=model, pool_name=pool_name, pool=getattr(model, pool_name), node_pool=node_pool,
             namespace=args["namespace"], image=image, claim_name=args["claim_name"],
-            provider=kubernetes_provider(name, args["kubeconfig"], self),
+            provider=provider,
             guard_config=pool_guard_config(tenants, model, rel, (limit_store_host(), LIMITS_PORT)
                                            if args.get("global_limits") else None), tenant=args.get("tenant"),
-            release=rel, canary=canary, scaling=KedaScaling(project, args.get("keda_auth") or GMP_AUTH),
+            release=rel, canary=canary, scaling=KedaScaling(project, args.get("keda_auth") or GMP_AUTH, standby_name),
             # vllm-server: MeshNamespace (and TenantAuth, for a dedicated tenant) makes it, and the
             # LimitStore admits it.
-            service_account=SERVER_SA),
+            service_account=SERVER_SA, request_timeout_seconds=timeout),
             opts=child_opts(self, opts))
+        if to_zero:
+            # At zero the standby answers (503, Retry-After) and its request count wakes the pool.
+            tenant = args.get("tenant")
+            Standby(standby_name, StandbyArgs(
+                service_name=inner.service_name, model=model.name, namespace=args["namespace"],
+                pool_selector={MODEL_LABEL: model.name, POOL_LABEL: f"{pool_name}-canary" if canary else pool_name},
+                vllm_only_labels=SERVER_LABELS, provider=provider, policy_labels={TENANT_LABEL: tenant} if tenant else {},
+                expected_seconds=int(args.get("cold_start_seconds") or 900), service_account=STANDBY_SA),
+                opts=child_opts(self, opts))
         self.service_name = pulumi.Output.from_input(inner.service_name)
         self.deployment_name = inner.deployment.metadata.name
         self.register_outputs({"serviceName": self.service_name, "deploymentName": self.deployment_name})

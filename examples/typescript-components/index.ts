@@ -23,7 +23,7 @@ const cluster = new vllmgke.GpuCluster("cluster", {
 });
 
 // Istio resources and meshed pods wait for the managed mesh; KEDA scales the pools (and to zero).
-const mesh = new vllmgke.MeshReadiness("mesh", { kubeconfig: cluster.kubeconfig, releaseChannel: "STABLE" });
+const mesh = new vllmgke.MeshReadiness("mesh", { kubeconfig: cluster.kubeconfig, cluster: clusterSpec });
 const keda = new vllmgke.Keda("keda", {
     project: project,
     kubeconfig: cluster.kubeconfig,
@@ -97,6 +97,7 @@ const pools = (["short", "long"] as const).map(pool => new vllmgke.VllmService(`
     project: project,  // KEDA reads the queue depth from this project's Managed Prometheus
     kedaAuth: keda.authName,
     globalLimits: true,
+    requestTimeoutSeconds: 600,  // as the Gateway's: a stopping replica finishes what it accepted
     tenants: [tenant],
 }, { dependsOn: [mesh, keda, weights, serving, limits] }));
 
@@ -120,6 +121,7 @@ new vllmgke.Observability("observability", {
     clusterName: "ts-prod",  // plain: it names the dashboard's queries
     title: "vLLM on GKE (TypeScript example)",
     monitoring: { notificationEmails: ["oncall@acme.example"], queueLatencySloSeconds: 1 },
+    limitStore: true,  // alert when the guards cannot reach it
 });
 
 export const services = pools.map(p => p.serviceName);
