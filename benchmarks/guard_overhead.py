@@ -45,6 +45,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "images"))
 import vllm_gke_guard as guard  # noqa: E402
+
 from benchmarks.vllm_stand_in import PATH, STAND_INS  # noqa: E402
 
 ISSUER = "https://auth.example/bench"

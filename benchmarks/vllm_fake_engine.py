@@ -19,7 +19,6 @@ vLLM dependency) split as Llama 3 splits, and a ChatML chat template of Qwen2.5'
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import sys

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
-from vllm_gke.components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
+from .specs import ModelSpec, NodePoolSpec, ServingPoolSpec
 
 if TYPE_CHECKING:
-    from vllm_gke.components.stack_config import StackConfig
+    from .stack_config import StackConfig
 
 GB = 1e9
 RUNTIME_OVERHEAD_GB = 1.0
@@ -104,7 +104,7 @@ def pool_capacity(model: ModelSpec, which: str, pool: ServingPoolSpec, node_pool
 def capacity_report(cfg: "StackConfig") -> list[PoolCapacity]:
     """One row per serving pool the stack declares, shared and dedicated."""
     pools = {p.name: p for p in cfg.node_pools}
-    from vllm_gke.components.cold_start import cold_start_seconds
+    from .cold_start import cold_start_seconds
 
     return [replace(pool_capacity(model, which, getattr(model, which), pools[pool_name], tenant),
                     canary=model.revision != cfg.model(model.name).revision,

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vllm_gke.components.model_store import plan_filestore
-from vllm_gke.components.specs import ModelSpec
+from .model_store import plan_filestore
+from .specs import ModelSpec
 
 if TYPE_CHECKING:
-    from vllm_gke.components.stack_config import StackConfig
+    from .stack_config import StackConfig
 
 IMAGE_START_S = 30.0
 # A GPU node from a pool at zero nodes: the cluster autoscaler's scale-up plus node boot and the

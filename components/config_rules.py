@@ -10,20 +10,25 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from pydantic.alias_generators import to_camel
 
-from vllm_gke.components.catalog import REGION_ZONES
-
-from vllm_gke.components.catalog import attaches_hyperdisk_ml
-from vllm_gke.components.hyperdisk_weights import MIN_GKE as VOLUME_POPULATOR_MIN_GKE
-from vllm_gke.components.specs import (
-    MANAGED_VLLM_OPTIONS, ClusterSpec, ImageRef, ModelSpec, NodePoolSpec, TenantSpec, gke_version, item_key,
+from .capacity import gpu_slots_by_pool, placements, pool_capacity
+from .catalog import REGION_ZONES, attaches_hyperdisk_ml
+from .hyperdisk_weights import MIN_GKE as VOLUME_POPULATOR_MIN_GKE
+from .specs import (
+    MANAGED_VLLM_OPTIONS,
+    ClusterSpec,
+    ImageRef,
+    ModelSpec,
+    NodePoolSpec,
+    TenantSpec,
+    gke_version,
+    item_key,
 )
-from vllm_gke.components.vllm_versions import release
-from vllm_gke.components.vllm_service import scratch_gi
-from vllm_gke.components.capacity import gpu_slots_by_pool, placements, pool_capacity
-from vllm_gke.components.vllm_argv import check_argv, load_snapshot, normalise
+from .vllm_argv import check_argv, load_snapshot, normalise
+from .vllm_service import scratch_gi
+from .vllm_versions import release
 
 if TYPE_CHECKING:
-    from vllm_gke.components.stack_config import ConfigIssue, StackConfig
+    from .stack_config import ConfigIssue, StackConfig
 
 PROJECT = "vllm-gke"
 # Namespaces the platform (or Kubernetes, or the mesh) owns.
@@ -35,7 +40,7 @@ Add = Callable[[str, str], None]
 
 
 def cross_field_issues(cfg: "StackConfig") -> list["ConfigIssue"]:
-    from vllm_gke.components.stack_config import ConfigIssue
+    from .stack_config import ConfigIssue
 
     issues: list[ConfigIssue] = []
 
@@ -308,7 +313,7 @@ def check_extra_args(add: Add, key: str, model: ModelSpec, vllm_version: str) ->
 def _scale_to_zero(cfg: "StackConfig", add: Add) -> None:
     """A node pool whose every serving pool may scale to zero must itself go to zero nodes, or
     the GPU node stays (and is billed) with nothing on it."""
-    from vllm_gke.components.capacity import placements
+    from .capacity import placements
 
     floors: dict[str, list[int]] = {}
     for model, pool_name, _tenant in placements(cfg):
@@ -342,7 +347,7 @@ def _adapters(cfg: "StackConfig", add: Add) -> None:
 
 
 def _filestore_size(cfg: "StackConfig", add: Add) -> None:
-    from vllm_gke.components.model_store import BASIC_TIERS, TIER_MIN_GB, needed_gb
+    from .model_store import BASIC_TIERS, TIER_MIN_GB, needed_gb
 
     weights = cfg.weights
     if weights.backend != "filestore" or weights.tier not in BASIC_TIERS:

@@ -21,12 +21,12 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.k8s_meta import ACCESS_LABEL, custom_resource, meta, vllm_health_check
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.project_apis import ProjectApis
-from vllm_gke.components.serving_api import FAIRNESS_HEADER, ISSUER_HEADER, OBJECTIVE_HEADER, REFUSED_AT_THE_PICKER
-from vllm_gke.components.specs import GatewaySpec
-from vllm_gke.components.vllm_service import drain_seconds
+from .k8s_meta import ACCESS_LABEL, custom_resource, meta, vllm_health_check
+from .options import child_opts
+from .project_apis import ProjectApis
+from .serving_api import FAIRNESS_HEADER, ISSUER_HEADER, OBJECTIVE_HEADER, REFUSED_AT_THE_PICKER
+from .specs import GatewaySpec
+from .vllm_service import drain_seconds
 
 GATEWAY_NAME = "vllm"
 LENGTH_HINT_HEADER = "x-vllm-gke-length"

@@ -11,12 +11,12 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.gcp_names import service_account_id
-from vllm_gke.components.hyperdisk_weights import TRANSFER_COMPUTE_CLASS
-from vllm_gke.components.k8s_meta import COMPUTE_CLASS_LABEL, NODE_POOL_LABEL, custom_resource, meta
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.project_apis import ProjectApis
-from vllm_gke.components.specs import ClusterSpec, MaintenanceSpec, NodePoolSpec, UpgradeSpec
+from .gcp_names import service_account_id
+from .hyperdisk_weights import TRANSFER_COMPUTE_CLASS
+from .k8s_meta import COMPUTE_CLASS_LABEL, NODE_POOL_LABEL, custom_resource, meta
+from .options import child_opts
+from .project_apis import ProjectApis
+from .specs import ClusterSpec, MaintenanceSpec, NodePoolSpec, UpgradeSpec
 
 NODE_ROLES = (
     "roles/logging.logWriter",

@@ -31,9 +31,9 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.gcp_names import workload_principal
-from vllm_gke.components.k8s_meta import custom_resource, meta
-from vllm_gke.components.options import child_opts
+from .gcp_names import workload_principal
+from .k8s_meta import custom_resource, meta
+from .options import child_opts
 
 CSI_DRIVER = "pd.csi.storage.gke.io"
 # The class's name carries a digest of its spec: a StorageClass is immutable, and changing the

@@ -15,7 +15,7 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.options import child_opts
+from .options import child_opts
 
 RELEASE = "v1.2.0"
 CRD_URL = ("https://raw.githubusercontent.com/kubernetes-sigs/gateway-api-inference-extension/"

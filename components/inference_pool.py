@@ -36,11 +36,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from vllm_gke.components.gateway import backend_defaults
-from vllm_gke.components.k8s_meta import CONTAINER_SECURITY, content_digest, custom_resource, meta, vllm_health_check
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.specs import ImageRef
-from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, release
+from .gateway import backend_defaults
+from .k8s_meta import CONTAINER_SECURITY, content_digest, custom_resource, meta, vllm_health_check
+from .options import child_opts
+from .specs import ImageRef
+from .vllm_versions import DEFAULT_VLLM_VERSION, release
 
 POOL_API = "inference.networking.k8s.io/v1"
 OBJECTIVE_API = "inference.networking.x-k8s.io/v1alpha2"

@@ -21,9 +21,9 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.k8s_meta import custom_resource, meta
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.project_apis import ProjectApis
+from .k8s_meta import custom_resource, meta
+from .options import child_opts
+from .project_apis import ProjectApis
 
 CHART_VERSION = "2.20.2"
 CHART_REPO = "https://kedacore.github.io/charts"

@@ -22,11 +22,11 @@ from typing import Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.k8s_meta import CONTAINER_SECURITY, content_digest, custom_resource, meta
-from vllm_gke.components.mesh_namespace import ISTIO_API
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.model_store import SERVER_SA
-from vllm_gke.components.specs import ImageRef
+from .k8s_meta import CONTAINER_SECURITY, content_digest, custom_resource, meta
+from .mesh_namespace import ISTIO_API
+from .model_store import SERVER_SA
+from .options import child_opts
+from .specs import ImageRef
 
 NAMESPACE = "vllm-gke-limits"
 NAME = "limits"

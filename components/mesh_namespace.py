@@ -18,8 +18,8 @@ from typing import Mapping, Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.k8s_meta import ACCESS_LABEL, custom_resource, meta
-from vllm_gke.components.options import child_opts
+from .k8s_meta import ACCESS_LABEL, custom_resource, meta
+from .options import child_opts
 
 ISTIO_API = "security.istio.io/v1"
 ISTIO_NETWORKING_API = "networking.istio.io/v1"

@@ -21,9 +21,9 @@ from typing import Literal, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.k8s_meta import deny_all_ingress, meta
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.specs import ImageRef
+from .k8s_meta import deny_all_ingress, meta
+from .options import child_opts
+from .specs import ImageRef
 
 NAMESPACE = "vllm-gke-mesh-check"
 NAME = "mesh-ready"

@@ -19,15 +19,15 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components import gcs_weights
-from vllm_gke.components.catalog import populator_vcpus
-from vllm_gke.components.gcp_names import bucket_name, service_account_id, workload_principal
-from vllm_gke.components.hyperdisk_weights import HyperdiskWeights, HyperdiskWeightsArgs, usable_gib
-from vllm_gke.components.k8s_meta import CONTAINER_SECURITY, WEIGHTS_READY_MARKER, content_digest, custom_resource, deny_all_ingress, meta
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.project_apis import ProjectApis
-from vllm_gke.components.specs import AdapterSpec, ImageRef, ModelSpec, WeightsSpec, item_key
-from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
+from . import gcs_weights
+from .catalog import populator_vcpus
+from .gcp_names import bucket_name, service_account_id, workload_principal
+from .hyperdisk_weights import HyperdiskWeights, HyperdiskWeightsArgs, usable_gib
+from .k8s_meta import CONTAINER_SECURITY, WEIGHTS_READY_MARKER, content_digest, custom_resource, deny_all_ingress, meta
+from .options import child_opts
+from .project_apis import ProjectApis
+from .specs import AdapterSpec, ImageRef, ModelSpec, WeightsSpec, item_key
+from .vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
 
 SHARE_NAME = "models"
 MOUNT_PATH = "/models"

@@ -16,9 +16,9 @@ from typing import Any, Optional, Sequence
 import pulumi
 import pulumi_gcp as gcp
 
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.project_apis import ProjectApis
-from vllm_gke.components.specs import MonitoringSpec
+from .options import child_opts
+from .project_apis import ProjectApis
+from .specs import MonitoringSpec
 
 # An alert policy as gcp.monitoring.AlertPolicy keyword arguments (the API's fields, snake_case).
 AlertPolicy = dict[str, Any]

@@ -14,34 +14,37 @@ from typing import Optional, Sequence
 
 import pulumi
 
-from vllm_gke.components.capacity import consumer_models
-from vllm_gke.components.cold_start import NODE_PROVISION_S, cold_start_seconds
-from vllm_gke.components.gateway import Gateway, GatewayArgs, PickerTarget, RouteTarget
-from vllm_gke.components.gcp_names import service_account_id
-from vllm_gke.components.gpu_cluster import GpuCluster, GpuClusterArgs
-from vllm_gke.components.inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
-from vllm_gke.components.inference_pool import InferencePool, InferencePoolArgs
-from vllm_gke.components.k8s_meta import MODEL_LABEL, POOL_LABEL, TENANT_LABEL
-from vllm_gke.components.keda import Keda, KedaArgs
-from vllm_gke.components.limit_store import PORT as LIMITS_PORT
-from vllm_gke.components.limit_store import LimitStore, LimitStoreArgs
-from vllm_gke.components.mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
-from vllm_gke.components.mesh_readiness import MeshReadiness, MeshReadinessArgs
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.model_store import SERVER_SA, ModelStore, ModelStoreArgs, reads_hub_token_from_secret_manager
-from vllm_gke.components.observability import Observability, ObservabilityArgs
-from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
-from vllm_gke.components.specs import ModelSpec, TenantSpec
-from vllm_gke.components.serving_api import (
-    objective_name, picker_max_body_bytes, picker_routes, pool_guard_config,
+from .capacity import consumer_models
+from .cold_start import NODE_PROVISION_S, cold_start_seconds
+from .config_rules import cross_field_issues
+from .gateway import Gateway, GatewayArgs, PickerTarget, RouteTarget
+from .gcp_names import service_account_id
+from .gpu_cluster import GpuCluster, GpuClusterArgs
+from .inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
+from .inference_pool import InferencePool, InferencePoolArgs
+from .k8s_meta import MODEL_LABEL, POOL_LABEL, TENANT_LABEL
+from .keda import Keda, KedaArgs
+from .limit_store import PORT as LIMITS_PORT
+from .limit_store import LimitStore, LimitStoreArgs
+from .mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
+from .mesh_readiness import MeshReadiness, MeshReadinessArgs
+from .model_store import SERVER_SA, ModelStore, ModelStoreArgs, reads_hub_token_from_secret_manager
+from .observability import Observability, ObservabilityArgs
+from .options import child_opts
+from .project_apis import ProjectApis, ProjectApisArgs
+from .serving_api import (
+    objective_name,
+    picker_max_body_bytes,
+    picker_routes,
+    pool_guard_config,
 )
-from vllm_gke.components.tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
-from vllm_gke.components.config_rules import cross_field_issues
-from vllm_gke.components.stack_config import ConfigError, StackConfig
-from vllm_gke.components.standby import STANDBY_SA, Standby, StandbyArgs
-from vllm_gke.components.tenant_urls import path_prefix
-from vllm_gke.components.vllm_service import SERVER_LABELS, KedaScaling, VllmService, VllmServiceArgs, service_name_of
-from vllm_gke.components.vllm_versions import release
+from .specs import ModelSpec, TenantSpec
+from .stack_config import ConfigError, StackConfig
+from .standby import STANDBY_SA, Standby, StandbyArgs
+from .tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
+from .tenant_urls import path_prefix
+from .vllm_service import SERVER_LABELS, KedaScaling, VllmService, VllmServiceArgs, service_name_of
+from .vllm_versions import release
 
 BASE_APIS = (
     "serviceusage.googleapis.com", "cloudresourcemanager.googleapis.com", "iam.googleapis.com",

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import pulumi
 import pulumi_gcp as gcp
 
-from vllm_gke.components.options import child_opts
+from .options import child_opts
 
 # What each API is for; the README's prerequisites table is generated from the same list.
 API_PURPOSES = {

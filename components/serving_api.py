@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Literal, Optional, Sequence
 
-from vllm_gke.components.specs import ModelSpec, TenantSpec
+from .specs import ModelSpec, TenantSpec
 
 if TYPE_CHECKING:
-    from vllm_gke.components.vllm_versions import VllmRelease
+    from .vllm_versions import VllmRelease
 
 # Istio writes the verified JWT's issuer into this header (and overwrites a client's copy);
 # the route also strips client copies before the request reaches the mesh.

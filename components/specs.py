@@ -12,11 +12,17 @@ import re
 from typing import Annotated, Any, Callable, Literal, Optional
 
 from pydantic import (
-    AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator,
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 
-from vllm_gke.components.catalog import (
+from .catalog import (
     CPU_MACHINE_TYPES,
     GPU_MACHINE_TYPES,
     KV_CACHE_BYTES,
@@ -953,7 +959,7 @@ class WeightsSpec(Spec):
     @field_validator("populator_machine_type")
     @classmethod
     def _populator_machine(cls, v: str) -> str:
-        from vllm_gke.components.catalog import populator_vcpus
+        from .catalog import populator_vcpus
 
         if populator_vcpus(v) is None:
             raise ValueError(f"'{v}' is not a C3 or C3D machine type with at least 8 vCPUs (e.g. c3-standard-44, "
@@ -964,7 +970,7 @@ class WeightsSpec(Spec):
     @field_validator("bucket")
     @classmethod
     def _bucket(cls, v: Optional[str]) -> Optional[str]:
-        from vllm_gke.components.gcp_names import is_bucket_name
+        from .gcp_names import is_bucket_name
 
         if v is not None and not is_bucket_name(v):
             raise ValueError(f"'{v}' is not a Cloud Storage bucket name: 3-63 lowercase letters, digits, '-' or '_', "

@@ -10,14 +10,23 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 import pulumi
-
 from pydantic import Field, field_validator
 
-from vllm_gke.components.specs import (
-    ClusterSpec, CostSpec, GatewaySpec, GlobalLimitsSpec, ImageRef, ModelSpec, MonitoringSpec, Name, NodePoolSpec,
-    Spec, TenantSpec, WeightsSpec,
+from .specs import (
+    ClusterSpec,
+    CostSpec,
+    GatewaySpec,
+    GlobalLimitsSpec,
+    ImageRef,
+    ModelSpec,
+    MonitoringSpec,
+    Name,
+    NodePoolSpec,
+    Spec,
+    TenantSpec,
+    WeightsSpec,
 )
-from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from .vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from typing import Mapping, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.k8s_meta import BASE_LABELS, CONTAINER_SECURITY, MODEL_LABEL, POOL_LABEL, content_digest, meta
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.specs import ImageRef
+from .k8s_meta import BASE_LABELS, CONTAINER_SECURITY, MODEL_LABEL, POOL_LABEL, content_digest, meta
+from .options import child_opts
+from .specs import ImageRef
 
 PROGRAM = Path(__file__).with_name("scripts") / "standby.py"
 STANDBY_LABEL = "vllm-gke.io/standby"

@@ -16,13 +16,19 @@ from urllib.parse import urlsplit
 import pulumi
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.k8s_meta import MODEL_LABEL, TENANT_LABEL, custom_resource, meta
-from vllm_gke.components.mesh_namespace import ISTIO_API, MeshNamespace, MeshNamespaceArgs, TrustedSources
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.serving_api import (
-    ISSUER_HEADER, OBJECTIVE_HEADER, Route, mesh_operations, objective_name, picker_routes, tenant_routes,
+from .k8s_meta import MODEL_LABEL, TENANT_LABEL, custom_resource, meta
+from .mesh_namespace import ISTIO_API, MeshNamespace, MeshNamespaceArgs, TrustedSources
+from .options import child_opts
+from .serving_api import (
+    ISSUER_HEADER,
+    OBJECTIVE_HEADER,
+    Route,
+    mesh_operations,
+    objective_name,
+    picker_routes,
+    tenant_routes,
 )
-from vllm_gke.components.specs import TenantSpec
+from .specs import TenantSpec
 
 
 def tenant_namespace(tenant: TenantSpec) -> str:
@@ -35,8 +41,8 @@ def jwks_host(tenant: TenantSpec) -> str:
 
 def server_accounts(tenant: TenantSpec) -> tuple[str, ...]:
     """The service accounts a tenant's namespace holds: its dedicated servers' and standbys'."""
-    from vllm_gke.components.model_store import SERVER_SA
-    from vllm_gke.components.standby import STANDBY_SA
+    from .model_store import SERVER_SA
+    from .standby import STANDBY_SA
 
     return (SERVER_SA, STANDBY_SA) if tenant.dedicated else ()
 

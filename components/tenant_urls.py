@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_gke.components.serving_api import OBJECTIVE_HEADER, objective_name
-from vllm_gke.components.specs import ModelSpec, TenantSpec
-from vllm_gke.components.stack_config import StackConfig
+from .serving_api import OBJECTIVE_HEADER, objective_name
+from .specs import ModelSpec, TenantSpec
+from .stack_config import StackConfig
 
 
 def path_prefix(model: ModelSpec, tenant: TenantSpec, dedicated: bool) -> str:

@@ -19,17 +19,29 @@ from typing import Any, Literal, Mapping, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from vllm_gke.components.gpu_cluster import placement_for
-from vllm_gke.components.k8s_meta import (
-    BASE_LABELS, CONTAINER_SECURITY, MODEL_LABEL, POOL_LABEL, TENANT_LABEL, custom_resource, meta,
+from . import gcs_weights
+from .gpu_cluster import placement_for
+from .k8s_meta import (
+    BASE_LABELS,
+    CONTAINER_SECURITY,
+    MODEL_LABEL,
+    POOL_LABEL,
+    TENANT_LABEL,
+    custom_resource,
+    meta,
 )
-from vllm_gke.components import gcs_weights
-from vllm_gke.components.model_store import (
-    SERVER_SA, SERVER_UID, MOUNT_PATH, adapter_copies, model_dir, ready_marker, served_files_gb,
+from .model_store import (
+    MOUNT_PATH,
+    SERVER_SA,
+    SERVER_UID,
+    adapter_copies,
+    model_dir,
+    ready_marker,
+    served_files_gb,
 )
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
-from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
+from .options import child_opts
+from .specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
+from .vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
 
 PORT = 8000
 WARM_MARKER = "/tmp/vllm-gke-warm"
@@ -157,9 +169,11 @@ def sidecar_config() -> dict[str, str]:
     return {"proxy.istio.io/config": json.dumps(proxy, sort_keys=True), "sidecar.istio.io/nativeSidecar": "true"}
 
 
-def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: VllmRelease = release(DEFAULT_VLLM_VERSION),
+def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: Optional[VllmRelease] = None,
               request_timeout_seconds: int = 600) -> list[str]:
-    """Flags for `vllm serve` of release `rel`, following GKE's vLLM serving guides."""
+    """Flags for `vllm serve` of release `rel` (default the newest supported), following GKE's vLLM
+    serving guides."""
+    rel = rel or release(DEFAULT_VLLM_VERSION)
     args = [
         model_dir(model),
         "--served-model-name", model.name,
@@ -420,7 +434,7 @@ class VllmService(pulumi.ComponentResource):
 
         if args.scaling is None:
             raise ValueError(f"{model.name} {args.pool_name} pool: scaling (KEDA) is required")
-        from vllm_gke.components.keda import gmp_query_url
+        from .keda import gmp_query_url
 
         scaling = args.scaling
         self.autoscaler = custom_resource(

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from vllm_gke.components.catalog import REGION_ZONES
-from vllm_gke.components.model_store import LOW_RANGE_MAX_GB, REGIONAL_TIERS, weight_copies
-from vllm_gke.components.capacity import consumer_models, placements
-from vllm_gke.components.cold_start import cold_start_seconds
-from vllm_gke.infra.config import StackConfig
-from vllm_gke.infra.pricing import PRICE_REGION
+from ..components.capacity import consumer_models, placements
+from ..components.catalog import REGION_ZONES
+from ..components.cold_start import cold_start_seconds
+from ..components.model_store import LOW_RANGE_MAX_GB, REGIONAL_TIERS, weight_copies
+from .config import StackConfig
+from .pricing import PRICE_REGION
 
 
 def hyperdisk_disks(cfg: StackConfig) -> int:

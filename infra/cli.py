@@ -17,21 +17,25 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from vllm_gke.infra.pricing import PRICE_REGION
-from vllm_gke.infra.config import ConfigError
-from vllm_gke.infra.contracts import CONTRACTS
-from vllm_gke.infra.contracts import problems as contract_problems
-from vllm_gke.infra.crd_validation import CRD_DIR_ENV, DEFAULT_CRD_DIR
-from vllm_gke.infra.manifests import (
-    catalog_or_none, describe, is_builtin, validate, validate_alert_policy,
+from ..components.vllm_argv import check_argv, load_snapshot
+from ..policies.rules import POLICIES, resolve_levels
+from .config import ConfigError
+from .contracts import CONTRACTS
+from .contracts import problems as contract_problems
+from .crd_validation import CRD_DIR_ENV, DEFAULT_CRD_DIR
+from .manifests import (
+    catalog_or_none,
+    describe,
+    is_builtin,
+    validate,
+    validate_alert_policy,
     validate_dashboard,
 )
-from vllm_gke.infra.plan import Plan, default_stacks_dir, run_plan
-from vllm_gke.infra.plan_output import write_plan
-from vllm_gke.infra.plan_pictures import pictures
-from vllm_gke.infra.report import Verdicts, load_policy_config, verdicts
-from vllm_gke.components.vllm_argv import check_argv, load_snapshot
-from vllm_gke.policies.rules import POLICIES, resolve_levels
+from .plan import Plan, default_stacks_dir, run_plan
+from .plan_output import write_plan
+from .plan_pictures import pictures
+from .pricing import PRICE_REGION
+from .report import Verdicts, load_policy_config, verdicts
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan vllm-gke stacks offline: resources, manifests, dashboards, verdicts.")
@@ -89,7 +93,8 @@ def capacity_table(v: Verdicts) -> Table:
         label = r.model + (f" ({r.tenant})" if r.tenant else "") + (f" canary {r.revision[:7]}" if r.canary else "")
         table.add_row(label, r.pool, r.node_pool,
                       f"{r.gpu_memory_gb:g}", f"{r.usable_gb:.1f}", f"{r.weights_per_gpu_gb:.1f}",
-                      f"{r.lora_per_gpu_gb:.2f}" if r.lora_per_gpu_gb else "-", f"{r.kv_budget_gb:.1f}", f"{r.tokens_fit:,}", f"{r.context_tokens:,}", str(r.seqs_fit),
+                      f"{r.lora_per_gpu_gb:.2f}" if r.lora_per_gpu_gb else "-", f"{r.kv_budget_gb:.1f}",
+                      f"{r.tokens_fit:,}", f"{r.context_tokens:,}", str(r.seqs_fit),
                       str(r.max_num_seqs), "[green]yes[/]" if r.fits else "[red]no[/]", f"{r.cold_start_s / 60:.1f} min")
     return table
 
@@ -221,7 +226,7 @@ def plan(
         console.print(resource_table(result, detail))
         if write:
             console.print(f"wrote {len(files)} files under {out / stack}/ (manifests/, dashboard.json, "
-                          "alert-policies.json, resources.json, verdicts.json)")
+                          "alert-policies.json, resources.json, verdicts.json, node-pools.mmd, routes.mmd)")
     if problems or dashboard_errors or argv_errors or broken or report.mandatory:
         raise typer.Exit(1)
 

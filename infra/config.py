@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections import Counter
 from typing import Any, Mapping, Optional, get_args
 
 import pulumi
 from pydantic import BaseModel, ValidationError
 
-from vllm_gke.components.stack_config import ConfigError, ConfigIssue, StackConfig, plain_problem
+from ..components.stack_config import ConfigError, ConfigIssue, StackConfig, plain_problem
 
 PROJECT = "vllm-gke"
 # Fields that live in another provider's namespace in stack config.
@@ -102,7 +101,7 @@ def parse(values: Mapping[str, Any], source: str = "stack config") -> StackConfi
         cfg = None
         issues += [ConfigIssue(config_key(e["loc"], data), _problem(e)) for e in exc.errors()]
     if cfg is not None:
-        from vllm_gke.components.config_rules import cross_field_issues
+        from ..components.config_rules import cross_field_issues
 
         issues += cross_field_issues(cfg)
     if issues:

@@ -16,16 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from vllm_gke.components.hyperdisk_weights import CPU_REQUEST_ANNOTATION, MIN_GKE as POPULATOR_MIN_GKE, TRANSFER_COMPUTE_CLASS
-from vllm_gke.components.inference_pool import EPP_IMAGE, EXT_PROC_PORT, EPP_UID, HEALTH_PORT, METRICS_PORT
-from vllm_gke.components.k8s_meta import COMPUTE_CLASS_LABEL
-from vllm_gke.components.keda import CHART_VERSION, METRICS_SERVER_PORT, OPERATOR_SA, WEBHOOK_PORT
-from vllm_gke.components.model_store import LOADER_PROGRAM
-from vllm_gke.components.serving_api import PICKER_PATHS, REFUSED_AT_THE_PICKER, SIDECAR_PEER
-from vllm_gke.components.specs import gke_version
-from vllm_gke.components.vllm_versions import release
-from vllm_gke.infra.plan import Plan, manifest
-from vllm_gke.components.vllm_argv import load_snapshot
+from ..components.hyperdisk_weights import CPU_REQUEST_ANNOTATION, TRANSFER_COMPUTE_CLASS
+from ..components.hyperdisk_weights import MIN_GKE as POPULATOR_MIN_GKE
+from ..components.inference_pool import EPP_IMAGE, EPP_UID, EXT_PROC_PORT, HEALTH_PORT, METRICS_PORT
+from ..components.k8s_meta import COMPUTE_CLASS_LABEL
+from ..components.keda import CHART_VERSION, METRICS_SERVER_PORT, OPERATOR_SA, WEBHOOK_PORT
+from ..components.model_store import LOADER_PROGRAM
+from ..components.serving_api import PICKER_PATHS, REFUSED_AT_THE_PICKER, SIDECAR_PEER
+from ..components.specs import gke_version
+from ..components.vllm_argv import load_snapshot
+from ..components.vllm_versions import release
+from .plan import Plan, manifest
 
 Check = Callable[[Plan], list[str]]
 
@@ -91,7 +92,7 @@ def _queried_metrics(query: str) -> set[str]:
 
 def _standby_metrics() -> set[str]:
     """The counters the standby program exports (components/scripts/standby.py)."""
-    from vllm_gke.components.standby import PROGRAM
+    from ..components.standby import PROGRAM
 
     return set(re.findall(r"# TYPE (\w+) counter", PROGRAM.read_text()))
 
@@ -255,7 +256,7 @@ def picker_gets_what_it_parses(plan: Plan) -> list[str]:
 
 
 def picker_objective_is_the_tenants(plan: Plan) -> list[str]:
-    from vllm_gke.policies.route_match import reach, sample_request
+    from ..policies.route_match import reach, sample_request
 
     out = []
     routes = _docs(plan, "HTTPRoute")

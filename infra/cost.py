@@ -14,13 +14,17 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vllm_gke.components.capacity import gpu_slots_by_pool
-from vllm_gke.infra.pricing import (
-    FILESTORE_GIB_MONTH, GCS_STANDARD_GB_MONTH, GKE_CLUSTER_FEE_HOUR, MACHINE_PRICES, PRICES_AS_OF,
+from ..components.capacity import gpu_slots_by_pool
+from .pricing import (
+    FILESTORE_GIB_MONTH,
+    GCS_STANDARD_GB_MONTH,
+    GKE_CLUSTER_FEE_HOUR,
+    MACHINE_PRICES,
+    PRICES_AS_OF,
 )
 
 if TYPE_CHECKING:
-    from vllm_gke.infra.config import StackConfig
+    from .config import StackConfig
 
 
 @dataclass(frozen=True)

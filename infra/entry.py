@@ -8,7 +8,7 @@ import sys
 
 def main() -> None:
     try:
-        from vllm_gke.infra.cli import app
+        from .cli import app
     except ModuleNotFoundError as missing:
         print(f"vllm-gke: the plan needs {missing.name}, from the plan extra: pip install 'vllm-gke[plan]'",
               file=sys.stderr)

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import kubernetes_validate
 
-from vllm_gke.infra.crd_validation import CrdCatalog, crd_dir, load_catalog, validate_custom_resource
+from .crd_validation import CrdCatalog, crd_dir, load_catalog, validate_custom_resource
 
 KUBERNETES_VERSION = "1.33.0"
 

@@ -15,10 +15,10 @@ import yaml
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from vllm_gke.infra.config import ConfigError, ConfigIssue, StackConfig, load
-from vllm_gke.infra.mocks import PlannedResource, RecordingMocks, RecordingMonitor
-from vllm_gke.infra.program import Platform, build
-from vllm_gke.policies.rules import Resource
+from ..policies.rules import Resource
+from .config import ConfigError, ConfigIssue, StackConfig, load
+from .mocks import PlannedResource, RecordingMocks, RecordingMonitor
+from .program import Platform, build
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STACKS_DIR = REPO_ROOT / "stacks"

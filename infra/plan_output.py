@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import yaml
 
-from vllm_gke.infra.plan import Plan
+from .plan import Plan
 
 
 def _manifest_path(doc: dict[str, Any]) -> Path:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import re
 
-from vllm_gke.components.capacity import placements
-from vllm_gke.components.stack_config import StackConfig
-from vllm_gke.components.tenant_urls import path_prefix
-from vllm_gke.infra.cost import CostReport
+from ..components.capacity import placements
+from ..components.stack_config import StackConfig
+from ..components.tenant_urls import path_prefix
+from .cost import CostReport
 
 
 def _id(*parts: str) -> str:

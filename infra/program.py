@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pulumi
 
-from vllm_gke.components.platform import Platform, PlatformArgs, required_apis
-from vllm_gke.components.stack_config import StackConfig
+from ..components.platform import Platform, PlatformArgs, required_apis
+from ..components.stack_config import StackConfig
 
 __all__ = ["Platform", "build", "required_apis"]
 

@@ -7,12 +7,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from vllm_gke.infra.advice import plan_warnings
-from vllm_gke.components.capacity import PoolCapacity, capacity_report
-from vllm_gke.infra.cost import CostReport, cost_report
-from vllm_gke.infra.plan import Plan
-from vllm_gke.components.tenant_urls import TenantUrl, tenant_urls, url_notes
-from vllm_gke.policies.rules import POLICIES, Violation, evaluate, resolve_levels
+from ..components.capacity import PoolCapacity, capacity_report
+from ..components.tenant_urls import TenantUrl, tenant_urls, url_notes
+from ..policies.rules import POLICIES, Violation, evaluate, resolve_levels
+from .advice import plan_warnings
+from .cost import CostReport, cost_report
+from .plan import Plan
 
 
 @dataclass

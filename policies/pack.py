@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from pulumi_policy import (
-    EnforcementLevel, ReportViolation, StackValidationArgs, StackValidationPolicy,
+    EnforcementLevel,
+    ReportViolation,
+    StackValidationArgs,
+    StackValidationPolicy,
 )
 
-from vllm_gke.policies.rules import POLICIES, Policy, Resource
+from .rules import POLICIES, Policy, Resource
 
 LEVEL = {"advisory": EnforcementLevel.ADVISORY, "mandatory": EnforcementLevel.MANDATORY,
          "disabled": EnforcementLevel.DISABLED}

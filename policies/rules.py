@@ -14,11 +14,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Optional, Sequence
 
-from vllm_gke.components.catalog import ACCELERATORS
-from vllm_gke.components.hyperdisk_weights import TRANSFER_COMPUTE_CLASS
-from vllm_gke.components.k8s_meta import COMPUTE_CLASS_LABEL
-from vllm_gke.policies.mesh_authz import Request, applicable, decide, for_token
-from vllm_gke.policies.route_match import reach, sample_request
+from ..components.catalog import ACCELERATORS
+from ..components.hyperdisk_weights import TRANSFER_COMPUTE_CLASS
+from ..components.k8s_meta import COMPUTE_CLASS_LABEL
+from .mesh_authz import Request, applicable, decide, for_token
+from .route_match import reach, sample_request
 
 Level = Literal["advisory", "mandatory", "disabled"]
 LEVELS: tuple[Level, ...] = ("advisory", "mandatory", "disabled")

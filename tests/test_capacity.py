@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
+from vllm_gke.components.capacity import GB, RUNTIME_OVERHEAD_GB, capacity_report, pool_capacity
 from vllm_gke.components.catalog import MODEL_SHAPES
 from vllm_gke.components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
-from vllm_gke.components.capacity import GB, RUNTIME_OVERHEAD_GB, capacity_report, pool_capacity
 from vllm_gke.infra.config import ConfigError, parse
 
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import STACKS
 from vllm_gke.components.catalog import MACHINE_TYPES
 from vllm_gke.components.specs import NodePoolSpec
 from vllm_gke.infra.config import ConfigError, parse
-from tests.conftest import STACKS
 
 
 def issues(values: dict[str, Any]) -> list[str]:
@@ -179,7 +179,8 @@ def test_every_mig_profile_is_accepted_only_on_its_gpu(machine):
 # --- fuzzing: any mutation of a valid config either parses or fails as a ConfigError -------
 
 LEAVES = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=False),
-                   st.text(max_size=12), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
+                   st.text(max_size=12), st.lists(st.integers(), max_size=2),
+                   st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
 
 
 def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:

@@ -11,9 +11,9 @@ from typing import Any, Callable
 
 import pytest
 
+from tests.conftest import REPO_ROOT
 from vllm_gke.components.gcp_names import is_service_account_id, service_account_id
 from vllm_gke.infra.config import ConfigError, parse
-from tests.conftest import REPO_ROOT
 
 
 def problems(values: dict[str, Any]) -> list[str]:

@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 import pytest
 
+from tests.conftest import STACKS
 from vllm_gke.infra.contracts import CONTRACTS, DOC, markdown, problems
 from vllm_gke.infra.mocks import PlannedResource
-from tests.conftest import STACKS
 
 
 @pytest.fixture(scope="module")

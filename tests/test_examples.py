@@ -10,10 +10,10 @@ from collections import Counter
 
 import pytest
 
+from tests.conftest import REPO_ROOT
 from vllm_gke.components.stack_config import ConfigError
 from vllm_gke.infra.plan import run_program_file
 from vllm_gke.policies.rules import Resource, evaluate
-from tests.conftest import REPO_ROOT
 
 PYTHON_EXAMPLE = REPO_ROOT / "examples" / "python" / "__main__.py"
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO_ROOT, STACKS, manifests_of, vllm_deployments
 from vllm_gke.components.tenant_auth import jwks_host
 from vllm_gke.infra.advice import plan_warnings
-from tests.conftest import REPO_ROOT, STACKS, manifests_of, vllm_deployments
 
 HUB = REPO_ROOT / "tests" / "fixtures" / "hub"
 PROGRAM = REPO_ROOT / "components" / "scripts" / "load_weights.py"

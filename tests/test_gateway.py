@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_gke.components.gateway import LENGTH_HINT_HEADER, at_least_regex
 from tests.conftest import REPO_ROOT, STACKS, manifests_of, props_of, vllm_deployments
+from vllm_gke.components.gateway import LENGTH_HINT_HEADER, at_least_regex
 
 
 @given(threshold=st.integers(1, 10**7), value=st.integers(0, 10**9))
@@ -26,7 +26,7 @@ def test_length_regex_rejects_non_numbers():
 def test_gateway_class_and_listeners(plans):
     (dev,) = manifests_of(plans["dev"], "Gateway")
     assert dev["spec"]["gatewayClassName"] == "gke-l7-rilb"
-    assert [l["name"] for l in dev["spec"]["listeners"]] == ["http"]  # internal, no TLS configured
+    assert [listener["name"] for listener in dev["spec"]["listeners"]] == ["http"]  # internal, no TLS configured
     (prod,) = manifests_of(plans["prod"], "Gateway")
     assert prod["spec"]["gatewayClassName"] == "gke-l7-regional-external-managed"
     https, http = prod["spec"]["listeners"]
@@ -67,7 +67,7 @@ def test_external_gateway_has_a_reserved_address(plans):
 def test_managed_certificate_for_a_regional_gateway(plans):
     plan = plans["staging"]
     (gateway,) = manifests_of(plan, "Gateway")
-    https = next(l for l in gateway["spec"]["listeners"] if l["name"] == "https")
+    https = next(x for x in gateway["spec"]["listeners"] if x["name"] == "https")
     assert https["tls"] == {"mode": "Terminate",
                             "options": {"networking.gke.io/cert-manager-certs": "vllm-staging-gateway"}}
     (cert,) = props_of(plan, "gcp:certificatemanager/certificate:Certificate")
@@ -88,7 +88,7 @@ def test_managed_certificate_for_a_global_gateway_uses_a_certificate_map(plan_va
     plan = plan_variant("staging", go_global)
     (gateway,) = manifests_of(plan, "Gateway")
     assert gateway["metadata"]["annotations"] == {"networking.gke.io/certmap": "vllm-staging-gateway"}
-    https = next(l for l in gateway["spec"]["listeners"] if l["name"] == "https")
+    https = next(x for x in gateway["spec"]["listeners"] if x["name"] == "https")
     assert https["tls"] == {"mode": "Terminate"}
     (entry,) = props_of(plan, "gcp:certificatemanager/certificateMapEntry:CertificateMapEntry")
     assert entry["hostname"] == "llm.staging.acme.example"
@@ -230,7 +230,6 @@ def test_no_destination_rule_claims_limits_for_vllm_services(plans, stack):
 def test_a_dedicated_copy_runs_the_models_canary_too(plan_variant):
     """A tenant's dedicated replicas follow the model's config, canary included, on the tenant's pool."""
     from vllm_gke.components.capacity import gpu_slots_by_pool
-    from vllm_gke.infra.config import parse
 
     def canary(values):
         values["vllm-gke:models"][1]["canary"] = {"revision": "v2", "weight": 20}

@@ -4,19 +4,17 @@ fakeredis), the guard using it, the fallback to per-replica windows, and what th
 from __future__ import annotations
 
 import asyncio
-import logging
 import json
+import logging
 import sys
-import time
 
 import fakeredis
 import pytest
-import yaml
 
+from tests.conftest import REPO_ROOT, manifests_of
 from vllm_gke.components.limit_store import NAMESPACE, PORT, REDIS_CONF, host
 from vllm_gke.components.serving_api import guard_config, tenant_routes
 from vllm_gke.components.specs import TenantSpec
-from tests.conftest import REPO_ROOT, manifests_of
 
 sys.path.insert(0, str(REPO_ROOT / "images"))
 import vllm_gke_guard as guard  # noqa: E402

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import REPO_ROOT
 from vllm_gke.components.serving_api import OPEN_ROUTES, TENANT_ROUTES, guard_config, tenant_routes
 from vllm_gke.components.specs import TenantSpec
 from vllm_gke.components.vllm_argv import load_snapshot, snapshot_versions
-from tests.conftest import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "images"))
 import vllm_gke_guard as guard  # noqa: E402
@@ -785,8 +785,8 @@ def test_unsalted_routes_and_releases_are_left_alone():
 
 
 def test_the_plan_salts_what_each_release_takes(plans):
-    from vllm_gke.components.vllm_versions import RELEASES
     from tests.conftest import vllm_deployments
+    from vllm_gke.components.vllm_versions import RELEASES
 
     for dep in vllm_deployments(plans["prod"]):
         env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}

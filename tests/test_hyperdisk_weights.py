@@ -10,20 +10,26 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import manifests_of, vllm_deployments
 from vllm_gke.components.catalog import GPU_MACHINE_TYPES, attaches_hyperdisk_ml, populator_vcpus
-from vllm_gke.components.hyperdisk_weights import (CPU_REQUEST_ANNOTATION, POPULATOR_SA, STORAGE_CLASS_PREFIX,
-                                                   TRANSFER_COMPUTE_CLASS, claim_name, disk_size_gib,
-                                                   transfer_cpu_request)
+from vllm_gke.components.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds
+from vllm_gke.components.hyperdisk_weights import (
+    CPU_REQUEST_ANNOTATION,
+    POPULATOR_SA,
+    STORAGE_CLASS_PREFIX,
+    TRANSFER_COMPUTE_CLASS,
+    claim_name,
+    disk_size_gib,
+    transfer_cpu_request,
+)
 from vllm_gke.components.model_store import WeightCopy
 from vllm_gke.infra.advice import hyperdisk_disks, plan_warnings
-from vllm_gke.components.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds
 from vllm_gke.infra.config import ConfigError, parse
 from vllm_gke.infra.manifests import catalog_or_none, validate
 from vllm_gke.infra.mocks import MOCK_PROJECT_NUMBER
 from vllm_gke.infra.plan import read_stack_config, run_program
 from vllm_gke.infra.program import required_apis
 from vllm_gke.policies.rules import Resource, evaluate
-from tests.conftest import manifests_of, vllm_deployments
 
 
 def hyperdisk_values(extra: bool = False) -> dict[str, Any]:

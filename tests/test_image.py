@@ -11,10 +11,9 @@ import subprocess
 import sys
 import time
 
-
+from tests.conftest import STACKS, vllm_deployments
 from vllm_gke.components.vllm_service import GUARD_MIDDLEWARE, WARM_MARKER
 from vllm_gke.infra.plan import REPO_ROOT
-from tests.conftest import STACKS, vllm_deployments
 
 IMAGES = REPO_ROOT / "images"
 sys.path.insert(0, str(IMAGES))

@@ -9,15 +9,16 @@ import sys
 
 import pytest
 
+from tests.conftest import REPO_ROOT
+from vllm_gke.components.capacity import pool_capacity
 from vllm_gke.components.model_store import ADAPTERS_DIR, plan_filestore
 from vllm_gke.components.serving_api import guard_config, tenant_routes
 from vllm_gke.components.specs import ModelSpec, TenantSpec, WeightsSpec
-from vllm_gke.components.capacity import pool_capacity
 from vllm_gke.infra.config import ConfigError, parse
-from tests.conftest import REPO_ROOT, manifests_of
 
 sys.path.insert(0, str(REPO_ROOT / "images"))
 import vllm_gke_guard as guard  # noqa: E402
+
 from tests.test_guard import Clock, Recorder, call, error, status  # noqa: E402
 
 SEARCH, SUPPORT = "https://auth.acme.example/search", "https://auth.acme.example/support"

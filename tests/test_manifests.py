@@ -7,9 +7,9 @@ import copy
 
 import pytest
 
+from tests.conftest import STACKS, manifests_of
 from vllm_gke.infra.crd_validation import apply_defaults, eval_rule, unknown_fields
 from vllm_gke.infra.manifests import is_builtin, validate
-from tests.conftest import STACKS, manifests_of
 
 
 @pytest.mark.parametrize("stack", STACKS)

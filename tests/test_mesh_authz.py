@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_gke.policies.mesh_authz import Request, decide, match_string, normalize_path
 from tests.conftest import STACKS, vllm_deployments
+from vllm_gke.policies.mesh_authz import Request, decide, match_string, normalize_path
 
 HEALTH_CHECKER = "35.191.3.4"      # Google's health-check range
 PROXY_ONLY = "10.129.0.7"          # the proxy-only subnet (Envoy-based load balancers)

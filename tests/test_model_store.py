@@ -6,9 +6,9 @@ import re
 
 import pytest
 
+from tests.conftest import manifests_of, props_of, vllm_deployments
 from vllm_gke.components.model_store import plan_filestore
 from vllm_gke.components.specs import CanarySpec, ModelSpec, WeightsSpec
-from tests.conftest import manifests_of, props_of, vllm_deployments
 
 
 def test_one_filestore_instance_per_stack(plans):
@@ -135,7 +135,7 @@ def test_volume_size_is_independent_of_the_share(plans, plan_variant):
     (fs_before,), (fs_after,) = (props_of(p, "gcp:filestore/instance:Instance") for p in (before, after))
     assert fs_before["fileShares"]["capacityGb"] < fs_after["fileShares"]["capacityGb"]
     for kind in ("PersistentVolume", "PersistentVolumeClaim"):
-        def specs(plan):
+        def specs(plan, kind=kind):
             return {(m["metadata"].get("namespace"), m["metadata"]["name"]): m["spec"] for m in manifests_of(plan, kind)}
         assert specs(before) == specs(after)
 
@@ -143,7 +143,7 @@ def test_volume_size_is_independent_of_the_share(plans, plan_variant):
 def test_loader_pod_is_unprivileged(plans):
     """Root only where the export it writes is root-owned (Filestore); everywhere a read-only root
     filesystem, no capabilities, and emptyDirs for what the libraries write besides the weights."""
-    for stack, plan in plans.items():
+    for plan in plans.values():
         for job in manifests_of(plan, "Job", "vllm-gke-system"):
             pod = job["spec"]["template"]["spec"]
             assert pod["automountServiceAccountToken"] is False

@@ -10,12 +10,11 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
-from pathlib import Path
 from typing import Any
 
 import pulumi
 import pytest
+import tomllib
 import yaml
 
 from tests.conftest import REPO_ROOT
@@ -288,9 +287,8 @@ def test_component_users_can_run_a_canary_through_the_facades():
     """VllmService(canary: true) and Gateway canary targets, as a YAML or TypeScript program would declare them."""
     from vllm_gke.components.provider import Gateway, VllmService
     from vllm_gke.components.provider.convert import InputError
-    from vllm_gke.infra.plan import read_stack_config, run_program
-
     from vllm_gke.infra.config import parse
+    from vllm_gke.infra.plan import read_stack_config, run_program
 
     values = read_stack_config("prod")
     cfg = parse(values)
@@ -451,7 +449,13 @@ def test_the_picker_path_composes_from_the_facades():
     import copy
 
     from vllm_gke.components.provider import (
-        Gateway, GpuCluster, InferenceObjectiveCrd, InferencePool, MeshNamespace, TenantAuth, VllmService,
+        Gateway,
+        GpuCluster,
+        InferenceObjectiveCrd,
+        InferencePool,
+        MeshNamespace,
+        TenantAuth,
+        VllmService,
     )
     from vllm_gke.infra.plan import _under_mocks
     from vllm_gke.policies.rules import Resource, evaluate
@@ -461,7 +465,8 @@ def test_the_picker_path_composes_from_the_facades():
                                         "jwks_uri": "https://auth.acme.example/search/jwks", "audiences": ["llm"]},
               "models": ["qwen-7b"], "priority": -1, "rate_limit": {"requests_per_minute": 60}, "max_tokens": 1024}
     model = {"name": "qwen-7b", "source": "hf://Qwen/Qwen2.5-7B-Instruct", "shape": "qwen2.5-7b",
-             "node_pool": "gpu", "routing": "inference-gateway", "short": {"min_replicas": 1, "max_replicas": 2, "max_num_seqs": 8}}
+             "node_pool": "gpu", "routing": "inference-gateway",
+             "short": {"min_replicas": 1, "max_replicas": 2, "max_num_seqs": 8}}
 
     def body() -> None:
         GpuCluster("gke", {"project": "p", "region": "us-central1", "cluster": cluster,

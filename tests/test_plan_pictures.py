@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
+from tests.conftest import REPO_ROOT
 from vllm_gke.infra.plan_pictures import pictures
 from vllm_gke.infra.report import verdicts
-from tests.conftest import REPO_ROOT
 
 
 def _pictures(plan):

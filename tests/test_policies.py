@@ -8,8 +8,8 @@ from typing import Any, Callable
 
 import pytest
 
-from vllm_gke.policies.rules import POLICIES, POLICY_NAMES, Resource, evaluate, resolve_levels
 from tests.conftest import STACKS
+from vllm_gke.policies.rules import POLICIES, POLICY_NAMES, Resource, evaluate, resolve_levels
 
 
 def resources(plan) -> list[Resource]:

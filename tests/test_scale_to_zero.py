@@ -12,10 +12,10 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
+from tests.conftest import manifests_of
 from vllm_gke.components.keda import CHART_VERSION, GMP_AUTH, gmp_query_url
 from vllm_gke.components.standby import PROGRAM, RETRY_AFTER_S, STANDBY_LABEL
 from vllm_gke.infra.config import ConfigError, parse
-from tests.conftest import manifests_of
 
 
 def one(plan, kind, name):

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
+
 import yaml
 
-from vllm_gke.infra.plan import REPO_ROOT
 from tests.conftest import STACKS
+from vllm_gke.infra.plan import REPO_ROOT
 
 
 def test_stack_files_hold_only_config():

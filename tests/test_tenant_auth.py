@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_gke.components.serving_api import TENANT_ROUTES, mesh_operations, tenant_routes
-
-from vllm_gke.components.tenant_auth import ISSUER_HEADER
 from tests.conftest import manifests_of
+from vllm_gke.components.serving_api import TENANT_ROUTES, mesh_operations, tenant_routes
+from vllm_gke.components.tenant_auth import ISSUER_HEADER
 
 
 def namespaces(plan):

@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from vllm_gke.components.vllm_argv import check_argv, load_snapshot, normalise, snapshot_versions
 from tests.conftest import REPO_ROOT, STACKS, vllm_deployments
+from vllm_gke.components.vllm_argv import check_argv, load_snapshot, normalise, snapshot_versions
 
 
 def pinned_version() -> str:

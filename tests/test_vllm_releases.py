@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
-from vllm_gke.components.vllm_argv import check_argv, load_snapshot, snapshot_versions
 from tests.conftest import REPO_ROOT, vllm_deployments
+from vllm_gke.components.vllm_argv import check_argv, load_snapshot, snapshot_versions
+from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
 
 
 def newest(versions):

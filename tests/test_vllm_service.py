@@ -6,11 +6,10 @@ import json
 
 import pytest
 
-from vllm_gke.components.vllm_versions import release
-
+from tests.conftest import STACKS, manifests_of, vllm_deployments
 from vllm_gke.components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
 from vllm_gke.components.vllm_service import container_resources, vllm_args
-from tests.conftest import STACKS, manifests_of, vllm_deployments
+from vllm_gke.components.vllm_versions import release
 
 
 def deployment(plan, name, namespace="vllm"):
@@ -145,8 +144,6 @@ def test_one_autoscaling_path_and_one_external_metrics_server(plans, stack):
 def test_a_guard_without_tenants_is_refused_at_the_component(plans):
     """VllmServiceArgs.guard_config is required: a guard config with no issuers refuses every request."""
     import dataclasses
-
-    import pulumi
 
     from vllm_gke.components.vllm_service import VllmService, VllmServiceArgs
 

@@ -14,8 +14,8 @@ import pulumi
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel, to_snake
 
-from vllm_gke.components.specs import Spec
-from vllm_gke.components.stack_config import ConfigError, ConfigIssue, plain_problem
+from ..specs import Spec
+from ..stack_config import ConfigError, ConfigIssue, plain_problem
 
 S = TypeVar("S", bound=Spec)
 # A spec field typed `str | <Spec>` is two package inputs: `<name>` and `custom_<name>`.

@@ -7,15 +7,15 @@ import pulumi
 from pydantic.alias_generators import to_camel
 from typing_extensions import NotRequired
 
-from vllm_gke.components.config_rules import check_inference_gateway_class
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.gateway import Gateway as _Gateway
-from vllm_gke.components.gateway import GatewayArgs, PickerTarget, RouteTarget
-from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
-from vllm_gke.components.provider.convert import Problems, kubernetes_provider
-from vllm_gke.components.provider.types import GatewaySpec
-from vllm_gke.components.serving_api import PICKER_MIN_BODY_BYTES, objective_name, picker_routes
-from vllm_gke.components.specs import GatewaySpec as GatewayModel
+from ..config_rules import check_inference_gateway_class
+from ..gateway import Gateway as _Gateway
+from ..gateway import GatewayArgs, PickerTarget, RouteTarget
+from ..options import child_opts
+from ..project_apis import ProjectApis, ProjectApisArgs
+from ..serving_api import PICKER_MIN_BODY_BYTES, objective_name, picker_routes
+from ..specs import GatewaySpec as GatewayModel
+from .convert import Problems, kubernetes_provider
+from .types import GatewaySpec
 
 
 class RouteTargetSpec(TypedDict):

@@ -21,10 +21,10 @@ from pydantic import BaseModel
 from pydantic.alias_generators import to_pascal
 from pydantic.fields import FieldInfo
 
-from vllm_gke.components import specs
-from vllm_gke.components.provider.convert import UNION_PREFIX
-from vllm_gke.components.specs import Spec
-from vllm_gke.components.stack_config import StackConfig
+from .. import specs
+from ..specs import Spec
+from ..stack_config import StackConfig
+from .convert import UNION_PREFIX
 
 OUT = Path(__file__).with_name("types.py")
 # The specs the package exposes, roots first; nested specs are followed.

@@ -6,15 +6,15 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.gpu_cluster import GpuCluster as _GpuCluster
-from vllm_gke.components.gpu_cluster import GpuClusterArgs
-from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
-from vllm_gke.components.config_rules import check_network, check_zones
-from vllm_gke.components.provider.convert import Problems
-from vllm_gke.components.provider.types import ClusterSpec, NodePoolSpec
-from vllm_gke.components.specs import ClusterSpec as ClusterModel
-from vllm_gke.components.specs import NodePoolSpec as NodePoolModel
+from ..config_rules import check_network, check_zones
+from ..gpu_cluster import GpuCluster as _GpuCluster
+from ..gpu_cluster import GpuClusterArgs
+from ..options import child_opts
+from ..project_apis import ProjectApis, ProjectApisArgs
+from ..specs import ClusterSpec as ClusterModel
+from ..specs import NodePoolSpec as NodePoolModel
+from .convert import Problems
+from .types import ClusterSpec, NodePoolSpec
 
 # What the cluster and every node need (iamcredentials: Workload Identity; artifactregistry: the
 # server image; logging: the nodes' logs), as the stack program enables them (platform.BASE_APIS).

@@ -14,8 +14,8 @@ from pulumi.provider import ConstructResult, main
 from pulumi.provider.experimental.component import ComponentProvider
 from pulumi.provider.server import ComponentInitError
 
-from vllm_gke.components.provider import COMPONENTS
-from vllm_gke.components.stack_config import ConfigError
+from ..stack_config import ConfigError
+from . import COMPONENTS
 
 PACKAGE = "vllm-gke"
 # Output properties whose values are secret, by component.
@@ -31,8 +31,9 @@ def package_version() -> str:
     try:
         return metadata.version(PACKAGE)
     except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        import tomllib
         from pathlib import Path
+
+        import tomllib
 
         pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
         return tomllib.loads(pyproject.read_text())["project"]["version"]

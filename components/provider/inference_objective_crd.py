@@ -5,10 +5,10 @@ from typing import Optional, TypedDict
 
 import pulumi
 
-from vllm_gke.components.inference_objective_crd import CRD_URL, InferenceObjectiveCrdArgs
-from vllm_gke.components.inference_objective_crd import InferenceObjectiveCrd as _InferenceObjectiveCrd
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.provider.convert import kubernetes_provider
+from ..inference_objective_crd import CRD_URL, InferenceObjectiveCrdArgs
+from ..inference_objective_crd import InferenceObjectiveCrd as _InferenceObjectiveCrd
+from ..options import child_opts
+from .convert import kubernetes_provider
 
 
 class InferenceObjectiveCrdInputs(TypedDict):

@@ -6,20 +6,20 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
-from vllm_gke.components.config_rules import check_inference_gateway_version
-from vllm_gke.components.inference_pool import InferencePool as _InferencePool
-from vllm_gke.components.inference_pool import InferencePoolArgs
-from vllm_gke.components.mesh_namespace import TrustedSources
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
-from vllm_gke.components.provider.convert import Problems, kubernetes_provider
-from vllm_gke.components.provider.types import ClusterSpec, ModelSpec, TenantSpec
-from vllm_gke.components.serving_api import objective_name
-from vllm_gke.components.specs import ClusterSpec as ClusterModel
-from vllm_gke.components.specs import ModelSpec as ModelModel
-from vllm_gke.components.specs import TenantSpec as TenantModel
-from vllm_gke.components.k8s_meta import MODEL_LABEL, POOL_LABEL
-from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from ..config_rules import check_inference_gateway_version
+from ..inference_pool import InferencePool as _InferencePool
+from ..inference_pool import InferencePoolArgs
+from ..k8s_meta import MODEL_LABEL, POOL_LABEL
+from ..mesh_namespace import TrustedSources
+from ..options import child_opts
+from ..project_apis import ProjectApis, ProjectApisArgs
+from ..serving_api import objective_name
+from ..specs import ClusterSpec as ClusterModel
+from ..specs import ModelSpec as ModelModel
+from ..specs import TenantSpec as TenantModel
+from ..vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from .convert import Problems, kubernetes_provider
+from .types import ClusterSpec, ModelSpec, TenantSpec
 
 
 class InferencePoolInputs(TypedDict):

@@ -6,14 +6,14 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
-from vllm_gke.components.gcp_names import service_account_id
-from vllm_gke.components.keda import Keda as _Keda
-from vllm_gke.components.keda import KedaArgs
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
-from vllm_gke.components.provider.convert import Problems, kubernetes_provider
-from vllm_gke.components.provider.types import ClusterSpec
-from vllm_gke.components.specs import ClusterSpec as ClusterModel
+from ..gcp_names import service_account_id
+from ..keda import Keda as _Keda
+from ..keda import KedaArgs
+from ..options import child_opts
+from ..project_apis import ProjectApis, ProjectApisArgs
+from ..specs import ClusterSpec as ClusterModel
+from .convert import Problems, kubernetes_provider
+from .types import ClusterSpec
 
 KEDA_APIS = ["iam.googleapis.com", "cloudresourcemanager.googleapis.com", "compute.googleapis.com",
              "monitoring.googleapis.com"]

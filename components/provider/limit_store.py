@@ -5,12 +5,12 @@ from typing import Optional, TypedDict
 
 import pulumi
 
-from vllm_gke.components.limit_store import LimitStore as _LimitStore
-from vllm_gke.components.limit_store import LimitStoreArgs
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.provider.convert import Problems, kubernetes_provider
-from vllm_gke.components.provider.types import ImageRef
-from vllm_gke.components.specs import ImageRef as ImageModel
+from ..limit_store import LimitStore as _LimitStore
+from ..limit_store import LimitStoreArgs
+from ..options import child_opts
+from ..specs import ImageRef as ImageModel
+from .convert import Problems, kubernetes_provider
+from .types import ImageRef
 
 
 class LimitStoreInputs(TypedDict):

@@ -5,17 +5,17 @@ from typing import Optional, TypedDict
 
 import pulumi
 
-from vllm_gke.components.config_rules import check_serving_namespace
-from vllm_gke.components.mesh_namespace import MeshNamespace as _MeshNamespace
-from vllm_gke.components.mesh_namespace import MeshNamespaceArgs, TrustedSources
-from vllm_gke.components.model_store import SERVER_SA
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.provider.convert import Problems, kubernetes_provider
-from vllm_gke.components.provider.types import ClusterSpec, TenantSpec
-from vllm_gke.components.specs import ClusterSpec as ClusterModel
-from vllm_gke.components.specs import TenantSpec as TenantModel
-from vllm_gke.components.standby import STANDBY_SA
-from vllm_gke.components.tenant_auth import jwks_host
+from ..config_rules import check_serving_namespace
+from ..mesh_namespace import MeshNamespace as _MeshNamespace
+from ..mesh_namespace import MeshNamespaceArgs, TrustedSources
+from ..model_store import SERVER_SA
+from ..options import child_opts
+from ..specs import ClusterSpec as ClusterModel
+from ..specs import TenantSpec as TenantModel
+from ..standby import STANDBY_SA
+from ..tenant_auth import jwks_host
+from .convert import Problems, kubernetes_provider
+from .types import ClusterSpec, TenantSpec
 
 
 class MeshNamespaceInputs(TypedDict):

@@ -5,12 +5,12 @@ from typing import Optional, TypedDict
 
 import pulumi
 
-from vllm_gke.components.mesh_readiness import MeshReadinessArgs
-from vllm_gke.components.mesh_readiness import MeshReadiness as _MeshReadiness
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.provider.convert import Problems, kubernetes_provider
-from vllm_gke.components.provider.types import ClusterSpec
-from vllm_gke.components.specs import ClusterSpec as ClusterModel
+from ..mesh_readiness import MeshReadiness as _MeshReadiness
+from ..mesh_readiness import MeshReadinessArgs
+from ..options import child_opts
+from ..specs import ClusterSpec as ClusterModel
+from .convert import Problems, kubernetes_provider
+from .types import ClusterSpec
 
 
 class MeshReadinessInputs(TypedDict):

@@ -7,16 +7,16 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
-from vllm_gke.components.model_store import ModelStore as _ModelStore
-from vllm_gke.components.model_store import ModelStoreArgs, reads_hub_token_from_secret_manager
-from vllm_gke.components.provider.convert import Problems, kubernetes_provider
-from vllm_gke.components.provider.types import ImageRef, ModelSpec, WeightsSpec
-from vllm_gke.components.specs import ImageRef as ImageModel
-from vllm_gke.components.specs import ModelSpec as ModelModel
-from vllm_gke.components.specs import WeightsSpec as WeightsModel
-from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from ..model_store import ModelStore as _ModelStore
+from ..model_store import ModelStoreArgs, reads_hub_token_from_secret_manager
+from ..options import child_opts
+from ..project_apis import ProjectApis, ProjectApisArgs
+from ..specs import ImageRef as ImageModel
+from ..specs import ModelSpec as ModelModel
+from ..specs import WeightsSpec as WeightsModel
+from ..vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from .convert import Problems, kubernetes_provider
+from .types import ImageRef, ModelSpec, WeightsSpec
 
 
 class ModelStoreInputs(TypedDict):

@@ -6,14 +6,14 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.project_apis import ProjectApis, ProjectApisArgs
-from vllm_gke.components.observability import Observability as _Observability
-from vllm_gke.components.observability import ObservabilityArgs
-from vllm_gke.components.provider.convert import Problems
-from vllm_gke.components.provider.types import MonitoringSpec
-from vllm_gke.components.specs import MonitoringSpec as MonitoringModel
-from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from ..observability import Observability as _Observability
+from ..observability import ObservabilityArgs
+from ..options import child_opts
+from ..project_apis import ProjectApis, ProjectApisArgs
+from ..specs import MonitoringSpec as MonitoringModel
+from ..vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from .convert import Problems
+from .types import MonitoringSpec
 
 
 class ObservabilityInputs(TypedDict):

@@ -7,13 +7,13 @@ from typing import Optional, TypedDict
 
 import pulumi
 
-from vllm_gke.components.platform import Platform as _Platform
-from vllm_gke.components.platform import PlatformArgs
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.provider.convert import InputError, to_spec
-from vllm_gke.components.provider.types import StackConfig
-from vllm_gke.components.stack_config import ConfigError, ConfigIssue
-from vllm_gke.components.stack_config import StackConfig as StackConfigModel
+from ..options import child_opts
+from ..platform import Platform as _Platform
+from ..platform import PlatformArgs
+from ..stack_config import ConfigError, ConfigIssue
+from ..stack_config import StackConfig as StackConfigModel
+from .convert import InputError, to_spec
+from .types import StackConfig
 
 
 class PlatformInputs(TypedDict):

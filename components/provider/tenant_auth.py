@@ -6,14 +6,14 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.mesh_namespace import TrustedSources
-from vllm_gke.components.provider.convert import Problems, kubernetes_provider
-from vllm_gke.components.provider.types import ClusterSpec, TenantSpec
-from vllm_gke.components.specs import ClusterSpec as ClusterModel
-from vllm_gke.components.specs import TenantSpec as TenantModel
-from vllm_gke.components.tenant_auth import TenantAuth as _TenantAuth
-from vllm_gke.components.tenant_auth import TenantAuthArgs
+from ..mesh_namespace import TrustedSources
+from ..options import child_opts
+from ..specs import ClusterSpec as ClusterModel
+from ..specs import TenantSpec as TenantModel
+from ..tenant_auth import TenantAuth as _TenantAuth
+from ..tenant_auth import TenantAuthArgs
+from .convert import Problems, kubernetes_provider
+from .types import ClusterSpec, TenantSpec
 
 
 class TenantAuthInputs(TypedDict):

@@ -7,27 +7,32 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
-from vllm_gke.components.options import child_opts
-from vllm_gke.components.config_rules import (
-    check_extra_args, check_fit, check_image_tag, check_pool_lengths, check_tenant_cap, check_tenant_limits,
+from ..config_rules import (
+    check_extra_args,
+    check_fit,
+    check_image_tag,
+    check_pool_lengths,
+    check_tenant_cap,
+    check_tenant_limits,
 )
-from vllm_gke.components.specs import item_key
-from vllm_gke.components.provider.convert import Problems, kubernetes_provider, plain
-from vllm_gke.components.keda import GMP_AUTH
-from vllm_gke.components.provider.types import ImageRef, ModelSpec, NodePoolSpec, TenantSpec
-from vllm_gke.components.limit_store import PORT as LIMITS_PORT
-from vllm_gke.components.limit_store import host as limit_store_host
-from vllm_gke.components.model_store import SERVER_SA
-from vllm_gke.components.serving_api import pool_guard_config
-from vllm_gke.components.specs import ImageRef as ImageModel
-from vllm_gke.components.specs import ModelSpec as ModelModel
-from vllm_gke.components.specs import NodePoolSpec as NodePoolModel
-from vllm_gke.components.specs import TenantSpec as TenantModel
-from vllm_gke.components.vllm_service import VllmService as _VllmService
-from vllm_gke.components.vllm_service import SERVER_LABELS, KedaScaling, VllmServiceArgs, service_name_of
-from vllm_gke.components.standby import STANDBY_SA, Standby, StandbyArgs
-from vllm_gke.components.k8s_meta import MODEL_LABEL, POOL_LABEL, TENANT_LABEL
-from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from ..k8s_meta import MODEL_LABEL, POOL_LABEL, TENANT_LABEL
+from ..keda import GMP_AUTH
+from ..limit_store import PORT as LIMITS_PORT
+from ..limit_store import host as limit_store_host
+from ..model_store import SERVER_SA
+from ..options import child_opts
+from ..serving_api import pool_guard_config
+from ..specs import ImageRef as ImageModel
+from ..specs import ModelSpec as ModelModel
+from ..specs import NodePoolSpec as NodePoolModel
+from ..specs import TenantSpec as TenantModel
+from ..specs import item_key
+from ..standby import STANDBY_SA, Standby, StandbyArgs
+from ..vllm_service import SERVER_LABELS, KedaScaling, VllmServiceArgs, service_name_of
+from ..vllm_service import VllmService as _VllmService
+from ..vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from .convert import Problems, kubernetes_provider, plain
+from .types import ImageRef, ModelSpec, NodePoolSpec, TenantSpec
 
 
 class PoolName(str, Enum):

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import urllib.parse
 import urllib.request
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Callable, Mapping, Optional, Protocol
 
 MARKER = ".vllm-gke-complete"
