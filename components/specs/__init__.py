@@ -1,0 +1,78 @@
+"""Typed, validated specs for what the components declare, one module per concern.
+
+These pydantic models are both the stack config schema (camelCase keys in stacks/*.yaml)
+and the typed inputs of the components, so a program that imports the components gets
+the same validation as `pulumi up`. Field validators reject a bad value with a message
+that names the fix; rules across fields live in components/config_rules.py.
+"""
+
+from __future__ import annotations
+
+from .base import (
+    Cidr,
+    Email,
+    Hostname,
+    ImageRef,
+    K8sName,
+    MasterCidr,
+    Name,
+    PodsCidr,
+    ProxyOnlyCidr,
+    Revision,
+    ServicesCidr,
+    Spec,
+    SubnetCidr,
+    UtcTime,
+    cidr_range,
+    gke_version,
+    item_key,
+)
+from .cluster import (
+    AuthorizedNetwork,
+    ClusterSpec,
+    MaintenanceExclusion,
+    MaintenanceSpec,
+    MaintenanceWindow,
+    NodePoolSpec,
+    UpgradeSpec,
+)
+from .gateway import (
+    GatewaySpec,
+)
+from .models import (
+    LORA_RANKS,
+    MANAGED_VLLM_OPTIONS,
+    AdapterSpec,
+    CanarySpec,
+    CustomShape,
+    ModelSpec,
+    ServingPoolSpec,
+    WeightsSource,
+    extra_arg_problem,
+    normalise_flag,
+)
+from .operations import (
+    CostSpec,
+    MonitoringSpec,
+)
+from .tenants import (
+    DedicatedSpec,
+    GlobalLimitsSpec,
+    JwtSpec,
+    RateLimitSpec,
+    TenantSpec,
+)
+from .weights import (
+    SecretKeyRef,
+    WeightsSpec,
+)
+
+__all__ = [
+    'AdapterSpec', 'AuthorizedNetwork', 'CanarySpec', 'Cidr', 'ClusterSpec', 'CostSpec', 'CustomShape',
+    'DedicatedSpec', 'Email', 'GatewaySpec', 'GlobalLimitsSpec', 'Hostname', 'ImageRef', 'JwtSpec', 'K8sName',
+    'LORA_RANKS', 'MANAGED_VLLM_OPTIONS', 'MaintenanceExclusion', 'MaintenanceSpec', 'MaintenanceWindow',
+    'MasterCidr', 'ModelSpec', 'MonitoringSpec', 'Name', 'NodePoolSpec', 'PodsCidr', 'ProxyOnlyCidr',
+    'RateLimitSpec', 'Revision', 'SecretKeyRef', 'ServicesCidr', 'ServingPoolSpec', 'Spec', 'SubnetCidr',
+    'TenantSpec', 'UpgradeSpec', 'UtcTime', 'WeightsSource', 'WeightsSpec', 'cidr_range', 'extra_arg_problem',
+    'gke_version', 'item_key', 'normalise_flag',
+]

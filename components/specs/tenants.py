@@ -1,0 +1,106 @@
+"""Tenants: their issuer, caps, rate limits (per replica or in the shared store), dedicated
+replicas and priority."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import (
+    Field,
+    field_validator,
+)
+
+from .base import (
+    _HOSTNAME,
+    ImageRef,
+    Name,
+    Spec,
+)
+
+
+class JwtSpec(Spec):
+    # The JWT issuer (iss) of the tenant's tokens, an https URL.
+    issuer: str
+    # Where the issuer's signing keys are (https).
+    jwks_uri: str
+    # Required: without audiences the mesh accepts a token the issuer minted for any other service.
+    audiences: list[str] = Field(min_length=1)
+
+    @field_validator("issuer", "jwks_uri")
+    @classmethod
+    def _https(cls, v: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(v)
+        if parts.scheme != "https" or not parts.hostname or not _HOSTNAME.match(parts.hostname) \
+                or any(c.isspace() for c in v) or parts.query or parts.fragment:
+            raise ValueError(f"'{v}' must be an https:// URL with a DNS host and no query or fragment")
+        return v.rstrip("/") if parts.path in ("", "/") else v
+
+
+class RateLimitSpec(Spec):
+    # Requests admitted per tenant in any 60 seconds: per replica, or across all replicas with
+    # vllm-gke:globalLimits enabled (each replica's own count is then the fallback).
+    requests_per_minute: int = Field(ge=1)
+    # Generated tokens per tenant in any 60 seconds, across all replicas (needs globalLimits):
+    # each request counts what it may make vLLM generate (its bound under maxTokens).
+    tokens_per_minute: Optional[int] = Field(default=None, ge=1)
+
+
+class GlobalLimitsSpec(Spec):
+    """One shared store of the tenants' sliding windows, so limits hold across replicas."""
+
+    # Count requests and tokens per tenant across all replicas (an in-cluster Redis, reached
+    # over the mesh's mTLS: only the vLLM pods' identities may connect; no password exists).
+    enabled: bool = False
+    # The store's image.
+    image: ImageRef = Field(default_factory=lambda: ImageRef(repository="mirror.gcr.io/library/redis", tag="7.4.2-alpine"))
+
+
+class DedicatedSpec(Spec):
+    """Models a tenant gets its own replicas of, on its own (often MIG) node pool."""
+
+    # Models the tenant gets its own replicas of.
+    models: list[Name] = Field(min_length=1)
+    # Node pool of those replicas.
+    node_pool: Name
+
+
+class TenantSpec(Spec):
+    # Tenant name; its namespace is tenant-<name>.
+    name: Name
+    # How the tenant's tokens are verified.
+    jwt: JwtSpec
+    # Models the tenant may call.
+    models: list[Name] = Field(min_length=1)
+
+    @field_validator("models")
+    @classmethod
+    def _unique_models(cls, v: list[str]) -> list[str]:
+        dupes = sorted({m for m in v if v.count(m) > 1})
+        if dupes:
+            raise ValueError(f"models {dupes} are listed more than once")
+        return v
+
+    # The tenant's request rate limit.
+    rate_limit: RateLimitSpec
+    # Most tokens one request may make vLLM generate (all sequences together).
+    max_tokens: int = Field(ge=1, le=131072)
+    # Replicas of the tenant's own.
+    dedicated: Optional[DedicatedSpec] = None
+    # Priority of the tenant's requests on models with routing: inference-gateway (its
+    # InferenceObjective). The pinned endpoint picker (gateway-api-inference-extension v1.2.0,
+    # without its experimental flow control) only sheds: while every replica of the pool is
+    # saturated (more than 5 requests waiting or KV cache over 80% on each), a negative priority's
+    # requests get 429; 0, the default, is never shed. It orders nothing by priority.
+    priority: int = Field(default=0, ge=-100, le=100)
+
+    @field_validator("priority")
+    @classmethod
+    def _sheddable_or_not(cls, v: int) -> int:
+        if v > 0:
+            raise ValueError(
+                f"{v} would change nothing: the pinned endpoint picker (v1.2.0) serves no priority before "
+                "another, it only sheds negative ones (429) while the pool is saturated; use 0 (never shed) "
+                "or a negative number (shed first)")
+        return v
