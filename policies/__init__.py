@@ -1,1 +1,1 @@
-"""The vllm-gke CrossGuard policy pack; the policy logic lives in policies.rules."""
+"""The vllm-gke CrossGuard policy pack; policies.rules holds the table of policies, the checks live in modules by concern."""

@@ -1,4 +1,4 @@
-"""CrossGuard wrappers: each rule in policies.rules as a pulumi-policy StackValidationPolicy."""
+"""CrossGuard wrappers: each policy of policies.rules (POLICIES) as a pulumi-policy StackValidationPolicy."""
 
 from __future__ import annotations
 

@@ -1,0 +1,131 @@
+"""What every policy works on: a planned resource, a finding, a policy, and helpers over the plan.
+
+Each policy takes every resource of a plan (type token, name, input/output properties in
+Pulumi's camelCase wire form) and yields (resource, message) for each violation. Only the
+standard library: the pack must stay light.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Optional, Sequence
+
+Level = Literal["advisory", "mandatory", "disabled"]
+LEVELS: tuple[Level, ...] = ("advisory", "mandatory", "disabled")
+
+
+@dataclass(frozen=True)
+class Resource:
+    type: str
+    name: str
+    props: Mapping[str, Any]
+    urn: str = ""
+
+
+Finding = tuple[Optional[Resource], str]
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    description: str
+    level: Level
+    check: Callable[[Sequence[Resource]], Iterable[Finding]]
+
+
+@dataclass(frozen=True)
+class Violation:
+    policy: str
+    level: Level
+    resource: str
+    urn: str
+    message: str
+
+
+# --- helpers over the plan ---------------------------------------------------------------
+
+NODE_POOL = "gcp:container/nodePool:NodePool"
+POD_TEMPLATE_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
+VLLM_ENTRYPOINTS = ("vllm serve", "vllm.entrypoints.openai.api_server", "/opt/vllm-gke/serve.py")
+
+
+def kube(resources: Sequence[Resource], kind: str) -> list[Resource]:
+    return [r for r in resources if r.type.startswith("kubernetes:") and r.props.get("kind") == kind]
+
+
+def meta(r: Resource) -> Mapping[str, Any]:
+    return r.props.get("metadata") or {}
+
+
+def namespace_of(r: Resource) -> str:
+    return meta(r).get("namespace") or "default"
+
+
+def pod_spec(r: Resource) -> Optional[Mapping[str, Any]]:
+    kind = r.props.get("kind")
+    spec = r.props.get("spec") or {}
+    if kind in POD_TEMPLATE_KINDS:
+        return (spec.get("template") or {}).get("spec")
+    if kind == "CronJob":
+        return (((spec.get("jobTemplate") or {}).get("spec") or {}).get("template") or {}).get("spec")
+    if kind == "Pod":
+        return spec
+    return None
+
+
+def containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list(pod.get("initContainers") or []) + list(pod.get("containers") or [])
+
+
+def workloads(resources: Sequence[Resource]) -> Iterator[tuple[Resource, Mapping[str, Any]]]:
+    for r in resources:
+        if r.type.startswith("kubernetes:") and (pod := pod_spec(r)) is not None:
+            yield r, pod
+
+
+def is_vllm_server(container: Mapping[str, Any]) -> bool:
+    line = " ".join(str(x) for x in (container.get("command") or []) + (container.get("args") or []))
+    return any(e in line for e in VLLM_ENTRYPOINTS)
+
+
+def vllm_servers(resources: Sequence[Resource]) -> Iterator[tuple[Resource, Mapping[str, Any], Mapping[str, Any]]]:
+    for r, pod in workloads(resources):
+        for c in pod.get("containers") or []:
+            if is_vllm_server(c):
+                yield r, pod, c
+
+
+def template_labels(r: Resource) -> Mapping[str, Any]:
+    """The labels of a workload's pod template."""
+    return (((r.props.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
+
+
+def selects(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
+    """A non-empty equality selector matches these labels."""
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def env_of(container: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {e.get("name", ""): e for e in container.get("env") or []}
+
+
+def where(r: Resource) -> str:
+    return f"{r.props.get('kind', r.type.split(':')[-1])} {namespace_of(r)}/{meta(r).get('name', r.name)}" \
+        if r.type.startswith("kubernetes:") else f"{r.type.split(':')[-1]} {r.name}"
+
+
+# --- helpers over routes and mesh policies, shared by several concerns ------------------
+
+def is_deny_all(policy: Resource) -> bool:
+    spec = policy.props.get("spec") or {}
+    return spec.get("action", "ALLOW") == "ALLOW" and not spec.get("rules")
+
+
+def parent_gateways(route: Resource, gateways: Mapping[tuple[str, Any], Resource]) -> list[tuple[dict, Resource]]:
+    ns = namespace_of(route)
+    parents = (route.props.get("spec") or {}).get("parentRefs") or []
+    return [(p, gateways[key]) for p in parents if (key := (p.get("namespace") or ns, p.get("name"))) in gateways]
+
+
+def route_backends(route: Resource) -> list[Any]:
+    return [b for rule in (route.props.get("spec") or {}).get("rules") or [] for b in rule.get("backendRefs") or []]

@@ -1,0 +1,143 @@
+"""InferencePools and the endpoint picker: pools served (picker running, failing closed, health-checked,
+behind a regional Gateway) and each tenant's priority its own."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterator, Mapping, Sequence
+
+from .base import Finding, Resource, kube, meta, namespace_of, parent_gateways, selects, template_labels, where
+from .mesh_authz import Request, applicable, decide, for_token
+from .route_match import reach, sample_request
+
+# The endpoint picker's request headers (gateway-api-inference-extension pkg/epp/metadata); the
+# same names as components/serving_api.py, repeated so the pack stays light (a test ties them).
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+PICKER_SETS = ("x-gateway-destination-endpoint",)
+REFUSED_AT_THE_PICKER = ("x-gateway-model-name-rewrite", "x-llm-d-inference-objective")
+GLOBAL_GATEWAY = re.compile(r"global|gxlb")
+
+
+def _to_pool(backend: Mapping[str, Any]) -> bool:
+    return backend.get("kind") == "InferencePool" and backend.get("group") == "inference.networking.k8s.io"
+
+
+def _pool_rules(route: Resource) -> Iterator[tuple[Mapping[str, Any], list[Mapping[str, Any]]]]:
+    for rule in (route.props.get("spec") or {}).get("rules") or []:
+        pools = [b for b in rule.get("backendRefs") or [] if _to_pool(b)]
+        if pools:
+            yield rule, pools
+
+
+def _header_changes(rule: Mapping[str, Any]) -> tuple[dict[str, str], set[str]]:
+    """What a rule's RequestHeaderModifier filters set (name -> value) and remove, names lowercase."""
+    sets: dict[str, str] = {}
+    removes: set[str] = set()
+    for f in rule.get("filters") or []:
+        if f.get("type") == "RequestHeaderModifier":
+            mod = f.get("requestHeaderModifier") or {}
+            sets.update({str(h.get("name", "")).lower(): str(h.get("value", "")) for h in mod.get("set") or []})
+            removes.update(str(h).lower() for h in mod.get("remove") or [])
+    return sets, removes
+
+
+def inference_pools_served(resources: Sequence[Resource]) -> Iterator[Finding]:
+    """An InferencePool serves only with its endpoint picker running, failing closed, health-checked
+    by the load balancer, behind a regional Gateway in a VPC with a proxy-only subnet."""
+    pools = kube(resources, "InferencePool")
+    if not pools:
+        return
+    services = {(namespace_of(s), meta(s).get("name")): s for s in kube(resources, "Service")}
+    deployments = [(namespace_of(d), template_labels(d)) for d in kube(resources, "Deployment")]
+    checked = {(namespace_of(h), ref.get("name")) for h in kube(resources, "HealthCheckPolicy")
+               if (ref := (h.props.get("spec") or {}).get("targetRef") or {}).get("kind") == "InferencePool"}
+    for pool in pools:
+        ns, name = namespace_of(pool), meta(pool).get("name")
+        ref = (pool.props.get("spec") or {}).get("endpointPickerRef") or {}
+        if ref.get("failureMode") == "FailOpen":
+            yield pool, f"{where(pool)} fails open: with its picker down, requests skip priorities and load awareness"
+        svc = services.get((ns, ref.get("name")))
+        if svc is None:
+            yield pool, f"{where(pool)}: its endpoint picker Service '{ref.get('name')}' is not declared in '{ns}'"
+        elif not any(dns == ns and selects((svc.props.get("spec") or {}).get("selector") or {}, labels)
+                     for dns, labels in deployments):
+            yield pool, f"{where(pool)}: no Deployment runs behind its endpoint picker Service '{ref.get('name')}'"
+        if (ns, name) not in checked:
+            yield pool, (f"{where(pool)} has no HealthCheckPolicy: the load balancer probes '/' (404 on vLLM) and "
+                         "marks every replica unhealthy")
+    if not any(r.type == "gcp:compute/subnetwork:Subnetwork" and r.props.get("purpose") == "REGIONAL_MANAGED_PROXY"
+               for r in resources):
+        yield None, "InferencePools are served by a regional load balancer, which needs a proxy-only subnet; none is declared"
+    gateways = {(namespace_of(g), meta(g).get("name")): g for g in kube(resources, "Gateway")}
+    for route in kube(resources, "HTTPRoute"):
+        if not any(True for _ in _pool_rules(route)):
+            continue
+        for _ref, gw in parent_gateways(route, gateways):
+            cls = (gw.props.get("spec") or {}).get("gatewayClassName", "")
+            if GLOBAL_GATEWAY.search(cls):
+                yield route, f"{where(route)} sends to an InferencePool through {cls}: only regional classes serve pools"
+
+
+def tenant_priorities_bound(resources: Sequence[Resource]) -> Iterator[Finding]:
+    """A tenant's priority is its own. The picker reads a request as the client sent it (route
+    header changes apply after ext_proc, envoy#15012), so a route to a pool must only admit
+    requests that already carry the objective it sets, refuse those carrying the picker's other
+    control headers, and strip them for the replica; every objective must exist, and the mesh
+    must admit at most one tenant's tokens under each."""
+    docs = [r.props for r in resources if r.type.startswith("kubernetes:")]
+    objectives = {(namespace_of(o), meta(o).get("name")) for o in kube(resources, "InferenceObjective")}
+    pools = {(namespace_of(p), meta(p).get("name")): p for p in kube(resources, "InferencePool")}
+    deployments = kube(resources, "Deployment")
+    routes = [r.props for r in kube(resources, "HTTPRoute")]
+    issuers_by_ns: dict[str, set[str]] = {}
+    for ra in kube(resources, "RequestAuthentication"):
+        issuers_by_ns.setdefault(namespace_of(ra), set()).update(
+            str(rule.get("issuer")) for rule in (ra.props.get("spec") or {}).get("jwtRules") or [])
+    # Per pool: the objectives its routes set, and where its policies apply.
+    pool_objectives: dict[tuple[str, Any], list[tuple[Resource, str]]] = {}
+    for route in kube(resources, "HTTPRoute"):
+        ns = namespace_of(route)
+        for rule, backends in _pool_rules(route):
+            sets, removes = _header_changes(rule)
+            objective = sets.get(OBJECTIVE_HEADER)
+            if objective is None:
+                yield route, (f"{where(route)} routes to an InferencePool without setting {OBJECTIVE_HEADER}: "
+                              "clients would choose their own priority")
+                continue
+            required = {"type": "Exact", "name": OBJECTIVE_HEADER, "value": objective}
+            if not all(required in (m.get("headers") or []) for m in rule.get("matches") or [{}]):
+                yield route, (f"{where(route)} routes to an InferencePool without requiring {OBJECTIVE_HEADER}: "
+                              f"{objective}: the picker reads the client's value (route header changes come after "
+                              "ext_proc), so clients would choose their own priority")
+            if missing := [h for h in REFUSED_AT_THE_PICKER if h not in removes]:
+                yield route, f"{where(route)} passes the client's {', '.join(missing)} to the replica"
+            if stripped := [h for h in PICKER_SETS if h in removes or any(
+                    str(x.get("name", "")).lower() == h for m in rule.get("matches") or [] for x in m.get("headers") or [])]:
+                yield route, (f"{where(route)} matches on or strips {', '.join(stripped)}, which the picker sets: "
+                              "applied after ext_proc it would drop or redirect the picker's choice")
+            for match in rule.get("matches") or [{}]:
+                for header in REFUSED_AT_THE_PICKER:
+                    reached = reach(routes, sample_request(match, {header: "x"}))
+                    if reached is not None and any(_to_pool(b) for b in reached.backends):
+                        yield route, f"{where(route)} passes the client's {header} to the endpoint picker"
+            if (ns, objective) not in objectives:
+                yield route, f"{where(route)} sets objective '{objective}' but no InferenceObjective of that name exists"
+            for b in backends:
+                pool_objectives.setdefault((b.get("namespace") or ns, b.get("name")), []).append((route, objective))
+    for (ns, pool_name), routed in pool_objectives.items():
+        pool = pools.get((ns, pool_name))
+        selector = (((pool.props.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}) if pool else {}
+        pods = [template_labels(d) for d in deployments if namespace_of(d) == ns and selects(selector, template_labels(d))]
+        if not pods:
+            continue
+        labels = pods[0]
+        policies = applicable(docs, ns, labels)
+        # Each issuer against each objective, on only the policies that can bear on its token.
+        per_issuer = {iss: for_token(policies, iss, "policy-probe") for iss in sorted(issuers_by_ns.get(ns, set()))}
+        for route, objective in routed:
+            admitted = [iss for iss, mine in per_issuer.items() if decide(mine, Request(
+                ns, "/v1/completions", "POST", labels, token=(iss, "policy-probe"),
+                headers={OBJECTIVE_HEADER: objective})).allowed]
+            if len(admitted) > 1:
+                yield route, (f"{where(route)}: objective '{objective}' admits the tokens of {len(admitted)} "
+                              f"issuers ({', '.join(admitted)}); a tenant could take another's priority")

@@ -1,0 +1,84 @@
+"""What every workload must be: hardened, pinned, limited, and free of secret literals (nor may
+the plan or state hold a secret anywhere else)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+from .base import Finding, Resource, containers, env_of, kube, vllm_servers, where, workloads
+
+SECRETISH = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|CREDENTIAL", re.I)
+
+
+def _seccomp(pod: Mapping[str, Any], c: Mapping[str, Any]) -> Optional[str]:
+    profile = ((c.get("securityContext") or {}).get("seccompProfile")
+               or (pod.get("securityContext") or {}).get("seccompProfile") or {})
+    return profile.get("type")
+
+
+def pods_hardened(resources: Sequence[Resource]) -> Iterator[Finding]:
+    for r, pod in workloads(resources):
+        for c in containers(pod):
+            sc = c.get("securityContext") or {}
+            problems = []
+            if sc.get("allowPrivilegeEscalation") is not False:
+                problems.append("allowPrivilegeEscalation is not false")
+            if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+                problems.append("capabilities are not dropped (drop: [ALL])")
+            if _seccomp(pod, c) not in ("RuntimeDefault", "Localhost"):
+                problems.append("no RuntimeDefault seccomp profile")
+            if problems:
+                yield r, f"{where(r)}: container '{c.get('name')}': {'; '.join(problems)}"
+    for r, pod, c in vllm_servers(resources):
+        run_as_non_root = (c.get("securityContext") or {}).get("runAsNonRoot",
+                                                               (pod.get("securityContext") or {}).get("runAsNonRoot"))
+        if run_as_non_root is not True:
+            yield r, f"{where(r)}: the vLLM server may run as root; set runAsNonRoot"
+        if pod.get("automountServiceAccountToken") is not False:
+            yield r, f"{where(r)}: the vLLM server mounts a service-account token it never uses"
+
+
+def _pinned(image: str) -> bool:
+    if "@sha256:" in image:
+        return True
+    last = image.rsplit("/", 1)[-1]
+    return ":" in last and last.rsplit(":", 1)[1] not in ("", "latest")
+
+
+def images_pinned(resources: Sequence[Resource]) -> Iterator[Finding]:
+    for r, pod in workloads(resources):
+        for c in containers(pod):
+            image = str(c.get("image", ""))
+            if not _pinned(image):
+                yield r, f"{where(r)}: container '{c.get('name')}' image '{image}' is not pinned to a tag or digest"
+
+
+def resource_limits(resources: Sequence[Resource]) -> Iterator[Finding]:
+    for r, pod in workloads(resources):
+        for c in containers(pod):
+            res = c.get("resources") or {}
+            limits, requests = res.get("limits") or {}, res.get("requests") or {}
+            missing = [k for k in ("cpu", "memory") if k not in limits]
+            if missing:
+                yield r, f"{where(r)}: container '{c.get('name')}' has no {'/'.join(missing)} limit"
+            if "nvidia.com/gpu" in requests and limits.get("nvidia.com/gpu") != requests["nvidia.com/gpu"]:
+                yield r, f"{where(r)}: container '{c.get('name')}' must limit nvidia.com/gpu to what it requests"
+
+
+def no_secret_literals(resources: Sequence[Resource]) -> Iterator[Finding]:
+    for r in kube(resources, "Secret"):
+        if r.props.get("data") or r.props.get("stringData"):
+            yield r, f"{where(r)} carries secret data in the plan (and in state); sync it from Secret Manager"
+    for r in resources:
+        if r.type == "gcp:secretmanager/secretVersion:SecretVersion" and r.props.get("secretData"):
+            yield r, f"secret version '{r.name}' puts the secret's value in Pulumi state; add versions out of band"
+        if r.type == "pulumi:providers:kubernetes":
+            kubeconfig = str(r.props.get("kubeconfig", ""))
+            if re.search(r'"(token|client-key-data|password)"\s*:', kubeconfig):
+                yield r, "the Kubernetes provider's kubeconfig embeds a static credential; use gke-gcloud-auth-plugin"
+    for r, pod in workloads(resources):
+        for c in containers(pod):
+            for name, e in env_of(c).items():
+                if SECRETISH.search(name) and "value" in e:
+                    yield r, f"{where(r)}: env {name} of container '{c.get('name')}' is a literal; use a secret reference"
