@@ -28,7 +28,7 @@ from typing import Any, Optional
 from vllm_gke.components.limit_store import PORT, REDIS_CONF
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "images"))
-import vllm_gke_limits as limits  # noqa: E402
+from vllm_gke_guard import store as limits  # noqa: E402
 
 SIZES = (10, 1_000, 10_000)
 ADMIN = "bench-admin"

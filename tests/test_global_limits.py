@@ -18,7 +18,7 @@ from vllm_gke.components.specs import TenantSpec
 
 sys.path.insert(0, str(REPO_ROOT / "images"))
 import vllm_gke_guard as guard  # noqa: E402
-import vllm_gke_limits as limits  # noqa: E402
+from vllm_gke_guard import store as limits  # noqa: E402
 
 ISSUER = "https://auth.example/a"
 

@@ -580,7 +580,7 @@ def test_large_bodies_read_as_json_loads_reads_them_whatever_their_shape(name, w
     scanner more than its allowance."""
     if not with_msgspec:
         for name_ in ("_BODY", "_ARRAY", "_OBJECT"):
-            monkeypatch.setattr(guard, name_, None)
+            monkeypatch.setattr(guard.body, name_, None)
     raw = json.dumps(_LONG[name]).encode()
     expected = json.loads(raw)
     kind = "completions" if "prompt" in expected else "chat_batch"
@@ -733,7 +733,7 @@ def test_without_msgspec_the_guard_decides_the_same(monkeypatch):
     """msgspec ships in the vLLM image; without it (the guard is standard library otherwise)
     the scanner and json.loads give the same answers."""
     for name in ("_BODY", "_ARRAY", "_OBJECT"):
-        monkeypatch.setattr(guard, name, None)
+        monkeypatch.setattr(guard.body, name, None)
     mw, app = guarded()
     chat = "/v1/chat/completions"
     assert status(call(mw, {"messages": [], "max_completion_tokens": 5}, path=chat)) == 200

@@ -36,14 +36,18 @@ def test_base_image_is_pinned():
 
 def test_image_carries_what_the_deployment_runs(plans):
     text = dockerfile()
-    copied = re.search(r"^COPY (.+) /opt/vllm-gke/$", text, re.M).group(1).split()
+    # source -> where it lands (a folder's contents go into the destination folder)
+    copied = {src.rstrip("/"): dest for srcs, dest in re.findall(r"^COPY (.+) (/opt/vllm-gke/\S*)$", text, re.M)
+              for src in srcs.split()}
     for name in copied:
         assert (IMAGES / name).exists()
     container = vllm_deployments(plans["dev"])[0]["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"][1] == "/opt/vllm-gke/serve.py" and "serve.py" in copied
-    assert f"{GUARD_MIDDLEWARE.split('.')[0]}.py" in copied
-    # The guard imports the limits module (globalLimits) from the same folder, and its client pinned.
-    assert "vllm_gke_limits.py" in copied
+    assert container["command"][1] == "/opt/vllm-gke/serve.py" and copied["serve.py"] == "/opt/vllm-gke/"
+    # --middleware's module, a package: the folder itself on PYTHONPATH, not its files loose there.
+    guard = GUARD_MIDDLEWARE.split(".")[0]
+    assert copied[guard] == f"/opt/vllm-gke/{guard}/" and (IMAGES / guard / "__init__.py").exists()
+    # The guard imports its limit-store client (globalLimits) from the package, and the client pinned.
+    assert (IMAGES / guard / "store.py").exists()
     assert re.search(r'^ARG REDIS_PY_VERSION=\d+\.\d+\.\d+$', text, re.M)
     assert 'pip install --no-cache-dir --no-deps "redis==${REDIS_PY_VERSION}"' in text
     assert "PYTHONPATH=/opt/vllm-gke" in text and "HF_HUB_OFFLINE=1" in text
@@ -180,8 +184,8 @@ def test_platform_variables_avoid_vllms_prefix(plans):
         for c in dep["spec"]["template"]["spec"]["containers"]:
             names = {e["name"] for e in c["env"] if e["name"].startswith("VLLM_")}
             assert names <= known, names
-    for source in ("serve.py", "vllm_gke_guard.py"):
-        assert not re.findall(r"VLLM_(?!NO_USAGE_STATS)[A-Z_]+", (IMAGES / source).read_text()), source
+    for source in [IMAGES / "serve.py", *sorted((IMAGES / GUARD_MIDDLEWARE.split(".")[0]).glob("*.py"))]:
+        assert not re.findall(r"VLLM_(?!NO_USAGE_STATS)[A-Z_]+", source.read_text()), source
 
 
 def test_warm_marker_matches_startup_probe(plans):

@@ -1,0 +1,230 @@
+"""GuardMiddleware: the ASGI middleware vLLM loads with `--middleware vllm_gke_guard.GuardMiddleware`,
+and the order its checks run in. Every request is decided here from the start: route, then
+caller (the sidecar's address, one verified issuer, the tenant's own objective), then rate
+limit, then body; the common chat request takes a shorter path of its own that decides exactly
+as the general one does (tests compare the two)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+from . import body as _body
+from .asgi import ASGIApp, Receive, Replay, Scope, Send, forward
+from .body import (
+    ABSENT,
+    DECODE_ERRORS,
+    MSGSPEC_MAX_BYTES,
+    add_members,
+    closing_brace,
+    fields_or_error,
+    int_member,
+    object_or_error,
+    read_fields,
+    receive_body,
+    too_large,
+    utf8_or_error,
+)
+from .caps import Budget
+from .config import DEFAULT_MAX_BODY_BYTES, DEFAULT_TRUSTED_PEERS, Tenant, load_config, warmup_token
+from .errors import Disconnected, GuardError, respond
+from .headers import ISSUER, OBJECTIVE, WARMUP_HEADER, Headers, check_content_type, header_slots, is_warmup
+from .limits import connect_store, rate_limited, take_shared
+from .metrics import count_untrusted, log
+from .models import check_model, model_list_filter
+from .routes import OPEN_ROUTES, OUTPUT_FIELDS, route_kind, route_table
+from .scan import JsonShapeError
+
+
+class GuardMiddleware:
+    def __init__(self, app: ASGIApp, config: Optional[dict[str, Any]] = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.app = app
+        cfg = load_config(config)
+        self.issuer_header = str(cfg.get("issuerHeader", "x-vllm-gke-issuer")).lower().encode()
+        self.tenants = {iss: Tenant(e, clock) for iss, e in (cfg.get("issuers") or {}).items()}
+        # Behind the endpoint picker: the objective (priority) the route set must be the tenant's own.
+        self.objective_header = str(cfg.get("objectiveHeader") or "").lower().encode()
+        # path -> (method, kind)
+        self.routes = route_table(cfg)
+        self.trusted_peers = frozenset(cfg.get("trustedPeers") or DEFAULT_TRUSTED_PEERS)
+        self.max_body = int(cfg.get("maxBodyBytes") or DEFAULT_MAX_BODY_BYTES)
+        self.rule = str(cfg.get("maxTokensRule") or "both")
+        # The routes whose request models take cache_salt in the pinned release.
+        self.salted = frozenset(cfg.get("cacheSaltRoutes") or ())
+        # Limits across replicas (LimitStore); the per-replica windows are then the fallback.
+        shared = cfg.get("globalLimits")
+        self.shared: Any = None
+        self.store_unavailable: type[Exception] = Exception
+        if shared:
+            self.shared, self.store_unavailable = connect_store(shared)
+        self.warmup_token = warmup_token()
+        self.header_slots = header_slots(self.issuer_header, self.objective_header)
+        self.logged_peers: set[str] = set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope.get("type")
+        if kind == "lifespan":
+            await self.app(scope, receive, send)
+            return
+        if kind != "http":  # websockets (e.g. /v1/realtime) are not behind the tenant checks
+            if kind == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+            return
+        try:
+            scope, receive, listed = await self._admit(scope, receive)
+        except GuardError as err:
+            await respond(send, err)
+            return
+        except Disconnected:
+            return  # the client left mid-body: nothing is forwarded
+        except Exception:  # a guard bug must not become a 500 or let the request through
+            log.exception("guard failed on %s %s", scope.get("method"), scope.get("path"))
+            await respond(send, GuardError(400, "the request could not be checked", "unprocessable"))
+            return
+        await self.app(scope, receive, send if listed is None else model_list_filter(send, listed))
+
+    # Off only in tests, to check that the fast path decides exactly as the general one.
+    fast_path = True
+
+    async def _admit(self, scope: Scope, receive: Receive) -> tuple[Scope, Receive, Optional[frozenset[str]]]:
+        """The scope and body to forward, and on a server with adapters the `model` values the
+        tenant may see listed (GET /v1/models names every adapter the server loaded)."""
+        if self.fast_path and self.routes.get(path := scope.get("path")) == ("POST", "chat") \
+                and scope.get("method") == "POST" and path not in OPEN_ROUTES:
+            admitted = await self._admit_common_chat(scope, receive)
+            if admitted is not None:
+                return admitted
+        path, method = scope.get("path") or "", scope.get("method") or ""
+        if OPEN_ROUTES.get(path) == method:
+            return scope, receive, None
+        kind = route_kind(self.routes, path, method)
+        headers = scope.get("headers") or []
+        seen = Headers(headers, self.header_slots)
+        client = (scope.get("client") or ("", 0))[0]
+        if self.warmup_token and client == "127.0.0.1" and is_warmup(seen, self.warmup_token):
+            return scope, receive, None
+        if client not in self.trusted_peers:
+            count_untrusted(client, self.logged_peers, self.trusted_peers)
+            raise GuardError(403, "the request did not come through the mesh sidecar; refused", "no_mesh")
+        issuer = seen.once(ISSUER)
+        if issuer is None:
+            raise GuardError(403 if seen.issuer is None else 400, "exactly one verified issuer is required",
+                             "forbidden")
+        tenant = self.tenants.get(issuer.decode("latin-1"))
+        if tenant is None:
+            raise GuardError(403, "no tenant is configured for this token's issuer", "forbidden")
+        if self.objective_header and ((objective := seen.once(OBJECTIVE)) is None
+                                      or objective.decode("latin-1") != tenant.objective):
+            raise GuardError(403, f"tenant '{tenant.name}' must call this model under its own path "
+                                  f"(/{tenant.name}/<model>/v1)", "forbidden")
+        if self.shared is None and (wait := tenant.limiter.take()) is not None:
+            raise rate_limited(tenant, wait)
+        if kind == "info":
+            await take_shared(self.shared, self.store_unavailable, tenant, 0)
+            return scope, receive, tenant.models
+        if seen.content_type != b"application/json" or seen.repeated:  # the common case without parsing it
+            check_content_type(seen)
+        length = seen.content_length
+        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+            raise too_large(self.max_body)
+        return await self._admit_body(scope, receive, await receive_body(receive, self.max_body), kind, tenant,
+                                      salt=tenant.salt if path in self.salted else None)
+
+    async def _admit_common_chat(self, scope: Scope, receive: Receive) \
+            -> Optional[tuple[Scope, Receive, Optional[frozenset[str]]]]:
+        """The request nearly every call is - a tenant's chat completion within its cap, through
+        the sidecar, one issuer, JSON, one sequence - checked in one function:
+        in a busy server the guard's code is out of the CPU's caches on every request, so each
+        function and object it touches costs (timed inside a loaded server at 1 KB: ~10 us a
+        request on the general path, ~7 here). None, before anything is counted or read, for any request
+        that is not plainly that one: the general path then decides it from the start. Once the
+        rate limit is taken it finishes as the general path would (tests compare the two)."""
+        if self.shared is not None or self.objective_header:
+            return None
+        path = scope.get("path")
+        issuer_header = self.issuer_header
+        issuer = content_type = length = None
+        for k, v in scope.get("headers") or ():
+            if k == issuer_header:
+                if issuer is not None:
+                    return None
+                issuer = v
+            elif k == b"content-type":
+                if content_type is not None:
+                    return None
+                content_type = v
+            elif k == b"content-length":
+                if length is not None:
+                    return None
+                length = v
+            elif k == WARMUP_HEADER:
+                return None
+        if issuer is None or content_type != b"application/json" or length is None or not length.isdigit() \
+                or int(length) > self.max_body or (scope.get("client") or ("", 0))[0] not in self.trusted_peers:
+            return None
+        tenant = self.tenants.get(issuer.decode("latin-1"))
+        if tenant is None or tenant.models is not None:
+            return None
+        # From here on, as the general path: counted, then the body.
+        if (wait := tenant.limiter.take()) is not None:
+            raise rate_limited(tenant, wait)
+        message = await receive()
+        # body._BODY read here, not imported: without msgspec (or in a test that takes it away) it is None.
+        if message.get("type") == "http.request" and not message.get("more_body") \
+                and len(body := message.get("body", b"")) <= MSGSPEC_MAX_BYTES and (decoder := _body._BODY) is not None:
+            if len(body) > self.max_body:
+                raise too_large(self.max_body)
+            try:  # read_fields, inline
+                fields = decoder.decode(body)
+            except DECODE_ERRORS:
+                fields = None  # the general path says why
+        else:
+            body = await receive_body(receive, self.max_body, message)
+            try:
+                fields = read_fields(body, "chat")
+            except (JsonShapeError, ValueError):
+                fields = None
+        salt = tenant.salt if path in self.salted else None
+        if fields is not None and fields.n is ABSENT and fields.best_of is ABSENT:
+            mct, mt = fields.max_completion_tokens, fields.max_tokens
+            # One sequence bounded by a positive max_completion_tokens within the cap: every reading
+            # of the rule agrees; max_tokens must still be what as_int accepts.
+            if type(mct) is int and 0 < mct <= tenant.cap and (mt is ABSENT or mt is None or type(mt) is int) \
+                    and body.isascii():
+                if salt is None:
+                    return scope, Replay(body, receive), None
+                return forward(scope, receive, add_members(body, closing_brace(fields, body), salt))
+        return await self._admit_body(scope, receive, body, "chat", tenant, fields, salt=salt)
+
+    async def _admit_body(self, scope: Scope, receive: Receive, body: bytes, kind: str, tenant: Tenant,
+                          fields: Any = None, salt: Optional[bytes] = None) \
+            -> tuple[Scope, Receive, Optional[frozenset[str]]]:
+        """The checks on the body, once the request is counted and its body read (and its fields,
+        where the caller has read them already); `salt`, the tenant's cache_salt member to append."""
+        utf8_or_error(body)
+        if kind not in OUTPUT_FIELDS:  # pooling: rate limited, generates nothing
+            if tenant.models is not None:
+                check_model(tenant.models, fields := fields_or_error(body, kind))
+            else:
+                object_or_error(body)
+            await take_shared(self.shared, self.store_unavailable, tenant, 0)
+            if salt is None:
+                return scope, Replay(body, receive), None
+            return forward(scope, receive, add_members(body, closing_brace(fields, body), salt))
+        if fields is None:
+            fields = fields_or_error(body, kind)
+        try:
+            budget = Budget(kind, fields, self.rule)
+        except (JsonShapeError, ValueError) as exc:  # includes UnicodeDecodeError, JSONDecodeError
+            raise GuardError(400, f"the body is not a valid JSON object: {exc}", "invalid_json") from None
+        if tenant.models is not None:
+            check_model(tenant.models, fields)
+        add = budget.check(tenant.cap, tenant.name)
+        if self.shared is not None:
+            per_sequence = add if add is not None else max(v for v in budget.per_sequence if v is not None)
+            await take_shared(self.shared, self.store_unavailable, tenant, per_sequence * budget.sequences)
+        if add is None and salt is None:
+            return scope, Replay(body, receive), None
+        members = b",".join(m for m in (None if add is None else int_member(OUTPUT_FIELDS[kind], add), salt) if m)
+        return forward(scope, receive, add_members(body, closing_brace(fields, body), members))
