@@ -173,24 +173,28 @@ class GpuCluster(pulumi.ComponentResource):
                                 for n in spec.authorized_networks],
                 "gcp_public_cidrs_access_enabled": False}}
         maintenance = maintenance_policy(spec.maintenance)
+        # Settings set only where configured (unset, the provider's default applies).
+        optional: dict[str, Any] = {
+            # A floor, not a pin: GKE still upgrades along the channel (pulumi-gcp minMasterVersion).
+            **({"min_master_version": spec.min_master_version} if spec.min_master_version else {}),
+            # Dataplane V2 enforces NetworkPolicy (immutable: set at creation only).
+            **({"datapath_provider": "ADVANCED_DATAPATH"} if spec.dataplane_v2 else {}),
+            **authorized,
+            **({"maintenance_policy": maintenance} if maintenance else {}),
+        }
         self.cluster = gcp.container.Cluster(
             f"{name}-gke", name=spec.name, project=args.project, location=args.region,
             node_locations=list(spec.zones), network=self.network.id, subnetwork=self.subnetwork.id,
             remove_default_node_pool=True, initial_node_count=1,
             deletion_protection=spec.deletion_protection,
             release_channel={"channel": spec.release_channel},
-            # A floor, not a pin: GKE still upgrades along the channel (pulumi-gcp minMasterVersion).
-            **({"min_master_version": spec.min_master_version} if spec.min_master_version else {}),
             networking_mode="VPC_NATIVE",
-            # Dataplane V2 enforces NetworkPolicy (immutable: set at creation only).
-            **({"datapath_provider": "ADVANCED_DATAPATH"} if spec.dataplane_v2 else {}),
             ip_allocation_policy={"cluster_secondary_range_name": "pods",
                                   "services_secondary_range_name": "services"},
             private_cluster_config={"enable_private_nodes": spec.private_nodes,
                                     "enable_private_endpoint": spec.private_endpoint,
                                     "master_ipv4_cidr_block": spec.master_cidr},
-            **authorized,
-            **({"maintenance_policy": maintenance} if maintenance else {}),
+            **optional,
             workload_identity_config={"workload_pool": f"{args.project}.svc.id.goog"},
             addons_config={
                 "gcp_filestore_csi_driver_config": {"enabled": True},

@@ -40,7 +40,7 @@ def fb_used_ratio(cluster: str) -> str:
 
 
 # The guard's count of requests limited per replica because the shared limit store did not answer
-# (images/vllm_gke_guard.py STORE_FALLBACKS), on every vLLM replica's /metrics.
+# (images/vllm_gke_guard/metrics.py STORE_FALLBACKS), on every vLLM replica's /metrics.
 FALLBACKS_METRIC = "vllm_gke_guard_limit_store_fallbacks_total"
 
 
@@ -49,7 +49,7 @@ def fallbacks(cluster: str) -> str:
 
 
 # Tenant requests the guard refused because they did not come from the sidecar's passthrough
-# address (images/vllm_gke_guard.py UNTRUSTED_PEERS).
+# address (images/vllm_gke_guard/metrics.py UNTRUSTED_PEERS).
 UNTRUSTED_PEER_METRIC = "vllm_gke_guard_untrusted_peer_requests_total"
 
 
