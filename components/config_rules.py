@@ -72,16 +72,31 @@ def _unique_names(cfg: "StackConfig", add: Add) -> None:
                     f"tenant '{other}' ({item_key('tenants', cfg.tenants, j)}) name the same policy '{name}'; rename "
                     "one of the tenants or models")
             seen.setdefault(name, (i, tenant.name))
+    # A tenant's dedicated copy is named <tenant>-<model> (its routes, pools and Pulumi resources):
+    # a model declared under that name would be two owners of each.
+    declared = {m.name for m in cfg.models}
+    for i, tenant in enumerate(cfg.tenants):
+        for model in tenant.dedicated.models if tenant.dedicated else []:
+            if (copy := f"{tenant.name}-{model}") in declared:
+                add(f"{item_key('tenants', cfg.tenants, i)}.dedicated.models",
+                    f"tenant '{tenant.name}''s dedicated copy of '{model}' is named '{copy}', which is also a "
+                    "model's name; rename that model or the tenant")
 
 
-def _check_placement(cfg: "StackConfig", add: Add, key: str, model: ModelSpec, pool_name: str) -> None:
+def _check_placement(cfg: "StackConfig", add: Add, key: str, model: ModelSpec, pool_name: str,
+                     model_key: str = "") -> None:
+    """`key` names where the placement is chosen (a model's, or a tenant's dedicated.nodePool);
+    `model_key` the model, when that is elsewhere."""
     pools = {p.name: p for p in cfg.node_pools}
     pool = pools.get(pool_name)
     if pool is None:
         add(f"{key}.nodePool", f"node pool '{pool_name}' does not exist; use one of "
             f"{', '.join(pools)} or add it under vllm-gke:nodePools")
         return
-    check_fit(add, key, model, pool)
+    if model_key:
+        check_fit(lambda _k, problem: add(f"{key}.nodePool", f"{model_key}: {problem}"), model_key, model, pool)
+    else:
+        check_fit(add, key, model, pool)
 
 
 def check_fit(add: Add, key: str, model: ModelSpec, pool: NodePoolSpec) -> None:
@@ -89,12 +104,12 @@ def check_fit(add: Add, key: str, model: ModelSpec, pool: NodePoolSpec) -> None:
     plus KV cache that fit (components/capacity.py). Also run by the package's VllmService."""
     tp = model.tensor_parallel_size
     if pool.gpu_partition_size and tp > 1:
-        add(f"{key}.tensorParallelSize", f"is {tp} but pool '{pool.name}' is MIG-partitioned "
+        add(f"{key}.tensorParallelSize", f"tensorParallelSize is {tp} but pool '{pool.name}' is MIG-partitioned "
             f"({pool.gpu_partition_size}); MIG slices cannot be joined, so set it to 1 or use a pool "
             "without gpuPartitionSize")
     elif pool.machine.gpus % tp:
-        add(f"{key}.tensorParallelSize", f"is {tp} but {pool.machine_type} has {pool.machine.gpus} "
-            "GPU(s) per node; use a divisor of that, or a larger machine type")
+        add(f"{key}.tensorParallelSize", f"tensorParallelSize is {tp} but {pool.machine_type} has "
+            f"{pool.machine.gpus} GPU(s) per node; use a divisor of that, or a larger machine type")
     where = (f"one {pool.gpu_partition_size} MIG slice" if pool.gpu_partition_size
              else f"one {pool.machine_type} GPU")
     for which in model.pool_names:
@@ -147,7 +162,9 @@ def _tenant_models(cfg: "StackConfig", add: Add) -> None:
                 if model_name not in tenant.models:
                     add(f"{key}.dedicated.models", f"'{model_name}' must also be listed in {key}.models")
                 elif model_name in models:
-                    _check_placement(cfg, add, f"{key}.dedicated", models[model_name], tenant.dedicated.node_pool)
+                    _check_placement(cfg, add, f"{key}.dedicated", models[model_name], tenant.dedicated.node_pool,
+                                     model_key=item_key("models", cfg.models,
+                                                        next(j for j, m in enumerate(cfg.models) if m.name == model_name)))
 
 
 def check_tenant_cap(add: Add, key: str, tenant: TenantSpec, model: ModelSpec) -> None:

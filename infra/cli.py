@@ -115,9 +115,10 @@ def cost_table(v: Verdicts) -> Table:
     for col in ("item", "machine", "nodes (baseline-peak)", "$/h per node", "baseline", "peak"):
         table.add_column(col, justify="left" if col in ("item", "machine") else "right")
     for p in c.pools:
-        price = f"{p.hour_price:.2f}" + (f" (peak {p.peak_hour_price:.2f} on-demand)"
+        price = f"{p.hour_price:.2f}" + (f" (burst {p.peak_hour_price:.2f} on-demand)"
                                           if p.peak_hour_price and p.peak_hour_price != p.hour_price else "")
-        nodes = f"{p.baseline_nodes}-{p.peak_nodes}" + (f" (capped: {p.wanted_peak_nodes} wanted)" if p.capped else "")
+        nodes = f"{p.baseline_nodes}-{p.peak_nodes}" + (f" (capped: {p.wanted_peak_nodes} wanted, {p.max_nodes} at most)"
+                                                         if p.capped else "")
         table.add_row(p.pool + (" (spot)" if p.spot else ""), p.machine_type, nodes, price,
                       f"{p.baseline_month:,.0f}", f"{p.peak_month:,.0f}")
     for item, month in c.fixed_month.items():

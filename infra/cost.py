@@ -2,10 +2,11 @@
 
 Baseline is what runs with every pool at its minReplicas (never below minNodes); peak is
 every pool at maxReplicas (never above maxNodes: replicas beyond it stay pending, which the report
-says). A spot pool with its on-demand fallback is priced at spot for the baseline and at the
-on-demand price for the peak: a burst is when spot capacity is likeliest to run out and the
-fallback twin takes the nodes. Token cost assumes the configured tokens/s per physical GPU at the
-configured utilisation, at baseline.
+says). A spot pool with its on-demand fallback has an on-demand twin of the same maxNodes, so its
+peak reaches up to twice maxNodes; it is priced at spot for the baseline, and the peak's nodes above
+the baseline at the on-demand price: a burst is when spot capacity is likeliest to run out and the
+twin takes the nodes (the worst case for the burst). Token cost assumes the configured tokens/s per
+physical GPU at the configured utilisation, at baseline.
 """
 
 from __future__ import annotations
@@ -37,10 +38,13 @@ class PoolCost:
     peak_nodes: int
     gpus_per_node: int
     hours_per_month: float
-    # The price a peak node is charged at: on-demand where a spot pool falls back to it.
+    # The price a node above the baseline is charged at: on-demand where a spot pool falls back to it.
     peak_hour_price: float = 0.0
-    # Nodes every pool at maxReplicas would need (above maxNodes: the peak is capped).
+    # Nodes every pool at maxReplicas would need (above the pool's reach: the peak is capped).
     wanted_peak_nodes: int = 0
+    # The most nodes the pool can have: maxNodes, twice that with an on-demand twin.
+    max_nodes: int = 0
+    on_demand_twin: bool = False
 
     @property
     def baseline_month(self) -> float:
@@ -48,7 +52,9 @@ class PoolCost:
 
     @property
     def peak_month(self) -> float:
-        return self.peak_nodes * (self.peak_hour_price or self.hour_price) * self.hours_per_month
+        burst = self.peak_nodes - self.baseline_nodes
+        return (self.baseline_month
+                + burst * (self.peak_hour_price or self.hour_price) * self.hours_per_month)
 
     @property
     def capped(self) -> bool:
@@ -96,13 +102,16 @@ def cost_report(cfg: "StackConfig", filestore_tier: str, filestore_gb: int) -> C
         price = MACHINE_PRICES[pool.machine_type]
         baseline = max(pool.min_nodes, math.ceil(low.get(pool.name, 0) / per_node))
         wanted = max(baseline, math.ceil(high.get(pool.name, 0) / per_node))
-        peak = min(pool.max_nodes, wanted)
+        # The twin (components/gpu_cluster.py) has the pool's maxNodes of its own.
+        reach = pool.max_nodes * (2 if pool.has_fallback_pool else 1)
+        peak = min(reach, wanted)
         pools.append(PoolCost(pool.name, pool.machine_type, pool.spot,
                               price.spot_hour if pool.spot else price.on_demand_hour,
                               baseline, peak, pool.machine.gpus, hours,
-                              peak_hour_price=price.on_demand_hour if pool.spot and pool.on_demand_fallback
+                              peak_hour_price=price.on_demand_hour if pool.has_fallback_pool
                               else (price.spot_hour if pool.spot else price.on_demand_hour),
-                              wanted_peak_nodes=wanted))
+                              wanted_peak_nodes=wanted, max_nodes=reach,
+                              on_demand_twin=pool.has_fallback_pool))
     system = MACHINE_PRICES[cfg.cluster.system_machine_type].on_demand_hour * cfg.cluster.system_nodes * hours
     fixed = {"system pool": system, "GKE cluster fee": GKE_CLUSTER_FEE_HOUR * hours,
              **({f"Cloud Storage bucket {filestore_gb} GB": GCS_STANDARD_GB_MONTH * filestore_gb}

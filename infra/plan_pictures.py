@@ -1,7 +1,7 @@
 """Two pictures of a plan, as Mermaid (rendered by GitHub, GitLab and most Markdown viewers): the
 node pools packed with their serving pools at baseline and peak, and the route map from a path
 to the tenants that call it to the pool that serves it. Written with the plan; the README shows
-the dev stack's, and a test keeps them equal to what the plan writes."""
+the prod stack's, and a test keeps them equal to what the plan writes."""
 
 from __future__ import annotations
 
@@ -13,21 +13,39 @@ from ..components.tenant_urls import path_prefix
 from .cost import CostReport
 
 
-def _id(*parts: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]", "_", "_".join(parts))
+class _Ids:
+    """Mermaid node ids: readable (the parts, with what Mermaid does not take as '_'), and one per
+    distinct node - parts that read alike ('a-b', 'a_b') get a numbered id, never a shared one."""
+
+    def __init__(self) -> None:
+        self._given: dict[tuple[str, ...], str] = {}
+        self._taken: set[str] = set()
+
+    def __call__(self, *parts: str) -> str:
+        if parts in self._given:
+            return self._given[parts]
+        base = re.sub(r"[^A-Za-z0-9_]", "_", "_".join(parts))
+        node, n = base, 1
+        while node in self._taken:
+            n += 1
+            node = f"{base}_{n}"
+        self._given[parts] = node
+        self._taken.add(node)
+        return node
 
 
 def node_pools_picture(cfg: StackConfig, cost: CostReport) -> str:
     """Each node pool with its slots (GPUs or MIG slices) and the serving pools on them: replicas
     x GPUs each at baseline (minReplicas) and peak (maxReplicas)."""
     nodes = {p.pool: p for p in cost.pools}
+    _id = _Ids()
     lines = ["flowchart TB"]
     for pool in cfg.node_pools:
         c = nodes[pool.name]
         per_node = pool.slices_per_node
         unit = pool.gpu_partition_size or "GPU"
         spot = ", spot" if pool.spot else ""
-        capped = f", capped: {c.wanted_peak_nodes} wanted" if c.capped else ""
+        capped = f", capped: {c.wanted_peak_nodes} wanted, {c.max_nodes} at most" if c.capped else ""
         lines.append(f'  subgraph {_id("np", pool.name)}["{pool.name}: {pool.machine_type}{spot}, {per_node} x {unit} '
                      f'per node; nodes {c.baseline_nodes} baseline, {c.peak_nodes} peak{capped}"]')
         used_low = used_high = 0
@@ -44,8 +62,11 @@ def node_pools_picture(cfg: StackConfig, cost: CostReport) -> str:
                 lines.append(f'    {_id("sp", pool.name, model.name, which, tenant or "", canary)}'
                              f'["{model.name}{canary} {which}{owner}: {sp.min_replicas}-{sp.max_replicas} replicas '
                              f'x {tp} {unit}"]')
+        peak_slots = c.peak_nodes * per_node
+        peak_use = (f"{used_high} wanted, {peak_slots} available peak" if used_high > peak_slots
+                    else f"{used_high} of {peak_slots} peak")
         lines.append(f'    {_id("slots", pool.name)}(["{unit} slots used: {used_low} of '
-                     f'{c.baseline_nodes * per_node} baseline, {used_high} of {c.peak_nodes * per_node} peak"])')
+                     f'{c.baseline_nodes * per_node} baseline, {peak_use}"])')
         lines.append("  end")
     return "\n".join(lines) + "\n"
 
@@ -53,6 +74,7 @@ def node_pools_picture(cfg: StackConfig, cost: CostReport) -> str:
 def routes_picture(cfg: StackConfig) -> str:
     """Path -> the tenants whose tokens it admits -> the pool(s) behind it (by request length,
     the endpoint picker, or a tenant's dedicated copy)."""
+    _id = _Ids()
     lines = ["flowchart LR", '  lb(["load balancer"])']
     seen_paths: set[str] = set()
     for tenant in cfg.tenants:
@@ -67,10 +89,11 @@ def routes_picture(cfg: StackConfig) -> str:
                 seen_paths.add(path)
                 lines.append(f'  lb --> {pid}["{path}"]')
                 where = f" ({tenant.name}'s own)" if own else ""
+                owner = tenant.name if own else ""
                 if model.routing == "inference-gateway":
-                    lines.append(f'  {pid} -->|"endpoint picker"| {_id("ip", name)}[("InferencePool {name}")]')
+                    lines.append(f'  {pid} -->|"endpoint picker"| {_id("ip", name, *([owner] if owner else []))}'
+                                 f'[("InferencePool {name}{where}")]')
                 else:
-                    owner = tenant.name if own else ""
                     for which in model.pool_names:
                         label = (f"body under {model.long_request_bytes} B" if which == "short"
                                  else f"body {model.long_request_bytes} B or more")

@@ -33,19 +33,24 @@ class Verdicts:
             "policies": [{"name": p.name, "level": self.levels[p.name],
                           "violations": [asdict(v) for v in self.violations if v.policy == p.name]}
                          for p in POLICIES],
-            "capacity": [{**asdict(row), "fits": row.fits} for row in self.capacity],
+            "capacity": [_camel({**asdict(row), "fits": row.fits}) for row in self.capacity],
             "warnings": list(self.warnings),
             "tenantUrls": [asdict(u) for u in self.urls],
             "cost": {
                 "pricesAsOf": self.cost.prices_as_of,
-                "pools": [{**asdict(p), "baselineMonth": p.baseline_month, "peakMonth": p.peak_month}
-                          for p in self.cost.pools],
+                "pools": [_camel({**asdict(p), "baseline_month": p.baseline_month, "peak_month": p.peak_month,
+                                  "capped": p.capped}) for p in self.cost.pools],
                 "fixedMonth": self.cost.fixed_month,
                 "baselineMonth": self.cost.baseline_month,
                 "peakMonth": self.cost.peak_month,
                 "usdPerMillionTokens": self.cost.usd_per_million_tokens,
             },
         }
+
+
+def _camel(row: dict[str, Any]) -> dict[str, Any]:
+    """The document's keys as the stack config spells them (camelCase)."""
+    return {k.split("_")[0] + "".join(w.title() for w in k.split("_")[1:]): v for k, v in row.items()}
 
 
 def load_policy_config(path: Optional[Path]) -> Mapping[str, Any]:
@@ -56,9 +61,12 @@ def load_policy_config(path: Optional[Path]) -> Mapping[str, Any]:
 
 def capped_peaks(cost: CostReport) -> list[str]:
     """A peak the node pool cannot reach: the replicas beyond it stay pending."""
-    return [f"node pool '{p.pool}': every serving pool at maxReplicas needs {p.wanted_peak_nodes} nodes but maxNodes is "
-            f"{p.peak_nodes}, so the peak is capped there and the replicas beyond it stay pending; raise the pool's "
-            "maxNodes or lower maxReplicas" for p in cost.pools if p.capped]
+    return [f"vllm-gke:nodePools[{p.pool}].maxNodes: every serving pool at maxReplicas needs {p.wanted_peak_nodes} "
+            f"nodes but the pool reaches {p.max_nodes}"
+            + (f" (maxNodes {p.max_nodes // 2}, and as many on its on-demand twin)" if p.on_demand_twin
+               else f" (maxNodes {p.max_nodes})")
+            + ", so the peak is capped there and the replicas beyond it stay pending; raise the pool's maxNodes or "
+            "lower maxReplicas" for p in cost.pools if p.capped]
 
 
 def verdicts(plan: Plan, policy_config: Optional[Mapping[str, Any]] = None) -> Verdicts:

@@ -33,8 +33,19 @@ def tenant(values, i=0):
     return values["vllm-gke:tenants"][i]
 
 
+def _model_named_like_a_dedicated_copy(values: dict) -> None:
+    copy = dict(next(m for m in values["vllm-gke:models"] if m["name"] == "qwen-7b"))
+    values["vllm-gke:models"].append({**copy, "name": "analytics-qwen-7b"})
+
+
 CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
     # (id, stack, mutate, key the message starts with, words it contains)
+    ("model-named-like-a-dedicated-copy", "prod", _model_named_like_a_dedicated_copy,
+     "vllm-gke:tenants[analytics].dedicated.models", "named 'analytics-qwen-7b', which is also a model's name"),
+    # The placement is the tenant's; the message names the model's key that does not fit it.
+    ("dedicated-copy-tensor-parallel", "prod",
+     lambda v: next(m for m in v["vllm-gke:models"] if m["name"] == "qwen-7b").update(tensorParallelSize=2),
+     "vllm-gke:tenants[analytics].dedicated.nodePool", "models[qwen-7b]: tensorParallelSize is 2 but pool 'a100-mig'"),
     ("cidr-unparsable", "dev", lambda v: v["vllm-gke:cluster"].update(podsCidr="10.20.0.0/33"),
      "vllm-gke:cluster.podsCidr", "not an IPv4 range like 10.0.0.0/14"),
     ("cidr-junk", "dev", lambda v: v["vllm-gke:cluster"].update(podsCidr="banana"),

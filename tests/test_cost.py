@@ -65,13 +65,23 @@ def test_a_region_priced_as_us_central1_is_said_so(stack_values):
     assert "us-central1 list prices; europe-west4's differ" in warning
 
 
-def test_a_spot_pool_peaks_at_the_on_demand_price(plans):
-    """dev's pool is spot with the on-demand fallback: baseline at spot, peak at on-demand (a
-    burst is when spot runs out and the fallback twin takes the nodes)."""
-    (pool,) = cost_report(plans["dev"].config, "BASIC_HDD", 1024).pools
+def test_a_spot_pool_bursts_at_the_on_demand_price_up_to_twice_its_max_nodes(stack_values):
+    """dev's pool is spot with the on-demand fallback: baseline at spot, the nodes a burst adds at
+    on-demand (a burst is when spot runs out and the fallback twin takes the nodes); the twin has
+    maxNodes of its own, so the peak reaches twice maxNodes before it is capped."""
+    from vllm_gke.infra.report import capped_peaks
+
+    values = copy.deepcopy(stack_values["dev"])
+    values["vllm-gke:models"][0]["short"]["maxReplicas"] = 5  # 6 slices: 3 nodes wanted, maxNodes 1 (+1 twin)
+    report = cost_report(parse(values), "BASIC_HDD", 1024)
+    (pool,) = report.pools
     price = MACHINE_PRICES["a2-highgpu-1g"]
-    assert pool.baseline_month == pytest.approx(pool.baseline_nodes * price.spot_hour * 730)
-    assert pool.peak_month == pytest.approx(pool.peak_nodes * price.on_demand_hour * 730)
+    assert (pool.baseline_nodes, pool.peak_nodes, pool.wanted_peak_nodes, pool.max_nodes) == (1, 2, 3, 2)
+    assert pool.baseline_month == pytest.approx(price.spot_hour * 730)
+    assert pool.peak_month == pytest.approx((price.spot_hour + price.on_demand_hour) * 730)
+    (warning,) = capped_peaks(report)
+    assert warning.startswith("vllm-gke:nodePools[a100-mig].maxNodes: every serving pool at maxReplicas needs 3 nodes but "
+                              "the pool reaches 2 (maxNodes 1, and as many on its on-demand twin)"), warning
 
 
 def test_a_spot_pool_without_fallback_peaks_at_spot(stack_values):
@@ -94,5 +104,6 @@ def test_a_capped_peak_is_said(plans):
     pool = next(p for p in report.pools if p.pool == "a100-tp8")
     assert (pool.peak_nodes, pool.wanted_peak_nodes, pool.capped) == (4, 6, True)
     (warning,) = capped_peaks(report)
-    assert "'a100-tp8'" in warning and "needs 6 nodes but maxNodes is 4" in warning and "maxNodes" in warning
+    assert warning.startswith("vllm-gke:nodePools[a100-tp8].maxNodes: ") and "needs 6 nodes but the pool reaches 4 " \
+        "(maxNodes 4)" in warning, warning
     assert capped_peaks(cost_report(cfg, "ZONAL", 1024)) == []

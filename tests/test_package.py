@@ -657,3 +657,43 @@ def test_a_package_pool_scales_to_zero_with_its_standby():
     assert scaled["spec"]["minReplicaCount"] == 0
     assert any("vllm_gke_standby_requests_total" in json.dumps(t) and "qwen-7b-short-standby" in json.dumps(t)
                for t in scaled["spec"]["triggers"])
+
+
+def test_shared_and_dedicated_pools_at_zero_have_distinct_resources():
+    """A model's shared pool and a tenant's dedicated copy, both scaling to zero, share the pool's
+    Service name (in two namespaces): their standbys are named after the components, so every
+    resource in the program keeps its own URN; the dedicated copy's node pool is the tenant's."""
+    from vllm_gke.components import provider
+    from vllm_gke.infra.plan import _under_mocks
+
+    model = {**MODEL, "short": {"max_num_seqs": 8, "min_replicas": 0}}
+    owner = {**TENANT, "dedicated": {"models": ["qwen-7b"], "node_pool": "search-gpu"}}
+
+    def body() -> None:
+        provider.VllmService("shared", _service(model=model))
+        provider.VllmService("search-own", _service(
+            model=model, namespace="search", tenant="search", tenants=[owner],
+            node_pool={"name": "search-gpu", "machine_type": "g2-standard-8"}))
+
+    recorded = _under_mocks("p", "dev", {}, body)
+    urns = [r.urn for r in recorded]
+    assert len(urns) == len(set(urns)), sorted(u for u in urns if urns.count(u) > 1)
+    standbys = [r for r in recorded if r.type == "kubernetes:apps/v1:Deployment"
+                and r.props["metadata"]["name"] == "qwen-7b-short-standby"]
+    assert {r.props["metadata"]["namespace"] for r in standbys} == {"vllm", "search"}
+
+
+def test_a_dedicated_copy_must_sit_on_its_tenants_pool():
+    from vllm_gke.components import provider
+    from vllm_gke.components.provider.convert import InputError
+    from vllm_gke.infra.plan import _under_mocks
+
+    owner = {**TENANT, "dedicated": {"models": ["qwen-7b"], "node_pool": "search-gpu"}}
+    with pytest.raises(InputError) as exc:
+        _under_mocks("p", "dev", {}, lambda: provider.VllmService("own", _service(
+            namespace="search", tenant="search", tenants=[owner])))
+    problems = {i.key: i.problem for i in exc.value.issues}
+    assert "'search-gpu' is not nodePool.name 'gpu'" in problems["VllmService.tenants[search].dedicated.nodePool"], problems
+    with pytest.raises(InputError) as exc:
+        _under_mocks("p", "dev", {}, lambda: provider.VllmService("own", _service(tenant="ads")))
+    assert "not among tenants" in {i.key: i.problem for i in exc.value.issues}["VllmService.tenant"]

@@ -174,6 +174,10 @@ def test_plan_output_json_is_one_document_for_machines(tmp_path):
     assert doc == {**json.loads((tmp_path / "dev" / "verdicts.json").read_text()), "checks": doc["checks"],
                    "written": doc["written"]}
     assert doc["checks"]["manifests"] == [] and doc["checks"]["contracts"] == [] and doc["checks"]["vllmArgs"] == []
+    # One spelling for machines: camelCase as in the stack config, and each pool says if its peak is capped.
+    (pool,) = doc["cost"]["pools"]
+    assert {"machineType", "baselineNodes", "peakNodes", "wantedPeakNodes", "capped", "peakMonth"} <= set(pool)
+    assert not [k for row in [pool, *doc["capacity"]] for k in row if "_" in k]
     assert runner.invoke(app, ["plan", "--stack", "dev", "--no-write", "--output", "yaml"]).exit_code == 2
 
 

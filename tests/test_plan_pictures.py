@@ -51,3 +51,22 @@ def test_the_plan_writes_both_pictures(tmp_path):
     assert result.exit_code == 0, result.output
     assert (tmp_path / "dev" / "node-pools.mmd").read_text().startswith("flowchart TB")
     assert (tmp_path / "dev" / "routes.mmd").read_text().startswith("flowchart LR")
+
+
+def test_nodes_that_read_alike_stay_apart_and_a_dedicated_picker_is_the_tenants_own(plans):
+    """Mermaid ids from names: 'a-b' and 'a_b' read alike but are two nodes; a tenant's dedicated
+    copy behind the endpoint picker is its own pool, not the shared one."""
+    from vllm_gke.components.specs import DedicatedSpec
+    from vllm_gke.infra.plan_pictures import _Ids, routes_picture
+
+    ids = _Ids()
+    assert ids("p", "/a-b/v1") != ids("p", "/a_b/v1")
+    assert ids("p", "/a-b/v1") == ids("p", "/a-b/v1")
+    cfg = plans["prod"].config
+    picked = cfg.models[0].model_copy(update={"routing": "inference-gateway"})
+    owner = cfg.tenants[0].model_copy(update={
+        "name": "own", "models": [picked.name],
+        "dedicated": DedicatedSpec(models=[picked.name], node_pool=picked.node_pool)})
+    text = routes_picture(cfg.model_copy(update={"models": [picked, *cfg.models[1:]], "tenants": [*cfg.tenants, owner]}))
+    assert f"InferencePool {picked.name} (own's own)" in text
+    assert f'ip_{picked.name.replace("-", "_")}_own[' in text

@@ -116,6 +116,10 @@ class VllmService(pulumi.ComponentResource):
         if not args.get("project"):
             problems.add("project", "the Google Cloud project whose Managed Prometheus KEDA reads is required")
         canary = bool(args.get("canary"))
+        owner_name = args.get("tenant")
+        if owner_name and args.get("tenants") and owner_name not in {t.name for t in tenants}:
+            problems.add("tenant", f"'{owner_name}' is not among tenants: the owner of dedicated replicas must be "
+                         "one of the tenants that may call them")
         if model is not None and pool_name in POOL_NAMES:
             if canary and model.canary_model() is None:
                 problems.add("canary", "true needs model.canary (the revision and weight to try)")
@@ -126,9 +130,14 @@ class VllmService(pulumi.ComponentResource):
             served = (model.canary_model() or model) if canary else model
             check_pool_lengths(problems.add, "model", served)
             if node_pool is not None:
-                if model.node_pool != node_pool.name:
-                    problems.add("model.nodePool", f"'{model.node_pool}' is not nodePool.name '{node_pool.name}': "
-                                 "give the node pool the model names")
+                # A tenant's dedicated copy runs on the tenant's own pool, not the model's.
+                owner = next((t for t in tenants if t.name == owner_name), None)
+                dedicated = owner.dedicated if owner is not None else None
+                wanted, key = ((dedicated.node_pool, f"tenants[{owner.name}].dedicated.nodePool")
+                               if owner is not None and dedicated is not None else (model.node_pool, "model.nodePool"))
+                if wanted != node_pool.name:
+                    problems.add(key, f"'{wanted}' is not nodePool.name '{node_pool.name}': "
+                                 "give the node pool it names")
                 check_fit(problems.add, "model", served, node_pool)
             if version in RELEASES:
                 check_extra_args(problems.add, "model.extraArgs", served, version)
@@ -163,7 +172,9 @@ class VllmService(pulumi.ComponentResource):
         if to_zero:
             # At zero the standby answers (503, Retry-After) and its request count wakes the pool.
             tenant = args.get("tenant")
-            Standby(standby_name, StandbyArgs(
+            # Named after this component (unique among the program's resources), not the pool's
+            # Service: a shared and a dedicated copy of one model share the Service name.
+            Standby(f"{name}-standby", StandbyArgs(
                 service_name=inner.service_name, model=model.name, namespace=args["namespace"],
                 pool_selector={MODEL_LABEL: model.name, POOL_LABEL: f"{pool_name}-canary" if canary else pool_name},
                 vllm_only_labels=SERVER_LABELS, provider=provider, policy_labels={TENANT_LABEL: tenant} if tenant else {},
