@@ -564,6 +564,11 @@ def _service(**changes):
                  "targets": [{"route_name": "a", "namespace": "vllm", "path_prefix": p, "short_service": "s",
                               "long_service": "l", "long_request_bytes": 1} for p in ("a", "b")]},
      "Gateway.targets", "routeName 'a' is used more than once"),
+    # A target is named by its routeName, as the stack config names list items.
+    ("Gateway", {"gateway": {}, "namespace": "vllm", "kubeconfig": "kc", "project": "p", "region": "us-central1",
+                 "targets": [{"route_name": "qwen", "namespace": "vllm", "path_prefix": "qwen",
+                              "inference_pool": "qwen-7b"}]},
+     "Gateway.targets[qwen].tenant", "required with inferencePool"),
     ("MeshNamespace", {"name": "keda", "kubeconfig": "kc", "cluster": CLUSTER, "tenants": [TENANT]},
      "MeshNamespace.name", "owns"),
     ("MeshNamespace", {"name": "vllm", "kubeconfig": "kc", "cluster": CLUSTER, "tenants": []},

@@ -127,7 +127,7 @@ class Problems:
             return []
 
     def add(self, key: str, problem: str) -> None:
-        """`key` as the schema spells it, without the component: `poolName`, `targets[0].canaryWeight`."""
+        """`key` as the schema spells it, without the component: `poolName`, `targets[qwen-7b].canaryWeight`."""
         self.issues.append(ConfigIssue(f"{self.component}.{key}", problem))
 
     def raise_any(self) -> None:

@@ -96,15 +96,20 @@ class Gateway(pulumi.ComponentResource):
         problems = Problems("Gateway")
         spec = problems.spec(GatewayModel, args.get("gateway"), "gateway")
         targets = []
-        for i, t in enumerate(args.get("targets") or []):
+        given = list(args.get("targets") or [])
+        names = [t.get("route_name") for t in given]
+        for i, t in enumerate(given):
+            # Named by routeName where it names one target ('targets[qwen-7b]'), else by index.
+            key = (f"targets[{names[i]}]" if isinstance(names[i], str) and names[i] and names.count(names[i]) == 1
+                   else f"targets[{i}]")
             picker = None
             if t.get("inference_pool"):
                 if not t.get("tenant"):
-                    problems.add(f"targets[{i}].tenant", "required with inferencePool: the tenant whose objective "
+                    problems.add(f"{key}.tenant", "required with inferencePool: the tenant whose objective "
                                  "the route requires")
                     continue
                 if any(t.get(k) for k in ("short_service", "long_service", "canary_short_service", "canary_weight")):
-                    problems.add(f"targets[{i}]", "inferencePool routes to the picker: leave out the Services and "
+                    problems.add(key, "inferencePool routes to the picker: leave out the Services and "
                                  "the canary")
                     continue
                 pool = str(t["inference_pool"])
@@ -117,14 +122,14 @@ class Gateway(pulumi.ComponentResource):
             missing = [to_camel(k) for k in ("route_name", "namespace", "path_prefix", "short_service", "long_service",
                                              "long_request_bytes") if t.get(k) is None]
             if missing:
-                problems.add(f"targets[{i}]", f"{', '.join(missing)} required but not set (or give inferencePool)")
+                problems.add(key, f"{', '.join(missing)} required but not set (or give inferencePool)")
                 continue
             canary = (t.get("canary_short_service"), t.get("canary_long_service"))
             weight = int(t.get("canary_weight") or 0)
             if (canary[0] is None) != (canary[1] is None):
-                problems.add(f"targets[{i}]", "set both canaryShortService and canaryLongService, or neither")
+                problems.add(key, "set both canaryShortService and canaryLongService, or neither")
             if not 0 <= weight <= 100 or (weight and canary[0] is None):
-                problems.add(f"targets[{i}].canaryWeight", f"{weight} must be 0-100, and needs the canary services")
+                problems.add(f"{key}.canaryWeight", f"{weight} must be 0-100, and needs the canary services")
             targets.append(RouteTarget(t["route_name"], t["namespace"], t["path_prefix"], t["short_service"],
                                        t["long_service"], int(t["long_request_bytes"]), int(t.get("port") or 8000),
                                        canary_short_service=canary[0], canary_long_service=canary[1],

@@ -49,7 +49,7 @@ class Platform(pulumi.ComponentResource):
         try:
             inner = _Platform(name, PlatformArgs(config), opts=child_opts(self, opts))
         except ConfigError as exc:
-            # The stack config's keys (`vllm-gke:models[0]`, `gcp:project`) as this input spells them.
+            # The stack config's keys (`vllm-gke:models[qwen-7b]`, `gcp:project`) as this input spells them.
             raise InputError([ConfigIssue(f"Platform.config.{issue.key.split(':', 1)[-1]}", issue.problem)
                               for issue in exc.issues], "Platform") from None
         self.cluster_name = inner.cluster.cluster.name
