@@ -90,7 +90,7 @@ class ConfigError(pulumi.RunError):
 
 
 class StackConfig(Spec):
-    """A whole platform's settings: what one stack's config holds (see the README config reference)."""
+    """A whole platform's settings: what one stack's config holds (see docs/reference/config.md)."""
 
     # The Google Cloud project everything is created in (stack config: gcp:project).
     project: str
@@ -106,7 +106,8 @@ class StackConfig(Spec):
     models: list[ModelSpec] = Field(min_length=1)
     # The tenants: JWT issuer, the models each may call, rate limits and token caps.
     tenants: list[TenantSpec] = Field(default_factory=list)
-    # The vLLM server image built from images/ (a tag of the chosen vLLM release, or a digest).
+    # The vLLM server image built from images/: a tag of the chosen vLLM release (v<version> or
+    # v<version>-<suffix>, never latest), or a digest (sha256:...).
     server_image: ImageRef
     # The vLLM release the server image is built on (see components/vllm_versions.py).
     vllm_version: str = DEFAULT_VLLM_VERSION

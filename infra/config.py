@@ -81,7 +81,7 @@ def _problem(err: Mapping[str, Any]) -> str:
         return "is required but not set; add it to the stack config"
     if kind == "extra_forbidden":
         return ("is not a known setting" + (_did_you_mean(tuple(err.get("loc") or ())) or
-                                            "; remove it or fix its spelling (see README 'Config reference')"))
+                                            "; remove it or fix its spelling (see docs/reference/config.md)"))
     return plain_problem(err)
 
 

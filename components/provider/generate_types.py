@@ -169,7 +169,7 @@ def render() -> str:
         comments = _comments(cls)
         doc = (cls.__doc__ or "").strip() if cls.__doc__ and cls.__doc__ != Spec.__doc__ else ""
         body = [f"class {cls.__name__}(TypedDict):"]
-        body.append(f'    """{doc or cls.__name__ + " settings (see the README config reference)."}"""')
+        body.append(f'    """{doc or cls.__name__ + " settings (see docs/reference/config.md)."}"""')
         body.append("")
         for name, field in cls.model_fields.items():
             ann, optional = _strip_optional(field.annotation)

@@ -92,7 +92,7 @@ class Environment(str, Enum):
 
 
 class AuthorizedNetwork(TypedDict):
-    """AuthorizedNetwork settings (see the README config reference)."""
+    """AuthorizedNetwork settings (see docs/reference/config.md)."""
 
     cidr: str
     """A source range allowed to reach the control plane."""
@@ -125,7 +125,7 @@ class MaintenanceExclusion(TypedDict):
 
 
 class MaintenanceSpec(TypedDict):
-    """MaintenanceSpec settings (see the README config reference)."""
+    """MaintenanceSpec settings (see docs/reference/config.md)."""
 
     window: NotRequired[MaintenanceWindow]
     """When GKE may upgrade; unset lets GKE choose."""
@@ -134,7 +134,7 @@ class MaintenanceSpec(TypedDict):
 
 
 class ClusterSpec(TypedDict):
-    """ClusterSpec settings (see the README config reference)."""
+    """ClusterSpec settings (see docs/reference/config.md)."""
 
     name: str
     """Cluster name; also the prefix of the VPC, subnets and service accounts."""
@@ -173,7 +173,7 @@ class ClusterSpec(TypedDict):
     maintenance: NotRequired[MaintenanceSpec]
     """Maintenance window and exclusions."""
     min_master_version: NotRequired[str]
-    """Lowest control-plane version GKE may run (1.X, 1.X.Y or 1.X.Y-gke.N; "1.X" picks the newest patch of 1.X, per the GKE API). Unset: the release channel's default."""
+    """Lowest control-plane version GKE may run (1.X, 1.X.Y or 1.X.Y-gke.N; "1.X" picks the newest patch of 1.X, per the GKE API). Unset: the release channel's default. 1.34 or later for models with routing: inference-gateway."""
 
 
 class UpgradeSpec(TypedDict):
@@ -218,7 +218,7 @@ class NodePoolSpec(TypedDict):
 
 
 class CustomShape(TypedDict):
-    """CustomShape settings (see the README config reference)."""
+    """CustomShape settings (see docs/reference/config.md)."""
 
     params_billion: float
     """Parameters, in billions."""
@@ -283,7 +283,7 @@ class AdapterSpec(TypedDict):
 
 
 class ModelSpec(TypedDict):
-    """ModelSpec settings (see the README config reference)."""
+    """ModelSpec settings (see docs/reference/config.md)."""
 
     name: str
     """Model name: the served model name and route /<name>/v1."""
@@ -298,7 +298,7 @@ class ModelSpec(TypedDict):
     dtype: NotRequired[Dtype]
     """Weight dtype or quantisation. One of: bfloat16, float16, fp8, int8, awq, gptq. Default: bfloat16."""
     disk_gb: NotRequired[float]
-    """GiB the files vLLM reads take on disk (default: paramsBillion x dtype bytes). Sizes the Hyperdisk ML disks and the Filestore share; raise it when the loader says so."""
+    """GiB the files vLLM reads take on disk: the weights it opens plus config and tokenizer (default: paramsBillion x dtype bytes). Sizes the Hyperdisk ML disks and the Filestore share; a loader that finds more says which value to set."""
     kv_cache_dtype: NotRequired[KvCacheDtype]
     """KV-cache dtype. One of: auto, fp8. Default: auto."""
     tensor_parallel_size: NotRequired[int]
@@ -320,7 +320,7 @@ class ModelSpec(TypedDict):
     long: NotRequired[ServingPoolSpec]
     """The long-request pool."""
     extra_args: NotRequired[list[str]]
-    """More vLLM flags, checked against the release's parser; platform-managed flags and secrets are refused."""
+    """More vLLM flags, checked against the release's parser; platform-managed flags (--model, --download-dir, --load-format, ...) and secrets are refused."""
     canary: NotRequired[CanarySpec]
     """A canary of another revision, weighted against this one."""
     adapters: NotRequired[list[AdapterSpec]]
@@ -332,7 +332,7 @@ class ModelSpec(TypedDict):
 
 
 class JwtSpec(TypedDict):
-    """JwtSpec settings (see the README config reference)."""
+    """JwtSpec settings (see docs/reference/config.md)."""
 
     issuer: str
     """The JWT issuer (iss) of the tenant's tokens, an https URL."""
@@ -343,12 +343,12 @@ class JwtSpec(TypedDict):
 
 
 class RateLimitSpec(TypedDict):
-    """RateLimitSpec settings (see the README config reference)."""
+    """RateLimitSpec settings (see docs/reference/config.md)."""
 
     requests_per_minute: int
     """Requests admitted per tenant in any 60 seconds: per replica, or across all replicas with vllm-gke:globalLimits enabled (each replica's own count is then the fallback)."""
     tokens_per_minute: NotRequired[int]
-    """Generated tokens per tenant in any 60 seconds, across all replicas (needs globalLimits): each request counts what it may make vLLM generate (its bound under maxTokens)."""
+    """Generated tokens per tenant in any 60 seconds, across all replicas (needs globalLimits, and at least the tenant's maxTokens): each request counts what it may make vLLM generate (its bound under maxTokens)."""
 
 
 class DedicatedSpec(TypedDict):
@@ -361,7 +361,7 @@ class DedicatedSpec(TypedDict):
 
 
 class TenantSpec(TypedDict):
-    """TenantSpec settings (see the README config reference)."""
+    """TenantSpec settings (see docs/reference/config.md)."""
 
     name: str
     """Tenant name; its namespace is tenant-<name>."""
@@ -376,11 +376,11 @@ class TenantSpec(TypedDict):
     dedicated: NotRequired[DedicatedSpec]
     """Replicas of the tenant's own."""
     priority: NotRequired[int]
-    """Priority of the tenant's requests on models with routing: inference-gateway (its InferenceObjective). The pinned endpoint picker (gateway-api-inference-extension v1.2.0, without its experimental flow control) only sheds: while every replica of the pool is saturated (more than 5 requests waiting or KV cache over 80% on each), a negative priority's requests get 429; 0, the default, is never shed. It orders nothing by priority. Default: 0."""
+    """Priority of the tenant's requests on models with routing: inference-gateway (its InferenceObjective). The pinned endpoint picker (gateway-api-inference-extension v1.2.0, without its experimental flow control) only sheds: while every replica of the pool is saturated (more than 5 requests waiting or KV cache over 80% on each), a negative priority's requests get 429; 0, the default, is never shed. It orders nothing by priority, so a positive value would change nothing and is refused. Default: 0."""
 
 
 class GatewaySpec(TypedDict):
-    """GatewaySpec settings (see the README config reference)."""
+    """GatewaySpec settings (see docs/reference/config.md)."""
 
     class_name: NotRequired[ClassName]
     """Internal by default: exposing models to the internet is a decision, with TLS required. One of: gke-l7-regional-external-managed, gke-l7-rilb, gke-l7-global-external-managed. Default: gke-l7-rilb."""
@@ -397,7 +397,7 @@ class GatewaySpec(TypedDict):
 
 
 class SecretKeyRef(TypedDict):
-    """SecretKeyRef settings (see the README config reference)."""
+    """SecretKeyRef settings (see docs/reference/config.md)."""
 
     name: str
     """Secret name."""
@@ -406,7 +406,7 @@ class SecretKeyRef(TypedDict):
 
 
 class ImageRef(TypedDict):
-    """ImageRef settings (see the README config reference)."""
+    """ImageRef settings (see docs/reference/config.md)."""
 
     repository: str
     """Image repository, without tag or digest (e.g. us-central1-docker.pkg.dev/proj/repo/vllm-server)."""
@@ -417,7 +417,7 @@ class ImageRef(TypedDict):
 
 
 class WeightsSpec(TypedDict):
-    """WeightsSpec settings (see the README config reference)."""
+    """WeightsSpec settings (see docs/reference/config.md)."""
 
     backend: NotRequired[Backend]
     """Where the one copy of the weights lives: a Filestore share (NFS, ReadOnlyMany), or a Cloud Storage bucket mounted by GKE's Cloud Storage FUSE CSI driver with a file cache and parallel downloads (regional, no capacity to size; each node caches what it reads), or Hyperdisk ML disks (ReadOnlyMany, one per weight set and zone) that GKE Volume Populator fills from that bucket once the loaders have written it. One of: filestore, gcs, hyperdisk-ml. Default: filestore."""
@@ -426,7 +426,7 @@ class WeightsSpec(TypedDict):
     hyperdisk_throughput_mib_s: NotRequired[int]
     """hyperdisk-ml: each disk's provisioned throughput, MiB/s (Hyperdisk ML takes 400 to 1,200,000; GKE's Volume Populator guide uses 2,400). Readers of one disk share it. Default: 2400."""
     populator_machine_type: NotRequired[str]
-    """hyperdisk-ml: the machine type of the transfer nodes Volume Populator's Jobs run on (a node pool that scales from zero; C3 or C3D, which attach Hyperdisk ML). Default: c3-standard-44."""
+    """hyperdisk-ml: the machine type of the transfer nodes Volume Populator's Jobs run on (a node pool that scales from zero; C3 or C3D, which attach Hyperdisk ML, with at least 8 vCPUs). Default: c3-standard-44."""
     cold_start_budget_seconds: NotRequired[int]
     """Warn when a pool's estimated time from node ready to serving exceeds this. Default: 900."""
     read_throughput_mib_s: NotRequired[float]
@@ -434,17 +434,17 @@ class WeightsSpec(TypedDict):
     tier: NotRequired[Tier]
     """The Filestore tier, fixed for the share's life (a change re-creates it). REGIONAL replicates across the region's zones: the share survives a zone outage, which a zonal tier serving a multi-zone cluster does not. BASIC_HDD reads at 100 MiB/s whatever its size. One of: BASIC_HDD, BASIC_SSD, ZONAL, REGIONAL. Default: ZONAL."""
     capacity_gb: NotRequired[int]
-    """Filestore capacity, GiB; default: the tier's minimum or the weights plus headroom."""
+    """Filestore capacity, GiB; default: the tier's minimum or the weights plus headroom. On BASIC tiers the share's size, which only grows, so the plan refuses models that need more instead of deriving it; on ZONAL and REGIONAL a floor over the models' size plus 30%, and crossing 9.75 TiB brings up a new share, since the two size ranges do not convert in place."""
     secret_manager_secret: NotRequired[str]
     """Secret Manager secret holding the Hugging Face token; the loader mounts it through the GKE Secret Manager CSI add-on, so the token never enters Pulumi state or a manifest. Default: hf-token."""
     hf_token_kubernetes_secret: NotRequired[SecretKeyRef]
-    """Or: an existing Kubernetes Secret in the loader namespace (e.g. synced from Secret Manager by External Secrets); the loader then reads HF_TOKEN through a secretKeyRef."""
+    """Or: an existing Kubernetes Secret in the loader namespace, vllm-gke-system (e.g. synced from Secret Manager by External Secrets); the loader then reads HF_TOKEN through a secretKeyRef."""
     gcs_loader_image: NotRequired[ImageRef]
     """hf:// sources load with the server image (it ships the HF CLI); gs:// ones need gcloud."""
 
 
 class MonitoringSpec(TypedDict):
-    """MonitoringSpec settings (see the README config reference)."""
+    """MonitoringSpec settings (see docs/reference/config.md)."""
 
     notification_emails: NotRequired[list[str]]
     """Who alert policies notify."""
@@ -457,7 +457,7 @@ class MonitoringSpec(TypedDict):
 
 
 class CostSpec(TypedDict):
-    """CostSpec settings (see the README config reference)."""
+    """CostSpec settings (see docs/reference/config.md)."""
 
     tokens_per_second_per_gpu: NotRequired[float]
     """Sustained generation throughput of one physical GPU for your models (measure it). Default: 1500.0."""
@@ -477,7 +477,7 @@ class GlobalLimitsSpec(TypedDict):
 
 
 class StackConfig(TypedDict):
-    """A whole platform's settings: what one stack's config holds (see the README config reference)."""
+    """A whole platform's settings: what one stack's config holds (see docs/reference/config.md)."""
 
     project: str
     """The Google Cloud project everything is created in (stack config: gcp:project)."""
@@ -494,7 +494,7 @@ class StackConfig(TypedDict):
     tenants: NotRequired[list[TenantSpec]]
     """The tenants: JWT issuer, the models each may call, rate limits and token caps."""
     server_image: ImageRef
-    """The vLLM server image built from images/ (a tag of the chosen vLLM release, or a digest)."""
+    """The vLLM server image built from images/: a tag of the chosen vLLM release (v<version> or v<version>-<suffix>, never latest), or a digest (sha256:...)."""
     vllm_version: NotRequired[str]
     """The vLLM release the server image is built on (see components/vllm_versions.py). Default: 0.34.0."""
     serving_namespace: NotRequired[str]

@@ -118,7 +118,8 @@ class ClusterSpec(Spec):
     # Maintenance window and exclusions.
     maintenance: MaintenanceSpec = Field(default_factory=MaintenanceSpec)
     # Lowest control-plane version GKE may run (1.X, 1.X.Y or 1.X.Y-gke.N; "1.X" picks the newest
-    # patch of 1.X, per the GKE API). Unset: the release channel's default.
+    # patch of 1.X, per the GKE API). Unset: the release channel's default. 1.34 or later for
+    # models with routing: inference-gateway.
     min_master_version: Optional[str] = None
 
     @field_validator("min_master_version")

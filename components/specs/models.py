@@ -192,8 +192,9 @@ class ModelSpec(Spec):
     shape: str | CustomShape
     # Weight dtype or quantisation.
     dtype: Literal["bfloat16", "float16", "fp8", "int8", "awq", "gptq"] = "bfloat16"
-    # GiB the files vLLM reads take on disk (default: paramsBillion x dtype bytes). Sizes the
-    # Hyperdisk ML disks and the Filestore share; raise it when the loader says so.
+    # GiB the files vLLM reads take on disk: the weights it opens plus config and tokenizer
+    # (default: paramsBillion x dtype bytes). Sizes the Hyperdisk ML disks and the Filestore share;
+    # a loader that finds more says which value to set.
     disk_gb: Optional[float] = Field(default=None, gt=0)
     # KV-cache dtype.
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
@@ -215,7 +216,8 @@ class ModelSpec(Spec):
     short: ServingPoolSpec = Field(default_factory=_short_default)
     # The long-request pool.
     long: ServingPoolSpec = Field(default_factory=_long_default)
-    # More vLLM flags, checked against the release's parser; platform-managed flags and secrets are refused.
+    # More vLLM flags, checked against the release's parser; platform-managed flags (--model,
+    # --download-dir, --load-format, ...) and secrets are refused.
     extra_args: list[str] = Field(default_factory=list)
     # A canary of another revision, weighted against this one.
     canary: Optional[CanarySpec] = None

@@ -42,8 +42,9 @@ class RateLimitSpec(Spec):
     # Requests admitted per tenant in any 60 seconds: per replica, or across all replicas with
     # vllm-gke:globalLimits enabled (each replica's own count is then the fallback).
     requests_per_minute: int = Field(ge=1)
-    # Generated tokens per tenant in any 60 seconds, across all replicas (needs globalLimits):
-    # each request counts what it may make vLLM generate (its bound under maxTokens).
+    # Generated tokens per tenant in any 60 seconds, across all replicas (needs globalLimits, and
+    # at least the tenant's maxTokens): each request counts what it may make vLLM generate (its
+    # bound under maxTokens).
     tokens_per_minute: Optional[int] = Field(default=None, ge=1)
 
 
@@ -92,7 +93,8 @@ class TenantSpec(Spec):
     # InferenceObjective). The pinned endpoint picker (gateway-api-inference-extension v1.2.0,
     # without its experimental flow control) only sheds: while every replica of the pool is
     # saturated (more than 5 requests waiting or KV cache over 80% on each), a negative priority's
-    # requests get 429; 0, the default, is never shed. It orders nothing by priority.
+    # requests get 429; 0, the default, is never shed. It orders nothing by priority, so a
+    # positive value would change nothing and is refused.
     priority: int = Field(default=0, ge=-100, le=100)
 
     @field_validator("priority")

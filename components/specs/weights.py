@@ -46,7 +46,7 @@ class WeightsSpec(Spec):
     # 1,200,000; GKE's Volume Populator guide uses 2,400). Readers of one disk share it.
     hyperdisk_throughput_mib_s: int = Field(default=2400, ge=400, le=1_200_000, alias="hyperdiskThroughputMiBps")
     # hyperdisk-ml: the machine type of the transfer nodes Volume Populator's Jobs run on (a
-    # node pool that scales from zero; C3 or C3D, which attach Hyperdisk ML).
+    # node pool that scales from zero; C3 or C3D, which attach Hyperdisk ML, with at least 8 vCPUs).
     populator_machine_type: str = "c3-standard-44"
     # Warn when a pool's estimated time from node ready to serving exceeds this.
     cold_start_budget_seconds: int = Field(default=900, ge=60, le=7200)
@@ -86,7 +86,10 @@ class WeightsSpec(Spec):
             raise ValueError(f"'{v}' is not a Cloud Storage bucket name: 3-63 lowercase letters, digits, '-' or '_', "
                              "a letter or digit at both ends, not starting with goog or containing google")
         return v
-    # Filestore capacity, GiB; default: the tier's minimum or the weights plus headroom.
+    # Filestore capacity, GiB; default: the tier's minimum or the weights plus headroom. On BASIC
+    # tiers the share's size, which only grows, so the plan refuses models that need more instead
+    # of deriving it; on ZONAL and REGIONAL a floor over the models' size plus 30%, and crossing
+    # 9.75 TiB brings up a new share, since the two size ranges do not convert in place.
     capacity_gb: Optional[int] = Field(default=None, ge=1024)
     # Secret Manager secret holding the Hugging Face token; the loader mounts it through the
     # GKE Secret Manager CSI add-on, so the token never enters Pulumi state or a manifest.
@@ -101,7 +104,7 @@ class WeightsSpec(Spec):
         if not _SECRET_ID.match(v):
             raise ValueError(f"'{v}' is not a Secret Manager secret id: 1-255 letters, digits, '_' or '-'")
         return v
-    # Or: an existing Kubernetes Secret in the loader namespace (e.g. synced from Secret Manager
+    # Or: an existing Kubernetes Secret in the loader namespace, vllm-gke-system (e.g. synced from Secret Manager
     # by External Secrets); the loader then reads HF_TOKEN through a secretKeyRef.
     hf_token_kubernetes_secret: Optional[SecretKeyRef] = None
     # hf:// sources load with the server image (it ships the HF CLI); gs:// ones need gcloud.
