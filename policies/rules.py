@@ -81,63 +81,105 @@ __all__ = [
 
 
 POLICIES: tuple[Policy, ...] = (
-    Policy("gpu-node-pools-tainted", "GPU node pools carry the nvidia.com/gpu NoSchedule taint.",
+    Policy("gpu-node-pools-tainted", "GPU node pools carry the nvidia.com/gpu NoSchedule taint."
+           " Rejects a GPU node pool without the `nvidia.com/gpu` NoSchedule taint.",
            "mandatory", gpu_node_pools_tainted),
-    Policy("mig-partition-valid", "gpu_partition_size is a MIG profile of the pool's accelerator.",
+    Policy("mig-partition-valid", "gpu_partition_size is a MIG profile of the pool's accelerator."
+           " Rejects a `gpu_partition_size` that is not a MIG profile of the accelerator (A100 40GB: 1g.5gb, "
+           "2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb; A100 80GB: 1g.10gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb; H100 "
+           "80GB: those plus 1g.20gb).",
            "mandatory", mig_partition_valid),
-    Policy("weights-read-only", "vLLM pods mount the shared weights read-only and never download weights.",
+    Policy("weights-read-only", "vLLM pods mount the shared weights read-only and never download weights."
+           " Rejects a vLLM pod whose weights volume is writable, whose model is not a local path, without "
+           "`HF_HUB_OFFLINE=1`, holding an HF token, or with `--download-dir`.",
            "mandatory", weights_read_only),
     Policy("tenant-namespaces-authenticated",
-           "Every tenant namespace has a RequestAuthentication and an AuthorizationPolicy.",
+           "Every tenant namespace has a RequestAuthentication and an AuthorizationPolicy."
+           " Rejects a tenant namespace without both a RequestAuthentication and an AuthorizationPolicy.",
            "mandatory", tenant_namespaces_authenticated),
     Policy("external-gateway-authenticated",
-           "Routes on an external Gateway sit behind JWT auth and a default deny.",
+           "Routes on an external Gateway sit behind JWT auth and a default deny."
+           " Rejects a route on an external Gateway whose namespace lacks JWT auth or a deny-all.",
            "mandatory", external_gateway_authenticated),
     Policy("external-gateway-https-only",
-           "External Gateways serve over HTTPS only; plain HTTP carries nothing but a redirect.",
+           "External Gateways serve over HTTPS only; plain HTTP carries nothing but a redirect."
+           " Rejects an external Gateway without an HTTPS listener, a plain HTTP listener that admits other "
+           "namespaces' routes, or a route with backends on a plain HTTP listener.",
            "mandatory", external_gateway_https_only),
     Policy("serving-paths-authenticated",
-           "No request reaches a vLLM serving path without a verified JWT, from any source.",
+           "No request reaches a vLLM serving path without a verified JWT, from any source."
+           " Rejects a vLLM workload that the emitted Istio policies would let serve `/v1/*` without a verified "
+           "JWT, from any address the policies name or the internet (evaluated by `policies/mesh_authz.py`).",
            "mandatory", serving_paths_authenticated),
     Policy("pods-hardened",
-           "Containers drop all capabilities, never escalate, use seccomp; vLLM runs non-root with no token.",
+           "Containers drop all capabilities, never escalate, use seccomp; vLLM runs non-root with no token."
+           " Rejects a container that may escalate privileges, keeps capabilities or has no seccomp profile; a "
+           "vLLM server that may run as root or mounts a service-account token.",
            "mandatory", pods_hardened),
     Policy("control-plane-restricted",
-           "The cluster's control plane is private or limited to authorized networks.",
+           "The cluster's control plane is private or limited to authorized networks."
+           " Rejects a cluster whose public control-plane endpoint has no authorized networks.",
            "advisory", control_plane_restricted),
-    Policy("images-pinned", "Every container image is pinned to a tag (not latest) or a digest.",
+    Policy("images-pinned", "Every container image is pinned to a tag (not latest) or a digest."
+           " Rejects an image with no tag, `:latest`, and no digest.",
            "mandatory", images_pinned),
-    Policy("resource-limits", "Every container sets CPU and memory limits; GPU limits match requests.",
+    Policy("resource-limits", "Every container sets CPU and memory limits; GPU limits match requests."
+           " Rejects a container without CPU and memory limits, or whose GPU limit differs from its request.",
            "mandatory", resource_limits),
-    Policy("no-secret-literals", "No secret value appears in the plan or in state.",
+    Policy("no-secret-literals", "No secret value appears in the plan or in state."
+           " Rejects Kubernetes Secrets with data in the plan, Secret Manager versions with data in state, "
+           "secret-looking env vars with literal values, a kubeconfig with static credentials.",
            "mandatory", no_secret_literals),
-    Policy("max-tokens-cap", "Every vLLM server enforces a max_tokens cap for each tenant.",
+    Policy("max-tokens-cap", "Every vLLM server enforces a max_tokens cap for each tenant."
+           " Rejects a vLLM server without the guard middleware, or a tenant without a positive `maxTokens`.",
            "mandatory", max_tokens_cap),
     Policy("vllm-autoscaled",
-           "Every vLLM Deployment is scaled by a KEDA ScaledObject (KEDA installed) and has a PodDisruptionBudget.",
+           "Every vLLM Deployment is scaled by a KEDA ScaledObject (KEDA installed) and has a PodDisruptionBudget."
+           " Rejects a vLLM Deployment without a KEDA ScaledObject or a PodDisruptionBudget; ScaledObjects "
+           "without KEDA's chart; an HPA on a custom metric with no custom metrics API in the plan.",
            "advisory", vllm_autoscaled),
     Policy("inference-pools-served",
            "InferencePools have a running endpoint picker, fail closed, are health-checked and sit behind a regional "
-           "Gateway with a proxy-only subnet.",
+           "Gateway with a proxy-only subnet."
+           " Rejects an InferencePool whose endpoint picker Service or Deployment is missing, that fails open, "
+           "has no HealthCheckPolicy, sits behind a global Gateway, or a plan with pools and no proxy-only "
+           "subnet.",
            "mandatory", inference_pools_served),
     Policy("tenant-priorities-bound",
            "Routes to InferencePools set each tenant's objective themselves, and the mesh admits only that tenant's "
-           "tokens under it.",
+           "tokens under it."
+           " Rejects a route to an InferencePool that does not require and set the tenant's objective, lets a "
+           "request carrying the picker's other control headers reach the pool (the route evaluated as the "
+           "Gateway API ranks matches, `policies/route_match.py`) or the replica, or names an objective that "
+           "does not exist; an objective under which the mesh admits more than one issuer's tokens (evaluated by"
+           " `policies/mesh_authz.py`).",
            "mandatory", tenant_priorities_bound),
     Policy("lora-adapters-scoped",
-           "Servers with LoRA adapters load them from the read-only share and admit each tenant only to its own.",
+           "Servers with LoRA adapters load them from the read-only share and admit each tenant only to its own."
+           " Rejects a vLLM server with `--lora-modules` whose adapters are not on a read-only weights mount, or"
+           " whose guard lets a tenant send any `model`.",
            "mandatory", lora_adapters_scoped),
     Policy("limit-store-mesh-only",
-           "The shared limit store admits only mesh identities over STRICT mTLS.",
+           "The shared limit store admits only mesh identities over STRICT mTLS."
+           " Rejects a shared limit store (named by a guard's `globalLimits`) whose namespace lacks STRICT mTLS "
+           "or a deny-all, or admits clients by anything but their mesh identities.",
            "mandatory", limit_store_mesh_only),
     Policy("scale-to-zero-answered",
-           "Pools that scale to zero have a standby that answers 503 with Retry-After and wakes them.",
+           "Pools that scale to zero have a standby that answers 503 with Retry-After and wakes them."
+           " Rejects a ScaledObject that may take a pool to zero with no standby behind the pool's Service, or "
+           "without a trigger on the standby's requests.",
            "mandatory", scale_to_zero_answered),
     Policy("hyperdisk-weights-populated",
-           "Hyperdisk ML weight disks are read-only, filled by GKE Volume Populator with their own identity, on transfer nodes.",
+           "Hyperdisk ML weight disks are read-only, filled by GKE Volume Populator with their own identity, on transfer nodes."
+           " Rejects a claim of a `hyperdisk-ml` StorageClass that is not ReadOnlyMany or has no `GCPDataSource`"
+           " beside it, a data source that reads the bucket as the namespace's `default` account, a "
+           "`hyperdisk-ml` class that binds WaitForFirstConsumer, or claims with no `gcs-to-hdml-compute-class` "
+           "node pool and ComputeClass for the transfer.",
            "mandatory", hyperdisk_weights_populated),
     Policy("vllm-backends-resilient",
-           "Every vLLM Service behind the Gateway has a load balancer health check, so failing replicas leave rotation.",
+           "Every vLLM Service behind the Gateway has a load balancer health check, so failing replicas leave rotation."
+           " Rejects a Gateway backend of vLLM pods without a HealthCheckPolicy; a GCPBackendPolicy whose "
+           "connection draining is shorter than its request timeout.",
            "advisory", vllm_backends_resilient),
 )
 POLICY_NAMES = tuple(p.name for p in POLICIES)
