@@ -254,6 +254,29 @@ def schema(out: Optional[Path] = typer.Option(None, "--out", "-o", help="file to
         console.print(f"wrote {out}")
 
 
+@app.command("docs")
+def docs(check: bool = typer.Option(False, "--check", help="write nothing; exit 1 if a generated page is stale")) -> None:
+    """Write the docs generated from the code (docs/reference/: config, policies, components; the code's
+    layers and the copied blocks of README.md and docs/), then check every link of README.md and docs/."""
+    from . import docs as generated
+
+    if check:
+        stale = generated.stale()
+        for path in stale:
+            console.print(f"stale: {path}; run: vllm-gke docs")
+        if stale:
+            raise typer.Exit(1)
+    else:
+        for path in generated.write():
+            console.print(f"wrote {path}")
+    broken = generated.broken_links(generated.doc_files())
+    for problem in broken:
+        console.print(f"broken link: {escape(problem)}")
+    if broken:
+        raise typer.Exit(1)
+    console.print("[green]the docs are current and every link resolves[/]")
+
+
 @app.command("stacks")
 def list_stacks(stacks_dir: Optional[Path] = typer.Option(None, "--stacks-dir")) -> None:
     """List the stacks that can be planned here."""

@@ -252,5 +252,5 @@ def test_max_rate_per_endpoint_is_documented_as_a_capacity_not_a_cap():
     doc = (REPO_ROOT / "components" / "provider" / "types.py").read_text()
     described = doc[doc.index("max_rate_per_endpoint: NotRequired[int]"):][:400]
     assert "not a cap" in described and "overfills" in described
-    readme = (REPO_ROOT / "README.md").read_text()
-    assert "isn't a\ncircuit breaker" in readme or "isn't a circuit breaker" in readme
+    guide = (REPO_ROOT / "docs" / "guides" / "canary-and-resilience.md").read_text()
+    assert "isn't a\ncircuit breaker" in guide or "isn't a circuit breaker" in guide

@@ -502,13 +502,17 @@ def test_the_picker_path_composes_from_the_facades():
     assert [(v.policy, v.message[:100]) for v in evaluate(resources) if v.level == "mandatory"] == []
 
 
+# Where the docs tell how to consume the package (the README links to both).
+INSTALL_DOCS = ("docs/guides/multi-language.md", "docs/installation-configuration.md")
+
+
 def test_the_readme_consumes_the_current_release_and_the_release_is_tagged():
-    """The README's `pulumi package add` source names this version's tag, and the tag exists
+    """The docs' `pulumi package add` source names this version's tag, and the tag exists
     (where the checkout carries tags at all: a source archive has none)."""
     version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
-    readme = (REPO_ROOT / "README.md").read_text()
+    readme = "\n".join((REPO_ROOT / page).read_text() for page in ("README.md", *INSTALL_DOCS))
     refs = set(re.findall(r"(?:checkout |@)v(\d+\.\d+\.\d+)", readme))
-    assert refs == {version}, f"the README points at {refs}, the release is {version}"
+    assert refs == {version}, f"the docs point at {refs}, the release is {version}"
     sources = [readme] + [p.read_text() for p in (REPO_ROOT / "examples").rglob("*")
                           if p.is_file() and p.suffix in (".txt", ".json", ".yaml", ".ts", ".py")]
     assert not any("github.com/acme/vllm-gke" in text for text in sources)  # no placeholder owner as a source

@@ -14,13 +14,14 @@ def _pictures(plan):
 
 
 def test_the_readme_shows_what_the_plan_writes_for_prod(plans):
-    readme = (REPO_ROOT / "README.md").read_text()
+    """The capacity and cost page (docs/capacity-and-cost.md, once the README's section) shows prod's pictures."""
+    readme = (REPO_ROOT / "docs" / "capacity-and-cost.md").read_text()
     block = re.search(r"<!-- plan-pictures:prod:begin -->\n(.*?)<!-- plan-pictures:prod:end -->", readme, re.S)
-    assert block, "the README's picture markers are gone"
+    assert block, "docs/capacity-and-cost.md's picture markers are gone"
     shown = re.findall(r"```mermaid\n(.*?)```", block.group(1), re.S)
     drawn = _pictures(plans["prod"])
     assert shown == [drawn["node-pools.mmd"], drawn["routes.mmd"]], \
-        "regenerate: vllm-gke plan -s prod, then paste plan-out/prod/*.mmd into the README"
+        "regenerate: vllm-gke plan -s prod, then paste plan-out/prod/*.mmd into docs/capacity-and-cost.md"
 
 
 def test_node_pools_are_drawn_packed_at_baseline_and_peak(plans):
