@@ -124,7 +124,7 @@ def alert_policies(cluster: str, spec: MonitoringSpec, kv_metric: str = "vllm:kv
                 "sidecar's inbound passthrough address (127.0.0.6). Either something in the pod calls vLLM "
                 "directly, or the mesh's data plane delivers from another address: the replica's log names it. "
                 "Check `gcloud container fleet mesh describe` (controlPlaneManagement.implementation) and the "
-                "README's 'Managed Cloud Service Mesh'.", "ERROR"),
+                "docs' 'Managed Cloud Service Mesh' (docs/guides/mesh.md).", "ERROR"),
         _policy("vLLM container restarts (GPU OOM or crash)",
                 f'sum by (namespace, pod) (increase(kube_pod_container_status_restarts_total'
                 f'{{cluster="{cluster}", container="vllm"}}[15m])) > 0', 0,

@@ -16,7 +16,7 @@ import pulumi_gcp as gcp
 
 from .options import child_opts
 
-# What each API is for; the README's prerequisites table is generated from the same list.
+# What each API is for; docs/gcp-prerequisites.md lists the same APIs.
 API_PURPOSES = {
     "serviceusage.googleapis.com": "enabling the others (must already be on; `gcloud services enable` does it)",
     "cloudresourcemanager.googleapis.com": "project IAM bindings",

@@ -1,6 +1,6 @@
 // A whole vllm-gke platform from TypeScript: one Platform serving Qwen2.5-7B to one tenant.
 // `pulumi package add ../../components/provider` generates the @pulumi/vllm-gke SDK under sdks/.
-// The settings are a stack config's (README "Config reference"), checked the same way.
+// The settings are a stack config's (docs/reference/config.md), checked the same way.
 // examples/typescript-components composes the finer components by hand instead.
 import * as pulumi from "@pulumi/pulumi";
 import * as vllmgke from "@pulumi/vllm-gke";

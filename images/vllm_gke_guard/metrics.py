@@ -53,5 +53,5 @@ def count_untrusted(client: str, logged_peers: set[str], trusted_peers: frozense
         log.error("refused a tenant request from %s: only the mesh sidecar's inbound passthrough address (%s) "
                   "is trusted. If every request comes from it, the mesh's data plane does not deliver from "
                   "127.0.0.6: check the control plane implementation (gcloud container fleet mesh describe: "
-                  "controlPlaneManagement.implementation) against the README's 'Managed Cloud Service Mesh'",
+                  "controlPlaneManagement.implementation) against the docs' 'Managed Cloud Service Mesh' (docs/guides/mesh.md)",
                   client or "an unknown peer", ", ".join(sorted(trusted_peers)))
