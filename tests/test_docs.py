@@ -33,6 +33,19 @@ def test_the_generated_pages_are_current(schema):
     assert not stale, f"stale: {', '.join(stale)}; run: vllm-gke docs"
 
 
+def test_the_command_checks_without_writing():
+    """`vllm-gke docs --check` passes on the repository as committed (and writes nothing)."""
+    from typer.testing import CliRunner
+
+    from vllm_gke.infra.cli import app
+
+    pages = (docs.CONFIG_PAGE, docs.POLICIES_PAGE, docs.COMPONENTS_PAGE, *docs.BLOCK_PAGES)
+    before = {p: (REPO_ROOT / p).read_text() for p in pages}
+    result = CliRunner().invoke(app, ["docs", "--check"])
+    assert result.exit_code == 0, result.output
+    assert {p: (REPO_ROOT / p).read_text() for p in before} == before
+
+
 def test_generated_pages_say_so():
     for page in (docs.CONFIG_PAGE, docs.POLICIES_PAGE, docs.COMPONENTS_PAGE):
         last = (REPO_ROOT / page).read_text().rstrip().splitlines()[-1]
