@@ -1,6 +1,6 @@
 """Two pictures of a plan, as Mermaid (rendered by GitHub, GitLab and most Markdown viewers): the
 node pools packed with their serving pools at baseline and peak, and the route map from a path
-to the tenants that call it to the pool that serves it. Written with the plan; the README shows
+to the tenants that call it to the pool that serves it. Written with the plan; docs/capacity-and-cost.md shows
 the prod stack's, and a test keeps them equal to what the plan writes."""
 
 from __future__ import annotations
