@@ -72,15 +72,37 @@ def _unique_names(cfg: "StackConfig", add: Add) -> None:
                     f"tenant '{other}' ({item_key('tenants', cfg.tenants, j)}) name the same policy '{name}'; rename "
                     "one of the tenants or models")
             seen.setdefault(name, (i, tenant.name))
-    # A tenant's dedicated copy is named <tenant>-<model> (its routes, pools and Pulumi resources):
-    # a model declared under that name would be two owners of each.
-    declared = {m.name for m in cfg.models}
+    # What the program serves is named by a key - a model, its canary (<model>-canary), a tenant's
+    # dedicated copy (<tenant>-<model>) and its canary - that names its routes, pools, Services and
+    # Pulumi resources: two things under one key would be two owners of each.
+    served: dict[str, str] = {}
+
+    def serve(key: str, where: str, what: str, also: str) -> None:
+        if key in served:
+            add(where, f"{what} is named '{key}', which is also {served[key]}; rename one of them")
+        served.setdefault(key, also)
+
+    for m in cfg.models:
+        served.setdefault(m.name, "a model's name")
+    for i, m in enumerate(cfg.models):
+        if m.canary is not None:
+            serve(f"{m.name}-canary", f"{item_key('models', cfg.models, i)}.canary", f"model '{m.name}''s canary",
+                  f"the name of model '{m.name}''s canary")
+    canaries = {m.name for m in cfg.models if m.canary is not None}
     for i, tenant in enumerate(cfg.tenants):
+        key = f"{item_key('tenants', cfg.tenants, i)}.dedicated.models"
         for model in tenant.dedicated.models if tenant.dedicated else []:
-            if (copy := f"{tenant.name}-{model}") in declared:
-                add(f"{item_key('tenants', cfg.tenants, i)}.dedicated.models",
-                    f"tenant '{tenant.name}''s dedicated copy of '{model}' is named '{copy}', which is also a "
-                    "model's name; rename that model or the tenant")
+            copy = f"tenant '{tenant.name}''s dedicated copy of '{model}'"
+            serve(f"{tenant.name}-{model}", key, copy, f"the name of {copy}")
+            if model in canaries:
+                serve(f"{tenant.name}-{model}-canary", key, f"the canary of {copy}", f"the name of the canary of {copy}")
+    # A spot pool's on-demand twin is the node pool <pool>-ondemand.
+    pools = {p.name for p in cfg.node_pools}
+    for i, pool in enumerate(cfg.node_pools):
+        if pool.has_fallback_pool and (twin := f"{pool.name}-ondemand") in pools:
+            add(f"{item_key('nodePools', cfg.node_pools, i)}.onDemandFallback",
+                f"the pool's on-demand twin is the node pool '{twin}', which is also declared; rename that pool or "
+                "set onDemandFallback: false")
 
 
 def _check_placement(cfg: "StackConfig", add: Add, key: str, model: ModelSpec, pool_name: str,

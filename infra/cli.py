@@ -117,7 +117,7 @@ def cost_table(v: Verdicts) -> Table:
     for p in c.pools:
         price = f"{p.hour_price:.2f}" + (f" (burst {p.peak_hour_price:.2f} on-demand)"
                                           if p.peak_hour_price and p.peak_hour_price != p.hour_price else "")
-        nodes = f"{p.baseline_nodes}-{p.peak_nodes}" + (f" (capped: {p.wanted_peak_nodes} wanted, {p.max_nodes} at most)"
+        nodes = f"{p.baseline_nodes}-{p.peak_nodes}" + (f" (capped: {p.wanted_peak_nodes} wanted, {p.reach_nodes} at most)"
                                                          if p.capped else "")
         table.add_row(p.pool + (" (spot)" if p.spot else ""), p.machine_type, nodes, price,
                       f"{p.baseline_month:,.0f}", f"{p.peak_month:,.0f}")

@@ -43,7 +43,7 @@ class PoolCost:
     # Nodes every pool at maxReplicas would need (above the pool's reach: the peak is capped).
     wanted_peak_nodes: int = 0
     # The most nodes the pool can have: maxNodes, twice that with an on-demand twin.
-    max_nodes: int = 0
+    reach_nodes: int = 0
     on_demand_twin: bool = False
 
     @property
@@ -110,7 +110,7 @@ def cost_report(cfg: "StackConfig", filestore_tier: str, filestore_gb: int) -> C
                               baseline, peak, pool.machine.gpus, hours,
                               peak_hour_price=price.on_demand_hour if pool.has_fallback_pool
                               else (price.spot_hour if pool.spot else price.on_demand_hour),
-                              wanted_peak_nodes=wanted, max_nodes=reach,
+                              wanted_peak_nodes=wanted, reach_nodes=reach,
                               on_demand_twin=pool.has_fallback_pool))
     system = MACHINE_PRICES[cfg.cluster.system_machine_type].on_demand_hour * cfg.cluster.system_nodes * hours
     fixed = {"system pool": system, "GKE cluster fee": GKE_CLUSTER_FEE_HOUR * hours,

@@ -45,7 +45,7 @@ def node_pools_picture(cfg: StackConfig, cost: CostReport) -> str:
         per_node = pool.slices_per_node
         unit = pool.gpu_partition_size or "GPU"
         spot = ", spot" if pool.spot else ""
-        capped = f", capped: {c.wanted_peak_nodes} wanted, {c.max_nodes} at most" if c.capped else ""
+        capped = f", capped: {c.wanted_peak_nodes} wanted, {c.reach_nodes} at most" if c.capped else ""
         lines.append(f'  subgraph {_id("np", pool.name)}["{pool.name}: {pool.machine_type}{spot}, {per_node} x {unit} '
                      f'per node; nodes {c.baseline_nodes} baseline, {c.peak_nodes} peak{capped}"]')
         used_low = used_high = 0

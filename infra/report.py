@@ -62,9 +62,9 @@ def load_policy_config(path: Optional[Path]) -> Mapping[str, Any]:
 def capped_peaks(cost: CostReport) -> list[str]:
     """A peak the node pool cannot reach: the replicas beyond it stay pending."""
     return [f"vllm-gke:nodePools[{p.pool}].maxNodes: every serving pool at maxReplicas needs {p.wanted_peak_nodes} "
-            f"nodes but the pool reaches {p.max_nodes}"
-            + (f" (maxNodes {p.max_nodes // 2}, and as many on its on-demand twin)" if p.on_demand_twin
-               else f" (maxNodes {p.max_nodes})")
+            f"nodes but the pool reaches {p.reach_nodes}"
+            + (f" (maxNodes {p.reach_nodes // 2}, and as many on its on-demand twin)" if p.on_demand_twin
+               else f" (maxNodes {p.reach_nodes})")
             + ", so the peak is capped there and the replicas beyond it stay pending; raise the pool's maxNodes or "
             "lower maxReplicas" for p in cost.pools if p.capped]
 

@@ -42,6 +42,13 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
     # (id, stack, mutate, key the message starts with, words it contains)
     ("model-named-like-a-dedicated-copy", "prod", _model_named_like_a_dedicated_copy,
      "vllm-gke:tenants[analytics].dedicated.models", "named 'analytics-qwen-7b', which is also a model's name"),
+    ("model-named-like-a-canary", "prod",
+     lambda v: v["vllm-gke:models"].append({**next(m for m in v["vllm-gke:models"] if m["name"] == "qwen-7b"),
+                                            "name": "llama-8b-canary"}),
+     "vllm-gke:models[llama-8b].canary", "named 'llama-8b-canary', which is also a model's name"),
+    ("node-pool-named-like-a-twin", "dev",
+     lambda v: v["vllm-gke:nodePools"].append({"name": "a100-mig-ondemand", "machineType": "a2-highgpu-1g"}),
+     "vllm-gke:nodePools[a100-mig].onDemandFallback", "on-demand twin is the node pool 'a100-mig-ondemand'"),
     # The placement is the tenant's; the message names the model's key that does not fit it.
     ("dedicated-copy-tensor-parallel", "prod",
      lambda v: next(m for m in v["vllm-gke:models"] if m["name"] == "qwen-7b").update(tensorParallelSize=2),

@@ -76,7 +76,7 @@ def test_a_spot_pool_bursts_at_the_on_demand_price_up_to_twice_its_max_nodes(sta
     report = cost_report(parse(values), "BASIC_HDD", 1024)
     (pool,) = report.pools
     price = MACHINE_PRICES["a2-highgpu-1g"]
-    assert (pool.baseline_nodes, pool.peak_nodes, pool.wanted_peak_nodes, pool.max_nodes) == (1, 2, 3, 2)
+    assert (pool.baseline_nodes, pool.peak_nodes, pool.wanted_peak_nodes, pool.reach_nodes) == (1, 2, 3, 2)
     assert pool.baseline_month == pytest.approx(price.spot_hour * 730)
     assert pool.peak_month == pytest.approx((price.spot_hour + price.on_demand_hour) * 730)
     (warning,) = capped_peaks(report)

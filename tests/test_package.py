@@ -573,6 +573,9 @@ def _service(**changes):
                  "targets": [{"route_name": "qwen", "namespace": "vllm", "path_prefix": "qwen",
                               "inference_pool": "qwen-7b"}]},
      "Gateway.targets[qwen].tenant", "required with inferencePool"),
+    ("Gateway", {"gateway": {}, "namespace": "vllm", "kubeconfig": "kc", "project": "p", "region": "us-central1",
+                 "targets": [{"path_prefix": "qwen", "inference_pool": "qwen-7b", "tenant": "search"}]},
+     "Gateway.targets[0]", "routeName, namespace required but not set"),
     ("MeshNamespace", {"name": "keda", "kubeconfig": "kc", "cluster": CLUSTER, "tenants": [TENANT]},
      "MeshNamespace.name", "owns"),
     ("MeshNamespace", {"name": "vllm", "kubeconfig": "kc", "cluster": CLUSTER, "tenants": []},
@@ -706,3 +709,7 @@ def test_a_dedicated_copy_must_sit_on_its_tenants_pool():
     with pytest.raises(InputError) as exc:
         _under_mocks("p", "dev", {}, lambda: provider.VllmService("own", _service(tenant="ads")))
     assert "not among tenants" in {i.key: i.problem for i in exc.value.issues}["VllmService.tenant"]
+    # An owner without a dedicated copy of the model has no server account in its namespace.
+    with pytest.raises(InputError) as exc:
+        _under_mocks("p", "dev", {}, lambda: provider.VllmService("own", _service(namespace="search", tenant="search")))
+    assert "no dedicated copy of 'qwen-7b'" in {i.key: i.problem for i in exc.value.issues}["VllmService.tenant"]

@@ -103,8 +103,13 @@ class Gateway(pulumi.ComponentResource):
             key = (f"targets[{names[i]}]" if isinstance(names[i], str) and names[i] and names.count(names[i]) == 1
                    else f"targets[{i}]")
             picker = None
-            if t.get("inference_pool"):
-                if not t.get("tenant"):
+            inference_pool, tenant = t.get("inference_pool"), t.get("tenant")
+            if inference_pool and (missing := [to_camel(k) for k in ("route_name", "namespace", "path_prefix")
+                                               if t.get(k) is None]):
+                problems.add(key, f"{', '.join(missing)} required but not set")
+                continue
+            if inference_pool:
+                if not tenant:
                     problems.add(f"{key}.tenant", "required with inferencePool: the tenant whose objective "
                                  "the route requires")
                     continue
@@ -112,8 +117,8 @@ class Gateway(pulumi.ComponentResource):
                     problems.add(key, "inferencePool routes to the picker: leave out the Services and "
                                  "the canary")
                     continue
-                pool = str(t["inference_pool"])
-                picker = PickerTarget(pool, objective_name(str(t["tenant"]), pool), str(t["tenant"]),
+                pool = str(inference_pool)
+                picker = PickerTarget(pool, objective_name(str(tenant), pool), str(tenant),
                                       routes=tuple((r.path, r.method) for r in picker_routes()),
                                       max_body_bytes=int(t.get("max_body_bytes") or PICKER_MIN_BODY_BYTES))
                 targets.append(RouteTarget(t["route_name"], t["namespace"], t["path_prefix"], f"{pool}-short", "", 0,
@@ -124,14 +129,16 @@ class Gateway(pulumi.ComponentResource):
             if missing:
                 problems.add(key, f"{', '.join(missing)} required but not set (or give inferencePool)")
                 continue
+            short, long, long_bytes = t.get("short_service"), t.get("long_service"), t.get("long_request_bytes")
+            assert short is not None and long is not None and long_bytes is not None  # none is missing
             canary = (t.get("canary_short_service"), t.get("canary_long_service"))
             weight = int(t.get("canary_weight") or 0)
             if (canary[0] is None) != (canary[1] is None):
                 problems.add(key, "set both canaryShortService and canaryLongService, or neither")
             if not 0 <= weight <= 100 or (weight and canary[0] is None):
                 problems.add(f"{key}.canaryWeight", f"{weight} must be 0-100, and needs the canary services")
-            targets.append(RouteTarget(t["route_name"], t["namespace"], t["path_prefix"], t["short_service"],
-                                       t["long_service"], int(t["long_request_bytes"]), int(t.get("port") or 8000),
+            targets.append(RouteTarget(t["route_name"], t["namespace"], t["path_prefix"], short,
+                                       long, int(long_bytes), int(t.get("port") or 8000),
                                        canary_short_service=canary[0], canary_long_service=canary[1],
                                        canary_weight=weight,
                                        max_rate_per_endpoint={k: int(v) for k, v in

@@ -204,11 +204,11 @@ class NodePoolSpec(TypedDict):
     spot: NotRequired[bool]
     """Spot VMs. Default: false."""
     on_demand_fallback: NotRequired[bool]
-    """Spot pools get an on-demand twin (min 0) that a ComputeClass falls back to. Default: true."""
+    """Spot pools get an on-demand twin (<name>-ondemand, min 0, maxNodes of its own) that a ComputeClass falls back to: with it the pool reaches up to twice maxNodes. Default: true."""
     min_nodes: NotRequired[int]
     """Fewest nodes (total across zones). Default: 0."""
     max_nodes: NotRequired[int]
-    """Most nodes (total across zones). Default: 1."""
+    """Most nodes (total across zones); a spot pool's on-demand twin has as many again. Default: 1."""
     disk_size_gb: NotRequired[int]
     """Boot disk per node, GB. Default: 200."""
     upgrade: NotRequired[UpgradeSpec]

@@ -117,9 +117,17 @@ class VllmService(pulumi.ComponentResource):
             problems.add("project", "the Google Cloud project whose Managed Prometheus KEDA reads is required")
         canary = bool(args.get("canary"))
         owner_name = args.get("tenant")
-        if owner_name and args.get("tenants") and owner_name not in {t.name for t in tenants}:
+        owner = next((t for t in tenants if t.name == owner_name), None)
+        # Only when every tenant read cleanly (a bad entry is reported on its own).
+        if owner_name and owner is None and args.get("tenants") and len(tenants) == len(args.get("tenants") or []):
             problems.add("tenant", f"'{owner_name}' is not among tenants: the owner of dedicated replicas must be "
                          "one of the tenants that may call them")
+        elif owner is not None and model is not None and (
+                owner.dedicated is None or model.name not in owner.dedicated.models):
+            # Its namespace holds the server's service account only for a tenant with dedicated models.
+            problems.add("tenant", f"'{owner_name}' has no dedicated copy of '{model.name}': list it under the "
+                         "tenant's dedicated.models (TenantAuth then makes the namespace's server account), or "
+                         "leave tenant out for shared replicas")
         if model is not None and pool_name in POOL_NAMES:
             if canary and model.canary_model() is None:
                 problems.add("canary", "true needs model.canary (the revision and weight to try)")
@@ -131,7 +139,6 @@ class VllmService(pulumi.ComponentResource):
             check_pool_lengths(problems.add, "model", served)
             if node_pool is not None:
                 # A tenant's dedicated copy runs on the tenant's own pool, not the model's.
-                owner = next((t for t in tenants if t.name == owner_name), None)
                 dedicated = owner.dedicated if owner is not None else None
                 wanted, key = ((dedicated.node_pool, f"tenants[{owner.name}].dedicated.nodePool")
                                if owner is not None and dedicated is not None else (model.node_pool, "model.nodePool"))
@@ -155,6 +162,7 @@ class VllmService(pulumi.ComponentResource):
         project = args["project"]
         if canary:
             model = model.canary_model()
+            assert model is not None  # canary without model.canary: a problem raised above
         provider = kubernetes_provider(name, args["kubeconfig"], self)
         to_zero = getattr(model, pool_name).min_replicas == 0
         standby_name = f"{service_name_of(model.name, pool_name, canary)}-standby" if to_zero else ""

@@ -73,7 +73,7 @@ class MaintenanceSpec(Spec):
     # When GKE may upgrade; unset lets GKE choose.
     window: Optional[MaintenanceWindow] = None
     # Periods with no upgrades.
-    exclusions: list[MaintenanceExclusion] = Field(default_factory=list)
+    exclusions: list[MaintenanceExclusion] = Field(default_factory=list[MaintenanceExclusion])
 
 
 class ClusterSpec(Spec):
@@ -112,7 +112,7 @@ class ClusterSpec(Spec):
     # The fleet feature is one per project: set false where another stack already manages it.
     manage_mesh_feature: bool = True
     # Who may reach the control plane's public endpoint; empty means anyone (with credentials).
-    authorized_networks: list[AuthorizedNetwork] = Field(default_factory=list)
+    authorized_networks: list[AuthorizedNetwork] = Field(default_factory=list[AuthorizedNetwork])
     # Control plane reachable only from inside the VPC (Pulumi must then run from there).
     private_endpoint: bool = False
     # Maintenance window and exclusions.
@@ -194,11 +194,12 @@ class NodePoolSpec(Spec):
     gpu_partition_size: Optional[str] = None
     # Spot VMs.
     spot: bool = False
-    # Spot pools get an on-demand twin (min 0) that a ComputeClass falls back to.
+    # Spot pools get an on-demand twin (<name>-ondemand, min 0, maxNodes of its own) that a
+    # ComputeClass falls back to: with it the pool reaches up to twice maxNodes.
     on_demand_fallback: bool = True
     # Fewest nodes (total across zones).
     min_nodes: int = Field(default=0, ge=0)
-    # Most nodes (total across zones).
+    # Most nodes (total across zones); a spot pool's on-demand twin has as many again.
     max_nodes: int = Field(default=1, ge=1, le=1000)
     # Boot disk per node, GB.
     disk_size_gb: int = Field(default=200, ge=100)
