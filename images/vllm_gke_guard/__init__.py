@@ -66,7 +66,7 @@ from .body import (
     read_fields_with_json,
     utf8_or_error,
 )
-from .body import _decode_small as _decode_small
+from .body import _decode_small as _decode_small  # pyright: ignore[reportPrivateUsage]  (for the tests)
 from .caps import Budget, as_int
 from .config import (
     CONFIG_ENV,

@@ -32,6 +32,6 @@ class Replay:
 
 def forward(scope: Scope, receive: Receive, body: bytes) -> tuple[Scope, Receive, Optional[frozenset[str]]]:
     """Forward a rewritten body, with its Content-Length fixed."""
-    headers = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-length"]
+    headers = [(k, v) for k, v in scope.get("headers") or () if k != b"content-length"]
     headers.append((b"content-length", str(len(body)).encode()))
     return dict(scope, headers=headers), Replay(body, receive), None

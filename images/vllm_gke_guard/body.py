@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Optional
+from typing import Any, Optional, TypeGuard
 
 from .asgi import Message, Receive
 from .errors import Disconnected, GuardError
@@ -34,6 +34,11 @@ class _Absent:
 
 ABSENT: Any = _Absent()
 LISTED = ("prompt", "prompt_embeds", "messages")  # the prompt lists, kept as raw JSON to count
+
+
+def json_object(value: Any) -> TypeGuard[dict[str, Any]]:
+    """A decoded JSON value that is an object (whose keys are strings)."""
+    return isinstance(value, dict)
 
 
 class Fields:
@@ -115,19 +120,23 @@ try:  # msgspec ships in the vLLM image: C speed on small bodies, same reading a
         def values(self) -> dict[str, Any]:
             return present_values(self)
 
-    _BODY = msgspec.json.Decoder(_Body)
-    _ARRAY = msgspec.json.Decoder(list[msgspec.Raw])  # its elements, undecoded: to count them
+    # The decoders are None without msgspec (below), and where a test takes them away.
+    _BODY: Optional[msgspec.json.Decoder[_Body]] = msgspec.json.Decoder(_Body)
+    # A list's elements, undecoded: to count them.
+    _ARRAY: Optional[msgspec.json.Decoder[list[msgspec.Raw]]] = msgspec.json.Decoder(list[msgspec.Raw])
 
     class _AnyObject(msgspec.Struct):
         pass
 
-    _OBJECT = msgspec.json.Decoder(_AnyObject)  # any JSON object: every member skipped in C
+    # Any JSON object: every member skipped in C.
+    _OBJECT: Optional[msgspec.json.Decoder[_AnyObject]] = msgspec.json.Decoder(_AnyObject)
     # What decoding a malformed body with them raises (deep nesting is malformed too).
     DECODE_ERRORS: tuple[type[Exception], ...] = (msgspec.MsgspecError, RecursionError)
 
 except ImportError:  # pragma: no cover - then json.loads where the scanner would be slow: as exact, slower
-    _BODY = _ARRAY = _OBJECT = None
-    DECODE_ERRORS = (RecursionError,)
+    # The one branch of two that sets them.
+    _BODY = _ARRAY = _OBJECT = None  # pyright: ignore[reportConstantRedefinition]
+    DECODE_ERRORS = (RecursionError,)  # pyright: ignore[reportConstantRedefinition]
 
 # Below this size msgspec's C parser wins; above it the scanner's memchr over long strings does.
 MSGSPEC_MAX_BYTES = 16 * 1024
@@ -147,7 +156,7 @@ def read_fields(buf: bytes, kind: str) -> Any:
             pass
     try:
         return _BODY.decode(buf)
-    except (msgspec.MsgspecError, RecursionError) as exc:  # deep nesting is malformed too
+    except DECODE_ERRORS as exc:  # deep nesting is malformed too
         raise JsonShapeError(str(exc)) from None
 
 
@@ -157,7 +166,7 @@ def read_fields_with_json(buf: bytes, kind: str) -> Fields:
         doc = json.loads(buf)
     except (ValueError, RecursionError) as exc:
         raise JsonShapeError(str(exc)) from None
-    if not isinstance(doc, dict):
+    if not json_object(doc):
         raise JsonShapeError("the body must be a JSON object")
     lists = PROMPT_FIELDS.get(kind, ())
     values = [doc.get(k, ABSENT) for k in COUNTED]
@@ -175,7 +184,7 @@ def is_object(buf: bytes) -> None:
         return
     try:
         _OBJECT.decode(buf)
-    except (msgspec.MsgspecError, RecursionError) as exc:  # deep nesting is malformed too
+    except DECODE_ERRORS as exc:  # deep nesting is malformed too
         raise JsonShapeError(str(exc)) from None
 
 
@@ -202,7 +211,7 @@ def prompt_count(lists: dict[str, bytes], every_item: bool = False) -> int:
         else:
             try:
                 count = len(_ARRAY.decode(raw))
-            except (msgspec.MsgspecError, RecursionError) as exc:  # deep nesting is malformed too
+            except DECODE_ERRORS as exc:  # deep nesting is malformed too
                 raise JsonShapeError(str(exc)) from None
         total += max(count, 1)
     return max(total, 1)
@@ -265,7 +274,8 @@ async def receive_body(receive: Receive, max_body: int, message: Optional[Messag
 
 async def read_body(receive: Receive, message: Message, max_body: int) -> bytes:
     """The whole body, from its first message on."""
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         if message.get("type") == "http.disconnect":
             raise Disconnected()

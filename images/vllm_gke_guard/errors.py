@@ -9,6 +9,9 @@ from .asgi import Send
 
 
 class GuardError(Exception):
+    # Set on some 429s: seconds until a retry may pass (the Retry-After header).
+    retry_after: Optional[float]
+
     def __init__(self, status: int, message: str, code: str, param: Optional[str] = None):
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param

@@ -5,7 +5,7 @@ entrypoint's warm-up token. Each must come once: a repeated one is not trusted."
 from __future__ import annotations
 
 import hmac
-from typing import Optional
+from typing import Iterable, Optional
 
 from .errors import GuardError
 
@@ -29,7 +29,7 @@ class Headers:
 
     __slots__ = ("issuer", "objective", "content_type", "content_length", "warmup", "repeated")
 
-    def __init__(self, headers: list, slots: dict[bytes, int]):
+    def __init__(self, headers: Iterable[tuple[bytes, bytes]], slots: dict[bytes, int]):
         found: list[Optional[bytes]] = [None, None, None, None, None]
         repeated = 0
         get = slots.get

@@ -112,7 +112,7 @@ def connect_store(shared: dict[str, Any]) -> tuple[Any, type[Exception]]:
 def rate_limited(tenant: Tenant, wait: float) -> GuardError:
     err = GuardError(429, f"rate limit of {tenant.rpm} requests/minute for tenant "
                           f"'{tenant.name}' exceeded", "rate_limit_exceeded")
-    err.retry_after = wait  # type: ignore[attr-defined]
+    err.retry_after = wait
     return err
 
 
@@ -130,7 +130,7 @@ async def take_shared(shared: Any, store_unavailable: type[Exception], tenant: T
             err = GuardError(429, f"rate limit of {tenant.tpm} tokens/minute for tenant '{tenant.name}' exceeded "
                                   f"(this request may generate {tokens}; counted on this replica while the "
                                   "shared store is unreachable)", "rate_limit_exceeded")
-            err.retry_after = wait  # type: ignore[attr-defined]
+            err.retry_after = wait
             raise err from None
         return
     if verdict.wait is None:
@@ -139,5 +139,5 @@ async def take_shared(shared: Any, store_unavailable: type[Exception], tenant: T
             else f"{tenant.tpm} tokens/minute (this request may generate {tokens})")
     err = GuardError(429, f"rate limit of {what} for tenant '{tenant.name}' across all replicas exceeded",
                      "rate_limit_exceeded")
-    err.retry_after = verdict.wait  # type: ignore[attr-defined]
+    err.retry_after = verdict.wait
     raise err

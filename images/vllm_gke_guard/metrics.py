@@ -28,7 +28,7 @@ def _counter(name: str, documentation: str) -> Any:
     except ValueError:  # registered already (the module loaded twice)
         from prometheus_client import REGISTRY
 
-        return REGISTRY._names_to_collectors[name]  # type: ignore[attr-defined]
+        return REGISTRY._names_to_collectors[name]  # pyright: ignore[reportPrivateUsage]  (no public lookup)
 
 
 # Requests counted on the replica's own windows because the shared limit store did not answer:

@@ -42,7 +42,8 @@ class GuardMiddleware:
         self.app = app
         cfg = load_config(config)
         self.issuer_header = str(cfg.get("issuerHeader", "x-vllm-gke-issuer")).lower().encode()
-        self.tenants = {iss: Tenant(e, clock) for iss, e in (cfg.get("issuers") or {}).items()}
+        issuers: dict[str, dict[str, Any]] = cfg.get("issuers") or {}
+        self.tenants = {iss: Tenant(e, clock) for iss, e in issuers.items()}
         # Behind the endpoint picker: the objective (priority) the route set must be the tenant's own.
         self.objective_header = str(cfg.get("objectiveHeader") or "").lower().encode()
         # path -> (method, kind)
@@ -90,7 +91,7 @@ class GuardMiddleware:
     async def _admit(self, scope: Scope, receive: Receive) -> tuple[Scope, Receive, Optional[frozenset[str]]]:
         """The scope and body to forward, and on a server with adapters the `model` values the
         tenant may see listed (GET /v1/models names every adapter the server loaded)."""
-        if self.fast_path and self.routes.get(path := scope.get("path")) == ("POST", "chat") \
+        if self.fast_path and self.routes.get(path := scope.get("path", "")) == ("POST", "chat") \
                 and scope.get("method") == "POST" and path not in OPEN_ROUTES:
             admitted = await self._admit_common_chat(scope, receive)
             if admitted is not None:
@@ -99,8 +100,7 @@ class GuardMiddleware:
         if OPEN_ROUTES.get(path) == method:
             return scope, receive, None
         kind = route_kind(self.routes, path, method)
-        headers = scope.get("headers") or []
-        seen = Headers(headers, self.header_slots)
+        seen = Headers(scope.get("headers") or (), self.header_slots)
         client = (scope.get("client") or ("", 0))[0]
         if self.warmup_token and client == "127.0.0.1" and is_warmup(seen, self.warmup_token):
             return scope, receive, None
@@ -172,7 +172,8 @@ class GuardMiddleware:
         message = await receive()
         # body._BODY read here, not imported: without msgspec (or in a test that takes it away) it is None.
         if message.get("type") == "http.request" and not message.get("more_body") \
-                and len(body := message.get("body", b"")) <= MSGSPEC_MAX_BYTES and (decoder := _body._BODY) is not None:
+                and len(body := message.get("body", b"")) <= MSGSPEC_MAX_BYTES \
+                and (decoder := _body._BODY) is not None:  # pyright: ignore[reportPrivateUsage]
             if len(body) > self.max_body:
                 raise too_large(self.max_body)
             try:  # read_fields, inline

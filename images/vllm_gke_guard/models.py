@@ -10,7 +10,7 @@ import json
 from typing import Any, Optional
 
 from .asgi import Message, Send
-from .body import ABSENT
+from .body import ABSENT, json_object
 from .errors import GuardError
 
 
@@ -59,7 +59,7 @@ def model_list_filter(send: Send, allowed: frozenset[str]) -> Send:
         if message.get("more_body"):
             return
         body = _listed_only(b"".join(chunks), allowed) if size <= MODEL_LIST_MAX_BYTES else EMPTY_MODEL_LIST
-        headers = [(k, v) for k, v in start.get("headers") or [] if k.lower() != b"content-length"]
+        headers = [(k, v) for k, v in start.get("headers") or () if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
         await send({**start, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -72,7 +72,7 @@ def _listed_only(body: bytes, allowed: frozenset[str]) -> bytes:
         listing = json.loads(body)
     except ValueError:
         return EMPTY_MODEL_LIST
-    if not isinstance(listing, dict) or not isinstance(listing.get("data"), list):
+    if not json_object(listing) or not isinstance(listing.get("data"), list):
         return EMPTY_MODEL_LIST
-    listing["data"] = [m for m in listing["data"] if isinstance(m, dict) and m.get("id") in allowed]
+    listing["data"] = [m for m in listing["data"] if json_object(m) and m.get("id") in allowed]
     return json.dumps(listing).encode()

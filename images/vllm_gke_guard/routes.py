@@ -7,7 +7,7 @@ gets 404/405. A route's kind says which field bounds its output and which fields
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from .errors import GuardError
 
@@ -20,12 +20,13 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 PROMPT_FIELDS = {"completions": ("prompt", "prompt_embeds"), "chat_batch": ("messages",)}
 
 
-def route_table(cfg: dict[str, Any]) -> dict[str, tuple[Optional[str], Optional[str]]]:
-    """path -> (method, kind), from the config's routes."""
-    return {path: (r.get("method"), r.get("kind")) for path, r in (cfg.get("routes") or {}).items()}
+def route_table(cfg: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """path -> (method, kind), from the config's routes (the config names both for every route)."""
+    routes: dict[str, Any] = cfg.get("routes") or {}
+    return {path: (r.get("method"), r.get("kind")) for path, r in routes.items()}
 
 
-def route_kind(routes: dict[str, tuple[Optional[str], Optional[str]]], path: str, method: str) -> Optional[str]:
+def route_kind(routes: dict[str, tuple[str, str]], path: str, method: str) -> str:
     """The kind of a tenant route the request may take (the open routes are not tenant routes),
     else 404 or 405."""
     route = routes.get(path)

@@ -39,7 +39,7 @@ _AFTER = re.compile(rb"[ \t\n\r]*([,}])")
 
 def skip_ws(buf: bytes, i: int) -> int:
     if i < len(buf) and buf[i] in _WS:  # a regex call only where there is whitespace
-        return _WS_RUN.match(buf, i).end()  # type: ignore[union-attr]
+        return _WS_RUN.match(buf, i).end()  # pyright: ignore[reportOptionalMemberAccess]  (a * pattern matches)
     return i
 
 
@@ -80,7 +80,7 @@ def _skip_container(buf: bytes, i: int, work: list[int]) -> int:
     pos = i
     n = len(buf)
     while True:
-        end = _BULK.match(buf, pos).end()  # type: ignore[union-attr]
+        end = _BULK.match(buf, pos).end()  # pyright: ignore[reportOptionalMemberAccess]  (a {0,16} pattern matches)
         work[0] -= 1 + ((end - pos) >> 7)  # _spend, inline
         if work[0] < 0:
             raise ScanTooLong()

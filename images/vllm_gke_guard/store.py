@@ -127,7 +127,9 @@ class SharedLimiter:
     def connect(cls, host: str, port: int, timeout: float = 0.25, connections: int = 16) -> "SharedLimiter":
         import redis.asyncio as aioredis  # only in images with globalLimits; imported when configured
 
-        pool = aioredis.BlockingConnectionPool(host=host, port=port, max_connections=connections, timeout=timeout,
+        # redis-py annotates the pool's timeout as int; it is asyncio's timeout, seconds as a float.
+        pool = aioredis.BlockingConnectionPool(host=host, port=port, max_connections=connections,
+                                               timeout=timeout,  # pyright: ignore[reportArgumentType]
                                                socket_timeout=timeout, socket_connect_timeout=timeout,
                                                health_check_interval=30)
         return cls(aioredis.Redis(connection_pool=pool))
