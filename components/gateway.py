@@ -118,7 +118,7 @@ class RouteTarget:
     canary_long_service: Optional[str] = None
     canary_weight: int = 0
     # Load balancer target requests/s per replica (a capacity, not a cap), by Service (pools that set maxRatePerEndpoint).
-    max_rate_per_endpoint: Mapping[str, int] = field(default_factory=dict)
+    max_rate_per_endpoint: Mapping[str, int] = field(default_factory=dict[str, int])
     # Routing through GKE Inference Gateway's endpoint picker instead of by length.
     picker: Optional[PickerTarget] = None
 
@@ -265,7 +265,7 @@ class Gateway(pulumi.ComponentResource):
         self.dns_authorization = auth.dns_resource_records
         return cert_name, map_name
 
-    def _route(self, name: str, target: RouteTarget, parent_ref: dict, spec: GatewaySpec,
+    def _route(self, name: str, target: RouteTarget, parent_ref: dict[str, Any], spec: GatewaySpec,
                opts: pulumi.ResourceOptions) -> None:
         prefix = f"/{target.path_prefix}/v1"
         path = {"type": "PathPrefix", "value": prefix}
@@ -274,7 +274,7 @@ class Gateway(pulumi.ComponentResource):
         # The tenant is the issuer Istio verified: a client's own copy never gets through.
         rewrite = [url_rewrite, {"type": "RequestHeaderModifier", "requestHeaderModifier": {"remove": [ISSUER_HEADER]}}]
 
-        def backend(service: str, canary: Optional[str]) -> list[dict]:
+        def backend(service: str, canary: Optional[str]) -> list[dict[str, Any]]:
             if not canary:
                 return [{"name": service, "port": target.port}]
             # Weights are relative: stable and canary always both listed, so a rollback is a
@@ -305,15 +305,15 @@ class Gateway(pulumi.ComponentResource):
         self._service_policies(name, target, spec, opts)
 
     @staticmethod
-    def _declare_route(name: str, target: RouteTarget, rules: list[dict], parent_ref: dict, spec: GatewaySpec,
+    def _declare_route(name: str, target: RouteTarget, rules: list[dict[str, Any]], parent_ref: dict[str, Any], spec: GatewaySpec,
                        opts: pulumi.ResourceOptions) -> None:
-        route_spec: dict = {"parentRefs": [parent_ref], "rules": rules}
+        route_spec: dict[str, Any] = {"parentRefs": [parent_ref], "rules": rules}
         if spec.hostname:
             route_spec["hostnames"] = [spec.hostname]
         custom_resource(f"{name}-route-{target.route_name}", "gateway.networking.k8s.io/v1", "HTTPRoute",
                         {**meta(target.route_name), "namespace": target.namespace}, route_spec, opts)
 
-    def _picker_route(self, name: str, target: RouteTarget, parent_ref: dict, spec: GatewaySpec,
+    def _picker_route(self, name: str, target: RouteTarget, parent_ref: dict[str, Any], spec: GatewaySpec,
                       opts: pulumi.ResourceOptions) -> None:
         """One rule per route the picker serves, each requiring the tenant's own objective and,
         for a body, a Content-Length within the limit (no chunked or oversized body reaches the
@@ -327,7 +327,7 @@ class Gateway(pulumi.ComponentResource):
         own = {"type": "Exact", "name": OBJECTIVE_HEADER, "value": picker.objective}
         length = {"type": "RegularExpression", "name": "content-length", "value": at_most_regex(picker.max_body_bytes)}
 
-        def served(path: str, method: str) -> dict:
+        def served(path: str, method: str) -> dict[str, Any]:
             # No method match (GKE's conformance reports list it as unsupported): the mesh and the
             # guard refuse a wrong method; a body route still needs its bounded Content-Length.
             return {"path": {"type": "Exact", "value": f"{prefix}{path}"},
@@ -338,7 +338,7 @@ class Gateway(pulumi.ComponentResource):
                     {"name": FAIRNESS_HEADER, "value": picker.tenant}],
             "remove": [ISSUER_HEADER, *REFUSED_AT_THE_PICKER]}}  # never PICKER_SETS: see serving_api
         backend = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": picker.pool_name}
-        def with_header(match: dict, header: str) -> dict:
+        def with_header(match: dict[str, Any], header: str) -> dict[str, Any]:
             return {**match, "headers": [*match["headers"], {"type": "RegularExpression", "name": header, "value": ".*"}]}
 
         refused = {"matches": [with_header(served(path, method), header)
@@ -358,7 +358,7 @@ class Gateway(pulumi.ComponentResource):
             custom_resource(
                 f"{name}-hc-{target.route_name}-{service}", "networking.gke.io/v1", "HealthCheckPolicy",
                 {**meta(service), "namespace": target.namespace}, vllm_health_check(ref, target.port), opts)
-            backend_policy: dict = backend_defaults(spec.request_timeout_seconds)
+            backend_policy: dict[str, Any] = backend_defaults(spec.request_timeout_seconds)
             if target.max_rate_per_endpoint.get(service):
                 backend_policy["maxRatePerEndpoint"] = target.max_rate_per_endpoint[service]
             custom_resource(

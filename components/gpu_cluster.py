@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, cast
 
 import pulumi
 import pulumi_gcp as gcp
@@ -27,7 +27,8 @@ NODE_ROLES = (
 )
 
 TRANSFER_POOL = "hdml-transfer"
-GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
+GPU_TAINT: gcp.container.NodePoolNodeConfigTaintArgsDict = {"key": "nvidia.com/gpu", "value": "present",
+                                                          "effect": "NO_SCHEDULE"}
 
 
 @dataclass
@@ -36,7 +37,7 @@ class GpuClusterArgs:
     region: str
     cluster: ClusterSpec
     node_pools: Sequence[NodePoolSpec]
-    labels: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict[str, str])
     # Enabled APIs to wait for; None where the project's APIs are managed elsewhere.
     apis: Optional[ProjectApis] = None
     # The Cloud Storage FUSE CSI add-on (weights in a bucket).
@@ -87,10 +88,10 @@ def kubeconfig(name: str, endpoint: str, ca_cert: str) -> str:
     })
 
 
-def maintenance_policy(spec: MaintenanceSpec) -> Optional[dict[str, Any]]:
+def maintenance_policy(spec: MaintenanceSpec) -> Optional[gcp.container.ClusterMaintenancePolicyArgsDict]:
     """GKE upgrades only inside the window and never during an exclusion (node upgrades restart
     every replica on the node: a cold start of minutes while the weights load again)."""
-    policy: dict[str, Any] = {}
+    policy: gcp.container.ClusterMaintenancePolicyArgsDict = {}
     if spec.window:
         policy["recurring_window"] = {"start_time": spec.window.start_time, "end_time": spec.window.end_time,
                                       "recurrence": spec.window.recurrence}
@@ -101,7 +102,7 @@ def maintenance_policy(spec: MaintenanceSpec) -> Optional[dict[str, Any]]:
     return policy or None
 
 
-def upgrade_settings(spec: UpgradeSpec) -> dict[str, Any]:
+def upgrade_settings(spec: UpgradeSpec) -> gcp.container.NodePoolUpgradeSettingsArgsDict:
     if spec.strategy == "BLUE_GREEN":
         return {"strategy": "BLUE_GREEN", "blue_green_settings": {
             "node_pool_soak_duration": f"{spec.soak_minutes * 60}s",
@@ -173,6 +174,14 @@ class GpuCluster(pulumi.ComponentResource):
                                 for n in spec.authorized_networks],
                 "gcp_public_cidrs_access_enabled": False}}
         maintenance = maintenance_policy(spec.maintenance)
+        addons: gcp.container.ClusterAddonsConfigArgsDict = {
+            "gcp_filestore_csi_driver_config": {"enabled": True},
+            "gce_persistent_disk_csi_driver_config": {"enabled": True},
+        }
+        if args.gcs_fuse:
+            addons["gcs_fuse_csi_driver_config"] = {"enabled": True}
+        addons["http_load_balancing"] = {"disabled": False}
+        addons["horizontal_pod_autoscaling"] = {"disabled": False}
         # Settings set only where configured (unset, the provider's default applies).
         optional: dict[str, Any] = {
             # A floor, not a pin: GKE still upgrades along the channel (pulumi-gcp minMasterVersion).
@@ -196,13 +205,7 @@ class GpuCluster(pulumi.ComponentResource):
                                     "master_ipv4_cidr_block": spec.master_cidr},
             **optional,
             workload_identity_config={"workload_pool": f"{args.project}.svc.id.goog"},
-            addons_config={
-                "gcp_filestore_csi_driver_config": {"enabled": True},
-                "gce_persistent_disk_csi_driver_config": {"enabled": True},
-                **({"gcs_fuse_csi_driver_config": {"enabled": True}} if args.gcs_fuse else {}),
-                "http_load_balancing": {"disabled": False},
-                "horizontal_pod_autoscaling": {"disabled": False},
-            },
+            addons_config=addons,
             gateway_api_config={"channel": "CHANNEL_STANDARD"},
             secret_manager_config={"enabled": args.secret_manager},
             monitoring_config={
@@ -213,8 +216,12 @@ class GpuCluster(pulumi.ComponentResource):
             cluster_autoscaling={"autoscaling_profile": "OPTIMIZE_UTILIZATION"},
             resource_labels=labels,
             opts=needs("container.googleapis.com", "compute.googleapis.com", "containerfilesystem.googleapis.com"))
-        self.workload_pool = self.cluster.workload_identity_config.apply(
-            lambda c: (c or {}).get("workload_pool") if isinstance(c, dict) else c.workload_pool)
+        def pool_of(c: Any) -> Any:
+            # A dict under the plan's mocks, ClusterWorkloadIdentityConfig when deployed: the pool's
+            # name (a str: the cluster sets it above).
+            return (cast(dict[str, Any], c) or {}).get("workload_pool") if isinstance(c, dict) else c.workload_pool
+
+        self.workload_pool = self.cluster.workload_identity_config.apply(pool_of)
 
         self.node_pools = {}
         zones = len(spec.zones)
@@ -310,8 +317,11 @@ class GpuCluster(pulumi.ComponentResource):
         })
 
     def _node_config(self, machine_type: str, disk_gb: int, node_labels: Mapping[str, str],
-                     resource_labels: Mapping[str, str], **extra: object) -> dict:
-        return {
+                     resource_labels: Mapping[str, str], *, spot: Optional[bool] = None,
+                     guest_accelerators: Optional[list[gcp.container.NodePoolNodeConfigGuestAcceleratorArgsDict]] = None,
+                     taints: Optional[list[gcp.container.NodePoolNodeConfigTaintArgsDict]] = None,
+                     ) -> gcp.container.NodePoolNodeConfigArgsDict:
+        config: gcp.container.NodePoolNodeConfigArgsDict = {
             "machine_type": machine_type,
             "disk_size_gb": disk_gb,
             "disk_type": "pd-ssd",
@@ -324,15 +334,22 @@ class GpuCluster(pulumi.ComponentResource):
             "gvnic": {"enabled": True},
             "labels": dict(node_labels),
             "resource_labels": dict(resource_labels),
-            **extra,
         }
+        # Those given, in this order.
+        if spot is not None:
+            config["spot"] = spot
+        if guest_accelerators is not None:
+            config["guest_accelerators"] = guest_accelerators
+        if taints is not None:
+            config["taints"] = taints
+        return config
 
     def _gpu_pool(self, name: str, args: GpuClusterArgs, pool: NodePoolSpec, pool_name: str,
                   spot: bool, labels: Mapping[str, str],
                   opts: Optional[pulumi.ResourceOptions]) -> gcp.container.NodePool:
         acc = pool.machine.accelerator
         assert acc is not None
-        accelerator: dict = {
+        accelerator: gcp.container.NodePoolNodeConfigGuestAcceleratorArgsDict = {
             "type": acc.gke_type,
             "count": pool.machine.gpus,
             # GKE installs and upgrades the NVIDIA driver; no driver DaemonSet to keep in sync.
@@ -341,7 +358,7 @@ class GpuCluster(pulumi.ComponentResource):
         if pool.gpu_partition_size:
             accelerator["gpu_partition_size"] = pool.gpu_partition_size
         node_labels = {NODE_POOL_LABEL: pool.name}
-        taints = [GPU_TAINT]
+        taints: list[gcp.container.NodePoolNodeConfigTaintArgsDict] = [GPU_TAINT]
         if pool.has_fallback_pool:
             node_labels[COMPUTE_CLASS_LABEL] = pool.name
             taints = [GPU_TAINT, {"key": COMPUTE_CLASS_LABEL, "value": pool.name, "effect": "NO_SCHEDULE"}]

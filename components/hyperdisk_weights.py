@@ -25,14 +25,14 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Protocol, Sequence
+from typing import Any, Mapping, Optional, Protocol, Sequence
 
 import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from .gcp_names import workload_principal
-from .k8s_meta import custom_resource, meta
+from .k8s_meta import api_body, custom_resource, meta
 from .options import child_opts
 
 CSI_DRIVER = "pd.csi.storage.gke.io"
@@ -103,7 +103,7 @@ def bucket_folder(directory: str, mount_root: str) -> str:
     return directory.removeprefix(mount_root).strip("/")
 
 
-def storage_class_spec(zones: Sequence[str], throughput_mib_s: int) -> dict:
+def storage_class_spec(zones: Sequence[str], throughput_mib_s: int) -> dict[str, Any]:
     params = {"type": "hyperdisk-ml", "provisioned-throughput-on-create": f"{throughput_mib_s}Mi"}
     if len(zones) > 1:
         params["enable-multi-zone-provisioning"] = "true"
@@ -118,7 +118,7 @@ def storage_class_spec(zones: Sequence[str], throughput_mib_s: int) -> dict:
     }
 
 
-def storage_class_name(spec: dict) -> str:
+def storage_class_name(spec: dict[str, Any]) -> str:
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
     return f"{STORAGE_CLASS_PREFIX}-{digest}"
 
@@ -146,10 +146,10 @@ class HyperdiskWeightsArgs:
     mount_root: str
     throughput_mib_s: int = 2400
     populator_vcpus: int = 44
-    apis: Sequence[pulumi.Resource] = field(default_factory=list)
+    apis: Sequence[pulumi.Resource] = field(default_factory=list[pulumi.Resource])
     # The transfer node pool and its compute class: a claim made before them would start a
     # transfer Job with nowhere to run.
-    transfer_ready: Sequence[pulumi.Resource] = field(default_factory=list)
+    transfer_ready: Sequence[pulumi.Resource] = field(default_factory=list[pulumi.Resource])
 
 
 class HyperdiskWeights(pulumi.ComponentResource):
@@ -190,10 +190,10 @@ class HyperdiskWeights(pulumi.ComponentResource):
                     metadata={**meta(claim, annotations={
                         CPU_REQUEST_ANNOTATION: transfer_cpu_request(args.populator_vcpus),
                         "pulumi.com/timeoutSeconds": str(CLAIM_TIMEOUT_S)}), "namespace": namespace},
-                    spec={"accessModes": ["ReadOnlyMany"], "storageClassName": class_name,
-                          "resources": {"requests": {"storage": f"{disk_size_gib(ws.weights_gb)}Gi"}},
-                          "dataSourceRef": {"apiGroup": "datalayer.gke.io", "kind": "GCPDataSource",
-                                            "name": claim}},
+                    spec=api_body({"accessModes": ["ReadOnlyMany"], "storageClassName": class_name,
+                                   "resources": {"requests": {"storage": f"{disk_size_gib(ws.weights_gb)}Gi"}},
+                                   "dataSourceRef": {"apiGroup": "datalayer.gke.io", "kind": "GCPDataSource",
+                                                     "name": claim}}),
                     # The copy is of what the bucket holds when the claim appears: after the loader.
                     # Deleting the data source first would leave the claim stuck (the guide's caution):
                     # depending on it makes Pulumi delete the claim first.
@@ -204,7 +204,7 @@ class HyperdiskWeights(pulumi.ComponentResource):
         self.register_outputs({"storageClass": class_name, "claims": self.claims})
 
 
-def _snake(spec: dict) -> dict:
+def _snake(spec: dict[str, Any]) -> dict[str, Any]:
     """StorageClass fields are top-level keyword arguments in pulumi-kubernetes."""
     names = {"allowVolumeExpansion": "allow_volume_expansion", "reclaimPolicy": "reclaim_policy",
              "volumeBindingMode": "volume_binding_mode", "allowedTopologies": "allowed_topologies"}

@@ -30,21 +30,23 @@ balancer's proxies and health checks to ext_proc and the metrics scrapers to 909
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
 from .gateway import backend_defaults
-from .k8s_meta import CONTAINER_SECURITY, content_digest, custom_resource, meta, vllm_health_check
+from .k8s_meta import CONTAINER_SECURITY, api_body, content_digest, custom_resource, meta, vllm_health_check
 from .options import child_opts
 from .specs import ImageRef
 from .vllm_versions import DEFAULT_VLLM_VERSION, release
 
 POOL_API = "inference.networking.k8s.io/v1"
 OBJECTIVE_API = "inference.networking.x-k8s.io/v1alpha2"
-EPP_IMAGE = ImageRef(repository="registry.k8s.io/gateway-api-inference-extension/epp", tag="v1.2.0")
+# The release the contracts (infra/contracts.py) were read at.
+EPP_VERSION = "v1.2.0"
+EPP_IMAGE = ImageRef(repository="registry.k8s.io/gateway-api-inference-extension/epp", tag=EPP_VERSION)
 EXT_PROC_PORT = 9002
 HEALTH_PORT = 9003
 METRICS_PORT = 9090
@@ -75,7 +77,7 @@ class InferencePoolArgs:
     selector: Mapping[str, str]
     provider: k8s.Provider
     # InferenceObjective name (the value routes set in x-gateway-inference-objective) -> priority.
-    objectives: Mapping[str, int] = field(default_factory=dict)
+    objectives: Mapping[str, int] = field(default_factory=dict[str, int])
     port: int = 8000
     request_timeout_seconds: int = 600
     image: ImageRef = EPP_IMAGE
@@ -84,7 +86,7 @@ class InferencePoolArgs:
     model_metrics: Mapping[str, str] = field(default_factory=lambda: release(DEFAULT_VLLM_VERSION).picker_metrics)
     # Who may call ext_proc (the load balancer's proxy-only subnet and health-check ranges) and
     # scrape 9090 besides Managed Prometheus' collectors (the nodes' range, for host-network ones).
-    load_balancer_sources: Sequence[str] = ()
+    load_balancer_sources: Sequence[pulumi.Input[str]] = ()
     metrics_sources: Sequence[str] = ()
 
 
@@ -101,11 +103,11 @@ class InferencePool(pulumi.ComponentResource):
         labels = {"inferencepool": epp, "app.kubernetes.io/name": "vllm-gke-epp"}
         ns = args.namespace
 
-        def md(obj: str) -> dict:
+        def md(obj: str) -> k8s.meta.v1.ObjectMetaArgsDict:
             return {**meta(obj, labels=labels), "namespace": ns}
 
         sa = k8s.core.v1.ServiceAccount(f"{name}-epp-sa", metadata=md(epp), opts=k8s_opts)
-        role = k8s.rbac.v1.Role(f"{name}-epp-role", metadata=md(epp), rules=[
+        role = k8s.rbac.v1.Role(f"{name}-epp-role", metadata=md(epp), rules=api_body([
             {"apiGroups": ["inference.networking.x-k8s.io"], "resources": ["inferenceobjectives"],
              "verbs": ["get", "watch", "list"]},
             {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
@@ -115,17 +117,17 @@ class InferencePool(pulumi.ComponentResource):
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
              "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
             {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-        ], opts=k8s_opts)
+        ]), opts=k8s_opts)
         binding = k8s.rbac.v1.RoleBinding(
             f"{name}-epp-binding", metadata=md(epp),
-            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": epp},
+            role_ref=api_body({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": epp}),
             subjects=[{"kind": "ServiceAccount", "name": epp, "namespace": ns}],
             opts=child_opts(self, opts, provider=args.provider, depends_on=[role, sa]))
         plugins = picker_config()
         config = k8s.core.v1.ConfigMap(f"{name}-epp-config", metadata=md(epp),
                                        data={CONFIG_FILE: plugins}, opts=k8s_opts)
         # Only the leader is ready; liveness holds on every replica (health.go:46-95).
-        def grpc_probe(service: str) -> dict:
+        def grpc_probe(service: str) -> dict[str, Any]:
             return {"grpc": {"port": HEALTH_PORT, "service": service}}
 
         metric_flags = [item for flag, metric in sorted(args.model_metrics.items()) for item in (flag, metric)]
@@ -133,7 +135,7 @@ class InferencePool(pulumi.ComponentResource):
             # Only the leader turns ready, by design: Pulumi waits for it, not for every replica
             # (its default wait would never end).
             f"{name}-epp", metadata={**md(epp), "annotations": {"pulumi.com/waitFor": "jsonpath={.status.readyReplicas}=1"}},
-            spec={
+            spec=api_body({
                 "replicas": REPLICAS,
                 # Old and new replicas at once: a new pod cannot turn ready while the old leader
                 # holds the lease, so a surge-only rollout would never finish, and Recreate would
@@ -180,7 +182,7 @@ class InferencePool(pulumi.ComponentResource):
                         "volumes": [{"name": "plugins-config", "configMap": {"name": epp}}],
                     },
                 },
-            },
+            }),
             # Its RBAC first: without it the picker's watches fail and it restarts until RBAC lands.
             opts=child_opts(self, opts, provider=args.provider, depends_on=[config, sa, binding]))
         if not args.load_balancer_sources:
@@ -191,15 +193,15 @@ class InferencePool(pulumi.ComponentResource):
         gmp = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": n}}} for n in GMP_NAMESPACES]
         k8s.networking.v1.NetworkPolicy(
             f"{name}-epp-ingress", metadata=md(epp),
-            spec={"podSelector": {"matchLabels": {"inferencepool": epp}}, "policyTypes": ["Ingress"],
-                  "ingress": [
-                      # ext_proc and its health port: the load balancer's proxies and health checks.
-                      {"from": ip_blocks, "ports": [{"protocol": "TCP", "port": EXT_PROC_PORT},
-                                                    {"protocol": "TCP", "port": HEALTH_PORT}]},
-                      # /metrics: Managed Prometheus' collectors (and host-network scrapers).
-                      {"from": [*gmp, *({"ipBlock": {"cidr": c}} for c in args.metrics_sources)],
-                       "ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
-                  ]},
+            spec=api_body({"podSelector": {"matchLabels": {"inferencepool": epp}}, "policyTypes": ["Ingress"],
+                           "ingress": [
+                               # ext_proc and its health port: the load balancer's proxies and health checks.
+                               {"from": ip_blocks, "ports": [{"protocol": "TCP", "port": EXT_PROC_PORT},
+                                                             {"protocol": "TCP", "port": HEALTH_PORT}]},
+                               # /metrics: Managed Prometheus' collectors (and host-network scrapers).
+                               {"from": [*gmp, *({"ipBlock": {"cidr": c}} for c in args.metrics_sources)],
+                                "ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
+                           ]}),
             opts=k8s_opts)
         service = k8s.core.v1.Service(
             # The standby replicas are unready by design (only the leader is ready): Pulumi's wait
@@ -213,7 +215,7 @@ class InferencePool(pulumi.ComponentResource):
                         {"selector": {"matchLabels": {"inferencepool": epp}},
                          "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}]}, k8s_opts)
 
-        pool_meta = {**meta(args.pool_name), "namespace": ns}
+        pool_meta: k8s.meta.v1.ObjectMetaArgsDict = {**meta(args.pool_name), "namespace": ns}
         self.pool = custom_resource(
             f"{name}-pool", POOL_API, "InferencePool", pool_meta,
             {"targetPorts": [{"number": args.port}], "selector": {"matchLabels": dict(args.selector)},

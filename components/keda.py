@@ -21,7 +21,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from .k8s_meta import custom_resource, meta
+from .k8s_meta import api_body, custom_resource, meta
 from .options import child_opts
 from .project_apis import ProjectApis
 
@@ -110,9 +110,9 @@ class Keda(pulumi.ComponentResource):
         # egress stops at the cluster, so the operator could not reach Managed Prometheus.
         k8s.networking.v1.NetworkPolicy(
             f"{name}-ingress", metadata={**meta("keda-serves-only"), "namespace": namespace.metadata.name},
-            spec={"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [
+            spec=api_body({"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [
                 {"ports": [{"protocol": "TCP", "port": METRICS_SERVER_PORT}, {"protocol": "TCP", "port": WEBHOOK_PORT}]},
-                {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": OPERATOR_GRPC_PORT}]}]},
+                {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": OPERATOR_GRPC_PORT}]}]}),
             opts=k8s_opts)
         custom_resource(
             f"{name}-gmp-auth", "keda.sh/v1alpha1", "ClusterTriggerAuthentication", meta(GMP_AUTH),

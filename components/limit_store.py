@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .k8s_meta import CONTAINER_SECURITY, content_digest, custom_resource, meta
+from .k8s_meta import CONTAINER_SECURITY, api_body, content_digest, custom_resource, meta
 from .mesh_namespace import ISTIO_API
 from .model_store import SERVER_SA
 from .options import child_opts
@@ -83,7 +83,7 @@ class LimitStore(pulumi.ComponentResource):
         ns = self.namespace.metadata.name
         in_ns = child_opts(self, opts, provider=args.provider, depends_on=[self.namespace])
 
-        def md(obj: str) -> dict:
+        def md(obj: str) -> k8s.meta.v1.ObjectMetaArgsDict:
             return {**meta(obj, labels=labels), "namespace": ns}
 
         custom_resource(f"{name}-mtls", ISTIO_API, "PeerAuthentication", md("strict"),
@@ -99,7 +99,7 @@ class LimitStore(pulumi.ComponentResource):
         ping = {"exec": {"command": ["redis-cli", "-p", str(PORT), "ping"]}}
         k8s.apps.v1.Deployment(
             f"{name}-deploy", metadata=md(NAME),
-            spec={
+            spec=api_body({
                 "replicas": 1, "strategy": {"type": "Recreate"},
                 "selector": {"matchLabels": labels},
                 "template": {
@@ -126,12 +126,12 @@ class LimitStore(pulumi.ComponentResource):
                                     {"name": "data", "emptyDir": {"sizeLimit": "64Mi"}}],
                     },
                 },
-            },
+            }),
             opts=child_opts(self, opts, provider=args.provider, depends_on=[config, self.namespace]))
         k8s.core.v1.Service(
             f"{name}-svc", metadata=md(NAME),
             # tcp- name: the mesh treats it as opaque TCP (Istio protocol selection by port name).
-            spec={"type": "ClusterIP", "selector": labels,
-                  "ports": [{"name": "tcp-redis", "port": PORT, "targetPort": "tcp-redis"}]},
+            spec=api_body({"type": "ClusterIP", "selector": labels,
+                           "ports": [{"name": "tcp-redis", "port": PORT, "targetPort": "tcp-redis"}]}),
             opts=in_ns)
         self.register_outputs({"host": self.host, "port": PORT, "clients": sorted(args.client_namespaces)})

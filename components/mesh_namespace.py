@@ -13,7 +13,7 @@ The kubelet's own probes are rewritten by sidecar injection to go through the ag
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -72,10 +72,10 @@ class MeshNamespaceArgs:
     # a pod naming an account that does not exist is never created (VllmServiceArgs runs as
     # vllm-server, Standby as vllm-standby).
     service_accounts: Sequence[str]
-    labels: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict[str, str])
 
 
-def allow_unauthenticated(path: str, sources: Sequence[str]) -> dict:
+def allow_unauthenticated(path: str, sources: Sequence[pulumi.Input[str]]) -> dict[str, Any]:
     return {"action": "ALLOW", "rules": [{
         "from": [{"source": {"ipBlocks": list(sources)}}],
         "to": [{"operation": {"methods": ["GET"], "paths": [path]}}]}]}
@@ -101,7 +101,7 @@ class MeshNamespace(pulumi.ComponentResource):
             k8s.core.v1.ServiceAccount(f"{name}-sa-{account}", metadata={**meta(account), "namespace": self.name},
                                        automount_service_account_token=False, opts=k8s_opts)
 
-        def policy(resource: str, policy_name: str, spec: dict) -> None:
+        def policy(resource: str, policy_name: str, spec: dict[str, Any]) -> None:
             custom_resource(resource, ISTIO_API, "AuthorizationPolicy",
                             {**meta(policy_name), "namespace": self.name}, spec, k8s_opts)
 

@@ -16,12 +16,12 @@ The revision follows the cluster's release channel (asm-managed, -rapid, -stable
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .k8s_meta import deny_all_ingress, meta
+from .k8s_meta import api_body, deny_all_ingress, meta
 from .options import child_opts
 from .specs import ImageRef
 
@@ -50,7 +50,7 @@ class MeshReadinessArgs:
     image: ImageRef = KUBECTL_IMAGE
 
 
-def _kubectl(name: str, image: str, args: list[str]) -> dict:
+def _kubectl(name: str, image: str, args: list[str]) -> dict[str, Any]:
     return {
         "name": name, "image": image, "command": ["kubectl"], "args": args,
         "env": [{"name": "KUBECACHEDIR", "value": CACHE_DIR}],
@@ -79,14 +79,14 @@ class MeshReadiness(pulumi.ComponentResource):
         # Read-only, and only the two kinds it waits on.
         role = k8s.rbac.v1.ClusterRole(
             f"{name}-reader", metadata=meta("vllm-gke-mesh-ready-reader"),
-            rules=[{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-                    "resourceNames": list(ISTIO_CRDS), "verbs": ["get", "list", "watch"]},
-                   {"apiGroups": ["mesh.cloud.google.com"], "resources": ["controlplanerevisions"],
-                    "verbs": ["get", "list", "watch"]}],
+            rules=api_body([{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                             "resourceNames": list(ISTIO_CRDS), "verbs": ["get", "list", "watch"]},
+                            {"apiGroups": ["mesh.cloud.google.com"], "resources": ["controlplanerevisions"],
+                             "verbs": ["get", "list", "watch"]}]),
             opts=k8s_opts)
         binding = k8s.rbac.v1.ClusterRoleBinding(
             f"{name}-reader-binding", metadata=meta("vllm-gke-mesh-ready-reader"),
-            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role.metadata.name},
+            role_ref=api_body({"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role.metadata.name}),
             subjects=[{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}],
             opts=child_opts(self, opts, provider=args.provider, depends_on=[sa]))
         image = args.image.uri
@@ -94,7 +94,7 @@ class MeshReadiness(pulumi.ComponentResource):
             f"{name}-job",
             metadata={**meta(NAME, annotations={"pulumi.com/timeoutSeconds": "2400"}),
                       "namespace": ns.metadata.name},
-            spec={
+            spec=api_body({
                 "backoffLimit": 30,
                 "activeDeadlineSeconds": 2400,
                 "template": {
@@ -113,7 +113,7 @@ class MeshReadiness(pulumi.ComponentResource):
                         "volumes": [{"name": "kube-cache", "emptyDir": {"sizeLimit": "64Mi"}}],
                     },
                 },
-            },
+            }),
             opts=child_opts(self, opts, provider=args.provider, depends_on=[binding],
                             custom_timeouts=pulumi.CustomTimeouts(create="40m", update="40m")))
         self.register_outputs({"revision": self.revision, "job": self.job.metadata.name})

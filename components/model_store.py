@@ -13,7 +13,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_gcp as gcp
@@ -23,7 +23,7 @@ from . import gcs_weights
 from .catalog import populator_vcpus
 from .gcp_names import bucket_name, service_account_id, workload_principal
 from .hyperdisk_weights import HyperdiskWeights, HyperdiskWeightsArgs, usable_gib
-from .k8s_meta import CONTAINER_SECURITY, WEIGHTS_READY_MARKER, content_digest, custom_resource, deny_all_ingress, meta
+from .k8s_meta import CONTAINER_SECURITY, WEIGHTS_READY_MARKER, api_body, content_digest, custom_resource, deny_all_ingress, meta
 from .options import child_opts
 from .project_apis import ProjectApis
 from .specs import AdapterSpec, ImageRef, ModelSpec, WeightsSpec, item_key
@@ -213,8 +213,8 @@ def loader_command(copy: WeightCopy, rel: VllmRelease, max_gib: Optional[float] 
     does not fit, naming the key, and leaves nothing else in the folder."""
     program = f"{LOADER_MOUNT}/{LOADER_PROGRAM.name}"
     if copy.source.startswith("hf://"):
-        argv = ["python3", program, "hf", copy.source.removeprefix("hf://"), copy.revision, copy.directory,
-                "--token-file", f"{HF_TOKEN_MOUNT}/token"]
+        argv: list[pulumi.Input[str]] = ["python3", program, "hf", copy.source.removeprefix("hf://"), copy.revision,
+                                         copy.directory, "--token-file", f"{HF_TOKEN_MOUNT}/token"]
     else:
         argv = ["python3", program, "gcs", copy.source, copy.directory]
         if bucket is not None:  # the folder is the weights bucket's: copy server-side
@@ -228,10 +228,10 @@ def loader_command(copy: WeightCopy, rel: VllmRelease, max_gib: Optional[float] 
 
 @dataclass
 class TokenSource:
-    env: list[dict] = field(default_factory=list)
-    mounts: list[dict] = field(default_factory=list)
-    volumes: list[dict] = field(default_factory=list)
-    depends_on: list[pulumi.Resource] = field(default_factory=list)
+    env: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
+    mounts: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
+    volumes: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
+    depends_on: list[pulumi.Resource] = field(default_factory=list[pulumi.Resource])
 
 
 @dataclass
@@ -249,7 +249,7 @@ class ModelStoreArgs:
     server_image: ImageRef
     provider: k8s.Provider
     # plain name -> namespace (an Output, so claims wait for the namespace to exist)
-    consumer_namespaces: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
+    consumer_namespaces: Mapping[str, pulumi.Input[str]] = field(default_factory=dict[str, pulumi.Input[str]])
     # plain name -> the models its pods serve (hyperdisk-ml: the disks it needs); default: all.
     consumer_models: Optional[Mapping[str, Sequence[str]]] = None
     # The cluster's zones (hyperdisk-ml: a disk in each).
@@ -287,7 +287,7 @@ class ModelStore(pulumi.ComponentResource):
         self.backend = args.weights.backend
         self.instance_name = instance_name = args.instance_name or f"{name}-weights"
         # How a serving pod mounts the weights: the claim (Filestore) or the bucket (gcs).
-        self.weights_volume: Optional[dict] = None
+        self.weights_volume: Optional[dict[str, Any]] = None
         self.pod_annotations: dict[str, str] = {}
         # gcs, hyperdisk-ml: what the bucket holds, GB (it has no capacity to provision).
         self.tier, self.capacity_gb = plan_filestore(args.models, args.weights) if self.backend == "filestore" \
@@ -311,7 +311,12 @@ class ModelStore(pulumi.ComponentResource):
                 # that an explicit decision (`pulumi state unprotect`), not a side effect.
                 opts=child_opts(self, opts, protect=args.protect,
                                 depends_on=apis.needs("file.googleapis.com") if apis else []))
-            self.server_ip = self.instance.networks.apply(lambda n: n[0].ip_addresses[0])
+            def share_ip(networks: Sequence[gcp.filestore.outputs.InstanceNetwork]) -> str:
+                addresses = networks[0].ip_addresses
+                assert addresses is not None  # Filestore assigns the share's address on creation
+                return addresses[0]
+
+            self.server_ip = self.instance.networks.apply(share_ip)
         else:
             self.location = args.region
             self.bucket = gcp.storage.Bucket(
@@ -343,6 +348,8 @@ class ModelStore(pulumi.ComponentResource):
             grants.append(gcp.storage.BucketIAMMember(
                 f"{name}-loader-source-{bucket}", bucket=bucket, role="roles/storage.objectViewer",
                 member=loader_member, opts=gcp_opts("storage.googleapis.com")))
+        # The project's number: the buckets' (gcs, hyperdisk-ml) Workload Identity principals name it.
+        number: Optional[pulumi.Output[str]] = None
         if self.backend != "filestore":
             number = gcp.organizations.get_project_output(project_id=args.project).number
             # Writes the weights into the bucket, nothing else anywhere.
@@ -350,6 +357,7 @@ class ModelStore(pulumi.ComponentResource):
                                                       role="roles/storage.objectUser", member=loader_member,
                                                       opts=gcp_opts("storage.googleapis.com")))
         if self.backend == "gcs":
+            assert number is not None
             # Readers: the vLLM servers of each consumer namespace (their own service account,
             # SERVER_SA - not the namespace's default, which the standby and anything else there
             # would share), by Workload Identity Federation principal, read-only, this bucket only.
@@ -385,7 +393,7 @@ class ModelStore(pulumi.ComponentResource):
             rw_claim = self._claim(name, "rw", ns_name, args, read_only=False)
             self.claims = {key: self._claim(name, key, ns, args, read_only=True)
                            for key, ns in args.consumer_namespaces.items()}
-            loader_volume: dict = {"name": "weights", "persistentVolumeClaim": {"claimName": rw_claim.metadata.name}}
+            loader_volume: dict[str, Any] = {"name": "weights", "persistentVolumeClaim": {"claimName": rw_claim.metadata.name}}
             loader_annotations: dict[str, str] = {}
         else:
             loader_volume = gcs_weights.weights_volume(self.bucket.name, read_only=False, uid=LOADER_UID)
@@ -409,7 +417,7 @@ class ModelStore(pulumi.ComponentResource):
                                  # A 140 GB download outlasts Pulumi's default 10 minute Job await.
                                  annotations={"pulumi.com/timeoutSeconds": "14400"}),
                           "namespace": ns_name},
-                spec={
+                spec=api_body({
                     "backoffLimit": 4,
                     "activeDeadlineSeconds": 4 * 3600,
                     # What no retry mends (the files do not fit, nothing vLLM loads) fails the
@@ -467,11 +475,12 @@ class ModelStore(pulumi.ComponentResource):
                             ],
                         },
                     },
-                },
+                }),
                 opts=child_opts(self, opts, provider=args.provider,
                                 depends_on=[*token.depends_on, self.loader_binding, program_map, *grants]))
 
         if self.backend == "hyperdisk-ml":
+            assert number is not None
             wanted = args.consumer_models
             consumers = {
                 key: (ns, [c for c in weight_copies(args.models) if wanted is None or c.model in wanted.get(key, ())])
@@ -537,23 +546,23 @@ class ModelStore(pulumi.ComponentResource):
         pv = k8s.core.v1.PersistentVolume(
             f"{name}-pv-{key}",
             metadata=meta(pv_name),
-            spec={
+            spec=api_body({
                 "capacity": {"storage": NOMINAL_VOLUME_SIZE},
                 "accessModes": [mode],
                 "persistentVolumeReclaimPolicy": "Retain",
                 "storageClassName": "",
                 "mountOptions": ["nconnect=8", "ro"] if read_only else ["nconnect=8"],
                 "nfs": {"server": self.server_ip, "path": f"/{SHARE_NAME}", "readOnly": read_only},
-            },
+            }),
             opts=opts)
         return k8s.core.v1.PersistentVolumeClaim(
             f"{name}-pvc-{key}",
             metadata={**meta(self.claim_name if read_only else f"{CLAIM_NAME}-rw-{self.share_identity}"),
                       "namespace": namespace},
-            spec={
+            spec=api_body({
                 "accessModes": [mode],
                 "storageClassName": "",
                 "volumeName": pv.metadata.name,
                 "resources": {"requests": {"storage": NOMINAL_VOLUME_SIZE}},
-            },
+            }),
             opts=opts)

@@ -84,7 +84,7 @@ def dashboard_panels(cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc",
 def dashboard_json(title: str, cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc",
                    limit_store: bool = False) -> dict[str, Any]:
     """A Mosaic layout, two tiles a row, each a PromQL line chart."""
-    tiles = []
+    tiles: list[dict[str, Any]] = []
     for i, (name, query) in enumerate(dashboard_panels(cluster, kv_metric, limit_store)):
         tiles.append({
             "xPos": (i % 2) * 24, "yPos": (i // 2) * 16, "width": 24, "height": 16,

@@ -8,7 +8,7 @@ means every resource in it waits.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 import pulumi
 
@@ -17,12 +17,13 @@ def inherited_depends_on(opts: Optional[pulumi.ResourceOptions]) -> list[pulumi.
     if opts is None or opts.depends_on is None:
         return []
     deps = opts.depends_on
-    return [deps] if isinstance(deps, pulumi.Resource) else list(deps)  # type: ignore[arg-type]
+    # Components are given resources, never an Output or awaitable of them.
+    return [deps] if isinstance(deps, pulumi.Resource) else list(cast(Sequence[pulumi.Resource], deps))
 
 
 def child_opts(parent: pulumi.Resource, opts: Optional[pulumi.ResourceOptions],
                provider: Optional[pulumi.ProviderResource] = None,
-               depends_on: Sequence[pulumi.Resource] = (), **extra: object) -> pulumi.ResourceOptions:
+               depends_on: Sequence[pulumi.Resource] = (), **extra: Any) -> pulumi.ResourceOptions:
     """Parented to `parent`, waiting for what the component waits for plus `depends_on`."""
     return pulumi.ResourceOptions(parent=parent, provider=provider,
-                                  depends_on=[*inherited_depends_on(opts), *depends_on], **extra)  # type: ignore[arg-type]
+                                  depends_on=[*inherited_depends_on(opts), *depends_on], **extra)

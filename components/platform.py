@@ -63,7 +63,7 @@ def shared_models(tenant: TenantSpec) -> list[str]:
 
 
 def required_apis(cfg: StackConfig) -> list[str]:
-    apis = list(BASE_APIS)
+    apis: list[str] = list(BASE_APIS)
     if reads_hub_token_from_secret_manager(cfg.models, cfg.weights):
         apis.append("secretmanager.googleapis.com")
     if cfg.gateway.managed_certificate:
@@ -194,7 +194,7 @@ class Platform(pulumi.ComponentResource):
 
         def serve(key: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
                   callers: list[TenantSpec], tenant: str | None = None, canary: bool = False) -> dict[str, str]:
-            names = {}
+            names: dict[str, str] = {}
             for which in model.pool_names:
                 pool = getattr(model, which)
                 to_zero = pool.min_replicas == 0
@@ -243,7 +243,8 @@ class Platform(pulumi.ComponentResource):
                 key, namespace, path, names["short"], names["long"], model.long_request_bytes,
                 canary_short_service=canary.get("short"), canary_long_service=canary.get("long"),
                 canary_weight=model.canary.weight if model.canary else 0,
-                max_rate_per_endpoint={**rate_caps(model, names), **(rate_caps(canary_model, canary) if canary else {})}))
+                max_rate_per_endpoint={**rate_caps(model, names),
+                                       **(rate_caps(canary_model, canary) if canary_model and canary else {})}))
 
         def picker_pool(key: str, model: ModelSpec, namespace: pulumi.Input[str], callers: list[TenantSpec],
                           tenant: str | None) -> None:

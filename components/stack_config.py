@@ -59,7 +59,8 @@ def plain_problem(err: Mapping[str, Any]) -> str:
     """One pydantic error as a person reads it: `must be a whole number, not 'abc'` rather than
     `Input should be a valid integer, unable to parse string as an integer`. The specs' own
     validators already speak plainly; their text is kept."""
-    kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
+    ctx: Mapping[str, Any] = err.get("ctx") or {}
+    kind, value = err["type"], err.get("input")
     if kind in _WORDING:
         return f"{_WORDING[kind]}, not {_shown(value)}"
     if kind in _BOUNDS:
@@ -105,7 +106,7 @@ class StackConfig(Spec):
     # The models served: source, shape, dtype, pools, routing, adapters, canary.
     models: list[ModelSpec] = Field(min_length=1)
     # The tenants: JWT issuer, the models each may call, rate limits and token caps.
-    tenants: list[TenantSpec] = Field(default_factory=list)
+    tenants: list[TenantSpec] = Field(default_factory=list[TenantSpec])
     # The vLLM server image built from images/: a tag of the chosen vLLM release (v<version> or
     # v<version>-<suffix>, never latest), or a digest (sha256:...).
     server_image: ImageRef

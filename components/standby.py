@@ -24,7 +24,7 @@ from typing import Mapping, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .k8s_meta import BASE_LABELS, CONTAINER_SECURITY, MODEL_LABEL, POOL_LABEL, content_digest, meta
+from .k8s_meta import BASE_LABELS, CONTAINER_SECURITY, MODEL_LABEL, POOL_LABEL, api_body, content_digest, meta
 from .options import child_opts
 from .specs import ImageRef
 
@@ -49,7 +49,7 @@ class StandbyArgs:
     vllm_only_labels: Mapping[str, str]
     provider: k8s.Provider
     # More labels the pool's pods carry that its mesh policies select on (a dedicated pool's tenant).
-    policy_labels: Mapping[str, str] = field(default_factory=dict)
+    policy_labels: Mapping[str, str] = field(default_factory=dict[str, str])
     port: int = 8000
     expected_seconds: int = 600
     image: ImageRef = field(default_factory=lambda: DEFAULT_IMAGE)
@@ -73,9 +73,9 @@ class Standby(pulumi.ComponentResource):
         # Resolves only while a vLLM replica of the pool is ready (headless, ready addresses only).
         k8s.core.v1.Service(
             f"{name}-ready", metadata={**meta(self.ready_service), "namespace": ns},
-            spec={"clusterIP": "None", "publishNotReadyAddresses": False,
-                  "selector": {**args.pool_selector, **args.vllm_only_labels},
-                  "ports": [{"name": "http", "port": args.port, "targetPort": args.port}]},
+            spec=api_body({"clusterIP": "None", "publishNotReadyAddresses": False,
+                           "selector": {**args.pool_selector, **args.vllm_only_labels},
+                           "ports": [{"name": "http", "port": args.port, "targetPort": args.port}]}),
             opts=k8s_opts)
         source = PROGRAM.read_text()
         program = k8s.core.v1.ConfigMap(f"{name}-program", metadata={**meta(standby), "namespace": ns},
@@ -92,7 +92,7 @@ class Standby(pulumi.ComponentResource):
             # ready. Pulumi waits for the new pod to exist; the old one goes first.
             f"{name}-deploy", metadata={**meta(standby, labels=labels, annotations={
                 "pulumi.com/waitFor": "jsonpath={.status.updatedReplicas}=1"}), "namespace": ns},
-            spec={
+            spec=api_body({
                 "replicas": 1,
                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
                 "selector": {"matchLabels": {STANDBY_LABEL: "true", MODEL_LABEL: args.pool_selector[MODEL_LABEL],
@@ -128,6 +128,6 @@ class Standby(pulumi.ComponentResource):
                         "volumes": [{"name": "program", "configMap": {"name": standby}}],
                     },
                 },
-            },
+            }),
             opts=child_opts(self, opts, provider=args.provider, depends_on=[program]))
         self.register_outputs({"deployment": standby, "readyService": self.ready_service})

@@ -40,9 +40,9 @@ def gateway_base(cfg: StackConfig) -> str:
 
 def tenant_urls(cfg: StackConfig) -> list[TenantUrl]:
     base = gateway_base(cfg)
-    out = []
+    out: list[TenantUrl] = []
     for tenant in cfg.tenants:
-        dedicated = set(tenant.dedicated.models) if tenant.dedicated else set()
+        dedicated: set[str] = set(tenant.dedicated.models) if tenant.dedicated else set()
         for name in tenant.models:
             model = cfg.model(name)
             via = "dedicated" if name in dedicated else (

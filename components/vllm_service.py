@@ -27,6 +27,7 @@ from .k8s_meta import (
     MODEL_LABEL,
     POOL_LABEL,
     TENANT_LABEL,
+    api_body,
     custom_resource,
     meta,
 )
@@ -113,7 +114,7 @@ class KedaScaling:
     standby: str = ""
 
 
-def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: KedaScaling, query_url: str) -> dict:
+def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: KedaScaling, query_url: str) -> dict[str, Any]:
     """KEDA's ScaledObject for a pool, KEDA taking the largest trigger: requests waiting per
     replica over queueDepthTarget (scales out, as an HPA on queue depth would) and requests
     running (keeps a replica while it works, so an empty queue alone never takes the last one). A
@@ -122,7 +123,7 @@ def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: Keda
     selector = f'namespace="{namespace}",pod=~"{name}-[a-z0-9]+-[a-z0-9]+"'
     auth = {"name": target.auth, "kind": "ClusterTriggerAuthentication"}
 
-    def prometheus(query: str, threshold: int) -> dict:
+    def prometheus(query: str, threshold: int) -> dict[str, Any]:
         return {"type": "prometheus", "authenticationRef": auth, "metadata": {
             "serverAddress": query_url, "query": query, "threshold": str(threshold), "activationThreshold": "0"}}
 
@@ -255,10 +256,10 @@ class VllmServiceArgs:
     # The weights as a pod volume named "weights" instead of `claim_name`'s claim (ModelStore's
     # bucket backend), with the pod annotations its CSI driver needs.
     weights_volume: Optional[Mapping[str, Any]] = None
-    weights_annotations: Mapping[str, str] = field(default_factory=dict)
+    weights_annotations: Mapping[str, str] = field(default_factory=dict[str, str])
     # Or one read-only claim per weight set, mounted at its directory (ModelStore's Hyperdisk ML
     # backend: a populated disk per model revision and per adapter).
-    weights_claims: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
+    weights_claims: Mapping[str, pulumi.Input[str]] = field(default_factory=dict[str, pulumi.Input[str]])
     # KEDA scales every pool (Keda installed; for minReplicas 0, with the standby's name).
     scaling: Optional[KedaScaling] = None
     # The load balancer's backend timeout (GatewaySpec.request_timeout_seconds): how long a
@@ -327,7 +328,7 @@ class VllmService(pulumi.ComponentResource):
         self.deployment = k8s.apps.v1.Deployment(
             f"{name}-deploy",
             metadata={**meta(self.service_name, labels=labels), "namespace": args.namespace},
-            spec={
+            spec=api_body({
                 # KEDA owns the count. A pool that may go to zero starts there (the first `pulumi up`
                 # pays no cold start, and KEDA wakes it on the first request); the others start at
                 # one and KEDA raises them to their floor. ignore_changes below: later updates
@@ -403,7 +404,7 @@ class VllmService(pulumi.ComponentResource):
                         ],
                     },
                 },
-            },
+            }),
             opts=child_opts(self, opts, provider=args.provider,
                             # A first rollout waits for the weights to load: allow for it.
                             custom_timeouts=pulumi.CustomTimeouts(create="45m", update="45m"),
@@ -420,8 +421,8 @@ class VllmService(pulumi.ComponentResource):
             metadata={**meta(self.service_name, labels=labels,
                              annotations={"pulumi.com/skipAwait": "true"} if pool.min_replicas == 0 else None),
                       "namespace": args.namespace},
-            spec={"type": "ClusterIP", "selector": selector,
-                  "ports": [{"name": "http", "port": PORT, "targetPort": "http", "appProtocol": "http"}]},
+            spec=api_body({"type": "ClusterIP", "selector": selector,
+                           "ports": [{"name": "http", "port": PORT, "targetPort": "http", "appProtocol": "http"}]}),
             opts=k8s_opts)
 
         self.pdb = k8s.policy.v1.PodDisruptionBudget(
@@ -429,7 +430,7 @@ class VllmService(pulumi.ComponentResource):
             metadata={**meta(self.service_name, labels=labels), "namespace": args.namespace},
             # vLLM pods only: the standby is never Ready while the pool serves, and counted here it
             # would leave no disruption allowed, blocking every node drain and upgrade.
-            spec={**disruption_budget(pool), "selector": {"matchLabels": {**selector, **SERVER_LABELS}}},
+            spec=api_body({**disruption_budget(pool), "selector": {"matchLabels": {**selector, **SERVER_LABELS}}}),
             opts=k8s_opts)
 
         if args.scaling is None:

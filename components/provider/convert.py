@@ -58,7 +58,7 @@ def _where(component: str, field: str, loc: tuple[Any, ...], data: Any = None) -
     unique one (`nodePools[a100-mig].machineType`), as the stack config's messages name them."""
     # A list item's field arrives as spelt already (`nodePools[a100-mig]`).
     key = f"{component}.{field if '[' in field else to_camel(field)}" if field else component
-    node = data
+    node: Any = data
     for part in loc:
         if isinstance(part, int):
             item = node[part] if isinstance(node, list) and 0 <= part < len(node) else None

@@ -31,6 +31,8 @@ def package_version() -> str:
     try:
         return metadata.version(PACKAGE)
     except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        if sys.version_info < (3, 11):  # no tomllib: Python 3.10 needs the installed distribution
+            raise
         from pathlib import Path
 
         import tomllib

@@ -38,7 +38,7 @@ class MeshReadiness(pulumi.ComponentResource):
         problems.raise_any()
         channel = cluster.release_channel
         inner = _MeshReadiness(name, MeshReadinessArgs(kubernetes_provider(name, args["kubeconfig"], self),
-                                                       channel),  # type: ignore[arg-type]
+                                                       channel),
                                opts=child_opts(self, opts))
         self.revision = pulumi.Output.from_input(inner.revision)
         self.register_outputs({"revision": self.revision})

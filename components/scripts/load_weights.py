@@ -128,7 +128,8 @@ class HubSource:
 
         self.repo, self.revision, self.token, self.dest = repo, revision, token, dest
         info = HfApi().model_info(repo, revision=revision, token=token, files_metadata=True)
-        self.commit: str = info.sha
+        self.commit: Optional[str] = info.sha
+        assert info.siblings is not None  # listed: files_metadata
         self._files = {s.rfilename: int(s.size or 0) for s in info.siblings}
         self.description = f"hf://{repo}@{self.commit}"
 

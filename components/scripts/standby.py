@@ -130,6 +130,7 @@ class Standby:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    assert __doc__ is not None  # stripped only under -OO
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--ready-host", required=True)

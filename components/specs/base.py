@@ -4,7 +4,7 @@ validated scalar types (names, CIDRs, revisions, hostnames) and the image refere
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Callable, Optional, TypeGuard
 
 from pydantic import (
     AfterValidator,
@@ -39,16 +39,16 @@ def _utc_time(value: str) -> str:
 UtcTime = Annotated[str, AfterValidator(_utc_time)]
 
 _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_HOSTNAME = re.compile(r"^(\*\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+[a-z][-a-z0-9]{0,61}[a-z0-9]$")
+HOSTNAME = re.compile(r"^(\*\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+[a-z][-a-z0-9]{0,61}[a-z0-9]$")
 _EMAIL = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,}$")
 # A Docker tag; digests are checked separately.
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _REPOSITORY = re.compile(r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$")
 # A git branch, tag, commit or Hugging Face ref (refs/pr/1); never a path out of the model's folder.
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
-_SECRET_ID = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+SECRET_ID = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
 # What a credential looks like: a Hugging Face token, or a long run of key-like characters.
-_TOKEN_LIKE = re.compile(r"^(hf_[A-Za-z0-9]{20,}|[A-Za-z0-9+/_=-]{40,})$")
+TOKEN_LIKE = re.compile(r"^(hf_[A-Za-z0-9]{20,}|[A-Za-z0-9+/_=-]{40,})$")
 
 
 def gke_version(value: str) -> Optional[tuple[int, int, int, int]]:
@@ -70,7 +70,7 @@ def _k8s_name(value: str) -> str:
 
 
 def _hostname(value: str) -> str:
-    if len(value) > 253 or not _HOSTNAME.match(value):
+    if len(value) > 253 or not HOSTNAME.match(value):
         raise ValueError(f"'{value}' is not a DNS hostname like llm.example.com (lowercase, optionally '*.' first)")
     return value
 
@@ -136,6 +136,11 @@ class Spec(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
     )
+
+
+def config_mapping(value: Any) -> TypeGuard[dict[str, Any]]:
+    """Raw config data that is a mapping (YAML's and the packages' keys are strings)."""
+    return isinstance(value, dict)
 
 
 def item_key(field: str, items: Any, i: int) -> str:

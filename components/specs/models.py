@@ -22,10 +22,11 @@ from ..catalog import (
     ModelShape,
 )
 from .base import (
-    _TOKEN_LIKE,
+    TOKEN_LIKE,
     Name,
     Revision,
     Spec,
+    config_mapping,
 )
 
 # vLLM options the platform sets itself, by argparse dest, and the config key to use instead.
@@ -69,7 +70,7 @@ def extra_arg_problem(arg: str) -> Optional[str]:
     dest = _MANAGED_LONG_FLAGS.get(normalise_flag(arg))
     if dest is not None:
         return f"extraArgs may not set {normalise_flag(arg)}: {MANAGED_VLLM_OPTIONS[dest]}"
-    if _TOKEN_LIKE.match(arg.split("=", 1)[-1]):
+    if TOKEN_LIKE.match(arg.split("=", 1)[-1]):
         return "extraArgs holds what looks like a credential; secrets never go on a command line"
     return None
 
@@ -222,7 +223,7 @@ class ModelSpec(Spec):
     # A canary of another revision, weighted against this one.
     canary: Optional[CanarySpec] = None
     # LoRA adapters served by the model's replicas (--enable-lora), each for the tenants it names.
-    adapters: list[AdapterSpec] = Field(default_factory=list)
+    adapters: list[AdapterSpec] = Field(default_factory=list[AdapterSpec])
     # Adapters resident on the GPU at once (--max-loras; default: all of them, at most 8).
     max_loras: Optional[int] = Field(default=None, ge=1, le=64)
     # length: a short and a long pool, chosen by request size. inference-gateway: one pool (the
@@ -273,7 +274,7 @@ class ModelSpec(Spec):
     def _custom_shape(cls, data: Any) -> Any:
         """`customShape` is the structured form of `shape`, as the component package names it
         (its schema has no unions): one name per concept in the stack config and every language."""
-        if isinstance(data, dict) and ("customShape" in data or "custom_shape" in data):
+        if config_mapping(data) and ("customShape" in data or "custom_shape" in data):
             data = dict(data)
             custom = data.pop("customShape", None) or data.pop("custom_shape", None)
             if data.get("shape") is not None:

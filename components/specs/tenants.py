@@ -11,7 +11,7 @@ from pydantic import (
 )
 
 from .base import (
-    _HOSTNAME,
+    HOSTNAME,
     ImageRef,
     Name,
     Spec,
@@ -32,7 +32,7 @@ class JwtSpec(Spec):
         from urllib.parse import urlsplit
 
         parts = urlsplit(v)
-        if parts.scheme != "https" or not parts.hostname or not _HOSTNAME.match(parts.hostname) \
+        if parts.scheme != "https" or not parts.hostname or not HOSTNAME.match(parts.hostname) \
                 or any(c.isspace() for c in v) or parts.query or parts.fragment:
             raise ValueError(f"'{v}' must be an https:// URL with a DNS host and no query or fragment")
         return v.rstrip("/") if parts.path in ("", "/") else v

@@ -11,8 +11,8 @@ from pydantic import (
 )
 
 from .base import (
-    _SECRET_ID,
-    _TOKEN_LIKE,
+    SECRET_ID,
+    TOKEN_LIKE,
     ImageRef,
     K8sName,
     Spec,
@@ -98,10 +98,10 @@ class WeightsSpec(Spec):
     @field_validator("secret_manager_secret")
     @classmethod
     def _secret_id(cls, v: str) -> str:
-        if _TOKEN_LIKE.match(v):
+        if TOKEN_LIKE.match(v):
             raise ValueError("looks like a token itself: give the Secret Manager secret's id (e.g. hf-token), "
                              "never the token; put the token in Secret Manager with gcloud secrets create")
-        if not _SECRET_ID.match(v):
+        if not SECRET_ID.match(v):
             raise ValueError(f"'{v}' is not a Secret Manager secret id: 1-255 letters, digits, '_' or '-'")
         return v
     # Or: an existing Kubernetes Secret in the loader namespace, vllm-gke-system (e.g. synced from Secret Manager
