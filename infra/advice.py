@@ -49,7 +49,7 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: 
             "or repair takes each down while the weights reload; their PodDisruptionBudgets hold voluntary "
             "evictions, so set a maintenance window (vllm-gke:cluster.maintenance) or minReplicas 2")
     budget = cfg.weights.cold_start_budget_seconds
-    slow = {}
+    slow: dict[str, float] = {}
     for model, _pool_name, tenant in placements(cfg):
         seconds = cold_start_seconds(cfg, model)
         if seconds > budget:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from ..components.hyperdisk_weights import CPU_REQUEST_ANNOTATION, TRANSFER_COMPUTE_CLASS
 from ..components.hyperdisk_weights import MIN_GKE as POPULATOR_MIN_GKE
-from ..components.inference_pool import EPP_IMAGE, EPP_UID, EXT_PROC_PORT, HEALTH_PORT, METRICS_PORT
+from ..components.inference_pool import EPP_UID, EPP_VERSION, EXT_PROC_PORT, HEALTH_PORT, METRICS_PORT
 from ..components.k8s_meta import COMPUTE_CLASS_LABEL
 from ..components.keda import CHART_VERSION, METRICS_SERVER_PORT, OPERATOR_SA, WEBHOOK_PORT
 from ..components.model_store import LOADER_PROGRAM
@@ -598,38 +598,38 @@ CONTRACTS: tuple[Contract, ...] = (
              "kedacore/keda@v2.20.2:apis/keda/v1alpha1/scaledobject_webhook.go:58,204-215,348-352",
              "ScaledObject names fit; cooldownPeriod only on pools that may go to zero",
              keda_admits_the_scaled_objects),
-    Contract("endpoint picker", EPP_IMAGE.tag,
+    Contract("endpoint picker", EPP_VERSION,
              "scrapes vllm:gpu_cache_usage_perc by default for KV-cache usage (vLLM 0.34 exports "
              "vllm:kv_cache_usage_perc; a missing gauge reads as 0); names set by flags",
              "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:pkg/epp/server/runserver.go:81; "
              "cmd/epp/runner/runner.go:128-133",
              "every metric-name flag set to a gauge the pinned vLLM exports (VllmRelease.picker_metrics)",
              picker_reads_exported_metrics),
-    Contract("endpoint picker", EPP_IMAGE.tag,
+    Contract("endpoint picker", EPP_VERSION,
              "--enable-pprof defaults to true, on the metrics server (:9090), behind the same (here disabled) auth",
              "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:cmd/epp/runner/runner.go:115",
              "--enable-pprof=false", picker_without_pprof),
-    Contract("endpoint picker", EPP_IMAGE.tag,
+    Contract("endpoint picker", EPP_VERSION,
              "--ha-enable-leader-election (default off) runs the controllers on the leader only; the 'readiness' "
              "gRPC health service passes on the leader only",
              "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:cmd/epp/runner/runner.go:147; "
              "cmd/epp/runner/health.go:65-67",
              "two replicas with the flag, readiness on 'readiness', a Role for leases",
              picker_highly_available),
-    Contract("endpoint picker", EPP_IMAGE.tag,
+    Contract("endpoint picker", EPP_VERSION,
              f"serves ext_proc on {EXT_PROC_PORT}, gRPC health on {HEALTH_PORT}, metrics on {METRICS_PORT}; "
              f"the image is distroless nonroot ({EPP_UID})",
              "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:cmd/epp/runner/runner.go:111-113; Dockerfile:4",
              "the Deployment's ports, the InferencePool's endpointPickerRef and runAsUser",
              picker_ports),
-    Contract("endpoint picker", EPP_IMAGE.tag,
+    Contract("endpoint picker", EPP_VERSION,
              "buffers the whole body with no limit, requires a string model and parses only a string prompt "
              "or a messages list (400 otherwise); reads no path",
              "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:pkg/epp/handlers/server.go:205; "
              "pkg/epp/requestcontrol/director.go:119; pkg/epp/util/request/body.go:27-58",
              "routes to a pool match only the picker's paths exactly, and bodies only with a bounded Content-Length",
              picker_gets_what_it_parses),
-    Contract("endpoint picker", EPP_IMAGE.tag,
+    Contract("endpoint picker", EPP_VERSION,
              "reads x-gateway-inference-objective and x-gateway-model-name-rewrite as the client sent them (the "
              "fairness id too, used by flow control only) and sets x-gateway-destination-endpoint; only priority "
              "< 0 has an effect (shed while saturated)",
@@ -638,7 +638,7 @@ CONTRACTS: tuple[Contract, ...] = (
              "routes require the tenant's own objective, refuse the rewrite header (and llm-d's objective), "
              "never match on or strip the picker's own header; no positive priority",
              picker_objective_is_the_tenants),
-    Contract("endpoint picker", EPP_IMAGE.tag,
+    Contract("endpoint picker", EPP_VERSION,
              "finds an objective by metadata.name among those in the pool's namespace whose poolRef names the "
              "pool and its group; an unknown one is priority 0",
              "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:pkg/epp/datastore/datastore.go:174-189; "

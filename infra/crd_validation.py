@@ -29,6 +29,8 @@ import celpy
 import jsonschema
 import yaml
 from celpy import celtypes
+from celpy.adapter import json_to_cel  # where defined: celpy re-exports these two as private names
+from celpy.evaluation import CELEvalError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CRD_DIR = REPO_ROOT.parent / "shared" / "upstream-crds"
@@ -230,9 +232,9 @@ _NUMBERS = (celtypes.IntType, celtypes.UintType, celtypes.DoubleType)
 
 def _heterogeneous_eq(a: Any, b: Any) -> Any:
     """cel-go (and so Kubernetes) compares values of different types as unequal, not as an error."""
-    if isinstance(a, celpy.CELEvalError):
+    if isinstance(a, CELEvalError):
         return a
-    if isinstance(b, celpy.CELEvalError):
+    if isinstance(b, CELEvalError):
         return b
     if type(a) is not type(b) and not (isinstance(a, _NUMBERS) and isinstance(b, _NUMBERS)):
         return celtypes.BoolType(False)
@@ -241,7 +243,7 @@ def _heterogeneous_eq(a: Any, b: Any) -> Any:
 
 def _heterogeneous_ne(a: Any, b: Any) -> Any:
     eq = _heterogeneous_eq(a, b)
-    return eq if isinstance(eq, celpy.CELEvalError) else celtypes.BoolType(not eq)
+    return eq if isinstance(eq, CELEvalError) else celtypes.BoolType(not eq)
 
 
 CEL_FUNCTIONS = {
@@ -271,10 +273,10 @@ def is_transition_rule(rule: str) -> bool:
 def eval_rule(rule: str, value: Any) -> tuple[bool, Optional[str]]:
     """(passed, error): a rule that fails to evaluate fails validation, as on the server."""
     try:
-        result = _program(rule).evaluate({"self": celpy.json_to_cel(value)})
+        result = _program(rule).evaluate({"self": json_to_cel(value)})
     except Exception as exc:  # compile or evaluation error: the server rejects the object
         return False, f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-    if isinstance(result, celpy.CELEvalError):
+    if isinstance(result, CELEvalError):
         return False, str(result.args[0] if result.args else result).splitlines()[0][:200]
     return bool(result) and isinstance(result, celtypes.BoolType), None
 

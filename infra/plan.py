@@ -176,4 +176,7 @@ def run_program_file(path: Path, config: dict[str, Any], stack: str = "dev") -> 
     same mocks: what it would declare, for the policy pack and the tests."""
     import runpy
 
-    return _under_mocks(path.parent.name, stack, config, lambda: runpy.run_path(str(path), run_name="__main__"))
+    def body() -> None:
+        runpy.run_path(str(path), run_name="__main__")
+
+    return _under_mocks(path.parent.name, stack, config, body)

@@ -4,9 +4,11 @@ It runs in the project's .venv (PulumiPolicy.yaml), where `pip install -e .` put
 the vllm_gke namespace.
 """
 
-from pulumi_policy import PolicyPack
+from pulumi_policy import Policy, PolicyPack
 
 from vllm_gke.policies.pack import crossguard_policies
 
-PolicyPack(name="vllm-gke", policies=crossguard_policies(),
+# PolicyPack is annotated to take a List[Policy] (invariant): the StackValidationPolicy list as one.
+policies: list[Policy] = [*crossguard_policies()]
+PolicyPack(name="vllm-gke", policies=policies,
            description="Rejects unsafe or wasteful vLLM-on-GKE plans.")
