@@ -159,7 +159,7 @@ class TimedGuard(guard.GuardMiddleware):
 
 
 def serve(stack: str, mode: str, port: int) -> None:
-    import uvicorn
+    import uvicorn  # type: ignore[import-not-found]
 
     os.environ[guard.CONFIG_ENV] = json.dumps(guard_config("127.0.0.1"))
     middleware = {"baseline": None, "guard": guard.GuardMiddleware, "timed": TimedGuard}[mode]
@@ -213,8 +213,14 @@ f:close()
 """
 
 
+def _found(match: re.Match[str] | None, text: str) -> re.Match[str]:
+    if match is None:
+        raise RuntimeError(f"unexpected wrk output: {text[-2000:]}")
+    return match
+
+
 def _ms(text: str) -> float:
-    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()
+    value, unit = _found(re.fullmatch(r"([\d.]+)(us|ms|s)", text), text).groups()
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
@@ -230,13 +236,13 @@ def wrk(port: int, script: Path, connections: int, seconds: int, pid: int) -> di
     out = subprocess.run([*pin(0), "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "120s",
                           "--latency", "-s", str(script), f"http://127.0.0.1:{port}{PATH}"],
                          capture_output=True, text=True, check=True).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-    p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))
-    p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))
+    rps = float(_found(re.search(r"Requests/sec:\s+([\d.]+)", out), out).group(1))
+    p50 = _ms(_found(re.search(r"^\s+50%\s+(\S+)", out, re.M), out).group(1))
+    p99 = _ms(_found(re.search(r"^\s+99%\s+(\S+)", out, re.M), out).group(1))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: .*", out)
     if errors:
         raise RuntimeError(f"{errors.group(0)}: the benchmark is measuring errors")
-    requests = int(re.search(r"(\d+) requests in", out).group(1))
+    requests = int(_found(re.search(r"(\d+) requests in", out), out).group(1))
     if not requests:
         raise RuntimeError(f"no response in {seconds} s at {connections} connections")
     # Server CPU per request: what the guard adds, and unlike req/s blind to time the VM's host
@@ -353,6 +359,7 @@ def guard_time_in_server(server: Any, seconds: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    assert __doc__ is not None  # stripped only under -OO
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=2, help="wrk duration per measurement")
     parser.add_argument("--repeats", type=int, default=3,

@@ -63,6 +63,7 @@ def evalsha_usec(admin: Any) -> tuple[int, float]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    assert __doc__ is not None  # stripped only under -OO
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
@@ -80,7 +81,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             client = redis.Redis(port=port)
             script = client.register_script(limits.SCRIPT)
 
-            def call(tenant: str, requests: int) -> list:
+            def call(tenant: str, requests: int) -> Any:  # the script's list (redis-py says str)
                 return script(keys=[f"rl:{{{tenant}}}:w"],
                               args=[limits.BUCKET_MS, limits.BUCKETS, requests, 10**12, 10])
 

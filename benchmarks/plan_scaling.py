@@ -151,7 +151,8 @@ def main() -> None:
     parser.add_argument("--every-option", action="store_true")
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_one(*args.one, args.every_option)))
+        tenants, models = args.one
+        print(json.dumps(run_one(tenants, models, args.every_option)))
     else:
         grid()
 

@@ -50,7 +50,7 @@ def make_model_dir(target: Path) -> Path:
     """A weightless model directory vLLM accepts: Qwen2 config, tokenizer, chat template."""
     from importlib.resources import files
 
-    from transformers.convert_slow_tokenizer import TikTokenConverter
+    from transformers.convert_slow_tokenizer import TikTokenConverter  # type: ignore[import-not-found]
 
     if (target / "config.json").exists():
         return target
@@ -97,8 +97,8 @@ class InstantEngineCore:
     the real client's ZMQ sockets."""
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any):
-        from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
-        from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+        from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason  # type: ignore[import-not-found]
+        from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder  # type: ignore[import-not-found]
 
         self.output, self.outputs_of, self.stop = EngineCoreOutput, EngineCoreOutputs, FinishReason.STOP
         self.vllm_config = vllm_config
@@ -151,12 +151,12 @@ class InstantEngineCore:
 def install_instant_engine() -> None:
     """Make AsyncLLM talk to InstantEngineCore instead of starting an engine-core process."""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # no GPU: vLLM's CPU platform
-    import vllm.triton_utils
-    from vllm.v1.engine import core_client
+    import vllm.triton_utils  # type: ignore[import-not-found]
+    from vllm.v1.engine import core_client  # type: ignore[import-not-found]
 
     # The CPU platform's config check wants triton-cpu for the model runner; none runs here.
     vllm.triton_utils.HAS_TRITON = True
-    core_client.EngineCoreClient.make_async_mp_client = staticmethod(  # type: ignore[method-assign]
+    core_client.EngineCoreClient.make_async_mp_client = staticmethod(  # pyright: ignore[reportAttributeAccessIssue]
         lambda vllm_config, *a, **k: InstantEngineCore(vllm_config))
 
 
@@ -173,7 +173,7 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     install_instant_engine()
-    from vllm.entrypoints.cli.main import main as vllm_cli
+    from vllm.entrypoints.cli.main import main as vllm_cli  # type: ignore[import-not-found]
 
     sys.argv = ["vllm", *argv]
     vllm_cli()

@@ -33,7 +33,7 @@ PATH = "/v1/chat/completions"
 
 
 def bare_app(middleware: Optional[type] = None):
-    from fastapi import FastAPI
+    from fastapi import FastAPI  # type: ignore[import-not-found]
     from pydantic import BaseModel, ConfigDict
 
     class Message(BaseModel):
@@ -67,11 +67,11 @@ def needs(data: Any, field: str, other: str) -> Any:
 
 
 def vllm_like_app(middleware: Optional[type] = None):
-    from fastapi import Depends, FastAPI, HTTPException, Request
-    from fastapi.middleware.cors import CORSMiddleware
-    from fastapi.responses import JSONResponse
+    from fastapi import Depends, FastAPI, HTTPException, Request  # type: ignore[import-not-found]
+    from fastapi.middleware.cors import CORSMiddleware  # type: ignore[import-not-found]
+    from fastapi.responses import JSONResponse  # type: ignore[import-not-found]
     from prometheus_client import CollectorRegistry
-    from prometheus_fastapi_instrumentator import Instrumentator
+    from prometheus_fastapi_instrumentator import Instrumentator  # type: ignore[import-not-found]
     from pydantic import BaseModel, ConfigDict, Field, model_validator
 
     class TextPart(BaseModel):

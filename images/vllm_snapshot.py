@@ -74,7 +74,7 @@ def pretend_one_gpu() -> None:
 
 def serve_parser() -> argparse.ArgumentParser:
     flexible = _first("vllm.utils.argparse_utils.FlexibleArgumentParser", "vllm.utils.FlexibleArgumentParser")
-    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.entrypoints.cli.serve import ServeSubcommand  # type: ignore[import-not-found]
 
     top = flexible(prog="vllm")
     return ServeSubcommand().subparser_init(top.add_subparsers())
@@ -112,7 +112,7 @@ def describe_flags(parser: argparse.ArgumentParser) -> dict[str, dict[str, Any]]
 
 def _all_tasks() -> tuple[str, ...]:
     try:
-        from vllm.tasks import SupportedTask
+        from vllm.tasks import SupportedTask  # type: ignore[import-not-found]
     except ImportError:
         return ()
     return tuple(a for arg in typing.get_args(SupportedTask) for a in (typing.get_args(arg) or (arg,)))
@@ -166,13 +166,13 @@ def describe_metrics(root: Optional[Path] = None) -> list[dict[str, str]]:
 
 def describe_environment() -> list[str]:
     """The VLLM_* variables the release knows (it warns about, or refuses, any other)."""
-    import vllm.envs as envs
+    import vllm.envs as envs  # type: ignore[import-not-found]
 
     return sorted(envs.environment_variables)
 
 
 def snapshot() -> dict[str, Any]:
-    import vllm
+    import vllm  # type: ignore[import-not-found]
 
     pretend_one_gpu()
     parser = serve_parser()
@@ -187,6 +187,7 @@ def snapshot() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    assert __doc__ is not None  # stripped only under -OO
     opts = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     opts.add_argument("--out", type=Path, default=Path(__file__).parent / "vllm-versions")
     ns = opts.parse_args(argv)
