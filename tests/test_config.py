@@ -271,7 +271,8 @@ def test_messages_name_list_items_by_name_and_keep_the_index_where_there_is_none
     values["vllm-gke:nodePools"][1]["gpuPartitionSize"] = "2g.10gb"  # qwen-7b's pool, a100-mig
     found = issues(values)
     assert any(i.startswith("vllm-gke:models[qwen-7b]: model 'qwen-7b' on one 2g.10gb MIG slice") for i in found), found
-    assert any(i.startswith("vllm-gke:tenants[analytics].dedicated.nodePool: models[qwen-7b]: model 'qwen-7b'") for i in found), found
+    assert any(i.startswith("vllm-gke:tenants[analytics].dedicated.nodePool: models[qwen-7b]: model 'qwen-7b'")
+               for i in found), found
     assert not any("models[1]" in i or "tenants[2]" in i for i in found), found
 
     values = copy.deepcopy(stack_values["prod"])

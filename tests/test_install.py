@@ -10,6 +10,7 @@ import subprocess
 import sys
 import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,21 @@ def test_the_wheel_plans_a_stack_outside_the_checkout(installed, tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert (project / "plan-out" / "dev" / "manifests" / "all.yaml").exists()
+
+
+def test_the_wheel_holds_the_guard_package(installed):
+    """The guard is a package (images/vllm_gke_guard/), listed in [tool.setuptools] packages: every
+    module of it is in the wheel, and the installed copy imports."""
+    (wheel,) = (installed / "dist").glob("vllm_gke-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    modules = {f"vllm_gke/images/vllm_gke_guard/{p.name}" for p in (REPO_ROOT / "images" / "vllm_gke_guard").glob("*.py")}
+    assert "vllm_gke/images/vllm_gke_guard/middleware.py" in modules
+    assert modules <= names, sorted(modules - names)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    where = subprocess.run([installed / "venv" / "bin" / "python", "-c",
+                            "import vllm_gke.images.vllm_gke_guard as g; print(g.GuardMiddleware.__module__, g.__file__)"],
+                           cwd=installed, env=env, capture_output=True, text=True, check=True).stdout
+    assert where.startswith("vllm_gke.images.vllm_gke_guard.middleware ") and str(REPO_ROOT) not in where
 
 
 def test_the_components_need_nothing_from_the_plan_extra():
