@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .model_store import plan_filestore
 from .specs import ModelSpec
+from .weights_layout import plan_filestore
 
 if TYPE_CHECKING:
     from .stack_config import StackConfig

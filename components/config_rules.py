@@ -386,7 +386,7 @@ def _adapters(cfg: "StackConfig", add: Add) -> None:
 
 
 def _filestore_size(cfg: "StackConfig", add: Add) -> None:
-    from .model_store import BASIC_TIERS, TIER_MIN_GB, needed_gb
+    from .weights_layout import BASIC_TIERS, TIER_MIN_GB, needed_gb
 
     weights = cfg.weights
     if weights.backend != "filestore" or weights.tier not in BASIC_TIERS:

@@ -24,9 +24,9 @@ import pulumi_kubernetes as k8s
 
 from .k8s_meta import CONTAINER_SECURITY, api_body, content_digest, custom_resource, meta
 from .mesh_namespace import ISTIO_API
-from .model_store import SERVER_SA
 from .options import child_opts
 from .specs import ImageRef
+from .weights_layout import SERVER_SA
 
 NAMESPACE = "vllm-gke-limits"
 NAME = "limits"

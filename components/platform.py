@@ -28,7 +28,7 @@ from .limit_store import PORT as LIMITS_PORT
 from .limit_store import LimitStore, LimitStoreArgs
 from .mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
 from .mesh_readiness import MeshReadiness, MeshReadinessArgs
-from .model_store import SERVER_SA, ModelStore, ModelStoreArgs, reads_hub_token_from_secret_manager
+from .model_store import ModelStore, ModelStoreArgs
 from .observability import Observability, ObservabilityArgs
 from .options import child_opts
 from .project_apis import ProjectApis, ProjectApisArgs
@@ -45,6 +45,7 @@ from .tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
 from .tenant_urls import path_prefix
 from .vllm_service import SERVER_LABELS, KedaScaling, VllmService, VllmServiceArgs, service_name_of
 from .vllm_versions import release
+from .weights_layout import SERVER_SA, reads_hub_token_from_secret_manager
 
 BASE_APIS = (
     "serviceusage.googleapis.com", "cloudresourcemanager.googleapis.com", "iam.googleapis.com",

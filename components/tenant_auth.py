@@ -41,8 +41,8 @@ def jwks_host(tenant: TenantSpec) -> str:
 
 def server_accounts(tenant: TenantSpec) -> tuple[str, ...]:
     """The service accounts a tenant's namespace holds: its dedicated servers' and standbys'."""
-    from .model_store import SERVER_SA
     from .standby import STANDBY_SA
+    from .weights_layout import SERVER_SA
 
     return (SERVER_SA, STANDBY_SA) if tenant.dedicated else ()
 

@@ -31,18 +31,10 @@ from .k8s_meta import (
     custom_resource,
     meta,
 )
-from .model_store import (
-    MOUNT_PATH,
-    SERVER_SA,
-    SERVER_UID,
-    adapter_copies,
-    model_dir,
-    ready_marker,
-    served_files_gb,
-)
 from .options import child_opts
 from .specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
 from .vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
+from .weights_layout import MOUNT_PATH, SERVER_SA, SERVER_UID, adapter_copies, model_dir, ready_marker, served_files_gb
 
 PORT = 8000
 WARM_MARKER = "/tmp/vllm-gke-warm"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..components.capacity import consumer_models, placements
 from ..components.catalog import REGION_ZONES
 from ..components.cold_start import cold_start_seconds
-from ..components.model_store import LOW_RANGE_MAX_GB, REGIONAL_TIERS, weight_copies
+from ..components.weights_layout import LOW_RANGE_MAX_GB, REGIONAL_TIERS, weight_copies
 from .config import StackConfig
 from .pricing import PRICE_REGION
 

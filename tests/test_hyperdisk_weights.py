@@ -22,7 +22,7 @@ from vllm_gke.components.hyperdisk_weights import (
     disk_size_gib,
     transfer_cpu_request,
 )
-from vllm_gke.components.model_store import WeightCopy
+from vllm_gke.components.weights_layout import WeightCopy
 from vllm_gke.infra.advice import hyperdisk_disks, plan_warnings
 from vllm_gke.infra.config import ConfigError, parse
 from vllm_gke.infra.manifests import catalog_or_none, validate

@@ -11,9 +11,9 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from vllm_gke.components.capacity import pool_capacity
-from vllm_gke.components.model_store import ADAPTERS_DIR, plan_filestore
 from vllm_gke.components.serving_api import guard_config, tenant_routes
 from vllm_gke.components.specs import ModelSpec, TenantSpec, WeightsSpec
+from vllm_gke.components.weights_layout import ADAPTERS_DIR, plan_filestore
 from vllm_gke.infra.config import ConfigError, parse
 
 sys.path.insert(0, str(REPO_ROOT / "images"))
@@ -123,7 +123,7 @@ def test_share_is_sized_for_the_adapters_too():
     assert heavy.lora_gb() > MODEL.lora_gb()
     tier, _ = plan_filestore([heavy], WeightsSpec(tier="BASIC_HDD"))
     assert tier == "BASIC_HDD"
-    from vllm_gke.components.model_store import weight_copies
+    from vllm_gke.components.weights_layout import weight_copies
 
     copies = {c.key: c for c in weight_copies([heavy])}
     assert set(copies) == {"m", "m-lora-mine", "m-lora-theirs"}

@@ -21,7 +21,7 @@ from tests.fixtures.fake_gcs import FakeGcs
 from tests.test_first_up import HUB, hub_calls, run_loader
 from tests.test_hyperdisk_weights import hyperdisk_values
 from vllm_gke.components.hyperdisk_weights import claim_name, disk_size_gib, usable_gib
-from vllm_gke.components.model_store import LOADER_EXIT_UNLOADABLE, WeightCopy
+from vllm_gke.components.weights_layout import LOADER_EXIT_UNLOADABLE, WeightCopy
 from vllm_gke.infra.plan import run_program
 
 sys.path.insert(0, str(REPO_ROOT / "components" / "scripts"))

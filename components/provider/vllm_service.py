@@ -19,7 +19,6 @@ from ..k8s_meta import MODEL_LABEL, POOL_LABEL, TENANT_LABEL
 from ..keda import GMP_AUTH
 from ..limit_store import PORT as LIMITS_PORT
 from ..limit_store import host as limit_store_host
-from ..model_store import SERVER_SA
 from ..options import child_opts
 from ..serving_api import pool_guard_config
 from ..specs import ImageRef as ImageModel
@@ -31,6 +30,7 @@ from ..standby import STANDBY_SA, Standby, StandbyArgs
 from ..vllm_service import SERVER_LABELS, KedaScaling, VllmServiceArgs, service_name_of
 from ..vllm_service import VllmService as _VllmService
 from ..vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from ..weights_layout import SERVER_SA
 from .convert import Problems, kubernetes_provider, plain
 from .types import ImageRef, ModelSpec, NodePoolSpec, TenantSpec
 
