@@ -21,11 +21,11 @@ from ..components.hyperdisk_weights import MIN_GKE as POPULATOR_MIN_GKE
 from ..components.inference_pool import EPP_UID, EPP_VERSION, EXT_PROC_PORT, HEALTH_PORT, METRICS_PORT
 from ..components.k8s_meta import COMPUTE_CLASS_LABEL
 from ..components.keda import CHART_VERSION, METRICS_SERVER_PORT, OPERATOR_SA, WEBHOOK_PORT
-from ..components.model_store import LOADER_PROGRAM
 from ..components.serving_api import PICKER_PATHS, REFUSED_AT_THE_PICKER, SIDECAR_PEER
 from ..components.specs import gke_version
 from ..components.vllm_argv import load_snapshot
 from ..components.vllm_versions import release
+from ..components.weights_layout import LOADER_PROGRAM
 from .plan import Plan, manifest
 
 Check = Callable[[Plan], list[str]]
