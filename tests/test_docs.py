@@ -185,3 +185,10 @@ def test_the_docs_build_fails_on_a_broken_link_or_anchor(tmp_path):
         assert (result.returncode != 0) == broken, (link, result.stdout + result.stderr)
         if broken:
             assert link.split("#")[-1] in result.stdout + result.stderr
+
+
+def test_the_pages_that_name_the_readme_commands_show_them_as_the_readme_gives_them():
+    readme = (REPO_ROOT / "README.md").read_text()
+    plan, tests = re.search(r"```sh\n(.*?)\n(.*?)\n```", readme).groups()
+    assert plan in (REPO_ROOT / "docs" / "quick-start.md").read_text()
+    assert tests in (REPO_ROOT / "docs" / "testing.md").read_text()
