@@ -44,7 +44,7 @@ from .vllm_versions import DEFAULT_VLLM_VERSION, release
 
 POOL_API = "inference.networking.k8s.io/v1"
 OBJECTIVE_API = "inference.networking.x-k8s.io/v1alpha2"
-# The release the contracts (infra/contracts.py) were read at.
+# The release the contracts (infra/contracts/picker.py) were read at.
 EPP_VERSION = "v1.2.0"
 EPP_IMAGE = ImageRef(repository="registry.k8s.io/gateway-api-inference-extension/epp", tag=EPP_VERSION)
 EXT_PROC_PORT = 9002

@@ -32,7 +32,7 @@ OPERATOR_SA = "keda-operator"
 # The ClusterTriggerAuthentication ScaledObjects use to query Managed Prometheus.
 GMP_AUTH = "gmp-workload-identity"
 # What the control plane calls on KEDA's pods (chart values metricsServer's service.portHttpsTarget
-# and the webhooks' port): see infra/contracts.py.
+# and the webhooks' port): see infra/contracts/keda.py.
 METRICS_SERVER_PORT = 6443
 WEBHOOK_PORT = 9443
 # The operator's gRPC metrics service, which only the metrics server calls (chart: the metrics

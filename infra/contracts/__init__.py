@@ -1,0 +1,107 @@
+"""What the platform relies on in the third-party workloads the stacks run, and a check of each.
+
+One row per behaviour: the component and version the plan pins, what it does at run time, where
+upstream says so (repository@tag:path:lines, read at that tag, or the vendor's page for what is
+GKE-managed and published nowhere else), and a check that the plan honours it. `vllm-gke plan`
+runs every check; the tests run them on every stack and break each one; docs/contracts.md is
+generated from this table (`python -m vllm_gke.infra.contracts`).
+
+The rows and their checks live by upstream component: keda.py, picker.py (the endpoint picker),
+vllm.py, istio.py, gcsfuse.py (the Cloud Storage FUSE CSI driver), limit_store.py (Redis),
+kubectl.py, loader.py (weight loading: vLLM's rule, huggingface_hub) and populator.py (GKE Volume
+Populator); base.py holds the Contract row and the plan helpers they share. This module assembles
+the table in that order.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+from ..plan import Plan
+from . import gcsfuse, istio, keda, kubectl, limit_store, loader, picker, populator, vllm
+from .base import Check, Contract
+from .gcsfuse import (
+    FUSE_SIDECAR,
+    ISTIO_INIT,
+    PROXY,
+    fuse_pods_start_under_any_sidecar_mode,
+    gcsfuse_sidecar_with_the_mesh,
+    injected_init_order,
+)
+from .istio import ISTIO, istio_peer_and_claim_header, istio_sidecar_outlives_vllm
+from .keda import (
+    keda_admits_the_scaled_objects,
+    keda_cooldown_only_for_zero,
+    keda_names_fit,
+    keda_operator_identity,
+    keda_owns_external_metrics,
+    keda_ports_open_on_private_clusters,
+    keda_queries_one_series_of_exported_metrics,
+    keda_scales_every_pool,
+)
+from .kubectl import kubectl_cache_is_writable
+from .limit_store import redis_writes_nothing_and_scripts_obey_the_acl
+from .loader import loader_copies_what_vllm_opens, loader_writes_only_to_volumes
+from .picker import (
+    picker_finds_the_objectives,
+    picker_gets_what_it_parses,
+    picker_highly_available,
+    picker_objective_is_the_tenants,
+    picker_ports,
+    picker_reads_exported_metrics,
+    picker_without_pprof,
+)
+from .populator import populator_inputs
+from .vllm import (
+    vllm_drains_on_stop,
+    vllm_exports_what_monitoring_reads,
+    vllm_health_and_guard,
+    vllm_writes_only_to_volumes,
+)
+
+__all__ = [
+    "CONTRACTS", "DOC", "FUSE_SIDECAR", "ISTIO", "ISTIO_INIT", "PROXY", "Check", "Contract",
+    "fuse_pods_start_under_any_sidecar_mode", "gcsfuse_sidecar_with_the_mesh", "injected_init_order",
+    "istio_peer_and_claim_header", "istio_sidecar_outlives_vllm", "keda_admits_the_scaled_objects",
+    "keda_cooldown_only_for_zero", "keda_names_fit", "keda_operator_identity", "keda_owns_external_metrics",
+    "keda_ports_open_on_private_clusters", "keda_queries_one_series_of_exported_metrics", "keda_scales_every_pool",
+    "kubectl_cache_is_writable", "loader_copies_what_vllm_opens", "loader_writes_only_to_volumes", "main", "markdown",
+    "picker_finds_the_objectives", "picker_gets_what_it_parses", "picker_highly_available",
+    "picker_objective_is_the_tenants", "picker_ports", "picker_reads_exported_metrics", "picker_without_pprof",
+    "populator_inputs", "problems", "redis_writes_nothing_and_scripts_obey_the_acl", "vllm_drains_on_stop",
+    "vllm_exports_what_monitoring_reads", "vllm_health_and_guard", "vllm_writes_only_to_volumes",
+]
+
+CONTRACTS: tuple[Contract, ...] = (
+    *keda.ROWS, *picker.ROWS, *vllm.ROWS, *istio.ROWS, *gcsfuse.ROWS, *limit_store.ROWS, *kubectl.ROWS,
+    *loader.ROWS, *populator.ROWS,
+)
+
+
+def problems(plan: Plan) -> list[tuple[Contract, str]]:
+    """Every row the plan breaks, with what breaks it."""
+    return [(c, p) for c in CONTRACTS for p in c.check(plan)]
+
+
+def markdown() -> str:
+    rows = ["# Component contracts", "",
+            "Generated from `infra/contracts/` (`python -m vllm_gke.infra.contracts`): what the platform relies on",
+            "in each third-party workload it runs, where upstream says so at the pinned version, and what the",
+            "plan does about it. `vllm-gke plan` checks every row; the tests check every stack and break each row.",
+            "", "| component | version | behaviour | upstream source | honoured by |", "|---|---|---|---|---|"]
+    for c in CONTRACTS:
+        rows.append(f"| {c.component} | {c.version} | {c.behaviour} | {c.source} | {c.honoured_by} |")
+    return "\n".join(rows) + "\n"
+
+
+DOC = Path(__file__).resolve().parent.parent.parent / "docs" / "contracts.md"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    target = Path((argv or sys.argv[1:] or [str(DOC)])[0])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(markdown())
+    print(f"wrote {target}: {len(CONTRACTS)} contracts")
+    return 0

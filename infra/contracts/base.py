@@ -1,0 +1,50 @@
+"""A contract (one row of the table) and the plan helpers the checks share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+from ...components.vllm_argv import load_snapshot
+from ..plan import Plan, manifest
+
+Check = Callable[[Plan], list[str]]
+
+
+@dataclass(frozen=True)
+class Contract:
+    component: str
+    version: str
+    # What the component does that the platform depends on.
+    behaviour: str
+    # Where upstream establishes it, at that version.
+    source: str
+    # What the plan does about it.
+    honoured_by: str
+    check: Check
+
+
+# --- plan helpers ---------------------------------------------------------------------------
+
+def _docs(plan: Plan, kind: str) -> list[dict[str, Any]]:
+    return [manifest(r) for r in plan.kubernetes() if r.props.get("kind") == kind]
+
+
+def _vllm_deployments(plan: Plan) -> list[dict[str, Any]]:
+    return [d for d in _docs(plan, "Deployment")
+            if (d["spec"]["template"]["metadata"].get("labels") or {}).get("app.kubernetes.io/name") == "vllm"]
+
+
+def _vllm_containers(plan: Plan) -> Iterator[tuple[str, dict[str, Any]]]:
+    for d in _vllm_deployments(plan):
+        (c,) = [c for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+        yield f"{d['metadata']['namespace']}/{d['metadata']['name']}", c
+
+
+def _flag(args: list[Any], flag: str) -> Optional[str]:
+    items = [str(a) for a in args]
+    return items[items.index(flag) + 1] if flag in items and items.index(flag) + 1 < len(items) else None
+
+
+def _exported(plan: Plan) -> set[str]:
+    return {m["name"] for m in load_snapshot(plan.config.vllm_version)["metrics"]}

@@ -1,0 +1,70 @@
+"""The Istio sidecar (managed Cloud Service Mesh): the peer address and claim header the guard
+trusts, and a sidecar that outlives vLLM."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+from ...components.serving_api import SIDECAR_PEER
+from ..plan import Plan
+from .base import Contract, _docs, _vllm_containers, _vllm_deployments
+
+ISTIO = "1.24.6 / 1.30.3"
+
+
+def _guard_configs(plan: Plan) -> Iterator[tuple[str, dict[str, Any]]]:
+    for name, c in _vllm_containers(plan):
+        env = {e["name"]: e.get("value") for e in c.get("env") or []}
+        yield name, json.loads(env.get("GKE_LLM_GUARD_CONFIG") or "{}")
+
+
+def istio_peer_and_claim_header(plan: Plan) -> list[str]:
+    out = []
+    headers = {rule.get("header") for ra in _docs(plan, "RequestAuthentication")
+               for jwt in ra["spec"].get("jwtRules") or [] for rule in jwt.get("outputClaimToHeaders") or []
+               if rule.get("claim") == "iss"}
+    for name, cfg in _guard_configs(plan):
+        if cfg.get("trustedPeers") != [SIDECAR_PEER]:
+            out.append(f"{name}: the guard trusts {cfg.get('trustedPeers')}, not the sidecar's {SIDECAR_PEER}")
+        if cfg.get("issuerHeader") not in headers:
+            out.append(f"{name}: no RequestAuthentication writes the issuer into {cfg.get('issuerHeader')}")
+    for d in _vllm_deployments(plan):
+        if (d["spec"]["template"]["metadata"].get("labels") or {}).get("sidecar.istio.io/inject") == "false":
+            out.append(f"{d['metadata']['name']}: no sidecar, so no JWT check and no 127.0.0.6 peer")
+    return out
+
+
+def istio_sidecar_outlives_vllm(plan: Plan) -> list[str]:
+    out = []
+    for d in _vllm_deployments(plan):
+        ann = d["spec"]["template"]["metadata"].get("annotations") or {}
+        proxy = json.loads(ann.get("proxy.istio.io/config") or "{}")
+        if ann.get("sidecar.istio.io/nativeSidecar") != "true" or \
+                (proxy.get("proxyMetadata") or {}).get("EXIT_ON_ZERO_ACTIVE_CONNECTIONS") != "true":
+            out.append(f"{d['metadata']['name']}: the sidecar may exit before vLLM has finished what it accepted")
+    return out
+
+
+ROWS: tuple[Contract, ...] = (
+    Contract("Istio sidecar", ISTIO,
+             "inbound traffic reaches the app from the passthrough address 127.0.0.6 (mesh inboundTrafficPolicy "
+             "PASSTHROUGH, the default, with REDIRECT capture; LOCALHOST mode would deliver from 127.0.0.1, TPROXY "
+             "from the client: both refused); outputClaimToHeaders writes the verified claim and strips a client's "
+             "copy of that header",
+             "istio/istio@1.24.6:pilot/pkg/networking/core/listener_address.go:35-37 (the address), "
+             "pkg/config/mesh/mesh.go:84 and pilot/pkg/networking/core/cluster.go:512-515 (PASSTHROUGH by default), "
+             "pilot/pkg/networking/core/cluster_builder.go:441-451 (1.30.3: 671-681, the inbound cluster's source); "
+             "pilot/pkg/security/authn/policy_applier.go:174-179 (1.30.3: 175-180, claim_to_headers; the strip of a "
+             "client's copy is Envoy's jwt_authn, istio/istio#53212)",
+             "the guard trusts only 127.0.0.6 and reads the issuer header the RequestAuthentications write; each "
+             "ALLOW rule also requires that header to be its token's issuer, so a data plane leaving a client's copy "
+             "in place cannot pass one tenant as another; every vLLM pod is meshed", istio_peer_and_claim_header),
+    Contract("Istio sidecar", ISTIO,
+             "sidecar.istio.io/nativeSidecar makes istio-proxy an init container that drains from its preStop and "
+             "stops after the app; a classic sidecar exits 5 s after SIGTERM (terminationDrainDuration) unless "
+             "EXIT_ON_ZERO_ACTIVE_CONNECTIONS (proxyMetadata) makes it wait for its last connection",
+             "istio/api@1.24.6:annotation/annotations.yaml:251 (1.30.3: 273); istio/istio@1.24.6,1.30.3:"
+             "pkg/envoy/agent.go:140-230; pkg/config/mesh/mesh.go:45",
+             "vLLM pods carry both, so the sidecar serves until vLLM has drained", istio_sidecar_outlives_vllm),
+)
