@@ -14,15 +14,8 @@ from pydantic import BaseModel
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
+from ...components.provider.generate_types import _strip_optional  # the schema reads types the same way
 from .common import _cell, footer, github_slug
-
-
-def _strip_optional(ann: Any) -> tuple[Any, bool]:
-    if get_origin(ann) in (Union, getattr(__import__("types"), "UnionType", Union)):
-        args = [a for a in get_args(ann) if a is not type(None)]
-        if len(args) < len(get_args(ann)):
-            return (args[0] if len(args) == 1 else Union[tuple(args)]), True
-    return ann, False
 
 
 def _is_model(ann: Any) -> bool:
