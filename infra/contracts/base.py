@@ -48,3 +48,13 @@ def _flag(args: list[Any], flag: str) -> Optional[str]:
 
 def _exported(plan: Plan) -> set[str]:
     return {m["name"] for m in load_snapshot(plan.config.vllm_version)["metrics"]}
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    """A container's literal environment, name -> value."""
+    return {e["name"]: e.get("value") for e in container.get("env") or []}
+
+
+def _writable_mounts(container: dict[str, Any]) -> set[str]:
+    """Where a container may write besides its root filesystem."""
+    return {m["mountPath"] for m in container.get("volumeMounts") or [] if not m.get("readOnly")}

@@ -8,14 +8,14 @@ from typing import Any, Iterator
 
 from ...components.serving_api import SIDECAR_PEER
 from ..plan import Plan
-from .base import Contract, _docs, _vllm_containers, _vllm_deployments
+from .base import Contract, _docs, _env, _vllm_containers, _vllm_deployments
 
 ISTIO = "1.24.6 / 1.30.3"
 
 
 def _guard_configs(plan: Plan) -> Iterator[tuple[str, dict[str, Any]]]:
     for name, c in _vllm_containers(plan):
-        env = {e["name"]: e.get("value") for e in c.get("env") or []}
+        env = _env(c)
         yield name, json.loads(env.get("GKE_LLM_GUARD_CONFIG") or "{}")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..plan import Plan
-from .base import Contract, _docs
+from .base import Contract, _docs, _env, _writable_mounts
 
 
 def kubectl_cache_is_writable(plan: Plan) -> list[str]:
@@ -13,8 +13,8 @@ def kubectl_cache_is_writable(plan: Plan) -> list[str]:
         for c in [*spec.get("initContainers", []), *spec.get("containers", [])]:
             if c.get("command") != ["kubectl"]:
                 continue
-            env = {e["name"]: e.get("value") for e in c.get("env") or []}
-            mounts = {m["mountPath"] for m in c.get("volumeMounts") or [] if not m.get("readOnly")}
+            env = _env(c)
+            mounts = _writable_mounts(c)
             if env.get("KUBECACHEDIR") not in mounts:
                 out.append(f"{job['metadata']['name']}/{c['name']}: kubectl's discovery cache is not on a writable volume")
     return out

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 from ...components.vllm_versions import release
 from ...components.weights_layout import LOADER_PROGRAM
 from ..plan import Plan
-from .base import Contract, _docs, _flag
+from .base import Contract, _docs, _env, _flag, _writable_mounts
 
 
 def _loaders(plan: Plan) -> Iterator[tuple[dict[str, Any], dict[str, Any], list[str]]]:
@@ -36,8 +36,8 @@ def loader_writes_only_to_volumes(plan: Plan) -> list[str]:
     TMPDIR besides the weights: on a read-only root filesystem those must be writable mounts."""
     out = []
     for job, c, _argv in _loaders(plan):
-        env = {e["name"]: e.get("value") for e in c.get("env") or []}
-        writable = {m["mountPath"] for m in c.get("volumeMounts") or [] if not m.get("readOnly")}
+        env = _env(c)
+        writable = _writable_mounts(c)
         if not (c.get("securityContext") or {}).get("readOnlyRootFilesystem"):
             out.append(f"{job['metadata']['name']}: the loader's root filesystem is writable")
         for var in ("HOME", "TMPDIR"):

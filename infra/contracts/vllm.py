@@ -8,7 +8,7 @@ import re
 
 from ...components.vllm_versions import release
 from ..plan import Plan
-from .base import Contract, _exported, _flag, _vllm_containers
+from .base import Contract, _env, _exported, _flag, _vllm_containers, _writable_mounts
 
 
 def vllm_exports_what_monitoring_reads(plan: Plan) -> list[str]:
@@ -51,8 +51,8 @@ def vllm_health_and_guard(plan: Plan) -> list[str]:
 def vllm_writes_only_to_volumes(plan: Plan) -> list[str]:
     out = []
     for name, c in _vllm_containers(plan):
-        env = {e["name"]: e.get("value") for e in c.get("env") or []}
-        mounts = {m["mountPath"] for m in c.get("volumeMounts") or [] if not m.get("readOnly")}
+        env = _env(c)
+        mounts = _writable_mounts(c)
         if not (c.get("securityContext") or {}).get("readOnlyRootFilesystem"):
             continue
         home = env.get("HOME")
