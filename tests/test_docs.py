@@ -167,6 +167,11 @@ def test_the_docs_build_strictly(tmp_path):
     result = _build(REPO_ROOT / "mkdocs.yml", tmp_path / "site")
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "reference" / "config" / "index.html").exists()
+    # The pictures are drawn on the site as on GitHub: a mermaid block is a diagram, not code.
+    page = (tmp_path / "site" / "architecture" / "index.html").read_text()
+    assert '<div class="mermaid">flowchart' in page and "language-mermaid" not in page
+    assert 'src="../js/mermaid.mjs" type="module"' in page
+    assert (tmp_path / "site" / "js" / "mermaid.mjs").exists()
 
 
 def test_the_docs_build_fails_on_a_broken_link_or_anchor(tmp_path):

@@ -1,0 +1,82 @@
+"""Checks across config keys, one module per concern: what each key accepts alone is in
+components/specs/; what the keys must agree on - names (names.py), where models run
+(placement.py), tenants (tenants.py), the cluster (cluster.py), the vLLM release (release.py) -
+is here. Every problem names the key to change and how. The `check_*` functions are also run by
+the package's components on their own inputs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from .base import PROJECT, Add
+from .cluster import (
+    INFERENCE_GATEWAY_CLASSES,
+    INFERENCE_GATEWAY_MIN_GKE,
+    check_inference_gateway_class,
+    check_inference_gateway_version,
+    check_network,
+    check_zones,
+    hyperdisk_ml,
+    inference_gateway,
+    network,
+    zones,
+)
+from .names import RESERVED_NAMESPACES, check_serving_namespace, issuers, namespaces, unique_names
+from .placement import (
+    SYSTEM_DISK_GB,
+    check_fit,
+    check_pool_lengths,
+    filestore_size,
+    gpu_slots,
+    model_placements,
+    node_disks,
+    scale_to_zero,
+)
+from .release import check_extra_args, check_image_tag, vllm_release
+from .tenants import adapters, check_tenant_cap, check_tenant_limits, external_gateway, global_limits, tenant_models
+
+if TYPE_CHECKING:
+    from ..stack_config import ConfigIssue, StackConfig
+
+# In the order problems are reported: names first, then placement, then the rest.
+STACK_CHECKS: tuple[Callable[["StackConfig", Add], None], ...] = (
+    unique_names, model_placements, tenant_models, gpu_slots, external_gateway, network, zones, issuers,
+    namespaces, vllm_release, inference_gateway, global_limits, adapters, scale_to_zero, hyperdisk_ml,
+    node_disks, filestore_size,
+)
+
+
+def cross_field_issues(cfg: "StackConfig") -> list["ConfigIssue"]:
+    from ..stack_config import ConfigIssue
+
+    issues: list[ConfigIssue] = []
+
+    def add(key: str, problem: str) -> None:
+        issues.append(ConfigIssue(f"{PROJECT}:{key}" if ":" not in key else key, problem))
+
+    for check in STACK_CHECKS:
+        check(cfg, add)
+    return issues
+
+
+__all__ = [
+    "INFERENCE_GATEWAY_CLASSES",
+    "INFERENCE_GATEWAY_MIN_GKE",
+    "PROJECT",
+    "RESERVED_NAMESPACES",
+    "STACK_CHECKS",
+    "SYSTEM_DISK_GB",
+    "Add",
+    "check_extra_args",
+    "check_fit",
+    "check_image_tag",
+    "check_inference_gateway_class",
+    "check_inference_gateway_version",
+    "check_network",
+    "check_pool_lengths",
+    "check_serving_namespace",
+    "check_tenant_cap",
+    "check_tenant_limits",
+    "check_zones",
+    "cross_field_issues",
+]

@@ -1,0 +1,113 @@
+"""The cluster under the models: address ranges, zones, and the GKE versions and classes the
+Inference Gateway and Hyperdisk ML need."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import TYPE_CHECKING, Sequence
+
+from pydantic.alias_generators import to_camel
+
+from ..catalog import REGION_ZONES, attaches_hyperdisk_ml
+from ..hyperdisk_weights import MIN_GKE as VOLUME_POPULATOR_MIN_GKE
+from ..specs import ClusterSpec, gke_version, item_key
+from .base import Add
+
+if TYPE_CHECKING:
+    from ..stack_config import StackConfig
+
+def network(cfg: "StackConfig", add: Add) -> None:
+    check_network(add, cfg.cluster)
+
+
+def check_network(add: Add, c: ClusterSpec, prefix: str = "cluster") -> None:
+    """The cluster's ranges share no address. Also run by the package's GpuCluster."""
+    ranges = {"subnetCidr": c.subnet_cidr, "podsCidr": c.pods_cidr, "servicesCidr": c.services_cidr,
+              "masterCidr": c.master_cidr, "proxyOnlyCidr": c.proxy_only_cidr}
+    nets = {k: ipaddress.ip_network(v) for k, v in ranges.items()}
+    set_keys = {to_camel(k) for k in c.model_fields_set}
+    keys = list(nets)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            if nets[a].overlaps(nets[b]):
+                # Named by a key the stack set: a default it never wrote is named as such.
+                key, other = (b, a) if b in set_keys or a not in set_keys else (a, b)
+                default = "" if other in set_keys else " (its default)"
+                add(f"{prefix}.{key}", f"{ranges[key]} overlaps {prefix}.{other} {ranges[other]}{default}; the node, "
+                    f"pod, service, control-plane and proxy-only ranges must not share addresses: change "
+                    f"{prefix}.{key}{'' if other in set_keys else f' or set {prefix}.{other}'}")
+
+
+def zones(cfg: "StackConfig", add: Add) -> None:
+    check_zones(add, cfg.region, cfg.cluster.zones)
+
+
+def check_zones(add: Add, region: str, zones: Sequence[str], key: str = "cluster.zones",
+                region_key: str = "gcp:region") -> None:
+    """Zones that exist, in the region. Also run by the package's GpuCluster."""
+    known = REGION_ZONES.get(region)
+    for zone in zones:
+        if not zone.startswith(f"{region}-"):
+            add(key, f"zone '{zone}' is not in region {region} ({region_key}); use zones like "
+                f"{region}-a, or change {region_key}")
+        elif known is not None and zone.rsplit("-", 1)[1] not in known:
+            add(key, f"zone '{zone}' does not exist; {region} has "
+                f"{', '.join(f'{region}-{z}' for z in known)}")
+
+
+# GKE installs the InferencePool CRD (inference.networking.k8s.io/v1) itself from this version on
+# ("Deploy GKE Inference Gateway"; llm-d's GKE guide); before it the CRDs are a manual install.
+INFERENCE_GATEWAY_MIN_GKE = "1.34.0-gke.1626000"
+
+
+# The Inference Gateway serves through the regional Application Load Balancers only (same guide).
+INFERENCE_GATEWAY_CLASSES = ("gke-l7-rilb", "gke-l7-regional-external-managed")
+
+
+def inference_gateway(cfg: "StackConfig", add: Add) -> None:
+    picked = [i for i, m in enumerate(cfg.models) if m.routing == "inference-gateway"]
+    if not picked:
+        return
+    first = f"{item_key('models', cfg.models, picked[0])}.routing is inference-gateway"
+    check_inference_gateway_class(add, "gateway.className", cfg.gateway.class_name, first)
+    check_inference_gateway_version(add, "cluster.minMasterVersion", cfg.cluster.min_master_version, first)
+
+
+def check_inference_gateway_class(add: Add, key: str, class_name: str, why: str) -> None:
+    """A Gateway class that can route to an InferencePool. Also run by the package's Gateway."""
+    if class_name not in INFERENCE_GATEWAY_CLASSES:
+        add(key, f"{class_name} cannot route to an InferencePool ({why}); use "
+            f"{' or '.join(INFERENCE_GATEWAY_CLASSES)}, or routing: length")
+
+
+def check_inference_gateway_version(add: Add, key: str, version: str | None, why: str) -> None:
+    """A cluster on which GKE provides the InferencePool API. Also run by the package's InferencePool."""
+    if _below(version, INFERENCE_GATEWAY_MIN_GKE):
+        now = f"is {version}" if version else "is unset"
+        add(key, f"{now}, but {why}: GKE provides the InferencePool API from {INFERENCE_GATEWAY_MIN_GKE}; set it to "
+            f"1.34 or later (e.g. 1.34, or {INFERENCE_GATEWAY_MIN_GKE})")
+
+
+def _below(version: str | None, minimum: str) -> bool:
+    """Whether the cluster's version floor may resolve below `minimum` (unset or unparsable: yes)."""
+    floor = gke_version(minimum)
+    parsed = gke_version(version) if version else None
+    return parsed is None or floor is None or parsed < floor
+
+
+def hyperdisk_ml(cfg: "StackConfig", add: Add) -> None:
+    """GKE Volume Populator's requirements (its Hyperdisk ML guide) and the machine series that
+    attach Hyperdisk ML: a replica on any other series would never mount its weights."""
+    if cfg.weights.backend != "hyperdisk-ml":
+        return
+    version = cfg.cluster.min_master_version
+    if _below(version, VOLUME_POPULATOR_MIN_GKE):
+        now = f"is {version}" if version else "is unset"
+        add("cluster.minMasterVersion", f"{now}, but weights.backend is hyperdisk-ml: GKE Volume Populator needs "
+            f"{VOLUME_POPULATOR_MIN_GKE} or later; set it to 1.34 (or {VOLUME_POPULATOR_MIN_GKE}), or use backend "
+            "gcs or filestore")
+    for i, pool in enumerate(cfg.node_pools):
+        if not attaches_hyperdisk_ml(pool.machine_type):
+            add(f"{item_key('nodePools', cfg.node_pools, i)}.machineType", f"{pool.machine_type} cannot attach "
+                "Hyperdisk ML (A2 Standard takes Persistent Disk only) and weights.backend is hyperdisk-ml; use "
+                "a2-ultragpu, a3 or g2 machines, or backend gcs or filestore")

@@ -1,0 +1,146 @@
+"""Where models run: the pool each names exists and holds it (GPUs, memory, context), the pools
+offer the slots and disk the replicas need, and scale to zero takes the nodes too."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..capacity import gpu_slots_by_pool, placements, pool_capacity
+from ..specs import ModelSpec, NodePoolSpec, item_key
+from ..vllm_service import scratch_gi
+from .base import Add
+
+if TYPE_CHECKING:
+    from ..stack_config import StackConfig
+
+def check_placement(cfg: "StackConfig", add: Add, key: str, model: ModelSpec, pool_name: str,
+                     model_key: str = "") -> None:
+    """`key` names where the placement is chosen (a model's, or a tenant's dedicated.nodePool);
+    `model_key` the model, when that is elsewhere."""
+    pools = {p.name: p for p in cfg.node_pools}
+    pool = pools.get(pool_name)
+    if pool is None:
+        add(f"{key}.nodePool", f"node pool '{pool_name}' does not exist; use one of "
+            f"{', '.join(pools)} or add it under vllm-gke:nodePools")
+        return
+    if model_key:
+        check_fit(lambda _k, problem: add(f"{key}.nodePool", f"{model_key}: {problem}"), model_key, model, pool)
+    else:
+        check_fit(add, key, model, pool)
+
+
+def check_fit(add: Add, key: str, model: ModelSpec, pool: NodePoolSpec) -> None:
+    """The model on one GPU or slice of `pool`: tensor parallelism the pool can give, and weights
+    plus KV cache that fit (components/capacity.py). Also run by the package's VllmService."""
+    tp = model.tensor_parallel_size
+    if pool.gpu_partition_size and tp > 1:
+        add(f"{key}.tensorParallelSize", f"tensorParallelSize is {tp} but pool '{pool.name}' is MIG-partitioned "
+            f"({pool.gpu_partition_size}); MIG slices cannot be joined, so set it to 1 or use a pool "
+            "without gpuPartitionSize")
+    elif pool.machine.gpus % tp:
+        add(f"{key}.tensorParallelSize", f"tensorParallelSize is {tp} but {pool.machine_type} has "
+            f"{pool.machine.gpus} GPU(s) per node; use a divisor of that, or a larger machine type")
+    where = (f"one {pool.gpu_partition_size} MIG slice" if pool.gpu_partition_size
+             else f"one {pool.machine_type} GPU")
+    for which in model.pool_names:
+        row = pool_capacity(model, which, getattr(model, which), pool)
+        if row.fits:
+            continue
+        if row.kv_budget_gb <= 0:  # the weights alone overflow: same for both pools
+            add(key, f"model '{model.name}' on {where} of pool '{pool.name}': {row.problem}; {row.fix()}")
+            break
+        add(f"{key}.{which}" if key.startswith("models") else key,
+            f"model '{model.name}' ({which} pool) on {where} of pool '{pool.name}': {row.problem}; {row.fix()}")
+
+
+def model_placements(cfg: "StackConfig", add: Add) -> None:
+    for i, model in enumerate(cfg.models):
+        key = item_key("models", cfg.models, i)
+        check_placement(cfg, add, key, model, model.node_pool)
+        check_pool_lengths(add, key, model)
+
+
+def check_pool_lengths(add: Add, key: str, model: ModelSpec) -> None:
+    """Each pool's context within the model's, and with chunked prefill off, a batch that holds a
+    whole prompt (vLLM refuses to start otherwise). Also run by the package's VllmService."""
+    for pool_name in model.pool_names:
+        pool = getattr(model, pool_name)
+        if pool.max_model_len and pool.max_model_len > model.max_model_len:
+            add(f"{key}.{pool_name}.maxModelLen", f"{pool.max_model_len} exceeds the model's "
+                f"maxModelLen {model.max_model_len}; lower it or raise {key}.maxModelLen")
+        length = model.pool_max_model_len(pool)
+        if not model.enable_chunked_prefill and pool.max_num_batched_tokens and pool.max_num_batched_tokens < length:
+            add(f"{key}.{pool_name}.maxNumBatchedTokens",
+                f"{pool.max_num_batched_tokens} is below the pool's maxModelLen {length} with chunked prefill "
+                "off: vLLM refuses to start (a prompt must fit one batch); raise it to at least the context "
+                "length or set enableChunkedPrefill: true")
+
+
+def gpu_slots(cfg: "StackConfig", add: Add) -> None:
+    pools = {p.name: p for p in cfg.node_pools}
+    for name, needed in gpu_slots_by_pool(cfg).items():
+        pool = pools.get(name)
+        if pool is None:
+            continue  # reported as an unknown nodePool
+        offered = pool.max_nodes * pool.slices_per_node
+        if needed > offered:
+            idx = cfg.node_pools.index(pool)
+            add(f"{item_key('nodePools', cfg.node_pools, idx)}.maxNodes", f"pool '{name}' offers at most {offered} "
+                f"GPU slot(s) ({pool.max_nodes} node(s) x {pool.slices_per_node}) but its models' minReplicas need "
+                f"{needed}; raise maxNodes or lower minReplicas")
+
+
+# Of a node's boot disk, what the OS, the kubelet and the images (the multi-GB server image among
+# them) keep, before pods' emptyDirs get any: a conservative share.
+SYSTEM_DISK_GB = 60
+
+
+def node_disks(cfg: "StackConfig", add: Add) -> None:
+    """Every replica requests the node disk its emptyDirs may fill (scratch, and on the bucket
+    backend the file cache): the replicas a node can hold must fit its boot disk, or the
+    scheduler leaves GPU slices idle (and without requests the kubelet would evict them)."""
+    pools = {p.name: p for p in cfg.node_pools}
+    bucket_cache = cfg.weights.backend == "gcs"
+    worst: dict[str, tuple[int, int, str]] = {}  # node pool -> (GiB a full node asks, replicas, model)
+    for model, pool_name, _tenant in placements(cfg):
+        pool = pools.get(pool_name)
+        if pool is None:
+            continue
+        per_node = pool.slices_per_node // model.tensor_parallel_size
+        need = per_node * scratch_gi(model, bucket_cache)
+        if per_node and need > worst.get(pool_name, (0, 0, ""))[0]:
+            worst[pool_name] = (need, per_node, model.name)
+    for pool_name, (need, per_node, model_name) in worst.items():
+        pool = pools[pool_name]
+        usable = pool.disk_size_gb - SYSTEM_DISK_GB
+        if need > usable:
+            add(f"{item_key('nodePools', cfg.node_pools, cfg.node_pools.index(pool))}.diskSizeGb",
+                f"{pool.disk_size_gb} GB holds {usable} GB for pods, but {per_node} replicas of {model_name} on a "
+                f"node ask {need} GiB (compile caches{' and the bucket file cache' if bucket_cache else ''}); raise "
+                f"diskSizeGb to {need + SYSTEM_DISK_GB} or more")
+
+
+def scale_to_zero(cfg: "StackConfig", add: Add) -> None:
+    """A node pool whose every serving pool may scale to zero must itself go to zero nodes, or
+    the GPU node stays (and is billed) with nothing on it."""
+    floors: dict[str, list[int]] = {}
+    for model, pool_name, _tenant in placements(cfg):
+        floors.setdefault(pool_name, []).extend(getattr(model, w).min_replicas for w in model.pool_names)
+    for i, pool in enumerate(cfg.node_pools):
+        mins = floors.get(pool.name, [])
+        if mins and not any(mins) and pool.min_nodes > 0:
+            add(f"{item_key('nodePools', cfg.node_pools, i)}.minNodes", f"is {pool.min_nodes}, but every serving "
+                f"pool on '{pool.name}' may scale to zero (minReplicas 0): set it to 0 so the GPU node goes too")
+
+
+def filestore_size(cfg: "StackConfig", add: Add) -> None:
+    from ..weights_layout import BASIC_TIERS, TIER_MIN_GB, needed_gb
+
+    weights = cfg.weights
+    if weights.backend != "filestore" or weights.tier not in BASIC_TIERS:
+        return
+    size = max(TIER_MIN_GB[weights.tier], weights.capacity_gb or 0)
+    if (needed := needed_gb(cfg.models)) > size:
+        add("weights.capacityGb", f"the models' weights need a {needed} GiB share (their files plus 30%), but the "
+            f"{weights.tier} share is {size} GiB; set weights.capacityGb to {needed} or more. A Basic share only "
+            "grows, so its size is this key's, never derived from the models: lowering it later is refused")
