@@ -26,7 +26,7 @@ from .options import child_opts
 from .project_apis import ProjectApis
 from .serving_api import FAIRNESS_HEADER, ISSUER_HEADER, OBJECTIVE_HEADER, REFUSED_AT_THE_PICKER
 from .specs import GatewaySpec
-from .vllm_service import drain_seconds
+from .vllm_server import drain_seconds
 
 GATEWAY_NAME = "vllm"
 LENGTH_HINT_HEADER = "x-vllm-gke-length"

@@ -24,6 +24,7 @@ from .inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCr
 from .inference_pool import InferencePool, InferencePoolArgs
 from .k8s_meta import MODEL_LABEL, POOL_LABEL, TENANT_LABEL
 from .keda import Keda, KedaArgs
+from .keda_scaling import KedaScaling
 from .limit_store import PORT as LIMITS_PORT
 from .limit_store import LimitStore, LimitStoreArgs
 from .mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
@@ -43,7 +44,7 @@ from .stack_config import ConfigError, StackConfig
 from .standby import STANDBY_SA, Standby, StandbyArgs
 from .tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
 from .tenant_urls import path_prefix
-from .vllm_service import SERVER_LABELS, KedaScaling, VllmService, VllmServiceArgs, service_name_of
+from .vllm_service import SERVER_LABELS, VllmService, VllmServiceArgs, service_name_of
 from .vllm_versions import release
 from .weights_layout import SERVER_SA, reads_hub_token_from_secret_manager
 

@@ -1,8 +1,9 @@
 """VllmService: one serving pool (short or long requests) of one model.
 
-Declares the Deployment running vLLM's OpenAI server from the pinned image, its Service,
-a PodDisruptionBudget, a KEDA ScaledObject on queue depth (vllm:num_requests_waiting, read from
-Managed Prometheus) and a PodMonitoring for scraping.
+Declares the Deployment running vLLM's OpenAI server from the pinned image (its command line,
+environment and resources: components/vllm_server.py), its Service, a PodDisruptionBudget, a KEDA
+ScaledObject on queue depth (vllm:num_requests_waiting, read from Managed Prometheus;
+components/keda_scaling.py) and a PodMonitoring for scraping.
 
 Every pool is scaled by KEDA, whatever its floor: one autoscaling path, one external metrics
 server (KEDA's), and a floor raised from 0 is a ScaledObject update that KEDA's operator acts on
@@ -12,7 +13,6 @@ at once (it scales a target below minReplicaCount up to it; an HPA never scales 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Optional
 
@@ -31,55 +31,36 @@ from .k8s_meta import (
     custom_resource,
     meta,
 )
+from .keda_scaling import KedaScaling, scaled_object
 from .options import child_opts
 from .specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
-from .vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
-from .weights_layout import MOUNT_PATH, SERVER_SA, SERVER_UID, adapter_copies, model_dir, ready_marker, served_files_gb
-
-PORT = 8000
-WARM_MARKER = "/tmp/vllm-gke-warm"
-# How long a stopping replica keeps serving before vLLM gets SIGTERM: the load balancer takes the
-# endpoint out of its NEG meanwhile, so no new request arrives once vLLM starts to drain.
-PRE_STOP_S = 20
-# The platform's own variables: not VLLM_*, which vLLM validates as its own and warns (or, with
-# --fail-on-environ-validation, fails) on.
-GUARD_CONFIG_ENV = "GKE_LLM_GUARD_CONFIG"
-WARM_MARKER_ENV = "GKE_LLM_WARM_MARKER"
-GUARD_MIDDLEWARE = "vllm_gke_guard.GuardMiddleware"
-WAITING_FOR_WEIGHTS = (
-    'until [ -f "{marker}" ]; do echo "waiting for weights at {marker}"; sleep 15; done'
+from .vllm_server import (
+    GUARD_CONFIG_ENV,
+    HOME,
+    HOME_GI,
+    NON_ROOT,
+    PORT,
+    PRE_STOP_S,
+    RUNTIME_ENV,
+    TMP_GI,
+    WARM_MARKER,
+    WARM_MARKER_ENV,
+    WEIGHTS_MARKERS_ENV,
+    container_resources,
+    drain_seconds,
+    scratch_gi,
+    sidecar_config,
+    vllm_args,
+    wait_for_weights,
+    weights_markers,
 )
-
-
-# Bucket-backed weights: the markers the entrypoint (images/serve.py) waits for before vLLM starts.
-WEIGHTS_MARKERS_ENV = "GKE_LLM_WEIGHTS_MARKERS"
-
-
-def weights_markers(model: ModelSpec) -> list[str]:
-    return [ready_marker(model), *(c.marker for c in adapter_copies(model))]
-
-
-def wait_for_weights(model: ModelSpec) -> str:
-    """The init container's script: every marker (model, then adapters) present. The paths are made
-    of validated names and git revisions only ([A-Za-z0-9._/-]), so quoting them is enough."""
-    return "; ".join(WAITING_FOR_WEIGHTS.format(marker=m) for m in weights_markers(model))
+from .vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
+from .weights_layout import MOUNT_PATH, SERVER_SA, served_files_gb
 
 PoolName = Literal["short", "long"]
 # Carried by vLLM pods only: a pool's standby shares its model and pool labels (so the Service
 # selects it) but not this one.
 SERVER_LABELS = {"app.kubernetes.io/name": "vllm"}
-# GPU replicas are slow to start and costly to churn: scale up fast, down slowly.
-SCALE_BEHAVIOR = {
-    "scaleUp": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]},
-    "scaleDown": {"stabilizationWindowSeconds": 600, "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}]},
-}
-# The server runs as this unprivileged user; HOME and the caches live on emptyDirs because the
-# root filesystem is read-only. USER is set too: torch's compile cache calls getpass.getuser(),
-# which fails for a UID with no passwd entry.
-HOME = "/home/vllm"
-NON_ROOT = {"runAsNonRoot": True, "runAsUser": SERVER_UID, "runAsGroup": SERVER_UID}
-RUNTIME_ENV = ({"name": "HOME", "value": HOME}, {"name": "USER", "value": "vllm"},
-               {"name": "XDG_CACHE_HOME", "value": f"{HOME}/.cache"})
 
 
 def service_name_of(model: str, pool_name: str, canary: bool = False) -> str:
@@ -93,138 +74,6 @@ def disruption_budget(pool: ServingPoolSpec) -> dict[str, Any]:
     timeout, so upgrades happen in the maintenance window; with more, one at a time. A pool that
     may scale to zero accepts going to zero."""
     return {"minAvailable": 1} if pool.min_replicas == 1 else {"maxUnavailable": 1}
-
-
-@dataclass(frozen=True)
-class KedaScaling:
-    """Where KEDA reads the pool's load: Managed Prometheus of `project`, as the
-    ClusterTriggerAuthentication `auth` allows (Keda.auth_name)."""
-
-    project: str
-    auth: pulumi.Input[str]
-    # For a pool that may go to zero: its standby's name prefix, whose request count wakes it.
-    standby: str = ""
-
-
-def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: KedaScaling, query_url: str) -> dict[str, Any]:
-    """KEDA's ScaledObject for a pool, KEDA taking the largest trigger: requests waiting per
-    replica over queueDepthTarget (scales out, as an HPA on queue depth would) and requests
-    running (keeps a replica while it works, so an empty queue alone never takes the last one). A
-    pool that may go to zero has a third: requests its standby answered (wakes it: at zero there
-    is no vLLM metric)."""
-    selector = f'namespace="{namespace}",pod=~"{name}-[a-z0-9]+-[a-z0-9]+"'
-    auth = {"name": target.auth, "kind": "ClusterTriggerAuthentication"}
-
-    def prometheus(query: str, threshold: int) -> dict[str, Any]:
-        return {"type": "prometheus", "authenticationRef": auth, "metadata": {
-            "serverAddress": query_url, "query": query, "threshold": str(threshold), "activationThreshold": "0"}}
-
-    queue = prometheus(f"sum(vllm:num_requests_waiting{{{selector}}})", pool.queue_depth_target)
-    # Keep: while anything runs, one replica (the threshold never asks for more). On every pool,
-    # so KEDA's record of when the pool was last active is current the day it is switched to zero.
-    keep = prometheus(f"clamp_max(sum(vllm:num_requests_running{{{selector}}}), 1)", 1)
-    spec: dict[str, Any] = {
-        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
-        "minReplicaCount": pool.min_replicas, "maxReplicaCount": pool.max_replicas,
-        "pollingInterval": 15,
-        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": SCALE_BEHAVIOR}},
-        "triggers": [queue, keep],
-    }
-    if pool.min_replicas == 0:
-        if not target.standby:
-            raise ValueError(f"{name}: a pool that may scale to zero needs its standby's name to wake it")
-        standby = f'namespace="{namespace}",pod=~"{target.standby}-[a-z0-9]+-[a-z0-9]+"'
-        spec["cooldownPeriod"] = pool.cooldown_seconds
-        # A pool switched to minReplicas 0 that was never active would go at KEDA's first poll.
-        spec["initialCooldownPeriod"] = pool.cooldown_seconds
-        spec["triggers"] = [
-            # Wake: any request the standby answered in the last two minutes asks for one replica.
-            prometheus(f"clamp_max(sum(increase(vllm_gke_standby_requests_total{{{standby}}}[2m])), 1)", 1),
-            queue, keep,
-        ]
-    return spec
-
-
-def drain_seconds(request_timeout_seconds: int) -> int:
-    """How long a stopping replica may still be answering a request it accepted: the preStop
-    window plus the longest request the load balancer lets run (its backend timeout)."""
-    return PRE_STOP_S + request_timeout_seconds
-
-
-def sidecar_config() -> dict[str, str]:
-    """Pod annotations that keep the Istio sidecar up while vLLM finishes what it accepted. As a
-    native sidecar (an init container that Kubernetes stops only after vLLM has exited; its
-    injected preStop starts the drain and its listeners keep accepting) it outlives vLLM by
-    construction. As a classic one, pilot-agent's default would exit 5 s after SIGTERM; with
-    EXIT_ON_ZERO_ACTIVE_CONNECTIONS it exits once no connection is open, bounded by the grace
-    period (istio 1.24.6/1.30.3 pkg/envoy/agent.go:152-230)."""
-    proxy = {"holdApplicationUntilProxyStarts": True, "proxyMetadata": {"EXIT_ON_ZERO_ACTIVE_CONNECTIONS": "true"}}
-    return {"proxy.istio.io/config": json.dumps(proxy, sort_keys=True), "sidecar.istio.io/nativeSidecar": "true"}
-
-
-def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: Optional[VllmRelease] = None,
-              request_timeout_seconds: int = 600) -> list[str]:
-    """Flags for `vllm serve` of release `rel` (default the newest supported), following GKE's vLLM
-    serving guides."""
-    rel = rel or release(DEFAULT_VLLM_VERSION)
-    args = [
-        model_dir(model),
-        "--served-model-name", model.name,
-        "--host", "0.0.0.0", "--port", str(PORT),
-        "--tensor-parallel-size", str(model.tensor_parallel_size),
-        "--max-model-len", str(model.pool_max_model_len(pool)),
-        "--max-num-seqs", str(pool.max_num_seqs),
-        "--gpu-memory-utilization", f"{model.gpu_memory_utilization:g}",
-        "--enable-prefix-caching" if model.enable_prefix_caching else rel.disable_prefix_caching,
-        # Explicit either way: releases differ in their defaults and in the off switch's name.
-        "--enable-chunked-prefill" if model.enable_chunked_prefill else rel.disable_chunked_prefill,
-    ]
-    if pool.max_num_batched_tokens:
-        args += ["--max-num-batched-tokens", str(pool.max_num_batched_tokens)]
-    if model.dtype in ("bfloat16", "float16"):
-        args += ["--dtype", model.dtype]
-    else:
-        args += ["--quantization", "compressed-tensors" if model.dtype == "int8" else model.dtype]
-    if model.kv_cache_dtype != "auto":
-        args += ["--kv-cache-dtype", model.kv_cache_dtype]
-    if model.adapters:
-        # Loaded at start from the share (never from the hub); clients pick one with `model`.
-        args += ["--enable-lora", "--max-loras", str(model.lora_slots), "--max-lora-rank", str(model.max_lora_rank),
-                 "--max-cpu-loras", str(max(model.lora_slots, len(model.adapters))),
-                 "--lora-modules", *(f"{a.name}={c.directory}" for a, c in zip(model.adapters, adapter_copies(model)))]
-    if rel.shutdown_timeout_flag:
-        # On SIGTERM the engine keeps generating what it accepted for up to this long, streams
-        # included, instead of aborting it (0.34's default of 0).
-        args += [rel.shutdown_timeout_flag, str(request_timeout_seconds)]
-    args += ["--middleware", GUARD_MIDDLEWARE]
-    return args + list(model.extra_args)
-
-
-# The node-disk emptyDirs a server writes - compile caches and scratch (/tmp) and its home - at
-# most (their sizeLimits), and what they typically hold (the request).
-TMP_GI, HOME_GI = 8, 16
-SCRATCH_REQUEST_GI = 4
-
-
-def scratch_gi(model: ModelSpec, bucket_cache: bool) -> int:
-    """Node disk to request for one replica: its compile caches, plus, on the bucket backend,
-    Cloud Storage FUSE's file cache (an emptyDir sized to the model and its adapters, which the
-    sidecar fills with the whole model on the first read)."""
-    return SCRATCH_REQUEST_GI + (gcs_weights.cache_gi(served_files_gb(model)) if bucket_cache else 0)
-
-
-def container_resources(node_pool: NodePoolSpec, gpus: int, scratch: int = 0) -> dict[str, dict[str, str]]:
-    """A pod's share of the node's CPU and RAM, in proportion to the GPU units it takes, and the
-    node disk its emptyDirs may fill (`scratch` GiB): requested, so the scheduler never packs more
-    replicas on a node than its boot disk holds (the kubelet would evict them under DiskPressure)."""
-    machine = node_pool.machine
-    units = node_pool.slices_per_node
-    cpu = max(1, math.floor((machine.vcpus - 2) / units)) * gpus
-    memory = max(8, math.floor((machine.memory_gb * 0.85 - 4) / units)) * gpus
-    # requests == limits: Guaranteed QoS, so the kubelet never evicts a loaded model first.
-    res = {"cpu": str(cpu), "memory": f"{memory}Gi", "nvidia.com/gpu": str(gpus)}
-    requests = {**res, **({"ephemeral-storage": f"{scratch}Gi"} if scratch else {})}
-    return {"requests": requests, "limits": dict(res)}
 
 
 @dataclass

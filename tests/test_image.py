@@ -12,7 +12,7 @@ import sys
 import time
 
 from tests.conftest import STACKS, vllm_deployments
-from vllm_gke.components.vllm_service import GUARD_MIDDLEWARE, WARM_MARKER
+from vllm_gke.components.vllm_server import GUARD_MIDDLEWARE, WARM_MARKER
 from vllm_gke.infra.plan import REPO_ROOT
 
 IMAGES = REPO_ROOT / "images"

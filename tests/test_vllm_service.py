@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import STACKS, manifests_of, vllm_deployments
 from vllm_gke.components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
-from vllm_gke.components.vllm_service import container_resources, vllm_args
+from vllm_gke.components.vllm_server import container_resources, vllm_args
 from vllm_gke.components.vllm_versions import release
 
 

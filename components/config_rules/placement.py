@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..capacity import gpu_slots_by_pool, placements, pool_capacity
 from ..specs import ModelSpec, NodePoolSpec, item_key
-from ..vllm_service import scratch_gi
+from ..vllm_server import scratch_gi
 from .base import Add
 
 if TYPE_CHECKING:

@@ -17,6 +17,7 @@ from ..config_rules import (
 )
 from ..k8s_meta import MODEL_LABEL, POOL_LABEL, TENANT_LABEL
 from ..keda import GMP_AUTH
+from ..keda_scaling import KedaScaling
 from ..limit_store import PORT as LIMITS_PORT
 from ..limit_store import host as limit_store_host
 from ..options import child_opts
@@ -27,7 +28,7 @@ from ..specs import NodePoolSpec as NodePoolModel
 from ..specs import TenantSpec as TenantModel
 from ..specs import item_key
 from ..standby import STANDBY_SA, Standby, StandbyArgs
-from ..vllm_service import SERVER_LABELS, KedaScaling, VllmServiceArgs, service_name_of
+from ..vllm_service import SERVER_LABELS, VllmServiceArgs, service_name_of
 from ..vllm_service import VllmService as _VllmService
 from ..vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
 from ..weights_layout import SERVER_SA

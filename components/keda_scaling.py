@@ -1,0 +1,67 @@
+"""How KEDA scales a serving pool: the ScaledObject's triggers (queue depth, work in flight, and the
+standby's wake-up for a pool at zero) and the pace of scaling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+
+from .specs import ServingPoolSpec
+
+# GPU replicas are slow to start and costly to churn: scale up fast, down slowly.
+SCALE_BEHAVIOR = {
+    "scaleUp": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]},
+    "scaleDown": {"stabilizationWindowSeconds": 600, "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}]},
+}
+
+
+@dataclass(frozen=True)
+class KedaScaling:
+    """Where KEDA reads the pool's load: Managed Prometheus of `project`, as the
+    ClusterTriggerAuthentication `auth` allows (Keda.auth_name)."""
+
+    project: str
+    auth: pulumi.Input[str]
+    # For a pool that may go to zero: its standby's name prefix, whose request count wakes it.
+    standby: str = ""
+
+
+def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: KedaScaling, query_url: str) -> dict[str, Any]:
+    """KEDA's ScaledObject for a pool, KEDA taking the largest trigger: requests waiting per
+    replica over queueDepthTarget (scales out, as an HPA on queue depth would) and requests
+    running (keeps a replica while it works, so an empty queue alone never takes the last one). A
+    pool that may go to zero has a third: requests its standby answered (wakes it: at zero there
+    is no vLLM metric)."""
+    selector = f'namespace="{namespace}",pod=~"{name}-[a-z0-9]+-[a-z0-9]+"'
+    auth = {"name": target.auth, "kind": "ClusterTriggerAuthentication"}
+
+    def prometheus(query: str, threshold: int) -> dict[str, Any]:
+        return {"type": "prometheus", "authenticationRef": auth, "metadata": {
+            "serverAddress": query_url, "query": query, "threshold": str(threshold), "activationThreshold": "0"}}
+
+    queue = prometheus(f"sum(vllm:num_requests_waiting{{{selector}}})", pool.queue_depth_target)
+    # Keep: while anything runs, one replica (the threshold never asks for more). On every pool,
+    # so KEDA's record of when the pool was last active is current the day it is switched to zero.
+    keep = prometheus(f"clamp_max(sum(vllm:num_requests_running{{{selector}}}), 1)", 1)
+    spec: dict[str, Any] = {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+        "minReplicaCount": pool.min_replicas, "maxReplicaCount": pool.max_replicas,
+        "pollingInterval": 15,
+        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": SCALE_BEHAVIOR}},
+        "triggers": [queue, keep],
+    }
+    if pool.min_replicas == 0:
+        if not target.standby:
+            raise ValueError(f"{name}: a pool that may scale to zero needs its standby's name to wake it")
+        standby = f'namespace="{namespace}",pod=~"{target.standby}-[a-z0-9]+-[a-z0-9]+"'
+        spec["cooldownPeriod"] = pool.cooldown_seconds
+        # A pool switched to minReplicas 0 that was never active would go at KEDA's first poll.
+        spec["initialCooldownPeriod"] = pool.cooldown_seconds
+        spec["triggers"] = [
+            # Wake: any request the standby answered in the last two minutes asks for one replica.
+            prometheus(f"clamp_max(sum(increase(vllm_gke_standby_requests_total{{{standby}}}[2m])), 1)", 1),
+            queue, keep,
+        ]
+    return spec

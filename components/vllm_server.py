@@ -1,0 +1,133 @@
+"""The vLLM server in its pod: the `vllm serve` command line, its port, environment, markers and
+node resources, and how long it drains - what VllmService's Deployment runs, apart from the
+Kubernetes objects around it."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Optional
+
+from . import gcs_weights
+from .specs import ModelSpec, NodePoolSpec, ServingPoolSpec
+from .vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
+from .weights_layout import SERVER_UID, adapter_copies, model_dir, ready_marker, served_files_gb
+
+PORT = 8000
+WARM_MARKER = "/tmp/vllm-gke-warm"
+# How long a stopping replica keeps serving before vLLM gets SIGTERM: the load balancer takes the
+# endpoint out of its NEG meanwhile, so no new request arrives once vLLM starts to drain.
+PRE_STOP_S = 20
+# The platform's own variables: not VLLM_*, which vLLM validates as its own and warns (or, with
+# --fail-on-environ-validation, fails) on.
+GUARD_CONFIG_ENV = "GKE_LLM_GUARD_CONFIG"
+WARM_MARKER_ENV = "GKE_LLM_WARM_MARKER"
+GUARD_MIDDLEWARE = "vllm_gke_guard.GuardMiddleware"
+WAITING_FOR_WEIGHTS = (
+    'until [ -f "{marker}" ]; do echo "waiting for weights at {marker}"; sleep 15; done'
+)
+
+
+# Bucket-backed weights: the markers the entrypoint (images/serve.py) waits for before vLLM starts.
+WEIGHTS_MARKERS_ENV = "GKE_LLM_WEIGHTS_MARKERS"
+
+
+def weights_markers(model: ModelSpec) -> list[str]:
+    return [ready_marker(model), *(c.marker for c in adapter_copies(model))]
+
+
+def wait_for_weights(model: ModelSpec) -> str:
+    """The init container's script: every marker (model, then adapters) present. The paths are made
+    of validated names and git revisions only ([A-Za-z0-9._/-]), so quoting them is enough."""
+    return "; ".join(WAITING_FOR_WEIGHTS.format(marker=m) for m in weights_markers(model))
+
+
+# The server runs as this unprivileged user; HOME and the caches live on emptyDirs because the
+# root filesystem is read-only. USER is set too: torch's compile cache calls getpass.getuser(),
+# which fails for a UID with no passwd entry.
+HOME = "/home/vllm"
+NON_ROOT = {"runAsNonRoot": True, "runAsUser": SERVER_UID, "runAsGroup": SERVER_UID}
+RUNTIME_ENV = ({"name": "HOME", "value": HOME}, {"name": "USER", "value": "vllm"},
+               {"name": "XDG_CACHE_HOME", "value": f"{HOME}/.cache"})
+
+
+def drain_seconds(request_timeout_seconds: int) -> int:
+    """How long a stopping replica may still be answering a request it accepted: the preStop
+    window plus the longest request the load balancer lets run (its backend timeout)."""
+    return PRE_STOP_S + request_timeout_seconds
+
+
+def sidecar_config() -> dict[str, str]:
+    """Pod annotations that keep the Istio sidecar up while vLLM finishes what it accepted. As a
+    native sidecar (an init container that Kubernetes stops only after vLLM has exited; its
+    injected preStop starts the drain and its listeners keep accepting) it outlives vLLM by
+    construction. As a classic one, pilot-agent's default would exit 5 s after SIGTERM; with
+    EXIT_ON_ZERO_ACTIVE_CONNECTIONS it exits once no connection is open, bounded by the grace
+    period (istio 1.24.6/1.30.3 pkg/envoy/agent.go:152-230)."""
+    proxy = {"holdApplicationUntilProxyStarts": True, "proxyMetadata": {"EXIT_ON_ZERO_ACTIVE_CONNECTIONS": "true"}}
+    return {"proxy.istio.io/config": json.dumps(proxy, sort_keys=True), "sidecar.istio.io/nativeSidecar": "true"}
+
+
+def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: Optional[VllmRelease] = None,
+              request_timeout_seconds: int = 600) -> list[str]:
+    """Flags for `vllm serve` of release `rel` (default the newest supported), following GKE's vLLM
+    serving guides."""
+    rel = rel or release(DEFAULT_VLLM_VERSION)
+    args = [
+        model_dir(model),
+        "--served-model-name", model.name,
+        "--host", "0.0.0.0", "--port", str(PORT),
+        "--tensor-parallel-size", str(model.tensor_parallel_size),
+        "--max-model-len", str(model.pool_max_model_len(pool)),
+        "--max-num-seqs", str(pool.max_num_seqs),
+        "--gpu-memory-utilization", f"{model.gpu_memory_utilization:g}",
+        "--enable-prefix-caching" if model.enable_prefix_caching else rel.disable_prefix_caching,
+        # Explicit either way: releases differ in their defaults and in the off switch's name.
+        "--enable-chunked-prefill" if model.enable_chunked_prefill else rel.disable_chunked_prefill,
+    ]
+    if pool.max_num_batched_tokens:
+        args += ["--max-num-batched-tokens", str(pool.max_num_batched_tokens)]
+    if model.dtype in ("bfloat16", "float16"):
+        args += ["--dtype", model.dtype]
+    else:
+        args += ["--quantization", "compressed-tensors" if model.dtype == "int8" else model.dtype]
+    if model.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", model.kv_cache_dtype]
+    if model.adapters:
+        # Loaded at start from the share (never from the hub); clients pick one with `model`.
+        args += ["--enable-lora", "--max-loras", str(model.lora_slots), "--max-lora-rank", str(model.max_lora_rank),
+                 "--max-cpu-loras", str(max(model.lora_slots, len(model.adapters))),
+                 "--lora-modules", *(f"{a.name}={c.directory}" for a, c in zip(model.adapters, adapter_copies(model)))]
+    if rel.shutdown_timeout_flag:
+        # On SIGTERM the engine keeps generating what it accepted for up to this long, streams
+        # included, instead of aborting it (0.34's default of 0).
+        args += [rel.shutdown_timeout_flag, str(request_timeout_seconds)]
+    args += ["--middleware", GUARD_MIDDLEWARE]
+    return args + list(model.extra_args)
+
+
+# The node-disk emptyDirs a server writes - compile caches and scratch (/tmp) and its home - at
+# most (their sizeLimits), and what they typically hold (the request).
+TMP_GI, HOME_GI = 8, 16
+SCRATCH_REQUEST_GI = 4
+
+
+def scratch_gi(model: ModelSpec, bucket_cache: bool) -> int:
+    """Node disk to request for one replica: its compile caches, plus, on the bucket backend,
+    Cloud Storage FUSE's file cache (an emptyDir sized to the model and its adapters, which the
+    sidecar fills with the whole model on the first read)."""
+    return SCRATCH_REQUEST_GI + (gcs_weights.cache_gi(served_files_gb(model)) if bucket_cache else 0)
+
+
+def container_resources(node_pool: NodePoolSpec, gpus: int, scratch: int = 0) -> dict[str, dict[str, str]]:
+    """A pod's share of the node's CPU and RAM, in proportion to the GPU units it takes, and the
+    node disk its emptyDirs may fill (`scratch` GiB): requested, so the scheduler never packs more
+    replicas on a node than its boot disk holds (the kubelet would evict them under DiskPressure)."""
+    machine = node_pool.machine
+    units = node_pool.slices_per_node
+    cpu = max(1, math.floor((machine.vcpus - 2) / units)) * gpus
+    memory = max(8, math.floor((machine.memory_gb * 0.85 - 4) / units)) * gpus
+    # requests == limits: Guaranteed QoS, so the kubelet never evicts a loaded model first.
+    res = {"cpu": str(cpu), "memory": f"{memory}Gi", "nvidia.com/gpu": str(gpus)}
+    requests = {**res, **({"ephemeral-storage": f"{scratch}Gi"} if scratch else {})}
+    return {"requests": requests, "limits": dict(res)}
