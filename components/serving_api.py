@@ -158,6 +158,8 @@ def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
         extra["globalLimits"] = {"host": shared_store[0], "port": shared_store[1]}
     if max_body_bytes is not None:
         extra["maxBodyBytes"] = max_body_bytes
+    if served is not None:  # names the tenants' request and token counters (the guard's usage.py)
+        extra["model"] = served.name
     salted = sorted(p for p in cache_salt_paths if any(r.path == p for r in routes))
     if salted:
         extra["cacheSaltRoutes"] = salted

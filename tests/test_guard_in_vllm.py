@@ -69,7 +69,7 @@ def pod(plans, tmp_path_factory):
     try:
         yield {"base": f"http://127.0.0.1:{port}", "model": served, "issuer": issuer, "cap": tenant["maxTokens"],
                "marker": marker, "proc": proc, "log": tmp / "server.log", "engine": tmp / "engine.jsonl",
-               "salt": tenant.get("cacheSalt")}
+               "salt": tenant.get("cacheSalt"), "tenant": tenant["tenant"]}
     finally:
         stop(proc)
         log.close()
@@ -161,3 +161,53 @@ def test_the_guards_counters_are_on_vllms_metrics(pod):
     with urllib.request.urlopen(pod["base"] + "/metrics", timeout=30) as resp:
         text = resp.read().decode()
     assert "vllm_gke_guard_untrusted_peer_requests_total" in text
+
+
+def tenant_counters(pod: dict[str, Any]) -> dict[str, float]:
+    """The guard's per-tenant counters on the replica's /metrics, by their full series name."""
+    with urllib.request.urlopen(pod["base"] + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    return {name: float(value) for line in text.splitlines() if line.startswith("vllm_gke_tenant_")
+            for name, value in [line.rsplit(" ", 1)]}
+
+
+def stream(pod: dict[str, Any], path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A streamed request's events, as the client gets them."""
+    req = urllib.request.Request(pod["base"] + path, data=json.dumps({**body, "stream": True}).encode(), method="POST",
+                                 headers={"content-type": "application/json", "x-vllm-gke-issuer": pod["issuer"]})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        assert resp.status == 200
+        lines = resp.read().decode().splitlines()
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+
+
+def test_each_tenant_requests_tokens_are_counted_as_vllm_reports_them(pod):
+    """Chargeback: prompt and generated tokens per tenant and model, vLLM's own count for each
+    request - a streamed one too, though its client asked for no usage and got none - and each
+    request's outcome."""
+    tenant = pod["tenant"]
+    series = f'{{model="{pod["model"]}",tenant="{tenant}"}}'
+    prompt, generated = (f"vllm_gke_tenant_{k}_tokens_total{series}" for k in ("prompt", "generation"))
+    ok = f'vllm_gke_tenant_requests_total{{model="{pod["model"]}",outcome="ok",tenant="{tenant}"}}'
+    refused = ok.replace('outcome="ok"', 'outcome="refused"')
+    before = tenant_counters(pod)
+    assert before[ok] >= 0 and before[refused] >= 0  # every series exists from the start
+
+    request = chat(pod, max_completion_tokens=16)
+    status, body = call(pod, "/v1/chat/completions", request)
+    assert status == 200
+    answered = body["usage"]
+    # The same request streamed, with no usage asked for: the client gets none (the wire is unchanged).
+    events = stream(pod, "/v1/chat/completions", request)
+    assert events and all(e.get("usage") is None for e in events)
+    # A completion streamed with usage asked for: what the client is told is what is counted.
+    events = stream(pod, "/v1/completions", {"model": pod["model"], "prompt": "Hello there", "max_tokens": 8,
+                                             "stream_options": {"include_usage": True}})
+    (told,) = [e["usage"] for e in events if e.get("usage")]
+    status, _ = call(pod, "/v1/chat/completions", chat(pod, model="no-such-model", max_completion_tokens=8))
+    assert status == 404  # vLLM's own refusal: the tenant's fault, not the service's
+
+    after = tenant_counters(pod)
+    assert after[prompt] - before[prompt] == 2 * answered["prompt_tokens"] + told["prompt_tokens"]
+    assert after[generated] - before[generated] == 2 * answered["completion_tokens"] + told["completion_tokens"]
+    assert after[ok] - before[ok] == 3 and after[refused] - before[refused] == 1

@@ -13,7 +13,9 @@ It is all that stands between a tenant and the GPUs, so it denies by default:
     larger one refused;
   - per tenant, its own prefix-cache salt on every route the release salts (`cache_salt`,
     overwriting a client's): tenants on one replica share no cached prefix, so none can time
-    another's prompts (vLLM documents cache_salt for exactly this).
+    another's prompts (vLLM documents cache_salt for exactly this);
+  - per tenant and model, each admitted request's outcome and the prompt and generated tokens
+    vLLM counted for it, on vLLM's /metrics (usage.py), for chargeback and the SLOs.
 Errors are OpenAI-style JSON 4xx; nothing raised inside the guard escapes as a 500. A client that
 disconnects mid-body gets nothing forwarded.
 
@@ -40,6 +42,7 @@ vllm_gke.images.vllm_gke_guard):
   store.py       the shared limit store's client (globalLimits)
   config.py      GKE_LLM_GUARD_CONFIG, and each issuer's tenant
   errors.py      the OpenAI-style errors
+  usage.py       each tenant request's outcome and tokens (vLLM's own count), for chargeback and SLOs
   metrics.py     the counters on vLLM's /metrics, the log
   asgi.py        the ASGI types, the body handed on to vLLM
   middleware.py  GuardMiddleware: the order the checks run in, and the common request's short path

@@ -30,8 +30,9 @@ class Replay:
         return {"type": "http.request", "body": body, "more_body": False}
 
 
-def forward(scope: Scope, receive: Receive, body: bytes) -> tuple[Scope, Receive, Optional[frozenset[str]]]:
-    """Forward a rewritten body, with its Content-Length fixed."""
+def forward(scope: Scope, receive: Receive, body: bytes) -> tuple[Scope, Receive]:
+    """Forward a rewritten body, with its Content-Length fixed (the scope copied, sharing its
+    `state` dict: what the app leaves there, the guard sees)."""
     headers = [(k, v) for k, v in scope.get("headers") or () if k != b"content-length"]
     headers.append((b"content-length", str(len(body)).encode()))
-    return dict(scope, headers=headers), Replay(body, receive), None
+    return dict(scope, headers=headers), Replay(body, receive)

@@ -8,6 +8,7 @@ import os
 from typing import Any, Callable, Optional
 
 from .limits import SlidingTokenWindow, SlidingWindowLimiter
+from .metrics import TenantMeters
 
 CONFIG_ENV = "GKE_LLM_GUARD_CONFIG"
 WARMUP_TOKEN_ENV = "GKE_LLM_WARMUP_TOKEN"
@@ -29,9 +30,9 @@ def warmup_token() -> bytes:
 class Tenant:
     """One issuer's tenant, read from config once (not looked up in a dict on every request)."""
 
-    __slots__ = ("name", "cap", "rpm", "tpm", "objective", "models", "limiter", "tokens", "salt")
+    __slots__ = ("name", "cap", "rpm", "tpm", "objective", "models", "limiter", "tokens", "salt", "meters")
 
-    def __init__(self, entry: dict[str, Any], clock: Callable[[], float]):
+    def __init__(self, entry: dict[str, Any], clock: Callable[[], float], model: str = ""):
         self.name = str(entry["tenant"])
         self.cap = int(entry["maxTokens"])
         self.rpm = int(entry["requestsPerMinute"])
@@ -45,3 +46,5 @@ class Tenant:
         # The member appended to salted requests, encoded once: `"cache_salt":"<salt>"`.
         salt = entry.get("cacheSalt")
         self.salt: Optional[bytes] = b'"cache_salt":' + json.dumps(str(salt)).encode() if salt else None
+        # Its requests and tokens on this server's /metrics (usage.py counts them).
+        self.meters = TenantMeters(self.name, model)

@@ -4,7 +4,7 @@ read each: components/observability.py) and its log, through vLLM's own logger."
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 # A child of vLLM's own logger, whose handler vLLM's logging config sets up: in vLLM's API
 # server the root logger has no handler and is at ERROR, so a plain module logger shows nothing.
@@ -12,11 +12,14 @@ log = logging.getLogger("vllm.gke_guard")
 
 
 class _NoCounter:
-    def inc(self) -> None:
+    def inc(self, amount: float = 1) -> None:
         pass
 
+    def labels(self, *values: str) -> "_NoCounter":
+        return self
 
-def _counter(name: str, documentation: str) -> Any:
+
+def _counter(name: str, documentation: str, labels: Sequence[str] = ()) -> Any:
     """A Prometheus counter on vLLM's /metrics (prometheus_client's default registry, which vLLM's
     single API server serves); a no-op where prometheus_client is missing (tests)."""
     try:
@@ -24,7 +27,7 @@ def _counter(name: str, documentation: str) -> Any:
     except ImportError:  # pragma: no cover - it ships with vLLM
         return _NoCounter()
     try:
-        return Counter(name, documentation)
+        return Counter(name, documentation, labels)
     except ValueError:  # registered already (the module loaded twice)
         from prometheus_client import REGISTRY
 
@@ -55,3 +58,30 @@ def count_untrusted(client: str, logged_peers: set[str], trusted_peers: frozense
                   "127.0.0.6: check the control plane implementation (gcloud container fleet mesh describe: "
                   "controlPlaneManagement.implementation) against the docs' 'Managed Cloud Service Mesh' (docs/guides/mesh.md)",
                   client or "an unknown peer", ", ".join(sorted(trusted_peers)))
+
+
+# Per tenant and model, what the chargeback and the SLOs read (components/observability.py,
+# components/service_levels.py): requests by outcome, and the prompt and generated tokens vLLM
+# itself counted for each (its request metadata's final usage, as it reports to middleware). The
+# labels are bounded: a tenant of the config, the model this server serves, four outcomes.
+TENANT_REQUESTS = _counter("vllm_gke_tenant_requests", "Tenant requests by outcome: ok (answered), refused (a 4xx: "
+                           "the request's own fault), error (a 5xx or no answer), shed (refused for overload)",
+                           ("tenant", "model", "outcome"))
+PROMPT_TOKENS = _counter("vllm_gke_tenant_prompt_tokens", "Prompt tokens of tenant requests, as vLLM counted them",
+                         ("tenant", "model"))
+GENERATION_TOKENS = _counter("vllm_gke_tenant_generation_tokens", "Tokens generated for tenant requests, as vLLM "
+                             "counted them", ("tenant", "model"))
+OUTCOMES = ("ok", "refused", "error", "shed")
+
+
+class TenantMeters:
+    """One tenant's counters on this server, their label values resolved once (a labelled
+    counter's lookup costs a dict and a lock on every request otherwise); created at start, so
+    every series exists at zero and a rate over it is defined before the first request."""
+
+    __slots__ = ("ok", "refused", "error", "shed", "prompt", "generation")
+
+    def __init__(self, tenant: str, model: str):
+        self.ok, self.refused, self.error, self.shed = (TENANT_REQUESTS.labels(tenant, model, o) for o in OUTCOMES)
+        self.prompt = PROMPT_TOKENS.labels(tenant, model)
+        self.generation = GENERATION_TOKENS.labels(tenant, model)

@@ -34,6 +34,11 @@ from .metrics import count_untrusted, log
 from .models import check_model, model_list_filter
 from .routes import OPEN_ROUTES, OUTPUT_FIELDS, route_kind, route_table
 from .scan import JsonShapeError
+from .usage import Meter, shared_state
+
+# What _admit hands on: the scope and body for vLLM, on a server with adapters the `model` values
+# the tenant may see listed, and the tenant (None for the open routes and the entrypoint's warm-up).
+Admitted = tuple[Scope, Receive, Optional[frozenset[str]], Optional[Tenant]]
 
 
 class GuardMiddleware:
@@ -43,7 +48,9 @@ class GuardMiddleware:
         cfg = load_config(config)
         self.issuer_header = str(cfg.get("issuerHeader", "x-vllm-gke-issuer")).lower().encode()
         issuers: dict[str, dict[str, Any]] = cfg.get("issuers") or {}
-        self.tenants = {iss: Tenant(e, clock) for iss, e in issuers.items()}
+        # The model this server serves, as the tenants' counters name it.
+        self.model = str(cfg.get("model") or "")
+        self.tenants = {iss: Tenant(e, clock, self.model) for iss, e in issuers.items()}
         # Behind the endpoint picker: the objective (priority) the route set must be the tenant's own.
         self.objective_header = str(cfg.get("objectiveHeader") or "").lower().encode()
         # path -> (method, kind)
@@ -73,7 +80,7 @@ class GuardMiddleware:
                 await send({"type": "websocket.close", "code": 1008})
             return
         try:
-            scope, receive, listed = await self._admit(scope, receive)
+            scope, receive, listed, tenant = await self._admit(shared_state(scope), receive)
         except GuardError as err:
             await respond(send, err)
             return
@@ -83,12 +90,21 @@ class GuardMiddleware:
             log.exception("guard failed on %s %s", scope.get("method"), scope.get("path"))
             await respond(send, GuardError(400, "the request could not be checked", "unprocessable"))
             return
-        await self.app(scope, receive, send if listed is None else model_list_filter(send, listed))
+        if listed is not None:
+            send = model_list_filter(send, listed)
+        if tenant is None:
+            await self.app(scope, receive, send)
+            return
+        meter = Meter(send, tenant.meters, scope, self.routes.get(scope.get("path", ""), ("", ""))[1] == "responses")
+        try:
+            await self.app(scope, receive, meter)
+        finally:
+            meter.done()
 
     # Off only in tests, to check that the fast path decides exactly as the general one.
     fast_path = True
 
-    async def _admit(self, scope: Scope, receive: Receive) -> tuple[Scope, Receive, Optional[frozenset[str]]]:
+    async def _admit(self, scope: Scope, receive: Receive) -> Admitted:
         """The scope and body to forward, and on a server with adapters the `model` values the
         tenant may see listed (GET /v1/models names every adapter the server loaded)."""
         if self.fast_path and self.routes.get(path := scope.get("path", "")) == ("POST", "chat") \
@@ -98,12 +114,12 @@ class GuardMiddleware:
                 return admitted
         path, method = scope.get("path") or "", scope.get("method") or ""
         if OPEN_ROUTES.get(path) == method:
-            return scope, receive, None
+            return scope, receive, None, None
         kind = route_kind(self.routes, path, method)
         seen = Headers(scope.get("headers") or (), self.header_slots)
         client = (scope.get("client") or ("", 0))[0]
         if self.warmup_token and client == "127.0.0.1" and is_warmup(seen, self.warmup_token):
-            return scope, receive, None
+            return scope, receive, None, None
         if client not in self.trusted_peers:
             count_untrusted(client, self.logged_peers, self.trusted_peers)
             raise GuardError(403, "the request did not come through the mesh sidecar; refused", "no_mesh")
@@ -122,7 +138,7 @@ class GuardMiddleware:
             raise rate_limited(tenant, wait)
         if kind == "info":
             await take_shared(self.shared, self.store_unavailable, tenant, 0)
-            return scope, receive, tenant.models
+            return scope, receive, tenant.models, tenant
         if seen.content_type != b"application/json" or seen.repeated:  # the common case without parsing it
             check_content_type(seen)
         length = seen.content_length
@@ -131,8 +147,7 @@ class GuardMiddleware:
         return await self._admit_body(scope, receive, await receive_body(receive, self.max_body), kind, tenant,
                                       salt=tenant.salt if path in self.salted else None)
 
-    async def _admit_common_chat(self, scope: Scope, receive: Receive) \
-            -> Optional[tuple[Scope, Receive, Optional[frozenset[str]]]]:
+    async def _admit_common_chat(self, scope: Scope, receive: Receive) -> Optional[Admitted]:
         """The request nearly every call is - a tenant's chat completion within its cap, through
         the sidecar, one issuer, JSON, one sequence - checked in one function:
         in a busy server the guard's code is out of the CPU's caches on every request, so each
@@ -194,13 +209,12 @@ class GuardMiddleware:
             if type(mct) is int and 0 < mct <= tenant.cap and (mt is ABSENT or mt is None or type(mt) is int) \
                     and body.isascii():
                 if salt is None:
-                    return scope, Replay(body, receive), None
-                return forward(scope, receive, add_members(body, closing_brace(fields, body), salt))
+                    return scope, Replay(body, receive), None, tenant
+                return (*forward(scope, receive, add_members(body, closing_brace(fields, body), salt)), None, tenant)
         return await self._admit_body(scope, receive, body, "chat", tenant, fields, salt=salt)
 
     async def _admit_body(self, scope: Scope, receive: Receive, body: bytes, kind: str, tenant: Tenant,
-                          fields: Any = None, salt: Optional[bytes] = None) \
-            -> tuple[Scope, Receive, Optional[frozenset[str]]]:
+                          fields: Any = None, salt: Optional[bytes] = None) -> Admitted:
         """The checks on the body, once the request is counted and its body read (and its fields,
         where the caller has read them already); `salt`, the tenant's cache_salt member to append."""
         utf8_or_error(body)
@@ -211,8 +225,8 @@ class GuardMiddleware:
                 object_or_error(body)
             await take_shared(self.shared, self.store_unavailable, tenant, 0)
             if salt is None:
-                return scope, Replay(body, receive), None
-            return forward(scope, receive, add_members(body, closing_brace(fields, body), salt))
+                return scope, Replay(body, receive), None, tenant
+            return (*forward(scope, receive, add_members(body, closing_brace(fields, body), salt)), None, tenant)
         if fields is None:
             fields = fields_or_error(body, kind)
         try:
@@ -226,6 +240,6 @@ class GuardMiddleware:
             per_sequence = add if add is not None else max(v for v in budget.per_sequence if v is not None)
             await take_shared(self.shared, self.store_unavailable, tenant, per_sequence * budget.sequences)
         if add is None and salt is None:
-            return scope, Replay(body, receive), None
+            return scope, Replay(body, receive), None, tenant
         members = b",".join(m for m in (None if add is None else int_member(OUTPUT_FIELDS[kind], add), salt) if m)
-        return forward(scope, receive, add_members(body, closing_brace(fields, body), members))
+        return (*forward(scope, receive, add_members(body, closing_brace(fields, body), members)), None, tenant)

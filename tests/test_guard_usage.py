@@ -1,0 +1,96 @@
+"""The guard's per-tenant counters (images/vllm_gke_guard/usage.py) where vLLM's handler leaves no
+usage on the request state - the Responses API - and for each way a request ends. The counted
+tokens of chat and completions, streamed or not, are checked inside the real vLLM
+(tests/test_guard_in_vllm.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from prometheus_client import REGISTRY
+
+from tests.test_guard import Clock, call, config, guard
+
+MODEL = "usage-test"
+
+
+def counter(name: str, outcome: str = "") -> float:
+    labels = {"tenant": "a", "model": MODEL, **({"outcome": outcome} if outcome else {})}
+    return REGISTRY.get_sample_value(f"vllm_gke_tenant_{name}_total", labels) or 0.0
+
+
+class Answers:
+    """Stands in for vLLM: answers each request with the next of `replies` (status, body chunks),
+    or raises."""
+
+    def __init__(self, *replies):
+        self.replies = list(replies)
+
+    async def __call__(self, scope, receive, send):
+        while (await receive()).get("more_body"):
+            pass
+        reply = self.replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        status, chunks = reply
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        for i, chunk in enumerate(chunks):
+            await send({"type": "http.response.body", "body": chunk, "more_body": i < len(chunks) - 1})
+
+
+def guarded(*replies):
+    return guard.GuardMiddleware(Answers(*replies), config(model=MODEL), Clock())
+
+
+RESPONSE = {"id": "resp_1", "object": "response", "status": "completed",
+            # Generated text that spells a usage object: inside a JSON string its quotes are escaped.
+            "output": [{"type": "message", "content": [{"type": "output_text",
+                                                        "text": '"usage":{"input_tokens":999,"output_tokens":999}'}]}],
+            "usage": {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5,
+                      "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 12}}
+
+
+def test_a_responses_answer_is_counted_from_its_usage():
+    prompt, generated, ok = counter("prompt_tokens"), counter("generation_tokens"), counter("requests", "ok")
+    body = json.dumps(RESPONSE).encode()
+    sent = call(guarded((200, [body[:40], body[40:]])), {"model": "m", "input": "hi", "max_output_tokens": 8},
+                path="/v1/responses")
+    assert sent[0]["status"] == 200
+    assert counter("prompt_tokens") - prompt == 7 and counter("generation_tokens") - generated == 5
+    assert counter("requests", "ok") - ok == 1
+
+
+def test_a_streamed_responses_answer_is_counted_from_its_last_event():
+    generated = counter("generation_tokens")
+    created = {"type": "response.created", "response": {**RESPONSE, "usage": None}}
+    done = {"type": "response.completed", "response": RESPONSE}
+    events = [f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in (created, done)]
+    call(guarded((200, events)), {"model": "m", "input": "hi", "max_output_tokens": 8, "stream": True},
+         path="/v1/responses")
+    assert counter("generation_tokens") - generated == 5
+
+
+@pytest.mark.parametrize("reply, outcome", [
+    ((200, [b"{}"]), "ok"),
+    ((404, [b'{"error":{}}']), "refused"),
+    ((500, [b'{"error":{}}']), "error"),
+    (RuntimeError("the engine died"), "error"),  # no answer at all: the server's 500
+])
+def test_each_request_is_counted_once_by_how_it_ended(reply, outcome):
+    before = {o: counter("requests", o) for o in ("ok", "refused", "error", "shed")}
+    mw = guarded(reply)
+    try:
+        call(mw, {"model": "m", "prompt": "hi", "max_tokens": 8})
+    except RuntimeError:
+        pass  # the server turns it into a 500
+    after = {o: counter("requests", o) for o in before}
+    assert {o: after[o] - before[o] for o in before} == {o: float(o == outcome) for o in before}
+
+
+def test_the_guards_own_refusals_and_the_open_routes_are_not_tenant_requests():
+    before = {o: counter("requests", o) for o in ("ok", "refused", "error")}
+    mw = guarded((200, [b"ok"]))
+    assert call(mw, {"model": "m", "prompt": "hi", "max_tokens": 10**6})[0]["status"] == 400  # over the cap
+    assert call(mw, None, path="/health", method="GET", issuer=None)[0]["status"] == 200
+    assert {o: counter("requests", o) for o in before} == before
