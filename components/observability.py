@@ -18,6 +18,7 @@ import pulumi_gcp as gcp
 
 from .options import child_opts
 from .project_apis import ProjectApis
+from .service_levels import ServiceLevels, ServiceLevelsArgs, budget_tiles
 from .specs import MonitoringSpec
 
 # An alert policy as gcp.monitoring.AlertPolicy keyword arguments (the API's fields, snake_case).
@@ -81,17 +82,31 @@ def dashboard_panels(cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc",
     ]
 
 
+def tenant_panels(cluster: str) -> list[tuple[str, str]]:
+    """Per tenant and model, from the guard's counts of each request (vLLM's own token counts)."""
+    sel = f'{{cluster="{cluster}"}}'
+    return [
+        ("Tenant requests/s by outcome",
+         f"sum by (tenant, model, outcome) (rate(vllm_gke_tenant_requests_total{sel}[5m]))"),
+        ("Tenant prompt tokens/s", f"sum by (tenant, model) (rate(vllm_gke_tenant_prompt_tokens_total{sel}[5m]))"),
+        ("Tenant generated tokens/s",
+         f"sum by (tenant, model) (rate(vllm_gke_tenant_generation_tokens_total{sel}[5m]))"),
+    ]
+
+
 def dashboard_json(title: str, cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc",
-                   limit_store: bool = False) -> dict[str, Any]:
-    """A Mosaic layout, two tiles a row, each a PromQL line chart."""
+                   limit_store: bool = False, budgets: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """A Mosaic layout, two tiles a row, each a PromQL line chart; then each SLO's error budget
+    remaining (`budgets`: title and SLO resource name)."""
+    queries = [(name, {"prometheusQuery": query})
+               for name, query in [*dashboard_panels(cluster, kv_metric, limit_store), *tenant_panels(cluster)]]
     tiles: list[dict[str, Any]] = []
-    for i, (name, query) in enumerate(dashboard_panels(cluster, kv_metric, limit_store)):
+    for i, (name, query) in enumerate([*queries, *budget_tiles(budgets)]):
         tiles.append({
             "xPos": (i % 2) * 24, "yPos": (i // 2) * 16, "width": 24, "height": 16,
             "widget": {"title": name, "xyChart": {
                 "chartOptions": {"mode": "COLOR"},
-                "dataSets": [{"plotType": "LINE", "targetAxis": "Y1",
-                              "timeSeriesQuery": {"prometheusQuery": query}}],
+                "dataSets": [{"plotType": "LINE", "targetAxis": "Y1", "timeSeriesQuery": query}],
             }},
         })
     return {"displayName": title, "mosaicLayout": {"columns": 48, "tiles": tiles}}
@@ -158,6 +173,9 @@ class ObservabilityArgs:
     kv_cache_metric: str = "vllm:kv_cache_usage_perc"
     # Guards count tenants' limits in the shared store (globalLimits): chart and alert its outages.
     limit_store: bool = False
+    # What the SLOs are kept for (monitoring.slos): the served models and the tenants.
+    models: Sequence[str] = ()
+    tenants: Sequence[str] = ()
 
 
 class Observability(pulumi.ComponentResource):
@@ -165,16 +183,11 @@ class Observability(pulumi.ComponentResource):
     dashboard_definition: dict[str, Any]
     alert_definitions: list[dict[str, Any]]
     alert_policies: list[gcp.monitoring.AlertPolicy]
+    service_levels: Optional[ServiceLevels]
 
     def __init__(self, name: str, args: ObservabilityArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:Observability", name, None, opts)
         child = child_opts(self, opts, depends_on=args.apis.needs("monitoring.googleapis.com") if args.apis else [])
-        self.dashboard_definition = dashboard_json(args.title, args.cluster_name, args.kv_cache_metric,
-                                                   args.limit_store)
-        self.dashboard = gcp.monitoring.Dashboard(
-            f"{name}-dashboard", project=args.project,
-            dashboard_json=json.dumps(self.dashboard_definition, sort_keys=True), opts=child)
-
         channels: Sequence[pulumi.Output[str]] = [
             gcp.monitoring.NotificationChannel(
                 f"{name}-email-{i}", project=args.project, type="email",
@@ -182,6 +195,19 @@ class Observability(pulumi.ComponentResource):
                 labels={"email_address": email}, opts=child).name
             for i, email in enumerate(args.spec.notification_emails)
         ]
+        self.service_levels = ServiceLevels(f"{name}-slos", ServiceLevelsArgs(
+            args.project, args.cluster_name, args.spec, args.models, args.tenants, channels, args.apis),
+            opts=child_opts(self, opts)) if args.spec.slos.enabled and (args.models or args.tenants) else None
+        budgets = self.service_levels.budget_names if self.service_levels else []
+        # The definition the plan checks names each SLO as "<slo>"; the resource, by its name.
+        self.dashboard_definition = dashboard_json(args.title, args.cluster_name, args.kv_cache_metric,
+                                                   args.limit_store, [(title, "<slo>") for title, _ in budgets])
+        titles = [title for title, _ in budgets]
+        definition = pulumi.Output.all(*[n for _, n in budgets]).apply(lambda names: json.dumps(dashboard_json(
+            args.title, args.cluster_name, args.kv_cache_metric, args.limit_store, list(zip(titles, names))),
+            sort_keys=True))
+        self.dashboard = gcp.monitoring.Dashboard(f"{name}-dashboard", project=args.project,
+                                                  dashboard_json=definition, opts=child)
         self.alert_definitions = alert_policies(args.cluster_name, args.spec, args.kv_cache_metric, args.limit_store)
         self.alert_policies = []
         for i, kwargs in enumerate(self.alert_definitions):

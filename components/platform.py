@@ -287,7 +287,8 @@ class Platform(pulumi.ComponentResource):
         self.observability = Observability(f"{p}observability", ObservabilityArgs(
             project=cfg.project, cluster_name=cfg.cluster.name, spec=cfg.monitoring,
             title=f"vLLM on GKE - {cfg.cluster.name} ({cfg.environment})", apis=apis,
-            kv_cache_metric=rel.kv_cache_metric, limit_store=cfg.global_limits.enabled), opts=child())
+            kv_cache_metric=rel.kv_cache_metric, limit_store=cfg.global_limits.enabled,
+            models=[m.name for m in cfg.models], tenants=[t.name for t in cfg.tenants]), opts=child())
 
         self.routes = {t.route_name: f"/{t.path_prefix}/v1" for t in targets}
         self.register_outputs({"clusterName": cluster.cluster.name, "kubeconfig": cluster.kubeconfig,

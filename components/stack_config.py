@@ -7,12 +7,13 @@ stack's keys in every problem) and checks them across fields.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Optional
 
 import pulumi
 from pydantic import Field, field_validator
 
 from .specs import (
+    BudgetSpec,
     ClusterSpec,
     CostSpec,
     GatewaySpec,
@@ -122,6 +123,8 @@ class StackConfig(Spec):
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
     # Throughput and utilisation assumptions of the cost report.
     cost: CostSpec = Field(default_factory=CostSpec)
+    # A Cloud Billing budget on the project (none without it); the plan warns when the baseline exceeds it.
+    budget: Optional[BudgetSpec] = None
     # Per-tenant limits across all replicas (a shared store) instead of per replica.
     global_limits: GlobalLimitsSpec = Field(default_factory=GlobalLimitsSpec)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..components.capacity import consumer_models, placements
 from ..components.catalog import REGION_ZONES
 from ..components.cold_start import cold_start_seconds
+from ..components.service_levels import TTFT_BUCKETS, ttft_bound
 from ..components.weights_layout import LOW_RANGE_MAX_GB, REGIONAL_TIERS, weight_copies
 from .config import StackConfig
 from .pricing import PRICE_REGION
@@ -60,6 +61,12 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: 
                    "(weights.tier BASIC_SSD or a larger ZONAL share, weights.backend gcs, or hyperdisk-ml with more "
                    "weights.hyperdiskThroughputMiBps), a quantised dtype, or "
                    "minReplicas above 0 to keep one warm")
+    monitoring = cfg.monitoring
+    if monitoring.slos.enabled and (bound := ttft_bound(monitoring.ttft_slo_seconds)) != monitoring.ttft_slo_seconds:
+        out.append(f"monitoring.ttftSloSeconds is {monitoring.ttft_slo_seconds:g}, between the bounds of vLLM's "
+                   f"time-to-first-token buckets: the SLO counts a first token as good within {bound:g}s (Cloud "
+                   "Monitoring cuts a histogram at its bounds); set it to one of "
+                   f"{', '.join(f'{b:g}' for b in TTFT_BUCKETS if 0.1 <= b <= 20)} for an exact objective")
     if not cfg.cluster.dataplane_v2:
         pickers = " the endpoint pickers' ext_proc and metrics," if any(
             m.routing == "inference-gateway" for m in cfg.models) else ""

@@ -30,6 +30,7 @@ from .manifests import (
     validate,
     validate_alert_policy,
     validate_dashboard,
+    validate_slo,
 )
 from .plan import Plan, default_stacks_dir, run_plan
 from .plan_output import write_plan
@@ -173,6 +174,9 @@ def plan(
     assert result.platform.observability is not None
     dashboard_errors = validate_dashboard(result.platform.observability.dashboard_definition)
     dashboard_errors += [e for p in result.platform.observability.alert_definitions for e in validate_alert_policy(p)]
+    if (levels_ := result.platform.observability.service_levels) is not None:
+        dashboard_errors += [e for s in levels_.slo_definitions for e in validate_slo(s)]
+        dashboard_errors += [e for p in levels_.alert_definitions for e in validate_alert_policy(p)]
     files = write_plan(result, out, report.to_json(), pictures(result.config, report.cost)) if write else []
 
     if output == "json":

@@ -94,6 +94,29 @@ def validate_alert_policy(policy: dict[str, Any]) -> list[str]:
     return []
 
 
+def validate_slo(slo: dict[str, Any]) -> list[str]:
+    """Parse an SLO (gcp.monitoring.Slo kwargs) as the API's own ServiceLevelObjective."""
+    from pydantic.alias_generators import to_camel
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        from google.cloud import monitoring_v3
+
+    def camel(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {to_camel(k): camel(v) for k, v in value.items()}
+        return value
+
+    message = camel({k: v for k, v in slo.items() if k != "slo_id"})
+    message["serviceLevelIndicator"] = {"requestBased": message.pop("requestBasedSli")}
+    message["rollingPeriod"] = f"{message.pop('rollingPeriodDays') * 86400}s"
+    try:
+        monitoring_v3.ServiceLevelObjective.from_json(json.dumps(message))
+    except Exception as exc:  # the proto parser raises ParseError subclasses of several kinds
+        return [f"{slo.get('display_name')}: {str(exc).splitlines()[0]}"]
+    return []
+
+
 def describe(doc: dict[str, Any]) -> str:
     meta = doc.get("metadata", {})
     ns = meta.get("namespace")

@@ -68,6 +68,8 @@ def _outputs(type_: str, name: str, inputs: dict[str, Any], project: str) -> tup
     elif type_ == "gcp:serviceaccount/account:Account":
         email = f"{inputs['accountId']}@{project}.iam.gserviceaccount.com"
         state.update(email=email, name=f"projects/{project}/serviceAccounts/{email}")
+    elif type_ == "gcp:monitoring/slo:Slo":
+        state["name"] = f"projects/{project}/services/{inputs.get('service')}/serviceLevelObjectives/{inputs.get('sloId')}"
     elif type_ == "gcp:monitoring/notificationChannel:NotificationChannel":
         state["name"] = f"projects/{project}/notificationChannels/{abs(hash(name)) % 10**12}"
     return rid, state

@@ -167,6 +167,9 @@ def test_the_docs_build_strictly(tmp_path):
     result = _build(REPO_ROOT / "mkdocs.yml", tmp_path / "site")
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "reference" / "config" / "index.html").exists()
+    # The overview (docs/_index.md, the Pulumi Registry's name for it) is the site's root page.
+    assert "they resolve on GitHub and on the" in (tmp_path / "site" / "index.html").read_text()
+    assert not (tmp_path / "site" / "_index").exists()
     # The pictures are drawn on the site as on GitHub: a mermaid block is a diagram, not code.
     page = (tmp_path / "site" / "architecture" / "index.html").read_text()
     assert '<div class="mermaid">flowchart' in page and "language-mermaid" not in page
@@ -180,6 +183,7 @@ def test_the_docs_build_fails_on_a_broken_link_or_anchor(tmp_path):
     _mkdocs()
     settings = (REPO_ROOT / "mkdocs.yml").read_text()
     settings = re.sub(r"^nav:\n(?:^[ -].*\n)+", "", settings, flags=re.M)
+    settings = settings.replace("infra/docs/site_hooks.py", str(REPO_ROOT / "infra" / "docs" / "site_hooks.py"))
     (tmp_path / "mkdocs.yml").write_text(settings)
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "b.md").write_text("# B\n\n## What the first `pulumi up` creates, in order\n")

@@ -22,8 +22,11 @@ def dashboard(plan) -> dict:
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
 def test_dashboard_parses_as_the_api_message(plans, stack):
     parsed = monitoring_dashboard_v1.Dashboard.from_json(json.dumps(dashboard(plans[stack])))
-    # one more where limits are shared across replicas (prod): the limit store's fallbacks
-    assert len(parsed.mosaic_layout.tiles) == (13 if plans[stack].config.global_limits.enabled else 12)
+    # one more where limits are shared across replicas (prod): the limit store's fallbacks; three
+    # of tenants' requests and tokens; one error budget per SLO
+    cfg = plans[stack].config
+    slos = 2 * len(cfg.models) + len(cfg.tenants)
+    assert len(parsed.mosaic_layout.tiles) == (13 if cfg.global_limits.enabled else 12) + 3 + slos
 
 
 def test_dashboard_rejects_unknown_fields(plans):
@@ -39,8 +42,8 @@ def test_dashboard_rejects_unknown_fields(plans):
 
 def test_dashboard_panels(plans):
     tiles = dashboard(plans["dev"])["mosaicLayout"]["tiles"]
-    queries = {t["widget"]["title"]: t["widget"]["xyChart"]["dataSets"][0]["timeSeriesQuery"]["prometheusQuery"]
-               for t in tiles}
+    queries = {t["widget"]["title"]: q["prometheusQuery"] for t in tiles
+               if "prometheusQuery" in (q := t["widget"]["xyChart"]["dataSets"][0]["timeSeriesQuery"])}
     # Per MIG instance: DCGM_FI_DEV_GPU_UTIL is not reported for MIG slices.
     gpu = queries["GPU utilisation per GPU or MIG slice (DCGM engine active)"]
     assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in gpu and "GPU_I_ID" in gpu
@@ -59,7 +62,8 @@ def test_dashboard_panels(plans):
 
 
 def test_alert_policies(plans):
-    alerts = {a["displayName"]: a for a in props_of(plans["prod"], "gcp:monitoring/alertPolicy:AlertPolicy")}
+    alerts = {a["displayName"]: a for a in props_of(plans["prod"], "gcp:monitoring/alertPolicy:AlertPolicy")
+              if not a["displayName"].startswith("SLO ")}  # the burn-rate alerts: tests/test_service_levels.py
     assert set(alerts) == {"Shared limit store unreachable", "Tenant requests bypass or miss the mesh sidecar",
                            "vLLM container restarts (GPU OOM or crash)",
                            "GPU memory nearly exhausted",

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m vllm_gke.components.provider.generate_types
 
-The specs (components/specs.py) stay the one definition of what a setting means and accepts;
+The specs (components/specs/) stay the one definition of what a setting means and accepts;
 this writes them as TypedDicts the Pulumi schema analyzer understands (it infers the package
 schema from annotations and attribute docstrings), with each field's comment in the specs as its
 description. A test regenerates the file and fails if the checked-in one differs.
@@ -145,7 +145,7 @@ def render() -> str:
     out = [
         '"""Input types of the vllm-gke component package.',
         "",
-        "GENERATED from components/specs.py by components/provider/generate_types.py: do not edit;",
+        "GENERATED from components/specs/ by components/provider/generate_types.py: do not edit;",
         "change the specs and regenerate. Keys are the specs' fields; the package components validate",
         'them with the specs themselves."""',
         "",

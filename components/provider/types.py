@@ -1,6 +1,6 @@
 """Input types of the vllm-gke component package.
 
-GENERATED from components/specs.py by components/provider/generate_types.py: do not edit;
+GENERATED from components/specs/ by components/provider/generate_types.py: do not edit;
 change the specs and regenerate. Keys are the specs' fields; the package components validate
 them with the specs themselves."""
 
@@ -443,6 +443,19 @@ class WeightsSpec(TypedDict):
     """hf:// sources load with the server image (it ships the HF CLI); gs:// ones need gcloud."""
 
 
+class SloSpec(TypedDict):
+    """SloSpec settings (see docs/reference/config.md)."""
+
+    enabled: NotRequired[bool]
+    """Objectives as code: a Cloud Monitoring service per model and per tenant, its SLOs over a rolling window, and the SRE workbook's multi-window, multi-burn-rate alerts on each. Default: true."""
+    availability: NotRequired[float]
+    """Share of requests answered without a server error, an overload refusal or a lost replica (the guard's count per tenant and model; a tenant's own 4xx are not the service's failures). Default: 0.995."""
+    ttft: NotRequired[float]
+    """Share of requests whose first token comes within monitoring.ttftSloSeconds (vLLM's histogram, per model). Default: 0.95."""
+    window_days: NotRequired[int]
+    """The window the objectives hold over; Cloud Monitoring's rolling periods run 1 to 30 days. Default: 28."""
+
+
 class MonitoringSpec(TypedDict):
     """MonitoringSpec settings (see docs/reference/config.md)."""
 
@@ -454,6 +467,8 @@ class MonitoringSpec(TypedDict):
     """p95 time to first token that warns. Default: 3.0."""
     kv_cache_alert_ratio: NotRequired[float]
     """KV-cache usage that warns. Default: 0.95."""
+    slos: NotRequired[SloSpec]
+    """Service level objectives and their burn-rate alerts."""
 
 
 class CostSpec(TypedDict):
@@ -465,6 +480,19 @@ class CostSpec(TypedDict):
     """Expected share of capacity in use. Default: 0.6."""
     hours_per_month: NotRequired[float]
     """Hours a month the report prices. Default: 730.0."""
+
+
+class BudgetSpec(TypedDict):
+    """BudgetSpec settings (see docs/reference/config.md)."""
+
+    billing_account: str
+    """A Cloud Billing budget on the stack's project, alerting the monitoring channels. The Cloud Billing account the project bills to (XXXXXX-XXXXXX-XXXXXX)."""
+    monthly_amount: int
+    """The month's amount, in the billing account's currency."""
+    currency: NotRequired[str]
+    """The billing account's currency (ISO 4217); a budget in another currency is refused by the API. Default: USD."""
+    thresholds: NotRequired[list[float]]
+    """Shares of the amount whose crossing notifies, on actual spend (and 1.0 on the forecast too)."""
 
 
 class GlobalLimitsSpec(TypedDict):
@@ -507,5 +535,7 @@ class StackConfig(TypedDict):
     """Alert e-mails and SLO thresholds."""
     cost: NotRequired[CostSpec]
     """Throughput and utilisation assumptions of the cost report."""
+    budget: NotRequired[BudgetSpec]
+    """A Cloud Billing budget on the project (none without it); the plan warns when the baseline exceeds it."""
     global_limits: NotRequired[GlobalLimitsSpec]
     """Per-tenant limits across all replicas (a shared store) instead of per replica."""

@@ -52,8 +52,10 @@ from .models import (
     normalise_flag,
 )
 from .operations import (
+    BudgetSpec,
     CostSpec,
     MonitoringSpec,
+    SloSpec,
 )
 from .tenants import (
     DedicatedSpec,
@@ -68,10 +70,10 @@ from .weights import (
 )
 
 __all__ = [
-    'AdapterSpec', 'AuthorizedNetwork', 'CanarySpec', 'Cidr', 'ClusterSpec', 'CostSpec', 'CustomShape',
+    'AdapterSpec', 'AuthorizedNetwork', 'BudgetSpec', 'CanarySpec', 'Cidr', 'ClusterSpec', 'CostSpec', 'CustomShape',
     'DedicatedSpec', 'Email', 'GatewaySpec', 'GlobalLimitsSpec', 'Hostname', 'ImageRef', 'JwtSpec', 'K8sName',
     'LORA_RANKS', 'MANAGED_VLLM_OPTIONS', 'MaintenanceExclusion', 'MaintenanceSpec', 'MaintenanceWindow',
-    'MasterCidr', 'ModelSpec', 'MonitoringSpec', 'Name', 'NodePoolSpec', 'PodsCidr', 'ProxyOnlyCidr',
+    'MasterCidr', 'ModelSpec', 'MonitoringSpec', 'SloSpec', 'Name', 'NodePoolSpec', 'PodsCidr', 'ProxyOnlyCidr',
     'RateLimitSpec', 'Revision', 'SecretKeyRef', 'ServicesCidr', 'ServingPoolSpec', 'Spec', 'SubnetCidr',
     'TenantSpec', 'UpgradeSpec', 'UtcTime', 'WeightsSource', 'WeightsSpec', 'cidr_range', 'extra_arg_problem',
     'gke_version', 'item_key', 'normalise_flag',

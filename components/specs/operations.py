@@ -1,15 +1,31 @@
-"""Monitoring (alerts, notification channels) and the cost assumptions."""
+"""Monitoring (alerts, notification channels, SLOs), the cost assumptions and the billing budget."""
 
 from __future__ import annotations
 
+import re
+
 from pydantic import (
     Field,
+    field_validator,
 )
 
 from .base import (
     Email,
     Spec,
 )
+
+
+class SloSpec(Spec):
+    # Objectives as code: a Cloud Monitoring service per model and per tenant, its SLOs over a
+    # rolling window, and the SRE workbook's multi-window, multi-burn-rate alerts on each.
+    enabled: bool = True
+    # Share of requests answered without a server error, an overload refusal or a lost replica
+    # (the guard's count per tenant and model; a tenant's own 4xx are not the service's failures).
+    availability: float = Field(default=0.995, ge=0.9, le=0.9999)
+    # Share of requests whose first token comes within monitoring.ttftSloSeconds (vLLM's histogram, per model).
+    ttft: float = Field(default=0.95, ge=0.5, le=0.9999)
+    # The window the objectives hold over; Cloud Monitoring's rolling periods run 1 to 30 days.
+    window_days: int = Field(default=28, ge=1, le=30)
 
 
 class MonitoringSpec(Spec):
@@ -21,6 +37,8 @@ class MonitoringSpec(Spec):
     ttft_slo_seconds: float = Field(default=3.0, gt=0)
     # KV-cache usage that warns.
     kv_cache_alert_ratio: float = Field(default=0.95, gt=0, le=1)
+    # Service level objectives and their burn-rate alerts.
+    slos: SloSpec = Field(default_factory=SloSpec)
 
 
 class CostSpec(Spec):
@@ -30,3 +48,34 @@ class CostSpec(Spec):
     target_utilization: float = Field(default=0.6, gt=0, le=1)
     # Hours a month the report prices.
     hours_per_month: float = Field(default=730.0, gt=0, le=744)
+
+
+class BudgetSpec(Spec):
+    # A Cloud Billing budget on the stack's project, alerting the monitoring channels.
+    # The Cloud Billing account the project bills to (XXXXXX-XXXXXX-XXXXXX).
+    billing_account: str
+    # The month's amount, in the billing account's currency.
+    monthly_amount: int = Field(gt=0)
+    # The billing account's currency (ISO 4217); a budget in another currency is refused by the API.
+    currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
+    # Shares of the amount whose crossing notifies, on actual spend (and 1.0 on the forecast too).
+    thresholds: list[float] = Field(default_factory=lambda: [0.5, 0.9, 1.0], min_length=1, max_length=10)
+
+    @field_validator("billing_account")
+    @classmethod
+    def _account(cls, v: str) -> str:
+        v = v.removeprefix("billingAccounts/")
+        if not re.fullmatch(r"[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}", v):
+            raise ValueError(f"'{v}' is not a billing account ID: use the form 01A2B3-C4D5E6-F7A8B9 "
+                             "(gcloud billing projects describe <project> shows it)")
+        return v
+
+    @field_validator("thresholds")
+    @classmethod
+    def _thresholds(cls, v: list[float]) -> list[float]:
+        for x in v:
+            if not 0 < x <= 10:
+                raise ValueError(f"{x} is not a share of the amount: use values above 0 and at most 10 (0.9 is 90%)")
+        if len(set(v)) != len(v):
+            raise ValueError("each threshold once: the API refuses repeated thresholds")
+        return sorted(v)

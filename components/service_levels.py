@@ -1,0 +1,218 @@
+"""ServiceLevels: SLOs as code, and the burn-rate alerts that page on them.
+
+A Cloud Monitoring custom service per model and per tenant, and on each its SLOs over a rolling
+window (monitoring.slos):
+  - availability, per model and per tenant: the share of valid requests answered without a server
+    error, a lost replica or an overload refusal. The signal is the guard's count of each admitted
+    tenant request by outcome (images/vllm_gke_guard/usage.py), which carries the tenant; a
+    request the tenant got wrong (a 4xx: over its cap, an unknown model) is not a valid one;
+  - time to first token, per model: the share of requests whose first token came within
+    monitoring.ttftSloSeconds, from vLLM's own histogram (vllm:time_to_first_token_seconds, which
+    has no tenant). Cloud Monitoring cuts a distribution at its bucket bounds, so the objective's
+    threshold is the largest bound of vLLM's buckets at or under the configured seconds.
+
+Alerts are the SRE workbook's multi-window, multi-burn-rate ones (chapter 5, "Alerting on SLOs"):
+page when 2% of the window's error budget burns in an hour or 5% in six, open a ticket at 10% in
+three days; each long window confirmed by a short one (a twelfth of it), so an alert resets soon
+after the burn stops. The rates scale with the window (14.4, 6 and 1 for 30 days).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import pulumi
+import pulumi_gcp as gcp
+
+from .options import child_opts
+from .project_apis import ProjectApis
+from .specs import MonitoringSpec
+
+# Managed Prometheus keeps a metric's name (colons included) under this prefix, with its kind.
+GMP = "prometheus.googleapis.com"
+# The guard's per-tenant request count (images/vllm_gke_guard/metrics.py TENANT_REQUESTS).
+REQUESTS_METRIC = f"{GMP}/vllm_gke_tenant_requests_total/counter"
+TTFT_METRIC = f"{GMP}/vllm:time_to_first_token_seconds/histogram"
+# vLLM's default time-to-first-token buckets (vllm 0.34.0 vllm/v1/metrics/buckets.py:57-80).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+VALID = ("ok", "error", "shed")
+BAD = ("error", "shed")
+
+
+@dataclass(frozen=True)
+class BurnWindow:
+    """One alert: the share of the window's budget that burning within `long_s` seconds pages
+    (or tickets), confirmed over `short_s`."""
+
+    name: str
+    budget_share: float
+    long_s: int
+    short_s: int
+    severity: str
+
+    def rate(self, window_days: int) -> float:
+        """The burn rate that spends `budget_share` of the budget in `long_s`."""
+        return round(self.budget_share * window_days * 86400 / self.long_s, 2)
+
+
+# The workbook's table 5-8, for any window.
+BURN_WINDOWS = (
+    BurnWindow("fast burn", 0.02, 3600, 300, "CRITICAL"),
+    BurnWindow("sustained burn", 0.05, 6 * 3600, 1800, "ERROR"),
+    BurnWindow("slow burn", 0.10, 3 * 86400, 6 * 3600, "WARNING"),
+)
+
+
+def ttft_bound(seconds: float) -> float:
+    """The largest of vLLM's bucket bounds at or under `seconds` (the smallest bound if none)."""
+    return max((b for b in TTFT_BUCKETS if b <= seconds + 1e-9), default=TTFT_BUCKETS[0])
+
+
+def _labels(cluster: str, **labels: str) -> str:
+    return " ".join([f'resource.type="prometheus_target" resource.label."cluster"="{cluster}"',
+                     *(f'metric.label."{k}"="{v}"' for k, v in labels.items())])
+
+
+def _one_of(values: Sequence[str]) -> str:
+    return "one_of(" + ",".join(f'"{v}"' for v in values) + ")"
+
+
+def availability_sli(cluster: str, **labels: str) -> dict[str, Any]:
+    """Bad (errors, lost replicas, overload refusals) over valid requests, per the guard's count."""
+    base = f'metric.type="{REQUESTS_METRIC}" {_labels(cluster, **labels)}'
+    return {"good_total_ratio": {"bad_service_filter": f'{base} metric.label."outcome"={_one_of(BAD)}',
+                                 "total_service_filter": f'{base} metric.label."outcome"={_one_of(VALID)}'}}
+
+
+def ttft_sli(cluster: str, model: str, seconds: float) -> dict[str, Any]:
+    """Requests whose first token came within the bound, per vLLM's histogram."""
+    return {"distribution_cut": {
+        "distribution_filter": f'metric.type="{TTFT_METRIC}" {_labels(cluster, model_name=model)}',
+        "range": {"min": 0, "max": ttft_bound(seconds)}}}
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One SLO as gcp.monitoring.Slo keyword arguments, and the service it belongs to."""
+
+    service: str
+    slo_id: str
+    display_name: str
+    goal: float
+    sli: dict[str, Any]
+
+    def slo_args(self, window_days: int) -> dict[str, Any]:
+        return {"slo_id": self.slo_id, "display_name": self.display_name, "goal": self.goal,
+                "rolling_period_days": window_days, "request_based_sli": self.sli}
+
+
+def service_id(cluster: str, kind: str, name: str) -> str:
+    """A service's ID: unique in the project, so the cluster's name is in it."""
+    return f"vllm-{cluster}-{kind}-{name}"
+
+
+def objectives(cluster: str, spec: MonitoringSpec, models: Sequence[str], tenants: Sequence[str]) -> list[Objective]:
+    slos = spec.slos
+    out: list[Objective] = []
+    for model in models:
+        svc = service_id(cluster, "model", model)
+        out.append(Objective(svc, "availability", f"{model}: {slos.availability:.2%} of requests answered",
+                             slos.availability, availability_sli(cluster, model=model)))
+        bound = ttft_bound(spec.ttft_slo_seconds)
+        out.append(Objective(svc, "ttft", f"{model}: {slos.ttft:.2%} of first tokens within {bound:g}s",
+                             slos.ttft, ttft_sli(cluster, model, spec.ttft_slo_seconds)))
+    for tenant in tenants:
+        out.append(Objective(service_id(cluster, "tenant", tenant), "availability",
+                             f"tenant {tenant}: {slos.availability:.2%} of requests answered", slos.availability,
+                             availability_sli(cluster, tenant=tenant)))
+    return out
+
+
+def burn_rate_policy(objective: Objective, slo_name: str, window: BurnWindow, window_days: int) -> dict[str, Any]:
+    """An alert policy (gcp.monitoring.AlertPolicy keyword arguments) on one SLO's burn rate over
+    the long and the short window together."""
+    rate = window.rate(window_days)
+
+    def over(seconds: int) -> dict[str, Any]:
+        return {"display_name": f"burn rate over {rate:g} in {seconds // 60} min",
+                "condition_threshold": {"filter": f'select_slo_burn_rate("{slo_name}", "{seconds}s")',
+                                        "comparison": "COMPARISON_GT", "threshold_value": rate, "duration": "0s"}}
+
+    return {
+        "display_name": f"SLO {window.name}: {objective.display_name}",
+        "combiner": "AND",
+        "severity": window.severity,
+        "documentation": {"mime_type": "text/markdown", "content": (
+            f"{objective.display_name} ({objective.service}/{objective.slo_id}) is burning its "
+            f"{window_days}-day error budget {rate:g} times as fast as it can afford: at this pace "
+            f"{window.budget_share:.0%} of the budget goes in {window.long_s // 3600} h. Check the dashboard's "
+            "error budget tiles, the pool's queue and its replicas.")},
+        "conditions": [over(window.long_s), over(window.short_s)],
+    }
+
+
+def budget_tiles(names: Sequence[tuple[str, str]]) -> list[tuple[str, dict[str, Any]]]:
+    """Dashboard tiles: each SLO's error budget remaining (a fraction of the window's), by name."""
+    return [(f"Error budget remaining: {title}", {"timeSeriesFilter": {
+        "filter": f'select_slo_budget_fraction("{slo_name}")'}}) for title, slo_name in names]
+
+
+@dataclass
+class ServiceLevelsArgs:
+    project: str
+    cluster_name: str
+    spec: MonitoringSpec
+    models: Sequence[str]
+    tenants: Sequence[str]
+    # Where the burn-rate alerts go (Observability's notification channels).
+    channels: Sequence[pulumi.Input[str]] = ()
+    apis: Optional[ProjectApis] = None
+
+
+class ServiceLevels(pulumi.ComponentResource):
+    services: dict[str, gcp.monitoring.CustomService]
+    slos: list[gcp.monitoring.Slo]
+    objectives: list[Objective]
+    # What the plan validates: each SLO and each alert policy as the API's message.
+    slo_definitions: list[dict[str, Any]]
+    alert_definitions: list[dict[str, Any]]
+    alert_policies: list[gcp.monitoring.AlertPolicy]
+    # (title, SLO resource name) for the dashboard's budget tiles.
+    budget_names: list[tuple[str, pulumi.Output[str]]]
+
+    def __init__(self, name: str, args: ServiceLevelsArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:ServiceLevels", name, None, opts)
+        child = child_opts(self, opts, depends_on=args.apis.needs("monitoring.googleapis.com") if args.apis else [])
+        window = args.spec.slos.window_days
+        self.objectives = objectives(args.cluster_name, args.spec, args.models, args.tenants)
+        self.services, self.slos, self.slo_definitions = {}, [], []
+        self.alert_definitions, self.alert_policies, self.budget_names = [], [], []
+        for objective in self.objectives:
+            if objective.service not in self.services:
+                self.services[objective.service] = gcp.monitoring.CustomService(
+                    f"{name}-{objective.service}", project=args.project, service_id=objective.service,
+                    display_name=objective.service, user_labels={"cluster": args.cluster_name}, opts=child)
+            service = self.services[objective.service]
+            slo_args = objective.slo_args(window)
+            self.slo_definitions.append(slo_args)
+            slo = gcp.monitoring.Slo(f"{name}-{objective.service}-{objective.slo_id}", project=args.project,
+                                     service=service.service_id, **slo_args, opts=child)
+            self.slos.append(slo)
+            self.budget_names.append((objective.display_name, slo.name))
+            for burn in BURN_WINDOWS:
+                # The definition as the plan checks it; the conditions name the SLO once it exists.
+                policy = burn_rate_policy(objective, "<slo>", burn, window)
+                self.alert_definitions.append(policy)
+                conditions = slo.name.apply(lambda n, o=objective, b=burn: burn_rate_policy(o, n, b, window)["conditions"])
+                self.alert_policies.append(gcp.monitoring.AlertPolicy(
+                    f"{name}-{objective.service}-{objective.slo_id}-{burn.name.replace(' ', '-')}",
+                    project=args.project, notification_channels=list(args.channels),
+                    alert_strategy={"auto_close": "1800s"}, user_labels={"cluster": args.cluster_name},
+                    display_name=policy["display_name"], combiner=policy["combiner"], severity=policy["severity"],
+                    documentation=policy["documentation"], conditions=conditions, opts=child))
+        self.register_outputs({"services": [s.service_id for s in self.services.values()],
+                               "slos": [s.name for s in self.slos]})
+
+

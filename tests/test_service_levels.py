@@ -1,0 +1,121 @@
+"""SLOs as code (components/service_levels.py): the services, objectives and burn-rate alerts each
+stack declares, read from the signals the guard and vLLM actually export."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.conftest import props_of
+from tests.test_guard import guard
+from vllm_gke.components.service_levels import (
+    BURN_WINDOWS,
+    GMP,
+    REQUESTS_METRIC,
+    TTFT_BUCKETS,
+    TTFT_METRIC,
+    ttft_bound,
+)
+from vllm_gke.infra.manifests import validate_alert_policy, validate_slo
+
+
+def test_the_burn_rates_are_the_sre_workbooks():
+    # Table 5-8 of "The Site Reliability Workbook" (a 30-day window): page at 14.4 over 1 h and 6
+    # over 6 h, ticket at 1 over 3 days; each long window with a short one a twelfth its length.
+    assert [w.rate(30) for w in BURN_WINDOWS] == [14.4, 6.0, 1.0]
+    assert [(w.long_s, w.short_s) for w in BURN_WINDOWS] == [(3600, 300), (21600, 1800), (259200, 21600)]
+    assert [w.rate(28) for w in BURN_WINDOWS] == [13.44, 5.6, 0.93]
+
+
+def test_each_model_and_tenant_has_its_objectives(plans):
+    plan = plans["prod"]
+    cfg = plan.config
+    services = {s["serviceId"] for s in props_of(plan, "gcp:monitoring/customService:CustomService")}
+    assert services == {f"vllm-{cfg.cluster.name}-model-{m.name}" for m in cfg.models} | \
+        {f"vllm-{cfg.cluster.name}-tenant-{t.name}" for t in cfg.tenants}
+    slos = props_of(plan, "gcp:monitoring/slo:Slo")
+    assert len(slos) == 2 * len(cfg.models) + len(cfg.tenants)
+    for slo in slos:
+        assert slo["rollingPeriodDays"] == cfg.monitoring.slos.window_days
+        sli = slo["requestBasedSli"]
+        if slo["sloId"] == "availability":
+            assert slo["goal"] == cfg.monitoring.slos.availability
+            ratio = sli["goodTotalRatio"]
+            assert f'metric.type="{REQUESTS_METRIC}"' in ratio["totalServiceFilter"]
+            assert 'metric.label."outcome"=one_of("error","shed")' in ratio["badServiceFilter"]
+            assert f'resource.label."cluster"="{cfg.cluster.name}"' in ratio["totalServiceFilter"]
+        else:
+            assert slo["goal"] == cfg.monitoring.slos.ttft
+            cut = sli["distributionCut"]
+            assert f'metric.type="{TTFT_METRIC}"' in cut["distributionFilter"]
+            # ttftSloSeconds 2 in prod: vLLM's bucket bounds hold 1.0 and 2.5, so the cut is at 1.0
+            assert cut["range"] == {"min": 0, "max": 1.0}
+
+
+def test_the_availability_slo_reads_the_counter_the_guard_exports():
+    """The SLI's metric and outcomes are the guard's own: a rename on either side fails here."""
+    exported = guard.usage.TenantMeters.__init__.__globals__["TENANT_REQUESTS"]
+    assert REQUESTS_METRIC == f"{GMP}/{exported._name}_total/counter"  # prometheus_client drops _total, adds it back
+    assert set(guard.usage.TenantMeters.__slots__) >= {"ok", "refused", "error", "shed"}
+    assert exported._labelnames == ("tenant", "model", "outcome")
+
+
+def test_the_ttft_cut_lies_on_vllms_bucket_bounds():
+    assert ttft_bound(3.0) == 2.5 and ttft_bound(2.5) == 2.5 and ttft_bound(0.0001) == 0.001
+    python = os.environ.get("VLLM_PYTHON")
+    if not python:
+        if os.environ.get("CI"):
+            pytest.fail("CI checks the buckets against the pinned vLLM: set VLLM_PYTHON")
+        pytest.skip("VLLM_PYTHON (a python with the pinned vllm) is not set")
+    out = subprocess.run([python, "-c", "from vllm.v1.metrics.buckets import TIME_TO_FIRST_TOKEN_BUCKETS as b;"
+                          "import json; print(json.dumps(list(b)))"], capture_output=True, text=True, check=True)
+    assert tuple(json.loads(out.stdout)) == TTFT_BUCKETS
+
+
+def test_burn_rate_alerts_page_on_each_slo_over_two_windows(plans):
+    plan = plans["prod"]
+    slo_names = {f"projects/{plan.config.project}/services/{s['service']}/serviceLevelObjectives/{s['sloId']}"
+                 for s in props_of(plan, "gcp:monitoring/slo:Slo")}
+    burns = [p for p in props_of(plan, "gcp:monitoring/alertPolicy:AlertPolicy")
+             if p["displayName"].startswith("SLO ")]
+    assert len(burns) == 3 * len(slo_names)
+    named = set()
+    for policy in burns:
+        assert policy["combiner"] == "AND" and len(policy["conditions"]) == 2
+        assert policy["notificationChannels"]  # prod has channels
+        filters = [c["conditionThreshold"]["filter"] for c in policy["conditions"]]
+        (slo,) = {f.split('"')[1] for f in filters}
+        named.add(slo)
+        assert all(f.startswith("select_slo_burn_rate(") for f in filters)
+    assert named == slo_names
+
+
+def test_the_slos_and_alerts_parse_as_the_apis_messages(plans):
+    levels = plans["prod"].platform.observability.service_levels
+    assert levels is not None
+    assert all(validate_slo(s) == [] for s in levels.slo_definitions)
+    assert all(validate_alert_policy(p) == [] for p in levels.alert_definitions)
+    bad = json.loads(json.dumps(levels.slo_definitions[0]))
+    bad["request_based_sli"]["good_total_ratio"]["bad_filter"] = "x"
+    (err,) = validate_slo(bad)
+    assert "badFilter" in err
+
+
+def test_the_dashboard_shows_each_slos_error_budget(plans):
+    plan = plans["prod"]
+    (d,) = props_of(plan, "gcp:monitoring/dashboard:Dashboard")
+    tiles = json.loads(d["dashboardJson"])["mosaicLayout"]["tiles"]
+    budgets = [t["widget"]["xyChart"]["dataSets"][0]["timeSeriesQuery"]["timeSeriesFilter"]["filter"]
+               for t in tiles if t["widget"]["title"].startswith("Error budget remaining")]
+    assert sorted(budgets) == sorted(f'select_slo_budget_fraction("projects/{plan.config.project}/services/'
+                                     f'{s["service"]}/serviceLevelObjectives/{s["sloId"]}")'
+                                     for s in props_of(plan, "gcp:monitoring/slo:Slo"))
+
+
+def test_slos_can_be_turned_off(plan_variant):
+    plan = plan_variant("dev", lambda v: v.setdefault("vllm-gke:monitoring", {}).update(slos={"enabled": False}))
+    assert props_of(plan, "gcp:monitoring/slo:Slo") == []
+    assert plan.platform.observability.service_levels is None
