@@ -16,10 +16,11 @@ from typing import Any, Optional, Sequence
 import pulumi
 import pulumi_gcp as gcp
 
+from .billing_budget import BillingBudget, BillingBudgetArgs
 from .options import child_opts
 from .project_apis import ProjectApis
 from .service_levels import ServiceLevels, ServiceLevelsArgs, budget_tiles
-from .specs import MonitoringSpec
+from .specs import BudgetSpec, MonitoringSpec
 
 # An alert policy as gcp.monitoring.AlertPolicy keyword arguments (the API's fields, snake_case).
 AlertPolicy = dict[str, Any]
@@ -176,6 +177,8 @@ class ObservabilityArgs:
     # What the SLOs are kept for (monitoring.slos): the served models and the tenants.
     models: Sequence[str] = ()
     tenants: Sequence[str] = ()
+    # A Cloud Billing budget on the project, alerting the same channels (the stack key budget).
+    budget: Optional[BudgetSpec] = None
 
 
 class Observability(pulumi.ComponentResource):
@@ -184,6 +187,7 @@ class Observability(pulumi.ComponentResource):
     alert_definitions: list[dict[str, Any]]
     alert_policies: list[gcp.monitoring.AlertPolicy]
     service_levels: Optional[ServiceLevels]
+    billing_budget: Optional[BillingBudget]
 
     def __init__(self, name: str, args: ObservabilityArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:Observability", name, None, opts)
@@ -198,6 +202,9 @@ class Observability(pulumi.ComponentResource):
         self.service_levels = ServiceLevels(f"{name}-slos", ServiceLevelsArgs(
             args.project, args.cluster_name, args.spec, args.models, args.tenants, channels, args.apis),
             opts=child_opts(self, opts)) if args.spec.slos.enabled and (args.models or args.tenants) else None
+        self.billing_budget = BillingBudget(f"{name}-budget", BillingBudgetArgs(
+            args.project, args.cluster_name, args.budget, channels, args.apis),
+            opts=child_opts(self, opts)) if args.budget else None
         budgets = self.service_levels.budget_names if self.service_levels else []
         # The definition the plan checks names each SLO as "<slo>"; the resource, by its name.
         self.dashboard_definition = dashboard_json(args.title, args.cluster_name, args.kv_cache_metric,

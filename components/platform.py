@@ -72,6 +72,9 @@ def required_apis(cfg: StackConfig) -> list[str]:
         apis.append("certificatemanager.googleapis.com")
     if cfg.weights.backend in ("gcs", "hyperdisk-ml"):
         apis.append("storage.googleapis.com")
+    if cfg.budget:
+        # The Budget API bills its calls to the stack's project (components/billing_budget.py).
+        apis.append("billingbudgets.googleapis.com")
     if any(m.routing == "inference-gateway" for m in cfg.models):
         # "Deploy GKE Inference Gateway": the load balancer calls the picker through Service
         # Extensions, part of the Network Services API.
@@ -288,7 +291,8 @@ class Platform(pulumi.ComponentResource):
             project=cfg.project, cluster_name=cfg.cluster.name, spec=cfg.monitoring,
             title=f"vLLM on GKE - {cfg.cluster.name} ({cfg.environment})", apis=apis,
             kv_cache_metric=rel.kv_cache_metric, limit_store=cfg.global_limits.enabled,
-            models=[m.name for m in cfg.models], tenants=[t.name for t in cfg.tenants]), opts=child())
+            models=[m.name for m in cfg.models], tenants=[t.name for t in cfg.tenants], budget=cfg.budget),
+            opts=child())
 
         self.routes = {t.route_name: f"/{t.path_prefix}/v1" for t in targets}
         self.register_outputs({"clusterName": cluster.cluster.name, "kubeconfig": cluster.kubeconfig,

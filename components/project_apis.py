@@ -35,6 +35,7 @@ API_PURPOSES = {
     "logging.googleapis.com": "workload and system logs",
     "certificatemanager.googleapis.com": "Google-managed TLS certificates of external gateways",
     "networkservices.googleapis.com": "Service Extensions: the load balancer calling the Inference Gateway's endpoint picker",
+    "billingbudgets.googleapis.com": "the Cloud Billing budget (the stack's project is its calls' quota project)",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..components.billing_budget import MAX_CHANNELS as MAX_BUDGET_CHANNELS
 from ..components.capacity import consumer_models, placements
 from ..components.catalog import REGION_ZONES
 from ..components.cold_start import cold_start_seconds
@@ -67,6 +68,10 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: 
                    f"time-to-first-token buckets: the SLO counts a first token as good within {bound:g}s (Cloud "
                    "Monitoring cuts a histogram at its bounds); set it to one of "
                    f"{', '.join(f'{b:g}' for b in TTFT_BUCKETS if 0.1 <= b <= 20)} for an exact objective")
+    if cfg.budget and len(monitoring.notification_emails) > MAX_BUDGET_CHANNELS:
+        out.append(f"vllm-gke:budget alerts go to the first {MAX_BUDGET_CHANNELS} of monitoring.notificationEmails "
+                   f"(the Budget API takes at most {MAX_BUDGET_CHANNELS} channels): "
+                   f"{', '.join(monitoring.notification_emails[MAX_BUDGET_CHANNELS:])} get the SLO alerts only")
     if not cfg.cluster.dataplane_v2:
         pickers = " the endpoint pickers' ext_proc and metrics," if any(
             m.routing == "inference-gateway" for m in cfg.models) else ""

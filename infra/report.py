@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from ..components.capacity import PoolCapacity, capacity_report
+from ..components.stack_config import StackConfig
 from ..components.tenant_urls import TenantUrl, tenant_urls, url_notes
 from ..policies.rules import POLICIES, Violation, evaluate, resolve_levels
 from .advice import plan_warnings
@@ -69,6 +70,26 @@ def capped_peaks(cost: CostReport) -> list[str]:
             "lower maxReplicas" for p in cost.pools if p.capped]
 
 
+def over_budget(cfg: StackConfig, cost: CostReport) -> list[str]:
+    """The month's baseline (and peak) against the stack's budget. The price table is in USD; a
+    budget in another currency is not compared."""
+    budget = cfg.budget
+    if budget is None:
+        return []
+    if budget.currency != "USD":
+        return [f"vllm-gke:budget.currency is {budget.currency}: the plan prices in USD and does not compare "
+                "the cost with the budget; set the amount from the plan's USD figures converted"]
+    if cost.baseline_month > budget.monthly_amount:
+        return [f"vllm-gke:budget.monthlyAmount is {budget.monthly_amount:,} USD but the baseline costs "
+                f"{cost.baseline_month:,.0f} USD a month (list prices): the budget's alerts will fire every month; "
+                "raise the amount, or lower minReplicas or the node pools' minNodes"]
+    if cost.peak_month > budget.monthly_amount:
+        return [f"vllm-gke:budget.monthlyAmount is {budget.monthly_amount:,} USD: a month at peak would cost "
+                f"{cost.peak_month:,.0f} USD, so sustained peaks cross it (the baseline, "
+                f"{cost.baseline_month:,.0f} USD, does not)"]
+    return []
+
+
 def verdicts(plan: Plan, policy_config: Optional[Mapping[str, Any]] = None) -> Verdicts:
     store = plan.platform.store
     cost = cost_report(plan.config, store.tier, store.capacity_gb)
@@ -77,6 +98,7 @@ def verdicts(plan: Plan, policy_config: Optional[Mapping[str, Any]] = None) -> V
         violations=evaluate(plan.policy_resources(), policy_config),
         capacity=capacity_report(plan.config),
         cost=cost,
-        warnings=plan_warnings(plan.config, store.tier, store.capacity_gb) + capped_peaks(cost) + url_notes(plan.config),
+        warnings=plan_warnings(plan.config, store.tier, store.capacity_gb) + capped_peaks(cost) + over_budget(plan.config, cost)
+        + url_notes(plan.config),
         urls=tenant_urls(plan.config),
     )

@@ -46,6 +46,7 @@ from .inference_gateway import (
     inference_pools_served,
     tenant_priorities_bound,
 )
+from .operations import serving_held_to_slos
 from .tenant_access import (
     INTERNAL_GATEWAY,
     INTERNET_PROBE_IP,
@@ -74,7 +75,7 @@ __all__ = [
     "pods_hardened", "control_plane_restricted", "images_pinned", "resource_limits", "no_secret_literals",
     "max_tokens_cap", "vllm_autoscaled", "inference_pools_served", "tenant_priorities_bound",
     "lora_adapters_scoped", "limit_store_mesh_only", "scale_to_zero_answered", "hyperdisk_weights_populated",
-    "vllm_backends_resilient",
+    "vllm_backends_resilient", "serving_held_to_slos",
     # The table and its evaluation.
     "POLICIES", "POLICY_NAMES", "resolve_levels", "evaluate",
 ]
@@ -181,6 +182,11 @@ POLICIES: tuple[Policy, ...] = (
            " Rejects a Gateway backend of vLLM pods without a HealthCheckPolicy; a GCPBackendPolicy whose "
            "connection draining is shorter than its request timeout.",
            "advisory", vllm_backends_resilient),
+    Policy("serving-held-to-slos",
+           "Served models have SLOs, and each SLO fast- and slow-burn alerts that notify someone."
+           " Rejects a plan with vLLM servers and no Cloud Monitoring SLO; an SLO without a burn-rate alert "
+           "over an hour at most, or without one over six hours or more, sent to a notification channel.",
+           "advisory", serving_held_to_slos),
 )
 POLICY_NAMES = tuple(p.name for p in POLICIES)
 

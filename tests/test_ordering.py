@@ -22,6 +22,7 @@ API_OF = {
     "gcp:serviceaccount/": "iam.googleapis.com",
     "gcp:projects/iAMMember": "cloudresourcemanager.googleapis.com",
     "gcp:certificatemanager/": "certificatemanager.googleapis.com",
+    "gcp:billing/": "billingbudgets.googleapis.com",
 }
 
 

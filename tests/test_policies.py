@@ -168,6 +168,12 @@ def hyperdisk_plan():
     return run_program("staging", hyperdisk_values())
 
 
+def _unrouted_burn_alerts(rs):
+    for r in rs:
+        if r.type == "gcp:monitoring/alertPolicy:AlertPolicy":
+            r.props["notificationChannels"] = []
+
+
 # Policies about Inference Gateway pools judge the staging stack, whose llama-8b uses one; the
 # shared limit store is prod's.
 STAGING_CASES = {"inference-pools-served", "tenant-priorities-bound", "scale-to-zero-answered"}
@@ -197,6 +203,7 @@ CASES: dict[str, tuple[Callable, str]] = {
     "pods-hardened": (_privileged, "allowPrivilegeEscalation is not false"),
     "control-plane-restricted": (_public_control_plane, "public endpoint accepts any source address"),
     "vllm-backends-resilient": (_no_health_check, "without a HealthCheckPolicy"),
+    "serving-held-to-slos": (_unrouted_burn_alerts, "has no fast-burn alert"),
 }
 
 
@@ -416,3 +423,15 @@ def test_hyperdisk_claims_need_read_only_their_own_identity_and_transfer_nodes(h
     messages = [v.message for v in violations_of(rs, "hyperdisk-weights-populated")]
     for words in ("is not ReadOnlyMany", "default service account", "bind Immediate", "no such node pool"):
         assert any(words in m for m in messages), (words, messages)
+
+
+def test_serving_without_slos_or_slow_burns_is_caught(plans):
+    rs = resources(plans["dev"])
+    no_slow = [r for r in rs if not (r.type == "gcp:monitoring/alertPolicy:AlertPolicy"
+                                     and "slow burn" in r.props.get("displayName", "")
+                                     or "sustained burn" in r.props.get("displayName", ""))]
+    messages = [v.message for v in violations_of(no_slow, "serving-held-to-slos")]
+    assert messages and all("has no slow-burn alert" in m for m in messages)
+    bare = [r for r in rs if r.type != "gcp:monitoring/slo:Slo"]
+    (v,) = violations_of(bare, "serving-held-to-slos")
+    assert "declares no SLO" in v.message and "monitoring.slos.enabled" in v.message

@@ -1,0 +1,52 @@
+"""Serving held to its SLOs: objectives declared, and their burn-rate alerts paging someone."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator, Sequence
+
+from .base import Finding, Resource, vllm_servers, where
+
+SLO = "gcp:monitoring/slo:Slo"
+ALERT_POLICY = "gcp:monitoring/alertPolicy:AlertPolicy"
+# A condition on an SLO's burn rate: select_slo_burn_rate("<slo name>", "<lookback>s").
+BURN_RATE = re.compile(r'select_slo_burn_rate\("([^"]+)",\s*"(\d+)s"\)')
+# The SRE workbook's fast burn looks back an hour at most; its slow burns six hours or more.
+FAST_S, SLOW_S = 3600, 6 * 3600
+
+
+def _burn_alerts(resources: Sequence[Resource]) -> list[tuple[str, int, bool]]:
+    """(SLO name, lookback seconds, routed to a channel) for each burn-rate condition."""
+    out: list[tuple[str, int, bool]] = []
+    for policy in resources:
+        if policy.type != ALERT_POLICY or policy.props.get("enabled") is False:
+            continue
+        routed = bool(policy.props.get("notificationChannels"))
+        for condition in policy.props.get("conditions") or []:
+            query = ((condition or {}).get("conditionThreshold") or {}).get("filter") or ""
+            out.extend((name, int(seconds), routed) for name, seconds in BURN_RATE.findall(query))
+    return out
+
+
+def serving_held_to_slos(resources: Sequence[Resource]) -> Iterator[Finding]:
+    """vLLM servers come with SLOs, and each SLO with burn-rate alerts routed to a notification
+    channel: a fast one (a lookback of an hour at most) and a slow one (six hours or more). An SLO
+    nobody is paged on is a chart."""
+    slos = [r for r in resources if r.type == SLO]
+    servers = [r for r, _pod, _c in vllm_servers(resources)]
+    if servers and not slos:
+        yield servers[0], (f"{where(servers[0])} serves a model but the plan declares no SLO: set "
+                           "vllm-gke:monitoring.slos.enabled (availability and time to first token, with burn-rate alerts)")
+    alerts = _burn_alerts(resources)
+    for slo in slos:
+        # The SLO's resource name ends with services/<service>/serviceLevelObjectives/<id>, whether
+        # the project in front of it is given by ID or by number.
+        suffix = f"/services/{slo.props.get('service')}/serviceLevelObjectives/{slo.props.get('sloId')}"
+        mine = [(seconds, routed) for name, seconds, routed in alerts if name.endswith(suffix)]
+        if not any(routed and seconds <= FAST_S for seconds, routed in mine):
+            yield slo, (f"{where(slo)} ({slo.props.get('sloId')} of {slo.props.get('service')}) has no fast-burn "
+                        "alert (a burn rate over an hour at most) sent to a notification channel: set "
+                        "vllm-gke:monitoring.notificationEmails")
+        if not any(routed and seconds >= SLOW_S for seconds, routed in mine):
+            yield slo, (f"{where(slo)} ({slo.props.get('sloId')} of {slo.props.get('service')}) has no slow-burn "
+                        "alert (a burn rate over six hours or more) sent to a notification channel")
