@@ -139,17 +139,21 @@ def guard_entry(tenant: TenantSpec, model: Optional[str] = None,
         entry["models"] = [served.name, *(a.name for a in served.adapters if tenant.name in a.tenants)]
     if tenant.rate_limit.tokens_per_minute is not None:
         entry["tokensPerMinute"] = tenant.rate_limit.tokens_per_minute
+    if tenant.priority < 0:  # shed first while the server's queue is over its objective
+        entry["priority"] = tenant.priority
     return {tenant.jwt.issuer: entry}
 
 
 def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
                  max_tokens_rule: str = "both", objectives_for: Optional[str] = None,
                  shared_store: Optional[tuple[str, int]] = None, served: Optional[ModelSpec] = None,
-                 max_body_bytes: Optional[int] = None, cache_salt_paths: Sequence[str] = ()) -> dict[str, Any]:
+                 max_body_bytes: Optional[int] = None, cache_salt_paths: Sequence[str] = (),
+                 queue_slo_seconds: Optional[float] = None) -> dict[str, Any]:
     """The guard's config; `objectives_for` names the model when its pool sits behind the endpoint
     picker, so each tenant's requests must carry that tenant's own objective; `shared_store`
     (host, port) counts the tenants' limits across replicas (LimitStore); `max_body_bytes`
-    lowers the guard's body limit (a picker route's)."""
+    lowers the guard's body limit (a picker route's); `queue_slo_seconds`, the queue time over
+    which tenants of negative priority are shed (the guard's overload.py)."""
     issuers: dict[str, Any] = {}
     for tenant in tenants:
         issuers.update(guard_entry(tenant, objectives_for, served))
@@ -158,6 +162,8 @@ def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
         extra["globalLimits"] = {"host": shared_store[0], "port": shared_store[1]}
     if max_body_bytes is not None:
         extra["maxBodyBytes"] = max_body_bytes
+    if queue_slo_seconds is not None and any(t.priority < 0 for t in tenants):
+        extra["overload"] = {"queueSloSeconds": queue_slo_seconds}
     if served is not None:  # names the tenants' request and token counters (the guard's usage.py)
         extra["model"] = served.name
     salted = sorted(p for p in cache_salt_paths if any(r.path == p for r in routes))
@@ -181,7 +187,8 @@ def mesh_operations(routes: Sequence[Route]) -> list[dict[str, Any]]:
 
 
 def pool_guard_config(callers: Sequence[TenantSpec], model: ModelSpec, release: "VllmRelease",
-                      shared_store: Optional[tuple[str, int]] = None) -> dict[str, Any]:
+                      shared_store: Optional[tuple[str, int]] = None,
+                      queue_slo_seconds: Optional[float] = None) -> dict[str, Any]:
     """The guard's config for one pool of `model`, as Platform and the package's VllmService both
     build it: the routes the release serves salted (or the picker's, behind the endpoint picker,
     each tenant bound to its own objective), the tenants' adapters, the shared limit store."""
@@ -190,4 +197,4 @@ def pool_guard_config(callers: Sequence[TenantSpec], model: ModelSpec, release: 
     return guard_config(callers, routes, release.max_tokens_rule, objectives_for=picked, shared_store=shared_store,
                         served=model,
                         max_body_bytes=PICKER_REENCODING_GROWTH * picker_max_body_bytes(model) if picked else None,
-                        cache_salt_paths=release.cache_salt_paths)
+                        cache_salt_paths=release.cache_salt_paths, queue_slo_seconds=queue_slo_seconds)

@@ -76,9 +76,13 @@ def test_guard_config_carries_caps_of_the_callers_only(plans):
     assert {v["tenant"] for v in shared["issuers"].values()} == {"search", "support"}
     assert shared["issuers"]["https://auth.acme.example/support"] == {
         "tenant": "support", "maxTokens": 1024, "requestsPerMinute": 1200, "tokensPerMinute": 400000,
-        "models": ["llama-8b", "support-sql"], "cacheSalt": "tenant-support"}
+        "models": ["llama-8b", "support-sql"], "cacheSalt": "tenant-support", "priority": -1}
+    # support may be shed under overload, over the stack's queue-time objective; search never is
+    assert shared["overload"] == {"queueSloSeconds": plan.config.monitoring.queue_latency_slo_seconds}
+    assert "priority" not in shared["issuers"]["https://auth.acme.example/search"]
     dedicated = guard("qwen-7b-short", "tenant-analytics")
     assert list(dedicated["issuers"]) == ["https://auth.acme.example/analytics"]
+    assert "overload" not in dedicated  # nobody there to shed
     assert shared["issuerHeader"] == ISSUER_HEADER
 
 

@@ -376,7 +376,7 @@ class TenantSpec(TypedDict):
     dedicated: NotRequired[DedicatedSpec]
     """Replicas of the tenant's own."""
     priority: NotRequired[int]
-    """Priority of the tenant's requests on models with routing: inference-gateway (its InferenceObjective). The pinned endpoint picker (gateway-api-inference-extension v1.2.0, without its experimental flow control) only sheds: while every replica of the pool is saturated (more than 5 requests waiting or KV cache over 80% on each), a negative priority's requests get 429; 0, the default, is never shed. It orders nothing by priority, so a positive value would change nothing and is refused. Default: 0."""
+    """Priority of the tenant's requests: 0, the default, is never shed; a negative one is shed (429 with Retry-After) while a replica's queue time is over monitoring.queueLatencySloSeconds, the most negative tier first, one more each second it stays over (the in-server guard). On models with routing: inference-gateway it is also the tenant's InferenceObjective's: the pinned endpoint picker (gateway-api-inference-extension v1.2.0, without its experimental flow control) sheds negative priorities while every replica is saturated (more than 5 requests waiting or KV cache over 80% on each) and orders nothing by priority, so a positive value would change nothing and is refused. Default: 0."""
 
 
 class GatewaySpec(TypedDict):

@@ -24,9 +24,9 @@ from ..options import child_opts
 from ..serving_api import pool_guard_config
 from ..specs import ImageRef as ImageModel
 from ..specs import ModelSpec as ModelModel
+from ..specs import MonitoringSpec, item_key
 from ..specs import NodePoolSpec as NodePoolModel
 from ..specs import TenantSpec as TenantModel
-from ..specs import item_key
 from ..standby import STANDBY_SA, Standby, StandbyArgs
 from ..vllm_service import SERVER_LABELS, VllmServiceArgs, service_name_of
 from ..vllm_service import VllmService as _VllmService
@@ -171,8 +171,10 @@ class VllmService(pulumi.ComponentResource):
             model=model, pool_name=pool_name, pool=getattr(model, pool_name), node_pool=node_pool,
             namespace=args["namespace"], image=image, claim_name=args["claim_name"],
             provider=provider,
+            # Tenants of negative priority are shed over the stack default's queue-time objective.
             guard_config=pool_guard_config(tenants, model, rel, (limit_store_host(), LIMITS_PORT)
-                                           if args.get("global_limits") else None), tenant=args.get("tenant"),
+                                           if args.get("global_limits") else None,
+                                           MonitoringSpec().queue_latency_slo_seconds), tenant=args.get("tenant"),
             release=rel, canary=canary, scaling=KedaScaling(project, args.get("keda_auth") or GMP_AUTH, standby_name),
             # vllm-server: MeshNamespace (and TenantAuth, for a dedicated tenant) makes it, and the
             # LimitStore admits it.

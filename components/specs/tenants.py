@@ -89,11 +89,13 @@ class TenantSpec(Spec):
     max_tokens: int = Field(ge=1, le=131072)
     # Replicas of the tenant's own.
     dedicated: Optional[DedicatedSpec] = None
-    # Priority of the tenant's requests on models with routing: inference-gateway (its
-    # InferenceObjective). The pinned endpoint picker (gateway-api-inference-extension v1.2.0,
-    # without its experimental flow control) only sheds: while every replica of the pool is
-    # saturated (more than 5 requests waiting or KV cache over 80% on each), a negative priority's
-    # requests get 429; 0, the default, is never shed. It orders nothing by priority, so a
+    # Priority of the tenant's requests: 0, the default, is never shed; a negative one is shed
+    # (429 with Retry-After) while a replica's queue time is over monitoring.queueLatencySloSeconds,
+    # the most negative tier first, one more each second it stays over (the in-server guard).
+    # On models with routing: inference-gateway it is also the tenant's InferenceObjective's: the
+    # pinned endpoint picker (gateway-api-inference-extension v1.2.0, without its experimental
+    # flow control) sheds negative priorities while every replica is saturated (more than 5
+    # requests waiting or KV cache over 80% on each) and orders nothing by priority, so a
     # positive value would change nothing and is refused.
     priority: int = Field(default=0, ge=-100, le=100)
 
@@ -102,7 +104,7 @@ class TenantSpec(Spec):
     def _sheddable_or_not(cls, v: int) -> int:
         if v > 0:
             raise ValueError(
-                f"{v} would change nothing: the pinned endpoint picker (v1.2.0) serves no priority before "
-                "another, it only sheds negative ones (429) while the pool is saturated; use 0 (never shed) "
-                "or a negative number (shed first)")
+                f"{v} would change nothing: 0 is never shed and neither the guard nor the pinned endpoint "
+                "picker (v1.2.0) serves one priority before another, they only shed negative ones (429) "
+                "under overload; use 0 (never shed) or a negative number (shed first, lowest first)")
         return v

@@ -30,7 +30,7 @@ def warmup_token() -> bytes:
 class Tenant:
     """One issuer's tenant, read from config once (not looked up in a dict on every request)."""
 
-    __slots__ = ("name", "cap", "rpm", "tpm", "objective", "models", "limiter", "tokens", "salt", "meters")
+    __slots__ = ("name", "cap", "rpm", "tpm", "objective", "models", "limiter", "tokens", "salt", "meters", "priority")
 
     def __init__(self, entry: dict[str, Any], clock: Callable[[], float], model: str = ""):
         self.name = str(entry["tenant"])
@@ -38,6 +38,8 @@ class Tenant:
         self.rpm = int(entry["requestsPerMinute"])
         self.tpm: Optional[int] = entry.get("tokensPerMinute")
         self.objective: Optional[str] = entry.get("objective")
+        # Below 0: shed, lowest first, while the server's queue is over its objective (overload.py).
+        self.priority = int(entry.get("priority") or 0)
         # On a server with LoRA adapters: the `model` values the tenant may name.
         self.models: Optional[frozenset[str]] = frozenset(entry["models"]) if "models" in entry else None
         self.limiter = SlidingWindowLimiter(self.rpm, clock)

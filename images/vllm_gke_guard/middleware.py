@@ -32,6 +32,7 @@ from .headers import ISSUER, OBJECTIVE, WARMUP_HEADER, Headers, check_content_ty
 from .limits import connect_store, rate_limited, take_shared
 from .metrics import count_untrusted, log
 from .models import check_model, model_list_filter
+from .overload import Overload, VllmQueue
 from .routes import OPEN_ROUTES, OUTPUT_FIELDS, route_kind, route_table
 from .scan import JsonShapeError
 from .usage import Meter, shared_state
@@ -66,6 +67,11 @@ class GuardMiddleware:
         self.store_unavailable: type[Exception] = Exception
         if shared:
             self.shared, self.store_unavailable = connect_store(shared)
+        # Overload protection: the queue-time objective, where some tenant may be shed (overload.py).
+        overload: dict[str, Any] = cfg.get("overload") or {}
+        self.overload: Optional[Overload] = Overload(
+            float(overload["queueSloSeconds"]), [t.priority for t in self.tenants.values()], VllmQueue(), clock) \
+            if overload and any(t.priority < 0 for t in self.tenants.values()) else None
         self.warmup_token = warmup_token()
         self.header_slots = header_slots(self.issuer_header, self.objective_header)
         self.logged_peers: set[str] = set()
@@ -134,6 +140,8 @@ class GuardMiddleware:
                                       or objective.decode("latin-1") != tenant.objective):
             raise GuardError(403, f"tenant '{tenant.name}' must call this model under its own path "
                                   f"(/{tenant.name}/<model>/v1)", "forbidden")
+        if tenant.priority < 0:
+            self._shed(tenant)
         if self.shared is None and (wait := tenant.limiter.take()) is not None:
             raise rate_limited(tenant, wait)
         if kind == "info":
@@ -146,6 +154,12 @@ class GuardMiddleware:
             raise too_large(self.max_body)
         return await self._admit_body(scope, receive, await receive_body(receive, self.max_body), kind, tenant,
                                       salt=tenant.salt if path in self.salted else None)
+
+    def _shed(self, tenant: Tenant) -> None:
+        """A 429 with Retry-After for a sheddable tenant while the queue is over its objective."""
+        if self.overload is not None and self.overload.shed(tenant.priority):
+            tenant.meters.shed.inc()
+            raise self.overload.refusal(tenant.name)
 
     async def _admit_common_chat(self, scope: Scope, receive: Receive) -> Optional[Admitted]:
         """The request nearly every call is - a tenant's chat completion within its cap, through
@@ -181,7 +195,9 @@ class GuardMiddleware:
         tenant = self.tenants.get(issuer.decode("latin-1"))
         if tenant is None or tenant.models is not None:
             return None
-        # From here on, as the general path: counted, then the body.
+        # From here on, as the general path: shed, counted, then the body.
+        if tenant.priority < 0:
+            self._shed(tenant)
         if (wait := tenant.limiter.take()) is not None:
             raise rate_limited(tenant, wait)
         message = await receive()

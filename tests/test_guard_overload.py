@@ -1,0 +1,158 @@
+"""Overload protection in the guard (images/vllm_gke_guard/overload.py): while the queue time is
+over its objective, the lowest-priority tenants get 429 with Retry-After first, a tier a second;
+priority 0 never. The metric names it reads are checked on the real vLLM's /metrics in
+tests/test_guard_in_vllm.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+
+from tests.test_guard import ISSUER, TENANT, Clock, Recorder, call, status
+from vllm_gke.components.serving_api import guard_config, tenant_routes
+from vllm_gke.components.specs import TenantSpec
+
+from tests.test_guard import guard  # isort: skip
+
+overload = guard.overload
+
+
+class Queue:
+    """Stands in for vLLM's metrics: waiting requests, and the queue-time histogram's sum and count."""
+
+    def __init__(self):
+        self.waiting, self.total, self.count = 0.0, 0.0, 0.0
+
+    def read(self):
+        return self.waiting, self.total, self.count
+
+    def leave(self, n, each_waited):
+        self.count += n
+        self.total += n * each_waited
+
+
+def controller(slo=2.0, priorities=(0, -1, -5)):
+    clock, queue = Clock(), Queue()
+    return overload.Overload(slo, priorities, queue, clock), clock, queue
+
+
+def step(ctl, clock, seconds=1.0):
+    clock.now += seconds
+    return {p: ctl.shed(p) for p in (0, -1, -5)}
+
+
+def test_the_lowest_tier_goes_first_then_the_next_and_priority_0_never():
+    ctl, clock, queue = controller()
+    assert step(ctl, clock) == {0: False, -1: False, -5: False}  # the first reading has no rate yet
+    queue.waiting = 40
+    queue.leave(10, 3.5)  # 10 requests left the queue this second, each after 3.5 s: over 2 s
+    assert step(ctl, clock) == {0: False, -1: False, -5: True}
+    queue.leave(10, 3.5)
+    assert step(ctl, clock) == {0: False, -1: True, -5: True}
+    queue.leave(10, 3.5)
+    assert step(ctl, clock) == {0: False, -1: True, -5: True}  # no tier left; 0 is never shed
+    # between half the objective and the objective: hold
+    queue.waiting, _ = 15, queue.leave(10, 1.5)
+    assert step(ctl, clock) == {0: False, -1: True, -5: True}
+    # under half: a tier back each second, the highest first
+    queue.waiting, _ = 2, queue.leave(10, 0.2)
+    assert step(ctl, clock) == {0: False, -1: False, -5: True}
+    queue.leave(10, 0.2)
+    assert step(ctl, clock) == {0: False, -1: False, -5: False}
+
+
+def test_decided_at_most_once_an_interval():
+    ctl, clock, queue = controller()
+    step(ctl, clock)
+    queue.waiting, _ = 40, queue.leave(10, 5.0)
+    assert step(ctl, clock)[-5] is True
+    queue.leave(10, 5.0)
+    assert step(ctl, clock, 0.3)[-1] is False  # too soon for the next tier
+    assert step(ctl, clock, 0.7)[-1] is True
+
+
+def test_waiting_over_the_rate_they_leave_counts_before_any_has_waited_long():
+    """Requests that finished waited little, but 30 wait and 5 a second leave: 6 s ahead."""
+    ctl, clock, queue = controller()
+    step(ctl, clock)
+    queue.waiting, _ = 30, queue.leave(5, 0.1)
+    assert step(ctl, clock)[-5] is True and ctl.estimate == pytest.approx(6.0)
+
+
+def test_a_queue_that_does_not_move_counts_its_age():
+    ctl, clock, queue = controller()
+    step(ctl, clock)
+    queue.waiting = 3  # nothing leaves the queue
+    assert step(ctl, clock)[-5] is False  # 1 s old
+    assert step(ctl, clock)[-5] is False  # 2 s: at the objective, not over it
+    assert step(ctl, clock)[-5] is True and ctl.estimate == pytest.approx(3.0)
+
+
+def test_vllms_own_metrics_are_read_as_it_registers_them():
+    """Named and labelled as vLLM 0.34's stat logger makes them (one child per engine)."""
+    registry = CollectorRegistry()
+    waiting = Gauge("vllm:num_requests_waiting", "", ["model_name", "engine"], registry=registry)
+    queue_time = Histogram("vllm:request_queue_time_seconds", "", ["model_name", "engine"], registry=registry,
+                           buckets=(0.3, 1.0, 5.0))
+    reader = overload.VllmQueue(registry)
+    waiting.labels("m", "0").set(4)
+    waiting.labels("m", "1").set(3)
+    queue_time.labels("m", "0").observe(2.0)
+    queue_time.labels("m", "1").observe(0.5)
+    assert reader.read() == (7.0, 2.5, 2.0)
+    assert overload.VllmQueue(CollectorRegistry()).read() == (0.0, 0.0, 0.0)  # not registered yet: nothing
+
+
+def tenants():
+    def tenant(name, priority):
+        return TenantSpec.model_validate({**TENANT.model_dump(by_alias=True), "name": name, "priority": priority,
+                                          "jwt": {**TENANT.jwt.model_dump(by_alias=True),
+                                                  "issuer": f"https://auth.example/{name}"}})
+    return [TENANT, tenant("batch", -5), tenant("drafts", -1)]
+
+
+def overloaded_guard():
+    cfg = guard_config(tenants(), tenant_routes(), queue_slo_seconds=2.0, served=None)
+    assert cfg["overload"] == {"queueSloSeconds": 2.0}
+    assert cfg["issuers"]["https://auth.example/batch"]["priority"] == -5
+    clock, app = Clock(), Recorder()
+    mw = guard.GuardMiddleware(app, {**cfg, "model": "m-overload"}, clock)
+    queue = Queue()
+    mw.overload.queue = queue
+    return mw, app, clock, queue
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_the_guard_answers_a_shed_tenant_429_with_retry_after_in_openais_format(fast_path, monkeypatch):
+    from prometheus_client import REGISTRY
+
+    mw, app, clock, queue = overloaded_guard()
+    monkeypatch.setattr(mw, "fast_path", fast_path)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 10}
+    path = "/v1/chat/completions"
+    assert status(call(mw, body, path=path, issuer="https://auth.example/batch")) == 200
+    clock.now += 1
+    queue.waiting, _ = 50, queue.leave(10, 4.0)
+    shed = {"tenant": "batch", "model": "m-overload", "outcome": "shed"}
+    before = REGISTRY.get_sample_value("vllm_gke_tenant_requests_total", shed) or 0.0
+    sent = call(mw, body, path=path, issuer="https://auth.example/batch")
+    assert status(sent) == 429
+    headers = dict(sent[0]["headers"])
+    assert int(headers[b"retry-after"]) >= 4
+    err = json.loads(sent[1]["body"])["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == "overloaded" and err["type"] == "rate_limit_error" and "batch" in err["message"]
+    assert REGISTRY.get_sample_value("vllm_gke_tenant_requests_total", shed) == before + 1
+    # the next tier is still served this second, and priority 0 always
+    assert status(call(mw, body, path=path, issuer="https://auth.example/drafts")) == 200
+    assert status(call(mw, body, path=path, issuer=ISSUER)) == 200
+    # the shed request never reached vLLM
+    assert len(app.seen) == 3
+
+
+def test_no_sheddable_tenant_no_overload_control():
+    cfg = guard_config([TENANT], tenant_routes(), queue_slo_seconds=2.0)
+    assert "overload" not in cfg
+    assert guard.GuardMiddleware(Recorder(), cfg, Clock()).overload is None
