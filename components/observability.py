@@ -113,6 +113,36 @@ def dashboard_json(title: str, cluster: str, kv_metric: str = "vllm:kv_cache_usa
     return {"displayName": title, "mosaicLayout": {"columns": 48, "tiles": tiles}}
 
 
+def tenant_dashboard_json(title: str, cluster: str, tenants: Sequence[str],
+                          budgets: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """One row per tenant: its requests by outcome, its tokens as vLLM counted them (per model),
+    and its availability SLO's error budget remaining (`budgets`: title and SLO resource name of
+    the tenants' objectives, titled "tenant <name>: ...")."""
+    tiles: list[dict[str, Any]] = []
+
+    def chart(i: int, name: str, data_sets: list[dict[str, Any]]) -> None:
+        tiles.append({"xPos": (i % 3) * 16, "yPos": (i // 3) * 16, "width": 16, "height": 16,
+                      "widget": {"title": name, "xyChart": {"chartOptions": {"mode": "COLOR"}, "dataSets": data_sets}}})
+
+    def line(query: dict[str, Any], legend: str = "") -> dict[str, Any]:
+        return {"plotType": "LINE", "targetAxis": "Y1", "timeSeriesQuery": query,
+                **({"legendTemplate": legend} if legend else {})}
+
+    for row, tenant in enumerate(tenants):
+        sel = f'{{cluster="{cluster}",tenant="{tenant}"}}'
+        chart(3 * row, f"{tenant}: requests/s by outcome", [line({"prometheusQuery": (
+            f"sum by (model, outcome) (rate(vllm_gke_tenant_requests_total{sel}[5m]))")})])
+        chart(3 * row + 1, f"{tenant}: tokens/s, as vLLM counted them", [
+            line({"prometheusQuery": f"sum by (model) (rate(vllm_gke_tenant_prompt_tokens_total{sel}[5m]))"},
+                 "prompt ${labels.model}"),
+            line({"prometheusQuery": f"sum by (model) (rate(vllm_gke_tenant_generation_tokens_total{sel}[5m]))"},
+                 "generated ${labels.model}")])
+        mine = [(t, n) for t, n in budgets if t.startswith(f"tenant {tenant}:")]
+        for t, query in budget_tiles(mine)[:1]:
+            chart(3 * row + 2, t, [line(query)])
+    return {"displayName": title, "mosaicLayout": {"columns": 48, "tiles": tiles}}
+
+
 def _policy(name: str, query: str, duration_s: int, doc: str, severity: str) -> AlertPolicy:
     condition: dict[str, Any] = {"query": query, "evaluation_interval": "60s"}
     if duration_s:
@@ -179,11 +209,16 @@ class ObservabilityArgs:
     tenants: Sequence[str] = ()
     # A Cloud Billing budget on the project, alerting the same channels (the stack key budget).
     budget: Optional[BudgetSpec] = None
+    # The servers have ttftSloSeconds among their TTFT buckets (ServiceLevelsArgs.exact_ttft).
+    exact_ttft: bool = False
 
 
 class Observability(pulumi.ComponentResource):
     dashboard: gcp.monitoring.Dashboard
     dashboard_definition: dict[str, Any]
+    # Per tenant: its requests, tokens and error budget (what the plan checks; the resource is tenant_dashboard).
+    tenant_dashboard: Optional[gcp.monitoring.Dashboard]
+    tenant_dashboard_definition: Optional[dict[str, Any]]
     alert_definitions: list[dict[str, Any]]
     alert_policies: list[gcp.monitoring.AlertPolicy]
     service_levels: Optional[ServiceLevels]
@@ -200,7 +235,8 @@ class Observability(pulumi.ComponentResource):
             for i, email in enumerate(args.spec.notification_emails)
         ]
         self.service_levels = ServiceLevels(f"{name}-slos", ServiceLevelsArgs(
-            args.project, args.cluster_name, args.spec, args.models, args.tenants, channels, args.apis),
+            args.project, args.cluster_name, args.spec, args.models, args.tenants, channels, args.apis,
+            exact_ttft=args.exact_ttft),
             opts=child_opts(self, opts)) if args.spec.slos.enabled and (args.models or args.tenants) else None
         self.billing_budget = BillingBudget(f"{name}-budget", BillingBudgetArgs(
             args.project, args.cluster_name, args.budget, channels, args.apis),
@@ -215,6 +251,15 @@ class Observability(pulumi.ComponentResource):
             sort_keys=True))
         self.dashboard = gcp.monitoring.Dashboard(f"{name}-dashboard", project=args.project,
                                                   dashboard_json=definition, opts=child)
+        tenant_title = f"{args.title}: tenants"
+        self.tenant_dashboard_definition = tenant_dashboard_json(
+            tenant_title, args.cluster_name, args.tenants, [(title, "<slo>") for title, _ in budgets]) \
+            if args.tenants else None
+        self.tenant_dashboard = gcp.monitoring.Dashboard(
+            f"{name}-tenant-dashboard", project=args.project, opts=child,
+            dashboard_json=pulumi.Output.all(*[n for _, n in budgets]).apply(lambda names: json.dumps(
+                tenant_dashboard_json(tenant_title, args.cluster_name, args.tenants, list(zip(titles, names))),
+                sort_keys=True))) if args.tenants else None
         self.alert_definitions = alert_policies(args.cluster_name, args.spec, args.kv_cache_metric, args.limit_store)
         self.alert_policies = []
         for i, kwargs in enumerate(self.alert_definitions):

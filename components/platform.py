@@ -197,6 +197,10 @@ class Platform(pulumi.ComponentResource):
             """The MeshNamespace holding the servers' and standbys' service accounts."""
             return tenants[tenant].namespace if tenant else serving
 
+        # With SLOs kept the servers count TTFT at the objective's own bound (where the release can).
+        slos_kept = cfg.monitoring.slos.enabled
+        exact_ttft = slos_kept and rel.histogram_buckets_flag is not None
+
         def serve(key: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
                   callers: list[TenantSpec], tenant: str | None = None, canary: bool = False) -> dict[str, str]:
             names: dict[str, str] = {}
@@ -209,7 +213,8 @@ class Platform(pulumi.ComponentResource):
                     namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
                     provider=provider,
                     guard_config=pool_guard_config(callers, model, rel, shared_store,
-                                                                 cfg.monitoring.queue_latency_slo_seconds),
+                                                   cfg.monitoring.queue_latency_slo_seconds),
+                    ttft_slo_seconds=cfg.monitoring.ttft_slo_seconds if slos_kept else None,
                     release=rel, tenant=tenant, canary=canary, weights_volume=store.weights_volume,
                     weights_annotations=store.pod_annotations,
                     scaling=KedaScaling(cfg.project, keda.auth_name, standby_name),
@@ -292,7 +297,8 @@ class Platform(pulumi.ComponentResource):
             project=cfg.project, cluster_name=cfg.cluster.name, spec=cfg.monitoring,
             title=f"vLLM on GKE - {cfg.cluster.name} ({cfg.environment})", apis=apis,
             kv_cache_metric=rel.kv_cache_metric, limit_store=cfg.global_limits.enabled,
-            models=[m.name for m in cfg.models], tenants=[t.name for t in cfg.tenants], budget=cfg.budget),
+            models=[m.name for m in cfg.models], tenants=[t.name for t in cfg.tenants], budget=cfg.budget,
+            exact_ttft=exact_ttft),
             opts=child())
 
         self.routes = {t.route_name: f"/{t.path_prefix}/v1" for t in targets}

@@ -8,8 +8,9 @@ window (monitoring.slos):
     request the tenant got wrong (a 4xx: over its cap, an unknown model) is not a valid one;
   - time to first token, per model: the share of requests whose first token came within
     monitoring.ttftSloSeconds, from vLLM's own histogram (vllm:time_to_first_token_seconds, which
-    has no tenant). Cloud Monitoring cuts a distribution at its bucket bounds, so the objective's
-    threshold is the largest bound of vLLM's buckets at or under the configured seconds.
+    has no tenant). Cloud Monitoring cuts a distribution at its bucket bounds: where the release
+    takes --custom-histogram-buckets (0.34) the servers add the threshold to their TTFT buckets
+    and the cut is exact; otherwise it is the largest default bound at or under the threshold.
 
 Alerts are the SRE workbook's multi-window, multi-burn-rate ones (chapter 5, "Alerting on SLOs"):
 page when 2% of the window's error budget burns in an hour or 5% in six, open a ticket at 10% in
@@ -28,15 +29,13 @@ import pulumi_gcp as gcp
 from .options import child_opts
 from .project_apis import ProjectApis
 from .specs import MonitoringSpec
+from .vllm_versions import TTFT_BUCKETS
 
 # Managed Prometheus keeps a metric's name (colons included) under this prefix, with its kind.
 GMP = "prometheus.googleapis.com"
 # The guard's per-tenant request count (images/vllm_gke_guard/metrics.py TENANT_REQUESTS).
 REQUESTS_METRIC = f"{GMP}/vllm_gke_tenant_requests_total/counter"
 TTFT_METRIC = f"{GMP}/vllm:time_to_first_token_seconds/histogram"
-# vLLM's default time-to-first-token buckets (vllm 0.34.0 vllm/v1/metrics/buckets.py:57-80).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 VALID = ("ok", "error", "shed")
 BAD = ("error", "shed")
 
@@ -65,8 +64,12 @@ BURN_WINDOWS = (
 )
 
 
-def ttft_bound(seconds: float) -> float:
-    """The largest of vLLM's bucket bounds at or under `seconds` (the smallest bound if none)."""
+def ttft_bound(seconds: float, exact: bool = False) -> float:
+    """Where the SLO cuts the histogram: at `seconds` where the servers add it to their buckets
+    (`exact`: the release's --custom-histogram-buckets), else the largest of vLLM's default bounds
+    at or under it (the smallest bound if none)."""
+    if exact:
+        return seconds
     return max((b for b in TTFT_BUCKETS if b <= seconds + 1e-9), default=TTFT_BUCKETS[0])
 
 
@@ -86,11 +89,11 @@ def availability_sli(cluster: str, **labels: str) -> dict[str, Any]:
                                  "total_service_filter": f'{base} metric.label."outcome"={_one_of(VALID)}'}}
 
 
-def ttft_sli(cluster: str, model: str, seconds: float) -> dict[str, Any]:
+def ttft_sli(cluster: str, model: str, seconds: float, exact: bool = False) -> dict[str, Any]:
     """Requests whose first token came within the bound, per vLLM's histogram."""
     return {"distribution_cut": {
         "distribution_filter": f'metric.type="{TTFT_METRIC}" {_labels(cluster, model_name=model)}',
-        "range": {"min": 0, "max": ttft_bound(seconds)}}}
+        "range": {"min": 0, "max": ttft_bound(seconds, exact)}}}
 
 
 @dataclass(frozen=True)
@@ -113,16 +116,17 @@ def service_id(cluster: str, kind: str, name: str) -> str:
     return f"vllm-{cluster}-{kind}-{name}"
 
 
-def objectives(cluster: str, spec: MonitoringSpec, models: Sequence[str], tenants: Sequence[str]) -> list[Objective]:
+def objectives(cluster: str, spec: MonitoringSpec, models: Sequence[str], tenants: Sequence[str],
+               exact_ttft: bool = False) -> list[Objective]:
     slos = spec.slos
     out: list[Objective] = []
     for model in models:
         svc = service_id(cluster, "model", model)
         out.append(Objective(svc, "availability", f"{model}: {slos.availability:.2%} of requests answered",
                              slos.availability, availability_sli(cluster, model=model)))
-        bound = ttft_bound(spec.ttft_slo_seconds)
+        bound = ttft_bound(spec.ttft_slo_seconds, exact_ttft)
         out.append(Objective(svc, "ttft", f"{model}: {slos.ttft:.2%} of first tokens within {bound:g}s",
-                             slos.ttft, ttft_sli(cluster, model, spec.ttft_slo_seconds)))
+                             slos.ttft, ttft_sli(cluster, model, spec.ttft_slo_seconds, exact_ttft)))
     for tenant in tenants:
         out.append(Objective(service_id(cluster, "tenant", tenant), "availability",
                              f"tenant {tenant}: {slos.availability:.2%} of requests answered", slos.availability,
@@ -169,6 +173,8 @@ class ServiceLevelsArgs:
     # Where the burn-rate alerts go (Observability's notification channels).
     channels: Sequence[pulumi.Input[str]] = ()
     apis: Optional[ProjectApis] = None
+    # The servers add ttftSloSeconds to their TTFT buckets (VllmServiceArgs.ttft_slo_seconds): cut there.
+    exact_ttft: bool = False
 
 
 class ServiceLevels(pulumi.ComponentResource):
@@ -186,7 +192,7 @@ class ServiceLevels(pulumi.ComponentResource):
         super().__init__("vllm-gke:index:ServiceLevels", name, None, opts)
         child = child_opts(self, opts, depends_on=args.apis.needs("monitoring.googleapis.com") if args.apis else [])
         window = args.spec.slos.window_days
-        self.objectives = objectives(args.cluster_name, args.spec, args.models, args.tenants)
+        self.objectives = objectives(args.cluster_name, args.spec, args.models, args.tenants, args.exact_ttft)
         self.services, self.slos, self.slo_definitions = {}, [], []
         self.alert_definitions, self.alert_policies, self.budget_names = [], [], []
         for objective in self.objectives:

@@ -10,7 +10,7 @@ from typing import Optional
 
 from . import gcs_weights
 from .specs import ModelSpec, NodePoolSpec, ServingPoolSpec
-from .vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
+from .vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release, ttft_buckets_with
 from .weights_layout import SERVER_UID, adapter_copies, model_dir, ready_marker, served_files_gb
 
 PORT = 8000
@@ -69,9 +69,9 @@ def sidecar_config() -> dict[str, str]:
 
 
 def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: Optional[VllmRelease] = None,
-              request_timeout_seconds: int = 600) -> list[str]:
+              request_timeout_seconds: int = 600, ttft_slo_seconds: Optional[float] = None) -> list[str]:
     """Flags for `vllm serve` of release `rel` (default the newest supported), following GKE's vLLM
-    serving guides."""
+    serving guides; `ttft_slo_seconds`, a TTFT objective to have among the TTFT histogram's bounds."""
     rel = rel or release(DEFAULT_VLLM_VERSION)
     args = [
         model_dir(model),
@@ -102,6 +102,11 @@ def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: Optional[VllmRelease
         # On SIGTERM the engine keeps generating what it accepted for up to this long, streams
         # included, instead of aborting it (0.34's default of 0).
         args += [rel.shutdown_timeout_flag, str(request_timeout_seconds)]
+    if ttft_slo_seconds is not None and rel.histogram_buckets_flag \
+            and (buckets := ttft_buckets_with(ttft_slo_seconds)) is not None:
+        # The TTFT SLO counts requests under its threshold from this histogram, which Cloud
+        # Monitoring can cut only at a bucket bound (components/service_levels.py).
+        args += [rel.histogram_buckets_flag, json.dumps({"time_to_first_token": buckets}, separators=(",", ":"))]
     args += ["--middleware", GUARD_MIDDLEWARE]
     return args + list(model.extra_args)
 

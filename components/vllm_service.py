@@ -109,6 +109,9 @@ class VllmServiceArgs:
     # The servers' Kubernetes service account (MeshNamespace service_accounts creates it); None:
     # the namespace's default.
     service_account: Optional[str] = SERVER_SA
+    # The TTFT SLO's threshold (monitoring.ttftSloSeconds, where SLOs are kept): added to vLLM's
+    # TTFT buckets where it is not a bound, so the SLO counts exactly.
+    ttft_slo_seconds: Optional[float] = None
 
 
 class VllmService(pulumi.ComponentResource):
@@ -206,7 +209,8 @@ class VllmService(pulumi.ComponentResource):
                             "name": "vllm",
                             "image": args.image.uri,
                             "command": ["python3", "/opt/vllm-gke/serve.py"],
-                            "args": vllm_args(model, pool, args.release, args.request_timeout_seconds),
+                            "args": vllm_args(model, pool, args.release, args.request_timeout_seconds,
+                                             args.ttft_slo_seconds),
                             "ports": [{"name": "http", "containerPort": PORT}],
                             "env": [
                                 *RUNTIME_ENV,

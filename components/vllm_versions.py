@@ -41,6 +41,9 @@ class VllmRelease:
     # --reads): 0.34 prefers Mistral's consolidated*.safetensors where a repository has them
     # (model_loader/default_loader.py:170-183), 0.11 reads the HF shards.
     weights_rule: Literal["hf", "mistral-first"] = "hf"
+    # The flag that replaces a histogram family's buckets (0.34's --custom-histogram-buckets,
+    # config/observability.py:72); None where the release has none.
+    histogram_buckets_flag: Optional[str] = None
 
     @property
     def picker_metrics(self) -> dict[str, str]:
@@ -62,7 +65,7 @@ RELEASES: dict[str, VllmRelease] = {
                           cache_salt_paths=("/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch",
                                             "/v1/responses", "/v1/messages", "/v1/embeddings", "/pooling", "/classify",
                                             "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"),
-                          weights_rule="mistral-first"),
+                          weights_rule="mistral-first", histogram_buckets_flag="--custom-histogram-buckets"),
     "0.11.0": VllmRelease("0.11.0", "v0.11.0", "or", "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
                           "vllm:kv_cache_usage_perc",
                           cache_salt_paths=("/v1/completions", "/v1/chat/completions", "/v1/responses"),
@@ -73,6 +76,16 @@ RELEASES: dict[str, VllmRelease] = {
                                           "/rerank", "/v1/rerank", "/v2/rerank")),
 }
 DEFAULT_VLLM_VERSION = "0.34.0"
+# vLLM's default time-to-first-token buckets (vllm 0.34.0 vllm/v1/metrics/buckets.py:57-80).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+
+
+def ttft_buckets_with(seconds: float) -> Optional[list[float]]:
+    """The time-to-first-token buckets with `seconds` among their bounds, where it is not one."""
+    if any(abs(b - seconds) < 1e-9 for b in TTFT_BUCKETS):
+        return None
+    return sorted([*TTFT_BUCKETS, seconds])
 
 
 def release(version: str) -> VllmRelease:

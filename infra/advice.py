@@ -7,6 +7,7 @@ from ..components.capacity import consumer_models, placements
 from ..components.catalog import REGION_ZONES
 from ..components.cold_start import cold_start_seconds
 from ..components.service_levels import TTFT_BUCKETS, ttft_bound
+from ..components.vllm_versions import release
 from ..components.weights_layout import LOW_RANGE_MAX_GB, REGIONAL_TIERS, weight_copies
 from .config import StackConfig
 from .pricing import PRICE_REGION
@@ -63,10 +64,11 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: 
                    "weights.hyperdiskThroughputMiBps), a quantised dtype, or "
                    "minReplicas above 0 to keep one warm")
     monitoring = cfg.monitoring
-    if monitoring.slos.enabled and (bound := ttft_bound(monitoring.ttft_slo_seconds)) != monitoring.ttft_slo_seconds:
-        out.append(f"monitoring.ttftSloSeconds is {monitoring.ttft_slo_seconds:g}, between the bounds of vLLM's "
-                   f"time-to-first-token buckets: the SLO counts a first token as good within {bound:g}s (Cloud "
-                   "Monitoring cuts a histogram at its bounds); set it to one of "
+    if monitoring.slos.enabled and release(cfg.vllm_version).histogram_buckets_flag is None \
+            and (bound := ttft_bound(monitoring.ttft_slo_seconds)) != monitoring.ttft_slo_seconds:
+        out.append(f"monitoring.ttftSloSeconds is {monitoring.ttft_slo_seconds:g}, between the bounds of vLLM "
+                   f"{cfg.vllm_version}'s time-to-first-token buckets, which it cannot change: the SLO counts a first "
+                   f"token as good within {bound:g}s (Cloud Monitoring cuts a histogram at its bounds); set it to one of "
                    f"{', '.join(f'{b:g}' for b in TTFT_BUCKETS if 0.1 <= b <= 20)} for an exact objective")
     if cfg.budget and len(monitoring.notification_emails) > MAX_BUDGET_CHANNELS:
         out.append(f"vllm-gke:budget alerts go to the first {MAX_BUDGET_CHANNELS} of monitoring.notificationEmails "

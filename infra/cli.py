@@ -7,10 +7,11 @@ violation), 2 bad config or input.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -37,6 +38,7 @@ from .plan_output import write_plan
 from .plan_pictures import pictures
 from .pricing import PRICE_REGION
 from .report import Verdicts, load_policy_config, verdicts
+from .usage_report import prometheus, read_metrics_file, usage_report
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan vllm-gke stacks offline: resources, manifests, dashboards, verdicts.")
@@ -126,7 +128,11 @@ def cost_table(v: Verdicts) -> Table:
         table.add_row(item, "", "", "", f"{month:,.0f}", f"{month:,.0f}")
     table.add_row("[bold]total[/]", "", "", "", f"[bold]{c.baseline_month:,.0f}[/]", f"[bold]{c.peak_month:,.0f}[/]")
     table.caption = (f"{c.baseline_gpus} GPUs at baseline x {c.tokens_per_second_per_gpu:g} tokens/s x "
-                     f"{c.utilization:.0%} utilisation = ${c.usd_per_million_tokens:.2f} per million tokens")
+                     f"{c.utilization:.0%} utilisation = ${c.usd_per_million_tokens:.2f} per million tokens. At their "
+                     "rate limits, a month of each tenant at most: " + "; ".join(
+                         f"{t.tenant} {t.tokens_month / 1e6:,.0f}M tokens, ${t.dollars_month:,.0f} "
+                         f"({t.capacity_share:.0%} of baseline capacity)" for t in v.ceilings)
+                     + ". What each did use and cost: vllm-gke report.")
     return table
 
 
@@ -173,6 +179,8 @@ def plan(
     argv_errors = vllm_argv_problems(result)
     assert result.platform.observability is not None
     dashboard_errors = validate_dashboard(result.platform.observability.dashboard_definition)
+    if (tenant_board := result.platform.observability.tenant_dashboard_definition) is not None:
+        dashboard_errors += validate_dashboard(tenant_board)
     dashboard_errors += [e for p in result.platform.observability.alert_definitions for e in validate_alert_policy(p)]
     if (levels_ := result.platform.observability.service_levels) is not None:
         dashboard_errors += [e for s in levels_.slo_definitions for e in validate_slo(s)]
@@ -279,6 +287,73 @@ def docs(check: bool = typer.Option(False, "--check", help="write nothing; exit 
     if broken:
         raise typer.Exit(1)
     console.print("[green]the docs are current and every link resolves[/]")
+
+
+@app.command("report")
+def usage(
+    stack: str = typer.Option("dev", "--stack", "-s", help="stack name: stacks/Pulumi.<stack>.yaml"),
+    period: str = typer.Option("30d", "--period", help="how far back from now (a PromQL duration: 7d, 30d, 12h)"),
+    prometheus_url: Optional[str] = typer.Option(
+        None, "--prometheus", help="a Prometheus query API holding the stack's metrics: Managed Prometheus's "
+        "https://monitoring.googleapis.com/v1/projects/PROJECT/location/global/prometheus, or a frontend"),
+    token_file: Optional[Path] = typer.Option(
+        None, "--token-file", help="a file holding the bearer token for --prometheus (gcloud auth print-access-token)"),
+    metrics: Optional[Path] = typer.Option(None, "--metrics", help="recorded answers (a file --save wrote) "
+                                           "instead of --prometheus"),
+    save: Optional[Path] = typer.Option(None, "--save", help="write the queries' answers here, for --metrics"),
+    prompt_weight: float = typer.Option(0.25, "--prompt-weight", help="what a prompt token weighs against a "
+                                        "generated one when a model's cost is split among tenants"),
+    stacks_dir: Optional[Path] = typer.Option(None, "--stacks-dir"),
+    output: str = typer.Option("text", "--output", help="text or json"),
+) -> None:
+    """Each tenant's tokens, requests, GPU-hours and dollars over a period, from the stack's metrics and
+    the price table (infra/usage_report.py says how the cost is split)."""
+    period_ok = re.fullmatch(r"[0-9]+[smhdwy]", period)
+    problems = ([] if period_ok else [f"--period {period}: use a PromQL duration such as 7d, 30d or 12h"]) + \
+        ([] if (prometheus_url is None) != (metrics is None) else ["give one of --prometheus URL or --metrics FILE"]) + \
+        ([] if output in ("text", "json") else [f"--output {output}: use text or json"]) + \
+        ([] if prompt_weight >= 0 else ["--prompt-weight: use 0 or more"])
+    if problems:
+        for p in problems:
+            console.print(f"[bold red]error:[/] {escape(p)}", highlight=False)
+        raise typer.Exit(2)
+    try:
+        result = run_plan(stack, stacks_dir)
+    except ConfigError as exc:
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
+    try:
+        token = token_file.read_text().strip() if token_file else None
+        ask = read_metrics_file(str(metrics)) if metrics else prometheus(str(prometheus_url), token)
+    except (OSError, ValueError) as exc:
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
+    answers: dict[str, Any] = {}
+
+    def recorded(promql: str) -> list[dict[str, Any]]:
+        answers[promql] = ask(promql)
+        return answers[promql]
+    try:
+        report = usage_report(result, recorded, period, prompt_weight)
+    except (OSError, ValueError) as exc:
+        console.print(f"[bold red]error:[/] the metrics could not be read: {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
+    if save:
+        save.write_text(json.dumps(answers, indent=1, sort_keys=True))
+    if output == "json":
+        sys.stdout.write(json.dumps(report.to_json(), indent=1) + "\n")
+        return
+    table = Table(title=f"stack {stack}: usage over the last {period} ({PRICE_REGION} list prices)")
+    for col in ("tenant", "requests ok/refused/error/shed", "prompt tokens", "generated tokens", "GPU-hours",
+                "dollars", "share"):
+        table.add_column(col, justify="left" if col == "tenant" else "right")
+    for name, t in report.tenants.items():
+        reqs = "/".join(f"{t.requests.get(o, 0):,.0f}" for o in ("ok", "refused", "error", "shed"))
+        table.add_row(name, reqs, f"{t.prompt_tokens:,.0f}", f"{t.generation_tokens:,.0f}", f"{t.gpu_hours:,.1f}",
+                      f"{t.dollars:,.2f}", f"{t.dollars / report.dollars:.1%}" if report.dollars else "-")
+    console.print(table)
+    for pod in report.unknown_pods:
+        console.print(f"[yellow]note:[/] pod {escape(pod)} is no vLLM Deployment of this stack: not priced")
 
 
 @app.command("stacks")

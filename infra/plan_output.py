@@ -54,6 +54,8 @@ def write_plan(plan: Plan, out_dir: Path, verdicts: Optional[dict[str, Any]] = N
     obs = plan.platform.observability
     assert obs is not None
     write(Path("dashboard.json"), json.dumps(obs.dashboard_definition, indent=2) + "\n")
+    if obs.tenant_dashboard_definition is not None:
+        write(Path("tenant-dashboard.json"), json.dumps(obs.tenant_dashboard_definition, indent=2) + "\n")
     write(Path("alert-policies.json"), json.dumps(obs.alert_definitions, indent=2) + "\n")
     names = {r.urn: r.name for r in plan.resources}
     inventory = [{"type": r.type, "name": r.name, "component": plan.component_of(r),

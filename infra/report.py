@@ -24,6 +24,7 @@ class Verdicts:
     cost: CostReport
     warnings: list[str]
     urls: list[TenantUrl]
+    ceilings: list[TenantCeiling]
 
     @property
     def mandatory(self) -> list[Violation]:
@@ -37,6 +38,7 @@ class Verdicts:
             "capacity": [_camel({**asdict(row), "fits": row.fits}) for row in self.capacity],
             "warnings": list(self.warnings),
             "tenantUrls": [asdict(u) for u in self.urls],
+            "tenantCeilings": [_camel(asdict(c)) for c in self.ceilings],
             "cost": {
                 "pricesAsOf": self.cost.prices_as_of,
                 "pools": [_camel({**asdict(p), "baseline_month": p.baseline_month, "peak_month": p.peak_month,
@@ -70,6 +72,30 @@ def capped_peaks(cost: CostReport) -> list[str]:
             "lower maxReplicas" for p in cost.pools if p.capped]
 
 
+@dataclass(frozen=True)
+class TenantCeiling:
+    """The most a tenant can cost in a month at its limits: the tokens its rate limit lets it make
+    generate (tokensPerMinute, else requestsPerMinute x maxTokens) at the plan's $ per million
+    tokens. `vllm-gke report` gives what it did cost, from the metrics."""
+
+    tenant: str
+    tokens_month: float
+    dollars_month: float
+    # Of the month's baseline capacity (tokens the baseline GPUs make at the target utilisation).
+    capacity_share: float
+
+
+def tenant_ceilings(cfg: StackConfig, cost: CostReport) -> list[TenantCeiling]:
+    out: list[TenantCeiling] = []
+    minutes = cost.hours_per_month * 60
+    for t in cfg.tenants:
+        per_minute = t.rate_limit.tokens_per_minute or t.rate_limit.requests_per_minute * t.max_tokens
+        tokens = per_minute * minutes
+        dollars = tokens / 1e6 * cost.usd_per_million_tokens if cost.tokens_per_month else 0.0
+        out.append(TenantCeiling(t.name, tokens, dollars, tokens / cost.tokens_per_month if cost.tokens_per_month else 0.0))
+    return out
+
+
 def over_budget(cfg: StackConfig, cost: CostReport) -> list[str]:
     """The month's baseline (and peak) against the stack's budget. The price table is in USD; a
     budget in another currency is not compared."""
@@ -101,4 +127,5 @@ def verdicts(plan: Plan, policy_config: Optional[Mapping[str, Any]] = None) -> V
         warnings=plan_warnings(plan.config, store.tier, store.capacity_gb) + capped_peaks(cost) + over_budget(plan.config, cost)
         + url_notes(plan.config),
         urls=tenant_urls(plan.config),
+        ceilings=tenant_ceilings(plan.config, cost),
     )

@@ -15,7 +15,8 @@ with warnings.catch_warnings():
 
 
 def dashboard(plan) -> dict:
-    (d,) = props_of(plan, "gcp:monitoring/dashboard:Dashboard")
+    """The platform's dashboard (the tenants' own is beside it)."""
+    (d,) = [r.props for r in plan.of_type("gcp:monitoring/dashboard:Dashboard") if not r.name.endswith("tenant-dashboard")]
     return json.loads(d["dashboardJson"])
 
 
@@ -120,3 +121,27 @@ def test_alert_policies_parse_as_api_messages_and_a_typo_does_not(plans):
     bad["conditions"][0]["condition_prometheus_query_language"]["evaluation_intervall"] = "60s"
     (err,) = validate_alert_policy(bad)
     assert "evaluationIntervall" in err
+
+
+def test_each_tenant_has_its_row_on_the_tenant_dashboard(plans):
+    """Requests by outcome, tokens as vLLM counted them, and the error budget left, per tenant:
+    a message the Cloud Monitoring API parses, the resource built from the same definition."""
+    import json
+
+    from vllm_gke.infra.manifests import validate_dashboard
+
+    plan = plans["prod"]
+    obs = plan.platform.observability
+    board = obs.tenant_dashboard_definition
+    assert validate_dashboard(board) == []
+    titles = [t["widget"]["title"] for t in board["mosaicLayout"]["tiles"]]
+    for tenant in plan.config.tenants:
+        mine = [t for t in titles if t.startswith(f"{tenant.name}:") or t.startswith(
+            f"Error budget remaining: tenant {tenant.name}:")]
+        assert len(mine) == 3, (tenant.name, titles)
+    queries = json.dumps(board)
+    assert 'tenant=\\"search\\"' in queries and "vllm_gke_tenant_generation_tokens_total" in queries
+    (resource,) = [r for r in plan.of_type("gcp:monitoring/dashboard:Dashboard") if r.name.endswith("tenant-dashboard")]
+    deployed = json.loads(resource.props["dashboardJson"])
+    assert [t["widget"]["title"] for t in deployed["mosaicLayout"]["tiles"]] == titles
+    assert '\\"projects/acme-llm-prod/services/vllm-vllm-prod-tenant-search/' in resource.props["dashboardJson"]

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import props_of
+from tests.conftest import props_of, vllm_deployments
 from tests.test_guard import guard
 from vllm_gke.components.service_levels import (
     BURN_WINDOWS,
@@ -51,8 +51,9 @@ def test_each_model_and_tenant_has_its_objectives(plans):
             assert slo["goal"] == cfg.monitoring.slos.ttft
             cut = sli["distributionCut"]
             assert f'metric.type="{TTFT_METRIC}"' in cut["distributionFilter"]
-            # ttftSloSeconds 2 in prod: vLLM's bucket bounds hold 1.0 and 2.5, so the cut is at 1.0
-            assert cut["range"] == {"min": 0, "max": 1.0}
+            # ttftSloSeconds 2 in prod: not a default bound of vLLM's, so the servers add it
+            # (--custom-histogram-buckets) and the cut is at 2 itself
+            assert cut["range"] == {"min": 0, "max": 2.0}
 
 
 def test_the_availability_slo_reads_the_counter_the_guard_exports():
@@ -73,6 +74,38 @@ def test_the_ttft_cut_lies_on_vllms_bucket_bounds():
     out = subprocess.run([python, "-c", "from vllm.v1.metrics.buckets import TIME_TO_FIRST_TOKEN_BUCKETS as b;"
                           "import json; print(json.dumps(list(b)))"], capture_output=True, text=True, check=True)
     assert tuple(json.loads(out.stdout)) == TTFT_BUCKETS
+
+
+def test_the_servers_add_the_ttft_objective_to_vllms_buckets(plans, plan_variant):
+    """prod's objective (2 s) is no default bound: each server of prod adds it with vLLM 0.34's
+    --custom-histogram-buckets, which the real release accepts and uses for that histogram."""
+    plan = plans["prod"]
+    (value,) = {c["args"][c["args"].index("--custom-histogram-buckets") + 1]
+                for d in vllm_deployments(plan) for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"}
+    buckets = json.loads(value)["time_to_first_token"]
+    assert plan.config.monitoring.ttft_slo_seconds in buckets and set(TTFT_BUCKETS) < set(buckets)
+    assert len(vllm_deployments(plan)) == sum(
+        "--custom-histogram-buckets" in c["args"] for d in vllm_deployments(plan)
+        for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm")
+    # an objective on a default bound: nothing added, the cut is there
+    def on_a_bound(values):
+        values["vllm-gke:monitoring"] = {**values["vllm-gke:monitoring"], "ttftSloSeconds": 2.5}
+    exact = plan_variant("dev", on_a_bound)
+    assert not any("--custom-histogram-buckets" in c.get("args", []) for d in vllm_deployments(exact)
+                   for c in d["spec"]["template"]["spec"]["containers"])
+    assert {s["requestBasedSli"]["distributionCut"]["range"]["max"] for s in props_of(exact, "gcp:monitoring/slo:Slo")
+            if s["sloId"] == "ttft"} == {2.5}
+    python = os.environ.get("VLLM_PYTHON")
+    if not python:
+        if os.environ.get("CI"):
+            pytest.fail("CI checks the flag against the pinned vLLM: set VLLM_PYTHON")
+        pytest.skip("VLLM_PYTHON (a python with the pinned vllm) is not set")
+    program = ("import json, sys; from vllm.config.observability import ObservabilityConfig;"
+               "from vllm.v1.metrics.buckets import histogram_buckets;"
+               "c = ObservabilityConfig(custom_histogram_buckets=json.loads(sys.argv[1]));"
+               "print(json.dumps(histogram_buckets('time_to_first_token', overrides=c.custom_histogram_buckets)))")
+    out = subprocess.run([python, "-c", program, value], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == buckets
 
 
 def test_burn_rate_alerts_page_on_each_slo_over_two_windows(plans):
@@ -119,3 +152,18 @@ def test_slos_can_be_turned_off(plan_variant):
     plan = plan_variant("dev", lambda v: v.setdefault("vllm-gke:monitoring", {}).update(slos={"enabled": False}))
     assert props_of(plan, "gcp:monitoring/slo:Slo") == []
     assert plan.platform.observability.service_levels is None
+
+
+def test_the_plan_warns_of_an_inexact_ttft_cut_only_where_the_release_cannot_add_the_bound(plans):
+    from vllm_gke.infra.advice import plan_warnings
+
+    cfg = plans["prod"].config  # ttftSloSeconds 2
+    store = plans["prod"].platform.store
+
+    def warned(version):
+        c = cfg.model_copy(update={"vllm_version": version})
+        return [w for w in plan_warnings(c, store.tier, store.capacity_gb) if "ttftSloSeconds" in w]
+
+    assert warned("0.34.0") == []
+    (warning,) = warned("0.11.0")
+    assert "within 1s" in warning and "0.11.0" in warning

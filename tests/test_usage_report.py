@@ -1,0 +1,161 @@
+"""`vllm-gke report`: each tenant's tokens, requests, GPU-hours and dollars from the stack's metrics,
+against a real HTTP query API answering as Prometheus does."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.test_guard import guard
+from vllm_gke.infra.cli import app
+from vllm_gke.infra.pricing import MACHINE_PRICES
+from vllm_gke.infra.usage_report import STEP_S, prometheus, queries, usage_report, workloads
+
+HOURS = 10  # each pod up this long in the answers below
+STEPS = HOURS * 3600 // STEP_S
+
+
+def answers(plan):
+    """What the query API holds for prod: llama-8b used 3:1 by search and support (weighted
+    tokens), qwen-7b's shared pools by support alone, analytics' own qwen-7b replicas, llama-70b
+    by nobody; one pod of another stack."""
+    q = queries(plan.config.cluster.name, "30d")
+
+    def row(value, **labels):
+        return {"metric": labels, "value": [1_700_000_000, str(value)]}
+
+    return {
+        q["prompt"]: [row(400_000, tenant="search", model="llama-8b"), row(0, tenant="support", model="llama-8b"),
+                      row(1000, tenant="support", model="qwen-7b"), row(5, tenant="stranger", model="llama-8b")],
+        q["generation"]: [row(200_000, tenant="search", model="llama-8b"),
+                          row(100_000, tenant="support", model="llama-8b"),
+                          row(500, tenant="support", model="qwen-7b"), row(700, tenant="analytics", model="qwen-7b")],
+        q["requests"]: [row(90, tenant="search", model="llama-8b", outcome="ok"),
+                        row(3, tenant="support", model="llama-8b", outcome="shed")],
+        q["pod_steps"]: [row(STEPS, namespace="vllm", pod="llama-8b-short-7d9f8c6b5-abcde"),
+                         row(STEPS, namespace="vllm", pod="qwen-7b-short-5c6d7f8b9-fghij"),
+                         row(STEPS, namespace="tenant-analytics", pod="qwen-7b-short-6b7c8d9f5-klmno"),
+                         row(STEPS, namespace="vllm", pod="llama-70b-long-7f8c9d6b5-pqrst"),
+                         row(STEPS, namespace="other", pod="vllm-x-7f8c9d6b5-uvwxy")],
+    }
+
+
+@pytest.fixture
+def query_api(plans):
+    """A Prometheus-style /api/v1/query over HTTP, answering from `answers` and noting each query."""
+    held, asked = answers(plans["prod"]), []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            params = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+            promql = params["query"][0]
+            asked.append((promql, self.headers.get("Authorization")))
+            body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": held.get(promql, [])}})
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", asked
+    server.shutdown()
+
+
+def test_the_queries_read_the_counters_the_guard_exports():
+    q = queries("c", "7d")
+    for kind, counter in (("prompt", guard.metrics.PROMPT_TOKENS), ("generation", guard.metrics.GENERATION_TOKENS),
+                          ("requests", guard.metrics.TENANT_REQUESTS)):
+        assert f"{counter._name}_total{{" in q[kind]  # prometheus_client adds _total to a counter's name
+        assert f"sum by ({', '.join(counter._labelnames)})" in q[kind]
+
+
+def test_each_pod_is_priced_as_its_deployment_asks(plans):
+    plan = plans["prod"]
+    work = workloads(plan)
+    pools = {p.name: p for p in plan.config.node_pools}
+    big = work[("vllm", "llama-70b-long")]
+    assert big.gpus == 8 and big.tenant is None
+    a100 = MACHINE_PRICES[pools["a100-tp8"].machine_type]
+    assert big.dollars_per_hour == pytest.approx(a100.spot_hour if pools["a100-tp8"].spot else a100.on_demand_hour)
+    mig = work[("vllm", "qwen-7b-short")]
+    assert mig.gpus == pytest.approx(pools["a100-mig"].machine.gpus / pools["a100-mig"].slices_per_node)
+    assert work[("tenant-analytics", "qwen-7b-short")].tenant == "analytics"
+
+
+def test_the_report_splits_each_models_cost_by_weighted_tokens(plans, query_api):
+    url, asked = query_api
+    plan = plans["prod"]
+    report = usage_report(plan, prometheus(url, "tok"), "30d", prompt_weight=0.25)
+    work = workloads(plan)
+    cost = {k: w.dollars_per_hour * HOURS for k, w in work.items()}
+    t = report.tenants
+    # llama-8b: search 400k*0.25 + 200k = 300k, support 100k: 3:1
+    llama8 = cost[("vllm", "llama-8b-short")]
+    qwen = cost[("vllm", "qwen-7b-short")]
+    own = cost[("tenant-analytics", "qwen-7b-short")]
+    assert t["search"].dollars == pytest.approx(0.75 * llama8)
+    assert t["support"].dollars == pytest.approx(0.25 * llama8 + qwen)
+    assert t["analytics"].dollars == pytest.approx(own)  # its own replicas, whatever it sent elsewhere
+    assert t["unallocated"].dollars == pytest.approx(cost[("vllm", "llama-70b-long")])  # nobody's tokens
+    assert t["search"].gpu_hours == pytest.approx(0.75 * HOURS * work[("vllm", "llama-8b-short")].gpus)
+    assert t["support"].requests == {"shed": 3.0} and t["search"].prompt_tokens == 400_000
+    assert "stranger" not in t and report.unknown_pods == ["other/vllm-x-7f8c9d6b5-uvwxy"]
+    assert all(auth == "Bearer tok" for _, auth in asked) and len(asked) == 4
+
+
+def test_the_command_prints_json_and_replays_what_it_saved(query_api, tmp_path):
+    url, _ = query_api
+    token = tmp_path / "token"
+    token.write_text("tok\n")
+    saved = tmp_path / "answers.json"
+    runner = CliRunner()
+    live = runner.invoke(app, ["report", "--stack", "prod", "--prometheus", url, "--token-file", str(token),
+                               "--save", str(saved), "--output", "json"])
+    assert live.exit_code == 0, live.output
+    doc = json.loads(live.output)
+    assert set(doc["tenants"]) == {"search", "support", "analytics", "unallocated"}
+    assert sum(t["share"] for t in doc["tenants"].values()) == pytest.approx(1.0)
+    replay = runner.invoke(app, ["report", "--stack", "prod", "--metrics", str(saved), "--output", "json"])
+    assert replay.exit_code == 0 and json.loads(replay.output) == doc
+    text = runner.invoke(app, ["report", "--stack", "prod", "--metrics", str(saved)])
+    assert text.exit_code == 0 and "GPU-hours" in text.output and "no vLLM Deployment" in text.output
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--period", "a month"], "--period a month"),
+    ([], "one of --prometheus URL or --metrics FILE"),
+    (["--metrics", "/nonexistent/answers.json"], "/nonexistent/answers.json"),
+])
+def test_bad_input_exits_2_naming_the_option(args, says):
+    result = CliRunner().invoke(app, ["report", "--stack", "prod", *args])
+    assert result.exit_code == 2 and says in " ".join(result.output.split()) and "Traceback" not in result.output
+
+
+def test_the_plan_gives_each_tenants_most_at_its_limits(plans):
+    from vllm_gke.infra.cost import cost_report
+    from vllm_gke.infra.report import tenant_ceilings, verdicts
+
+    plan = plans["prod"]
+    store = plan.platform.store
+    cost = cost_report(plan.config, store.tier, store.capacity_gb)
+    ceilings = {c.tenant: c for c in tenant_ceilings(plan.config, cost)}
+    support = next(t for t in plan.config.tenants if t.name == "support")
+    minutes = cost.hours_per_month * 60
+    # tokensPerMinute where set; else requests x maxTokens
+    assert ceilings["support"].tokens_month == support.rate_limit.tokens_per_minute * minutes
+    analytics = next(t for t in plan.config.tenants if t.name == "analytics")
+    assert ceilings["analytics"].tokens_month == analytics.rate_limit.requests_per_minute * analytics.max_tokens * minutes
+    assert ceilings["support"].dollars_month == pytest.approx(ceilings["support"].tokens_month / 1e6
+                                                              * cost.usd_per_million_tokens)
+    doc = verdicts(plan).to_json()
+    assert {c["tenant"] for c in doc["tenantCeilings"]} == {"search", "support", "analytics"}
+    assert "capacityShare" in doc["tenantCeilings"][0]
