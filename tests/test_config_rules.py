@@ -227,7 +227,7 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
      "vllm-gke:tenants[search].priority", "-100"),
     # The pinned picker orders nothing by priority: a positive one would be a promise it breaks.
     ("priority-the-picker-ignores", "staging", lambda v: v["vllm-gke:tenants"][0].update(priority=10),
-     "vllm-gke:tenants[search].priority", "only sheds negative ones"),
+     "vllm-gke:tenants[search].priority", "only shed negative ones"),
 ]
 
 
