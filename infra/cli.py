@@ -136,6 +136,15 @@ def cost_table(v: Verdicts) -> Table:
     return table
 
 
+def planned(stack: str, stacks_dir: Optional[Path]) -> Plan:
+    """The stack's program run under mocks; a bad config is exit 2 with its key, never a traceback."""
+    try:
+        return run_plan(stack, stacks_dir)
+    except ConfigError as exc:
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
+
+
 @app.command()
 def plan(
     stack: str = typer.Option("dev", "--stack", "-s", help="stack name: stacks/Pulumi.<stack>.yaml"),
@@ -166,11 +175,7 @@ def plan(
         console.print(f"[bold red]error:[/] --crds {crds}: not a folder; point it at a folder of CRD YAML files",
                       highlight=False)
         raise typer.Exit(2)
-    try:
-        result = run_plan(stack, stacks_dir)
-    except ConfigError as exc:
-        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from None
+    result = planned(stack, stacks_dir)
     report = verdicts(result, levels)
     docs = result.manifests()
     catalog = catalog_or_none(crds)
@@ -317,11 +322,7 @@ def usage(
         for p in problems:
             console.print(f"[bold red]error:[/] {escape(p)}", highlight=False)
         raise typer.Exit(2)
-    try:
-        result = run_plan(stack, stacks_dir)
-    except ConfigError as exc:
-        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from None
+    result = planned(stack, stacks_dir)
     try:
         token = token_file.read_text().strip() if token_file else None
         ask = read_metrics_file(str(metrics)) if metrics else prometheus(str(prometheus_url), token)
