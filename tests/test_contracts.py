@@ -172,6 +172,22 @@ def _init_container_reads_the_bucket(plan):
     pod["initContainers"] = [{"name": "wait-for-weights", "volumeMounts": [{"name": "weights", "mountPath": "/models"}]}]
 
 
+def _ttft_buckets_without_the_slo(plan):
+    args = _container(plan, "Deployment", "qwen-7b-short")["args"]
+    i = args.index("--custom-histogram-buckets")
+    args[i + 1] = '{"time_to_first_token":[0.5,1.0,5.0]}'
+
+
+def _several_api_servers(plan):
+    _container(plan, "Deployment", "qwen-7b-short")["args"] += ["--api-server-count", "2"]
+
+
+def _six_budget_channels(plan):
+    budget = next(r for r in plan.resources if r.type == "gcp:billing/budget:Budget")
+    budget.props["allUpdatesRule"]["monitoringNotificationChannels"] = [f"projects/p/notificationChannels/{i}"
+                                                                        for i in range(6)]
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_owns_external_metrics": ("dev", _add_external_apiservice, "second owner"),
     "keda_ports_open_on_private_clusters": ("prod", _no_firewall, "tcp:6443, 9443"),
@@ -204,6 +220,11 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "populator_inputs": ("hyperdisk", _claim_without_cpu_request, "volume-populator.datalayer.gke.io/cpu-request"),
     "picker_finds_the_objectives": ("staging", _objective_elsewhere, "names no InferencePool"),
     "vllm_exports_what_monitoring_reads": ("dev", _dashboard_reads_a_gone_gauge, "vllm:gpu_cache_usage_perc"),
+    "vllm_ttft_buckets_cut_at_the_slo": ("prod", _ttft_buckets_without_the_slo, "no TTFT bucket bound"),
+    "guard_reads_queue_series_vllm_exports": ("prod", _several_api_servers, "--api-server-count > 1"),
+    "vllm_usage_reaches_the_guard": ("prod", lambda p: _drop_arg(p, "Deployment", "qwen-7b-short", "--middleware"),
+                                     "cannot read vLLM's final usage"),
+    "budget_api_accepts_the_budget": ("prod", _six_budget_channels, "the API takes at most 5"),
 }
 
 

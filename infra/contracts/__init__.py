@@ -8,9 +8,9 @@ generated from this table (`python -m vllm_gke.infra.contracts`).
 
 The rows and their checks live by upstream component: keda.py, picker.py (the endpoint picker),
 vllm.py, istio.py, gcsfuse.py (the Cloud Storage FUSE CSI driver), limit_store.py (Redis),
-kubectl.py, loader.py (weight loading: vLLM's rule, huggingface_hub) and populator.py (GKE Volume
-Populator); base.py holds the Contract row and the plan helpers they share. This module assembles
-the table in that order.
+kubectl.py, loader.py (weight loading: vLLM's rule, huggingface_hub), populator.py (GKE Volume
+Populator) and billing.py (the Cloud Billing Budget API); base.py holds the Contract row and the
+plan helpers they share. This module assembles the table in that order.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Optional
 
 from ..plan import Plan
-from . import gcsfuse, istio, keda, kubectl, limit_store, loader, picker, populator, vllm
+from . import billing, gcsfuse, istio, keda, kubectl, limit_store, loader, picker, populator, vllm
 from .base import Check, Contract
+from .billing import budget_api_accepts_the_budget
 from .gcsfuse import (
     FUSE_SIDECAR,
     ISTIO_INIT,
@@ -55,14 +56,18 @@ from .picker import (
 )
 from .populator import populator_inputs
 from .vllm import (
+    guard_reads_queue_series_vllm_exports,
     vllm_drains_on_stop,
     vllm_exports_what_monitoring_reads,
     vllm_health_and_guard,
+    vllm_ttft_buckets_cut_at_the_slo,
+    vllm_usage_reaches_the_guard,
     vllm_writes_only_to_volumes,
 )
 
 __all__ = [
     "CONTRACTS", "DOC", "FUSE_SIDECAR", "ISTIO", "ISTIO_INIT", "PROXY", "Check", "Contract",
+    "budget_api_accepts_the_budget", "guard_reads_queue_series_vllm_exports",
     "fuse_pods_start_under_any_sidecar_mode", "gcsfuse_sidecar_with_the_mesh", "injected_init_order",
     "istio_peer_and_claim_header", "istio_sidecar_outlives_vllm", "keda_admits_the_scaled_objects",
     "keda_cooldown_only_for_zero", "keda_names_fit", "keda_operator_identity", "keda_owns_external_metrics",
@@ -71,12 +76,13 @@ __all__ = [
     "picker_finds_the_objectives", "picker_gets_what_it_parses", "picker_highly_available",
     "picker_objective_is_the_tenants", "picker_ports", "picker_reads_exported_metrics", "picker_without_pprof",
     "populator_inputs", "problems", "redis_writes_nothing_and_scripts_obey_the_acl", "vllm_drains_on_stop",
-    "vllm_exports_what_monitoring_reads", "vllm_health_and_guard", "vllm_writes_only_to_volumes",
+    "vllm_exports_what_monitoring_reads", "vllm_health_and_guard", "vllm_ttft_buckets_cut_at_the_slo",
+    "vllm_usage_reaches_the_guard", "vllm_writes_only_to_volumes",
 ]
 
 CONTRACTS: tuple[Contract, ...] = (
     *keda.ROWS, *picker.ROWS, *vllm.ROWS, *istio.ROWS, *gcsfuse.ROWS, *limit_store.ROWS, *kubectl.ROWS,
-    *loader.ROWS, *populator.ROWS,
+    *loader.ROWS, *populator.ROWS, *billing.ROWS,
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
@@ -53,6 +54,12 @@ def _exported(plan: Plan) -> set[str]:
 def _env(container: dict[str, Any]) -> dict[str, Any]:
     """A container's literal environment, name -> value."""
     return {e["name"]: e.get("value") for e in container.get("env") or []}
+
+
+def _guard_configs(plan: Plan) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each vLLM container's guard configuration (its environment's JSON)."""
+    for name, c in _vllm_containers(plan):
+        yield name, json.loads(_env(c).get("GKE_LLM_GUARD_CONFIG") or "{}")
 
 
 def _writable_mounts(container: dict[str, Any]) -> set[str]:

@@ -4,19 +4,12 @@ trusts, and a sidecar that outlives vLLM."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
 
 from ...components.serving_api import SIDECAR_PEER
 from ..plan import Plan
-from .base import Contract, _docs, _env, _vllm_containers, _vllm_deployments
+from .base import Contract, _docs, _guard_configs, _vllm_deployments
 
 ISTIO = "1.24.6 / 1.30.3"
-
-
-def _guard_configs(plan: Plan) -> Iterator[tuple[str, dict[str, Any]]]:
-    for name, c in _vllm_containers(plan):
-        env = _env(c)
-        yield name, json.loads(env.get("GKE_LLM_GUARD_CONFIG") or "{}")
 
 
 def istio_peer_and_claim_header(plan: Plan) -> list[str]:

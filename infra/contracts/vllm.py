@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import re
 
-from ...components.vllm_versions import release
+from ...components.vllm_versions import TTFT_BUCKETS, release
 from ..plan import Plan
-from .base import Contract, _env, _exported, _flag, _vllm_containers, _writable_mounts
+from .base import Contract, _env, _exported, _flag, _guard_configs, _vllm_containers, _writable_mounts
+
+# The series the guard's overload check reads from vLLM's registry in its own process.
+QUEUE_SERIES = ("vllm:num_requests_waiting", "vllm:request_queue_time_seconds")
 
 
 def vllm_exports_what_monitoring_reads(plan: Plan) -> list[str]:
@@ -61,6 +64,52 @@ def vllm_writes_only_to_volumes(plan: Plan) -> list[str]:
     return out
 
 
+def vllm_ttft_buckets_cut_at_the_slo(plan: Plan) -> list[str]:
+    """With SLOs on, every server's TTFT histogram has a bucket bound at the objective's threshold:
+    Cloud Monitoring's distribution cut counts good requests only up to a bound."""
+    if not plan.config.monitoring.slos.enabled:
+        return []
+    slo = plan.config.monitoring.ttft_slo_seconds
+    flag = release(plan.config.vllm_version).histogram_buckets_flag
+    out = []
+    for name, c in _vllm_containers(plan):
+        value = _flag(c["args"], flag) if flag else None
+        bounds: list[float] = list(TTFT_BUCKETS)
+        if value is not None:
+            families = json.loads(value)
+            bounds = families.get("time_to_first_token") or bounds
+            if set(families) - {"time_to_first_token"}:
+                out.append(f"{name}: {flag} names families other than time_to_first_token: {sorted(families)}")
+            if any(b <= 0 for b in bounds) or any(a >= b for a, b in zip(bounds, bounds[1:])):
+                out.append(f"{name}: {flag} bounds must be positive and strictly increasing (vLLM refuses to start)")
+        if flag and slo not in bounds:
+            out.append(f"{name}: no TTFT bucket bound at the {slo:g}s objective: the SLO cannot count it exactly")
+    return out
+
+
+def guard_reads_queue_series_vllm_exports(plan: Plan) -> list[str]:
+    """The overload check reads the queue from vLLM's own registry: the series must exist there,
+    and one API server process must hold both (more API servers export through a shared directory
+    and the engine's loggers live elsewhere)."""
+    exported = _exported(plan)
+    out = []
+    for name, cfg in _guard_configs(plan):
+        if not cfg.get("overload"):
+            continue
+        out += [f"{name}: the guard sheds on {m}, which vLLM {plan.config.vllm_version} does not export"
+                for m in QUEUE_SERIES if m not in exported]
+    for name, c in _vllm_containers(plan):
+        if (_flag(c["args"], "--api-server-count") or "1") != "1":
+            out.append(f"{name}: --api-server-count > 1: the guard in each API server would not see the engine's queue")
+    return out
+
+
+def vllm_usage_reaches_the_guard(plan: Plan) -> list[str]:
+    """Tokens per tenant come from the request's state, which only in-process middleware shares."""
+    return [f"{name}: the guard is not vLLM middleware: it cannot read vLLM's final usage of a request"
+            for name, c in _vllm_containers(plan) if _flag(c["args"], "--middleware") != "vllm_gke_guard.GuardMiddleware"]
+
+
 ROWS: tuple[Contract, ...] = (
     Contract("vLLM", "0.34.0",
              "exports vllm:num_requests_running/waiting, vllm:kv_cache_usage_perc, vllm:time_to_first_token_seconds "
@@ -85,4 +134,25 @@ ROWS: tuple[Contract, ...] = (
              "vllm-project/vllm@v0.34.0:vllm/envs.py:361-366,756-762",
              "HOME and /tmp are writable emptyDirs under a read-only root filesystem",
              vllm_writes_only_to_volumes),
+    Contract("vLLM", "0.34.0",
+             "--custom-histogram-buckets takes JSON {family: bounds} and refuses an unknown family or bounds "
+             "not positive and strictly increasing; time_to_first_token replaces vllm:time_to_first_token_seconds' "
+             "default buckets",
+             "vllm-project/vllm@v0.34.0:vllm/config/observability.py:72-82,161-210; vllm/v1/metrics/buckets.py:17,57-80,206",
+             "with SLOs on, every server's TTFT buckets are the defaults plus monitoring.ttftSloSeconds, so the "
+             "SLO's distribution cut counts requests under the threshold exactly",
+             vllm_ttft_buckets_cut_at_the_slo),
+    Contract("vLLM", "0.34.0",
+             "exports vllm:num_requests_waiting (gauge) and vllm:request_queue_time_seconds (histogram, observed "
+             "when a request leaves the queue) to the prometheus_client registry of the API server process",
+             "vllm-project/vllm@v0.34.0:vllm/v1/metrics/loggers.py:537-543,970-978,1296-1298",
+             "the guard's overload check reads both in-process; servers run one API server process",
+             guard_reads_queue_series_vllm_exports),
+    Contract("vLLM", "0.34.0",
+             "chat and completions handlers leave the request's final usage (prompt and completion tokens, "
+             "streamed or not) on request.state.request_metadata.final_usage_info",
+             "vllm-project/vllm@v0.34.0:vllm/entrypoints/openai/chat_completion/serving.py:928,1130; "
+             "vllm/entrypoints/openai/completion/serving.py:618,745",
+             "the guard runs as --middleware in the same app and counts those tokens per tenant after the handler returns",
+             vllm_usage_reaches_the_guard),
 )
