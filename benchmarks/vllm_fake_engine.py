@@ -117,9 +117,11 @@ class InstantEngineCore:
                 fh.write(json.dumps({"cache_salt": request.cache_salt,
                                      "max_tokens": getattr(params, "max_tokens", None)}) + "\n")
         prompt = request.prompt_token_ids or [0]
+        # The trace context goes back with the output, as the real scheduler returns it
+        # (vllm 0.34.0 v1/core/sched/scheduler.py:2596): the output processor's span continues it.
         out = self.outputs_of(outputs=[self.output(
             request_id=request.request_id, new_token_ids=[prompt[i % len(prompt)] for i in range(GENERATED)],
-            finish_reason=self.stop)])
+            finish_reason=self.stop, trace_headers=request.trace_headers)])
         self.outputs.put_nowait(self.decoder.decode(self.encoder.encode(out)))
 
     async def get_output_async(self) -> Any:

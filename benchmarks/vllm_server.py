@@ -71,7 +71,8 @@ def server_args(args: list[str], model_dir: Path, port: int, middleware: str | N
     i = 0
     while i < len(rest):
         name = rest[i]
-        if name in ("--host", "--port", "--middleware", *SINGLE_PROCESS):
+        # No trace collector here (a test that reads the spans names its own receiver).
+        if name in ("--host", "--port", "--middleware", "--otlp-traces-endpoint", *SINGLE_PROCESS):
             i += 2
             continue
         out.append(name)

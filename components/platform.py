@@ -44,6 +44,7 @@ from .stack_config import ConfigError, StackConfig
 from .standby import STANDBY_SA, Standby, StandbyArgs
 from .tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
 from .tenant_urls import path_prefix
+from .trace_collector import TRACE_API, TraceCollector, TraceCollectorArgs
 from .vllm_service import SERVER_LABELS, VllmService, VllmServiceArgs, service_name_of
 from .vllm_versions import release
 from .weights_layout import SERVER_SA, reads_hub_token_from_secret_manager
@@ -75,6 +76,9 @@ def required_apis(cfg: StackConfig) -> list[str]:
     if cfg.budget:
         # The Budget API bills its calls to the stack's project (components/billing_budget.py).
         apis.append("billingbudgets.googleapis.com")
+    if cfg.monitoring.traces.enabled:
+        # The trace collector writes spans through the Cloud Trace API (components/trace_collector.py).
+        apis.append(TRACE_API)
     if any(m.routing == "inference-gateway" for m in cfg.models):
         # "Deploy GKE Inference Gateway": the load balancer calls the picker through Service
         # Extensions, part of the Network Services API.
@@ -109,6 +113,7 @@ class Platform(pulumi.ComponentResource):
     services: dict[str, VllmService]
     inference_pools: dict[str, InferencePool]
     limit_store: Optional[LimitStore]
+    trace_collector: Optional[TraceCollector]
     standbys: dict[str, Standby]
     gateway: Gateway
     observability: Observability
@@ -123,6 +128,7 @@ class Platform(pulumi.ComponentResource):
         super().__init__("vllm-gke:index:Platform", name, None, opts)
         self.services, self.inference_pools, self.standbys = {}, {}, {}
         self.limit_store = None
+        self.trace_collector = None
 
         p = f"{name}-" if args.child_prefix is None else args.child_prefix
         aliases = [pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)] if args.stack_aliases else []
@@ -187,6 +193,14 @@ class Platform(pulumi.ComponentResource):
             self.limit_store = LimitStore(f"{p}limits", LimitStoreArgs(provider, clients, cfg.global_limits.image),
                                               opts=after_mesh)
             shared_store = (self.limit_store.host, LIMITS_PORT)
+        traces = cfg.monitoring.traces
+        if traces.enabled:
+            # Spans from the vLLM servers' own identities, nothing else (as for the limit store).
+            clients = [cfg.serving_namespace, *(tenant_namespace(t) for t in cfg.tenants if t.dedicated)]
+            self.trace_collector = TraceCollector(f"{p}traces", TraceCollectorArgs(
+                project=cfg.project, provider=provider, workload_pool=cluster.workload_pool, client_namespaces=clients,
+                image=traces.image, apis=apis), opts=after_mesh)
+        traces_endpoint = self.trace_collector.endpoint if self.trace_collector else None
         # Pools and objectives wait for the objective CRD and for the API the controller programs.
         picker_deps: list[pulumi.Resource] = [mesh, *apis.needs("networkservices.googleapis.com")]
         if any(m.routing == "inference-gateway" for m in cfg.models):
@@ -213,8 +227,9 @@ class Platform(pulumi.ComponentResource):
                     namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
                     provider=provider,
                     guard_config=pool_guard_config(callers, model, rel, shared_store,
-                                                   cfg.monitoring.queue_latency_slo_seconds),
+                                                   cfg.monitoring.queue_latency_slo_seconds, traces=traces.enabled),
                     ttft_slo_seconds=cfg.monitoring.ttft_slo_seconds if slos_kept else None,
+                    traces_endpoint=traces_endpoint, trace_sample_ratio=traces.sample_ratio,
                     release=rel, tenant=tenant, canary=canary, weights_volume=store.weights_volume,
                     weights_annotations=store.pod_annotations,
                     scaling=KedaScaling(cfg.project, keda.auth_name, standby_name),

@@ -36,6 +36,7 @@ API_PURPOSES = {
     "certificatemanager.googleapis.com": "Google-managed TLS certificates of external gateways",
     "networkservices.googleapis.com": "Service Extensions: the load balancer calling the Inference Gateway's endpoint picker",
     "billingbudgets.googleapis.com": "the Cloud Billing budget (the stack's project is its calls' quota project)",
+    "cloudtrace.googleapis.com": "the trace collector writing the servers' spans to Cloud Trace",
 }
 
 

@@ -148,12 +148,13 @@ def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
                  max_tokens_rule: str = "both", objectives_for: Optional[str] = None,
                  shared_store: Optional[tuple[str, int]] = None, served: Optional[ModelSpec] = None,
                  max_body_bytes: Optional[int] = None, cache_salt_paths: Sequence[str] = (),
-                 queue_slo_seconds: Optional[float] = None) -> dict[str, Any]:
+                 queue_slo_seconds: Optional[float] = None, traces: bool = False) -> dict[str, Any]:
     """The guard's config; `objectives_for` names the model when its pool sits behind the endpoint
     picker, so each tenant's requests must carry that tenant's own objective; `shared_store`
     (host, port) counts the tenants' limits across replicas (LimitStore); `max_body_bytes`
     lowers the guard's body limit (a picker route's); `queue_slo_seconds`, the queue time over
-    which tenants of negative priority are shed (the guard's overload.py)."""
+    which tenants of negative priority are shed (the guard's overload.py); `traces`, the guard's
+    spans on (its tracing.py)."""
     issuers: dict[str, Any] = {}
     for tenant in tenants:
         issuers.update(guard_entry(tenant, objectives_for, served))
@@ -164,6 +165,8 @@ def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
         extra["maxBodyBytes"] = max_body_bytes
     if queue_slo_seconds is not None and any(t.priority < 0 for t in tenants):
         extra["overload"] = {"queueSloSeconds": queue_slo_seconds}
+    if traces:
+        extra["traces"] = True
     if served is not None:  # names the tenants' request and token counters (the guard's usage.py)
         extra["model"] = served.name
     salted = sorted(p for p in cache_salt_paths if any(r.path == p for r in routes))
@@ -188,7 +191,7 @@ def mesh_operations(routes: Sequence[Route]) -> list[dict[str, Any]]:
 
 def pool_guard_config(callers: Sequence[TenantSpec], model: ModelSpec, release: "VllmRelease",
                       shared_store: Optional[tuple[str, int]] = None,
-                      queue_slo_seconds: Optional[float] = None) -> dict[str, Any]:
+                      queue_slo_seconds: Optional[float] = None, traces: bool = False) -> dict[str, Any]:
     """The guard's config for one pool of `model`, as Platform and the package's VllmService both
     build it: the routes the release serves salted (or the picker's, behind the endpoint picker,
     each tenant bound to its own objective), the tenants' adapters, the shared limit store."""
@@ -197,4 +200,5 @@ def pool_guard_config(callers: Sequence[TenantSpec], model: ModelSpec, release: 
     return guard_config(callers, routes, release.max_tokens_rule, objectives_for=picked, shared_store=shared_store,
                         served=model,
                         max_body_bytes=PICKER_REENCODING_GROWTH * picker_max_body_bytes(model) if picked else None,
-                        cache_salt_paths=release.cache_salt_paths, queue_slo_seconds=queue_slo_seconds)
+                        cache_salt_paths=release.cache_salt_paths, queue_slo_seconds=queue_slo_seconds,
+                        traces=traces)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Optional
+from typing import Any, Optional
 
 from . import gcs_weights
 from .specs import ModelSpec, NodePoolSpec, ServingPoolSpec
@@ -69,9 +69,11 @@ def sidecar_config() -> dict[str, str]:
 
 
 def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: Optional[VllmRelease] = None,
-              request_timeout_seconds: int = 600, ttft_slo_seconds: Optional[float] = None) -> list[str]:
+              request_timeout_seconds: int = 600, ttft_slo_seconds: Optional[float] = None,
+              traces_endpoint: Optional[str] = None) -> list[str]:
     """Flags for `vllm serve` of release `rel` (default the newest supported), following GKE's vLLM
-    serving guides; `ttft_slo_seconds`, a TTFT objective to have among the TTFT histogram's bounds."""
+    serving guides; `ttft_slo_seconds`, a TTFT objective to have among the TTFT histogram's bounds;
+    `traces_endpoint`, the collector's OTLP/HTTP traces URL."""
     rel = rel or release(DEFAULT_VLLM_VERSION)
     args = [
         model_dir(model),
@@ -107,8 +109,29 @@ def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: Optional[VllmRelease
         # The TTFT SLO counts requests under its threshold from this histogram, which Cloud
         # Monitoring can cut only at a bucket bound (components/service_levels.py).
         args += [rel.histogram_buckets_flag, json.dumps({"time_to_first_token": buckets}, separators=(",", ":"))]
+    if traces_endpoint:
+        # Its spans and the guard's, through the OTLP/HTTP exporter trace_env selects.
+        args += ["--otlp-traces-endpoint", traces_endpoint]
     args += ["--middleware", GUARD_MIDDLEWARE]
     return args + list(model.extra_args)
+
+
+def trace_env(sample_ratio: float, service_name: str) -> list[dict[str, Any]]:
+    """The OpenTelemetry SDK's settings for the tracer provider vLLM creates (vllm 0.34.0
+    vllm/tracing/otel.py:76-99): OTLP over HTTP (its default is gRPC; the URL then ends in
+    /v1/traces, as the SDK's HTTP exporter posts to it as given), the service name Cloud Trace
+    shows, and sampling by ratio for root spans - the guard's - with every child following its
+    parent; the pod and namespace as resource attributes (a tenant's dedicated pool has the
+    shared one's name). OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is not set: vLLM sets it from its flag."""
+    return [{"name": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "value": "http/protobuf"},
+            {"name": "OTEL_SERVICE_NAME", "value": service_name},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            # $(VAR): Kubernetes expands variables defined before this one.
+            {"name": "OTEL_RESOURCE_ATTRIBUTES",
+             "value": "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)"},
+            {"name": "OTEL_TRACES_SAMPLER", "value": "parentbased_traceidratio"},
+            {"name": "OTEL_TRACES_SAMPLER_ARG", "value": f"{sample_ratio:g}"}]
 
 
 # The node-disk emptyDirs a server writes - compile caches and scratch (/tmp) and its home - at

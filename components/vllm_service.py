@@ -50,6 +50,7 @@ from .vllm_server import (
     drain_seconds,
     scratch_gi,
     sidecar_config,
+    trace_env,
     vllm_args,
     wait_for_weights,
     weights_markers,
@@ -112,6 +113,10 @@ class VllmServiceArgs:
     # The TTFT SLO's threshold (monitoring.ttftSloSeconds, where SLOs are kept): added to vLLM's
     # TTFT buckets where it is not a bound, so the SLO counts exactly.
     ttft_slo_seconds: Optional[float] = None
+    # Where the servers send traces (TraceCollector.endpoint) and the share of tenant requests
+    # traced; None: no traces.
+    traces_endpoint: Optional[str] = None
+    trace_sample_ratio: float = 0.01
 
 
 class VllmService(pulumi.ComponentResource):
@@ -210,7 +215,7 @@ class VllmService(pulumi.ComponentResource):
                             "image": args.image.uri,
                             "command": ["python3", "/opt/vllm-gke/serve.py"],
                             "args": vllm_args(model, pool, args.release, args.request_timeout_seconds,
-                                             args.ttft_slo_seconds),
+                                             args.ttft_slo_seconds, args.traces_endpoint),
                             "ports": [{"name": "http", "containerPort": PORT}],
                             "env": [
                                 *RUNTIME_ENV,
@@ -221,6 +226,8 @@ class VllmService(pulumi.ComponentResource):
                                 {"name": WARM_MARKER_ENV, "value": WARM_MARKER},
                                 {"name": GUARD_CONFIG_ENV,
                                  "value": json.dumps(dict(args.guard_config), sort_keys=True)},
+                                *(trace_env(args.trace_sample_ratio, self.service_name)
+                                  if args.traces_endpoint else []),
                             ],
                             "resources": container_resources(
                                 args.node_pool, gpus, scratch_gi(model, args.weights_volume is not None)),

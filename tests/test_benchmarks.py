@@ -84,8 +84,8 @@ def test_server_args_keep_the_deployment_flags_and_load_the_guard_as_the_pod_doe
     assert "--middleware" not in baseline and baseline == guarded[:-2]
     for flag, value in (("--host", "127.0.0.1"), ("--port", "9100"), ("--tensor-parallel-size", "1")):
         assert guarded.count(flag) == 1 and guarded[guarded.index(flag) + 1] == value
-    # Everything else as deployed, in order.
-    dropped = {"--host", "--port", "--middleware", "--tensor-parallel-size"}
+    # Everything else as deployed, in order (no trace collector here: a test names its own receiver).
+    dropped = {"--host", "--port", "--middleware", "--tensor-parallel-size", "--otlp-traces-endpoint"}
     kept = [a for i, a in enumerate(args[1:], 1) if a not in dropped and args[i - 1] not in dropped]
     assert guarded[1:1 + len(kept)] == kept
     assert check_argv(guarded, load_snapshot(pinned_version())) == []

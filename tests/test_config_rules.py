@@ -126,6 +126,13 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
      "vllm-gke:models[qwen-7b].extraArgs", "may not set --max-num-seqs"),
     ("extra-arg-managed-short-alias", "dev", lambda v: v["vllm-gke:models"][0].update(extraArgs=["-tp", "2"]),
      "vllm-gke:models[qwen-7b].extraArgs", "may not set -tp"),
+    # The guard reads the engine's queue and the usage in its API server's process.
+    ("extra-arg-api-servers", "dev", lambda v: v["vllm-gke:models"][0].update(extraArgs=["-asc", "2"]),
+     "vllm-gke:models[qwen-7b].extraArgs", "may not set -asc"),
+    ("extra-arg-data-parallel", "dev", lambda v: v["vllm-gke:models"][0].update(extraArgs=["--data-parallel-size=2"]),
+     "vllm-gke:models[qwen-7b].extraArgs", "with several, vLLM starts several API servers"),
+    ("extra-arg-no-stats", "dev", lambda v: v["vllm-gke:models"][0].update(extraArgs=["--disable-log-stats"]),
+     "vllm-gke:models[qwen-7b].extraArgs", "overload check reads vLLM's stats"),
     ("extra-arg-secret", "dev", lambda v: v["vllm-gke:models"][0].update(extraArgs=["--hf-token=abc"]),
      "vllm-gke:models[qwen-7b].extraArgs", "a secret on the command line"),
     ("extra-arg-middleware", "dev", lambda v: v["vllm-gke:models"][0].update(extraArgs=["--middleware", "x.Y"]),

@@ -179,7 +179,7 @@ def _ttft_buckets_without_the_slo(plan):
 
 
 def _several_api_servers(plan):
-    _container(plan, "Deployment", "qwen-7b-short")["args"] += ["--api-server-count", "2"]
+    _container(plan, "Deployment", "qwen-7b-short")["args"] += ["-dp=2"]
 
 
 def _six_budget_channels(plan):
@@ -221,7 +221,7 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "picker_finds_the_objectives": ("staging", _objective_elsewhere, "names no InferencePool"),
     "vllm_exports_what_monitoring_reads": ("dev", _dashboard_reads_a_gone_gauge, "vllm:gpu_cache_usage_perc"),
     "vllm_ttft_buckets_cut_at_the_slo": ("prod", _ttft_buckets_without_the_slo, "no TTFT bucket bound"),
-    "guard_reads_queue_series_vllm_exports": ("prod", _several_api_servers, "--api-server-count > 1"),
+    "guard_reads_queue_series_vllm_exports": ("prod", _several_api_servers, "-dp 2: several API servers"),
     "vllm_usage_reaches_the_guard": ("prod", lambda p: _drop_arg(p, "Deployment", "qwen-7b-short", "--middleware"),
                                      "cannot read vLLM's final usage"),
     "budget_api_accepts_the_budget": ("prod", _six_budget_channels, "the API takes at most 5"),

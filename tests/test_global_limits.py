@@ -361,8 +361,8 @@ def test_a_store_outage_is_logged_where_vllm_shows_logs_and_counted(monkeypatch)
 
 def test_store_admits_only_the_vllm_pods_over_mtls(plans):
     plan = plans["prod"]
-    (pa,) = manifests_of(plan, "PeerAuthentication")
-    assert pa["metadata"]["namespace"] == NAMESPACE and pa["spec"] == {"mtls": {"mode": "STRICT"}}
+    (pa,) = [p for p in manifests_of(plan, "PeerAuthentication") if p["metadata"]["namespace"] == NAMESPACE]
+    assert pa["spec"] == {"mtls": {"mode": "STRICT"}}
     policies = {p["metadata"]["name"]: p["spec"] for p in manifests_of(plan, "AuthorizationPolicy")
                 if p["metadata"]["namespace"] == NAMESPACE}
     assert policies["deny-all"] == {}

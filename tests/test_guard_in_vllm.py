@@ -23,6 +23,7 @@ import pytest
 
 from benchmarks.guard_overhead import stop
 from benchmarks.vllm_server import MIDDLEWARE, REPO, bench_guard_config, flag, longest_prompt_container, server_args
+from tests.otlp_receiver import OtlpReceiver
 
 VLLM_PYTHON = os.environ.get("VLLM_PYTHON", "")
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON and not os.environ.get("CI"),
@@ -52,14 +53,23 @@ def pod(plans, tmp_path_factory):
     guard_config = bench_guard_config(config)  # no sidecar here: the local client stands in for Envoy
     port = _free_port()
     marker = tmp / "warm"
+    # Traces as prod sends them (its flag and OTEL_* environment), to a local receiver instead of
+    # the collector, every request sampled, exported at once.
+    assert flag(args, "--otlp-traces-endpoint", "").endswith("/v1/traces") and guard_config.get("traces")
+    receiver = OtlpReceiver()
+    trace_env = {k: v for k, v in _container_env(plans["prod"]).items()
+                 if k.startswith("OTEL_") and v is not None and "$(" not in v}
+    assert trace_env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf", trace_env
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "images"), str(REPO)]),
                GKE_LLM_GUARD_CONFIG=json.dumps(guard_config), GKE_LLM_WARM_MARKER=str(marker),
                GKE_LLM_WARMUP_PAUSE_SECONDS="1",
                GKE_LLM_SERVER_COMMAND=f"{VLLM_PYTHON} -m benchmarks.vllm_fake_engine serve",
-               FAKE_ENGINE_LOG=str(tmp / "engine.jsonl"))
+               FAKE_ENGINE_LOG=str(tmp / "engine.jsonl"),
+               **{**trace_env, "OTEL_TRACES_SAMPLER_ARG": "1.0", "OTEL_BSP_SCHEDULE_DELAY": "100"})
     log = open(tmp / "server.log", "wb")
     proc = subprocess.Popen([sys.executable, str(REPO / "images" / "serve.py"),
-                             *server_args(args, model_dir, port, MIDDLEWARE["guard"])],
+                             *server_args(args, model_dir, port, MIDDLEWARE["guard"]),
+                             "--otlp-traces-endpoint", receiver.url],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -69,15 +79,26 @@ def pod(plans, tmp_path_factory):
     try:
         yield {"base": f"http://127.0.0.1:{port}", "model": served, "issuer": issuer, "cap": tenant["maxTokens"],
                "marker": marker, "proc": proc, "log": tmp / "server.log", "engine": tmp / "engine.jsonl",
-               "salt": tenant.get("cacheSalt"), "tenant": tenant["tenant"]}
+               "salt": tenant.get("cacheSalt"), "tenant": tenant["tenant"], "receiver": receiver}
     finally:
         stop(proc)
         log.close()
+        receiver.close()
+
+
+def _container_env(plan) -> dict[str, Any]:
+    """The literal environment of the deployment longest_prompt_container picks."""
+    args, _ = longest_prompt_container(plan)
+    for resource in plan.of_type("kubernetes:apps/v1:Deployment"):
+        for c in resource.props["spec"]["template"]["spec"]["containers"]:
+            if c["name"] == "vllm" and list(c["args"]) == args:
+                return {e["name"]: e.get("value") for e in c.get("env", [])}
+    raise AssertionError("no such container")
 
 
 def call(pod: dict[str, Any], path: str, body: Optional[dict[str, Any]] = None, issuer: bool = True,
-         method: str = "POST") -> tuple[int, dict[str, Any]]:
-    headers = {"content-type": "application/json"}
+         method: str = "POST", extra: Optional[dict[str, str]] = None) -> tuple[int, dict[str, Any]]:
+    headers = {"content-type": "application/json", **(extra or {})}
     if issuer:
         headers["x-vllm-gke-issuer"] = pod["issuer"]
     data = json.dumps(body).encode() if body is not None else None
@@ -236,3 +257,42 @@ def test_each_tenant_requests_tokens_are_counted_as_vllm_reports_them(pod):
     assert after[prompt] - before[prompt] == 2 * answered["prompt_tokens"] + told["prompt_tokens"]
     assert after[generated] - before[generated] == 2 * answered["completion_tokens"] + told["completion_tokens"]
     assert after[ok] - before[ok] == 3 and after[refused] - before[refused] == 1
+
+
+CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
+
+
+def _spans_of(pod: dict[str, Any], request_id: str, timeout: float = 30) -> list[dict[str, Any]]:
+    """The spans of the trace whose vLLM span is this request's."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        spans = list(pod["receiver"].spans)
+        ours = [s for s in spans if s["name"] == "llm_request" and request_id in str(s["attributes"].get("gen_ai.request.id"))]
+        if ours:
+            trace = ours[0]["trace_id"]
+            found = [s for s in spans if s["trace_id"] == trace]
+            if any(s["name"] == "vllm-gke tenant request" for s in found):
+                return found
+        time.sleep(0.2)
+    raise AssertionError(f"no spans for {request_id}: {pod['receiver'].spans[-5:]}")
+
+
+def test_a_tenant_request_is_traced_under_the_guards_span(pod):
+    # The client's own trace context, sampled: dropped, so it cannot choose the trace or the rate.
+    status, body = call(pod, "/v1/chat/completions", chat(pod, max_completion_tokens=16),
+                        extra={"traceparent": f"00-{CLIENT_TRACE}-b7ad6b7169203331-01", "tracestate": "x=1"})
+    assert status == 200, body
+    spans = _spans_of(pod, body["id"])
+    (guard,) = [s for s in spans if s["name"] == "vllm-gke tenant request"]
+    (vllm,) = [s for s in spans if s["name"] == "llm_request"]
+    assert guard["trace_id"] != CLIENT_TRACE and guard["parent"] == ""  # a root of the guard's own
+    assert vllm["parent"] == guard["span_id"]  # vLLM's span continues the guard's
+    attrs = guard["attributes"]
+    assert attrs["vllm_gke.tenant"] == pod["tenant"] and attrs["http.route"] == "/v1/chat/completions"
+    assert attrs["gen_ai.request.model"] == pod["model"] and attrs["vllm_gke.outcome"] == "ok"
+    assert attrs["http.response.status_code"] == 200
+    assert attrs["gen_ai.usage.output_tokens"] == body["usage"]["completion_tokens"] > 0
+    assert attrs["gen_ai.usage.input_tokens"] == body["usage"]["prompt_tokens"] == vllm["attributes"][
+        "gen_ai.usage.prompt_tokens"]
+    assert guard["resource"]["service.name"] == vllm["resource"]["service.name"] != "unknown_service"
+    assert set(pod["receiver"].paths) == {"/v1/traces"}

@@ -389,7 +389,9 @@ def test_policy_pack_header_names_match_the_components():
 
 def test_limit_store_without_strict_mtls_is_caught(plans):
     rs = resources(plans["prod"])
-    kind(rs, "PeerAuthentication", "strict").props["spec"]["mtls"]["mode"] = "PERMISSIVE"
+    (pa,) = [r for r in rs if r.props.get("kind") == "PeerAuthentication"
+             and r.props["metadata"]["namespace"] == "vllm-gke-limits"]
+    pa.props["spec"]["mtls"]["mode"] = "PERMISSIVE"
     messages = [v.message for v in violations_of(rs, "limit-store-mesh-only")]
     assert any("no STRICT PeerAuthentication in 'vllm-gke-limits'" in m for m in messages)
 

@@ -456,6 +456,17 @@ class SloSpec(TypedDict):
     """The window the objectives hold over; Cloud Monitoring's rolling periods run 1 to 30 days. Default: 28."""
 
 
+class TraceSpec(TypedDict):
+    """TraceSpec settings (see docs/reference/config.md)."""
+
+    enabled: NotRequired[bool]
+    """vLLM's OpenTelemetry spans, each under a span of the guard's with the tenant, route, model, outcome and tokens, through an in-cluster collector to Cloud Trace. Default: false."""
+    sample_ratio: NotRequired[float]
+    """Share of tenant requests traced: the guard's root span is sampled at this ratio and vLLM's span follows it (a client's own trace context is dropped, so it cannot raise the rate). Default: 0.01."""
+    image: NotRequired[ImageRef]
+    """The collector image (otel/opentelemetry-collector-contrib, with the googlecloud exporter)."""
+
+
 class MonitoringSpec(TypedDict):
     """MonitoringSpec settings (see docs/reference/config.md)."""
 
@@ -469,6 +480,8 @@ class MonitoringSpec(TypedDict):
     """KV-cache usage that warns. Default: 0.95."""
     slos: NotRequired[SloSpec]
     """Service level objectives and their burn-rate alerts."""
+    traces: NotRequired[TraceSpec]
+    """Request traces to Cloud Trace (off unless enabled)."""
 
 
 class CostSpec(TypedDict):

@@ -51,6 +51,13 @@ MANAGED_VLLM_OPTIONS: dict[str, str] = {
     "max_cpu_loras": "set models[].maxLoras",
     "api_key": "a secret on the command line; tenants authenticate with JWTs at the mesh",
     "hf_token": "a secret on the command line; only the loader holds the token",
+    # The guard reads the engine's queue (overload) and each request's usage in its own process.
+    "api_server_count": "one API server per pod: the guard reads the engine's queue and usage in its process",
+    "data_parallel_size": "one engine per pod (scale with replicas): with several, vLLM starts several API "
+                          "servers and the guard in each sees part of the queue",
+    "disable_log_stats": "the guard's overload check reads vLLM's stats, and vLLM's traces need them "
+                         "(v1/engine/output_processor.py:951 asserts them)",
+    "otlp_traces_endpoint": "set monitoring.traces",
 }
 _MANAGED_LONG_FLAGS = {f"--{d.replace('_', '-')}": d for d in MANAGED_VLLM_OPTIONS}
 _MANAGED_LONG_FLAGS.update({f"--no-{k[2:]}": d for k, d in list(_MANAGED_LONG_FLAGS.items())})

@@ -11,8 +11,12 @@ from pydantic import (
 
 from .base import (
     Email,
+    ImageRef,
     Spec,
 )
+
+# The OpenTelemetry Collector release the trace collector runs (its contrib distribution).
+COLLECTOR_VERSION = "0.159.0"
 
 
 class SloSpec(Spec):
@@ -28,6 +32,18 @@ class SloSpec(Spec):
     window_days: int = Field(default=28, ge=1, le=30)
 
 
+class TraceSpec(Spec):
+    # vLLM's OpenTelemetry spans, each under a span of the guard's with the tenant, route, model,
+    # outcome and tokens, through an in-cluster collector to Cloud Trace.
+    enabled: bool = False
+    # Share of tenant requests traced: the guard's root span is sampled at this ratio and vLLM's
+    # span follows it (a client's own trace context is dropped, so it cannot raise the rate).
+    sample_ratio: float = Field(default=0.01, gt=0, le=1)
+    # The collector image (otel/opentelemetry-collector-contrib, with the googlecloud exporter).
+    image: ImageRef = Field(default_factory=lambda: ImageRef(
+        repository="docker.io/otel/opentelemetry-collector-contrib", tag=COLLECTOR_VERSION))
+
+
 class MonitoringSpec(Spec):
     # Who alert policies notify.
     notification_emails: list[Email] = Field(default_factory=list)
@@ -39,6 +55,8 @@ class MonitoringSpec(Spec):
     kv_cache_alert_ratio: float = Field(default=0.95, gt=0, le=1)
     # Service level objectives and their burn-rate alerts.
     slos: SloSpec = Field(default_factory=SloSpec)
+    # Request traces to Cloud Trace (off unless enabled).
+    traces: TraceSpec = Field(default_factory=TraceSpec)
 
 
 class CostSpec(Spec):

@@ -35,6 +35,7 @@ from .models import check_model, model_list_filter
 from .overload import Overload, VllmQueue
 from .routes import OPEN_ROUTES, OUTPUT_FIELDS, route_kind, route_table
 from .scan import JsonShapeError
+from .tracing import tracing, without_client_context
 from .usage import Meter, shared_state
 
 # What _admit hands on: the scope and body for vLLM, on a server with adapters the `model` values
@@ -72,6 +73,8 @@ class GuardMiddleware:
         self.overload: Optional[Overload] = Overload(
             float(overload["queueSloSeconds"]), [t.priority for t in self.tenants.values()], VllmQueue(), clock) \
             if overload and any(t.priority < 0 for t in self.tenants.values()) else None
+        # Spans of the guard's own, continued by vLLM's (tracing.py); the client's context is dropped either way.
+        self.tracing = tracing(bool(cfg.get("traces")), self.model)
         self.warmup_token = warmup_token()
         self.header_slots = header_slots(self.issuer_header, self.objective_header)
         self.logged_peers: set[str] = set()
@@ -101,11 +104,19 @@ class GuardMiddleware:
         if tenant is None:
             await self.app(scope, receive, send)
             return
-        meter = Meter(send, tenant.meters, scope, self.routes.get(scope.get("path", ""), ("", ""))[1] == "responses")
+        scope = without_client_context(scope)
+        path = scope.get("path", "")
+        meter = Meter(send, tenant.meters, scope, self.routes.get(path, ("", ""))[1] == "responses")
+        traced = self.tracing
+        span = None
+        if traced is not None:
+            scope, span = traced.start(scope, tenant.name, path)
         try:
             await self.app(scope, receive, meter)
         finally:
-            meter.done()
+            outcome = meter.done()
+            if traced is not None:
+                traced.finish(span, meter.status, outcome, meter.prompt, meter.generated)
 
     # Off only in tests, to check that the fast path decides exactly as the general one.
     fast_path = True

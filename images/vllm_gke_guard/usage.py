@@ -66,23 +66,27 @@ class Meter:
         if (m := _GENERATED.search(window)) is not None:
             self.generated = int(m.group(1))
 
-    def done(self) -> None:
+    def done(self) -> str:
+        """Count the request; its outcome (prompt and generated tokens left in the meter)."""
         status, meters = self.status, self.meters
         if 0 < status < 400:
+            outcome = "ok"
             meters.ok.inc()
         elif 400 <= status < 500:
+            outcome = "refused"
             meters.refused.inc()
         else:
+            outcome = "error"
             meters.error.inc()
-        prompt, generated = self.prompt, self.generated
         usage = final_usage(self.scope)
         if usage is not None:
-            prompt = getattr(usage, "prompt_tokens", None)
-            generated = getattr(usage, "completion_tokens", None)
-        if prompt:
-            meters.prompt.inc(prompt)
-        if generated:
-            meters.generation.inc(generated)
+            self.prompt = getattr(usage, "prompt_tokens", None)
+            self.generated = getattr(usage, "completion_tokens", None)
+        if self.prompt:
+            meters.prompt.inc(self.prompt)
+        if self.generated:
+            meters.generation.inc(self.generated)
+        return outcome
 
 
 def final_usage(scope: Scope) -> Any:

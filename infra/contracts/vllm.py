@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 
+from ...components.specs.models import normalise_flag
+from ...components.vllm_argv import load_snapshot
 from ...components.vllm_versions import TTFT_BUCKETS, release
 from ..plan import Plan
 from .base import Contract, _env, _exported, _flag, _guard_configs, _vllm_containers, _writable_mounts
@@ -98,9 +100,17 @@ def guard_reads_queue_series_vllm_exports(plan: Plan) -> list[str]:
             continue
         out += [f"{name}: the guard sheds on {m}, which vLLM {plan.config.vllm_version} does not export"
                 for m in QUEUE_SERIES if m not in exported]
+    flags = load_snapshot(plan.config.vllm_version)["flags"]
     for name, c in _vllm_containers(plan):
-        if (_flag(c["args"], "--api-server-count") or "1") != "1":
-            out.append(f"{name}: --api-server-count > 1: the guard in each API server would not see the engine's queue")
+        args = [str(a) for a in c["args"]]
+        for i, arg in enumerate(args):
+            flag, _, value = arg.partition("=")
+            spec = flags.get(normalise_flag(flag) if flag.startswith("--") else flag) or {}
+            if spec.get("dest") in ("api_server_count", "data_parallel_size"):
+                value = value or (args[i + 1] if i + 1 < len(args) else "")
+                if value != "1":
+                    out.append(f"{name}: {flag} {value}: several API servers; the guard in each would not see "
+                               "the engine's whole queue")
     return out
 
 
