@@ -157,7 +157,9 @@ def _policy(name: str, query: str, duration_s: int, doc: str, severity: str) -> 
 
 
 def alert_policies(cluster: str, spec: MonitoringSpec, kv_metric: str = "vllm:kv_cache_usage_perc",
-                   limit_store: bool = False) -> list[AlertPolicy]:
+                   limit_store: bool = False, always_on: Sequence[str] = ()) -> list[AlertPolicy]:
+    """The threshold alerts; `always_on`, the models with a replica floor, each paged when no
+    replica of it reports at all (its SLOs' signal is then gone, so no burn rate can page)."""
     sel = f'{{cluster="{cluster}"}}'
     store = [_policy(
         "Shared limit store unreachable", f"{fallbacks(cluster)} > 0", 300,
@@ -190,6 +192,13 @@ def alert_policies(cluster: str, spec: MonitoringSpec, kv_metric: str = "vllm:kv
                 "KV-cache usage high for 10 minutes: requests are being preempted. Lower maxNumSeqs, "
                 f"enable fp8 KV cache, or scale out. Preemptions: vllm:num_preemptions_total{sel}.",
                 "WARNING"),
+        # Appended, so the policies above keep their resource names on stacks that had them.
+        *(_policy(f"No replica of {model} reports",
+                  f'absent(vllm:num_requests_running{{cluster="{cluster}", model_name="{model}"}})', 600,
+                  f"For 10 minutes no vLLM replica of {model} exported metrics, though its pools keep a "
+                  "replica floor: every request to it fails at the load balancer, and its SLOs, counted by "
+                  "the replicas, see nothing. Check its Deployments, their node pool and the weights.", "CRITICAL")
+          for model in always_on),
     ]
 
 
@@ -211,6 +220,8 @@ class ObservabilityArgs:
     budget: Optional[BudgetSpec] = None
     # The servers have ttftSloSeconds among their TTFT buckets (ServiceLevelsArgs.exact_ttft).
     exact_ttft: bool = False
+    # Models with a replica floor: paged when none of their replicas reports.
+    always_on: Sequence[str] = ()
 
 
 class Observability(pulumi.ComponentResource):
@@ -260,7 +271,8 @@ class Observability(pulumi.ComponentResource):
             dashboard_json=pulumi.Output.all(*[n for _, n in budgets]).apply(lambda names: json.dumps(
                 tenant_dashboard_json(tenant_title, args.cluster_name, args.tenants, list(zip(titles, names))),
                 sort_keys=True))) if args.tenants else None
-        self.alert_definitions = alert_policies(args.cluster_name, args.spec, args.kv_cache_metric, args.limit_store)
+        self.alert_definitions = alert_policies(args.cluster_name, args.spec, args.kv_cache_metric, args.limit_store,
+                                                args.always_on)
         self.alert_policies = []
         for i, kwargs in enumerate(self.alert_definitions):
             self.alert_policies.append(gcp.monitoring.AlertPolicy(

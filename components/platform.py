@@ -313,7 +313,8 @@ class Platform(pulumi.ComponentResource):
             title=f"vLLM on GKE - {cfg.cluster.name} ({cfg.environment})", apis=apis,
             kv_cache_metric=rel.kv_cache_metric, limit_store=cfg.global_limits.enabled,
             models=[m.name for m in cfg.models], tenants=[t.name for t in cfg.tenants], budget=cfg.budget,
-            exact_ttft=exact_ttft),
+            exact_ttft=exact_ttft,
+            always_on=[m.name for m in cfg.models if any(getattr(m, w).min_replicas > 0 for w in m.pool_names)]),
             opts=child())
 
         self.routes = {t.route_name: f"/{t.path_prefix}/v1" for t in targets}

@@ -14,8 +14,13 @@ window (monitoring.slos):
 
 Alerts are the SRE workbook's multi-window, multi-burn-rate ones (chapter 5, "Alerting on SLOs"):
 page when 2% of the window's error budget burns in an hour or 5% in six, open a ticket at 10% in
-three days; each long window confirmed by a short one (a twelfth of it), so an alert resets soon
-after the burn stops. The rates scale with the window (14.4, 6 and 1 for 30 days).
+a day; each long window confirmed by a short one (a twelfth of it), so an alert resets soon after
+the burn stops. The workbook's ticket looks back three days, but Cloud Monitoring evaluates a
+burn rate over 24 hours at most ("Alerting on your burn rate": a lookback is the compliance
+period, and none over 24 hours can alert), so the ticket is its day-long equivalent. The rates
+scale with the window (14.4, 6 and 3 for 30 days) and are never under 1: a burn the budget
+affords is no alert. A goal whose budget cannot burn that fast (the largest burn rate is
+1/(1 - goal)) is refused by the config's checks: its alert could never fire.
 """
 
 from __future__ import annotations
@@ -52,16 +57,21 @@ class BurnWindow:
     severity: str
 
     def rate(self, window_days: int) -> float:
-        """The burn rate that spends `budget_share` of the budget in `long_s`."""
-        return round(self.budget_share * window_days * 86400 / self.long_s, 2)
+        """The burn rate that spends `budget_share` of the budget in `long_s` (at least 1)."""
+        return max(1.0, round(self.budget_share * window_days * 86400 / self.long_s, 2))
 
 
 # The workbook's table 5-8, for any window.
 BURN_WINDOWS = (
     BurnWindow("fast burn", 0.02, 3600, 300, "CRITICAL"),
     BurnWindow("sustained burn", 0.05, 6 * 3600, 1800, "ERROR"),
-    BurnWindow("slow burn", 0.10, 3 * 86400, 6 * 3600, "WARNING"),
+    BurnWindow("slow burn", 0.10, 86400, 2 * 3600, "WARNING"),
 )
+
+
+def max_burn_rate(goal: float) -> float:
+    """The fastest a budget can burn: every request bad."""
+    return 1 / (1 - goal)
 
 
 def ttft_bound(seconds: float, exact: bool = False) -> float:

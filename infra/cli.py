@@ -7,7 +7,6 @@ violation), 2 bad config or input.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -38,7 +37,7 @@ from .plan_output import write_plan
 from .plan_pictures import pictures
 from .pricing import PRICE_REGION
 from .report import Verdicts, load_policy_config, verdicts
-from .usage_report import prometheus, read_metrics_file, usage_report
+from .usage_report import period_problem, prometheus, read_metrics_file, usage_report
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan vllm-gke stacks offline: resources, manifests, dashboards, verdicts.")
@@ -313,8 +312,8 @@ def usage(
 ) -> None:
     """Each tenant's tokens, requests, GPU-hours and dollars over a period, from the stack's metrics and
     the price table (infra/usage_report.py says how the cost is split)."""
-    period_ok = re.fullmatch(r"[0-9]+[smhdwy]", period)
-    problems = ([] if period_ok else [f"--period {period}: use a PromQL duration such as 7d, 30d or 12h"]) + \
+    period_wrong = period_problem(period)
+    problems = ([period_wrong] if period_wrong else []) + \
         ([] if (prometheus_url is None) != (metrics is None) else ["give one of --prometheus URL or --metrics FILE"]) + \
         ([] if output in ("text", "json") else [f"--output {output}: use text or json"]) + \
         ([] if prompt_weight >= 0 else ["--prompt-weight: use 0 or more"])

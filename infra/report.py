@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from ..components.capacity import PoolCapacity, capacity_report
+from ..components.specs import TenantSpec
 from ..components.stack_config import StackConfig
 from ..components.tenant_urls import TenantUrl, tenant_urls, url_notes
 from ..policies.rules import POLICIES, Violation, evaluate, resolve_levels
 from .advice import plan_warnings
 from .cost import CostReport, cost_report
 from .plan import Plan
+from .pricing import MACHINE_PRICES
 
 
 @dataclass
@@ -85,6 +87,19 @@ class TenantCeiling:
     capacity_share: float
 
 
+def dedicated_month(cfg: StackConfig, tenant: TenantSpec, hours: float) -> Optional[float]:
+    """What a tenant that calls only its own replicas costs at most in a month: every pool of its
+    models at maxReplicas, each pod its slots of the node pool's machine; None for a tenant that
+    also calls shared pools."""
+    if tenant.dedicated is None or not set(tenant.models) <= set(tenant.dedicated.models):
+        return None
+    pool = cfg.pool(tenant.dedicated.node_pool)
+    price = MACHINE_PRICES[pool.machine_type]
+    slot_hour = (price.spot_hour if pool.spot else price.on_demand_hour) / pool.slices_per_node
+    return sum(getattr(m, w).max_replicas * m.tensor_parallel_size * slot_hour * hours
+               for m in (cfg.model(n) for n in tenant.dedicated.models) for w in m.pool_names)
+
+
 def tenant_ceilings(cfg: StackConfig, cost: CostReport) -> list[TenantCeiling]:
     out: list[TenantCeiling] = []
     minutes = cost.hours_per_month * 60
@@ -92,6 +107,9 @@ def tenant_ceilings(cfg: StackConfig, cost: CostReport) -> list[TenantCeiling]:
         per_minute = t.rate_limit.tokens_per_minute or t.rate_limit.requests_per_minute * t.max_tokens
         tokens = per_minute * minutes
         dollars = tokens / 1e6 * cost.usd_per_million_tokens if cost.tokens_per_month else 0.0
+        # A tenant on its own replicas alone can cost no more than they do at their ceiling.
+        if (own := dedicated_month(cfg, t, cost.hours_per_month)) is not None:
+            dollars = min(dollars, own)
         out.append(TenantCeiling(t.name, tokens, dollars, tokens / cost.tokens_per_month if cost.tokens_per_month else 0.0))
     return out
 

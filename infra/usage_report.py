@@ -9,16 +9,22 @@ series):
     counted at a fixed step (one series per pod and engine; a pod of the plan's Deployments).
 Each pod's hours are priced as its Deployment asks (GPUs, or MIG slices, on its node pool's
 machine at the pool's list price: spot or on-demand; a pod that ran on a spot pool's on-demand twin
-is priced at spot). A model's cost on the shared pools is split among its tenants by their
-weighted tokens (a prompt token counts `prompt_weight` of a generated one: prefill is batched
-and far cheaper per token); a dedicated tenant's replicas are that tenant's. What no tenant used
-(no tokens in the period) is `unallocated`.
+is priced at spot, so those hours are understated). Each shared pod's cost is split among the
+tenants it served, by their weighted tokens on that pod (a prompt token counts `prompt_weight` of
+a generated one: prefill is batched and far cheaper per token); a dedicated tenant's replicas are
+that tenant's. A pod that served no tokens in the period is `(unallocated)`.
+
+What it covers is the pods' time on their GPUs, from the first metrics each exported (its weights
+loaded) to its last: not the capacity of a node no pod used, not the system pool, the cluster fee
+or storage (the plan's cost report has those), so its total is less than the bill.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
@@ -33,17 +39,36 @@ from .pricing import MACHINE_PRICES
 STEP_S = 300
 # A pod is <deployment>-<replica set hash>-<5 characters>.
 POD_NAME = re.compile(r"^(?P<deployment>.+)-[a-z0-9]{6,10}-[a-z0-9]{5}$")
-UNALLOCATED = "unallocated"
+# Not a tenant name (those are DNS labels), so never merged into one.
+UNALLOCATED = "(unallocated)"
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
+
+
+def period_problem(period: str, step_s: int = STEP_S) -> Optional[str]:
+    """Why a --period cannot be reported on; None if it can (a PromQL duration of a step or more)."""
+    match = re.fullmatch(r"([0-9]+)([smhdwy])", period)
+    if match is None:
+        return f"--period {period}: use a PromQL duration such as 7d, 30d or 12h"
+    if int(match.group(1)) * _UNITS[match.group(2)] < step_s:
+        return f"--period {period}: use {step_s // 60}m or more (pods' hours are counted in {step_s // 60}-minute steps)"
+    return None
 
 
 def queries(cluster: str, period: str, step_s: int = STEP_S) -> dict[str, str]:
     """The PromQL the report runs, each an instant vector at the period's end."""
     sel = f'cluster="{cluster}"'
     return {
-        "prompt": f"sum by (tenant, model) (increase(vllm_gke_tenant_prompt_tokens_total{{{sel}}}[{period}]))",
-        "generation": f"sum by (tenant, model) (increase(vllm_gke_tenant_generation_tokens_total{{{sel}}}[{period}]))",
+        # Per pod: each pod's hours are split by the tokens it served.
+        "prompt": f"sum by (tenant, model, namespace, pod) "
+                  f"(increase(vllm_gke_tenant_prompt_tokens_total{{{sel}}}[{period}]))",
+        "generation": f"sum by (tenant, model, namespace, pod) "
+                      f"(increase(vllm_gke_tenant_generation_tokens_total{{{sel}}}[{period}]))",
         "requests": f"sum by (tenant, model, outcome) (increase(vllm_gke_tenant_requests_total{{{sel}}}[{period}]))",
-        "pod_steps": f"sum by (namespace, pod) (count_over_time(vllm:num_requests_running{{{sel}}}[{period}:{step_s}s]))",
+        # One step per step the pod reported (max: one series per engine would count a pod twice).
+        "pod_steps": f"sum by (namespace, pod) (count_over_time((max by (namespace, pod) "
+                     f"(vllm:num_requests_running{{{sel}}}))[{period}:{step_s}s]))",
     }
 
 
@@ -58,8 +83,16 @@ def prometheus(url: str, token: Optional[str] = None, at: Optional[float] = None
         params = {"query": promql, **({"time": str(at)} if at is not None else {})}
         req = urllib.request.Request(f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode(params)}",
                                      headers={"Authorization": f"Bearer {token}"} if token else {})
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            doc = json.loads(resp.read())
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                doc = json.loads(resp.read())
+        except urllib.error.HTTPError as err:  # the API says why in its body: {"errorType", "error"}
+            try:
+                why = json.loads(err.read())
+                detail = f"{why.get('errorType', '')}: {why.get('error', '')}"
+            except ValueError:
+                detail = str(err)
+            raise ValueError(f"the query API answered HTTP {err.code} ({detail}) to: {promql}") from None
         if doc.get("status") != "success" or doc.get("data", {}).get("resultType") != "vector":
             raise ValueError(f"the query API answered {doc.get('status')}: {doc.get('error', doc)}")
         return doc["data"]["result"]
@@ -137,10 +170,11 @@ def usage_report(plan: Plan, query: Query, period: str, prompt_weight: float = 0
                  step_s: int = STEP_S) -> UsageReport:
     q = queries(plan.config.cluster.name, period, step_s)
     tenants: dict[str, TenantUsage] = {t.name: TenantUsage() for t in plan.config.tenants}
-    weighted: dict[str, dict[str, float]] = {}  # model -> tenant -> weighted tokens
+    weighted: dict[tuple[str, str], dict[str, float]] = {}  # (namespace, pod) -> tenant -> weighted tokens
     for kind in ("prompt", "generation"):
         for row in query(q[kind]):
-            tenant, model, value = row["metric"].get("tenant", ""), row["metric"].get("model", ""), float(row["value"][1])
+            labels, value = row["metric"], _number(row)
+            tenant = labels.get("tenant", "")
             if tenant not in tenants:
                 continue  # the counters' tenants are the config's: another label is not this stack's
             usage = tenants[tenant]
@@ -148,14 +182,13 @@ def usage_report(plan: Plan, query: Query, period: str, prompt_weight: float = 0
                 usage.prompt_tokens += value
             else:
                 usage.generation_tokens += value
-            share = weighted.setdefault(model, {})
+            share = weighted.setdefault((labels.get("namespace", ""), labels.get("pod", "")), {})
             share[tenant] = share.get(tenant, 0.0) + value * (prompt_weight if kind == "prompt" else 1.0)
     for row in query(q["requests"]):
         if (tenant := row["metric"].get("tenant", "")) in tenants:
             outcome = row["metric"].get("outcome", "")
-            tenants[tenant].requests[outcome] = tenants[tenant].requests.get(outcome, 0.0) + float(row["value"][1])
+            tenants[tenant].requests[outcome] = tenants[tenant].requests.get(outcome, 0.0) + _number(row)
     known = workloads(plan)
-    own_models = {t.name: set(t.dedicated.models) for t in plan.config.tenants if t.dedicated}
     unknown: list[str] = []
     spent: dict[str, TenantUsage] = {}
     for row in query(q["pod_steps"]):
@@ -165,10 +198,9 @@ def usage_report(plan: Plan, query: Query, period: str, prompt_weight: float = 0
         if work is None:
             unknown.append(f"{ns}/{pod}")
             continue
-        hours = float(row["value"][1]) * step_s / 3600
-        # A dedicated tenant's tokens on this model came from its own replicas, not the shared ones.
-        shares = {work.tenant: 1.0} if work.tenant else {
-            t: v for t, v in weighted.get(work.model, {}).items() if work.model not in own_models.get(t, ())}
+        hours = _number(row) * step_s / 3600
+        # A dedicated tenant's replicas are its own; a shared pod's, of the tenants it served.
+        shares = {work.tenant: 1.0} if work.tenant else weighted.get((ns, pod), {})
         total = sum(shares.values())
         for tenant, part in (shares.items() if total else [(UNALLOCATED, 1.0)]):
             usage = tenants[tenant] if tenant in tenants else spent.setdefault(tenant, TenantUsage())
@@ -176,6 +208,17 @@ def usage_report(plan: Plan, query: Query, period: str, prompt_weight: float = 0
             usage.gpu_hours += hours * work.gpus * fraction
             usage.dollars += hours * work.dollars_per_hour * fraction
     return UsageReport(period, {**tenants, **spent}, sorted(unknown))
+
+
+def _number(row: Mapping[str, Any]) -> float:
+    """A vector row's value: a finite, non-negative number, or the row is refused."""
+    try:
+        value = float(row["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise ValueError(f"a query answer row has no [time, value]: {json.dumps(row)[:200]}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"a query answer row's value is {value}: {json.dumps(row)[:200]}")
+    return value
 
 
 def read_metrics_file(path: str) -> Query:

@@ -129,3 +129,24 @@ def parent_gateways(route: Resource, gateways: Mapping[tuple[str, Any], Resource
 
 def route_backends(route: Resource) -> list[Any]:
     return [b for rule in (route.props.get("spec") or {}).get("rules") or [] for b in rule.get("backendRefs") or []]
+
+
+def mesh_only(resources: Sequence[Resource], ns: str, what: str, risk: str) -> Iterator[Finding]:
+    """A service with no credential of its own, locked by the mesh alone: its namespace refuses
+    plaintext (STRICT mTLS, no port exceptions), denies by default, and admits peers by mesh
+    identity only."""
+    strict = [p for p in kube(resources, "PeerAuthentication") if namespace_of(p) == ns
+              and ((p.props.get("spec") or {}).get("mtls") or {}).get("mode") == "STRICT"
+              and not (p.props.get("spec") or {}).get("portLevelMtls")]
+    if not strict:
+        yield None, f"{what} has no STRICT PeerAuthentication in '{ns}': plaintext clients get in"
+    allows = [p for p in kube(resources, "AuthorizationPolicy") if namespace_of(p) == ns
+              and (p.props.get("spec") or {}).get("action", "ALLOW") == "ALLOW"]
+    if not any(is_deny_all(p) for p in allows):
+        yield None, f"{what}: its namespace '{ns}' has no deny-all AuthorizationPolicy"
+    for p in allows:
+        for rule in (p.props.get("spec") or {}).get("rules") or []:
+            sources = [f.get("source") or {} for f in rule.get("from") or []]
+            if not sources or any(set(src) != {"principals"} or "*" in src["principals"] for src in sources):
+                yield p, f"{where(p)} admits clients of {what} by something other than their mesh identity " \
+                         f"(principals); {risk}"

@@ -13,6 +13,10 @@ ALERT_POLICY = "gcp:monitoring/alertPolicy:AlertPolicy"
 BURN_RATE = re.compile(r'select_slo_burn_rate\("([^"]+)",\s*"(\d+)s"\)')
 # The SRE workbook's fast burn looks back an hour at most; its slow burns six hours or more.
 FAST_S, SLOW_S = 3600, 6 * 3600
+# Cloud Monitoring takes a burn-rate lookback of a day at most ("It is not currently possible to
+# base alerts on the error budget consumption rate of an SLO using a compliance period of greater
+# than 24 hours": cloud.google.com/stackdriver/docs/solutions/slo-monitoring/alerting-on-budget-burn-rate).
+MAX_LOOKBACK_S = 86400
 
 
 def _burn_alerts(resources: Sequence[Resource]) -> list[tuple[str, int, bool]]:
@@ -38,6 +42,14 @@ def serving_held_to_slos(resources: Sequence[Resource]) -> Iterator[Finding]:
         yield servers[0], (f"{where(servers[0])} serves a model but the plan declares no SLO: set "
                            "vllm-gke:monitoring.slos.enabled (availability and time to first token, with burn-rate alerts)")
     alerts = _burn_alerts(resources)
+    for policy in resources:
+        if policy.type != ALERT_POLICY:
+            continue
+        for condition in policy.props.get("conditions") or []:
+            query = ((condition or {}).get("conditionThreshold") or {}).get("filter") or ""
+            if any(int(seconds) > MAX_LOOKBACK_S for _name, seconds in BURN_RATE.findall(query)):
+                yield policy, (f"{where(policy)} looks back over a day at a burn rate: Cloud Monitoring evaluates "
+                               "burn rates over 24 hours at most, so it never alerts")
     for slo in slos:
         # The SLO's resource name ends with services/<service>/serviceLevelObjectives/<id>, whether
         # the project in front of it is given by ID or by number.

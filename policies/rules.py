@@ -57,6 +57,7 @@ from .tenant_access import (
     tenant_namespaces_authenticated,
 )
 from .tenant_limits import GUARD_MIDDLEWARE, limit_store_mesh_only, lora_adapters_scoped, max_tokens_cap
+from .traces import traces_private
 from .weights import hyperdisk_weights_populated, weights_read_only
 from .workloads import SECRETISH, images_pinned, no_secret_literals, pods_hardened, resource_limits
 
@@ -75,7 +76,7 @@ __all__ = [
     "pods_hardened", "control_plane_restricted", "images_pinned", "resource_limits", "no_secret_literals",
     "max_tokens_cap", "vllm_autoscaled", "inference_pools_served", "tenant_priorities_bound",
     "lora_adapters_scoped", "limit_store_mesh_only", "scale_to_zero_answered", "hyperdisk_weights_populated",
-    "vllm_backends_resilient", "serving_held_to_slos",
+    "vllm_backends_resilient", "serving_held_to_slos", "traces_private",
     # The table and its evaluation.
     "POLICIES", "POLICY_NAMES", "resolve_levels", "evaluate",
 ]
@@ -187,6 +188,13 @@ POLICIES: tuple[Policy, ...] = (
            " Rejects a plan with vLLM servers and no Cloud Monitoring SLO; an SLO without a burn-rate alert "
            "over an hour at most, or without one over six hours or more, sent to a notification channel.",
            "advisory", serving_held_to_slos),
+    Policy("traces-private",
+           "Servers that export traces sample them by ratio and send them only to the cluster's collector, "
+           "which admits the servers by mesh identity."
+           " Rejects a vLLM server whose `--otlp-traces-endpoint` is not a Service in the cluster, or that samples "
+           "other than parent-based by ratio; a collector namespace without STRICT mTLS or a deny-all, or that "
+           "admits clients by anything but their mesh identities.",
+           "mandatory", traces_private),
 )
 POLICY_NAMES = tuple(p.name for p in POLICIES)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator, Mapping, Sequence
 
-from .base import Finding, Resource, env_of, is_deny_all, kube, namespace_of, vllm_servers, where
+from .base import Finding, Resource, env_of, mesh_only, vllm_servers, where
 
 GUARD_MIDDLEWARE = "vllm_gke_guard.GuardMiddleware"
 
@@ -81,19 +81,5 @@ def limit_store_mesh_only(resources: Sequence[Resource]) -> Iterator[Finding]:
               if isinstance(cfg.get("globalLimits"), dict)}
     for store in sorted(stores):
         parts = store.split(".")
-        ns = parts[1] if len(parts) > 1 else "default"
-        strict = [p for p in kube(resources, "PeerAuthentication") if namespace_of(p) == ns
-                  and ((p.props.get("spec") or {}).get("mtls") or {}).get("mode") == "STRICT"
-                  and not (p.props.get("spec") or {}).get("portLevelMtls")]
-        if not strict:
-            yield None, f"the limit store {store} has no STRICT PeerAuthentication in '{ns}': plaintext clients get in"
-        allows = [p for p in kube(resources, "AuthorizationPolicy") if namespace_of(p) == ns
-                  and (p.props.get("spec") or {}).get("action", "ALLOW") == "ALLOW"]
-        if not any(is_deny_all(p) for p in allows):
-            yield None, f"the limit store's namespace '{ns}' has no deny-all AuthorizationPolicy"
-        for p in allows:
-            for rule in (p.props.get("spec") or {}).get("rules") or []:
-                sources = [f.get("source") or {} for f in rule.get("from") or []]
-                if not sources or any(set(src) != {"principals"} or "*" in src["principals"] for src in sources):
-                    yield p, (f"{where(p)} admits clients of the limit store by something other than their mesh "
-                              "identity (principals); any pod could spend or reset a tenant's limits")
+        yield from mesh_only(resources, parts[1] if len(parts) > 1 else "default", f"the limit store {store}",
+                             "any pod could spend or reset a tenant's limits")

@@ -188,6 +188,16 @@ def _six_budget_channels(plan):
                                                                         for i in range(6)]
 
 
+def _traces_over_grpc(plan):
+    env = _container(plan, "Deployment", "qwen-7b-short")["env"]
+    env[:] = [e for e in env if e["name"] != "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"]
+
+
+def _collector_on_localhost(plan):
+    cm = next(r for r in plan.resources if r.props.get("kind") == "ConfigMap" and "collector.yaml" in r.props["data"])
+    cm.props["data"]["collector.yaml"] = cm.props["data"]["collector.yaml"].replace("0.0.0.0:4318", "localhost:4318")
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_owns_external_metrics": ("dev", _add_external_apiservice, "second owner"),
     "keda_ports_open_on_private_clusters": ("prod", _no_firewall, "tcp:6443, 9443"),
@@ -225,6 +235,8 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "vllm_usage_reaches_the_guard": ("prod", lambda p: _drop_arg(p, "Deployment", "qwen-7b-short", "--middleware"),
                                      "cannot read vLLM's final usage"),
     "budget_api_accepts_the_budget": ("prod", _six_budget_channels, "the API takes at most 5"),
+    "vllm_exports_traces_as_configured": ("prod", _traces_over_grpc, "the exporter is grpc"),
+    "collector_listens_and_writes_to_trace": ("prod", _collector_on_localhost, "the OTLP receiver listens on localhost"),
 }
 
 

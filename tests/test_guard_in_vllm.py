@@ -185,28 +185,29 @@ def test_the_guards_counters_are_on_vllms_metrics(pod):
 
 
 def test_the_queue_the_guard_sheds_on_is_vllms_own_in_its_process(pod):
-    """overload.py reads vllm:num_requests_waiting and vllm:request_queue_time_seconds from the
-    registry of the process it runs in: the one this /metrics serves, where each finished request's
-    queue time lands."""
-    from vllm_gke_guard.overload import QUEUE_TIME, WAITING
+    """overload.py reads vllm:num_requests_waiting and the count of vllm:time_to_first_token_seconds
+    (requests that left the queue) from the registry of the process it runs in: the one this
+    /metrics serves, where each request's first token lands."""
+    from vllm_gke_guard.overload import FIRST_TOKENS, WAITING
 
     def metrics() -> dict[str, float]:
         with urllib.request.urlopen(pod["base"] + "/metrics", timeout=30) as resp:
             text = resp.read().decode()
         out: dict[str, float] = {}
         for line in text.splitlines():
-            if line.startswith((WAITING + "{", QUEUE_TIME + "_count{")):
+            if line.startswith((WAITING + "{", FIRST_TOKENS + "_count{")):
                 name = line.split("{", 1)[0]
                 out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
         return out
 
+    left = f"{FIRST_TOKENS}_count"
     before = metrics()
-    assert WAITING in before and f"{QUEUE_TIME}_count" in before
+    assert WAITING in before and left in before
     assert call(pod, "/v1/chat/completions", chat(pod, max_completion_tokens=4))[0] == 200
     deadline = time.monotonic() + 10  # stats reach the logger with the engine's next output
-    while metrics()[f"{QUEUE_TIME}_count"] <= before[f"{QUEUE_TIME}_count"] and time.monotonic() < deadline:
+    while metrics()[left] <= before[left] and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert metrics()[f"{QUEUE_TIME}_count"] > before[f"{QUEUE_TIME}_count"]
+    assert metrics()[left] > before[left]
 
 
 def tenant_counters(pod: dict[str, Any]) -> dict[str, float]:

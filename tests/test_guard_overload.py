@@ -20,17 +20,16 @@ overload = guard.overload
 
 
 class Queue:
-    """Stands in for vLLM's metrics: waiting requests, and the queue-time histogram's sum and count."""
+    """Stands in for vLLM's metrics: waiting requests, and how many got their first token (left the queue)."""
 
     def __init__(self):
-        self.waiting, self.total, self.count = 0.0, 0.0, 0.0
+        self.waiting, self.left = 0.0, 0.0
 
     def read(self):
-        return self.waiting, self.total, self.count
+        return self.waiting, self.left
 
-    def leave(self, n, each_waited):
-        self.count += n
-        self.total += n * each_waited
+    def leave(self, n):
+        self.left += n
 
 
 def controller(slo=2.0, priorities=(0, -1, -5)):
@@ -47,62 +46,83 @@ def test_the_lowest_tier_goes_first_then_the_next_and_priority_0_never():
     ctl, clock, queue = controller()
     assert step(ctl, clock) == {0: False, -1: False, -5: False}  # the first reading has no rate yet
     queue.waiting = 40
-    queue.leave(10, 3.5)  # 10 requests left the queue this second, each after 3.5 s: over 2 s
+    queue.leave(10)  # 10 requests left the queue this second, 40 wait: 4 s ahead, over 2 s
     assert step(ctl, clock) == {0: False, -1: False, -5: True}
-    queue.leave(10, 3.5)
+    queue.leave(10)
     assert step(ctl, clock) == {0: False, -1: True, -5: True}
-    queue.leave(10, 3.5)
+    queue.leave(10)
     assert step(ctl, clock) == {0: False, -1: True, -5: True}  # no tier left; 0 is never shed
     # between half the objective and the objective: hold
-    queue.waiting, _ = 15, queue.leave(10, 1.5)
+    queue.waiting, _ = 15, queue.leave(10)
     assert step(ctl, clock) == {0: False, -1: True, -5: True}
     # under half: a tier back each second, the highest first
-    queue.waiting, _ = 2, queue.leave(10, 0.2)
+    queue.waiting, _ = 2, queue.leave(10)
     assert step(ctl, clock) == {0: False, -1: False, -5: True}
-    queue.leave(10, 0.2)
+    queue.leave(10)
     assert step(ctl, clock) == {0: False, -1: False, -5: False}
 
 
 def test_decided_at_most_once_an_interval():
     ctl, clock, queue = controller()
     step(ctl, clock)
-    queue.waiting, _ = 40, queue.leave(10, 5.0)
+    queue.waiting, _ = 50, queue.leave(10)
     assert step(ctl, clock)[-5] is True
-    queue.leave(10, 5.0)
+    queue.leave(10)
     assert step(ctl, clock, 0.3)[-1] is False  # too soon for the next tier
     assert step(ctl, clock, 0.7)[-1] is True
 
 
-def test_waiting_over_the_rate_they_leave_counts_before_any_has_waited_long():
-    """Requests that finished waited little, but 30 wait and 5 a second leave: 6 s ahead."""
+def test_waiting_over_the_rate_they_leave():
+    """30 wait and 5 a second leave: 6 s ahead, whatever the requests before them waited."""
     ctl, clock, queue = controller()
     step(ctl, clock)
-    queue.waiting, _ = 30, queue.leave(5, 0.1)
+    queue.waiting, _ = 30, queue.leave(5)
     assert step(ctl, clock)[-5] is True and ctl.estimate == pytest.approx(6.0)
 
 
 def test_a_queue_that_does_not_move_counts_its_age():
     ctl, clock, queue = controller()
     step(ctl, clock)
-    queue.waiting = 3  # nothing leaves the queue
+    queue.waiting = 3  # nothing leaves the queue; at the last reading none waited
+    assert step(ctl, clock)[-5] is False and ctl.estimate == 0  # it began now
     assert step(ctl, clock)[-5] is False  # 1 s old
     assert step(ctl, clock)[-5] is False  # 2 s: at the objective, not over it
     assert step(ctl, clock)[-5] is True and ctl.estimate == pytest.approx(3.0)
+
+
+def test_a_queue_after_a_quiet_spell_is_not_taken_for_a_stall():
+    """Ten idle minutes, then a burst of priority-0 requests fills the batch: the first sheddable
+    request must not read the whole quiet spell as the queue's age, nor average a rate over it."""
+    ctl, clock, queue = controller()
+    step(ctl, clock)
+    queue.waiting = 3
+    assert step(ctl, clock, 600)[-5] is False and ctl.estimate == 0
+    assert step(ctl, clock)[-5] is False and ctl.estimate == pytest.approx(1.0)  # its age: since the last reading
+
+
+def test_a_drained_queue_brings_the_tiers_back_whatever_the_requests_before_waited():
+    ctl, clock, queue = controller()
+    step(ctl, clock)
+    queue.waiting, _ = 40, queue.leave(5)
+    assert step(ctl, clock)[-5] is True
+    queue.waiting, _ = 0, queue.leave(40)  # drained; those 40 may still be generating
+    assert step(ctl, clock)[-5] is False and ctl.estimate == 0
 
 
 def test_vllms_own_metrics_are_read_as_it_registers_them():
     """Named and labelled as vLLM 0.34's stat logger makes them (one child per engine)."""
     registry = CollectorRegistry()
     waiting = Gauge("vllm:num_requests_waiting", "", ["model_name", "engine"], registry=registry)
-    queue_time = Histogram("vllm:request_queue_time_seconds", "", ["model_name", "engine"], registry=registry,
-                           buckets=(0.3, 1.0, 5.0))
+    first = Histogram("vllm:time_to_first_token_seconds", "", ["model_name", "engine"], registry=registry,
+                      buckets=(0.3, 1.0, 5.0))
     reader = overload.VllmQueue(registry)
     waiting.labels("m", "0").set(4)
     waiting.labels("m", "1").set(3)
-    queue_time.labels("m", "0").observe(2.0)
-    queue_time.labels("m", "1").observe(0.5)
-    assert reader.read() == (7.0, 2.5, 2.0)
-    assert overload.VllmQueue(CollectorRegistry()).read() == (0.0, 0.0, 0.0)  # not registered yet: nothing
+    first.labels("m", "0").observe(2.0)
+    first.labels("m", "1").observe(0.5)
+    first.labels("m", "1").observe(0.7)
+    assert reader.read() == (7.0, 3.0)
+    assert overload.VllmQueue(CollectorRegistry()).read() == (0.0, 0.0)  # not registered yet: nothing
 
 
 def tenants():
@@ -134,7 +154,7 @@ def test_the_guard_answers_a_shed_tenant_429_with_retry_after_in_openais_format(
     path = "/v1/chat/completions"
     assert status(call(mw, body, path=path, issuer="https://auth.example/batch")) == 200
     clock.now += 1
-    queue.waiting, _ = 50, queue.leave(10, 4.0)
+    queue.waiting, _ = 50, queue.leave(10)
     shed = {"tenant": "batch", "model": "m-overload", "outcome": "shed"}
     before = REGISTRY.get_sample_value("vllm_gke_tenant_requests_total", shed) or 0.0
     sent = call(mw, body, path=path, issuer="https://auth.example/batch")

@@ -94,3 +94,11 @@ def test_the_guards_own_refusals_and_the_open_routes_are_not_tenant_requests():
     assert call(mw, {"model": "m", "prompt": "hi", "max_tokens": 10**6})[0]["status"] == 400  # over the cap
     assert call(mw, None, path="/health", method="GET", issuer=None)[0]["status"] == 200
     assert {o: counter("requests", o) for o in before} == before
+
+
+def test_the_model_list_is_not_a_request_the_slos_count():
+    """A client polling GET /v1/models must not dilute the availability its generations get."""
+    before = {o: counter("requests", o) for o in ("ok", "refused", "error")}
+    sent = call(guarded((200, [b'{"object":"list","data":[]}'])), None, path="/v1/models", method="GET")
+    assert sent[0]["status"] == 200
+    assert {o: counter("requests", o) for o in before} == before

@@ -68,7 +68,12 @@ def test_alert_policies(plans):
     assert set(alerts) == {"Shared limit store unreachable", "Tenant requests bypass or miss the mesh sidecar",
                            "vLLM container restarts (GPU OOM or crash)",
                            "GPU memory nearly exhausted",
-                           "Queue latency SLO breached", "Time-to-first-token SLO breached", "KV cache nearly full"}
+                           "Queue latency SLO breached", "Time-to-first-token SLO breached", "KV cache nearly full",
+                           # Every prod model keeps a replica floor: paged when none of its replicas reports.
+                           *(f"No replica of {m.name} reports" for m in plans["prod"].config.models)}
+    gone = alerts["No replica of llama-70b reports"]["conditions"][0]["conditionPrometheusQueryLanguage"]
+    assert gone["query"] == 'absent(vllm:num_requests_running{cluster="vllm-prod", model_name="llama-70b"})'
+    assert alerts["No replica of llama-70b reports"]["severity"] == "CRITICAL"
     peers = alerts["Tenant requests bypass or miss the mesh sidecar"]["conditions"][0]["conditionPrometheusQueryLanguage"]
     assert "vllm_gke_guard_untrusted_peer_requests_total" in peers["query"] and peers["duration"] == "300s"
     queue = alerts["Queue latency SLO breached"]["conditions"][0]["conditionPrometheusQueryLanguage"]
@@ -80,6 +85,21 @@ def test_alert_policies(plans):
             k: v for k, v in alert.items() if k in ("displayName", "combiner", "conditions", "severity")}))
     channels = props_of(plans["prod"], "gcp:monitoring/notificationChannel:NotificationChannel")
     assert sorted(c["labels"]["email_address"] for c in channels) == ["ml-platform-oncall@acme.example", "sre@acme.example"]
+
+
+def test_a_model_that_scales_to_zero_is_not_paged_for_having_no_replica(plan_variant):
+    def to_zero(values):
+        for w in ("short", "long"):
+            values["vllm-gke:models"][0][w]["minReplicas"] = 0
+        values["vllm-gke:nodePools"][0]["minNodes"] = 0
+
+    plan = plan_variant("dev", to_zero)
+    (model,) = plan.config.models
+    paged = [a["displayName"] for a in props_of(plan, "gcp:monitoring/alertPolicy:AlertPolicy")
+             if a["displayName"].startswith("No replica of ")]
+    assert paged == [] and model.short.min_replicas == model.long.min_replicas == 0
+    assert [a["displayName"] for a in props_of(plan_variant("dev"), "gcp:monitoring/alertPolicy:AlertPolicy")
+            if a["displayName"].startswith("No replica of ")] == [f"No replica of {model.name} reports"]
 
 
 def exposed(snapshot) -> set[str]:

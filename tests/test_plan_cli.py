@@ -25,7 +25,8 @@ def test_plan_dev_writes_outputs(tmp_path):
     assert (root / "manifests" / "vllm" / "deployment-qwen-7b-short.yaml").exists()
     dashboard = json.loads((root / "dashboard.json").read_text())
     assert dashboard["displayName"].startswith("vLLM on GKE - vllm-dev")
-    assert len(json.loads((root / "alert-policies.json").read_text())) == 6
+    # the six threshold alerts, and qwen-7b's (it keeps a replica floor) when none of its replicas reports
+    assert len(json.loads((root / "alert-policies.json").read_text())) == 7
     inventory = json.loads((root / "resources.json").read_text())
     provider = next(r for r in inventory if r["type"] == "pulumi:providers:kubernetes")
     assert provider["props"]["kubeconfig"] == "[secret]"

@@ -174,10 +174,19 @@ def _unrouted_burn_alerts(rs):
             r.props["notificationChannels"] = []
 
 
+def _every_request_traced(rs):
+    for r in rs:
+        if r.props.get("kind") == "Deployment":
+            for c in r.props["spec"]["template"]["spec"]["containers"]:
+                for e in c.get("env") or []:
+                    if e["name"] == "OTEL_TRACES_SAMPLER":
+                        e["value"] = "parentbased_always_on"
+
+
 # Policies about Inference Gateway pools judge the staging stack, whose llama-8b uses one; the
 # shared limit store is prod's.
 STAGING_CASES = {"inference-pools-served", "tenant-priorities-bound", "scale-to-zero-answered"}
-PROD_CASES = {"limit-store-mesh-only", "lora-adapters-scoped"}
+PROD_CASES = {"limit-store-mesh-only", "lora-adapters-scoped", "traces-private"}
 # No shipped stack uses Hyperdisk ML: its policy judges staging on that backend.
 HYPERDISK_CASES = {"hyperdisk-weights-populated"}
 
@@ -204,7 +213,32 @@ CASES: dict[str, tuple[Callable, str]] = {
     "control-plane-restricted": (_public_control_plane, "public endpoint accepts any source address"),
     "vllm-backends-resilient": (_no_health_check, "without a HealthCheckPolicy"),
     "serving-held-to-slos": (_unrouted_burn_alerts, "has no fast-burn alert"),
+    "traces-private": (_every_request_traced, "every request is recorded"),
 }
+
+
+def test_a_trace_collector_any_pod_may_write_to_is_caught(plans):
+    rs = resources(plans["prod"])
+    allow = next(r for r in rs if r.props.get("kind") == "AuthorizationPolicy"
+                 and r.props["metadata"]["name"] == "allow-vllm-servers")
+    allow.props["spec"]["rules"][0]["from"] = [{"source": {"namespaces": ["vllm"]}}]
+    assert any("any pod could write into the platform's traces" in v.message for v in violations_of(rs, "traces-private"))
+
+
+def test_traces_sent_out_of_the_cluster_are_caught(plans):
+    rs = resources(plans["prod"])
+    args = kind(rs, "Deployment", "llama-8b-long").props["spec"]["template"]["spec"]["containers"][0]["args"]
+    args[args.index("--otlp-traces-endpoint") + 1] = "https://collector.example.com/v1/traces"
+    assert any("outside the cluster's collector" in v.message for v in violations_of(rs, "traces-private"))
+
+
+def test_a_burn_rate_over_more_than_a_day_is_caught(plans):
+    rs = resources(plans["dev"])
+    policy = next(r for r in rs if r.type == "gcp:monitoring/alertPolicy:AlertPolicy"
+                  and "select_slo_burn_rate" in str(r.props["conditions"]))
+    cond = policy.props["conditions"][0]["conditionThreshold"]
+    cond["filter"] = cond["filter"].rsplit('"', 2)[0] + '"259200s")'
+    assert any("over a day" in v.message for v in violations_of(rs, "serving-held-to-slos"))
 
 
 def test_every_policy_has_a_failing_case():

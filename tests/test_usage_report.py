@@ -20,28 +20,39 @@ HOURS = 10  # each pod up this long in the answers below
 STEPS = HOURS * 3600 // STEP_S
 
 
+SHORT8, LONG8 = "llama-8b-short-7d9f8c6b5-abcde", "llama-8b-long-6c8d9f7b5-zyxwv"
+
+
 def answers(plan):
-    """What the query API holds for prod: llama-8b used 3:1 by search and support (weighted
-    tokens), qwen-7b's shared pools by support alone, analytics' own qwen-7b replicas, llama-70b
-    by nobody; one pod of another stack."""
+    """What the query API holds for prod: llama-8b's short pod used 3:1 by search and support
+    (weighted tokens), its long pod by search alone; qwen-7b's shared pool by support alone,
+    analytics' own qwen-7b replicas, llama-70b by nobody; one pod of another stack."""
     q = queries(plan.config.cluster.name, "30d")
 
     def row(value, **labels):
         return {"metric": labels, "value": [1_700_000_000, str(value)]}
 
+    def on(pod, ns="vllm"):
+        return {"namespace": ns, "pod": pod}
+
     return {
-        q["prompt"]: [row(400_000, tenant="search", model="llama-8b"), row(0, tenant="support", model="llama-8b"),
-                      row(1000, tenant="support", model="qwen-7b"), row(5, tenant="stranger", model="llama-8b")],
-        q["generation"]: [row(200_000, tenant="search", model="llama-8b"),
-                          row(100_000, tenant="support", model="llama-8b"),
-                          row(500, tenant="support", model="qwen-7b"), row(700, tenant="analytics", model="qwen-7b")],
+        q["prompt"]: [row(400_000, tenant="search", model="llama-8b", **on(SHORT8)),
+                      row(0, tenant="support", model="llama-8b", **on(SHORT8)),
+                      row(1000, tenant="support", model="qwen-7b", **on("qwen-7b-short-5c6d7f8b9-fghij")),
+                      row(5, tenant="stranger", model="llama-8b", **on(SHORT8))],
+        q["generation"]: [row(200_000, tenant="search", model="llama-8b", **on(SHORT8)),
+                          row(100_000, tenant="support", model="llama-8b", **on(SHORT8)),
+                          row(50_000, tenant="search", model="llama-8b", **on(LONG8)),
+                          row(500, tenant="support", model="qwen-7b", **on("qwen-7b-short-5c6d7f8b9-fghij")),
+                          row(700, tenant="analytics", model="qwen-7b",
+                              **on("qwen-7b-short-6b7c8d9f5-klmno", "tenant-analytics"))],
         q["requests"]: [row(90, tenant="search", model="llama-8b", outcome="ok"),
                         row(3, tenant="support", model="llama-8b", outcome="shed")],
-        q["pod_steps"]: [row(STEPS, namespace="vllm", pod="llama-8b-short-7d9f8c6b5-abcde"),
-                         row(STEPS, namespace="vllm", pod="qwen-7b-short-5c6d7f8b9-fghij"),
-                         row(STEPS, namespace="tenant-analytics", pod="qwen-7b-short-6b7c8d9f5-klmno"),
-                         row(STEPS, namespace="vllm", pod="llama-70b-long-7f8c9d6b5-pqrst"),
-                         row(STEPS, namespace="other", pod="vllm-x-7f8c9d6b5-uvwxy")],
+        q["pod_steps"]: [row(STEPS, **on(SHORT8)), row(STEPS, **on(LONG8)),
+                         row(STEPS, **on("qwen-7b-short-5c6d7f8b9-fghij")),
+                         row(STEPS, **on("qwen-7b-short-6b7c8d9f5-klmno", "tenant-analytics")),
+                         row(STEPS, **on("llama-70b-long-7f8c9d6b5-pqrst")),
+                         row(STEPS, **on("vllm-x-7f8c9d6b5-uvwxy", "other"))],
     }
 
 
@@ -75,7 +86,8 @@ def test_the_queries_read_the_counters_the_guard_exports():
     for kind, counter in (("prompt", guard.metrics.PROMPT_TOKENS), ("generation", guard.metrics.GENERATION_TOKENS),
                           ("requests", guard.metrics.TENANT_REQUESTS)):
         assert f"{counter._name}_total{{" in q[kind]  # prometheus_client adds _total to a counter's name
-        assert f"sum by ({', '.join(counter._labelnames)})" in q[kind]
+        by = [*counter._labelnames, *(("namespace", "pod") if kind != "requests" else ())]
+        assert f"sum by ({', '.join(by)})" in q[kind]
 
 
 def test_each_pod_is_priced_as_its_deployment_asks(plans):
@@ -98,15 +110,16 @@ def test_the_report_splits_each_models_cost_by_weighted_tokens(plans, query_api)
     work = workloads(plan)
     cost = {k: w.dollars_per_hour * HOURS for k, w in work.items()}
     t = report.tenants
-    # llama-8b: search 400k*0.25 + 200k = 300k, support 100k: 3:1
-    llama8 = cost[("vllm", "llama-8b-short")]
+    # llama-8b's short pod: search 400k*0.25 + 200k = 300k, support 100k: 3:1; its long pod, search's
+    short8, long8 = cost[("vllm", "llama-8b-short")], cost[("vllm", "llama-8b-long")]
     qwen = cost[("vllm", "qwen-7b-short")]
     own = cost[("tenant-analytics", "qwen-7b-short")]
-    assert t["search"].dollars == pytest.approx(0.75 * llama8)
-    assert t["support"].dollars == pytest.approx(0.25 * llama8 + qwen)
+    assert t["search"].dollars == pytest.approx(0.75 * short8 + long8)
+    assert t["support"].dollars == pytest.approx(0.25 * short8 + qwen)  # nothing of a pod it never used
     assert t["analytics"].dollars == pytest.approx(own)  # its own replicas, whatever it sent elsewhere
-    assert t["unallocated"].dollars == pytest.approx(cost[("vllm", "llama-70b-long")])  # nobody's tokens
-    assert t["search"].gpu_hours == pytest.approx(0.75 * HOURS * work[("vllm", "llama-8b-short")].gpus)
+    assert t["(unallocated)"].dollars == pytest.approx(cost[("vllm", "llama-70b-long")])  # nobody's tokens
+    assert t["search"].gpu_hours == pytest.approx(0.75 * HOURS * work[("vllm", "llama-8b-short")].gpus
+                                                  + HOURS * work[("vllm", "llama-8b-long")].gpus)
     assert t["support"].requests == {"shed": 3.0} and t["search"].prompt_tokens == 400_000
     assert "stranger" not in t and report.unknown_pods == ["other/vllm-x-7f8c9d6b5-uvwxy"]
     assert all(auth == "Bearer tok" for _, auth in asked) and len(asked) == 4
@@ -122,7 +135,7 @@ def test_the_command_prints_json_and_replays_what_it_saved(query_api, tmp_path):
                                "--save", str(saved), "--output", "json"])
     assert live.exit_code == 0, live.output
     doc = json.loads(live.output)
-    assert set(doc["tenants"]) == {"search", "support", "analytics", "unallocated"}
+    assert set(doc["tenants"]) == {"search", "support", "analytics", "(unallocated)"}
     assert sum(t["share"] for t in doc["tenants"].values()) == pytest.approx(1.0)
     replay = runner.invoke(app, ["report", "--stack", "prod", "--metrics", str(saved), "--output", "json"])
     assert replay.exit_code == 0 and json.loads(replay.output) == doc
@@ -132,6 +145,8 @@ def test_the_command_prints_json_and_replays_what_it_saved(query_api, tmp_path):
 
 @pytest.mark.parametrize("args,says", [
     (["--period", "a month"], "--period a month"),
+    (["--period", "0d", "--metrics", "x"], "--period 0d: use 5m or more"),
+    (["--period", "60s", "--metrics", "x"], "--period 60s: use 5m or more"),
     ([], "one of --prometheus URL or --metrics FILE"),
     (["--metrics", "/nonexistent/answers.json"], "/nonexistent/answers.json"),
 ])
@@ -156,6 +171,49 @@ def test_the_plan_gives_each_tenants_most_at_its_limits(plans):
     assert ceilings["analytics"].tokens_month == analytics.rate_limit.requests_per_minute * analytics.max_tokens * minutes
     assert ceilings["support"].dollars_month == pytest.approx(ceilings["support"].tokens_month / 1e6
                                                               * cost.usd_per_million_tokens)
+    # analytics calls only its own replicas: at most they, all at maxReplicas (6 + 3 pods of a MIG
+    # slice), far under its rate limit's tokens at the shared $ per million
+    pool = plan.config.pool(analytics.dedicated.node_pool)
+    slot_hour = MACHINE_PRICES[pool.machine_type].on_demand_hour / pool.slices_per_node
+    qwen = plan.config.model("qwen-7b")
+    assert ceilings["analytics"].dollars_month == pytest.approx(
+        (qwen.short.max_replicas + qwen.long.max_replicas) * slot_hour * cost.hours_per_month)
+    assert ceilings["analytics"].dollars_month < ceilings["analytics"].tokens_month / 1e6 * cost.usd_per_million_tokens
     doc = verdicts(plan).to_json()
     assert {c["tenant"] for c in doc["tenantCeilings"]} == {"search", "support", "analytics"}
     assert "capacityShare" in doc["tenantCeilings"][0]
+
+
+def test_a_query_error_is_told_as_the_api_says_it(plans, tmp_path):
+    """Prometheus answers a bad query 400/422 with {"errorType", "error"}: that is what the user sees."""
+    class Refuse(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = json.dumps({"status": "error", "errorType": "bad_data", "error": "invalid parameter"}).encode()
+            self.send_response(400)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = CliRunner().invoke(app, ["report", "--stack", "prod", "--prometheus",
+                                          f"http://127.0.0.1:{server.server_port}"])
+    finally:
+        server.shutdown()
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "HTTP 400 (bad_data: invalid parameter)" in said and "Traceback" not in said
+
+
+@pytest.mark.parametrize("value", [None, "NaN", "-1"])
+def test_a_malformed_answer_exits_2(plans, tmp_path, value):
+    q = answers(plans["prod"])
+    first = next(iter(q))
+    q[first] = [{"metric": {"tenant": "search"}, **({"value": [0, value]} if value else {})}]
+    saved = tmp_path / "answers.json"
+    saved.write_text(json.dumps(q))
+    result = CliRunner().invoke(app, ["report", "--stack", "prod", "--metrics", str(saved)])
+    assert result.exit_code == 2 and "Traceback" not in result.output and "query answer row" in result.output

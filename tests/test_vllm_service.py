@@ -103,7 +103,8 @@ def test_pdb_scaled_object_and_pod_monitoring_per_pool(plans):
     plan = plans["prod"]
     deployments = vllm_deployments(plan)
     for kind in ("PodDisruptionBudget", "ScaledObject", "PodMonitoring", "Service"):
-        per_model = [m for m in manifests_of(plan, kind) if m["metadata"]["namespace"] not in ("vllm-gke-limits", "vllm-gke-telemetry")]
+        per_model = [m for m in manifests_of(plan, kind)
+                     if m["metadata"]["namespace"] not in ("vllm-gke-limits", "vllm-gke-telemetry")]
         assert len(per_model) == len(deployments), kind
     so = next(h for h in manifests_of(plan, "ScaledObject") if h["metadata"]["name"] == "qwen-7b-short"
               and h["metadata"]["namespace"] == "vllm")["spec"]

@@ -1,8 +1,8 @@
 """Checks across config keys, one module per concern: what each key accepts alone is in
 components/specs/; what the keys must agree on - names (names.py), where models run
-(placement.py), tenants (tenants.py), the cluster (cluster.py), the vLLM release (release.py) -
-is here. Every problem names the key to change and how. The `check_*` functions are also run by
-the package's components on their own inputs."""
+(placement.py), tenants (tenants.py), the cluster (cluster.py), the vLLM release (release.py),
+objectives and their alerts (monitoring.py) - is here. Every problem names the key to change and
+how. The `check_*` functions are also run by the package's components on their own inputs."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from .cluster import (
     network,
     zones,
 )
+from .monitoring import slo_alerts_reachable
 from .names import RESERVED_NAMESPACES, check_serving_namespace, issuers, namespaces, unique_names
 from .placement import (
     SYSTEM_DISK_GB,
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 STACK_CHECKS: tuple[Callable[["StackConfig", Add], None], ...] = (
     unique_names, model_placements, tenant_models, gpu_slots, external_gateway, network, zones, issuers,
     namespaces, vllm_release, inference_gateway, global_limits, adapters, scale_to_zero, hyperdisk_ml,
-    node_disks, filestore_size,
+    node_disks, filestore_size, slo_alerts_reachable,
 )
 
 

@@ -39,7 +39,8 @@ from .tracing import tracing, without_client_context
 from .usage import Meter, shared_state
 
 # What _admit hands on: the scope and body for vLLM, on a server with adapters the `model` values
-# the tenant may see listed, and the tenant (None for the open routes and the entrypoint's warm-up).
+# the tenant may see listed, and the tenant whose request it counts (None for the open routes, the
+# model list and the entrypoint's warm-up).
 Admitted = tuple[Scope, Receive, Optional[frozenset[str]], Optional[Tenant]]
 
 
@@ -157,7 +158,9 @@ class GuardMiddleware:
             raise rate_limited(tenant, wait)
         if kind == "info":
             await take_shared(self.shared, self.store_unavailable, tenant, 0)
-            return scope, receive, tenant.models, tenant
+            # Not a request the SLOs or the chargeback count: a client polling /v1/models would
+            # otherwise dilute the availability its generations get.
+            return scope, receive, tenant.models, None
         if seen.content_type != b"application/json" or seen.repeated:  # the common case without parsing it
             check_content_type(seen)
         length = seen.content_length

@@ -2,16 +2,20 @@
 lowest-priority tenants 429 with Retry-After, a tier at a time, before anyone else waits longer.
 
 The signal is vLLM's own, read in process from the metrics its stat logger keeps for /metrics
-(vllm 0.34.0 v1/metrics/loggers.py: the gauge vllm:num_requests_waiting, :537, set each engine
-step; the histogram vllm:request_queue_time_seconds, :970, observed as each request finishes,
-:1296). The queue time now is estimated once a second as the larger of the mean queue time of
-the requests that finished in that second and the waiting requests over the rate requests
-leave the queue (Little's law); a queue that does not move counts as its age.
+(vllm 0.34.0 v1/metrics/loggers.py): the gauge vllm:num_requests_waiting (:537, set each engine
+step) and how many requests got their first token, the count of vllm:time_to_first_token_seconds
+(:930, observed as each request's first token comes, :1284) - a request has left the queue by
+then. (vllm:request_queue_time_seconds would say how long, but it is observed only when a request
+finishes, a whole generation later: after a spike it keeps reporting the spike.) Once a second
+the queue time is estimated by Little's law, the waiting requests over the rate requests left
+the queue in that second; a queue that holds requests and does not move counts as its age; an
+empty queue, as nothing.
 
 Tiers are the tenants' negative priorities (tenants[].priority); 0 is never shed. Each second the
 queue is over the SLO one more tier is shed, most negative first; each second it is under half
 the SLO one tier comes back. So a lower tier is always shed before a higher one, and a short
-spike sheds only the lowest.
+spike sheds only the lowest. The state moves only when a sheddable request asks; after a quiet
+spell (no reading for over two intervals) it starts again from nothing shed.
 """
 
 from __future__ import annotations
@@ -22,13 +26,13 @@ from typing import Any, Callable, Optional, Sequence
 from .errors import GuardError
 
 WAITING = "vllm:num_requests_waiting"
-QUEUE_TIME = "vllm:request_queue_time_seconds"
+FIRST_TOKENS = "vllm:time_to_first_token_seconds"
 INTERVAL_S = 1.0
 
 
 class VllmQueue:
-    """(waiting requests, queue-time sum, queue-time count) from vLLM's metrics in this process,
-    summed over engines; zeros until the engine's stat logger has registered them."""
+    """(waiting requests, requests that got their first token) from vLLM's metrics in this
+    process, summed over engines; zeros until the engine's stat logger has registered them."""
 
     def __init__(self, registry: Any = None):
         self.registry = registry
@@ -43,24 +47,18 @@ class VllmQueue:
                 return None
             registry = REGISTRY
         names = registry._names_to_collectors  # pyright: ignore[reportPrivateUsage]  (no public lookup)
-        waiting, queue = names.get(WAITING), names.get(f"{QUEUE_TIME}_sum")
-        return (waiting, queue) if waiting is not None and queue is not None else None
+        waiting, first = names.get(WAITING), names.get(f"{FIRST_TOKENS}_count")
+        return (waiting, first) if waiting is not None and first is not None else None
 
-    def read(self) -> tuple[float, float, float]:
+    def read(self) -> tuple[float, float]:
         if self.collectors is None:
             self.collectors = self._find()
             if self.collectors is None:
-                return 0.0, 0.0, 0.0
-        waiting_c, queue_c = self.collectors
+                return 0.0, 0.0
+        waiting_c, first_c = self.collectors
         waiting = sum(s.value for m in waiting_c.collect() for s in m.samples if s.name == WAITING)
-        total = count = 0.0
-        for metric in queue_c.collect():
-            for s in metric.samples:
-                if s.name == f"{QUEUE_TIME}_sum":
-                    total += s.value
-                elif s.name == f"{QUEUE_TIME}_count":
-                    count += s.value
-        return waiting, total, count
+        left = sum(s.value for m in first_c.collect() for s in m.samples if s.name == f"{FIRST_TOKENS}_count")
+        return waiting, left
 
 
 class Overload:
@@ -76,24 +74,26 @@ class Overload:
         self.interval = interval
         self.level = 0  # how many of the lowest tiers are shed
         self.estimate = 0.0
-        self.last: Optional[tuple[float, float, float]] = None  # (time, sum, count) at the last decision
+        self.last: Optional[tuple[float, float, float]] = None  # (time, left, waiting) at the last reading
         self.stalled_since: Optional[float] = None
 
     def _update(self, now: float) -> None:
-        waiting, total, count = self.queue.read()
-        last, self.last = self.last, (now, total, count)
-        if last is None:
+        waiting, left = self.queue.read()
+        last, self.last = self.last, (now, left, waiting)
+        if last is None or now - last[0] > 2 * self.interval:
+            # The first reading, or the first after a quiet spell: no rate over a recent second yet.
+            self.level, self.estimate, self.stalled_since = 0, 0.0, None
             return
-        elapsed, done = now - last[0], count - last[2]
-        mean = (total - last[1]) / done if done > 0 else 0.0
+        elapsed, moved = now - last[0], left - last[1]
         if waiting <= 0:
-            backlog, self.stalled_since = 0.0, None
-        elif done > 0:
-            backlog, self.stalled_since = waiting / (done / elapsed), None
-        else:  # requests wait and none left the queue: it is at least as old as the stall
-            self.stalled_since = self.stalled_since if self.stalled_since is not None else last[0]
-            backlog = now - self.stalled_since
-        self.estimate = max(mean, backlog)
+            self.estimate, self.stalled_since = 0.0, None
+        elif moved > 0:
+            self.estimate, self.stalled_since = waiting / (moved / elapsed), None
+        else:  # requests wait and none left the queue: it is as old as the stall, which began by
+            # the last reading if requests waited then, else now
+            if self.stalled_since is None:
+                self.stalled_since = last[0] if last[2] > 0 else now
+            self.estimate = now - self.stalled_since
         if self.estimate > self.slo:
             self.level = min(self.level + 1, len(self.tiers))
         elif self.estimate < self.slo / 2:

@@ -13,7 +13,7 @@ from ..plan import Plan
 from .base import Contract, _env, _exported, _flag, _guard_configs, _vllm_containers, _writable_mounts
 
 # The series the guard's overload check reads from vLLM's registry in its own process.
-QUEUE_SERIES = ("vllm:num_requests_waiting", "vllm:request_queue_time_seconds")
+QUEUE_SERIES = ("vllm:num_requests_waiting", "vllm:time_to_first_token_seconds")
 
 
 def vllm_exports_what_monitoring_reads(plan: Plan) -> list[str]:
@@ -153,10 +153,13 @@ ROWS: tuple[Contract, ...] = (
              "SLO's distribution cut counts requests under the threshold exactly",
              vllm_ttft_buckets_cut_at_the_slo),
     Contract("vLLM", "0.34.0",
-             "exports vllm:num_requests_waiting (gauge) and vllm:request_queue_time_seconds (histogram, observed "
-             "when a request leaves the queue) to the prometheus_client registry of the API server process",
-             "vllm-project/vllm@v0.34.0:vllm/v1/metrics/loggers.py:537-543,970-978,1296-1298",
-             "the guard's overload check reads both in-process; servers run one API server process",
+             "exports vllm:num_requests_waiting (gauge, set each step) and vllm:time_to_first_token_seconds "
+             "(histogram, observed as each request's first token comes, so its count is the requests that left "
+             "the queue) to the prometheus_client registry of the API server process; "
+             "vllm:request_queue_time_seconds is observed only when a request finishes",
+             "vllm-project/vllm@v0.34.0:vllm/v1/metrics/loggers.py:537-543,930-938,1284-1285,1289-1298",
+             "the guard's overload check reads the gauge and the count in-process (Little's law); servers run "
+             "one API server process",
              guard_reads_queue_series_vllm_exports),
     Contract("vLLM", "0.34.0",
              "chat and completions handlers leave the request's final usage (prompt and completion tokens, "

@@ -1,0 +1,27 @@
+"""Objectives against their alerts: every burn-rate alert must be one the goal's budget can reach."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..service_levels import BURN_WINDOWS, max_burn_rate
+from .base import Add
+
+if TYPE_CHECKING:
+    from ..stack_config import StackConfig
+
+
+def slo_alerts_reachable(cfg: "StackConfig", add: Add) -> None:
+    slos = cfg.monitoring.slos
+    if not slos.enabled:
+        return
+    fastest = max(BURN_WINDOWS, key=lambda w: w.rate(slos.window_days))
+    rate = fastest.rate(slos.window_days)
+    for key, goal in (("availability", slos.availability), ("ttft", slos.ttft)):
+        if max_burn_rate(goal) <= rate:
+            least = 1 - 1 / rate
+            add(f"monitoring.slos.{key}", (
+                f"{goal:g} lets the error budget burn at most {max_burn_rate(goal):.3g} times as fast as it can afford, "
+                f"under the {fastest.name} alert's {rate:g} ({fastest.budget_share:.0%} of the "
+                f"{slos.window_days}-day budget in {fastest.long_s // 3600} h): it could never fire. Set a goal above "
+                f"{least:.4g} or a shorter monitoring.slos.windowDays"))
