@@ -7,6 +7,7 @@ from .inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCr
 from .inference_pool import InferencePool, InferencePoolArgs
 from .keda import Keda, KedaArgs
 from .limit_store import LimitStore, LimitStoreArgs
+from .load_test import LoadTest, LoadTestArgs
 from .mesh_namespace import MeshNamespace, MeshNamespaceArgs
 from .model_store import ModelStore, ModelStoreArgs
 from .observability import Observability, ObservabilityArgs
@@ -19,7 +20,8 @@ from .vllm_service import VllmService, VllmServiceArgs
 __all__ = [
     "BillingBudget", "BillingBudgetArgs",
     "Gateway", "GatewayArgs", "GpuCluster", "GpuClusterArgs", "InferenceObjectiveCrd", "InferenceObjectiveCrdArgs",
-    "InferencePool", "InferencePoolArgs", "Keda", "KedaArgs", "LimitStore", "LimitStoreArgs", "MeshNamespace",
+    "InferencePool", "InferencePoolArgs", "Keda", "KedaArgs", "LimitStore", "LimitStoreArgs", "LoadTest", "LoadTestArgs",
+    "MeshNamespace",
     "MeshNamespaceArgs",
     "ModelStore", "ModelStoreArgs", "Observability", "ObservabilityArgs", "RouteTarget",
     "ServiceLevels", "ServiceLevelsArgs", "Standby", "StandbyArgs", "TenantAuth", "TenantAuthArgs",

@@ -9,8 +9,8 @@ an alias to the stack root, so a stack created before the component existed keep
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
 
 import pulumi
 
@@ -27,6 +27,7 @@ from .keda import Keda, KedaArgs
 from .keda_scaling import KedaScaling
 from .limit_store import PORT as LIMITS_PORT
 from .limit_store import LimitStore, LimitStoreArgs
+from .load_test import LoadTest, LoadTestArgs, Target
 from .mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
 from .mesh_readiness import MeshReadiness, MeshReadinessArgs
 from .model_store import ModelStore, ModelStoreArgs
@@ -39,15 +40,15 @@ from .serving_api import (
     picker_routes,
     pool_guard_config,
 )
-from .specs import ModelSpec, TenantSpec
+from .specs import ModelSpec, NodePoolSpec, TenantSpec
 from .stack_config import ConfigError, StackConfig
 from .standby import STANDBY_SA, Standby, StandbyArgs
 from .tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
-from .tenant_urls import path_prefix
+from .tenant_urls import path_prefix, tenant_urls
 from .trace_collector import TRACE_API, TraceCollector, TraceCollectorArgs
 from .vllm_service import SERVER_LABELS, VllmService, VllmServiceArgs, service_name_of
 from .vllm_versions import release
-from .weights_layout import SERVER_SA, reads_hub_token_from_secret_manager
+from .weights_layout import SERVER_SA, model_dir, reads_hub_token_from_secret_manager
 
 BASE_APIS = (
     "serviceusage.googleapis.com", "cloudresourcemanager.googleapis.com", "iam.googleapis.com",
@@ -63,6 +64,18 @@ def dedicated_models(tenant: TenantSpec) -> list[str]:
 
 def shared_models(tenant: TenantSpec) -> list[str]:
     return [m for m in tenant.models if m not in dedicated_models(tenant)]
+
+
+def floor_dollars_per_hour(model: ModelSpec, pool: NodePoolSpec,
+                           prices: Mapping[str, tuple[float, float]]) -> Optional[float]:
+    """What a model's pools cost an hour at their floor (a pool that scales to zero, one replica):
+    each replica its GPUs or MIG slices of the node pool's machine, at `prices` (machine type ->
+    on-demand and spot $ an hour); None where the machine has no price."""
+    if pool.machine_type not in prices:
+        return None
+    on_demand, spot = prices[pool.machine_type]
+    slot = (spot if pool.spot else on_demand) / pool.slices_per_node
+    return sum(max(getattr(model, w).min_replicas, 1) * model.tensor_parallel_size * slot for w in model.pool_names)
 
 
 def required_apis(cfg: StackConfig) -> list[str]:
@@ -97,6 +110,9 @@ class PlatformArgs:
     # component declared it (so they keep those resources). Elsewhere an alias to the root could
     # take over a top-level resource of the same name.
     stack_aliases: bool = False
+    # Machine type -> (on-demand, spot) $ an hour: the load tests' dollars per million tokens (the
+    # stack program passes the plan's price table; without one the tests report no cost).
+    machine_prices: Mapping[str, tuple[float, float]] = field(default_factory=dict[str, tuple[float, float]])
 
 
 class Platform(pulumi.ComponentResource):
@@ -114,6 +130,7 @@ class Platform(pulumi.ComponentResource):
     inference_pools: dict[str, InferencePool]
     limit_store: Optional[LimitStore]
     trace_collector: Optional[TraceCollector]
+    load_tests: dict[str, LoadTest]
     standbys: dict[str, Standby]
     gateway: Gateway
     observability: Observability
@@ -129,6 +146,7 @@ class Platform(pulumi.ComponentResource):
         self.services, self.inference_pools, self.standbys = {}, {}, {}
         self.limit_store = None
         self.trace_collector = None
+        self.load_tests = {}
 
         p = f"{name}-" if args.child_prefix is None else args.child_prefix
         aliases = [pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)] if args.stack_aliases else []
@@ -316,6 +334,30 @@ class Platform(pulumi.ComponentResource):
             exact_ttft=exact_ttft,
             always_on=[m.name for m in cfg.models if any(getattr(m, w).min_replicas > 0 for w in m.pool_names)]),
             opts=child())
+
+        urls = {(u.tenant, u.model): u for u in tenant_urls(cfg)}
+        for spec in cfg.load_tests:
+            # As the tenant: its URL and headers, in the namespace of the replicas that serve it.
+            tenant, model = next(t for t in cfg.tenants if t.name == spec.tenant), cfg.model(spec.model)
+            own = model.name in dedicated_models(tenant)
+            url = urls[(tenant.name, model.name)]
+            name, _, value = url.header.partition(": ")
+            node_pool = cfg.pool(tenant.dedicated.node_pool if own and tenant.dedicated else model.node_pool)
+            self.load_tests[spec.name] = LoadTest(f"{p}loadtest-{spec.name}", LoadTestArgs(
+                spec=spec, provider=provider,
+                namespace=tenants[tenant.name].namespace.name if own else serving.name,
+                target=Target(base_url=url.url.removesuffix("/v1"), model=model.name,
+                              adapters=[a.name for a in model.adapters if tenant.name in a.tenants],
+                              headers={name: value} if url.header else {}, model_dir=model_dir(model),
+                              request_timeout_seconds=cfg.gateway.request_timeout_seconds),
+                ttft_slo_seconds=cfg.monitoring.ttft_slo_seconds,
+                dollars_per_hour=floor_dollars_per_hour(model, node_pool, args.machine_prices),
+                claim_name=store.claim_name if cfg.weights.backend == "filestore" else None,
+                weights_claims=store.claims_for(tenant.name if own else "serving", model),
+                weights_volume=store.weights_volume,
+                bucket=store.bucket.name if cfg.weights.backend == "gcs" else None,
+                project=cfg.project, workload_pool=cluster.workload_pool),
+                opts=child([mesh, store, identities(tenant.name if own else None)]))
 
         self.routes = {t.route_name: f"/{t.path_prefix}/v1" for t in targets}
         self.register_outputs({"clusterName": cluster.cluster.name, "kubeconfig": cluster.kubeconfig,

@@ -19,6 +19,7 @@ from .specs import (
     GatewaySpec,
     GlobalLimitsSpec,
     ImageRef,
+    LoadTestSpec,
     ModelSpec,
     MonitoringSpec,
     Name,
@@ -127,6 +128,8 @@ class StackConfig(Spec):
     budget: Optional[BudgetSpec] = None
     # Per-tenant limits across all replicas (a shared store) instead of per replica.
     global_limits: GlobalLimitsSpec = Field(default_factory=GlobalLimitsSpec)
+    # On-demand load tests of tenants' routes (suspended CronJobs running inference-perf).
+    load_tests: list[LoadTestSpec] = Field(default_factory=list[LoadTestSpec])
 
     @field_validator("vllm_version")
     @classmethod

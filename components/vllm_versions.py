@@ -44,6 +44,9 @@ class VllmRelease:
     # The flag that replaces a histogram family's buckets (0.34's --custom-histogram-buckets,
     # config/observability.py:72); None where the release has none.
     histogram_buckets_flag: Optional[str] = None
+    # The release requires the OpenTelemetry SDK and OTLP exporters (0.34's METADATA: opentelemetry-sdk,
+    # -api, -exporter-otlp), so its image can export traces; older ones list them as an extra only.
+    ships_opentelemetry: bool = False
 
     @property
     def picker_metrics(self) -> dict[str, str]:
@@ -65,7 +68,8 @@ RELEASES: dict[str, VllmRelease] = {
                           cache_salt_paths=("/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch",
                                             "/v1/responses", "/v1/messages", "/v1/embeddings", "/pooling", "/classify",
                                             "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"),
-                          weights_rule="mistral-first", histogram_buckets_flag="--custom-histogram-buckets"),
+                          weights_rule="mistral-first", histogram_buckets_flag="--custom-histogram-buckets",
+                          ships_opentelemetry=True),
     "0.11.0": VllmRelease("0.11.0", "v0.11.0", "or", "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
                           "vllm:kv_cache_usage_perc",
                           cache_salt_paths=("/v1/completions", "/v1/chat/completions", "/v1/responses"),

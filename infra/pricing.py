@@ -6,45 +6,11 @@ float. Refresh from the Cloud Billing catalog (or the GCP pricing pages) and bum
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping
-
 PRICES_AS_OF = "2026-11-01"
 PRICE_REGION = "us-central1"
-
-
-@dataclass(frozen=True)
-class MachinePrice:
-    on_demand_hour: float
-    spot_hour: float
-
-
-MACHINE_PRICES: Mapping[str, MachinePrice] = {
-    "a2-highgpu-1g": MachinePrice(3.6731, 1.2245),
-    "a2-highgpu-2g": MachinePrice(7.3461, 2.4490),
-    "a2-highgpu-4g": MachinePrice(14.6923, 4.8980),
-    "a2-highgpu-8g": MachinePrice(29.3846, 9.7961),
-    "a2-megagpu-16g": MachinePrice(55.7390, 18.5858),
-    "a2-ultragpu-1g": MachinePrice(5.0688, 1.6948),
-    "a2-ultragpu-2g": MachinePrice(10.1376, 3.3896),
-    "a2-ultragpu-4g": MachinePrice(20.2752, 6.7792),
-    "a2-ultragpu-8g": MachinePrice(40.5504, 13.5584),
-    "a3-highgpu-8g": MachinePrice(88.2539, 29.4179),
-    "a3-megagpu-8g": MachinePrice(97.2400, 32.4133),
-    "g2-standard-4": MachinePrice(0.7068, 0.2827),
-    "g2-standard-8": MachinePrice(0.8536, 0.3414),
-    "g2-standard-12": MachinePrice(1.0004, 0.4002),
-    "g2-standard-16": MachinePrice(1.1472, 0.4589),
-    "g2-standard-24": MachinePrice(2.0008, 0.8003),
-    "g2-standard-32": MachinePrice(1.7344, 0.6938),
-    "g2-standard-48": MachinePrice(4.0017, 1.6007),
-    "g2-standard-96": MachinePrice(8.0034, 3.2014),
-    "e2-standard-4": MachinePrice(0.1340, 0.0402),
-    "e2-standard-8": MachinePrice(0.2681, 0.0804),
-    "n2-standard-4": MachinePrice(0.1942, 0.0470),
-    "n2-standard-8": MachinePrice(0.3885, 0.0940),
-    "n2-standard-16": MachinePrice(0.7769, 0.1880),
-}
+# The machines' prices live with the components, which price what they declare with them.
+from ..components.machine_prices import MACHINE_PRICES as MACHINE_PRICES  # noqa: E402
+from ..components.machine_prices import MachinePrice as MachinePrice  # noqa: E402
 
 GKE_CLUSTER_FEE_HOUR = 0.10
 FILESTORE_GIB_MONTH = {"BASIC_HDD": 0.16, "BASIC_SSD": 0.30, "ZONAL": 0.25, "REGIONAL": 0.45}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pulumi
 
+from ..components.machine_prices import MACHINE_PRICES
 from ..components.platform import Platform, PlatformArgs, required_apis
 from ..components.stack_config import StackConfig
 
@@ -16,7 +17,8 @@ __all__ = ["Platform", "build", "required_apis"]
 def build(cfg: StackConfig) -> Platform:
     # Children keep the names stacks gave them before the Platform component existed, and their
     # aliases to the stack root keep those stacks' resources.
-    platform = Platform("vllm-gke", PlatformArgs(cfg, child_prefix="", stack_aliases=True))
+    platform = Platform("vllm-gke", PlatformArgs(cfg, child_prefix="", stack_aliases=True, machine_prices={
+        machine: (price.on_demand_hour, price.spot_hour) for machine, price in MACHINE_PRICES.items()}))
     pulumi.export("clusterName", platform.cluster.cluster.name)
     pulumi.export("kubeconfig", platform.cluster.kubeconfig)
     pulumi.export("filestore", {"tier": platform.store.tier, "capacityGb": platform.store.capacity_gb})

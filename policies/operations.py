@@ -62,3 +62,26 @@ def serving_held_to_slos(resources: Sequence[Resource]) -> Iterator[Finding]:
         if not any(routed and seconds >= SLOW_S for seconds, routed in mine):
             yield slo, (f"{where(slo)} ({slo.props.get('sloId')} of {slo.props.get('service')}) has no slow-burn "
                         "alert (a burn rate over six hours or more) sent to a notification channel")
+
+
+LOAD_TEST_LABEL = ("app.kubernetes.io/name", "vllm-gke-loadtest")
+
+
+def load_tests_on_demand(resources: Sequence[Resource]) -> Iterator[Finding]:
+    """A load test spends real capacity and a tenant's limits: it runs when someone asks, never on
+    `pulumi up` or a schedule, once at a time, and never retried blindly."""
+    for r in resources:
+        kind = r.props.get("kind")
+        labels = ((r.props.get("metadata") or {}).get("labels") or {})
+        if labels.get(LOAD_TEST_LABEL[0]) != LOAD_TEST_LABEL[1] or kind not in ("CronJob", "Job"):
+            continue
+        if kind == "Job":
+            yield r, f"{where(r)} is a load test that runs at every `pulumi up`: declare a suspended CronJob"
+            continue
+        spec = r.props.get("spec") or {}
+        if spec.get("suspend") is not True:
+            yield r, f"{where(r)} is a load test on a schedule: set suspend: true (run it with kubectl create job --from)"
+        if spec.get("concurrencyPolicy") != "Forbid":
+            yield r, f"{where(r)} may run twice at once: set concurrencyPolicy: Forbid"
+        if ((spec.get("jobTemplate") or {}).get("spec") or {}).get("backoffLimit") != 0:
+            yield r, f"{where(r)} retries a failed load test: set backoffLimit: 0"

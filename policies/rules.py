@@ -46,7 +46,7 @@ from .inference_gateway import (
     inference_pools_served,
     tenant_priorities_bound,
 )
-from .operations import serving_held_to_slos
+from .operations import load_tests_on_demand, serving_held_to_slos
 from .tenant_access import (
     INTERNAL_GATEWAY,
     INTERNET_PROBE_IP,
@@ -76,7 +76,7 @@ __all__ = [
     "pods_hardened", "control_plane_restricted", "images_pinned", "resource_limits", "no_secret_literals",
     "max_tokens_cap", "vllm_autoscaled", "inference_pools_served", "tenant_priorities_bound",
     "lora_adapters_scoped", "limit_store_mesh_only", "scale_to_zero_answered", "hyperdisk_weights_populated",
-    "vllm_backends_resilient", "serving_held_to_slos", "traces_private",
+    "vllm_backends_resilient", "serving_held_to_slos", "traces_private", "load_tests_on_demand",
     # The table and its evaluation.
     "POLICIES", "POLICY_NAMES", "resolve_levels", "evaluate",
 ]
@@ -195,6 +195,11 @@ POLICIES: tuple[Policy, ...] = (
            "other than parent-based by ratio; a collector namespace without STRICT mTLS or a deny-all, or that "
            "admits clients by anything but their mesh identities.",
            "mandatory", traces_private),
+    Policy("load-tests-on-demand",
+           "Load tests run when someone asks, once at a time, never retried."
+           " Rejects a load-test Job (which would run at every `pulumi up`), or a load-test CronJob that is not "
+           "suspended, may run concurrently, or retries a failure.",
+           "mandatory", load_tests_on_demand),
 )
 POLICY_NAMES = tuple(p.name for p in POLICIES)
 

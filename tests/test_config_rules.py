@@ -129,6 +129,10 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
     # A goal whose budget cannot burn as fast as the page's rate: the alert could never fire.
     ("slo-alert-unreachable", "dev", lambda v: v.setdefault("vllm-gke:monitoring", {}).update(slos={"ttft": 0.9}),
      "vllm-gke:monitoring.slos.ttft", "at most 10 times as fast as it can afford, under the fast burn alert's 13.44"),
+    ("traces-without-opentelemetry", "dev", lambda v: (v.update({"vllm-gke:vllmVersion": "0.11.0"}),
+                                                        v.setdefault("vllm-gke:monitoring", {}).update(
+                                                            traces={"enabled": True})),
+     "vllm-gke:monitoring.traces.enabled", "does not ship OpenTelemetry"),
     # The guard reads the engine's queue and the usage in its API server's process.
     ("extra-arg-api-servers", "dev", lambda v: v["vllm-gke:models"][0].update(extraArgs=["-asc", "2"]),
      "vllm-gke:models[qwen-7b].extraArgs", "may not set -asc"),

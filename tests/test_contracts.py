@@ -198,6 +198,12 @@ def _collector_on_localhost(plan):
     cm.props["data"]["collector.yaml"] = cm.props["data"]["collector.yaml"].replace("0.0.0.0:4318", "localhost:4318")
 
 
+def _load_test_with_v1(plan):
+    cm = next(r for r in plan.resources if r.props.get("kind") == "ConfigMap" and "mixed.yaml" in r.props["data"])
+    cm.props["data"]["mixed.yaml"] = cm.props["data"]["mixed.yaml"].replace(
+        "base_url: https://llm.acme.example/llama-8b", "base_url: https://llm.acme.example/llama-8b/v1")
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_owns_external_metrics": ("dev", _add_external_apiservice, "second owner"),
     "keda_ports_open_on_private_clusters": ("prod", _no_firewall, "tcp:6443, 9443"),
@@ -237,6 +243,7 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "budget_api_accepts_the_budget": ("prod", _six_budget_channels, "the API takes at most 5"),
     "vllm_exports_traces_as_configured": ("prod", _traces_over_grpc, "the exporter is grpc"),
     "collector_listens_and_writes_to_trace": ("prod", _collector_on_localhost, "the OTLP receiver listens on localhost"),
+    "inference_perf_runs_as_the_tenant": ("prod", _load_test_with_v1, "appends /v1/completions to it as given"),
 }
 
 

@@ -183,10 +183,14 @@ def _every_request_traced(rs):
                         e["value"] = "parentbased_always_on"
 
 
+def _scheduled_load_test(rs):
+    next(r for r in rs if r.props.get("kind") == "CronJob").props["spec"]["suspend"] = False
+
+
 # Policies about Inference Gateway pools judge the staging stack, whose llama-8b uses one; the
 # shared limit store is prod's.
 STAGING_CASES = {"inference-pools-served", "tenant-priorities-bound", "scale-to-zero-answered"}
-PROD_CASES = {"limit-store-mesh-only", "lora-adapters-scoped", "traces-private"}
+PROD_CASES = {"limit-store-mesh-only", "lora-adapters-scoped", "traces-private", "load-tests-on-demand"}
 # No shipped stack uses Hyperdisk ML: its policy judges staging on that backend.
 HYPERDISK_CASES = {"hyperdisk-weights-populated"}
 
@@ -214,6 +218,7 @@ CASES: dict[str, tuple[Callable, str]] = {
     "vllm-backends-resilient": (_no_health_check, "without a HealthCheckPolicy"),
     "serving-held-to-slos": (_unrouted_burn_alerts, "has no fast-burn alert"),
     "traces-private": (_every_request_traced, "every request is recorded"),
+    "load-tests-on-demand": (_scheduled_load_test, "is a load test on a schedule"),
 }
 
 

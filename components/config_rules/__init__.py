@@ -1,7 +1,7 @@
 """Checks across config keys, one module per concern: what each key accepts alone is in
 components/specs/; what the keys must agree on - names (names.py), where models run
 (placement.py), tenants (tenants.py), the cluster (cluster.py), the vLLM release (release.py),
-objectives and their alerts (monitoring.py) - is here. Every problem names the key to change and
+objectives and their alerts (monitoring.py), load tests (load_tests.py) - is here. Every problem names the key to change and
 how. The `check_*` functions are also run by the package's components on their own inputs."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from .cluster import (
     network,
     zones,
 )
-from .monitoring import slo_alerts_reachable
+from .load_tests import load_tests
+from .monitoring import slo_alerts_reachable, traces_exportable
 from .names import RESERVED_NAMESPACES, check_serving_namespace, issuers, namespaces, unique_names
 from .placement import (
     SYSTEM_DISK_GB,
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
 STACK_CHECKS: tuple[Callable[["StackConfig", Add], None], ...] = (
     unique_names, model_placements, tenant_models, gpu_slots, external_gateway, network, zones, issuers,
     namespaces, vllm_release, inference_gateway, global_limits, adapters, scale_to_zero, hyperdisk_ml,
-    node_disks, filestore_size, slo_alerts_reachable,
+    node_disks, filestore_size, slo_alerts_reachable, load_tests,
+    traces_exportable,
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..service_levels import BURN_WINDOWS, max_burn_rate
+from ..vllm_versions import release
 from .base import Add
 
 if TYPE_CHECKING:
@@ -25,3 +26,10 @@ def slo_alerts_reachable(cfg: "StackConfig", add: Add) -> None:
                 f"under the {fastest.name} alert's {rate:g} ({fastest.budget_share:.0%} of the "
                 f"{slos.window_days}-day budget in {fastest.long_s // 3600} h): it could never fire. Set a goal above "
                 f"{least:.4g} or a shorter monitoring.slos.windowDays"))
+
+
+def traces_exportable(cfg: "StackConfig", add: Add) -> None:
+    if cfg.monitoring.traces.enabled and not release(cfg.vllm_version).ships_opentelemetry:
+        add("monitoring.traces.enabled", f"vLLM {cfg.vllm_version}'s image does not ship OpenTelemetry (vLLM 0.34 "
+                                         "requires it): --otlp-traces-endpoint would stop every server at start; "
+                                         "use vllmVersion 0.34.0 or leave traces off")

@@ -91,6 +91,15 @@ class Environment(str, Enum):
     PROD = 'prod'
 
 
+class Distribution(str, Enum):
+    """A length distribution in tokens: lognormal gives the long tail real prompts have."""
+
+    LOGNORMAL = 'lognormal'
+    NORMAL = 'normal'
+    UNIFORM = 'uniform'
+    FIXED = 'fixed'
+
+
 class AuthorizedNetwork(TypedDict):
     """AuthorizedNetwork settings (see docs/reference/config.md)."""
 
@@ -517,6 +526,75 @@ class GlobalLimitsSpec(TypedDict):
     """The store's image."""
 
 
+class TokenLengths(TypedDict):
+    """TokenLengths settings (see docs/reference/config.md)."""
+
+    distribution: NotRequired[Distribution]
+    """A length distribution in tokens: lognormal gives the long tail real prompts have. One of: lognormal, normal, uniform, fixed. Default: lognormal."""
+    mean: int
+    """Mean."""
+    std_dev: NotRequired[int]
+    """Std dev. Default: 0."""
+    min: NotRequired[int]
+    """Min. Default: 1."""
+    max: int
+    """Max."""
+
+
+class LoadStage(TypedDict):
+    """LoadStage settings (see docs/reference/config.md)."""
+
+    rate: float
+    """Requests a second, arriving as a Poisson process (so bursts happen as they do in traffic)."""
+    duration_seconds: int
+    """How long the stage lasts; it sends rate x seconds requests."""
+
+
+class SharedPrefixLoad(TypedDict):
+    """SharedPrefixLoad settings (see docs/reference/config.md)."""
+
+    groups: NotRequired[int]
+    """A second phase of requests whose prompts share long prefixes in groups, as agents and RAG send them: it measures the prefix cache's effect (only meaningful with models[].enablePrefixCaching). Default: 8."""
+    prompts_per_group: NotRequired[int]
+    """Prompts per group. Default: 16."""
+    prefix_tokens: NotRequired[int]
+    """Prefix tokens. Default: 2048."""
+    question_tokens: NotRequired[int]
+    """Question tokens. Default: 128."""
+    output_tokens: NotRequired[int]
+    """Output tokens. Default: 128."""
+    concurrency: NotRequired[int]
+    """Requests in flight at once. Default: 16."""
+
+
+class LoadTestSpec(TypedDict):
+    """An on-demand load test of one tenant's route: a suspended CronJob that
+    `kubectl create job --from=cronjob/loadtest-<name>` runs (see docs/guides/operating-by-slo.md)."""
+
+    name: str
+    """Name."""
+    tenant: str
+    """Whose route and credentials: the tenant's URL /<tenant>/<model>/v1, with a token of its issuer."""
+    model: str
+    """Model."""
+    token_secret: NotRequired[str]
+    """The Kubernetes Secret (key `token`) holding a bearer JWT of the tenant's issuer, in the namespace the test runs in (the model's serving namespace, or the tenant's for dedicated replicas). Created out of band: a token never goes through Pulumi's state. Default: loadtest-token."""
+    prompt_tokens: NotRequired[TokenLengths]
+    """The mixed workload: prompt and output lengths (completions, streamed) over the stages."""
+    output_tokens: NotRequired[TokenLengths]
+    """Output tokens."""
+    stages: NotRequired[list[LoadStage]]
+    """Steady, a burst, steady again."""
+    shared_prefix: NotRequired[SharedPrefixLoad]
+    """Shared prefix."""
+    lora_mix: NotRequired[bool]
+    """Spread requests over the model's adapters the tenant may use (equal shares with the base model), where it has any. Default: true."""
+    max_failure_ratio: NotRequired[float]
+    """The share of failed requests over which the Job fails. Default: 0.01."""
+    image: NotRequired[ImageRef]
+    """Image."""
+
+
 class StackConfig(TypedDict):
     """A whole platform's settings: what one stack's config holds (see docs/reference/config.md)."""
 
@@ -552,3 +630,5 @@ class StackConfig(TypedDict):
     """A Cloud Billing budget on the project (none without it); the plan warns when the baseline exceeds it."""
     global_limits: NotRequired[GlobalLimitsSpec]
     """Per-tenant limits across all replicas (a shared store) instead of per replica."""
+    load_tests: NotRequired[list[LoadTestSpec]]
+    """On-demand load tests of tenants' routes (suspended CronJobs running inference-perf)."""

@@ -54,8 +54,13 @@ from .models import (
 from .operations import (
     BudgetSpec,
     CostSpec,
+    LoadStage,
+    LoadTestSpec,
     MonitoringSpec,
+    SharedPrefixLoad,
     SloSpec,
+    TokenLengths,
+    TraceSpec,
 )
 from .tenants import (
     DedicatedSpec,
@@ -72,7 +77,8 @@ from .weights import (
 __all__ = [
     'AdapterSpec', 'AuthorizedNetwork', 'BudgetSpec', 'CanarySpec', 'Cidr', 'ClusterSpec', 'CostSpec', 'CustomShape',
     'DedicatedSpec', 'Email', 'GatewaySpec', 'GlobalLimitsSpec', 'Hostname', 'ImageRef', 'JwtSpec', 'K8sName',
-    'LORA_RANKS', 'MANAGED_VLLM_OPTIONS', 'MaintenanceExclusion', 'MaintenanceSpec', 'MaintenanceWindow',
+    'LORA_RANKS', 'LoadStage', 'LoadTestSpec', 'SharedPrefixLoad', 'TokenLengths', 'TraceSpec',
+    'MANAGED_VLLM_OPTIONS', 'MaintenanceExclusion', 'MaintenanceSpec', 'MaintenanceWindow',
     'MasterCidr', 'ModelSpec', 'MonitoringSpec', 'SloSpec', 'Name', 'NodePoolSpec', 'PodsCidr', 'ProxyOnlyCidr',
     'RateLimitSpec', 'Revision', 'SecretKeyRef', 'ServicesCidr', 'ServingPoolSpec', 'Spec', 'SubnetCidr',
     'TenantSpec', 'UpgradeSpec', 'UtcTime', 'WeightsSource', 'WeightsSpec', 'cidr_range', 'extra_arg_problem',

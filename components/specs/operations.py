@@ -1,17 +1,22 @@
-"""Monitoring (alerts, notification channels, SLOs), the cost assumptions and the billing budget."""
+"""Monitoring (alerts, notification channels, SLOs, traces), the cost assumptions, the billing budget
+and load tests."""
 
 from __future__ import annotations
 
 import re
+from typing import Literal, Optional
 
 from pydantic import (
     Field,
     field_validator,
+    model_validator,
 )
 
 from .base import (
     Email,
     ImageRef,
+    K8sName,
+    Name,
     Spec,
 )
 
@@ -97,3 +102,73 @@ class BudgetSpec(Spec):
         if len(set(v)) != len(v):
             raise ValueError("each threshold once: the API refuses repeated thresholds")
         return sorted(v)
+
+
+# The load-test tool: kubernetes-sigs/inference-perf, whose release workflow publishes
+# quay.io/inference-perf/inference-perf:<tag> (.github/workflows/publish-on-release.yml).
+INFERENCE_PERF_VERSION = "v0.7.0"
+
+
+class LoadStage(Spec):
+    # Requests a second, arriving as a Poisson process (so bursts happen as they do in traffic).
+    rate: float = Field(gt=0, le=10000)
+    # How long the stage lasts; it sends rate x seconds requests.
+    duration_seconds: int = Field(ge=1, le=3600)
+
+
+class TokenLengths(Spec):
+    # A length distribution in tokens: lognormal gives the long tail real prompts have.
+    distribution: Literal["lognormal", "normal", "uniform", "fixed"] = "lognormal"
+    mean: int = Field(ge=1)
+    std_dev: int = Field(default=0, ge=0)
+    min: int = Field(default=1, ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "TokenLengths":
+        if not self.min <= self.mean <= self.max:
+            raise ValueError(f"min {self.min} <= mean {self.mean} <= max {self.max} must hold")
+        return self
+
+
+class SharedPrefixLoad(Spec):
+    # A second phase of requests whose prompts share long prefixes in groups, as agents and RAG send them: it
+    # measures the prefix cache's effect (only meaningful with models[].enablePrefixCaching).
+    groups: int = Field(default=8, ge=1, le=1000)
+    prompts_per_group: int = Field(default=16, ge=1, le=10000)
+    prefix_tokens: int = Field(default=2048, ge=1)
+    question_tokens: int = Field(default=128, ge=1)
+    output_tokens: int = Field(default=128, ge=1)
+    # Requests in flight at once.
+    concurrency: int = Field(default=16, ge=1, le=4096)
+
+
+class LoadTestSpec(Spec):
+    """An on-demand load test of one tenant's route: a suspended CronJob that
+    `kubectl create job --from=cronjob/loadtest-<name>` runs (see docs/guides/operating-by-slo.md)."""
+
+    name: Name
+    # Whose route and credentials: the tenant's URL /<tenant>/<model>/v1, with a token of its issuer.
+    tenant: Name
+    model: Name
+    # The Kubernetes Secret (key `token`) holding a bearer JWT of the tenant's issuer, in the
+    # namespace the test runs in (the model's serving namespace, or the tenant's for dedicated
+    # replicas). Created out of band: a token never goes through Pulumi's state.
+    token_secret: K8sName = "loadtest-token"
+    # The mixed workload: prompt and output lengths (completions, streamed) over the stages.
+    prompt_tokens: TokenLengths = Field(default_factory=lambda: TokenLengths(
+        distribution="lognormal", mean=512, std_dev=1024, min=16, max=8192))
+    output_tokens: TokenLengths = Field(default_factory=lambda: TokenLengths(
+        distribution="lognormal", mean=192, std_dev=256, min=8, max=1024))
+    # Steady, a burst, steady again.
+    stages: list[LoadStage] = Field(default_factory=lambda: [
+        LoadStage(rate=2, duration_seconds=120), LoadStage(rate=8, duration_seconds=60),
+        LoadStage(rate=2, duration_seconds=120)], min_length=1, max_length=20)
+    shared_prefix: Optional[SharedPrefixLoad] = None
+    # Spread requests over the model's adapters the tenant may use (equal shares with the base
+    # model), where it has any.
+    lora_mix: bool = True
+    # The share of failed requests over which the Job fails.
+    max_failure_ratio: float = Field(default=0.01, ge=0, le=1)
+    image: ImageRef = Field(default_factory=lambda: ImageRef(
+        repository="quay.io/inference-perf/inference-perf", tag=INFERENCE_PERF_VERSION))

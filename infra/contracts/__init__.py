@@ -9,8 +9,8 @@ generated from this table (`python -m vllm_gke.infra.contracts`).
 The rows and their checks live by upstream component: keda.py, picker.py (the endpoint picker),
 vllm.py, istio.py, gcsfuse.py (the Cloud Storage FUSE CSI driver), limit_store.py (Redis),
 kubectl.py, loader.py (weight loading: vLLM's rule, huggingface_hub), populator.py (GKE Volume
-Populator), billing.py (the Cloud Billing Budget API) and collector.py (traces: vLLM's exporter,
-the OpenTelemetry Collector); base.py holds the Contract row and the
+Populator), billing.py (the Cloud Billing Budget API), collector.py (traces: vLLM's exporter, the
+OpenTelemetry Collector) and load_test.py (inference-perf); base.py holds the Contract row and the
 plan helpers they share. This module assembles the table in that order.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..plan import Plan
-from . import billing, collector, gcsfuse, istio, keda, kubectl, limit_store, loader, picker, populator, vllm
+from . import billing, collector, gcsfuse, istio, keda, kubectl, limit_store, load_test, loader, picker, populator, vllm
 from .base import Check, Contract
 from .billing import budget_api_accepts_the_budget
 from .collector import collector_listens_and_writes_to_trace, vllm_exports_traces_as_configured
@@ -46,6 +46,7 @@ from .keda import (
 )
 from .kubectl import kubectl_cache_is_writable
 from .limit_store import redis_writes_nothing_and_scripts_obey_the_acl
+from .load_test import inference_perf_runs_as_the_tenant
 from .loader import loader_copies_what_vllm_opens, loader_writes_only_to_volumes
 from .picker import (
     picker_finds_the_objectives,
@@ -70,7 +71,7 @@ from .vllm import (
 __all__ = [
     "CONTRACTS", "DOC", "FUSE_SIDECAR", "ISTIO", "ISTIO_INIT", "PROXY", "Check", "Contract",
     "budget_api_accepts_the_budget", "collector_listens_and_writes_to_trace", "guard_reads_queue_series_vllm_exports",
-    "vllm_exports_traces_as_configured",
+    "vllm_exports_traces_as_configured", "inference_perf_runs_as_the_tenant",
     "fuse_pods_start_under_any_sidecar_mode", "gcsfuse_sidecar_with_the_mesh", "injected_init_order",
     "istio_peer_and_claim_header", "istio_sidecar_outlives_vllm", "keda_admits_the_scaled_objects",
     "keda_cooldown_only_for_zero", "keda_names_fit", "keda_operator_identity", "keda_owns_external_metrics",
@@ -86,7 +87,7 @@ __all__ = [
 CONTRACTS: tuple[Contract, ...] = (
     *keda.ROWS, *picker.ROWS, *vllm.ROWS, *istio.ROWS, *gcsfuse.ROWS, *limit_store.ROWS, *kubectl.ROWS,
     *loader.ROWS, *populator.ROWS, *billing.ROWS,
-    *collector.ROWS,
+    *collector.ROWS, *load_test.ROWS,
 )
 
 

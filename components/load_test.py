@@ -1,0 +1,256 @@
+"""LoadTest: an on-demand load test of one tenant's route, as that tenant, with an existing tool.
+
+A suspended CronJob - `pulumi up` never starts it; `kubectl -n <ns> create job --from=cronjob/
+loadtest-<name> loadtest-<name>-1` does - running kubernetes-sigs/inference-perf (pinned) through
+components/scripts/run_load_test.py: a mixed workload of streamed completions (prompt and output
+lengths from long-tailed distributions; Poisson arrivals over steady and burst stages; the model's
+adapters mixed in where the tenant may use them), then, where configured, a phase whose prompts
+share long prefixes in groups (the prefix cache's case). It calls the tenant's public URL with the
+tenant's token (a Kubernetes Secret the operator creates: no token passes through Pulumi), so it
+measures what the tenant gets - gateway, mesh, guard, replica - and reports TTFT and inter-token
+latency p50/p99, tokens/s and dollars per million tokens against the SLOs (the Job fails on too
+many errors or a missed SLO).
+
+The pod runs in the namespace of the replicas it tests, outside the mesh (it is a client, like the
+tenant), as its own service account, and mounts the model's weights read-only for the model's own
+tokenizer (inference-perf sizes prompts with it; offline). Reports go to an emptyDir and the log.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
+import yaml
+
+from . import gcs_weights
+from .gcp_names import workload_principal
+from .k8s_meta import CONTAINER_SECURITY, api_body, content_digest, meta
+from .options import child_opts
+from .specs import LoadTestSpec, TokenLengths
+from .weights_layout import MOUNT_PATH
+
+PROGRAM = "run_load_test.py"
+SERVICE_ACCOUNT = "vllm-loadtest"
+# inference-perf's image has no USER (python:3.12-alpine, root); the Job runs it as this one.
+LOADTEST_UID = 65532
+CONFIG_DIR = "/etc/loadtest"
+TOKEN_DIR = "/var/run/secrets/loadtest"
+REPORTS_DIR = "/reports"
+# Its load generator's processes (num_workers; upstream defaults to the node's CPU count).
+WORKERS = 2
+
+
+def program_text() -> str:
+    from pathlib import Path
+
+    return (Path(__file__).parent / "scripts" / PROGRAM).read_text()
+
+
+def _lengths(d: TokenLengths) -> dict[str, Any]:
+    return {"type": d.distribution, "mean": d.mean, "std_dev": d.std_dev, "min": d.min, "max": d.max}
+
+
+@dataclass
+class Target:
+    """What the test calls: the tenant's route and what the model serves."""
+
+    # The tenant's base URL without /v1 (inference-perf appends /v1/completions).
+    base_url: str
+    # The served model name, and the adapters the tenant may ask for by name.
+    model: str
+    adapters: Sequence[str] = ()
+    # Headers every request of the tenant's carries (behind the endpoint picker, its objective).
+    headers: Mapping[str, str] = field(default_factory=dict[str, str])
+    # The model's directory on the weights mount (its tokenizer).
+    model_dir: str = ""
+    # The gateway's backend timeout: a request may take that long.
+    request_timeout_seconds: int = 600
+
+
+def lora_split(names: Sequence[str]) -> list[dict[str, Any]]:
+    """Equal shares that sum to exactly 1.0 in floating point (inference-perf compares the sum with
+    1.0: config/loadgen/config.py:256-260)."""
+    shares = [1 / len(names)] * (len(names) - 1)
+    shares.append(1.0 - sum(shares))
+    assert sum(shares) == 1.0
+    return [{"name": n, "split": share} for n, share in zip(names, shares)]
+
+
+def phases(spec: LoadTestSpec, target: Target, reports_dir: str = REPORTS_DIR) -> list[tuple[str, dict[str, Any]]]:
+    """(name, inference-perf config) for each phase."""
+    common = {
+        "server": {"type": "vllm", "model_name": target.model, "base_url": target.base_url, "ignore_eos": True},
+        "tokenizer": {"pretrained_model_name_or_path": target.model_dir},
+        "report": {"request_lifecycle": {"summary": True, "per_stage": True, "per_request": False}},
+    }
+    api = {"streaming": True, **({"headers": dict(target.headers)} if target.headers else {})}
+    load: dict[str, Any] = {"type": "poisson", "num_workers": WORKERS, "worker_max_concurrency": 256,
+                            "request_timeout": target.request_timeout_seconds,
+                            "stages": [{"rate": s.rate, "duration": s.duration_seconds} for s in spec.stages]}
+    if spec.lora_mix and target.adapters:
+        load["lora_traffic_split"] = lora_split([target.model, *target.adapters])
+    out = [("mixed", {**common, "api": {"type": "completion", **api},
+                      "data": {"type": "random", "input_distribution": _lengths(spec.prompt_tokens),
+                               "output_distribution": _lengths(spec.output_tokens)},
+                      "load": load,
+                      "storage": {"local_storage": {"path": f"{reports_dir}/mixed"}}})]
+    if spec.shared_prefix:
+        sp = spec.shared_prefix
+        # Text prefixes go out as completions whatever the API type (inference-perf 0.7.0
+        # datagen/synthetic/shared_prefix_datagen.py:157-183).
+        out.append(("shared-prefix", {**common, "api": {"type": "completion", **api},
+                                      "data": {"type": "shared_prefix", "shared_prefix": {
+                                          "num_groups": sp.groups, "num_prompts_per_group": sp.prompts_per_group,
+                                          "system_prompt_len": sp.prefix_tokens, "question_len": sp.question_tokens,
+                                          "output_len": sp.output_tokens}},
+                                      "load": {"type": "concurrent", "num_workers": WORKERS,
+                                               "request_timeout": target.request_timeout_seconds,
+                                               "stages": [{"num_requests": sp.groups * sp.prompts_per_group,
+                                                           "concurrency_level": sp.concurrency}]},
+                                      "storage": {"local_storage": {"path": f"{reports_dir}/shared-prefix"}}}))
+    return out
+
+
+def job_files(spec: LoadTestSpec, target: Target, ttft_slo_seconds: float, dollars_per_hour: Optional[float],
+              config_dir: str = CONFIG_DIR, reports_dir: str = REPORTS_DIR) -> dict[str, str]:
+    """What the Job's ConfigMap holds: each phase's inference-perf config, the plan the program
+    follows (phases, SLO, cost, failure ratio) and the program."""
+    found = phases(spec, target, reports_dir)
+    plan = {"phases": [{"name": n, "configFile": f"{config_dir}/{n}.yaml"} for n, _ in found],
+            "ttftSloSeconds": ttft_slo_seconds,
+            "dollarsPerHour": None if dollars_per_hour is None else round(dollars_per_hour, 4),
+            "maxFailureRatio": spec.max_failure_ratio, "reportsDir": reports_dir}
+    return {**{f"{n}.yaml": yaml.safe_dump(c, sort_keys=False) for n, c in found},
+            "plan.json": json.dumps(plan, indent=1), PROGRAM: program_text()}
+
+
+def deadline_seconds(spec: LoadTestSpec, request_timeout_seconds: int) -> int:
+    """How long the Job may run: its stages, the longest request after them, and start-up."""
+    stages = sum(s.duration_seconds for s in spec.stages)
+    shared = spec.shared_prefix.groups * spec.shared_prefix.prompts_per_group * 2 if spec.shared_prefix else 0
+    return stages + shared + 2 * request_timeout_seconds + 300
+
+
+@dataclass
+class LoadTestArgs:
+    spec: LoadTestSpec
+    provider: k8s.Provider
+    # The namespace of the replicas the tenant's route reaches.
+    namespace: pulumi.Input[str]
+    target: Target
+    # The TTFT objective the verdict holds p99 to, and the pools' dollars an hour at their floor
+    # (None: no price, no dollar figure).
+    ttft_slo_seconds: float
+    dollars_per_hour: Optional[float]
+    # The weights as the namespace's servers mount them: a claim (Filestore), claims per directory
+    # (Hyperdisk ML), or the bucket's CSI volume (then `bucket` for the service account's read grant).
+    claim_name: Optional[pulumi.Input[str]] = None
+    weights_claims: Mapping[str, pulumi.Input[str]] = field(default_factory=dict[str, pulumi.Input[str]])
+    weights_volume: Optional[Mapping[str, Any]] = None
+    bucket: Optional[pulumi.Input[str]] = None
+    project: str = ""
+    workload_pool: pulumi.Input[str] = ""
+
+
+class LoadTest(pulumi.ComponentResource):
+    cron_job: k8s.batch.v1.CronJob
+    phases: list[tuple[str, dict[str, Any]]]
+
+    def __init__(self, name: str, args: LoadTestArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:LoadTest", name, None, opts)
+        spec, target = args.spec, args.target
+        k8s_opts = child_opts(self, opts, provider=args.provider)
+        obj = f"loadtest-{spec.name}"
+        labels = {"app.kubernetes.io/name": "vllm-gke-loadtest", "vllm-gke.io/load-test": spec.name}
+
+        def md(n: str) -> k8s.meta.v1.ObjectMetaArgsDict:
+            return {**meta(n, labels=labels), "namespace": args.namespace}
+
+        self.phases = phases(spec, target)
+        data = job_files(spec, target, args.ttft_slo_seconds, args.dollars_per_hour)
+        config = k8s.core.v1.ConfigMap(f"{name}-config", metadata=md(obj), data=data, opts=k8s_opts)
+        sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=md(f"{SERVICE_ACCOUNT}-{spec.name}"),
+                                        automount_service_account_token=False, opts=k8s_opts)
+        deps: list[pulumi.Resource] = [config, sa]
+
+        # The tokenizer: the model's own files, read-only, as the servers mount them.
+        annotations: dict[str, str] = {}
+        if args.weights_claims:
+            ordered = sorted(args.weights_claims.items())
+            mounts = [{"name": f"weights-{i}", "mountPath": d, "readOnly": True} for i, (d, _) in enumerate(ordered)]
+            volumes: list[Any] = [{"name": f"weights-{i}", "persistentVolumeClaim": {"claimName": c, "readOnly": True}}
+                                  for i, (_, c) in enumerate(ordered)]
+        elif args.weights_volume is not None:
+            mounts = [{"name": "weights", "mountPath": MOUNT_PATH, "readOnly": True}]
+            volumes = [dict(args.weights_volume)]
+            annotations = dict(gcs_weights.POD_ANNOTATIONS)
+            if args.bucket is not None:
+                number = gcp.organizations.get_project_output(project_id=args.project).number
+                deps.append(gcp.storage.BucketIAMMember(
+                    f"{name}-weights-reader", bucket=args.bucket, role="roles/storage.objectViewer",
+                    member=workload_principal(number, args.workload_pool, args.namespace,
+                                              f"{SERVICE_ACCOUNT}-{spec.name}"),
+                    opts=child_opts(self, opts)))
+        else:
+            mounts = [{"name": "weights", "mountPath": MOUNT_PATH, "readOnly": True}]
+            volumes = [{"name": "weights", "persistentVolumeClaim": {"claimName": args.claim_name, "readOnly": True}}]
+
+        container = {
+            "name": "inference-perf", "image": spec.image.uri,
+            "command": ["python", f"{CONFIG_DIR}/{PROGRAM}"],
+            "env": [{"name": "LOADTEST_PLAN", "value": f"{CONFIG_DIR}/plan.json"},
+                    {"name": "LOADTEST_AUTH_DIR", "value": TOKEN_DIR},
+                    {"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
+                    {"name": "HOME", "value": "/tmp"}],
+            "resources": {"requests": {"cpu": str(WORKERS), "memory": "4Gi"},
+                          "limits": {"cpu": str(WORKERS), "memory": "4Gi"}},
+            "securityContext": CONTAINER_SECURITY,
+            "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+                             {"name": "token", "mountPath": TOKEN_DIR, "readOnly": True},
+                             *mounts,
+                             {"name": "reports", "mountPath": REPORTS_DIR},
+                             {"name": "tmp", "mountPath": "/tmp"},
+                             # Its worker processes share memory through /dev/shm.
+                             {"name": "dshm", "mountPath": "/dev/shm"}],
+        }
+        self.cron_job = k8s.batch.v1.CronJob(
+            f"{name}-cron", metadata=md(obj),
+            spec=api_body({
+                # On demand only: `kubectl create job --from=cronjob/...`; a schedule is required.
+                "suspend": True, "schedule": "0 0 1 1 *", "concurrencyPolicy": "Forbid",
+                "jobTemplate": {"metadata": {"labels": labels}, "spec": {
+                    "backoffLimit": 0,  # a load test is not retried blindly
+                    "activeDeadlineSeconds": deadline_seconds(spec, target.request_timeout_seconds),
+                    "ttlSecondsAfterFinished": 7 * 86400,
+                    "template": {
+                        "metadata": {"labels": {**labels, "sidecar.istio.io/inject": "false"},
+                                     "annotations": {"vllm-gke.io/config-sha256": content_digest(
+                                         json.dumps(data, sort_keys=True)), **annotations}},
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "serviceAccountName": f"{SERVICE_ACCOUNT}-{spec.name}",
+                            "automountServiceAccountToken": False,
+                            "securityContext": {"runAsNonRoot": True, "runAsUser": LOADTEST_UID,
+                                                "runAsGroup": LOADTEST_UID, "fsGroup": LOADTEST_UID,
+                                                "seccompProfile": {"type": "RuntimeDefault"}},
+                            "containers": [container],
+                            "volumes": [{"name": "config", "configMap": {"name": obj}},
+                                        {"name": "token", "secret": {"secretName": spec.token_secret,
+                                                                     "defaultMode": 0o440}},
+                                        *volumes,
+                                        {"name": "reports", "emptyDir": {"sizeLimit": "1Gi"}},
+                                        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+                                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}],
+                        },
+                    },
+                }},
+            }),
+            opts=child_opts(self, opts, provider=args.provider, depends_on=deps))
+        self.register_outputs({"cronJob": obj, "phases": [n for n, _ in self.phases],
+                               "run": pulumi.Output.from_input(args.namespace).apply(
+                                   lambda ns: f"kubectl -n {ns} create job --from=cronjob/{obj} {obj}-$(date +%s)")})
