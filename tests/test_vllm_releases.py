@@ -54,6 +54,9 @@ def for_release(values, version):
     values["vllm-gke:vllmVersion"] = version
     if "tag" in values["vllm-gke:serverImage"]:
         values["vllm-gke:serverImage"]["tag"] = f"{RELEASES[version].image_tag}-gke.1"
+    traces = (values.get("vllm-gke:monitoring") or {}).get("traces")
+    if traces and not RELEASES[version].ships_opentelemetry:
+        traces["enabled"] = False  # refused on a release without OpenTelemetry (config_rules/monitoring.py)
     return values
 
 
