@@ -22,8 +22,8 @@ from typing import Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .k8s_meta import CONTAINER_SECURITY, api_body, content_digest, custom_resource, meta
-from .mesh_namespace import ISTIO_API
+from .k8s_meta import CONTAINER_SECURITY, api_body, content_digest, meta
+from .mesh_namespace import mesh_lock
 from .options import child_opts
 from .specs import ImageRef
 from .weights_layout import SERVER_SA
@@ -86,14 +86,8 @@ class LimitStore(pulumi.ComponentResource):
         def md(obj: str) -> k8s.meta.v1.ObjectMetaArgsDict:
             return {**meta(obj, labels=labels), "namespace": ns}
 
-        custom_resource(f"{name}-mtls", ISTIO_API, "PeerAuthentication", md("strict"),
-                        {"mtls": {"mode": "STRICT"}}, in_ns)
-        custom_resource(f"{name}-deny-all", ISTIO_API, "AuthorizationPolicy", md("deny-all"), {}, in_ns)
-        custom_resource(
-            f"{name}-allow-guards", ISTIO_API, "AuthorizationPolicy", md("allow-vllm-guards"),
-            {"action": "ALLOW", "selector": {"matchLabels": labels},
-             "rules": [{"from": [{"source": {"principals": sorted(client_principal(n) for n in args.client_namespaces)}}],
-                        "to": [{"operation": {"ports": [str(PORT)]}}]}]}, in_ns)
+        mesh_lock(name, md, labels, ("allow-guards", "allow-vllm-guards"),
+                  [client_principal(n) for n in args.client_namespaces], {"ports": [str(PORT)]}, in_ns)
         config = k8s.core.v1.ConfigMap(f"{name}-config", metadata=md(NAME), data={"redis.conf": REDIS_CONF},
                                        opts=in_ns)
         ping = {"exec": {"command": ["redis-cli", "-p", str(PORT), "ping"]}}

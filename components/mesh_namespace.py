@@ -75,6 +75,20 @@ class MeshNamespaceArgs:
     labels: Mapping[str, str] = field(default_factory=dict[str, str])
 
 
+def mesh_lock(name: str, md: Any, labels: Mapping[str, str], allow: tuple[str, str], principals: Sequence[str],
+              operation: Mapping[str, Any], opts: pulumi.ResourceOptions) -> None:
+    """A service with no credential of its own, locked by the mesh alone (the limit store, the
+    trace collector): its namespace STRICT mTLS, deny by default, and one AuthorizationPolicy
+    (`allow`: its resource name's suffix and its object name) admitting `principals` to the pods
+    of `labels` for `operation`. `md(obj)` gives an object's metadata in the namespace."""
+    custom_resource(f"{name}-mtls", ISTIO_API, "PeerAuthentication", md("strict"), {"mtls": {"mode": "STRICT"}}, opts)
+    custom_resource(f"{name}-deny-all", ISTIO_API, "AuthorizationPolicy", md("deny-all"), {}, opts)
+    custom_resource(f"{name}-{allow[0]}", ISTIO_API, "AuthorizationPolicy", md(allow[1]),
+                    {"action": "ALLOW", "selector": {"matchLabels": dict(labels)},
+                     "rules": [{"from": [{"source": {"principals": sorted(principals)}}],
+                                "to": [{"operation": dict(operation)}]}]}, opts)
+
+
 def allow_unauthenticated(path: str, sources: Sequence[pulumi.Input[str]]) -> dict[str, Any]:
     return {"action": "ALLOW", "rules": [{
         "from": [{"source": {"ipBlocks": list(sources)}}],

@@ -31,9 +31,9 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from .gcp_names import workload_principal
-from .k8s_meta import CONTAINER_SECURITY, api_body, content_digest, custom_resource, meta
+from .k8s_meta import CONTAINER_SECURITY, api_body, content_digest, meta
 from .limit_store import client_principal
-from .mesh_namespace import ISTIO_API
+from .mesh_namespace import mesh_lock
 from .options import child_opts
 from .project_apis import ProjectApis
 from .specs import ImageRef
@@ -116,15 +116,9 @@ class TraceCollector(pulumi.ComponentResource):
         def md(obj: str) -> k8s.meta.v1.ObjectMetaArgsDict:
             return {**meta(obj, labels=labels), "namespace": ns}
 
-        custom_resource(f"{name}-mtls", ISTIO_API, "PeerAuthentication", md("strict"),
-                        {"mtls": {"mode": "STRICT"}}, in_ns)
-        custom_resource(f"{name}-deny-all", ISTIO_API, "AuthorizationPolicy", md("deny-all"), {}, in_ns)
-        custom_resource(
-            f"{name}-allow-servers", ISTIO_API, "AuthorizationPolicy", md("allow-vllm-servers"),
-            {"action": "ALLOW", "selector": {"matchLabels": labels},
-             "rules": [{"from": [{"source": {"principals": sorted(client_principal(n) for n in args.client_namespaces)}}],
-                        "to": [{"operation": {"ports": [str(OTLP_HTTP_PORT)], "methods": ["POST"],
-                                              "paths": ["/v1/traces"]}}]}]}, in_ns)
+        mesh_lock(name, md, labels, ("allow-servers", "allow-vllm-servers"),
+                  [client_principal(n) for n in args.client_namespaces],
+                  {"ports": [str(OTLP_HTTP_PORT)], "methods": ["POST"], "paths": ["/v1/traces"]}, in_ns)
         sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=md(SERVICE_ACCOUNT),
                                         automount_service_account_token=False, opts=in_ns)
         text = collector_config(args.project)
