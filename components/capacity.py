@@ -1,11 +1,12 @@
 """Plan-time GPU memory check: do a model's weights and KV cache fit its GPU or MIG slice?
 
-Per GPU (one MIG slice counts as one):
-    usable    = slice memory x gpuMemoryUtilization
-    weights   = params x bytes per weight / tensorParallelSize
-    lora      = LoRA slots (maxLoras) x the largest adapter rank's A and B matrices / tensorParallelSize
-    kv budget = usable - weights - lora - RUNTIME_OVERHEAD_GB (CUDA context, activations, graphs)
-    kv/token  = 2 x layers x kv_heads x head_dim x kv bytes / min(TP, kv_heads)
+Per device (a GPU, one MIG slice, or a TPU chip), with P = pipelineParallelSize stages each
+holding 1/P of the layers:
+    usable    = device memory x gpuMemoryUtilization
+    weights   = params x bytes per weight / (tensorParallelSize x P)
+    lora      = LoRA slots (maxLoras) x the largest adapter rank's A and B matrices / (TP x P)
+    kv budget = usable - weights - lora - RUNTIME_OVERHEAD_GB (runtime context, activations, graphs)
+    kv/token  = 2 x layers x kv_heads x head_dim x kv bytes / (min(TP, kv_heads) x P)
 A pool fits when its KV budget holds maxNumSeqs sequences of its stated context
 (`contextTokens`, default the pool's maxModelLen) and at least one maxModelLen sequence,
 which vLLM itself refuses to start without.
@@ -17,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
 from .specs import ModelSpec, NodePoolSpec, ServingPoolSpec
+from .throughput import roofline, slice_of
 
 if TYPE_CHECKING:
     from .stack_config import StackConfig
@@ -48,6 +50,15 @@ class PoolCapacity:
     lora_per_gpu_gb: float = 0.0
     # Estimated seconds from node ready to serving (components/cold_start.py).
     cold_start_s: float = 0.0
+    # What one replica takes: devices (GPUs, MIG slices or TPU chips) and nodes (>1: a multi-host group).
+    devices: int = 1
+    hosts: int = 1
+    accelerator: str = ""
+    # The roofline's estimate for one replica (components/throughput.py): output tokens a second at
+    # the batch the pool runs (maxNumSeqs, or what its KV cache holds if fewer), prompt tokens a second.
+    decode_tokens_s: float = 0.0
+    prefill_tokens_s: float = 0.0
+    decode_bound: str = ""
 
     @property
     def fits(self) -> bool:
@@ -81,24 +92,39 @@ class PoolCapacity:
 
 def pool_capacity(model: ModelSpec, which: str, pool: ServingPoolSpec, node_pool: NodePoolSpec,
                   tenant: Optional[str] = None) -> PoolCapacity:
-    tp = model.tensor_parallel_size
+    tp, pp = model.tensor_parallel_size, model.pipeline_parallel_size
     shape = model.model_shape
     memory = node_pool.slice_memory_gb
     usable = memory * model.gpu_memory_utilization
-    weights = model.weights_gb / tp
-    lora = model.lora_gb() / tp
+    weights = model.weights_gb / (tp * pp)
+    lora = model.lora_gb() / (tp * pp)
     budget = usable - weights - lora - RUNTIME_OVERHEAD_GB
-    # KV heads shard across tensor-parallel ranks; with fewer heads than ranks they are replicated.
-    per_token = model.kv_bytes_per_token / min(tp, shape.kv_heads)
+    # KV heads shard across tensor-parallel ranks (with fewer heads than ranks they are
+    # replicated); each pipeline stage caches only its own layers.
+    per_token = model.kv_bytes_per_token / (min(tp, shape.kv_heads) * pp)
     tokens = max(0, int(budget * GB // per_token))
     max_len = model.pool_max_model_len(pool)
     context = pool.context_tokens or max_len
+    acc = node_pool.machine.accelerator
+    hosts = hosts_per_replica(model, node_pool)
+    speed = roofline(slice_of(acc, node_pool.gpu_partition_size), shape, model.dtype, model.kv_cache_dtype,
+                     model.devices_per_replica, tp, hosts, min(pool.max_num_seqs, max(1, tokens // context)),
+                     context) if acc else None
     return PoolCapacity(
         model=model.name, pool=which, node_pool=node_pool.name, tenant=tenant, gpu_memory_gb=memory,
         usable_gb=usable, weights_per_gpu_gb=weights, kv_budget_gb=budget,
         kv_bytes_per_token_per_gpu=per_token, tokens_fit=tokens, context_tokens=context,
         max_model_len=max_len, max_num_seqs=pool.max_num_seqs, seqs_fit=tokens // context, revision=model.revision,
-        lora_per_gpu_gb=lora)
+        lora_per_gpu_gb=lora, devices=model.devices_per_replica, hosts=hosts, accelerator=acc.gke_type if acc else "",
+        decode_tokens_s=speed.decode_tokens_s if speed else 0.0,
+        prefill_tokens_s=speed.prefill_tokens_s if speed else 0.0, decode_bound=speed.bound if speed else "")
+
+
+def hosts_per_replica(model: ModelSpec, node_pool: NodePoolSpec) -> int:
+    """Nodes one replica spans: 1 when its devices fit a node, else its devices over a node's
+    (the placement check refuses a count that is not a multiple)."""
+    per_node = node_pool.slices_per_node
+    return max(1, -(-model.devices_per_replica // per_node))
 
 
 def capacity_report(cfg: "StackConfig") -> list[PoolCapacity]:
@@ -137,5 +163,5 @@ def gpu_slots_by_pool(cfg: "StackConfig", bound: str = "min") -> dict[str, int]:
     slots: dict[str, int] = {}
     for model, pool_name, _tenant in placements(cfg):
         replicas = sum(getattr(getattr(model, which), f"{bound}_replicas") for which in model.pool_names)
-        slots[pool_name] = slots.get(pool_name, 0) + replicas * model.tensor_parallel_size
+        slots[pool_name] = slots.get(pool_name, 0) + replicas * model.devices_per_replica
     return slots

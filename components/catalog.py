@@ -1,64 +1,111 @@
 """Hardware and model catalog: the facts the rest of the library derives from.
 
 Machine types map to their accelerator so config never repeats what GCE already fixes
-(a2-highgpu-4g always carries four A100 40GB). MIG profiles are the ones GKE accepts for
-`gpu_partition_size`; memory is the nominal GB in the profile name.
+(a2-highgpu-4g always carries four A100 40GB, ct6e-standard-4t four TPU v6e chips). MIG profiles
+are the ones GKE accepts for `gpu_partition_size`; memory is the nominal GB in the profile name.
+Bandwidth and peak dense 16-bit compute per device are the vendors' datasheet figures (NVIDIA's
+A100/H100/L4 datasheets; cloud.google.com/tpu/docs/v5e, v6e, v5p): the plan's roofline
+(components/throughput.py) estimates tokens/s from them.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Literal, Mapping
 
 
 @dataclass(frozen=True)
 class Accelerator:
-    gke_type: str  # guest_accelerators.type and the cloud.google.com/gke-accelerator label
+    # GPUs: guest_accelerators.type and the cloud.google.com/gke-accelerator label; TPUs: the
+    # cloud.google.com/gke-tpu-accelerator label.
+    gke_type: str
     memory_gb: float
     # MIG profile -> instances per physical GPU; empty when the GPU has no MIG.
     mig_profiles: Mapping[str, int]
+    # HBM bandwidth per device, GB/s.
+    hbm_gb_s: float = 0.0
+    # Peak dense bf16 TFLOPS per device.
+    bf16_tflops: float = 0.0
+    kind: Literal["gpu", "tpu"] = "gpu"
+    # Peak dense FP8 TFLOPS where the device multiplies in FP8 (H100, L4); 0: FP8 weights are
+    # widened to 16 bits and run at the bf16 peak.
+    fp8_tflops: float = 0.0
+    # TensorCores per TPU chip: vLLM's TPU build counts tensor parallelism in them (JAX devices).
+    cores_per_chip: int = 1
+
+    @property
+    def is_tpu(self) -> bool:
+        return self.kind == "tpu"
+
+    @property
+    def resource(self) -> str:
+        """The extended resource a pod requests for one device."""
+        return "google.com/tpu" if self.is_tpu else "nvidia.com/gpu"
 
     def slice_memory_gb(self, partition: str | None) -> float:
+        """Memory of one unit a replica counts: a GPU, a MIG slice, or a TPU TensorCore's share."""
         if partition is None:
-            return self.memory_gb
+            return self.memory_gb / self.cores_per_chip
         return float(partition.split(".")[1].removesuffix("gb"))
 
     def slices_per_gpu(self, partition: str | None) -> int:
-        return 1 if partition is None else self.mig_profiles[partition]
+        return self.cores_per_chip if partition is None else self.mig_profiles[partition]
 
 
 A100_40GB = Accelerator(
     "nvidia-tesla-a100", 40,
-    {"1g.5gb": 7, "2g.10gb": 3, "3g.20gb": 2, "4g.20gb": 1, "7g.40gb": 1},
+    {"1g.5gb": 7, "2g.10gb": 3, "3g.20gb": 2, "4g.20gb": 1, "7g.40gb": 1}, 1555, 312,
 )
 A100_80GB = Accelerator(
     "nvidia-a100-80gb", 80,
-    {"1g.10gb": 7, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1},
+    {"1g.10gb": 7, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1}, 2039, 312,
 )
 H100_80GB = Accelerator(
     "nvidia-h100-80gb", 80,
-    {"1g.10gb": 7, "1g.20gb": 4, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1},
+    {"1g.10gb": 7, "1g.20gb": 4, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1}, 3350, 989,
+    fp8_tflops=1979,
 )
-H100_MEGA_80GB = Accelerator("nvidia-h100-mega-80gb", 80, H100_80GB.mig_profiles)
-L4 = Accelerator("nvidia-l4", 24, {})
+H100_MEGA_80GB = Accelerator("nvidia-h100-mega-80gb", 80, H100_80GB.mig_profiles, 3350, 989, fp8_tflops=1979)
+L4 = Accelerator("nvidia-l4", 24, {}, 300, 121, fp8_tflops=242)
+# TPU chips (per chip): HBM, bandwidth and bf16 peak from cloud.google.com/tpu/docs/v5e, v6e and
+# v5p-training. v5p has two TensorCores a chip. Ironwood (tpu7x) is not here yet: no public list
+# price to plan its cost with, and its multi-host node pools take a workload policy, not a topology.
+TPU_V5E = Accelerator("tpu-v5-lite-podslice", 16, {}, 819, 197, "tpu")
+TPU_V6E = Accelerator("tpu-v6e-slice", 32, {}, 1640, 918, "tpu")
+TPU_V5P = Accelerator("tpu-v5p-slice", 95, {}, 2765, 459, "tpu", cores_per_chip=2)
 
 ACCELERATORS: Mapping[str, Accelerator] = {
-    a.gke_type: a for a in (A100_40GB, A100_80GB, H100_80GB, H100_MEGA_80GB, L4)
+    a.gke_type: a for a in (A100_40GB, A100_80GB, H100_80GB, H100_MEGA_80GB, L4, TPU_V5E, TPU_V6E, TPU_V5P)
 }
+
+
+def topology_chips(topology: str) -> int:
+    """Chips of a TPU slice topology: '4x4' -> 16, '2x2x2' -> 8."""
+    return math.prod(int(d) for d in topology.split("x"))
 
 
 @dataclass(frozen=True)
 class MachineType:
     name: str
     accelerator: Accelerator | None
+    # Accelerator devices per node: GPUs, or TPU chips.
     gpus: int
     vcpus: int
     memory_gb: int
+    # TPU machine types: the slice topologies GKE builds of them, the single-host one first; a
+    # larger one spans several nodes (chips / chips per node), a multi-host slice.
+    tpu_topologies: tuple[str, ...] = ()
 
     @property
     def is_gpu(self) -> bool:
+        """Carries accelerators (GPUs or TPU chips): a serving machine, not a system one."""
         return self.accelerator is not None
+
+    @property
+    def is_tpu(self) -> bool:
+        return self.accelerator is not None and self.accelerator.is_tpu
 
 
 def _table(*rows: MachineType) -> Mapping[str, MachineType]:
@@ -85,6 +132,15 @@ MACHINE_TYPES: Mapping[str, MachineType] = _table(
     MachineType("g2-standard-32", L4, 1, 32, 128),
     MachineType("g2-standard-48", L4, 4, 48, 192),
     MachineType("g2-standard-96", L4, 8, 96, 384),
+    # TPU hosts (cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus): 2D topologies for
+    # v5e and v6e, 3D for v5p; the 4-chip hosts build multi-host slices.
+    MachineType("ct5lp-hightpu-1t", TPU_V5E, 1, 24, 48, ("1x1",)),
+    MachineType("ct5lp-hightpu-4t", TPU_V5E, 4, 112, 192, ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
+    MachineType("ct5lp-hightpu-8t", TPU_V5E, 8, 224, 384, ("2x4",)),
+    MachineType("ct6e-standard-1t", TPU_V6E, 1, 44, 176, ("1x1",)),
+    MachineType("ct6e-standard-4t", TPU_V6E, 4, 180, 720, ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
+    MachineType("ct6e-standard-8t", TPU_V6E, 8, 180, 1440, ("2x4",)),
+    MachineType("ct5p-hightpu-4t", TPU_V5P, 4, 208, 448, ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4")),
     # CPU machines for the system pool.
     MachineType("e2-standard-4", None, 0, 4, 16),
     MachineType("e2-standard-8", None, 0, 8, 32),
@@ -93,7 +149,9 @@ MACHINE_TYPES: Mapping[str, MachineType] = _table(
     MachineType("n2-standard-16", None, 0, 16, 64),
 )
 
+# Serving machine types: GPU and TPU hosts.
 GPU_MACHINE_TYPES = tuple(n for n, m in MACHINE_TYPES.items() if m.is_gpu)
+TPU_MACHINE_TYPES = tuple(n for n, m in MACHINE_TYPES.items() if m.is_tpu)
 
 # Machine series that attach Hyperdisk ML: A3 and G2 (and C3 for loaders) in Compute Engine's
 # machine-series support list; A2 only as A2 Ultra (compute/docs/disks/hyperdisk-perf-limits lists
@@ -117,12 +175,19 @@ CPU_MACHINE_TYPES = tuple(n for n, m in MACHINE_TYPES.items() if not m.is_gpu)
 
 @dataclass(frozen=True)
 class ModelShape:
-    """Architecture numbers that decide memory: weights and KV cache per token."""
+    """Architecture numbers that decide memory (weights, KV cache per token) and speed (the
+    parameters each token reads: all of them, or a mixture of experts' active ones)."""
 
     params_billion: float
     layers: int
     kv_heads: int
     head_dim: int
+    # Parameters one token passes through (a mixture of experts routes it to a few); None: all.
+    active_params_billion: float | None = None
+
+    @property
+    def active_billion(self) -> float:
+        return self.active_params_billion or self.params_billion
 
 
 MODEL_SHAPES: Mapping[str, ModelShape] = {
@@ -132,6 +197,11 @@ MODEL_SHAPES: Mapping[str, ModelShape] = {
     "qwen2.5-7b": ModelShape(7.62, 28, 4, 128),
     "qwen2.5-72b": ModelShape(72.7, 80, 8, 128),
     "mistral-7b": ModelShape(7.25, 32, 8, 128),
+    # Llama 3.1 405B: 126 layers, GQA with 8 KV heads (its config.json).
+    "llama-3.1-405b": ModelShape(405.9, 126, 8, 128),
+    # DeepSeek-V3/R1: 671B parameters, 37B active per token; multi-head latent attention caches one
+    # 576-wide latent (kv_lora_rank 512 + 64 rope dims) per layer, counted as 1 head x 288 for K and V.
+    "deepseek-v3": ModelShape(671.0, 61, 1, 288, active_params_billion=37.0),
 }
 
 # Bytes per weight for each dtype/quantisation the config accepts.

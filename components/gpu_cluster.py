@@ -29,6 +29,9 @@ NODE_ROLES = (
 TRANSFER_POOL = "hdml-transfer"
 GPU_TAINT: gcp.container.NodePoolNodeConfigTaintArgsDict = {"key": "nvidia.com/gpu", "value": "present",
                                                           "effect": "NO_SCHEDULE"}
+# What GKE puts on TPU nodes itself; declared so only pods that tolerate it land there.
+TPU_TAINT: gcp.container.NodePoolNodeConfigTaintArgsDict = {"key": "google.com/tpu", "value": "present",
+                                                          "effect": "NO_SCHEDULE"}
 
 
 @dataclass
@@ -60,8 +63,13 @@ class Placement:
 def placement_for(pool: NodePoolSpec) -> Placement:
     acc = pool.machine.accelerator
     assert acc is not None
-    selector = {"cloud.google.com/gke-accelerator": acc.gke_type}
-    tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    if acc.is_tpu:
+        # GKE's TPU node labels: the chip and the slice's topology (a multi-host slice's nodes share it).
+        selector = {"cloud.google.com/gke-tpu-accelerator": acc.gke_type,
+                    "cloud.google.com/gke-tpu-topology": pool.topology or ""}
+    else:
+        selector = {"cloud.google.com/gke-accelerator": acc.gke_type}
+    tolerations = [{"key": acc.resource, "operator": "Exists", "effect": "NoSchedule"}]
     if pool.gpu_partition_size:
         selector["cloud.google.com/gke-gpu-partition-size"] = pool.gpu_partition_size
     if pool.has_fallback_pool:
@@ -349,6 +357,15 @@ class GpuCluster(pulumi.ComponentResource):
                   opts: Optional[pulumi.ResourceOptions]) -> gcp.container.NodePool:
         acc = pool.machine.accelerator
         assert acc is not None
+        node_labels = {NODE_POOL_LABEL: pool.name}
+        taint = TPU_TAINT if acc.is_tpu else GPU_TAINT
+        taints: list[gcp.container.NodePoolNodeConfigTaintArgsDict] = [taint]
+        if pool.has_fallback_pool:
+            node_labels[COMPUTE_CLASS_LABEL] = pool.name
+            taints = [taint, {"key": COMPUTE_CLASS_LABEL, "value": pool.name, "effect": "NO_SCHEDULE"}]
+        is_twin = pool_name != pool.name
+        if acc.is_tpu:
+            return self._tpu_pool(name, args, pool, pool_name, spot, node_labels, taints, labels, opts, is_twin)
         accelerator: gcp.container.NodePoolNodeConfigGuestAcceleratorArgsDict = {
             "type": acc.gke_type,
             "count": pool.machine.gpus,
@@ -357,12 +374,6 @@ class GpuCluster(pulumi.ComponentResource):
         }
         if pool.gpu_partition_size:
             accelerator["gpu_partition_size"] = pool.gpu_partition_size
-        node_labels = {NODE_POOL_LABEL: pool.name}
-        taints: list[gcp.container.NodePoolNodeConfigTaintArgsDict] = [GPU_TAINT]
-        if pool.has_fallback_pool:
-            node_labels[COMPUTE_CLASS_LABEL] = pool.name
-            taints = [GPU_TAINT, {"key": COMPUTE_CLASS_LABEL, "value": pool.name, "effect": "NO_SCHEDULE"}]
-        is_twin = pool_name != pool.name
         return gcp.container.NodePool(
             f"{name}-{pool_name}", name=pool_name, project=args.project, location=args.region,
             cluster=self.cluster.name,
@@ -382,6 +393,29 @@ class GpuCluster(pulumi.ComponentResource):
                 spot=spot, guest_accelerators=[accelerator], taints=taints),
             # Release channels require auto-upgrade; the cluster's maintenance window and
             # exclusions decide when, the upgrade strategy how.
+            management={"auto_repair": True, "auto_upgrade": True},
+            upgrade_settings=upgrade_settings(pool.upgrade),
+            opts=child_opts(self, opts))
+
+    def _tpu_pool(self, name: str, args: GpuClusterArgs, pool: NodePoolSpec, pool_name: str, spot: bool,
+                  node_labels: Mapping[str, str], taints: list[gcp.container.NodePoolNodeConfigTaintArgsDict],
+                  labels: Mapping[str, str], opts: Optional[pulumi.ResourceOptions],
+                  is_twin: bool) -> gcp.container.NodePool:
+        """A TPU slice pool: in one zone (TPUs are zonal; a slice's hosts share its interconnect),
+        no guest accelerators (the machine type carries the chips). A multi-host slice is a
+        COMPACT placement of its topology: GKE creates, repairs and scales its nodes as one
+        (0 or all of them), so a LeaderWorkerSet group lands on one whole slice."""
+        zone = pool.tpu_zone or args.cluster.zones[0]
+        placement: Optional[gcp.container.NodePoolPlacementPolicyArgsDict] = (
+            {"type": "COMPACT", "tpu_topology": pool.topology or ""} if pool.hosts > 1 else None)
+        return gcp.container.NodePool(
+            f"{name}-{pool_name}", name=pool_name, project=args.project, location=args.region,
+            cluster=self.cluster.name, node_locations=[zone], initial_node_count=0,
+            # One zone: per-zone counts are the totals.
+            autoscaling={"min_node_count": 0 if is_twin else pool.min_nodes, "max_node_count": pool.max_nodes},
+            placement_policy=placement,
+            node_config=self._node_config(pool.machine_type, pool.disk_size_gb, node_labels, labels,
+                                          spot=spot, taints=taints),
             management={"auto_repair": True, "auto_upgrade": True},
             upgrade_settings=upgrade_settings(pool.upgrade),
             opts=child_opts(self, opts))

@@ -4,7 +4,7 @@ standby's wake-up for a pool at zero) and the pace of scaling."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import pulumi
 
@@ -28,13 +28,17 @@ class KedaScaling:
     standby: str = ""
 
 
-def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: KedaScaling, query_url: str) -> dict[str, Any]:
+def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: KedaScaling, query_url: str,
+                  group: Optional[str] = None) -> dict[str, Any]:
     """KEDA's ScaledObject for a pool, KEDA taking the largest trigger: requests waiting per
     replica over queueDepthTarget (scales out, as an HPA on queue depth would) and requests
     running (keeps a replica while it works, so an empty queue alone never takes the last one). A
     pool that may go to zero has a third: requests its standby answered (wakes it: at zero there
     is no vLLM metric)."""
-    selector = f'namespace="{namespace}",pod=~"{name}-[a-z0-9]+-[a-z0-9]+"'
+    # A Deployment's pods are <name>-<hash>-<id>; a LeaderWorkerSet's leaders <group>-<index> (its
+    # workers, <group>-<index>-<n>, export no vLLM metric), and it scales groups.
+    selector = (f'namespace="{namespace}",pod=~"{group}-[0-9]+"' if group
+                else f'namespace="{namespace}",pod=~"{name}-[a-z0-9]+-[a-z0-9]+"')
     auth = {"name": target.auth, "kind": "ClusterTriggerAuthentication"}
 
     def prometheus(query: str, threshold: int) -> dict[str, Any]:
@@ -46,7 +50,8 @@ def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: Keda
     # so KEDA's record of when the pool was last active is current the day it is switched to zero.
     keep = prometheus(f"clamp_max(sum(vllm:num_requests_running{{{selector}}}), 1)", 1)
     spec: dict[str, Any] = {
-        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+        "scaleTargetRef": ({"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": group}
+                           if group else {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}),
         "minReplicaCount": pool.min_replicas, "maxReplicaCount": pool.max_replicas,
         "pollingInterval": 15,
         "advanced": {"horizontalPodAutoscalerConfig": {"behavior": SCALE_BEHAVIOR}},

@@ -34,6 +34,16 @@ MACHINE_PRICES: Mapping[str, MachinePrice] = {
     "g2-standard-32": MachinePrice(1.7344, 0.6938),
     "g2-standard-48": MachinePrice(4.0017, 1.6007),
     "g2-standard-96": MachinePrice(8.0034, 3.2014),
+    # TPU hosts: chips x the chip-hour list price (us-central1; v5e $1.20 / spot $0.245, v6e $2.70 /
+    # $0.544, v5p $4.20 / $0.836 as in the GCP billing catalog SkyPilot publishes, v6e's on-demand
+    # price as Google announced it at GA); a TPU VM's price includes its host.
+    "ct5lp-hightpu-1t": MachinePrice(1.20, 0.245),
+    "ct5lp-hightpu-4t": MachinePrice(4.80, 0.98),
+    "ct5lp-hightpu-8t": MachinePrice(9.60, 1.96),
+    "ct6e-standard-1t": MachinePrice(2.70, 0.544),
+    "ct6e-standard-4t": MachinePrice(10.80, 2.176),
+    "ct6e-standard-8t": MachinePrice(21.60, 4.352),
+    "ct5p-hightpu-4t": MachinePrice(16.80, 3.344),
     "e2-standard-4": MachinePrice(0.1340, 0.0402),
     "e2-standard-8": MachinePrice(0.2681, 0.0804),
     "n2-standard-4": MachinePrice(0.1942, 0.0470),

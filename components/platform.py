@@ -14,7 +14,7 @@ from typing import Mapping, Optional, Sequence
 
 import pulumi
 
-from .capacity import consumer_models
+from .capacity import consumer_models, hosts_per_replica, placements
 from .cold_start import NODE_PROVISION_S, cold_start_seconds
 from .config_rules import cross_field_issues
 from .gateway import Gateway, GatewayArgs, PickerTarget, RouteTarget
@@ -25,6 +25,7 @@ from .inference_pool import InferencePool, InferencePoolArgs
 from .k8s_meta import MODEL_LABEL, POOL_LABEL, TENANT_LABEL
 from .keda import Keda, KedaArgs
 from .keda_scaling import KedaScaling
+from .leader_worker_set import LeaderWorkerSetController, LeaderWorkerSetControllerArgs
 from .limit_store import PORT as LIMITS_PORT
 from .limit_store import LimitStore, LimitStoreArgs
 from .load_test import LoadTest, LoadTestArgs, Target
@@ -75,7 +76,7 @@ def floor_dollars_per_hour(model: ModelSpec, pool: NodePoolSpec,
         return None
     on_demand, spot = prices[pool.machine_type]
     slot = (spot if pool.spot else on_demand) / pool.slices_per_node
-    return sum(max(getattr(model, w).min_replicas, 1) * model.tensor_parallel_size * slot for w in model.pool_names)
+    return sum(max(getattr(model, w).min_replicas, 1) * model.devices_per_replica * slot for w in model.pool_names)
 
 
 def required_apis(cfg: StackConfig) -> list[str]:
@@ -176,6 +177,12 @@ class Platform(pulumi.ComponentResource):
             project=cfg.project, provider=provider, workload_pool=cluster.workload_pool,
             gsa_name=service_account_id(cfg.cluster.name, "keda"), apis=apis, network=cluster.network.id,
             control_plane_cidr=cfg.cluster.master_cidr if cfg.cluster.private_nodes else None), opts=child())
+        # Replicas across hosts are LeaderWorkerSet groups: its controller, where a model needs one.
+        self.lws: LeaderWorkerSetController | None = None
+        if any(hosts_per_replica(m, cfg.pool(n)) > 1 for m, n, _t in placements(cfg)):
+            self.lws = LeaderWorkerSetController(f"{p}lws", LeaderWorkerSetControllerArgs(
+                project=cfg.project, provider=provider, network=cluster.network.id, apis=apis,
+                control_plane_cidr=cfg.cluster.master_cidr if cfg.cluster.private_nodes else None), opts=child())
         sources = TrustedSources.for_cluster(cluster.proxy_only_cidr, cfg.cluster.pods_cidr, cfg.cluster.subnet_cidr)
         serving_jwks = sorted({jwks_host(t) for t in cfg.tenants if shared_models(t)})
         serving = MeshNamespace(f"{p}serving", MeshNamespaceArgs(
@@ -203,7 +210,6 @@ class Platform(pulumi.ComponentResource):
         self.keda, self.tenants = keda, tenants
 
         targets: list[RouteTarget] = []
-        rel = release(cfg.vllm_version)
         shared_store: tuple[str, int] | None = None
         if cfg.global_limits.enabled:
             # The vLLM servers' own identities (SERVER_SA) may connect, nothing else in their namespaces.
@@ -231,18 +237,21 @@ class Platform(pulumi.ComponentResource):
 
         # With SLOs kept the servers count TTFT at the objective's own bound (where the release can).
         slos_kept = cfg.monitoring.slos.enabled
-        exact_ttft = slos_kept and rel.histogram_buckets_flag is not None
 
         def serve(key: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
                   callers: list[TenantSpec], tenant: str | None = None, canary: bool = False) -> dict[str, str]:
             names: dict[str, str] = {}
+            # The release and image of the pool's accelerators: the TPU build on TPUs.
+            rel = cfg.release_for(pool_name)
+            node_pool = cfg.pool(pool_name)
             for which in model.pool_names:
                 pool = getattr(model, which)
                 to_zero = pool.min_replicas == 0
                 standby_name = f"{service_name_of(model.name, which, canary)}-standby" if to_zero else ""
                 svc = VllmService(f"{p}{key}-{which}", VllmServiceArgs(
-                    model=model, pool_name=which, pool=pool, node_pool=cfg.pool(pool_name),
-                    namespace=namespace, image=cfg.server_image, claim_name=store.claim_name,
+                    model=model, pool_name=which, pool=pool, node_pool=node_pool,
+                    namespace=namespace, image=cfg.image_for(pool_name), claim_name=store.claim_name,
+                    pods_cidr=cfg.cluster.pods_cidr,
                     provider=provider,
                     guard_config=pool_guard_config(callers, model, rel, shared_store,
                                                    cfg.monitoring.queue_latency_slo_seconds, traces=traces.enabled),
@@ -256,7 +265,7 @@ class Platform(pulumi.ComponentResource):
                     # Pods need the sidecar (so the mesh first) and the read-only claim; KEDA's CRDs
                     # come with its chart.
                     # ...and the namespace's identities (a pod of a missing service account is refused).
-                    opts=child([mesh, store, keda, identities(tenant)]))
+                    opts=child([mesh, store, keda, identities(tenant), *([self.lws] if self.lws else [])]))
                 self.services[f"{key}-{which}"] = svc
                 names[which] = svc.service_name
                 if to_zero:
@@ -299,7 +308,8 @@ class Platform(pulumi.ComponentResource):
             self.inference_pools[key] = InferencePool(f"{p}{key}-inference", InferencePoolArgs(
                 pool_name=model.name, namespace=namespace, provider=provider,
                 selector={MODEL_LABEL: model.name, POOL_LABEL: "short"}, objectives=objectives,
-                request_timeout_seconds=cfg.gateway.request_timeout_seconds, model_metrics=rel.picker_metrics,
+                request_timeout_seconds=cfg.gateway.request_timeout_seconds,
+                model_metrics=cfg.release_for(model.node_pool if tenant is None else pool_of_tenant(tenant)).picker_metrics,
                 load_balancer_sources=sources.health_checks, metrics_sources=[cfg.cluster.subnet_cidr]),
                 opts=child(picker_deps))
             for t in callers:
@@ -312,6 +322,11 @@ class Platform(pulumi.ComponentResource):
                     picker=PickerTarget(model.name, objective_name(t.name, model.name), t.name,
                                         routes=tuple((r.path, r.method) for r in picker_routes()),
                                         max_body_bytes=picker_max_body_bytes(model))))
+
+        def pool_of_tenant(tenant: str) -> str:
+            dedicated = next(t for t in cfg.tenants if t.name == tenant).dedicated
+            assert dedicated is not None
+            return dedicated.node_pool
 
         for model in cfg.models:
             callers = [t for t in cfg.tenants if model.name in shared_models(t)]
@@ -326,6 +341,10 @@ class Platform(pulumi.ComponentResource):
         self.gateway = Gateway(f"{p}gateway", GatewayArgs(
             cfg.gateway, serving.name, targets, provider, project=cfg.project, region=cfg.region,
             subnetwork=cluster.subnetwork.id, name_prefix=cfg.cluster.name, apis=apis), opts=child())
+        # Every release the stack runs exports the same KV-cache gauge and TTFT buckets flag (the
+        # tests hold the TPU build to it); the GPU release's names are the dashboard's.
+        rel = release(cfg.vllm_version)
+        exact_ttft = slos_kept and rel.histogram_buckets_flag is not None
         self.observability = Observability(f"{p}observability", ObservabilityArgs(
             project=cfg.project, cluster_name=cfg.cluster.name, spec=cfg.monitoring,
             title=f"vLLM on GKE - {cfg.cluster.name} ({cfg.environment})", apis=apis,

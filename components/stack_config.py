@@ -28,7 +28,7 @@ from .specs import (
     TenantSpec,
     WeightsSpec,
 )
-from .vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from .vllm_versions import DEFAULT_TPU_VLLM_VERSION, DEFAULT_VLLM_VERSION, RELEASES, TPU_RELEASES, VllmRelease
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,11 @@ class StackConfig(Spec):
     server_image: ImageRef
     # The vLLM release the server image is built on (see components/vllm_versions.py).
     vllm_version: str = DEFAULT_VLLM_VERSION
+    # Models on TPU node pools: the server image built from images/ on the vLLM TPU release
+    # (VLLM_IMAGE=vllm/vllm-tpu; a tag v<version> or v<version>-<suffix>, or a digest).
+    tpu_server_image: Optional[ImageRef] = None
+    # The vLLM TPU release (vllm-tpu on PyPI, image vllm/vllm-tpu) that image is built on.
+    tpu_vllm_version: str = DEFAULT_TPU_VLLM_VERSION
     # The namespace of the shared model pools.
     serving_namespace: Name = "vllm"
     # The load balancer: Gateway class, hostname, TLS, request timeout.
@@ -138,8 +143,32 @@ class StackConfig(Spec):
             raise ValueError(f"vLLM {v} is not supported; use one of {', '.join(RELEASES)}")
         return v
 
+    @field_validator("tpu_vllm_version")
+    @classmethod
+    def _supported_tpu(cls, v: str) -> str:
+        if v not in TPU_RELEASES:
+            raise ValueError(f"vLLM TPU {v} is not supported; use one of {', '.join(TPU_RELEASES)}")
+        return v
+
     def pool(self, name: str) -> NodePoolSpec:
         return next(p for p in self.node_pools if p.name == name)
+
+    def release_for(self, node_pool: str) -> VllmRelease:
+        """The vLLM release that serves on a node pool: the TPU build on TPUs."""
+        pool = next((p for p in self.node_pools if p.name == node_pool), None)
+        return TPU_RELEASES[self.tpu_vllm_version] if pool is not None and pool.is_tpu else RELEASES[self.vllm_version]
+
+    def image_for(self, node_pool: str) -> ImageRef:
+        """The server image on a node pool (the placement check makes a TPU pool's set)."""
+        if self.release_for(node_pool).platform == "tpu" and self.tpu_server_image is not None:
+            return self.tpu_server_image
+        return self.server_image
+
+    @property
+    def has_tpu_models(self) -> bool:
+        from .capacity import placements
+
+        return any(self.pool(p).is_tpu for _m, p, _t in placements(self) if p in {n.name for n in self.node_pools})
 
     def model(self, name: str) -> ModelSpec:
         return next(m for m in self.models if m.name == name)

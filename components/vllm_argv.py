@@ -21,7 +21,11 @@ _HUMAN_INT = re.compile(r"\d+(\.\d+)?([kKmMgGtT]i?)?")
 
 
 def snapshot_versions() -> list[str]:
-    return sorted((p.stem for p in SNAPSHOT_DIR.glob("*.json")), key=lambda v: tuple(int(x) for x in v.split(".")))
+    """Every snapshot: the CUDA releases by version, then the TPU builds' (tpu-<version>)."""
+    def key(name: str) -> tuple[bool, tuple[int, ...]]:
+        tpu = name.startswith("tpu-")
+        return tpu, tuple(int(x) for x in name.removeprefix("tpu-").split("."))
+    return sorted((p.stem for p in SNAPSHOT_DIR.glob("*.json")), key=key)
 
 
 @lru_cache(maxsize=None)
@@ -38,7 +42,13 @@ def normalise(option: str) -> tuple[str, str | None]:
     return "--" + name[2:].replace("_", "-"), (value if eq else None)
 
 
+# What the kubelet puts in for a pod's $(VAR) references before vLLM parses them: a multi-host
+# group's host index (components/vllm_server.py group_args) is an int, its leader's address a host.
+KUBELET_EXPANDED = {"$(LWS_WORKER_INDEX)": "1", "$(LWS_LEADER_ADDRESS)": "leader.group.namespace"}
+
+
 def _type_ok(type_name: str | None, value: str) -> bool:
+    value = KUBELET_EXPANDED.get(value, value)
     if type_name == "int":
         return bool(_INT.fullmatch(value))
     if type_name == "float":

@@ -148,14 +148,52 @@ def scratch_gi(model: ModelSpec, bucket_cache: bool) -> int:
 
 
 def container_resources(node_pool: NodePoolSpec, gpus: int, scratch: int = 0) -> dict[str, dict[str, str]]:
-    """A pod's share of the node's CPU and RAM, in proportion to the GPU units it takes, and the
-    node disk its emptyDirs may fill (`scratch` GiB): requested, so the scheduler never packs more
-    replicas on a node than its boot disk holds (the kubelet would evict them under DiskPressure)."""
+    """A pod's share of the node's CPU and RAM, in proportion to the accelerator units (GPUs, MIG
+    slices or TPU chips) it takes, and the node disk its emptyDirs may fill (`scratch` GiB):
+    requested, so the scheduler never packs more replicas on a node than its boot disk holds (the
+    kubelet would evict them under DiskPressure)."""
     machine = node_pool.machine
+    assert machine.accelerator is not None
     units = node_pool.slices_per_node
     cpu = max(1, math.floor((machine.vcpus - 2) / units)) * gpus
     memory = max(8, math.floor((machine.memory_gb * 0.85 - 4) / units)) * gpus
     # requests == limits: Guaranteed QoS, so the kubelet never evicts a loaded model first.
-    res = {"cpu": str(cpu), "memory": f"{memory}Gi", "nvidia.com/gpu": str(gpus)}
+    res = {"cpu": str(cpu), "memory": f"{memory}Gi", machine.accelerator.resource: str(gpus)}
     requests = {**res, **({"ephemeral-storage": f"{scratch}Gi"} if scratch else {})}
     return {"requests": requests, "limits": dict(res)}
+
+
+# A replica across hosts (a LeaderWorkerSet group, components/vllm_service.py). The LeaderWorkerSet
+# webhook gives every pod of a group its leader's DNS name and its own index (lws v0.10.0
+# pkg/utils/pod/pod_utils.go:131-179); the kubelet expands $(VAR) in args from the pod's env.
+LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
+WORKER_INDEX = "$(LWS_WORKER_INDEX)"
+# vLLM TPU across hosts runs on a Ray cluster of the group (tpu-inference 0.32.0
+# platforms/tpu_platform.py:495-507, TPU_MULTIHOST_BACKEND=ray); its head's port on the leader.
+RAY_PORT = 6379
+RAY_HEAD_ENV, RAY_JOIN_ENV = "GKE_LLM_RAY_HEAD_NODES", "GKE_LLM_RAY_JOIN"
+
+
+def group_args(hosts: int, rel: VllmRelease, role: str) -> list[str]:
+    """What a multi-host group's `vllm serve` adds for `role` (leader or worker). CUDA: vLLM's own
+    multi-node launch (0.34 engine/arg_utils.py:2424-2460, entrypoints/cli/serve.py:181-230): every
+    host runs `vllm serve` with the group's host count and its rank, the leader's address as the
+    torch.distributed master; the workers headless (no API server, the leader's engine drives
+    them). TPU: the leader's `vllm serve` drives the Ray cluster of the group; workers run no vLLM."""
+    if hosts <= 1 or rel.platform == "tpu":
+        return []
+    rank = "0" if role == "leader" else WORKER_INDEX
+    args = ["--distributed-executor-backend", "mp", "--nnodes", str(hosts), "--node-rank", rank,
+            "--master-addr", LEADER_ADDRESS]
+    return args + (["--headless"] if role == "worker" else [])
+
+
+def group_env(hosts: int, rel: VllmRelease, role: str) -> list[dict[str, Any]]:
+    """The TPU group's Ray roles for the entrypoint (images/serve.py): the leader starts Ray's head
+    and waits for every host before vLLM starts; a worker joins it and blocks."""
+    if hosts <= 1 or rel.platform != "tpu":
+        return []
+    ray = {"name": "TPU_MULTIHOST_BACKEND", "value": "ray"}
+    if role == "leader":
+        return [ray, {"name": RAY_HEAD_ENV, "value": str(hosts)}]
+    return [ray, {"name": RAY_JOIN_ENV, "value": f"{LEADER_ADDRESS}:{RAY_PORT}"}]

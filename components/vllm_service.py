@@ -20,6 +20,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from . import gcs_weights
+from .capacity import hosts_per_replica
 from .gpu_cluster import placement_for
 from .k8s_meta import (
     BASE_LABELS,
@@ -48,6 +49,8 @@ from .vllm_server import (
     WEIGHTS_MARKERS_ENV,
     container_resources,
     drain_seconds,
+    group_args,
+    group_env,
     scratch_gi,
     sidecar_config,
     trace_env,
@@ -69,12 +72,55 @@ def service_name_of(model: str, pool_name: str, canary: bool = False) -> str:
     return f"{model}-canary-{pool_name}" if canary else f"{model}-{pool_name}"
 
 
-def disruption_budget(pool: ServingPoolSpec) -> dict[str, Any]:
+def disruption_budget(pool: ServingPoolSpec, hosts: int = 1) -> dict[str, Any]:
     """Never let a voluntary disruption (node drain, upgrade, autoscaler consolidation) take the
     last serving replica: with one replica that means no eviction at all until GKE's drain
     timeout, so upgrades happen in the maintenance window; with more, one at a time. A pool that
-    may scale to zero accepts going to zero."""
-    return {"minAvailable": 1} if pool.min_replicas == 1 else {"maxUnavailable": 1}
+    may scale to zero accepts going to zero. A multi-host group counts its pods: one evicted
+    recreates the whole group (LeaderWorkerSet's RecreateGroupOnPodRestart), so one pod at a
+    time is one group at a time, and a single group keeps all of its pods."""
+    if pool.min_replicas == 1:
+        return {"minAvailable": hosts}
+    return {"maxUnavailable": 1}
+
+
+# LeaderWorkerSet v0.10.0 (kubernetes-sigs/lws; components/leader_worker_set.py installs it).
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+# On a group's workers instead of the pool's labels (which select leaders: they serve).
+GROUP_WORKER_LABEL = "vllm-gke.io/group-worker-of"
+
+
+def group_name_of(service_name: str) -> str:
+    """The pool's LeaderWorkerSet: not the Service's name, which the controller would take for its
+    headless Service and reuse as it is (lws v0.10.0 pkg/utils/controller/controller_utils.go:37-40)."""
+    return f"{service_name}-group"
+
+
+def leader_worker_set(pool: ServingPoolSpec, hosts: int, leader: dict[str, Any],
+                      worker: dict[str, Any]) -> dict[str, Any]:
+    """A pool of multi-host replicas: each group a leader (the API server, the guard, rank 0) and
+    hosts-1 workers. A failed pod recreates its group (a torch.distributed or Ray world cannot take
+    a member back); groups start together (the leader's engine waits for its workers); a rollout
+    adds a new group before it takes an old one (maxSurge 1, maxUnavailable 0), as the
+    Deployments do. KEDA owns `replicas` (the scale subresource counts groups)."""
+    return {
+        **({"replicas": 0} if pool.min_replicas == 0 else {}),
+        "startupPolicy": "LeaderCreated",
+        "rolloutStrategy": {"type": "RollingUpdate",
+                            "rollingUpdateConfiguration": {"maxSurge": 1, "maxUnavailable": 0}},
+        "leaderWorkerTemplate": {"size": hosts, "restartPolicy": "RecreateGroupOnPodRestart",
+                                 "leaderTemplate": leader, "workerTemplate": worker},
+    }
+
+
+def group_network_policy(group: str) -> dict[str, Any]:
+    """A group's pods talk among themselves on any port (outside the mesh: torch.distributed, NCCL,
+    Ray); from elsewhere only the serving port and the leader's sidecar ports are open."""
+    members = {"podSelector": {"matchLabels": {LWS_NAME_LABEL: group}}}
+    return {"podSelector": {"matchLabels": {LWS_NAME_LABEL: group}}, "policyTypes": ["Ingress"],
+            "ingress": [{"from": [members]},
+                        {"ports": [{"protocol": "TCP", "port": p} for p in (PORT, 15006, 15020, 15021, 15090)]}]}
 
 
 @dataclass
@@ -113,6 +159,9 @@ class VllmServiceArgs:
     # The TTFT SLO's threshold (monitoring.ttftSloSeconds, where SLOs are kept): added to vLLM's
     # TTFT buckets where it is not a bound, so the SLO counts exactly.
     ttft_slo_seconds: Optional[float] = None
+    # The cluster's pod range (cluster.podsCidr): a multi-host group's leader reaches its workers
+    # there outside the mesh.
+    pods_cidr: Optional[str] = None
     # Where the servers send traces (TraceCollector.endpoint) and the share of tenant requests
     # traced; None: no traces.
     traces_endpoint: Optional[str] = None
@@ -120,7 +169,9 @@ class VllmServiceArgs:
 
 
 class VllmService(pulumi.ComponentResource):
-    deployment: k8s.apps.v1.Deployment
+    # One node a replica: a Deployment; across hosts: a LeaderWorkerSet (`workload` either way).
+    deployment: Optional[k8s.apps.v1.Deployment] = None
+    group_name: Optional[str] = None
     service: k8s.core.v1.Service
     service_name: str
 
@@ -141,8 +192,8 @@ class VllmService(pulumi.ComponentResource):
             labels[TENANT_LABEL] = args.tenant
         selector = {MODEL_LABEL: model.name, POOL_LABEL: pool_label}
         placement = placement_for(args.node_pool)
-        # One MIG slice is one nvidia.com/gpu; tensor parallelism needs that many whole GPUs.
-        gpus = model.tensor_parallel_size
+        # One MIG slice is one nvidia.com/gpu; parallelism needs that many whole GPUs (or TPU chips).
+        gpus = model.devices_per_replica
         shm = "16Gi" if gpus > 1 else "2Gi"
         weights_mounts: list[dict[str, Any]] = [{"name": "weights", "mountPath": MOUNT_PATH, "readOnly": True}]
         weights_volumes: list[Any] = [
@@ -174,96 +225,155 @@ class VllmService(pulumi.ComponentResource):
         }]
         wait_env = [{"name": WEIGHTS_MARKERS_ENV, "value": ":".join(weights_markers(model))}] if fuse else []
 
-        self.deployment = k8s.apps.v1.Deployment(
-            f"{name}-deploy",
-            metadata={**meta(self.service_name, labels=labels), "namespace": args.namespace},
-            spec=api_body({
-                # KEDA owns the count. A pool that may go to zero starts there (the first `pulumi up`
-                # pays no cold start, and KEDA wakes it on the first request); the others start at
-                # one and KEDA raises them to their floor. ignore_changes below: later updates
-                # never set it back.
-                **({"replicas": 0} if pool.min_replicas == 0 else {}),
-                "selector": {"matchLabels": selector},
-                "strategy": {"type": "RollingUpdate",
-                             "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-                "template": {
-                    "metadata": {"labels": {**BASE_LABELS, **labels},
-                                 "annotations": {
-                                     **sidecar_config(),
-                                     # A warm replica is minutes of weight loading: the cluster
-                                     # autoscaler must not evict it to consolidate nodes.
-                                     "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
-                                     **args.weights_annotations}},
-                    "spec": {
-                        # Its own identity: the weights bucket and the limit store grant to it
-                        # alone (MeshNamespace creates it), not to the namespace's default.
-                        **({"serviceAccountName": args.service_account} if args.service_account else {}),
-                        # preStop, then vLLM finishing what it accepted, then its own teardown.
-                        "terminationGracePeriodSeconds": drain_seconds(args.request_timeout_seconds) + 30,
-                        # The server calls no Kubernetes API: no token to steal.
-                        "automountServiceAccountToken": False,
-                        "nodeSelector": dict(placement.node_selector),
-                        "tolerations": [dict(t) for t in placement.tolerations],
-                        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
-                            "weight": 100,
-                            "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
-                                                "labelSelector": {"matchLabels": selector}}}]}},
-                        "securityContext": {**NON_ROOT, "seccompProfile": {"type": "RuntimeDefault"}},
-                        "initContainers": init_containers,
-                        "containers": [{
-                            "name": "vllm",
-                            "image": args.image.uri,
-                            "command": ["python3", "/opt/vllm-gke/serve.py"],
-                            "args": vllm_args(model, pool, args.release, args.request_timeout_seconds,
-                                             args.ttft_slo_seconds, args.traces_endpoint),
-                            "ports": [{"name": "http", "containerPort": PORT}],
-                            "env": [
-                                *RUNTIME_ENV,
-                                *wait_env,
-                                {"name": "HF_HUB_OFFLINE", "value": "1"},
-                                {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
-                                {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
-                                {"name": WARM_MARKER_ENV, "value": WARM_MARKER},
-                                {"name": GUARD_CONFIG_ENV,
-                                 "value": json.dumps(dict(args.guard_config), sort_keys=True)},
-                                *(trace_env(args.trace_sample_ratio, self.service_name)
-                                  if args.traces_endpoint else []),
-                            ],
-                            "resources": container_resources(
-                                args.node_pool, gpus, scratch_gi(model, args.weights_volume is not None)),
-                            "securityContext": CONTAINER_SECURITY,
-                            # Model load plus warm-up can take many minutes: allow up to 30.
-                            "startupProbe": {"exec": {"command": ["test", "-f", WARM_MARKER]},
-                                             "periodSeconds": 10, "failureThreshold": 180},
-                            "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
-                                               "periodSeconds": 5, "timeoutSeconds": 3,
-                                               "failureThreshold": 3},
-                            "livenessProbe": {"httpGet": {"path": "/health", "port": "http"},
-                                              "periodSeconds": 15, "timeoutSeconds": 5,
-                                              "failureThreshold": 6},
-                            # Let the load balancer drop the endpoint before vLLM stops.
-                            "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_S)]}}},
-                            "volumeMounts": [*weights_mounts, {"name": "dshm", "mountPath": "/dev/shm"},
-                                             {"name": "tmp", "mountPath": "/tmp"},
-                                             {"name": "home", "mountPath": HOME}],
-                        }],
-                        "volumes": [
-                            *weights_volumes,
-                            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
-                            # Compile caches (torch.compile, Triton, FlashInfer JIT) and scratch.
-                            {"name": "tmp", "emptyDir": {"sizeLimit": f"{TMP_GI}Gi"}},
-                            {"name": "home", "emptyDir": {"sizeLimit": f"{HOME_GI}Gi"}},
+        hosts = hosts_per_replica(model, args.node_pool)
+        # A replica on one node takes its devices; across hosts each pod takes its node's.
+        pod_devices = min(gpus, args.node_pool.slices_per_node)
+        rel = args.release
+
+        def pod_template(role: str) -> dict[str, Any]:
+            """The pod of a replica (role "server"), or of a multi-host group's leader or worker: a
+            worker serves no HTTP (no guard, probes or mesh sidecar) and only runs its share."""
+            serving = role != "worker"
+            template: dict[str, Any] = {
+                "metadata": {"labels": {**BASE_LABELS, **labels},
+                             "annotations": {
+                                 **sidecar_config(),
+                                 # A warm replica is minutes of weight loading: the cluster
+                                 # autoscaler must not evict it to consolidate nodes.
+                                 "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+                                 **args.weights_annotations}},
+                "spec": {
+                    # Its own identity: the weights bucket and the limit store grant to it
+                    # alone (MeshNamespace creates it), not to the namespace's default.
+                    **({"serviceAccountName": args.service_account} if args.service_account else {}),
+                    # preStop, then vLLM finishing what it accepted, then its own teardown.
+                    "terminationGracePeriodSeconds": drain_seconds(args.request_timeout_seconds) + 30,
+                    # The server calls no Kubernetes API: no token to steal.
+                    "automountServiceAccountToken": False,
+                    "nodeSelector": dict(placement.node_selector),
+                    "tolerations": [dict(t) for t in placement.tolerations],
+                    "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                        "weight": 100,
+                        "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                            "labelSelector": {"matchLabels": selector}}}]}},
+                    "securityContext": {**NON_ROOT, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "initContainers": init_containers,
+                    "containers": [{
+                        "name": "vllm",
+                        "image": args.image.uri,
+                        "command": ["python3", "/opt/vllm-gke/serve.py"],
+                        "args": vllm_args(model, pool, args.release, args.request_timeout_seconds,
+                                         args.ttft_slo_seconds, args.traces_endpoint),
+                        "ports": [{"name": "http", "containerPort": PORT}],
+                        "env": [
+                            *RUNTIME_ENV,
+                            *wait_env,
+                            {"name": "HF_HUB_OFFLINE", "value": "1"},
+                            {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
+                            {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+                            {"name": WARM_MARKER_ENV, "value": WARM_MARKER},
+                            {"name": GUARD_CONFIG_ENV,
+                             "value": json.dumps(dict(args.guard_config), sort_keys=True)},
+                            *(trace_env(args.trace_sample_ratio, self.service_name)
+                              if args.traces_endpoint else []),
                         ],
-                    },
+                        "resources": container_resources(
+                            args.node_pool, pod_devices, scratch_gi(model, args.weights_volume is not None)),
+                        "securityContext": CONTAINER_SECURITY,
+                        # Model load plus warm-up can take many minutes: allow up to 30.
+                        "startupProbe": {"exec": {"command": ["test", "-f", WARM_MARKER]},
+                                         "periodSeconds": 10, "failureThreshold": 180},
+                        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
+                                           "periodSeconds": 5, "timeoutSeconds": 3,
+                                           "failureThreshold": 3},
+                        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"},
+                                          "periodSeconds": 15, "timeoutSeconds": 5,
+                                          "failureThreshold": 6},
+                        # Let the load balancer drop the endpoint before vLLM stops.
+                        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_S)]}}},
+                        "volumeMounts": [*weights_mounts, {"name": "dshm", "mountPath": "/dev/shm"},
+                                         {"name": "tmp", "mountPath": "/tmp"},
+                                         {"name": "home", "mountPath": HOME}],
+                    }],
+                    "volumes": [
+                        *weights_volumes,
+                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+                        # Compile caches (torch.compile, Triton, FlashInfer JIT) and scratch.
+                        {"name": "tmp", "emptyDir": {"sizeLimit": f"{TMP_GI}Gi"}},
+                        {"name": "home", "emptyDir": {"sizeLimit": f"{HOME_GI}Gi"}},
+                    ],
                 },
-            }),
-            opts=child_opts(self, opts, provider=args.provider,
-                            # A first rollout waits for the weights to load: allow for it.
-                            custom_timeouts=pulumi.CustomTimeouts(create="45m", update="45m"),
-                            # With server-side apply, pulumi-kubernetes drops an ignored field that
-                            # another manager (KEDA, through the scale subresource) owns, so an
-                            # update neither conflicts nor resets the count (pulumi-kubernetes#2566).
-                            ignore_changes=["spec.replicas"]))
+            }
+            pod = template["spec"]
+            container = pod["containers"][0]
+            container["args"] = [*container["args"], *group_args(hosts, rel, role)]
+            container["env"] = [*group_env(hosts, rel, role), *container["env"]]
+            if role == "server":
+                return template
+            # The group's own traffic (torch.distributed / NCCL, or Ray) goes pod to pod on ports
+            # the mesh cannot list: the leader's sidecar takes only the serving port inbound and
+            # leaves the pod range outbound; workers have no sidecar. The group's NetworkPolicy
+            # admits only its own pods there.
+            annotations = template["metadata"]["annotations"]
+            if serving:
+                annotations["traffic.sidecar.istio.io/includeInboundPorts"] = str(PORT)
+                if args.pods_cidr:
+                    annotations["traffic.sidecar.istio.io/excludeOutboundIPRanges"] = args.pods_cidr
+                return template
+            annotations.clear()
+            annotations.update({"sidecar.istio.io/inject": "false",
+                                "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+                                **args.weights_annotations})
+            # Not the pool's model/pool labels: the Service, PDB and scrape select leaders only.
+            template["metadata"]["labels"] = {**BASE_LABELS, GROUP_WORKER_LABEL: self.service_name}
+            container["env"] = [e for e in container["env"] if e["name"] != GUARD_CONFIG_ENV]
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                container.pop(probe, None)
+            container.pop("ports", None)
+            return template
+
+        timeouts = pulumi.CustomTimeouts(create="45m", update="45m")
+        if hosts == 1:
+            self.deployment = k8s.apps.v1.Deployment(
+                f"{name}-deploy",
+                metadata={**meta(self.service_name, labels=labels), "namespace": args.namespace},
+                spec=api_body({
+                    # KEDA owns the count. A pool that may go to zero starts there (the first `pulumi up`
+                    # pays no cold start, and KEDA wakes it on the first request); the others start at
+                    # one and KEDA raises them to their floor. ignore_changes below: later updates
+                    # never set it back.
+                    **({"replicas": 0} if pool.min_replicas == 0 else {}),
+                    "selector": {"matchLabels": selector},
+                    "strategy": {"type": "RollingUpdate",
+                                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                    "template": pod_template("server"),
+                }),
+                opts=child_opts(self, opts, provider=args.provider,
+                                # A first rollout waits for the weights to load: allow for it.
+                                custom_timeouts=timeouts,
+                                # With server-side apply, pulumi-kubernetes drops an ignored field that
+                                # another manager (KEDA, through the scale subresource) owns, so an
+                                # update neither conflicts nor resets the count (pulumi-kubernetes#2566).
+                                ignore_changes=["spec.replicas"]))
+            self.workload: pulumi.Resource = self.deployment
+        else:
+            self.group_name = group_name_of(self.service_name)
+            self.workload = custom_resource(
+                f"{name}-group", LWS_API_VERSION, "LeaderWorkerSet",
+                {**meta(self.group_name, labels=labels,
+                        # A multi-host TPU slice is a node pool of its own: one group to a slice, all
+                        # of it (lws v0.10.0 api/leaderworkerset/v1/leaderworkerset_types.go:29). A GPU
+                        # group's pods each take a whole node by their GPU request.
+                        annotations={"leaderworkerset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
+                        if args.node_pool.is_tpu else None),
+                 "namespace": args.namespace},
+                leader_worker_set(pool, hosts, pod_template("leader"), pod_template("worker")),
+                child_opts(self, opts, provider=args.provider, custom_timeouts=timeouts,
+                           ignore_changes=["spec.replicas"]))
+            k8s.networking.v1.NetworkPolicy(
+                f"{name}-group-netpol",
+                metadata={**meta(f"{self.group_name}-group", labels=labels), "namespace": args.namespace},
+                spec=api_body(group_network_policy(self.group_name)), opts=k8s_opts)
 
         self.service = k8s.core.v1.Service(
             f"{name}-svc",
@@ -281,8 +391,10 @@ class VllmService(pulumi.ComponentResource):
             f"{name}-pdb",
             metadata={**meta(self.service_name, labels=labels), "namespace": args.namespace},
             # vLLM pods only: the standby is never Ready while the pool serves, and counted here it
-            # would leave no disruption allowed, blocking every node drain and upgrade.
-            spec=api_body({**disruption_budget(pool), "selector": {"matchLabels": {**selector, **SERVER_LABELS}}}),
+            # would leave no disruption allowed, blocking every node drain and upgrade. A group:
+            # every pod of it (one evicted takes its whole group down).
+            spec=api_body({**disruption_budget(pool, hosts), "selector": {"matchLabels": (
+                {LWS_NAME_LABEL: self.group_name} if hosts > 1 else {**selector, **SERVER_LABELS})}}),
             opts=k8s_opts)
 
         if args.scaling is None:
@@ -294,8 +406,9 @@ class VllmService(pulumi.ComponentResource):
             f"{name}-scaledobject", "keda.sh/v1alpha1", "ScaledObject",
             {**meta(self.service_name, labels=labels), "namespace": args.namespace},
             pulumi.Output.from_input(args.namespace).apply(lambda ns: scaled_object(
-                self.service_name, ns, pool, scaling, gmp_query_url(scaling.project))),
-            child_opts(self, opts, provider=args.provider, depends_on=[self.deployment]))
+                self.service_name, ns, pool, scaling, gmp_query_url(scaling.project),
+                group=self.group_name if hosts > 1 else None)),
+            child_opts(self, opts, provider=args.provider, depends_on=[self.workload]))
 
         custom_resource(
             f"{name}-podmonitoring", "monitoring.googleapis.com/v1", "PodMonitoring",
@@ -304,4 +417,6 @@ class VllmService(pulumi.ComponentResource):
              "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}]},
             k8s_opts)
 
-        self.register_outputs({"serviceName": self.service_name, "deployment": self.deployment.metadata.name})
+        self.register_outputs({"serviceName": self.service_name, "hosts": hosts,
+                               "deployment": self.service_name if hosts == 1 else None,
+                               "leaderWorkerSet": self.group_name if hosts > 1 else None})

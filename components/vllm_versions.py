@@ -47,6 +47,19 @@ class VllmRelease:
     # The release requires the OpenTelemetry SDK and OTLP exporters (0.34's METADATA: opentelemetry-sdk,
     # -api, -exporter-otlp), so its image can export traces; older ones list them as an extra only.
     ships_opentelemetry: bool = False
+    # The accelerators it serves on: CUDA GPUs (vllm/vllm-openai) or TPUs (the vllm-tpu build,
+    # vLLM with tpu-inference as its platform, image vllm/vllm-tpu).
+    platform: Literal["cuda", "tpu"] = "cuda"
+    image_repository: str = "vllm/vllm-openai"
+
+    @property
+    def snapshot(self) -> str:
+        """The file of its parser snapshot (images/vllm-versions/<snapshot>.json)."""
+        return f"tpu-{self.version}" if self.platform == "tpu" else self.version
+
+    @property
+    def label(self) -> str:
+        return f"vLLM TPU {self.version}" if self.platform == "tpu" else f"vLLM {self.version}"
 
     @property
     def picker_metrics(self) -> dict[str, str]:
@@ -80,6 +93,21 @@ RELEASES: dict[str, VllmRelease] = {
                                           "/rerank", "/v1/rerank", "/v2/rerank")),
 }
 DEFAULT_VLLM_VERSION = "0.34.0"
+# The vLLM TPU build (vllm-tpu on PyPI: vLLM with tpu-inference as its platform; image
+# vllm/vllm-tpu:v<version>, the one GKE's TPU serving guides run). Its serving surface is vLLM's
+# own, checked against images/vllm-versions/tpu-<version>.json: the same routes and metrics as
+# 0.34.0, the request models taking cache_salt (entrypoints/*/protocol.py), Mistral's
+# consolidated files first (model_loader/default_loader.py:176-197), OpenTelemetry among its
+# requirements; off switches are 0.32's --no-enable-*.
+TPU_RELEASES: dict[str, VllmRelease] = {
+    "0.32.0": VllmRelease("0.32.0", "v0.32.0", "not-none", "--no-enable-prefix-caching",
+                          "--no-enable-chunked-prefill", "vllm:kv_cache_usage_perc",
+                          shutdown_timeout_flag="--shutdown-timeout",
+                          cache_salt_paths=RELEASES["0.34.0"].cache_salt_paths, weights_rule="mistral-first",
+                          histogram_buckets_flag="--custom-histogram-buckets", ships_opentelemetry=True,
+                          platform="tpu", image_repository="vllm/vllm-tpu"),
+}
+DEFAULT_TPU_VLLM_VERSION = "0.32.0"
 # vLLM's default time-to-first-token buckets (vllm 0.34.0 vllm/v1/metrics/buckets.py:57-80).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)

@@ -28,6 +28,32 @@ WARMUP_ROUNDS = 5
 # Files that must exist before vLLM starts (bucket-backed weights: each copy's completion marker,
 # read through the FUSE mount once the mesh sidecar serves), joined by ':'.
 WEIGHTS_MARKERS_ENV = "GKE_LLM_WEIGHTS_MARKERS"
+# A multi-host TPU group (components/vllm_server.py group_env): the leader starts Ray's head and
+# waits for this many hosts; a worker joins the head at host:port and serves no vLLM itself.
+RAY_HEAD_ENV, RAY_JOIN_ENV = "GKE_LLM_RAY_HEAD_NODES", "GKE_LLM_RAY_JOIN"
+RAY_PORT = "6379"
+RAY_ALIVE_NODES = "import ray; ray.init(address='auto', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
+
+
+def ray_nodes_alive() -> int:
+    out = subprocess.run([sys.executable, "-c", RAY_ALIVE_NODES], capture_output=True, text=True, timeout=120)
+    try:
+        return int(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return 0
+
+
+def start_ray_head(nodes: int, stopped: Callable[[], bool], alive: Callable[[], int] = ray_nodes_alive,
+                   sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Ray's head on this host, then wait until all `nodes` hosts of the group have joined (vLLM's
+    Ray executor places its workers on the cluster it finds at start); False once stopped."""
+    subprocess.run(["ray", "start", "--head", f"--port={RAY_PORT}", "--disable-usage-stats"], check=True)
+    while (joined := alive()) < nodes:
+        if stopped():
+            return False
+        print(f"vllm-gke: {joined}/{nodes} hosts in the Ray cluster", file=sys.stderr, flush=True)
+        sleep(5.0)
+    return True
 
 
 def wait_for_files(paths: Sequence[str], stopped: Callable[[], bool] = lambda: False,
@@ -130,7 +156,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     markers = [m for m in os.environ.get(WEIGHTS_MARKERS_ENV, "").split(":") if m]
     if not wait_for_files(markers, stopped=lambda: bool(stop)):
         return 0
+    if join := os.environ.get(RAY_JOIN_ENV):
+        # A TPU group's worker: its host is a Ray node the leader's engine drives.
+        ray = subprocess.Popen(["ray", "start", f"--address={join}", "--block"])
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda s, _f: ray.send_signal(s))
+        return exit_status(ray.wait())
+    if (head := os.environ.get(RAY_HEAD_ENV)) and not start_ray_head(int(head), stopped=lambda: bool(stop)):
+        return 0
     proc = subprocess.Popen([*command, *argv], env=env)
+    if "--headless" in argv:
+        # A GPU group's worker: no API server to warm; it runs its ranks until the leader stops.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda s, _f: proc.send_signal(s))
+        return exit_status(proc.wait())
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _f: proc.send_signal(s))
 

@@ -2,7 +2,7 @@
 
     python images/vllm_snapshot.py   # in an environment with vllm installed
 
-Writes images/vllm-versions/<version>.json with:
+Writes images/vllm-versions/<version>.json (tpu-<version>.json for the vllm-tpu build) with:
   - flags: every option of the real `vllm serve` parser (option strings, value or switch,
     nargs, type name, choices), built exactly as the `vllm` CLI builds it;
   - routes: every HTTP route of the real OpenAI server app, with all tasks enabled;
@@ -70,6 +70,19 @@ def pretend_one_gpu() -> None:
     nvml.nvmlInit = lambda *a, **k: None
     nvml.nvmlShutdown = lambda *a, **k: None
     nvml.nvmlDeviceGetCount = lambda *a, **k: 1
+
+
+def pretend_a_platform() -> None:
+    """The TPU build has no CUDA extensions, and its TPU platform needs libtpu and JAX: the
+    parser, routes and metrics are the platform-independent vLLM they share, so its snapshot is
+    taken on vLLM's CPU platform."""
+    if _build() != "tpu":
+        pretend_one_gpu()
+        return
+    import vllm.platforms as platforms  # type: ignore[import-not-found]
+    from vllm.platforms.cpu import CpuPlatform  # type: ignore[import-not-found]
+
+    platforms._current_platform = CpuPlatform()
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -171,13 +184,25 @@ def describe_environment() -> list[str]:
     return sorted(envs.environment_variables)
 
 
+def _build() -> str:
+    """Which vLLM distribution is installed: the TPU build (vllm-tpu) or vllm itself (CUDA)."""
+    from importlib import metadata
+
+    try:
+        metadata.distribution("vllm-tpu")
+    except metadata.PackageNotFoundError:
+        return "cuda"
+    return "tpu"
+
+
 def snapshot() -> dict[str, Any]:
     import vllm  # type: ignore[import-not-found]
 
-    pretend_one_gpu()
+    pretend_a_platform()
     parser = serve_parser()
     return {
         "version": vllm.__version__.split("+")[0],
+        "build": _build(),
         "generated_by": "images/vllm_snapshot.py",
         "flags": describe_flags(parser),
         "routes": describe_routes(parser),
@@ -202,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(stub_dir, ignore_errors=True)
     data = snapshot()
     ns.out.mkdir(parents=True, exist_ok=True)
-    path = ns.out / f"{data['version']}.json"
+    # The TPU build's file is tpu-<version>.json (components/vllm_versions.py VllmRelease.snapshot).
+    path = ns.out / f"{'tpu-' if data['build'] == 'tpu' else ''}{data['version']}.json"
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     print(f"wrote {path}: {len(data['flags'])} flags, {len(data['routes'])} routes, {len(data['metrics'])} metrics")
     return 0

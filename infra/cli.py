@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..components.vllm_argv import check_argv, load_snapshot
+from ..components.vllm_versions import TPU_RELEASES, release
 from ..policies.rules import POLICIES, resolve_levels
 from .config import ConfigError
 from .contracts import CONTRACTS
@@ -27,6 +28,7 @@ from .manifests import (
     catalog_or_none,
     describe,
     is_builtin,
+    pod_templates,
     validate,
     validate_alert_policy,
     validate_dashboard,
@@ -45,15 +47,20 @@ console = Console(width=140)
 
 
 def vllm_argv_problems(plan: Plan) -> list[tuple[str, str]]:
-    """Every vLLM server's argv against the chosen release's real parser (images/vllm-versions)."""
-    snapshot = load_snapshot(plan.config.vllm_version)
+    """Every vLLM server's argv (a Deployment's, a LeaderWorkerSet's leader and workers) against its
+    release's real parser (images/vllm-versions): the TPU build's on TPU nodes."""
+    cfg = plan.config
     out = []
     for doc in plan.manifests():
-        if doc.get("kind") != "Deployment":
+        if doc.get("kind") not in ("Deployment", "LeaderWorkerSet"):
             continue
-        for c in doc["spec"]["template"]["spec"].get("containers", []):
-            if "/opt/vllm-gke/serve.py" in c.get("command", []):
-                out += [(describe(doc), err) for err in check_argv(c.get("args", []), snapshot)]
+        for _role, template in pod_templates(doc):
+            selector = template["spec"].get("nodeSelector") or {}
+            rel = (TPU_RELEASES[cfg.tpu_vllm_version] if "cloud.google.com/gke-tpu-accelerator" in selector
+                   else release(cfg.vllm_version))
+            for c in template["spec"].get("containers", []):
+                if "/opt/vllm-gke/serve.py" in c.get("command", []):
+                    out += [(describe(doc), err) for err in check_argv(c.get("args", []), load_snapshot(rel.snapshot))]
     return out
 
 
@@ -126,7 +133,9 @@ def cost_table(v: Verdicts) -> Table:
     for item, month in c.fixed_month.items():
         table.add_row(item, "", "", "", f"{month:,.0f}", f"{month:,.0f}")
     table.add_row("[bold]total[/]", "", "", "", f"[bold]{c.baseline_month:,.0f}[/]", f"[bold]{c.peak_month:,.0f}[/]")
-    table.caption = (f"{c.baseline_gpus} GPUs at baseline x {c.tokens_per_second_per_gpu:g} tokens/s x "
+    how = ("the roofline's estimate per pool" if c.throughput_source == "roofline"
+           else "cost.tokensPerSecondPerGpu per device")
+    table.caption = (f"{c.baseline_tokens_per_second:,.0f} output tokens/s at baseline ({how}) x "
                      f"{c.utilization:.0%} utilisation = ${c.usd_per_million_tokens:.2f} per million tokens. At their "
                      "rate limits, a month of each tenant at most: " + "; ".join(
                          f"{t.tenant} {t.tokens_month / 1e6:,.0f}M tokens, ${t.dollars_month:,.0f} "
@@ -232,8 +241,9 @@ def plan(
             console.print(f"[bold red]vLLM {result.config.vllm_version} would refuse[/] {escape(str(what))}: "
                           f"{escape(str(err))}", highlight=False)
         if not argv_errors:
-            console.print(f"[green]every vLLM command line parses with vLLM {result.config.vllm_version}'s parser "
-                          "(snapshot)[/]")
+            tpu = f" and vLLM TPU {result.config.tpu_vllm_version}'s" if result.config.has_tpu_models else ""
+            console.print(f"[green]every vLLM command line parses with vLLM {result.config.vllm_version}'s{tpu} "
+                          "parser (snapshot)[/]")
         for err in dashboard_errors:
             console.print(f"[bold red]rejected by the Cloud Monitoring API's schema:[/] {escape(str(err))}",
                           highlight=False)

@@ -5,8 +5,10 @@ every pool at maxReplicas (never above maxNodes: replicas beyond it stay pending
 says). A spot pool with its on-demand fallback has an on-demand twin of the same maxNodes, so its
 peak reaches up to twice maxNodes; it is priced at spot for the baseline, and the peak's nodes above
 the baseline at the on-demand price: a burst is when spot capacity is likeliest to run out and the
-twin takes the nodes (the worst case for the burst). Token cost assumes the configured tokens/s per
-physical GPU at the configured utilisation, at baseline.
+twin takes the nodes (the worst case for the burst). Token cost is output tokens at baseline: every
+serving pool's minReplicas at the roofline's tokens/s for its model, accelerator, batch and context
+(components/throughput.py), or at a measured `cost.tokensPerSecondPerGpu` per device where the
+stack gives one, at the configured utilisation.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..components.capacity import gpu_slots_by_pool
+from ..components.capacity import capacity_report, gpu_slots_by_pool
 from .pricing import (
     FILESTORE_GIB_MONTH,
     GCS_STANDARD_GB_MONTH,
@@ -67,9 +69,12 @@ class CostReport:
     prices_as_of: str
     pools: list[PoolCost]
     fixed_month: dict[str, float]  # system pool, cluster fee, Filestore
-    tokens_per_second_per_gpu: float
+    # Output tokens a second all baseline replicas serve at full batch.
+    baseline_tokens_per_second: float
     utilization: float
     hours_per_month: float
+    # "roofline" (estimated per pool) or "measured" (cost.tokensPerSecondPerGpu x devices).
+    throughput_source: str = "roofline"
 
     @property
     def baseline_month(self) -> float:
@@ -85,8 +90,7 @@ class CostReport:
 
     @property
     def tokens_per_month(self) -> float:
-        tps = self.baseline_gpus * self.tokens_per_second_per_gpu * self.utilization
-        return tps * 3600 * self.hours_per_month
+        return self.baseline_tokens_per_second * self.utilization * 3600 * self.hours_per_month
 
     @property
     def usd_per_million_tokens(self) -> float:
@@ -117,5 +121,29 @@ def cost_report(cfg: "StackConfig", filestore_tier: str, filestore_gb: int) -> C
              **({f"Cloud Storage bucket {filestore_gb} GB": GCS_STANDARD_GB_MONTH * filestore_gb}
                 if filestore_tier in ("gcs", "hyperdisk-ml") else
                 {f"Filestore {filestore_tier} {filestore_gb} GiB": FILESTORE_GIB_MONTH[filestore_tier] * filestore_gb})}
-    return CostReport(cfg.environment, PRICES_AS_OF, pools, fixed, cfg.cost.tokens_per_second_per_gpu,
-                      cfg.cost.target_utilization, hours)
+    measured = cfg.cost.tokens_per_second_per_gpu
+    rows = capacity_report(cfg)
+    if measured is not None:
+        # Per physical GPU or chip: a MIG slice or TensorCore gets its share.
+        tps = sum(r.devices * measured / _units_per_device(cfg, r.node_pool)
+                  * _min_replicas(cfg, r.model, r.pool, r.tenant, r.canary) for r in rows)
+    else:
+        tps = sum(r.decode_tokens_s * _min_replicas(cfg, r.model, r.pool, r.tenant, r.canary) for r in rows)
+    return CostReport(cfg.environment, PRICES_AS_OF, pools, fixed, tps, cfg.cost.target_utilization, hours,
+                      throughput_source="measured" if measured is not None else "roofline")
+
+
+def _units_per_device(cfg: "StackConfig", node_pool: str) -> int:
+    pool = cfg.pool(node_pool)
+    acc = pool.machine.accelerator
+    return acc.slices_per_gpu(pool.gpu_partition_size) if acc else 1
+
+
+def _min_replicas(cfg: "StackConfig", model: str, pool: str, tenant: str | None, canary: bool) -> int:
+    """A capacity row's baseline replicas (a canary's follow its own floor)."""
+    spec = cfg.model(model)
+    if canary:
+        canary_model = spec.canary_model()
+        assert canary_model is not None
+        spec = canary_model
+    return getattr(spec, pool).min_replicas

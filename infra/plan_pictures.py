@@ -43,7 +43,7 @@ def node_pools_picture(cfg: StackConfig, cost: CostReport) -> str:
     for pool in cfg.node_pools:
         c = nodes[pool.name]
         per_node = pool.slices_per_node
-        unit = pool.gpu_partition_size or "GPU"
+        unit = pool.gpu_partition_size or ("TPU chip" if pool.is_tpu else "GPU")
         spot = ", spot" if pool.spot else ""
         capped = f", capped: {c.wanted_peak_nodes} wanted, {c.reach_nodes} at most" if c.capped else ""
         lines.append(f'  subgraph {_id("np", pool.name)}["{pool.name}: {pool.machine_type}{spot}, {per_node} x {unit} '
@@ -54,7 +54,7 @@ def node_pools_picture(cfg: StackConfig, cost: CostReport) -> str:
                 continue
             for which in model.pool_names:
                 sp = getattr(model, which)
-                tp = model.tensor_parallel_size
+                tp = model.devices_per_replica
                 used_low += sp.min_replicas * tp
                 used_high += sp.max_replicas * tp
                 owner = f" for {tenant}" if tenant else ""

@@ -96,7 +96,7 @@ def dedicated_month(cfg: StackConfig, tenant: TenantSpec, hours: float) -> Optio
     pool = cfg.pool(tenant.dedicated.node_pool)
     price = MACHINE_PRICES[pool.machine_type]
     slot_hour = (price.spot_hour if pool.spot else price.on_demand_hour) / pool.slices_per_node
-    return sum(getattr(m, w).max_replicas * m.tensor_parallel_size * slot_hour * hours
+    return sum(getattr(m, w).max_replicas * m.devices_per_replica * slot_hour * hours
                for m in (cfg.model(n) for n in tenant.dedicated.models) for w in m.pool_names)
 
 

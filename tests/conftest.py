@@ -9,7 +9,7 @@ import pytest
 
 from vllm_gke.infra.plan import REPO_ROOT, Plan, read_stack_config, run_program  # noqa: F401 (REPO_ROOT for tests)
 
-STACKS = ("dev", "staging", "prod")
+STACKS = ("dev", "staging", "prod", "frontier")
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,8 @@ import copy
 
 import pytest
 
+from vllm_gke.components.capacity import capacity_report
+
 from vllm_gke.components.catalog import MACHINE_TYPES
 from vllm_gke.infra.config import parse
 from vllm_gke.infra.cost import cost_report
@@ -28,7 +30,12 @@ def test_dev_cost(plans):
     assert report.fixed_month["GKE cluster fee"] == pytest.approx(73.0)
     assert report.fixed_month["Filestore BASIC_HDD 1024 GiB"] == pytest.approx(163.84)
     assert report.baseline_month == pytest.approx(pool.baseline_month + 0.134 * 730 + 73 + 163.84)
-    tokens = 1 * 1500 * 0.6 * 3600 * 730
+    # Output tokens at baseline: each pool's floor at the roofline's tokens/s for it.
+    rows = capacity_report(cfg)
+    floor = {("short",): cfg.models[0].short.min_replicas, ("long",): cfg.models[0].long.min_replicas}
+    tps = sum(r.decode_tokens_s * floor[(r.pool,)] for r in rows)
+    assert report.throughput_source == "roofline" and report.baseline_tokens_per_second == pytest.approx(tps)
+    tokens = tps * 0.6 * 3600 * 730
     assert report.usd_per_million_tokens == pytest.approx(report.baseline_month / (tokens / 1e6))
 
 
@@ -44,11 +51,16 @@ def test_prod_baseline_follows_min_replicas_and_peak_max_replicas(plans):
 
 
 def test_more_throughput_means_cheaper_tokens(stack_values):
+    """A measured tokens/s per device replaces the roofline's estimate, in proportion."""
     values = copy.deepcopy(stack_values["dev"])
+    values["vllm-gke:cost"] = {"tokensPerSecondPerGpu": 1500}
     slow = cost_report(parse(values), "BASIC_HDD", 1024)
     values["vllm-gke:cost"] = {"tokensPerSecondPerGpu": 3000}
     fast = cost_report(parse(values), "BASIC_HDD", 1024)
+    assert slow.throughput_source == fast.throughput_source == "measured"
     assert fast.usd_per_million_tokens == pytest.approx(slow.usd_per_million_tokens / 2)
+    # dev's two 3g.40gb slices share one A100: 1500 tokens/s between them.
+    assert slow.baseline_tokens_per_second == 1500 * slow.baseline_gpus
 
 
 def test_a_region_priced_as_us_central1_is_said_so(stack_values):

@@ -40,6 +40,11 @@ def check_network(add: Add, c: ClusterSpec, prefix: str = "cluster") -> None:
 
 def zones(cfg: "StackConfig", add: Add) -> None:
     check_zones(add, cfg.region, cfg.cluster.zones)
+    for i, pool in enumerate(cfg.node_pools):
+        if pool.tpu_zone is not None and pool.tpu_zone not in cfg.cluster.zones:
+            add(f"{item_key('nodePools', cfg.node_pools, i)}.tpuZone", f"'{pool.tpu_zone}' is not one of the cluster's "
+                f"zones ({', '.join(cfg.cluster.zones)}); use one of them (where {pool.machine_type} is offered) or add "
+                "it to cluster.zones")
 
 
 def check_zones(add: Add, region: str, zones: Sequence[str], key: str = "cluster.zones",

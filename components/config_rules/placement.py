@@ -30,18 +30,34 @@ def check_placement(cfg: "StackConfig", add: Add, key: str, model: ModelSpec, po
 
 
 def check_fit(add: Add, key: str, model: ModelSpec, pool: NodePoolSpec) -> None:
-    """The model on one GPU or slice of `pool`: tensor parallelism the pool can give, and weights
-    plus KV cache that fit (components/capacity.py). Also run by the package's VllmService."""
-    tp = model.tensor_parallel_size
-    if pool.gpu_partition_size and tp > 1:
-        add(f"{key}.tensorParallelSize", f"tensorParallelSize is {tp} but pool '{pool.name}' is MIG-partitioned "
-            f"({pool.gpu_partition_size}); MIG slices cannot be joined, so set it to 1 or use a pool "
+    """The model on the devices of `pool`: parallelism the pool can give (one host's GPUs, whole
+    nodes of GPUs for a multi-host group, a whole TPU slice), and weights plus KV cache that fit
+    each device (components/capacity.py). Also run by the package's VllmService."""
+    tp, pp = model.tensor_parallel_size, model.pipeline_parallel_size
+    devices, per_node = model.devices_per_replica, pool.slices_per_node
+    shape = f"tensorParallelSize x pipelineParallelSize is {tp} x {pp} = {devices}"
+    if pool.gpu_partition_size and devices > 1:
+        add(f"{key}.tensorParallelSize", f"{shape} but pool '{pool.name}' is MIG-partitioned "
+            f"({pool.gpu_partition_size}); MIG slices cannot be joined, so set both to 1 or use a pool "
             "without gpuPartitionSize")
-    elif pool.machine.gpus % tp:
-        add(f"{key}.tensorParallelSize", f"tensorParallelSize is {tp} but {pool.machine_type} has "
-            f"{pool.machine.gpus} GPU(s) per node; use a divisor of that, or a larger machine type")
+    elif pool.is_tpu:
+        chips = per_node * pool.hosts
+        if devices != chips:
+            add(f"{key}.tensorParallelSize", f"{shape} but a replica on pool '{pool.name}' is its whole "
+                f"{pool.topology} slice of {chips} {pool.machine.accelerator.gke_type if pool.machine.accelerator else ''}"
+                f" chip(s); set tensorParallelSize to {chips} (pipelineParallelSize 1), or pick the pool's "
+                "tpuTopology for the chips the model needs")
+        elif pp > 1:
+            add(f"{key}.pipelineParallelSize", f"is {pp}, but vLLM's TPU build shards a model over a slice by "
+                f"tensor parallelism; set it to 1 and tensorParallelSize to {chips}")
+    elif devices <= per_node and per_node % devices:
+        add(f"{key}.tensorParallelSize", f"{shape} but {pool.machine_type} has {per_node} GPU(s) per node; use "
+            "a divisor of that, or a larger machine type")
+    elif devices > per_node and devices % per_node:
+        add(f"{key}.tensorParallelSize", f"{shape}, more than {pool.machine_type}'s {per_node} GPUs per node but "
+            f"not a multiple of them: a replica across hosts takes whole nodes; use a multiple of {per_node}")
     where = (f"one {pool.gpu_partition_size} MIG slice" if pool.gpu_partition_size
-             else f"one {pool.machine_type} GPU")
+             else f"one {pool.machine_type} {'TPU chip' if pool.is_tpu else 'GPU'}")
     for which in model.pool_names:
         row = pool_capacity(model, which, getattr(model, which), pool)
         if row.fits:
@@ -106,7 +122,8 @@ def node_disks(cfg: "StackConfig", add: Add) -> None:
         pool = pools.get(pool_name)
         if pool is None:
             continue
-        per_node = pool.slices_per_node // model.tensor_parallel_size
+        # A multi-host group puts one pod on each of its nodes.
+        per_node = max(1, pool.slices_per_node // model.devices_per_replica)
         need = per_node * scratch_gi(model, bucket_cache)
         if per_node and need > worst.get(pool_name, (0, 0, ""))[0]:
             worst[pool_name] = (need, per_node, model.name)

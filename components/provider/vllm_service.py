@@ -192,5 +192,6 @@ class VllmService(pulumi.ComponentResource):
                 expected_seconds=int(args.get("cold_start_seconds") or 900), service_account=STANDBY_SA),
                 opts=child_opts(self, opts))
         self.service_name = pulumi.Output.from_input(inner.service_name)
-        self.deployment_name = inner.deployment.metadata.name
+        self.deployment_name = (inner.deployment.metadata.name if inner.deployment
+                                else pulumi.Output.from_input(inner.group_name or ""))
         self.register_outputs({"serviceName": self.service_name, "deploymentName": self.deployment_name})

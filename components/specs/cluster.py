@@ -17,6 +17,7 @@ from ..catalog import (
     GPU_MACHINE_TYPES,
     MACHINE_TYPES,
     MachineType,
+    topology_chips,
 )
 from .base import (
     Cidr,
@@ -183,15 +184,22 @@ class UpgradeSpec(Spec):
 
 
 class NodePoolSpec(Spec):
-    """A GPU node pool. Accelerator type and count come from the machine type. Node counts are
-    totals across the cluster's zones (GKE's total_*_node_count), not per zone."""
+    """A GPU or TPU node pool. Accelerator type and count come from the machine type. Node counts
+    are totals across the cluster's zones (GKE's total_*_node_count), not per zone; a TPU pool
+    lives in one zone (`tpuZone`)."""
 
     # Node pool name, referenced by models[].nodePool.
     name: Name
-    # GPU machine type; the accelerator and its count follow from it.
+    # GPU or TPU machine type; the accelerator and its count follow from it.
     machine_type: str
     # MIG profile to split each GPU into (valid for that GPU).
     gpu_partition_size: Optional[str] = None
+    # TPU pools: the slice topology (e.g. 2x4; default the machine type's single-host one). One
+    # larger than a host makes a multi-host slice: that many nodes form one slice, created and
+    # scaled as a whole (minNodes 0 or the slice's hosts, maxNodes the slice's hosts).
+    tpu_topology: Optional[str] = None
+    # TPU pools: the zone (one of cluster.zones) the slice is in; TPUs are zonal. Default the first.
+    tpu_zone: Optional[str] = None
     # Spot VMs.
     spot: bool = False
     # Spot pools get an on-demand twin (<name>-ondemand, min 0, maxNodes of its own) that a
@@ -214,9 +222,28 @@ class NodePoolSpec(Spec):
     def _known_machine(cls, v: str) -> str:
         if v not in GPU_MACHINE_TYPES:
             raise ValueError(
-                f"unknown GPU machine type '{v}'; use one of {', '.join(GPU_MACHINE_TYPES)}"
+                f"unknown GPU or TPU machine type '{v}'; use one of {', '.join(GPU_MACHINE_TYPES)}"
             )
         return v
+
+    @model_validator(mode="after")
+    def _tpu_slice(self) -> "NodePoolSpec":
+        machine = self.machine
+        if not machine.is_tpu:
+            for key in ("tpu_topology", "tpu_zone"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{'tpuTopology' if key == 'tpu_topology' else 'tpuZone'} applies to TPU "
+                                     f"machine types; {self.machine_type} is a GPU machine: remove it")
+            return self
+        if self.tpu_topology is not None and self.tpu_topology not in machine.tpu_topologies:
+            raise ValueError(f"tpuTopology '{self.tpu_topology}' is not one GKE builds of {self.machine_type}; use "
+                             f"one of {', '.join(machine.tpu_topologies)}")
+        hosts = self.hosts
+        if hosts > 1 and (self.max_nodes != hosts or self.min_nodes not in (0, hosts)):
+            raise ValueError(f"a {self.topology} slice of {self.machine_type} is {hosts} nodes created and scaled "
+                             f"as one: set maxNodes to {hosts} and minNodes to 0 or {hosts} (for more slices, "
+                             "add more pools)")
+        return self
 
     @field_validator("gpu_partition_size")
     @classmethod
@@ -250,6 +277,21 @@ class NodePoolSpec(Spec):
     @property
     def machine(self) -> MachineType:
         return MACHINE_TYPES[self.machine_type]
+
+    @property
+    def is_tpu(self) -> bool:
+        return self.machine.is_tpu
+
+    @property
+    def topology(self) -> Optional[str]:
+        """A TPU pool's slice topology (the machine type's single-host one unless set)."""
+        return (self.tpu_topology or self.machine.tpu_topologies[0]) if self.is_tpu else None
+
+    @property
+    def hosts(self) -> int:
+        """Nodes one slice spans: a multi-host TPU topology's chips over the chips per node; 1 else."""
+        topology = self.topology
+        return topology_chips(topology) // self.machine.gpus if topology else 1
 
     @property
     def slice_memory_gb(self) -> float:

@@ -40,6 +40,14 @@ MANAGED_VLLM_OPTIONS: dict[str, str] = {
     "uds": "the platform binds the server", "root_path": "routes come from the Gateway",
     "middleware": "the platform loads its tenant guard there",
     "tensor_parallel_size": "set models[].tensorParallelSize",
+    "pipeline_parallel_size": "set models[].pipelineParallelSize",
+    # A replica across hosts is a LeaderWorkerSet group the platform wires (components/multi_host.py).
+    "nnodes": "set models[].pipelineParallelSize/tensorParallelSize: the hosts follow from the node pool",
+    "node_rank": "the platform sets each host's rank in a multi-host group",
+    "master_addr": "the platform points a group's hosts at its leader",
+    "master_port": "the platform points a group's hosts at its leader",
+    "headless": "the platform runs a group's workers headless",
+    "distributed_executor_backend": "the platform picks the executor for one host or several",
     "max_model_len": "set models[].maxModelLen or the pool's maxModelLen",
     "max_num_seqs": "set the pool's maxNumSeqs", "max_num_batched_tokens": "set the pool's maxNumBatchedTokens",
     "gpu_memory_utilization": "set models[].gpuMemoryUtilization",
@@ -91,6 +99,8 @@ class CustomShape(Spec):
     kv_heads: int = Field(gt=0)
     # Dimension of one attention head.
     head_dim: int = Field(gt=0)
+    # A mixture of experts: parameters one token passes through (default: all of them).
+    active_params_billion: Optional[float] = Field(default=None, gt=0)
 
 
 class ServingPoolSpec(Spec):
@@ -196,7 +206,8 @@ class ModelSpec(Spec):
     source: str
     # Git branch, tag or commit of the source.
     revision: Revision = "main"
-    # Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b).
+    # Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b,
+    # llama-3.1-405b, deepseek-v3).
     shape: str | CustomShape
     # Weight dtype or quantisation.
     dtype: Literal["bfloat16", "float16", "fp8", "int8", "awq", "gptq"] = "bfloat16"
@@ -206,8 +217,11 @@ class ModelSpec(Spec):
     disk_gb: Optional[float] = Field(default=None, gt=0)
     # KV-cache dtype.
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
-    # GPUs one replica spans (whole GPUs only).
-    tensor_parallel_size: int = Field(default=1, ge=1, le=16)
+    # GPUs or TPU chips each pipeline stage of a replica shards its layers over (whole devices only).
+    tensor_parallel_size: int = Field(default=1, ge=1, le=256)
+    # Pipeline stages of a replica. Devices per replica = tensorParallelSize x pipelineParallelSize;
+    # more than one node holds spans several (a LeaderWorkerSet group, one pod per node).
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=16)
     # Longest context, in tokens.
     max_model_len: int = Field(default=8192, ge=256)
     # Share of each GPU or slice vLLM may use.
@@ -349,6 +363,11 @@ class ModelSpec(Spec):
             "min_replicas": 0 if getattr(self, which).min_replicas == 0 else replicas, "max_replicas": replicas})
                  for which in ("short", "long")}
         return self.model_copy(update={"revision": self.canary.revision, "canary": None, **pools})
+
+    @property
+    def devices_per_replica(self) -> int:
+        """GPUs (or MIG slices) or TPU chips one replica takes."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def model_shape(self) -> ModelShape:

@@ -65,8 +65,9 @@ class MonitoringSpec(Spec):
 
 
 class CostSpec(Spec):
-    # Sustained generation throughput of one physical GPU for your models (measure it).
-    tokens_per_second_per_gpu: float = Field(default=1500.0, gt=0)
+    # Measured output tokens a second of one GPU (or TPU chip) for your models; unset, each pool's
+    # tokens/s is estimated by the roofline from its accelerator and model (components/throughput.py).
+    tokens_per_second_per_gpu: Optional[float] = Field(default=None, gt=0)
     # Expected share of capacity in use.
     target_utilization: float = Field(default=0.6, gt=0, le=1)
     # Hours a month the report prices.
