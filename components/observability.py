@@ -59,11 +59,28 @@ def untrusted_peers(cluster: str) -> str:
     return f'sum by (namespace, pod) (rate({UNTRUSTED_PEER_METRIC}{{cluster="{cluster}"}}[5m]))'
 
 
+def tpu_panels(cluster: str) -> list[tuple[str, str]]:
+    """GKE's TPU system metrics per serving pod and chip (kubernetes.io/container/accelerator/*, as
+    Managed Prometheus names them): TensorCore and HBM bandwidth use, busy time, HBM held."""
+    sel = f'{{monitored_resource="k8s_container",cluster_name="{cluster}"}}'
+
+    def metric(name: str) -> str:
+        return f"kubernetes_io:container_accelerator_{name}{sel}"
+
+    return [
+        ("TPU TensorCore utilisation (%)", f"avg by (pod_name, accelerator_id) ({metric('tensorcore_utilization')})"),
+        ("TPU HBM bandwidth utilisation (%)",
+         f"avg by (pod_name, accelerator_id) ({metric('memory_bandwidth_utilization')})"),
+        ("TPU duty cycle (%)", f"avg by (pod_name, accelerator_id) ({metric('duty_cycle')})"),
+        ("TPU HBM used ratio", f"sum by (pod_name) ({metric('memory_used')}) / sum by (pod_name) ({metric('memory_total')})"),
+    ]
+
+
 def dashboard_panels(cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc",
-                     limit_store: bool = False) -> list[tuple[str, str]]:
+                     limit_store: bool = False, tpu: bool = False) -> list[tuple[str, str]]:
     sel = f'{{cluster="{cluster}"}}'
     store = [("Requests limited per replica: limit store unreachable (/s)", fallbacks(cluster))] if limit_store else []
-    return [*store,
+    return [*store, *(tpu_panels(cluster) if tpu else []),
         ("Tenant requests refused: not from the mesh sidecar (/s)", untrusted_peers(cluster)),
         # DCGM_FI_DEV_GPU_UTIL is per physical GPU and not reported for MIG instances; the
         # profiling metric is, per instance (GPU_I_ID), and for whole GPUs alike.
@@ -96,11 +113,11 @@ def tenant_panels(cluster: str) -> list[tuple[str, str]]:
 
 
 def dashboard_json(title: str, cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc",
-                   limit_store: bool = False, budgets: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+                   limit_store: bool = False, budgets: Sequence[tuple[str, str]] = (), tpu: bool = False) -> dict[str, Any]:
     """A Mosaic layout, two tiles a row, each a PromQL line chart; then each SLO's error budget
     remaining (`budgets`: title and SLO resource name)."""
     queries = [(name, {"prometheusQuery": query})
-               for name, query in [*dashboard_panels(cluster, kv_metric, limit_store), *tenant_panels(cluster)]]
+               for name, query in [*dashboard_panels(cluster, kv_metric, limit_store, tpu), *tenant_panels(cluster)]]
     tiles: list[dict[str, Any]] = []
     for i, (name, query) in enumerate([*queries, *budget_tiles(budgets)]):
         tiles.append({
@@ -222,6 +239,8 @@ class ObservabilityArgs:
     exact_ttft: bool = False
     # Models with a replica floor: paged when none of their replicas reports.
     always_on: Sequence[str] = ()
+    # Models serve on TPUs: their TensorCore, HBM bandwidth and HBM charts.
+    tpu: bool = False
 
 
 class Observability(pulumi.ComponentResource):
@@ -255,11 +274,12 @@ class Observability(pulumi.ComponentResource):
         budgets = self.service_levels.budget_names if self.service_levels else []
         # The definition the plan checks names each SLO as "<slo>"; the resource, by its name.
         self.dashboard_definition = dashboard_json(args.title, args.cluster_name, args.kv_cache_metric,
-                                                   args.limit_store, [(title, "<slo>") for title, _ in budgets])
+                                                   args.limit_store, [(title, "<slo>") for title, _ in budgets],
+                                                   tpu=args.tpu)
         titles = [title for title, _ in budgets]
         definition = pulumi.Output.all(*[n for _, n in budgets]).apply(lambda names: json.dumps(dashboard_json(
-            args.title, args.cluster_name, args.kv_cache_metric, args.limit_store, list(zip(titles, names))),
-            sort_keys=True))
+            args.title, args.cluster_name, args.kv_cache_metric, args.limit_store, list(zip(titles, names)),
+            tpu=args.tpu), sort_keys=True))
         self.dashboard = gcp.monitoring.Dashboard(f"{name}-dashboard", project=args.project,
                                                   dashboard_json=definition, opts=child)
         tenant_title = f"{args.title}: tenants"

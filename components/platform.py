@@ -251,7 +251,7 @@ class Platform(pulumi.ComponentResource):
                 svc = VllmService(f"{p}{key}-{which}", VllmServiceArgs(
                     model=model, pool_name=which, pool=pool, node_pool=node_pool,
                     namespace=namespace, image=cfg.image_for(pool_name), claim_name=store.claim_name,
-                    pods_cidr=cfg.cluster.pods_cidr,
+                    pods_cidr=cfg.cluster.pods_cidr, load_seconds=cold_start_seconds(cfg, model),
                     provider=provider,
                     guard_config=pool_guard_config(callers, model, rel, shared_store,
                                                    cfg.monitoring.queue_latency_slo_seconds, traces=traces.enabled),
@@ -350,7 +350,7 @@ class Platform(pulumi.ComponentResource):
             title=f"vLLM on GKE - {cfg.cluster.name} ({cfg.environment})", apis=apis,
             kv_cache_metric=rel.kv_cache_metric, limit_store=cfg.global_limits.enabled,
             models=[m.name for m in cfg.models], tenants=[t.name for t in cfg.tenants], budget=cfg.budget,
-            exact_ttft=exact_ttft,
+            exact_ttft=exact_ttft, tpu=cfg.has_tpu_models,
             always_on=[m.name for m in cfg.models if any(getattr(m, w).min_replicas > 0 for w in m.pool_names)]),
             opts=child())
 

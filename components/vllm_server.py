@@ -80,6 +80,7 @@ def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: Optional[VllmRelease
         "--served-model-name", model.name,
         "--host", "0.0.0.0", "--port", str(PORT),
         "--tensor-parallel-size", str(model.tensor_parallel_size),
+        *(["--pipeline-parallel-size", str(model.pipeline_parallel_size)] if model.pipeline_parallel_size > 1 else []),
         "--max-model-len", str(model.pool_max_model_len(pool)),
         "--max-num-seqs", str(pool.max_num_seqs),
         "--gpu-memory-utilization", f"{model.gpu_memory_utilization:g}",

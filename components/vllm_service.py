@@ -13,6 +13,7 @@ at once (it scales a target below minReplicaCount up to it; an HPA never scales 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Optional
 
@@ -70,6 +71,12 @@ SERVER_LABELS = {"app.kubernetes.io/name": "vllm"}
 def service_name_of(model: str, pool_name: str, canary: bool = False) -> str:
     """The pool's Service, Deployment and autoscaler name."""
     return f"{model}-canary-{pool_name}" if canary else f"{model}-{pool_name}"
+
+
+def startup_failure_threshold(load_seconds: float) -> int:
+    """Startup probe periods (10 s each) before the kubelet gives up on a replica: 30 minutes at
+    least, 1.5x the estimated load and warm-up where that is longer."""
+    return max(180, math.ceil(1.5 * load_seconds / 10))
 
 
 def disruption_budget(pool: ServingPoolSpec, hosts: int = 1) -> dict[str, Any]:
@@ -159,6 +166,9 @@ class VllmServiceArgs:
     # The TTFT SLO's threshold (monitoring.ttftSloSeconds, where SLOs are kept): added to vLLM's
     # TTFT buckets where it is not a bound, so the SLO counts exactly.
     ttft_slo_seconds: Optional[float] = None
+    # Seconds a replica takes from start to warm (components/cold_start.py): its startup probe
+    # allows half as long again.
+    load_seconds: float = 0.0
     # The cluster's pod range (cluster.podsCidr): a multi-host group's leader reaches its workers
     # there outside the mesh.
     pods_cidr: Optional[str] = None
@@ -280,9 +290,12 @@ class VllmService(pulumi.ComponentResource):
                         "resources": container_resources(
                             args.node_pool, pod_devices, scratch_gi(model, args.weights_volume is not None)),
                         "securityContext": CONTAINER_SECURITY,
-                        # Model load plus warm-up can take many minutes: allow up to 30.
+                        # Model load plus warm-up can take many minutes: allow 30, or half as
+                        # long again as the plan's estimate where that is more (a 405B from a
+                        # share), or the kubelet restarts a replica that was still loading.
                         "startupProbe": {"exec": {"command": ["test", "-f", WARM_MARKER]},
-                                         "periodSeconds": 10, "failureThreshold": 180},
+                                         "periodSeconds": 10,
+                                         "failureThreshold": startup_failure_threshold(args.load_seconds)},
                         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
                                            "periodSeconds": 5, "timeoutSeconds": 3,
                                            "failureThreshold": 3},

@@ -20,7 +20,8 @@ from rich.table import Table
 from ..components.vllm_argv import check_argv, load_snapshot
 from ..components.vllm_versions import TPU_RELEASES, release
 from ..policies.rules import POLICIES, resolve_levels
-from .config import ConfigError
+from .accelerator_options import model_options
+from .config import ConfigError, StackConfig
 from .contracts import CONTRACTS
 from .contracts import problems as contract_problems
 from .crd_validation import CRD_DIR_ENV, DEFAULT_CRD_DIR
@@ -94,17 +95,38 @@ def policy_table(v: Verdicts) -> Table:
 
 
 def capacity_table(v: Verdicts) -> Table:
-    table = Table(title="GPU capacity per serving pool (GB per GPU or MIG slice)")
-    for col in ("model", "pool", "node pool", "GPU", "usable", "weights", "LoRA", "KV budget", "KV tokens",
-                "context", "seqs fit", "maxNumSeqs", "fits", "to serve"):
+    table = Table(title="capacity per serving pool (GB per device: GPU, MIG slice or TPU TensorCore; tokens/s "
+                        "per replica, the roofline's)")
+    for col in ("model", "pool", "node pool", "GB", "devices x hosts", "weights", "LoRA",
+                "KV budget", "KV tokens", "context", "seqs fit", "maxNumSeqs", "tokens/s", "fits", "to serve"):
         table.add_column(col, justify="right" if col not in ("model", "pool", "node pool") else "left")
     for r in v.capacity:
         label = r.model + (f" ({r.tenant})" if r.tenant else "") + (f" canary {r.revision[:7]}" if r.canary else "")
         table.add_row(label, r.pool, r.node_pool,
-                      f"{r.gpu_memory_gb:g}", f"{r.usable_gb:.1f}", f"{r.weights_per_gpu_gb:.1f}",
+                      f"{r.gpu_memory_gb:g}", f"{r.devices} x {r.hosts}", f"{r.weights_per_gpu_gb:.1f}",
                       f"{r.lora_per_gpu_gb:.2f}" if r.lora_per_gpu_gb else "-", f"{r.kv_budget_gb:.1f}",
                       f"{r.tokens_fit:,}", f"{r.context_tokens:,}", str(r.seqs_fit),
-                      str(r.max_num_seqs), "[green]yes[/]" if r.fits else "[red]no[/]", f"{r.cold_start_s / 60:.1f} min")
+                      str(r.max_num_seqs), f"{r.decode_tokens_s:,.0f}", "[green]yes[/]" if r.fits else "[red]no[/]",
+                      f"{r.cold_start_s / 60:.1f} min")
+    return table
+
+
+def options_table(cfg: StackConfig) -> Table:
+    """Each model's GPU and TPU options side by side (infra/accelerator_options.py)."""
+    table = Table(title="accelerator options per model (the smallest replica that holds its short pool; "
+                        "roofline tokens/s, on-demand list prices)")
+    for col in ("model", "accelerator", "machine", "TP x PP", "hosts", "batch", "tokens/s", "$/h",
+                "$/M tokens", "this stack"):
+        table.add_column(col, justify="left" if col in ("model", "accelerator", "machine", "this stack") else "right")
+    util = cfg.cost.target_utilization
+    for model in cfg.models:
+        chosen = cfg.pool(model.node_pool).machine.accelerator
+        for o in model_options(model):
+            here = "[green]chosen[/]" if chosen is not None and chosen.gke_type == o.accelerator else ""
+            machine = o.machine_type + (f" {o.topology}" if o.topology else "")
+            table.add_row(model.name, o.accelerator, machine, f"{o.tensor_parallel} x {o.pipeline_parallel}",
+                          str(o.hosts), str(o.batch), f"{o.tokens_per_second:,.0f}", f"{o.usd_per_hour:.2f}",
+                          f"{o.usd_per_million_tokens(util):.2f}", here)
     return table
 
 
@@ -213,6 +235,7 @@ def plan(
         # What a person decides on first: what it holds, what it costs, what to watch, where tenants call.
         console.print(capacity_table(report))
         console.print(cost_table(report))
+        console.print(options_table(result.config))
         for warning in report.warnings:
             console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
         console.print(url_table(report))

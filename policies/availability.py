@@ -5,7 +5,19 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from .base import Finding, Resource, kube, meta, namespace_of, route_backends, selects, template_labels, vllm_servers, where
+from .base import (
+    SERVING_KINDS,
+    Finding,
+    Resource,
+    kube,
+    meta,
+    namespace_of,
+    route_backends,
+    selects,
+    template_labels,
+    vllm_servers,
+    where,
+)
 
 
 def vllm_autoscaled(resources: Sequence[Resource]) -> Iterator[Finding]:
@@ -29,7 +41,7 @@ def vllm_autoscaled(resources: Sequence[Resource]) -> Iterator[Finding]:
             "ScaledObjects are declared but no KEDA chart is installed to act on them"
     seen = set()
     for r, _pod, _c in vllm_servers(resources):
-        if r.props.get("kind") != "Deployment" or r.urn in seen:
+        if r.props.get("kind") not in SERVING_KINDS or r.urn in seen:
             continue
         seen.add(r.urn)
         ns, name = namespace_of(r), meta(r).get("name")
@@ -46,7 +58,8 @@ STANDBY_LABEL = "vllm-gke.io/standby"
 def scale_to_zero_answered(resources: Sequence[Resource]) -> Iterator[Finding]:
     """A pool that KEDA may take to zero replicas needs its standby: without one, requests at zero
     get the load balancer's bare 503 and nothing counts them, so the pool never wakes."""
-    deployments = {(namespace_of(d), meta(d).get("name")): d for d in kube(resources, "Deployment")}
+    deployments = {(namespace_of(d), meta(d).get("name")): d
+                   for kind in SERVING_KINDS for d in kube(resources, kind)}
     standbys = [(namespace_of(d), template_labels(d)) for d in deployments.values()
                 if template_labels(d).get(STANDBY_LABEL) == "true"]
     services = kube(resources, "Service")
@@ -77,7 +90,7 @@ def vllm_backends_resilient(resources: Sequence[Resource]) -> Iterator[Finding]:
     and the endpoint picker call the pods from outside the mesh, so a DestinationRule (outlier
     detection, connection limits) would apply to no caller: it is no substitute."""
     pods = [(namespace_of(r), template_labels(r))
-            for r, _pod, _c in vllm_servers(resources) if r.props.get("kind") == "Deployment"]
+            for r, _pod, _c in vllm_servers(resources) if r.props.get("kind") in SERVING_KINDS]
     checked = {(namespace_of(h), ((h.props.get("spec") or {}).get("targetRef") or {}).get("name"))
                for h in kube(resources, "HealthCheckPolicy")}
     routed = {(b.get("namespace") or namespace_of(route), b.get("name"))

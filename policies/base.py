@@ -61,9 +61,22 @@ def namespace_of(r: Resource) -> str:
     return meta(r).get("namespace") or "default"
 
 
+def pod_templates(r: Resource) -> list[Mapping[str, Any]]:
+    """Every pod template of a workload: one, or a LeaderWorkerSet's leader and worker templates."""
+    spec = r.props.get("spec") or {}
+    if r.props.get("kind") == "LeaderWorkerSet":
+        lwt = spec.get("leaderWorkerTemplate") or {}
+        return [t for t in (lwt.get("leaderTemplate"), lwt.get("workerTemplate")) if t]
+    if r.props.get("kind") in POD_TEMPLATE_KINDS:
+        return [spec.get("template") or {}]
+    return []
+
+
 def pod_spec(r: Resource) -> Optional[Mapping[str, Any]]:
     kind = r.props.get("kind")
     spec = r.props.get("spec") or {}
+    if kind == "LeaderWorkerSet":
+        return (pod_templates(r) or [{}])[0].get("spec")
     if kind in POD_TEMPLATE_KINDS:
         return (spec.get("template") or {}).get("spec")
     if kind == "CronJob":
@@ -78,8 +91,15 @@ def containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def workloads(resources: Sequence[Resource]) -> Iterator[tuple[Resource, Mapping[str, Any]]]:
+    """(workload, pod spec) for every pod a plan declares: a LeaderWorkerSet's leaders and workers both."""
     for r in resources:
-        if r.type.startswith("kubernetes:") and (pod := pod_spec(r)) is not None:
+        if not r.type.startswith("kubernetes:"):
+            continue
+        if r.props.get("kind") == "LeaderWorkerSet":
+            for template in pod_templates(r):
+                if (pod := template.get("spec")) is not None:
+                    yield r, pod
+        elif (pod := pod_spec(r)) is not None:
             yield r, pod
 
 
@@ -88,15 +108,35 @@ def is_vllm_server(container: Mapping[str, Any]) -> bool:
     return any(e in line for e in VLLM_ENTRYPOINTS)
 
 
+# A multi-host group's worker runs vLLM's ranks without an API server (`--headless`), or only joins
+# its leader's Ray cluster (the entrypoint's GKE_LLM_RAY_JOIN): it serves nothing over HTTP.
+RAY_JOIN_ENV = "GKE_LLM_RAY_JOIN"
+
+
+def is_group_worker(container: Mapping[str, Any]) -> bool:
+    return "--headless" in [str(a) for a in container.get("args") or []] or RAY_JOIN_ENV in env_of(container)
+
+
 def vllm_servers(resources: Sequence[Resource]) -> Iterator[tuple[Resource, Mapping[str, Any], Mapping[str, Any]]]:
+    """Every container that serves vLLM's API (group workers, which serve none, are not among them:
+    policies/multi_host.py holds them closed)."""
     for r, pod in workloads(resources):
         for c in pod.get("containers") or []:
-            if is_vllm_server(c):
+            if is_vllm_server(c) and not is_group_worker(c):
                 yield r, pod, c
 
 
+# What LeaderWorkerSet's controller labels every pod of a set with (lws v0.10.0 types.go:29-98).
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+SERVING_KINDS = ("Deployment", "LeaderWorkerSet")
+
+
 def template_labels(r: Resource) -> Mapping[str, Any]:
-    """The labels of a workload's pod template."""
+    """The labels of a workload's (serving) pod template: a LeaderWorkerSet's leader's, with the
+    set's name label its controller adds."""
+    if r.props.get("kind") == "LeaderWorkerSet":
+        leader = (pod_templates(r) or [{}])[0]
+        return {**((leader.get("metadata") or {}).get("labels") or {}), LWS_NAME_LABEL: meta(r).get("name")}
     return (((r.props.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
 
 

@@ -7,18 +7,23 @@ from typing import Iterator, Sequence
 from ..components.catalog import ACCELERATORS
 from .base import NODE_POOL, Finding, Resource
 
+# TPU host machine families (ct5lp- v5e, ct6e- v6e, ct5p- v5p): their chips come with the machine type.
+TPU_MACHINE_PREFIXES = ("ct5lp-", "ct6e-", "ct5p-", "ct4p-", "tpu7x-")
+
 
 def gpu_node_pools_tainted(resources: Sequence[Resource]) -> Iterator[Finding]:
     for r in resources:
         if r.type != NODE_POOL:
             continue
         config = r.props.get("nodeConfig") or {}
-        if not config.get("guestAccelerators"):
+        tpu = str(config.get("machineType", "")).startswith(TPU_MACHINE_PREFIXES)
+        if not config.get("guestAccelerators") and not tpu:
             continue
+        key, what = ("google.com/tpu", "TPU") if tpu else ("nvidia.com/gpu", "GPU")
         taints = config.get("taints") or []
-        if not any(t.get("key") == "nvidia.com/gpu" and t.get("effect") == "NO_SCHEDULE" for t in taints):
-            yield r, (f"GPU node pool '{r.props.get('name', r.name)}' has no nvidia.com/gpu NO_SCHEDULE taint: "
-                      "CPU pods would land on (and block) GPU nodes")
+        if not any(t.get("key") == key and t.get("effect") == "NO_SCHEDULE" for t in taints):
+            yield r, (f"{what} node pool '{r.props.get('name', r.name)}' has no {key} NO_SCHEDULE taint: "
+                      f"CPU pods would land on (and block) {what} nodes")
 
 
 def mig_partition_valid(resources: Sequence[Resource]) -> Iterator[Finding]:

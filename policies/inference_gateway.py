@@ -6,7 +6,18 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator, Mapping, Sequence
 
-from .base import Finding, Resource, kube, meta, namespace_of, parent_gateways, selects, template_labels, where
+from .base import (
+    SERVING_KINDS,
+    Finding,
+    Resource,
+    kube,
+    meta,
+    namespace_of,
+    parent_gateways,
+    selects,
+    template_labels,
+    where,
+)
 from .mesh_authz import Request, applicable, decide, for_token
 from .route_match import reach, sample_request
 
@@ -48,7 +59,7 @@ def inference_pools_served(resources: Sequence[Resource]) -> Iterator[Finding]:
     if not pools:
         return
     services = {(namespace_of(s), meta(s).get("name")): s for s in kube(resources, "Service")}
-    deployments = [(namespace_of(d), template_labels(d)) for d in kube(resources, "Deployment")]
+    deployments = [(namespace_of(d), template_labels(d)) for kind in SERVING_KINDS for d in kube(resources, kind)]
     checked = {(namespace_of(h), ref.get("name")) for h in kube(resources, "HealthCheckPolicy")
                if (ref := (h.props.get("spec") or {}).get("targetRef") or {}).get("kind") == "InferencePool"}
     for pool in pools:
@@ -87,7 +98,7 @@ def tenant_priorities_bound(resources: Sequence[Resource]) -> Iterator[Finding]:
     docs = [r.props for r in resources if r.type.startswith("kubernetes:")]
     objectives = {(namespace_of(o), meta(o).get("name")) for o in kube(resources, "InferenceObjective")}
     pools = {(namespace_of(p), meta(p).get("name")): p for p in kube(resources, "InferencePool")}
-    deployments = kube(resources, "Deployment")
+    deployments = [d for kind in SERVING_KINDS for d in kube(resources, kind)]
     routes = [r.props for r in kube(resources, "HTTPRoute")]
     issuers_by_ns: dict[str, set[str]] = {}
     for ra in kube(resources, "RequestAuthentication"):

@@ -46,6 +46,7 @@ from .inference_gateway import (
     inference_pools_served,
     tenant_priorities_bound,
 )
+from .multi_host import group_workers_closed
 from .operations import load_tests_on_demand, serving_held_to_slos
 from .tenant_access import (
     INTERNAL_GATEWAY,
@@ -77,6 +78,7 @@ __all__ = [
     "max_tokens_cap", "vllm_autoscaled", "inference_pools_served", "tenant_priorities_bound",
     "lora_adapters_scoped", "limit_store_mesh_only", "scale_to_zero_answered", "hyperdisk_weights_populated",
     "vllm_backends_resilient", "serving_held_to_slos", "traces_private", "load_tests_on_demand",
+    "group_workers_closed",
     # The table and its evaluation.
     "POLICIES", "POLICY_NAMES", "resolve_levels", "evaluate",
 ]
@@ -200,6 +202,11 @@ POLICIES: tuple[Policy, ...] = (
            " Rejects a load-test Job (which would run at every `pulumi up`), or a load-test CronJob that is not "
            "suspended, may run concurrently, or retries a failure.",
            "mandatory", load_tests_on_demand),
+    Policy("group-workers-closed",
+           "A multi-host replica serves through its leader only; its workers are open to their own group alone."
+           " Rejects a LeaderWorkerSet whose worker runs an API server (not vLLM --headless or a Ray worker) or "
+           "declares ports, or whose pods have no NetworkPolicy admitting only the group on their unmeshed ports.",
+           "mandatory", group_workers_closed),
 )
 POLICY_NAMES = tuple(p.name for p in POLICIES)
 

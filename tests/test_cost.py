@@ -7,7 +7,6 @@ import copy
 import pytest
 
 from vllm_gke.components.capacity import capacity_report
-
 from vllm_gke.components.catalog import MACHINE_TYPES
 from vllm_gke.infra.config import parse
 from vllm_gke.infra.cost import cost_report

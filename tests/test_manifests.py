@@ -8,8 +8,7 @@ import copy
 import pytest
 
 from tests.conftest import STACKS, manifests_of
-from vllm_gke.infra.crd_validation import apply_defaults, eval_rule, unknown_fields
-from vllm_gke.infra.crd_validation import validate_custom_resource
+from vllm_gke.infra.crd_validation import apply_defaults, eval_rule, unknown_fields, validate_custom_resource
 from vllm_gke.infra.manifests import UNHELD_CRDS, is_builtin, validate
 
 

@@ -1,0 +1,87 @@
+"""A model's GPU and TPU options side by side: for each accelerator the catalog knows, the smallest
+replica that holds the model (its weights, and the pool's batch of its context in KV cache), what
+it serves (the roofline's tokens/s, components/throughput.py) and what a million output tokens
+cost on it at list price - so a team sees which fits and what it costs before choosing a pool.
+
+Candidates per accelerator, fewest devices first: one node's GPUs (tensor parallelism 1, 2, 4, 8),
+then whole nodes of the largest machine (pipeline stages across hosts); a TPU host's chips, then
+its multi-host slices (tensor parallelism over the slice, as vLLM's TPU build shards).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from ..components.capacity import pool_capacity
+from ..components.catalog import ACCELERATORS, MACHINE_TYPES, MachineType, topology_chips
+from ..components.machine_prices import MACHINE_PRICES
+from ..components.specs import ModelSpec, NodePoolSpec
+
+MAX_HOSTS = 4
+
+
+@dataclass(frozen=True)
+class AcceleratorOption:
+    model: str
+    accelerator: str
+    machine_type: str
+    topology: Optional[str]
+    devices: int  # GPUs or TPU TensorCores a replica takes (tensorParallelSize x pipelineParallelSize)
+    tensor_parallel: int
+    pipeline_parallel: int
+    hosts: int
+    batch: int  # sequences a replica decodes at once (the pool's maxNumSeqs, or what its KV cache holds)
+    tokens_per_second: float
+    usd_per_hour: float  # on-demand: its share of one node's price, or every host of a multi-host replica
+
+    def usd_per_million_tokens(self, utilization: float) -> float:
+        return self.usd_per_hour / (self.tokens_per_second * utilization * 3600) * 1e6
+
+
+def _candidates(machines: list[MachineType]) -> Iterator[tuple[MachineType, Optional[str], int, int]]:
+    """(machine, topology, tensor parallel, pipeline parallel), fewest devices first."""
+    by_size = sorted(machines, key=lambda m: m.gpus)
+    if by_size[0].is_tpu:
+        for m in by_size:
+            acc = m.accelerator
+            assert acc is not None
+            for topology in m.tpu_topologies:
+                hosts = topology_chips(topology) // m.gpus
+                if hosts <= MAX_HOSTS:
+                    yield m, topology, topology_chips(topology) * acc.cores_per_chip, 1
+        return
+    for m in by_size:
+        for tp in (1, 2, 4, 8):
+            if tp <= m.gpus and m.gpus % tp == 0:
+                yield m, None, tp, 1
+    largest = by_size[-1]
+    for hosts in range(2, MAX_HOSTS + 1):
+        yield largest, None, largest.gpus, hosts
+
+
+def model_options(model: ModelSpec) -> list[AcceleratorOption]:
+    """Per accelerator, the smallest replica of `model` that fits (its short pool's batch and
+    context), cheapest tokens first; accelerators on which nothing up to MAX_HOSTS fits are left out."""
+    out: list[AcceleratorOption] = []
+    for acc in ACCELERATORS.values():
+        machines = [m for m in MACHINE_TYPES.values() if m.accelerator is acc and m.name in MACHINE_PRICES]
+        if not machines:
+            continue
+        for machine, topology, tp, pp in _candidates(machines):
+            hosts_needed = max(1, tp * pp // (machine.gpus * (acc.cores_per_chip if acc.is_tpu else 1)))
+            pool = NodePoolSpec(name="option", machine_type=machine.name, tpu_topology=topology,
+                                max_nodes=max(hosts_needed, 1))
+            candidate = model.model_copy(update={"tensor_parallel_size": tp, "pipeline_parallel_size": pp,
+                                                 "node_pool": "option"})
+            row = pool_capacity(candidate, "short", candidate.short, pool)
+            if not row.fits:
+                continue
+            node_hour = MACHINE_PRICES[machine.name].on_demand_hour
+            # Replicas on one node share it (a 1-GPU replica on an 8-GPU node pays an eighth).
+            share = row.hosts if row.hosts > 1 else tp * pp / pool.slices_per_node
+            out.append(AcceleratorOption(
+                model.name, acc.gke_type, machine.name, topology, tp * pp, tp, pp, row.hosts,
+                min(candidate.short.max_num_seqs, row.seqs_fit), row.decode_tokens_s, node_hour * share))
+            break
+    return sorted(out, key=lambda o: o.usd_per_hour / o.tokens_per_second)

@@ -1,0 +1,247 @@
+"""Replicas across hosts: a LeaderWorkerSet group per replica, the leader serving behind the guard
+and the mesh, the workers running their ranks (vLLM --headless on GPUs, Ray workers on a TPU slice),
+scaled, budgeted and probed per group."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import REPO_ROOT, manifests_of
+from tests.test_config import issues
+from vllm_gke.components.cold_start import cold_start_seconds
+from vllm_gke.components.specs import ServingPoolSpec
+from vllm_gke.components.vllm_argv import check_argv, load_snapshot
+from vllm_gke.components.vllm_service import disruption_budget, startup_failure_threshold
+from vllm_gke.policies.rules import Resource, evaluate
+
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+
+
+def _group(plan, prefix: str) -> dict[str, Any]:
+    (doc,) = [d for d in manifests_of(plan, "LeaderWorkerSet") if d["metadata"]["name"].startswith(prefix)]
+    return doc
+
+
+def _templates(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    lwt = doc["spec"]["leaderWorkerTemplate"]
+    return lwt["leaderTemplate"], lwt["workerTemplate"]
+
+
+def _vllm(template: dict[str, Any]) -> dict[str, Any]:
+    (c,) = [c for c in template["spec"]["containers"] if c["name"] == "vllm"]
+    return c
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def test_a_replica_across_two_h100_hosts_is_one_group(plans):
+    doc = _group(plans["frontier"], "llama-405b")
+    assert doc["metadata"]["name"] == "llama-405b-short-group"
+    spec = doc["spec"]
+    lwt = spec["leaderWorkerTemplate"]
+    assert lwt["size"] == 2 and lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
+    assert spec["startupPolicy"] == "LeaderCreated"
+    # A new group before an old one goes, as the Deployments roll; KEDA owns the count (from zero).
+    assert spec["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert spec["replicas"] == 0
+    leader, worker = (_vllm(t) for t in _templates(doc))
+    for c in (leader, worker):
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"  # each pod a whole a3-highgpu-8g
+        args = c["args"]
+        assert args[args.index("--tensor-parallel-size") + 1] == "8"
+        assert args[args.index("--pipeline-parallel-size") + 1] == "2"
+        assert args[args.index("--nnodes") + 1] == "2"
+        assert args[args.index("--master-addr") + 1] == "$(LWS_LEADER_ADDRESS)"
+        assert args[args.index("--distributed-executor-backend") + 1] == "mp"
+        # Both parse with the release's real parser once the kubelet has put the values in.
+        assert check_argv(args, load_snapshot("0.34.0")) == []
+    assert leader["args"][leader["args"].index("--node-rank") + 1] == "0" and "--headless" not in leader["args"]
+    assert worker["args"][worker["args"].index("--node-rank") + 1] == "$(LWS_WORKER_INDEX)"
+    assert "--headless" in worker["args"]
+
+
+def test_only_the_leader_serves_and_the_workers_are_closed(plans):
+    plan = plans["frontier"]
+    doc = _group(plan, "llama-405b")
+    leader_t, worker_t = _templates(doc)
+    leader, worker = _vllm(leader_t), _vllm(worker_t)
+    # The leader is a replica like any other: guard config, probes, serving port, mesh sidecar.
+    assert "GKE_LLM_GUARD_CONFIG" in _env(leader) and leader["ports"][0]["containerPort"] == 8000
+    assert {"startupProbe", "readinessProbe", "livenessProbe"} <= set(leader)
+    assert leader_t["metadata"]["annotations"]["traffic.sidecar.istio.io/includeInboundPorts"] == "8000"
+    assert leader_t["metadata"]["annotations"]["traffic.sidecar.istio.io/excludeOutboundIPRanges"] == \
+        plan.config.cluster.pods_cidr
+    # The worker: no API, no guard config, no probes or ports, no sidecar, not selected as a server.
+    assert "GKE_LLM_GUARD_CONFIG" not in _env(worker) and "ports" not in worker
+    assert not {"startupProbe", "readinessProbe", "livenessProbe"} & set(worker)
+    assert worker_t["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+    (svc,) = [s for s in manifests_of(plan, "Service") if s["metadata"]["name"] == "llama-405b-short"]
+    selector = svc["spec"]["selector"]
+    assert all(leader_t["metadata"]["labels"].get(k) == v for k, v in selector.items())
+    assert not all(worker_t["metadata"]["labels"].get(k) == v for k, v in selector.items())
+    # Not the LWS's name: its controller takes that one for the group's headless Service.
+    assert svc["metadata"]["name"] != doc["metadata"]["name"]
+    (pool,) = [p for p in manifests_of(plan, "InferencePool") if p["metadata"]["name"] == "llama-405b"]
+    picked = pool["spec"]["selector"]["matchLabels"]
+    assert all(leader_t["metadata"]["labels"].get(k) == v for k, v in picked.items())
+    assert not all(worker_t["metadata"]["labels"].get(k) == v for k, v in picked.items())
+    # The group's own ports (torch.distributed, NCCL) admit the group alone.
+    (netpol,) = [n for n in manifests_of(plan, "NetworkPolicy")
+                 if n["spec"]["podSelector"].get("matchLabels", {}).get(LWS_NAME) == doc["metadata"]["name"]]
+    open_rules = [r for r in netpol["spec"]["ingress"] if not r.get("ports")]
+    assert open_rules == [{"from": [{"podSelector": {"matchLabels": {LWS_NAME: doc["metadata"]["name"]}}}]}]
+
+
+def test_keda_scales_groups_on_the_leaders_metrics(plans):
+    plan = plans["frontier"]
+    doc = _group(plan, "llama-405b")
+    (so,) = [s for s in manifests_of(plan, "ScaledObject") if s["metadata"]["name"] == "llama-405b-short"]
+    assert so["spec"]["scaleTargetRef"] == {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+                                            "name": doc["metadata"]["name"]}
+    query = next(t["metadata"]["query"] for t in so["spec"]["triggers"] if "num_requests_waiting" in t["metadata"]["query"])
+    pattern = re.search(r'pod=~"([^"]+)"', query)
+    assert pattern is not None
+    # Leaders are <group>-<index>; workers <group>-<index>-<n> (no vLLM metrics) are not matched.
+    assert re.fullmatch(pattern[1], "llama-405b-short-group-0")
+    assert not re.fullmatch(pattern[1], "llama-405b-short-group-0-1")
+
+
+def test_a_group_is_the_unit_of_disruption_and_startup(plans):
+    plan = plans["frontier"]
+    doc = _group(plan, "llama-405b")
+    (pdb,) = [p for p in manifests_of(plan, "PodDisruptionBudget") if p["metadata"]["name"] == "llama-405b-short"]
+    assert pdb["spec"]["selector"]["matchLabels"] == {LWS_NAME: doc["metadata"]["name"]}
+    # One group at its floor keeps all its hosts; more, one pod (so one group) at a time.
+    assert disruption_budget(ServingPoolSpec(min_replicas=1), hosts=2) == {"minAvailable": 2}
+    assert disruption_budget(ServingPoolSpec(min_replicas=2, max_replicas=3), hosts=2) == {"maxUnavailable": 1}
+    # 810 GB from the share take longer than the default 30 minutes: the probe waits 1.5x the estimate.
+    leader = _vllm(_templates(doc)[0])
+    threshold = leader["startupProbe"]["failureThreshold"]
+    load = cold_start_seconds(plan.config, plan.config.model("llama-405b"))
+    assert load > 1800 and threshold == startup_failure_threshold(load) and threshold * 10 >= 1.5 * load
+
+
+def test_a_tpu_slice_group_runs_a_ray_cluster_of_its_hosts(plans):
+    doc = _group(plans["frontier"], "llama-70b-tpu")
+    assert doc["spec"]["leaderWorkerTemplate"]["size"] == 2
+    # One group to a slice, the slice's node pool all of it.
+    assert doc["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/exclusive-topology"] == \
+        "cloud.google.com/gke-nodepool"
+    leader, worker = (_vllm(t) for t in _templates(doc))
+    assert _env(leader)["TPU_MULTIHOST_BACKEND"] == _env(worker)["TPU_MULTIHOST_BACKEND"] == "ray"
+    assert _env(leader)["GKE_LLM_RAY_HEAD_NODES"] == "2"
+    assert _env(worker)["GKE_LLM_RAY_JOIN"] == "$(LWS_LEADER_ADDRESS):6379"
+    for c in (leader, worker):
+        assert c["resources"]["limits"]["google.com/tpu"] == "4"
+        assert "--nnodes" not in c["args"]  # vLLM's TPU build spans hosts through Ray only
+    assert leader["args"][leader["args"].index("--tensor-parallel-size") + 1] == "8"
+
+
+def test_the_controller_comes_with_the_first_multi_host_model(plans):
+    def installed(plan) -> bool:
+        return any(r.type == "vllm-gke:index:LeaderWorkerSetController" for r in plan.resources)
+
+    assert installed(plans["frontier"]) and not installed(plans["prod"])
+    firewalls = [r.props for r in plans["frontier"].of_type("gcp:compute/firewall:Firewall")]
+    assert any(f["allows"] == [{"protocol": "tcp", "ports": ["9443"]}] and "LeaderWorkerSet" in f["description"]
+               for f in firewalls)
+
+
+def test_a_gpu_group_takes_whole_nodes(stack_values):
+    values = copy.deepcopy(stack_values["frontier"])
+    model = next(m for m in values["vllm-gke:models"] if m["name"] == "llama-405b")
+    model["tensorParallelSize"], model["pipelineParallelSize"] = 4, 3  # 12 GPUs: a node and a half
+    found = issues(values)
+    assert any(i.startswith("vllm-gke:models[llama-405b].tensorParallelSize:") and "not a multiple of them" in i
+               and "use a multiple of 8" in i for i in found), found
+
+
+def test_policies_hold_group_workers_closed(plans):
+    resources = list(plans["frontier"].policy_resources())
+    assert not [v for v in evaluate(resources) if v.policy == "group-workers-closed"]
+
+    def mutated(change) -> list[str]:
+        out: list[Resource] = []
+        for r in resources:
+            if r.props.get("kind") == "LeaderWorkerSet" and str((r.props.get("metadata") or {}).get("name")).startswith(
+                    "llama-405b"):
+                props = copy.deepcopy(dict(r.props))
+                change(props)
+                r = Resource(r.type, r.name, props, r.urn)
+            out.append(r)
+        return [v.message for v in evaluate(out) if v.policy == "group-workers-closed"]
+
+    def serving_worker(props):
+        worker = props["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+        worker["args"] = [a for a in worker["args"] if a != "--headless"]
+        worker["ports"] = [{"containerPort": 8000}]
+
+    found = mutated(serving_worker)
+    assert any("not a group worker" in m for m in found) and any("declares ports" in m for m in found)
+
+    def renamed(props):
+        props["metadata"]["name"] = "elsewhere"
+
+    assert any("NetworkPolicy" in m for m in mutated(renamed))
+
+
+def _fake_bin(tmp_path: Path, name: str, script: str) -> None:
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def _run_entrypoint(tmp_path: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", **env}
+    return subprocess.run([sys.executable, str(REPO_ROOT / "images" / "serve.py"), *args], env=full,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_headless_worker_runs_vllm_without_a_warm_up(tmp_path):
+    """The entrypoint starts `vllm serve --headless` and waits on it: no /health to poll, no warm
+    marker (a worker has no startup probe)."""
+    _fake_bin(tmp_path, "vllm", f'echo "$@" > {tmp_path}/argv\nexit 3\n')
+    marker = tmp_path / "warm"
+    done = _run_entrypoint(tmp_path, ["/models/m", "--nnodes", "2", "--node-rank", "1", "--headless"],
+                           {"GKE_LLM_WARM_MARKER": str(marker)})
+    assert done.returncode == 3, done.stderr
+    assert (tmp_path / "argv").read_text().split() == ["serve", "/models/m", "--nnodes", "2", "--node-rank", "1",
+                                                        "--headless"]
+    assert not marker.exists()
+
+
+def test_a_tpu_worker_joins_the_leaders_ray_cluster_and_runs_no_vllm(tmp_path):
+    _fake_bin(tmp_path, "ray", f'echo "$@" > {tmp_path}/ray-argv\n')
+    _fake_bin(tmp_path, "vllm", f'touch {tmp_path}/vllm-ran\n')
+    done = _run_entrypoint(tmp_path, ["/models/m", "--tensor-parallel-size", "8"],
+                           {"GKE_LLM_RAY_JOIN": "leader.group.ns:6379"})
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "ray-argv").read_text().split() == ["start", "--address=leader.group.ns:6379", "--block"]
+    assert not (tmp_path / "vllm-ran").exists()
+
+
+def test_a_tpu_leader_waits_for_every_host_before_vllm_starts():
+    sys.path.insert(0, str(REPO_ROOT / "images"))
+    try:
+        import serve  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    started: list[list[str]] = []
+    joined = iter([1, 1, 2])
+    original = serve.subprocess.run
+    serve.subprocess.run = lambda argv, **_kw: started.append(list(argv))  # type: ignore[assignment]
+    try:
+        assert serve.start_ray_head(2, stopped=lambda: False, alive=lambda: next(joined), sleep=lambda _s: None)
+    finally:
+        serve.subprocess.run = original  # type: ignore[assignment]
+    assert started == [["ray", "start", "--head", "--port=6379", "--disable-usage-stats"]]
+    assert next(joined, None) is None  # polled until both hosts were in

@@ -1,0 +1,157 @@
+"""TPU serving: node pools of TPU hosts and slices, vLLM's TPU build on them, capacity per chip or
+TensorCore, TPU list prices, TPU charts - the rest (weights, routing, tenants, guard) as on GPUs."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.conftest import manifests_of, props_of
+from tests.test_config import issues
+from vllm_gke.components.capacity import pool_capacity
+from vllm_gke.components.specs import ModelSpec, NodePoolSpec
+from vllm_gke.components.vllm_argv import check_argv, load_snapshot
+from vllm_gke.components.vllm_versions import TPU_RELEASES
+from vllm_gke.infra.cost import cost_report
+
+NODE_POOL = "gcp:container/nodePool:NodePool"
+
+
+def _pools(plan) -> dict[str, dict[str, Any]]:
+    return {p["name"]: p for p in props_of(plan, NODE_POOL)}
+
+
+def _server(plan, name: str) -> dict[str, Any]:
+    (dep,) = [d for d in manifests_of(plan, "Deployment") if d["metadata"]["name"] == name]
+    return dep
+
+
+def test_tpu_pools_are_zonal_tainted_and_multi_host_slices_are_compact(plans):
+    pools = _pools(plans["frontier"])
+    single, multi = pools["v6e-single"], pools["v6e-2x4"]
+    for pool in (single, multi):
+        assert "guestAccelerators" not in pool["nodeConfig"]  # the machine type carries the chips
+        assert pool["nodeLocations"] == ["us-east5-b"]
+        assert {"key": "google.com/tpu", "value": "present", "effect": "NO_SCHEDULE"} in pool["nodeConfig"]["taints"]
+    assert single["nodeConfig"]["machineType"] == "ct6e-standard-1t" and "placementPolicy" not in single
+    # A 2x4 slice of 4-chip hosts: two nodes made, repaired and scaled as one.
+    assert multi["placementPolicy"] == {"type": "COMPACT", "tpuTopology": "2x4"}
+    assert multi["autoscaling"]["maxNodeCount"] == 2 and multi["autoscaling"]["minNodeCount"] == 0
+
+
+def test_the_tpu_model_runs_the_tpu_build_on_its_chips(plans):
+    cfg = plans["frontier"].config
+    dep = _server(plans["frontier"], "llama-8b-tpu-short")
+    pod = dep["spec"]["template"]["spec"]
+    (vllm,) = [c for c in pod["containers"] if c["name"] == "vllm"]
+    assert cfg.tpu_server_image is not None and vllm["image"] == cfg.tpu_server_image.uri
+    assert pod["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"] == "tpu-v6e-slice"
+    assert pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "1x1"
+    assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    limits, requests = vllm["resources"]["limits"], vllm["resources"]["requests"]
+    assert limits["google.com/tpu"] == requests["google.com/tpu"] == "1" and "nvidia.com/gpu" not in limits
+    # Its command line parses with the TPU build's real parser, the guard loaded as on GPUs.
+    assert check_argv(vllm["args"], load_snapshot(TPU_RELEASES[cfg.tpu_vllm_version].snapshot)) == []
+    assert vllm["args"][vllm["args"].index("--middleware") + 1] == "vllm_gke_guard.GuardMiddleware"
+    # The GPU model beside it keeps the CUDA image.
+    (group,) = [d for d in manifests_of(plans["frontier"], "LeaderWorkerSet") if d["metadata"]["name"].startswith("llama-405b")]
+    leader = group["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    assert leader["image"] == cfg.server_image.uri
+
+
+def test_the_tpu_build_snapshot_is_vllm_with_the_same_serving_surface():
+    tpu, cuda = load_snapshot("tpu-0.32.0"), load_snapshot("0.34.0")
+    assert tpu["build"] == "tpu" and tpu["version"] == "0.32.0"
+    assert {r["path"] for r in tpu["routes"]} == {r["path"] for r in cuda["routes"]}
+    rel = TPU_RELEASES["0.32.0"]
+    metrics = {m["name"] for m in tpu["metrics"]}
+    assert {rel.queue_metric, rel.running_metric, rel.kv_cache_metric} <= metrics
+    for flag in (rel.disable_prefix_caching, rel.disable_chunked_prefill, rel.shutdown_timeout_flag,
+                 rel.histogram_buckets_flag, "--otlp-traces-endpoint", "--middleware"):
+        assert flag in tpu["flags"], flag
+    # 0.32's off switches are --no-enable-*, not 0.34's --disable-*.
+    assert "--disable-prefix-caching" not in tpu["flags"]
+
+
+def test_extra_args_are_checked_by_the_parser_of_the_build_that_runs_them(stack_values):
+    values = copy.deepcopy(stack_values["frontier"])
+    by_name = {m["name"]: m for m in values["vllm-gke:models"]}
+    # A 0.34 flag: fine on the H100 model, refused on the TPU one (0.32's parser lacks it).
+    by_name["llama-405b"]["extraArgs"] = ["--max-num-inflight-kv-loads=2"]
+    by_name["llama-8b-tpu"]["extraArgs"] = ["--max-num-inflight-kv-loads=2"]
+    found = issues(values)
+    assert len(found) == 1 and found[0].startswith("vllm-gke:models[llama-8b-tpu].extraArgs:")
+    assert "vLLM TPU 0.32.0's parser" in found[0]
+
+
+def test_a_tpu_model_needs_the_tpu_image_built_on_the_tpu_release(stack_values):
+    values = copy.deepcopy(stack_values["frontier"])
+    del values["vllm-gke:tpuServerImage"]
+    (msg,) = issues(values)
+    assert msg.startswith("vllm-gke:tpuServerImage:") and "v6e-single" in msg and "VLLM_IMAGE=vllm/vllm-tpu" in msg
+    values = copy.deepcopy(stack_values["frontier"])
+    values["vllm-gke:tpuServerImage"]["tag"] = "v0.34.0-gke.1"
+    (msg,) = issues(values)
+    assert msg.startswith("vllm-gke:tpuServerImage.tag:") and "vLLM TPU 0.32.0" in msg
+
+
+@pytest.mark.parametrize("change,key,words", [
+    (lambda p: p.update(tpuTopology="3x3"), "nodePools[v6e-2x4]", ("3x3", "2x2, 2x4, 4x4")),
+    (lambda p: p.update(maxNodes=4), "nodePools[v6e-2x4]", ("maxNodes to 2", "minNodes to 0 or 2")),
+    (lambda p: p.update(tpuZone="us-east5-c"), "nodePools[v6e-2x4].tpuZone", ("us-east5-c", "cluster's zones")),
+    (lambda p: p.update(gpuPartitionSize="1g.10gb"), "nodePools[v6e-2x4].gpuPartitionSize", ("tpu-v6e-slice",)),
+])
+def test_bad_tpu_pools_are_refused_with_the_key_and_the_fix(stack_values, change, key, words):
+    values = copy.deepcopy(stack_values["frontier"])
+    change(next(p for p in values["vllm-gke:nodePools"] if p["name"] == "v6e-2x4"))
+    found = issues(values)
+    assert any(i.startswith(f"vllm-gke:{key}") and all(w in i for w in words) for i in found), found
+
+
+def test_a_tpu_replica_takes_its_whole_slice(stack_values):
+    values = copy.deepcopy(stack_values["frontier"])
+    model = next(m for m in values["vllm-gke:models"] if m["name"] == "llama-70b-tpu")
+    model["tensorParallelSize"] = 4
+    found = issues(values)
+    assert any(i.startswith("vllm-gke:models[llama-70b-tpu].tensorParallelSize:") and "2x4 slice of 8" in i
+               and "set tensorParallelSize to 8" in i for i in found), found
+    model["tensorParallelSize"], model["pipelineParallelSize"] = 4, 2
+    found = issues(values)
+    assert any(i.startswith("vllm-gke:models[llama-70b-tpu].pipelineParallelSize:") for i in found), found
+
+
+def test_tpu_capacity_is_per_chip_or_per_tensorcore():
+    model = ModelSpec(name="m", source="hf://a/b", shape="llama-3-70b", node_pool="p", tensor_parallel_size=8,
+                      max_model_len=4096)
+    v6e = pool_capacity(model, "short", model.short, NodePoolSpec(name="p", machine_type="ct6e-standard-8t"))
+    assert v6e.gpu_memory_gb == 32 and v6e.weights_per_gpu_gb == pytest.approx(70.6 * 2 / 8)
+    assert v6e.accelerator == "tpu-v6e-slice" and v6e.devices == 8 and v6e.hosts == 1
+    # v5p: two TensorCores a chip, each a JAX device (and a unit of --tensor-parallel-size).
+    v5p = pool_capacity(model, "short", model.short, NodePoolSpec(name="p", machine_type="ct5p-hightpu-4t"))
+    assert v5p.gpu_memory_gb == pytest.approx(47.5)
+    assert NodePoolSpec(name="p", machine_type="ct5p-hightpu-4t").slices_per_node == 8
+
+
+def test_tpu_hosts_are_priced_by_their_chips(plans):
+    report = cost_report(plans["frontier"].config, "ZONAL", 1280)
+    pools = {p.pool: p for p in report.pools}
+    assert pools["v6e-single"].hour_price == pytest.approx(2.70)
+    assert pools["v6e-2x4"].hour_price == pytest.approx(10.80)
+    # One always-on v6e chip at baseline; the 2x4 slice and the H100s are at zero.
+    assert (pools["v6e-single"].baseline_nodes, pools["v6e-2x4"].baseline_nodes, pools["h100-hosts"].baseline_nodes) \
+        == (1, 0, 0)
+    assert report.throughput_source == "roofline" and report.baseline_tokens_per_second > 0
+
+
+def test_the_dashboard_charts_tpus_only_where_models_run_on_them(plans):
+    def titles(plan) -> set[str]:
+        board = plan.platform.observability.dashboard_definition
+        return {t["widget"]["title"] for t in board["mosaicLayout"]["tiles"]}
+
+    assert "TPU TensorCore utilisation (%)" in titles(plans["frontier"])
+    assert "TPU HBM bandwidth utilisation (%)" in titles(plans["frontier"])
+    assert not any("TPU" in t for t in titles(plans["prod"]))
+
+    assert not plans["prod"].config.has_tpu_models and plans["frontier"].config.has_tpu_models
