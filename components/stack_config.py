@@ -166,9 +166,9 @@ class StackConfig(Spec):
 
     @property
     def has_tpu_models(self) -> bool:
-        from .capacity import placements
-
-        return any(self.pool(p).is_tpu for _m, p, _t in placements(self) if p in {n.name for n in self.node_pools})
+        """Some replicas (a model's, or a dedicated tenant's) run on a TPU pool."""
+        used = {m.node_pool for m in self.models} | {t.dedicated.node_pool for t in self.tenants if t.dedicated}
+        return any(p.is_tpu for p in self.node_pools if p.name in used)
 
     def model(self, name: str) -> ModelSpec:
         return next(m for m in self.models if m.name == name)

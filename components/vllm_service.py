@@ -98,6 +98,13 @@ LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 GROUP_WORKER_LABEL = "vllm-gke.io/group-worker-of"
 
 
+def group_can_surge(pool: ServingPoolSpec, hosts: int, node_pool: NodePoolSpec) -> bool:
+    """The node pool reaches the hosts of one group more than the pool's most (its own maxNodes,
+    and an on-demand twin's); a multi-host TPU slice pool is one slice, so never."""
+    reach = node_pool.max_nodes * (2 if node_pool.has_fallback_pool else 1)
+    return reach >= (pool.max_replicas + 1) * hosts
+
+
 def group_name_of(service_name: str) -> str:
     """The pool's LeaderWorkerSet: not the Service's name, which the controller would take for its
     headless Service and reuse as it is (lws v0.10.0 pkg/utils/controller/controller_utils.go:37-40)."""
@@ -105,17 +112,20 @@ def group_name_of(service_name: str) -> str:
 
 
 def leader_worker_set(pool: ServingPoolSpec, hosts: int, leader: dict[str, Any],
-                      worker: dict[str, Any]) -> dict[str, Any]:
+                      worker: dict[str, Any], surge: bool = True) -> dict[str, Any]:
     """A pool of multi-host replicas: each group a leader (the API server, the guard, rank 0) and
     hosts-1 workers. A failed pod recreates its group (a torch.distributed or Ray world cannot take
-    a member back); groups start together (the leader's engine waits for its workers); a rollout
-    adds a new group before it takes an old one (maxSurge 1, maxUnavailable 0), as the
-    Deployments do. KEDA owns `replicas` (the scale subresource counts groups)."""
+    a member back); groups start together (the leader's engine waits for its workers). A rollout
+    adds a new group before it takes an old one (maxSurge 1, maxUnavailable 0), as the Deployments
+    do, where the node pool has the hosts for one more group (`surge`); else it replaces a group in
+    place (maxSurge 0, maxUnavailable 1: that group's capacity is gone until its successor loads),
+    since a surge group with no nodes to land on would hold the rollout forever. KEDA owns
+    `replicas` (the scale subresource counts groups)."""
+    rolling = {"maxSurge": 1, "maxUnavailable": 0} if surge else {"maxSurge": 0, "maxUnavailable": 1}
     return {
         **({"replicas": 0} if pool.min_replicas == 0 else {}),
         "startupPolicy": "LeaderCreated",
-        "rolloutStrategy": {"type": "RollingUpdate",
-                            "rollingUpdateConfiguration": {"maxSurge": 1, "maxUnavailable": 0}},
+        "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": rolling},
         "leaderWorkerTemplate": {"size": hosts, "restartPolicy": "RecreateGroupOnPodRestart",
                                  "leaderTemplate": leader, "workerTemplate": worker},
     }
@@ -380,7 +390,8 @@ class VllmService(pulumi.ComponentResource):
                         annotations={"leaderworkerset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
                         if args.node_pool.is_tpu else None),
                  "namespace": args.namespace},
-                leader_worker_set(pool, hosts, pod_template("leader"), pod_template("worker")),
+                leader_worker_set(pool, hosts, pod_template("leader"), pod_template("worker"),
+                                  surge=group_can_surge(pool, hosts, args.node_pool)),
                 child_opts(self, opts, provider=args.provider, custom_timeouts=timeouts,
                            ignore_changes=["spec.replicas"]))
             k8s.networking.v1.NetworkPolicy(

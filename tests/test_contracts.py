@@ -204,6 +204,45 @@ def _load_test_with_v1(plan):
         "base_url: https://llm.acme.example/llama-8b", "base_url: https://llm.acme.example/llama-8b/v1")
 
 
+def _lws(plan, prefix: str) -> dict[str, Any]:
+    return next(r.props for r in plan.resources if r.props.get("kind") == "LeaderWorkerSet"
+                and r.props["metadata"]["name"].startswith(prefix))
+
+
+def _service_named_as_the_group(plan):
+    svc = next(r for r in plan.resources if r.props.get("kind") == "Service"
+               and r.props["metadata"]["name"] == "llama-405b-short")
+    svc.props["metadata"]["name"] = "llama-405b-short-group"
+
+
+def _leader_address_by_a_made_up_name(plan):
+    worker = _lws(plan, "llama-405b")["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    worker["args"] = [("$(LWS_LEADER_NAME)" if a == "$(LWS_LEADER_ADDRESS)" else a) for a in worker["args"]]
+
+
+def _scaled_on_every_pod_of_the_group(plan):
+    so = next(r.props for r in plan.resources if r.props.get("kind") == "ScaledObject"
+              and r.props["metadata"]["name"] == "llama-405b-short")
+    for t in so["spec"]["triggers"]:
+        t["metadata"]["query"] = t["metadata"]["query"].replace('-group-[0-9]+"', '-group-.+"')
+
+
+def _no_lws_firewall(plan):
+    """Neither the controller's rule nor KEDA's (which opens 9443 for its own webhook too)."""
+    plan.resources[:] = [r for r in plan.resources if not (
+        r.type == "gcp:compute/firewall:Firewall" and "9443" in str(r.props.get("allows")))]
+
+
+def _serving_worker(plan):
+    worker = _lws(plan, "llama-405b")["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    worker["args"] = [a for a in worker["args"] if a != "--headless"]
+
+
+def _tpu_worker_alone(plan):
+    worker = _lws(plan, "llama-70b-tpu")["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    worker["env"] = [e for e in worker["env"] if e["name"] != "TPU_MULTIHOST_BACKEND"]
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_owns_external_metrics": ("dev", _add_external_apiservice, "second owner"),
     "keda_ports_open_on_private_clusters": ("prod", _no_firewall, "tcp:6443, 9443"),
@@ -244,6 +283,12 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "vllm_exports_traces_as_configured": ("prod", _traces_over_grpc, "the exporter is grpc"),
     "collector_listens_and_writes_to_trace": ("prod", _collector_on_localhost, "the OTLP receiver listens on localhost"),
     "inference_perf_runs_as_the_tenant": ("prod", _load_test_with_v1, "appends /v1/completions to it as given"),
+    "lws_headless_service_is_its_own": ("frontier", _service_named_as_the_group, "reuse it as the group's headless"),
+    "lws_env_is_what_the_webhook_injects": ("frontier", _leader_address_by_a_made_up_name, "$(LWS_LEADER_NAME)"),
+    "lws_scales_groups_by_their_leaders": ("frontier", _scaled_on_every_pod_of_the_group, "are not the leaders"),
+    "lws_webhook_reachable": ("frontier", _no_lws_firewall, "webhooks fail closed"),
+    "vllm_group_launch": ("frontier", _serving_worker, "a worker must be headless"),
+    "vllm_tpu_spans_hosts_through_ray": ("frontier", _tpu_worker_alone, "TPU_MULTIHOST_BACKEND is not ray"),
 }
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import manifests_of, vllm_deployments
-from vllm_gke.components.catalog import GPU_MACHINE_TYPES, attaches_hyperdisk_ml, populator_vcpus
+from vllm_gke.components.catalog import GPU_MACHINE_TYPES, TPU_MACHINE_TYPES, attaches_hyperdisk_ml, populator_vcpus
 from vllm_gke.components.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds
 from vllm_gke.components.hyperdisk_weights import (
     CPU_REQUEST_ANNOTATION,
@@ -307,8 +307,11 @@ def test_machine_series_table():
     assert attaches_hyperdisk_ml("a3-highgpu-8g") and attaches_hyperdisk_ml("g2-standard-8")
     assert attaches_hyperdisk_ml("a2-ultragpu-1g")
     assert not attaches_hyperdisk_ml("a2-highgpu-8g") and not attaches_hyperdisk_ml("a2-megagpu-16g")
-    assert {m for m in GPU_MACHINE_TYPES if not attaches_hyperdisk_ml(m)} == {
-        m for m in GPU_MACHINE_TYPES if m.startswith(("a2-highgpu-", "a2-megagpu-"))}
+    # TPU hosts are not on the list this table was read from: the backend is refused for them.
+    gpus = [m for m in GPU_MACHINE_TYPES if m not in TPU_MACHINE_TYPES]
+    assert {m for m in gpus if not attaches_hyperdisk_ml(m)} == {
+        m for m in gpus if m.startswith(("a2-highgpu-", "a2-megagpu-"))}
+    assert not any(attaches_hyperdisk_ml(m) for m in TPU_MACHINE_TYPES)
     assert populator_vcpus("c3-standard-44") == 44 and populator_vcpus("c3d-highcpu-30") == 30
     assert populator_vcpus("c3-standard-4") is None and populator_vcpus("n2-standard-32") is None
 

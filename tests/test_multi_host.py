@@ -16,9 +16,9 @@ from typing import Any
 from tests.conftest import REPO_ROOT, manifests_of
 from tests.test_config import issues
 from vllm_gke.components.cold_start import cold_start_seconds
-from vllm_gke.components.specs import ServingPoolSpec
+from vllm_gke.components.specs import NodePoolSpec, ServingPoolSpec
 from vllm_gke.components.vllm_argv import check_argv, load_snapshot
-from vllm_gke.components.vllm_service import disruption_budget, startup_failure_threshold
+from vllm_gke.components.vllm_service import disruption_budget, group_can_surge, startup_failure_threshold
 from vllm_gke.policies.rules import Resource, evaluate
 
 LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
@@ -50,8 +50,9 @@ def test_a_replica_across_two_h100_hosts_is_one_group(plans):
     lwt = spec["leaderWorkerTemplate"]
     assert lwt["size"] == 2 and lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
     assert spec["startupPolicy"] == "LeaderCreated"
-    # A new group before an old one goes, as the Deployments roll; KEDA owns the count (from zero).
-    assert spec["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxSurge": 1, "maxUnavailable": 0}
+    # Two hosts at most in the pool, one group: no room for a surge group, so a rollout replaces it in
+    # place (a surge group with nowhere to land would hold the rollout forever); KEDA owns the count.
+    assert spec["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxSurge": 0, "maxUnavailable": 1}
     assert spec["replicas"] == 0
     leader, worker = (_vllm(t) for t in _templates(doc))
     for c in (leader, worker):
@@ -113,6 +114,17 @@ def test_keda_scales_groups_on_the_leaders_metrics(plans):
     # Leaders are <group>-<index>; workers <group>-<index>-<n> (no vLLM metrics) are not matched.
     assert re.fullmatch(pattern[1], "llama-405b-short-group-0")
     assert not re.fullmatch(pattern[1], "llama-405b-short-group-0-1")
+
+
+def test_a_rollout_surges_a_group_only_where_the_pool_has_its_hosts():
+    pool = ServingPoolSpec(min_replicas=1, max_replicas=2)
+    a3 = NodePoolSpec(name="p", machine_type="a3-highgpu-8g", max_nodes=4)
+    assert not group_can_surge(pool, 2, a3)  # 2 groups of 2 fill 4 nodes
+    assert group_can_surge(pool, 2, a3.model_copy(update={"max_nodes": 6}))
+    spot = NodePoolSpec(name="p", machine_type="a3-highgpu-8g", max_nodes=3, spot=True)
+    assert group_can_surge(pool, 2, spot)  # its on-demand twin has 3 more
+    slice_ = NodePoolSpec(name="p", machine_type="ct6e-standard-4t", tpu_topology="2x4", max_nodes=2)
+    assert not group_can_surge(ServingPoolSpec(min_replicas=0, max_replicas=1), 2, slice_)
 
 
 def test_a_group_is_the_unit_of_disruption_and_startup(plans):

@@ -44,12 +44,12 @@ def test_plan_detail_lists_components():
 def test_unknown_stack_exits_2():
     result = runner.invoke(app, ["plan", "--stack", "qa", "--no-write"])
     assert result.exit_code == 2
-    assert "no stack 'qa'" in result.output and "dev, prod, staging" in result.output
+    assert "no stack 'qa'" in result.output and "dev, frontier, prod, staging" in result.output
 
 
 def test_stacks_command():
     result = runner.invoke(app, ["stacks"])
-    assert result.output.split() == ["dev", "prod", "staging"]
+    assert result.output.split() == ["dev", "frontier", "prod", "staging"]
 
 
 def test_plan_prints_verdicts_capacity_and_cost(tmp_path):
@@ -57,7 +57,7 @@ def test_plan_prints_verdicts_capacity_and_cost(tmp_path):
     assert result.exit_code == 0, result.output
     out = result.output
     assert "gpu-node-pools-tainted" in out and "max-tokens-cap" in out
-    assert "GPU capacity per serving pool" in out and "48,130" in out
+    assert "capacity per serving pool" in out and "48,130" in out and "accelerator options per model" in out
     assert "per million tokens" in out and "list prices as of" in out
     verdicts = json.loads((tmp_path / "dev" / "verdicts.json").read_text())
     assert all(p["violations"] == [] for p in verdicts["policies"])
@@ -185,5 +185,5 @@ def test_plan_output_json_is_one_document_for_machines(tmp_path):
 def test_plan_text_puts_decisions_first_and_resource_counts_last():
     result = runner.invoke(app, ["plan", "--stack", "dev", "--no-write"])
     text = result.output
-    assert text.index("GPU capacity") < text.index("monthly cost") < text.index("warning:") \
+    assert text.index("capacity per serving pool") < text.index("monthly cost") < text.index("warning:") \
         < text.index("tenant URLs") < text.index("policies") < text.index("stack dev:")

@@ -201,15 +201,20 @@ class UpgradeSpec(TypedDict):
 
 
 class NodePoolSpec(TypedDict):
-    """A GPU node pool. Accelerator type and count come from the machine type. Node counts are
-    totals across the cluster's zones (GKE's total_*_node_count), not per zone."""
+    """A GPU or TPU node pool. Accelerator type and count come from the machine type. Node counts
+    are totals across the cluster's zones (GKE's total_*_node_count), not per zone; a TPU pool
+    lives in one zone (`tpuZone`)."""
 
     name: str
     """Node pool name, referenced by models[].nodePool."""
     machine_type: str
-    """GPU machine type; the accelerator and its count follow from it."""
+    """GPU or TPU machine type; the accelerator and its count follow from it."""
     gpu_partition_size: NotRequired[str]
     """MIG profile to split each GPU into (valid for that GPU)."""
+    tpu_topology: NotRequired[str]
+    """TPU pools: the slice topology (e.g. 2x4; default the machine type's single-host one). One larger than a host makes a multi-host slice: that many nodes form one slice, created and scaled as a whole (minNodes 0 or the slice's hosts, maxNodes the slice's hosts)."""
+    tpu_zone: NotRequired[str]
+    """TPU pools: the zone (one of cluster.zones) the slice is in; TPUs are zonal. Default the first."""
     spot: NotRequired[bool]
     """Spot VMs. Default: false."""
     on_demand_fallback: NotRequired[bool]
@@ -237,6 +242,8 @@ class CustomShape(TypedDict):
     """Key/value heads."""
     head_dim: int
     """Dimension of one attention head."""
+    active_params_billion: NotRequired[float]
+    """A mixture of experts: parameters one token passes through (default: all of them)."""
 
 
 class ServingPoolSpec(TypedDict):
@@ -301,9 +308,9 @@ class ModelSpec(TypedDict):
     revision: NotRequired[str]
     """Git branch, tag or commit of the source. Default: main."""
     shape: NotRequired[str]
-    """The named form of `shape` (or give `custom_shape`). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b)."""
+    """The named form of `shape` (or give `custom_shape`). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b, llama-3.1-405b, deepseek-v3)."""
     custom_shape: NotRequired[CustomShape]
-    """The structured form of `shape` (give one of the two). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b)."""
+    """The structured form of `shape` (give one of the two). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b, llama-3.1-405b, deepseek-v3)."""
     dtype: NotRequired[Dtype]
     """Weight dtype or quantisation. One of: bfloat16, float16, fp8, int8, awq, gptq. Default: bfloat16."""
     disk_gb: NotRequired[float]
@@ -311,7 +318,9 @@ class ModelSpec(TypedDict):
     kv_cache_dtype: NotRequired[KvCacheDtype]
     """KV-cache dtype. One of: auto, fp8. Default: auto."""
     tensor_parallel_size: NotRequired[int]
-    """GPUs one replica spans (whole GPUs only). Default: 1."""
+    """GPUs or TPU chips each pipeline stage of a replica shards its layers over (whole devices only). Default: 1."""
+    pipeline_parallel_size: NotRequired[int]
+    """Pipeline stages of a replica. Devices per replica = tensorParallelSize x pipelineParallelSize; more than one node holds spans several (a LeaderWorkerSet group, one pod per node). Default: 1."""
     max_model_len: NotRequired[int]
     """Longest context, in tokens. Default: 8192."""
     gpu_memory_utilization: NotRequired[float]
@@ -497,7 +506,7 @@ class CostSpec(TypedDict):
     """CostSpec settings (see docs/reference/config.md)."""
 
     tokens_per_second_per_gpu: NotRequired[float]
-    """Sustained generation throughput of one physical GPU for your models (measure it). Default: 1500.0."""
+    """Measured output tokens a second of one GPU (or TPU chip) for your models; unset, each pool's tokens/s is estimated by the roofline from its accelerator and model (components/throughput.py)."""
     target_utilization: NotRequired[float]
     """Expected share of capacity in use. Default: 0.6."""
     hours_per_month: NotRequired[float]
@@ -616,6 +625,10 @@ class StackConfig(TypedDict):
     """The vLLM server image built from images/: a tag of the chosen vLLM release (v<version> or v<version>-<suffix>, never latest), or a digest (sha256:...)."""
     vllm_version: NotRequired[str]
     """The vLLM release the server image is built on (see components/vllm_versions.py). Default: 0.34.0."""
+    tpu_server_image: NotRequired[ImageRef]
+    """Models on TPU node pools: the server image built from images/ on the vLLM TPU release (VLLM_IMAGE=vllm/vllm-tpu; a tag v<version> or v<version>-<suffix>, or a digest)."""
+    tpu_vllm_version: NotRequired[str]
+    """The vLLM TPU release (vllm-tpu on PyPI, image vllm/vllm-tpu) that image is built on. Default: 0.32.0."""
     serving_namespace: NotRequired[str]
     """The namespace of the shared model pools. Default: vllm."""
     gateway: NotRequired[GatewaySpec]

@@ -10,7 +10,8 @@ The rows and their checks live by upstream component: keda.py, picker.py (the en
 vllm.py, istio.py, gcsfuse.py (the Cloud Storage FUSE CSI driver), limit_store.py (Redis),
 kubectl.py, loader.py (weight loading: vLLM's rule, huggingface_hub), populator.py (GKE Volume
 Populator), billing.py (the Cloud Billing Budget API), collector.py (traces: vLLM's exporter, the
-OpenTelemetry Collector) and load_test.py (inference-perf); base.py holds the Contract row and the
+OpenTelemetry Collector), load_test.py (inference-perf) and lws.py (LeaderWorkerSet, vLLM across
+hosts); base.py holds the Contract row and the
 plan helpers they share. This module assembles the table in that order.
 """
 
@@ -21,7 +22,21 @@ from pathlib import Path
 from typing import Optional
 
 from ..plan import Plan
-from . import billing, collector, gcsfuse, istio, keda, kubectl, limit_store, load_test, loader, picker, populator, vllm
+from . import (
+    billing,
+    collector,
+    gcsfuse,
+    istio,
+    keda,
+    kubectl,
+    limit_store,
+    load_test,
+    loader,
+    lws,
+    picker,
+    populator,
+    vllm,
+)
 from .base import Check, Contract
 from .billing import budget_api_accepts_the_budget
 from .collector import collector_listens_and_writes_to_trace, vllm_exports_traces_as_configured
@@ -48,6 +63,14 @@ from .kubectl import kubectl_cache_is_writable
 from .limit_store import redis_writes_nothing_and_scripts_obey_the_acl
 from .load_test import inference_perf_runs_as_the_tenant
 from .loader import loader_copies_what_vllm_opens, loader_writes_only_to_volumes
+from .lws import (
+    lws_env_is_what_the_webhook_injects,
+    lws_headless_service_is_its_own,
+    lws_scales_groups_by_their_leaders,
+    lws_webhook_reachable,
+    vllm_group_launch,
+    vllm_tpu_spans_hosts_through_ray,
+)
 from .picker import (
     picker_finds_the_objectives,
     picker_gets_what_it_parses,
@@ -81,13 +104,15 @@ __all__ = [
     "picker_objective_is_the_tenants", "picker_ports", "picker_reads_exported_metrics", "picker_without_pprof",
     "populator_inputs", "problems", "redis_writes_nothing_and_scripts_obey_the_acl", "vllm_drains_on_stop",
     "vllm_exports_what_monitoring_reads", "vllm_health_and_guard", "vllm_ttft_buckets_cut_at_the_slo",
-    "vllm_usage_reaches_the_guard", "vllm_writes_only_to_volumes",
+    "vllm_usage_reaches_the_guard", "vllm_writes_only_to_volumes", "lws_env_is_what_the_webhook_injects",
+    "lws_headless_service_is_its_own", "lws_scales_groups_by_their_leaders", "lws_webhook_reachable",
+    "vllm_group_launch", "vllm_tpu_spans_hosts_through_ray",
 ]
 
 CONTRACTS: tuple[Contract, ...] = (
     *keda.ROWS, *picker.ROWS, *vllm.ROWS, *istio.ROWS, *gcsfuse.ROWS, *limit_store.ROWS, *kubectl.ROWS,
     *loader.ROWS, *populator.ROWS, *billing.ROWS,
-    *collector.ROWS, *load_test.ROWS,
+    *collector.ROWS, *load_test.ROWS, *lws.ROWS,
 )
 
 
