@@ -52,7 +52,8 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
     # The placement is the tenant's; the message names the model's key that does not fit it.
     ("dedicated-copy-tensor-parallel", "prod",
      lambda v: next(m for m in v["vllm-gke:models"] if m["name"] == "qwen-7b").update(tensorParallelSize=2),
-     "vllm-gke:tenants[analytics].dedicated.nodePool", "models[qwen-7b]: tensorParallelSize x pipelineParallelSize is 2 x 1 = 2 but pool 'a100-mig'"),
+     "vllm-gke:tenants[analytics].dedicated.nodePool",
+     "models[qwen-7b]: tensorParallelSize x pipelineParallelSize is 2 x 1 = 2 but pool 'a100-mig'"),
     ("cidr-unparsable", "dev", lambda v: v["vllm-gke:cluster"].update(podsCidr="10.20.0.0/33"),
      "vllm-gke:cluster.podsCidr", "not an IPv4 range like 10.0.0.0/14"),
     ("cidr-junk", "dev", lambda v: v["vllm-gke:cluster"].update(podsCidr="banana"),

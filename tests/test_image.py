@@ -30,8 +30,23 @@ def test_base_image_is_pinned():
     version = re.search(r"^ARG VLLM_VERSION=(v\d+\.\d+\.\d+)$", text, re.M)
     assert version, "the vLLM version must be pinned in an ARG"
     (base,) = re.findall(r"^FROM (\S+)", text, re.M)
-    assert base == "vllm/vllm-openai:${VLLM_VERSION}"
+    assert base == "${VLLM_IMAGE}:${VLLM_VERSION}"
+    assert re.search(r"^ARG VLLM_IMAGE=vllm/vllm-openai$", text, re.M)
     assert "latest" not in version.group(1)
+
+
+def test_the_tpu_server_image_is_built_from_the_same_file_on_the_tpu_release(stack_values):
+    """cloudbuild.yaml's second step: vllm/vllm-tpu at the pinned TPU release, tagged as the stacks'
+    tpuServerImage expects (v<release>-<suffix>)."""
+    from vllm_gke.components.vllm_versions import DEFAULT_TPU_VLLM_VERSION
+
+    build = (IMAGES / "cloudbuild.yaml").read_text()
+    assert "VLLM_IMAGE=vllm/vllm-tpu" in build and f"_TPU_VLLM_VERSION: v{DEFAULT_TPU_VLLM_VERSION}" in build
+    tag = re.search(r"^  _TPU_TAG: (\S+)$", build, re.M)
+    assert tag and tag[1].startswith(f"v{DEFAULT_TPU_VLLM_VERSION}-")
+    for stack in STACKS:
+        image = stack_values[stack].get("vllm-gke:tpuServerImage")
+        assert image is None or image["tag"].startswith(f"v{DEFAULT_TPU_VLLM_VERSION}-"), stack
 
 
 def test_image_carries_what_the_deployment_runs(plans):

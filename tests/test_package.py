@@ -553,6 +553,14 @@ def _service(**changes):
                                     "short": {"max_num_seqs": 8, "max_num_batched_tokens": 512}}),
      "VllmService.model.short.maxNumBatchedTokens", "refuses to start"),
     ("VllmService", _service(request_timeout_seconds=7200), "VllmService.requestTimeoutSeconds", "30-3600"),
+    # A replica across two a3 nodes needs the pod range its leader reaches its workers on.
+    ("VllmService", _service(model={**MODEL, "shape": "llama-3-70b", "tensor_parallel_size": 8,
+                                    "pipeline_parallel_size": 2},
+                             node_pool={"name": "gpu", "machine_type": "a3-highgpu-8g", "max_nodes": 2}),
+     "VllmService.podsCidr", "spans hosts"),
+    # On a TPU pool the image is the TPU build's, and so is the release.
+    ("VllmService", _service(node_pool={"name": "gpu", "machine_type": "ct6e-standard-1t"}),
+     "VllmService.image.tag", "not an image of vLLM TPU 0.32.0"),
     ("GpuCluster", {"project": "p", "region": "europe-west4", "cluster": CLUSTER,
                     "node_pools": [{"name": "gpu", "machine_type": "g2-standard-8"}]},
      "GpuCluster.cluster.zones", "not in region europe-west4"),

@@ -7,6 +7,7 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
+from ..capacity import hosts_per_replica
 from ..config_rules import (
     check_extra_args,
     check_fit,
@@ -30,7 +31,7 @@ from ..specs import TenantSpec as TenantModel
 from ..standby import STANDBY_SA, Standby, StandbyArgs
 from ..vllm_service import SERVER_LABELS, VllmServiceArgs, service_name_of
 from ..vllm_service import VllmService as _VllmService
-from ..vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from ..vllm_versions import DEFAULT_TPU_VLLM_VERSION, DEFAULT_VLLM_VERSION, RELEASES, TPU_RELEASES
 from ..weights_layout import SERVER_SA
 from .convert import Problems, kubernetes_provider, plain
 from .types import ImageRef, ModelSpec, NodePoolSpec, TenantSpec
@@ -74,7 +75,11 @@ class VllmServiceInputs(TypedDict):
     keda_auth: NotRequired[pulumi.Input[str]]
     """The ClusterTriggerAuthentication KEDA queries Managed Prometheus with (default gmp-workload-identity)."""
     vllm_version: NotRequired[str]
-    """The vLLM release the image is built on (default the newest supported)."""
+    """The vLLM release the image is built on (default the newest supported); on a TPU node pool, the vLLM
+    TPU release (default the newest supported TPU build)."""
+    pods_cidr: NotRequired[str]
+    """The cluster's pod range: required for a model whose replica spans hosts (its group's leader reaches
+    its workers there outside the mesh)."""
     canary: NotRequired[bool]
     """Serve the model's canary revision (model.canary) as a separate pool, labelled and named as a canary."""
     global_limits: NotRequired[bool]
@@ -89,7 +94,8 @@ class VllmServiceInputs(TypedDict):
 
 
 class VllmService(pulumi.ComponentResource):
-    """One serving pool of one model: vLLM Deployment behind the tenant guard, Service,
+    """One serving pool of one model: vLLM Deployment (a LeaderWorkerSet where a replica spans hosts:
+    LeaderWorkerSet v0.10.0 must be installed) behind the tenant guard, Service,
     PodDisruptionBudget, KEDA ScaledObject on queue depth and PodMonitoring; with minReplicas 0, the
     standby that answers at zero and wakes the pool."""
 
@@ -111,9 +117,12 @@ class VllmService(pulumi.ComponentResource):
         pool_name = plain(args.get("pool_name"))
         if pool_name not in POOL_NAMES:
             problems.add("poolName", f"'{pool_name}' must be short or long")
-        version = args.get("vllm_version") or DEFAULT_VLLM_VERSION
-        if version not in RELEASES:
-            problems.add("vllmVersion", f"vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
+        tpu = node_pool is not None and node_pool.is_tpu
+        releases = TPU_RELEASES if tpu else RELEASES
+        version = args.get("vllm_version") or (DEFAULT_TPU_VLLM_VERSION if tpu else DEFAULT_VLLM_VERSION)
+        if version not in releases:
+            problems.add("vllmVersion", f"{'vLLM TPU' if tpu else 'vLLM'} {version} is not supported; use one of "
+                         f"{', '.join(releases)}")
         if not args.get("project"):
             problems.add("project", "the Google Cloud project whose Managed Prometheus KEDA reads is required")
         canary = bool(args.get("canary"))
@@ -147,19 +156,22 @@ class VllmService(pulumi.ComponentResource):
                     problems.add(key, f"'{wanted}' is not nodePool.name '{node_pool.name}': "
                                  "give the node pool it names")
                 check_fit(problems.add, "model", served, node_pool)
-            if version in RELEASES:
-                check_extra_args(problems.add, "model.extraArgs", served, version)
+                if hosts_per_replica(served, node_pool) > 1 and not args.get("pods_cidr"):
+                    problems.add("podsCidr", "model spans hosts: give the cluster's pod range (cluster.podsCidr), "
+                                 "where its group's leader reaches its workers outside the mesh")
+            if version in releases:
+                check_extra_args(problems.add, "model.extraArgs", served, version, tpu=tpu)
             for i, tenant in enumerate(tenants):
                 key = item_key("tenants", tenants, i)
                 check_tenant_cap(problems.add, key, tenant, served)
                 check_tenant_limits(problems.add, key, tenant, bool(args.get("global_limits")), "globalLimits")
-        if image is not None and version in RELEASES:
-            check_image_tag(problems.add, "image.tag", image, version, "vllmVersion")
+        if image is not None and version in releases:
+            check_image_tag(problems.add, "image.tag", image, version, "vllmVersion", tpu=tpu)
         timeout = int(args.get("request_timeout_seconds") or 600)
         if not 30 <= timeout <= 3600:
             problems.add("requestTimeoutSeconds", f"must be 30-3600 (as gateway.requestTimeoutSeconds), not {timeout}")
         problems.raise_any()
-        rel = RELEASES[version]
+        rel = releases[version]
         project = args["project"]
         if canary:
             model = model.canary_model()
@@ -178,7 +190,8 @@ class VllmService(pulumi.ComponentResource):
             release=rel, canary=canary, scaling=KedaScaling(project, args.get("keda_auth") or GMP_AUTH, standby_name),
             # vllm-server: MeshNamespace (and TenantAuth, for a dedicated tenant) makes it, and the
             # LimitStore admits it.
-            service_account=SERVER_SA, request_timeout_seconds=timeout),
+            service_account=SERVER_SA, request_timeout_seconds=timeout, pods_cidr=args.get("pods_cidr"),
+            load_seconds=float(args.get("cold_start_seconds") or 900)),
             opts=child_opts(self, opts))
         if to_zero:
             # At zero the standby answers (503, Retry-After) and its request count wakes the pool.
