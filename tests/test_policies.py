@@ -191,6 +191,17 @@ def _scheduled_load_test(rs):
 # shared limit store is prod's.
 STAGING_CASES = {"inference-pools-served", "tenant-priorities-bound", "scale-to-zero-answered"}
 PROD_CASES = {"limit-store-mesh-only", "lora-adapters-scoped", "traces-private", "load-tests-on-demand"}
+# Groups across hosts are the frontier stack's.
+FRONTIER_CASES = {"group-workers-closed"}
+
+
+def _group_ports_open_to_all(rs):
+    """The group's NetworkPolicy admits anyone on the unmeshed ports (NCCL, Ray)."""
+    for r in rs:
+        if r.props.get("kind") == "NetworkPolicy" and "-group-group" in r.props["metadata"]["name"]:
+            r.props["spec"]["ingress"][0]["from"] = [{"namespaceSelector": {}}]
+
+
 # No shipped stack uses Hyperdisk ML: its policy judges staging on that backend.
 HYPERDISK_CASES = {"hyperdisk-weights-populated"}
 
@@ -219,6 +230,7 @@ CASES: dict[str, tuple[Callable, str]] = {
     "serving-held-to-slos": (_unrouted_burn_alerts, "has no fast-burn alert"),
     "traces-private": (_every_request_traced, "every request is recorded"),
     "load-tests-on-demand": (_scheduled_load_test, "is a load test on a schedule"),
+    "group-workers-closed": (_group_ports_open_to_all, "no NetworkPolicy limits its pods' unmeshed ports"),
 }
 
 
@@ -253,7 +265,8 @@ def test_every_policy_has_a_failing_case():
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_policy_fails_on_a_bad_plan(plans, policy, request):
     plan = request.getfixturevalue("hyperdisk_plan") if policy in HYPERDISK_CASES else \
-        plans["staging" if policy in STAGING_CASES else "prod" if policy in PROD_CASES else "dev"]
+        plans["staging" if policy in STAGING_CASES else "prod" if policy in PROD_CASES
+              else "frontier" if policy in FRONTIER_CASES else "dev"]
     rs = resources(plan)
     assert violations_of(rs, policy) == []
     break_it, message = CASES[policy]
