@@ -32,8 +32,6 @@ class Accelerator:
     # Peak dense FP8 TFLOPS where the device multiplies in FP8 (H100, L4); 0: FP8 weights are
     # widened to 16 bits and run at the bf16 peak.
     fp8_tflops: float = 0.0
-    # TensorCores per TPU chip: vLLM's TPU build counts tensor parallelism in them (JAX devices).
-    cores_per_chip: int = 1
 
     @property
     def is_tpu(self) -> bool:
@@ -45,13 +43,12 @@ class Accelerator:
         return "google.com/tpu" if self.is_tpu else "nvidia.com/gpu"
 
     def slice_memory_gb(self, partition: str | None) -> float:
-        """Memory of one unit a replica counts: a GPU, a MIG slice, or a TPU TensorCore's share."""
         if partition is None:
-            return self.memory_gb / self.cores_per_chip
+            return self.memory_gb
         return float(partition.split(".")[1].removesuffix("gb"))
 
     def slices_per_gpu(self, partition: str | None) -> int:
-        return self.cores_per_chip if partition is None else self.mig_profiles[partition]
+        return 1 if partition is None else self.mig_profiles[partition]
 
 
 A100_40GB = Accelerator(
@@ -70,11 +67,13 @@ H100_80GB = Accelerator(
 H100_MEGA_80GB = Accelerator("nvidia-h100-mega-80gb", 80, H100_80GB.mig_profiles, 3350, 989, fp8_tflops=1979)
 L4 = Accelerator("nvidia-l4", 24, {}, 300, 121, fp8_tflops=242)
 # TPU chips (per chip): HBM, bandwidth and bf16 peak from cloud.google.com/tpu/docs/v5e, v6e and
-# v5p-training. v5p has two TensorCores a chip. Ironwood (tpu7x) is not here yet: no public list
-# price to plan its cost with, and its multi-host node pools take a workload policy, not a topology.
+# v5p-training. Each is one JAX device, the unit of vLLM TPU's tensor parallelism: v5p's two
+# TensorCores work as one megacore device (tpu-inference 0.32.0 utils.py:278-296 gives a v5p device
+# the chip's 95 GB). Ironwood (tpu7x, two devices a chip) is not here yet: no public list price to
+# plan its cost with, and its multi-host node pools take a workload policy, not a topology.
 TPU_V5E = Accelerator("tpu-v5-lite-podslice", 16, {}, 819, 197, "tpu")
 TPU_V6E = Accelerator("tpu-v6e-slice", 32, {}, 1640, 918, "tpu")
-TPU_V5P = Accelerator("tpu-v5p-slice", 95, {}, 2765, 459, "tpu", cores_per_chip=2)
+TPU_V5P = Accelerator("tpu-v5p-slice", 95, {}, 2765, 459, "tpu")
 
 ACCELERATORS: Mapping[str, Accelerator] = {
     a.gke_type: a for a in (A100_40GB, A100_80GB, H100_80GB, H100_MEGA_80GB, L4, TPU_V5E, TPU_V6E, TPU_V5P)
@@ -97,6 +96,9 @@ class MachineType:
     # TPU machine types: the slice topologies GKE builds of them, the single-host one first; a
     # larger one spans several nodes (chips / chips per node), a multi-host slice.
     tpu_topologies: tuple[str, ...] = ()
+    # The boot disk type: TPU VMs take Balanced Persistent Disk (v5e, v5p) or Hyperdisk Balanced
+    # (v6e) only, not pd-ssd (cloud.google.com/tpu/docs/storage-options-compute).
+    boot_disk_type: str = "pd-ssd"
 
     @property
     def is_gpu(self) -> bool:
@@ -134,13 +136,15 @@ MACHINE_TYPES: Mapping[str, MachineType] = _table(
     MachineType("g2-standard-96", L4, 8, 96, 384),
     # TPU hosts (cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus): 2D topologies for
     # v5e and v6e, 3D for v5p; the 4-chip hosts build multi-host slices.
-    MachineType("ct5lp-hightpu-1t", TPU_V5E, 1, 24, 48, ("1x1",)),
-    MachineType("ct5lp-hightpu-4t", TPU_V5E, 4, 112, 192, ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
-    MachineType("ct5lp-hightpu-8t", TPU_V5E, 8, 224, 384, ("2x4",)),
-    MachineType("ct6e-standard-1t", TPU_V6E, 1, 44, 176, ("1x1",)),
-    MachineType("ct6e-standard-4t", TPU_V6E, 4, 180, 720, ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
-    MachineType("ct6e-standard-8t", TPU_V6E, 8, 180, 1440, ("2x4",)),
-    MachineType("ct5p-hightpu-4t", TPU_V5P, 4, 208, 448, ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4")),
+    MachineType("ct5lp-hightpu-1t", TPU_V5E, 1, 24, 48, ("1x1",), "pd-balanced"),
+    MachineType("ct5lp-hightpu-4t", TPU_V5E, 4, 112, 192, ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+                "pd-balanced"),
+    MachineType("ct5lp-hightpu-8t", TPU_V5E, 8, 224, 384, ("2x4",), "pd-balanced"),
+    MachineType("ct6e-standard-1t", TPU_V6E, 1, 44, 176, ("1x1",), "hyperdisk-balanced"),
+    MachineType("ct6e-standard-4t", TPU_V6E, 4, 180, 720, ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+                "hyperdisk-balanced"),
+    MachineType("ct6e-standard-8t", TPU_V6E, 8, 180, 1440, ("2x4",), "hyperdisk-balanced"),
+    MachineType("ct5p-hightpu-4t", TPU_V5P, 4, 208, 448, ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4"), "pd-balanced"),
     # CPU machines for the system pool.
     MachineType("e2-standard-4", None, 0, 4, 16),
     MachineType("e2-standard-8", None, 0, 8, 32),

@@ -11,6 +11,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
+from .catalog import MACHINE_TYPES
 from .gcp_names import service_account_id
 from .hyperdisk_weights import TRANSFER_COMPUTE_CLASS
 from .k8s_meta import COMPUTE_CLASS_LABEL, NODE_POOL_LABEL, custom_resource, meta
@@ -332,7 +333,8 @@ class GpuCluster(pulumi.ComponentResource):
         config: gcp.container.NodePoolNodeConfigArgsDict = {
             "machine_type": machine_type,
             "disk_size_gb": disk_gb,
-            "disk_type": "pd-ssd",
+            # TPU hosts take no pd-ssd (v6e: Hyperdisk Balanced; v5e, v5p: Balanced PD).
+            "disk_type": MACHINE_TYPES[machine_type].boot_disk_type if machine_type in MACHINE_TYPES else "pd-ssd",
             "service_account": self.node_service_account.email,
             "oauth_scopes": ["https://www.googleapis.com/auth/cloud-platform"],
             "workload_metadata_config": {"mode": "GKE_METADATA"},

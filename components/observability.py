@@ -62,7 +62,8 @@ def untrusted_peers(cluster: str) -> str:
 def tpu_panels(cluster: str) -> list[tuple[str, str]]:
     """GKE's TPU system metrics per serving pod and chip (kubernetes.io/container/accelerator/*, as
     Managed Prometheus names them): TensorCore and HBM bandwidth use, busy time, HBM held."""
-    sel = f'{{monitored_resource="k8s_container",cluster_name="{cluster}"}}'
+    # make="cloud-tpu": the same metric types carry the GPUs' too.
+    sel = f'{{monitored_resource="k8s_container",cluster_name="{cluster}",make="cloud-tpu"}}'
 
     def metric(name: str) -> str:
         return f"kubernetes_io:container_accelerator_{name}{sel}"

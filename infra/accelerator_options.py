@@ -1,11 +1,13 @@
-"""A model's GPU and TPU options side by side: for each accelerator the catalog knows, the smallest
-replica that holds the model (its weights, and the pool's batch of its context in KV cache), what
-it serves (the roofline's tokens/s, components/throughput.py) and what a million output tokens
-cost on it at list price - so a team sees which fits and what it costs before choosing a pool.
+"""A model's GPU and TPU options side by side: for each accelerator the catalog knows, the replica
+that holds the model (its weights, and the pool's batch of its context in KV cache) at the lowest
+cost per output token, what it serves (the roofline's tokens/s, components/throughput.py) and what
+a million output tokens cost on it at list price - so a team sees which fits and what it costs
+before choosing a pool.
 
-Candidates per accelerator, fewest devices first: one node's GPUs (tensor parallelism 1, 2, 4, 8),
-then whole nodes of the largest machine (pipeline stages across hosts); a TPU host's chips, then
-its multi-host slices (tensor parallelism over the slice, as vLLM's TPU build shards).
+Candidates per accelerator: one node's GPUs (tensor parallelism 1, 2, 4, 8), then whole nodes of
+the largest machine (pipeline stages across hosts, up to MAX_HOSTS); each TPU host's chips and
+each multi-host slice (tensor parallelism over the slice, as vLLM's TPU build shards). Of those
+that fit, the cheapest per token, then the fewest hosts.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def _candidates(machines: list[MachineType]) -> Iterator[tuple[MachineType, Opti
             for topology in m.tpu_topologies:
                 hosts = topology_chips(topology) // m.gpus
                 if hosts <= MAX_HOSTS:
-                    yield m, topology, topology_chips(topology) * acc.cores_per_chip, 1
+                    yield m, topology, topology_chips(topology), 1
         return
     for m in by_size:
         for tp in (1, 2, 4, 8):
@@ -68,10 +70,11 @@ def model_options(model: ModelSpec) -> list[AcceleratorOption]:
         machines = [m for m in MACHINE_TYPES.values() if m.accelerator is acc and m.name in MACHINE_PRICES]
         if not machines:
             continue
+        fitting: list[AcceleratorOption] = []
         for machine, topology, tp, pp in _candidates(machines):
-            hosts_needed = max(1, tp * pp // (machine.gpus * (acc.cores_per_chip if acc.is_tpu else 1)))
+            hosts_needed = max(1, tp * pp // machine.gpus)
             pool = NodePoolSpec(name="option", machine_type=machine.name, tpu_topology=topology,
-                                max_nodes=max(hosts_needed, 1))
+                                max_nodes=hosts_needed)
             candidate = model.model_copy(update={"tensor_parallel_size": tp, "pipeline_parallel_size": pp,
                                                  "node_pool": "option"})
             row = pool_capacity(candidate, "short", candidate.short, pool)
@@ -80,8 +83,9 @@ def model_options(model: ModelSpec) -> list[AcceleratorOption]:
             node_hour = MACHINE_PRICES[machine.name].on_demand_hour
             # Replicas on one node share it (a 1-GPU replica on an 8-GPU node pays an eighth).
             share = row.hosts if row.hosts > 1 else tp * pp / pool.slices_per_node
-            out.append(AcceleratorOption(
+            fitting.append(AcceleratorOption(
                 model.name, acc.gke_type, machine.name, topology, tp * pp, tp, pp, row.hosts,
                 min(candidate.short.max_num_seqs, row.seqs_fit), row.decode_tokens_s, node_hour * share))
-            break
+        if fitting:
+            out.append(min(fitting, key=lambda o: (round(o.usd_per_hour / o.tokens_per_second, 9), o.hosts, o.devices)))
     return sorted(out, key=lambda o: o.usd_per_hour / o.tokens_per_second)

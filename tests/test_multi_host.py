@@ -144,18 +144,18 @@ def test_a_group_is_the_unit_of_disruption_and_startup(plans):
 
 def test_a_tpu_slice_group_runs_a_ray_cluster_of_its_hosts(plans):
     doc = _group(plans["frontier"], "llama-70b-tpu")
-    assert doc["spec"]["leaderWorkerTemplate"]["size"] == 2
+    assert doc["spec"]["leaderWorkerTemplate"]["size"] == 4  # a 4x4 slice of 4-chip hosts
     # One group to a slice, the slice's node pool all of it.
     assert doc["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/exclusive-topology"] == \
         "cloud.google.com/gke-nodepool"
     leader, worker = (_vllm(t) for t in _templates(doc))
     assert _env(leader)["TPU_MULTIHOST_BACKEND"] == _env(worker)["TPU_MULTIHOST_BACKEND"] == "ray"
-    assert _env(leader)["GKE_LLM_RAY_HEAD_NODES"] == "2"
+    assert _env(leader)["GKE_LLM_RAY_HEAD_NODES"] == "4"
     assert _env(worker)["GKE_LLM_RAY_JOIN"] == "$(LWS_LEADER_ADDRESS):6379"
     for c in (leader, worker):
         assert c["resources"]["limits"]["google.com/tpu"] == "4"
         assert "--nnodes" not in c["args"]  # vLLM's TPU build spans hosts through Ray only
-    assert leader["args"][leader["args"].index("--tensor-parallel-size") + 1] == "8"
+    assert leader["args"][leader["args"].index("--tensor-parallel-size") + 1] == "16"
 
 
 def test_the_controller_comes_with_the_first_multi_host_model(plans):

@@ -1,6 +1,9 @@
 """The roofline's tokens/s against published measurements: the ceiling is one (no server runs
 faster than its memory and compute allow), and the estimate - the ceiling times what serving
-engines reach of it - is within 1.5x of each measurement, on GPUs and TPUs alike."""
+engines reach of it, a constant calibrated on these same four (components/throughput.py) - is
+within 1.5x of each, on GPUs and TPUs alike: the check guards the formula across hardware and
+models, not the constant. Where a source leaves a condition out, the value used here is an
+assumption, said so below. No absolute vLLM-on-TPU figure is published to add."""
 
 from __future__ import annotations
 
@@ -12,14 +15,19 @@ from vllm_gke.components.throughput import parallel_efficiency, roofline, slice_
 LLAMA_2_7B = ModelShape(6.74, 32, 32, 128)  # Llama 2 7B: multi-head attention, 32 KV heads
 LLAMA_2_70B = ModelShape(69.0, 80, 8, 128)
 
-# (what, accelerator, shape, dtype, kv dtype, devices, batch, mean context, measured output tokens/s, source)
+# (what, accelerator, shape, dtype, kv dtype, devices, batch, typical sequence tokens, measured output
+# tokens/s, source)
 REFERENCES = [
+    # Batch and sequence length are assumptions: the log gives 290 output tokens a sample
+    # (24,524.9 / 84.48 samples/s), not the engine's batch.
     ("MLPerf Inference v4.1 Llama2-70B offline, 8x H100-SXM-80GB, TensorRT-LLM FP8", H100_80GB, LLAMA_2_70B,
      "fp8", "fp8", 8, 512, 1300, 24524.9,
      "mlcommons/inference_results_v4.1 closed/NVIDIA/results/DGX-H100_H100-SXM-80GBx8_TRT/llama2-70b-99.9/"
      "Offline/performance/run_1/mlperf_log_summary.txt"),
-    ("vLLM 0.6.0 Llama 3.1 8B, 1x H100, max-num-seqs 256, 5000 prompts", H100_80GB, MODEL_SHAPES["llama-3-8b"],
-     "bfloat16", "auto", 1, 256, 600, 8088.0,
+    # The table's multi-step row (num-scheduler-steps 10, chunked prefill off); the table names no GPU
+    # or dtype: H100 and bf16 assumed (its single-step rows, 3,958 and 3,032, reach less of the ceiling).
+    ("vLLM 0.6.0 Llama 3.1 8B, 1x H100, max-num-seqs 256, 10 scheduler steps", H100_80GB,
+     MODEL_SHAPES["llama-3-8b"], "bfloat16", "auto", 1, 256, 600, 8088.0,
      "LambdaLabsML/vllm-benchmark benchmark_v0.md (vLLM v0.5.4 v.s. v0.6.0)"),
     ("JetStream-PyTorch Llama-3-8B bf16, TPU v5e-8, batch 128, ShareGPT <=1024/<=1024", TPU_V5E,
      MODEL_SHAPES["llama-3-8b"], "bfloat16", "auto", 8, 128, 1024, 8249.0,
@@ -63,11 +71,21 @@ def test_across_hosts_and_wider_tensor_parallelism_cost_efficiency():
     assert parallel_efficiency(8, 2) < parallel_efficiency(8, 1)
 
 
-def test_a_mig_slice_and_a_two_core_tpu_chip_are_shares_of_the_device():
+def test_a_mig_slice_is_a_share_of_the_device():
     slice_ = slice_of(H100_80GB, "3g.40gb")
     assert slice_.memory_gb == 40 and slice_.hbm_gb_s == pytest.approx(H100_80GB.hbm_gb_s / 2)
     assert slice_.bf16_tflops == pytest.approx(H100_80GB.bf16_tflops * 3 / 7)
-    from vllm_gke.components.catalog import TPU_V5P
+    assert slice_of(H100_80GB, None) is H100_80GB
 
-    core = slice_of(TPU_V5P, None)
-    assert core.memory_gb == pytest.approx(47.5) and core.bf16_tflops == pytest.approx(229.5)
+
+def test_a_tpu_slice_shares_one_fabric_across_its_hosts():
+    """A v6e slice's hosts talk over its ICI; GPU hosts over the data-centre network."""
+    shape = MODEL_SHAPES["llama-3-70b"]
+    from vllm_gke.components.catalog import TPU_V6E
+
+    one = roofline(TPU_V6E, shape, "bfloat16", "auto", 16, 16, 1, 24, 16384).decode_tokens_s
+    four = roofline(TPU_V6E, shape, "bfloat16", "auto", 16, 16, 4, 24, 16384).decode_tokens_s
+    assert one == four
+    gpu_one = roofline(H100_80GB, shape, "bfloat16", "auto", 16, 8, 1, 24, 16384).decode_tokens_s
+    gpu_two = roofline(H100_80GB, shape, "bfloat16", "auto", 16, 8, 2, 24, 16384).decode_tokens_s
+    assert gpu_two < gpu_one

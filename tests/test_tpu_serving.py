@@ -12,6 +12,7 @@ from tests.conftest import manifests_of, props_of
 from tests.test_config import issues
 from vllm_gke.components.capacity import pool_capacity
 from vllm_gke.components.specs import ModelSpec, NodePoolSpec
+from vllm_gke.components.specs.models import CustomShape
 from vllm_gke.components.vllm_argv import check_argv, load_snapshot
 from vllm_gke.components.vllm_versions import TPU_RELEASES
 from vllm_gke.infra.cost import cost_report
@@ -30,15 +31,20 @@ def _server(plan, name: str) -> dict[str, Any]:
 
 def test_tpu_pools_are_zonal_tainted_and_multi_host_slices_are_compact(plans):
     pools = _pools(plans["frontier"])
-    single, multi = pools["v6e-single"], pools["v6e-2x4"]
+    single, multi = pools["v6e-single"], pools["v6e-4x4"]
     for pool in (single, multi):
         assert "guestAccelerators" not in pool["nodeConfig"]  # the machine type carries the chips
         assert pool["nodeLocations"] == ["us-east5-b"]
         assert {"key": "google.com/tpu", "value": "present", "effect": "NO_SCHEDULE"} in pool["nodeConfig"]["taints"]
+        # TPU VMs boot from Hyperdisk Balanced on v6e (no pd-ssd; storage-options-compute).
+        assert pool["nodeConfig"]["diskType"] == "hyperdisk-balanced"
     assert single["nodeConfig"]["machineType"] == "ct6e-standard-1t" and "placementPolicy" not in single
-    # A 2x4 slice of 4-chip hosts: two nodes made, repaired and scaled as one.
-    assert multi["placementPolicy"] == {"type": "COMPACT", "tpuTopology": "2x4"}
-    assert multi["autoscaling"]["maxNodeCount"] == 2 and multi["autoscaling"]["minNodeCount"] == 0
+    # A 4x4 slice of 4-chip hosts: four nodes made, repaired and scaled as one.
+    assert multi["placementPolicy"] == {"type": "COMPACT", "tpuTopology": "4x4"}
+    assert multi["autoscaling"]["maxNodeCount"] == 4 and multi["autoscaling"]["minNodeCount"] == 0
+    # GPU pools keep pd-ssd; v5e and v5p hosts take Balanced PD.
+    assert pools["h100-hosts"]["nodeConfig"]["diskType"] == "pd-ssd"
+    assert NodePoolSpec(name="p", machine_type="ct5lp-hightpu-4t").machine.boot_disk_type == "pd-balanced"
 
 
 def test_the_tpu_model_runs_the_tpu_build_on_its_chips(plans):
@@ -98,14 +104,14 @@ def test_a_tpu_model_needs_the_tpu_image_built_on_the_tpu_release(stack_values):
 
 
 @pytest.mark.parametrize("change,key,words", [
-    (lambda p: p.update(tpuTopology="3x3"), "nodePools[v6e-2x4]", ("3x3", "2x2, 2x4, 4x4")),
-    (lambda p: p.update(maxNodes=4), "nodePools[v6e-2x4]", ("maxNodes to 2", "minNodes to 0 or 2")),
-    (lambda p: p.update(tpuZone="us-east5-c"), "nodePools[v6e-2x4].tpuZone", ("us-east5-c", "cluster's zones")),
-    (lambda p: p.update(gpuPartitionSize="1g.10gb"), "nodePools[v6e-2x4].gpuPartitionSize", ("tpu-v6e-slice",)),
+    (lambda p: p.update(tpuTopology="3x3"), "nodePools[v6e-4x4]", ("3x3", "2x2, 2x4, 4x4")),
+    (lambda p: p.update(maxNodes=8), "nodePools[v6e-4x4]", ("maxNodes to 4", "minNodes to 0 or 4")),
+    (lambda p: p.update(tpuZone="us-east5-c"), "nodePools[v6e-4x4].tpuZone", ("us-east5-c", "cluster's zones")),
+    (lambda p: p.update(gpuPartitionSize="1g.10gb"), "nodePools[v6e-4x4].gpuPartitionSize", ("tpu-v6e-slice",)),
 ])
 def test_bad_tpu_pools_are_refused_with_the_key_and_the_fix(stack_values, change, key, words):
     values = copy.deepcopy(stack_values["frontier"])
-    change(next(p for p in values["vllm-gke:nodePools"] if p["name"] == "v6e-2x4"))
+    change(next(p for p in values["vllm-gke:nodePools"] if p["name"] == "v6e-4x4"))
     found = issues(values)
     assert any(i.startswith(f"vllm-gke:{key}") and all(w in i for w in words) for i in found), found
 
@@ -113,36 +119,58 @@ def test_bad_tpu_pools_are_refused_with_the_key_and_the_fix(stack_values, change
 def test_a_tpu_replica_takes_its_whole_slice(stack_values):
     values = copy.deepcopy(stack_values["frontier"])
     model = next(m for m in values["vllm-gke:models"] if m["name"] == "llama-70b-tpu")
-    model["tensorParallelSize"] = 4
+    model["tensorParallelSize"] = 8
     found = issues(values)
-    assert any(i.startswith("vllm-gke:models[llama-70b-tpu].tensorParallelSize:") and "2x4 slice of 8" in i
-               and "set tensorParallelSize to 8" in i for i in found), found
-    model["tensorParallelSize"], model["pipelineParallelSize"] = 4, 2
+    assert any(i.startswith("vllm-gke:models[llama-70b-tpu].tensorParallelSize:") and "4x4 slice of 16" in i
+               and "set tensorParallelSize to 16" in i for i in found), found
+    model["tensorParallelSize"], model["pipelineParallelSize"] = 8, 2
     found = issues(values)
     assert any(i.startswith("vllm-gke:models[llama-70b-tpu].pipelineParallelSize:") for i in found), found
 
 
-def test_tpu_capacity_is_per_chip_or_per_tensorcore():
+def test_tpu_capacity_is_per_chip():
     model = ModelSpec(name="m", source="hf://a/b", shape="llama-3-70b", node_pool="p", tensor_parallel_size=8,
                       max_model_len=4096)
     v6e = pool_capacity(model, "short", model.short, NodePoolSpec(name="p", machine_type="ct6e-standard-8t"))
     assert v6e.gpu_memory_gb == 32 and v6e.weights_per_gpu_gb == pytest.approx(70.6 * 2 / 8)
     assert v6e.accelerator == "tpu-v6e-slice" and v6e.devices == 8 and v6e.hosts == 1
-    # v5p: two TensorCores a chip, each a JAX device (and a unit of --tensor-parallel-size).
-    v5p = pool_capacity(model, "short", model.short, NodePoolSpec(name="p", machine_type="ct5p-hightpu-4t"))
-    assert v5p.gpu_memory_gb == pytest.approx(47.5)
-    assert NodePoolSpec(name="p", machine_type="ct5p-hightpu-4t").slices_per_node == 8
+    # v5p: its two TensorCores are one megacore JAX device with the chip's 95 GB (tpu-inference
+    # utils.py:278-296), so a 4-chip host is 4 devices and a pod asks for 4 chips.
+    v5p_pool = NodePoolSpec(name="p", machine_type="ct5p-hightpu-4t")
+    v5p = pool_capacity(model.model_copy(update={"tensor_parallel_size": 4}), "short", model.short, v5p_pool)
+    assert v5p.gpu_memory_gb == 95 and v5p_pool.slices_per_node == 4
+    from vllm_gke.components.vllm_server import container_resources
+
+    assert container_resources(v5p_pool, 4)["limits"]["google.com/tpu"] == "4"
 
 
 def test_tpu_hosts_are_priced_by_their_chips(plans):
     report = cost_report(plans["frontier"].config, "ZONAL", 1280)
     pools = {p.pool: p for p in report.pools}
     assert pools["v6e-single"].hour_price == pytest.approx(2.70)
-    assert pools["v6e-2x4"].hour_price == pytest.approx(10.80)
-    # One always-on v6e chip at baseline; the 2x4 slice and the H100s are at zero.
-    assert (pools["v6e-single"].baseline_nodes, pools["v6e-2x4"].baseline_nodes, pools["h100-hosts"].baseline_nodes) \
+    assert pools["v6e-4x4"].hour_price == pytest.approx(10.80)
+    # One always-on v6e chip at baseline; the 4x4 slice and the H100s are at zero.
+    assert (pools["v6e-single"].baseline_nodes, pools["v6e-4x4"].baseline_nodes, pools["h100-hosts"].baseline_nodes) \
         == (1, 0, 0)
     assert report.throughput_source == "roofline" and report.baseline_tokens_per_second > 0
+
+
+def test_gptq_is_refused_on_tpus_and_tensor_parallelism_must_fit_the_kv_heads(stack_values):
+    values = copy.deepcopy(stack_values["frontier"])
+    next(m for m in values["vllm-gke:models"] if m["name"] == "llama-8b-tpu")["dtype"] = "gptq"
+    assert any(i.startswith("vllm-gke:models[llama-8b-tpu].dtype:") and "gptq" in i for i in issues(values))
+    problems: list[str] = []
+    from vllm_gke.components.config_rules import check_fit
+
+    # 4 KV heads over 8 ranks are replicated: fine; 6 over 4 cannot be split: refused.
+    replicated = ModelSpec(name="m", source="hf://a/b", shape="qwen2.5-7b", node_pool="p", tensor_parallel_size=8)
+    check_fit(lambda k, p: problems.append(f"{k}: {p}"), "m", replicated,
+              NodePoolSpec(name="p", machine_type="a3-highgpu-8g"))
+    assert problems == []
+    custom = ModelSpec(name="m", source="hf://a/b", node_pool="p", tensor_parallel_size=4,
+                       shape=CustomShape(params_billion=7, layers=28, kv_heads=6, head_dim=128))
+    check_fit(lambda k, p: problems.append(f"{k}: {p}"), "m", custom, NodePoolSpec(name="p", machine_type="a3-highgpu-8g"))
+    assert any("6 KV heads" in p for p in problems), problems
 
 
 def test_the_dashboard_charts_tpus_only_where_models_run_on_them(plans):
@@ -151,6 +179,11 @@ def test_the_dashboard_charts_tpus_only_where_models_run_on_them(plans):
         return {t["widget"]["title"] for t in board["mosaicLayout"]["tiles"]}
 
     assert "TPU TensorCore utilisation (%)" in titles(plans["frontier"])
+    board = plans["frontier"].platform.observability.dashboard_definition
+    queries = [d["timeSeriesQuery"].get("prometheusQuery", "") for t in board["mosaicLayout"]["tiles"]
+               for d in t["widget"]["xyChart"]["dataSets"] if "TPU" in t["widget"]["title"]]
+    # The accelerator metric types carry the GPUs' too: only the TPUs' are charted.
+    assert queries and all('make="cloud-tpu"' in q for q in queries)
     assert "TPU HBM bandwidth utilisation (%)" in titles(plans["frontier"])
     assert not any("TPU" in t for t in titles(plans["prod"]))
 

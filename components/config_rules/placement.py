@@ -40,6 +40,9 @@ def check_fit(add: Add, key: str, model: ModelSpec, pool: NodePoolSpec) -> None:
         add(f"{key}.tensorParallelSize", f"{shape} but pool '{pool.name}' is MIG-partitioned "
             f"({pool.gpu_partition_size}); MIG slices cannot be joined, so set both to 1 or use a pool "
             "without gpuPartitionSize")
+    elif pool.is_tpu and model.dtype == "gptq":
+        add(f"{key}.dtype", "gptq weights do not run on vLLM's TPU build (its quantisation methods have no GPTQ "
+            "kernel); use awq, int8 or bfloat16 on TPUs, or a GPU pool")
     elif pool.is_tpu:
         chips = per_node * pool.hosts
         if devices != chips:
@@ -56,6 +59,11 @@ def check_fit(add: Add, key: str, model: ModelSpec, pool: NodePoolSpec) -> None:
     elif devices > per_node and devices % per_node:
         add(f"{key}.tensorParallelSize", f"{shape}, more than {pool.machine_type}'s {per_node} GPUs per node but "
             f"not a multiple of them: a replica across hosts takes whole nodes; use a multiple of {per_node}")
+    kv_heads = model.model_shape.kv_heads
+    if tp > 1 and kv_heads % tp and tp % kv_heads:
+        # vLLM splits or replicates KV heads over tensor-parallel ranks: one count must divide the other.
+        add(f"{key}.tensorParallelSize", f"{tp} neither divides nor is a multiple of the model's {kv_heads} KV "
+            "heads: vLLM refuses to shard it; use a divisor or multiple of them")
     where = (f"one {pool.gpu_partition_size} MIG slice" if pool.gpu_partition_size
              else f"one {pool.machine_type} {'TPU chip' if pool.is_tpu else 'GPU'}")
     for which in model.pool_names:
