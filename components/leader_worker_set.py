@@ -10,11 +10,15 @@ pkg/cert/cert.go), fields the manifest leaves out, so server-side apply never re
 
 Its webhooks fail closed (failurePolicy Fail) and every group pod passes them: a private
 cluster's control plane must reach the controller's webhook port (9443) on the nodes, which
-GKE's own firewall rule (443, 10250) does not allow, so this component opens it.
+GKE's own firewall rule (443, 10250) does not allow, so this component opens it. The controller's
+Deployment is Ready before its webhooks serve (its readiness check is a bare ping, v0.10.0
+cmd/main.go:258; the certificate comes later), so a Job waits until a server-side dry run of a
+LeaderWorkerSet passes them: whatever depends on this component creates its sets after that.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,6 +26,8 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
+from .k8s_meta import api_body, meta
+from .mesh_readiness import KUBECTL_IMAGE, kubectl_container
 from .options import child_opts
 from .project_apis import ProjectApis
 
@@ -30,6 +36,12 @@ MANIFEST_URL = f"https://github.com/kubernetes-sigs/lws/releases/download/{RELEA
 NAMESPACE = "lws-system"
 # The webhook server's pod port (config/webhook/service.yaml targetPort; see infra/contracts/lws.py).
 WEBHOOK_PORT = 9443
+READY_JOB = "lws-webhook-ready"
+# What the dry run submits: the smallest set the validating and defaulting webhooks accept.
+PROBE = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+         "metadata": {"name": "webhook-probe", "namespace": NAMESPACE},
+         "spec": {"leaderWorkerTemplate": {"size": 1, "workerTemplate": {"spec": {"containers": [
+             {"name": "probe", "image": "registry.k8s.io/pause:3.10"}]}}}}}
 
 
 @dataclass
@@ -60,4 +72,37 @@ class LeaderWorkerSetController(pulumi.ComponentResource):
         self.manifests = k8s.yaml.v2.ConfigFile(
             f"{name}-manifests", file=args.url,
             opts=child_opts(self, opts, provider=args.provider, depends_on=deps))
-        self.register_outputs({"release": RELEASE, "namespace": NAMESPACE, "url": args.url})
+        after = child_opts(self, opts, provider=args.provider, depends_on=[self.manifests])
+        ns_meta = {"namespace": NAMESPACE}
+        probe = k8s.core.v1.ConfigMap(f"{name}-probe", metadata={**meta(READY_JOB), **ns_meta},
+                                      data={"probe.json": json.dumps(PROBE, sort_keys=True)}, opts=after)
+        sa = k8s.core.v1.ServiceAccount(f"{name}-ready-ksa", metadata={**meta(READY_JOB), **ns_meta}, opts=after)
+        # Dry-run creates of sets in its own namespace: nothing is ever stored.
+        role = k8s.rbac.v1.Role(f"{name}-ready-role", metadata={**meta(READY_JOB), **ns_meta}, rules=api_body([
+            {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"], "verbs": ["create"]}]),
+            opts=after)
+        binding = k8s.rbac.v1.RoleBinding(
+            f"{name}-ready-binding", metadata={**meta(READY_JOB), **ns_meta},
+            role_ref=api_body({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": READY_JOB}),
+            subjects=[{"kind": "ServiceAccount", "name": READY_JOB, "namespace": NAMESPACE}],
+            opts=child_opts(self, opts, provider=args.provider, depends_on=[role, sa]))
+        container = kubectl_container("webhook", KUBECTL_IMAGE.uri,
+                                      ["create", "--dry-run=server", "-f", "/probe/probe.json"])
+        container["volumeMounts"] = [*container["volumeMounts"], {"name": "probe", "mountPath": "/probe",
+                                                                  "readOnly": True}]
+        self.ready = k8s.batch.v1.Job(
+            f"{name}-ready", metadata={**meta(READY_JOB, annotations={"pulumi.com/timeoutSeconds": "1200"}), **ns_meta},
+            spec=api_body({
+                "backoffLimit": 30, "activeDeadlineSeconds": 1200,
+                "template": {"metadata": {"annotations": {"sidecar.istio.io/inject": "false"}}, "spec": {
+                    "serviceAccountName": READY_JOB, "restartPolicy": "OnFailure",
+                    "nodeSelector": {"vllm-gke.io/role": "system"},
+                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [container],
+                    "volumes": [{"name": "kube-cache", "emptyDir": {"sizeLimit": "64Mi"}},
+                                {"name": "probe", "configMap": {"name": READY_JOB}}]}},
+            }),
+            opts=child_opts(self, opts, provider=args.provider, depends_on=[binding, probe],
+                            custom_timeouts=pulumi.CustomTimeouts(create="20m", update="20m")))
+        self.register_outputs({"release": RELEASE, "namespace": NAMESPACE, "url": args.url,
+                               "readyJob": self.ready.metadata.name})

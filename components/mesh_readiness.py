@@ -50,7 +50,8 @@ class MeshReadinessArgs:
     image: ImageRef = KUBECTL_IMAGE
 
 
-def _kubectl(name: str, image: str, args: list[str]) -> dict[str, Any]:
+def kubectl_container(name: str, image: str, args: list[str]) -> dict[str, Any]:
+    """A kubectl container of a readiness Job: hardened, its discovery cache on the `kube-cache` volume."""
     return {
         "name": name, "image": image, "command": ["kubectl"], "args": args,
         "env": [{"name": "KUBECACHEDIR", "value": CACHE_DIR}],
@@ -104,10 +105,10 @@ class MeshReadiness(pulumi.ComponentResource):
                         "restartPolicy": "OnFailure",
                         "nodeSelector": {"vllm-gke.io/role": "system"},
                         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-                        "initContainers": [_kubectl("istio-crds", image, [
+                        "initContainers": [kubectl_container("istio-crds", image, [
                             "wait", "--for=condition=Established", f"--timeout={TIMEOUT}",
                             *(f"crd/{c}" for c in ISTIO_CRDS)])],
-                        "containers": [_kubectl("control-plane", image, [
+                        "containers": [kubectl_container("control-plane", image, [
                             "wait", "--for=condition=ProvisioningFinished", f"--timeout={TIMEOUT}",
                             "-n", "istio-system", f"controlplanerevision/{self.revision}"])],
                         "volumes": [{"name": "kube-cache", "emptyDir": {"sizeLimit": "64Mi"}}],

@@ -96,11 +96,15 @@ LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 # On a group's workers instead of the pool's labels (which select leaders: they serve).
 GROUP_WORKER_LABEL = "vllm-gke.io/group-worker-of"
+# A worker's readiness: its leader's server answers (/metrics: no tenant token, open to scrapers).
+LEADER_SERVES = ("import os, urllib.request; urllib.request.urlopen("
+                 f"'http://' + os.environ['LWS_LEADER_ADDRESS'] + ':{PORT}/metrics', timeout=4)")
 
 
 def group_can_surge(pool: ServingPoolSpec, hosts: int, node_pool: NodePoolSpec) -> bool:
     """The node pool reaches the hosts of one group more than the pool's most (its own maxNodes,
-    and an on-demand twin's); a multi-host TPU slice pool is one slice, so never."""
+    and an on-demand twin's): a multi-host TPU slice pool is one slice, so only with a twin (a
+    second slice) beside a one-group pool."""
     reach = node_pool.max_nodes * (2 if node_pool.has_fallback_pool else 1)
     return reach >= (pool.max_replicas + 1) * hosts
 
@@ -353,6 +357,11 @@ class VllmService(pulumi.ComponentResource):
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 container.pop(probe, None)
             container.pop("ports", None)
+            # Ready while its leader serves: a recreated group's workers are not counted available
+            # (by the PodDisruptionBudget) before the group can answer. No liveness probe: a restart
+            # recreates the whole group, and the leader's own probes already watch it.
+            container["readinessProbe"] = {"exec": {"command": ["python3", "-c", LEADER_SERVES]},
+                                           "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}
             return template
 
         timeouts = pulumi.CustomTimeouts(create="45m", update="45m")

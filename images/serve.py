@@ -43,6 +43,25 @@ def ray_nodes_alive() -> int:
         return 0
 
 
+RAY_JOIN_TIMEOUT_S = 600.0
+
+
+def join_ray(address: str, stopped: Callable[[], bool], timeout_s: float = RAY_JOIN_TIMEOUT_S,
+             sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> int:
+    """Join the leader's Ray head and block there; while the head is not up yet (the group's pods
+    start together), try again, for up to `timeout_s` (as vLLM's multi-node-serving.sh does)."""
+    deadline = clock() + timeout_s
+    while True:
+        ray = subprocess.Popen(["ray", "start", f"--address={address}", "--block"])
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda s, _f, proc=ray: proc.send_signal(s))
+        code = ray.wait()
+        if code == 0 or stopped() or clock() >= deadline:
+            return exit_status(code)
+        print(f"vllm-gke: could not join the Ray head at {address} (exit {code}); retrying", file=sys.stderr, flush=True)
+        sleep(5.0)
+
+
 def start_ray_head(nodes: int, stopped: Callable[[], bool], alive: Callable[[], int] = ray_nodes_alive,
                    sleep: Callable[[float], None] = time.sleep) -> bool:
     """Ray's head on this host, then wait until all `nodes` hosts of the group have joined (vLLM's
@@ -158,10 +177,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if join := os.environ.get(RAY_JOIN_ENV):
         # A TPU group's worker: its host is a Ray node the leader's engine drives.
-        ray = subprocess.Popen(["ray", "start", f"--address={join}", "--block"])
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda s, _f: ray.send_signal(s))
-        return exit_status(ray.wait())
+        return join_ray(join, stopped=lambda: bool(stop))
     if (head := os.environ.get(RAY_HEAD_ENV)) and not start_ray_head(int(head), stopped=lambda: bool(stop)):
         return 0
     proc = subprocess.Popen([*command, *argv], env=env)

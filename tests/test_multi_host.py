@@ -81,9 +81,13 @@ def test_only_the_leader_serves_and_the_workers_are_closed(plans):
     assert leader_t["metadata"]["annotations"]["traffic.sidecar.istio.io/includeInboundPorts"] == "8000"
     assert leader_t["metadata"]["annotations"]["traffic.sidecar.istio.io/excludeOutboundIPRanges"] == \
         plan.config.cluster.pods_cidr
-    # The worker: no API, no guard config, no probes or ports, no sidecar, not selected as a server.
+    # The worker: no API, no guard config, no ports, no sidecar, not selected as a server; ready only
+    # while its leader's server answers (so a reloading group counts as unavailable to the PDB), and
+    # no liveness probe (a restart recreates the whole group).
     assert "GKE_LLM_GUARD_CONFIG" not in _env(worker) and "ports" not in worker
-    assert not {"startupProbe", "readinessProbe", "livenessProbe"} & set(worker)
+    assert not {"startupProbe", "livenessProbe"} & set(worker)
+    ready = worker["readinessProbe"]["exec"]["command"]
+    assert ready[:2] == ["python3", "-c"] and "LWS_LEADER_ADDRESS" in ready[2] and ":8000/metrics" in ready[2]
     assert worker_t["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
     (svc,) = [s for s in manifests_of(plan, "Service") if s["metadata"]["name"] == "llama-405b-short"]
     selector = svc["spec"]["selector"]
@@ -163,6 +167,14 @@ def test_the_controller_comes_with_the_first_multi_host_model(plans):
         return any(r.type == "vllm-gke:index:LeaderWorkerSetController" for r in plan.resources)
 
     assert installed(plans["frontier"]) and not installed(plans["prod"])
+    # Its webhooks serve before any set is created: a Job dry-runs one through them, allowed to
+    # create (dry-run) sets in the controller's namespace and nothing else.
+    (job,) = [j for j in manifests_of(plans["frontier"], "Job") if j["metadata"]["name"] == "lws-webhook-ready"]
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["args"] == ["create", "--dry-run=server", "-f", "/probe/probe.json"]
+    (role,) = [r for r in manifests_of(plans["frontier"], "Role") if r["metadata"]["name"] == "lws-webhook-ready"]
+    assert role["rules"] == [{"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"],
+                              "verbs": ["create"]}]
     firewalls = [r.props for r in plans["frontier"].of_type("gcp:compute/firewall:Firewall")]
     assert any(f["allows"] == [{"protocol": "tcp", "ports": ["9443"]}] and "LeaderWorkerSet" in f["description"]
                for f in firewalls)
@@ -175,6 +187,25 @@ def test_a_gpu_group_takes_whole_nodes(stack_values):
     found = issues(values)
     assert any(i.startswith("vllm-gke:models[llama-405b].tensorParallelSize:") and "not a multiple of them" in i
                and "use a multiple of 8" in i for i in found), found
+
+
+def test_a_gpu_group_pool_upgrades_a_group_at_once_and_names_fit(stack_values):
+    values = copy.deepcopy(stack_values["frontier"])
+    next(p for p in values["vllm-gke:nodePools"] if p["name"] == "h100-hosts")["upgrade"] = {"maxSurge": 1}
+    found = issues(values)
+    assert any(i.startswith("vllm-gke:nodePools[h100-hosts].upgrade.maxSurge:") and "set maxSurge to 2" in i
+               for i in found), found
+    values = copy.deepcopy(stack_values["frontier"])
+    model = next(m for m in values["vllm-gke:models"] if m["name"] == "llama-405b")
+    # The longest name a model may have, with a canary: its canary's set would name pods whose
+    # revision label (<set>-<index>-<hash>) passes 63 characters.
+    name = "l" * 32
+    model.update(name=name, routing="length", canary={"revision": "abc123", "weight": 10},
+                 long={"minReplicas": 0, "maxReplicas": 1, "maxNumSeqs": 8})
+    for t in values["vllm-gke:tenants"]:
+        t["models"] = [name if m == "llama-405b" else m for m in t["models"]]
+    found = issues(values)
+    assert any(f"vllm-gke:models[{name}].name:" in i and "63 characters" in i for i in found), found
 
 
 def test_policies_hold_group_workers_closed(plans):
@@ -239,6 +270,32 @@ def test_a_tpu_worker_joins_the_leaders_ray_cluster_and_runs_no_vllm(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "ray-argv").read_text().split() == ["start", "--address=leader.group.ns:6379", "--block"]
     assert not (tmp_path / "vllm-ran").exists()
+
+
+def test_a_tpu_worker_retries_until_the_head_is_up(tmp_path):
+    """The group's pods start together: a worker that finds no head yet tries again."""
+    tries = tmp_path / "tries"
+    _fake_bin(tmp_path, "ray", f'echo x >> {tries}\n[ $(wc -l < {tries}) -ge 3 ]\n')
+    sys.path.insert(0, str(REPO_ROOT / "images"))
+    try:
+        import serve  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    old = os.environ["PATH"]
+    os.environ["PATH"] = f"{tmp_path}:{old}"
+    try:
+        assert serve.join_ray("leader:6379", stopped=lambda: False, sleep=lambda _s: None) == 0
+    finally:
+        os.environ["PATH"] = old
+    assert len(tries.read_text().split()) == 3
+    ticks = iter([0.0, 700.0])
+    _fake_bin(tmp_path, "ray", "exit 1\n")
+    os.environ["PATH"] = f"{tmp_path}:{old}"
+    try:
+        assert serve.join_ray("leader:6379", stopped=lambda: False, sleep=lambda _s: None,
+                              clock=lambda: next(ticks)) == 1  # gives up after its timeout
+    finally:
+        os.environ["PATH"] = old
 
 
 def test_a_tpu_leader_waits_for_every_host_before_vllm_starts():

@@ -31,6 +31,7 @@ from .placement import (
     filestore_size,
     gpu_slots,
     model_placements,
+    multi_host_groups,
     node_disks,
     scale_to_zero,
 )
@@ -45,7 +46,7 @@ STACK_CHECKS: tuple[Callable[["StackConfig", Add], None], ...] = (
     unique_names, model_placements, tenant_models, gpu_slots, external_gateway, network, zones, issuers,
     namespaces, vllm_release, inference_gateway, global_limits, adapters, scale_to_zero, hyperdisk_ml,
     node_disks, filestore_size, slo_alerts_reachable, load_tests,
-    traces_exportable,
+    traces_exportable, multi_host_groups,
 )
 
 

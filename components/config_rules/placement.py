@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..capacity import gpu_slots_by_pool, placements, pool_capacity
+from ..capacity import gpu_slots_by_pool, hosts_per_replica, placements, pool_capacity
 from ..specs import ModelSpec, NodePoolSpec, item_key
 from ..vllm_server import scratch_gi
 from .base import Add
@@ -143,6 +143,43 @@ def node_disks(cfg: "StackConfig", add: Add) -> None:
                 f"{pool.disk_size_gb} GB holds {usable} GB for pods, but {per_node} replicas of {model_name} on a "
                 f"node ask {need} GiB (compile caches{' and the bucket file cache' if bucket_cache else ''}); raise "
                 f"diskSizeGb to {need + SYSTEM_DISK_GB} or more")
+
+
+# A LeaderWorkerSet's worker StatefulSet is <set>-<group index>, and its pods' revision label
+# <statefulset>-<10-char hash> must stay within a label's 63 characters.
+MAX_GROUP_NAME = 63 - len("-99") - len("-") - 10
+
+
+def multi_host_groups(cfg: "StackConfig", add: Add) -> None:
+    """Per group across hosts: its names fit Kubernetes' limits, and a GPU pool's node upgrades
+    surge a whole group's hosts (one at a time, each upgrade would restart the group once a host:
+    every restart a full reload of the weights)."""
+    from ..vllm_service import group_name_of, service_name_of
+
+    pools = {p.name: p for p in cfg.node_pools}
+    widest: dict[str, int] = {}
+    for model, pool_name, _tenant in placements(cfg):
+        pool = pools.get(pool_name)
+        if pool is None:
+            continue
+        hosts = hosts_per_replica(model, pool)
+        if hosts <= 1:
+            continue
+        widest[pool_name] = max(widest.get(pool_name, 0), hosts)
+        canary = model.revision != cfg.model(model.name).revision
+        for which in model.pool_names:
+            group = group_name_of(service_name_of(model.name, which, canary))
+            if len(group) > MAX_GROUP_NAME:
+                add(f"{item_key('models', cfg.models, cfg.models.index(cfg.model(model.name)))}.name",
+                    f"its replicas span hosts, and LeaderWorkerSet '{group}' ({len(group)} characters) would name "
+                    f"pods whose revision label exceeds 63 characters; use a name at most "
+                    f"{len(model.name) - (len(group) - MAX_GROUP_NAME)} characters long")
+    for name, hosts in widest.items():
+        pool = pools[name]
+        if not pool.is_tpu and pool.upgrade.strategy == "SURGE" and pool.upgrade.max_surge < hosts:
+            add(f"{item_key('nodePools', cfg.node_pools, cfg.node_pools.index(pool))}.upgrade.maxSurge",
+                f"is {pool.upgrade.max_surge}, but a replica on '{name}' spans {hosts} hosts: upgraded one node at a "
+                f"time, each group restarts {hosts} times; set maxSurge to {hosts} or strategy BLUE_GREEN")
 
 
 def scale_to_zero(cfg: "StackConfig", add: Add) -> None:
