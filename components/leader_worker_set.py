@@ -73,16 +73,15 @@ class LeaderWorkerSetController(pulumi.ComponentResource):
             f"{name}-manifests", file=args.url,
             opts=child_opts(self, opts, provider=args.provider, depends_on=deps))
         after = child_opts(self, opts, provider=args.provider, depends_on=[self.manifests])
-        ns_meta = {"namespace": NAMESPACE}
-        probe = k8s.core.v1.ConfigMap(f"{name}-probe", metadata={**meta(READY_JOB), **ns_meta},
+        probe = k8s.core.v1.ConfigMap(f"{name}-probe", metadata=meta(READY_JOB, NAMESPACE),
                                       data={"probe.json": json.dumps(PROBE, sort_keys=True)}, opts=after)
-        sa = k8s.core.v1.ServiceAccount(f"{name}-ready-ksa", metadata={**meta(READY_JOB), **ns_meta}, opts=after)
+        sa = k8s.core.v1.ServiceAccount(f"{name}-ready-ksa", metadata=meta(READY_JOB, NAMESPACE), opts=after)
         # Dry-run creates of sets in its own namespace: nothing is ever stored.
-        role = k8s.rbac.v1.Role(f"{name}-ready-role", metadata={**meta(READY_JOB), **ns_meta}, rules=api_body([
+        role = k8s.rbac.v1.Role(f"{name}-ready-role", metadata=meta(READY_JOB, NAMESPACE), rules=api_body([
             {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"], "verbs": ["create"]}]),
             opts=after)
         binding = k8s.rbac.v1.RoleBinding(
-            f"{name}-ready-binding", metadata={**meta(READY_JOB), **ns_meta},
+            f"{name}-ready-binding", metadata=meta(READY_JOB, NAMESPACE),
             role_ref=api_body({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": READY_JOB}),
             subjects=[{"kind": "ServiceAccount", "name": READY_JOB, "namespace": NAMESPACE}],
             opts=child_opts(self, opts, provider=args.provider, depends_on=[role, sa]))
@@ -91,7 +90,7 @@ class LeaderWorkerSetController(pulumi.ComponentResource):
         container["volumeMounts"] = [*container["volumeMounts"], {"name": "probe", "mountPath": "/probe",
                                                                   "readOnly": True}]
         self.ready = k8s.batch.v1.Job(
-            f"{name}-ready", metadata={**meta(READY_JOB, annotations={"pulumi.com/timeoutSeconds": "1200"}), **ns_meta},
+            f"{name}-ready", metadata=meta(READY_JOB, NAMESPACE, annotations={"pulumi.com/timeoutSeconds": "1200"}),
             spec=api_body({
                 "backoffLimit": 30, "activeDeadlineSeconds": 1200,
                 "template": {"metadata": {"annotations": {"sidecar.istio.io/inject": "false"}}, "spec": {
