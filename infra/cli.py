@@ -95,7 +95,7 @@ def policy_table(v: Verdicts) -> Table:
 
 
 def capacity_table(v: Verdicts) -> Table:
-    table = Table(title="capacity per serving pool (GB per device: GPU, MIG slice or TPU TensorCore; tokens/s "
+    table = Table(title="capacity per serving pool (GB per device: GPU, MIG slice or TPU chip; tokens/s "
                         "per replica, the roofline's)")
     for col in ("model", "pool", "node pool", "GB", "devices x hosts", "weights", "LoRA",
                 "KV budget", "KV tokens", "context", "seqs fit", "maxNumSeqs", "tokens/s", "fits", "to serve"):
@@ -113,8 +113,8 @@ def capacity_table(v: Verdicts) -> Table:
 
 def options_table(cfg: StackConfig) -> Table:
     """Each model's GPU and TPU options side by side (infra/accelerator_options.py)."""
-    table = Table(title="accelerator options per model (the smallest replica that holds its short pool; "
-                        "roofline tokens/s, on-demand list prices)")
+    table = Table(title="accelerator options per model (per accelerator, the replica of whole GPUs or TPU chips "
+                        "that holds its short pool at the lowest $ a token; roofline tokens/s, on-demand list prices)")
     for col in ("model", "accelerator", "machine", "TP x PP", "hosts", "batch", "tokens/s", "$/h",
                 "$/M tokens", "this stack"):
         table.add_column(col, justify="left" if col in ("model", "accelerator", "machine", "this stack") else "right")
