@@ -112,3 +112,18 @@ def test_a_component_depends_on_reaches_its_children(plans):
         for r in plan.kubernetes():
             if r.props.get("kind") == kind and r.props["metadata"].get("namespace") in ("vllm", "tenant-analytics"):
                 assert plan.waits_for(r, job), (kind, r.name)
+
+
+def test_groups_wait_for_the_leader_worker_set_webhooks(plans):
+    """A LeaderWorkerSet created before its controller's webhooks serve is refused (they fail
+    closed): every set waits for the Job that dry-runs one through them, which waits for the
+    controller's manifests; and for the mesh, as any serving pod."""
+    plan = plans["frontier"]
+    ready = plan.kube("Job", "lws-webhook-ready", "lws-system")
+    manifests = next(r for r in plan.resources if r.type == "kubernetes:yaml/v2:ConfigFile" and r.name == "lws-manifests")
+    assert plan.waits_for(ready, manifests)
+    groups = [r for r in plan.kubernetes() if r.props.get("kind") == "LeaderWorkerSet"]
+    assert len(groups) == 2
+    for group in groups:
+        assert plan.waits_for(group, ready), group.name
+        assert plan.waits_for(group, plan.kube("Job", "mesh-ready")), group.name
