@@ -80,6 +80,13 @@ class PoolCapacity:
 
     def fix(self) -> str:
         """What can help this problem: weights that do not fit are not helped by fewer sequences."""
+        if self.accelerator.startswith("tpu-"):
+            more = "a larger slice (tpuTopology, with tensorParallelSize its chips)"
+            if self.kv_budget_gb <= 0:
+                return f"use {more} or quantise the weights (int8, an AWQ revision)"
+            if self.tokens_fit < self.max_model_len:
+                return f"lower maxModelLen, use {more}, or kvCacheDtype fp8"
+            return f"lower maxNumSeqs or contextTokens, use kvCacheDtype fp8, or {more}"
         if self.kv_budget_gb <= 0:
             return ("use a larger MIG slice or GPU, raise tensorParallelSize on whole GPUs, or quantise the weights "
                     "(dtype fp8, an AWQ/GPTQ revision)")

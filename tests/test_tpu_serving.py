@@ -128,6 +128,15 @@ def test_a_tpu_replica_takes_its_whole_slice(stack_values):
     assert any(i.startswith("vllm-gke:models[llama-70b-tpu].pipelineParallelSize:") for i in found), found
 
 
+def test_a_tpu_pool_that_does_not_fit_says_what_helps_on_tpus(stack_values):
+    values = copy.deepcopy(stack_values["frontier"])
+    model = next(m for m in values["vllm-gke:models"] if m["name"] == "llama-70b-tpu")
+    model["short"]["maxNumSeqs"] = 64
+    (msg,) = issues(values)
+    assert msg.startswith("vllm-gke:models[llama-70b-tpu].short:") and "larger slice (tpuTopology" in msg
+    assert "MIG" not in msg
+
+
 def test_tpu_capacity_is_per_chip():
     model = ModelSpec(name="m", source="hf://a/b", shape="llama-3-70b", node_pool="p", tensor_parallel_size=8,
                       max_model_len=4096)
