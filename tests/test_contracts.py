@@ -317,3 +317,20 @@ def test_the_injection_order_is_the_webhooks():
         assert injected_init_order(["wait"], True, fuse_first) == ["istio-init", "istio-proxy", "gke-gcsfuse-sidecar",
                                                                     "wait"]
         assert injected_init_order(["wait"], False, fuse_first) == ["gke-gcsfuse-sidecar", "wait", "istio-init"]
+
+
+def test_the_tpu_builds_metrics_count_where_models_run_on_tpus(plans, monkeypatch):
+    """A metric the dashboards, KEDA or the guard read must be one the TPU build exports too."""
+    from vllm_gke.infra.contracts import base, keda_queries_one_series_of_exported_metrics
+
+    real = base.load_snapshot
+
+    def without_the_queue(name: str):
+        snap = real(name)
+        if not name.startswith("tpu-"):
+            return snap
+        return {**snap, "metrics": [m for m in snap["metrics"] if m["name"] != "vllm:num_requests_waiting"]}
+
+    monkeypatch.setattr(base, "load_snapshot", without_the_queue)
+    assert keda_queries_one_series_of_exported_metrics(plans["frontier"])
+    assert keda_queries_one_series_of_exported_metrics(plans["prod"]) == []

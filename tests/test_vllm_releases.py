@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT, vllm_deployments
 from vllm_gke.components.vllm_argv import check_argv, load_snapshot, snapshot_versions
-from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES, TPU_RELEASES
 
 
 def newest(versions):
@@ -25,10 +25,16 @@ def test_the_newest_supported_release_is_the_default():
     assert f"_VLLM_VERSION: v{DEFAULT_VLLM_VERSION}" in (REPO_ROOT / "images" / "cloudbuild.yaml").read_text()
 
 
-@pytest.mark.parametrize("version", sorted(RELEASES))
-def test_each_release_matches_its_real_snapshot(version):
-    rel, snap = RELEASES[version], load_snapshot(version)
-    assert snap["version"] == version and version in snapshot_versions()
+ALL_RELEASES = {**{r.snapshot: r for r in RELEASES.values()}, **{r.snapshot: r for r in TPU_RELEASES.values()}}
+
+
+@pytest.mark.parametrize("name", sorted(ALL_RELEASES))
+def test_each_release_matches_its_real_snapshot(name):
+    """The CUDA releases and the TPU build alike."""
+    rel = ALL_RELEASES[name]
+    version, snap = rel.version, load_snapshot(rel.snapshot)
+    assert snap["version"] == version and rel.snapshot in snapshot_versions()
+    assert snap.get("build", "cuda") == rel.platform
     assert rel.image_tag == f"v{version}"
     flags = snap["flags"]
     for flag in (rel.disable_prefix_caching, rel.disable_chunked_prefill, "--enable-prefix-caching",
@@ -43,6 +49,23 @@ def test_each_release_matches_its_real_snapshot(version):
     else:
         assert "--shutdown-timeout" not in flags
     assert {"/v1/completions", "/v1/chat/completions", "/health", "/metrics"} <= {r["path"] for r in snap["routes"]}
+
+
+def test_the_tpu_build_runs_the_tpu_models_of_the_frontier_stack(plans):
+    """Its server command lines parse with its parser, its guard config follows its max_tokens rule,
+    and only the VLLM_* variables it reads are set."""
+    cfg = plans["frontier"].config
+    rel = TPU_RELEASES[cfg.tpu_vllm_version]
+    snap = load_snapshot(rel.snapshot)
+    tpu = [d for d in vllm_deployments(plans["frontier"])
+           if "cloud.google.com/gke-tpu-accelerator" in d["spec"]["template"]["spec"]["nodeSelector"]]
+    assert tpu
+    for dep in tpu:
+        (container,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+        assert check_argv(container["args"], snap) == [], dep["metadata"]["name"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert json.loads(env["GKE_LLM_GUARD_CONFIG"])["maxTokensRule"] == rel.max_tokens_rule
+        assert {n for n in env if n.startswith("VLLM_")} <= set(snap["environment"])
 
 
 def test_gpu_cache_usage_is_gone_from_the_default_release():

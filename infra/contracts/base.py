@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 from ...components.vllm_argv import load_snapshot
+from ...components.vllm_versions import TPU_RELEASES
 from ..plan import Plan, manifest
 
 Check = Callable[[Plan], list[str]]
@@ -48,7 +49,13 @@ def _flag(args: list[Any], flag: str) -> Optional[str]:
 
 
 def _exported(plan: Plan) -> set[str]:
-    return {m["name"] for m in load_snapshot(plan.config.vllm_version)["metrics"]}
+    """The metrics every vLLM build the stack runs exports: the release's, and the TPU build's where
+    models run on TPUs (the dashboards, KEDA, the picker and the guard read one set of names)."""
+    cfg = plan.config
+    names = {m["name"] for m in load_snapshot(cfg.vllm_version)["metrics"]}
+    if cfg.has_tpu_models:
+        names &= {m["name"] for m in load_snapshot(TPU_RELEASES[cfg.tpu_vllm_version].snapshot)["metrics"]}
+    return names
 
 
 def _env(container: dict[str, Any]) -> dict[str, Any]:
