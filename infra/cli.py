@@ -20,7 +20,6 @@ from rich.table import Table
 from ..components.vllm_argv import check_argv, load_snapshot
 from ..components.vllm_versions import TPU_RELEASES, release
 from ..policies.rules import POLICIES, resolve_levels
-from .accelerator_options import model_options
 from .config import ConfigError, StackConfig
 from .contracts import CONTRACTS
 from .contracts import problems as contract_problems
@@ -111,7 +110,7 @@ def capacity_table(v: Verdicts) -> Table:
     return table
 
 
-def options_table(cfg: StackConfig) -> Table:
+def options_table(cfg: StackConfig, v: Verdicts) -> Table:
     """Each model's GPU and TPU options side by side (infra/accelerator_options.py)."""
     table = Table(title="accelerator options per model (per accelerator, the replica of whole GPUs or TPU chips "
                         "that holds its short pool at the lowest $ a token; roofline tokens/s, on-demand list prices)")
@@ -121,7 +120,7 @@ def options_table(cfg: StackConfig) -> Table:
     util = cfg.cost.target_utilization
     for model in cfg.models:
         chosen = cfg.pool(model.node_pool).machine.accelerator
-        for o in model_options(model):
+        for o in (o for o in v.options if o.model == model.name):
             here = "[green]chosen[/]" if chosen is not None and chosen.gke_type == o.accelerator else ""
             machine = o.machine_type + (f" {o.topology}" if o.topology else "")
             table.add_row(model.name, o.accelerator, machine, f"{o.tensor_parallel} x {o.pipeline_parallel}",
@@ -235,7 +234,7 @@ def plan(
         # What a person decides on first: what it holds, what it costs, what to watch, where tenants call.
         console.print(capacity_table(report))
         console.print(cost_table(report))
-        console.print(options_table(result.config))
+        console.print(options_table(result.config, report))
         for warning in report.warnings:
             console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
         console.print(url_table(report))

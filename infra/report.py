@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -12,6 +12,7 @@ from ..components.specs import TenantSpec
 from ..components.stack_config import StackConfig
 from ..components.tenant_urls import TenantUrl, tenant_urls, url_notes
 from ..policies.rules import POLICIES, Violation, evaluate, resolve_levels
+from .accelerator_options import AcceleratorOption, model_options
 from .advice import plan_warnings
 from .cost import CostReport, cost_report
 from .plan import Plan
@@ -27,6 +28,8 @@ class Verdicts:
     warnings: list[str]
     urls: list[TenantUrl]
     ceilings: list[TenantCeiling]
+    # Each model's GPU and TPU options (infra/accelerator_options.py), at the cost report's utilisation.
+    options: list[AcceleratorOption] = field(default_factory=list[AcceleratorOption])
 
     @property
     def mandatory(self) -> list[Violation]:
@@ -49,7 +52,11 @@ class Verdicts:
                 "baselineMonth": self.cost.baseline_month,
                 "peakMonth": self.cost.peak_month,
                 "usdPerMillionTokens": self.cost.usd_per_million_tokens,
+                "baselineTokensPerSecond": self.cost.baseline_tokens_per_second,
+                "throughputSource": self.cost.throughput_source,
             },
+            "acceleratorOptions": [_camel({**asdict(o), "usd_per_million_tokens": o.usd_per_million_tokens(
+                self.cost.utilization)}) for o in self.options],
         }
 
 
@@ -146,4 +153,5 @@ def verdicts(plan: Plan, policy_config: Optional[Mapping[str, Any]] = None) -> V
         + url_notes(plan.config),
         urls=tenant_urls(plan.config),
         ceilings=tenant_ceilings(plan.config, cost),
+        options=[o for m in plan.config.models for o in model_options(m)],
     )

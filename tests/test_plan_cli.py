@@ -178,7 +178,13 @@ def test_plan_output_json_is_one_document_for_machines(tmp_path):
     # One spelling for machines: camelCase as in the stack config, and each pool says if its peak is capped.
     (pool,) = doc["cost"]["pools"]
     assert {"machineType", "baselineNodes", "peakNodes", "wantedPeakNodes", "capped", "peakMonth"} <= set(pool)
-    assert not [k for row in [pool, *doc["capacity"]] for k in row if "_" in k]
+    assert not [k for row in [pool, *doc["capacity"], *doc["acceleratorOptions"]] for k in row if "_" in k]
+    # The model's options across GPUs and TPUs, each with what it serves and costs.
+    options = doc["acceleratorOptions"]
+    assert {o["model"] for o in options} == {"qwen-7b"}
+    assert {"tpu-v6e-slice", "nvidia-l4"} <= {o["accelerator"] for o in options}
+    assert all(o["tokensPerSecond"] > 0 and o["usdPerMillionTokens"] > 0 for o in options)
+    assert doc["cost"]["throughputSource"] == "roofline" and doc["cost"]["baselineTokensPerSecond"] > 0
     assert runner.invoke(app, ["plan", "--stack", "dev", "--no-write", "--output", "yaml"]).exit_code == 2
 
 
