@@ -36,11 +36,12 @@ def test_base_image_is_pinned():
 
 
 def test_the_tpu_server_image_is_built_from_the_same_file_on_the_tpu_release(stack_values):
-    """cloudbuild.yaml's second step: vllm/vllm-tpu at the pinned TPU release, tagged as the stacks'
-    tpuServerImage expects (v<release>-<suffix>)."""
+    """cloudbuild-tpu.yaml: vllm/vllm-tpu at the pinned TPU release, tagged as the stacks'
+    tpuServerImage expects (v<release>-<suffix>); the CUDA build stays alone in cloudbuild.yaml."""
     from vllm_gke.components.vllm_versions import DEFAULT_TPU_VLLM_VERSION
 
-    build = (IMAGES / "cloudbuild.yaml").read_text()
+    assert "vllm-tpu" not in (IMAGES / "cloudbuild.yaml").read_text()
+    build = (IMAGES / "cloudbuild-tpu.yaml").read_text()
     assert "VLLM_IMAGE=vllm/vllm-tpu" in build and f"_TPU_VLLM_VERSION: v{DEFAULT_TPU_VLLM_VERSION}" in build
     tag = re.search(r"^  _TPU_TAG: (\S+)$", build, re.M)
     assert tag and tag[1].startswith(f"v{DEFAULT_TPU_VLLM_VERSION}-")

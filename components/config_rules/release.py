@@ -19,7 +19,7 @@ def vllm_release(cfg: "StackConfig", add: Add) -> None:
     tpu_pools = sorted({p for _m, p, _t in placements(cfg) if p in cfg_pools(cfg) and cfg.pool(p).is_tpu})
     if tpu_pools and cfg.tpu_server_image is None:
         add("tpuServerImage", f"node pool(s) {', '.join(tpu_pools)} are TPUs, which run the vLLM TPU build: build "
-            f"images/ with VLLM_IMAGE=vllm/vllm-tpu (images/cloudbuild.yaml, _TPU_TAG) and set tpuServerImage "
+            f"images/ with VLLM_IMAGE=vllm/vllm-tpu (images/cloudbuild-tpu.yaml) and set tpuServerImage "
             f"(repository, tag v{cfg.tpu_vllm_version}-<suffix>)")
     if cfg.tpu_server_image is not None:
         check_image_tag(add, "tpuServerImage.tag", cfg.tpu_server_image, cfg.tpu_vllm_version,
