@@ -188,6 +188,8 @@ class ModelShape:
     head_dim: int
     # Parameters one token passes through (a mixture of experts routes it to a few); None: all.
     active_params_billion: float | None = None
+    # Query heads: vLLM's tensor parallelism must divide them; None: not known (not checked).
+    attention_heads: int | None = None
 
     @property
     def active_billion(self) -> float:
@@ -195,17 +197,18 @@ class ModelShape:
 
 
 MODEL_SHAPES: Mapping[str, ModelShape] = {
-    "llama-3-8b": ModelShape(8.03, 32, 8, 128),
-    "llama-3-70b": ModelShape(70.6, 80, 8, 128),
-    "qwen2.5-1.5b": ModelShape(1.54, 28, 2, 128),
-    "qwen2.5-7b": ModelShape(7.62, 28, 4, 128),
-    "qwen2.5-72b": ModelShape(72.7, 80, 8, 128),
-    "mistral-7b": ModelShape(7.25, 32, 8, 128),
+    # (num_attention_heads from each model's config.json.)
+    "llama-3-8b": ModelShape(8.03, 32, 8, 128, attention_heads=32),
+    "llama-3-70b": ModelShape(70.6, 80, 8, 128, attention_heads=64),
+    "qwen2.5-1.5b": ModelShape(1.54, 28, 2, 128, attention_heads=12),
+    "qwen2.5-7b": ModelShape(7.62, 28, 4, 128, attention_heads=28),
+    "qwen2.5-72b": ModelShape(72.7, 80, 8, 128, attention_heads=64),
+    "mistral-7b": ModelShape(7.25, 32, 8, 128, attention_heads=32),
     # Llama 3.1 405B: 126 layers, GQA with 8 KV heads (its config.json).
-    "llama-3.1-405b": ModelShape(405.9, 126, 8, 128),
+    "llama-3.1-405b": ModelShape(405.9, 126, 8, 128, attention_heads=128),
     # DeepSeek-V3/R1: 671B parameters, 37B active per token; multi-head latent attention caches one
     # 576-wide latent (kv_lora_rank 512 + 64 rope dims) per layer, counted as 1 head x 288 for K and V.
-    "deepseek-v3": ModelShape(671.0, 61, 1, 288, active_params_billion=37.0),
+    "deepseek-v3": ModelShape(671.0, 61, 1, 288, active_params_billion=37.0, attention_heads=128),
 }
 
 # Bytes per weight for each dtype/quantisation the config accepts.

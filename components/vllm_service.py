@@ -84,10 +84,12 @@ def disruption_budget(pool: ServingPoolSpec, hosts: int = 1) -> dict[str, Any]:
     last serving replica: with one replica that means no eviction at all until GKE's drain
     timeout, so upgrades happen in the maintenance window; with more, one at a time. A pool that
     may scale to zero accepts going to zero. A multi-host group counts its pods: one evicted
-    recreates the whole group (LeaderWorkerSet's RecreateGroupOnPodRestart), so one pod at a
-    time is one group at a time, and a single group keeps all of its pods."""
+    recreates the whole group (LeaderWorkerSet's RecreateGroupOnPodRestart), and a reloading
+    group's pods are not ready. So with maxUnavailable 1 one pod, hence one group, goes at a time;
+    a floor of one group keeps all its pods while it is alone and, with more, 2 x hosts - 1 of
+    them: never the last group (with three or more, two may go at once)."""
     if pool.min_replicas == 1:
-        return {"minAvailable": hosts}
+        return {"minAvailable": hosts if hosts == 1 or pool.max_replicas == 1 else 2 * hosts - 1}
     return {"maxUnavailable": 1}
 
 
@@ -103,8 +105,10 @@ LEADER_SERVES = ("import os, urllib.request; urllib.request.urlopen("
 
 def group_can_surge(pool: ServingPoolSpec, hosts: int, node_pool: NodePoolSpec) -> bool:
     """The node pool reaches the hosts of one group more than the pool's most (its own maxNodes,
-    and an on-demand twin's): a multi-host TPU slice pool is one slice, so only with a twin (a
-    second slice) beside a one-group pool."""
+    and an on-demand twin's). A multi-host TPU slice pool is one slice: never (its twin holds the
+    second slice only while the group runs on spot)."""
+    if node_pool.is_tpu and hosts > 1:
+        return False  # the surge slice would be the twin's only if the group runs on spot: not known
     reach = node_pool.max_nodes * (2 if node_pool.has_fallback_pool else 1)
     return reach >= (pool.max_replicas + 1) * hosts
 

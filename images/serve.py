@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 WARMUP_PROMPTS = ("Hello", "Summarise the following text in one sentence: " + "lorem ipsum " * 64)
 WARMUP_HEADER = "x-gke-llm-warmup"
@@ -51,12 +51,18 @@ def join_ray(address: str, stopped: Callable[[], bool], timeout_s: float = RAY_J
     """Join the leader's Ray head and block there; while the head is not up yet (the group's pods
     start together), try again, for up to `timeout_s` (as vLLM's multi-node-serving.sh does)."""
     deadline = clock() + timeout_s
+    signalled: list[int] = []
     while True:
         ray = subprocess.Popen(["ray", "start", f"--address={address}", "--block"])
+
+        def forward(sig: int, _frame: Any, proc: subprocess.Popen[bytes] = ray) -> None:
+            signalled.append(sig)  # a stop, not a failed join: never started again
+            proc.send_signal(sig)
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda s, _f, proc=ray: proc.send_signal(s))
+            signal.signal(sig, forward)
         code = ray.wait()
-        if code == 0 or stopped() or clock() >= deadline:
+        if code == 0 or signalled or stopped() or clock() >= deadline:
             return exit_status(code)
         print(f"vllm-gke: could not join the Ray head at {address} (exit {code}); retrying", file=sys.stderr, flush=True)
         sleep(5.0)

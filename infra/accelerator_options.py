@@ -4,7 +4,7 @@ cost per output token, what it serves (the roofline's tokens/s, components/throu
 a million output tokens cost on it at list price - so a team sees which fits and what it costs
 before choosing a pool.
 
-Candidates per accelerator: one node's GPUs (tensor parallelism 1, 2, 4, 8), then whole nodes of
+Candidates per accelerator: one node's GPUs (tensor parallelism 1, 2, 4, 8, 16), then whole nodes of
 the largest machine (pipeline stages across hosts, up to MAX_HOSTS); each TPU host's chips and
 each multi-host slice (tensor parallelism over the slice, as vLLM's TPU build shards). Of those
 that fit, the cheapest per token, then the fewest hosts.
@@ -29,7 +29,7 @@ class AcceleratorOption:
     accelerator: str
     machine_type: str
     topology: Optional[str]
-    devices: int  # GPUs or TPU TensorCores a replica takes (tensorParallelSize x pipelineParallelSize)
+    devices: int  # GPUs or TPU chips a replica takes (tensorParallelSize x pipelineParallelSize)
     tensor_parallel: int
     pipeline_parallel: int
     hosts: int
@@ -54,7 +54,7 @@ def _candidates(machines: list[MachineType]) -> Iterator[tuple[MachineType, Opti
                     yield m, topology, topology_chips(topology), 1
         return
     for m in by_size:
-        for tp in (1, 2, 4, 8):
+        for tp in (1, 2, 4, 8, 16):
             if tp <= m.gpus and m.gpus % tp == 0:
                 yield m, None, tp, 1
     largest = by_size[-1]
@@ -75,6 +75,9 @@ def model_options(model: ModelSpec) -> list[AcceleratorOption]:
             hosts_needed = max(1, tp * pp // machine.gpus)
             pool = NodePoolSpec(name="option", machine_type=machine.name, tpu_topology=topology,
                                 max_nodes=hosts_needed)
+            heads = model.model_shape.attention_heads
+            if heads is not None and heads % tp:
+                continue  # vLLM would refuse this split (the placement check says so too)
             candidate = model.model_copy(update={"tensor_parallel_size": tp, "pipeline_parallel_size": pp,
                                                  "node_pool": "option"})
             row = pool_capacity(candidate, "short", candidate.short, pool)

@@ -124,7 +124,7 @@ def cost_report(cfg: "StackConfig", filestore_tier: str, filestore_gb: int) -> C
     measured = cfg.cost.tokens_per_second_per_gpu
     rows = capacity_report(cfg)
     if measured is not None:
-        # Per physical GPU or chip: a MIG slice or TensorCore gets its share.
+        # Per physical GPU or chip: a MIG slice gets its share.
         tps = sum(r.devices * measured / _units_per_device(cfg, r.node_pool)
                   * _min_replicas(cfg, r.model, r.pool, r.tenant, r.canary) for r in rows)
     else:

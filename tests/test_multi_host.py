@@ -129,6 +129,9 @@ def test_a_rollout_surges_a_group_only_where_the_pool_has_its_hosts():
     assert group_can_surge(pool, 2, spot)  # its on-demand twin has 3 more
     slice_ = NodePoolSpec(name="p", machine_type="ct6e-standard-4t", tpu_topology="2x4", max_nodes=2)
     assert not group_can_surge(ServingPoolSpec(min_replicas=0, max_replicas=1), 2, slice_)
+    # Not with an on-demand twin either: the surge group lands on the twin only while the group runs on spot.
+    twin = slice_.model_copy(update={"spot": True})
+    assert twin.has_fallback_pool and not group_can_surge(ServingPoolSpec(min_replicas=0, max_replicas=1), 2, twin)
 
 
 def test_a_group_is_the_unit_of_disruption_and_startup(plans):
@@ -136,8 +139,12 @@ def test_a_group_is_the_unit_of_disruption_and_startup(plans):
     doc = _group(plan, "llama-405b")
     (pdb,) = [p for p in manifests_of(plan, "PodDisruptionBudget") if p["metadata"]["name"] == "llama-405b-short"]
     assert pdb["spec"]["selector"]["matchLabels"] == {LWS_NAME: doc["metadata"]["name"]}
-    # One group at its floor keeps all its hosts; more, one pod (so one group) at a time.
-    assert disruption_budget(ServingPoolSpec(min_replicas=1), hosts=2) == {"minAvailable": 2}
+    # A lone group at a floor of one keeps all its hosts; with more groups allowed, evictions never
+    # take the last one (2 x hosts - 1 available: two groups of 2 lose one pod, so one group, at
+    # most); above a floor of one, one pod (so one group) at a time.
+    assert disruption_budget(ServingPoolSpec(min_replicas=1, max_replicas=1), hosts=2) == {"minAvailable": 2}
+    assert disruption_budget(ServingPoolSpec(min_replicas=1, max_replicas=3), hosts=2) == {"minAvailable": 3}
+    assert disruption_budget(ServingPoolSpec(min_replicas=1, max_replicas=3), hosts=1) == {"minAvailable": 1}
     assert disruption_budget(ServingPoolSpec(min_replicas=2, max_replicas=3), hosts=2) == {"maxUnavailable": 1}
     # 810 GB from the share take longer than the default 30 minutes: the probe waits 1.5x the estimate.
     leader = _vllm(_templates(doc)[0])
@@ -296,6 +303,23 @@ def test_a_tpu_worker_retries_until_the_head_is_up(tmp_path):
                               clock=lambda: next(ticks)) == 1  # gives up after its timeout
     finally:
         os.environ["PATH"] = old
+
+
+def test_a_stopped_tpu_worker_is_not_joined_again(tmp_path):
+    """SIGTERM ends `ray start --block`; the entrypoint forwards it and exits, not retrying."""
+    import signal
+    import time
+
+    _fake_bin(tmp_path, "ray", f'echo x >> {tmp_path}/tries\ntrap "exit 1" TERM\nsleep 30 & wait\n')
+    full = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "GKE_LLM_RAY_JOIN": "leader:6379"}
+    proc = subprocess.Popen([sys.executable, str(REPO_ROOT / "images" / "serve.py"), "/models/m"], env=full)
+    for _ in range(100):
+        if (tmp_path / "tries").exists():
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 1
+    assert (tmp_path / "tries").read_text().split() == ["x"]
 
 
 def test_a_tpu_leader_waits_for_every_host_before_vllm_starts():

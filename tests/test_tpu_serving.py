@@ -1,5 +1,5 @@
-"""TPU serving: node pools of TPU hosts and slices, vLLM's TPU build on them, capacity per chip or
-TensorCore, TPU list prices, TPU charts - the rest (weights, routing, tenants, guard) as on GPUs."""
+"""TPU serving: node pools of TPU hosts and slices, vLLM's TPU build on them, capacity per
+chip, TPU list prices, TPU charts - the rest (weights, routing, tenants, guard) as on GPUs."""
 
 from __future__ import annotations
 
@@ -171,8 +171,8 @@ def test_gptq_is_refused_on_tpus_and_tensor_parallelism_must_fit_the_kv_heads(st
     problems: list[str] = []
     from vllm_gke.components.config_rules import check_fit
 
-    # 4 KV heads over 8 ranks are replicated: fine; 6 over 4 cannot be split: refused.
-    replicated = ModelSpec(name="m", source="hf://a/b", shape="qwen2.5-7b", node_pool="p", tensor_parallel_size=8)
+    # 2 KV heads over 4 ranks are replicated (12 query heads split): fine; 6 over 4 cannot be split: refused.
+    replicated = ModelSpec(name="m", source="hf://a/b", shape="qwen2.5-1.5b", node_pool="p", tensor_parallel_size=4)
     check_fit(lambda k, p: problems.append(f"{k}: {p}"), "m", replicated,
               NodePoolSpec(name="p", machine_type="a3-highgpu-8g"))
     assert problems == []
@@ -180,6 +180,11 @@ def test_gptq_is_refused_on_tpus_and_tensor_parallelism_must_fit_the_kv_heads(st
                        shape=CustomShape(params_billion=7, layers=28, kv_heads=6, head_dim=128))
     check_fit(lambda k, p: problems.append(f"{k}: {p}"), "m", custom, NodePoolSpec(name="p", machine_type="a3-highgpu-8g"))
     assert any("6 KV heads" in p for p in problems), problems
+    # Qwen2.5 7B's 28 query heads do not split 8 ways (vLLM refuses): refused here too.
+    problems.clear()
+    qwen_7b = ModelSpec(name="m", source="hf://a/b", shape="qwen2.5-7b", node_pool="p", tensor_parallel_size=8)
+    check_fit(lambda k, p: problems.append(f"{k}: {p}"), "m", qwen_7b, NodePoolSpec(name="p", machine_type="a3-highgpu-8g"))
+    assert any("28 attention heads" in p for p in problems), problems
 
 
 def test_the_dashboard_charts_tpus_only_where_models_run_on_them(plans):
@@ -197,3 +202,23 @@ def test_the_dashboard_charts_tpus_only_where_models_run_on_them(plans):
     assert not any("TPU" in t for t in titles(plans["prod"]))
 
     assert not plans["prod"].config.has_tpu_models and plans["frontier"].config.has_tpu_models
+
+
+def test_the_readmes_options_table_is_what_the_plan_prints(plans):
+    """The README's rows for the frontier 70B are the options table's (a stale figure fails)."""
+    import re
+
+    from tests.conftest import REPO_ROOT
+    from vllm_gke.infra.accelerator_options import model_options
+
+    cfg = plans["frontier"].config
+    options = {o.accelerator: o for o in model_options(cfg.model("llama-70b-tpu"))}
+    rows = re.findall(r"^\| (\S+)(?: \(chosen\))? \| (.+?) \| (\d+) x (\d+) \| (\d+) \| ([\d,]+) \| ([\d.]+) \| ([\d.]+) \|$",
+                      (REPO_ROOT / "README.md").read_text(), re.M)
+    assert len(rows) >= 3
+    for acc, machine, tp, pp, hosts, tps, usd_h, usd_m in rows:
+        o = options[acc]
+        assert (o.machine_type + (f" {o.topology}" if o.topology else ""), o.tensor_parallel, o.pipeline_parallel,
+                o.hosts) == (machine, int(tp), int(pp), int(hosts))
+        assert f"{o.tokens_per_second:,.0f}" == tps and f"{o.usd_per_hour:.2f}" == usd_h
+        assert f"{o.usd_per_million_tokens(cfg.cost.target_utilization):.2f}" == usd_m

@@ -59,8 +59,13 @@ def check_fit(add: Add, key: str, model: ModelSpec, pool: NodePoolSpec) -> None:
     elif devices > per_node and devices % per_node:
         add(f"{key}.tensorParallelSize", f"{shape}, more than {pool.machine_type}'s {per_node} GPUs per node but "
             f"not a multiple of them: a replica across hosts takes whole nodes; use a multiple of {per_node}")
-    kv_heads = model.model_shape.kv_heads
-    if tp > 1 and kv_heads % tp and tp % kv_heads:
+    kv_heads, heads = model.model_shape.kv_heads, model.model_shape.attention_heads
+    if tp > 1 and heads is not None and heads % tp:
+        # vLLM shards the query heads over the tensor-parallel ranks: they must divide evenly
+        # (vllm 0.34.0 config/model.py:1577-1581).
+        add(f"{key}.tensorParallelSize", f"{tp} does not divide the model's {heads} attention heads: vLLM refuses "
+            "to start; use a divisor of them")
+    elif tp > 1 and kv_heads % tp and tp % kv_heads:
         # vLLM splits or replicates KV heads over tensor-parallel ranks: one count must divide the other.
         add(f"{key}.tensorParallelSize", f"{tp} neither divides nor is a multiple of the model's {kv_heads} KV "
             "heads: vLLM refuses to shard it; use a divisor or multiple of them")

@@ -244,6 +244,8 @@ class CustomShape(TypedDict):
     """Dimension of one attention head."""
     active_params_billion: NotRequired[float]
     """A mixture of experts: parameters one token passes through (default: all of them)."""
+    attention_heads: NotRequired[int]
+    """Query heads (tensorParallelSize must divide them; unset: not checked)."""
 
 
 class ServingPoolSpec(TypedDict):

@@ -101,6 +101,8 @@ class CustomShape(Spec):
     head_dim: int = Field(gt=0)
     # A mixture of experts: parameters one token passes through (default: all of them).
     active_params_billion: Optional[float] = Field(default=None, gt=0)
+    # Query heads (tensorParallelSize must divide them; unset: not checked).
+    attention_heads: Optional[int] = Field(default=None, gt=0)
 
 
 class ServingPoolSpec(Spec):

@@ -163,7 +163,7 @@ ROWS: tuple[Contract, ...] = (
     Contract("vLLM TPU (vllm-tpu, tpu-inference)", "0.32.0",
              "spans hosts only through Ray: TPU_MULTIHOST_BACKEND=ray picks the Ray executor, which needs the "
              "engine on a TPU host and places one worker per TPU host of the cluster it finds at start; "
-             "--tensor-parallel-size counts the slice's TensorCores",
+             "--tensor-parallel-size counts the slice's JAX devices (one a chip on v5e, v6e and v5p)",
              "tpu-inference@0.32.0 (its PyPI wheel):tpu_inference/platforms/tpu_platform.py:481-513, "
              "executors/ray_distributed_executor.py:182-231, envs.py:246-247",
              "a TPU group's leader starts Ray's head and waits for every host before vLLM; workers join it",
