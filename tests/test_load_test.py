@@ -55,11 +55,30 @@ def test_prod_declares_an_on_demand_load_test_of_searchs_route(plans):
     assert shared["data"]["shared_prefix"]["system_prompt_len"] == 2048
     plan_json = json.loads(cm["data"]["plan.json"])
     assert plan_json["ttftSloSeconds"] == plan.config.monitoring.ttft_slo_seconds
+    # The SLO keeps 95% of first tokens within it: the verdict holds p95, and takes the failures the
+    # availability objective allows.
+    assert plan.config.monitoring.slos.ttft == 0.95 and plan_json["ttftPercentile"] == "p95"
+    assert plan_json["maxFailureRatio"] == pytest.approx(1 - plan.config.monitoring.slos.availability)
     assert plan_json["dollarsPerHour"] > 0
     # The token is nowhere in what the plan declares.
     configs = {k: v for k, v in cm["data"].items() if k != "run_load_test.py"}
     assert "Bearer" not in json.dumps(configs) and "api_key" not in json.dumps(configs)
     assert not any("TOKEN" in e["name"] for e in c["env"])
+
+
+def test_the_verdict_holds_the_slos_percentile():
+    from vllm_gke.components.load_test import ttft_percentile_key
+    from vllm_gke.components.scripts.run_load_test import phase_verdict
+
+    assert [ttft_percentile_key(g) for g in (0.5, 0.9, 0.95, 0.97, 0.99, 0.995, 0.9999)] == \
+        ["p90", "p90", "p95", "p99", "p99", "p99.9", "p99.9"]
+    summary = {"successes": {"count": 100, "latency": {"time_to_first_token": {
+        "median": 0.5, "p95": 2.5, "p99": 4.0}}}, "failures": {"count": 0}}
+    plan = {"ttftSloSeconds": 3.0, "ttftPercentile": "p95", "dollarsPerHour": None}
+    # 95% of first tokens within 3 s holds a 95% objective, though the slowest 1% take 4 s.
+    held = phase_verdict("mixed", summary, plan)
+    assert held["ttftHeld"] and held["ttftAtSlo"] == 2.5
+    assert not phase_verdict("mixed", summary, {**plan, "ttftPercentile": "p99"})["ttftHeld"]
 
 
 def test_lora_shares_sum_to_exactly_one():

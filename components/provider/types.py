@@ -601,7 +601,7 @@ class LoadTestSpec(TypedDict):
     lora_mix: NotRequired[bool]
     """Spread requests over the model's adapters the tenant may use (equal shares with the base model), where it has any. Default: true."""
     max_failure_ratio: NotRequired[float]
-    """The share of failed requests over which the Job fails. Default: 0.01."""
+    """The share of failed requests over which the Job fails (default: what monitoring.slos.availability allows, 1 - availability)."""
     image: NotRequired[ImageRef]
     """Image."""
 

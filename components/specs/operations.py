@@ -169,7 +169,8 @@ class LoadTestSpec(Spec):
     # Spread requests over the model's adapters the tenant may use (equal shares with the base
     # model), where it has any.
     lora_mix: bool = True
-    # The share of failed requests over which the Job fails.
-    max_failure_ratio: float = Field(default=0.01, ge=0, le=1)
+    # The share of failed requests over which the Job fails (default: what monitoring.slos.availability
+    # allows, 1 - availability).
+    max_failure_ratio: Optional[float] = Field(default=None, ge=0, le=1)
     image: ImageRef = Field(default_factory=lambda: ImageRef(
         repository="quay.io/inference-perf/inference-perf", tag=INFERENCE_PERF_VERSION))
