@@ -260,7 +260,7 @@ class LoadTest(pulumi.ComponentResource):
                                                 "seccompProfile": {"type": "RuntimeDefault"}},
                             "containers": [container],
                             "volumes": [{"name": "config", "configMap": {"name": obj}},
-                                        {"name": "token", "secret": {"secretName": spec.token_secret,
+                                        {"name": "token", "secret": {"secretName": spec.token_secret_name,
                                                                      "defaultMode": 0o440}},
                                         *volumes,
                                         {"name": "reports", "emptyDir": {"sizeLimit": "1Gi"}},

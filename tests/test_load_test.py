@@ -42,7 +42,9 @@ def test_prod_declares_an_on_demand_load_test_of_searchs_route(plans):
     assert c["image"] == "quay.io/inference-perf/inference-perf:v0.7.0"
     # Outside the mesh, a client like the tenant; its token from a Secret, never from the plan.
     assert job["template"]["metadata"]["labels"]["sidecar.istio.io/inject"] == "false"
-    assert {"name": "token", "secret": {"secretName": "loadtest-token", "defaultMode": 0o440}} in pod["volumes"]
+    # Its own token Secret: another tenant's test in the namespace has another.
+    assert {"name": "token", "secret": {"secretName": "loadtest-search-llama-8b-token", "defaultMode": 0o440}} \
+        in pod["volumes"]
     (cm,) = [m for m in manifests_of(plan, "ConfigMap") if m["metadata"]["name"] == "loadtest-search-llama-8b"]
     mixed, shared = yaml.safe_load(cm["data"]["mixed.yaml"]), yaml.safe_load(cm["data"]["shared-prefix.yaml"])
     # search calls llama-8b at its shared route; inference-perf appends /v1/completions.

@@ -589,7 +589,7 @@ class LoadTestSpec(TypedDict):
     model: str
     """Model."""
     token_secret: NotRequired[str]
-    """The Kubernetes Secret (key `token`) holding a bearer JWT of the tenant's issuer, in the namespace the test runs in (the model's serving namespace, or the tenant's for dedicated replicas). Created out of band: a token never goes through Pulumi's state. Default: loadtest-token."""
+    """The Kubernetes Secret (key `token`) holding a bearer JWT of the tenant's issuer, in the namespace the test runs in (the model's serving namespace, or the tenant's for dedicated replicas). Created out of band: a token never goes through Pulumi's state. Default loadtest-<name>-token: one per test, so two tenants' tests in one namespace never share a token."""
     prompt_tokens: NotRequired[TokenLengths]
     """The mixed workload: prompt and output lengths (completions, streamed) over the stages."""
     output_tokens: NotRequired[TokenLengths]

@@ -154,8 +154,13 @@ class LoadTestSpec(Spec):
     model: Name
     # The Kubernetes Secret (key `token`) holding a bearer JWT of the tenant's issuer, in the
     # namespace the test runs in (the model's serving namespace, or the tenant's for dedicated
-    # replicas). Created out of band: a token never goes through Pulumi's state.
-    token_secret: K8sName = "loadtest-token"
+    # replicas). Created out of band: a token never goes through Pulumi's state. Default
+    # loadtest-<name>-token: one per test, so two tenants' tests in one namespace never share a token.
+    token_secret: Optional[K8sName] = None
+
+    @property
+    def token_secret_name(self) -> str:
+        return self.token_secret or f"loadtest-{self.name}-token"
     # The mixed workload: prompt and output lengths (completions, streamed) over the stages.
     prompt_tokens: TokenLengths = Field(default_factory=lambda: TokenLengths(
         distribution="lognormal", mean=512, std_dev=1024, min=16, max=8192))
