@@ -14,6 +14,7 @@ from typing import Mapping, Optional, Sequence
 
 import pulumi
 
+from . import gcs_weights
 from .capacity import consumer_models, hosts_per_replica, placements
 from .cold_start import NODE_PROVISION_S, cold_start_seconds
 from .config_rules import cross_field_issues
@@ -49,7 +50,7 @@ from .tenant_urls import path_prefix, tenant_urls
 from .trace_collector import TRACE_API, TraceCollector, TraceCollectorArgs
 from .vllm_service import SERVER_LABELS, VllmService, VllmServiceArgs, service_name_of
 from .vllm_versions import release
-from .weights_layout import SERVER_SA, model_dir, reads_hub_token_from_secret_manager
+from .weights_layout import SERVER_SA, SERVER_UID, model_dir, reads_hub_token_from_secret_manager
 
 BASE_APIS = (
     "serviceusage.googleapis.com", "cloudresourcemanager.googleapis.com", "iam.googleapis.com",
@@ -355,6 +356,7 @@ class Platform(pulumi.ComponentResource):
             opts=child())
 
         urls = {(u.tenant, u.model): u for u in tenant_urls(cfg)}
+        hyperdisk = cfg.weights.backend == "hyperdisk-ml"
         for spec in cfg.load_tests:
             # As the tenant: its URL and headers, in the namespace of the replicas that serve it.
             tenant, model = next(t for t in cfg.tenants if t.name == spec.tenant), cfg.model(spec.model)
@@ -373,9 +375,12 @@ class Platform(pulumi.ComponentResource):
                 availability=cfg.monitoring.slos.availability,
                 dollars_per_hour=floor_dollars_per_hour(model, node_pool, args.machine_prices),
                 claim_name=store.claim_name if cfg.weights.backend == "filestore" else None,
-                weights_claims=store.claims_for(tenant.name if own else "serving", model),
-                weights_volume=store.weights_volume,
-                bucket=store.bucket.name if cfg.weights.backend == "gcs" else None,
+                # Hyperdisk ML disks attach to the GPU machine series only, and the test runs on the
+                # system pool: it reads the tokenizer from the bucket the disks are filled from.
+                weights_claims={} if hyperdisk else store.claims_for(tenant.name if own else "serving", model),
+                weights_volume=gcs_weights.weights_volume(store.bucket.name, read_only=True, uid=SERVER_UID)
+                if hyperdisk else store.weights_volume,
+                bucket=store.bucket.name if cfg.weights.backend in ("gcs", "hyperdisk-ml") else None,
                 project=cfg.project, workload_pool=cluster.workload_pool),
                 opts=child([mesh, store, identities(tenant.name if own else None)]))
 

@@ -330,3 +330,19 @@ def test_the_provider_refuses_backends_its_vllm_service_cannot_mount():
                 "server_image": cfg.server_image.model_dump(mode="json", exclude_none=True)}
         with pytest.raises(InputError, match=f"backend: '{backend}'"):
             run_program("dev", values, program=lambda _c, a=args: ModelStore("w", a))
+
+
+def test_a_load_test_reads_the_tokenizer_from_the_bucket_not_the_disks():
+    """The load test runs on the system pool, whose machines attach no Hyperdisk ML: it mounts the
+    bucket the disks are filled from (read-only, through Cloud Storage FUSE), with a read grant."""
+    values = hyperdisk_values()
+    values["vllm-gke:loadTests"] = [{"name": "support-mistral", "tenant": "support", "model": "mistral-7b"}]
+    plan = run_program("staging", values)
+    (cron,) = [r.props for r in plan.resources if r.props.get("kind") == "CronJob"]
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert not [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    (weights,) = [v for v in pod["volumes"] if v["name"] == "weights"]
+    assert weights["csi"]["driver"] == "gcsfuse.csi.storage.gke.io" and weights["csi"]["readOnly"] is True
+    grants = [r.props for r in plan.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+              if "loadtest" in str(r.props.get("member")) or r.name.endswith("-weights-reader")]
+    assert grants and all(g["role"] == "roles/storage.objectViewer" for g in grants)
