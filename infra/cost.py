@@ -125,10 +125,9 @@ def cost_report(cfg: "StackConfig", filestore_tier: str, filestore_gb: int) -> C
     rows = capacity_report(cfg)
     if measured is not None:
         # Per physical GPU or chip: a MIG slice gets its share.
-        tps = sum(r.devices * measured / _units_per_device(cfg, r.node_pool)
-                  * _min_replicas(cfg, r.model, r.pool, r.tenant, r.canary) for r in rows)
+        tps = sum(r.devices * measured / _units_per_device(cfg, r.node_pool) * r.min_replicas for r in rows)
     else:
-        tps = sum(r.decode_tokens_s * _min_replicas(cfg, r.model, r.pool, r.tenant, r.canary) for r in rows)
+        tps = sum(r.decode_tokens_s * r.min_replicas for r in rows)
     return CostReport(cfg.environment, PRICES_AS_OF, pools, fixed, tps, cfg.cost.target_utilization, hours,
                       throughput_source="measured" if measured is not None else "roofline")
 
@@ -137,13 +136,3 @@ def _units_per_device(cfg: "StackConfig", node_pool: str) -> int:
     pool = cfg.pool(node_pool)
     acc = pool.machine.accelerator
     return acc.slices_per_gpu(pool.gpu_partition_size) if acc else 1
-
-
-def _min_replicas(cfg: "StackConfig", model: str, pool: str, tenant: str | None, canary: bool) -> int:
-    """A capacity row's baseline replicas (a canary's follow its own floor)."""
-    spec = cfg.model(model)
-    if canary:
-        canary_model = spec.canary_model()
-        assert canary_model is not None
-        spec = canary_model
-    return getattr(spec, pool).min_replicas
