@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Optional
 
 import pulumi
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from .specs import (
     BudgetSpec,
@@ -136,18 +136,12 @@ class StackConfig(Spec):
     # On-demand load tests of tenants' routes (suspended CronJobs running inference-perf).
     load_tests: list[LoadTestSpec] = Field(default_factory=list[LoadTestSpec])
 
-    @field_validator("vllm_version")
+    @field_validator("vllm_version", "tpu_vllm_version")
     @classmethod
-    def _supported(cls, v: str) -> str:
-        if v not in RELEASES:
-            raise ValueError(f"vLLM {v} is not supported; use one of {', '.join(RELEASES)}")
-        return v
-
-    @field_validator("tpu_vllm_version")
-    @classmethod
-    def _supported_tpu(cls, v: str) -> str:
-        if v not in TPU_RELEASES:
-            raise ValueError(f"vLLM TPU {v} is not supported; use one of {', '.join(TPU_RELEASES)}")
+    def _supported(cls, v: str, info: ValidationInfo) -> str:
+        what, known = ("vLLM TPU", TPU_RELEASES) if info.field_name == "tpu_vllm_version" else ("vLLM", RELEASES)
+        if v not in known:
+            raise ValueError(f"{what} {v} is not supported; use one of {', '.join(known)}")
         return v
 
     def pool(self, name: str) -> NodePoolSpec:
