@@ -187,13 +187,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if (head := os.environ.get(RAY_HEAD_ENV)) and not start_ray_head(int(head), stopped=lambda: bool(stop)):
         return 0
     proc = subprocess.Popen([*command, *argv], env=env)
-    if "--headless" in argv:
-        # A GPU group's worker: no API server to warm; it runs its ranks until the leader stops.
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda s, _f: proc.send_signal(s))
-        return exit_status(proc.wait())
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _f: proc.send_signal(s))
+    if "--headless" in argv:
+        # A GPU group's worker: no API server to warm; it runs its ranks until the leader stops.
+        return exit_status(proc.wait())
 
     alive = lambda: proc.poll() is None  # noqa: E731
     pause = float(os.environ.get("GKE_LLM_WARMUP_PAUSE_SECONDS", "5"))
