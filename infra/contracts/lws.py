@@ -8,6 +8,7 @@ from typing import Any
 
 from ...components.leader_worker_set import WEBHOOK_PORT
 from ...components.vllm_server import RAY_HEAD_ENV, RAY_JOIN_ENV
+from ..manifests import pod_templates
 from ..plan import Plan
 from .base import Contract, _docs, _env, _flag
 
@@ -18,9 +19,7 @@ LWS_ENV = {"LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX"}
 
 
 def _containers(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    lwt = doc["spec"]["leaderWorkerTemplate"]
-    return [(role, c) for role, key in (("leader", "leaderTemplate"), ("worker", "workerTemplate"))
-            for c in lwt[key]["spec"]["containers"]]
+    return [(role, c) for role, template in pod_templates(doc) for c in template["spec"]["containers"]]
 
 
 def _is_tpu(doc: dict[str, Any]) -> bool:
