@@ -27,7 +27,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from .k8s_meta import api_body, meta
-from .mesh_readiness import KUBECTL_IMAGE, kubectl_container
+from .mesh_readiness import KUBECTL_IMAGE, kubectl_container, readiness_job_spec
 from .options import child_opts
 from .project_apis import ProjectApis
 
@@ -91,16 +91,8 @@ class LeaderWorkerSetController(pulumi.ComponentResource):
                                                                   "readOnly": True}]
         self.ready = k8s.batch.v1.Job(
             f"{name}-ready", metadata=meta(READY_JOB, NAMESPACE, annotations={"pulumi.com/timeoutSeconds": "1200"}),
-            spec=api_body({
-                "backoffLimit": 30, "activeDeadlineSeconds": 1200,
-                "template": {"metadata": {"annotations": {"sidecar.istio.io/inject": "false"}}, "spec": {
-                    "serviceAccountName": READY_JOB, "restartPolicy": "OnFailure",
-                    "nodeSelector": {"vllm-gke.io/role": "system"},
-                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [container],
-                    "volumes": [{"name": "kube-cache", "emptyDir": {"sizeLimit": "64Mi"}},
-                                {"name": "probe", "configMap": {"name": READY_JOB}}]}},
-            }),
+            spec=api_body(readiness_job_spec(READY_JOB, [container], 1200,
+                                             volumes=[{"name": "probe", "configMap": {"name": READY_JOB}}])),
             opts=child_opts(self, opts, provider=args.provider, depends_on=[binding, probe],
                             custom_timeouts=pulumi.CustomTimeouts(create="20m", update="20m")))
         self.register_outputs({"release": RELEASE, "namespace": NAMESPACE, "url": args.url,

@@ -16,7 +16,7 @@ The revision follows the cluster's release channel (asm-managed, -rapid, -stable
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -62,6 +62,29 @@ def kubectl_container(name: str, image: str, args: list[str]) -> dict[str, Any]:
     }
 
 
+def readiness_job_spec(service_account: str, containers: list[dict[str, Any]], deadline_seconds: int,
+                       init_containers: Sequence[dict[str, Any]] = (),
+                       volumes: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """A Job that retries kubectl until what it checks holds: on the system pool, outside the
+    mesh, with the `kube-cache` volume kubectl_container mounts (and `volumes` of its own)."""
+    return {
+        "backoffLimit": 30,
+        "activeDeadlineSeconds": deadline_seconds,
+        "template": {
+            "metadata": {"annotations": {"sidecar.istio.io/inject": "false"}},
+            "spec": {
+                "serviceAccountName": service_account,
+                "restartPolicy": "OnFailure",
+                "nodeSelector": {"vllm-gke.io/role": "system"},
+                "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                **({"initContainers": list(init_containers)} if init_containers else {}),
+                "containers": containers,
+                "volumes": [{"name": "kube-cache", "emptyDir": {"sizeLimit": "64Mi"}}, *volumes],
+            },
+        },
+    }
+
+
 class MeshReadiness(pulumi.ComponentResource):
     """Depend on `job` (or on this component) before Istio resources and meshed pods."""
 
@@ -95,26 +118,12 @@ class MeshReadiness(pulumi.ComponentResource):
             f"{name}-job",
             metadata={**meta(NAME, annotations={"pulumi.com/timeoutSeconds": "2400"}),
                       "namespace": ns.metadata.name},
-            spec=api_body({
-                "backoffLimit": 30,
-                "activeDeadlineSeconds": 2400,
-                "template": {
-                    "metadata": {"annotations": {"sidecar.istio.io/inject": "false"}},
-                    "spec": {
-                        "serviceAccountName": NAME,
-                        "restartPolicy": "OnFailure",
-                        "nodeSelector": {"vllm-gke.io/role": "system"},
-                        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-                        "initContainers": [kubectl_container("istio-crds", image, [
-                            "wait", "--for=condition=Established", f"--timeout={TIMEOUT}",
-                            *(f"crd/{c}" for c in ISTIO_CRDS)])],
-                        "containers": [kubectl_container("control-plane", image, [
-                            "wait", "--for=condition=ProvisioningFinished", f"--timeout={TIMEOUT}",
-                            "-n", "istio-system", f"controlplanerevision/{self.revision}"])],
-                        "volumes": [{"name": "kube-cache", "emptyDir": {"sizeLimit": "64Mi"}}],
-                    },
-                },
-            }),
+            spec=api_body(readiness_job_spec(NAME, [kubectl_container("control-plane", image, [
+                "wait", "--for=condition=ProvisioningFinished", f"--timeout={TIMEOUT}",
+                "-n", "istio-system", f"controlplanerevision/{self.revision}"])], 2400,
+                init_containers=[kubectl_container("istio-crds", image, [
+                    "wait", "--for=condition=Established", f"--timeout={TIMEOUT}",
+                    *(f"crd/{c}" for c in ISTIO_CRDS)])])),
             opts=child_opts(self, opts, provider=args.provider, depends_on=[binding],
                             custom_timeouts=pulumi.CustomTimeouts(create="40m", update="40m")))
         self.register_outputs({"revision": self.revision, "job": self.job.metadata.name})
