@@ -26,7 +26,7 @@ decode rate (the cost per token is a few per cent low for prompt-heavy traffic).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .catalog import KV_CACHE_BYTES, WEIGHT_BYTES, Accelerator, ModelShape
 
@@ -89,8 +89,6 @@ def slice_of(acc: Accelerator, partition: str | None) -> Accelerator:
     share) and of the compute (g of 7 compute slices)."""
     if partition is None:
         return acc
-    from dataclasses import replace
-
     compute_slices = int(partition.split("g.", 1)[0])
     memory = acc.slice_memory_gb(partition)
     return replace(acc, memory_gb=memory, hbm_gb_s=acc.hbm_gb_s * memory / acc.memory_gb,
