@@ -66,7 +66,7 @@ ROWS: tuple[Contract, ...] = (
              "HF_XET_CACHE/logs (HF_HOME/xet) with a 10 GB chunk cache there unless "
              "HF_XET_CHUNK_CACHE_SIZE_BYTES says otherwise",
              "huggingface/huggingface_hub@v2.4.0:src/huggingface_hub/constants.py:159-170,341-342; "
-             "huggingface/xet-core@xet-runtime-v1.5.2:xet_runtime/src/config/groups/log.rs:6-16, chunk_cache.rs:1-10",
+             "huggingface/xet-core@v1.5.2:xet_runtime/src/config/groups/log.rs:5-18, chunk_cache.rs:1-10",
              "loader containers run on a read-only root filesystem with HOME and TMPDIR on emptyDirs, the "
              "chunk cache off; the weights' own metadata lands in the weights folder and the loader prunes it",
              loader_writes_only_to_volumes),
