@@ -12,15 +12,18 @@ window (monitoring.slos):
     takes --custom-histogram-buckets (0.34) the servers add the threshold to their TTFT buckets
     and the cut is exact; otherwise it is the largest default bound at or under the threshold.
 
-Alerts are the SRE workbook's multi-window, multi-burn-rate ones (chapter 5, "Alerting on SLOs"):
-page when 2% of the window's error budget burns in an hour or 5% in six, open a ticket at 10% in
-a day; each long window confirmed by a short one (a twelfth of it), so an alert resets soon after
-the burn stops. The workbook's ticket looks back three days, but Cloud Monitoring evaluates a
-burn rate over 24 hours at most ("Alerting on your burn rate": a lookback is the compliance
-period, and none over 24 hours can alert), so the ticket is its day-long equivalent. The rates
-scale with the window (14.4, 6 and 3 for 30 days) and are never under 1: a burn the budget
-affords is no alert. A goal whose budget cannot burn that fast (the largest burn rate is
-1/(1 - goal)) is refused by the config's checks: its alert could never fire.
+Alerts are the SRE workbook's multi-window, multi-burn-rate ones (chapter 5, "Alerting on SLOs",
+table 5-8): page when 2% of the window's error budget burns in an hour (14.4 for 30 days) or 5% in
+six (6), each confirmed by a short window (a twelfth of it), so an alert resets soon after the
+burn stops. The workbook's ticket is 10% in three days, a burn rate of 1: any burn faster than the
+budget affords. Cloud Monitoring evaluates a burn rate over 24 hours at most ("Alerting on your
+burn rate": a lookback is at most the compliance period, and none over 24 hours can alert), so the
+ticket keeps the workbook's rate, 1, over the longest lookback there is, a day (two hours
+confirming): a steady burn at twice the affordable rate, which spends the budget in half the
+window, opens a ticket. (A ticket at 10% in a day would be a rate of 3 and let that burn pass.)
+The paging rates scale with the window and are never under 1. A goal whose budget cannot burn as
+fast as the fast page (the largest burn rate is 1/(1 - goal)) is refused by the config's checks:
+that alert could never fire.
 """
 
 from __future__ import annotations
@@ -47,25 +50,33 @@ BAD = ("error", "shed")
 
 @dataclass(frozen=True)
 class BurnWindow:
-    """One alert: the share of the window's budget that burning within `long_s` seconds pages
-    (or tickets), confirmed over `short_s`."""
+    """One alert: over `long_s` seconds, confirmed over `short_s`, a burn that spends
+    `budget_share` of the window's budget (a page), or a fixed `burn_rate` (the ticket)."""
 
     name: str
-    budget_share: float
+    budget_share: Optional[float]
     long_s: int
     short_s: int
     severity: str
+    burn_rate: Optional[float] = None
 
     def rate(self, window_days: int) -> float:
-        """The burn rate that spends `budget_share` of the budget in `long_s` (at least 1)."""
+        """The burn rate over which it alerts (at least 1)."""
+        if self.burn_rate is not None:
+            return self.burn_rate
+        assert self.budget_share is not None
         return max(1.0, round(self.budget_share * window_days * 86400 / self.long_s, 2))
 
+    def share(self, window_days: int) -> float:
+        """The share of the window's budget a burn at its rate spends in `long_s`."""
+        return self.rate(window_days) * self.long_s / (window_days * 86400)
 
-# The workbook's table 5-8, for any window.
+
+# The workbook's table 5-8, for any window; its ticket over the longest lookback Cloud Monitoring has.
 BURN_WINDOWS = (
     BurnWindow("fast burn", 0.02, 3600, 300, "CRITICAL"),
     BurnWindow("sustained burn", 0.05, 6 * 3600, 1800, "ERROR"),
-    BurnWindow("slow burn", 0.10, 86400, 2 * 3600, "WARNING"),
+    BurnWindow("slow burn", None, 86400, 2 * 3600, "WARNING", burn_rate=1.0),
 )
 
 
@@ -161,7 +172,7 @@ def burn_rate_policy(objective: Objective, slo_name: str, window: BurnWindow, wi
         "documentation": {"mime_type": "text/markdown", "content": (
             f"{objective.display_name} ({objective.service}/{objective.slo_id}) is burning its "
             f"{window_days}-day error budget {rate:g} times as fast as it can afford: at this pace "
-            f"{window.budget_share:.0%} of the budget goes in {window.long_s // 3600} h. Check the dashboard's "
+            f"{window.share(window_days):.1%} of the budget goes in {window.long_s // 3600} h. Check the dashboard's "
             "error budget tiles, the pool's queue and its replicas.")},
         "conditions": [over(window.long_s), over(window.short_s)],
     }

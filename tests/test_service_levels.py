@@ -17,21 +17,45 @@ from vllm_gke.components.service_levels import (
     REQUESTS_METRIC,
     TTFT_BUCKETS,
     TTFT_METRIC,
+    burn_rate_policy,
+    objectives,
     ttft_bound,
 )
+from vllm_gke.components.specs import MonitoringSpec
 from vllm_gke.infra.manifests import validate_alert_policy, validate_slo
 
 
 def test_the_burn_rates_are_the_sre_workbooks_within_a_day():
     # Table 5-8 of "The Site Reliability Workbook" (a 30-day window): page at 14.4 over 1 h and 6
-    # over 6 h; its ticket (10% in 3 days) as Cloud Monitoring can evaluate it, 10% in a day (a
-    # lookback over 24 h never alerts); each long window with a short one a twelfth its length.
-    assert [w.rate(30) for w in BURN_WINDOWS] == [14.4, 6.0, 3.0]
+    # over 6 h; its ticket (10% in 3 days: a burn rate of 1) over the longest lookback Cloud
+    # Monitoring evaluates, a day (a lookback over 24 h never alerts); each long window with a
+    # short one a twelfth its length.
+    assert [w.rate(30) for w in BURN_WINDOWS] == [14.4, 6.0, 1.0]
     assert [(w.long_s, w.short_s) for w in BURN_WINDOWS] == [(3600, 300), (21600, 1800), (86400, 7200)]
     assert max(w.long_s for w in BURN_WINDOWS) <= 86400
-    assert [w.rate(28) for w in BURN_WINDOWS] == [13.44, 5.6, 2.8]
+    assert [w.rate(28) for w in BURN_WINDOWS] == [13.44, 5.6, 1.0]
     # Never under 1 (a burn the budget affords is no alert): a week's window.
     assert [w.rate(7) for w in BURN_WINDOWS] == [3.36, 1.4, 1.0]
+
+
+def fires(policy, steady_burn):
+    """Whether a burn-rate policy fires on a burn that has held at `steady_burn` for longer than
+    its longest window (every window then reads that rate)."""
+    conditions = [c["condition_threshold"] for c in policy["conditions"]]
+    assert policy["combiner"] == "AND" and all(c["comparison"] == "COMPARISON_GT" for c in conditions)
+    return all(steady_burn > c["threshold_value"] for c in conditions)
+
+
+@pytest.mark.parametrize("window_days", [7, 28, 30, 90])
+def test_a_steady_burn_at_twice_the_affordable_rate_opens_a_ticket(window_days):
+    """A budget burnt at 2x is gone in half the window: the workbook tickets it (rate 1); a
+    ticket at 10% a day (rate 2.8 for 28 days) never fired on it. A burn the budget affords is
+    no alert."""
+    objective = objectives("c", MonitoringSpec(), ["m"], [])[0]
+    policies = {w.name: burn_rate_policy(objective, "slo", w, window_days) for w in BURN_WINDOWS}
+    assert fires(policies["slow burn"], 2.0) and policies["slow burn"]["severity"] == "WARNING"
+    assert not any(fires(p, 1.0) for p in policies.values())
+    assert all(fires(p, 50.0) for p in policies.values())
 
 
 def test_each_model_and_tenant_has_its_objectives(plans):

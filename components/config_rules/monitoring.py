@@ -23,7 +23,7 @@ def slo_alerts_reachable(cfg: "StackConfig", add: Add) -> None:
             least = 1 - 1 / rate
             add(f"monitoring.slos.{key}", (
                 f"{goal:g} lets the error budget burn at most {max_burn_rate(goal):.3g} times as fast as it can afford, "
-                f"under the {fastest.name} alert's {rate:g} ({fastest.budget_share:.0%} of the "
+                f"under the {fastest.name} alert's {rate:g} ({fastest.share(slos.window_days):.0%} of the "
                 f"{slos.window_days}-day budget in {fastest.long_s // 3600} h): it could never fire. Set a goal above "
                 f"{least:.4g} or a shorter monitoring.slos.windowDays"))
 
