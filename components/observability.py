@@ -59,6 +59,15 @@ def untrusted_peers(cluster: str) -> str:
     return f'sum by (namespace, pod) (rate({UNTRUSTED_PEER_METRIC}{{cluster="{cluster}"}}[5m]))'
 
 
+def waiting_and_running(cluster: str) -> str:
+    """Both gauges per model, told apart by a `state` label: PromQL's `or` keeps a right-hand
+    series only where no left-hand one has the same labels, so a bare `waiting or running`
+    never shows running."""
+    sel = f'{{cluster="{cluster}"}}'
+    return " or ".join(f'label_replace(sum by (model_name) (vllm:num_requests_{state}{sel}), "state", "{state}", "", "")'
+                       for state in ("waiting", "running"))
+
+
 def tpu_panels(cluster: str) -> list[tuple[str, str]]:
     """GKE's TPU system metrics per serving pod and chip (kubernetes.io/container/accelerator/*, as
     Managed Prometheus names them): TensorCore and HBM bandwidth use, busy time, HBM held."""
@@ -95,8 +104,7 @@ def dashboard_panels(cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc",
         ("Generation tokens/s", f"sum by (model_name) (rate(vllm:generation_tokens_total{sel}[5m]))"),
         ("Prompt tokens/s", f"sum by (model_name) (rate(vllm:prompt_tokens_total{sel}[5m]))"),
         ("KV-cache usage", kv_cache_usage(cluster, kv_metric)),
-        ("Requests waiting / running",
-         f"sum by (model_name) (vllm:num_requests_waiting{sel}) or sum by (model_name) (vllm:num_requests_running{sel})"),
+        ("Requests waiting / running", waiting_and_running(cluster)),
         ("Preemptions/s (KV-cache pressure)", f"sum by (model_name) (rate(vllm:num_preemptions_total{sel}[5m]))"),
     ]
 

@@ -170,3 +170,21 @@ def test_each_tenant_has_its_row_on_the_tenant_dashboard(plans):
     deployed = json.loads(resource.props["dashboardJson"])
     assert [t["widget"]["title"] for t in deployed["mosaicLayout"]["tiles"]] == titles
     assert '\\"projects/acme-llm-prod/services/vllm-vllm-prod-tenant-search/' in resource.props["dashboardJson"]
+
+
+def test_the_waiting_running_tile_shows_both_gauges():
+    """PromQL's `a or b` keeps b's series only where a has none with the same labels: both sides
+    summed by model_name alone, running never showed. Each side carries its own `state`."""
+    import re
+
+    from vllm_gke.components.observability import dashboard_panels
+
+    (query,) = [q for title, q in dashboard_panels("c") if title == "Requests waiting / running"]
+    sides = query.split(" or ")
+    labels = []
+    for side, metric in zip(sides, ("vllm:num_requests_waiting", "vllm:num_requests_running")):
+        assert metric in side
+        grouped = set(re.search(r"sum by \(([^)]*)\)", side).group(1).replace(" ", "").split(","))
+        added = re.findall(r'label_replace\(.*, "(\w+)", "(\w+)", "", ""\)', side)
+        labels.append(frozenset(grouped | {f"{k}={v}" for k, v in added}))
+    assert len(sides) == 2 and labels[0] != labels[1]
