@@ -24,7 +24,7 @@ import pulumi_kubernetes as k8s
 from .k8s_meta import ACCESS_LABEL, custom_resource, meta, vllm_health_check
 from .options import child_opts
 from .project_apis import ProjectApis
-from .serving_api import FAIRNESS_HEADER, ISSUER_HEADER, OBJECTIVE_HEADER, REFUSED_AT_THE_PICKER
+from .serving_api import FAIRNESS_HEADER, OBJECTIVE_HEADER, REFUSED_AT_THE_PICKER, VERIFIED_HEADERS
 from .specs import GatewaySpec
 from .vllm_server import drain_seconds
 
@@ -271,8 +271,9 @@ class Gateway(pulumi.ComponentResource):
         path = {"type": "PathPrefix", "value": prefix}
         url_rewrite = {"type": "URLRewrite",
                        "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v1"}}}
-        # The tenant is the issuer Istio verified: a client's own copy never gets through.
-        rewrite = [url_rewrite, {"type": "RequestHeaderModifier", "requestHeaderModifier": {"remove": [ISSUER_HEADER]}}]
+        # The tenant is the issuer and subject Istio verified: a client's own copy never gets through.
+        rewrite = [url_rewrite, {"type": "RequestHeaderModifier",
+                                 "requestHeaderModifier": {"remove": list(VERIFIED_HEADERS)}}]
 
         def backend(service: str, canary: Optional[str]) -> list[dict[str, Any]]:
             if not canary:
@@ -336,7 +337,7 @@ class Gateway(pulumi.ComponentResource):
         headers = {"type": "RequestHeaderModifier", "requestHeaderModifier": {
             "set": [{"name": OBJECTIVE_HEADER, "value": picker.objective},
                     {"name": FAIRNESS_HEADER, "value": picker.tenant}],
-            "remove": [ISSUER_HEADER, *REFUSED_AT_THE_PICKER]}}  # never PICKER_SETS: see serving_api
+            "remove": [*VERIFIED_HEADERS, *REFUSED_AT_THE_PICKER]}}  # never PICKER_SETS: see serving_api
         backend = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": picker.pool_name}
         def with_header(match: dict[str, Any], header: str) -> dict[str, Any]:
             return {**match, "headers": [*match["headers"], {"type": "RegularExpression", "name": header, "value": ".*"}]}

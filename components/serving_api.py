@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 # Istio writes the verified JWT's issuer into this header (and overwrites a client's copy);
 # the route also strips client copies before the request reaches the mesh.
 ISSUER_HEADER = "x-vllm-gke-issuer"
+# ...and the verified subject (sub), which the guard checks against a tenant's jwt.subjects.
+SUBJECT_HEADER = "x-vllm-gke-subject"
+# What Istio writes from the verified token: no client copy may reach the mesh.
+VERIFIED_HEADERS = (ISSUER_HEADER, SUBJECT_HEADER)
 # The endpoint picker's request headers (gateway-api-inference-extension v1.2.0
 # pkg/epp/metadata/consts.go:31-36): the objective names the tenant's InferenceObjective (its
 # priority), the fairness id its flow (read by flow control only), the rewrite header a model
@@ -141,6 +145,8 @@ def guard_entry(tenant: TenantSpec, model: Optional[str] = None,
         entry["tokensPerMinute"] = tenant.rate_limit.tokens_per_minute
     if tenant.priority < 0:  # shed first while the server's queue is over its objective
         entry["priority"] = tenant.priority
+    if tenant.jwt.subjects is not None:  # only these subjects of the issuer are the tenant
+        entry["subjects"] = list(tenant.jwt.subjects)
     return {tenant.jwt.issuer: entry}
 
 
@@ -174,6 +180,7 @@ def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
         extra["cacheSaltRoutes"] = salted
     return {**extra,
         "issuerHeader": ISSUER_HEADER,
+        "subjectHeader": SUBJECT_HEADER,
         "issuers": issuers,
         "routes": {r.path: {"method": r.method, "kind": r.kind} for r in routes},
         "trustedPeers": [SIDECAR_PEER],

@@ -2,9 +2,10 @@
 
 Shared models serve every tenant from the serving namespace; a tenant's JWT issuer is
 trusted there and an AuthorizationPolicy per allowed model admits only that issuer's
-principals. Dedicated models run in the tenant's own namespace, which gets the same
-RequestAuthentication and a default deny. The verified issuer is copied into a header the
-in-server guard keys the tenant's max_tokens cap and rate limit on.
+principals (only its listed subjects', where jwt.subjects lists them). Dedicated models run in
+the tenant's own namespace, which gets the same RequestAuthentication and a default deny. The
+verified issuer and subject are copied into headers the in-server guard maps to the tenant (its
+max_tokens cap and rate limit) and checks against its subjects.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .options import child_opts
 from .serving_api import (
     ISSUER_HEADER,
     OBJECTIVE_HEADER,
+    SUBJECT_HEADER,
     Route,
     mesh_operations,
     objective_name,
@@ -37,6 +39,14 @@ def tenant_namespace(tenant: TenantSpec) -> str:
 
 def jwks_host(tenant: TenantSpec) -> str:
     return urlsplit(tenant.jwt.jwks_uri).hostname or ""
+
+
+def request_principals(tenant: TenantSpec) -> list[str]:
+    """Who the tenant is to the mesh: `<iss>/<sub>` of each listed subject, else any subject of its
+    issuer. Istio splits each at its last '/' and matches iss and sub exactly (the issuer verbatim,
+    a trailing '/' included), a '*' at either end of the value as a wildcard."""
+    subjects = tenant.jwt.subjects
+    return [f"{tenant.jwt.issuer}/{s}" for s in subjects] if subjects is not None else [f"{tenant.jwt.issuer}/*"]
 
 
 def server_accounts(tenant: TenantSpec) -> tuple[str, ...]:
@@ -79,15 +89,16 @@ class TenantAuth(pulumi.ComponentResource):
                                             service_accounts=server_accounts(tenant) if args.service_accounts is None
                                             else args.service_accounts),
             opts=child_opts(self, opts))
-        principals = [f"{tenant.jwt.issuer}/*"]
+        principals = request_principals(tenant)
 
         def request_authentication(resource: str, namespace: pulumi.Input[str]) -> None:
             rule: dict[str, Any] = {
                 "issuer": tenant.jwt.issuer,
                 "jwksUri": tenant.jwt.jwks_uri,
                 "forwardOriginalToken": False,
-                # Istio overwrites any client-sent copy of this header with the verified claim.
-                "outputClaimToHeaders": [{"header": ISSUER_HEADER, "claim": "iss"}],
+                # Istio overwrites any client-sent copy of these headers with the verified claims.
+                "outputClaimToHeaders": [{"header": ISSUER_HEADER, "claim": "iss"},
+                                         {"header": SUBJECT_HEADER, "claim": "sub"}],
             }
             if tenant.jwt.audiences:
                 rule["audiences"] = list(tenant.jwt.audiences)
@@ -105,6 +116,8 @@ class TenantAuth(pulumi.ComponentResource):
             # client's copy in place (outputClaimToHeaders unsupported) still cannot pass one
             # tenant's token off as another's; without the header the request is refused.
             rule["when"] = [{"key": f"request.headers[{ISSUER_HEADER}]", "values": [tenant.jwt.issuer]}]
+            if tenant.jwt.subjects is not None:  # the subject the guard checks, likewise
+                rule["when"].append({"key": f"request.headers[{SUBJECT_HEADER}]", "values": list(tenant.jwt.subjects)})
             if objective:
                 rule["when"].append({"key": f"request.headers[{OBJECTIVE_HEADER}]", "values": [objective]})
             spec: dict[str, Any] = {"action": "ALLOW", "rules": [rule]}

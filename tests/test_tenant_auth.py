@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import manifests_of
-from vllm_gke.components.serving_api import TENANT_ROUTES, mesh_operations, tenant_routes
+from vllm_gke.components.serving_api import SUBJECT_HEADER, TENANT_ROUTES, mesh_operations, tenant_routes
 from vllm_gke.components.tenant_auth import ISSUER_HEADER
 
 
@@ -41,7 +41,8 @@ def test_request_authentication_per_tenant(plans):
     assert rule["issuer"] == "https://auth.acme.example/search"
     assert rule["jwksUri"] == "https://auth.acme.example/search/.well-known/jwks.json"
     assert rule["audiences"] == ["llm.acme.example"]
-    assert rule["outputClaimToHeaders"] == [{"header": ISSUER_HEADER, "claim": "iss"}]
+    assert rule["outputClaimToHeaders"] == [{"header": ISSUER_HEADER, "claim": "iss"},
+                                            {"header": SUBJECT_HEADER, "claim": "sub"}]
     # analytics only has a dedicated model: nothing of it is trusted in the shared namespace
     assert {r["metadata"]["namespace"] for r in ras if r["metadata"]["name"] == "jwt-analytics"} == {"tenant-analytics"}
 
@@ -98,3 +99,127 @@ def test_trusted_sources_have_no_default_that_skips_a_health_check_or_a_scrape()
     derived = TrustedSources.for_cluster("10.129.0.0/23", "10.20.0.0/14", "10.10.0.0/20")
     assert list(derived.health_checks) == [*GOOGLE_HEALTH_CHECK_RANGES, "10.129.0.0/23"]
     assert list(derived.metrics) == ["10.20.0.0/14", "10.10.0.0/20"]
+
+
+# --- who the tenant is: its issuer, and on a shared public issuer only its listed subjects ------
+
+GOOGLE = "https://accounts.google.com"
+DEV_SUBJECT = "104476360121718219735"
+
+
+def _tenant_docs(plan, tenant):
+    return [m for m in plan.manifests() if m["kind"] in ("RequestAuthentication", "AuthorizationPolicy")
+            and (m["metadata"].get("labels") or {}).get("vllm-gke.io/tenant") == tenant]
+
+
+def test_a_listed_tenant_is_exactly_its_subjects_in_every_allow(plans):
+    """dev trusts accounts.google.com, which mints a token for anyone and any audience: each of
+    its ALLOW rules names exact `<iss>/<sub>` principals and requires the verified subject header."""
+    allows = [d for d in _tenant_docs(plans["dev"], "dev-team") if d["kind"] == "AuthorizationPolicy"]
+    assert len(allows) == 2  # its own namespace and the shared model
+    for p in allows:
+        (rule,) = p["spec"]["rules"]
+        assert rule["from"] == [{"source": {"requestPrincipals": [f"{GOOGLE}/{DEV_SUBJECT}"]}}]
+        assert {"key": f"request.headers[{SUBJECT_HEADER}]", "values": [DEV_SUBJECT]} in rule["when"]
+    for ra in (d for d in _tenant_docs(plans["dev"], "dev-team") if d["kind"] == "RequestAuthentication"):
+        assert {"header": SUBJECT_HEADER, "claim": "sub"} in ra["spec"]["jwtRules"][0]["outputClaimToHeaders"]
+
+
+def test_the_mesh_admits_a_listed_subject_and_no_other_google_identity(plans):
+    """Decided as Istio would on the emitted policies: another Google identity's valid token for
+    the same audience is refused, with or without a forged subject header, whether or not the data
+    plane overwrites client copies of claim headers."""
+    from vllm_gke.policies.mesh_authz import Request, decide
+
+    docs = plans["dev"].manifests()
+    labels = {"vllm-gke.io/model": "qwen-7b"}
+
+    def decision(subject, headers=None, claim_to_headers=True):
+        return decide(docs, Request("vllm", "/v1/chat/completions", "POST", labels, "127.0.0.6",
+                                    token=(GOOGLE, subject), headers=headers or {}), claim_to_headers)
+
+    assert decision(DEV_SUBJECT).allowed
+    assert decision("999999999999999999999").status == 403
+    forged = {ISSUER_HEADER: GOOGLE, SUBJECT_HEADER: DEV_SUBJECT}
+    assert decision("999999999999999999999", forged, claim_to_headers=False).status == 403
+
+
+def test_guard_config_names_the_listed_subjects(plans):
+    import json
+
+    for d in manifests_of(plans["dev"], "Deployment", "vllm"):
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in c.get("env") or []}
+            if "GKE_LLM_GUARD_CONFIG" in env:
+                cfg = json.loads(env["GKE_LLM_GUARD_CONFIG"])
+                assert cfg["subjectHeader"] == SUBJECT_HEADER
+                assert cfg["issuers"][GOOGLE]["subjects"] == [DEV_SUBJECT]
+
+
+@pytest.mark.parametrize("issuer", [
+    GOOGLE, f"{GOOGLE}/", "https://login.microsoftonline.com/common/v2.0",
+    "https://login.microsoftonline.com/consumers/v2.0", "https://sts.windows.net/common/",
+    "https://token.actions.githubusercontent.com", "https://appleid.apple.com", "https://gitlab.com",
+])
+def test_a_shared_public_issuer_without_subjects_is_refused(dev_values, issuer):
+    from tests.test_config import one_issue
+
+    dev_values["vllm-gke:tenants"][0]["jwt"].pop("subjects")
+    dev_values["vllm-gke:tenants"][0]["jwt"]["issuer"] = issuer
+    msg = one_issue(dev_values)
+    assert msg.startswith("vllm-gke:tenants[dev-team].jwt.subjects:") and "list the tenant's token subjects" in msg
+
+
+def test_an_issuer_of_the_tenants_own_needs_no_list(dev_values):
+    from vllm_gke.infra.config import parse
+
+    jwt = dev_values["vllm-gke:tenants"][0]["jwt"]
+    jwt.pop("subjects")
+    for issuer in ("https://login.microsoftonline.com/72f988bf-86f1-41af-91ab-2d7cd011db47/v2.0",
+                   "https://acme.eu.auth0.com/", "https://securetoken.google.com/acme-prod"):
+        jwt["issuer"] = issuer
+        assert parse(dev_values).tenants[0].jwt.subjects is None
+
+
+@pytest.mark.parametrize("subjects,fault", [
+    (["repo:acme/llm:ref:refs/heads/main"], "cannot be matched exactly"),  # Istio splits at the last '/'
+    (["*"], "cannot be matched exactly"), (["1234*"], "cannot be matched exactly"),
+    (["*1234"], "cannot be matched exactly"), ([""], "cannot be matched exactly"),
+    (["a b"], "cannot be matched exactly"), (["1", "1"], "listed more than once"), ([], "at least 1"),
+])
+def test_subjects_the_mesh_cannot_match_exactly_are_refused(dev_values, subjects, fault):
+    from tests.test_config import one_issue
+
+    dev_values["vllm-gke:tenants"][0]["jwt"]["subjects"] = subjects
+    msg = one_issue(dev_values)
+    assert msg.startswith("vllm-gke:tenants[dev-team].jwt.subjects") and fault in msg
+
+
+def test_an_issuer_with_a_trailing_slash_is_kept_verbatim_end_to_end(plan_variant):
+    """Auth0's iss ends in '/': RequestAuthentication, principals and the guard's key carry it as
+    the token does, so its tokens authenticate (a stripped issuer never matches them)."""
+    import json
+
+    from vllm_gke.policies.mesh_authz import Request, decide
+
+    auth0 = "https://acme.eu.auth0.com/"
+
+    def mutate(values):
+        jwt = values["vllm-gke:tenants"][0]["jwt"]
+        jwt.update(issuer=auth0, jwksUri="https://acme.eu.auth0.com/.well-known/jwks.json")
+        jwt.pop("subjects")
+
+    plan = plan_variant("dev", mutate)
+    docs = _tenant_docs(plan, "dev-team")
+    assert {r["issuer"] for d in docs if d["kind"] == "RequestAuthentication" for r in d["spec"]["jwtRules"]} == {auth0}
+    for p in (d for d in docs if d["kind"] == "AuthorizationPolicy"):
+        (rule,) = p["spec"]["rules"]
+        assert rule["from"] == [{"source": {"requestPrincipals": [f"{auth0}/*"]}}]
+        assert {"key": f"request.headers[{ISSUER_HEADER}]", "values": [auth0]} in rule["when"]
+    guard = [json.loads(e["value"]) for d in manifests_of(plan, "Deployment", "vllm")
+             for c in d["spec"]["template"]["spec"]["containers"] for e in c.get("env") or []
+             if e["name"] == "GKE_LLM_GUARD_CONFIG"]
+    assert guard and all(list(cfg["issuers"]) == [auth0] for cfg in guard)
+    request = Request("vllm", "/v1/chat/completions", "POST", {"vllm-gke.io/model": "qwen-7b"}, "127.0.0.6",
+                      token=(auth0, "auth0|65f0c0ffee"))
+    assert decide(plan.manifests(), request).allowed

@@ -68,6 +68,7 @@ from .tenants import (
     JwtSpec,
     RateLimitSpec,
     TenantSpec,
+    shared_public_issuer,
 )
 from .weights import (
     SecretKeyRef,
@@ -82,5 +83,6 @@ __all__ = [
     'MasterCidr', 'ModelSpec', 'MonitoringSpec', 'SloSpec', 'Name', 'NodePoolSpec', 'PodsCidr', 'ProxyOnlyCidr',
     'RateLimitSpec', 'Revision', 'SecretKeyRef', 'ServicesCidr', 'ServingPoolSpec', 'Spec', 'SubnetCidr',
     'TenantSpec', 'UpgradeSpec', 'UtcTime', 'WeightsSource', 'WeightsSpec', 'cidr_range', 'extra_arg_problem',
+    'shared_public_issuer',
     'gke_version', 'item_key', 'normalise_flag',
 ]

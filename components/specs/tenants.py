@@ -7,6 +7,7 @@ from typing import Optional
 
 from pydantic import (
     Field,
+    ValidationInfo,
     field_validator,
 )
 
@@ -18,13 +19,56 @@ from .base import (
 )
 
 
+# Issuers whose tokens anyone can get (any account, any repository, any audience they ask for:
+# IAM's generateIdToken takes any audience): host -> the first path segments that make it shared
+# (None: every path). A tenant on one of them is only the subjects it lists.
+_SHARED_ISSUERS: dict[str, Optional[frozenset[str]]] = {
+    "accounts.google.com": None,
+    "appleid.apple.com": None,
+    "token.actions.githubusercontent.com": None,
+    "gitlab.com": None,
+    "www.facebook.com": None,
+    "facebook.com": None,
+    # Microsoft's multi-tenant endpoints and the consumer (personal accounts) tenant.
+    **dict.fromkeys(("login.microsoftonline.com", "sts.windows.net", "login.windows.net"), frozenset(
+        ("common", "organizations", "consumers", "9188040d-6c67-4c5b-b112-36a304b66dad"))),
+}
+
+
+def shared_public_issuer(issuer: str) -> bool:
+    """Whether anyone at all can obtain a token from this issuer (accounts.google.com, Microsoft's
+    common endpoint, GitHub Actions...): its tokens say who, never which tenant."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(issuer if "://" in issuer else f"https://{issuer}")
+    host = (parts.hostname or "").lower()
+    if host not in _SHARED_ISSUERS:
+        return False
+    segments = _SHARED_ISSUERS[host]
+    return segments is None or parts.path.strip("/").split("/")[0].lower() in segments
+
+
+def _subject(value: str) -> str:
+    # Istio splits a request principal at its last '/' and reads a leading or trailing '*' as a
+    # wildcard (pilot/pkg/security/authz/model/generator.go): neither could be matched exactly.
+    if not value or len(value) > 255 or "/" in value or value.startswith("*") or value.endswith("*") \
+            or not value.isprintable() or any(c.isspace() for c in value):
+        raise ValueError(f"'{value}' cannot be matched exactly as a request principal: a subject (the token's "
+                         "sub) is 1-255 printable characters without spaces, '/' or a leading or trailing '*'")
+    return value
+
+
 class JwtSpec(Spec):
-    # The JWT issuer (iss) of the tenant's tokens, an https URL.
+    # The JWT issuer (iss) of the tenant's tokens, an https URL, exactly as the tokens carry it
+    # (a trailing '/', as Auth0's, included).
     issuer: str
     # Where the issuer's signing keys are (https).
     jwks_uri: str
     # Required: without audiences the mesh accepts a token the issuer minted for any other service.
     audiences: list[str] = Field(min_length=1)
+    # The token subjects (sub) that are this tenant; none: every subject of the issuer. Required
+    # on an issuer anyone can get tokens from (accounts.google.com: a service account's uniqueId).
+    subjects: Optional[list[str]] = Field(default=None, min_length=1, validate_default=True)
 
     @field_validator("issuer", "jwks_uri")
     @classmethod
@@ -35,7 +79,25 @@ class JwtSpec(Spec):
         if parts.scheme != "https" or not parts.hostname or not HOSTNAME.match(parts.hostname) \
                 or any(c.isspace() for c in v) or parts.query or parts.fragment:
             raise ValueError(f"'{v}' must be an https:// URL with a DNS host and no query or fragment")
-        return v.rstrip("/") if parts.path in ("", "/") else v
+        # Verbatim: the mesh compares the token's iss with it byte for byte (a '/' more or less fails).
+        return v
+
+    @field_validator("subjects")
+    @classmethod
+    def _listed(cls, v: Optional[list[str]], info: ValidationInfo) -> Optional[list[str]]:
+        issuer = info.data.get("issuer")
+        if v is None:
+            if issuer and shared_public_issuer(issuer):
+                raise ValueError(f"'{issuer}' issues tokens to anyone who asks (any account, any audience), so "
+                                 "its tokens alone would make anyone this tenant; list the tenant's token subjects "
+                                 "(sub; for a Google service account its uniqueId) under jwt.subjects, or use an "
+                                 "issuer of the tenant's own")
+            return v
+        for s in v:
+            _subject(s)
+        if dupes := sorted({s for s in v if v.count(s) > 1}):
+            raise ValueError(f"subjects {dupes} are listed more than once")
+        return v
 
 
 class RateLimitSpec(Spec):

@@ -5,7 +5,9 @@ It is all that stands between a tenant and the GPUs, so it denies by default:
     GET /health and GET /metrics); any other path, method or a websocket gets 404/405;
   - a tenant route needs the request to have come through the pod's Envoy sidecar (the peer
     address Envoy's inbound passthrough uses, 127.0.0.6) carrying exactly one verified-issuer
-    header that Istio set from the JWT; no sidecar, no service;
+    header that Istio set from the JWT; no sidecar, no service. The issuer names the tenant;
+    where the tenant lists subjects (jwt.subjects), the verified-subject header Istio set must
+    be one of them (403 otherwise);
   - per tenant: a request rate limit (a sliding window: at most N admitted in any 60 seconds,
     exact under concurrency, from a cold start) and a cap on the tokens one request can make
     vLLM generate: per-sequence max tokens (resolved as the pinned vLLM resolves them)
@@ -33,7 +35,7 @@ globalLimits, redis-py too (the image installs it).
 One module per concern (each imports the ones it needs, relatively: the package also loads as
 vllm_gke.images.vllm_gke_guard):
   routes.py      the allow-list and what each kind of route is metered by
-  headers.py     the few request headers read: issuer, objective, content type and length, warm-up
+  headers.py     the few request headers read: issuer, subject, objective, content type and length, warm-up
   body.py        receiving a body, reading its fields (msgspec, or the scanner), rewriting it
   scan.py        the top-level JSON scanner for large bodies
   caps.py        the max_tokens cap: what one request can make vLLM generate

@@ -30,7 +30,8 @@ def warmup_token() -> bytes:
 class Tenant:
     """One issuer's tenant, read from config once (not looked up in a dict on every request)."""
 
-    __slots__ = ("name", "cap", "rpm", "tpm", "objective", "models", "limiter", "tokens", "salt", "meters", "priority")
+    __slots__ = ("name", "cap", "rpm", "tpm", "objective", "models", "limiter", "tokens", "salt", "meters", "priority",
+                 "subjects")
 
     def __init__(self, entry: dict[str, Any], clock: Callable[[], float], model: str = ""):
         self.name = str(entry["tenant"])
@@ -42,6 +43,9 @@ class Tenant:
         self.priority = int(entry.get("priority") or 0)
         # On a server with LoRA adapters: the `model` values the tenant may name.
         self.models: Optional[frozenset[str]] = frozenset(entry["models"]) if "models" in entry else None
+        # The verified subjects (sub) that are this tenant; None: every subject of its issuer.
+        self.subjects: Optional[frozenset[bytes]] = frozenset(
+            str(s).encode() for s in entry["subjects"]) if "subjects" in entry else None
         self.limiter = SlidingWindowLimiter(self.rpm, clock)
         # tokensPerMinute per replica, while the shared store is unreachable.
         self.tokens = SlidingTokenWindow(int(self.tpm), clock) if self.tpm else None

@@ -1,7 +1,7 @@
 """GuardMiddleware: the ASGI middleware vLLM loads with `--middleware vllm_gke_guard.GuardMiddleware`,
 and the order its checks run in. Every request is decided here from the start: route, then
-caller (the sidecar's address, one verified issuer, the tenant's own objective), then rate
-limit, then body; the common chat request takes a shorter path of its own that decides exactly
+caller (the sidecar's address, one verified issuer, a subject the tenant lists, the tenant's own
+objective), then rate limit, then body; the common chat request takes a shorter path of its own that decides exactly
 as the general one does (tests compare the two)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .body import (
 from .caps import Budget
 from .config import DEFAULT_MAX_BODY_BYTES, DEFAULT_TRUSTED_PEERS, Tenant, load_config, warmup_token
 from .errors import Disconnected, GuardError, respond
-from .headers import ISSUER, OBJECTIVE, WARMUP_HEADER, Headers, check_content_type, header_slots, is_warmup
+from .headers import ISSUER, OBJECTIVE, SUBJECT, WARMUP_HEADER, Headers, check_content_type, header_slots, is_warmup
 from .limits import connect_store, rate_limited, take_shared
 from .metrics import count_untrusted, log
 from .models import check_model, model_list_filter
@@ -50,6 +50,8 @@ class GuardMiddleware:
         self.app = app
         cfg = load_config(config)
         self.issuer_header = str(cfg.get("issuerHeader", "x-vllm-gke-issuer")).lower().encode()
+        # The verified subject (Istio writes it from the token; the mesh admits only listed ones).
+        self.subject_header = str(cfg.get("subjectHeader", "x-vllm-gke-subject")).lower().encode()
         issuers: dict[str, dict[str, Any]] = cfg.get("issuers") or {}
         # The model this server serves, as the tenants' counters name it.
         self.model = str(cfg.get("model") or "")
@@ -77,7 +79,7 @@ class GuardMiddleware:
         # Spans of the guard's own, continued by vLLM's (tracing.py); the client's context is dropped either way.
         self.tracing = tracing(bool(cfg.get("traces")), self.model)
         self.warmup_token = warmup_token()
-        self.header_slots = header_slots(self.issuer_header, self.objective_header)
+        self.header_slots = header_slots(self.issuer_header, self.objective_header, self.subject_header)
         self.logged_peers: set[str] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -186,13 +188,17 @@ class GuardMiddleware:
         if self.shared is not None or self.objective_header:
             return None
         path = scope.get("path")
-        issuer_header = self.issuer_header
-        issuer = content_type = length = None
+        issuer_header, subject_header = self.issuer_header, self.subject_header
+        issuer = subject = content_type = length = None
         for k, v in scope.get("headers") or ():
             if k == issuer_header:
                 if issuer is not None:
                     return None
                 issuer = v
+            elif k == subject_header:
+                if subject is not None:
+                    return None
+                subject = v
             elif k == b"content-type":
                 if content_type is not None:
                     return None
@@ -207,7 +213,8 @@ class GuardMiddleware:
                 or int(length) > self.max_body or (scope.get("client") or ("", 0))[0] not in self.trusted_peers:
             return None
         tenant = self.tenants.get(issuer.decode("latin-1"))
-        if tenant is None or tenant.models is not None:
+        if tenant is None or tenant.models is not None or (tenant.subjects is not None
+                                                           and subject not in tenant.subjects):
             return None
         # From here on, as the general path: shed, counted, then the body.
         if tenant.priority < 0:
