@@ -150,6 +150,9 @@ class GuardMiddleware:
         tenant = self.tenants.get(issuer.decode("latin-1"))
         if tenant is None:
             raise GuardError(403, "no tenant is configured for this token's issuer", "forbidden")
+        if tenant.subjects is not None and seen.once(SUBJECT) not in tenant.subjects:
+            raise GuardError(403, f"this token's subject is not one tenant '{tenant.name}' lists (jwt.subjects)",
+                             "forbidden")
         if self.objective_header and ((objective := seen.once(OBJECTIVE)) is None
                                       or objective.decode("latin-1") != tenant.objective):
             raise GuardError(403, f"tenant '{tenant.name}' must call this model under its own path "
