@@ -182,10 +182,18 @@ def _policy(name: str, query: str, duration_s: int, doc: str, severity: str) -> 
     }
 
 
+def shed_rate(cluster: str) -> str:
+    """Requests shed for overload per second, per tenant and model (the guard's `shed` outcome)."""
+    return (f'sum by (tenant, model) (rate(vllm_gke_tenant_requests_total{{cluster="{cluster}",'
+            f'outcome="shed"}}[5m]))')
+
+
 def alert_policies(cluster: str, spec: MonitoringSpec, kv_metric: str = "vllm:kv_cache_usage_perc",
-                   limit_store: bool = False, always_on: Sequence[str] = ()) -> list[AlertPolicy]:
+                   limit_store: bool = False, always_on: Sequence[str] = (),
+                   sheddable: bool = False) -> list[AlertPolicy]:
     """The threshold alerts; `always_on`, the models with a replica floor, each paged when no
-    replica of it reports at all (its SLOs' signal is then gone, so no burn rate can page)."""
+    replica of it reports at all (its SLOs' signal is then gone, so no burn rate can page);
+    `sheddable`, some tenant has a negative priority: a ticket while tenants are shed."""
     sel = f'{{cluster="{cluster}"}}'
     store = [_policy(
         "Shared limit store unreachable", f"{fallbacks(cluster)} > 0", 300,
@@ -219,6 +227,11 @@ def alert_policies(cluster: str, spec: MonitoringSpec, kv_metric: str = "vllm:kv
                 f"enable fp8 KV cache, or scale out. Preemptions: vllm:num_preemptions_total{sel}.",
                 "WARNING"),
         # Appended, so the policies above keep their resource names on stacks that had them.
+        *([_policy("Tenants shed for overload", f"{shed_rate(cluster)} > 0", 600,
+                   "For 10 minutes replicas refused requests of negative-priority tenants because their queue "
+                   f"time was over {spec.queue_latency_slo_seconds:g}s (tenants[].priority). Intended, and not "
+                   "counted against availability; sustained, it means the pool is short: check KEDA's replicas "
+                   "against maxReplicas and the node pool's capacity.", "WARNING")] if sheddable else []),
         *(_policy(f"No replica of {model} reports",
                   f'absent(vllm:num_requests_running{{cluster="{cluster}", model_name="{model}"}})', 600,
                   f"For 10 minutes no vLLM replica of {model} exported metrics, though its pools keep a "
@@ -250,6 +263,8 @@ class ObservabilityArgs:
     always_on: Sequence[str] = ()
     # Models serve on TPUs: their TensorCore, HBM bandwidth and HBM charts.
     tpu: bool = False
+    # Some tenant has a negative priority (the guards may shed it): a WARNING while they do.
+    sheddable: bool = False
 
 
 class Observability(pulumi.ComponentResource):
@@ -301,7 +316,7 @@ class Observability(pulumi.ComponentResource):
                 tenant_dashboard_json(tenant_title, args.cluster_name, args.tenants, list(zip(titles, names))),
                 sort_keys=True))) if args.tenants else None
         self.alert_definitions = alert_policies(args.cluster_name, args.spec, args.kv_cache_metric, args.limit_store,
-                                                args.always_on)
+                                                args.always_on, args.sheddable)
         self.alert_policies = []
         for i, kwargs in enumerate(self.alert_definitions):
             self.alert_policies.append(gcp.monitoring.AlertPolicy(

@@ -351,7 +351,7 @@ class Platform(pulumi.ComponentResource):
             title=f"vLLM on GKE - {cfg.cluster.name} ({cfg.environment})", apis=apis,
             kv_cache_metric=rel.kv_cache_metric, limit_store=cfg.global_limits.enabled,
             models=[m.name for m in cfg.models], tenants=[t.name for t in cfg.tenants], budget=cfg.budget,
-            exact_ttft=exact_ttft, tpu=cfg.has_tpu_models,
+            exact_ttft=exact_ttft, tpu=cfg.has_tpu_models, sheddable=any(t.priority < 0 for t in cfg.tenants),
             always_on=[m.name for m in cfg.models if any(getattr(m, w).min_replicas > 0 for w in m.pool_names)]),
             opts=child())
 

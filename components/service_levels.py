@@ -3,9 +3,11 @@
 A Cloud Monitoring custom service per model and per tenant, and on each its SLOs over a rolling
 window (monitoring.slos):
   - availability, per model and per tenant: the share of valid requests answered without a server
-    error, a lost replica or an overload refusal. The signal is the guard's count of each admitted
-    tenant request by outcome (images/vllm_gke_guard/usage.py), which carries the tenant; a
-    request the tenant got wrong (a 4xx: over its cap, an unknown model) is not a valid one;
+    error. The signal is the guard's count of each admitted tenant request by outcome
+    (images/vllm_gke_guard/usage.py), which carries the tenant; a request the tenant got wrong (a
+    4xx: over its cap, an unknown model) is not a valid one, nor is a request shed for overload
+    (a 429 to a tenant of negative priority: the priorities working as configured, which an
+    alert of its own reports at WARNING, components/observability.py, rather than a page);
   - time to first token, per model: the share of requests whose first token came within
     monitoring.ttftSloSeconds, from vLLM's own histogram (vllm:time_to_first_token_seconds, which
     has no tenant). Cloud Monitoring cuts a distribution at its bucket bounds: where the release
@@ -44,8 +46,9 @@ GMP = "prometheus.googleapis.com"
 # The guard's per-tenant request count (images/vllm_gke_guard/metrics.py TENANT_REQUESTS).
 REQUESTS_METRIC = f"{GMP}/vllm_gke_tenant_requests_total/counter"
 TTFT_METRIC = f"{GMP}/vllm:time_to_first_token_seconds/histogram"
-VALID = ("ok", "error", "shed")
-BAD = ("error", "shed")
+# Shed requests are neither (see above): deliberate shedding must not page as lost availability.
+VALID = ("ok", "error")
+BAD = ("error",)
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ def _one_of(values: Sequence[str]) -> str:
 
 
 def availability_sli(cluster: str, **labels: str) -> dict[str, Any]:
-    """Bad (errors, lost replicas, overload refusals) over valid requests, per the guard's count."""
+    """Bad (server errors) over valid requests (answered or failed), per the guard's count."""
     base = f'metric.type="{REQUESTS_METRIC}" {_labels(cluster, **labels)}'
     return {"good_total_ratio": {"bad_service_filter": f'{base} metric.label."outcome"={_one_of(BAD)}',
                                  "total_service_filter": f'{base} metric.label."outcome"={_one_of(VALID)}'}}

@@ -100,6 +100,27 @@ def test_a_queue_after_a_quiet_spell_is_not_taken_for_a_stall():
     assert step(ctl, clock)[-5] is False and ctl.estimate == pytest.approx(1.0)  # its age: since the last reading
 
 
+def test_the_shed_tiers_hold_through_the_retry_after_pause():
+    """The shed tenants pause for Retry-After (4 s here) and no sheddable request asks meanwhile:
+    the queue is as long when they come back, so they are still shed (forgetting the overload
+    over the pause admitted them into the same queue: shed, served, shed, a saw-tooth)."""
+    ctl, clock, queue = controller()
+    step(ctl, clock)
+    queue.waiting, _ = 40, queue.leave(10)
+    assert step(ctl, clock) == {0: False, -1: False, -5: True}
+    queue.leave(10)
+    assert step(ctl, clock) == {0: False, -1: True, -5: True}
+    pause = ctl.refusal("batch").retry_after
+    assert pause > 2 * ctl.interval
+    queue.leave(10 * pause)  # priority 0 keeps it full meanwhile
+    assert step(ctl, clock, pause) == {0: False, -1: True, -5: True}
+    queue.leave(10)
+    assert step(ctl, clock) == {0: False, -1: True, -5: True}  # still 4 s ahead
+    # a pause after which nothing waits: every tier back at once
+    queue.waiting = 0
+    assert step(ctl, clock, pause) == {0: False, -1: False, -5: False}
+
+
 def test_a_drained_queue_brings_the_tiers_back_whatever_the_requests_before_waited():
     ctl, clock, queue = controller()
     step(ctl, clock)
@@ -176,3 +197,20 @@ def test_no_sheddable_tenant_no_overload_control():
     cfg = guard_config([TENANT], tenant_routes(), queue_slo_seconds=2.0)
     assert "overload" not in cfg
     assert guard.GuardMiddleware(Recorder(), cfg, Clock()).overload is None
+
+
+def test_the_model_list_is_never_shed_nor_counted():
+    """GET /v1/models queues nothing in the engine: a shed tenant still lists its models, and no
+    `shed` outcome is counted against its availability."""
+    from prometheus_client import REGISTRY
+
+    mw, app, clock, queue = overloaded_guard()
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 10}
+    assert status(call(mw, body, path="/v1/chat/completions", issuer="https://auth.example/batch")) == 200
+    clock.now += 1
+    queue.waiting, _ = 50, queue.leave(10)
+    assert status(call(mw, body, path="/v1/chat/completions", issuer="https://auth.example/batch")) == 429
+    shed = {"tenant": "batch", "model": "m-overload", "outcome": "shed"}
+    before = REGISTRY.get_sample_value("vllm_gke_tenant_requests_total", shed)
+    assert status(call(mw, None, path="/v1/models", method="GET", issuer="https://auth.example/batch")) == 200
+    assert REGISTRY.get_sample_value("vllm_gke_tenant_requests_total", shed) == before

@@ -73,7 +73,8 @@ def test_each_model_and_tenant_has_its_objectives(plans):
             assert slo["goal"] == cfg.monitoring.slos.availability
             ratio = sli["goodTotalRatio"]
             assert f'metric.type="{REQUESTS_METRIC}"' in ratio["totalServiceFilter"]
-            assert 'metric.label."outcome"=one_of("error","shed")' in ratio["badServiceFilter"]
+            assert 'metric.label."outcome"=one_of("error")' in ratio["badServiceFilter"]
+            assert 'metric.label."outcome"=one_of("ok","error")' in ratio["totalServiceFilter"]
             assert f'resource.label."cluster"="{cfg.cluster.name}"' in ratio["totalServiceFilter"]
         else:
             assert slo["goal"] == cfg.monitoring.slos.ttft
@@ -196,3 +197,18 @@ def test_the_plan_warns_of_an_inexact_ttft_cut_only_where_the_release_cannot_add
     assert warned("0.34.0") == []
     (warning,) = warned("0.11.0")
     assert "within 1s" in warning and "0.11.0" in warning
+
+
+def test_deliberate_shedding_is_no_page(plans):
+    """A 429 to a tenant of negative priority is the priorities working: not a bad event of any
+    availability SLO (whose fast burn pages CRITICAL), nor a valid one; a WARNING reports a
+    sustained shed instead, where some tenant may be shed."""
+    plan = plans["prod"]
+    assert any(t.priority < 0 for t in plan.config.tenants)
+    for slo in props_of(plan, "gcp:monitoring/slo:Slo"):
+        if slo["sloId"] == "availability":
+            assert '"shed"' not in json.dumps(slo["requestBasedSli"])
+    (shed,) = [p for p in props_of(plan, "gcp:monitoring/alertPolicy:AlertPolicy")
+               if p["displayName"] == "Tenants shed for overload"]
+    assert shed["severity"] == "WARNING"
+    assert 'outcome="shed"' in shed["conditions"][0]["conditionPrometheusQueryLanguage"]["query"]

@@ -157,7 +157,7 @@ class GuardMiddleware:
                                       or objective.decode("latin-1") != tenant.objective):
             raise GuardError(403, f"tenant '{tenant.name}' must call this model under its own path "
                                   f"(/{tenant.name}/<model>/v1)", "forbidden")
-        if tenant.priority < 0:
+        if tenant.priority < 0 and kind != "info":  # a listing queues nothing in the engine: never shed
             self._shed(tenant)
         if self.shared is None and (wait := tenant.limiter.take()) is not None:
             raise rate_limited(tenant, wait)

@@ -14,8 +14,12 @@ empty queue, as nothing.
 Tiers are the tenants' negative priorities (tenants[].priority); 0 is never shed. Each second the
 queue is over the SLO one more tier is shed, most negative first; each second it is under half
 the SLO one tier comes back. So a lower tier is always shed before a higher one, and a short
-spike sheds only the lowest. The state moves only when a sheddable request asks; after a quiet
-spell (no reading for over two intervals) it starts again from nothing shed.
+spike sheds only the lowest. The state moves only when a sheddable request asks. A quiet spell (no
+reading for over two intervals) is most often the shed tenants' own Retry-After pause: the shed
+tiers stay shed through it while requests still wait, and the next second's rate decides (a
+rate over the spell would say nothing); a queue found empty brings every tier back at once.
+(Starting again from nothing shed would admit the returning tenants into the same queue and shed
+them again a few seconds later: a saw-tooth.)
 """
 
 from __future__ import annotations
@@ -81,8 +85,11 @@ class Overload:
         waiting, left = self.queue.read()
         last, self.last = self.last, (now, left, waiting)
         if last is None or now - last[0] > 2 * self.interval:
-            # The first reading, or the first after a quiet spell: no rate over a recent second yet.
-            self.level, self.estimate, self.stalled_since = 0, 0.0, None
+            # The first reading, or the first after a quiet spell: no rate over a recent second
+            # yet. The shed tiers hold while requests wait (the spell was likely their pause).
+            self.stalled_since = None
+            if last is None or waiting <= 0:
+                self.level, self.estimate = 0, 0.0
             return
         elapsed, moved = now - last[0], left - last[1]
         if waiting <= 0:
