@@ -376,8 +376,8 @@ def usage(
         sys.stdout.write(json.dumps(report.to_json(), indent=1) + "\n")
         return
     table = Table(title=f"stack {stack}: usage over the last {period} ({PRICE_REGION} list prices)")
-    for col in ("tenant", "requests ok/refused/error/shed", "prompt tokens", "generated tokens", "GPU-hours",
-                "dollars", "share"):
+    for col in ("tenant", "requests ok/refused/error/shed", "prompt tokens", "generated tokens",
+                "device-hours", "dollars", "share"):
         table.add_column(col, justify="left" if col == "tenant" else "right")
     for name, t in report.tenants.items():
         reqs = "/".join(f"{t.requests.get(o, 0):,.0f}" for o in ("ok", "refused", "error", "shed"))
@@ -385,7 +385,8 @@ def usage(
                       f"{t.dollars:,.2f}", f"{t.dollars / report.dollars:.1%}" if report.dollars else "-")
     console.print(table)
     for pod in report.unknown_pods:
-        console.print(f"[yellow]note:[/] pod {escape(pod)} is no vLLM Deployment of this stack: not priced")
+        console.print(f"[yellow]note:[/] pod {escape(pod)} is no vLLM Deployment or group leader of this stack: "
+                      "not priced")
 
 
 @app.command("stacks")

@@ -6,10 +6,13 @@ series):
   - the guard's per-tenant counters (images/vllm_gke_guard/metrics.py): the prompt and generated
     tokens vLLM counted for each tenant request, and the requests by outcome, per model;
   - how long each vLLM pod was up: the samples of vllm:num_requests_running each pod exported,
-    counted at a fixed step (one series per pod and engine; a pod of the plan's Deployments).
-Each pod's hours are priced as its Deployment asks (GPUs, or MIG slices, on its node pool's
+    counted at a fixed step (one series per pod and engine; a pod of the plan's Deployments, or a
+    LeaderWorkerSet group's leader: its workers export no vLLM metric).
+Each pod's hours are priced as its workload asks (GPUs, MIG slices or TPU chips, on its node pool's
 machine at the pool's list price: spot or on-demand; a pod that ran on a spot pool's on-demand twin
-is priced at spot, so those hours are understated). Each shared pod's cost is split among the
+is priced at spot, so those hours are understated). A multi-host group's leader carries its whole
+group: every host's devices, priced together and attributed by the leader's tokens (the leader
+serves the group's every request). Each shared pod's cost is split among the
 tenants it served, by their weighted tokens on that pod (a prompt token counts `prompt_weight` of
 a generated one: prefill is batched and far cheaper per token); a dedicated tenant's replicas are
 that tenant's. A pod that served no tokens in the period is `(unallocated)`.
@@ -37,8 +40,10 @@ from .plan import Plan
 from .pricing import MACHINE_PRICES
 
 STEP_S = 300
-# A pod is <deployment>-<replica set hash>-<5 characters>.
+# A Deployment's pod is <deployment>-<replica set hash>-<5 characters>; a LeaderWorkerSet's leader
+# is <set>-<group index> (its leader StatefulSet's pods; workers are <set>-<group>-<worker>).
 POD_NAME = re.compile(r"^(?P<deployment>.+)-[a-z0-9]{6,10}-[a-z0-9]{5}$")
+LEADER_NAME = re.compile(r"^(?P<group>.+)-[0-9]+$")
 # Not a tenant name (those are DNS labels), so never merged into one.
 UNALLOCATED = "(unallocated)"
 
@@ -101,15 +106,47 @@ def prometheus(url: str, token: Optional[str] = None, at: Optional[float] = None
 
 @dataclass(frozen=True)
 class Workload:
-    """One vLLM Deployment of the plan, and what an hour of one of its pods costs."""
+    """One vLLM Deployment or LeaderWorkerSet of the plan, and what an hour of one of its replicas
+    (a pod, or a group of `hosts` pods) costs."""
 
     namespace: str
     name: str
     model: str
     # The tenant whose own replicas these are (a dedicated namespace), else None.
     tenant: Optional[str]
-    gpus: float
+    # Accelerator devices a replica holds: GPUs (a MIG slice is its share of one) or TPU chips.
+    devices: float
     dollars_per_hour: float
+    # The extended resource it requests (nvidia.com/gpu, google.com/tpu) and the hosts of a replica.
+    resource: str = "nvidia.com/gpu"
+    hosts: int = 1
+
+
+def _pod_price(pool: NodePoolSpec, pod: Mapping[str, Any]) -> tuple[float, float]:
+    """(devices, dollars an hour) of one pod: its accelerator units of the pool's machine, whatever
+    the resource (GPUs, MIG slices, TPU chips), at the pool's list price."""
+    assert pool.machine.accelerator is not None
+    resource = pool.machine.accelerator.resource
+    limits = pod["containers"][0]["resources"]["limits"]
+    slots = int(limits.get(resource, 0))
+    price = MACHINE_PRICES[pool.machine_type]
+    node_hour = price.spot_hour if pool.spot else price.on_demand_hour
+    return slots * pool.machine.gpus / pool.slices_per_node, slots * node_hour / pool.slices_per_node
+
+
+def _pool_of(pod: Mapping[str, Any], pools: Mapping[str, NodePoolSpec]) -> Optional[NodePoolSpec]:
+    # A pool with an on-demand twin is chosen through its ComputeClass, named after it.
+    selector = pod.get("nodeSelector") or {}
+    return pools.get(selector.get("vllm-gke.io/node-pool") or selector.get("cloud.google.com/compute-class") or "")
+
+
+def _pods(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A replica's pods: a Deployment's one, or a group's leader and its size - 1 workers."""
+    if doc["kind"] == "Deployment":
+        return [doc["spec"]["template"]["spec"]]
+    group = doc["spec"]["leaderWorkerTemplate"]
+    worker = group["workerTemplate"]["spec"]
+    return [group.get("leaderTemplate", group["workerTemplate"])["spec"], *[worker] * (int(group["size"]) - 1)]
 
 
 def workloads(plan: Plan) -> dict[tuple[str, str], Workload]:
@@ -117,25 +154,27 @@ def workloads(plan: Plan) -> dict[tuple[str, str], Workload]:
     pools: dict[str, NodePoolSpec] = {p.name: p for p in cfg.node_pools}
     dedicated = {tenant_namespace(t): t.name for t in cfg.tenants if t.dedicated}
     out: dict[tuple[str, str], Workload] = {}
-    for dep in plan.manifests():
-        labels = dep["metadata"].get("labels") or {}
-        if dep["kind"] != "Deployment" or labels.get("app.kubernetes.io/name") != "vllm":
+    for doc in plan.manifests():
+        labels = doc["metadata"].get("labels") or {}
+        if doc["kind"] not in ("Deployment", "LeaderWorkerSet") or labels.get("app.kubernetes.io/name") != "vllm":
             continue
-        spec = dep["spec"]["template"]["spec"]
-        # A pool with an on-demand twin is chosen through its ComputeClass, named after it.
-        selector = spec.get("nodeSelector") or {}
-        pool_name = selector.get("vllm-gke.io/node-pool") or selector.get("cloud.google.com/compute-class")
-        if pool_name not in pools:  # a standby: no GPU
+        pods = _pods(doc)
+        pool = _pool_of(pods[0], pools)
+        if pool is None or pool.machine.accelerator is None:  # a standby: no accelerator
             continue
-        pool = pools[pool_name]
-        slots = int(spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
-        price = MACHINE_PRICES[pool.machine_type]
-        node_hour = price.spot_hour if pool.spot else price.on_demand_hour
-        ns, name = dep["metadata"]["namespace"], dep["metadata"]["name"]
-        out[(ns, name)] = Workload(ns, name, labels["vllm-gke.io/model"], dedicated.get(ns),
-                                   slots * pool.machine.gpus / pool.slices_per_node,
-                                   slots * node_hour / pool.slices_per_node)
+        devices, dollars = (sum(x) for x in zip(*(_pod_price(pool, pod) for pod in pods)))
+        ns, name = doc["metadata"]["namespace"], doc["metadata"]["name"]
+        out[(ns, name)] = Workload(ns, name, labels["vllm-gke.io/model"], dedicated.get(ns), devices, dollars,
+                                   pool.machine.accelerator.resource, len(pods))
     return out
+
+
+def workload_of(known: Mapping[tuple[str, str], Workload], ns: str, pod: str) -> Optional[Workload]:
+    """The workload a pod that exported vLLM metrics belongs to: a group's leader, or a Deployment's pod."""
+    if (leader := LEADER_NAME.match(pod)) and (work := known.get((ns, leader.group("group")))) and work.hosts > 1:
+        return work
+    match = POD_NAME.match(pod)
+    return known.get((ns, match.group("deployment"))) if match else None
 
 
 @dataclass
@@ -143,6 +182,7 @@ class TenantUsage:
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
     requests: dict[str, float] = field(default_factory=dict[str, float])
+    # Device-hours: GPU-hours, or TPU chip-hours (the JSON keeps the name gpuHours).
     gpu_hours: float = 0.0
     dollars: float = 0.0
 
@@ -193,8 +233,7 @@ def usage_report(plan: Plan, query: Query, period: str, prompt_weight: float = 0
     spent: dict[str, TenantUsage] = {}
     for row in query(q["pod_steps"]):
         ns, pod = row["metric"].get("namespace", ""), row["metric"].get("pod", "")
-        match = POD_NAME.match(pod)
-        work = known.get((ns, match.group("deployment"))) if match else None
+        work = workload_of(known, ns, pod)
         if work is None:
             unknown.append(f"{ns}/{pod}")
             continue
@@ -205,7 +244,7 @@ def usage_report(plan: Plan, query: Query, period: str, prompt_weight: float = 0
         for tenant, part in (shares.items() if total else [(UNALLOCATED, 1.0)]):
             usage = tenants[tenant] if tenant in tenants else spent.setdefault(tenant, TenantUsage())
             fraction = part / total if total else 1.0
-            usage.gpu_hours += hours * work.gpus * fraction
+            usage.gpu_hours += hours * work.devices * fraction
             usage.dollars += hours * work.dollars_per_hour * fraction
     return UsageReport(period, {**tenants, **spent}, sorted(unknown))
 

@@ -95,11 +95,11 @@ def test_each_pod_is_priced_as_its_deployment_asks(plans):
     work = workloads(plan)
     pools = {p.name: p for p in plan.config.node_pools}
     big = work[("vllm", "llama-70b-long")]
-    assert big.gpus == 8 and big.tenant is None
+    assert big.devices == 8 and big.tenant is None
     a100 = MACHINE_PRICES[pools["a100-tp8"].machine_type]
     assert big.dollars_per_hour == pytest.approx(a100.spot_hour if pools["a100-tp8"].spot else a100.on_demand_hour)
     mig = work[("vllm", "qwen-7b-short")]
-    assert mig.gpus == pytest.approx(pools["a100-mig"].machine.gpus / pools["a100-mig"].slices_per_node)
+    assert mig.devices == pytest.approx(pools["a100-mig"].machine.gpus / pools["a100-mig"].slices_per_node)
     assert work[("tenant-analytics", "qwen-7b-short")].tenant == "analytics"
 
 
@@ -118,8 +118,8 @@ def test_the_report_splits_each_models_cost_by_weighted_tokens(plans, query_api)
     assert t["support"].dollars == pytest.approx(0.25 * short8 + qwen)  # nothing of a pod it never used
     assert t["analytics"].dollars == pytest.approx(own)  # its own replicas, whatever it sent elsewhere
     assert t["(unallocated)"].dollars == pytest.approx(cost[("vllm", "llama-70b-long")])  # nobody's tokens
-    assert t["search"].gpu_hours == pytest.approx(0.75 * HOURS * work[("vllm", "llama-8b-short")].gpus
-                                                  + HOURS * work[("vllm", "llama-8b-long")].gpus)
+    assert t["search"].gpu_hours == pytest.approx(0.75 * HOURS * work[("vllm", "llama-8b-short")].devices
+                                                  + HOURS * work[("vllm", "llama-8b-long")].devices)
     assert t["support"].requests == {"shed": 3.0} and t["search"].prompt_tokens == 400_000
     assert "stranger" not in t and report.unknown_pods == ["other/vllm-x-7f8c9d6b5-uvwxy"]
     assert all(auth == "Bearer tok" for _, auth in asked) and len(asked) == 4
@@ -140,7 +140,7 @@ def test_the_command_prints_json_and_replays_what_it_saved(query_api, tmp_path):
     replay = runner.invoke(app, ["report", "--stack", "prod", "--metrics", str(saved), "--output", "json"])
     assert replay.exit_code == 0 and json.loads(replay.output) == doc
     text = runner.invoke(app, ["report", "--stack", "prod", "--metrics", str(saved)])
-    assert text.exit_code == 0 and "GPU-hours" in text.output and "no vLLM Deployment" in text.output
+    assert text.exit_code == 0 and "device-hours" in text.output and "no vLLM Deployment" in text.output
 
 
 @pytest.mark.parametrize("args,says", [
@@ -217,3 +217,48 @@ def test_a_malformed_answer_exits_2(plans, tmp_path, value):
     saved.write_text(json.dumps(q))
     result = CliRunner().invoke(app, ["report", "--stack", "prod", "--metrics", str(saved)])
     assert result.exit_code == 2 and "Traceback" not in result.output and "query answer row" in result.output
+
+
+def test_tpu_chips_and_whole_groups_are_priced(plans):
+    """frontier: the 8B on single TPU chips (google.com/tpu), the 70B as a four-host v6e group, the 405B
+    as a two-host H100 group. A group's hours are its leader's, priced for every host of it and split
+    by the leader's tokens; a worker exports nothing and a stranger's pod is not priced."""
+    plan = plans["frontier"]
+    pools = {p.name: p for p in plan.config.node_pools}
+    work = workloads(plan)
+
+    def node_hour(pool):
+        price = MACHINE_PRICES[pool.machine_type]
+        return price.spot_hour if pool.spot else price.on_demand_hour
+
+    chip = work[("vllm", "llama-8b-tpu-short")]
+    assert (chip.resource, chip.devices, chip.hosts) == ("google.com/tpu", 1, 1)
+    assert chip.dollars_per_hour == pytest.approx(node_hour(pools["v6e-single"]))
+    slice70 = work[("vllm", "llama-70b-tpu-short-group")]
+    assert (slice70.resource, slice70.devices, slice70.hosts) == ("google.com/tpu", 16, 4)
+    assert slice70.dollars_per_hour == pytest.approx(4 * node_hour(pools["v6e-4x4"]))
+    h100 = work[("vllm", "llama-405b-short-group")]
+    assert (h100.resource, h100.devices, h100.hosts) == ("nvidia.com/gpu", 16, 2)
+    assert h100.dollars_per_hour == pytest.approx(2 * node_hour(pools["h100-hosts"]))
+
+    q = queries(plan.config.cluster.name, "30d")
+
+    def row(value, pod, **labels):
+        return {"metric": {"namespace": "vllm", "pod": pod, **labels}, "value": [1_700_000_000, str(value)]}
+
+    chip_pod, leader = "llama-8b-tpu-short-5c6d7f8b9-fghij", "llama-70b-tpu-short-group-0"
+    held = {
+        q["prompt"]: [],
+        q["generation"]: [row(300, chip_pod, tenant="research", model="llama-8b-tpu"),
+                          row(100, chip_pod, tenant="assistant", model="llama-8b-tpu"),
+                          row(1000, leader, tenant="research", model="llama-70b-tpu")],
+        q["requests"]: [],
+        q["pod_steps"]: [row(STEPS, chip_pod), row(STEPS, leader), row(STEPS, "llama-405b-short-group-0"),
+                         row(STEPS, "llama-70b-tpu-short-group-7-1")],
+    }
+    t = usage_report(plan, held.__getitem__, "30d").tenants
+    assert t["research"].dollars == pytest.approx(HOURS * (0.75 * chip.dollars_per_hour + slice70.dollars_per_hour))
+    assert t["research"].gpu_hours == pytest.approx(HOURS * (0.75 * 1 + 16))
+    assert t["assistant"].dollars == pytest.approx(HOURS * 0.25 * chip.dollars_per_hour)
+    assert t["(unallocated)"].dollars == pytest.approx(HOURS * h100.dollars_per_hour)
+    assert usage_report(plan, held.__getitem__, "30d").unknown_pods == ["vllm/llama-70b-tpu-short-group-7-1"]
