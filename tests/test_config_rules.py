@@ -141,6 +141,10 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
      "vllm-gke:models[qwen-7b].extraArgs", "with several, vLLM starts several API servers"),
     ("extra-arg-no-stats", "dev", lambda v: v["vllm-gke:models"][0].update(extraArgs=["--disable-log-stats"]),
      "vllm-gke:models[qwen-7b].extraArgs", "overload check reads vLLM's stats"),
+    # The TTFT SLO's cut is a bucket bound the servers add: extraArgs may not replace the buckets.
+    ("extra-arg-histogram-buckets", "prod", lambda v: v["vllm-gke:models"][0].update(
+        extraArgs=['--custom-histogram-buckets={"time_to_first_token":[1]}']),
+     "vllm-gke:models[llama-70b].extraArgs", "set monitoring.ttftSloSeconds"),
     ("extra-arg-secret", "dev", lambda v: v["vllm-gke:models"][0].update(extraArgs=["--hf-token=abc"]),
      "vllm-gke:models[qwen-7b].extraArgs", "a secret on the command line"),
     ("extra-arg-middleware", "dev", lambda v: v["vllm-gke:models"][0].update(extraArgs=["--middleware", "x.Y"]),
@@ -180,6 +184,14 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
     ("picker-on-a-global-gateway", "staging",
      lambda v: v["vllm-gke:gateway"].update(className="gke-l7-global-external-managed"),
      "vllm-gke:gateway.className", "cannot route to an InferencePool"),
+    # Length routes match Content-Length by regular expression: the global external load balancer
+    # has none (Compute API urlMaps, HttpHeaderMatch.regexMatch), so neither routing mode fits it.
+    ("length-routes-on-a-global-gateway", "prod",
+     lambda v: v["vllm-gke:gateway"].update(className="gke-l7-global-external-managed"),
+     "vllm-gke:gateway.className", "cannot program length routes (models[llama-70b].routing is length)"),
+    ("staging-mixed-on-a-global-gateway", "staging",
+     lambda v: v["vllm-gke:gateway"].update(className="gke-l7-global-external-managed"),
+     "vllm-gke:gateway.className", "use gke-l7-rilb or gke-l7-regional-external-managed"),
     ("picker-without-min-version", "staging", lambda v: v["vllm-gke:cluster"].pop("minMasterVersion"),
      "vllm-gke:cluster.minMasterVersion", "is unset, but models[llama-8b].routing is inference-gateway"),
     ("picker-on-old-gke", "staging", lambda v: v["vllm-gke:cluster"].update(minMasterVersion="1.34.0-gke.1000"),

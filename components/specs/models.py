@@ -66,6 +66,9 @@ MANAGED_VLLM_OPTIONS: dict[str, str] = {
     "disable_log_stats": "the guard's overload check reads vLLM's stats, and vLLM's traces need them "
                          "(v1/engine/output_processor.py:951 asserts them)",
     "otlp_traces_endpoint": "set monitoring.traces",
+    # The TTFT SLO cuts vLLM's histogram at monitoring.ttftSloSeconds, a bound the servers add.
+    "custom_histogram_buckets": "set monitoring.ttftSloSeconds: the servers add it to their TTFT buckets, "
+                                "where the TTFT SLO cuts the histogram",
 }
 _MANAGED_LONG_FLAGS = {f"--{d.replace('_', '-')}": d for d in MANAGED_VLLM_OPTIONS}
 _MANAGED_LONG_FLAGS.update({f"--no-{k[2:]}": d for k, d in list(_MANAGED_LONG_FLAGS.items())})
