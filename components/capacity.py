@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
 from .specs import ModelSpec, NodePoolSpec, ServingPoolSpec
-from .throughput import roofline, slice_of
+from .throughput import Throughput, roofline, slice_of
 
 if TYPE_CHECKING:
     from .stack_config import StackConfig
@@ -116,9 +116,7 @@ def pool_capacity(model: ModelSpec, which: str, pool: ServingPoolSpec, node_pool
     context = pool.context_tokens or max_len
     acc = node_pool.machine.accelerator
     hosts = hosts_per_replica(model, node_pool)
-    speed = roofline(slice_of(acc, node_pool.gpu_partition_size), shape, model.dtype, model.kv_cache_dtype,
-                     model.devices_per_replica, tp, hosts, min(pool.max_num_seqs, max(1, tokens // context)),
-                     context) if acc else None
+    speed = _speed(model, pool, node_pool, hosts, tokens, context) if acc else None
     return PoolCapacity(
         model=model.name, pool=which, node_pool=node_pool.name, tenant=tenant, gpu_memory_gb=memory,
         usable_gb=usable, weights_per_gpu_gb=weights, kv_budget_gb=budget,
@@ -128,6 +126,25 @@ def pool_capacity(model: ModelSpec, which: str, pool: ServingPoolSpec, node_pool
         lora_per_gpu_gb=lora, devices=model.devices_per_replica, hosts=hosts, accelerator=acc.gke_type if acc else "",
         decode_tokens_s=speed.decode_tokens_s if speed else 0.0,
         prefill_tokens_s=speed.prefill_tokens_s if speed else 0.0, decode_bound=speed.bound if speed else "")
+
+
+def _speed(model: ModelSpec, pool: ServingPoolSpec, node_pool: NodePoolSpec, hosts: int, tokens: int,
+           context: int) -> Throughput:
+    """The roofline at the pool's batch (maxNumSeqs, or the sequences its KV cache holds if fewer);
+    a GPU replica across hosts talks over the machine's TCP bandwidth."""
+    acc = node_pool.machine.accelerator
+    assert acc is not None
+    return roofline(slice_of(acc, node_pool.gpu_partition_size), model.model_shape, model.dtype,
+                    model.kv_cache_dtype, model.devices_per_replica, model.tensor_parallel_size, hosts,
+                    min(pool.max_num_seqs, max(1, tokens // context)), context, network_gbps=node_pool.machine.nic_gbps)
+
+
+def network_cost(model: ModelSpec, which: str, node_pool: NodePoolSpec) -> tuple[float, float]:
+    """Decode tokens/s of one replica as placed (across hosts over TCP), and of the same devices
+    on one fabric: what the data-centre network takes."""
+    row = pool_capacity(model, which, getattr(model, which), node_pool)
+    one = _speed(model, getattr(model, which), node_pool, 1, row.tokens_fit, row.context_tokens)
+    return row.decode_tokens_s, one.decode_tokens_s
 
 
 def hosts_per_replica(model: ModelSpec, node_pool: NodePoolSpec) -> int:

@@ -99,6 +99,14 @@ class MachineType:
     # The boot disk type: TPU VMs take Balanced Persistent Disk (v5e, v5p) or Hyperdisk Balanced
     # (v6e) only, not pd-ssd (cloud.google.com/tpu/docs/storage-options-compute).
     boot_disk_type: str = "pd-ssd"
+    # GPU hosts: the VM's network bandwidth a pod reaches over TCP (Gbps), and the GPU-to-GPU
+    # fabric the machine's extra NICs carry, if any ("GPUDirect-TCPX", "GPUDirect-TCPXO",
+    # "GPUDirect-RDMA"). From compute/docs/gpus/gpu-network-bandwidth: A2 and G2 have no GPUDirect;
+    # a3-highgpu-8g's four GPU NICs (800 Gbps) and a3-megagpu-8g's eight (1,600 Gbps) take GKE
+    # multi-networking and the NCCL plugin, which vllm-gke does not set up, so pods talk over the
+    # primary gVNIC (200 Gbps). A TPU slice's hosts share its ICI instead.
+    nic_gbps: float = 0.0
+    gpudirect: str = ""
 
     @property
     def is_gpu(self) -> bool:
@@ -115,25 +123,25 @@ def _table(*rows: MachineType) -> Mapping[str, MachineType]:
 
 
 MACHINE_TYPES: Mapping[str, MachineType] = _table(
-    MachineType("a2-highgpu-1g", A100_40GB, 1, 12, 85),
-    MachineType("a2-highgpu-2g", A100_40GB, 2, 24, 170),
-    MachineType("a2-highgpu-4g", A100_40GB, 4, 48, 340),
-    MachineType("a2-highgpu-8g", A100_40GB, 8, 96, 680),
-    MachineType("a2-megagpu-16g", A100_40GB, 16, 96, 1360),
-    MachineType("a2-ultragpu-1g", A100_80GB, 1, 12, 170),
-    MachineType("a2-ultragpu-2g", A100_80GB, 2, 24, 340),
-    MachineType("a2-ultragpu-4g", A100_80GB, 4, 48, 680),
-    MachineType("a2-ultragpu-8g", A100_80GB, 8, 96, 1360),
-    MachineType("a3-highgpu-8g", H100_80GB, 8, 208, 1872),
-    MachineType("a3-megagpu-8g", H100_MEGA_80GB, 8, 208, 1872),
-    MachineType("g2-standard-4", L4, 1, 4, 16),
-    MachineType("g2-standard-8", L4, 1, 8, 32),
-    MachineType("g2-standard-12", L4, 1, 12, 48),
-    MachineType("g2-standard-16", L4, 1, 16, 64),
-    MachineType("g2-standard-24", L4, 2, 24, 96),
-    MachineType("g2-standard-32", L4, 1, 32, 128),
-    MachineType("g2-standard-48", L4, 4, 48, 192),
-    MachineType("g2-standard-96", L4, 8, 96, 384),
+    MachineType("a2-highgpu-1g", A100_40GB, 1, 12, 85, nic_gbps=24),
+    MachineType("a2-highgpu-2g", A100_40GB, 2, 24, 170, nic_gbps=32),
+    MachineType("a2-highgpu-4g", A100_40GB, 4, 48, 340, nic_gbps=50),
+    MachineType("a2-highgpu-8g", A100_40GB, 8, 96, 680, nic_gbps=100),
+    MachineType("a2-megagpu-16g", A100_40GB, 16, 96, 1360, nic_gbps=100),
+    MachineType("a2-ultragpu-1g", A100_80GB, 1, 12, 170, nic_gbps=24),
+    MachineType("a2-ultragpu-2g", A100_80GB, 2, 24, 340, nic_gbps=32),
+    MachineType("a2-ultragpu-4g", A100_80GB, 4, 48, 680, nic_gbps=50),
+    MachineType("a2-ultragpu-8g", A100_80GB, 8, 96, 1360, nic_gbps=100),
+    MachineType("a3-highgpu-8g", H100_80GB, 8, 208, 1872, nic_gbps=200, gpudirect="GPUDirect-TCPX"),
+    MachineType("a3-megagpu-8g", H100_MEGA_80GB, 8, 208, 1872, nic_gbps=200, gpudirect="GPUDirect-TCPXO"),
+    MachineType("g2-standard-4", L4, 1, 4, 16, nic_gbps=10),
+    MachineType("g2-standard-8", L4, 1, 8, 32, nic_gbps=16),
+    MachineType("g2-standard-12", L4, 1, 12, 48, nic_gbps=16),
+    MachineType("g2-standard-16", L4, 1, 16, 64, nic_gbps=32),
+    MachineType("g2-standard-24", L4, 2, 24, 96, nic_gbps=32),
+    MachineType("g2-standard-32", L4, 1, 32, 128, nic_gbps=32),
+    MachineType("g2-standard-48", L4, 4, 48, 192, nic_gbps=50),
+    MachineType("g2-standard-96", L4, 8, 96, 384, nic_gbps=100),
     # TPU hosts (cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus): 2D topologies for
     # v5e and v6e, 3D for v5p; the 4-chip hosts build multi-host slices.
     MachineType("ct5lp-hightpu-1t", TPU_V5E, 1, 24, 48, ("1x1",), "pd-balanced"),
@@ -190,10 +198,21 @@ class ModelShape:
     active_params_billion: float | None = None
     # Query heads: vLLM's tensor parallelism must divide them; None: not known (not checked).
     attention_heads: int | None = None
+    # Width of the residual stream (what an all-reduce or a pipeline stage sends per token); None:
+    # attention heads x head dim, or estimated from the parameters (about 12 x layers x hidden^2).
+    hidden_size: int | None = None
 
     @property
     def active_billion(self) -> float:
         return self.active_params_billion or self.params_billion
+
+    @property
+    def hidden(self) -> int:
+        if self.hidden_size:
+            return self.hidden_size
+        if self.attention_heads:
+            return self.attention_heads * self.head_dim
+        return int(math.sqrt(self.params_billion * 1e9 / (12 * self.layers)))
 
 
 MODEL_SHAPES: Mapping[str, ModelShape] = {
@@ -208,7 +227,7 @@ MODEL_SHAPES: Mapping[str, ModelShape] = {
     "llama-3.1-405b": ModelShape(405.9, 126, 8, 128, attention_heads=128),
     # DeepSeek-V3/R1: 671B parameters, 37B active per token; multi-head latent attention caches one
     # 576-wide latent (kv_lora_rank 512 + 64 rope dims) per layer, counted as 1 head x 288 for K and V.
-    "deepseek-v3": ModelShape(671.0, 61, 1, 288, active_params_billion=37.0, attention_heads=128),
+    "deepseek-v3": ModelShape(671.0, 61, 1, 288, active_params_billion=37.0, attention_heads=128, hidden_size=7168),
 }
 
 # Bytes per weight for each dtype/quantisation the config accepts.
@@ -216,16 +235,39 @@ WEIGHT_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "int8": 1.0, "awq":
 KV_CACHE_BYTES = {"auto": 2.0, "fp8": 1.0}
 
 
-# Compute Engine zones by region (the suffixes), for the regions GPU serving usually runs in
-# (cloud.google.com/compute/docs/regions-zones); a region not listed is not checked.
-REGION_ZONES: dict[str, tuple[str, ...]] = {
+# Compute Engine regions and their zones (the suffixes), every public region
+# (cloud.google.com/compute/docs/regions-zones): gcp:region and cluster.zones are checked against
+# them. GPUs and TPUs are offered in some zones of some regions only (compute/docs/gpus/gpu-regions-zones,
+# tpu/docs/regions-zones); that is left to GKE, which refuses a node pool where its machine is not.
+REGION_ZONES: Mapping[str, tuple[str, ...]] = {
+    # Americas
     "us-central1": ("a", "b", "c", "f"), "us-east1": ("b", "c", "d"), "us-east4": ("a", "b", "c"),
     "us-east5": ("a", "b", "c"), "us-south1": ("a", "b", "c"), "us-west1": ("a", "b", "c"),
     "us-west2": ("a", "b", "c"), "us-west3": ("a", "b", "c"), "us-west4": ("a", "b", "c"),
-    "northamerica-northeast1": ("a", "b", "c"), "southamerica-east1": ("a", "b", "c"),
-    "europe-west1": ("b", "c", "d"), "europe-west2": ("a", "b", "c"), "europe-west3": ("a", "b", "c"),
-    "europe-west4": ("a", "b", "c"), "europe-west6": ("a", "b", "c"), "europe-north1": ("a", "b", "c"),
-    "asia-east1": ("a", "b", "c"), "asia-northeast1": ("a", "b", "c"), "asia-northeast3": ("a", "b", "c"),
-    "asia-south1": ("a", "b", "c"), "asia-southeast1": ("a", "b", "c"), "australia-southeast1": ("a", "b", "c"),
-    "me-west1": ("a", "b", "c"),
+    "northamerica-northeast1": ("a", "b", "c"), "northamerica-northeast2": ("a", "b", "c"),
+    "northamerica-south1": ("a", "b", "c"), "southamerica-east1": ("a", "b", "c"),
+    "southamerica-west1": ("a", "b", "c"),
+    # Europe
+    "europe-central2": ("a", "b", "c"), "europe-north1": ("a", "b", "c"), "europe-north2": ("a", "b", "c"),
+    "europe-southwest1": ("a", "b", "c"), "europe-west1": ("b", "c", "d"), "europe-west2": ("a", "b", "c"),
+    "europe-west3": ("a", "b", "c"), "europe-west4": ("a", "b", "c"), "europe-west6": ("a", "b", "c"),
+    "europe-west8": ("a", "b", "c"), "europe-west9": ("a", "b", "c"), "europe-west10": ("a", "b", "c"),
+    "europe-west12": ("a", "b", "c"),
+    # Middle East and Africa
+    "me-central1": ("a", "b", "c"), "me-central2": ("a", "b", "c"), "me-west1": ("a", "b", "c"),
+    "africa-south1": ("a", "b", "c"),
+    # Asia Pacific
+    "asia-east1": ("a", "b", "c"), "asia-east2": ("a", "b", "c"), "asia-northeast1": ("a", "b", "c"),
+    "asia-northeast2": ("a", "b", "c"), "asia-northeast3": ("a", "b", "c"), "asia-south1": ("a", "b", "c"),
+    "asia-south2": ("a", "b", "c"), "asia-southeast1": ("a", "b", "c"), "asia-southeast2": ("a", "b", "c"),
+    "australia-southeast1": ("a", "b", "c"), "australia-southeast2": ("a", "b", "c"),
 }
+
+
+def nearest_regions(name: str) -> list[str]:
+    """Regions spelled like `name` ('europe-west-4' -> europe-west4), closest first."""
+    import difflib
+
+    squashed = {r.replace("-", ""): r for r in REGION_ZONES}
+    exact = squashed.get(name.lower().replace("-", "").replace("_", ""))
+    return [exact] if exact else difflib.get_close_matches(name.lower(), list(REGION_ZONES), n=3, cutoff=0.75)
