@@ -243,6 +243,12 @@ def _tpu_worker_alone(plan):
     worker["env"] = [e for e in worker["env"] if e["name"] != "TPU_MULTIHOST_BACKEND"]
 
 
+def _any_google_identity(plan):
+    """dev's tenant admitted as every subject of accounts.google.com (anyone with a Google token)."""
+    allow = _kube(plan, "AuthorizationPolicy", "allow-dev-team-qwen-7b")
+    allow.props["spec"]["rules"][0]["from"] = [{"source": {"requestPrincipals": ["https://accounts.google.com/*"]}}]
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_owns_external_metrics": ("dev", _add_external_apiservice, "second owner"),
     "keda_ports_open_on_private_clusters": ("prod", _no_firewall, "tcp:6443, 9443"),
@@ -265,6 +271,7 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "vllm_writes_only_to_volumes": ("dev", _writable_root_without_tmp, "must be writable volumes"),
     "istio_peer_and_claim_header": ("dev", lambda p: _guard_trusts(p, ["127.0.0.1"]), "not the sidecar's 127.0.0.6"),
     "istio_sidecar_outlives_vllm": ("dev", _classic_sidecar_default, "may exit before vLLM"),
+    "istio_principals_are_the_tenants": ("dev", _any_google_identity, "not tenant 'dev-team's"),
     "gcsfuse_sidecar_with_the_mesh": ("staging", _fuse_through_envoy, "metadata-server calls go through Envoy"),
     "redis_writes_nothing_and_scripts_obey_the_acl": ("prod", _persistent_redis, "keeps persistence on"),
     "kubectl_cache_is_writable": ("dev", _kubectl_without_cache, "not on a writable volume"),

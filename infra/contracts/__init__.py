@@ -48,7 +48,7 @@ from .gcsfuse import (
     gcsfuse_sidecar_with_the_mesh,
     injected_init_order,
 )
-from .istio import ISTIO, istio_peer_and_claim_header, istio_sidecar_outlives_vllm
+from .istio import ISTIO, istio_peer_and_claim_header, istio_principals_are_the_tenants, istio_sidecar_outlives_vllm
 from .keda import (
     keda_admits_the_scaled_objects,
     keda_cooldown_only_for_zero,
@@ -96,7 +96,8 @@ __all__ = [
     "budget_api_accepts_the_budget", "collector_listens_and_writes_to_trace", "guard_reads_queue_series_vllm_exports",
     "vllm_exports_traces_as_configured", "inference_perf_runs_as_the_tenant",
     "fuse_pods_start_under_any_sidecar_mode", "gcsfuse_sidecar_with_the_mesh", "injected_init_order",
-    "istio_peer_and_claim_header", "istio_sidecar_outlives_vllm", "keda_admits_the_scaled_objects",
+    "istio_peer_and_claim_header", "istio_principals_are_the_tenants", "istio_sidecar_outlives_vllm",
+    "keda_admits_the_scaled_objects",
     "keda_cooldown_only_for_zero", "keda_names_fit", "keda_operator_identity", "keda_owns_external_metrics",
     "keda_ports_open_on_private_clusters", "keda_queries_one_series_of_exported_metrics", "keda_scales_every_pool",
     "kubectl_cache_is_writable", "loader_copies_what_vllm_opens", "loader_writes_only_to_volumes", "main", "markdown",

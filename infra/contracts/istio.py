@@ -1,10 +1,11 @@
 """The Istio sidecar (managed Cloud Service Mesh): the peer address and claim header the guard
-trusts, and a sidecar that outlives vLLM."""
+trusts, a sidecar that outlives vLLM, and request principals that are exactly a tenant's."""
 
 from __future__ import annotations
 
 import json
 
+from ...components.k8s_meta import TENANT_LABEL
 from ...components.serving_api import SIDECAR_PEER
 from ..plan import Plan
 from .base import Contract, _docs, _guard_configs, _vllm_deployments
@@ -39,6 +40,35 @@ def istio_sidecar_outlives_vllm(plan: Plan) -> list[str]:
     return out
 
 
+def _principal(value: str) -> tuple[str, str]:
+    """(iss, sub) as Istio reads a requestPrincipals value: split at its last '/'."""
+    iss, _, sub = value.rpartition("/")
+    return iss, sub
+
+
+def istio_principals_are_the_tenants(plan: Plan) -> list[str]:
+    """Each tenant's ALLOW rules name its verbatim issuer with its listed subjects exactly (any
+    subject only where it lists none), as Istio splits and matches them."""
+    out = []
+    for t in plan.config.tenants:
+        wanted = {(t.jwt.issuer, s) for s in t.jwt.subjects} if t.jwt.subjects is not None else {(t.jwt.issuer, "*")}
+        mine = [d for d in _docs(plan, "AuthorizationPolicy") + _docs(plan, "RequestAuthentication")
+                if (d["metadata"].get("labels") or {}).get(TENANT_LABEL) == t.name]
+        for d in mine:
+            where = f"{d['metadata']['namespace']}/{d['metadata']['name']}"
+            for jwt in d["spec"].get("jwtRules") or []:
+                if jwt.get("issuer") != t.jwt.issuer:
+                    out.append(f"{where}: issuer '{jwt.get('issuer')}' is not the tokens' '{t.jwt.issuer}' verbatim")
+            for rule in d["spec"].get("rules") or []:
+                for src in rule.get("from") or []:
+                    got = {_principal(v) for v in (src.get("source") or {}).get("requestPrincipals") or []}
+                    if got != wanted or any(sub != "*" and (sub.startswith("*") or sub.endswith("*"))
+                                            for _, sub in got):
+                        out.append(f"{where}: requestPrincipals admit {sorted(got)}, not tenant '{t.name}'s "
+                                   f"{sorted(wanted)}")
+    return out
+
+
 ROWS: tuple[Contract, ...] = (
     Contract("Istio sidecar", ISTIO,
              "inbound traffic reaches the app from the passthrough address 127.0.0.6 (mesh inboundTrafficPolicy "
@@ -60,4 +90,15 @@ ROWS: tuple[Contract, ...] = (
              "istio/api@1.24.6:annotation/annotations.yaml:251 (1.30.3: 273); istio/istio@1.24.6,1.30.3:"
              "pkg/envoy/agent.go:140-230; pkg/config/mesh/mesh.go:45",
              "vLLM pods carry both, so the sidecar serves until vLLM has drained", istio_sidecar_outlives_vllm),
+    Contract("Istio authorization", ISTIO,
+             "a requestPrincipals value is split at its last '/' into iss and sub, each matched exactly against the "
+             "verified token's claims (a '*' at the value's start or end makes a suffix or prefix match; `iss/*` "
+             "is any subject of that exact issuer); the RequestAuthentication issuer reaches Envoy's jwt_authn "
+             "verbatim",
+             "istio/istio@1.24.6:pilot/pkg/security/authz/model/generator.go:202-251 (1.30.3: 263-312); "
+             "pilot/pkg/security/authn/policy_applier.go:163 (1.30.3: 164)",
+             "a tenant's ALLOW rules name `<iss>/<sub>` per listed subject (jwt.subjects: no '/', no '*' at an "
+             "end, so each matches exactly), `<iss>/*` only where it lists none (refused for a shared public "
+             "issuer), with the issuer verbatim (a trailing '/' kept) in both resources and the guard's config",
+             istio_principals_are_the_tenants),
 )
