@@ -54,6 +54,7 @@ from .tenant_access import (
     SERVING_PROBE_PATHS,
     external_gateway_authenticated,
     external_gateway_https_only,
+    public_issuers_pinned_to_subjects,
     serving_paths_authenticated,
     tenant_namespaces_authenticated,
 )
@@ -74,6 +75,7 @@ __all__ = [
     # The checks, in the table's order.
     "gpu_node_pools_tainted", "mig_partition_valid", "weights_read_only", "tenant_namespaces_authenticated",
     "external_gateway_authenticated", "external_gateway_https_only", "serving_paths_authenticated",
+    "public_issuers_pinned_to_subjects",
     "pods_hardened", "control_plane_restricted", "images_pinned", "resource_limits", "no_secret_literals",
     "max_tokens_cap", "vllm_autoscaled", "inference_pools_served", "tenant_priorities_bound",
     "lora_adapters_scoped", "limit_store_mesh_only", "scale_to_zero_answered", "hyperdisk_weights_populated",
@@ -115,6 +117,13 @@ POLICIES: tuple[Policy, ...] = (
            " Rejects a vLLM workload that the emitted Istio policies would let serve `/v1/*` without a verified "
            "JWT, from any address the policies name or the internet (evaluated by `policies/mesh_authz.py`).",
            "mandatory", serving_paths_authenticated),
+    Policy("public-issuers-pinned-to-subjects",
+           "An issuer anyone can get tokens from (accounts.google.com, Microsoft's common endpoints, GitHub Actions...) "
+           "admits only the subjects a tenant lists."
+           " Rejects an ALLOW AuthorizationPolicy whose requestPrincipals admit any subject, or a prefix or suffix of "
+           "subjects, of such an issuer (`https://accounts.google.com/*`), or any issuer (`*`, `*/...`) in a namespace "
+           "that trusts one.",
+           "mandatory", public_issuers_pinned_to_subjects),
     Policy("pods-hardened",
            "Containers drop all capabilities, never escalate, use seccomp; vLLM runs non-root with no token."
            " Rejects a container that may escalate privileges, keeps capabilities or has no seccomp profile; a "

@@ -147,3 +147,37 @@ def serving_paths_authenticated(resources: Sequence[Resource]) -> Iterator[Findi
         labels = template_labels(r)
         if probe := _open_probe(applicable(docs, namespace_of(r), labels), namespace_of(r), labels, sources):
             yield r, f"{where(r)}: {probe} is allowed without a JWT; only /health and /metrics may be"
+
+
+def _any_subject(value: str, public_trusted: bool) -> Optional[str]:
+    """The shared public issuer a requestPrincipals value admits any (or a pattern of) subject of,
+    read as Istio splits it (at its last '/'); '*' for one that names no issuer where one is trusted."""
+    from ..components.specs import shared_public_issuer
+
+    iss, _, sub = value.rpartition("/")
+    if value == "*" or (value.startswith("*") and ("/" not in value or iss.startswith("*"))):
+        return "*" if public_trusted else None
+    return iss if shared_public_issuer(iss) and (sub.startswith("*") or sub.endswith("*")) else None
+
+
+def public_issuers_pinned_to_subjects(resources: Sequence[Resource]) -> Iterator[Finding]:
+    """Anyone can get a token from accounts.google.com (any audience, IAM's generateIdToken) and
+    the like: such an issuer is a tenant only through its exact `<iss>/<sub>` principals."""
+    from ..components.specs import shared_public_issuer
+
+    public: dict[str, set[str]] = {}
+    for ra in kube(resources, "RequestAuthentication"):
+        for rule in (ra.props.get("spec") or {}).get("jwtRules") or []:
+            if shared_public_issuer(str(rule.get("issuer") or "")):
+                public.setdefault(namespace_of(ra), set()).add(str(rule["issuer"]))
+    for p in kube(resources, "AuthorizationPolicy"):
+        if (p.props.get("spec") or {}).get("action", "ALLOW") != "ALLOW":
+            continue
+        trusted = bool(public.get(namespace_of(p)) or public.get("istio-system"))
+        for rule in (p.props.get("spec") or {}).get("rules") or []:
+            for src in rule.get("from") or []:
+                for value in (src.get("source") or {}).get("requestPrincipals") or []:
+                    if (issuer := _any_subject(str(value), trusted)) is not None:
+                        whose = "a trusted issuer" if issuer == "*" else f"'{issuer}'"
+                        yield p, (f"{where(p)} admits '{value}': any subject of {whose}, which issues tokens to "
+                                  "anyone; name the tenant's subjects exactly ('<iss>/<sub>', jwt.subjects)")

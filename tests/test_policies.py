@@ -205,6 +205,12 @@ def _group_ports_open_to_all(rs):
 # No shipped stack uses Hyperdisk ML: its policy judges staging on that backend.
 HYPERDISK_CASES = {"hyperdisk-weights-populated"}
 
+def _any_google_identity(rs):
+    """dev's tenant admitted as every subject of accounts.google.com, i.e. anyone with a Google token."""
+    allow = kind(rs, "AuthorizationPolicy", "allow-dev-team-qwen-7b")
+    allow.props["spec"]["rules"][0]["from"] = [{"source": {"requestPrincipals": ["https://accounts.google.com/*"]}}]
+
+
 CASES: dict[str, tuple[Callable, str]] = {
     "inference-pools-served": (_pool_fails_open, "fails open"),
     "tenant-priorities-bound": (_objective_from_the_client, "without requiring x-gateway-inference-objective"),
@@ -224,6 +230,7 @@ CASES: dict[str, tuple[Callable, str]] = {
     "vllm-autoscaled": (_no_autoscaler, "has no KEDA ScaledObject"),
     "external-gateway-https-only": (_http_external_gateway, "has no HTTPS listener"),
     "serving-paths-authenticated": (_open_completions, "is allowed without a JWT"),
+    "public-issuers-pinned-to-subjects": (_any_google_identity, "any subject of 'https://accounts.google.com'"),
     "pods-hardened": (_privileged, "allowPrivilegeEscalation is not false"),
     "control-plane-restricted": (_public_control_plane, "public endpoint accepts any source address"),
     "vllm-backends-resilient": (_no_health_check, "without a HealthCheckPolicy"),

@@ -355,11 +355,13 @@ class JwtSpec(TypedDict):
     """JwtSpec settings (see docs/reference/config.md)."""
 
     issuer: str
-    """The JWT issuer (iss) of the tenant's tokens, an https URL."""
+    """The JWT issuer (iss) of the tenant's tokens, an https URL, exactly as the tokens carry it (a trailing '/', as Auth0's, included)."""
     jwks_uri: str
     """Where the issuer's signing keys are (https)."""
     audiences: list[str]
     """Required: without audiences the mesh accepts a token the issuer minted for any other service."""
+    subjects: NotRequired[list[str]]
+    """The token subjects (sub) that are this tenant; none: every subject of the issuer. Required on an issuer anyone can get tokens from (accounts.google.com: a service account's uniqueId)."""
 
 
 class RateLimitSpec(TypedDict):
