@@ -13,14 +13,19 @@
                of them with a measured figure
   + engine     vLLM's start after the weights: CUDA graphs, compilation, the warm-up requests
                (ENGINE_START_S, an estimate)
+  + TPU        on a TPU, the XLA compile of every shape the engine precompiles before it serves
+               (xla_compile_seconds; the node's compile cache, components/vllm_server.py, spares a
+               restarted replica most of it, but a new node starts empty), and across hosts the
+               workers' joins to the leader's Ray cluster (RAY_JOIN_S)
 One replica loading alone: replicas that start together share a Filestore share's throughput.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
-from .specs import ModelSpec
+from .capacity import hosts_per_replica
+from .specs import ModelSpec, NodePoolSpec
 from .weights_layout import plan_filestore
 
 if TYPE_CHECKING:
@@ -33,6 +38,15 @@ NODE_PROVISION_S = 300.0
 ENGINE_START_S = 120.0
 GCS_FUSE_READ_MIB_S = 1000.0
 MIB = 1024 ** 2
+# The one published cold XLA compile of vLLM TPU: tpu-inference's CI, about 90 minutes for
+# Qwen3.5-397B-A17B-FP8 (about 400 GB of weights) where a warm cache takes about 10
+# (vllm-project/tpu-inference releases/v0.27.0 .buildkite/xla_autotune/README.md:103-106). Scaled
+# by the weights (the programs grow with the model's layers and width), 10 minutes at least.
+XLA_COMPILE_S_PER_GB = 90 * 60 / 400
+XLA_COMPILE_MIN_S = 600.0
+# A group's workers join its leader's Ray head before the engine starts: a worker retries for up to
+# RAY_JOIN_TIMEOUT_S (images/serve.py), the longest a group that will come up waits for its hosts.
+RAY_JOIN_S = 600.0
 
 
 def filestore_read_mib_s(tier: str, capacity_gib: int) -> float:
@@ -59,6 +73,15 @@ def read_mib_s(cfg: "StackConfig") -> float:
     return filestore_read_mib_s(*plan_filestore(cfg.models, cfg.weights))
 
 
-def cold_start_seconds(cfg: "StackConfig", model: ModelSpec) -> float:
+def xla_compile_seconds(model: ModelSpec) -> float:
+    return max(XLA_COMPILE_MIN_S, model.weights_gb * XLA_COMPILE_S_PER_GB)
+
+
+def cold_start_seconds(cfg: "StackConfig", model: ModelSpec, node_pool: Optional[NodePoolSpec] = None) -> float:
+    """From node ready to serving, for a replica of `model` on `node_pool` (default its own)."""
+    pool = node_pool or cfg.pool(model.node_pool)
     gb = model.weights_gb + model.lora_gb()
-    return IMAGE_START_S + gb * 1e9 / (read_mib_s(cfg) * MIB) + ENGINE_START_S
+    seconds = IMAGE_START_S + gb * 1e9 / (read_mib_s(cfg) * MIB) + ENGINE_START_S
+    if pool.is_tpu:
+        seconds += xla_compile_seconds(model) + (RAY_JOIN_S if hosts_per_replica(model, pool) > 1 else 0.0)
+    return seconds

@@ -252,7 +252,7 @@ class Platform(pulumi.ComponentResource):
                 svc = VllmService(f"{p}{key}-{which}", VllmServiceArgs(
                     model=model, pool_name=which, pool=pool, node_pool=node_pool,
                     namespace=namespace, image=cfg.image_for(pool_name), claim_name=store.claim_name,
-                    pods_cidr=cfg.cluster.pods_cidr, load_seconds=cold_start_seconds(cfg, model),
+                    pods_cidr=cfg.cluster.pods_cidr, load_seconds=cold_start_seconds(cfg, model, node_pool),
                     provider=provider,
                     guard_config=pool_guard_config(callers, model, rel, shared_store,
                                                    cfg.monitoring.queue_latency_slo_seconds, traces=traces.enabled),
@@ -276,7 +276,7 @@ class Platform(pulumi.ComponentResource):
                         pool_selector={MODEL_LABEL: model.name, POOL_LABEL: pool_label},
                         vllm_only_labels=SERVER_LABELS, provider=provider,
                         policy_labels={TENANT_LABEL: tenant} if tenant else {},
-                        expected_seconds=int(NODE_PROVISION_S + cold_start_seconds(cfg, model)),
+                        expected_seconds=int(NODE_PROVISION_S + cold_start_seconds(cfg, model, node_pool)),
                         service_account=STANDBY_SA),
                         opts=child([mesh, identities(tenant)]))
             return names

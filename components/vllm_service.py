@@ -54,6 +54,7 @@ from .vllm_server import (
     group_env,
     scratch_gi,
     sidecar_config,
+    tpu_pod,
     trace_env,
     vllm_args,
     wait_for_weights,
@@ -339,6 +340,8 @@ class VllmService(pulumi.ComponentResource):
             container = pod["containers"][0]
             container["args"] = [*container["args"], *group_args(hosts, rel, role)]
             container["env"] = [*group_env(hosts, rel, role), *container["env"]]
+            if args.node_pool.is_tpu:  # root for the chips, the node's XLA cache, Ray's health checks
+                tpu_pod(template, hosts)
             if role == "server":
                 return template
             # The group's own traffic (torch.distributed / NCCL, or Ray) goes pod to pod on ports

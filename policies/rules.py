@@ -126,8 +126,9 @@ POLICIES: tuple[Policy, ...] = (
            "mandatory", public_issuers_pinned_to_subjects),
     Policy("pods-hardened",
            "Containers drop all capabilities, never escalate, use seccomp; vLLM runs non-root with no token."
-           " Rejects a container that may escalate privileges, keeps capabilities or has no seccomp profile; a "
-           "vLLM server that may run as root or mounts a service-account token.",
+           " Rejects a container that is privileged, may escalate privileges, keeps capabilities or has no seccomp "
+           "profile; a vLLM server that may run as root (unless it holds TPU chips, as GKE's TPU examples run) or "
+           "mounts a service-account token; a hostPath volume other than TPU containers' XLA compilation cache.",
            "mandatory", pods_hardened),
     Policy("control-plane-restricted",
            "The cluster's control plane is private or limited to authorized networks."

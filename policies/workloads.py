@@ -17,11 +17,38 @@ def _seccomp(pod: Mapping[str, Any], c: Mapping[str, Any]) -> Optional[str]:
     return profile.get("type")
 
 
+# The one exception to non-root: a container that holds TPU chips runs as root, as GKE's TPU examples
+# do (libtpu opens root's device nodes), never privileged, and mounts the node's XLA compilation cache
+# (components/vllm_server.py tpu_pod) - the only hostPath any workload may mount.
+TPU_RESOURCE = "google.com/tpu"
+XLA_CACHE_HOST_PATH = "/var/lib/vllm-gke/xla-cache"
+
+
+def _holds_tpu(c: Mapping[str, Any]) -> bool:
+    return bool(((c.get("resources") or {}).get("limits") or {}).get(TPU_RESOURCE))
+
+
+def _host_paths(pod: Mapping[str, Any]) -> Iterator[str]:
+    """Why each hostPath volume of a pod is refused: any but the XLA cache, in a pod whose mounting
+    containers all hold TPU chips."""
+    for v in pod.get("volumes") or []:
+        if (host := v.get("hostPath")) is None:
+            continue
+        users = [c for c in containers(pod) if any(m.get("name") == v.get("name") for m in c.get("volumeMounts") or [])]
+        if host.get("path") != XLA_CACHE_HOST_PATH or not users or not all(map(_holds_tpu, users)):
+            yield (f"volume '{v.get('name')}' mounts the node's {host.get('path')}: only TPU containers may mount a "
+                   f"node directory, {XLA_CACHE_HOST_PATH} (the XLA compilation cache)")
+
+
 def pods_hardened(resources: Sequence[Resource]) -> Iterator[Finding]:
     for r, pod in workloads(resources):
+        for why in _host_paths(pod):
+            yield r, f"{where(r)}: {why}"
         for c in containers(pod):
             sc = c.get("securityContext") or {}
             problems = []
+            if sc.get("privileged"):
+                problems.append("privileged (GKE needs it for TPUs only before 1.28)")
             if sc.get("allowPrivilegeEscalation") is not False:
                 problems.append("allowPrivilegeEscalation is not false")
             if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
@@ -33,8 +60,8 @@ def pods_hardened(resources: Sequence[Resource]) -> Iterator[Finding]:
     for r, pod, c in vllm_servers(resources):
         run_as_non_root = (c.get("securityContext") or {}).get("runAsNonRoot",
                                                                (pod.get("securityContext") or {}).get("runAsNonRoot"))
-        if run_as_non_root is not True:
-            yield r, f"{where(r)}: the vLLM server may run as root; set runAsNonRoot"
+        if run_as_non_root is not True and not _holds_tpu(c):
+            yield r, f"{where(r)}: the vLLM server may run as root; set runAsNonRoot (root is for TPU containers only)"
         if pod.get("automountServiceAccountToken") is not False:
             yield r, f"{where(r)}: the vLLM server mounts a service-account token it never uses"
 

@@ -496,3 +496,40 @@ def test_serving_without_slos_or_slow_burns_is_caught(plans):
     bare = [r for r in rs if r.type != "gcp:monitoring/slo:Slo"]
     (v,) = violations_of(bare, "serving-held-to-slos")
     assert "declares no SLO" in v.message and "monitoring.slos.enabled" in v.message
+
+
+def _tpu_leader(rs):
+    lws = kind(rs, "LeaderWorkerSet", "llama-70b-tpu-short-group")
+    return lws.props["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+
+
+def test_root_is_allowed_to_tpu_containers_alone(plans):
+    """frontier's TPU servers run as root, never privileged, with no capabilities, no escalation and a
+    read-only root filesystem; the same settings on a GPU server, privileged on a TPU one, or the
+    node's XLA cache in a GPU pod are refused."""
+    rs = resources(plans["frontier"])
+    for pod in (_tpu_leader(rs), kind(rs, "Deployment", "llama-8b-tpu-short").props["spec"]["template"]["spec"]):
+        sc = pod["containers"][0]["securityContext"]
+        assert sc["runAsUser"] == 0 and not sc.get("privileged") and sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]} and sc["readOnlyRootFilesystem"] is True
+    assert violations_of(rs, "pods-hardened") == []
+    gpu = kind(rs, "LeaderWorkerSet", "llama-405b-short-group").props["spec"]["leaderWorkerTemplate"]
+    gpu_pod = gpu["leaderTemplate"]["spec"]
+    gpu_pod["containers"][0]["securityContext"] = dict(_tpu_leader(rs)["containers"][0]["securityContext"])
+    assert any("may run as root" in v.message for v in violations_of(rs, "pods-hardened"))
+
+    rs = resources(plans["frontier"])
+    _tpu_leader(rs)["containers"][0]["securityContext"]["privileged"] = True
+    assert any("privileged" in v.message for v in violations_of(rs, "pods-hardened"))
+
+    rs = resources(plans["frontier"])
+    gpu_pod = kind(rs, "LeaderWorkerSet", "llama-405b-short-group").props["spec"]["leaderWorkerTemplate"][
+        "leaderTemplate"]["spec"]
+    cache = next(v for v in _tpu_leader(rs)["volumes"] if "hostPath" in v)
+    gpu_pod["volumes"].append(dict(cache))
+    gpu_pod["containers"][0]["volumeMounts"].append({"name": cache["name"], "mountPath": "/var/cache/x"})
+    assert any("only TPU containers may mount a node directory" in v.message for v in violations_of(rs, "pods-hardened"))
+
+    rs = resources(plans["frontier"])
+    next(v for v in _tpu_leader(rs)["volumes"] if "hostPath" in v)["hostPath"]["path"] = "/var/lib/kubelet"
+    assert any("/var/lib/kubelet" in v.message for v in violations_of(rs, "pods-hardened"))

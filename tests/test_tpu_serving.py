@@ -11,9 +11,19 @@ import pytest
 from tests.conftest import manifests_of, props_of
 from tests.test_config import issues
 from vllm_gke.components.capacity import pool_capacity
+from vllm_gke.components.cold_start import (
+    ENGINE_START_S,
+    IMAGE_START_S,
+    RAY_JOIN_S,
+    cold_start_seconds,
+    read_mib_s,
+    xla_compile_seconds,
+)
 from vllm_gke.components.specs import ModelSpec, NodePoolSpec
 from vllm_gke.components.specs.models import CustomShape
 from vllm_gke.components.vllm_argv import check_argv, load_snapshot
+from vllm_gke.components.vllm_server import RAY_HEALTH_ENV, XLA_CACHE_DIR, XLA_CACHE_ENV, XLA_CACHE_HOST_PATH
+from vllm_gke.components.vllm_service import startup_failure_threshold
 from vllm_gke.components.vllm_versions import TPU_RELEASES
 from vllm_gke.infra.cost import cost_report
 
@@ -222,3 +232,60 @@ def test_the_readmes_options_table_is_what_the_plan_prints(plans):
                 o.hosts) == (machine, int(tp), int(pp), int(hosts))
         assert f"{o.tokens_per_second:,.0f}" == tps and f"{o.usd_per_hour:.2f}" == usd_h
         assert f"{o.usd_per_million_tokens(cfg.cost.target_utilization):.2f}" == usd_m
+
+
+def test_a_tpu_start_budgets_the_xla_compile_and_the_ray_joins(plans):
+    """A TPU replica's probe waits for the weights, the engine, the XLA compile and, across hosts, the
+    Ray joins; a GPU replica's for the first two alone."""
+    cfg = plans["frontier"].config
+
+    def base(model):
+        return IMAGE_START_S + (model.weights_gb + model.lora_gb()) * 1e9 / (read_mib_s(cfg) * 1024 ** 2) + ENGINE_START_S
+
+    one, group, gpu = (cfg.model(n) for n in ("llama-8b-tpu", "llama-70b-tpu", "llama-405b"))
+    assert cold_start_seconds(cfg, one) == pytest.approx(base(one) + xla_compile_seconds(one))
+    assert cold_start_seconds(cfg, group) == pytest.approx(base(group) + xla_compile_seconds(group) + RAY_JOIN_S)
+    assert cold_start_seconds(cfg, gpu) == pytest.approx(base(gpu))
+    # at least 10 minutes; the 70B's 141 GB about half an hour (tpu-inference's 90 min for ~400 GB)
+    assert xla_compile_seconds(one) == 600 and 1500 < xla_compile_seconds(group) < 2100
+    docs = {d["metadata"]["name"]: d for d in plans["frontier"].manifests() if d["kind"] == "LeaderWorkerSet"}
+    leader = docs["llama-70b-tpu-short-group"]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+    probe = leader["containers"][0]["startupProbe"]
+    assert probe["failureThreshold"] == startup_failure_threshold(cold_start_seconds(cfg, group))
+    assert probe["failureThreshold"] * probe["periodSeconds"] >= 1.5 * cold_start_seconds(cfg, group)
+
+
+def test_the_xla_cache_outlives_a_recreated_group(plans):
+    """vLLM TPU's compile cache (VLLM_XLA_CACHE_PATH) is on the node, not the pod's home emptyDir that a
+    recreated group loses; every TPU pod of a group (leader and workers) mounts it, no GPU pod does."""
+    plan = plans["frontier"]
+    for d in plan.manifests():
+        if d["kind"] == "LeaderWorkerSet":
+            group = d["spec"]["leaderWorkerTemplate"]
+            pods = [group["leaderTemplate"]["spec"], group["workerTemplate"]["spec"]]
+        elif d["kind"] == "Deployment" and (d["metadata"].get("labels") or {}).get("app.kubernetes.io/name") == "vllm":
+            pods = [d["spec"]["template"]["spec"]]
+        else:
+            continue
+        for pod in pods:
+            c = pod["containers"][0]
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            host = [v["hostPath"] for v in pod["volumes"] if "hostPath" in v]
+            if "google.com/tpu" in c["resources"]["limits"]:
+                assert env[XLA_CACHE_ENV] == XLA_CACHE_DIR
+                assert host == [{"path": XLA_CACHE_HOST_PATH, "type": "DirectoryOrCreate"}]
+                assert {"name": "xla-cache", "mountPath": XLA_CACHE_DIR} in c["volumeMounts"]
+            else:
+                assert XLA_CACHE_ENV not in env and host == []
+
+
+def test_a_tpu_group_tells_ray_not_to_call_a_compiling_host_dead(plans):
+    docs = {d["metadata"]["name"]: d for d in plans["frontier"].manifests() if d["kind"] == "LeaderWorkerSet"}
+    group = docs["llama-70b-tpu-short-group"]["spec"]["leaderWorkerTemplate"]
+    for pod in (group["leaderTemplate"]["spec"], group["workerTemplate"]["spec"]):
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        settings = {k: int(env[k]) for k, _ in RAY_HEALTH_ENV}
+        # dead only after 10 minutes of missed checks at the least (Ray's default: 20 s)
+        assert settings["RAY_health_check_failure_threshold"] * settings["RAY_health_check_period_ms"] >= 600_000
+    gpu = docs["llama-405b-short-group"]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+    assert not any(e["name"].startswith("RAY_") for e in gpu["containers"][0]["env"])
