@@ -80,17 +80,13 @@ def startup_failure_threshold(load_seconds: float) -> int:
     return max(180, math.ceil(1.5 * load_seconds / 10))
 
 
-def disruption_budget(pool: ServingPoolSpec, hosts: int = 1) -> dict[str, Any]:
-    """Never let a voluntary disruption (node drain, upgrade, autoscaler consolidation) take the
-    last serving replica: with one replica that means no eviction at all until GKE's drain
-    timeout, so upgrades happen in the maintenance window; with more, one at a time. A pool that
-    may scale to zero accepts going to zero. A multi-host group counts its pods: one evicted
-    recreates the whole group (LeaderWorkerSet's RecreateGroupOnPodRestart), and a reloading
-    group's pods are not ready. So with maxUnavailable 1 one pod, hence one group, goes at a time;
-    a floor of one group keeps all its pods while it is alone and, with more, 2 x hosts - 1 of
-    them: never the last group (with three or more, two may go at once)."""
-    if pool.min_replicas == 1:
-        return {"minAvailable": hosts if hosts == 1 or pool.max_replicas == 1 else 2 * hosts - 1}
+def disruption_budget() -> dict[str, Any]:
+    """One replica (or, for a multi-host group, one pod and so its group) down at a time, never
+    none: a budget that allows no disruption holds every drain of its node (node upgrades, repairs,
+    autoscaler consolidation) until GKE's one-hour limit forces it, and the replica goes all the
+    same. So a pool at one replica is taken down by a drain and reloads elsewhere (the plan says so
+    and how long); with more, the next eviction waits until the replacement is Ready. A group's
+    pods are Ready only while their leader serves, so a reloading group counts as down."""
     return {"maxUnavailable": 1}
 
 
@@ -433,7 +429,7 @@ class VllmService(pulumi.ComponentResource):
             # vLLM pods only: the standby is never Ready while the pool serves, and counted here it
             # would leave no disruption allowed, blocking every node drain and upgrade. A group:
             # every pod of it (one evicted takes its whole group down).
-            spec=api_body({**disruption_budget(pool, hosts), "selector": {"matchLabels": (
+            spec=api_body({**disruption_budget(), "selector": {"matchLabels": (
                 {LWS_NAME_LABEL: self.group_name} if hosts > 1 else {**selector, **SERVER_LABELS})}}),
             opts=k8s_opts)
 

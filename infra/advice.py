@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from ..components.billing_budget import MAX_CHANNELS as MAX_BUDGET_CHANNELS
-from ..components.capacity import consumer_models, placements
-from ..components.catalog import REGION_ZONES
+from ..components.capacity import consumer_models, hosts_per_replica, network_cost, placements
 from ..components.cold_start import cold_start_seconds
 from ..components.service_levels import TTFT_BUCKETS, ttft_bound
 from ..components.vllm_versions import release
@@ -40,17 +39,19 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: 
             f"{cfg.weights.hyperdisk_throughput_mib_s} MiB/s (a weight set per consumer namespace, one per zone); "
             "they are not in the cost figures (no price list here): check Hyperdisk ML's capacity and "
             "throughput prices before `pulumi up`")
-    # With a maintenance window, upgrades wait for it: a single replica is a choice, not a hazard.
-    unwindowed = cfg.cluster.maintenance.window is None
-    single = [f"{model.name}{f' ({tenant})' if tenant else ''} {which}"
+    # Disruption budgets let every drain through (one replica down at a time, never none), so a
+    # pool of one replica is down while a drained node's replica reloads elsewhere.
+    single = {f"{model.name}{f' ({tenant})' if tenant else ''} {which}": cold_start_seconds(cfg, model)
               for model, _pool_name, tenant in placements(cfg) for which in model.pool_names
-              if unwindowed and getattr(model, which).min_replicas == 1]
+              if getattr(model, which).min_replicas == 1}
     if single:  # one warning for all of them: the same hazard and the same fix
-        pools = ", ".join(single)
+        pools = ", ".join(f"{name} ~{seconds / 60:.0f} min" for name, seconds in single.items())
+        when = ("inside the maintenance window" if cfg.cluster.maintenance.window is not None
+                else "whenever GKE chooses; set a maintenance window (vllm-gke:cluster.maintenance) to choose when")
         out.append(
-            f"{'these pools run' if len(single) > 1 else 'this pool runs'} one replica ({pools}): a node upgrade "
-            "or repair takes each down while the weights reload; their PodDisruptionBudgets hold voluntary "
-            "evictions, so set a maintenance window (vllm-gke:cluster.maintenance) or minReplicas 2")
+            f"{'these pools run' if len(single) > 1 else 'this pool runs'} one replica ({pools}): a node upgrade, "
+            f"repair or spot preemption drains it and it is down until it reloads elsewhere (the time given), "
+            f"{when}; set minReplicas 2 to keep serving through drains")
     budget = cfg.weights.cold_start_budget_seconds
     slow: dict[str, float] = {}
     for model, _pool_name, tenant in placements(cfg):
@@ -85,13 +86,46 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: 
         if model.name not in called:
             out.append(f"{model.name}: no tenant lists it under models, so its replicas (and GPUs) serve nobody; "
                        "allow a tenant to call it, or remove it")
-    if cfg.region not in REGION_ZONES:
-        out.append(f"gcp:region {cfg.region} is not in the zone table this release holds (components/catalog.py): "
-                   "its zones were not checked to exist; check the region and cluster.zones before `pulumi up`")
+    out += interconnect_warnings(cfg)
     if cfg.region != PRICE_REGION:
         out.append(f"the cost figures are {PRICE_REGION} list prices; {cfg.region}'s differ (GPU machines often by "
                    "10-30%): check the region's prices before budgeting")
     if not cfg.cluster.authorized_networks and not cfg.cluster.private_endpoint:
         out.append("the control plane's public endpoint accepts connections from any address; list "
                    "vllm-gke:cluster.authorizedNetworks or set privateEndpoint")
+    return out
+
+
+# Below this share of a replica's tokens/s, TCP between GPUDirect-capable hosts is not worth a warning.
+MATERIAL_NETWORK_COST = 0.05
+
+
+def interconnect_warnings(cfg: StackConfig) -> list[str]:
+    """A GPU replica across hosts talks over TCP (vllm-gke sets up no GPUDirect): what that costs,
+    always on machines without GPUDirect, on the others where it is material."""
+    pools = {p.name: p for p in cfg.node_pools}
+    out: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    for model, pool_name, _tenant in placements(cfg):
+        pool = pools.get(pool_name)
+        if pool is None or pool.is_tpu or (model.name, pool_name) in seen:
+            continue
+        hosts = hosts_per_replica(model, pool)
+        if hosts <= 1:
+            continue
+        seen.add((model.name, pool_name))
+        machine = pool.machine
+        tcp, fabric = network_cost(model, model.pool_names[0], pool)
+        cost = 1 - tcp / fabric
+        if machine.gpudirect and cost < MATERIAL_NETWORK_COST:
+            continue  # pipeline stages pass little: TCP costs next to nothing
+        what = ("its tensor-parallel all-reduces (twice a layer)" if model.tensor_parallel_size > pool.slices_per_node
+                else "its pipeline stages' activations")
+        why = (f"{pool.machine_type}'s {machine.gpudirect} would carry it, but takes GKE multi-networking and the "
+               "NCCL plugin, which vllm-gke does not set up" if machine.gpudirect else
+               f"{pool.machine_type} has no GPUDirect interconnect (A3 High/Mega, A3 Ultra and A4 have); keep "
+               "tensor parallelism within a node and span hosts by pipelineParallelSize only")
+        out.append(f"{model.name}: a replica spans {hosts} {pool.machine_type} hosts, and {what} cross them over TCP "
+                   f"at {machine.nic_gbps:g} Gbps: the roofline puts it at {tcp:,.0f} output tokens/s, "
+                   f"{max(cost * 100, 1):.0f}% below the same GPUs on one fabric ({fabric:,.0f}); {why}")
     return out

@@ -19,6 +19,7 @@ from ..policies.rules import Resource
 from .config import ConfigError, ConfigIssue, StackConfig, load
 from .mocks import PlannedResource, RecordingMocks, RecordingMonitor
 from .program import Platform, build
+from .system_pool import check_system_pool
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STACKS_DIR = REPO_ROOT / "stacks"
@@ -163,7 +164,10 @@ def run_program(stack: str, values: dict[str, Any],
         result["config"], result["platform"] = cfg, program(cfg)
 
     recorded = _under_mocks(PROJECT, stack, values, body)
-    return Plan(stack, result["config"], result["platform"], recorded)
+    plan = Plan(stack, result["config"], result["platform"], recorded)
+    cluster = plan.config.cluster
+    check_system_pool(cluster.system_machine_type, cluster.system_pool_max, plan.manifests())
+    return plan
 
 
 def run_plan(stack: str, stacks_dir: Optional[Path] = None) -> Plan:

@@ -18,7 +18,7 @@ from tests.test_config import issues
 from vllm_gke.components.cold_start import cold_start_seconds
 from vllm_gke.components.specs import NodePoolSpec, ServingPoolSpec
 from vllm_gke.components.vllm_argv import check_argv, load_snapshot
-from vllm_gke.components.vllm_service import disruption_budget, group_can_surge, startup_failure_threshold
+from vllm_gke.components.vllm_service import group_can_surge, startup_failure_threshold
 from vllm_gke.policies.rules import Resource, evaluate
 
 LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
@@ -139,13 +139,8 @@ def test_a_group_is_the_unit_of_disruption_and_startup(plans):
     doc = _group(plan, "llama-405b")
     (pdb,) = [p for p in manifests_of(plan, "PodDisruptionBudget") if p["metadata"]["name"] == "llama-405b-short"]
     assert pdb["spec"]["selector"]["matchLabels"] == {LWS_NAME: doc["metadata"]["name"]}
-    # A lone group at a floor of one keeps all its hosts; with more groups allowed, evictions never
-    # take the last one (2 x hosts - 1 available: two groups of 2 lose one pod, so one group, at
-    # most); above a floor of one, one pod (so one group) at a time.
-    assert disruption_budget(ServingPoolSpec(min_replicas=1, max_replicas=1), hosts=2) == {"minAvailable": 2}
-    assert disruption_budget(ServingPoolSpec(min_replicas=1, max_replicas=3), hosts=2) == {"minAvailable": 3}
-    assert disruption_budget(ServingPoolSpec(min_replicas=1, max_replicas=3), hosts=1) == {"minAvailable": 1}
-    assert disruption_budget(ServingPoolSpec(min_replicas=2, max_replicas=3), hosts=2) == {"maxUnavailable": 1}
+    # One pod, so one group, at a time, whatever the floor: a drain is never held.
+    assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
     # 810 GB from the share take longer than the default 30 minutes: the probe waits 1.5x the estimate.
     leader = _vllm(_templates(doc)[0])
     threshold = leader["startupProbe"]["failureThreshold"]
@@ -338,3 +333,62 @@ def test_a_tpu_leader_waits_for_every_host_before_vllm_starts():
         serve.subprocess.run = original  # type: ignore[assignment]
     assert started == [["ray", "start", "--head", "--port=6379", "--disable-usage-stats"]]
     assert next(joined, None) is None  # polled until both hosts were in
+
+
+def _l4_tensor_parallel_2(values: dict[str, Any]) -> dict[str, Any]:
+    """The mistake of issue 35: tensorParallelSize 2 on a pool of one-L4 g2-standard-8 nodes."""
+    values["vllm-gke:nodePools"][0].update(machineType="g2-standard-8", minNodes=0, maxNodes=2,
+                                           upgrade={"maxSurge": 2})
+    values["vllm-gke:nodePools"][0].pop("gpuPartitionSize")
+    values["vllm-gke:models"][0].update(tensorParallelSize=2)
+    values["vllm-gke:models"][0]["short"].update(minReplicas=0)
+    values["vllm-gke:models"][0]["long"].update(minReplicas=0)
+    return values
+
+
+def test_spanning_hosts_is_a_choice_named_by_its_key(dev_values):
+    found = issues(_l4_tensor_parallel_2(dev_values))
+    (problem,) = [i for i in found if "multiHost" in i]
+    assert problem.startswith("vllm-gke:models[qwen-7b].multiHost: is not set")
+    assert "g2-standard-8's 1 GPU(s) per node" in problem and "over TCP at 16 Gbps (no GPUDirect" in problem
+    assert "set multiHost: true" in problem and "lower tensorParallelSize x pipelineParallelSize to 1" in problem
+
+
+def test_a_tpu_slice_across_hosts_is_a_choice_too(stack_values):
+    values = copy.deepcopy(stack_values["frontier"])
+    next(m for m in values["vllm-gke:models"] if m["name"] == "llama-70b-tpu").pop("multiHost")
+    (problem,) = issues(values)
+    assert problem.startswith("vllm-gke:models[llama-70b-tpu].multiHost: is not set, but pool 'v6e-4x4' is a 4x4 "
+                              "slice of 4 ct6e-standard-4t hosts")
+
+
+def test_a_chosen_replica_over_tcp_is_warned_with_its_cost(dev_values):
+    from vllm_gke.infra.advice import plan_warnings
+    from vllm_gke.infra.config import parse
+
+    values = _l4_tensor_parallel_2(dev_values)
+    values["vllm-gke:models"][0]["multiHost"] = True
+    (warning,) = [w for w in plan_warnings(parse(values), "BASIC_HDD") if "over TCP" in w]
+    assert warning.startswith("qwen-7b: a replica spans 2 g2-standard-8 hosts, and its tensor-parallel all-reduces")
+    assert "at 16 Gbps" in warning and "% below the same GPUs on one fabric" in warning
+    assert "g2-standard-8 has no GPUDirect interconnect" in warning
+
+
+def test_pipeline_stages_on_gpudirect_hosts_are_not_warned(plans):
+    """405B's stages pass a few MB a step over a3-highgpu-8g's 200 Gbps: under the warning's 5%."""
+    from vllm_gke.infra.advice import plan_warnings
+
+    plan = plans["frontier"]
+    assert not [w for w in plan_warnings(plan.config, plan.platform.store.tier) if "over TCP" in w]
+
+
+def test_a_gpu_group_stays_in_one_zone(stack_values):
+    """A GPU pool spreads its nodes over cluster.zones: a group's hosts could land apart. Refused,
+    not pinned (a group's zone cannot be told to its workers' affinity before it is scheduled)."""
+    values = copy.deepcopy(stack_values["frontier"])
+    values["vllm-gke:cluster"]["zones"] = ["us-east5-b", "us-east5-c"]
+    found = issues(values)
+    assert any(i.startswith("vllm-gke:cluster.zones: lists 2 zones, over which GPU pool 'h100-hosts' spreads its "
+                            "nodes, but a replica on it spans 2 hosts") and "list one zone" in i for i in found), found
+    # A TPU slice is zonal by itself (tpuZone): only the GPU pool is named.
+    assert not any("v6e-4x4" in i and "cluster.zones" in i for i in found)

@@ -1,0 +1,93 @@
+"""What a GKE node offers pods: its machine less GKE's reservations, and what GKE's own pods take.
+
+Allocatable follows GKE's documented reservations (cloud.google.com/kubernetes-engine/docs/concepts/
+plan-node-sizes#memory_and_cpu_reservations, #local_ephemeral_storage_reservation):
+  CPU     6% of the first core, 1% of the next, 0.5% of the next 2, 0.25% of any above 4
+  memory  25% of the first 4 GiB, 20% of the next 4, 10% of the next 8, 6% of the next 112,
+          2% above 128, plus the kubelet's 100 MiB eviction threshold
+  disk    the smaller of 50% of the boot disk and 6 GiB + 35% of it (at most 100 GiB), plus the
+          10% eviction threshold
+  pods    110 (GKE's default maximum per node on a VPC-native cluster)
+
+GKE also runs its own pods on every node (logging, metrics, CSI and network agents) and a few per
+cluster (kube-dns, konnectivity, metrics-server): their requests are estimates read off GKE 1.33
+clusters (kubectl get pods -n kube-system), not a published figure, so the system pool check keeps
+them apart and says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .catalog import MACHINE_TYPES
+
+GIB = 1024 ** 3
+MAX_PODS = 110
+
+# GKE's own pods: per node (DaemonSets: fluentbit-gke, gke-metrics-agent, pdcsi-node,
+# filestore-node, gcsfusecsi-node, anetd/netd, kube-proxy) and per cluster (kube-dns x2 with its
+# autoscaler, konnectivity-agent x2, metrics-server, event-exporter, l7-default-backend).
+GKE_PER_NODE_CPU_M = 350
+GKE_PER_NODE_MEMORY_MI = 520
+GKE_PER_CLUSTER_CPU_M = 800
+GKE_PER_CLUSTER_MEMORY_MI = 1100
+
+
+def _tiered(total: float, tiers: tuple[tuple[float, float], ...], rest: float) -> float:
+    """A reservation of `total` charged tier by tier: (size of the tier, share of it), then `rest`."""
+    reserved, left = 0.0, total
+    for size, share in tiers:
+        step = min(left, size)
+        reserved += step * share
+        left -= step
+    return reserved + max(left, 0.0) * rest
+
+
+def cpu_reserved_m(vcpus: int) -> int:
+    return round(1000 * _tiered(vcpus, ((1, 0.06), (1, 0.01), (2, 0.005)), 0.0025))
+
+
+def memory_reserved_mi(memory_gib: float) -> int:
+    gib = _tiered(memory_gib, ((4, 0.25), (4, 0.20), (8, 0.10), (112, 0.06)), 0.02)
+    return round(gib * 1024) + 100
+
+
+def disk_reserved_gib(disk_gib: float) -> float:
+    system = min(0.5 * disk_gib, 6 + 0.35 * disk_gib, 100.0)
+    return system + 0.1 * disk_gib
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """A node's capacity and allocatable, as the kubelet reports them (CPU in millicores, memory
+    in MiB, disk in GiB), with its accelerator devices (GPUs, MIG slices or TPU chips)."""
+
+    machine_type: str
+    cpu_m: int
+    memory_mi: int
+    disk_gib: int
+    alloc_cpu_m: int
+    alloc_memory_mi: int
+    alloc_disk_gib: float
+    devices: int
+    device_resource: str | None
+
+
+def node_shape(machine_type: str, disk_gib: int, slices_per_gpu: int = 1) -> NodeShape:
+    machine = MACHINE_TYPES[machine_type]
+    cpu_m, memory_mi = machine.vcpus * 1000, machine.memory_gb * 1024
+    acc = machine.accelerator
+    return NodeShape(
+        machine_type, cpu_m, memory_mi, disk_gib,
+        cpu_m - cpu_reserved_m(machine.vcpus), memory_mi - memory_reserved_mi(machine.memory_gb),
+        disk_gib - disk_reserved_gib(disk_gib),
+        machine.gpus * (1 if acc is None or acc.is_tpu else slices_per_gpu),
+        acc.resource if acc is not None else None)
+
+
+def system_pool_free(machine_type: str, disk_gib: int, nodes: int) -> tuple[int, int]:
+    """CPU (m) and memory (MiB) a system pool of `nodes` offers our pods, after GKE's own."""
+    shape = node_shape(machine_type, disk_gib)
+    cpu = nodes * (shape.alloc_cpu_m - GKE_PER_NODE_CPU_M) - GKE_PER_CLUSTER_CPU_M
+    memory = nodes * (shape.alloc_memory_mi - GKE_PER_NODE_MEMORY_MI) - GKE_PER_CLUSTER_MEMORY_MI
+    return cpu, memory

@@ -1,0 +1,270 @@
+"""A stack's manifests on the real Kubernetes control plane in ../shared/k8s (its README): nodes
+shaped as GKE shapes each planned node pool, the upstream CRDs, and stand-ins for what Helm
+charts run (their pods' requests), so the scheduler, the Deployment, Job and disruption
+controllers act on what `pulumi up` would apply."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from vllm_gke.components.catalog import MACHINE_TYPES
+from vllm_gke.components.node_shapes import MAX_PODS, node_shape
+from vllm_gke.infra.plan import REPO_ROOT, Plan
+
+SHARED = REPO_ROOT.parent / "shared"
+CONTROL_PLANE = SHARED / "k8s" / "controlplane.py"
+CRDS = SHARED / "upstream-crds"
+# One CRD file per kind: the versions the stacks pin (gie v1.2.0's InferencePool: the picker's).
+CRD_FILES = (
+    "gwapi-v1.6.1-gateways.yaml", "gwapi-v1.6.1-httproutes.yaml", "istio-1.30.3-crds.yaml",
+    "gmp-v0.17.2-podmonitorings.yaml", "gke-gcpbackendpolicy-v1-from-datree-bb63420.yaml",
+    "gke-healthcheckpolicy-v1-from-datree-bb63420.yaml", "sscsi-v1.6.0-spc.yaml",
+    "gke-computeclass-v1-from-datree-77e4983.yaml", "gke-gcpdatasource-v1-from-datree-bc448ef.yaml",
+    "keda-chart-v2.20.2-scaledobjects.yaml", "keda-chart-v2.20.2-clustertriggerauthentications.yaml",
+    "gie-v1.2.0-inferencepools.yaml", "gie-v1.2.0-inferenceobjectives.yaml", "lws-v0.10.0-leaderworkersets.yaml",
+)
+FAKE_NODE = {"kwok.x-k8s.io/node": "fake"}
+TAINT_EFFECT = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
+
+
+class ControlPlane:
+    """kube-apiserver, controller-manager, scheduler and the node simulator, on loopback."""
+
+    def __init__(self, directory: Path):
+        self.dir = directory
+        out = subprocess.run(["python3", str(CONTROL_PLANE), "up", str(directory)], check=True,
+                             capture_output=True, text=True).stdout
+        env = dict(line.removeprefix("export ").split("=", 1) for line in out.splitlines()
+                   if line.startswith("export "))
+        self.env = {**os.environ, **env}
+        self.kubectl_bin = str(Path(env["K8S_BIN"]) / "kubectl")
+
+    def down(self) -> None:
+        subprocess.run(["python3", str(CONTROL_PLANE), "down", str(self.dir)], capture_output=True)
+
+    def kubectl(self, *args: str, stdin: Optional[str] = None, check: bool = True,
+                timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([self.kubectl_bin, *args], input=stdin, env=self.env, capture_output=True,
+                              text=True, timeout=timeout)
+        if check and done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {done.stderr or done.stdout}")
+        return done
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def apply(self, docs: Iterable[dict[str, Any]], *extra: str) -> None:
+        docs = list(docs)
+        if not docs:
+            return
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump({"apiVersion": "v1", "kind": "List", "items": docs}, f)
+        self.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=pulumi", "-f", f.name,
+                     *extra, timeout=300)
+
+    def rules(self, rules: list[dict[str, Any]]) -> None:
+        """The node simulator's per-pod behaviour (ConfigMap kube-system/nodesim)."""
+        self.apply([{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "nodesim", "namespace": "kube-system"},
+                     "data": {"rules.json": json.dumps(rules)}}])
+        time.sleep(1.0)  # read every half second
+
+    def wait_until(self, what: str, check: Any, timeout: float = 120, every: float = 1.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            result = check()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            time.sleep(every)
+
+    def reset(self) -> None:
+        """Everything a stack applied gone: its namespaces, cluster-scoped objects and nodes."""
+        self.kubectl("delete", "namespace", "-l", "vllm-gke.io/test=1", "--wait=false", check=False)
+        for kind in ("nodes", "clusterroles", "clusterrolebindings", "persistentvolumes", "computeclasses",
+                     "clustertriggerauthentications"):
+            self.kubectl("delete", kind, "-l", "vllm-gke.io/test=1", "--wait=false", check=False)
+        self.wait_until("the last stack's namespaces to go", lambda: not self.get(
+            "namespaces", "-l", "vllm-gke.io/test=1")["items"], timeout=180)
+
+
+# --- nodes shaped as GKE shapes each pool --------------------------------------------------------
+
+def _zones(plan: Plan) -> list[str]:
+    (cluster,) = plan.of_type("gcp:container/cluster:Cluster")
+    return list(cluster.props["nodeLocations"])
+
+
+def pool_reach(props: dict[str, Any], zones: int) -> tuple[int, int]:
+    """(min, max) nodes of a planned node pool: totals, or per zone times its zones."""
+    auto = props.get("autoscaling") or {}
+    if "totalMaxNodeCount" in auto:
+        return int(auto.get("totalMinNodeCount", 0)), int(auto["totalMaxNodeCount"])
+    if "maxNodeCount" in auto:
+        return int(auto.get("minNodeCount", 0)) * zones, int(auto["maxNodeCount"]) * zones
+    count = int(props.get("nodeCount") or props.get("initialNodeCount") or 0)
+    return count, count
+
+
+def gke_node(plan: Plan, pool: dict[str, Any], index: int, zone: str) -> dict[str, Any]:
+    """One Node of a planned node pool, with the labels, taints, capacity and allocatable GKE gives it."""
+    config = pool["nodeConfig"]
+    region = zone.rsplit("-", 1)[0]
+    machine = MACHINE_TYPES[config["machineType"]]
+    accelerators = config.get("guestAccelerators") or []
+    partition = accelerators[0].get("gpuPartitionSize") if accelerators else None
+    acc = machine.accelerator
+    shape = node_shape(machine.name, int(config.get("diskSizeGb", 100)),
+                       acc.slices_per_gpu(partition) if acc is not None and not acc.is_tpu else 1)
+    name = f"gke-{pool['name']}-{zone[-1]}-{index}"
+    labels = {
+        "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+        "topology.kubernetes.io/zone": zone, "topology.kubernetes.io/region": region,
+        "node.kubernetes.io/instance-type": machine.name, "cloud.google.com/gke-nodepool": pool["name"],
+        "cloud.google.com/machine-family": machine.name.split("-")[0],
+        "cloud.google.com/gke-boot-disk": config.get("diskType", "pd-balanced"),
+        "iam.gke.io/gke-metadata-server-enabled": "true", "vllm-gke.io/test": "1",
+        **(config.get("labels") or {}),
+    }
+    if config.get("spot"):
+        labels["cloud.google.com/gke-spot"] = "true"
+    if acc is not None and acc.is_tpu:
+        labels["cloud.google.com/gke-tpu-accelerator"] = acc.gke_type
+        topology = (pool.get("placementPolicy") or {}).get("tpuTopology") or machine.tpu_topologies[0]
+        labels["cloud.google.com/gke-tpu-topology"] = topology
+    elif acc is not None:
+        labels["cloud.google.com/gke-accelerator"] = acc.gke_type
+        if partition:
+            labels["cloud.google.com/gke-gpu-partition-size"] = partition
+    taints = [{"key": t["key"], "value": t["value"], "effect": TAINT_EFFECT[t["effect"]]}
+              for t in config.get("taints") or []]
+    if acc is not None and not any(t["key"] == acc.resource for t in taints):
+        taints.append({"key": acc.resource, "value": "present", "effect": "NoSchedule"})  # GKE adds it
+    resources = {"cpu": f"{shape.cpu_m}m", "memory": f"{shape.memory_mi}Mi",
+                 "ephemeral-storage": f"{shape.disk_gib}Gi", "pods": str(MAX_PODS)}
+    allocatable = {"cpu": f"{shape.alloc_cpu_m}m", "memory": f"{shape.alloc_memory_mi}Mi",
+                   "ephemeral-storage": f"{int(shape.alloc_disk_gib * 1024)}Mi", "pods": str(MAX_PODS)}
+    if shape.device_resource:
+        resources[shape.device_resource] = allocatable[shape.device_resource] = str(shape.devices)
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels, "annotations": dict(FAKE_NODE)},
+            "spec": {"taints": taints, "podCIDR": f"10.{64 + index // 256}.{index % 256}.0/24"},
+            "status": {"capacity": resources, "allocatable": allocatable}}
+
+
+def gke_nodes(plan: Plan, counts: Optional[dict[str, int]] = None) -> list[dict[str, Any]]:
+    """Every node pool's nodes, spread over its zones: `counts` per pool, else the most each may
+    reach (there is no cluster autoscaler here to add them)."""
+    zones = _zones(plan)
+    out: list[dict[str, Any]] = []
+    serial = 0
+    for r in plan.of_type("gcp:container/nodePool:NodePool"):
+        pool = r.props
+        pool_zones = list(pool.get("nodeLocations") or zones)
+        want = (counts or {}).get(pool["name"], pool_reach(pool, len(pool_zones))[1])
+        for i in range(want):
+            out.append(gke_node(plan, pool, serial, pool_zones[i % len(pool_zones)]))
+            serial += 1
+    return out
+
+
+
+# --- a stack applied ------------------------------------------------------------------------------
+
+TEST_LABEL = {"vllm-gke.io/test": "1"}
+
+
+def _labelled(doc: dict[str, Any]) -> dict[str, Any]:
+    doc = json.loads(json.dumps(doc))
+    doc["metadata"].setdefault("labels", {}).update(TEST_LABEL)
+    return doc
+
+
+def chart_stand_ins(plan: Plan) -> list[dict[str, Any]]:
+    """Deployments with the requests of what the Helm charts and release manifests run (no images
+    run here; the scheduler and the system pool's room are what matter)."""
+    from vllm_gke.infra.system_pool import KEDA_PODS, LWS_PODS
+
+    uses_lws = any(d["kind"] == "LeaderWorkerSet" for d in plan.manifests())
+    out = []
+    for namespace, pods in (("keda", KEDA_PODS), ("lws-system", LWS_PODS if uses_lws else ())):
+        for what, replicas, cpu, mem in pods:
+            name = what.lower().replace(" ", "-")
+            spec = {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                    "resources": {"requests": {"cpu": f"{cpu}m", "memory": f"{mem}Mi"}}}]}
+            out.append({"apiVersion": "apps/v1", "kind": "Deployment",
+                        "metadata": {"name": name, "namespace": namespace},
+                        "spec": {"replicas": replicas, "selector": {"matchLabels": {"stand-in": name}},
+                                 "template": {"metadata": {"labels": {"stand-in": name}}, "spec": spec}}})
+    return out
+
+
+def apply_stack(cp: ControlPlane, plan: Plan, counts: Optional[dict[str, int]] = None) -> list[dict[str, Any]]:
+    """Nodes, namespaces, then every manifest of the plan (server-side, as pulumi-kubernetes
+    applies), then KEDA's part: each scaled workload raised to its floor. Returns the manifests."""
+    docs = [_labelled(d) for d in plan.manifests()]
+    cp.apply(gke_nodes(plan, counts))
+    namespaces = [d for d in docs if d["kind"] == "Namespace"]
+    extra = {"keda", "lws-system"} - {d["metadata"]["name"] for d in namespaces}
+    namespaces += [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n, "labels": dict(TEST_LABEL)}}
+                   for n in sorted(extra)]
+    cp.apply(namespaces)
+    rest = [d for d in docs if d["kind"] != "Namespace"]
+    cp.apply(rest + [_labelled(d) for d in chart_stand_ins(plan)])
+    keda_floor(cp, docs)
+    return docs
+
+
+def keda_floor(cp: ControlPlane, docs: list[dict[str, Any]], bound: str = "minReplicaCount") -> None:
+    """What KEDA's operator does with each ScaledObject: its target scaled to its floor (or, with
+    bound maxReplicaCount, to its ceiling)."""
+    for so in (d for d in docs if d["kind"] == "ScaledObject"):
+        target = so["spec"]["scaleTargetRef"]
+        kind = target.get("kind", "Deployment").lower()
+        count = so["spec"].get(bound, 0 if bound == "minReplicaCount" else 1)
+        cp.kubectl("scale", kind, target["name"], "-n", so["metadata"]["namespace"], f"--replicas={count}")
+
+
+def unscheduled(cp: ControlPlane) -> list[str]:
+    pods = cp.get("pods", "-A")["items"]
+    return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods
+            if not p["spec"].get("nodeName") and p["status"].get("phase") == "Pending"]
+
+
+def failed_scheduling(cp: ControlPlane) -> list[str]:
+    events = cp.get("events", "-A", "--field-selector", "reason=FailedScheduling")["items"]
+    return [f"{e['involvedObject'].get('namespace')}/{e['involvedObject']['name']}: {e['message']}" for e in events]
+
+
+def workloads_settled(cp: ControlPlane) -> Optional[str]:
+    """None once every Deployment is rolled out and available and every Job complete; else what is not."""
+    for d in cp.get("deployments", "-A")["items"]:
+        want = d["spec"].get("replicas", 1)
+        st = d.get("status") or {}
+        if (st.get("updatedReplicas", 0) < want or st.get("availableReplicas", 0) < want
+                or st.get("replicas", 0) > want or st.get("observedGeneration", 0) < d["metadata"]["generation"]):
+            return f"deployment {d['metadata']['namespace']}/{d['metadata']['name']}: {st}"
+    for j in cp.get("jobs", "-A")["items"]:
+        if not (j.get("status") or {}).get("succeeded"):
+            return f"job {j['metadata']['namespace']}/{j['metadata']['name']}: {j.get('status')}"
+    return None
+
+
+def settle(cp: ControlPlane, timeout: float = 120) -> None:
+    def done() -> bool:
+        return workloads_settled(cp) is None
+
+    try:
+        cp.wait_until("every Deployment available and every Job complete", done, timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {workloads_settled(cp)}; pending {unscheduled(cp)}; "
+                             f"{failed_scheduling(cp)[-5:]}") from None
+
+
+__all__ = ["ControlPlane", "apply_stack", "gke_nodes", "keda_floor", "pool_reach", "settle", "unscheduled"]
