@@ -42,6 +42,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+LISTED_ISSUER, LISTED_SUBJECT = "https://accounts.google.com", "104476360121718219735"
+
+
 @pytest.fixture(scope="module")
 def pod(plans, tmp_path_factory):
     """serve.py running vLLM behind the guard: (base URL, served model, issuer, cap, marker)."""
@@ -51,6 +54,10 @@ def pod(plans, tmp_path_factory):
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     args, config = longest_prompt_container(plans["prod"])
     guard_config = bench_guard_config(config)  # no sidecar here: the local client stands in for Envoy
+    # One more tenant, on an issuer anyone gets tokens from: only its listed subject is it.
+    first = next(iter(guard_config["issuers"].values()))
+    guard_config["issuers"][LISTED_ISSUER] = {**first, "tenant": "listed", "cacheSalt": "tenant-listed",
+                                              "subjects": [LISTED_SUBJECT]}
     port = _free_port()
     marker = tmp / "warm"
     # Traces as prod sends them (its flag and OTEL_* environment), to a local receiver instead of
@@ -297,3 +304,26 @@ def test_a_tenant_request_is_traced_under_the_guards_span(pod):
         "gen_ai.usage.prompt_tokens"]
     assert guard["resource"]["service.name"] == vllm["resource"]["service.name"] != "unknown_service"
     assert set(pod["receiver"].paths) == {"/v1/traces"}
+
+
+def test_a_tenant_with_subjects_is_only_its_listed_subject(pod):
+    """The guard inside the real server maps the verified issuer and subject headers to the tenant:
+    another identity of the same public issuer is refused in OpenAI's format before vLLM sees it."""
+    def as_subject(subject: Optional[str]) -> tuple[int, dict[str, Any]]:
+        headers = {"content-type": "application/json", "x-vllm-gke-issuer": LISTED_ISSUER}
+        if subject is not None:
+            headers["x-vllm-gke-subject"] = subject
+        req = urllib.request.Request(pod["base"] + "/v1/chat/completions", method="POST", headers=headers,
+                                     data=json.dumps(chat(pod, max_completion_tokens=8)).encode())
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    status, body = as_subject(LISTED_SUBJECT)
+    assert status == 200, body
+    for subject in ("999999999999999999999", None):
+        status, body = as_subject(subject)
+        assert status == 403 and body["error"]["type"] == "permission_error", body
+        assert "lists (jwt.subjects)" in body["error"]["message"]

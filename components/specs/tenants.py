@@ -18,7 +18,6 @@ from .base import (
     Spec,
 )
 
-
 # Issuers whose tokens anyone can get (any account, any repository, any audience they ask for:
 # IAM's generateIdToken takes any audience): host -> the first path segments that make it shared
 # (None: every path). A tenant on one of them is only the subjects it lists.
