@@ -192,3 +192,60 @@ def gpu_slots_by_pool(cfg: "StackConfig", bound: str = "min") -> dict[str, int]:
         replicas = sum(getattr(getattr(model, which), f"{bound}_replicas") for which in model.pool_names)
         slots[pool_name] = slots.get(pool_name, 0) + replicas * model.devices_per_replica
     return slots
+
+
+def _reach_slots(node_pool: NodePoolSpec) -> int:
+    """Devices (GPUs, MIG slices, TPU chips) the node pool reaches: its maxNodes, and its on-demand twin's."""
+    return node_pool.max_nodes * (2 if node_pool.has_fallback_pool else 1) * node_pool.slices_per_node
+
+
+def surge_room(cfg: "StackConfig", model: ModelSpec, node_pool_name: str, tenant: Optional[str],
+               which: str) -> Optional[int]:
+    """Replicas of this serving pool from which a surge replica finds no device on its node pool,
+    with every other pool there at its ceiling (1: not even beside one); None: one more always fits."""
+    node_pool = next(p for p in cfg.node_pools if p.name == node_pool_name)
+    devices = model.devices_per_replica
+    if node_pool.is_tpu and hosts_per_replica(model, node_pool) > 1:
+        return 1  # a multi-host slice pool is one slice: never a second one to surge to
+    others = sum(getattr(m, w).max_replicas * m.devices_per_replica
+                 for m, name, t in placements(cfg) if name == node_pool_name for w in m.pool_names
+                 if (m.name, m.revision, t, w) != (model.name, model.revision, tenant, which))
+    room = _reach_slots(node_pool) - others
+    if room >= (getattr(model, which).max_replicas + 1) * devices:
+        return None
+    return max(1, room // devices)
+
+
+def rollout_strategy(full_at: Optional[int]) -> dict[str, int | str]:
+    """A serving pool's rolling update from `surge_room`. A surge replica (maxSurge 1,
+    maxUnavailable 0: capacity never dips) where one more always fits; else surge while it fits and
+    replace in place from `full_at` replicas: maxUnavailable is a share that rounds down
+    (Kubernetes' rule for percentages) to 0 below that count and to at least 1 from it, so an old
+    replica goes first only where a surge replica would wait for a node forever (past the
+    Deployment's progress deadline, failing `pulumi up`). No room even beside one replica: in
+    place throughout (maxSurge 0, maxUnavailable 1)."""
+    if full_at is None:
+        return {"maxSurge": 1, "maxUnavailable": 0}
+    if full_at <= 1:
+        return {"maxSurge": 0, "maxUnavailable": 1}
+    return {"maxSurge": 1, "maxUnavailable": f"{-(-100 // full_at)}%"}
+
+
+def rollout_needs(cfg: "StackConfig") -> list[str]:
+    """What each serving pool's rollout does, said in the plan where it is not a plain surge."""
+    out = []
+    for model, node_pool_name, tenant in placements(cfg):
+        for which in model.pool_names:
+            full_at = surge_room(cfg, model, node_pool_name, tenant, which)
+            if full_at is None:
+                continue
+            name = f"{model.name}{f' ({tenant})' if tenant else ''} {which}"
+            outage = " (at one replica, an outage while it reloads)" if getattr(model, which).min_replicas <= 1 else ""
+            if full_at <= 1:
+                out.append(f"rollout of {name}: node pool '{node_pool_name}' has no room for a surge replica, so it "
+                           f"replaces replicas in place, one at a time{outage}; raise that pool's maxNodes to surge")
+            else:
+                out.append(f"rollout of {name}: surges a replica while fewer than {full_at} run; from {full_at}, "
+                           f"node pool '{node_pool_name}' has no room for one more with its other pools at their "
+                           "ceilings, so it takes an old replica down first (one fewer serving while it reloads)")
+    return out

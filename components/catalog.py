@@ -264,6 +264,16 @@ REGION_ZONES: Mapping[str, tuple[str, ...]] = {
 }
 
 
+def region_problem(name: str, zones_key: str = "cluster.zones") -> str | None:
+    """Why `name` is not a region, with the ones it resembles; None if it is one."""
+    if name in REGION_ZONES:
+        return None
+    near = nearest_regions(name)
+    hint = f"did you mean {' or '.join(near)}?" if near else f"use one of {', '.join(REGION_ZONES)}"
+    return (f"'{name}' is not a Compute Engine region; {hint} (cloud.google.com/compute/docs/regions-zones), and "
+            f"list zones of it under {zones_key}")
+
+
 def nearest_regions(name: str) -> list[str]:
     """Regions spelled like `name` ('europe-west-4' -> europe-west4), closest first."""
     import difflib

@@ -28,6 +28,7 @@ from .specs import (
     TenantSpec,
     WeightsSpec,
 )
+from .catalog import region_problem
 from .vllm_versions import DEFAULT_TPU_VLLM_VERSION, DEFAULT_VLLM_VERSION, RELEASES, TPU_RELEASES, VllmRelease
 
 
@@ -142,6 +143,14 @@ class StackConfig(Spec):
         what, known = ("vLLM TPU", TPU_RELEASES) if info.field_name == "tpu_vllm_version" else ("vLLM", RELEASES)
         if v not in known:
             raise ValueError(f"{what} {v} is not supported; use one of {', '.join(known)}")
+        return v
+
+    @field_validator("region")
+    @classmethod
+    def _known_region(cls, v: str) -> str:
+        # A misspelt region would only fail at `pulumi up` (and its zones could not be checked).
+        if (problem := region_problem(v)) is not None:
+            raise ValueError(problem)
         return v
 
     def pool(self, name: str) -> NodePoolSpec:

@@ -86,6 +86,17 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
      "vllm-gke:nodePools[a100-80-mig].diskSizeGb", "raise diskSizeGb to"),
     ("zone-that-does-not-exist", "dev", lambda v: v["vllm-gke:cluster"].update(zones=["us-central1-e"]),
      "vllm-gke:cluster.zones", "does not exist; us-central1 has us-central1-a"),
+    # Issue 35: a misspelt region got a zone suggestion of its own misspelling; now the region is named.
+    ("region-misspelt", "dev", lambda v: v.update({"gcp:region": "europe-west-4"}),
+     "gcp:region", "'europe-west-4' is not a Compute Engine region; did you mean europe-west4?"),
+    ("region-that-does-not-exist", "dev", lambda v: v.update({"gcp:region": "us-central9"}),
+     "gcp:region", "did you mean us-central1?"),
+    ("region-unlike-any", "dev", lambda v: v.update({"gcp:region": "mars-north1"}),
+     "gcp:region", "use one of us-central1, us-east1"),
+    # A zone the catalog's region lacks is named with the ones it has (europe-west1 has no -a).
+    ("zone-that-does-not-exist-in-a-region-without-a", "dev",
+     lambda v: (v.update({"gcp:region": "europe-west1"}), v["vllm-gke:cluster"].update(zones=["europe-west1-a"])),
+     "vllm-gke:cluster.zones", "europe-west1 has europe-west1-b, europe-west1-c, europe-west1-d"),
     ("control-plane-not-28", "dev", lambda v: v["vllm-gke:cluster"].update(masterCidr="172.16.0.0/27"),
      "vllm-gke:cluster.masterCidr", "must be a /28"),
     ("zone-outside-region", "dev", lambda v: v["vllm-gke:cluster"].update(zones=["europe-west4-a"]),
@@ -320,3 +331,17 @@ def test_cli_exits_2_with_the_key_and_no_traceback(tmp_path, stack_values):
     assert "vllm-gke:cluster.masterCidr" in result.stdout and "/28" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
     json.dumps(values)  # the case itself is plain data
+
+
+def test_cli_names_a_misspelt_region_and_exits_2(tmp_path, stack_values):
+    import yaml
+
+    values = copy.deepcopy(stack_values["dev"])
+    values["gcp:region"] = "europe-west-4"
+    values["vllm-gke:cluster"]["zones"] = ["europe-west4-a"]
+    (tmp_path / "Pulumi.bad.yaml").write_text(yaml.safe_dump({"config": values}))
+    result = subprocess.run([sys.executable, "-m", "vllm_gke.infra.cli", "plan", "--stack", "bad", "--stacks-dir", str(tmp_path),
+                             "--no-write"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "gcp:region" in result.stdout and "did you mean europe-west4?" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr

@@ -59,6 +59,7 @@ def check_fit(add: Add, key: str, model: ModelSpec, pool: NodePoolSpec) -> None:
     elif devices > per_node and devices % per_node:
         add(f"{key}.tensorParallelSize", f"{shape}, more than {pool.machine_type}'s {per_node} GPUs per node but "
             f"not a multiple of them: a replica across hosts takes whole nodes; use a multiple of {per_node}")
+    check_multi_host(add, key, model, pool)
     kv_heads, heads = model.model_shape.kv_heads, model.model_shape.attention_heads
     if tp > 1 and heads is not None and heads % tp:
         # vLLM shards the query heads over the tensor-parallel ranks: they must divide evenly
@@ -80,6 +81,30 @@ def check_fit(add: Add, key: str, model: ModelSpec, pool: NodePoolSpec) -> None:
             break
         add(f"{key}.{which}" if key.startswith("models") else key,
             f"model '{model.name}' ({which} pool) on {where} of pool '{pool.name}': {row.problem}; {row.fix()}")
+
+
+def check_multi_host(add: Add, key: str, model: ModelSpec, pool: NodePoolSpec) -> None:
+    """A replica that spans hosts is a choice (multiHost: true), never the side effect of a
+    parallelism that outgrows a node: on most GPU machines its hosts talk over plain TCP."""
+    if model.multi_host or pool.gpu_partition_size:
+        return
+    devices, per_node, machine = model.devices_per_replica, pool.slices_per_node, pool.machine
+    if pool.is_tpu:
+        if pool.hosts > 1 and devices == per_node * pool.hosts:
+            add(f"{key}.multiHost", f"is not set, but pool '{pool.name}' is a {pool.topology} slice of {pool.hosts} "
+                f"{pool.machine_type} hosts: each replica would span them as a LeaderWorkerSet group (over the "
+                f"slice's ICI); set multiHost: true on the model to mean it, or use a single-host pool "
+                f"(tpuTopology {machine.tpu_topologies[0]}, or a larger host) if the model fits one")
+        return
+    if devices > per_node and devices % per_node == 0:
+        fabric = (f"{machine.gpudirect} needs GKE multi-networking, which vllm-gke does not set up" if machine.gpudirect
+                  else "no GPUDirect interconnect")
+        add(f"{key}.multiHost", f"is not set, but tensorParallelSize x pipelineParallelSize is "
+            f"{model.tensor_parallel_size} x {model.pipeline_parallel_size} = {devices}, more than "
+            f"{pool.machine_type}'s {per_node} GPU(s) per node: each replica would span {devices // per_node} hosts "
+            f"as a LeaderWorkerSet group over TCP at {machine.nic_gbps:g} Gbps ({fabric}); set multiHost: true on "
+            f"the model to mean it, or lower tensorParallelSize x pipelineParallelSize to {per_node} or fewer "
+            "(or use a machine type with more GPUs per node)")
 
 
 def model_placements(cfg: "StackConfig", add: Add) -> None:
@@ -179,8 +204,22 @@ def multi_host_groups(cfg: "StackConfig", add: Add) -> None:
                     f"its replicas span hosts, and LeaderWorkerSet '{group}' ({len(group)} characters) would name "
                     f"pods whose revision label exceeds 63 characters; use a name at most "
                     f"{len(model.name) - (len(group) - MAX_GROUP_NAME)} characters long")
+    if widest and not cfg.cluster.dataplane_v2:
+        groups = ", ".join(sorted({m.name for m, p, _t in placements(cfg) if p in widest
+                                   and hosts_per_replica(m, pools[p]) > 1}))
+        add("cluster.dataplaneV2", f"is false, so GKE enforces no NetworkPolicy (it does with Dataplane V2 or the "
+            f"Calico add-on, which this cluster does not declare), but {groups} span hosts: each group's NetworkPolicy "
+            "is the only lock on the ports its pods open outside the mesh (torch.distributed, NCCL, Ray's head, which "
+            "runs what is submitted to it); set dataplaneV2 true, which only a new cluster can have (changing it "
+            "recreates the cluster), or keep each replica within one node")
     for name, hosts in widest.items():
         pool = pools[name]
+        zones = cfg.cluster.zones
+        if not pool.is_tpu and len(zones) > 1:
+            add("cluster.zones", f"lists {len(zones)} zones, over which GPU pool '{name}' spreads its nodes, but a "
+                f"replica on it spans {hosts} hosts: a LeaderWorkerSet group's hosts could land in different zones "
+                "(every step's traffic then crosses zones, slower and billed per GB); list one zone for a cluster "
+                "that runs GPU groups across hosts, or keep each replica within one node")
         if not pool.is_tpu and pool.upgrade.strategy == "SURGE" and pool.upgrade.max_surge < hosts:
             add(f"{item_key('nodePools', cfg.node_pools, cfg.node_pools.index(pool))}.upgrade.maxSurge",
                 f"is {pool.upgrade.max_surge}, but a replica on '{name}' spans {hosts} hosts: upgraded one node at a "

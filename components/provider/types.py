@@ -323,6 +323,8 @@ class ModelSpec(TypedDict):
     """GPUs or TPU chips each pipeline stage of a replica shards its layers over (whole devices only). Default: 1."""
     pipeline_parallel_size: NotRequired[int]
     """Pipeline stages of a replica. Devices per replica = tensorParallelSize x pipelineParallelSize; more than one node holds spans several (a LeaderWorkerSet group, one pod per node). Default: 1."""
+    multi_host: NotRequired[bool]
+    """Let a replica span hosts: required when tensorParallelSize x pipelineParallelSize exceeds one node's GPUs, or the node pool is a multi-host TPU slice. Each replica then runs as a LeaderWorkerSet group whose hosts talk over the data-centre network (TCP at the machine's NIC bandwidth on GPUs: vllm-gke sets up no GPUDirect; a TPU slice's ICI), in one zone. Default: false."""
     max_model_len: NotRequired[int]
     """Longest context, in tokens. Default: 8192."""
     gpu_memory_utilization: NotRequired[float]

@@ -227,6 +227,11 @@ class ModelSpec(Spec):
     # Pipeline stages of a replica. Devices per replica = tensorParallelSize x pipelineParallelSize;
     # more than one node holds spans several (a LeaderWorkerSet group, one pod per node).
     pipeline_parallel_size: int = Field(default=1, ge=1, le=16)
+    # Let a replica span hosts: required when tensorParallelSize x pipelineParallelSize exceeds one
+    # node's GPUs, or the node pool is a multi-host TPU slice. Each replica then runs as a
+    # LeaderWorkerSet group whose hosts talk over the data-centre network (TCP at the machine's NIC
+    # bandwidth on GPUs: vllm-gke sets up no GPUDirect; a TPU slice's ICI), in one zone.
+    multi_host: bool = False
     # Longest context, in tokens.
     max_model_len: int = Field(default=8192, ge=256)
     # Share of each GPU or slice vLLM may use.
