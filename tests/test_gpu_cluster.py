@@ -156,3 +156,10 @@ def test_secret_manager_add_on_only_where_the_weights_read_from_it(plans, plan_v
         hfTokenKubernetesSecret={"name": "hf-token"}))
     (cluster,) = plan.of_type("gcp:container/cluster:Cluster")
     assert cluster.props["secretManagerConfig"] == {"enabled": False}
+
+
+def test_a_cluster_with_groups_across_hosts_enforces_network_policy(plans):
+    """frontier's LeaderWorkerSet groups rely on their NetworkPolicy: its cluster runs Dataplane V2
+    (datapathProvider ADVANCED_DATAPATH), which GKE fixes at creation."""
+    (cluster,) = props_of(plans["frontier"], CLUSTER)
+    assert cluster["datapathProvider"] == "ADVANCED_DATAPATH"

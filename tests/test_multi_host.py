@@ -19,6 +19,7 @@ from vllm_gke.components.cold_start import cold_start_seconds
 from vllm_gke.components.specs import NodePoolSpec, ServingPoolSpec
 from vllm_gke.components.vllm_argv import check_argv, load_snapshot
 from vllm_gke.components.vllm_service import group_can_surge, startup_failure_threshold
+from vllm_gke.infra.config import parse
 from vllm_gke.policies.rules import Resource, evaluate
 
 LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
@@ -392,3 +393,17 @@ def test_a_gpu_group_stays_in_one_zone(stack_values):
                             "nodes, but a replica on it spans 2 hosts") and "list one zone" in i for i in found), found
     # A TPU slice is zonal by itself (tpuZone): only the GPU pool is named.
     assert not any("v6e-4x4" in i and "cluster.zones" in i for i in found)
+
+
+def test_groups_across_hosts_need_an_enforced_network_policy(stack_values):
+    """Without Dataplane V2 GKE enforces no NetworkPolicy, and a group's is the only lock on its Ray and
+    torch.distributed ports: refused, naming the key and that only a new cluster can have it."""
+    values = copy.deepcopy(stack_values["frontier"])
+    values["vllm-gke:cluster"]["dataplaneV2"] = False
+    found = [i for i in issues(values) if i.startswith("vllm-gke:cluster.dataplaneV2:")]
+    assert len(found) == 1 and "llama-405b, llama-70b-tpu span hosts" in found[0]
+    assert "recreates the cluster" in found[0] and "keep each replica within one node" in found[0]
+    # a stack of single-node replicas keeps its warning only
+    values = copy.deepcopy(stack_values["dev"])
+    values["vllm-gke:cluster"]["dataplaneV2"] = False
+    assert parse(values).cluster.dataplane_v2 is False
