@@ -220,7 +220,8 @@ def rollout_strategy(full_at: Optional[int]) -> dict[str, int | str]:
     """A serving pool's rolling update from `surge_room`. A surge replica (maxSurge 1,
     maxUnavailable 0: capacity never dips) where one more always fits; else surge while it fits and
     replace in place from `full_at` replicas: maxUnavailable is a share that rounds down
-    (Kubernetes' rule for percentages) to 0 below that count and to at least 1 from it, so an old
+    (Kubernetes' rule for percentages) to 0 below that count (up to 10 replicas; above, it may turn 1
+    a replica or two early, never late) and to at least 1 from it, so an old
     replica goes first only where a surge replica would wait for a node forever (past the
     Deployment's progress deadline, failing `pulumi up`). No room even beside one replica: in
     place throughout (maxSurge 0, maxUnavailable 1)."""

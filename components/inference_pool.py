@@ -19,9 +19,13 @@ replica through that replica's sidecar, JWT and AuthorizationPolicy.
 
 Run as upstream runs it highly available (`--ha-enable-leader-election`, the chart's
 replicas > 1 path): every replica serves ext_proc, only the leader runs the controllers and
-reports ready (cmd/epp/runner/health.go:46-95), and a standby takes the lease within seconds of
-losing the leader (it is released on a graceful stop). No PodDisruptionBudget: with one Ready
-pod by design, any budget would forbid evicting the leader and block every drain. Its metric
+reports ready (cmd/epp/runner/health.go:46-95), and a standby takes the lease once the leader
+releases it, at the end of a graceful stop (ReleaseOnCancel), or 15 s after a crashed leader's last
+renewal. One Ready pod by design shapes the rest: a rollout must be free to replace the old leader
+while it is the only available pod; the two replicas run on different nodes, so no single drain or
+node failure takes both; and no PodDisruptionBudget: it counts Ready pods, only the leader, so any
+budget (minAvailable 1 or maxUnavailable 1 alike) allows no eviction of the leader and would hold
+its node's drain for GKE's hour, only to be forced then with the same handover. Its metric
 names come from the vLLM release (the v1.2.0 default KV-cache gauge is gone from 0.34), pprof is
 off (it would be served without auth beside /metrics), and a NetworkPolicy admits only the load
 balancer's proxies and health checks to ext_proc and the metrics scrapers to 9090.
@@ -53,6 +57,12 @@ METRICS_PORT = 9090
 EPP_UID = 65532  # the distroless image's nonroot user
 CONFIG_FILE = "default-plugins.yaml"
 REPLICAS = 2
+# The picker stops within controller-runtime's default graceful shutdown (v0.22.4
+# pkg/manager/internal.go:55; the picker sets none, pkg/epp/server/controller_manager.go:88-101):
+# gRPC GracefulStop waits for open ext_proc streams until then, then the lease is released.
+SHUTDOWN_S = 30
+# Room to release the lease after that (an API call); a longer grace would change nothing.
+GRACE_S = SHUTDOWN_S + 10
 # The managed collectors of Google Cloud Managed Service for Prometheus run in one of these.
 GMP_NAMESPACES = ("gmp-system", "gke-gmp-system")
 # The chart's default scheduling profile: prefix-cache affinity first, then load.
@@ -137,9 +147,11 @@ class InferencePool(pulumi.ComponentResource):
             f"{name}-epp", metadata={**md(epp), "annotations": {"pulumi.com/waitFor": "jsonpath={.status.readyReplicas}=1"}},
             spec=api_body({
                 "replicas": REPLICAS,
-                # Old and new replicas at once: a new pod cannot turn ready while the old leader
-                # holds the lease, so a surge-only rollout would never finish, and Recreate would
-                # wait out the old pods' grace period before starting any new one.
+                # A new pod turns ready only once the old leader has released the lease, and the
+                # old leader is the one available pod: with maxUnavailable below 100% the
+                # Deployment would never scale it down and the rollout would never finish (the
+                # chart says so too, epp-deployment.yaml:11-16). 100% surge starts the new pods
+                # while the old ones stop, where Recreate would first wait for them to be gone.
                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "100%"}},
                 "selector": {"matchLabels": {"inferencepool": epp}},
                 "template": {
@@ -150,14 +162,20 @@ class InferencePool(pulumi.ComponentResource):
                                                  content_digest(plugins)}},
                     "spec": {
                         "serviceAccountName": epp,
-                        # Outlast the longest vLLM drain, so in-flight picks complete.
-                        "terminationGracePeriodSeconds": 130,
+                        # Its whole graceful stop (SHUTDOWN_S) and the lease release; not the chart's
+                        # 130 s: the picker exits by SHUTDOWN_S whatever the grace period.
+                        "terminationGracePeriodSeconds": GRACE_S,
                         "securityContext": {"runAsNonRoot": True, "runAsUser": EPP_UID, "runAsGroup": EPP_UID,
                                             "seccompProfile": {"type": "RuntimeDefault"}},
-                        # A node drain takes one replica, never both.
-                        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
-                            "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
-                                                               "labelSelector": {"matchLabels": {"inferencepool": epp}}}}]}},
+                        # One replica per node, so a node's drain or failure takes one, never both:
+                        # per revision (a rollout's new pods may share nodes with the stopping
+                        # ones), among the nodes it tolerates (not the tainted GPU and TPU nodes,
+                        # which would otherwise count as empty domains and leave it unschedulable).
+                        "topologySpreadConstraints": [{
+                            "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "DoNotSchedule", "nodeTaintsPolicy": "Honor",
+                            "labelSelector": {"matchLabels": {"inferencepool": epp}},
+                            "matchLabelKeys": ["pod-template-hash"]}],
                         "containers": [{
                             "name": "epp", "image": args.image.uri,
                             "args": ["--pool-name", args.pool_name, "--pool-namespace", ns,

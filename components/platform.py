@@ -15,7 +15,7 @@ from typing import Mapping, Optional, Sequence
 import pulumi
 
 from . import gcs_weights
-from .capacity import consumer_models, hosts_per_replica, placements
+from .capacity import consumer_models, hosts_per_replica, placements, rollout_strategy, surge_room
 from .cold_start import NODE_PROVISION_S, cold_start_seconds
 from .config_rules import cross_field_issues
 from .gateway import Gateway, GatewayArgs, PickerTarget, RouteTarget
@@ -262,6 +262,7 @@ class Platform(pulumi.ComponentResource):
                     weights_annotations=store.pod_annotations,
                     scaling=KedaScaling(cfg.project, keda.auth_name, standby_name),
                     request_timeout_seconds=cfg.gateway.request_timeout_seconds,
+                    rolling=rollout_strategy(surge_room(cfg, model, pool_name, tenant, which)),
                     weights_claims=store.claims_for(tenant or "serving", model)),
                     # Pods need the sidecar (so the mesh first) and the read-only claim; KEDA's CRDs
                     # come with its chart.

@@ -21,7 +21,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from . import gcs_weights
-from .capacity import hosts_per_replica
+from .capacity import hosts_per_replica, rollout_strategy
+from .cold_start import NODE_PROVISION_S
 from .gpu_cluster import placement_for
 from .k8s_meta import (
     BASE_LABELS,
@@ -88,6 +89,12 @@ def disruption_budget() -> dict[str, Any]:
     and how long); with more, the next eviction waits until the replacement is Ready. A group's
     pods are Ready only while their leader serves, so a reloading group counts as down."""
     return {"maxUnavailable": 1}
+
+
+def progress_deadline_seconds(load_seconds: float) -> int:
+    """A rollout's progress deadline: a node to come up (cold_start.NODE_PROVISION_S) and the
+    replica's startup probe budget, so only a replica the kubelet gives up on fails it."""
+    return int(NODE_PROVISION_S) + 10 * startup_failure_threshold(load_seconds)
 
 
 # LeaderWorkerSet v0.10.0 (kubernetes-sigs/lws; components/leader_worker_set.py installs it).
@@ -191,6 +198,9 @@ class VllmServiceArgs:
     # traced; None: no traces.
     traces_endpoint: Optional[str] = None
     trace_sample_ratio: float = 0.01
+    # The rolling update (capacity.rollout_strategy, from the room the node pool has with its other
+    # pools at their ceilings); None: from this pool's own room on the node pool.
+    rolling: Optional[Mapping[str, int | str]] = None
 
 
 class VllmService(pulumi.ComponentResource):
@@ -368,6 +378,8 @@ class VllmService(pulumi.ComponentResource):
             return template
 
         timeouts = pulumi.CustomTimeouts(create="45m", update="45m")
+        rolling = args.rolling or rollout_strategy(
+            None if group_can_surge(pool, hosts, args.node_pool) else 1)
         if hosts == 1:
             self.deployment = k8s.apps.v1.Deployment(
                 f"{name}-deploy",
@@ -379,8 +391,10 @@ class VllmService(pulumi.ComponentResource):
                     # never set it back.
                     **({"replicas": 0} if pool.min_replicas == 0 else {}),
                     "selector": {"matchLabels": selector},
-                    "strategy": {"type": "RollingUpdate",
-                                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                    "strategy": {"type": "RollingUpdate", "rollingUpdate": dict(rolling)},
+                    # Progress is a new replica Ready: allow for its node and its load, or the
+                    # controller reports the rollout failed (and `pulumi up` with it) mid-load.
+                    "progressDeadlineSeconds": progress_deadline_seconds(args.load_seconds),
                     "template": pod_template("server"),
                 }),
                 opts=child_opts(self, opts, provider=args.provider,
@@ -403,7 +417,7 @@ class VllmService(pulumi.ComponentResource):
                         if args.node_pool.is_tpu else None),
                  "namespace": args.namespace},
                 leader_worker_set(pool, hosts, pod_template("leader"), pod_template("worker"),
-                                  surge=group_can_surge(pool, hosts, args.node_pool)),
+                                  surge=rolling["maxUnavailable"] == 0),
                 child_opts(self, opts, provider=args.provider, custom_timeouts=timeouts,
                            ignore_changes=["spec.replicas"]))
             k8s.networking.v1.NetworkPolicy(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..components.billing_budget import MAX_CHANNELS as MAX_BUDGET_CHANNELS
-from ..components.capacity import consumer_models, hosts_per_replica, network_cost, placements
+from ..components.capacity import consumer_models, hosts_per_replica, network_cost, placements, rollout_needs
 from ..components.cold_start import cold_start_seconds
 from ..components.service_levels import TTFT_BUCKETS, ttft_bound
 from ..components.vllm_versions import release
@@ -52,6 +52,7 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: 
             f"{'these pools run' if len(single) > 1 else 'this pool runs'} one replica ({pools}): a node upgrade, "
             f"repair or spot preemption drains it and it is down until it reloads elsewhere (the time given), "
             f"{when}; set minReplicas 2 to keep serving through drains")
+    out += rollout_needs(cfg)
     budget = cfg.weights.cold_start_budget_seconds
     slow: dict[str, float] = {}
     for model, _pool_name, tenant in placements(cfg):

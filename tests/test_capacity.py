@@ -111,3 +111,41 @@ def test_the_fix_offered_is_one_that_helps(pool_kwargs, machine, helps, misleads
     row = pool_capacity(model, "short", ServingPoolSpec(**pool_kwargs), node_pool)
     assert not row.fits
     assert helps in row.fix() and misleads not in row.fix()
+
+
+def test_a_pool_whose_node_pool_is_full_at_its_ceiling_rolls_in_place_from_there(plans):
+    """prod's llama-70b fills a100-tp8 (6 nodes x 8 GPUs) at 4 + 2 replicas of TP 8: a surge pod at
+    the ceiling would wait for a node forever. Surge while it fits, then an old replica first."""
+    from vllm_gke.components.capacity import rollout_strategy, surge_room
+    from tests.conftest import vllm_deployments
+
+    cfg = plans["prod"].config
+    llama = cfg.model("llama-70b")
+    assert surge_room(cfg, llama, "a100-tp8", None, "short") == 4  # long at its ceiling of 2: 48 - 16 = 32
+    assert surge_room(cfg, llama, "a100-tp8", None, "long") == 2
+    strategies = {d["metadata"]["name"]: d["spec"]["strategy"]["rollingUpdate"] for d in vllm_deployments(plans["prod"])}
+    assert strategies["llama-70b-short"] == {"maxSurge": 1, "maxUnavailable": "25%"}  # floor(0.25 x 3) = 0
+    assert strategies["llama-70b-long"] == {"maxSurge": 1, "maxUnavailable": "50%"}
+    assert strategies["qwen-7b-short"] == {"maxSurge": 1, "maxUnavailable": 0}  # room to spare
+    # Kubernetes rounds a percentage down: 0 below the count (up to 10; above, it may turn 1 a
+    # replica or two early: never late), at least 1 from it.
+    for full_at in range(2, 40):
+        share = int(str(rollout_strategy(full_at)["maxUnavailable"]).rstrip("%"))
+        assert share * full_at // 100 >= 1
+        assert full_at > 10 or share * (full_at - 1) // 100 == 0
+    assert rollout_strategy(1) == {"maxSurge": 0, "maxUnavailable": 1}
+    # The plan says what the rollout needs.
+    from vllm_gke.infra.advice import plan_warnings
+
+    notes = [w for w in plan_warnings(cfg, plans["prod"].platform.store.tier) if w.startswith("rollout of")]
+    assert any("llama-70b short: surges a replica while fewer than 4 run" in w for w in notes)
+
+
+def test_rollouts_wait_for_a_replica_to_load_before_calling_it_stuck(plans):
+    from tests.conftest import vllm_deployments
+
+    for dep in vllm_deployments(plans["frontier"]):
+        probe = dep["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+        budget = probe["periodSeconds"] * probe["failureThreshold"]
+        # default 600 s would fail `pulumi up` while a 70B replica is still loading
+        assert dep["spec"]["progressDeadlineSeconds"] >= budget + 300

@@ -249,6 +249,18 @@ def _any_google_identity(plan):
     allow.props["spec"]["rules"][0]["from"] = [{"source": {"requestPrincipals": ["https://accounts.google.com/*"]}}]
 
 
+def _picker_rolls_surge_only(plan):
+    _kube(plan, "Deployment", "llama-8b-epp").props["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] = 0
+
+
+def _picker_grace_of_the_chart(plan):
+    _kube(plan, "Deployment", "llama-8b-epp").props["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 130
+
+
+def _global_gateway(plan):
+    _kube(plan, "Gateway", "vllm").props["spec"]["gatewayClassName"] = "gke-l7-global-external-managed"
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_owns_external_metrics": ("dev", _add_external_apiservice, "second owner"),
     "keda_ports_open_on_private_clusters": ("prod", _no_firewall, "tcp:6443, 9443"),
@@ -258,6 +270,9 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_admits_the_scaled_objects": ("dev", _cooldown_on_a_floor, "cooldownPeriod with minReplicaCount > 0"),
     "picker_reads_exported_metrics": ("staging", lambda p: _drop_arg(
         p, "Deployment", "llama-8b-epp", "--kv-cache-usage-percentage-metric"), "unset"),
+    "picker_rolls_and_drains_with_one_ready_pod": ("staging", _picker_rolls_surge_only, "could not scale down"),
+    "picker_stops_within_its_grace": ("staging", _picker_grace_of_the_chart, "terminationGracePeriodSeconds 130"),
+    "regex_matches_on_a_regional_class": ("dev", _global_gateway, "whose load balancer has no regexMatch"),
     "picker_without_pprof": ("staging", lambda p: _drop_arg(
         p, "Deployment", "llama-8b-epp", "--enable-pprof=false", with_value=False), "pprof on"),
     "picker_highly_available": ("staging", _single_picker, "one replica without leader election"),

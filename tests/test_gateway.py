@@ -78,21 +78,22 @@ def test_managed_certificate_for_a_regional_gateway(plans):
                           plan.named("gcp:certificatemanager/certificate:Certificate", "gateway-cert"))
 
 
-def test_managed_certificate_for_a_global_gateway_uses_a_certificate_map(plan_variant):
-    def go_global(values):
+def test_the_global_class_is_refused_for_every_routing(stack_values):
+    """Length routes match Content-Length by regular expression, and the picker's routes bound
+    it the same way: the global external load balancer has no regexMatch (Compute API urlMaps,
+    HttpHeaderMatch), so no model could be routed through gke-l7-global-external-managed."""
+    import copy
+
+    from vllm_gke.infra.config import ConfigError, parse
+
+    for stack in ("prod", "staging"):  # length only; length and the picker
+        values = copy.deepcopy(stack_values[stack])
         values["vllm-gke:gateway"]["className"] = "gke-l7-global-external-managed"
-        # A global class cannot serve an InferencePool: staging's llama-8b goes back to length routing.
-        llama = values["vllm-gke:models"][0]
-        del llama["routing"]
-        llama["long"] = {"minReplicas": 1, "maxReplicas": 1, "maxNumSeqs": 8}
-    plan = plan_variant("staging", go_global)
-    (gateway,) = manifests_of(plan, "Gateway")
-    assert gateway["metadata"]["annotations"] == {"networking.gke.io/certmap": "vllm-staging-gateway"}
-    https = next(x for x in gateway["spec"]["listeners"] if x["name"] == "https")
-    assert https["tls"] == {"mode": "Terminate"}
-    (entry,) = props_of(plan, "gcp:certificatemanager/certificateMapEntry:CertificateMapEntry")
-    assert entry["hostname"] == "llm.staging.acme.example"
-    assert props_of(plan, "gcp:compute/globalAddress:GlobalAddress")
+        with pytest.raises(ConfigError) as exc:
+            parse(values)
+        found = [str(i) for i in exc.value.issues]
+        assert any(p.startswith("vllm-gke:gateway.className:") and "routing is length" in p
+                   and "gke-l7-regional-external-managed" in p for p in found), found
 
 
 def test_routes_split_long_and_short(plans):

@@ -112,7 +112,35 @@ def test_picker_is_highly_available_without_pprof_and_reads_the_releases_metrics
     config = one(plan, "ConfigMap", "llama-8b-epp")["data"]["default-plugins.yaml"]
     import hashlib
     assert digest == hashlib.sha256(config.encode()).hexdigest()[:16]
-    assert not [p for p in manifests_of(plan, "PodDisruptionBudget") if "epp" in p["metadata"]["name"]]
+
+
+def test_picker_survives_rollouts_and_drains_with_one_ready_pod(plans):
+    """Only the leader is Ready (health.go:65-67). A rollout must be free to stop the old leader, its
+    one available pod (maxUnavailable 100%: with less the Deployment never scales it down and a new
+    pod never gets the lease); a budget counts that one Ready pod, so no drain evicts the leader,
+    while the unready standby may always go; and the two never share a node, so one drain or node
+    failure cannot take both under FailClose."""
+    from vllm_gke.components.inference_pool import SHUTDOWN_S
+
+    plan = plans["staging"]
+    epp = one(plan, "Deployment", "llama-8b-epp")
+    assert epp["spec"]["strategy"] == {"type": "RollingUpdate",
+                                       "rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "100%"}}
+    pod = epp["spec"]["template"]
+    budget = one(plan, "PodDisruptionBudget", "llama-8b-epp")["spec"]
+    assert budget["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert (budget["maxUnavailable"], budget["unhealthyPodEvictionPolicy"]) == (1, "AlwaysAllow")
+    # One Ready pod of two, maxUnavailable 1: the disruption controller's arithmetic allows none.
+    ready, expected = 1, epp["spec"]["replicas"]
+    assert ready - (expected - budget["maxUnavailable"]) == 0
+    (spread,) = pod["spec"]["topologySpreadConstraints"]
+    assert (spread["topologyKey"], spread["maxSkew"], spread["whenUnsatisfiable"]) == (
+        "kubernetes.io/hostname", 1, "DoNotSchedule")
+    assert spread["labelSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    # Per revision, among nodes it tolerates (GPU/TPU nodes are tainted: they would be empty domains).
+    assert spread["matchLabelKeys"] == ["pod-template-hash"] and spread["nodeTaintsPolicy"] == "Honor"
+    # Stops within controller-runtime's 30 s and then releases the lease: a little more, not 130 s.
+    assert SHUTDOWN_S < pod["spec"]["terminationGracePeriodSeconds"] <= SHUTDOWN_S + 30
 
 
 def test_only_the_load_balancer_reaches_the_picker(plans):

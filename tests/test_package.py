@@ -572,6 +572,13 @@ def _service(**changes):
                  "region": "us-central1", "targets": [{"route_name": "a", "namespace": "vllm", "path_prefix": "a",
                                                        "inference_pool": "qwen-7b", "tenant": "search"}]},
      "Gateway.gateway.className", "cannot route to an InferencePool"),
+    # No regular-expression header match on the global external load balancer: no length routes.
+    ("Gateway", {"gateway": {"class_name": "gke-l7-global-external-managed", "hostname": "h.example",
+                             "managed_certificate": True}, "namespace": "vllm", "kubeconfig": "kc", "project": "p",
+                 "region": "us-central1", "targets": [{"route_name": "a", "namespace": "vllm", "path_prefix": "a",
+                                                       "short_service": "s", "long_service": "l",
+                                                       "long_request_bytes": 1}]},
+     "Gateway.gateway.className", "cannot program length routes"),
     ("Gateway", {"gateway": {}, "namespace": "vllm", "kubeconfig": "kc", "project": "p", "region": "us-central1",
                  "targets": [{"route_name": "a", "namespace": "vllm", "path_prefix": p, "short_service": "s",
                               "long_service": "l", "long_request_bytes": 1} for p in ("a", "b")]},

@@ -12,12 +12,15 @@ from .base import PROJECT, Add
 from .cluster import (
     INFERENCE_GATEWAY_CLASSES,
     INFERENCE_GATEWAY_MIN_GKE,
+    LENGTH_ROUTING_CLASSES,
     check_inference_gateway_class,
     check_inference_gateway_version,
+    check_length_routing_class,
     check_network,
     check_zones,
     hyperdisk_ml,
     inference_gateway,
+    length_routing,
     network,
     zones,
 )
@@ -44,8 +47,8 @@ if TYPE_CHECKING:
 # In the order problems are reported: names first, then placement, then the rest.
 STACK_CHECKS: tuple[Callable[["StackConfig", Add], None], ...] = (
     unique_names, model_placements, tenant_models, gpu_slots, external_gateway, network, zones, issuers,
-    namespaces, vllm_release, inference_gateway, global_limits, adapters, scale_to_zero, hyperdisk_ml,
-    node_disks, filestore_size, slo_alerts_reachable, load_tests,
+    namespaces, vllm_release, inference_gateway, length_routing, global_limits, adapters, scale_to_zero,
+    hyperdisk_ml, node_disks, filestore_size, slo_alerts_reachable, load_tests,
     traces_exportable, multi_host_groups,
 )
 
@@ -66,6 +69,7 @@ def cross_field_issues(cfg: "StackConfig") -> list["ConfigIssue"]:
 __all__ = [
     "INFERENCE_GATEWAY_CLASSES",
     "INFERENCE_GATEWAY_MIN_GKE",
+    "LENGTH_ROUTING_CLASSES",
     "PROJECT",
     "RESERVED_NAMESPACES",
     "STACK_CHECKS",
@@ -76,6 +80,7 @@ __all__ = [
     "check_image_tag",
     "check_inference_gateway_class",
     "check_inference_gateway_version",
+    "check_length_routing_class",
     "check_network",
     "check_pool_lengths",
     "check_serving_namespace",

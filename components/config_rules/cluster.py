@@ -69,6 +69,13 @@ INFERENCE_GATEWAY_MIN_GKE = "1.34.0-gke.1626000"
 INFERENCE_GATEWAY_CLASSES = ("gke-l7-rilb", "gke-l7-regional-external-managed")
 
 
+# Length routes split on a RegularExpression match of Content-Length. The URL map's
+# HttpHeaderMatch.regexMatch "can only be used when the loadBalancingScheme is set to
+# INTERNAL_SELF_MANAGED, EXTERNAL_MANAGED (regional scope) or INTERNAL_MANAGED" (Compute API
+# reference, urlMaps): not on the global external load balancer of gke-l7-global-external-managed.
+LENGTH_ROUTING_CLASSES = ("gke-l7-rilb", "gke-l7-regional-external-managed")
+
+
 def inference_gateway(cfg: "StackConfig", add: Add) -> None:
     picked = [i for i, m in enumerate(cfg.models) if m.routing == "inference-gateway"]
     if not picked:
@@ -76,6 +83,22 @@ def inference_gateway(cfg: "StackConfig", add: Add) -> None:
     first = f"{item_key('models', cfg.models, picked[0])}.routing is inference-gateway"
     check_inference_gateway_class(add, "gateway.className", cfg.gateway.class_name, first)
     check_inference_gateway_version(add, "cluster.minMasterVersion", cfg.cluster.min_master_version, first)
+
+
+def length_routing(cfg: "StackConfig", add: Add) -> None:
+    by_length = [i for i, m in enumerate(cfg.models) if m.routing == "length"]
+    if by_length:
+        check_length_routing_class(add, "gateway.className", cfg.gateway.class_name,
+                                   f"{item_key('models', cfg.models, by_length[0])}.routing is length")
+
+
+def check_length_routing_class(add: Add, key: str, class_name: str, why: str) -> None:
+    """A Gateway class whose load balancer can program the Content-Length routes. Also run by the
+    package's Gateway."""
+    if class_name not in LENGTH_ROUTING_CLASSES:
+        add(key, f"{class_name} cannot program length routes ({why}): its global external load balancer "
+            "has no regular-expression header match, which the Content-Length split needs; use "
+            f"{' or '.join(LENGTH_ROUTING_CLASSES)} (regional; the picker's routes need one too)")
 
 
 def check_inference_gateway_class(add: Add, key: str, class_name: str, why: str) -> None:

@@ -7,7 +7,7 @@ import pulumi
 from pydantic.alias_generators import to_camel
 from typing_extensions import NotRequired
 
-from ..config_rules import check_inference_gateway_class
+from ..config_rules import check_inference_gateway_class, check_length_routing_class
 from ..gateway import Gateway as _Gateway
 from ..gateway import GatewayArgs, PickerTarget, RouteTarget
 from ..options import child_opts
@@ -148,6 +148,9 @@ class Gateway(pulumi.ComponentResource):
         if spec is not None and any(t.picker for t in targets):
             check_inference_gateway_class(problems.add, "gateway.className", spec.class_name,
                                           "a target routes to an InferencePool")
+        if spec is not None and any(not t.picker for t in targets):
+            check_length_routing_class(problems.add, "gateway.className", spec.class_name,
+                                       "a target routes by length")
         problems.raise_any()
         apis = None
         if args.get("enable_apis", True):

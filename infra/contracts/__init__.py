@@ -7,6 +7,7 @@ runs every check; the tests run them on every stack and break each one; docs/con
 generated from this table (`python -m vllm_gke.infra.contracts`).
 
 The rows and their checks live by upstream component: keda.py, picker.py (the endpoint picker),
+gateway.py (the GKE Gateway's load balancers),
 vllm.py, istio.py, gcsfuse.py (the Cloud Storage FUSE CSI driver), limit_store.py (Redis),
 kubectl.py, loader.py (weight loading: vLLM's rule, huggingface_hub), populator.py (GKE Volume
 Populator), billing.py (the Cloud Billing Budget API), collector.py (traces: vLLM's exporter, the
@@ -25,6 +26,7 @@ from ..plan import Plan
 from . import (
     billing,
     collector,
+    gateway,
     gcsfuse,
     istio,
     keda,
@@ -40,6 +42,7 @@ from . import (
 from .base import Check, Contract
 from .billing import budget_api_accepts_the_budget
 from .collector import collector_listens_and_writes_to_trace, vllm_exports_traces_as_configured
+from .gateway import regex_matches_on_a_regional_class
 from .gcsfuse import (
     FUSE_SIDECAR,
     ISTIO_INIT,
@@ -78,6 +81,8 @@ from .picker import (
     picker_objective_is_the_tenants,
     picker_ports,
     picker_reads_exported_metrics,
+    picker_rolls_and_drains_with_one_ready_pod,
+    picker_stops_within_its_grace,
     picker_without_pprof,
 )
 from .populator import populator_inputs
@@ -103,6 +108,7 @@ __all__ = [
     "kubectl_cache_is_writable", "loader_copies_what_vllm_opens", "loader_writes_only_to_volumes", "main", "markdown",
     "picker_finds_the_objectives", "picker_gets_what_it_parses", "picker_highly_available",
     "picker_objective_is_the_tenants", "picker_ports", "picker_reads_exported_metrics", "picker_without_pprof",
+    "picker_rolls_and_drains_with_one_ready_pod", "picker_stops_within_its_grace", "regex_matches_on_a_regional_class",
     "populator_inputs", "problems", "redis_writes_nothing_and_scripts_obey_the_acl", "vllm_drains_on_stop",
     "vllm_exports_what_monitoring_reads", "vllm_health_and_guard", "vllm_ttft_buckets_cut_at_the_slo",
     "vllm_usage_reaches_the_guard", "vllm_writes_only_to_volumes", "lws_env_is_what_the_webhook_injects",
@@ -111,7 +117,7 @@ __all__ = [
 ]
 
 CONTRACTS: tuple[Contract, ...] = (
-    *keda.ROWS, *picker.ROWS, *vllm.ROWS, *istio.ROWS, *gcsfuse.ROWS, *limit_store.ROWS, *kubectl.ROWS,
+    *keda.ROWS, *picker.ROWS, *gateway.ROWS, *vllm.ROWS, *istio.ROWS, *gcsfuse.ROWS, *limit_store.ROWS, *kubectl.ROWS,
     *loader.ROWS, *populator.ROWS, *billing.ROWS,
     *collector.ROWS, *load_test.ROWS, *lws.ROWS,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ...components.inference_pool import EPP_UID, EPP_VERSION, EXT_PROC_PORT, HEALTH_PORT, METRICS_PORT
+from ...components.inference_pool import EPP_UID, EPP_VERSION, EXT_PROC_PORT, HEALTH_PORT, METRICS_PORT, SHUTDOWN_S
 from ...components.serving_api import PICKER_PATHS, REFUSED_AT_THE_PICKER
 from ..plan import Plan
 from .base import Contract, _docs, _exported, _flag
@@ -54,6 +54,39 @@ def picker_highly_available(plan: Plan) -> list[str]:
             out.append(f"{name}: readiness is not the leader-only 'readiness' service")
         if not leases:
             out.append(f"{name}: no Role lets it take a lease")
+    return out
+
+
+def picker_rolls_and_drains_with_one_ready_pod(plan: Plan) -> list[str]:
+    """Only the leader is Ready: the rollout may take it (maxUnavailable 100%), a budget keeps
+    drains off it but lets the unready standby go, and the two never share a node."""
+    out = []
+    budgets = _docs(plan, "PodDisruptionBudget")
+    for d in _pickers(plan):
+        name, spec = d["metadata"]["name"], d["spec"]
+        labels = spec["template"]["metadata"]["labels"]
+        if (spec.get("strategy") or {}).get("rollingUpdate", {}).get("maxUnavailable") != "100%":
+            out.append(f"{name}: a rollout could not scale down the old leader, its one available pod")
+        mine = [b for b in budgets if b["metadata"].get("namespace") == d["metadata"].get("namespace")
+                and (b["spec"].get("selector") or {}).get("matchLabels", {}).items() <= labels.items()]
+        if not mine:
+            out.append(f"{name}: no PodDisruptionBudget: a drain may evict the leader and its standby at once")
+        elif any(b["spec"].get("unhealthyPodEvictionPolicy") != "AlwaysAllow" for b in mine):
+            out.append(f"{name}: its budget would block evicting the unready standby while no leader is Ready")
+        spread = [c for c in spec["template"]["spec"].get("topologySpreadConstraints") or []
+                  if c.get("topologyKey") == "kubernetes.io/hostname" and c.get("whenUnsatisfiable") == "DoNotSchedule"]
+        if not spread:
+            out.append(f"{name}: its replicas may share a node, which one drain or failure takes whole")
+    return out
+
+
+def picker_stops_within_its_grace(plan: Plan) -> list[str]:
+    out = []
+    for d in _pickers(plan):
+        grace = d["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
+        if not SHUTDOWN_S < grace <= SHUTDOWN_S + 30:
+            out.append(f"{d['metadata']['name']}: terminationGracePeriodSeconds {grace}; the picker stops within "
+                       f"{SHUTDOWN_S} s and then releases its lease: give it a little more, not more than it uses")
     return out
 
 
@@ -151,6 +184,25 @@ ROWS: tuple[Contract, ...] = (
              "cmd/epp/runner/health.go:65-67",
              "two replicas with the flag, readiness on 'readiness', a Role for leases",
              picker_highly_available),
+    Contract("endpoint picker", EPP_VERSION,
+             "with leader election one replica is Ready (the leader) and a new one turns Ready only after the old "
+             "leader releases the lease: a PodDisruptionBudget counts one Ready pod (no eviction of the leader), "
+             "and a rolling update with maxUnavailable under 100% never scales the old leader down (the chart "
+             "uses Recreate for that reason)",
+             "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:cmd/epp/runner/health.go:65-67; "
+             "cmd/epp/runner/runner.go:288-294; config/charts/inferencepool/templates/epp-deployment.yaml:10-17",
+             "maxSurge and maxUnavailable 100%; a budget (maxUnavailable 1, unhealthyPodEvictionPolicy AlwaysAllow); "
+             "one replica per node (topology spread on hostname, DoNotSchedule)",
+             picker_rolls_and_drains_with_one_ready_pod),
+    Contract("endpoint picker", EPP_VERSION,
+             f"on SIGTERM it stops its gRPC servers gracefully (open ext_proc streams finish) within "
+             f"controller-runtime's default {SHUTDOWN_S} s (it sets no GracefulShutdownTimeout), then releases the "
+             "lease (ReleaseOnCancel); a killed leader's lease is taken 15 s after its last renewal",
+             "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:pkg/epp/server/controller_manager.go:94-101; "
+             "internal/runnable/grpc.go:50-56; kubernetes-sigs/controller-runtime@v0.22.4:pkg/manager/"
+             "internal.go:52-55,497,530-538",
+             f"terminationGracePeriodSeconds a little over {SHUTDOWN_S} s (the chart's 130 s buys nothing)",
+             picker_stops_within_its_grace),
     Contract("endpoint picker", EPP_VERSION,
              f"serves ext_proc on {EXT_PROC_PORT}, gRPC health on {HEALTH_PORT}, metrics on {METRICS_PORT}; "
              f"the image is distroless nonroot ({EPP_UID})",
