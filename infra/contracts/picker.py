@@ -186,13 +186,14 @@ ROWS: tuple[Contract, ...] = (
              picker_highly_available),
     Contract("endpoint picker", EPP_VERSION,
              "with leader election one replica is Ready (the leader) and a new one turns Ready only after the old "
-             "leader releases the lease: a PodDisruptionBudget counts one Ready pod (no eviction of the leader), "
-             "and a rolling update with maxUnavailable under 100% never scales the old leader down (the chart "
-             "uses Recreate for that reason)",
+             "leader releases the lease: a PodDisruptionBudget counts that one Ready pod (minAvailable 1 or "
+             "maxUnavailable 1 alike allow no eviction of the leader), and a rolling update with maxUnavailable "
+             "under 100% never scales the old leader down (the chart uses Recreate for that reason)",
              "kubernetes-sigs/gateway-api-inference-extension@v1.2.0:cmd/epp/runner/health.go:65-67; "
              "cmd/epp/runner/runner.go:288-294; config/charts/inferencepool/templates/epp-deployment.yaml:10-17",
-             "maxSurge and maxUnavailable 100%; a budget (maxUnavailable 1, unhealthyPodEvictionPolicy AlwaysAllow); "
-             "one replica per node (topology spread on hostname, DoNotSchedule)",
+             "maxSurge and maxUnavailable 100%; one replica per node (topology spread on hostname, DoNotSchedule), "
+             "so no single drain or node failure takes both; no budget (it would hold the leader's node drain for "
+             "GKE's hour, then be forced with the same handover)",
              picker_rolls_and_drains_with_one_ready_pod),
     Contract("endpoint picker", EPP_VERSION,
              f"on SIGTERM it stops its gRPC servers gracefully (open ext_proc streams finish) within "
