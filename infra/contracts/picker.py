@@ -58,8 +58,8 @@ def picker_highly_available(plan: Plan) -> list[str]:
 
 
 def picker_rolls_and_drains_with_one_ready_pod(plan: Plan) -> list[str]:
-    """Only the leader is Ready: the rollout may take it (maxUnavailable 100%), a budget keeps
-    drains off it but lets the unready standby go, and the two never share a node."""
+    """Only the leader is Ready: the rollout may take it (maxUnavailable 100%), no budget holds its
+    node's drain (one counting a single Ready pod allows no eviction), and the two never share a node."""
     out = []
     budgets = _docs(plan, "PodDisruptionBudget")
     for d in _pickers(plan):
@@ -69,10 +69,9 @@ def picker_rolls_and_drains_with_one_ready_pod(plan: Plan) -> list[str]:
             out.append(f"{name}: a rollout could not scale down the old leader, its one available pod")
         mine = [b for b in budgets if b["metadata"].get("namespace") == d["metadata"].get("namespace")
                 and (b["spec"].get("selector") or {}).get("matchLabels", {}).items() <= labels.items()]
-        if not mine:
-            out.append(f"{name}: no PodDisruptionBudget: a drain may evict the leader and its standby at once")
-        elif any(b["spec"].get("unhealthyPodEvictionPolicy") != "AlwaysAllow" for b in mine):
-            out.append(f"{name}: its budget would block evicting the unready standby while no leader is Ready")
+        if mine:
+            out.append(f"{name}: a PodDisruptionBudget counts its one Ready pod, the leader, and allows no "
+                       "eviction of it: its node's drain would wait for GKE's hour")
         spread = [c for c in spec["template"]["spec"].get("topologySpreadConstraints") or []
                   if c.get("topologyKey") == "kubernetes.io/hostname" and c.get("whenUnsatisfiable") == "DoNotSchedule"]
         if not spread:
