@@ -46,6 +46,7 @@ from .weights_layout import (
     SHARE_NAME,
     adapter_copies,
     capacity_range,
+    kept_beside,
     loader_command,
     model_dir,
     plan_filestore,
@@ -241,7 +242,7 @@ class ModelStore(pulumi.ComponentResource):
 
         self.loader_jobs = {}
         scratch = f"{LOADER_SCRATCH_GI * len(LOADER_SCRATCH)}Gi"
-        for copy in weight_copies(args.models):
+        for copy in (copies := weight_copies(args.models)):
             key = copy.key
             image = args.server_image if copy.source.startswith("hf://") else args.weights.gcs_loader_image
             self.loader_jobs[key] = k8s.batch.v1.Job(
@@ -280,7 +281,8 @@ class ModelStore(pulumi.ComponentResource):
                                 "command": loader_command(
                                     copy, args.vllm_release,
                                     usable_gib(copy.weights_gb) if self.backend == "hyperdisk-ml" else None,
-                                    bucket=None if self.backend == "filestore" else self.bucket.name),
+                                    bucket=None if self.backend == "filestore" else self.bucket.name,
+                                    keep=kept_beside(copy, copies)),
                                 # The error (the key to raise) shows in the pod's and Job's status.
                                 "terminationMessagePolicy": "FallbackToLogsOnError",
                                 "resources": {"requests": {"cpu": "2", "memory": "8Gi", "ephemeral-storage": scratch},

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Optional, Sequence
 
 import pulumi
@@ -35,7 +35,7 @@ REGIONAL_TIERS = frozenset({"REGIONAL"})
 # A statically bound NFS volume's size is nominal: the kubelet never enforces it. Tying it to the
 # share's capacity would turn every resize (adding a model) into a change of an immutable field.
 NOMINAL_VOLUME_SIZE = "1Gi"
-HEADROOM = 1.3  # tokenizer files, a second revision during a roll-forward
+HEADROOM = 1.3  # tokenizer files, a second revision during a roll-forward (the loader then removes the first)
 
 
 LOADER_ENV = ({"name": "HF_HUB_OFFLINE", "value": "0"}, {"name": "TRANSFORMERS_OFFLINE", "value": "0"},
@@ -60,8 +60,16 @@ def source_bucket(source: str) -> str:
     return source.removeprefix("gs://").split("/", 1)[0]
 
 
+def copy_folder(source: str, revision: str) -> str:
+    """A copy's own folder name: the revision (one path segment) and a digest of source and
+    revision, so a changed source at the same revision is a new folder, loaded anew and rolled
+    onto, never the old files under the old marker."""
+    digest = hashlib.sha256(f"{source}\n{revision}".encode()).hexdigest()[:8]
+    return f"{revision.replace('/', '_')}-{digest}"
+
+
 def model_dir(model: ModelSpec) -> str:
-    return f"{MOUNT_PATH}/{model.name}/{model.revision}"
+    return f"{MOUNT_PATH}/{model.name}/{copy_folder(model.source, model.revision)}"
 
 
 def ready_marker(model: ModelSpec) -> str:
@@ -73,7 +81,7 @@ ADAPTERS_DIR = f"{MOUNT_PATH}/.adapters"
 
 
 def adapter_dir(model: ModelSpec, adapter: AdapterSpec) -> str:
-    return f"{ADAPTERS_DIR}/{model.name}/{adapter.name}/{adapter.revision}"
+    return f"{ADAPTERS_DIR}/{model.name}/{adapter.name}/{copy_folder(adapter.source, adapter.revision)}"
 
 
 @dataclass(frozen=True)
@@ -194,11 +202,20 @@ def reads(copy: WeightCopy, rel: VllmRelease) -> str:
     return "adapter" if copy.adapter else rel.weights_rule
 
 
+def kept_beside(copy: WeightCopy, copies: Sequence[WeightCopy]) -> list[str]:
+    """The other folders beside this copy's that a serving pool reads (a model's current and
+    canary revisions): its loader removes every other sibling once its own copy is complete."""
+    parent = PurePosixPath(copy.directory).parent
+    return sorted({PurePosixPath(c.directory).name for c in copies
+                   if c.directory != copy.directory and PurePosixPath(c.directory).parent == parent})
+
+
 def loader_command(copy: WeightCopy, rel: VllmRelease, max_gib: Optional[float] = None,
-                   bucket: Optional[pulumi.Input[str]] = None) -> list[pulumi.Input[str]]:
+                   bucket: Optional[pulumi.Input[str]] = None, keep: Sequence[str] = ()) -> list[pulumi.Input[str]]:
     """The loader's argv: exec form, every value an argument (a shell never parses them). With
     max_gib (a Hyperdisk ML disk is filled from the folder) the loader refuses a selection that
-    does not fit, naming the key, and leaves nothing else in the folder."""
+    does not fit, naming the key, and leaves nothing else in the folder. Once loaded it removes
+    the folders beside its own but `keep` (kept_beside): earlier revisions and sources."""
     program = f"{LOADER_MOUNT}/{LOADER_PROGRAM.name}"
     if copy.source.startswith("hf://"):
         argv: list[pulumi.Input[str]] = ["python3", program, "hf", copy.source.removeprefix("hf://"), copy.revision,
@@ -211,4 +228,5 @@ def loader_command(copy: WeightCopy, rel: VllmRelease, max_gib: Optional[float] 
     argv += ["--reads", reads(copy, rel), "--size-key", copy.size_key]
     if max_gib is not None:
         argv += ["--max-gib", f"{max_gib:.2f}", "--prune"]
+    argv += ["--prune-siblings", *(a for name in keep for a in ("--keep", name))]
     return argv

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import REPO_ROOT, STACKS, manifests_of, props_of, vllm_deployments
 from vllm_gke.components.gateway import LENGTH_HINT_HEADER, at_least_regex
+from vllm_gke.components.weights_layout import model_dir
 
 
 @given(threshold=st.integers(1, 10**7), value=st.integers(0, 10**9))
@@ -176,7 +177,9 @@ def test_canary_pods_never_join_the_stable_service(plans):
     canary_labels = deployments["llama-8b-canary-short"]["spec"]["template"]["metadata"]["labels"]
     assert not all(canary_labels.get(k) == v for k, v in stable_selector.items())
     canary_args = deployments["llama-8b-canary-short"]["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert canary_args[0] == "/models/llama-8b/0e9e39f249a16976918f6564b8830bc894c89659"
+    canary = plans["prod"].config.model("llama-8b").canary_model()
+    assert canary is not None and canary.revision == "0e9e39f249a16976918f6564b8830bc894c89659"
+    assert canary_args[0] == model_dir(canary)
     # The same tenants may call it: authorization selects by model.
     assert canary_labels["vllm-gke.io/model"] == "llama-8b"
 

@@ -22,7 +22,7 @@ from vllm_gke.components.hyperdisk_weights import (
     disk_size_gib,
     transfer_cpu_request,
 )
-from vllm_gke.components.weights_layout import WeightCopy
+from vllm_gke.components.weights_layout import WeightCopy, adapter_dir, model_dir
 from vllm_gke.infra.advice import hyperdisk_disks, plan_warnings
 from vllm_gke.infra.config import ConfigError, parse
 from vllm_gke.infra.manifests import catalog_or_none, validate
@@ -143,7 +143,7 @@ def test_servers_mount_their_disk_read_only_at_the_model_directory(plan):
         assert volume["persistentVolumeClaim"]["readOnly"] is True
         assert volume["persistentVolumeClaim"]["claimName"].startswith(f"weights-{model}-")
         for c in pod["containers"][:1] + pod["initContainers"]:
-            assert {"name": volume["name"], "mountPath": f"/models/{model}/main", "readOnly": True} \
+            assert {"name": volume["name"], "mountPath": model_dir(plan.config.model(model)), "readOnly": True} \
                 in c["volumeMounts"]
         # No bucket mount and no bucket access for the servers: the disk is all they read.
         assert not any("csi" in v for v in pod["volumes"])
@@ -198,12 +198,15 @@ def test_each_namespace_gets_the_weight_sets_it_serves(wide_plan):
     # The adapter's disk is mounted where --lora-modules points.
     dep = wide_plan.kube("Deployment", "mistral-7b-short", "tenant-analytics").props
     mounts = {m["mountPath"] for m in dep["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
-    assert {"/models/mistral-7b/main", "/models/.adapters/mistral-7b/tickets/v2"} <= mounts
-    assert "tickets=/models/.adapters/mistral-7b/tickets/v2" in json.dumps(dep["spec"]["template"]["spec"]["containers"][0])
+    mistral = wide_plan.config.model("mistral-7b")
+    (tickets,) = mistral.adapters
+    assert {model_dir(mistral), adapter_dir(mistral, tickets)} <= mounts
+    assert f"tickets={adapter_dir(mistral, tickets)}" in json.dumps(dep["spec"]["template"]["spec"]["containers"][0])
     canary = wide_plan.kube("Deployment", "mistral-7b-canary-short", "vllm").props
     canary_mounts = {m["mountPath"] for m in canary["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
-    assert "/models/mistral-7b/0123456789abcdef0123456789abcdef01234567" in canary_mounts
-    assert "/models/mistral-7b/main" not in canary_mounts
+    canary_model = mistral.canary_model()
+    assert canary_model is not None and canary_model.revision == "0123456789abcdef0123456789abcdef01234567"
+    assert model_dir(canary_model) in canary_mounts and model_dir(mistral) not in canary_mounts
     assert evaluate([Resource(r.type, r.name, copy.deepcopy(r.props), r.urn) for r in wide_plan.policy_resources()]) == []
 
 

@@ -25,6 +25,7 @@ from tests.conftest import manifests_of
 from vllm_gke.components.load_test import Target, job_files, lora_split, phases
 from vllm_gke.components.serving_api import guard_config, tenant_routes
 from vllm_gke.components.specs import LoadTestSpec
+from vllm_gke.components.weights_layout import model_dir
 
 VLLM_PYTHON = os.environ.get("VLLM_PYTHON", "")
 INFERENCE_PERF_PYTHON = os.environ.get("INFERENCE_PERF_PYTHON", "")
@@ -51,7 +52,7 @@ def test_prod_declares_an_on_demand_load_test_of_searchs_route(plans):
     assert mixed["server"]["base_url"] == "https://llm.acme.example/llama-8b"
     assert mixed["server"]["model_name"] == "llama-8b" and "api_key" not in mixed["server"]
     assert mixed["api"] == {"type": "completion", "streaming": True}
-    assert mixed["tokenizer"]["pretrained_model_name_or_path"] == "/models/llama-8b/main"
+    assert mixed["tokenizer"]["pretrained_model_name_or_path"] == model_dir(plan.config.model("llama-8b"))
     # Its own adapter mixed in, not support's.
     assert [s["name"] for s in mixed["load"]["lora_traffic_split"]] == ["llama-8b", "search-rewrite"]
     assert shared["data"]["shared_prefix"]["system_prompt_len"] == 2048

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from tests.conftest import manifests_of, props_of, vllm_deployments
-from vllm_gke.components.specs import CanarySpec, ModelSpec, WeightsSpec
-from vllm_gke.components.weights_layout import plan_filestore
+from vllm_gke.components.specs import AdapterSpec, CanarySpec, ModelSpec, WeightsSpec
+from vllm_gke.components.weights_layout import adapter_dir, model_dir, plan_filestore, ready_marker
 
 
 def test_one_filestore_instance_per_stack(plans):
@@ -53,6 +53,41 @@ def test_a_canary_revision_is_a_second_copy_on_the_share():
                           WeightsSpec())[0] == "ZONAL"
 
 
+def test_the_folder_and_its_marker_are_keyed_on_source_and_revision():
+    """The defect: /models/<name>/<revision> alone, so a changed source at the same revision kept
+    the old folder, its marker, and the old weights."""
+    model = _model(7)
+    moved = model.model_copy(update={"source": "gs://acme/b"})
+    assert model_dir(model) != model_dir(moved) and ready_marker(model) != ready_marker(moved)
+    assert model_dir(model) == model_dir(_model(7))  # stable: the same copy is the same folder
+    assert model_dir(model).startswith("/models/m/main-")
+    assert model_dir(model) != model_dir(model.model_copy(update={"revision": "v2"}))
+    # A revision with slashes is still one folder beside the others.
+    assert model_dir(model.model_copy(update={"revision": "refs/pr/1"})).count("/") == model_dir(model).count("/")
+    adapter = AdapterSpec(name="a", source="hf://o/a", tenants=["t"])
+    assert adapter_dir(model, adapter) != adapter_dir(model, adapter.model_copy(update={"source": "hf://o/b"}))
+
+
+def test_a_changed_source_loads_a_new_folder_the_servers_roll_onto(plans, plan_variant):
+    """A second `pulumi up` with another source at the same revision: a new folder, a new loader
+    run (its command changed), the servers' path and marker wait moved to it."""
+    def moved(values):
+        values["vllm-gke:models"][0]["source"] = "hf://acme/qwen-7b-tuned"
+
+    before, after = plans["dev"], plan_variant("dev", moved)
+    old, new = (model_dir(p.config.model("qwen-7b")) for p in (before, after))
+    assert old != new
+    for plan, folder in ((before, old), (after, new)):
+        command = plan.kube("Job", "load-qwen-7b").props["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert command[5] == folder and "--prune-siblings" in command
+        for d in vllm_deployments(plan):
+            if d["metadata"]["name"].startswith("qwen-7b"):
+                pod = d["spec"]["template"]["spec"]
+                (vllm,) = [c for c in pod["containers"] if c["name"] == "vllm"]
+                assert vllm["args"][0] == folder
+                assert f"{folder}/.vllm-gke-complete" in str(pod)
+
+
 def test_explicit_tier_keeps_its_minimum():
     assert plan_filestore([_model(7)], WeightsSpec(tier="BASIC_SSD")) == ("BASIC_SSD", 2560)
 
@@ -95,7 +130,9 @@ def test_one_loader_job_per_model_reading_token_from_secret_manager(plans):
         assert command[2] == "hf" and command[4] == revision and command[5].startswith("/models/")
         assert command[6:8] == ["--token-file", "/var/run/secrets/hf/token"]
         # Filestore is sized for the whole share, so the loader copies vLLM's selection unbounded.
-        assert command[8:] == ["--reads", "mistral-first", "--size-key", f"models[{model_of(job)}].diskGb"]
+        assert command[8:12] == ["--reads", "mistral-first", "--size-key", f"models[{model_of(job)}].diskGb"]
+        # Once loaded, the folders beside it no pool reads go; the canary's and the stable one stay.
+        assert command[12] == "--prune-siblings" and len(command) == (15 if model_of(job) == "llama-8b" else 13)
         # The server image sets HF_HUB_OFFLINE=1; the loader must override it or download nothing.
         env = {e["name"]: e for e in container["env"]}
         assert env["HF_HUB_OFFLINE"] == {"name": "HF_HUB_OFFLINE", "value": "0"}
@@ -172,8 +209,9 @@ def test_gcs_source_uses_gcloud_loader(plan_variant):
     plan = plan_variant("dev", to_gcs)
     (job,) = manifests_of(plan, "Job", "vllm-gke-system")
     container = job["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"][2:] == ["gcs", "gs://acme-models/qwen2.5-7b", "/models/qwen-7b/main",
-                                        "--reads", "mistral-first", "--size-key", "models[qwen-7b].diskGb"]
+    assert container["command"][2:] == ["gcs", "gs://acme-models/qwen2.5-7b", model_dir(plan.config.model("qwen-7b")),
+                                        "--reads", "mistral-first", "--size-key", "models[qwen-7b].diskGb",
+                                        "--prune-siblings"]
     assert container["image"].startswith("gcr.io/google.com/cloudsdktool/google-cloud-cli:")
     # Read access on the source bucket only, not on every bucket of the project...
     assert not [p for p in props_of(plan, "gcp:projects/iAMMember:IAMMember") if "storage" in p["role"]]

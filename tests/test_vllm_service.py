@@ -10,6 +10,7 @@ from tests.conftest import STACKS, manifests_of, vllm_deployments
 from vllm_gke.components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
 from vllm_gke.components.vllm_server import container_resources, vllm_args
 from vllm_gke.components.vllm_versions import release
+from vllm_gke.components.weights_layout import model_dir
 
 
 def deployment(plan, name, namespace="vllm"):
@@ -26,7 +27,7 @@ def test_two_pools_per_model(plans):
 def test_vllm_flags_from_config(plans):
     c = deployment(plans["prod"], "llama-70b-long")["spec"]["template"]["spec"]["containers"][0]
     args = c["args"]
-    assert args[0] == "/models/llama-70b/main"
+    assert args[0] == model_dir(plans["prod"].config.model("llama-70b"))
     pairs = dict(zip(args[1::2], args[2::2]))
     assert pairs["--served-model-name"] == "llama-70b"
     assert pairs["--tensor-parallel-size"] == "8"

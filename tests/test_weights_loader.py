@@ -40,6 +40,12 @@ def container(plan, key: str) -> dict:
     return loader(plan, key)["spec"]["template"]["spec"]["containers"][0]
 
 
+def folder(plan, key: str, tmp_path: Path) -> Path:
+    """Where the plan's loader for `key` writes, as run_loader maps the pod's /models."""
+    command = container(plan, key)["command"]
+    return tmp_path / (command[5] if command[2] == "hf" else command[4]).removeprefix("/")
+
+
 def arg(command: list[str], flag: str) -> str:
     return command[command.index(flag) + 1]
 
@@ -81,7 +87,7 @@ def test_mistral_loads_one_copy_of_its_weights_and_fits_its_disk(hyperdisk_plan,
     assert whole > float(arg(command, "--max-gib"))  # what the old loader copied could never fit
     result = run_loader(container(hyperdisk_plan, "mistral-7b"), tmp_path)
     assert result.returncode == 0, result.stderr
-    dest = tmp_path / "models/mistral-7b/main"
+    dest = folder(hyperdisk_plan, "mistral-7b", tmp_path)
     # vLLM 0.34 loads consolidated*.safetensors where a repository has them (load_format auto).
     assert loaded(dest) == NON_WEIGHTS | {"consolidated.safetensors"}
     marker = json.loads((dest / load_weights.MARKER).read_text())
@@ -98,13 +104,13 @@ def test_the_0_11_release_loads_the_hf_shards_the_index_names(tmp_path):
     assert arg(container(plan, "mistral-7b")["command"], "--reads") == "hf"
     assert run_loader(container(plan, "mistral-7b"), tmp_path).returncode == 0
     shards = {f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)}
-    assert loaded(tmp_path / "models/mistral-7b/main") == NON_WEIGHTS | shards
+    assert loaded(folder(plan, "mistral-7b", tmp_path)) == NON_WEIGHTS | shards
 
 
 def test_llama_leaves_the_original_checkpoint(hyperdisk_plan, tmp_path):
     with_token(tmp_path)
     assert run_loader(container(hyperdisk_plan, "llama-8b"), tmp_path).returncode == 0
-    files = loaded(tmp_path / "models/llama-8b/main")
+    files = loaded(folder(hyperdisk_plan, "llama-8b", tmp_path))
     assert not any(f.startswith("original/") for f in files)
     assert {f for f in files if f.endswith(".safetensors")} == {f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)}
 
@@ -115,7 +121,7 @@ def test_an_adapter_loads_its_adapter_weights_only(hyperdisk_plan, tmp_path):
     assert arg(command, "--reads") == "adapter"
     assert arg(command, "--size-key") == "models[mistral-7b].adapters[tickets].diskGb"
     assert run_loader(container(hyperdisk_plan, "mistral-7b-lora-tickets"), tmp_path).returncode == 0
-    files = loaded(tmp_path / "models/.adapters/mistral-7b/tickets/v2")
+    files = loaded(folder(hyperdisk_plan, "mistral-7b-lora-tickets", tmp_path))
     # Not the training state, not the intermediate checkpoint.
     assert files == {"README.md", "adapter_config.json", "adapter_model.safetensors"}
 
@@ -129,7 +135,7 @@ def test_files_that_cannot_fit_fail_the_job_at_once_naming_the_key(tmp_path):
     assert "Set models[mistral-7b].diskGb to 14" in result.stderr
     # Known from the listing: nothing was downloaded but the index the selection reads.
     assert [c["call"] for c in hub_calls(tmp_path)] == ["model_info"]
-    assert not (tmp_path / "models/mistral-7b/main" / load_weights.MARKER).exists()
+    assert not (folder(plan, "mistral-7b", tmp_path) / load_weights.MARKER).exists()
     # The Job fails on that exit code instead of retrying, and shows the message.
     job = loader(plan, "mistral-7b")["spec"]
     assert job["podFailurePolicy"]["rules"] == [{"action": "FailJob", "onExitCodes": {
@@ -174,7 +180,7 @@ def test_every_hyperdisk_loader_is_bounded_by_its_claim(hyperdisk_plan):
 def test_an_older_full_copy_is_pruned_before_the_disk_is_filled(hyperdisk_plan, tmp_path):
     """A folder an earlier loader filled with the whole repository (marker without a selection)."""
     with_token(tmp_path)
-    dest = tmp_path / "models/mistral-7b/main"
+    dest = folder(hyperdisk_plan, "mistral-7b", tmp_path)
     dest.mkdir(parents=True)
     for name in REPOS[MISTRAL]:
         (dest / name).write_text("old")
@@ -213,11 +219,12 @@ def test_bucket_sources_are_listed_then_synced_without_what_vllm_skips(plan_vari
     # Into the weights bucket's own folder, server-side: not through the FUSE mount (whose sidecar
     # stages out-of-order writes, as gcloud's sliced downloads are, whole on the node's disk).
     assert argv[:3] == ["storage", "rsync", "--recursive"] and argv[-2:] == [
-        "gs://acme-models/mistral-7b", "gs://acme-llm-staging-vllm-staging-weights/mistral-7b/main"]
+        "gs://acme-models/mistral-7b",
+        f"gs://acme-llm-staging-vllm-staging-weights/{folder(plan, 'mistral-7b', tmp_path).relative_to(tmp_path / 'models')}"]
     exclude = re.compile(arg(argv, "--exclude"))
     copied = {f for f in REPOS[MISTRAL] if not exclude.search(f)}
     assert copied == NON_WEIGHTS | {"consolidated.safetensors"}
-    marker = json.loads((tmp_path / "models/mistral-7b/main" / load_weights.MARKER).read_text())
+    marker = json.loads((folder(plan, "mistral-7b", tmp_path) / load_weights.MARKER).read_text())
     assert marker["source"] == "gs://acme-models/mistral-7b" and marker["files"] == len(copied)
 
 
@@ -252,3 +259,56 @@ def test_the_loader_writes_only_to_its_writable_volumes(plans, hyperdisk_plan, t
     with_token(tmp_path / "frozen")
     result = run_loader(frozen, tmp_path / "frozen")
     assert result.returncode != 0 and "read-only:" in result.stderr
+
+
+class Files:
+    """A source held in memory: what load() lists, reads and fetches."""
+
+    def __init__(self, description: str, contents: dict[str, bytes]):
+        self.description, self.contents = description, contents
+
+    def files(self) -> dict[str, int]:
+        return {k: len(v) for k, v in self.contents.items()}
+
+    def read(self, path: str) -> bytes:
+        return self.contents[path]
+
+    def fetch(self, paths, everything, dest: Path) -> None:
+        for p in paths:
+            (dest / p).write_bytes(self.contents[p])
+
+
+def test_a_marker_of_another_source_is_not_this_copy(tmp_path):
+    """The defect: the marker keyed on the folder alone, so a changed source at the same revision
+    found the old marker and the servers kept the old weights."""
+    dest = tmp_path / "m"
+    old = Files("gs://a/m", {"config.json": b"{}", "model.safetensors": b"old"})
+    new = Files("gs://b/m", {"config.json": b"{}", "model.safetensors": b"new weights"})
+    assert load_weights.load(old, dest, "hf", None, "k", False, {"source": "gs://a/m"}) == 0
+    assert load_weights.load(new, dest, "hf", None, "k", False, {"source": "gs://b/m"}) == 0
+    assert (dest / "model.safetensors").read_bytes() == b"new weights"
+    assert json.loads((dest / load_weights.MARKER).read_text())["source"] == "gs://b/m"
+    # The same source again: nothing to load.
+    assert load_weights.done(dest, "gs://b/m", "hf", False) == 0
+
+
+def test_a_complete_copy_removes_the_folders_no_pool_reads(plans, tmp_path):
+    """After a new revision or source has loaded, the earlier folders of the model go (the share is
+    sized for one copy of each, plus headroom for the roll); the canary's folder stays, and a load
+    that fails removes nothing."""
+    with_token(tmp_path)
+    plan = plans["prod"]  # llama-8b with a canary revision beside it
+    main_dest, canary_dest = folder(plan, "llama-8b", tmp_path), folder(plan, "llama-8b-canary", tmp_path)
+    assert main_dest.parent == canary_dest.parent and main_dest != canary_dest
+    command = container(plan, "llama-8b")["command"]
+    assert "--prune-siblings" in command and arg(command, "--keep") == canary_dest.name
+    earlier = [main_dest.parent / "main", main_dest.parent / "main-0badf00d", canary_dest]
+    for old in earlier:
+        old.mkdir(parents=True)
+        (old / load_weights.MARKER).write_text("{}")
+    failed = run_loader(container(plan, "llama-8b"), tmp_path, extra_env={"FAKE_FREE_GIB": "1"})
+    assert failed.returncode == LOADER_EXIT_UNLOADABLE and all(p.exists() for p in earlier)
+    assert run_loader(container(plan, "llama-8b"), tmp_path).returncode == 0
+    assert sorted(p.name for p in main_dest.parent.iterdir()) == sorted([main_dest.name, canary_dest.name])
+    # The canary's loader keeps the current revision's folder in turn.
+    assert arg(container(plan, "llama-8b-canary")["command"], "--keep") == main_dest.name

@@ -2,7 +2,7 @@
 
     python3 load_weights.py hf <org/repo> <revision> <dest> --reads RULE [--token-file F] [limits]
     python3 load_weights.py gcs <gs://bucket/path> <dest> --reads RULE [limits]
-    limits: [--max-gib N --size-key KEY --prune]
+    limits: [--max-gib N --size-key KEY --prune]  cleanup: [--prune-siblings [--keep FOLDER ...]]
 
 Runs in the loader Job (the server image for hf://, the Cloud SDK image for gs://), mounted from
 a ConfigMap. No shell: every value arrives as an argument, never as code.
@@ -18,8 +18,11 @@ key to raise, and the Job's pod failure policy fails the Job instead of retrying
 
 Files go straight into <dest>; the completion marker is written last and records what was
 loaded, so a half-loaded tree never carries it and a run that finds a marker for the same
-selection does nothing. For a mutable revision (a branch such as main) the commit is resolved
-first, downloaded exactly, and recorded. Standard library plus what the image ships.
+selection from the same source does nothing. For a mutable revision (a branch such as main) the
+commit is resolved first, downloaded exactly, and recorded. Once the copy is complete
+(`--prune-siblings`), the folders beside it that no serving pool reads (an earlier revision or
+source of the same model; `--keep` names the ones still read, a canary's) are removed.
+Standard library plus what the image ships.
 """
 
 from __future__ import annotations
@@ -253,12 +256,14 @@ def too_large(total: float, max_gib: Optional[float], size_key: str, what: str) 
             f"{max_gib:.2f} GiB. Set {size_key} to {int(total / GIB) + 1} (or more) and run pulumi up again.")
 
 
-def done(dest: Path, rule: str, do_prune: bool, max_gib: Optional[float] = None, size_key: str = "") -> Optional[int]:
-    """The exit status when a marker says this selection is here (and, where asked, nothing else):
-    0, or EXIT_UNLOADABLE when it no longer fits the disk it fills (a smaller disk since: the
-    copy would never complete). None when there is loading to do."""
+def done(dest: Path, source: str, rule: str, do_prune: bool, max_gib: Optional[float] = None,
+         size_key: str = "") -> Optional[int]:
+    """The exit status when a marker says this selection of this source is here (and, where asked,
+    nothing else): 0, or EXIT_UNLOADABLE when it no longer fits the disk it fills (a smaller disk
+    since: the copy would never complete). None when there is loading to do."""
     marker = read_marker(dest)
-    if marker is None or marker.get("reads") != rule or (do_prune and not marker.get("pruned")):
+    if marker is None or marker.get("source") != source or marker.get("reads") != rule \
+            or (do_prune and not marker.get("pruned")):
         return None
     if (problem := too_large(float(marker.get("bytes") or 0), max_gib, size_key, str(dest))) is not None:
         return unloadable(problem)
@@ -266,9 +271,20 @@ def done(dest: Path, rule: str, do_prune: bool, max_gib: Optional[float] = None,
     return 0
 
 
+def prune_siblings(dest: Path, keep: set[str]) -> None:
+    """Remove the folders beside this complete copy that no serving pool reads any more (an earlier
+    revision or source of the same model or adapter): the store keeps one copy of each, plus a
+    canary's, not one per roll. Called only once this copy is complete, so a failed load never
+    takes the copy the servers still read."""
+    for sibling in sorted(dest.parent.iterdir()):
+        if sibling.is_dir() and not sibling.is_symlink() and sibling.name != dest.name and sibling.name not in keep:
+            print(f"removing {sibling}: no serving pool reads it")
+            shutil.rmtree(sibling)
+
+
 def load(source: Source, dest: Path, rule: str, max_gib: Optional[float], size_key: str, do_prune: bool,
          record: dict[str, object]) -> int:
-    if (status := done(dest, rule, do_prune, max_gib, size_key)) is not None:
+    if (status := done(dest, str(record["source"]), rule, do_prune, max_gib, size_key)) is not None:
         return status
     everything = source.files()
     dest.mkdir(parents=True, exist_ok=True)
@@ -316,9 +332,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.add_argument("--size-key", default="the model's diskGb", help="the config key that sets --max-gib")
         p.add_argument("--prune", action="store_true", help="remove files beyond the selection")
         p.add_argument("--dest-uri", help="gs:// folder that dest mounts: copy bucket to bucket (gcs sources)")
+        p.add_argument("--prune-siblings", action="store_true",
+                       help="once loaded, remove the folders beside dest but those --keep names")
+        p.add_argument("--keep", action="append", default=[], help="a folder beside dest a serving pool reads")
     args = parser.parse_args(argv)
+    status = run(args)
+    if status == 0 and args.prune_siblings:
+        prune_siblings(args.dest, set(args.keep))
+    return status
+
+
+def run(args: argparse.Namespace) -> int:
     if args.kind == "hf":
-        if (status := done(args.dest, args.reads, args.prune, args.max_gib, args.size_key)) is not None:
+        if (status := done(args.dest, f"hf://{args.repo}", args.reads, args.prune, args.max_gib,
+                           args.size_key)) is not None:
             return status  # before any call to the Hub: a re-run needs no network
         hub = HubSource(args.repo, args.revision, read_token(args.token_file), args.dest)
         return load(hub, args.dest, args.reads, args.max_gib, args.size_key, args.prune,
