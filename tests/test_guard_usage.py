@@ -71,6 +71,31 @@ def test_a_streamed_responses_answer_is_counted_from_its_last_event():
     assert counter("generation_tokens") - generated == 5
 
 
+# vLLM's answers on the pooling routes, as OpenAI's usage object shapes them (an embedding's
+# numbers first, the usage last); rerank's names only total_tokens.
+EMBEDDING = {"id": "embd-1", "object": "list", "created": 1, "model": "m",
+             "data": [{"index": 0, "object": "embedding", "embedding": [0.1] * 64}],
+             "usage": {"prompt_tokens": 11, "total_tokens": 11, "completion_tokens": 0, "prompt_tokens_details": None}}
+RERANK = {"id": "rerank-1", "model": "m", "usage": {"total_tokens": 23},
+          "results": [{"index": 0, "document": {"text": '"usage":{"total_tokens":999}'}, "relevance_score": 0.9}]}
+
+
+@pytest.mark.parametrize("path, body, answer, tokens", [
+    ("/v1/embeddings", {"model": "m", "input": "hi"}, EMBEDDING, 11),
+    ("/pooling", {"model": "m", "input": "hi"}, EMBEDDING, 11),
+    ("/v1/rerank", {"model": "m", "query": "q", "documents": ["d"]}, RERANK, 23),
+])
+def test_a_pooling_answer_counts_its_prompt_tokens(path, body, answer, tokens):
+    """Embeddings and the other pooling routes are metered like generations: the prompt tokens
+    vLLM counted, from the answer's usage (their handlers leave none on the request state)."""
+    prompt, generated, ok = counter("prompt_tokens"), counter("generation_tokens"), counter("requests", "ok")
+    raw = json.dumps(answer).encode()
+    sent = call(guarded((200, [raw])), body, path=path)
+    assert sent[0]["status"] == 200
+    assert counter("prompt_tokens") - prompt == tokens
+    assert counter("generation_tokens") == generated and counter("requests", "ok") - ok == 1
+
+
 @pytest.mark.parametrize("reply, outcome", [
     ((200, [b"{}"]), "ok"),
     ((404, [b'{"error":{}}']), "refused"),

@@ -109,7 +109,7 @@ class GuardMiddleware:
             return
         scope = without_client_context(scope)
         path = scope.get("path", "")
-        meter = Meter(send, tenant.meters, scope, self.routes.get(path, ("", ""))[1] == "responses")
+        meter = Meter(send, tenant.meters, scope, self.routes.get(path, ("", ""))[1])
         traced = self.tracing
         span = None
         if traced is not None:

@@ -8,8 +8,10 @@ for middleware - `raw_request.state.request_metadata.final_usage_info`, streamed
 entrypoints/openai/completion/serving.py:618,745) - so nothing on the wire changes and no client
 can opt out by leaving `stream_options.include_usage` off. Its Responses handler leaves none: there
 the usage is read from the response itself, the last `"usage":{...}` the body or its stream
-carries (always present, streamed or not). A request that never gets a response (the app raised:
-the server answers 500) counts as an error.
+carries (always present, streamed or not). So are the pooling routes' (embeddings, pooling,
+classify, score, rerank): their answers carry OpenAI's usage object, whose prompt tokens are the
+request's whole cost (rerank's names only `total_tokens`, all of them prompt). A request that
+never gets a response (the app raised: the server answers 500) counts as an error.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ USAGE_KEY = b'"usage"'
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 _PROMPT = re.compile(rb'"(?:input_tokens|prompt_tokens)"\s*:\s*(\d+)')
 _GENERATED = re.compile(rb'"(?:output_tokens|completion_tokens)"\s*:\s*(\d+)')
+_TOTAL = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
+# The route kinds whose usage is read from the answer's body (their handlers leave none on the state).
+BODY_USAGE_KINDS = frozenset({"responses", "pooling"})
 # The usage object's numbers lie within its first few hundred bytes.
 USAGE_WINDOW = 512
 
@@ -35,14 +40,16 @@ class Meter:
     handler leaves no usage on the request state, the last usage the body carries; `done` counts
     the request once the app has returned."""
 
-    __slots__ = ("send", "meters", "scope", "status", "read_body", "prompt", "generated")
+    __slots__ = ("send", "meters", "scope", "status", "read_body", "pooling", "prompt", "generated")
 
-    def __init__(self, send: Send, meters: TenantMeters, scope: Scope, read_body: bool):
+    def __init__(self, send: Send, meters: TenantMeters, scope: Scope, kind: str):
         self.send = send
         self.meters = meters
         self.scope = scope
         self.status = 0
-        self.read_body = read_body
+        self.read_body = kind in BODY_USAGE_KINDS
+        # Nothing generated: all the tokens a pooling answer counts are prompt tokens.
+        self.pooling = kind == "pooling"
         self.prompt: Optional[int] = None
         self.generated: Optional[int] = None
 
@@ -61,7 +68,7 @@ class Meter:
         if not starts:
             return
         window = chunk[starts[-1]:starts[-1] + USAGE_WINDOW]
-        if (m := _PROMPT.search(window)) is not None:
+        if (m := _PROMPT.search(window)) is not None or (self.pooling and (m := _TOTAL.search(window))):
             self.prompt = int(m.group(1))
         if (m := _GENERATED.search(window)) is not None:
             self.generated = int(m.group(1))
