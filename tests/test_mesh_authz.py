@@ -79,9 +79,11 @@ def test_tenants_reach_only_their_models(plans):
 def test_a_forged_or_foreign_token_is_rejected(plans):
     plan = plans["dev"]
     ns, labels, _ = next(workloads(plan))
-    issuer = "https://accounts.google.com"
-    assert ask(plan, ns, labels, "/v1/completions", "POST", PROXY_ONLY, (issuer, "me")).allowed
-    assert ask(plan, ns, labels, "/v1/completions", "POST", PROXY_ONLY, (issuer, "me"), valid=False).status == 401
+    issuer, listed = "https://accounts.google.com", "104476360121718219735"  # dev's jwt.subjects
+    assert ask(plan, ns, labels, "/v1/completions", "POST", PROXY_ONLY, (issuer, listed)).allowed
+    assert ask(plan, ns, labels, "/v1/completions", "POST", PROXY_ONLY, (issuer, listed), valid=False).status == 401
+    # Anyone can get a Google token for dev's audience: one of another subject is not the tenant.
+    assert ask(plan, ns, labels, "/v1/completions", "POST", PROXY_ONLY, (issuer, "me")).status == 403
     assert ask(plan, ns, labels, "/v1/completions", "POST", PROXY_ONLY, ("https://evil.example", "me")).status == 401
 
 
