@@ -81,12 +81,14 @@ def lora_split(names: Sequence[str]) -> list[dict[str, Any]]:
     return [{"name": n, "split": share} for n, share in zip(names, shares)]
 
 
-def phases(spec: LoadTestSpec, target: Target, reports_dir: str = REPORTS_DIR) -> list[tuple[str, dict[str, Any]]]:
+def phases(spec: LoadTestSpec, target: Target, reports_dir: str = REPORTS_DIR,
+           ttft_goal: float = 0.95) -> list[tuple[str, dict[str, Any]]]:
     """(name, inference-perf config) for each phase."""
     common = {
         "server": {"type": "vllm", "model_name": target.model, "base_url": target.base_url, "ignore_eos": True},
         "tokenizer": {"pretrained_model_name_or_path": target.model_dir},
-        "report": {"request_lifecycle": {"summary": True, "per_stage": True, "per_request": False}},
+        "report": {"request_lifecycle": {"summary": True, "per_stage": True, "per_request": False,
+                                         "percentiles": read_percentiles(ttft_goal)}},
     }
     api = {"streaming": True, **({"headers": dict(target.headers)} if target.headers else {})}
     load: dict[str, Any] = {"type": "poisson", "num_workers": WORKERS, "worker_max_concurrency": 256,
@@ -116,16 +118,27 @@ def phases(spec: LoadTestSpec, target: Target, reports_dir: str = REPORTS_DIR) -
     return out
 
 
-# The percentiles inference-perf 0.7.0 reports by default (config/reportgen/config.py:41-43), as
-# its summary names them (reportgen/base.py:185-196): the TTFT objective's share picks one.
+# The percentiles the TTFT objective's share may pick (the smallest at or above it). The configs
+# name every percentile the verdict reads (report.request_lifecycle.percentiles, which the summary
+# names "median" for 50 and "p<n>" otherwise) rather than lean on the tool's default list.
 REPORTED_PERCENTILES = (90, 95, 99, 99.9)
+# The verdict's own: p50 and p99 of TTFT and inter-token latency.
+VERDICT_PERCENTILES = (50, 99)
+
+
+def _ttft_percentile(goal: float) -> float:
+    return next((p for p in REPORTED_PERCENTILES if p >= goal * 100 - 1e-9), REPORTED_PERCENTILES[-1])
 
 
 def ttft_percentile_key(goal: float) -> str:
     """The reported TTFT percentile that holds the objective: the smallest at or above its share
     (0.95 -> p95, 0.98 -> p99), p99.9 above that."""
-    pct = next((p for p in REPORTED_PERCENTILES if p >= goal * 100 - 1e-9), REPORTED_PERCENTILES[-1])
-    return f"p{pct:g}"
+    return f"p{_ttft_percentile(goal):g}"
+
+
+def read_percentiles(goal: float) -> list[float]:
+    """Every percentile the verdict reads, for the configs to ask for explicitly."""
+    return sorted({*VERDICT_PERCENTILES, _ttft_percentile(goal)})
 
 
 def job_files(spec: LoadTestSpec, target: Target, ttft_slo_seconds: float, dollars_per_hour: Optional[float],
@@ -135,7 +148,7 @@ def job_files(spec: LoadTestSpec, target: Target, ttft_slo_seconds: float, dolla
     follows (phases, SLO, cost, failure ratio) and the program. The SLO's TTFT is a share of
     requests under ttftSloSeconds (`ttft_goal`), so the verdict holds that percentile to it; the
     failures it takes default to what the availability objective allows."""
-    found = phases(spec, target, reports_dir)
+    found = phases(spec, target, reports_dir, ttft_goal)
     failures = spec.max_failure_ratio if spec.max_failure_ratio is not None else round(1 - availability, 6)
     plan = {"phases": [{"name": n, "configFile": f"{config_dir}/{n}.yaml"} for n, _ in found],
             "ttftSloSeconds": ttft_slo_seconds, "ttftPercentile": ttft_percentile_key(ttft_goal),
@@ -190,7 +203,7 @@ class LoadTest(pulumi.ComponentResource):
         def md(n: str) -> k8s.meta.v1.ObjectMetaArgsDict:
             return {**meta(n, labels=labels), "namespace": args.namespace}
 
-        self.phases = phases(spec, target)
+        self.phases = phases(spec, target, ttft_goal=args.ttft_goal)
         data = job_files(spec, target, args.ttft_slo_seconds, args.dollars_per_hour, ttft_goal=args.ttft_goal,
                          availability=args.availability)
         config = k8s.core.v1.ConfigMap(f"{name}-config", metadata=md(obj), data=data, opts=k8s_opts)

@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any, Callable
 
 import pytest
+import yaml
 
 from tests.conftest import STACKS
 from vllm_gke.infra.contracts import CONTRACTS, DOC, markdown, problems
@@ -204,6 +205,13 @@ def _load_test_with_v1(plan):
         "base_url: https://llm.acme.example/llama-8b", "base_url: https://llm.acme.example/llama-8b/v1")
 
 
+def _load_test_on_default_percentiles(plan):
+    cm = next(r for r in plan.resources if r.props.get("kind") == "ConfigMap" and "mixed.yaml" in r.props["data"])
+    config = yaml.safe_load(cm.props["data"]["mixed.yaml"])
+    del config["report"]["request_lifecycle"]["percentiles"]
+    cm.props["data"]["mixed.yaml"] = yaml.safe_dump(config)
+
+
 def _lws(plan, prefix: str) -> dict[str, Any]:
     return next(r.props for r in plan.resources if r.props.get("kind") == "LeaderWorkerSet"
                 and r.props["metadata"]["name"].startswith(prefix))
@@ -305,12 +313,17 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "vllm_exports_traces_as_configured": ("prod", _traces_over_grpc, "the exporter is grpc"),
     "collector_listens_and_writes_to_trace": ("prod", _collector_on_localhost, "the OTLP receiver listens on localhost"),
     "inference_perf_runs_as_the_tenant": ("prod", _load_test_with_v1, "appends /v1/completions to it as given"),
+    "inference_perf_reports_the_verdicts_percentiles": ("prod", _load_test_on_default_percentiles,
+                                                        "no report.request_lifecycle.percentiles"),
     "lws_headless_service_is_its_own": ("frontier", _service_named_as_the_group, "reuse it as the group's headless"),
     "lws_env_is_what_the_webhook_injects": ("frontier", _leader_address_by_a_made_up_name, "$(LWS_LEADER_NAME)"),
     "lws_scales_groups_by_their_leaders": ("frontier", _scaled_on_every_pod_of_the_group, "are not the leaders"),
     "lws_webhook_reachable": ("frontier", _no_lws_firewall, "webhooks fail closed"),
     "vllm_group_launch": ("frontier", _serving_worker, "a worker must be headless"),
     "vllm_tpu_spans_hosts_through_ray": ("frontier", _tpu_worker_alone, "TPU_MULTIHOST_BACKEND is not ray"),
+    "tpu_containers_reach_the_chips": ("frontier", _privileged_tpu, "privileged, which GKE needs for TPUs only"),
+    "vllm_tpu_keeps_its_xla_cache": ("frontier", _xla_cache_in_the_pod, "a recreated group compiles every program"),
+    "ray_health_checks_outlast_a_compile": ("frontier", _ray_default_health_checks, "would call a host dead after 15 s"),
 }
 
 

@@ -270,3 +270,18 @@ def test_the_ci_requirements_are_inference_perfs_own(route):
     version, *requires = done.stdout.split("\n")
     assert version == "0.7.0"
     assert sorted(r.replace(" ", "") for r in requires if r) == sorted(r.replace(" ", "") for r in listed)
+
+
+@pytest.mark.parametrize("goal, percentiles", [(0.95, [50, 95, 99]), (0.99, [50, 99]), (0.995, [50, 99, 99.9])])
+def test_each_config_names_the_percentiles_the_verdict_reads(goal, percentiles):
+    """inference-perf's summary holds only the percentiles its config asks for (a default list
+    when none): each phase asks for p50, p99 and the TTFT objective's own explicitly."""
+    from vllm_gke.components.load_test import ttft_percentile_key
+
+    spec = small(shared_prefix={"groups": 2, "prompts_per_group": 2, "prefix_tokens": 64})
+    found = phases(spec, Target(base_url="https://h/m", model="m", model_dir="/models/m/main"), ttft_goal=goal)
+    assert len(found) == 2
+    for _, config in found:
+        assert config["report"]["request_lifecycle"]["percentiles"] == percentiles
+        named = {"median" if p == 50 else f"p{p:g}" for p in percentiles}
+        assert {"median", "p99", ttft_percentile_key(goal)} <= named

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
@@ -59,6 +60,24 @@ def inference_perf_runs_as_the_tenant(plan: Plan) -> list[str]:
     return out
 
 
+def inference_perf_reports_the_verdicts_percentiles(plan: Plan) -> list[str]:
+    out = []
+    for cron, cm in _load_tests(plan):
+        name = cron["metadata"]["name"]
+        wanted = {50.0, 99.0, float(str(json.loads(cm["data"]["plan.json"])["ttftPercentile"]).lstrip("p"))}
+        for file, text in cm["data"].items():
+            if not file.endswith(".yaml"):
+                continue
+            asked = ((yaml.safe_load(text).get("report") or {}).get("request_lifecycle") or {}).get("percentiles")
+            if asked is None:
+                out.append(f"{name} {file}: no report.request_lifecycle.percentiles: the verdict would read "
+                           "whatever the tool's default list holds")
+            elif missing := sorted(wanted - {float(p) for p in asked}):
+                out.append(f"{name} {file}: the summary would have no {', '.join(f'p{p:g}' for p in missing)}, "
+                           "which the verdict reads")
+    return out
+
+
 ROWS: tuple[Contract, ...] = (
     Contract("inference-perf", INFERENCE_PERF_VERSION,
              "appends /v1/completions (or /v1/chat/completions) to server.base_url as given; asks GET /v1/models "
@@ -74,4 +93,11 @@ ROWS: tuple[Contract, ...] = (
              "num_workers to the pod's CPUs and shares that sum to 1.0; the pod runs as 65532 with /dev/shm and "
              "/reports on emptyDirs",
              inference_perf_runs_as_the_tenant),
+    Contract("inference-perf", INFERENCE_PERF_VERSION,
+             "reports each latency at the percentiles of report.request_lifecycle.percentiles (a default list "
+             "when unset), named 'median' for 50 and 'p<n>' otherwise",
+             "kubernetes-sigs/inference-perf@7de5ef2 (the newest source reachable here, before v0.7.0's tag):"
+             "inference_perf/config/reportgen/config.py:28-30; inference_perf/reportgen/base.py:168-179",
+             "every phase's config names the percentiles the verdict reads: p50, p99 and the TTFT objective's",
+             inference_perf_reports_the_verdicts_percentiles),
 )
