@@ -342,6 +342,7 @@ def test_cli_names_a_misspelt_region_and_exits_2(tmp_path, stack_values):
     (tmp_path / "Pulumi.bad.yaml").write_text(yaml.safe_dump({"config": values}))
     result = subprocess.run([sys.executable, "-m", "vllm_gke.infra.cli", "plan", "--stack", "bad", "--stacks-dir", str(tmp_path),
                              "--no-write"], cwd=REPO_ROOT, capture_output=True, text=True)
-    assert result.returncode == 2
-    assert "gcp:region" in result.stdout and "did you mean europe-west4?" in result.stdout
+    out = " ".join(result.stdout.split())  # the terminal wraps the message
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "gcp:region" in out and "did you mean europe-west4?" in out
     assert "Traceback" not in result.stdout + result.stderr

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from pydantic.alias_generators import to_camel
 
-from ..catalog import REGION_ZONES, attaches_hyperdisk_ml
+from ..catalog import REGION_ZONES, attaches_hyperdisk_ml, region_problem
 from ..hyperdisk_weights import MIN_GKE as VOLUME_POPULATOR_MIN_GKE
 from ..specs import ClusterSpec, gke_version, item_key
 from .base import Add
@@ -49,13 +49,17 @@ def zones(cfg: "StackConfig", add: Add) -> None:
 
 def check_zones(add: Add, region: str, zones: Sequence[str], key: str = "cluster.zones",
                 region_key: str = "gcp:region") -> None:
-    """Zones that exist, in the region. Also run by the package's GpuCluster."""
+    """A region that exists (components/catalog.py's REGION_ZONES), and zones of it that exist.
+    Also run by the package's GpuCluster."""
     known = REGION_ZONES.get(region)
+    if known is None:
+        add(region_key, region_problem(region, key) or "")
+        return
     for zone in zones:
         if not zone.startswith(f"{region}-"):
             add(key, f"zone '{zone}' is not in region {region} ({region_key}); use zones like "
-                f"{region}-a, or change {region_key}")
-        elif known is not None and zone.rsplit("-", 1)[1] not in known:
+                f"{region}-{known[0]}, or change {region_key}")
+        elif zone.rsplit("-", 1)[1] not in known:
             add(key, f"zone '{zone}' does not exist; {region} has "
                 f"{', '.join(f'{region}-{z}' for z in known)}")
 
