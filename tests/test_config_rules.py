@@ -346,3 +346,13 @@ def test_cli_names_a_misspelt_region_and_exits_2(tmp_path, stack_values):
     assert result.returncode == 2, result.stdout + result.stderr
     assert "gcp:region" in out and "did you mean europe-west4?" in out
     assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_the_packages_cluster_check_names_its_own_region_key():
+    """GpuCluster runs check_zones on its own inputs: an unknown region is named by its key there."""
+    from vllm_gke.components.config_rules import check_zones
+
+    found: list[tuple[str, str]] = []
+    check_zones(lambda k, p: found.append((k, p)), "europe-west-4", ["europe-west4-a"], "cluster.zones", "region")
+    assert found == [("region", "'europe-west-4' is not a Compute Engine region; did you mean europe-west4? "
+                                "(cloud.google.com/compute/docs/regions-zones), and list zones of it under cluster.zones")]
