@@ -201,16 +201,16 @@ def group_env(hosts: int, rel: VllmRelease, role: str) -> list[dict[str, Any]]:
 
 
 # TPU pods. libtpu opens the chips' device nodes (/dev/vfio/*, /dev/accel*), root's on the node,
-# that the TPU device plugin hands the container; every GKE TPU example (the Deployment in "Deploy
-# TPU workloads in GKE Standard", the vLLM TPU serving tutorial) runs its container as the image's
-# root user, and needs `privileged` only before GKE 1.28 (infra/contracts/tpu.py). Until a run as
+# that the TPU device plugin hands the container; GKE's TPU example Deployment (About node pool
+# auto-creation) runs its container as the image's root user, and privileged only "for GKE
+# versions earlier than 1.28" (infra/contracts/lws.py). Until a run as
 # an unprivileged user is shown to reach the chips, the server on a TPU runs as root, never
 # privileged, and keeps the rest: no privilege escalation, no capabilities, a read-only root
 # filesystem, RuntimeDefault seccomp (policies/workloads.py allows root to TPU containers alone).
 TPU_ROOT = {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False}
 # vLLM TPU's persistent XLA (JAX) compilation cache: VLLM_XLA_CACHE_PATH, which tpu-inference hands
 # to jax_compilation_cache_dir (vllm-tpu 0.32.0 vllm/envs.py:1096-1103, tpu-inference 0.32.0
-# runner/compilation_manager.py:88-97); by default under the home emptyDir, lost whenever a group
+# runner/compilation_manager.py:88-91); by default under the home emptyDir, lost whenever a group
 # is recreated (RecreateGroupOnPodRestart) and so recompiled on every restart. A directory of the
 # node instead: a recreated group lands on the same slice (one group to a slice) and finds its
 # executables; entries are content-addressed (keyed by the HLO and compile options), so pods that
@@ -219,9 +219,9 @@ XLA_CACHE_ENV = "VLLM_XLA_CACHE_PATH"
 XLA_CACHE_DIR = "/var/cache/vllm-gke/xla"
 XLA_CACHE_HOST_PATH = "/var/lib/vllm-gke/xla-cache"
 XLA_CACHE_VOLUME = {"name": "xla-cache", "hostPath": {"path": XLA_CACHE_HOST_PATH, "type": "DirectoryOrCreate"}}
-# Ray's GCS declares a node dead after health_check_failure_threshold missed checks of its raylet,
-# period 3 s and timeout 10 s by default (ray src/ray/common/ray_config_def.h, health_check_*): 20
-# to 55 s. A host busy compiling XLA for minutes can miss them, and a node declared dead fails the
+# Ray's GCS declares a node dead after health_check_failure_threshold (5) missed checks of its
+# raylet, every 3 s with a 10 s timeout by default (Ray's src/ray/common/ray_config_def.h; row in
+# infra/contracts/lws.py): 20 to 55 s. A host busy compiling XLA for minutes can miss them, and a node declared dead fails the
 # engine, which recreates the whole group. Kubernetes already recreates a group whose pod dies, so
 # Ray need only never call a slow host dead: checks every 10 s, 30 s each, 60 misses (10 min or more).
 RAY_HEALTH_ENV = (("RAY_health_check_period_ms", "10000"), ("RAY_health_check_timeout_ms", "30000"),

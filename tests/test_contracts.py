@@ -251,6 +251,24 @@ def _tpu_worker_alone(plan):
     worker["env"] = [e for e in worker["env"] if e["name"] != "TPU_MULTIHOST_BACKEND"]
 
 
+def _tpu_leader(plan) -> dict[str, Any]:
+    return _lws(plan, "llama-70b-tpu")["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+
+
+def _privileged_tpu(plan):
+    _tpu_leader(plan)["containers"][0]["securityContext"]["privileged"] = True
+
+
+def _xla_cache_in_the_pod(plan):
+    pod = _tpu_leader(plan)
+    pod["volumes"] = [{"name": v["name"], "emptyDir": {}} if "hostPath" in v else v for v in pod["volumes"]]
+
+
+def _ray_default_health_checks(plan):
+    c = _tpu_leader(plan)["containers"][0]
+    c["env"] = [e for e in c["env"] if not e["name"].startswith("RAY_health_check")]
+
+
 def _any_google_identity(plan):
     """dev's tenant admitted as every subject of accounts.google.com (anyone with a Google token)."""
     allow = _kube(plan, "AuthorizationPolicy", "allow-dev-team-qwen-7b")

@@ -71,7 +71,10 @@ from .lws import (
     lws_headless_service_is_its_own,
     lws_scales_groups_by_their_leaders,
     lws_webhook_reachable,
+    ray_health_checks_outlast_a_compile,
+    tpu_containers_reach_the_chips,
     vllm_group_launch,
+    vllm_tpu_keeps_its_xla_cache,
     vllm_tpu_spans_hosts_through_ray,
 )
 from .picker import (
@@ -113,7 +116,8 @@ __all__ = [
     "vllm_exports_what_monitoring_reads", "vllm_health_and_guard", "vllm_ttft_buckets_cut_at_the_slo",
     "vllm_usage_reaches_the_guard", "vllm_writes_only_to_volumes", "lws_env_is_what_the_webhook_injects",
     "lws_headless_service_is_its_own", "lws_scales_groups_by_their_leaders", "lws_webhook_reachable",
-    "vllm_group_launch", "vllm_tpu_spans_hosts_through_ray",
+    "vllm_group_launch", "vllm_tpu_spans_hosts_through_ray", "tpu_containers_reach_the_chips",
+    "vllm_tpu_keeps_its_xla_cache", "ray_health_checks_outlast_a_compile",
 ]
 
 CONTRACTS: tuple[Contract, ...] = (

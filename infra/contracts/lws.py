@@ -7,7 +7,8 @@ import re
 from typing import Any
 
 from ...components.leader_worker_set import WEBHOOK_PORT
-from ...components.vllm_server import RAY_HEAD_ENV, RAY_JOIN_ENV
+from ...components.specs.base import gke_version
+from ...components.vllm_server import RAY_HEAD_ENV, RAY_HEALTH_ENV, RAY_JOIN_ENV, XLA_CACHE_ENV
 from ..manifests import pod_templates
 from ..plan import Plan
 from .base import Contract, _docs, _env, _flag
@@ -123,6 +124,67 @@ def vllm_tpu_spans_hosts_through_ray(plan: Plan) -> list[str]:
     return out
 
 
+def _tpu_pods(plan: Plan) -> list[tuple[str, dict[str, Any], int]]:
+    """(name, pod spec, hosts) of every pod whose vLLM container holds TPU chips."""
+    out = []
+    for d in [*_docs(plan, "Deployment"), *_docs(plan, LWS)]:
+        hosts = d["spec"]["leaderWorkerTemplate"]["size"] if d["kind"] == LWS else 1
+        for role, template in pod_templates(d):
+            pod = template["spec"]
+            limits = (pod["containers"][0].get("resources") or {}).get("limits") or {}
+            if limits.get("google.com/tpu"):
+                out.append((f"{d['metadata']['name']} {role}", pod, hosts))
+    return out
+
+
+def tpu_containers_reach_the_chips(plan: Plan) -> list[str]:
+    out = []
+    version = plan.config.cluster.min_master_version
+    if _tpu_pods(plan) and version is not None and (parsed := gke_version(version)) and parsed[:2] < (1, 28):
+        out.append(f"minMasterVersion {version}: before GKE 1.28 a TPU container must be privileged to reach the chips")
+    for name, pod, _hosts in _tpu_pods(plan):
+        sc = pod["containers"][0].get("securityContext") or {}
+        if sc.get("privileged"):
+            out.append(f"{name}: privileged, which GKE needs for TPUs only before 1.28")
+        if sc.get("runAsUser") != 0:
+            out.append(f"{name}: runs as user {sc.get('runAsUser')}, not root as GKE's TPU examples do: libtpu may "
+                       "not open the chips' device nodes")
+    return out
+
+
+def _cache_survives(pod: dict[str, Any], path: Any) -> bool:
+    """`path` is a mount of a node directory (hostPath): it outlives the pod, unlike an emptyDir."""
+    host = {v["name"] for v in pod.get("volumes") or [] if "hostPath" in v}
+    return any(m["name"] in host and m["mountPath"] == path for m in pod["containers"][0].get("volumeMounts") or [])
+
+
+def vllm_tpu_keeps_its_xla_cache(plan: Plan) -> list[str]:
+    out = []
+    for name, pod, _hosts in _tpu_pods(plan):
+        env = _env(pod["containers"][0])
+        if env.get("VLLM_DISABLE_COMPILE_CACHE") not in (None, "0"):
+            out.append(f"{name}: VLLM_DISABLE_COMPILE_CACHE turns off the XLA compilation cache")
+        if not _cache_survives(pod, env.get(XLA_CACHE_ENV)):
+            out.append(f"{name}: {XLA_CACHE_ENV} ({env.get(XLA_CACHE_ENV)}) is not on a node directory: a recreated "
+                       "group compiles every program again")
+    return out
+
+
+def ray_health_checks_outlast_a_compile(plan: Plan) -> list[str]:
+    out = []
+    for name, pod, hosts in _tpu_pods(plan):
+        if hosts <= 1:
+            continue
+        env = _env(pod["containers"][0])
+        period, threshold = (int(env.get(k) or default) for k, default in (
+            ("RAY_health_check_period_ms", 3000), ("RAY_health_check_failure_threshold", 5)))
+        if period * threshold < 600_000 or env.get("RAY_health_check_timeout_ms") != dict(RAY_HEALTH_ENV)[
+                "RAY_health_check_timeout_ms"]:
+            out.append(f"{name}: Ray's GCS would call a host dead after {period * threshold / 1000:.0f} s of missed "
+                       "checks, shorter than an XLA compile may keep it busy")
+    return out
+
+
 ROWS: tuple[Contract, ...] = (
     Contract("LeaderWorkerSet", "v0.10.0",
              "the controller makes a headless Service named after the set for the group's DNS, and reuses a "
@@ -167,4 +229,32 @@ ROWS: tuple[Contract, ...] = (
              "executors/ray_distributed_executor.py:182-231, envs.py:246-247",
              "a TPU group's leader starts Ray's head and waits for every host before vLLM; workers join it",
              vllm_tpu_spans_hosts_through_ray),
+    Contract("GKE TPU device access", "GKE 1.28+",
+             "a container that requests google.com/tpu reaches the chips without privileged mode from GKE 1.28 "
+             "(before: privileged); GKE's TPU examples run their containers as the image's root user",
+             "https://cloud.google.com/kubernetes-engine/docs/concepts/node-auto-provisioning (About node pool "
+             "auto-creation: its TPU example Deployment, no runAsUser, \"privileged: true # Required for GKE versions "
+             "earlier than 1.28 to access TPUs\")",
+             "TPU servers run as root, never privileged, with no capabilities, no privilege escalation and a "
+             "read-only root filesystem; pods-hardened allows root to TPU containers alone",
+             tpu_containers_reach_the_chips),
+    Contract("vLLM TPU (vllm-tpu, tpu-inference)", "0.32.0",
+             "VLLM_XLA_CACHE_PATH (default $XDG_CACHE_HOME/vllm/xla_cache) becomes JAX's persistent compilation "
+             "cache unless VLLM_DISABLE_COMPILE_CACHE; its entries are content-addressed, safe to share",
+             "vllm-tpu 0.32.0 (its PyPI sdist):vllm/envs.py:339-343, 1096-1103; tpu-inference@0.32.0 (its PyPI "
+             "wheel):tpu_inference/runner/compilation_manager.py:88-91; vllm-project/tpu-inference@releases/v0.27.0:"
+             ".buildkite/xla_autotune/README.md:100-106 (cold ~90 min, warm ~10 min for a 397B)",
+             "every TPU pod points it at a node directory (hostPath) that a recreated group finds again; the "
+             "start-up probe budgets a cold compile (components/cold_start.py)",
+             vllm_tpu_keeps_its_xla_cache),
+    Contract("Ray (ray[default], unpinned in vllm-tpu 0.32.0 requirements/tpu.txt:10)", "2.60.0",
+             "the GCS calls a node dead after health_check_failure_threshold (5) failed checks of its raylet, "
+             "every health_check_period_ms (3000) with health_check_timeout_ms (10000), each overridable as "
+             "RAY_<name>; a dead node fails the engine's Ray executor",
+             "ray-project/ray@0006bd6c3d2307e54fba33dae9ee4258008dbb67:src/ray/common/ray_config_def.h "
+             "(RAY_CONFIG health_check_initial_delay_ms .. health_check_failure_threshold; the names are in 2.60.0's "
+             "_raylet.so)",
+             "a TPU group's pods set RAY_health_check_* so a host is dead only after 10 minutes of missed checks; "
+             "Kubernetes recreates a group whose pod dies",
+             ray_health_checks_outlast_a_compile),
 )
