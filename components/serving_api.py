@@ -104,6 +104,21 @@ def picker_max_body_bytes(model: ModelSpec) -> int:
     return max(PICKER_MIN_BODY_BYTES, model.served_max_model_len * PICKER_BYTES_PER_TOKEN)
 
 
+# The guard's body cap on a pool the length routes reach: the longest body a request within the
+# model's context needs, not a fixed 32 MiB (a refused body is read whole on vLLM's event loop
+# first: ~19 ms at 32 MiB). A prompt of maxModelLen tokens as token ids takes under 8 bytes a
+# token, as text (~4 characters a token, each at most 6 bytes as a JSON \u escape) under 32;
+# the floor leaves room for what takes no context: a logit_bias over a whole vocabulary (~256k
+# entries, ~3.5 MB), response_format schemas. The catalog's models are text-only (no images).
+GUARD_BYTES_PER_TOKEN = 32
+GUARD_MIN_BODY_BYTES = 4 << 20
+
+
+def guard_max_body_bytes(model: ModelSpec) -> int:
+    """The largest body the guard reads for `model`: room for its longest context."""
+    return max(GUARD_MIN_BODY_BYTES, model.served_max_model_len * GUARD_BYTES_PER_TOKEN)
+
+
 # The picker forwards the body re-encoded by Go's encoding/json (pkg/epp/handlers/server.go:230),
 # which writes <, > and & as 6-byte escapes: the replica's guard takes up to this many times the
 # route's limit, so it never refuses what the route admitted.
@@ -158,9 +173,9 @@ def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
     """The guard's config; `objectives_for` names the model when its pool sits behind the endpoint
     picker, so each tenant's requests must carry that tenant's own objective; `shared_store`
     (host, port) counts the tenants' limits across replicas (LimitStore); `max_body_bytes`
-    lowers the guard's body limit (a picker route's); `queue_slo_seconds`, the queue time over
-    which tenants of negative priority are shed (the guard's overload.py); `traces`, the guard's
-    spans on (its tracing.py)."""
+    sets the guard's body limit (the model's context's, or a picker route's); `queue_slo_seconds`,
+    the queue time over which tenants of negative priority are shed (the guard's overload.py);
+    `traces`, the guard's spans on (its tracing.py)."""
     issuers: dict[str, Any] = {}
     for tenant in tenants:
         issuers.update(guard_entry(tenant, objectives_for, served))
@@ -206,6 +221,7 @@ def pool_guard_config(callers: Sequence[TenantSpec], model: ModelSpec, release: 
     routes = picker_routes() if picked else [r for r in tenant_routes() if r.path not in release.unsalted_paths]
     return guard_config(callers, routes, release.max_tokens_rule, objectives_for=picked, shared_store=shared_store,
                         served=model,
-                        max_body_bytes=PICKER_REENCODING_GROWTH * picker_max_body_bytes(model) if picked else None,
+                        max_body_bytes=PICKER_REENCODING_GROWTH * picker_max_body_bytes(model) if picked
+                        else guard_max_body_bytes(model),
                         cache_salt_paths=release.cache_salt_paths, queue_slo_seconds=queue_slo_seconds,
                         traces=traces)

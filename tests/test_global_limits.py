@@ -299,10 +299,39 @@ def test_guards_share_the_tenants_token_limit_counting_each_requests_bound(monke
     assert call(a, {"input": "x"}, path="/v1/embeddings")[0]["status"] == 200
 
 
-def test_a_refused_request_takes_no_slot_before_the_body_is_checked(monkeypatch):
-    a, = guards(monkeypatch, fakeredis.FakeServer(), n=1, rpm=1)
-    assert call(a, {"prompt": "x", "max_tokens": 10_000})[0]["status"] == 400  # over the cap
-    assert call(a, {"prompt": "x", "max_tokens": 5})[0]["status"] == 200
+def test_a_refused_request_takes_no_slot_in_the_store(monkeypatch):
+    a, b = guards(monkeypatch, fakeredis.FakeServer(), rpm=1)
+    assert call(a, {"prompt": "x", "max_tokens": 10_000})[0]["status"] == 400  # over the cap: a's window only
+    assert call(b, {"prompt": "x", "max_tokens": 5})[0]["status"] == 200
+
+
+def test_a_stream_of_refused_bodies_meets_a_429_before_its_bodies_are_read(monkeypatch):
+    """The defect: under globalLimits the replica's window was skipped and the store counts only
+    valid requests, so a tenant's stream of bodies the guard refuses (each read and parsed on the
+    event loop) never met a limit. Every request counts in the replica's window before its body."""
+    server = fakeredis.FakeServer()
+    a, = guards(monkeypatch, server, n=1, rpm=3)
+    received = []
+
+    def send(raw):
+        async def receive():
+            received.append(1)
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        sent = []
+
+        async def out(message):
+            sent.append(message)
+
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
+                   (b"x-vllm-gke-issuer", ISSUER.encode())]
+        asyncio.run(a({"type": "http", "method": "POST", "path": "/v1/completions", "headers": headers,
+                       "client": ("127.0.0.6", 1)}, receive, out))
+        return sent[0]["status"]
+
+    assert [send(b"[" * 1000) for _ in range(3)] == [400] * 3 and len(received) == 3
+    assert [send(b"[" * 1000) for _ in range(3)] == [429] * 3 and len(received) == 3  # never read
+    assert not fakeredis.FakeRedis(server=server).keys("rl:*")  # none of them reached the store
 
 
 def test_store_down_falls_back_to_each_replicas_window(monkeypatch):

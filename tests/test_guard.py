@@ -776,7 +776,7 @@ def test_every_salted_request_carries_the_tenants_own_salt(monkeypatch, fast_pat
 
 def test_unsalted_routes_and_releases_are_left_alone():
     mw, app = salted()
-    assert status(call(mw, {"prompt": "hi"}, path="/tokenize")) == 200  # its request model has no cache_salt
+    assert status(call(mw, {"input": "hi"}, path="/v1/score")) == 200  # not among this config's salted routes
     assert b"cache_salt" not in app.seen[-1][1]
     mw, app = guarded()  # a config without cacheSaltRoutes (a release without the field)
     assert status(call(mw, {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5},
@@ -839,3 +839,30 @@ def test_invalid_utf8_anywhere_is_a_400(monkeypatch, fast_path, path, raw):
     sent = call(mw, raw=raw, path=path)
     assert status(sent) == 400 and error(sent)["code"] == "invalid_encoding"
     assert app.seen == []
+
+
+def test_the_body_cap_is_sized_from_each_models_context(plans):
+    """The defect: a fixed 32 MiB for every model, read whole before a refusal (~19 ms of the
+    event loop each). Each length-routed pool's guard now reads at most what its model's longest
+    context needs (GUARD_BYTES_PER_TOKEN a token, at least GUARD_MIN_BODY_BYTES), and refuses more
+    with a 413 before reading it."""
+    from tests.conftest import vllm_deployments
+    from vllm_gke.components.serving_api import (GUARD_BYTES_PER_TOKEN, GUARD_MIN_BODY_BYTES,
+                                                 PICKER_REENCODING_GROWTH, picker_max_body_bytes)
+
+    for stack in ("dev", "prod"):
+        for dep in vllm_deployments(plans[stack]):
+            (vllm,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+            cfg = json.loads({e["name"]: e.get("value") for e in vllm["env"]}["GKE_LLM_GUARD_CONFIG"])
+            model = plans[stack].config.model(dep["metadata"]["labels"]["vllm-gke.io/model"])
+            expected = PICKER_REENCODING_GROWTH * picker_max_body_bytes(model) \
+                if model.routing == "inference-gateway" \
+                else max(GUARD_MIN_BODY_BYTES, model.served_max_model_len * GUARD_BYTES_PER_TOKEN)
+            assert cfg["maxBodyBytes"] == expected < guard.DEFAULT_MAX_BODY_BYTES, dep["metadata"]["name"]
+    # The guard takes its cap from that key, and refuses a longer body before reading it.
+    mw, app = guarded(maxBodyBytes=GUARD_MIN_BODY_BYTES)
+    sent = asyncio.run(_call(mw, b"{}", "/v1/completions", "POST", [
+        (b"content-type", b"application/json"), (b"content-length", str(GUARD_MIN_BODY_BYTES + 1).encode()),
+        (b"x-vllm-gke-issuer", ISSUER.encode())], "127.0.0.6"))
+    assert status(sent) == 413 and not app.seen
+

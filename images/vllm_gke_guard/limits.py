@@ -1,9 +1,11 @@
 """Per-tenant rate limits: each replica's own windows, and the glue to the shared limit store.
 
-Without globalLimits a tenant's requests are limited per replica (a sliding window: at most N
-admitted in any 60 seconds, exact under concurrency, from a cold start). With it they are
-counted across replicas in the shared store (store.py), once the request is known valid; while
-the store is unreachable, each replica's own windows again, for requests and tokens both.
+Every request a tenant sends is first counted in the replica's own window (a sliding window: at
+most N in any 60 seconds, exact under concurrency, from a cold start), before its body is read:
+refused bodies count too, so a stream of them meets a 429 instead of costing the event loop a
+read and a parse each. With globalLimits the requests found valid are also counted across
+replicas in the shared store (store.py); while the store is unreachable, the replica's windows
+alone, for requests and (tokensPerMinute) tokens.
 """
 
 from __future__ import annotations
@@ -122,10 +124,8 @@ async def take_shared(shared: Any, store_unavailable: type[Exception], tenant: T
         return
     try:
         verdict = await shared.take(tenant.name, tenant.rpm, tenant.tpm, tokens)
-    except store_unavailable:  # the replica's own windows instead, requests and tokens
+    except store_unavailable:  # the replica's own windows: requests were counted before the body
         STORE_FALLBACKS.inc()
-        if (wait := tenant.limiter.take()) is not None:
-            raise rate_limited(tenant, wait) from None
         if tenant.tokens is not None and (wait := tenant.tokens.take(tokens)) is not None:
             err = GuardError(429, f"rate limit of {tenant.tpm} tokens/minute for tenant '{tenant.name}' exceeded "
                                   f"(this request may generate {tokens}; counted on this replica while the "

@@ -159,7 +159,10 @@ class GuardMiddleware:
                                   f"(/{tenant.name}/<model>/v1)", "forbidden")
         if tenant.priority < 0 and kind != "info":  # a listing queues nothing in the engine: never shed
             self._shed(tenant)
-        if self.shared is None and (wait := tenant.limiter.take()) is not None:
+        # The replica's own window, before any body is read, with globalLimits too: a tenant's
+        # stream of bodies the guard refuses (each read and parsed on vLLM's event loop) meets a
+        # 429 here; the shared store counts only the requests found valid (take_shared).
+        if (wait := tenant.limiter.take()) is not None:
             raise rate_limited(tenant, wait)
         if kind == "info":
             await take_shared(self.shared, self.store_unavailable, tenant, 0)
