@@ -53,7 +53,6 @@ def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: Keda
         "scaleTargetRef": ({"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": group}
                            if group else {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}),
         "minReplicaCount": pool.min_replicas, "maxReplicaCount": pool.max_replicas,
-        "pollingInterval": 15,
         "advanced": {"horizontalPodAutoscalerConfig": {"behavior": SCALE_BEHAVIOR}},
         "triggers": [queue, keep],
     }
@@ -61,6 +60,10 @@ def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: Keda
         if not target.standby:
             raise ValueError(f"{name}: a pool that may scale to zero needs its standby's name to wake it")
         standby = f'namespace="{namespace}",pod=~"{target.standby}-[a-z0-9]+-[a-z0-9]+"'
+        # KEDA polls itself only to wake from (and go to) zero; above it the HPA reads the metrics, and
+        # its webhook warns that the setting is irrelevant (kedacore/keda v2.20.2
+        # apis/keda/v1alpha1/scaledobject_webhook.go:336-346).
+        spec["pollingInterval"] = 15
         spec["cooldownPeriod"] = pool.cooldown_seconds
         # A pool switched to minReplicas 0 that was never active would go at KEDA's first poll.
         spec["initialCooldownPeriod"] = pool.cooldown_seconds

@@ -18,6 +18,16 @@ WARM_MARKER = "/tmp/vllm-gke-warm"
 # How long a stopping replica keeps serving before vLLM gets SIGTERM: the load balancer takes the
 # endpoint out of its NEG meanwhile, so no new request arrives once vLLM starts to drain.
 PRE_STOP_S = 20
+# On a spot node GKE's graceful shutdown gives pods 15 s of the preemption notice
+# (cloud.google.com/kubernetes-engine/docs/concepts/spot-vms#termination-graceful-shutdown): a
+# 20 s preStop would be cut and vLLM never signalled. There the window is short, leaving vLLM
+# 10 s to finish; longer requests are lost on preemption (the plan says so).
+SPOT_PRE_STOP_S = 5
+SPOT_SHUTDOWN_S = 15
+
+
+def pre_stop_seconds(node_pool: NodePoolSpec) -> int:
+    return SPOT_PRE_STOP_S if node_pool.spot else PRE_STOP_S
 # The platform's own variables: not VLLM_*, which vLLM validates as its own and warns (or, with
 # --fail-on-environ-validation, fails) on.
 GUARD_CONFIG_ENV = "GKE_LLM_GUARD_CONFIG"

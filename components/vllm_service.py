@@ -43,7 +43,7 @@ from .vllm_server import (
     HOME_GI,
     NON_ROOT,
     PORT,
-    PRE_STOP_S,
+    pre_stop_seconds,
     RUNTIME_ENV,
     TMP_GI,
     WARM_MARKER,
@@ -328,7 +328,7 @@ class VllmService(pulumi.ComponentResource):
                                           "periodSeconds": 15, "timeoutSeconds": 5,
                                           "failureThreshold": 6},
                         # Let the load balancer drop the endpoint before vLLM stops.
-                        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_S)]}}},
+                        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(pre_stop_seconds(args.node_pool))]}}},
                         "volumeMounts": [*weights_mounts, {"name": "dshm", "mountPath": "/dev/shm"},
                                          {"name": "tmp", "mountPath": "/tmp"},
                                          {"name": "home", "mountPath": HOME}],

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..components.billing_budget import MAX_CHANNELS as MAX_BUDGET_CHANNELS
 from ..components.capacity import consumer_models, hosts_per_replica, network_cost, placements, rollout_needs
 from ..components.cold_start import cold_start_seconds
+from ..components.vllm_server import SPOT_PRE_STOP_S, SPOT_SHUTDOWN_S
 from ..components.service_levels import TTFT_BUCKETS, ttft_bound
 from ..components.vllm_versions import release
 from ..components.weights_layout import LOW_RANGE_MAX_GB, REGIONAL_TIERS, weight_copies
@@ -53,6 +54,11 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: 
             f"repair or spot preemption drains it and it is down until it reloads elsewhere (the time given), "
             f"{when}; set minReplicas 2 to keep serving through drains")
     out += rollout_needs(cfg)
+    spot = sorted({pool_name for _m, pool_name, _t in placements(cfg) if cfg.pool(pool_name).spot})
+    if spot:
+        out.append(f"spot node pools ({', '.join(spot)}): a preemption gives pods {SPOT_SHUTDOWN_S} s (GKE's graceful "
+                   f"shutdown), so their replicas stop taking requests for {SPOT_PRE_STOP_S} s and vLLM has the rest "
+                   "to finish: requests still running then are cut (upgrades and drains still get the full drain)")
     budget = cfg.weights.cold_start_budget_seconds
     slow: dict[str, float] = {}
     for model, _pool_name, tenant in placements(cfg):

@@ -207,7 +207,12 @@ def test_a_stopping_replica_finishes_what_it_accepted(plans, stack):
         (c,) = pod["spec"]["containers"]
         args = c["args"]
         assert args[args.index("--shutdown-timeout") + 1] == str(timeout)
-        assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "20"]
+        spot = pod["spec"]["nodeSelector"].get("cloud.google.com/compute-class") is not None or any(
+            p.spot for p in plan.config.node_pools
+            if pod["spec"]["nodeSelector"].get("vllm-gke.io/node-pool") == p.name)
+        # Spot: GKE gives pods 15 s of the preemption notice; a longer preStop would be cut short
+        # with vLLM never signalled.
+        assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5" if spot else "20"], dep["metadata"]["name"]
         assert pod["spec"]["terminationGracePeriodSeconds"] >= 20 + timeout + 10
         proxy = json.loads(pod["metadata"]["annotations"]["proxy.istio.io/config"])
         assert proxy["proxyMetadata"]["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"] == "true"
@@ -258,3 +263,95 @@ def test_max_rate_per_endpoint_is_documented_as_a_capacity_not_a_cap():
     assert "not a cap" in described and "overfills" in described
     guide = (REPO_ROOT / "docs" / "guides" / "canary-and-resilience.md").read_text()
     assert "isn't a\ncircuit breaker" in guide or "isn't a circuit breaker" in guide
+
+
+def _guarded_backends(plan) -> dict[tuple[str, str], set[str]]:
+    """(namespace, Service or InferencePool name) -> the paths the guard of the pods it selects admits."""
+    from vllm_gke.infra.manifests import pod_templates
+
+    admitted: list[tuple[str, dict, set[str]]] = []
+    for doc in [*manifests_of(plan, "Deployment"), *manifests_of(plan, "LeaderWorkerSet")]:
+        for _role, pod in pod_templates(doc):
+            for c in pod["spec"]["containers"]:
+                env = {e["name"]: e.get("value") for e in c.get("env") or []}
+                if env.get("GKE_LLM_GUARD_CONFIG"):
+                    admitted.append((doc["metadata"]["namespace"], pod["metadata"]["labels"],
+                                     set(json.loads(env["GKE_LLM_GUARD_CONFIG"])["routes"])))
+    out: dict[tuple[str, str], set[str]] = {}
+    for kind, key in (("Service", ("spec", "selector")), ("InferencePool", ("spec", "selector", "matchLabels"))):
+        for doc in manifests_of(plan, kind):
+            selector = doc
+            for k in key:
+                selector = selector.get(k) or {}
+            ns = doc["metadata"]["namespace"]
+            paths = [p for n, labels, p in admitted if n == ns and selector and selector.items() <= labels.items()]
+            if paths:
+                out[(ns, doc["metadata"]["name"])] = set.intersection(*paths)
+    return out
+
+
+def _request(match, path=None):
+    """A request holding for `match` (at `path`): its Exact header values, and for a pattern the first
+    of "0" or a number written in it that the pattern matches whole."""
+    from vllm_gke.policies.route_match import HttpRequest
+
+    def value(h):
+        if h["type"] == "Exact":
+            return h["value"]
+        return next(v for v in ["0", *re.findall(r"\d+", h["value"])] if re.fullmatch(h["value"], v))
+
+    return HttpRequest(path or match["path"]["value"], headers={h["name"]: value(h) for h in match.get("headers") or []})
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_route_the_guard_admits_has_a_gateway_path_and_back(plans, stack):
+    """One surface: each tenant route a pool's guard admits is reachable through the Gateway at every
+    prefix that routes to the pool, forwarded as that very path; and every path a rule forwards to a
+    pool is one its guard admits (an Exact path) or covers one (a prefix). Nothing the guard allows
+    is unreachable, nothing the Gateway routes is refused by every pool behind it."""
+    from vllm_gke.policies.route_match import forwarded_path, reach
+
+    plan = plans[stack]
+    routes = [r for r in manifests_of(plan, "HTTPRoute") if r["metadata"]["name"] != "https-redirect"]
+    guarded = _guarded_backends(plan)
+    checked = 0
+    for route in routes:
+        ns = route["metadata"]["namespace"]
+        for rule in route["spec"]["rules"]:
+            names = {b["name"] for b in rule.get("backendRefs") or []}
+            if not names:
+                continue
+            allowed = set.intersection(*(guarded[(ns, n)] for n in names))
+            for match in rule["matches"]:
+                path = match["path"]
+                request = _request(match)
+                reached = reach(routes, request)
+                assert reached is not None and reached.rule is rule, (route["metadata"]["name"], path)
+                base = forwarded_path(reached, path["value"])
+                if path["type"] == "Exact":
+                    assert base in allowed, (route["metadata"]["name"], base)
+                    continue
+                # Every admitted path under the forwarded prefix reaches this rule, forwarded unchanged.
+                under = {p for p in allowed if p == base or p.startswith(base.rstrip("/") + "/")}
+                assert under, (route["metadata"]["name"], base, "covers no admitted path")
+                for p in under:
+                    sent = path["value"].rstrip("/") + p[len(base.rstrip("/")):]
+                    hit = reach(routes, _request(match, sent))
+                    assert hit is not None and hit.rule is rule and forwarded_path(hit, sent) == p, (sent, p)
+                    checked += 1
+    # ...and each admitted path of each routed pool is reached by some rule (none left unrouted).
+    routed = {(r["metadata"]["namespace"], b["name"]) for r in routes for rule in r["spec"]["rules"]
+              for b in rule.get("backendRefs") or []}
+    for key in routed:
+        reachable = set()
+        for route in routes:
+            if route["metadata"]["namespace"] != key[0]:
+                continue
+            for rule in route["spec"]["rules"]:
+                if key[1] not in {b["name"] for b in rule.get("backendRefs") or []}:
+                    continue
+                for match in rule["matches"]:
+                    base = forwarded_path(reach(routes, _request(match)), match["path"]["value"])
+                    reachable |= {p for p in guarded[key] if p == base or p.startswith(base.rstrip("/") + "/")}
+        assert reachable == guarded[key], (key, sorted(guarded[key] - reachable))
+    assert checked

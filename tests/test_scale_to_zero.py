@@ -12,7 +12,7 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from tests.conftest import manifests_of
+from tests.conftest import STACKS, manifests_of
 from vllm_gke.components.keda import CHART_VERSION, GMP_AUTH, gmp_query_url
 from vllm_gke.components.standby import PROGRAM, RETRY_AFTER_S, STANDBY_LABEL
 from vllm_gke.infra.config import ConfigError, parse
@@ -329,3 +329,28 @@ def test_keda_accepts_only_what_it_serves(plans):
         assert opened == {(False, 6443), (False, 9443), (True, 9666)}
         (grpc,) = [r for r in spec["ingress"] if r.get("from")]
         assert grpc["from"] == [{"podSelector": {}}]  # the namespace's own pods only
+
+
+def test_a_cooldown_shorter_than_the_wake_is_refused(plan_variant):
+    """KEDA counts the cooldown from the scale-up (kedacore/keda v2.20.2 scale_scaledobjects.go:285-286):
+    shorter than a node plus the cold start, the loading replica goes back to zero before it serves."""
+    from vllm_gke.infra.config import ConfigError
+
+    def short(values):
+        values["vllm-gke:models"][0]["short"]["cooldownSeconds"] = 1800  # 405B: ~2,830 s to wake
+
+    with pytest.raises(ConfigError) as err:
+        plan_variant("frontier", short)
+    (issue,) = err.value.issues
+    assert issue.key == "vllm-gke:models[llama-405b].short.cooldownSeconds"
+    assert "set it to 28" in issue.problem
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_keda_polls_only_where_it_scales_to_zero(plans, stack):
+    """Above zero the HPA reads the metrics and KEDA's webhook warns that pollingInterval and
+    cooldownPeriod are irrelevant (scaledobject_webhook.go:336-356)."""
+    for so in manifests_of(plans[stack], "ScaledObject"):
+        at_zero = so["spec"]["minReplicaCount"] == 0
+        assert ("pollingInterval" in so["spec"]) == at_zero
+        assert ("cooldownPeriod" in so["spec"]) == at_zero

@@ -38,6 +38,7 @@ from .placement import (
     node_disks,
     scale_to_zero,
 )
+from .scaling import cooldown_covers_wake
 from .release import check_extra_args, check_image_tag, vllm_release
 from .tenants import adapters, check_tenant_cap, check_tenant_limits, external_gateway, global_limits, tenant_models
 
@@ -49,7 +50,7 @@ STACK_CHECKS: tuple[Callable[["StackConfig", Add], None], ...] = (
     unique_names, model_placements, tenant_models, gpu_slots, external_gateway, network, zones, issuers,
     namespaces, vllm_release, inference_gateway, length_routing, global_limits, adapters, scale_to_zero,
     hyperdisk_ml, node_disks, filestore_size, slo_alerts_reachable, load_tests,
-    traces_exportable, multi_host_groups,
+    traces_exportable, multi_host_groups, cooldown_covers_wake,
 )
 
 
