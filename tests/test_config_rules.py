@@ -238,6 +238,9 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
      "vllm-gke:models[llama-8b].adapters[support-sql].tenants", "tenant 'analytics' may not call model 'llama-8b'"),
     ("adapter-rank", "prod", lambda v: v["vllm-gke:models"][2]["adapters"][0].update(rank=24),
      "vllm-gke:models[llama-8b].adapters[support-sql].rank", "not one vLLM serves"),
+    # vLLM applies a LoRA named like a chat content part's type to every request with such a part.
+    ("adapter-named-as-a-content-part", "prod", lambda v: v["vllm-gke:models"][2]["adapters"][0].update(name="image"),
+     "vllm-gke:models[llama-8b].adapters[image].name", "content part type vLLM applies"),
     ("adapter-name-twice", "prod", lambda v: v["vllm-gke:models"][2]["adapters"][1].update(name="support-sql"),
      "vllm-gke:models[llama-8b]", "repeat a name"),
     ("adapter-named-as-the-model", "prod", lambda v: v["vllm-gke:models"][2]["adapters"][1].update(name="llama-8b"),

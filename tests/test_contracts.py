@@ -90,6 +90,12 @@ def _cooldown_on_a_floor(plan):
     so.props["spec"]["cooldownPeriod"] = 300
 
 
+def _adapter_named_image(plan):
+    args = _container(plan, "Deployment", "llama-8b-short")["args"]
+    i = args.index("--lora-modules") + 1
+    args[i] = "image=" + str(args[i]).split("=", 1)[1]
+
+
 def _single_picker(plan):
     _kube(plan, "Deployment", "llama-8b-epp").props["spec"]["replicas"] = 1
 
@@ -325,6 +331,7 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "vllm_exports_what_monitoring_reads": ("dev", _dashboard_reads_a_gone_gauge, "vllm:gpu_cache_usage_perc"),
     "vllm_ttft_buckets_cut_at_the_slo": ("prod", _ttft_buckets_without_the_slo, "no TTFT bucket bound"),
     "guard_reads_queue_series_vllm_exports": ("prod", _several_api_servers, "-dp 2: several API servers"),
+    "vllm_applies_no_adapter_by_itself": ("prod", _adapter_named_image, "is a content part type"),
     "vllm_usage_reaches_the_guard": ("prod", lambda p: _drop_arg(p, "Deployment", "qwen-7b-short", "--middleware"),
                                      "cannot read vLLM's final usage"),
     "budget_api_accepts_the_budget": ("prod", _six_budget_channels, "the API takes at most 5"),

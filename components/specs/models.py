@@ -168,6 +168,15 @@ def _weights_source(v: str) -> str:
 WeightsSource = Annotated[str, AfterValidator(_weights_source)]
 # The ranks vLLM's --max-lora-rank accepts (its parser's choices).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Adapter names vLLM applies by itself: a chat request with a content part of type T gets the
+# loaded LoRA named after T (input_ removed, else up to the first '_': text, image_url ->
+# image, input_audio -> audio, ...) whatever its `model` names, so any tenant allowed the base
+# model would be served the adapter (vllm-project/vllm@v0.34.0:
+# vllm/entrypoints/serve/engine/serving.py:144-211). These are the types its chat request model
+# keeps (vllm/renderers/chat_utils/types.py:264-281 and OpenAI's text, image_url, input_audio, file);
+# and "input", which input_audio gave before 0.34 removed the prefix (the 0.11 release cuts at '_').
+MODALITY_ADAPTER_NAMES = frozenset({"text", "image", "audio", "video", "file", "refusal", "prompt", "thinking",
+                                    "tool", "input"})
 
 
 class AdapterSpec(Spec):
@@ -186,6 +195,15 @@ class AdapterSpec(Spec):
     disk_gb: Optional[float] = Field(default=None, gt=0)
     # Tenants allowed to call it; each must also be allowed the base model.
     tenants: list[Name] = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if v in MODALITY_ADAPTER_NAMES:
+            raise ValueError(f"'{v}' is a content part type vLLM applies a LoRA of that name for by itself, to any "
+                             "chat request with such a part, whatever its model; choose another name (not one of "
+                             f"{', '.join(sorted(MODALITY_ADAPTER_NAMES))})")
+        return v
 
     @field_validator("rank")
     @classmethod

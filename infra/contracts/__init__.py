@@ -91,6 +91,7 @@ from .picker import (
 from .populator import populator_inputs
 from .vllm import (
     guard_reads_queue_series_vllm_exports,
+    vllm_applies_no_adapter_by_itself,
     vllm_drains_on_stop,
     vllm_exports_what_monitoring_reads,
     vllm_health_and_guard,
@@ -114,7 +115,7 @@ __all__ = [
     "picker_rolls_and_drains_with_one_ready_pod", "picker_stops_within_its_grace", "regex_matches_on_a_regional_class",
     "populator_inputs", "problems", "redis_writes_nothing_and_scripts_obey_the_acl", "vllm_drains_on_stop",
     "vllm_exports_what_monitoring_reads", "vllm_health_and_guard", "vllm_ttft_buckets_cut_at_the_slo",
-    "vllm_usage_reaches_the_guard", "vllm_writes_only_to_volumes", "lws_env_is_what_the_webhook_injects",
+    "vllm_usage_reaches_the_guard", "vllm_applies_no_adapter_by_itself", "vllm_writes_only_to_volumes", "lws_env_is_what_the_webhook_injects",
     "lws_headless_service_is_its_own", "lws_scales_groups_by_their_leaders", "lws_webhook_reachable",
     "vllm_group_launch", "vllm_tpu_spans_hosts_through_ray", "tpu_containers_reach_the_chips",
     "vllm_tpu_keeps_its_xla_cache", "ray_health_checks_outlast_a_compile",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from ...components.specs.models import normalise_flag
+from ...components.specs.models import MODALITY_ADAPTER_NAMES, normalise_flag
 from ...components.vllm_argv import load_snapshot
 from ...components.vllm_versions import TTFT_BUCKETS, release
 from ..plan import Plan
@@ -120,6 +120,21 @@ def vllm_usage_reaches_the_guard(plan: Plan) -> list[str]:
             for name, c in _vllm_containers(plan) if _flag(c["args"], "--middleware") != "vllm_gke_guard.GuardMiddleware"]
 
 
+def vllm_applies_no_adapter_by_itself(plan: Plan) -> list[str]:
+    """A LoRA named like a chat content part's type serves every chat request with such a part."""
+    out = []
+    for name, c in _vllm_containers(plan):
+        args = [str(a) for a in c["args"]]
+        start = args.index("--lora-modules") + 1 if "--lora-modules" in args else len(args)
+        for module in args[start:]:
+            if module.startswith("--"):
+                break
+            if (adapter := module.split("=", 1)[0]) in MODALITY_ADAPTER_NAMES:
+                out.append(f"{name}: adapter '{adapter}' is a content part type: vLLM would apply it to every chat "
+                           "request with such a part, whatever its model")
+    return out
+
+
 ROWS: tuple[Contract, ...] = (
     Contract("vLLM", "0.34.0",
              "exports vllm:num_requests_running/waiting, vllm:kv_cache_usage_perc, vllm:time_to_first_token_seconds "
@@ -168,4 +183,14 @@ ROWS: tuple[Contract, ...] = (
              "vllm/entrypoints/openai/completion/serving.py:618,745",
              "the guard runs as --middleware in the same app and counts those tokens per tenant after the handler returns",
              vllm_usage_reaches_the_guard),
+    Contract("vLLM", "0.34.0",
+             "a chat request whose messages hold a content part of type T is served by the loaded LoRA named T's "
+             "modality (input_ removed, else T up to its first '_') when exactly one matches, whatever its model; "
+             "the part types its request model keeps give text, image, audio, video, file, refusal, prompt, "
+             "thinking, tool",
+             "vllm-project/vllm@v0.34.0:vllm/entrypoints/serve/engine/serving.py:144-211; "
+             "vllm/entrypoints/openai/chat_completion/serving.py:329; vllm/renderers/chat_utils/types.py:264-281",
+             "adapters[].name may not be one of them (MODALITY_ADAPTER_NAMES, exit 2 naming the key), so every "
+             "adapter serves only the tenants whose `model` names it",
+             vllm_applies_no_adapter_by_itself),
 )
