@@ -142,7 +142,7 @@ def test_routes_strip_client_copies_of_the_issuer_header(plans):
             for rule in route["spec"]["rules"]:
                 if rule.get("backendRefs"):
                     mods = [f["requestHeaderModifier"] for f in rule["filters"] if f["type"] == "RequestHeaderModifier"]
-                    assert mods == [{"remove": ["x-vllm-gke-issuer"]}], route["metadata"]["name"]
+                    assert mods == [{"remove": ["x-vllm-gke-issuer", "x-vllm-gke-subject"]}], route["metadata"]["name"]
 
 
 def test_a_canary_takes_its_weight_of_every_rule(plans):
