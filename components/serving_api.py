@@ -59,6 +59,9 @@ class Route:
     kind: Kind
 
 
+# Only vLLM's /v1 API: the Gateway routes /<prefix>/v1/... (components/gateway.py), so its
+# unversioned routes (/pooling, /classify, /score, /rerank, /v2/rerank, /tokenize, /detokenize)
+# would be admitted here and reachable from nowhere. /v1/score and /v1/rerank serve the same models.
 TENANT_ROUTES: tuple[Route, ...] = (
     Route("/v1/completions", "POST", "completions"),
     Route("/v1/chat/completions", "POST", "chat"),
@@ -66,15 +69,8 @@ TENANT_ROUTES: tuple[Route, ...] = (
     Route("/v1/responses", "POST", "responses"),
     Route("/v1/messages", "POST", "messages"),
     Route("/v1/embeddings", "POST", "pooling"),
-    Route("/pooling", "POST", "pooling"),
-    Route("/classify", "POST", "pooling"),
-    Route("/score", "POST", "pooling"),
     Route("/v1/score", "POST", "pooling"),
-    Route("/rerank", "POST", "pooling"),
     Route("/v1/rerank", "POST", "pooling"),
-    Route("/v2/rerank", "POST", "pooling"),
-    Route("/tokenize", "POST", "pooling"),
-    Route("/detokenize", "POST", "pooling"),
     Route("/v1/models", "GET", "info"),
 )
 # Served without a JWT, to probes and scrapes only (see MeshNamespace for the sources).

@@ -76,6 +76,20 @@ def holds(match: Mapping[str, Any], request: HttpRequest) -> bool:
             and _headers_hold(match, request.headers))
 
 
+def forwarded_path(reached: Reached, path: str) -> str:
+    """The path the backend receives for a request to `path` sent by `reached`: the rule's
+    URLRewrite applied (ReplaceFullPath, or ReplacePrefixMatch of the matched PathPrefix)."""
+    rewrite = next((f["urlRewrite"].get("path") for f in reached.rule.get("filters") or []
+                    if f.get("type") == "URLRewrite"), None)
+    if not rewrite:
+        return path
+    if rewrite.get("type") == "ReplaceFullPath":
+        return str(rewrite["replaceFullPath"])
+    prefix = str((reached.match.get("path") or {}).get("value", "/")).rstrip("/")
+    rest = path[len(prefix):]
+    return (str(rewrite["replacePrefixMatch"]).rstrip("/") + rest) or "/"
+
+
 def sample_request(match: Mapping[str, Any], extra: Mapping[str, str]) -> HttpRequest:
     """A request that holds for `match` (its Exact path, method and header values; "0" for a
     pattern, which the platform's content-length patterns accept), plus `extra` headers."""
