@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
+from ..components.issuers import shared_public_issuer
 from .base import (
     Finding,
     Resource,
@@ -152,8 +153,6 @@ def serving_paths_authenticated(resources: Sequence[Resource]) -> Iterator[Findi
 def _any_subject(value: str, public_trusted: bool) -> Optional[str]:
     """The shared public issuer a requestPrincipals value admits any (or a pattern of) subject of,
     read as Istio splits it (at its last '/'); '*' for one that names no issuer where one is trusted."""
-    from ..components.specs import shared_public_issuer
-
     iss, _, sub = value.rpartition("/")
     if value == "*" or (value.startswith("*") and ("/" not in value or iss.startswith("*"))):
         return "*" if public_trusted else None
@@ -163,8 +162,6 @@ def _any_subject(value: str, public_trusted: bool) -> Optional[str]:
 def public_issuers_pinned_to_subjects(resources: Sequence[Resource]) -> Iterator[Finding]:
     """Anyone can get a token from accounts.google.com (any audience, IAM's generateIdToken) and
     the like: such an issuer is a tenant only through its exact `<iss>/<sub>` principals."""
-    from ..components.specs import shared_public_issuer
-
     public: dict[str, set[str]] = {}
     for ra in kube(resources, "RequestAuthentication"):
         for rule in (ra.props.get("spec") or {}).get("jwtRules") or []:

@@ -22,8 +22,8 @@ class Layer:
 
 
 LAYERS: tuple[Layer, ...] = (
-    Layer("catalog", "facts", "components/catalog.py, gcp_names.py, vllm_versions.py",
-          ("components/catalog.py", "components/gcp_names.py", "components/vllm_versions.py")),
+    Layer("catalog", "facts", "components/catalog.py, gcp_names.py, vllm_versions.py, issuers.py",
+          ("components/catalog.py", "components/gcp_names.py", "components/vllm_versions.py", "components/issuers.py")),
     Layer("config", "config", "components/specs/, stack_config.py",
           ("components/specs/", "components/stack_config.py")),
     Layer("scripts", "pod scripts", "components/scripts/", ("components/scripts/",)),
