@@ -170,6 +170,24 @@ def test_a_shared_public_issuer_without_subjects_is_refused(dev_values, issuer):
     assert msg.startswith("vllm-gke:tenants[dev-team].jwt.subjects:") and "list the tenant's token subjects" in msg
 
 
+def test_the_plan_exits_2_on_a_google_tenant_without_subjects(tmp_path):
+    """What an operator sees: the key and the fix, exit 2, no traceback."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from vllm_gke.infra.cli import app
+    from vllm_gke.infra.plan import STACKS_DIR
+
+    doc = yaml.safe_load((STACKS_DIR / "Pulumi.dev.yaml").read_text())
+    doc["config"]["vllm-gke:tenants"][0]["jwt"].pop("subjects")
+    (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(app, ["plan", "--stack", "dev", "--stacks-dir", str(tmp_path), "--no-write"])
+    assert result.exit_code == 2, result.output
+    out = " ".join(result.output.split())
+    assert "vllm-gke:tenants[dev-team].jwt.subjects:" in out and "under jwt.subjects" in out
+    assert "Traceback" not in result.output
+
+
 def test_an_issuer_of_the_tenants_own_needs_no_list(dev_values):
     from vllm_gke.infra.config import parse
 
