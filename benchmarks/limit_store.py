@@ -4,9 +4,9 @@
 
 Starts redis-server (Debian's package; REDIS_SERVER names another) with the store's own config
 and ACL on a free loopback port, fills three tenants' windows with 10, 1,000 and 10,000
-admissions, then, alternating the tenants, times the guard's script: refused calls (the window
+admissions, then, alternating the tenants, times the guard's function: refused calls (the window
 full at its limit, as a flooding tenant's are) and admitted ones (a limit far above). Each figure
-is the median over the repeats of the server's own time per call (INFO commandstats for EVALSHA,
+is the median over the repeats of the server's own time per call (INFO commandstats for FCALL,
 what every other tenant waits behind on the single-threaded store) and of the round trip seen by
 the client. Goal: the 10,000 case within 1.5x of the 10 case.
 """
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from vllm_gke.components.limit_store import PORT, REDIS_CONF
+from vllm_gke.components.limit_store import LIBRARY, LOADED, PORT, REDIS_CONF, startup
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "images"))
 from vllm_gke_guard import store as limits  # noqa: E402
@@ -35,8 +35,9 @@ ADMIN = "bench-admin"
 
 
 def start_redis(binary: str, workdir: Path, extra_conf: str = "") -> tuple[subprocess.Popen, int]:
-    """redis-server with the store's own config and ACL (plus `extra_conf`) on a free loopback
-    port, in `workdir`, answering once it returns (the tests use it too)."""
+    """redis-server started as the store's container starts it (its config, ACL and function
+    library, plus `extra_conf`) on a free loopback port, in `workdir`, answering with the library
+    loaded once it returns (the tests use it too)."""
     import redis
 
     with socket.socket() as s:
@@ -45,20 +46,23 @@ def start_redis(binary: str, workdir: Path, extra_conf: str = "") -> tuple[subpr
     conf = workdir / "redis.conf"
     conf.write_text(REDIS_CONF.replace(f"port {PORT}", f"port {port}").replace("bind * -::*", "bind 127.0.0.1")
                     + f"dir {workdir}\n" + extra_conf)
-    proc = subprocess.Popen([binary, str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    (workdir / "limits.lua").write_text(LIBRARY)
+    command = startup(str(workdir), str(workdir), port).replace("exec redis-server", f"exec {binary}")
+    proc = subprocess.Popen(["sh", "-c", command], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     client = redis.Redis(port=port)
     for _ in range(200):
         try:
-            client.ping()
-            break
+            if client.ping() and (workdir / LOADED).exists():
+                break
         except redis.ConnectionError:
-            time.sleep(0.05)
+            pass
+        time.sleep(0.05)
     return proc, port
 
 
-def evalsha_usec(admin: Any) -> tuple[int, float]:
-    """EVALSHA's calls and total microseconds so far, as the server counts them."""
-    stats = admin.info("commandstats").get("cmdstat_evalsha", {})
+def fcall_usec(admin: Any) -> tuple[int, float]:
+    """FCALL's calls and total microseconds so far, as the server counts them."""
+    stats = admin.info("commandstats").get("cmdstat_fcall", {})
     return int(stats.get("calls", 0)), float(stats.get("usec", 0))
 
 
@@ -79,11 +83,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         proc, port = start_redis(binary, Path(tmp), f"user {ADMIN} on >{ADMIN} ~* &* +@all\n")
         try:
             client = redis.Redis(port=port)
-            script = client.register_script(limits.SCRIPT)
 
-            def call(tenant: str, requests: int) -> Any:  # the script's list (redis-py says str)
-                return script(keys=[f"rl:{{{tenant}}}:w"],
-                              args=[limits.BUCKET_MS, limits.BUCKETS, requests, 10**12, 10])
+            def call(tenant: str, requests: int) -> Any:  # the function's list (redis-py says str)
+                return client.fcall(limits.FUNCTION, 1, f"rl:{{{tenant}}}:w",
+                                    limits.BUCKET_MS, limits.BUCKETS, requests, 10**12, 10)
 
             for size in SIZES:  # fill each window (admitted: the limit far above)
                 for _ in range(size):
@@ -94,13 +97,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                 for mode in ("refused", "admitted"):
                     for size in SIZES:
                         limit = size if mode == "refused" else 10**9
-                        before = evalsha_usec(admin)
+                        before = fcall_usec(admin)
                         start = time.perf_counter()
                         for _ in range(args.calls):
                             call(f"t{size}", limit)
                         wall = (time.perf_counter() - start) / args.calls * 1e6
                         cell = results.setdefault((mode, size), {"rtt": [], "server": []})
-                        after = evalsha_usec(admin)
+                        after = fcall_usec(admin)
                         cell["rtt"].append(wall)
                         cell["server"].append((after[1] - before[1]) / max(1, after[0] - before[0]))
         finally:

@@ -12,7 +12,7 @@ import fakeredis
 import pytest
 
 from tests.conftest import REPO_ROOT, manifests_of
-from vllm_gke.components.limit_store import NAMESPACE, PORT, REDIS_CONF, host
+from vllm_gke.components.limit_store import LIBRARY, LIBRARY_NAME, NAMESPACE, PORT, REDIS_CONF, host
 from vllm_gke.components.serving_api import guard_config, tenant_routes
 from vllm_gke.components.specs import TenantSpec
 
@@ -34,6 +34,13 @@ def run(coro):
     return asyncio.run(coro)
 
 
+def store():
+    """A store as LimitStore starts it: the guards' function library loaded."""
+    server = fakeredis.FakeServer()
+    fakeredis.FakeRedis(server=server).function_load(LIBRARY)
+    return server
+
+
 def limiter(server, **kw):
     return limits.SharedLimiter(fakeredis.FakeAsyncRedis(server=server), **kw)
 
@@ -41,7 +48,7 @@ def limiter(server, **kw):
 # --- the script --------------------------------------------------------------------------------
 
 def test_at_most_n_requests_in_the_window_across_replicas():
-    server = fakeredis.FakeServer()
+    server = store()
     replicas = [limiter(server) for _ in range(3)]
 
     async def go():
@@ -53,7 +60,7 @@ def test_at_most_n_requests_in_the_window_across_replicas():
 
 
 def test_tenants_have_separate_windows():
-    server = fakeredis.FakeServer()
+    server = store()
     one = limiter(server)
 
     async def go():
@@ -63,7 +70,7 @@ def test_tenants_have_separate_windows():
 
 
 def test_tokens_reserved_per_minute_across_replicas():
-    server = fakeredis.FakeServer()
+    server = store()
     r1, r2 = limiter(server), limiter(server)
 
     async def go():
@@ -77,7 +84,7 @@ def test_tokens_reserved_per_minute_across_replicas():
 
 
 def test_refused_requests_reserve_nothing():
-    server = fakeredis.FakeServer()
+    server = store()
     r = limiter(server)
 
     async def go():
@@ -89,7 +96,7 @@ def test_refused_requests_reserve_nothing():
 
 
 def test_the_window_slides():
-    server = fakeredis.FakeServer()
+    server = store()
     r = limiter(server, bucket_ms=100, buckets=10)
 
     async def go():
@@ -101,7 +108,7 @@ def test_the_window_slides():
 
 
 def test_unreachable_store_raises_and_is_not_asked_again_at_once():
-    server = fakeredis.FakeServer()
+    server = store()
     server.connected = False
     now = [0.0]
     r = limiter(server, clock=lambda: now[0], retry_after_failure=5.0)
@@ -115,27 +122,22 @@ def test_unreachable_store_raises_and_is_not_asked_again_at_once():
 
 
 class CountingClient:
-    """A client that counts the scripts it runs on the store."""
+    """A client that counts the function calls it makes on the store."""
 
     def __init__(self, inner, latency: float = 0.0):
         self.inner, self.calls, self.latency = inner, 0, latency
 
-    def register_script(self, script):
-        inner = self.inner.register_script(script)
-
-        async def run(**kw):
-            self.calls += 1
-            if self.latency:
-                await asyncio.sleep(self.latency)
-            return await inner(**kw)
-
-        return run
+    async def fcall(self, *args):
+        self.calls += 1
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        return await self.inner.fcall(*args)
 
 
 def test_a_refused_flood_never_reaches_the_store():
     """One tenant's flood of refused requests must not load the single-threaded store every
     tenant shares: after a refusal the replica refuses locally until its Retry-After passes."""
-    server = fakeredis.FakeServer()
+    server = store()
     client = CountingClient(fakeredis.FakeAsyncRedis(server=server))
     now = [0.0]
     r = limits.SharedLimiter(client, clock=lambda: now[0])
@@ -156,7 +158,7 @@ def test_a_concurrent_flood_is_one_call_at_a_time_and_never_anothers_fallback():
     """Requests arrive at once, not one after another: a tenant's burst on a replica is one store
     call at a time, the calls after its first refusal stay local, and the next tenant is still
     counted in the store (not pushed to per-replica limits)."""
-    server = fakeredis.FakeServer()
+    server = store()
     client = CountingClient(fakeredis.FakeAsyncRedis(server=server), latency=0.001)  # a network round trip
     r = limits.SharedLimiter(client)
 
@@ -172,11 +174,9 @@ def test_a_concurrent_flood_is_one_call_at_a_time_and_never_anothers_fallback():
 
 def test_an_outage_is_said_once_not_per_request(caplog):
     class Down:
-        def register_script(self, script):
-            async def run(**kw):
-                await asyncio.sleep(0.01)
-                raise ConnectionError("refused")
-            return run
+        async def fcall(self, *args):
+            await asyncio.sleep(0.01)
+            raise ConnectionError("refused")
 
     r = limits.SharedLimiter(Down())
 
@@ -212,7 +212,7 @@ def test_a_burst_holds_few_connections_to_a_real_store(real_redis):
 
 
 def test_a_token_refusal_still_lets_a_smaller_request_ask():
-    server = fakeredis.FakeServer()
+    server = store()
     client = CountingClient(fakeredis.FakeAsyncRedis(server=server))
     r = limits.SharedLimiter(client)
 
@@ -228,7 +228,7 @@ def test_a_token_refusal_still_lets_a_smaller_request_ask():
 def test_the_window_state_is_bounded_whatever_it_holds():
     """A call's work is bounded by the bucket count, not the admissions in the window: the
     tenant's window is one hash of at most 2 x 61 buckets and 3 totals, after 3,000 admissions."""
-    server = fakeredis.FakeServer()
+    server = store()
     r = limiter(server)
 
     async def go():
@@ -278,7 +278,7 @@ def call(mw, body, path="/v1/completions"):
 
 
 def test_guards_share_the_tenants_request_limit(monkeypatch):
-    a, b = guards(monkeypatch, fakeredis.FakeServer(), rpm=3)
+    a, b = guards(monkeypatch, store(), rpm=3)
     codes = [call(mw, {"prompt": "x", "max_tokens": 5})[0]["status"] for mw in (a, b, a, b, a)]
     assert codes == [200, 200, 200, 429, 429]
     refused = call(b, {"prompt": "x", "max_tokens": 5})
@@ -287,7 +287,7 @@ def test_guards_share_the_tenants_request_limit(monkeypatch):
 
 
 def test_guards_share_the_tenants_token_limit_counting_each_requests_bound(monkeypatch):
-    a, b = guards(monkeypatch, fakeredis.FakeServer(), rpm=100, tpm=250, cap=100)
+    a, b = guards(monkeypatch, store(), rpm=100, tpm=250, cap=100)
     # n=2 x 50 = 100 tokens; the missing bound is the cap (100); then 100 more would exceed 250.
     assert call(a, {"prompt": "x", "max_tokens": 50, "n": 2})[0]["status"] == 200
     assert call(b, {"prompt": "x", "max_tokens": None})[0]["status"] == 200
@@ -300,7 +300,7 @@ def test_guards_share_the_tenants_token_limit_counting_each_requests_bound(monke
 
 
 def test_a_refused_request_takes_no_slot_in_the_store(monkeypatch):
-    a, b = guards(monkeypatch, fakeredis.FakeServer(), rpm=1)
+    a, b = guards(monkeypatch, store(), rpm=1)
     assert call(a, {"prompt": "x", "max_tokens": 10_000})[0]["status"] == 400  # over the cap: a's window only
     assert call(b, {"prompt": "x", "max_tokens": 5})[0]["status"] == 200
 
@@ -309,7 +309,7 @@ def test_a_stream_of_refused_bodies_meets_a_429_before_its_bodies_are_read(monke
     """The defect: under globalLimits the replica's window was skipped and the store counts only
     valid requests, so a tenant's stream of bodies the guard refuses (each read and parsed on the
     event loop) never met a limit. Every request counts in the replica's window before its body."""
-    server = fakeredis.FakeServer()
+    server = store()
     a, = guards(monkeypatch, server, n=1, rpm=3)
     received = []
 
@@ -335,7 +335,7 @@ def test_a_stream_of_refused_bodies_meets_a_429_before_its_bodies_are_read(monke
 
 
 def test_store_down_falls_back_to_each_replicas_window(monkeypatch):
-    server = fakeredis.FakeServer()
+    server = store()
     server.connected = False
     a, b = guards(monkeypatch, server, rpm=2)
     codes = [call(mw, {"prompt": "x", "max_tokens": 5})[0]["status"] for mw in (a, a, a, b, b, b)]
@@ -343,7 +343,7 @@ def test_store_down_falls_back_to_each_replicas_window(monkeypatch):
 
 
 def test_store_down_still_enforces_tokens_per_minute_per_replica(monkeypatch):
-    server = fakeredis.FakeServer()
+    server = store()
     server.connected = False
     a, = guards(monkeypatch, server, n=1, rpm=100, tpm=250, cap=100)
     codes = [call(a, {"prompt": "x", "max_tokens": 100})[0]["status"] for _ in range(3)]
@@ -373,7 +373,7 @@ def test_a_store_outage_is_logged_where_vllm_shows_logs_and_counted(monkeypatch)
     vllm_logger.setLevel(logging.INFO)
     try:
         before = REGISTRY.get_sample_value("vllm_gke_guard_limit_store_fallbacks_total") or 0
-        server = fakeredis.FakeServer()
+        server = store()
         server.connected = False
         a, = guards(monkeypatch, server, n=1, rpm=100)
         for _ in range(3):
@@ -418,9 +418,12 @@ def test_store_keeps_nothing_and_runs_only_the_script():
     allowed = {a[1:] for a in acl if a.startswith("+")}
     # Every command the script calls, and the client's handshake, are allowed; nothing more.
     import re
-    called = {c.lower() for c in re.findall(r"redis\.call\('([A-Z]+)'", limits.SCRIPT)}
+    called = {c.lower() for c in re.findall(r"redis\.call\('([A-Z]+)'", LIBRARY)}
     assert called <= allowed
-    assert allowed - called == {"ping", "hello", "evalsha", "eval", "script|load", "script|exists"}
+    # FCALL of the loaded library alone: no EVAL, no SCRIPT, no FUNCTION (no client runs its own code).
+    assert allowed - called == {"ping", "hello", "fcall"}
+    assert LIBRARY.startswith(f"#!lua name={LIBRARY_NAME}\n")
+    assert f"redis.register_function('{limits.FUNCTION}', take)" in LIBRARY  # the guard calls what the store loads
 
 
 def test_guards_in_prod_count_across_replicas(plans):
@@ -493,21 +496,42 @@ def test_the_script_and_the_acl_on_a_real_redis(real_redis):
     # Keys outside rl: are out of reach even for the allowed commands.
     with pytest.raises(redis.exceptions.NoPermissionError):
         plain.zadd("elsewhere", {"x": 1})
+    # No code of a client's own: no EVAL, no SCRIPT, no FUNCTION; the library is the one loaded at start.
+    code = f"#!lua name=mine\nredis.register_function('mine', function() return redis.call('TIME') end)"
+    for forbidden in (lambda: plain.eval("return 1", 0), lambda: plain.evalsha("0" * 40, 0),
+                      lambda: plain.script_load("return 1"), lambda: plain.function_load(code, replace=True),
+                      lambda: plain.function_delete(LIBRARY_NAME), lambda: plain.function_flush(),
+                      lambda: plain.function_list()):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            forbidden()
+    # The user that loaded it is gone.
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis(port=real_redis, username="loader", password="x").ping()
 
 
 def test_a_changed_store_config_rolls_the_store(plans, plan_variant, monkeypatch):
-    """The ConfigMap has a fixed name and Redis reads it once: the pod template carries its digest,
-    so a config change is a new pod, not a running store with the old config."""
+    """The ConfigMap has a fixed name and Redis reads it (and loads the function library) once: the
+    pod template carries their digest, so a change is a new pod, not a running store with the old."""
     import hashlib
 
     from vllm_gke.components import limit_store
 
     store = plans["prod"].kube("Deployment", "limits").props
     digest = store["spec"]["template"]["metadata"]["annotations"]["vllm-gke.io/config-sha256"]
-    assert digest == hashlib.sha256(REDIS_CONF.encode()).hexdigest()[:16]
+    assert digest == hashlib.sha256((REDIS_CONF + LIBRARY + limit_store.startup()).encode()).hexdigest()[:16]
     monkeypatch.setattr(limit_store, "REDIS_CONF", REDIS_CONF.replace("maxmemory 256mb", "maxmemory 128mb"))
     changed = plan_variant("prod").kube("Deployment", "limits").props
     assert changed["spec"]["template"]["metadata"]["annotations"]["vllm-gke.io/config-sha256"] != digest
+    monkeypatch.setattr(limit_store, "REDIS_CONF", REDIS_CONF)
+    monkeypatch.setattr(limit_store, "LIBRARY", LIBRARY.replace("local width", "local  width"))
+    changed = plan_variant("prod").kube("Deployment", "limits").props
+    assert changed["spec"]["template"]["metadata"]["annotations"]["vllm-gke.io/config-sha256"] != digest
+    # The library travels beside the config; the pod is ready only once it is loaded.
+    (cm,) = [m for m in manifests_of(plans["prod"], "ConfigMap") if m["metadata"]["namespace"] == NAMESPACE]
+    assert cm["data"] == {"redis.conf": REDIS_CONF, "limits.lua": LIBRARY}
+    (redis_c,) = store["spec"]["template"]["spec"]["containers"][:1]
+    assert redis_c["command"] == ["sh", "-c", limit_store.startup()]
+    assert limit_store.LOADED in " ".join(redis_c["readinessProbe"]["exec"]["command"])
 
 
 def test_store_outages_are_charted_and_alerted_where_limits_are_shared(plans):

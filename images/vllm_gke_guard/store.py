@@ -1,6 +1,6 @@
 """Per-tenant limits across all replicas: windows in the shared store (LimitStore).
 
-One Lua script per request, run atomically by Redis on Redis' own clock, so every replica sees
+One call of a Redis function per request, run atomically on Redis' own clock, so every replica sees
 the same windows: at most `requests` admitted and at most `tokens` reserved per tenant in any
 60 seconds. Each admitted request reserves the tokens it may make vLLM generate (its bound under
 the tenant's maxTokens): what it actually generates is not known when it is admitted, so the
@@ -38,62 +38,11 @@ log = logging.getLogger("vllm.gke_guard")
 
 BUCKET_MS = 1000
 BUCKETS = 61
-# KEYS: the tenant's window (a hash). ARGV: bucket ms, buckets, max requests, max tokens (0: no
-# token limit), this request's tokens. Returns {1} when admitted, else {0, reason, ms until it
-# could be}. Every loop is bounded by the bucket count.
-SCRIPT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local width, n = tonumber(ARGV[1]), tonumber(ARGV[2])
-local max_req, max_tok, tokens = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local key = KEYS[1]
-local head = redis.call('HMGET', key, 'last', 'req', 'tok')
-local last, req, tok = tonumber(head[1]), tonumber(head[2]) or 0, tonumber(head[3]) or 0
-local b = math.floor(now / width)
-if last ~= nil and b < last then b = last end
-if last == nil or b - last >= n then
-  if last ~= nil then redis.call('DEL', key) end
-  req, tok = 0, 0
-elseif b > last then
-  local gone = {}
-  for i = last - n + 1, b - n do
-    gone[#gone + 1] = 'r' .. (i % n)
-    gone[#gone + 1] = 't' .. (i % n)
-  end
-  local old = redis.call('HMGET', key, unpack(gone))
-  for j = 1, #old, 2 do
-    req = req - (tonumber(old[j]) or 0)
-    tok = tok - (tonumber(old[j + 1]) or 0)
-  end
-  redis.call('HDEL', key, unpack(gone))
-end
-local function wait_for(prefix, excess)
-  local fields = {}
-  for i = b - n + 1, b do fields[#fields + 1] = prefix .. (i % n) end
-  local counts = redis.call('HMGET', key, unpack(fields))
-  local freed = 0
-  for j = 1, #counts do
-    freed = freed + (tonumber(counts[j]) or 0)
-    if freed >= excess then return (b + j) * width - now end
-  end
-  return n * width
-end
-local verdict
-if req + 1 > max_req then
-  verdict = {0, 'requests', wait_for('r', req + 1 - max_req)}
-elseif max_tok > 0 and tok + tokens > max_tok then
-  verdict = {0, 'tokens', wait_for('t', tok + tokens - max_tok)}
-else
-  local slot = b % n
-  redis.call('HINCRBY', key, 'r' .. slot, 1)
-  if tokens > 0 then redis.call('HINCRBY', key, 't' .. slot, tokens) end
-  req, tok = req + 1, tok + tokens
-  verdict = {1}
-end
-redis.call('HSET', key, 'last', b, 'req', req, 'tok', tok)
-redis.call('PEXPIRE', key, n * width)
-return verdict
-"""
+# The function the store's library registers (components/scripts/limit_store.lua, loaded when
+# the store starts): the guards' ACL allows FCALL and no EVAL, so no client can run code of its
+# own. The name carries the version of its arguments; a guard calling a version the store has
+# not loaded gets an error and falls back to its replica's windows until the store rolls.
+FUNCTION = "vllm_gke_take_v1"
 
 
 class StoreUnavailable(Exception):
@@ -111,7 +60,6 @@ class SharedLimiter:
     def __init__(self, client: Any, bucket_ms: int = BUCKET_MS, buckets: int = BUCKETS,
                  retry_after_failure: float = 5.0, clock: Callable[[], float] = time.monotonic):
         self.client = client
-        self.script = client.register_script(SCRIPT)
         self.bucket_ms, self.buckets = bucket_ms, buckets
         self.retry_after_failure = retry_after_failure
         self.clock = clock
@@ -160,9 +108,9 @@ class SharedLimiter:
 
     async def _ask(self, tenant: str, requests: int, tokens_limit: Optional[int], tokens: int) -> Verdict:
         try:
-            result = await self.script(keys=[f"rl:{{{tenant}}}:w"],  # one hash slot per tenant
-                                       args=[self.bucket_ms, self.buckets, requests, tokens_limit or 0, tokens])
-        except Exception as exc:  # connection, timeout, script or server errors alike
+            result = await self.client.fcall(FUNCTION, 1, f"rl:{{{tenant}}}:w",  # one hash slot per tenant
+                                             self.bucket_ms, self.buckets, requests, tokens_limit or 0, tokens)
+        except Exception as exc:  # connection, timeout, function or server errors alike
             now = self.clock()
             if now >= self._down_until:  # the first failure of an outage says so; the rest count
                 log.warning("shared limit store unavailable (%s); per-replica limits apply for %.0f s",
