@@ -252,6 +252,11 @@ def _serving_worker(plan):
     worker["args"] = [a for a in worker["args"] if a != "--headless"]
 
 
+def _gpudirect_networks(plan):
+    (pool,) = [r for r in plan.of_type("gcp:container/nodePool:NodePool") if r.props["name"] == "h100-hosts"]
+    pool.props["networkConfig"] = {"additionalNodeNetworkConfigs": [{"network": "gpu-nic-1", "subnetwork": "gpu-1"}]}
+
+
 def _tpu_worker_alone(plan):
     worker = _lws(plan, "llama-70b-tpu")["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
     worker["env"] = [e for e in worker["env"] if e["name"] != "TPU_MULTIHOST_BACKEND"]
@@ -346,6 +351,7 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "lws_webhook_reachable": ("frontier", _no_lws_firewall, "webhooks fail closed"),
     "vllm_group_launch": ("frontier", _serving_worker, "a worker must be headless"),
     "vllm_tpu_spans_hosts_through_ray": ("frontier", _tpu_worker_alone, "TPU_MULTIHOST_BACKEND is not ray"),
+    "gpu_groups_talk_over_the_primary_nic": ("frontier", _gpudirect_networks, "count TCP on the primary NIC"),
     "tpu_containers_reach_the_chips": ("frontier", _privileged_tpu, "privileged, which GKE needs for TPUs only"),
     "vllm_tpu_keeps_its_xla_cache": ("frontier", _xla_cache_in_the_pod, "a recreated group compiles every program"),
     "ray_health_checks_outlast_a_compile": ("frontier", _ray_default_health_checks, "would call a host dead after 15 s"),

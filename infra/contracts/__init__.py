@@ -11,8 +11,8 @@ gateway.py (the GKE Gateway's load balancers),
 vllm.py, istio.py, gcsfuse.py (the Cloud Storage FUSE CSI driver), limit_store.py (Redis),
 kubectl.py, loader.py (weight loading: vLLM's rule, huggingface_hub), populator.py (GKE Volume
 Populator), billing.py (the Cloud Billing Budget API), collector.py (traces: vLLM's exporter, the
-OpenTelemetry Collector), load_test.py (inference-perf) and lws.py (LeaderWorkerSet, vLLM across
-hosts); base.py holds the Contract row and the
+OpenTelemetry Collector), load_test.py (inference-perf), lws.py (LeaderWorkerSet, vLLM across
+hosts) and gpu_network.py (Compute Engine's network between GPU hosts); base.py holds the Contract row and the
 plan helpers they share. This module assembles the table in that order.
 """
 
@@ -28,6 +28,7 @@ from . import (
     collector,
     gateway,
     gcsfuse,
+    gpu_network,
     istio,
     keda,
     kubectl,
@@ -35,6 +36,7 @@ from . import (
     load_test,
     loader,
     lws,
+    monitoring,
     picker,
     populator,
     vllm,
@@ -43,6 +45,7 @@ from .base import Check, Contract
 from .billing import budget_api_accepts_the_budget
 from .collector import collector_listens_and_writes_to_trace, vllm_exports_traces_as_configured
 from .gateway import regex_matches_on_a_regional_class
+from .gpu_network import gpu_groups_talk_over_the_primary_nic
 from .gcsfuse import (
     FUSE_SIDECAR,
     ISTIO_INIT,
@@ -117,14 +120,15 @@ __all__ = [
     "vllm_exports_what_monitoring_reads", "vllm_health_and_guard", "vllm_ttft_buckets_cut_at_the_slo",
     "vllm_usage_reaches_the_guard", "vllm_applies_no_adapter_by_itself", "vllm_writes_only_to_volumes", "lws_env_is_what_the_webhook_injects",
     "lws_headless_service_is_its_own", "lws_scales_groups_by_their_leaders", "lws_webhook_reachable",
-    "vllm_group_launch", "vllm_tpu_spans_hosts_through_ray", "tpu_containers_reach_the_chips",
+    "vllm_group_launch", "vllm_tpu_spans_hosts_through_ray", "gpu_groups_talk_over_the_primary_nic", "tpu_containers_reach_the_chips",
     "vllm_tpu_keeps_its_xla_cache", "ray_health_checks_outlast_a_compile",
 ]
 
 CONTRACTS: tuple[Contract, ...] = (
     *keda.ROWS, *picker.ROWS, *gateway.ROWS, *vllm.ROWS, *istio.ROWS, *gcsfuse.ROWS, *limit_store.ROWS, *kubectl.ROWS,
     *loader.ROWS, *populator.ROWS, *billing.ROWS,
-    *collector.ROWS, *load_test.ROWS, *lws.ROWS,
+    *collector.ROWS, *load_test.ROWS, *lws.ROWS, *gpu_network.ROWS,
+    *monitoring.ROWS,
 )
 
 
