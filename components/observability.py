@@ -265,6 +265,12 @@ class ObservabilityArgs:
     tpu: bool = False
     # Some tenant has a negative priority (the guards may shed it): a WARNING while they do.
     sheddable: bool = False
+    # The gateway's class and region (ServiceLevelsArgs): its load balancer's availability SLO.
+    gateway_class: Optional[str] = None
+    region: str = ""
+    # The cluster's provider and Workload Identity pool: the SLOs' metrics are seeded there first.
+    provider: Optional[Any] = None
+    workload_pool: Optional[pulumi.Input[str]] = None
 
 
 class Observability(pulumi.ComponentResource):
@@ -290,7 +296,8 @@ class Observability(pulumi.ComponentResource):
         ]
         self.service_levels = ServiceLevels(f"{name}-slos", ServiceLevelsArgs(
             args.project, args.cluster_name, args.spec, args.models, args.tenants, channels, args.apis,
-            exact_ttft=args.exact_ttft),
+            exact_ttft=args.exact_ttft, gateway_class=args.gateway_class, region=args.region,
+            provider=args.provider, workload_pool=args.workload_pool),
             opts=child_opts(self, opts)) if args.spec.slos.enabled and (args.models or args.tenants) else None
         self.billing_budget = BillingBudget(f"{name}-budget", BillingBudgetArgs(
             args.project, args.cluster_name, args.budget, channels, args.apis),

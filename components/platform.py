@@ -353,6 +353,8 @@ class Platform(pulumi.ComponentResource):
             kv_cache_metric=rel.kv_cache_metric, limit_store=cfg.global_limits.enabled,
             models=[m.name for m in cfg.models], tenants=[t.name for t in cfg.tenants], budget=cfg.budget,
             exact_ttft=exact_ttft, tpu=cfg.has_tpu_models, sheddable=any(t.priority < 0 for t in cfg.tenants),
+            gateway_class=cfg.gateway.class_name, region=cfg.region, provider=provider,
+            workload_pool=cluster.workload_pool,
             always_on=[m.name for m in cfg.models if any(getattr(m, w).min_replicas > 0 for w in m.pool_names)]),
             opts=child())
 

@@ -8,6 +8,15 @@ window (monitoring.slos):
     4xx: over its cap, an unknown model) is not a valid one, nor is a request shed for overload
     (a 429 to a tenant of negative priority: the priorities working as configured, which an
     alert of its own reports at WARNING, components/observability.py, rather than a page);
+  - availability at the load balancer, per cluster: the share of the requests the GKE Gateway's
+    load balancer answered with a 2xx or 3xx of those it answered with a 2xx, 3xx or 5xx (a 4xx is
+    the client's, a shed 429 included), from the load balancer's own request count. It sees what
+    the guard cannot: a replica killed mid-request (OOM, a spot node taken back), a route with no
+    ready backend, a pool at zero answering 503 while it wakes. Its metric is a built-in one
+    (loadbalancing.googleapis.com), so its descriptor exists in every project from the start. It
+    counts every load balancer of the gateway's class in the project (and region): the load
+    balancer's resources are named by the GKE Gateway controller, undocumented and truncated, so
+    no filter picks one gateway's or one model's out; each stack owns its project;
   - time to first token, per model: the share of requests whose first token came within
     monitoring.ttftSloSeconds, from vLLM's own histogram (vllm:time_to_first_token_seconds, which
     has no tenant). Cloud Monitoring cuts a distribution at its bucket bounds: where the release
@@ -38,6 +47,7 @@ import pulumi_gcp as gcp
 
 from .options import child_opts
 from .project_apis import ProjectApis
+from .slo_metrics import SloMetrics, SloMetricsArgs
 from .specs import MonitoringSpec
 from .vllm_versions import TTFT_BUCKETS
 
@@ -49,6 +59,16 @@ TTFT_METRIC = f"{GMP}/vllm:time_to_first_token_seconds/histogram"
 # Shed requests are neither (see above): deliberate shedding must not page as lost availability.
 VALID = ("ok", "error")
 BAD = ("error",)
+
+
+# Per gateway class: the load balancer's request count and its monitored resource
+# (https://cloud.google.com/monitoring/api/metrics_gcp_i_o, loadbalancing), and whether it is regional.
+LB_REQUESTS: dict[str, tuple[str, str, bool]] = {
+    "gke-l7-rilb": ("loadbalancing.googleapis.com/https/internal/request_count", "internal_http_lb_rule", True),
+    "gke-l7-regional-external-managed": ("loadbalancing.googleapis.com/https/external/regional/request_count",
+                                         "http_external_regional_lb_rule", True),
+    "gke-l7-global-external-managed": ("loadbalancing.googleapis.com/https/request_count", "https_lb_rule", False),
+}
 
 
 @dataclass(frozen=True)
@@ -113,6 +133,17 @@ def availability_sli(cluster: str, **labels: str) -> dict[str, Any]:
                                  "total_service_filter": f'{base} metric.label."outcome"={_one_of(VALID)}'}}
 
 
+def gateway_sli(gateway_class: str, region: str) -> dict[str, Any]:
+    """Answered (2xx, 3xx) against failed (5xx) at the load balancer; a 4xx (the client's, a shed
+    429 among them) and class 0 (no answer sent) are neither."""
+    metric, resource, regional = LB_REQUESTS[gateway_class]
+    base = f'metric.type="{metric}" resource.type="{resource}"' + \
+        (f' resource.label."region"="{region}"' if regional else ' metric.label."load_balancing_scheme"="EXTERNAL_MANAGED"')
+    code = 'metric.label."response_code_class"'
+    return {"good_total_ratio": {"good_service_filter": f"{base} {code}>=200 {code}<400",
+                                 "bad_service_filter": f"{base} {code}>=500"}}
+
+
 def ttft_sli(cluster: str, model: str, seconds: float, exact: bool = False) -> dict[str, Any]:
     """Requests whose first token came within the bound, per vLLM's histogram."""
     return {"distribution_cut": {
@@ -141,9 +172,14 @@ def service_id(cluster: str, kind: str, name: str) -> str:
 
 
 def objectives(cluster: str, spec: MonitoringSpec, models: Sequence[str], tenants: Sequence[str],
-               exact_ttft: bool = False) -> list[Objective]:
+               exact_ttft: bool = False, gateway_class: Optional[str] = None,
+               region: str = "") -> list[Objective]:
     slos = spec.slos
     out: list[Objective] = []
+    if gateway_class and models:
+        out.append(Objective(service_id(cluster, "gateway", "lb"), "availability",
+                             f"gateway: {slos.availability:.2%} of requests answered at the load balancer",
+                             slos.availability, gateway_sli(gateway_class, region)))
     for model in models:
         svc = service_id(cluster, "model", model)
         out.append(Objective(svc, "availability", f"{model}: {slos.availability:.2%} of requests answered",
@@ -199,6 +235,13 @@ class ServiceLevelsArgs:
     apis: Optional[ProjectApis] = None
     # The servers add ttftSloSeconds to their TTFT buckets (VllmServiceArgs.ttft_slo_seconds): cut there.
     exact_ttft: bool = False
+    # The gateway's class and region: an availability SLO on its load balancer's own count.
+    gateway_class: Optional[str] = None
+    region: str = ""
+    # The cluster (its provider and Workload Identity pool): where the metrics the SLOs read are
+    # seeded before the SLOs are created (components/slo_metrics.py). None: no seeding.
+    provider: Optional[Any] = None
+    workload_pool: Optional[pulumi.Input[str]] = None
 
 
 class ServiceLevels(pulumi.ComponentResource):
@@ -211,12 +254,22 @@ class ServiceLevels(pulumi.ComponentResource):
     alert_policies: list[gcp.monitoring.AlertPolicy]
     # (title, SLO resource name) for the dashboard's budget tiles.
     budget_names: list[tuple[str, pulumi.Output[str]]]
+    # Makes the Managed Prometheus metrics the SLOs read known first (None: not seeded).
+    metrics: Optional[SloMetrics]
 
     def __init__(self, name: str, args: ServiceLevelsArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:ServiceLevels", name, None, opts)
         child = child_opts(self, opts, depends_on=args.apis.needs("monitoring.googleapis.com") if args.apis else [])
         window = args.spec.slos.window_days
-        self.objectives = objectives(args.cluster_name, args.spec, args.models, args.tenants, args.exact_ttft)
+        self.objectives = objectives(args.cluster_name, args.spec, args.models, args.tenants, args.exact_ttft,
+                                     args.gateway_class, args.region)
+        # Cloud Monitoring refuses an SLO on a metric it has no descriptor for, and Managed
+        # Prometheus makes one only when it first ingests the metric: seeded first, on a new project too.
+        self.metrics = SloMetrics(f"{name}-metrics", SloMetricsArgs(
+            args.project, args.provider, args.workload_pool, [o.sli for o in self.objectives], apis=args.apis),
+            opts=child_opts(self, opts)) if args.provider is not None and args.workload_pool is not None else None
+        slo_opts = child_opts(self, opts, depends_on=[*(args.apis.needs("monitoring.googleapis.com") if args.apis else []),
+                                                      *([self.metrics.job] if self.metrics else [])])
         self.services, self.slos, self.slo_definitions = {}, [], []
         self.alert_definitions, self.alert_policies, self.budget_names = [], [], []
         for objective in self.objectives:
@@ -228,7 +281,7 @@ class ServiceLevels(pulumi.ComponentResource):
             slo_args = objective.slo_args(window)
             self.slo_definitions.append(slo_args)
             slo = gcp.monitoring.Slo(f"{name}-{objective.service}-{objective.slo_id}", project=args.project,
-                                     service=service.service_id, **slo_args, opts=child)
+                                     service=service.service_id, **slo_args, opts=slo_opts)
             self.slos.append(slo)
             self.budget_names.append((objective.display_name, slo.name))
             for burn in BURN_WINDOWS:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from typing import Any, Callable
 
 import pytest
@@ -218,6 +219,19 @@ def _load_test_on_default_percentiles(plan):
     cm.props["data"]["mixed.yaml"] = yaml.safe_dump(config)
 
 
+def _seed_without_the_ttft_histogram(plan):
+    cm = next(r for r in plan.resources if r.props.get("kind") == "ConfigMap" and "seed.json" in r.props["data"])
+    config = json.loads(cm.props["data"]["seed.json"])
+    config["metrics"] = [m for m in config["metrics"] if not m["type"].endswith("/histogram")]
+    cm.props["data"]["seed.json"] = json.dumps(config)
+
+
+def _gateway_slo_on_the_global_count(plan):
+    slo = next(r for r in plan.resources if r.type == "gcp:monitoring/slo:Slo" and r.props["service"].endswith("-gateway-lb"))
+    slo.props["requestBasedSli"] = json.loads(json.dumps(slo.props["requestBasedSli"]).replace(
+        "https/external/regional/request_count", "https/request_count"))
+
+
 def _lws(plan, prefix: str) -> dict[str, Any]:
     return next(r.props for r in plan.resources if r.props.get("kind") == "LeaderWorkerSet"
                 and r.props["metadata"]["name"].startswith(prefix))
@@ -345,6 +359,8 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "inference_perf_runs_as_the_tenant": ("prod", _load_test_with_v1, "appends /v1/completions to it as given"),
     "inference_perf_reports_the_verdicts_percentiles": ("prod", _load_test_on_default_percentiles,
                                                         "no report.request_lifecycle.percentiles"),
+    "slos_wait_for_their_metrics": ("prod", _seed_without_the_ttft_histogram, "the SLO API refuses it"),
+    "gateway_slo_reads_its_load_balancer": ("prod", _gateway_slo_on_the_global_count, "which a gke-l7-regional"),
     "lws_headless_service_is_its_own": ("frontier", _service_named_as_the_group, "reuse it as the group's headless"),
     "lws_env_is_what_the_webhook_injects": ("frontier", _leader_address_by_a_made_up_name, "$(LWS_LEADER_NAME)"),
     "lws_scales_groups_by_their_leaders": ("frontier", _scaled_on_every_pod_of_the_group, "are not the leaders"),

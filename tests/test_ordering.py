@@ -127,3 +127,40 @@ def test_groups_wait_for_the_leader_worker_set_webhooks(plans):
     for group in groups:
         assert plan.waits_for(group, ready), group.name
         assert plan.waits_for(group, plan.kube("Job", "mesh-ready")), group.name
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_slos_wait_until_cloud_monitoring_knows_their_metrics(plans, stack):
+    """Cloud Monitoring refuses an SLO on a metric without a descriptor, and Managed Prometheus
+    makes one only on first ingesting it: on a new project (a pool at minReplicas 0 may never run a
+    replica) each SLO on a Managed Prometheus metric waits for the Job that seeds every such metric
+    its filters name, with their label keys, and succeeds once each descriptor exists."""
+    import json
+    import re
+
+    from vllm_gke.components.slo_metrics import GMP
+
+    plan = plans[stack]
+    slos = plan.of_type("gcp:monitoring/slo:Slo")
+    assert slos
+    job = plan.kube("Job", "slo-metrics", "vllm-gke-slo-metrics")
+    (config,) = [r for r in plan.kubernetes() if r.props.get("kind") == "ConfigMap"
+                 and r.props["metadata"]["name"] == "slo-metrics"]
+    seeded = {m["type"]: m["text"] for m in json.loads(config.props["data"]["seed.json"])["metrics"]}
+    on_gmp = 0
+    for slo in slos:
+        filters = [f for f in re.findall(r'metric\.type=\\"([^\\]+)\\"', json.dumps(slo.props["requestBasedSli"]))]
+        if not any(f.startswith(GMP) for f in filters):
+            continue  # built-in metrics (the load balancer's) have descriptors in every project
+        on_gmp += 1
+        assert plan.waits_for(slo, job), slo.name
+        for metric in filters:
+            assert metric in seeded, (slo.name, metric)
+            for label in re.findall(r'metric\.label\.\\"([^\\]+)\\"', json.dumps(slo.props["requestBasedSli"])):
+                assert f'{label}="' in seeded[metric], (metric, label)
+    assert on_gmp == len(slos) - 1  # all but the gateway's
+    # the Job reads descriptors as its own identity, and is scraped by its own PodMonitoring
+    grant = next(r for r in plan.of_type("gcp:projects/iAMMember:IAMMember") if r.props["role"] == "roles/monitoring.viewer"
+                 and "/ns/vllm-gke-slo-metrics/" in r.props["member"])
+    assert plan.waits_for(job, grant) and "/ns/vllm-gke-slo-metrics/sa/slo-metrics" in grant.props["member"]
+    assert plan.waits_for(job, plan.kube("PodMonitoring", "slo-metrics", "vllm-gke-slo-metrics"))

@@ -62,11 +62,14 @@ def test_each_model_and_tenant_has_its_objectives(plans):
     plan = plans["prod"]
     cfg = plan.config
     services = {s["serviceId"] for s in props_of(plan, "gcp:monitoring/customService:CustomService")}
+    gateway = f"vllm-{cfg.cluster.name}-gateway-lb"
     assert services == {f"vllm-{cfg.cluster.name}-model-{m.name}" for m in cfg.models} | \
-        {f"vllm-{cfg.cluster.name}-tenant-{t.name}" for t in cfg.tenants}
+        {f"vllm-{cfg.cluster.name}-tenant-{t.name}" for t in cfg.tenants} | {gateway}
     slos = props_of(plan, "gcp:monitoring/slo:Slo")
-    assert len(slos) == 2 * len(cfg.models) + len(cfg.tenants)
+    assert len(slos) == 2 * len(cfg.models) + len(cfg.tenants) + 1
     for slo in slos:
+        if slo["service"] == gateway:
+            continue  # test_the_gateway_slo_counts_what_the_load_balancer_sees
         assert slo["rollingPeriodDays"] == cfg.monitoring.slos.window_days
         sli = slo["requestBasedSli"]
         if slo["sloId"] == "availability":
@@ -212,3 +215,78 @@ def test_deliberate_shedding_is_no_page(plans):
                if p["displayName"] == "Tenants shed for overload"]
     assert shed["severity"] == "WARNING"
     assert 'outcome="shed"' in shed["conditions"][0]["conditionPrometheusQueryLanguage"]["query"]
+
+
+def test_the_seed_serves_the_slos_metrics_until_cloud_monitoring_knows_them(tmp_path, monkeypatch):
+    """The seeding Job's program, run here: it serves each metric at zero in Prometheus' text
+    format (as Managed Prometheus would scrape it, named as the SLO filters' types), with every
+    label key the filters name, and exits once each descriptor exists (here: once scraped)."""
+    import socket
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from vllm_gke.components.scripts import seed_slo_metrics as seed
+    from vllm_gke.components.slo_metrics import seed_config
+
+    found = objectives("c", MonitoringSpec(), ["m"], ["t"], gateway_class="gke-l7-rilb", region="r")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = {**seed_config("p", [o.sli for o in found]), "port": port}
+    assert {m["type"] for m in config["metrics"]} == {REQUESTS_METRIC, TTFT_METRIC}
+    (tmp_path / "seed.json").write_text(json.dumps(config))
+    monkeypatch.setattr(seed, "CONFIG", str(tmp_path / "seed.json"))
+    monkeypatch.setattr(seed, "POLL_SECONDS", 0.01)
+    ingested: dict[str, set[str]] = {}
+
+    def descriptor_exists(project, metric_type):
+        """Managed Prometheus' part: scrape, and make a descriptor per family (with its labels)."""
+        assert project == "p"
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        for family in text_string_to_metric_families(text):
+            kind = "counter" if family.type == "counter" else family.type
+            name = f"{family.name}_total" if kind == "counter" else family.name
+            ingested[f"{GMP}/{name}/{kind}"] = {k for s in family.samples for k in s.labels if k != "le"}
+        return metric_type in ingested
+
+    monkeypatch.setattr(seed, "descriptor_exists", descriptor_exists)
+    assert seed.main() == 0
+    assert ingested[REQUESTS_METRIC] == {"tenant", "model", "outcome"}
+    assert ingested[TTFT_METRIC] == {"model_name"}
+    # the seeded series are zeros under a value no SLO selects
+    for o in found:
+        assert "vllm-gke-seed" not in json.dumps(o.sli)
+
+
+@pytest.mark.parametrize("stack, metric, resource", [
+    ("dev", "loadbalancing.googleapis.com/https/internal/request_count", "internal_http_lb_rule"),
+    ("prod", "loadbalancing.googleapis.com/https/external/regional/request_count", "http_external_regional_lb_rule"),
+])
+def test_the_gateway_slo_counts_what_the_load_balancer_sees(plans, stack, metric, resource):
+    """A replica killed mid-request (OOM, a spot node taken back) never reaches the guard's count:
+    the load balancer answers the client 502/503 itself. Its own request count, by response code
+    class, is an SLO of its own: 2xx/3xx good, 5xx bad, 4xx (a shed 429 among them) neither."""
+    plan = plans[stack]
+    scope = f'resource.label."region"="{plan.config.region}"'
+    (slo,) = [s for s in props_of(plan, "gcp:monitoring/slo:Slo") if s["service"].endswith("-gateway-lb")]
+    ratio = slo["requestBasedSli"]["goodTotalRatio"]
+    for flt in (ratio["goodServiceFilter"], ratio["badServiceFilter"]):
+        assert f'metric.type="{metric}"' in flt and f'resource.type="{resource}"' in flt and scope in flt
+    code = 'metric.label."response_code_class"'
+    assert ratio["goodServiceFilter"].endswith(f"{code}>=200 {code}<400")
+    assert ratio["badServiceFilter"].endswith(f"{code}>=500")
+    assert slo["goal"] == plan.config.monitoring.slos.availability
+    burns = [p for p in props_of(plan, "gcp:monitoring/alertPolicy:AlertPolicy")
+             if p["displayName"].startswith("SLO ") and "gateway:" in p["displayName"]]
+    assert len(burns) == len(BURN_WINDOWS)
+
+
+def test_every_gateway_class_has_its_load_balancers_count():
+    from vllm_gke.components.service_levels import LB_REQUESTS, gateway_sli
+    from vllm_gke.components.specs.gateway import GatewaySpec
+
+    classes = set(GatewaySpec.model_fields["class_name"].annotation.__args__)
+    assert set(LB_REQUESTS) == classes
+    glob = gateway_sli("gke-l7-global-external-managed", "us-central1")["good_total_ratio"]["bad_service_filter"]
+    assert 'resource.type="https_lb_rule"' in glob and "region" not in glob

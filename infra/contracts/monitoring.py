@@ -1,0 +1,79 @@
+"""Cloud Monitoring: what the SLO API accepts on a new project, and the load balancer's own count."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from ...components.service_levels import LB_REQUESTS
+from ...components.slo_metrics import GMP
+from ..plan import Plan
+from .base import Contract
+
+
+def _metrics_named(sli: dict) -> dict[str, set[str]]:
+    """Each metric type an SLI's filters name, with the metric labels they name."""
+    out: dict[str, set[str]] = {}
+    for flt in re.findall(r'"((?:[^"\\]|\\.)*metric\.type=(?:[^"\\]|\\.)*)"', json.dumps(sli)):
+        flt = flt.replace('\\"', '"')
+        for kind in re.findall(r'metric\.type="([^"]+)"', flt):
+            out.setdefault(kind, set()).update(re.findall(r'metric\.label\."([^"]+)"', flt))
+    return out
+
+
+def slos_wait_for_their_metrics(plan: Plan) -> list[str]:
+    slos = plan.of_type("gcp:monitoring/slo:Slo")
+    if not slos:
+        return []
+    seeds = [r for r in plan.kubernetes() if r.props.get("kind") == "ConfigMap" and "seed.json" in r.props.get("data", {})]
+    jobs = [r for r in plan.kubernetes() if r.props.get("kind") == "Job" and r.props["metadata"]["name"] == "slo-metrics"]
+    seeded: dict[str, str] = {m["type"]: m["text"] for s in seeds
+                              for m in json.loads(s.props["data"]["seed.json"])["metrics"]}
+    out = []
+    for slo in slos:
+        for metric, labels in _metrics_named(slo.props["requestBasedSli"]).items():
+            if not metric.startswith(GMP):
+                continue
+            if metric not in seeded or not jobs or not any(plan.waits_for(slo, j) for j in jobs):
+                out.append(f"SLO {slo.name} reads {metric}, which nothing makes known before it: on a new project "
+                           "the SLO API refuses it")
+            elif missing := sorted(k for k in labels if f'{k}="' not in seeded[metric]):
+                out.append(f"SLO {slo.name}: the seeded {metric} has no label {', '.join(missing)} its filter names")
+    return out
+
+
+def gateway_slo_reads_its_load_balancer(plan: Plan) -> list[str]:
+    gateways = [r.props for r in plan.kubernetes() if r.props.get("kind") == "Gateway"]
+    out = []
+    for slo in plan.of_type("gcp:monitoring/slo:Slo"):
+        if not slo.props.get("service", "").endswith("-gateway-lb"):
+            continue
+        named = _metrics_named(slo.props["requestBasedSli"])
+        for gw in gateways:
+            metric, resource, _ = LB_REQUESTS[gw["spec"]["gatewayClassName"]]
+            if set(named) != {metric} or f'resource.type=\\"{resource}\\"' not in json.dumps(slo.props):
+                out.append(f"SLO {slo.name} reads {sorted(named)}, not {metric} on {resource}, which a "
+                           f"{gw['spec']['gatewayClassName']} gateway's load balancer reports")
+    return out
+
+
+ROWS: tuple[Contract, ...] = (
+    Contract("Cloud Monitoring SLO API and Managed Service for Prometheus", "v3",
+             "refuses an SLO whose filter names a metric with no descriptor ('The metric referenced by the provided "
+             "filter is unknown'); a user-defined metric type is custom.googleapis.com or external.googleapis.com, so "
+             "a prometheus.googleapis.com descriptor cannot be created through the API: Managed Prometheus creates it "
+             "when it first ingests the metric",
+             "https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.metricDescriptors (MetricDescriptor.type); "
+             "https://cloud.google.com/stackdriver/docs/managed-prometheus (metric types prometheus.googleapis.com/NAME/KIND)",
+             "a Job serves every Managed Prometheus metric the SLO filters name, with their label keys, at zero, scraped "
+             "by its PodMonitoring, and succeeds once each descriptor exists; every such SLO depends on it",
+             slos_wait_for_their_metrics),
+    Contract("Cloud Load Balancing metrics", "v3",
+             "an Application Load Balancer counts every request it answers, by response_code_class (200, 300, 400, 500, "
+             "0 for none): https/internal/request_count on internal_http_lb_rule (regional internal), "
+             "https/external/regional/request_count on http_external_regional_lb_rule, https/request_count on "
+             "https_lb_rule (global external); built-in, so the descriptors exist in every project",
+             "https://cloud.google.com/monitoring/api/metrics_gcp_i_o (loadbalancing.googleapis.com)",
+             "the gateway's availability SLO reads the count of its class's load balancer: 2xx/3xx good, 5xx bad",
+             gateway_slo_reads_its_load_balancer),
+)
