@@ -1,4 +1,4 @@
-"""Each tenant's share of GPU-hours and dollars for a period, from the metrics the running stack
+"""Each tenant's share of device-hours (GPUs, TPU chips) and dollars for a period, from the metrics the running stack
 exports and the price table (`vllm-gke report`).
 
 What it reads (PromQL, from Managed Prometheus's query API or any Prometheus holding the same
@@ -17,7 +17,7 @@ tenants it served, by their weighted tokens on that pod (a prompt token counts `
 a generated one: prefill is batched and far cheaper per token); a dedicated tenant's replicas are
 that tenant's. A pod that served no tokens in the period is `(unallocated)`.
 
-What it covers is the pods' time on their GPUs, from the first metrics each exported (its weights
+What it covers is the pods' time on their accelerators, from the first metrics each exported (its weights
 loaded) to its last: not the capacity of a node no pod used, not the system pool, the cluster fee
 or storage (the plan's cost report has those), so its total is less than the bill.
 """
