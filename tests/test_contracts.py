@@ -91,6 +91,10 @@ def _cooldown_on_a_floor(plan):
     so.props["spec"]["cooldownPeriod"] = 300
 
 
+def _short_cooldown(plan):
+    _kube(plan, "ScaledObject", "llama-405b-short").props["spec"]["cooldownPeriod"] = 1800
+
+
 def _adapter_named_image(plan):
     args = _container(plan, "Deployment", "llama-8b-short")["args"]
     i = args.index("--lora-modules") + 1
@@ -319,6 +323,7 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_queries_one_series_of_exported_metrics": ("dev", _unsummed_query, "may return several series"),
     "keda_scales_every_pool": ("dev", lambda p: _drop(p, "ScaledObject", "qwen-7b-short"), "has no ScaledObject"),
     "keda_admits_the_scaled_objects": ("dev", _cooldown_on_a_floor, "cooldownPeriod with minReplicaCount > 0"),
+    "keda_cooldown_outlasts_the_wake": ("frontier", _short_cooldown, "would scale it back to zero while it loads"),
     "picker_reads_exported_metrics": ("staging", lambda p: _drop_arg(
         p, "Deployment", "llama-8b-epp", "--kv-cache-usage-percentage-metric"), "unset"),
     "picker_rolls_and_drains_with_one_ready_pod": ("staging", _picker_rolls_surge_only, "could not scale down"),

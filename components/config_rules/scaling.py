@@ -24,17 +24,21 @@ def cooldown_covers_wake(cfg: "StackConfig", add: Add) -> None:
     pkg/scaling/executor/scale_scaledobjects.go:78-80,212-213,285-286). A waking replica has no
     vLLM metric and, once clients stop retrying, the standby counts nothing: a cooldown shorter
     than the wake scales the loading replica back to zero and the pool never serves."""
-    node_pools: dict[str, set[str]] = {}  # every node pool each model runs on (shared, dedicated, canary)
-    for model, node_pool_name, _tenant in placements(cfg):
-        node_pools.setdefault(model.name, set()).add(node_pool_name)
+    need_by_model = wake_needed(cfg)
     for index, model in enumerate(cfg.models):
         for which in model.pool_names:
             pool = getattr(model, which)
-            if pool.min_replicas != 0:
-                continue
-            need = max(wake_seconds(cfg, model, name) for name in node_pools[model.name])
-            if pool.cooldown_seconds < need:
+            need = need_by_model[model.name]
+            if pool.min_replicas == 0 and pool.cooldown_seconds < need:
                 add(f"{item_key('models', cfg.models, index)}.{which}.cooldownSeconds",
-                    f"is {pool.cooldown_seconds}, but waking this pool from zero takes about {need} s (an accelerator node "
-                    f"{NODE_PROVISION_S:.0f} s, then the replica's cold start): KEDA would scale the loading replica "
-                    f"back to zero before it serves; set it to {need} or more (or minReplicas 1)")
+                    f"is {pool.cooldown_seconds}, but waking this pool from zero takes about {need} s (an accelerator "
+                    f"node {NODE_PROVISION_S:.0f} s, then the replica's cold start): KEDA would scale the loading "
+                    f"replica back to zero before it serves; set it to {need} or more (or minReplicas 1)")
+
+
+def wake_needed(cfg: "StackConfig") -> dict[str, int]:
+    """Each model's slowest wake over every node pool it runs on (shared, dedicated, canary)."""
+    out: dict[str, int] = {}
+    for model, node_pool_name, _tenant in placements(cfg):
+        out[model.name] = max(out.get(model.name, 0), wake_seconds(cfg, model, node_pool_name))
+    return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
+from ...components.k8s_meta import MODEL_LABEL
 from ...components.keda import CHART_VERSION, METRICS_SERVER_PORT, OPERATOR_SA, WEBHOOK_PORT
 from ..plan import Plan
 from .base import Contract, _docs, _exported, _vllm_deployments
@@ -101,9 +102,20 @@ def keda_names_fit(plan: Plan) -> list[str]:
 
 
 def keda_cooldown_only_for_zero(plan: Plan) -> list[str]:
-    return [f"ScaledObject {so['metadata']['name']}: cooldownPeriod with minReplicaCount > 0 (KEDA warns, ignores it)"
-            for so in _docs(plan, "ScaledObject")
-            if "cooldownPeriod" in so["spec"] and so["spec"].get("minReplicaCount", 0) > 0]
+    return [f"ScaledObject {so['metadata']['name']}: {key} with minReplicaCount > 0 (KEDA warns, ignores it)"
+            for so in _docs(plan, "ScaledObject") for key in ("cooldownPeriod", "pollingInterval")
+            if key in so["spec"] and so["spec"].get("minReplicaCount", 0) > 0]
+
+
+def keda_cooldown_outlasts_the_wake(plan: Plan) -> list[str]:
+    from ...components.config_rules.scaling import wake_needed
+
+    need = wake_needed(plan.config)
+    return [f"ScaledObject {so['metadata']['name']}: cooldownPeriod {so['spec']['cooldownPeriod']} s is under the "
+            f"{need[model]} s a replica takes to wake: KEDA would scale it back to zero while it loads"
+            for so in _docs(plan, "ScaledObject") if so["spec"].get("minReplicaCount", 1) == 0
+            and (model := so["metadata"]["labels"][MODEL_LABEL]) in need
+            and so["spec"]["cooldownPeriod"] < need[model]]
 
 
 def keda_admits_the_scaled_objects(plan: Plan) -> list[str]:
@@ -139,16 +151,24 @@ ROWS: tuple[Contract, ...] = (
              "ClusterTriggerAuthentication",
              keda_queries_one_series_of_exported_metrics),
     Contract("KEDA", CHART_VERSION,
-             "the operator scales a target below minReplicaCount up to it; its webhook refuses a ScaledObject "
+             "the operator scales a target below minReplicaCount up to it, while no trigger is active and none "
+             "errors (a failing query leaves it where it is); its webhook refuses a ScaledObject "
              "for a workload another HPA scales unless that HPA says validations.keda.sh/hpa-ownership: \"false\"",
-             "kedacore/keda@v2.20.2:pkg/scaling/executor/scale_scaledobjects.go:102-109; "
+             "kedacore/keda@v2.20.2:pkg/scaling/executor/scale_scaledobjects.go:93-109; "
              "apis/keda/v1alpha1/scaledobject_webhook.go:274",
              "every vLLM Deployment has a ScaledObject and no other HPA",
              keda_scales_every_pool),
     Contract("KEDA", CHART_VERSION,
              "the webhook refuses a ScaledObject whose name (a label value, and keda-hpa-<name>) is over 63 "
-             "characters; cooldownPeriod applies only with minReplicaCount 0",
-             "kedacore/keda@v2.20.2:apis/keda/v1alpha1/scaledobject_webhook.go:58,204-215,348-352",
-             "ScaledObject names fit; cooldownPeriod only on pools that may go to zero",
+             "characters; it warns that pollingInterval and cooldownPeriod are irrelevant unless minReplicaCount is 0",
+             "kedacore/keda@v2.20.2:apis/keda/v1alpha1/scaledobject_webhook.go:58,204-215,336-356",
+             "ScaledObject names fit; pollingInterval and cooldownPeriod only on pools that may go to zero",
              keda_admits_the_scaled_objects),
+    Contract("KEDA", CHART_VERSION,
+             "a scale-up from zero records the last active time, which afterwards moves only while a trigger is "
+             "active and none errors; the target goes to zero once last active + cooldownPeriod has passed",
+             "kedacore/keda@v2.20.2:pkg/scaling/executor/scale_scaledobjects.go:63-81,205-235,285-286",
+             "a pool at zero has a cooldown no shorter than a node plus its cold start (refused otherwise), so a "
+             "waking replica serves before KEDA may take it back",
+             keda_cooldown_outlasts_the_wake),
 )

@@ -1,0 +1,41 @@
+"""The system pool holds what may run there at once (tests/test_on_cluster.py schedules it for real)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_gke.components.node_shapes import cpu_reserved_m, memory_reserved_mi, node_shape
+from vllm_gke.infra.config import ConfigError
+from vllm_gke.infra.system_pool import system_demand
+
+
+def test_allocatable_follows_gkes_reservations():
+    # GKE's plan-node-sizes page: an e2-standard-4 node reports 3920m allocatable CPU.
+    assert node_shape("e2-standard-4", 100).alloc_cpu_m == 3920
+    assert cpu_reserved_m(96) == 60 + 10 + 10 + 230  # 6%, 1%, 0.5% x 2, 0.25% x 92
+    # 25% of 4 GiB + 20% of 4 + 10% of 8 + 6% of 112 + 2% of 32, plus the 100 MiB eviction threshold
+    assert memory_reserved_mi(160) == round((1 + 0.8 + 0.8 + 6.72 + 0.64) * 1024) + 100
+    mig = node_shape("a2-highgpu-1g", 200, slices_per_gpu=2)
+    assert (mig.devices, mig.device_resource) == (2, "nvidia.com/gpu")
+
+
+def test_staging_loaders_beside_the_picker_need_more_than_one_system_node(plan_variant):
+    """The defect as found: staging's loader re-run found no CPU on its one e2-standard-4."""
+    def one_node(values):
+        values["vllm-gke:cluster"]["systemMaxNodes"] = 1
+
+    with pytest.raises(ConfigError) as err:
+        plan_variant("staging", one_node)
+    (issue,) = err.value.issues
+    assert issue.key == "vllm-gke:cluster.systemMaxNodes"
+    assert "Job vllm-gke-system/load-llama-8b 2000m" in issue.problem
+
+
+def test_demand_counts_surges_sidecars_and_charts(plans):
+    rows = {r.what: r for r in system_demand(plans["staging"].manifests())}
+    picker = rows["Deployment vllm/llama-8b-epp"]
+    assert picker.pods == 3  # two replicas and a surge pod
+    assert picker.cpu_m == 1000 + 100  # the picker and its mesh sidecar (Istio's default requests)
+    assert {"KEDA operator", "KEDA metrics server", "KEDA webhooks"} <= set(rows)
+    assert "LeaderWorkerSet controller" not in rows  # staging runs no group
+    assert "LeaderWorkerSet controller" in {r.what for r in system_demand(plans["frontier"].manifests())}
