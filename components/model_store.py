@@ -1,7 +1,7 @@
 """ModelStore: one copy of every model's weights, loaded once, mounted read-only.
 
 Replicas never download weights: a loader Job per model writes them to
-/models/<model>/<revision> and drops a completion marker, and servers wait for the marker before
+/models/<model>/<revision>-<digest of source and revision> and drops a completion marker, and servers wait for the marker before
 starting. The copy lives on a Filestore share (every serving namespace gets a ReadOnlyMany PV/PVC
 onto it), in a Cloud Storage bucket (mounted through Cloud Storage FUSE), or in that bucket and
 on Hyperdisk ML disks GKE Volume Populator fills from it (HyperdiskWeights).
