@@ -497,7 +497,7 @@ def test_the_script_and_the_acl_on_a_real_redis(real_redis):
     with pytest.raises(redis.exceptions.NoPermissionError):
         plain.zadd("elsewhere", {"x": 1})
     # No code of a client's own: no EVAL, no SCRIPT, no FUNCTION; the library is the one loaded at start.
-    code = f"#!lua name=mine\nredis.register_function('mine', function() return redis.call('TIME') end)"
+    code = "#!lua name=mine\nredis.register_function('mine', function() return redis.call('TIME') end)"
     for forbidden in (lambda: plain.eval("return 1", 0), lambda: plain.evalsha("0" * 40, 0),
                       lambda: plain.script_load("return 1"), lambda: plain.function_load(code, replace=True),
                       lambda: plain.function_delete(LIBRARY_NAME), lambda: plain.function_flush(),

@@ -847,8 +847,12 @@ def test_the_body_cap_is_sized_from_each_models_context(plans):
     context needs (GUARD_BYTES_PER_TOKEN a token, at least GUARD_MIN_BODY_BYTES), and refuses more
     with a 413 before reading it."""
     from tests.conftest import vllm_deployments
-    from vllm_gke.components.serving_api import (GUARD_BYTES_PER_TOKEN, GUARD_MIN_BODY_BYTES,
-                                                 PICKER_REENCODING_GROWTH, picker_max_body_bytes)
+    from vllm_gke.components.serving_api import (
+        GUARD_BYTES_PER_TOKEN,
+        GUARD_MIN_BODY_BYTES,
+        PICKER_REENCODING_GROWTH,
+        picker_max_body_bytes,
+    )
 
     for stack in ("dev", "prod"):
         for dep in vllm_deployments(plans[stack]):
