@@ -130,3 +130,66 @@ def test_scale_from_zero_and_back(cluster):
         cp.wait_until(f"{target} at zero", lambda: not [
             p for p in cp.get("pods", "-n", ns)["items"]
             if p["metadata"]["name"].startswith(f"{target}-") and "standby" not in p["metadata"]["name"]])
+
+
+def _can(cp: ControlPlane, sa: str, verb: str, group: str, resource: str, namespace: str = "",
+         name: str = "") -> bool:
+    """A SubjectAccessReview as the API server answers it for the Job's service account (the
+    group spelled out: kubectl auth can-i guesses it from CRDs that may not be installed here)."""
+    ns, account = sa.split("/")
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": {
+        "user": f"system:serviceaccount:{ns}:{account}",
+        "groups": ["system:serviceaccounts", f"system:serviceaccounts:{ns}", "system:authenticated"],
+        "resourceAttributes": {"verb": verb, "group": group, "resource": resource, "namespace": namespace,
+                               "name": name}}}
+    out = cp.kubectl("create", "-f", "-", "-o", "json", stdin=json.dumps(review)).stdout
+    return bool(json.loads(out)["status"].get("allowed"))
+
+
+# What each Job that calls the API does (its kubectl command line in the plan), and what it must not.
+JOB_ACCESS = {
+    "mesh-ready": ("vllm-gke-mesh-check/mesh-ready", "controlplanerevision/", [
+        ("get", "mesh.cloud.google.com", "controlplanerevisions", "istio-system", "asm-managed"),
+        ("list", "mesh.cloud.google.com", "controlplanerevisions", "istio-system", ""),
+        ("watch", "mesh.cloud.google.com", "controlplanerevisions", "istio-system", ""),
+    ], [
+        ("delete", "mesh.cloud.google.com", "controlplanerevisions", "istio-system", "asm-managed"),
+        ("get", "", "secrets", "istio-system", ""),
+        ("list", "", "pods", "vllm", ""),
+        ("get", "apiextensions.k8s.io", "customresourcedefinitions", "", "leaderworkersets.leaderworkerset.x-k8s.io"),
+    ]),
+    "lws-webhook-ready": ("lws-system/lws-webhook-ready", "--dry-run=server", [
+        ("create", "leaderworkerset.x-k8s.io", "leaderworkersets", "lws-system", ""),
+    ], [
+        ("create", "leaderworkerset.x-k8s.io", "leaderworkersets", "vllm", ""),
+        ("delete", "leaderworkerset.x-k8s.io", "leaderworkersets", "lws-system", ""),
+        ("get", "", "secrets", "lws-system", ""),
+        ("create", "", "pods", "lws-system", ""),
+    ]),
+}
+
+
+def test_jobs_that_call_the_api_may_do_exactly_that(cluster):
+    cp, plan, docs = cluster
+    jobs = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Job"}
+    checked = 0
+    for name, (sa, used, allowed, denied) in JOB_ACCESS.items():
+        if name not in jobs:
+            continue
+        pod = jobs[name]["spec"]["template"]["spec"]
+        assert f"{pod['serviceAccountName']}" == sa.split("/")[1]
+        assert any(used in arg for c in pod["containers"] for arg in c.get("args", [])), name
+        for verb, group, resource, ns, obj in allowed:
+            assert _can(cp, sa, verb, group, resource, ns, obj), (name, verb, resource, ns)
+        for verb, group, resource, ns, obj in denied:
+            assert not _can(cp, sa, verb, group, resource, ns, obj), (name, "may", verb, resource, ns)
+        checked += 1
+    assert checked >= 1
+    # Every other Job's identity may do nothing with the API: no binding names it.
+    bound = {f"{s.get('namespace')}/{s['name']}" for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+             for s in d.get("subjects") or []}
+    for name, job in jobs.items():
+        if name not in JOB_ACCESS:
+            sa = f"{job['metadata']['namespace']}/{job['spec']['template']['spec'].get('serviceAccountName', 'default')}"
+            assert sa not in bound, name
+            assert not _can(cp, sa, "list", "", "pods", job["metadata"]["namespace"]), name
