@@ -241,3 +241,20 @@ def test_an_issuer_with_a_trailing_slash_is_kept_verbatim_end_to_end(plan_varian
     request = Request("vllm", "/v1/chat/completions", "POST", {"vllm-gke.io/model": "qwen-7b"}, "127.0.0.6",
                       token=(auth0, "auth0|65f0c0ffee"))
     assert decide(plan.manifests(), request).allowed
+
+
+def test_the_contract_check_names_a_guard_that_would_never_see_the_subject(plans):
+    """Where no RequestAuthentication writes the verified sub, a listed tenant could never pass the guard."""
+    import copy
+    import dataclasses
+
+    from vllm_gke.infra.contracts import istio_peer_and_claim_header
+
+    plan = plans["dev"]
+    assert istio_peer_and_claim_header(plan) == []
+    broken = dataclasses.replace(plan, resources=copy.deepcopy(plan.resources))
+    for r in broken.resources:
+        if r.props.get("kind") == "RequestAuthentication":
+            for rule in r.props["spec"]["jwtRules"]:
+                rule["outputClaimToHeaders"] = [o for o in rule["outputClaimToHeaders"] if o["claim"] != "sub"]
+    assert any("writes the subject into x-vllm-gke-subject" in p for p in istio_peer_and_claim_header(broken))

@@ -15,14 +15,18 @@ ISTIO = "1.24.6 / 1.30.3"
 
 def istio_peer_and_claim_header(plan: Plan) -> list[str]:
     out = []
-    headers = {rule.get("header") for ra in _docs(plan, "RequestAuthentication")
-               for jwt in ra["spec"].get("jwtRules") or [] for rule in jwt.get("outputClaimToHeaders") or []
-               if rule.get("claim") == "iss"}
+    written = [(rule.get("claim"), rule.get("header"), jwt.get("issuer")) for ra in _docs(plan, "RequestAuthentication")
+               for jwt in ra["spec"].get("jwtRules") or [] for rule in jwt.get("outputClaimToHeaders") or []]
+    headers = {h for claim, h, _ in written if claim == "iss"}
     for name, cfg in _guard_configs(plan):
         if cfg.get("trustedPeers") != [SIDECAR_PEER]:
             out.append(f"{name}: the guard trusts {cfg.get('trustedPeers')}, not the sidecar's {SIDECAR_PEER}")
         if cfg.get("issuerHeader") not in headers:
             out.append(f"{name}: no RequestAuthentication writes the issuer into {cfg.get('issuerHeader')}")
+        for iss, entry in (cfg.get("issuers") or {}).items():
+            if "subjects" in entry and ("sub", cfg.get("subjectHeader"), iss) not in written:
+                out.append(f"{name}: no RequestAuthentication of '{iss}' writes the subject into "
+                           f"{cfg.get('subjectHeader')}, so its listed subjects could never pass the guard")
     for d in _vllm_deployments(plan):
         if (d["spec"]["template"]["metadata"].get("labels") or {}).get("sidecar.istio.io/inject") == "false":
             out.append(f"{d['metadata']['name']}: no sidecar, so no JWT check and no 127.0.0.6 peer")
@@ -80,9 +84,10 @@ ROWS: tuple[Contract, ...] = (
              "pilot/pkg/networking/core/cluster_builder.go:441-451 (1.30.3: 671-681, the inbound cluster's source); "
              "pilot/pkg/security/authn/policy_applier.go:174-179 (1.30.3: 175-180, claim_to_headers; the strip of a "
              "client's copy is Envoy's jwt_authn, istio/istio#53212)",
-             "the guard trusts only 127.0.0.6 and reads the issuer header the RequestAuthentications write; each "
-             "ALLOW rule also requires that header to be its token's issuer, so a data plane leaving a client's copy "
-             "in place cannot pass one tenant as another; every vLLM pod is meshed", istio_peer_and_claim_header),
+             "the guard trusts only 127.0.0.6 and reads the issuer header the RequestAuthentications write (and, for "
+             "a tenant listing jwt.subjects, the subject header written from sub); each ALLOW rule also requires those "
+             "headers to be its token's issuer and a listed subject, so a data plane leaving a client's copy in place "
+             "cannot pass one tenant as another; every vLLM pod is meshed", istio_peer_and_claim_header),
     Contract("Istio sidecar", ISTIO,
              "sidecar.istio.io/nativeSidecar makes istio-proxy an init container that drains from its preStop and "
              "stops after the app; a classic sidecar exits 5 s after SIGTERM (terminationDrainDuration) unless "
