@@ -82,7 +82,9 @@ RERANK = {"id": "rerank-1", "model": "m", "usage": {"total_tokens": 23},
 
 @pytest.mark.parametrize("path, body, answer, tokens", [
     ("/v1/embeddings", {"model": "m", "input": "hi"}, EMBEDDING, 11),
-    ("/pooling", {"model": "m", "input": "hi"}, EMBEDDING, 11),
+    ("/v1/score", {"model": "m", "text_1": "a", "text_2": "b"},
+     {"id": "score-1", "object": "list", "model": "m", "data": [{"index": 0, "object": "score", "score": 0.5}],
+      "usage": {"prompt_tokens": 5, "total_tokens": 5, "completion_tokens": 0}}, 5),
     ("/v1/rerank", {"model": "m", "query": "q", "documents": ["d"]}, RERANK, 23),
 ])
 def test_a_pooling_answer_counts_its_prompt_tokens(path, body, answer, tokens):

@@ -8,9 +8,9 @@ for middleware - `raw_request.state.request_metadata.final_usage_info`, streamed
 entrypoints/openai/completion/serving.py:618,745) - so nothing on the wire changes and no client
 can opt out by leaving `stream_options.include_usage` off. Its Responses handler leaves none: there
 the usage is read from the response itself, the last `"usage":{...}` the body or its stream
-carries (always present, streamed or not). So are the pooling routes' (embeddings, pooling,
-classify, score, rerank): their answers carry OpenAI's usage object, whose prompt tokens are the
-request's whole cost (rerank's names only `total_tokens`, all of them prompt). A request that
+carries (always present, streamed or not). So are the pooling routes' (embeddings, score,
+rerank): their answers carry OpenAI's usage object, whose prompt tokens are the request's whole
+cost (rerank's names only `total_tokens`, all of them prompt). A request that
 never gets a response (the app raised: the server answers 500) counts as an error.
 """
 
