@@ -12,6 +12,7 @@ from typing import Any, Literal, Mapping, Optional
 import pulumi
 from pydantic import Field, ValidationInfo, field_validator
 
+from .catalog import region_problem
 from .specs import (
     BudgetSpec,
     ClusterSpec,
@@ -28,7 +29,6 @@ from .specs import (
     TenantSpec,
     WeightsSpec,
 )
-from .catalog import region_problem
 from .vllm_versions import DEFAULT_TPU_VLLM_VERSION, DEFAULT_VLLM_VERSION, RELEASES, TPU_RELEASES, VllmRelease
 
 
