@@ -97,7 +97,8 @@ def test_disks_in_every_zone_from_the_bucket(plan):
     assert "storage.googleapis.com" in required_apis(plan.config)
     sources = {s["metadata"]["name"]: s for s in manifests_of(plan, "GCPDataSource", "vllm")}
     assert sources[claim_of(plan, "llama-8b")]["spec"] == {"cloudStorage": {
-        "serviceAccountName": POPULATOR_SA, "uri": f"gs://{bucket['name']}/llama-8b/main/"}}
+        "serviceAccountName": POPULATOR_SA,
+        "uri": f"gs://{bucket['name']}/{model_dir(plan.config.model('llama-8b')).removeprefix('/models/')}/"}}
 
 
 def test_one_zone_has_no_multi_zone_parameter(stack_values):

@@ -13,7 +13,7 @@ from tests.conftest import REPO_ROOT
 from vllm_gke.components.capacity import pool_capacity
 from vllm_gke.components.serving_api import guard_config, tenant_routes
 from vllm_gke.components.specs import ModelSpec, TenantSpec, WeightsSpec
-from vllm_gke.components.weights_layout import ADAPTERS_DIR, plan_filestore
+from vllm_gke.components.weights_layout import ADAPTERS_DIR, adapter_dir, plan_filestore
 from vllm_gke.infra.config import ConfigError, parse
 
 sys.path.insert(0, str(REPO_ROOT / "images"))
@@ -34,8 +34,10 @@ def test_server_loads_each_adapter_from_the_share(plans):
     assert args[args.index("--max-loras") + 1] == "2"
     assert args[args.index("--max-lora-rank") + 1] == "32"  # the largest adapter's rank
     i = args.index("--lora-modules")
-    assert args[i + 1:i + 3] == [f"support-sql={ADAPTERS_DIR}/llama-8b/support-sql/v3",
-                                 f"search-rewrite={ADAPTERS_DIR}/llama-8b/search-rewrite/v1"]
+    llama = plans["prod"].config.model("llama-8b")
+    assert args[i + 1:i + 3] == [f"{a.name}={adapter_dir(llama, a)}" for a in llama.adapters]
+    assert [a.name for a in llama.adapters] == ["support-sql", "search-rewrite"]
+    assert adapter_dir(llama, llama.adapters[0]).startswith(f"{ADAPTERS_DIR}/llama-8b/support-sql/v3-")
     # Models without adapters are untouched.
     assert "--enable-lora" not in deployment(plans["prod"], "qwen-7b-short")["containers"][0]["args"]
 
@@ -44,13 +46,14 @@ def test_one_loader_job_per_adapter_and_servers_wait_for_them(plans):
     plan = plans["prod"]
     job = plan.kube("Job", "load-llama-8b-lora-support-sql").props
     cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert cmd[2:6] == ["hf", "acme-ml/llama-3.1-8b-support-sql-lora", "v3", f"{ADAPTERS_DIR}/llama-8b/support-sql/v3"]
+    llama = plan.config.model("llama-8b")
+    assert cmd[2:6] == ["hf", "acme-ml/llama-3.1-8b-support-sql-lora", "v3", adapter_dir(llama, llama.adapters[0])]
     assert job["metadata"]["labels"]["vllm-gke.io/model"] == "llama-8b"
     wait = deployment(plan, "llama-8b-short")["initContainers"][0]["command"][2]
-    for adapter in ("support-sql/v3", "search-rewrite/v1"):
-        assert f"{ADAPTERS_DIR}/llama-8b/{adapter}/.vllm-gke-complete" in wait
+    for adapter in llama.adapters:
+        assert f"{adapter_dir(llama, adapter)}/.vllm-gke-complete" in wait
     # The canary serves the same adapters, so it waits for them too.
-    assert "support-sql/v3" in deployment(plan, "llama-8b-canary-short")["initContainers"][0]["command"][2]
+    assert adapter_dir(llama, llama.adapters[0]) in deployment(plan, "llama-8b-canary-short")["initContainers"][0]["command"][2]
 
 
 def test_each_tenant_may_send_only_its_own_adapters(plans):
