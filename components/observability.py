@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 import pulumi
 import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
 
 from .billing_budget import BillingBudget, BillingBudgetArgs
 from .options import child_opts
@@ -269,7 +270,7 @@ class ObservabilityArgs:
     gateway_class: Optional[str] = None
     region: str = ""
     # The cluster's provider and Workload Identity pool: the SLOs' metrics are seeded there first.
-    provider: Optional[Any] = None
+    provider: Optional[k8s.Provider] = None
     workload_pool: Optional[pulumi.Input[str]] = None
 
 

@@ -1,7 +1,8 @@
 """ServiceLevels: SLOs as code, and the burn-rate alerts that page on them.
 
-A Cloud Monitoring custom service per model and per tenant, and on each its SLOs over a rolling
-window (monitoring.slos):
+A Cloud Monitoring custom service per model, per tenant and for the gateway, and on each its SLOs
+over a rolling window (monitoring.slos); those on Managed Prometheus metrics wait until Cloud
+Monitoring knows the metrics (components/slo_metrics.py: on a new project it would refuse them):
   - availability, per model and per tenant: the share of valid requests answered without a server
     error. The signal is the guard's count of each admitted tenant request by outcome
     (images/vllm_gke_guard/usage.py), which carries the tenant; a request the tenant got wrong (a
@@ -44,6 +45,7 @@ from typing import Any, Optional, Sequence
 
 import pulumi
 import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
 
 from .options import child_opts
 from .project_apis import ProjectApis
@@ -240,7 +242,7 @@ class ServiceLevelsArgs:
     region: str = ""
     # The cluster (its provider and Workload Identity pool): where the metrics the SLOs read are
     # seeded before the SLOs are created (components/slo_metrics.py). None: no seeding.
-    provider: Optional[Any] = None
+    provider: Optional[k8s.Provider] = None
     workload_pool: Optional[pulumi.Input[str]] = None
 
 
