@@ -40,63 +40,6 @@ def catalog_or_none(directory: Optional[Path] = None) -> Optional[CrdCatalog]:
     return load_catalog(path) if path else None
 
 
-# Custom kinds the stacks emit whose upstream CRD the CRD folder does not hold yet, with where
-# their pod templates are. Until it does, each template is checked as Kubernetes' own
-# PodTemplateSpec and the rest against the fields and enums of the pinned CRD (kubernetes-sigs/lws
-# v0.10.0 config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml: spec :17705-17812,
-# leaderWorkerTemplate :8631-8697, rolloutStrategy :17734-17802); a held CRD replaces this.
-UNHELD_CRDS: dict[tuple[str, str], tuple[tuple[str, ...], ...]] = {
-    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): (
-        ("spec", "leaderWorkerTemplate", "leaderTemplate"), ("spec", "leaderWorkerTemplate", "workerTemplate")),
-}
-_LWS_FIELDS: dict[tuple[str, ...], set[str]] = {
-    ("spec",): {"replicas", "leaderWorkerTemplate", "rolloutStrategy", "startupPolicy", "networkConfig"},
-    ("spec", "leaderWorkerTemplate"): {"leaderTemplate", "workerTemplate", "size", "restartPolicy", "subGroupPolicy",
-                                       "volumeClaimTemplates", "persistentVolumeClaimRetentionPolicy"},
-    ("spec", "rolloutStrategy"): {"type", "rollingUpdateConfiguration"},
-    ("spec", "rolloutStrategy", "rollingUpdateConfiguration"): {"maxSurge", "maxUnavailable", "partition"},
-}
-_LWS_ENUMS: dict[tuple[str, ...], set[str]] = {
-    ("spec", "startupPolicy"): {"LeaderCreated", "LeaderReady"},
-    ("spec", "leaderWorkerTemplate", "restartPolicy"): {"Default", "RecreateGroupOnPodRestart",
-                                                         "RecreateGroupAfterStart", "None"},
-    ("spec", "rolloutStrategy", "type"): {"RollingUpdate"},
-}
-
-
-def _at(doc: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        doc = doc.get(key) if isinstance(doc, dict) else None
-    return doc
-
-
-def validate_unheld(doc: dict[str, Any]) -> list[str]:
-    """A custom resource of an UNHELD_CRDS kind: its pod templates as Kubernetes validates a
-    PodTemplateSpec (strict: unknown fields are errors), its own fields and enums as the pinned CRD."""
-    errors: list[str] = []
-    for path, allowed in _LWS_FIELDS.items():
-        node = _at(doc, path)
-        if isinstance(node, dict):
-            errors += [f"{_where(path)}.{k}: not a field of the pinned CRD" for k in sorted(set(node) - allowed)]
-    for path, values in _LWS_ENUMS.items():
-        value = _at(doc, path)
-        if value is not None and value not in values:
-            errors.append(f"{_where(path)}: '{value}' is not one of {', '.join(sorted(values))}")
-    size = _at(doc, ("spec", "leaderWorkerTemplate", "size"))
-    if size is not None and (not isinstance(size, int) or size < 1):
-        errors.append(f"spec.leaderWorkerTemplate.size: {size!r} is not an integer >= 1")
-    for path in UNHELD_CRDS[(doc.get("apiVersion", ""), doc.get("kind", ""))]:
-        template = _at(doc, path)
-        if template is None:
-            continue
-        wrapped = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template}
-        try:
-            kubernetes_validate.validate(wrapped, KUBERNETES_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            errors.append(f"{_where(path)}.{_where(list(exc.path)[1:])}: {exc.message}")
-    return errors
-
-
 def validate(doc: dict[str, Any], catalog: Optional[CrdCatalog] = None) -> list[str]:
     """Problems with one manifest; empty when it is valid. Custom resources need a catalog
     of upstream CRDs: without one they are not checked here (the plan says so)."""
@@ -105,8 +48,6 @@ def validate(doc: dict[str, Any], catalog: Optional[CrdCatalog] = None) -> list[
         if catalog is None:
             return []
         errors = validate_custom_resource(doc, catalog)
-        if errors is None and (api_version, kind) in UNHELD_CRDS:
-            return validate_unheld(doc)
         if errors is None:
             return [f"no upstream CRD for {api_version} {kind} in the CRD folder: add it there"]
         return errors

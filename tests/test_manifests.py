@@ -8,8 +8,8 @@ import copy
 import pytest
 
 from tests.conftest import STACKS, manifests_of
-from vllm_gke.infra.crd_validation import apply_defaults, eval_rule, unknown_fields, validate_custom_resource
-from vllm_gke.infra.manifests import UNHELD_CRDS, is_builtin, validate
+from vllm_gke.infra.crd_validation import apply_defaults, eval_rule, unknown_fields
+from vllm_gke.infra.manifests import is_builtin, validate
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -25,14 +25,14 @@ def test_every_custom_kind_has_an_upstream_crd(plans, crd_catalog, stack):
     """Every custom kind a stack emits is validated against a CRD the folder holds: none is
     left unchecked (the Inference Gateway, KEDA and Volume Populator kinds included)."""
     custom = {(d["apiVersion"], d["kind"]) for d in plans[stack].manifests() if not is_builtin(d)}
-    assert custom and custom <= crd_catalog.kinds() | set(UNHELD_CRDS)
+    assert custom and custom <= crd_catalog.kinds()
 
 
-def test_only_the_leader_worker_set_is_unheld_and_a_held_crd_replaces_the_stopgap(plans, crd_catalog):
-    """LeaderWorkerSet's CRD is not in the folder yet: its pod templates are validated as
-    Kubernetes' PodTemplateSpec and its own fields against the pinned CRD's; the day the folder
-    holds it, the CRD decides (an unknown kind is never passed silently)."""
-    assert set(UNHELD_CRDS) == {("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")}
+def test_leader_worker_sets_validate_against_the_pinned_crd(plans, crd_catalog):
+    """kubernetes-sigs/lws v0.10.0's CRD (../shared/upstream-crds/lws-v0.10.0-leaderworkersets.yaml):
+    its schema embeds the pod templates, so a typo there is pruned as the API server would."""
+    assert any(v.source == "lws-v0.10.0-leaderworkersets.yaml"
+               for v in crd_catalog.versions("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"))
     (lws, *_rest) = [d for d in plans["frontier"].manifests() if d["kind"] == "LeaderWorkerSet"]
     assert validate(lws, crd_catalog) == []
     typo = copy.deepcopy(lws)
@@ -43,8 +43,6 @@ def test_only_the_leader_worker_set_is_unheld_and_a_held_crd_replaces_the_stopga
     bad["spec"]["rolloutStrategy"]["surge"] = 1
     errs = validate(bad, crd_catalog)
     assert any("'Always'" in e for e in errs) and any("surge" in e for e in errs)
-    if ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet") in crd_catalog.kinds():
-        assert validate_custom_resource(lws, crd_catalog) == []
 
 
 def test_inference_keda_and_populator_kinds_are_validated_not_passed(plans, crd_catalog):
