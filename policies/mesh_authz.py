@@ -4,7 +4,8 @@ A small evaluator over RequestAuthentication and AuthorizationPolicy manifests, 
 Istio's documented semantics (security/v1):
   - RequestAuthentication: a request carrying a token must carry a valid one from an issuer
     configured for the workload (else 401); a request without a token passes with no principal.
-    The request principal is "<iss>/<sub>".
+    The request principal is "<iss>/<sub>"; a requestPrincipals value is split at its last '/'
+    and matched against iss and sub apart (match_request_principal), as Istio does.
   - AuthorizationPolicy: CUSTOM, then DENY, then ALLOW. Any matching DENY denies. If ALLOW
     policies apply to the workload, one must match, else 403 (an ALLOW with no rules matches
     nothing: deny-all). A policy applies to workloads in its namespace whose labels match its
@@ -87,10 +88,39 @@ def _any(patterns: Sequence[str], value: Optional[str]) -> bool:
     return value is not None and any(match_string(p, value) for p in patterns)
 
 
+def match_request_principal(pattern: str, token: Optional[tuple[str, str]]) -> bool:
+    """A requestPrincipals value against a verified token's (iss, sub), as Istio builds the matcher
+    (istio/istio@1.24.6 pilot/pkg/security/authz/model/generator.go:202-251): the value splits at
+    its last '/', iss and sub are matched apart, exactly unless a '*' stands at the value's start
+    (a suffix of iss, or of sub where there is no '/') or end (a prefix of sub, or of iss); a bare
+    '*' part matches any non-empty value."""
+    if token is None:
+        return False
+    iss, sub = token
+    if pattern == "*":
+        return bool(iss) and bool(sub)
+    p_iss, slash, p_sub = pattern.rpartition("/")
+    if not slash:
+        p_iss, p_sub = pattern, ""
+    if pattern.startswith("*"):
+        if not slash:
+            return bool(iss) and sub.endswith(pattern[1:])
+        return (bool(iss) if p_iss == "*" else iss.endswith(p_iss[1:])) and sub == p_sub
+    if pattern.endswith("*"):
+        if not slash:
+            return iss.startswith(pattern[:-1]) and bool(sub)
+        return iss == p_iss and (bool(sub) if p_sub == "*" else sub.startswith(p_sub[:-1]))
+    return iss == p_iss and sub == p_sub
+
+
+def _any_principal(patterns: Sequence[str], token: Optional[tuple[str, str]]) -> bool:
+    return any(match_request_principal(p, token) for p in patterns)
+
+
 def _source_matches(source: Mapping[str, Any], request: Request, principal: Optional[str]) -> bool:
     checks = {
-        "requestPrincipals": lambda v: _any(v, principal),
-        "notRequestPrincipals": lambda v: not _any(v, principal),
+        "requestPrincipals": lambda v: principal is not None and _any_principal(v, request.token),
+        "notRequestPrincipals": lambda v: principal is None or not _any_principal(v, request.token),
         "ipBlocks": lambda v: _in_blocks(request.source_ip, v),
         "notIpBlocks": lambda v: not _in_blocks(request.source_ip, v),
         "remoteIpBlocks": lambda v: _in_blocks(request.source_ip, v),
@@ -146,8 +176,8 @@ def applicable(manifests: Iterable[Mapping[str, Any]], namespace: str, labels: M
             and _applies(d, probe)]
 
 
-def _cannot_match(policy: Mapping[str, Any], principal: str) -> bool:
-    """Every rule of the policy names request principals, none of which is `principal`."""
+def _cannot_match(policy: Mapping[str, Any], token: tuple[str, str]) -> bool:
+    """Every rule of the policy names request principals, none of which is the token's."""
     rules = (policy.get("spec") or {}).get("rules") or []
     if not rules:
         return False
@@ -155,7 +185,7 @@ def _cannot_match(policy: Mapping[str, Any], principal: str) -> bool:
         sources = rule.get("from") or []
         if not sources or any(set(src.get("source") or {}) != {"requestPrincipals"} for src in sources):
             return False
-        if any(_any((src.get("source") or {})["requestPrincipals"], principal) for src in sources):
+        if any(_any_principal((src.get("source") or {})["requestPrincipals"], token) for src in sources):
             return False
     return True
 
@@ -164,7 +194,6 @@ def for_token(manifests: Iterable[Mapping[str, Any]], issuer: str, subject: str)
     """`manifests` less what cannot bear on a request with this token: other issuers'
     RequestAuthentications and policies whose every rule names other principals. `decide` gives
     the same answer on the result, in time independent of how many other tenants there are."""
-    principal = f"{issuer}/{subject}"
     docs = list(manifests)
     kept: list[Mapping[str, Any]] = []
     dropped_allow = False
@@ -172,7 +201,7 @@ def for_token(manifests: Iterable[Mapping[str, Any]], issuer: str, subject: str)
         if d.get("kind") == "RequestAuthentication":
             if any(r.get("issuer") == issuer for r in (d.get("spec") or {}).get("jwtRules") or []):
                 kept.append(d)
-        elif d.get("kind") == "AuthorizationPolicy" and _cannot_match(d, principal):
+        elif d.get("kind") == "AuthorizationPolicy" and _cannot_match(d, (issuer, subject)):
             dropped_allow |= (d.get("spec") or {}).get("action", "ALLOW") == "ALLOW"
         else:
             kept.append(d)

@@ -164,3 +164,22 @@ def test_narrowing_to_one_token_or_workload_never_changes_a_decision(plans):
                         assert decide(narrowed, request).allowed == expected.allowed, (ns, labels, path)
                         if token is not None:
                             assert decide(mine, request).allowed == expected.allowed, (ns, labels, issuer, path)
+
+
+@pytest.mark.parametrize("pattern,token,matches", [
+    # generator.go: split at the last '/', iss and sub matched apart.
+    ("https://a/*", ("https://a", "x"), True),
+    ("https://a/*", ("https://a/b", "x"), False),  # the issuer is exact: no path-prefix match
+    ("https://a.auth0.com//*", ("https://a.auth0.com/", "auth0|1"), True),  # a trailing '/' kept
+    ("https://a.auth0.com//*", ("https://a.auth0.com", "auth0|1"), False),
+    ("https://accounts.google.com/123", ("https://accounts.google.com", "123"), True),
+    ("https://accounts.google.com/123", ("https://accounts.google.com", "1234"), False),
+    ("https://accounts.google.com/12*", ("https://accounts.google.com", "1234"), True),  # sub prefix
+    ("*/123", ("https://any.example", "123"), True), ("*.example/123", ("https://a.example", "123"), True),
+    ("*", ("https://a", "x"), True), ("*x", ("https://a", "ax"), True),
+    ("https://a/b/c", ("https://a", "b/c"), False),  # a sub holding '/' is never matched exactly
+])
+def test_request_principals_match_as_istio_splits_them(pattern, token, matches):
+    from vllm_gke.policies.mesh_authz import match_request_principal
+
+    assert match_request_principal(pattern, token) is matches

@@ -258,3 +258,25 @@ def test_the_contract_check_names_a_guard_that_would_never_see_the_subject(plans
             for rule in r.props["spec"]["jwtRules"]:
                 rule["outputClaimToHeaders"] = [o for o in rule["outputClaimToHeaders"] if o["claim"] != "sub"]
     assert any("writes the subject into x-vllm-gke-subject" in p for p in istio_peer_and_claim_header(broken))
+
+
+def test_an_issuer_under_anothers_path_is_a_tenant_of_its_own(plan_variant):
+    """Istio matches iss exactly, so `https://auth.acme.example/search/*` admits none of the tokens
+    of an issuer under that path: both tenants are accepted, each reaches only its own models."""
+    from vllm_gke.policies.mesh_authz import Request, decide
+
+    under = "https://auth.acme.example/search/team"
+
+    def mutate(values):
+        values["vllm-gke:tenants"][1]["jwt"]["issuer"] = under  # support, beside search
+
+    plan = plan_variant("prod", mutate)
+    labels = next(d["spec"]["template"]["metadata"]["labels"] for d in manifests_of(plan, "Deployment", "vllm")
+                  if d["metadata"]["name"] == "qwen-7b-short")  # support's, not search's
+
+    def call(token):
+        return decide(plan.manifests(), Request("vllm", "/v1/chat/completions", "POST", labels, "127.0.0.6",
+                                                token=token))
+
+    assert call((under, "svc-1")).allowed
+    assert call(("https://auth.acme.example/search", "team/svc-1")).status == 403
