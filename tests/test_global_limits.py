@@ -544,3 +544,18 @@ def test_store_outages_are_charted_and_alerted_where_limits_are_shared(plans):
     assert FALLBACKS_METRIC == "vllm_gke_guard_limit_store_fallbacks_total"  # the guard's counter, as exposed
     dev = plans["dev"].platform.observability  # no shared store, no chart of it
     assert FALLBACKS_METRIC not in json.dumps([dev.dashboard_definition, dev.alert_definitions])
+
+
+@pytest.mark.parametrize("grant", ["+eval", "+evalsha", "+script|load", "+function|load", "+@scripting", "+@all"])
+def test_the_contract_refuses_an_acl_that_lets_a_client_run_code(plans, grant):
+    import copy
+    import dataclasses
+
+    from vllm_gke.infra.contracts import redis_writes_nothing_and_scripts_obey_the_acl as check
+
+    plan = dataclasses.replace(plans["prod"], resources=copy.deepcopy(plans["prod"].resources))
+    assert check(plan) == []
+    (cm,) = [r for r in plan.resources if r.props.get("kind") == "ConfigMap"
+             and (r.props.get("data") or {}).get("redis.conf")]
+    cm.props["data"]["redis.conf"] = cm.props["data"]["redis.conf"].replace("+fcall", f"+fcall {grant}")
+    assert any("run code of its own" in p for p in check(plan))
