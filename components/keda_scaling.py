@@ -68,8 +68,11 @@ def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: Keda
         # A pool switched to minReplicas 0 that was never active would go at KEDA's first poll.
         spec["initialCooldownPeriod"] = pool.cooldown_seconds
         spec["triggers"] = [
-            # Wake: any request the standby answered in the last two minutes asks for one replica.
-            prometheus(f"clamp_max(sum(increase(vllm_gke_standby_requests_total{{{standby}}}[2m])), 1)", 1),
+            # Wake: any request the standby answered in the last two minutes asks for one replica,
+            # and so does a wake still under way (a replica loading: no vLLM metric yet, and the
+            # clients may have stopped retrying) so KEDA never cools down mid-load.
+            prometheus(f"clamp_max(sum(increase(vllm_gke_standby_requests_total{{{standby}}}[2m])) + "
+                       f"sum(vllm_gke_standby_waking{{{standby}}}), 1)", 1),
             queue, keep,
         ]
     return spec

@@ -50,6 +50,7 @@ def test_pool_at_zero_is_woken_kept_and_scaled_by_keda(plans):
                                                                        "kind": "ClusterTriggerAuthentication"}
         assert t["metadata"]["serverAddress"] == gmp_query_url("acme-llm-staging")
         assert t["metadata"]["activationThreshold"] == "0"
+    assert "vllm_gke_standby_waking" in wake["metadata"]["query"]
     assert "vllm_gke_standby_requests_total" in wake["metadata"]["query"] and "mistral-7b-long-standby" in \
         wake["metadata"]["query"]
     assert "vllm:num_requests_waiting" in queue["metadata"]["query"] and queue["metadata"]["threshold"] == "8"
@@ -129,6 +130,20 @@ def test_standby_answers_503_with_retry_after_in_openai_format_and_counts(standb
     request(port, "GET", "/v1/models")
     _, _, metrics = request(port, "GET", "/metrics")
     assert b"vllm_gke_standby_requests_total 2" in metrics
+
+
+def test_a_wake_stays_active_until_a_replica_serves(standby):
+    """KEDA counts its cooldown from the last active poll: while the woken replica loads, clients
+    may have stopped retrying, so the standby itself keeps the wake trigger up until one is ready."""
+    port, state = standby
+    assert b"vllm_gke_standby_waking 0" in request(port, "GET", "/metrics")[2]  # nobody asked
+    request(port, "POST", "/v1/completions", json.dumps({"model": "mistral-7b"}))
+    for _poll in range(3):  # no retries, still waking
+        assert b"vllm_gke_standby_waking 1" in request(port, "GET", "/metrics")[2]
+    state["ready"] = True
+    assert b"vllm_gke_standby_waking 0" in request(port, "GET", "/metrics")[2]
+    state["ready"] = False  # back at zero later: asleep until the next request
+    assert b"vllm_gke_standby_waking 0" in request(port, "GET", "/metrics")[2]
 
 
 def test_standby_is_ready_only_while_the_pool_is_not(standby):

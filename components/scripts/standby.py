@@ -3,7 +3,10 @@
 Only while the pool has no ready replica is this pod ready (its /health answers 200), so the load
 balancer sends it requests only then. It answers each with 503, a Retry-After and an OpenAI-style
 error, and counts it: KEDA reads the count (vllm_gke_standby_requests_total, through Managed
-Prometheus) to wake the pool. It reads no body beyond a limit and keeps nothing.
+Prometheus) to wake the pool. From a request until a replica is ready it also reports
+vllm_gke_standby_waking 1, which keeps KEDA's trigger active while the replica loads, whether or
+not clients retry (KEDA counts its cooldown from the last active poll). It reads no body beyond a
+limit and keeps nothing.
 
     python3 standby.py --model NAME --ready-host HEADLESS_SERVICE [--port 8000] [--retry-after 30]
         [--expected-seconds N]
@@ -69,11 +72,20 @@ class Standby:
         self.retry_after = retry_after
         self.expected_seconds = expected_seconds
         self.requests = 0
+        self.wake_asked = False
         self.lock = threading.Lock()
 
     def count(self) -> None:
         with self.lock:
             self.requests += 1
+            self.wake_asked = True
+
+    def waking(self) -> bool:
+        """Asked to wake and no replica ready yet; a ready replica ends the wake."""
+        with self.lock:
+            if self.serving_ready():
+                self.wake_asked = False
+            return self.wake_asked
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
         standby = self
@@ -108,7 +120,9 @@ class Standby:
                     return
                 if path == "/metrics" and self.command == "GET":
                     body = (f"# TYPE vllm_gke_standby_requests_total counter\n"
-                            f"vllm_gke_standby_requests_total {standby.requests}\n").encode()
+                            f"vllm_gke_standby_requests_total {standby.requests}\n"
+                            f"# TYPE vllm_gke_standby_waking gauge\n"
+                            f"vllm_gke_standby_waking {int(standby.waking())}\n").encode()
                     self._send(200, body, "text/plain; version=0.0.4")
                     return
                 self._drain()

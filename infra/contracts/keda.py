@@ -22,10 +22,10 @@ def _queried_metrics(query: str) -> set[str]:
 
 
 def _standby_metrics() -> set[str]:
-    """The counters the standby program exports (components/scripts/standby.py)."""
+    """The series the standby program exports (components/scripts/standby.py)."""
     from ...components.standby import PROGRAM
 
-    return set(re.findall(r"# TYPE (\w+) counter", PROGRAM.read_text()))
+    return set(re.findall(r"# TYPE (\w+) (?:counter|gauge)", PROGRAM.read_text()))
 
 
 def keda_owns_external_metrics(plan: Plan) -> list[str]:
