@@ -63,8 +63,10 @@ ROWS: tuple[Contract, ...] = (
              "filter is unknown'); a user-defined metric type is custom.googleapis.com or external.googleapis.com, so "
              "a prometheus.googleapis.com descriptor cannot be created through the API: Managed Prometheus creates it "
              "when it first ingests the metric",
-             "https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.metricDescriptors (MetricDescriptor.type); "
-             "https://cloud.google.com/stackdriver/docs/managed-prometheus (metric types prometheus.googleapis.com/NAME/KIND)",
+             "https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.metricDescriptors (MetricDescriptor.type: "
+             "user-defined types are custom.googleapis.com or external.googleapis.com); "
+             "https://cloud.google.com/stackdriver/docs/solutions/slo-monitoring/sli-metrics/prometheus (SLIs on "
+             "prometheus.googleapis.com/NAME/KIND); the refusal as seen: GoogleCloudPlatform/cloud-ops-sandbox#896",
              "a Job serves every Managed Prometheus metric the SLO filters name, with their label keys, at zero, scraped "
              "by its PodMonitoring, and succeeds once each descriptor exists; every such SLO depends on it",
              slos_wait_for_their_metrics),
