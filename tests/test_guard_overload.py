@@ -121,6 +121,17 @@ def test_the_shed_tiers_hold_through_the_retry_after_pause():
     assert step(ctl, clock, pause) == {0: False, -1: False, -5: False}
 
 
+def test_a_spell_longer_than_any_retry_after_forgets_the_overload():
+    """Ten quiet minutes are no shed tenant's pause (Retry-After is at most a minute): requests
+    waiting then are a new burst, measured afresh, not shed for the old one."""
+    ctl, clock, queue = controller()
+    step(ctl, clock)
+    queue.waiting, _ = 40, queue.leave(10)
+    assert step(ctl, clock)[-5] is True
+    queue.waiting = 3
+    assert step(ctl, clock, 600) == {0: False, -1: False, -5: False}
+
+
 def test_a_drained_queue_brings_the_tiers_back_whatever_the_requests_before_waited():
     ctl, clock, queue = controller()
     step(ctl, clock)

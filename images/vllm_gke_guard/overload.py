@@ -15,9 +15,10 @@ Tiers are the tenants' negative priorities (tenants[].priority); 0 is never shed
 queue is over the SLO one more tier is shed, most negative first; each second it is under half
 the SLO one tier comes back. So a lower tier is always shed before a higher one, and a short
 spike sheds only the lowest. The state moves only when a sheddable request asks. A quiet spell (no
-reading for over two intervals) is most often the shed tenants' own Retry-After pause: the shed
-tiers stay shed through it while requests still wait, and the next second's rate decides (a
-rate over the spell would say nothing); a queue found empty brings every tier back at once.
+reading for over two intervals) up to the longest Retry-After given (60 s) is most often the shed
+tenants' own pause: the shed tiers stay shed through it while requests still wait, and the next
+second's rate decides (a rate over the spell would say nothing); a queue found empty, or a longer
+spell, brings every tier back at once.
 (Starting again from nothing shed would admit the returning tenants into the same queue and shed
 them again a few seconds later: a saw-tooth.)
 """
@@ -32,6 +33,8 @@ from .errors import GuardError
 WAITING = "vllm:num_requests_waiting"
 FIRST_TOKENS = "vllm:time_to_first_token_seconds"
 INTERVAL_S = 1.0
+# The longest Retry-After a refusal gives: a quiet spell longer than that is no shed tenant's pause.
+MAX_RETRY_AFTER_S = 60.0
 
 
 class VllmQueue:
@@ -88,7 +91,7 @@ class Overload:
             # The first reading, or the first after a quiet spell: no rate over a recent second
             # yet. The shed tiers hold while requests wait (the spell was likely their pause).
             self.stalled_since = None
-            if last is None or waiting <= 0:
+            if last is None or waiting <= 0 or now - last[0] > MAX_RETRY_AFTER_S + 2 * self.interval:
                 self.level, self.estimate = 0, 0.0
             return
         elapsed, moved = now - last[0], left - last[1]
@@ -117,5 +120,5 @@ class Overload:
         err = GuardError(429, f"the server is overloaded (queue time about {self.estimate:.1f}s, over its "
                               f"{self.slo:g}s objective): requests of tenant '{tenant}', at its priority, are "
                               "refused until it drains; retry after the time given", "overloaded")
-        err.retry_after = max(self.interval, math.ceil(min(self.estimate, 60.0)))
+        err.retry_after = max(self.interval, math.ceil(min(self.estimate, MAX_RETRY_AFTER_S)))
         return err
