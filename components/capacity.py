@@ -234,7 +234,7 @@ def rollout_strategy(full_at: Optional[int]) -> dict[str, int | str]:
 
 def rollout_needs(cfg: "StackConfig") -> list[str]:
     """What each serving pool's rollout does, said in the plan where it is not a plain surge."""
-    out = []
+    out: list[str] = []
     for model, node_pool_name, tenant in placements(cfg):
         for which in model.pool_names:
             full_at = surge_room(cfg, model, node_pool_name, tenant, which)

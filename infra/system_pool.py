@@ -16,7 +16,6 @@ from typing import Any
 
 from ..components.node_shapes import system_pool_free
 from .config import ConfigError, ConfigIssue
-from .manifests import pod_templates
 
 # Pods a Helm chart or a release manifest runs, not in the plan's manifests: (what, pods, CPU m,
 # memory MiB) from their pinned sources.

@@ -116,8 +116,8 @@ def test_the_fix_offered_is_one_that_helps(pool_kwargs, machine, helps, misleads
 def test_a_pool_whose_node_pool_is_full_at_its_ceiling_rolls_in_place_from_there(plans):
     """prod's llama-70b fills a100-tp8 (6 nodes x 8 GPUs) at 4 + 2 replicas of TP 8: a surge pod at
     the ceiling would wait for a node forever. Surge while it fits, then an old replica first."""
-    from vllm_gke.components.capacity import rollout_strategy, surge_room
     from tests.conftest import vllm_deployments
+    from vllm_gke.components.capacity import rollout_strategy, surge_room
 
     cfg = plans["prod"].config
     llama = cfg.model("llama-70b")

@@ -127,7 +127,7 @@ def test_scale_from_zero_and_back(cluster):
         cp.kubectl("scale", "deployment", target, "-n", ns, "--replicas=1")
         settle(cp)
         cp.kubectl("scale", "deployment", target, "-n", ns, "--replicas=0")
-        cp.wait_until(f"{target} at zero", lambda: not [
+        cp.wait_until(f"{target} at zero", lambda ns=ns, target=target: not [
             p for p in cp.get("pods", "-n", ns)["items"]
             if p["metadata"]["name"].startswith(f"{target}-") and "standby" not in p["metadata"]["name"]])
 

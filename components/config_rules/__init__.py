@@ -38,8 +38,8 @@ from .placement import (
     node_disks,
     scale_to_zero,
 )
-from .scaling import cooldown_covers_wake
 from .release import check_extra_args, check_image_tag, vllm_release
+from .scaling import cooldown_covers_wake
 from .tenants import adapters, check_tenant_cap, check_tenant_limits, external_gateway, global_limits, tenant_models
 
 if TYPE_CHECKING:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from ..capacity import placements
 from ..cold_start import NODE_PROVISION_S, cold_start_seconds
+from ..specs import ModelSpec
 from ..specs.base import item_key
 from .base import Add
 
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
     from ..stack_config import StackConfig
 
 
-def wake_seconds(cfg: "StackConfig", model, node_pool_name: str) -> int:  # noqa: ANN001 (ModelSpec)
+def wake_seconds(cfg: "StackConfig", model: ModelSpec, node_pool_name: str) -> int:
     """From KEDA's scale-up at zero to a replica serving: a GPU node, then the replica's cold start."""
     return int(NODE_PROVISION_S + cold_start_seconds(cfg, model, cfg.pool(node_pool_name)))
 

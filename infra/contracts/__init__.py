@@ -45,7 +45,6 @@ from .base import Check, Contract
 from .billing import budget_api_accepts_the_budget
 from .collector import collector_listens_and_writes_to_trace, vllm_exports_traces_as_configured
 from .gateway import regex_matches_on_a_regional_class
-from .gpu_network import gpu_groups_talk_over_the_primary_nic
 from .gcsfuse import (
     FUSE_SIDECAR,
     ISTIO_INIT,
@@ -54,6 +53,7 @@ from .gcsfuse import (
     gcsfuse_sidecar_with_the_mesh,
     injected_init_order,
 )
+from .gpu_network import gpu_groups_talk_over_the_primary_nic
 from .istio import ISTIO, istio_peer_and_claim_header, istio_principals_are_the_tenants, istio_sidecar_outlives_vllm
 from .keda import (
     keda_admits_the_scaled_objects,
@@ -118,9 +118,11 @@ __all__ = [
     "picker_rolls_and_drains_with_one_ready_pod", "picker_stops_within_its_grace", "regex_matches_on_a_regional_class",
     "populator_inputs", "problems", "redis_writes_nothing_and_scripts_obey_the_acl", "vllm_drains_on_stop",
     "vllm_exports_what_monitoring_reads", "vllm_health_and_guard", "vllm_ttft_buckets_cut_at_the_slo",
-    "vllm_usage_reaches_the_guard", "vllm_applies_no_adapter_by_itself", "vllm_writes_only_to_volumes", "lws_env_is_what_the_webhook_injects",
+    "vllm_usage_reaches_the_guard", "vllm_applies_no_adapter_by_itself", "vllm_writes_only_to_volumes",
+    "lws_env_is_what_the_webhook_injects",
     "lws_headless_service_is_its_own", "lws_scales_groups_by_their_leaders", "lws_webhook_reachable",
-    "vllm_group_launch", "vllm_tpu_spans_hosts_through_ray", "gpu_groups_talk_over_the_primary_nic", "tpu_containers_reach_the_chips",
+    "vllm_group_launch", "vllm_tpu_spans_hosts_through_ray", "gpu_groups_talk_over_the_primary_nic",
+    "tpu_containers_reach_the_chips",
     "vllm_tpu_keeps_its_xla_cache", "ray_health_checks_outlast_a_compile",
 ]
 
