@@ -29,7 +29,7 @@ def cooldown_covers_wake(cfg: "StackConfig", add: Add) -> None:
     for index, model in enumerate(cfg.models):
         for which in model.pool_names:
             pool = getattr(model, which)
-            need = need_by_model[model.name]
+            need = need_by_model.get(model.name, 0)
             if pool.min_replicas == 0 and pool.cooldown_seconds < need:
                 add(f"{item_key('models', cfg.models, index)}.{which}.cooldownSeconds",
                     f"is {pool.cooldown_seconds}, but waking this pool from zero takes about {need} s (an accelerator "
@@ -40,6 +40,9 @@ def cooldown_covers_wake(cfg: "StackConfig", add: Add) -> None:
 def wake_needed(cfg: "StackConfig") -> dict[str, int]:
     """Each model's slowest wake over every node pool it runs on (shared, dedicated, canary)."""
     out: dict[str, int] = {}
+    known = {p.name for p in cfg.node_pools}
     for model, node_pool_name, _tenant in placements(cfg):
+        if node_pool_name not in known:
+            continue  # reported as an unknown nodePool
         out[model.name] = max(out.get(model.name, 0), wake_seconds(cfg, model, node_pool_name))
     return out
