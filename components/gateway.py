@@ -269,11 +269,10 @@ class Gateway(pulumi.ComponentResource):
                opts: pulumi.ResourceOptions) -> None:
         prefix = f"/{target.path_prefix}/v1"
         path = {"type": "PathPrefix", "value": prefix}
-        url_rewrite = {"type": "URLRewrite",
-                       "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v1"}}}
+        # No URLRewrite: GKE does not claim HTTPRoute path rewrites (infra/contracts/gateway.py), so
+        # the path reaches the pod as sent; the mesh admits it prefixed and the guard strips the prefix.
         # The tenant is the issuer and subject Istio verified: a client's own copy never gets through.
-        rewrite = [url_rewrite, {"type": "RequestHeaderModifier",
-                                 "requestHeaderModifier": {"remove": list(VERIFIED_HEADERS)}}]
+        strip_verified = [{"type": "RequestHeaderModifier", "requestHeaderModifier": {"remove": list(VERIFIED_HEADERS)}}]
 
         def backend(service: str, canary: Optional[str]) -> list[dict[str, Any]]:
             if not canary:
@@ -286,11 +285,9 @@ class Gateway(pulumi.ComponentResource):
         if target.picker:
             self._picker_route(name, target, parent_ref, spec, opts)
             return
-        long_backend = {"filters": rewrite,
+        long_backend = {"filters": strip_verified,
                         "backendRefs": backend(target.long_service, target.canary_long_service)}
-        # One match per rule: a URLRewrite with ReplacePrefixMatch needs exactly one PathPrefix
-        # match in its rule (a CEL rule of the HTTPRoute CRD, Gateway API v1.2 onwards). Header
-        # matches outrank the bare path match of the last rule (Gateway API precedence).
+        # Header matches outrank the bare path match of the last rule (Gateway API precedence).
         rules = [
             {"matches": [{"path": path, "headers": [{"type": "RegularExpression", "name": "content-length",
                                                      "value": at_least_regex(target.long_request_bytes)}]}],
@@ -298,7 +295,7 @@ class Gateway(pulumi.ComponentResource):
             {"matches": [{"path": path, "headers": [{"type": "Exact", "name": LENGTH_HINT_HEADER,
                                                      "value": "long"}]}],
              **long_backend},
-            {"matches": [{"path": path}], "filters": rewrite,
+            {"matches": [{"path": path}], "filters": strip_verified,
              "backendRefs": backend(target.short_service, target.canary_short_service)},
         ]
         self._declare_route(name, target, rules, parent_ref, spec, opts)
@@ -347,9 +344,9 @@ class Gateway(pulumi.ComponentResource):
             "filters": [{"type": "RequestRedirect", "requestRedirect": {
                 "path": {"type": "ReplaceFullPath", "replaceFullPath": PICKER_HEADER_REFUSED_PATH},
                 "statusCode": 302}}]}
-        rules = [refused, *({"matches": [served(path, method)], "filters": [
-            {"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplaceFullPath", "replaceFullPath": path}}},
-            headers], "backendRefs": [backend]} for path, method in picker.routes)]
+        # Forwarded as sent (no URLRewrite, as above): the picker reads no path, the guard strips the prefix.
+        rules = [refused, *({"matches": [served(path, method)], "filters": [headers], "backendRefs": [backend]}
+                            for path, method in picker.routes)]
         self._declare_route(name, target, rules, parent_ref, spec, opts)
 
     @staticmethod

@@ -59,7 +59,8 @@ class Route:
     kind: Kind
 
 
-# Only vLLM's /v1 API: the Gateway routes /<prefix>/v1/... (components/gateway.py), so its
+# Only vLLM's /v1 API: the Gateway routes /<prefix>/v1/... (components/gateway.py; the guard strips
+# the prefix), so its
 # unversioned routes (/pooling, /classify, /score, /rerank, /v2/rerank, /tokenize, /detokenize)
 # would be admitted here and reachable from nowhere. /v1/score and /v1/rerank serve the same models.
 TENANT_ROUTES: tuple[Route, ...] = (
@@ -127,6 +128,22 @@ def tenant_routes(served: Optional[Iterable[str]] = None) -> list[Route]:
     return [r for r in TENANT_ROUTES if paths is None or r.path in paths]
 
 
+def path_prefix(model: ModelSpec, tenant: TenantSpec, dedicated: bool) -> str:
+    """The route's path prefix (without '/' and '/v1') for `tenant` calling `model`: the shared
+    /<model>/v1 of length routing, else /<tenant>/<model>/v1 (behind the endpoint picker the tenant
+    is in the path, so its priority is bound to its token; a dedicated copy is the tenant's own)."""
+    if dedicated or model.routing == "inference-gateway":
+        return f"{tenant.name}/{model.name}"
+    return model.name
+
+
+def pool_prefixes(model: ModelSpec, callers: Sequence[TenantSpec], dedicated: bool = False) -> list[str]:
+    """The path prefixes ('/<prefix>', no '/v1') the Gateway routes to a pool of `model` serving
+    `callers`. The Gateway forwards the path as sent (GKE does not claim HTTPRoute path rewrites:
+    infra/contracts/gateway.py), so the mesh admits these prefixed paths and the guard strips them."""
+    return sorted({"/" + path_prefix(model, t, dedicated) for t in callers})
+
+
 def objective_name(tenant: str, model: str) -> str:
     """A tenant's InferenceObjective for a model; '.' cannot occur in either name, so no two
     (tenant, model) pairs share one."""
@@ -165,13 +182,15 @@ def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
                  max_tokens_rule: str = "both", objectives_for: Optional[str] = None,
                  shared_store: Optional[tuple[str, int]] = None, served: Optional[ModelSpec] = None,
                  max_body_bytes: Optional[int] = None, cache_salt_paths: Sequence[str] = (),
-                 queue_slo_seconds: Optional[float] = None, traces: bool = False) -> dict[str, Any]:
+                 queue_slo_seconds: Optional[float] = None, traces: bool = False,
+                 path_prefixes: Sequence[str] = ()) -> dict[str, Any]:
     """The guard's config; `objectives_for` names the model when its pool sits behind the endpoint
     picker, so each tenant's requests must carry that tenant's own objective; `shared_store`
     (host, port) counts the tenants' limits across replicas (LimitStore); `max_body_bytes`
     sets the guard's body limit (the model's context's, or a picker route's); `queue_slo_seconds`,
     the queue time over which tenants of negative priority are shed (the guard's overload.py);
-    `traces`, the guard's spans on (its tracing.py)."""
+    `traces`, the guard's spans on (its tracing.py); `path_prefixes`, what the guard strips from
+    /<prefix>/v1/... before its checks and vLLM's router (pool_prefixes; its prefixes.py)."""
     issuers: dict[str, Any] = {}
     for tenant in tenants:
         issuers.update(guard_entry(tenant, objectives_for, served))
@@ -184,6 +203,8 @@ def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
         extra["overload"] = {"queueSloSeconds": queue_slo_seconds}
     if traces:
         extra["traces"] = True
+    if path_prefixes:
+        extra["pathPrefixes"] = sorted(path_prefixes)
     if served is not None:  # names the tenants' request and token counters (the guard's usage.py)
         extra["model"] = served.name
     salted = sorted(p for p in cache_salt_paths if any(r.path == p for r in routes))
@@ -199,20 +220,25 @@ def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
     }
 
 
-def mesh_operations(routes: Sequence[Route]) -> list[dict[str, Any]]:
-    """AuthorizationPolicy `to` entries admitting exactly these routes, method by method."""
+def mesh_operations(routes: Sequence[Route], prefixes: Sequence[str]) -> list[dict[str, Any]]:
+    """AuthorizationPolicy `to` entries admitting exactly these routes under each of `prefixes`
+    ('/<prefix>': the sidecar sees the path as the client sent it), method by method."""
+    if not prefixes or not routes:  # an empty `to` would admit every path
+        raise ValueError("mesh_operations: no prefix or no route to admit")
     by_method: dict[str, list[str]] = {}
     for r in routes:
-        by_method.setdefault(r.method, []).append(r.path)
+        by_method.setdefault(r.method, []).extend(p + r.path for p in prefixes)
     return [{"operation": {"methods": [m], "paths": sorted(p)}} for m, p in sorted(by_method.items())]
 
 
 def pool_guard_config(callers: Sequence[TenantSpec], model: ModelSpec, release: "VllmRelease",
                       shared_store: Optional[tuple[str, int]] = None,
-                      queue_slo_seconds: Optional[float] = None, traces: bool = False) -> dict[str, Any]:
+                      queue_slo_seconds: Optional[float] = None, traces: bool = False,
+                      dedicated: bool = False) -> dict[str, Any]:
     """The guard's config for one pool of `model`, as Platform and the package's VllmService both
     build it: the routes the release serves salted (or the picker's, behind the endpoint picker,
-    each tenant bound to its own objective), the tenants' adapters, the shared limit store."""
+    each tenant bound to its own objective), the tenants' adapters, the shared limit store, and
+    the path prefixes that route to the pool (`dedicated`: a tenant's own copy)."""
     picked = model.name if model.routing == "inference-gateway" else None
     routes = picker_routes() if picked else [r for r in tenant_routes() if r.path not in release.unsalted_paths]
     return guard_config(callers, routes, release.max_tokens_rule, objectives_for=picked, shared_store=shared_store,
@@ -220,4 +246,4 @@ def pool_guard_config(callers: Sequence[TenantSpec], model: ModelSpec, release: 
                         max_body_bytes=PICKER_REENCODING_GROWTH * picker_max_body_bytes(model) if picked
                         else guard_max_body_bytes(model),
                         cache_salt_paths=release.cache_salt_paths, queue_slo_seconds=queue_slo_seconds,
-                        traces=traces)
+                        traces=traces, path_prefixes=pool_prefixes(model, callers, dedicated))

@@ -107,10 +107,11 @@ class TenantAuth(pulumi.ComponentResource):
                             {"jwtRules": [rule]}, k8s_opts)
 
         def allow(resource: str, policy_name: str, namespace: pulumi.Input[str],
-                  selector: Optional[dict[str, str]], objective: Optional[str] = None) -> None:
-            # Behind the picker, only what it serves (the guard and the route admit the same).
+                  selector: Optional[dict[str, str]], prefixes: Sequence[str], objective: Optional[str] = None) -> None:
+            # Behind the picker, only what it serves (the guard and the route admit the same); each
+            # route under the tenant's own prefixes, as the Gateway forwards it (no path rewrite).
             rule: dict[str, Any] = {"from": [{"source": {"requestPrincipals": principals}}],
-                                    "to": mesh_operations(picker_routes() if objective else args.routes)}
+                                    "to": mesh_operations(picker_routes() if objective else args.routes, prefixes)}
             # The guard reads the tenant from this header: it must name the token's own issuer
             # when Envoy's RBAC runs (after jwt_authn wrote it), so a data plane that left a
             # client's copy in place (outputClaimToHeaders unsupported) still cannot pass one
@@ -126,17 +127,21 @@ class TenantAuth(pulumi.ComponentResource):
             custom_resource(resource, ISTIO_API, "AuthorizationPolicy",
                             {**meta(policy_name, labels=labels), "namespace": namespace}, spec, k8s_opts)
 
-        # The tenant's own namespace: its dedicated replicas, or nothing but the deny-all.
+        # The tenant's own namespace: its dedicated replicas at /<tenant>/<model>/v1, or nothing but
+        # the deny-all (without dedicated models its own prefix stands in: no pod there serves it).
         request_authentication(f"{name}-jwt", self.namespace.name)
+        dedicated = list(tenant.dedicated.models) if tenant.dedicated else []
         allow(f"{name}-allow", f"allow-{tenant.name}", self.namespace.name,
-              {TENANT_LABEL: tenant.name})
+              {TENANT_LABEL: tenant.name}, [f"/{tenant.name}/{m}" for m in dedicated] or [f"/{tenant.name}"])
         # The shared serving namespace: one allow per model the tenant may call.
         if args.shared_models:
             request_authentication(f"{name}-jwt-shared", args.serving_namespace)
         for model in args.shared_models:
+            picked = model in args.picker_models
+            # The prefixes serving_api.path_prefix gives: /<model>, behind the picker /<tenant>/<model>.
             allow(f"{name}-allow-{model}", f"allow-{tenant.name}-{model}", args.serving_namespace,
-                  {MODEL_LABEL: model},
-                  objective_name(tenant.name, model) if model in args.picker_models else None)
+                  {MODEL_LABEL: model}, [f"/{tenant.name}/{model}" if picked else f"/{model}"],
+                  objective_name(tenant.name, model) if picked else None)
 
         self.register_outputs({"namespace": self.namespace.name, "issuer": tenant.jwt.issuer,
                                "sharedModels": list(args.shared_models)})

@@ -3,23 +3,16 @@
 A model with length routing is shared at /<model>/v1; behind the endpoint picker the tenant is in
 the path (/<tenant>/<model>/v1: the route sets the tenant's objective, so its priority is bound
 to its token); a tenant's dedicated copy is at /<tenant>/<model>/v1 too. The program declares
-its routes from `path_prefix`, and the plan prints `tenant_urls`, so the two cannot differ.
+its routes from `path_prefix` (serving_api: the guard and the mesh take the same prefixes), and the
+plan prints `tenant_urls`, so they cannot differ.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .serving_api import OBJECTIVE_HEADER, objective_name
-from .specs import ModelSpec, TenantSpec
+from .serving_api import OBJECTIVE_HEADER, objective_name, path_prefix
 from .stack_config import StackConfig
-
-
-def path_prefix(model: ModelSpec, tenant: TenantSpec, dedicated: bool) -> str:
-    """The route's path prefix (without '/' and '/v1') for `tenant` calling `model`."""
-    if dedicated or model.routing == "inference-gateway":
-        return f"{tenant.name}/{model.name}"
-    return model.name
 
 
 @dataclass(frozen=True)

@@ -316,6 +316,13 @@ def _global_gateway(plan):
     _kube(plan, "Gateway", "vllm").props["spec"]["gatewayClassName"] = "gke-l7-global-external-managed"
 
 
+def _route_rewrites_the_path(plan):
+    """dev's route as it was: /qwen-7b/v1 rewritten to /v1 by the load balancer."""
+    for rule in _kube(plan, "HTTPRoute", "qwen-7b").props["spec"]["rules"]:
+        rule["filters"].insert(0, {"type": "URLRewrite", "urlRewrite": {
+            "path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v1"}}})
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_owns_external_metrics": ("dev", _add_external_apiservice, "second owner"),
     "keda_ports_open_on_private_clusters": ("prod", _no_firewall, "tcp:6443, 9443"),
@@ -329,6 +336,7 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "picker_rolls_and_drains_with_one_ready_pod": ("staging", _picker_rolls_surge_only, "could not scale down"),
     "picker_stops_within_its_grace": ("staging", _picker_grace_of_the_chart, "terminationGracePeriodSeconds 130"),
     "regex_matches_on_a_regional_class": ("dev", _global_gateway, "whose load balancer has no regexMatch"),
+    "gateway_rewrites_no_path": ("dev", _route_rewrites_the_path, "HTTPRoutePathRewrite exempt"),
     "picker_without_pprof": ("staging", lambda p: _drop_arg(
         p, "Deployment", "llama-8b-epp", "--enable-pprof=false", with_value=False), "pprof on"),
     "picker_highly_available": ("staging", _single_picker, "one replica without leader election"),

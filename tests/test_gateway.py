@@ -102,7 +102,7 @@ def test_routes_split_long_and_short(plans):
     by_length_rule, by_hint_rule, short_rule = route["spec"]["rules"]
     for rule in by_length_rule, by_hint_rule:
         assert [b["name"] for b in rule["backendRefs"]] == ["qwen-7b-long"]
-        assert len(rule["matches"]) == 1  # a rewriting rule takes exactly one PathPrefix match
+        assert len(rule["matches"]) == 1
     assert [b["name"] for b in short_rule["backendRefs"]] == ["qwen-7b-short"]
     (by_length,), (by_hint,) = by_length_rule["matches"], by_hint_rule["matches"]
     (header,) = by_length["headers"]
@@ -110,8 +110,18 @@ def test_routes_split_long_and_short(plans):
     assert re.fullmatch(header["value"], "8192") and not re.fullmatch(header["value"], "8191")
     assert by_hint["headers"] == [{"type": "Exact", "name": LENGTH_HINT_HEADER, "value": "long"}]
     assert short_rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/qwen-7b/v1"}}]
-    rewrite = short_rule["filters"][0]["urlRewrite"]["path"]
-    assert rewrite == {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v1"}
+    # Forwarded as sent: the guard strips /qwen-7b (GKE does not claim HTTPRoute path rewrites).
+    assert [f["type"] for f in short_rule["filters"]] == ["RequestHeaderModifier"]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_no_route_rewrites_the_path(plans, stack):
+    """GKE's conformance run exempts HTTPRoutePathRewrite (infra/contracts/gateway.py): no route
+    relies on a URLRewrite of the path (a host rewrite would be fine; none is used)."""
+    for route in manifests_of(plans[stack], "HTTPRoute"):
+        for rule in route["spec"]["rules"]:
+            for f in rule.get("filters") or []:
+                assert f["type"] != "URLRewrite" or "path" not in f.get("urlRewrite", {}), route["metadata"]["name"]
 
 
 def test_dedicated_tenant_route_lives_in_tenant_namespace(plans):
@@ -266,7 +276,8 @@ def test_max_rate_per_endpoint_is_documented_as_a_capacity_not_a_cap():
 
 
 def _guarded_backends(plan) -> dict[tuple[str, str], set[str]]:
-    """(namespace, Service or InferencePool name) -> the paths the guard of the pods it selects admits."""
+    """(namespace, Service or InferencePool name) -> the paths, as sent, the guard of the pods it
+    selects admits: each route under each prefix it strips (the Gateway rewrites no path)."""
     from vllm_gke.infra.manifests import pod_templates
 
     admitted: list[tuple[str, dict, set[str]]] = []
@@ -275,8 +286,9 @@ def _guarded_backends(plan) -> dict[tuple[str, str], set[str]]:
             for c in pod["spec"]["containers"]:
                 env = {e["name"]: e.get("value") for e in c.get("env") or []}
                 if env.get("GKE_LLM_GUARD_CONFIG"):
+                    cfg = json.loads(env["GKE_LLM_GUARD_CONFIG"])
                     admitted.append((doc["metadata"]["namespace"], pod["metadata"]["labels"],
-                                     set(json.loads(env["GKE_LLM_GUARD_CONFIG"])["routes"])))
+                                     {p + r for p in cfg["pathPrefixes"] for r in cfg["routes"]}))
     out: dict[tuple[str, str], set[str]] = {}
     for kind, key in (("Service", ("spec", "selector")), ("InferencePool", ("spec", "selector", "matchLabels"))):
         for doc in manifests_of(plan, kind):
@@ -306,7 +318,7 @@ def _request(match, path=None):
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_route_the_guard_admits_has_a_gateway_path_and_back(plans, stack):
     """One surface: each tenant route a pool's guard admits is reachable through the Gateway at every
-    prefix that routes to the pool, forwarded as that very path; and every path a rule forwards to a
+    prefix that routes to the pool (the guard strips exactly those), forwarded as sent; and every path a rule forwards to a
     pool is one its guard admits (an Exact path) or covers one (a prefix). Nothing the guard allows
     is unreachable, nothing the Gateway routes is refused by every pool behind it."""
     from vllm_gke.policies.route_match import forwarded_path, reach
@@ -355,3 +367,23 @@ def test_every_route_the_guard_admits_has_a_gateway_path_and_back(plans, stack):
                     reachable |= {p for p in guarded[key] if p == base or p.startswith(base.rstrip("/") + "/")}
         assert reachable == guarded[key], (key, sorted(guarded[key] - reachable))
     assert checked
+
+
+def test_the_contract_check_names_a_pool_whose_guard_would_not_strip_the_routes_prefix(plans):
+    """The other half of gateway_rewrites_no_path: a pool whose guard lacks the route's prefix would
+    answer every tenant request 404."""
+    import copy
+    import dataclasses
+
+    from vllm_gke.infra.contracts import gateway_rewrites_no_path
+
+    plan = plans["prod"]
+    assert gateway_rewrites_no_path(plan) == []
+    broken = dataclasses.replace(plan, resources=copy.deepcopy(plan.resources))
+    dep = next(r for r in broken.resources if r.props.get("kind") == "Deployment"
+               and r.props["metadata"]["name"] == "qwen-7b-long" and r.props["metadata"]["namespace"] == "vllm")
+    (env,) = [e for e in dep.props["spec"]["template"]["spec"]["containers"][0]["env"]
+              if e["name"] == "GKE_LLM_GUARD_CONFIG"]
+    env["value"] = json.dumps({**json.loads(env["value"]), "pathPrefixes": ["/qwen-7b-evil"]})
+    found = gateway_rewrites_no_path(broken)
+    assert found and all("qwen-7b-long, whose guard strips no prefix" in p for p in found), found

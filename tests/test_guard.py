@@ -870,3 +870,134 @@ def test_the_body_cap_is_sized_from_each_models_context(plans):
         (b"x-vllm-gke-issuer", ISSUER.encode())], "127.0.0.6"))
     assert status(sent) == 413 and not app.seen
 
+
+
+# --- the tenant URL's prefix -------------------------------------------------------------------
+# The Gateway forwards /<prefix>/v1/... as sent (GKE does not claim HTTPRoute path rewrites): the
+# guard strips the pool's prefixes first, from path and raw_path, and nothing else.
+
+PREFIXES = ["/qwen-7b", "/a/llama-8b"]
+
+
+class ScopeRecorder(Recorder):
+    """Also records the scope's path, raw path and query string as vLLM's router would read them."""
+
+    def __init__(self):
+        super().__init__()
+        self.paths: list[tuple[str, object, bytes]] = []
+
+    async def __call__(self, scope, receive, send):
+        self.paths.append((scope["path"], scope.get("raw_path"), scope.get("query_string", b"")))
+        await super().__call__(scope, receive, send)
+
+
+def prefixed(body=None, path="/v1/chat/completions", method="POST", raw_path=None, query=b"", client="127.0.0.6",
+             issuer=ISSUER):
+    """One request through a guard serving PREFIXES: (what it sent back, what reached vLLM)."""
+    app = ScopeRecorder()
+    mw = guard.GuardMiddleware(app, config(pathPrefixes=PREFIXES), Clock())
+    raw = json.dumps(body).encode() if body is not None else b""
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    if issuer:
+        headers.append((b"x-vllm-gke-issuer", issuer.encode()))
+    scope = {**scope_for(path, method, headers, client), "query_string": query,
+             **({"raw_path": raw_path if raw_path is not None else path.encode()} if raw_path is not False else {})}
+    sent: list[dict] = []
+    chunks = [raw]
+
+    async def receive():
+        return {"type": "http.request", "body": chunks.pop(0) if chunks else b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(mw(scope, receive, send))
+    return sent, app.paths
+
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5}
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+@pytest.mark.parametrize("route,body,method", [("/v1/chat/completions", CHAT, "POST"),
+                                               ("/v1/completions", {"prompt": "x", "max_tokens": 5}, "POST"),
+                                               ("/v1/models", None, "GET")])
+def test_the_pools_prefixes_are_stripped_before_the_checks_and_vllms_router(prefix, route, body, method):
+    sent, seen = prefixed(body, prefix + route, method, query=b"api-version=1&x=%2F")
+    assert status(sent) == 200, sent
+    assert seen == [(route, route.encode(), b"api-version=1&x=%2F")]  # the query string kept as sent
+
+
+def test_a_prefix_is_stripped_from_the_raw_path_with_its_encoding_kept():
+    sent, seen = prefixed(CHAT, "/qwen-7b/v1/chat/completions", raw_path=b"/qwen-7b/v1/chat/complet%69ons")
+    assert status(sent) == 200 and seen == [("/v1/chat/completions", b"/v1/chat/complet%69ons", b"")]
+    # No raw path (a server that gives none): the decoded path decides.
+    sent, seen = prefixed(CHAT, "/qwen-7b/v1/chat/completions", raw_path=False)
+    assert status(sent) == 200 and seen == [("/v1/chat/completions", None, b"")]
+
+
+@pytest.mark.parametrize("path,raw_path", [
+    ("/qwen-7b-evil/v1/chat/completions", None),     # a longer name is not the prefix
+    ("/qwen-7b/v1x/chat/completions", None),         # nor is a longer segment after it
+    ("/qwen-7/v1/chat/completions", None),
+    ("/a/v1/chat/completions", None),                # a tenant's segment alone
+    ("/llama-8b/v1/chat/completions", None),         # another pool's prefix
+    ("/b/llama-8b/v1/chat/completions", None),       # another tenant's
+    ("/a/llama-8b/v1/chat/completions", b"/a%2Fllama-8b/v1/chat/completions"),  # %2F is no segment boundary
+    ("/qwen-7b/v1/chat/completions", b"/qwen%2D7b/v1/chat/completions"),  # the sidecar matched another path
+    ("/qwen-7b/qwen-7b/v1/chat/completions", None),  # stripped once, at most
+    ("/qwen-7b/health", None), ("/qwen-7b/metrics", None),  # the open routes are not served under a prefix
+    ("/qwen-7b/v1/../../health", None),
+])
+def test_an_unknown_prefix_is_a_404_in_openais_format(path, raw_path):
+    method = "GET" if path.endswith(("health", "metrics")) else "POST"
+    sent, seen = prefixed(CHAT, path, method, raw_path=raw_path)
+    assert status(sent) == 404 and not seen, path
+    assert error(sent) == {"message": error(sent)["message"], "type": "invalid_request_error", "param": None,
+                           "code": "not_found"}
+    assert dict(sent[0]["headers"])[b"content-type"] == b"application/json"
+
+
+def test_what_stays_unprefixed_keeps_working():
+    """Health checks (/health), scrapes (/metrics), the entrypoint's warm-up and other direct calls
+    the mesh allows reach the server unprefixed, unchanged."""
+    for path in ("/health", "/metrics"):
+        sent, seen = prefixed(None, path, "GET", issuer=None, client="10.0.0.9")
+        assert status(sent) == 200 and seen == [(path, path.encode(), b"")]
+    sent, seen = prefixed(CHAT, "/v1/chat/completions")
+    assert status(sent) == 200 and seen[0][0] == "/v1/chat/completions"
+    # ...and stripping never lets a request past the checks after it.
+    assert status(prefixed(CHAT, "/qwen-7b/v1/chat/completions", client="10.0.0.9")[0]) == 403
+    assert status(prefixed(CHAT, "/qwen-7b/v1/chat/completions", issuer=None)[0]) == 403
+    assert status(prefixed(CHAT, "/qwen-7b/v1/chat/completions", "GET")[0]) == 405
+
+
+@given(rest=st.text(st.sampled_from("/v1abc%2F.-?"), max_size=12))
+@example(rest="/v1")
+@example(rest="/v1/")
+@example(rest="/v12")
+def test_a_prefix_is_stripped_exactly_when_v1_follows_it_as_a_segment(rest):
+    prefixes = guard.Prefixes(PREFIXES)
+    scope = {"type": "http", "path": "/qwen-7b" + rest, "raw_path": ("/qwen-7b" + rest).encode()}
+    out = prefixes.strip(scope)
+    if rest == "/v1" or rest.startswith("/v1/"):
+        assert (out["path"], out["raw_path"]) == (rest, rest.encode())
+    else:
+        assert out is scope
+
+
+def test_every_pools_guard_strips_exactly_the_prefixes_routed_to_it(plans):
+    """The config's pathPrefixes are the pool's: /<model> shared, /<tenant>/<model> behind the
+    picker and for a dedicated copy; tests/test_gateway.py checks them against the HTTPRoutes."""
+    from tests.conftest import vllm_deployments
+
+    prefixes = {}
+    for stack in ("prod", "staging"):
+        for dep in vllm_deployments(plans[stack]):
+            (vllm,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+            cfg = json.loads({e["name"]: e.get("value") for e in vllm["env"]}["GKE_LLM_GUARD_CONFIG"])
+            prefixes[(stack, dep["metadata"]["namespace"], dep["metadata"]["name"])] = cfg.get("pathPrefixes")
+    assert prefixes[("prod", "vllm", "qwen-7b-short")] == prefixes[("prod", "vllm", "qwen-7b-long")] == ["/qwen-7b"]
+    assert prefixes[("prod", "tenant-analytics", "qwen-7b-short")] == ["/analytics/qwen-7b"]
+    picked = prefixes[("staging", "vllm", "llama-8b-short")]  # behind the picker: one per tenant
+    assert len(picked) > 1 and all(p.startswith("/") and p.endswith("/llama-8b") for p in picked), picked

@@ -275,16 +275,23 @@ def test_mesh_admits_a_token_only_under_its_own_tenants_objective(plans):
     docs = plan.manifests()
     labels = one(plan, "Deployment", "llama-8b-short")["spec"]["template"]["metadata"]["labels"]
 
-    def call(issuer, objective):
+    def call(issuer, objective, tenant=None):
+        # The sidecar sees the path as the client sent it: /<tenant>/llama-8b/v1/... (no rewrite).
+        tenant = tenant or (objective or "search.").split(".")[0]
         headers = {OBJECTIVE_HEADER: objective} if objective else {}
-        return decide(docs, Request("vllm", "/v1/chat/completions", "POST", labels, token=(issuer, "u"),
-                                    headers=headers)).status
+        return decide(docs, Request("vllm", f"/{tenant}/llama-8b/v1/chat/completions", "POST", labels,
+                                    token=(issuer, "u"), headers=headers)).status
 
     assert call(SEARCH, "search.llama-8b") == 200
     assert call(SUPPORT, "support.llama-8b") == 200
     assert call(SUPPORT, "search.llama-8b") == 403  # support on search's path: search's priority refused
     assert call(SEARCH, "support.llama-8b") == 403
     assert call(SEARCH, None) == 403  # around the load balancer, from inside the cluster
+    # Each tenant only under its own prefix, even with its own objective; never unprefixed.
+    assert call(SUPPORT, "support.llama-8b", tenant="search") == 403
+    assert call(SEARCH, "search.llama-8b", tenant="support") == 403
+    assert decide(docs, Request("vllm", "/v1/chat/completions", "POST", labels, token=(SEARCH, "u"),
+                                headers={OBJECTIVE_HEADER: "search.llama-8b"})).status == 403
 
 
 def test_guard_in_the_pool_knows_each_tenants_objective(plans):

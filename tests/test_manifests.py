@@ -103,9 +103,12 @@ def test_crd_rejects_bad_enum_unknown_field_and_missing_required(plans, crd_cata
 
 
 def test_cel_rule_rewrite_needs_exactly_one_path_prefix_match(plans, crd_catalog):
-    """The defect that kept every HTTPRoute out of the cluster: two matches in a rewriting rule."""
+    """The defect that once kept every HTTPRoute out of the cluster: two matches in a rewriting rule.
+    The routes rewrite no path now (the guard strips the prefix); the CRDs still catch it."""
     def two_matches(doc):
         rule = doc["spec"]["rules"][0]
+        rule["filters"].append({"type": "URLRewrite", "urlRewrite": {
+            "path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v1"}}})
         rule["matches"].append(copy.deepcopy(doc["spec"]["rules"][1]["matches"][0]))
     errs = _mutated(plans["dev"], "HTTPRoute", two_matches, crd_catalog)
     needle = "exactly one PathPrefix match must be specified"

@@ -14,6 +14,9 @@ POD = "10.20.1.2"                  # a pod, e.g. a Managed Prometheus collector
 INTERNET = "203.0.113.9"
 SOURCES = (HEALTH_CHECKER, PROXY_ONLY, POD, INTERNET)
 GPU_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models")
+# The Gateway rewrites no path: the sidecar sees /<prefix>/v1/... as the client sent it.
+PREFIXED_PATHS = ("/qwen-7b/v1/chat/completions", "/llama-8b/v1/completions", "/search/llama-8b/v1/chat/completions",
+                  "/analytics/qwen-7b/v1/chat/completions", "/dev-team/qwen-7b/v1/models")
 
 
 def workloads(plan):
@@ -49,7 +52,8 @@ def test_metrics_scrapes_pass_from_the_cluster_only(plans, stack):
 def test_nothing_else_passes_without_a_jwt(plans, stack):
     plan = plans[stack]
     for ns, labels, name in workloads(plan):
-        for path in (*GPU_PATHS, "/", "/version", "/health/../v1/completions", "/metrics/../v1/chat/completions"):
+        for path in (*GPU_PATHS, *PREFIXED_PATHS, "/", "/version", "/health/../v1/completions",
+                     "/metrics/../v1/chat/completions", "/health/../qwen-7b/v1/completions"):
             for source in SOURCES:
                 for method in ("GET", "POST"):
                     decision = ask(plan, ns, labels, path, method, source)
@@ -62,8 +66,12 @@ def test_tenants_reach_only_their_models(plans):
     analytics = ("https://auth.acme.example/analytics", "svc-2")
     labels = {(ns, name): lbl for ns, lbl, name in workloads(plan)}
 
-    def call(namespace, deployment, token):
-        return ask(plan, namespace, labels[(namespace, deployment)], "/v1/chat/completions", "POST",
+    def call(namespace, deployment, token, prefix=None):
+        # As the Gateway forwards it: the shared /<model>/v1, a dedicated copy's /<tenant>/<model>/v1.
+        model = labels[(namespace, deployment)]["vllm-gke.io/model"]
+        prefix = prefix if prefix is not None else (
+            f"/{namespace.removeprefix('tenant-')}/{model}" if namespace.startswith("tenant-") else f"/{model}")
+        return ask(plan, namespace, labels[(namespace, deployment)], f"{prefix}/v1/chat/completions", "POST",
                    PROXY_ONLY, token)
 
     assert call("vllm", "llama-70b-short", search).allowed
@@ -74,17 +82,24 @@ def test_tenants_reach_only_their_models(plans):
     for pool in ("qwen-7b-short", "qwen-7b-long"):
         assert call("tenant-analytics", pool, analytics).allowed
         assert call("tenant-analytics", pool, search).status == 401
+        # Only under the tenant's own prefix: not the shared one, not unprefixed, not another tenant's.
+        for other in ("/qwen-7b", "", "/search/qwen-7b", "/analytics/qwen-7b-evil", "/analytics"):
+            assert call("tenant-analytics", pool, analytics, other).status == 403, other
+    # A model's prefix admits nothing on another model's pods, nor unprefixed.
+    assert call("vllm", "llama-70b-short", search, "/llama-8b").status == 403
+    assert call("vllm", "llama-70b-short", search, "").status == 403
 
 
 def test_a_forged_or_foreign_token_is_rejected(plans):
     plan = plans["dev"]
     ns, labels, _ = next(workloads(plan))
     issuer, listed = "https://accounts.google.com", "104476360121718219735"  # dev's jwt.subjects
-    assert ask(plan, ns, labels, "/v1/completions", "POST", PROXY_ONLY, (issuer, listed)).allowed
-    assert ask(plan, ns, labels, "/v1/completions", "POST", PROXY_ONLY, (issuer, listed), valid=False).status == 401
+    path = f"/{labels['vllm-gke.io/model']}/v1/completions"
+    assert ask(plan, ns, labels, path, "POST", PROXY_ONLY, (issuer, listed)).allowed
+    assert ask(plan, ns, labels, path, "POST", PROXY_ONLY, (issuer, listed), valid=False).status == 401
     # Anyone can get a Google token for dev's audience: one of another subject is not the tenant.
-    assert ask(plan, ns, labels, "/v1/completions", "POST", PROXY_ONLY, (issuer, "me")).status == 403
-    assert ask(plan, ns, labels, "/v1/completions", "POST", PROXY_ONLY, ("https://evil.example", "me")).status == 401
+    assert ask(plan, ns, labels, path, "POST", PROXY_ONLY, (issuer, "me")).status == 403
+    assert ask(plan, ns, labels, path, "POST", PROXY_ONLY, ("https://evil.example", "me")).status == 401
 
 
 @pytest.mark.parametrize("claim_to_headers", [True, False])
@@ -97,7 +112,7 @@ def test_one_tenants_token_never_passes_as_anothers(plans, claim_to_headers):
     labels = {(ns, name): lbl for ns, lbl, name in workloads(plan)}["vllm", "llama-8b-short"]
 
     def call(header):
-        request = Request("vllm", "/v1/chat/completions", "POST", labels, PROXY_ONLY, (search, "svc-1"),
+        request = Request("vllm", "/llama-8b/v1/chat/completions", "POST", labels, PROXY_ONLY, (search, "svc-1"),
                           headers={} if header is None else {"x-vllm-gke-issuer": header})
         return decide(plan.manifests(), request, claim_to_headers=claim_to_headers)
 
@@ -105,7 +120,7 @@ def test_one_tenants_token_never_passes_as_anothers(plans, claim_to_headers):
     assert call(support).allowed is claim_to_headers  # rewritten to search's own issuer, or refused
     assert call(None).allowed is claim_to_headers
     # Without a token a forged header opens nothing, whatever the data plane does.
-    forged = Request("vllm", "/v1/chat/completions", "POST", labels, PROXY_ONLY, None,
+    forged = Request("vllm", "/llama-8b/v1/chat/completions", "POST", labels, PROXY_ONLY, None,
                      headers={"x-vllm-gke-issuer": search})
     assert decide(plan.manifests(), forged, claim_to_headers=claim_to_headers).status == 403
 
@@ -133,10 +148,15 @@ def test_a_tenant_token_opens_only_the_guarded_routes(plans):
     search = ("https://auth.acme.example/search", "svc-1")
     labels = {(ns, name): lbl for ns, lbl, name in workloads(plan)}[("vllm", "llama-8b-short")]
     for path, method in (("/v1/chat/completions", "POST"), ("/v1/embeddings", "POST"), ("/v1/models", "GET")):
-        assert ask(plan, "vllm", labels, path, method, PROXY_ONLY, search).allowed, path
+        assert ask(plan, "vllm", labels, f"/llama-8b{path}", method, PROXY_ONLY, search).allowed, path
     for path, method in (("/collective_rpc", "POST"), ("/v1/load_lora_adapter", "POST"), ("/sleep", "POST"),
-                         ("/v1/chat/completions", "GET"), ("/docs", "GET"), ("/v1/completions/../../sleep", "POST")):
-        assert ask(plan, "vllm", labels, path, method, PROXY_ONLY, search).status == 403, path
+                         ("/v1/chat/completions", "GET"), ("/docs", "GET"), ("/v1/completions/../../sleep", "POST"),
+                         ("/v1/completions/../../../sleep", "POST"), ("/v1/models/x", "GET"), ("/health", "GET")):
+        assert ask(plan, "vllm", labels, f"/llama-8b{path}", method, PROXY_ONLY, search).status == 403, path
+    # Unprefixed, or under another prefix, the same routes are refused (the guard strips only its pool's).
+    for path in ("/v1/chat/completions", "/llama-8b-evil/v1/chat/completions", "/llama-70b/v1/chat/completions",
+                 "/search/llama-8b/v1/chat/completions", "/llama-8b/llama-8b/v1/chat/completions"):
+        assert ask(plan, "vllm", labels, path, "POST", PROXY_ONLY, search).status == 403, path
 
 
 def test_narrowing_to_one_token_or_workload_never_changes_a_decision(plans):
@@ -154,9 +174,11 @@ def test_narrowing_to_one_token_or_workload_never_changes_a_decision(plans):
             narrowed = applicable(docs, ns, dict(labels))
             for issuer in issuers:
                 mine = for_token(narrowed, issuer, "u")
-                for path, headers in (("/v1/completions", {}), ("/v1/models", {}),
-                                      ("/v1/completions", {"x-gateway-inference-objective": "search.llama-8b"}),
-                                      ("/health", {})):
+                model = dict(labels).get("vllm-gke.io/model", "")
+                for path, headers in ((f"/{model}/v1/completions", {}), (f"/{model}/v1/models", {}),
+                                      (f"/search/{model}/v1/completions",
+                                       {"x-gateway-inference-objective": f"search.{model}"}),
+                                      ("/v1/completions", {}), ("/health", {})):
                     for token in ((issuer, "u"), None):
                         request = Request(ns, path, "POST" if "completions" in path else "GET", dict(labels),
                                           token=token, headers=headers)

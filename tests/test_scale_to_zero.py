@@ -123,13 +123,16 @@ def request(port, method, path, body=None):
 
 def test_standby_answers_503_with_retry_after_in_openai_format_and_counts(standby):
     port, _state = standby
-    status, headers, body = request(port, "POST", "/v1/chat/completions", json.dumps({"model": "mistral-7b"}))
-    assert status == 503 and headers["Retry-After"] == str(RETRY_AFTER_S)
-    error = json.loads(body)["error"]
-    assert error["code"] == "scaling_from_zero" and "about 7 min" in error["message"]
-    request(port, "GET", "/v1/models")
+    # The path as the Gateway forwards it (no rewrite: /<prefix>/v1/...), and unprefixed.
+    for path in ("/mistral-7b/v1/chat/completions", "/support/mistral-7b/v1/chat/completions?x=1",
+                 "/v1/chat/completions"):
+        status, headers, body = request(port, "POST", path, json.dumps({"model": "mistral-7b"}))
+        assert status == 503 and headers["Retry-After"] == str(RETRY_AFTER_S), path
+        error = json.loads(body)["error"]
+        assert error["code"] == "scaling_from_zero" and "about 7 min" in error["message"]
+    request(port, "GET", "/mistral-7b/v1/models")
     _, _, metrics = request(port, "GET", "/metrics")
-    assert b"vllm_gke_standby_requests_total 2" in metrics
+    assert b"vllm_gke_standby_requests_total 4" in metrics
 
 
 def test_a_wake_stays_active_until_a_replica_serves(standby):
@@ -262,11 +265,13 @@ def test_a_tenants_own_pool_at_zero_answers_the_tenant(plan_variant):
     plan = plan_variant("prod", analytics_long_to_zero)
     standby = plan.kube("Deployment", "qwen-7b-long-standby", "tenant-analytics").props
     labels = standby["spec"]["template"]["metadata"]["labels"]
-    decision = decide(plan.manifests(), Request("tenant-analytics", "/v1/completions", "POST", labels,
+    # The path as the Gateway forwards it: /<tenant>/<model>/v1/... (no rewrite).
+    path = "/analytics/qwen-7b/v1/completions"
+    decision = decide(plan.manifests(), Request("tenant-analytics", path, "POST", labels,
                                                 token=("https://auth.acme.example/analytics", "u")))
     assert decision.allowed, decision.reason
     # ...and a token of another tenant is still refused there.
-    assert not decide(plan.manifests(), Request("tenant-analytics", "/v1/completions", "POST", labels,
+    assert not decide(plan.manifests(), Request("tenant-analytics", path, "POST", labels,
                                                 token=("https://auth.acme.example/search", "u"))).allowed
 
 
@@ -278,7 +283,7 @@ def test_shared_pool_standby_admits_the_models_tenants_only(plans):
     docs = plan.manifests()
 
     def status(token):
-        return decide(docs, Request("vllm", "/v1/chat/completions", "POST", labels, token=token)).status
+        return decide(docs, Request("vllm", "/mistral-7b/v1/chat/completions", "POST", labels, token=token)).status
 
     assert status(("https://auth.acme.example/support", "u")) == 200  # support may call mistral-7b
     assert status(("https://auth.acme.example/search", "u")) == 403   # search may not

@@ -57,9 +57,10 @@ def test_tenants_reach_only_their_models(plans):
         (rule,) = p["spec"]["rules"]
         (principal,) = rule["from"][0]["source"]["requestPrincipals"]
         allowed.setdefault(principal.removesuffix("/*").rsplit("/", 1)[1], set()).add(model)
-        # Exactly the guard's routes, method by method: no wildcard reaches an unguarded endpoint.
-        assert rule["to"] == mesh_operations(tenant_routes())
-        assert {p for op in rule["to"] for p in op["operation"]["paths"]} == {r.path for r in TENANT_ROUTES}
+        # Exactly the guard's routes under the model's prefix (the sidecar sees the path as sent: the
+        # Gateway rewrites none), method by method: no wildcard reaches an unguarded endpoint.
+        assert rule["to"] == mesh_operations(tenant_routes(), [f"/{model}"])
+        assert {p for op in rule["to"] for p in op["operation"]["paths"]} == {f"/{model}{r.path}" for r in TENANT_ROUTES}
         assert not any("*" in p for op in rule["to"] for p in op["operation"]["paths"])
     assert allowed == {"search": {"llama-70b", "llama-8b"}, "support": {"llama-8b", "qwen-7b"}}
 
@@ -135,7 +136,7 @@ def test_the_mesh_admits_a_listed_subject_and_no_other_google_identity(plans):
     labels = {"vllm-gke.io/model": "qwen-7b"}
 
     def decision(subject, headers=None, claim_to_headers=True):
-        return decide(docs, Request("vllm", "/v1/chat/completions", "POST", labels, "127.0.0.6",
+        return decide(docs, Request("vllm", "/qwen-7b/v1/chat/completions", "POST", labels, "127.0.0.6",
                                     token=(GOOGLE, subject), headers=headers or {}), claim_to_headers)
 
     assert decision(DEV_SUBJECT).allowed
@@ -238,7 +239,7 @@ def test_an_issuer_with_a_trailing_slash_is_kept_verbatim_end_to_end(plan_varian
              for c in d["spec"]["template"]["spec"]["containers"] for e in c.get("env") or []
              if e["name"] == "GKE_LLM_GUARD_CONFIG"]
     assert guard and all(list(cfg["issuers"]) == [auth0] for cfg in guard)
-    request = Request("vllm", "/v1/chat/completions", "POST", {"vllm-gke.io/model": "qwen-7b"}, "127.0.0.6",
+    request = Request("vllm", "/qwen-7b/v1/chat/completions", "POST", {"vllm-gke.io/model": "qwen-7b"}, "127.0.0.6",
                       token=(auth0, "auth0|65f0c0ffee"))
     assert decide(plan.manifests(), request).allowed
 
@@ -275,7 +276,7 @@ def test_an_issuer_under_anothers_path_is_a_tenant_of_its_own(plan_variant):
                   if d["metadata"]["name"] == "qwen-7b-short")  # support's, not search's
 
     def call(token):
-        return decide(plan.manifests(), Request("vllm", "/v1/chat/completions", "POST", labels, "127.0.0.6",
+        return decide(plan.manifests(), Request("vllm", "/qwen-7b/v1/chat/completions", "POST", labels, "127.0.0.6",
                                                 token=token))
 
     assert call((under, "svc-1")).allowed

@@ -186,7 +186,8 @@ class VllmService(pulumi.ComponentResource):
             # Tenants of negative priority are shed over the stack default's queue-time objective.
             guard_config=pool_guard_config(tenants, model, rel, (limit_store_host(), LIMITS_PORT)
                                            if args.get("global_limits") else None,
-                                           MonitoringSpec().queue_latency_slo_seconds), tenant=args.get("tenant"),
+                                           MonitoringSpec().queue_latency_slo_seconds,
+                                           dedicated=bool(args.get("tenant"))), tenant=args.get("tenant"),
             release=rel, canary=canary, scaling=KedaScaling(project, args.get("keda_auth") or GMP_AUTH, standby_name),
             # vllm-server: MeshNamespace (and TenantAuth, for a dedicated tenant) makes it, and the
             # LimitStore admits it.

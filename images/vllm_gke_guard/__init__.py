@@ -1,6 +1,8 @@
 """ASGI middleware loaded into vLLM's OpenAI server with `--middleware vllm_gke_guard.GuardMiddleware`.
 
 It is all that stands between a tenant and the GPUs, so it denies by default:
+  - first it strips the tenant URL's prefix (/<model>/v1/..., /<tenant>/<model>/v1/...: the
+    Gateway forwards the path as sent) where it is one its config's pathPrefixes names;
   - only the routes in its config pass (the tenant routes, each with its method and kind, plus
     GET /health and GET /metrics); any other path, method or a websocket gets 404/405;
   - a tenant route needs the request to have come through the pod's Envoy sidecar (the peer
@@ -34,6 +36,7 @@ globalLimits, redis-py too (the image installs it).
 
 One module per concern (each imports the ones it needs, relatively: the package also loads as
 vllm_gke.images.vllm_gke_guard):
+  prefixes.py    the tenant URL's prefix, stripped before anything reads the path
   routes.py      the allow-list and what each kind of route is metered by
   headers.py     the few request headers read: issuer, subject, objective, content type and length, warm-up
   body.py        receiving a body, reading its fields (msgspec, or the scanner), rewriting it
@@ -86,6 +89,7 @@ from .limits import WINDOW_SECONDS, SlidingTokenWindow, SlidingWindowLimiter
 from .metrics import LOGGED_PEERS_MAX, STORE_FALLBACKS, UNTRUSTED_PEERS, log
 from .middleware import GuardMiddleware
 from .models import EMPTY_MODEL_LIST, MODEL_LIST_MAX_BYTES
+from .prefixes import Prefixes
 from .routes import COMPLETIONS_DEFAULT_MAX_TOKENS, OPEN_ROUTES, OUTPUT_FIELDS, PROMPT_FIELDS
 from .scan import JsonShapeError, ScanTooLong, scan_allowance, scan_object
 
@@ -94,7 +98,7 @@ __all__ = [
     "DEFAULT_TRUSTED_PEERS", "EMPTY_MODEL_LIST", "ERROR_TYPES", "LISTED", "LOGGED_PEERS_MAX", "MODEL_LIST_MAX_BYTES",
     "MSGSPEC_MAX_BYTES", "OPEN_ROUTES", "OUTPUT_FIELDS", "PROMPT_FIELDS", "STORE_FALLBACKS", "UNTRUSTED_PEERS",
     "WARMUP_HEADER", "WARMUP_TOKEN_ENV", "WINDOW_SECONDS", "Budget", "Disconnected", "Fields", "GuardError",
-    "GuardMiddleware", "JsonShapeError", "ScanTooLong", "SlidingTokenWindow", "SlidingWindowLimiter", "Tenant",
+    "GuardMiddleware", "JsonShapeError", "Prefixes", "ScanTooLong", "SlidingTokenWindow", "SlidingWindowLimiter", "Tenant",
     "add_members", "as_int", "closing_brace", "error_body", "header_slots", "int_member", "is_object", "log",
     "present_values", "prompt_count", "prompt_lists", "read_fields", "read_fields_by_scanning",
     "read_fields_with_json", "scan_allowance", "scan_object", "utf8_or_error",

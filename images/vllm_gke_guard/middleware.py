@@ -1,5 +1,6 @@
 """GuardMiddleware: the ASGI middleware vLLM loads with `--middleware vllm_gke_guard.GuardMiddleware`,
-and the order its checks run in. Every request is decided here from the start: route, then
+and the order its checks run in. Every request is decided here from the start: the tenant URL's
+prefix stripped (prefixes.py), then route, then
 caller (the sidecar's address, one verified issuer, a subject the tenant lists, the tenant's own
 objective), then rate limit, then body; the common chat request takes a shorter path of its own that decides exactly
 as the general one does (tests compare the two)."""
@@ -33,6 +34,7 @@ from .limits import connect_store, rate_limited, take_shared
 from .metrics import count_untrusted, log
 from .models import check_model, model_list_filter
 from .overload import Overload, VllmQueue
+from .prefixes import Prefixes
 from .routes import OPEN_ROUTES, OUTPUT_FIELDS, route_kind, route_table
 from .scan import JsonShapeError
 from .tracing import tracing, without_client_context
@@ -60,6 +62,8 @@ class GuardMiddleware:
         self.objective_header = str(cfg.get("objectiveHeader") or "").lower().encode()
         # path -> (method, kind)
         self.routes = route_table(cfg)
+        # The tenant URLs' prefixes that route to this pool, stripped before any check (prefixes.py).
+        self.prefixes = Prefixes(cfg.get("pathPrefixes") or ())
         self.trusted_peers = frozenset(cfg.get("trustedPeers") or DEFAULT_TRUSTED_PEERS)
         self.max_body = int(cfg.get("maxBodyBytes") or DEFAULT_MAX_BODY_BYTES)
         self.rule = str(cfg.get("maxTokensRule") or "both")
@@ -92,7 +96,7 @@ class GuardMiddleware:
                 await send({"type": "websocket.close", "code": 1008})
             return
         try:
-            scope, receive, listed, tenant = await self._admit(shared_state(scope), receive)
+            scope, receive, listed, tenant = await self._admit(shared_state(self.prefixes.strip(scope)), receive)
         except GuardError as err:
             await respond(send, err)
             return

@@ -7,7 +7,7 @@ runs every check; the tests run them on every stack and break each one; docs/con
 generated from this table (`python -m vllm_gke.infra.contracts`).
 
 The rows and their checks live by upstream component: keda.py, picker.py (the endpoint picker),
-gateway.py (the GKE Gateway's load balancers),
+gateway.py (the GKE Gateway's load balancers, and the HTTPRoute filters it claims),
 vllm.py, istio.py, gcsfuse.py (the Cloud Storage FUSE CSI driver), limit_store.py (Redis),
 kubectl.py, loader.py (weight loading: vLLM's rule, huggingface_hub), populator.py (GKE Volume
 Populator), billing.py (the Cloud Billing Budget API), collector.py (traces: vLLM's exporter, the
@@ -44,7 +44,7 @@ from . import (
 from .base import Check, Contract
 from .billing import budget_api_accepts_the_budget
 from .collector import collector_listens_and_writes_to_trace, vllm_exports_traces_as_configured
-from .gateway import regex_matches_on_a_regional_class
+from .gateway import gateway_rewrites_no_path, regex_matches_on_a_regional_class
 from .gcsfuse import (
     FUSE_SIDECAR,
     ISTIO_INIT,
@@ -107,7 +107,8 @@ __all__ = [
     "CONTRACTS", "DOC", "FUSE_SIDECAR", "ISTIO", "ISTIO_INIT", "PROXY", "Check", "Contract",
     "budget_api_accepts_the_budget", "collector_listens_and_writes_to_trace", "guard_reads_queue_series_vllm_exports",
     "vllm_exports_traces_as_configured", "inference_perf_runs_as_the_tenant",
-    "fuse_pods_start_under_any_sidecar_mode", "gcsfuse_sidecar_with_the_mesh", "injected_init_order",
+    "fuse_pods_start_under_any_sidecar_mode", "gateway_rewrites_no_path", "gcsfuse_sidecar_with_the_mesh",
+    "injected_init_order",
     "istio_peer_and_claim_header", "istio_principals_are_the_tenants", "istio_sidecar_outlives_vllm",
     "keda_admits_the_scaled_objects",
     "keda_cooldown_only_for_zero", "keda_names_fit", "keda_operator_identity", "keda_owns_external_metrics",
