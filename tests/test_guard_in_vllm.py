@@ -86,7 +86,9 @@ def pod(plans, tmp_path_factory):
     try:
         yield {"base": f"http://127.0.0.1:{port}", "model": served, "issuer": issuer, "cap": tenant["maxTokens"],
                "marker": marker, "proc": proc, "log": tmp / "server.log", "engine": tmp / "engine.jsonl",
-               "salt": tenant.get("cacheSalt"), "tenant": tenant["tenant"], "receiver": receiver}
+               "salt": tenant.get("cacheSalt"), "tenant": tenant["tenant"], "receiver": receiver,
+               # The tenant URL's prefix the Gateway routes to this pool (and forwards as sent).
+               "prefix": guard_config["pathPrefixes"][0]}
     finally:
         stop(proc)
         log.close()
@@ -132,6 +134,31 @@ def test_a_tenant_request_within_the_cap_is_served(pod):
     status, body = call(pod, "/v1/chat/completions", chat(pod, max_completion_tokens=256))
     assert status == 200, body
     assert body["choices"][0]["message"]["role"] == "assistant" and body["usage"]["completion_tokens"] > 0
+
+
+def test_a_tenant_calls_its_prefixed_url_as_the_gateway_forwards_it(pod):
+    """No HTTPRoute rewrites the path (GKE does not claim it): the request arrives as
+    /<prefix>/v1/..., and the guard strips the prefix before its checks and vLLM's router."""
+    prefix = pod["prefix"]
+    status, body = call(pod, f"{prefix}/v1/chat/completions?trace=1", chat(pod, max_completion_tokens=8))
+    assert status == 200, body
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    status, body = call(pod, f"{prefix}/v1/models", method="GET")
+    assert status == 200 and [m["id"] for m in body["data"]] == [pod["model"]]
+    # The guard's checks hold after the strip.
+    status, body = call(pod, f"{prefix}/v1/chat/completions", chat(pod, max_completion_tokens=pod["cap"] + 1))
+    assert status == 400 and body["error"]["code"] == "max_tokens_exceeded"
+    assert call(pod, f"{prefix}/v1/chat/completions", chat(pod, max_completion_tokens=8), issuer=False)[0] == 403
+
+
+def test_an_unknown_prefix_is_the_guards_404_in_openai_format(pod):
+    prefix = pod["prefix"]
+    # A look-alike name, a prefix this pool does not serve, an encoded '/' (the raw path decides).
+    for path in (f"{prefix}-evil/v1/chat/completions", "/some-other-model/v1/chat/completions",
+                 f"{prefix}%2Fv1/chat/completions", f"{prefix}/health"):
+        status, body = call(pod, path, chat(pod, max_completion_tokens=8))
+        assert status == 404, (path, body)
+        assert body["error"]["code"] == "not_found" and body["error"]["type"] == "invalid_request_error", path
 
 
 def test_a_request_without_a_bound_is_served_with_the_cap_added(pod):
