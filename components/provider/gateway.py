@@ -26,7 +26,9 @@ class RouteTargetSpec(TypedDict):
     namespace: pulumi.Input[str]
     """The namespace of the route and the two Services."""
     path_prefix: str
-    """The route's path: /<pathPrefix>/v1 (e.g. the model's name)."""
+    """The route's path: /<pathPrefix>/v1, forwarded as sent (GKE rewrites no path): the model's name, or
+    <tenant>/<model> for a tenant's dedicated copy and behind inferencePool, the prefixes VllmService's guard
+    strips and TenantAuth's policies admit."""
     short_service: NotRequired[str]
     """The short-request pool's Service, <model>-short (plain: it names the route's backends); not with
     inferencePool."""
