@@ -1001,3 +1001,28 @@ def test_every_pools_guard_strips_exactly_the_prefixes_routed_to_it(plans):
     assert prefixes[("prod", "tenant-analytics", "qwen-7b-short")] == ["/analytics/qwen-7b"]
     picked = prefixes[("staging", "vllm", "llama-8b-short")]  # behind the picker: one per tenant
     assert len(picked) > 1 and all(p.startswith("/") and p.endswith("/llama-8b") for p in picked), picked
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod", "frontier"])
+def test_the_paths_health_checks_and_scrapers_use_stay_open_and_unstripped(plans, stack):
+    """The load balancer's health checks (HealthCheckPolicy, also the InferencePool's), the
+    collectors' scrapes (PodMonitoring) and the kubelet's probes call the replica unprefixed: every
+    guard leaves those paths as they are, and serves them as open routes."""
+    from tests.conftest import manifests_of, vllm_deployments
+
+    plan = plans[stack]
+    paths = {h["spec"]["default"]["config"]["httpHealthCheck"]["requestPath"]
+             for h in manifests_of(plan, "HealthCheckPolicy")}
+    paths |= {e["path"] for m in manifests_of(plan, "PodMonitoring") for e in m["spec"]["endpoints"]}
+    configs = []
+    for dep in vllm_deployments(plan):
+        (vllm,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+        paths |= {vllm[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe", "startupProbe")
+                  if "httpGet" in (vllm.get(p) or {})}
+        configs.append(json.loads({e["name"]: e.get("value") for e in vllm["env"]}["GKE_LLM_GUARD_CONFIG"]))
+    assert paths and paths <= set(guard.OPEN_ROUTES), paths
+    for cfg in configs:
+        assert cfg["pathPrefixes"]
+        for path in paths:
+            scope = {"type": "http", "path": path, "raw_path": path.encode()}
+            assert guard.Prefixes(cfg["pathPrefixes"]).strip(scope) is scope
