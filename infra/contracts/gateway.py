@@ -12,7 +12,9 @@ from ..plan import Plan
 from .base import Contract, _docs
 
 URL_MAPS = "https://cloud.google.com/compute/docs/reference/rest/v1/urlMaps"
-GKE_CONFORMANCE = "GoogleCloudPlatform/gke-gateway-api@v1.4.0:conformance/conformance_test.go:32-33"
+GKE_CONFORMANCE = ("GoogleCloudPlatform/gke-gateway-api@v1.4.0:conformance/conformance_test.go:32-33; "
+                   "kubernetes-sigs/gateway-api@c6fc4d1:conformance/reports/v1.1.0/gke-gateway/"
+                   "standard-1.30.3-{rilb,rxlb}-report.yaml:36,46")
 
 
 def regex_matches_on_a_regional_class(plan: Plan) -> list[str]:
@@ -89,7 +91,8 @@ ROWS: tuple[Contract, ...] = (
              regex_matches_on_a_regional_class),
     Contract("GKE Gateway (gke-gateway-api)", "v1.4.0 conformance",
              "GKE's conformance run lists HTTPRoutePathRedirect as supported but HTTPRoutePathRewrite among its "
-             "ExemptFeatures, and every GKE report in kubernetes-sigs/gateway-api lists it unsupported: a URLRewrite "
+             "ExemptFeatures, and GKE's reports for both regional classes (gke-l7-rilb, gke-l7-regional-external-managed) "
+             "list it under unsupportedFeatures: a URLRewrite "
              "of the path (ReplacePrefixMatch, ReplaceFullPath) is not relied on, so a request reaches the pod with "
              "its /<prefix>/v1 path as the client sent it",
              GKE_CONFORMANCE,
