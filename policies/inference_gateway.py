@@ -145,10 +145,14 @@ def tenant_priorities_bound(resources: Sequence[Resource]) -> Iterator[Finding]:
         policies = applicable(docs, ns, labels)
         # Each issuer against each objective, on only the policies that can bear on its token.
         per_issuer = {iss: for_token(policies, iss, "policy-probe") for iss in sorted(issuers_by_ns.get(ns, set()))}
+        # At every path a route forwards to the pool, as sent (no rewrite: the mesh sees the prefix),
+        # whichever tenant's path a caller picks.
+        paths = sorted({str((m.get("path") or {}).get("value") or "") for route, _o in routed
+                        for rule in (route.props.get("spec") or {}).get("rules") or [] for m in rule.get("matches") or []})
         for route, objective in routed:
-            admitted = [iss for iss, mine in per_issuer.items() if decide(mine, Request(
-                ns, "/v1/completions", "POST", labels, token=(iss, "policy-probe"),
-                headers={OBJECTIVE_HEADER: objective})).allowed]
+            admitted = [iss for iss, mine in per_issuer.items() if any(decide(mine, Request(
+                ns, path, "GET" if path.endswith("/models") else "POST", labels, token=(iss, "policy-probe"),
+                headers={OBJECTIVE_HEADER: objective})).allowed for path in paths)]
             if len(admitted) > 1:
                 yield route, (f"{where(route)}: objective '{objective}' admits the tokens of {len(admitted)} "
                               f"issuers ({', '.join(admitted)}); a tenant could take another's priority")

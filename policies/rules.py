@@ -114,8 +114,9 @@ POLICIES: tuple[Policy, ...] = (
            "mandatory", external_gateway_https_only),
     Policy("serving-paths-authenticated",
            "No request reaches a vLLM serving path without a verified JWT, from any source."
-           " Rejects a vLLM workload that the emitted Istio policies would let serve `/v1/*` without a verified "
-           "JWT, from any address the policies name or the internet (evaluated by `policies/mesh_authz.py`).",
+           " Rejects a vLLM workload that the emitted Istio policies would let serve `/v1/*`, unprefixed or under "
+           "any prefix a route forwards (`/<model>/v1/*`: no path rewrite), without a verified JWT, from any "
+           "address the policies name or the internet (evaluated by `policies/mesh_authz.py`).",
            "mandatory", serving_paths_authenticated),
     Policy("public-issuers-pinned-to-subjects",
            "An issuer anyone can get tokens from (accounts.google.com, Microsoft's common endpoints, GitHub Actions...) "

@@ -23,7 +23,8 @@ from .base import (
 from .mesh_authz import Request, applicable, decide
 
 INTERNAL_GATEWAY = re.compile(r"rilb|internal")
-# What an unauthenticated caller is tried on: the OpenAI paths that make the GPU work.
+# What an unauthenticated caller is tried on: the OpenAI paths that make the GPU work, as they
+# are and under every prefix a route forwards (the Gateway rewrites no path: the guard strips it).
 SERVING_PROBE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models", "/v1/responses")
 INTERNET_PROBE_IP = "203.0.113.1"
 
@@ -123,11 +124,24 @@ def _forged_claim_headers(docs: list[Mapping[str, Any]], namespace: str) -> list
     return out
 
 
+def _route_prefixes(resources: Sequence[Resource]) -> list[str]:
+    """Every '/<prefix>' an HTTPRoute forwards as /<prefix>/v1/... ('' for unprefixed)."""
+    prefixes = {""}
+    for route in kube(resources, "HTTPRoute"):
+        for rule in (route.props.get("spec") or {}).get("rules") or []:
+            for match in rule.get("matches") or []:
+                value = str((match.get("path") or {}).get("value") or "")
+                if "/v1" in value:
+                    prefixes.add(value[:value.index("/v1")])
+    return sorted(prefixes)
+
+
 def _open_probe(docs: list[Mapping[str, Any]], namespace: str, labels: Mapping[str, str],
-                sources: Sequence[str]) -> Optional[str]:
-    """The first unauthenticated request to a serving path the mesh would let through, if any."""
+                sources: Sequence[str], prefixes: Sequence[str] = ("",)) -> Optional[str]:
+    """The first unauthenticated request to a serving path (under any of `prefixes`) the mesh
+    would let through, if any."""
     forged = _forged_claim_headers(docs, namespace)
-    for path in SERVING_PROBE_PATHS:
+    for path in (prefix + p for prefix in prefixes for p in SERVING_PROBE_PATHS):
         for ip in sources:
             for method in ("GET", "POST"):
                 for headers in forged:
@@ -140,13 +154,14 @@ def _open_probe(docs: list[Mapping[str, Any]], namespace: str, labels: Mapping[s
 def serving_paths_authenticated(resources: Sequence[Resource]) -> Iterator[Finding]:
     docs = [r.props for r in resources if r.type.startswith("kubernetes:")]
     sources = _probe_sources(resources)
+    prefixes = _route_prefixes(resources)
     seen = set()
     for r, _pod, _c in vllm_servers(resources):
         if r.urn in seen:
             continue
         seen.add(r.urn)
         labels = template_labels(r)
-        if probe := _open_probe(applicable(docs, namespace_of(r), labels), namespace_of(r), labels, sources):
+        if probe := _open_probe(applicable(docs, namespace_of(r), labels), namespace_of(r), labels, sources, prefixes):
             yield r, f"{where(r)}: {probe} is allowed without a JWT; only /health and /metrics may be"
 
 

@@ -314,7 +314,8 @@ def test_unauthenticated_allow_is_found_by_evaluating_the_mesh(plans):
     del policy.props["spec"]["rules"][0]["from"]
     messages = [v.message for v in violations_of(rs, "serving-paths-authenticated")]
     assert messages and all("llama-8b" in m for m in messages)
-    assert any("/v1/completions from " in m and "without a JWT" in m for m in messages)
+    # Found at the path the Gateway forwards (/<model>/v1/..., no rewrite), which is what it opened.
+    assert any("/llama-8b/v1/completions from " in m and "without a JWT" in m for m in messages)
 
 
 def test_tenant_route_on_the_http_listener_of_an_external_gateway(plans):
