@@ -26,7 +26,8 @@ during decode is half the pool's contextTokens (a sequence's KV grows from its p
 The bandwidth and FLOPS efficiencies are what kernels reach of the datasheet peaks; the TP
 efficiency loses a share per tensor-parallel doubling (all-reduce per layer over NVLink or ICI).
 ENGINE_EFFICIENCY is calibrated on five published measurements on H100s and TPU v5e (MLPerf, vLLM,
-JetStream; one of them pipeline parallel: 1/1.8 to 1/3.0 of the ceiling, geometric mean 1/2.3): it
+JetStream; one of them pipeline parallel, but compute-bound at its batch of 1024, so it checks the
+compute term only, not the pipeline memory term: 1/1.8 to 1/3.0 of the ceiling, geometric mean 1/2.3): it
 is fitted to them, so the 1.5x band tests/test_throughput.py holds them to guards the formula across
 hardware, not the constant; none is vLLM on TPU (no absolute figure is published), none spans hosts
 (the network term rests on the NICs' datasheet rates, not on a measurement). Prefill time is left out

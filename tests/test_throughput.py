@@ -2,7 +2,9 @@
 faster than its memory and compute allow), and the estimate - the ceiling times what serving
 engines reach of it, a constant calibrated on these same five (components/throughput.py) - is
 within 1.5x of each, on GPUs and TPUs, tensor and pipeline parallel alike: the check guards the
-formula across hardware and models, not the constant. Where a source leaves a condition out, the
+formula across hardware and models, not the constant. The one pipeline-parallel point (MLPerf v5.0,
+TP1 x PP2 at batch 1024) is compute-bound, so it exercises the compute term only, not the pipeline
+memory term. Where a source leaves a condition out, the
 value used here is an assumption, said so below. No absolute vLLM-on-TPU figure is published to
 add, nor one of a replica across hosts with its conditions stated."""
 
@@ -25,10 +27,14 @@ REFERENCES = [
      "fp8", "fp8", 8, 8, 512, 1300, 24524.9,
      "mlcommons/inference_results_v4.1 closed/NVIDIA/results/DGX-H100_H100-SXM-80GBx8_TRT/llama2-70b-99.9/"
      "Offline/performance/run_1/mlperf_log_summary.txt"),
-    # Pipeline parallel: the run's target_qps 110 is configs/llama2-70b/Offline/__init__.py's
-    # H100_SXM_80GB_PP2x4 (offline_expected_qps 27.5 x 4): four replicas of tensor parallel 1 x
-    # pipeline parallel 2, gpu_batch_size 1024, FP8 weights and KV cache. 31,306.8 tokens/s over the
-    # four replicas; the sequence length is the v4.1 row's assumption (the same benchmark).
+    # Pipeline parallel: the run's config is configs/llama2-70b/Offline/__init__.py's
+    # H100_SXM_80GB_PP2x4 (mlcommons/inference_results_v5.0@6069beb: offline_expected_qps 300, 75 x 2 x 2,
+    # the harness's expected rate, not a measurement): four replicas of tensor parallel 1 x pipeline
+    # parallel 2, gpu_batch_size 1024, FP8 weights and KV cache. 31,306.8 tokens/s over the four
+    # replicas; the sequence length is the v4.1 row's assumption (the same benchmark). At batch 1024
+    # the roofline is compute-bound here: this point checks the FLOPS side of a pipeline split, not
+    # its memory term (stages reading their weights once per micro-batch), which
+    # test_pipeline_stages_read_their_own_weights_once_per_micro_batch covers.
     ("MLPerf Inference v5.0 Llama2-70B offline, 8x H100-SXM-80GB as 4 x (TP1 x PP2), TensorRT-LLM FP8", H100_80GB,
      LLAMA_2_70B, "fp8", "fp8", 2, 1, 1024, 1300, 31306.8 / 4,
      "mlcommons/inference_results_v5.0 closed/NVIDIA/results/DGX-H100_H100-SXM-80GBx8_TRT/llama2-70b-99/"
@@ -51,6 +57,8 @@ REFERENCES = [
 def test_roofline_bounds_published_measurements(what, acc, shape, dtype, kv, devices, tp, batch, context, measured,
                                                 source):
     speed = roofline(acc, shape, dtype, kv, devices, tp, 1, batch, context)
+    if "PP2" in what:  # as the docstring says: compute-bound, so no check of the pipeline memory term
+        assert speed.bound == "compute"
     assert speed.ceiling_tokens_s >= measured, (what, source)
     assert measured / 1.5 <= speed.decode_tokens_s <= 1.5 * measured, (what, source, round(speed.decode_tokens_s))
 
