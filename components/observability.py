@@ -272,6 +272,8 @@ class ObservabilityArgs:
     # The cluster's provider and Workload Identity pool: the SLOs' metrics are seeded there first.
     provider: Optional[k8s.Provider] = None
     workload_pool: Optional[pulumi.Input[str]] = None
+    # The node subnet (ServiceLevelsArgs.metrics_sources).
+    metrics_sources: Sequence[str] = ()
 
 
 class Observability(pulumi.ComponentResource):
@@ -298,7 +300,7 @@ class Observability(pulumi.ComponentResource):
         self.service_levels = ServiceLevels(f"{name}-slos", ServiceLevelsArgs(
             args.project, args.cluster_name, args.spec, args.models, args.tenants, channels, args.apis,
             exact_ttft=args.exact_ttft, gateway_class=args.gateway_class, region=args.region,
-            provider=args.provider, workload_pool=args.workload_pool),
+            provider=args.provider, workload_pool=args.workload_pool, metrics_sources=args.metrics_sources),
             opts=child_opts(self, opts)) if args.spec.slos.enabled and (args.models or args.tenants) else None
         self.billing_budget = BillingBudget(f"{name}-budget", BillingBudgetArgs(
             args.project, args.cluster_name, args.budget, channels, args.apis),

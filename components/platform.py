@@ -355,7 +355,7 @@ class Platform(pulumi.ComponentResource):
             models=[m.name for m in cfg.models], tenants=[t.name for t in cfg.tenants], budget=cfg.budget,
             exact_ttft=exact_ttft, tpu=cfg.has_tpu_models, sheddable=any(t.priority < 0 for t in cfg.tenants),
             gateway_class=cfg.gateway.class_name, region=cfg.region, provider=provider,
-            workload_pool=cluster.workload_pool,
+            workload_pool=cluster.workload_pool, metrics_sources=[cfg.cluster.subnet_cidr],
             always_on=[m.name for m in cfg.models if any(getattr(m, w).min_replicas > 0 for w in m.pool_names)]),
             opts=child())
 

@@ -12,8 +12,10 @@ Monitoring knows the metrics (components/slo_metrics.py: on a new project it wou
   - availability at the load balancer, per cluster: the share of the requests the GKE Gateway's
     load balancer answered with a 2xx or 3xx of those it answered with a 2xx, 3xx or 5xx (a 4xx is
     the client's, a shed 429 included), from the load balancer's own request count. It sees what
-    the guard cannot: a replica killed mid-request (OOM, a spot node taken back), a route with no
-    ready backend, a pool at zero answering 503 while it wakes. Its metric is a built-in one
+    the guard cannot: a replica killed before it answered (OOM, a spot node taken back: a 502), a
+    route with no ready backend, a pool at zero answering 503 while it wakes (a bad event: a wake
+    under traffic burns the budget). A stream cut mid-response had its 200 sent already: the load
+    balancer counts it good (backend_connection_closed_after_partial_response_sent). Its metric is a built-in one
     (loadbalancing.googleapis.com), so its descriptor exists in every project from the start. It
     counts every load balancer of the gateway's class in the project (and region): the load
     balancer's resources are named by the GKE Gateway controller, undocumented and truncated, so
@@ -51,7 +53,7 @@ from .options import child_opts
 from .project_apis import ProjectApis
 from .slo_metrics import SloMetrics, SloMetricsArgs
 from .specs import MonitoringSpec
-from .vllm_versions import TTFT_BUCKETS
+from .vllm_versions import TTFT_BUCKETS, ttft_buckets_with
 
 # Managed Prometheus keeps a metric's name (colons included) under this prefix, with its kind.
 GMP = "prometheus.googleapis.com"
@@ -117,6 +119,12 @@ def ttft_bound(seconds: float, exact: bool = False) -> float:
     if exact:
         return seconds
     return max((b for b in TTFT_BUCKETS if b <= seconds + 1e-9), default=TTFT_BUCKETS[0])
+
+
+def ttft_buckets(seconds: float, exact: bool = False) -> list[float]:
+    """The TTFT histogram's finite bounds as the servers export them: vLLM's defaults, with the
+    objective added where they take --custom-histogram-buckets (`exact`, components/vllm_server.py)."""
+    return (ttft_buckets_with(seconds) if exact else None) or list(TTFT_BUCKETS)
 
 
 def _labels(cluster: str, **labels: str) -> str:
@@ -244,6 +252,8 @@ class ServiceLevelsArgs:
     # seeded before the SLOs are created (components/slo_metrics.py). None: no seeding.
     provider: Optional[k8s.Provider] = None
     workload_pool: Optional[pulumi.Input[str]] = None
+    # The node subnet: the seed admits Managed Prometheus' scrapes from it too.
+    metrics_sources: Sequence[str] = ()
 
 
 class ServiceLevels(pulumi.ComponentResource):
@@ -268,7 +278,9 @@ class ServiceLevels(pulumi.ComponentResource):
         # Cloud Monitoring refuses an SLO on a metric it has no descriptor for, and Managed
         # Prometheus makes one only when it first ingests the metric: seeded first, on a new project too.
         self.metrics = SloMetrics(f"{name}-metrics", SloMetricsArgs(
-            args.project, args.provider, args.workload_pool, [o.sli for o in self.objectives], apis=args.apis),
+            args.project, args.provider, args.workload_pool, [o.sli for o in self.objectives], apis=args.apis,
+            histogram_bounds={TTFT_METRIC: ttft_buckets(args.spec.ttft_slo_seconds, args.exact_ttft)},
+            metrics_sources=args.metrics_sources),
             opts=child_opts(self, opts)) if args.provider is not None and args.workload_pool is not None else None
         slo_opts = child_opts(self, opts, depends_on=[*(args.apis.needs("monitoring.googleapis.com") if args.apis else []),
                                                       *([self.metrics.job] if self.metrics else [])])

@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence, cast
+from typing import Any, Mapping, Optional, Sequence, cast
 
 import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from .gcp_names import workload_principal
+from .inference_pool import GMP_NAMESPACES
 from .k8s_meta import CONTAINER_SECURITY, api_body, content_digest, custom_resource, meta
 from .options import child_opts
 from .project_apis import ProjectApis
@@ -64,22 +65,44 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
-def exposition(metric_type: str, labels: Sequence[str]) -> str:
+def exposition(metric_type: str, labels: Sequence[str], bounds: Sequence[float] = ()) -> str:
     """One zero series of the metric, as Prometheus' text format names it for that Managed
-    Prometheus type (prometheus.googleapis.com/NAME/KIND)."""
+    Prometheus type (prometheus.googleapis.com/NAME/KIND). A histogram has a bucket per finite
+    bound, `le` written as the servers' client library writes it, and +Inf: Managed Prometheus
+    drops a histogram with no finite bound (prometheus-engine v0.12.0 pkg/export/transform.go:332-335),
+    so its descriptor would never be created."""
     name, kind = metric_type[len(GMP):].rsplit("/", 1)
     pairs = ",".join(f'{k}="{SEED}"' for k in labels)
     if kind == "histogram":
-        with_le = ",".join([pairs, 'le="+Inf"'] if pairs else ['le="+Inf"'])
-        return (f"# TYPE {name} histogram\n{name}_bucket{{{with_le}}} 0\n"
-                f"{name}_sum{{{pairs}}} 0\n{name}_count{{{pairs}}} 0\n")
+        if not bounds:
+            raise ValueError(f"{metric_type}: a seeded histogram needs the servers' finite bucket bounds")
+        rows = []
+        for le in [*(le_value(b) for b in bounds), "+Inf"]:
+            with_le = ",".join([pairs, f'le="{le}"'] if pairs else [f'le="{le}"'])
+            rows.append(f"{name}_bucket{{{with_le}}} 0\n")
+        buckets = "".join(rows)
+        return f"# TYPE {name} histogram\n{buckets}{name}_sum{{{pairs}}} 0\n{name}_count{{{pairs}}} 0\n"
     prom_kind = {"counter": "counter", "gauge": "gauge"}[kind]
     return f"# TYPE {name} {prom_kind}\n{name}{{{pairs}}} 0\n"
 
 
-def seed_config(project: str, slis: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def le_value(bound: float) -> str:
+    """A bucket bound as prometheus_client writes `le` (utils.floatToGoString: repr of the float,
+    Go's exponent form from 1e7), so the seeded buckets are the servers' own."""
+    s = repr(float(bound))
+    dot = s.find(".")
+    if bound > 0 and dot > 6:
+        return f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.") + f"e+0{dot - 1}"
+    return s
+
+
+def seed_config(project: str, slis: Sequence[dict[str, Any]],
+                histogram_bounds: Optional[Mapping[str, Sequence[float]]] = None) -> dict[str, Any]:
+    """`histogram_bounds`: per histogram type, the finite bounds the servers export it with."""
+    bounds = histogram_bounds or {}
     return {"project": project, "port": PORT,
-            "metrics": [{"type": t, "text": exposition(t, labels)} for t, labels in prometheus_metrics(slis).items()]}
+            "metrics": [{"type": t, "text": exposition(t, labels, bounds.get(t, ()))}
+                        for t, labels in prometheus_metrics(slis).items()]}
 
 
 def program_text() -> str:
@@ -93,6 +116,10 @@ class SloMetricsArgs:
     workload_pool: pulumi.Input[str]
     # The SLOs' request-based SLIs (Objective.sli): what their filters name is seeded.
     slis: Sequence[dict[str, Any]]
+    # Per histogram the SLIs read, the finite bucket bounds the servers export it with.
+    histogram_bounds: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    # The node subnet: collectors on the host network scrape from a node's address.
+    metrics_sources: Sequence[str] = ()
     image: ImageRef = DEFAULT_IMAGE
     apis: Optional[ProjectApis] = None
 
@@ -105,7 +132,7 @@ class SloMetrics(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: SloMetricsArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:SloMetrics", name, None, opts)
-        self.config = seed_config(args.project, args.slis)
+        self.config = seed_config(args.project, args.slis, args.histogram_bounds)
         labels = {"app.kubernetes.io/name": "vllm-gke-slo-metrics"}
         k8s_opts = child_opts(self, opts, provider=args.provider)
         needs = args.apis.needs("cloudresourcemanager.googleapis.com", "monitoring.googleapis.com") if args.apis else []
@@ -122,10 +149,8 @@ class SloMetrics(pulumi.ComponentResource):
             return {**meta(obj, labels=labels), "namespace": ns.metadata.name}
 
         # Outside the mesh: only Managed Prometheus' collectors may connect, to the metrics port.
-        k8s.networking.v1.NetworkPolicy(f"{name}-scrape-only", metadata=md("scrape-only"), spec=api_body({
-            "podSelector": {}, "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gmp-system"}}}],
-                         "ports": [{"port": PORT, "protocol": "TCP"}]}]}), opts=in_ns)
+        k8s.networking.v1.NetworkPolicy(f"{name}-scrape-only", metadata=md("scrape-only"),
+                                        spec=api_body(scrape_only(args.metrics_sources)), opts=in_ns)
         sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=md(NAME), automount_service_account_token=False,
                                         opts=in_ns)
         config = k8s.core.v1.ConfigMap(f"{name}-config", metadata=md(NAME), opts=in_ns,
@@ -139,6 +164,16 @@ class SloMetrics(pulumi.ComponentResource):
             spec=api_body(job_spec(args.image.uri, labels, content_digest(json.dumps(self.config, sort_keys=True)))),
             opts=child_opts(self, opts, provider=args.provider, depends_on=[config, sa, monitoring, grant]))
         self.register_outputs({"metrics": [m["type"] for m in self.config["metrics"]]})
+
+
+def scrape_only(metrics_sources: Sequence[str]) -> dict[str, Any]:
+    """Ingress to the metrics port from Managed Prometheus' collectors only: their namespace on
+    either kind of install (GMP_NAMESPACES: gke-gmp-system where GKE manages them) and the node
+    subnet, as the picker's metrics port admits them (components/inference_pool.py)."""
+    sources = [*({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": n}}} for n in GMP_NAMESPACES),
+               *({"ipBlock": {"cidr": c}} for c in metrics_sources)]
+    return {"podSelector": {}, "policyTypes": ["Ingress"],
+            "ingress": [{"from": sources, "ports": [{"port": PORT, "protocol": "TCP"}]}]}
 
 
 def job_spec(image: str, labels: dict[str, str], digest: str) -> dict[str, Any]:

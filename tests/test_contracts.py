@@ -230,6 +230,16 @@ def _seed_without_the_ttft_histogram(plan):
     cm.props["data"]["seed.json"] = json.dumps(config)
 
 
+def _seed_ttft_with_only_inf(plan):
+    """The seed as it was: the TTFT histogram with no finite bucket."""
+    cm = next(r for r in plan.resources if r.props.get("kind") == "ConfigMap" and "seed.json" in r.props["data"])
+    config = json.loads(cm.props["data"]["seed.json"])
+    for m in config["metrics"]:
+        if m["type"].endswith("/histogram"):
+            m["text"] = "\n".join(line for line in m["text"].splitlines() if "_bucket" not in line or "+Inf" in line)
+    cm.props["data"]["seed.json"] = json.dumps(config)
+
+
 def _gateway_slo_on_the_global_count(plan):
     slo = next(r for r in plan.resources if r.type == "gcp:monitoring/slo:Slo" and r.props["service"].endswith("-gateway-lb"))
     slo.props["requestBasedSli"] = json.loads(json.dumps(slo.props["requestBasedSli"]).replace(
@@ -373,6 +383,7 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "inference_perf_reports_the_verdicts_percentiles": ("prod", _load_test_on_default_percentiles,
                                                         "no report.request_lifecycle.percentiles"),
     "slos_wait_for_their_metrics": ("prod", _seed_without_the_ttft_histogram, "the SLO API refuses it"),
+    "seeded_histograms_have_the_servers_buckets": ("prod", _seed_ttft_with_only_inf, "has no finite bucket"),
     "gateway_slo_reads_its_load_balancer": ("prod", _gateway_slo_on_the_global_count, "which a gke-l7-regional"),
     "lws_headless_service_is_its_own": ("frontier", _service_named_as_the_group, "reuse it as the group's headless"),
     "lws_env_is_what_the_webhook_injects": ("frontier", _leader_address_by_a_made_up_name, "$(LWS_LEADER_NAME)"),

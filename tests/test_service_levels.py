@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import props_of, vllm_deployments
+from tests.conftest import manifests_of, props_of, vllm_deployments
 from tests.test_guard import guard
 from vllm_gke.components.service_levels import (
     BURN_WINDOWS,
@@ -20,6 +20,7 @@ from vllm_gke.components.service_levels import (
     burn_rate_policy,
     objectives,
     ttft_bound,
+    ttft_buckets,
 )
 from vllm_gke.components.specs import MonitoringSpec
 from vllm_gke.infra.manifests import validate_alert_policy, validate_slo
@@ -233,18 +234,24 @@ def test_the_seed_serves_the_slos_metrics_until_cloud_monitoring_knows_them(tmp_
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = {**seed_config("p", [o.sli for o in found]), "port": port}
+    config = {**seed_config("p", [o.sli for o in found], {TTFT_METRIC: ttft_buckets(2.0, True)}), "port": port}
     assert {m["type"] for m in config["metrics"]} == {REQUESTS_METRIC, TTFT_METRIC}
     (tmp_path / "seed.json").write_text(json.dumps(config))
     monkeypatch.setattr(seed, "CONFIG", str(tmp_path / "seed.json"))
     monkeypatch.setattr(seed, "POLL_SECONDS", 0.01)
     ingested: dict[str, set[str]] = {}
+    polls: list[str] = []
 
     def descriptor_exists(project, metric_type):
-        """Managed Prometheus' part: scrape, and make a descriptor per family (with its labels)."""
+        """Managed Prometheus' part: scrape, and make a descriptor per family (with its labels); a
+        histogram with no finite bucket is dropped (prometheus-engine v0.12.0 transform.go:332-335)."""
         assert project == "p"
+        polls.append(metric_type)
+        assert len(polls) < 50, f"never ingested: {metric_type}"
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         for family in text_string_to_metric_families(text):
+            if family.type == "histogram" and all(s.labels.get("le") in (None, "+Inf") for s in family.samples):
+                continue
             kind = "counter" if family.type == "counter" else family.type
             name = f"{family.name}_total" if kind == "counter" else family.name
             ingested[f"{GMP}/{name}/{kind}"] = {k for s in family.samples for k in s.labels if k != "le"}
@@ -290,3 +297,77 @@ def test_every_gateway_class_has_its_load_balancers_count():
     assert set(LB_REQUESTS) == classes
     glob = gateway_sli("gke-l7-global-external-managed", "us-central1")["good_total_ratio"]["bad_service_filter"]
     assert 'resource.type="https_lb_rule"' in glob and "region" not in glob
+
+
+def _served_les(bounds):
+    """The `le` values a vLLM server writes for these bounds: prometheus_client's own exposition."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = CollectorRegistry()
+    Histogram("vllm:time_to_first_token_seconds", "ttft", ["model_name"], buckets=bounds,
+              registry=registry).labels("m").observe(0.5)
+    return _les(generate_latest(registry).decode())
+
+
+def _les(text):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [s.labels["le"] for f in text_string_to_metric_families(text) for s in f.samples if "le" in s.labels]
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_seeded_ttft_histogram_has_the_servers_buckets(plans, stack):
+    """Managed Prometheus drops a histogram with no finite bucket (no descriptor, the Job would time
+    out): the seed serves a bucket per bound each server exports, `le` written as they write it
+    (the servers add the objective with --custom-histogram-buckets)."""
+    plan = plans[stack]
+    (config,) = [json.loads(c["data"]["seed.json"]) for c in manifests_of(plan, "ConfigMap") if "seed.json" in c["data"]]
+    (ttft,) = [m["text"] for m in config["metrics"] if m["type"] == TTFT_METRIC]
+    seeded = _les(ttft)
+    assert [le for le in seeded if le != "+Inf"], "no finite bucket"
+    for d in vllm_deployments(plan):
+        (args,) = [c["args"] for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+        flag = "--custom-histogram-buckets"
+        bounds = json.loads(args[args.index(flag) + 1])["time_to_first_token"] if flag in args else TTFT_BUCKETS
+        assert seeded == _served_les(bounds)
+    # the objective the SLO cuts at is among them (both stacks' objective is no default bound)
+    assert _served_les([plan.config.monitoring.ttft_slo_seconds])[0] in seeded
+
+
+def test_a_histogram_is_never_seeded_without_a_finite_bucket():
+    from vllm_gke.components.slo_metrics import exposition, le_value
+
+    with pytest.raises(ValueError, match="finite bucket bounds"):
+        exposition(TTFT_METRIC, ["model_name"])
+    assert _les(exposition(TTFT_METRIC, ["model_name"], [0.25, 2.0])) == ["0.25", "2.0", "+Inf"]
+    # prometheus_client's formatting, Go's exponent form included
+    from prometheus_client.utils import floatToGoString
+
+    for b in [*TTFT_BUCKETS, 2.0, 1e7, 123456789.0]:
+        assert le_value(b) == floatToGoString(b)
+
+
+def test_only_managed_prometheus_scrapes_the_seed(plans):
+    """GKE's managed collectors run in gke-gmp-system (gmp-system on a self-deployed install), and
+    host-network scrapers come from the node subnet: each may reach the metrics port, nothing else."""
+    plan = plans["prod"]
+    (netpol,) = [n for n in manifests_of(plan, "NetworkPolicy", "vllm-gke-slo-metrics")]
+    (rule,) = netpol["spec"]["ingress"]
+    namespaces = {f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                  for f in rule["from"] if "namespaceSelector" in f}
+    assert namespaces == {"gke-gmp-system", "gmp-system"}
+    assert {f["ipBlock"]["cidr"] for f in rule["from"] if "ipBlock" in f} == {plan.config.cluster.subnet_cidr}
+    assert rule["ports"] == [{"port": 9090, "protocol": "TCP"}] and all(rule["from"])
+
+
+def test_the_guide_says_what_the_load_balancer_slo_counts():
+    """A stream cut mid-response was sent with a 200 (the load balancer's log:
+    backend_connection_closed_after_partial_response_sent, status set by the backend): it counts
+    as good, not as a 502/503; a pool at zero's 503s while it wakes count as bad."""
+    from pathlib import Path
+
+    guide = " ".join((Path(__file__).parents[1] / "docs/guides/operating-by-slo.md").read_text().split())
+    assert "502s and 503s of a replica lost mid-request" not in guide
+    assert "backend_connection_closed_after_partial_response_sent" in guide and "counts it good" in guide
+    assert "A pool at `minReplicas: 0` trades availability for cost" in guide

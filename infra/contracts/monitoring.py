@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import re
 
-from ...components.service_levels import LB_REQUESTS
+from ...components.service_levels import LB_REQUESTS, TTFT_METRIC
 from ...components.slo_metrics import GMP
+from ...components.vllm_versions import TTFT_BUCKETS, release
 from ..plan import Plan
-from .base import Contract
+from .base import Contract, _flag, _vllm_containers
 
 
 def _metrics_named(sli: dict) -> dict[str, set[str]]:
@@ -42,6 +43,31 @@ def slos_wait_for_their_metrics(plan: Plan) -> list[str]:
     return out
 
 
+def _finite_les(text: str) -> list[float]:
+    return [float(le) for le in re.findall(r'_bucket\{[^}]*le="([^"]+)"', text) if le != "+Inf"]
+
+
+def seeded_histograms_have_the_servers_buckets(plan: Plan) -> list[str]:
+    """A seeded histogram has finite buckets (Managed Prometheus drops one without), and the TTFT
+    histogram's are the ones every server exports, objective included."""
+    flag = release(plan.config.vllm_version).histogram_buckets_flag
+    served = {name: (json.loads(v).get("time_to_first_token") if flag and (v := _flag(c["args"], flag)) else None)
+              or list(TTFT_BUCKETS) for name, c in _vllm_containers(plan)}
+    out = []
+    for cm in (r for r in plan.kubernetes() if r.props.get("kind") == "ConfigMap" and "seed.json" in r.props["data"]):
+        for m in json.loads(cm.props["data"]["seed.json"])["metrics"]:
+            if not m["type"].endswith("/histogram"):
+                continue
+            les = _finite_les(m["text"])
+            if not les:
+                out.append(f"the seeded {m['type']} has no finite bucket: Managed Prometheus drops it "
+                           "(zero-buckets-bounds) and its descriptor is never created")
+            elif m["type"] == TTFT_METRIC:
+                out += [f"the seeded {m['type']} has buckets {les}, {name} exports {bounds}"
+                        for name, bounds in served.items() if les != [float(b) for b in bounds]]
+    return out
+
+
 def gateway_slo_reads_its_load_balancer(plan: Plan) -> list[str]:
     gateways = [r.props for r in plan.kubernetes() if r.props.get("kind") == "Gateway"]
     out = []
@@ -70,6 +96,16 @@ ROWS: tuple[Contract, ...] = (
              "a Job serves every Managed Prometheus metric the SLO filters name, with their label keys, at zero, scraped "
              "by its PodMonitoring, and succeeds once each descriptor exists; every such SLO depends on it",
              slos_wait_for_their_metrics),
+    Contract("Google Cloud Managed Service for Prometheus", "v0.12.0",
+             "a Prometheus histogram becomes a Cloud Monitoring distribution whose bounds are its finite `le` "
+             "values (+Inf is the overflow bucket); one with no finite bound is dropped before it is sent "
+             "(counted as zero-buckets-bounds), so it never creates its metric descriptor",
+             "GoogleCloudPlatform/prometheus-engine@v0.12.0:pkg/export/transform.go:306-311 (the +Inf bucket adds "
+             "no bound), 332-335 (`if len(bounds) == 0 { ...\"zero-buckets-bounds\"...; return nil, nil }`)",
+             "the seeding Job serves each histogram with a bucket per finite bound the servers export (vLLM's TTFT "
+             "bounds, plus the objective where --custom-histogram-buckets adds it) and +Inf, `le` written as "
+             "prometheus_client writes it",
+             seeded_histograms_have_the_servers_buckets),
     Contract("Cloud Load Balancing metrics", "v3",
              "an Application Load Balancer counts every request it answers, by response_code_class (200, 300, 400, 500, "
              "0 for none): https/internal/request_count on internal_http_lb_rule (regional internal), "
