@@ -121,6 +121,39 @@ def test_the_shed_tiers_hold_through_the_retry_after_pause():
     assert step(ctl, clock, pause) == {0: False, -1: False, -5: False}
 
 
+def test_tenants_that_honour_retry_after_come_back_once_the_server_is_healthy():
+    """The queue drains to 5 waiting with 50 a second leaving (0.1 s ahead) while the shed tenants
+    pause for their Retry-After, all the same length, and no sheddable request asks meanwhile: the
+    reading when they come back takes the rate over the pause and brings the tiers back, one a
+    reading (holding the old level over a pause shed them at every return, for good, with the
+    stale 4 s estimate)."""
+    ctl, clock, queue = controller()
+    step(ctl, clock)
+    queue.waiting, _ = 40, queue.leave(10)
+    assert step(ctl, clock) == {0: False, -1: False, -5: True}
+    queue.leave(10)
+    assert step(ctl, clock) == {0: False, -1: True, -5: True} and ctl.estimate == pytest.approx(4.0)
+    queue.waiting = 5
+    returns = []
+    for _ in range(10):
+        pause = ctl.refusal("batch").retry_after
+        queue.leave(50 * pause)  # priority 0's requests keep flowing meanwhile
+        returns.append(step(ctl, clock, pause))
+    assert ctl.estimate == pytest.approx(0.1)
+    assert returns[0] == {0: False, -1: False, -5: True}  # one tier back at the first return
+    assert returns[1:] == [{0: False, -1: False, -5: False}] * 9
+
+
+def test_a_queue_stalled_over_the_pause_stays_shed():
+    """Requests waited before the pause and none got a first token during it: the queue is as old
+    as the pause, over the objective."""
+    ctl, clock, queue = controller()
+    step(ctl, clock)
+    queue.waiting, _ = 40, queue.leave(10)
+    assert step(ctl, clock)[-5] is True
+    assert step(ctl, clock, ctl.refusal("batch").retry_after)[-5] is True and ctl.estimate > ctl.slo
+
+
 def test_a_spell_longer_than_any_retry_after_forgets_the_overload():
     """Ten quiet minutes are no shed tenant's pause (Retry-After is at most a minute): requests
     waiting then are a new burst, measured afresh, not shed for the old one."""

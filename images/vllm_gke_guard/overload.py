@@ -16,11 +16,14 @@ queue is over the SLO one more tier is shed, most negative first; each second it
 the SLO one tier comes back. So a lower tier is always shed before a higher one, and a short
 spike sheds only the lowest. The state moves only when a sheddable request asks. A quiet spell (no
 reading for over two intervals) up to the longest Retry-After given (60 s) is most often the shed
-tenants' own pause: the shed tiers stay shed through it while requests still wait, and the next
-second's rate decides (a rate over the spell would say nothing); a queue found empty, or a longer
-spell, brings every tier back at once.
+tenants' own pause: the reading that ends it takes the rate over the whole spell (the first
+tokens counted meanwhile are what the server did) and decides as any other, so the shed tiers
+stay shed while the queue is still over, and come back one a reading once it is under half; a
+queue found empty after it, or a spell longer than any Retry-After, brings every tier back at once.
 (Starting again from nothing shed would admit the returning tenants into the same queue and shed
-them again a few seconds later: a saw-tooth.)
+them again a few seconds later: a saw-tooth. Holding the level over a spell without a rate would
+shed tenants that honour Retry-After, all back after the same pause, for good: no reading would
+ever come a second after another.)
 """
 
 from __future__ import annotations
@@ -87,13 +90,13 @@ class Overload:
     def _update(self, now: float) -> None:
         waiting, left = self.queue.read()
         last, self.last = self.last, (now, left, waiting)
-        if last is None or now - last[0] > 2 * self.interval:
-            # The first reading, or the first after a quiet spell: no rate over a recent second
-            # yet. The shed tiers hold while requests wait (the spell was likely their pause).
-            self.stalled_since = None
-            if last is None or waiting <= 0 or now - last[0] > MAX_RETRY_AFTER_S + 2 * self.interval:
-                self.level, self.estimate = 0, 0.0
+        if last is None or now - last[0] > MAX_RETRY_AFTER_S + 2 * self.interval \
+                or (now - last[0] > 2 * self.interval and waiting <= 0):
+            # The first reading, one after a spell no Retry-After asked for, or an empty queue
+            # after a pause: nothing to hold.
+            self.level, self.estimate, self.stalled_since = 0, 0.0, None
             return
+        # After a pause too: the rate over it (the shed tenants' Retry-After) is the server's.
         elapsed, moved = now - last[0], left - last[1]
         if waiting <= 0:
             self.estimate, self.stalled_since = 0.0, None
