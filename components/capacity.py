@@ -161,7 +161,7 @@ def capacity_report(cfg: "StackConfig") -> list[PoolCapacity]:
 
     return [replace(pool_capacity(model, which, getattr(model, which), pools[pool_name], tenant),
                     canary=model.revision != cfg.model(model.name).revision,
-                    cold_start_s=cold_start_seconds(cfg, model))
+                    cold_start_s=cold_start_seconds(cfg, model, pools[pool_name]))
             for model, pool_name, tenant in placements(cfg) for which in model.pool_names]
 
 

@@ -42,8 +42,9 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: 
             "throughput prices before `pulumi up`")
     # Disruption budgets let every drain through (one replica down at a time, never none), so a
     # pool of one replica is down while a drained node's replica reloads elsewhere.
-    single = {f"{model.name}{f' ({tenant})' if tenant else ''} {which}": cold_start_seconds(cfg, model)
-              for model, _pool_name, tenant in placements(cfg) for which in model.pool_names
+    single = {f"{model.name}{f' ({tenant})' if tenant else ''} {which}":
+              cold_start_seconds(cfg, model, cfg.pool(pool_name))
+              for model, pool_name, tenant in placements(cfg) for which in model.pool_names
               if getattr(model, which).min_replicas == 1}
     if single:  # one warning for all of them: the same hazard and the same fix
         pools = ", ".join(f"{name} ~{seconds / 60:.0f} min" for name, seconds in single.items())
@@ -61,8 +62,8 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: 
                    "to finish: requests still running then are cut (upgrades and drains still get the full drain)")
     budget = cfg.weights.cold_start_budget_seconds
     slow: dict[str, float] = {}
-    for model, _pool_name, tenant in placements(cfg):
-        seconds = cold_start_seconds(cfg, model)
+    for model, pool_name, tenant in placements(cfg):
+        seconds = cold_start_seconds(cfg, model, cfg.pool(pool_name))
         if seconds > budget:
             slow[f"{model.name}{f' ({tenant})' if tenant else ''}"] = seconds
     for name, seconds in slow.items():

@@ -149,3 +149,28 @@ def test_rollouts_wait_for_a_replica_to_load_before_calling_it_stuck(plans):
         budget = probe["periodSeconds"] * probe["failureThreshold"]
         # default 600 s would fail `pulumi up` while a 70B replica is still loading
         assert dep["spec"]["progressDeadlineSeconds"] >= budget + 300
+
+
+def test_a_dedicated_copy_on_another_accelerator_has_its_own_cold_start(stack_values):
+    """frontier's shared llama-8b-tpu on a v6e chip (an XLA compile before it serves) and the assistant
+    tenant's dedicated copy on an A100 node: the capacity rows and the plan's warnings give each its own
+    pool's cold start, not the model's node pool's."""
+    from vllm_gke.components.cold_start import cold_start_seconds
+    from vllm_gke.infra.advice import plan_warnings
+
+    values = copy.deepcopy(stack_values["frontier"])
+    values["vllm-gke:nodePools"].append({"name": "a100", "machineType": "a2-ultragpu-1g", "minNodes": 0, "maxNodes": 2})
+    assistant = next(t for t in values["vllm-gke:tenants"] if t["name"] == "assistant")
+    assistant["dedicated"] = {"models": ["llama-8b-tpu"], "nodePool": "a100"}
+    cfg = parse(values)
+    model = cfg.model("llama-8b-tpu")
+    tpu, gpu = cold_start_seconds(cfg, model, cfg.pool("v6e-single")), cold_start_seconds(cfg, model, cfg.pool("a100"))
+    assert tpu >= gpu + 600  # the compile (10 minutes at least)
+    rows = [r for r in capacity_report(cfg) if r.model == "llama-8b-tpu" and r.pool == "short"]
+    assert {r.tenant: r.cold_start_s for r in rows} == {None: pytest.approx(tpu), "assistant": pytest.approx(gpu)}
+    (single,) = [w for w in plan_warnings(cfg, "ZONAL") if "one replica (" in w]
+    assert f"llama-8b-tpu short ~{tpu / 60:.0f} min" in single
+    assert f"llama-8b-tpu (assistant) short ~{gpu / 60:.0f} min" in single
+    values["vllm-gke:weights"]["coldStartBudgetSeconds"] = int((tpu + gpu) / 2)
+    slow = [w for w in plan_warnings(parse(values), "ZONAL") if "from node ready to serving" in w]
+    assert any(w.startswith("llama-8b-tpu:") for w in slow) and not any("(assistant)" in w for w in slow)
