@@ -4,6 +4,7 @@ the plan or state hold a secret anywhere else)."""
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from .base import Finding, Resource, containers, env_of, kube, vllm_servers, where, workloads
@@ -24,8 +25,23 @@ TPU_RESOURCE = "google.com/tpu"
 XLA_CACHE_HOST_PATH = "/var/lib/vllm-gke/xla-cache"
 
 
+_QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?")
+_SUFFIXES = {None: Decimal(1), "m": Decimal("0.001"), **{s: Decimal(1000) ** (i + 1) for i, s in enumerate("kMGTPE")},
+             **{s + "i": Decimal(1024) ** (i + 1) for i, s in enumerate("KMGTPE")}}
+
+
+def _quantity(value: Any) -> Optional[Decimal]:
+    """A Kubernetes quantity ("4", "0", "1k", "2e0"); None if it is not one."""
+    if (m := _QUANTITY.fullmatch(str(value).strip())) is None:
+        return None
+    number, exponent, suffix = m.groups()
+    return Decimal(number) * (Decimal(10) ** int(exponent) if exponent else _SUFFIXES[suffix])
+
+
 def _holds_tpu(c: Mapping[str, Any]) -> bool:
-    return bool(((c.get("resources") or {}).get("limits") or {}).get(TPU_RESOURCE))
+    """A limit of google.com/tpu above zero: "0" (or 0) holds no chip, so earns no root or hostPath."""
+    limit = ((c.get("resources") or {}).get("limits") or {}).get(TPU_RESOURCE)
+    return limit is not None and (_quantity(limit) or 0) > 0
 
 
 def _host_paths(pod: Mapping[str, Any]) -> Iterator[str]:

@@ -534,3 +534,16 @@ def test_root_is_allowed_to_tpu_containers_alone(plans):
     rs = resources(plans["frontier"])
     next(v for v in _tpu_leader(rs)["volumes"] if "hostPath" in v)["hostPath"]["path"] = "/var/lib/kubelet"
     assert any("/var/lib/kubelet" in v.message for v in violations_of(rs, "pods-hardened"))
+
+
+@pytest.mark.parametrize("zero", ["0", 0, "0m", "0.0"])
+def test_a_tpu_limit_of_zero_holds_no_chip(plans, zero):
+    """google.com/tpu: "0" is a quantity of no chips: such a container earns neither root nor the node's
+    XLA cache."""
+    rs = resources(plans["frontier"])
+    leader = _tpu_leader(rs)["containers"][0]
+    leader["resources"]["limits"]["google.com/tpu"] = zero
+    leader["resources"].get("requests", {}).pop("google.com/tpu", None)
+    messages = [v.message for v in violations_of(rs, "pods-hardened")]
+    assert any("may run as root" in m for m in messages)
+    assert any("only TPU containers may mount a node directory" in m for m in messages)
