@@ -62,6 +62,9 @@ def with_every_option(config: dict[str, Any]) -> dict[str, Any]:
     the most: bucket, loaders, and a disk per weight set); its GPU machines must attach Hyperdisk
     ML, so A2 Ultra."""
     config["vllm-gke:cluster"]["minMasterVersion"] = "1.34"
+    # Each picker's two replicas stay on the system pool (the plan checks its room).
+    config["vllm-gke:cluster"].update(systemMachineType="n2-standard-16",
+                                      systemMaxNodes=2 + len(config["vllm-gke:models"]) // 8)
     config["vllm-gke:globalLimits"] = {"enabled": True}
     config["vllm-gke:weights"] = {"backend": "hyperdisk-ml"}
     for pool in config["vllm-gke:nodePools"]:

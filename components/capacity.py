@@ -202,12 +202,15 @@ def _reach_slots(node_pool: NodePoolSpec) -> int:
 def surge_room(cfg: "StackConfig", model: ModelSpec, node_pool_name: str, tenant: Optional[str],
                which: str) -> Optional[int]:
     """Replicas of this serving pool from which a surge replica finds no device on its node pool,
-    with every other pool there at its ceiling (1: not even beside one); None: one more always fits."""
+    with every other pool there at its ceiling and surging too (1: not even beside one); None: one
+    more always fits."""
     node_pool = next(p for p in cfg.node_pools if p.name == node_pool_name)
     devices = model.devices_per_replica
     if node_pool.is_tpu and hosts_per_replica(model, node_pool) > 1:
         return 1  # a multi-host slice pool is one slice: never a second one to surge to
-    others = sum(getattr(m, w).max_replicas * m.devices_per_replica
+    # The others at their ceilings, each with its own surge replica: a change to the template all
+    # pools share (image, guard, tenants) rolls them at once.
+    others = sum((getattr(m, w).max_replicas + 1) * m.devices_per_replica
                  for m, name, t in placements(cfg) if name == node_pool_name for w in m.pool_names
                  if (m.name, m.revision, t, w) != (model.name, model.revision, tenant, which))
     room = _reach_slots(node_pool) - others
@@ -242,7 +245,8 @@ def rollout_needs(cfg: "StackConfig") -> list[str]:
                 continue
             name = f"{model.name}{f' ({tenant})' if tenant else ''} {which}"
             outage = " (at one replica, an outage while it reloads)" if getattr(model, which).min_replicas <= 1 else ""
-            if full_at <= 1:
+            groups = hosts_per_replica(model, cfg.pool(node_pool_name)) > 1  # LeaderWorkerSets: in place
+            if full_at <= 1 or groups:
                 out.append(f"rollout of {name}: node pool '{node_pool_name}' has no room for a surge replica, so it "
                            f"replaces replicas in place, one at a time{outage}; raise that pool's maxNodes to surge")
             else:

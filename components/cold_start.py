@@ -85,3 +85,9 @@ def cold_start_seconds(cfg: "StackConfig", model: ModelSpec, node_pool: Optional
     if pool.is_tpu:
         seconds += xla_compile_seconds(model) + (RAY_JOIN_S if hosts_per_replica(model, pool) > 1 else 0.0)
     return seconds
+
+
+def rollout_seconds(max_replicas: int, load_seconds: float, grace_seconds: int) -> int:
+    """How long a rollout of a pool at its ceiling may take, one replica at a time: each a node
+    (the replaced pod holds its devices through its grace period), then the load."""
+    return int(max_replicas * (NODE_PROVISION_S + load_seconds + grace_seconds))

@@ -173,6 +173,9 @@ class InferencePool(pulumi.ComponentResource):
                         # which would otherwise count as empty domains and leave it unschedulable).
                         "topologySpreadConstraints": [{
                             "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                            # Two nodes at least: on a system pool shrunk to one node the second
+                            # replica waits (and the autoscaler adds a node) rather than share it.
+                            "minDomains": 2,
                             "whenUnsatisfiable": "DoNotSchedule", "nodeTaintsPolicy": "Honor",
                             "labelSelector": {"matchLabels": {"inferencepool": epp}},
                             "matchLabelKeys": ["pod-template-hash"]}],

@@ -22,7 +22,7 @@ import pulumi_kubernetes as k8s
 
 from . import gcs_weights
 from .capacity import hosts_per_replica, rollout_strategy
-from .cold_start import NODE_PROVISION_S
+from .cold_start import NODE_PROVISION_S, rollout_seconds
 from .gpu_cluster import placement_for
 from .k8s_meta import (
     BASE_LABELS,
@@ -265,6 +265,9 @@ class VllmService(pulumi.ComponentResource):
         pod_devices = min(gpus, args.node_pool.slices_per_node)
         rel = args.release
 
+        # preStop, then vLLM finishing what it accepted, then its own teardown.
+        grace = drain_seconds(args.request_timeout_seconds) + 30
+
         def pod_template(role: str) -> dict[str, Any]:
             """The pod of a replica (role "server"), or of a multi-host group's leader or worker: a
             worker serves no HTTP (no guard, probes or mesh sidecar) and only runs its share."""
@@ -282,7 +285,7 @@ class VllmService(pulumi.ComponentResource):
                     # alone (MeshNamespace creates it), not to the namespace's default.
                     **({"serviceAccountName": args.service_account} if args.service_account else {}),
                     # preStop, then vLLM finishing what it accepted, then its own teardown.
-                    "terminationGracePeriodSeconds": drain_seconds(args.request_timeout_seconds) + 30,
+                    "terminationGracePeriodSeconds": grace,
                     # The server calls no Kubernetes API: no token to steal.
                     "automountServiceAccountToken": False,
                     "nodeSelector": dict(placement.node_selector),
@@ -377,7 +380,12 @@ class VllmService(pulumi.ComponentResource):
                                            "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}
             return template
 
-        timeouts = pulumi.CustomTimeouts(create="45m", update="45m")
+        # Pulumi's wait: one replica's load on create (KEDA raises the count later), and at the
+        # ceiling a rollout one replica at a time on update; the default 45 min fails a 70B pool of
+        # two replicas or more while its rollout still goes well.
+        timeouts = pulumi.CustomTimeouts(
+            create=f"{math.ceil((NODE_PROVISION_S + args.load_seconds + 600) / 60)}m",
+            update=f"{math.ceil((rollout_seconds(pool.max_replicas, args.load_seconds, grace) + 600) / 60)}m")
         rolling = args.rolling or rollout_strategy(
             None if group_can_surge(pool, hosts, args.node_pool) else 1)
         if hosts == 1:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from ..components.billing_budget import MAX_CHANNELS as MAX_BUDGET_CHANNELS
 from ..components.capacity import consumer_models, hosts_per_replica, network_cost, placements, rollout_needs
-from ..components.cold_start import cold_start_seconds
+from ..components.cold_start import cold_start_seconds, rollout_seconds
 from ..components.service_levels import TTFT_BUCKETS, ttft_bound
-from ..components.vllm_server import SPOT_PRE_STOP_S, SPOT_SHUTDOWN_S
+from ..components.vllm_server import SPOT_PRE_STOP_S, SPOT_SHUTDOWN_S, drain_seconds
 from ..components.vllm_versions import release
 from ..components.weights_layout import LOW_RANGE_MAX_GB, REGIONAL_TIERS, weight_copies
 from .config import StackConfig
@@ -55,11 +55,22 @@ def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: 
             f"repair or spot preemption drains it and it is down until it reloads elsewhere (the time given), "
             f"{when}; set minReplicas 2 to keep serving through drains")
     out += rollout_needs(cfg)
+    grace = drain_seconds(cfg.gateway.request_timeout_seconds) + 30
+    for model, pool_name, tenant in placements(cfg):
+        for which in model.pool_names:
+            seconds = rollout_seconds(getattr(model, which).max_replicas,
+                                      cold_start_seconds(cfg, model, cfg.pool(pool_name)), grace)
+            if seconds > 2700:  # past Pulumi's default 45 min: the pool's own timeout allows it
+                out.append(f"rollout of {model.name}{f' ({tenant})' if tenant else ''} {which} at its ceiling: up "
+                           f"to ~{seconds / 60:.0f} min, a replica at a time (a node, its load); `pulumi up` "
+                           "waits that long for it")
     spot = sorted({pool_name for _m, pool_name, _t in placements(cfg) if cfg.pool(pool_name).spot})
     if spot:
         out.append(f"spot node pools ({', '.join(spot)}): a preemption gives pods {SPOT_SHUTDOWN_S} s (GKE's graceful "
-                   f"shutdown), so their replicas stop taking requests for {SPOT_PRE_STOP_S} s and vLLM has the rest "
-                   "to finish: requests still running then are cut (upgrades and drains still get the full drain)")
+                   f"shutdown), so their replicas wait {SPOT_PRE_STOP_S} s (not 20) for the load balancer to take them "
+                   "out before vLLM drains, on every stop: on a preemption requests still running after the 15 s "
+                   "are cut, and on any stop (rollout, scale-down, drain, also on the on-demand twin) a request "
+                   "may still reach a replica that has begun to stop; requests it accepted get the full drain")
     budget = cfg.weights.cold_start_budget_seconds
     slow: dict[str, float] = {}
     for model, pool_name, tenant in placements(cfg):

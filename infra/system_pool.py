@@ -1,12 +1,13 @@
-"""The system pool against everything that may run on it at once.
+"""The system pool against what runs on it for good, and the largest pod that comes and goes.
 
 Every pod that asks for no GPU or TPU lands on the system pool (the accelerator pools are tainted):
-the platform's Deployments (picker, limit store, trace collector, standbys), its Jobs (a loader per
-weight set, the readiness checks, a load test) and what Helm charts and release manifests run (KEDA,
-the LeaderWorkerSet controller), beside GKE's own pods. A loader re-run or a rollout's surge pod
-that finds no CPU stays Pending, and `pulumi up` waits on it until its timeout. So the plan adds the
-requests of all of them, each Deployment with one surge pod and every Job at once, and refuses a
-pool that cannot hold them at its most nodes (the cluster autoscaler adds nodes up to it).
+the platform's Deployments (picker, limit store, trace collector, standbys) and what Helm charts and
+release manifests run (KEDA, the LeaderWorkerSet controller) stay; Jobs (a loader per weight set,
+the readiness checks, a load test) and a rollout's surge pod come and go. Pods that come and go
+queue behind each other - a loader waits for the one before it - but one that cannot fit beside
+what stays never starts, and `pulumi up` waits on it until its timeout (a loader re-run on staging
+found no CPU). So the plan refuses a pool whose most nodes cannot hold what stays plus the largest
+pod that comes, or whose one node cannot hold that pod.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..components.node_shapes import system_pool_free
+from ..components.node_shapes import node_free, system_pool_free
 from .config import ConfigError, ConfigIssue
 
 # Pods a Helm chart or a release manifest runs, not in the plan's manifests: (what, pods, CPU m,
@@ -35,6 +36,8 @@ class Demand:
     pods: int
     cpu_m: int
     memory_mi: int
+    # Runs for good (a Deployment's replicas, a chart's pods), else comes and goes (a Job, a surge pod).
+    steady: bool = True
 
 
 def _quantity_m(value: Any) -> int:
@@ -67,12 +70,15 @@ def pod_requests(spec: dict[str, Any]) -> tuple[int, int, bool]:
     return max([cpu, *(c for c, _ in inits)]), max([mem, *(m for _, m in inits)]), accel
 
 
-def _replicas(doc: dict[str, Any]) -> int:
+def _surge_pods(doc: dict[str, Any]) -> int:
+    """The pods a rolling Deployment adds before it takes old ones: maxSurge, a share of the
+    replicas rounded up (Kubernetes' rule), default 25%."""
     spec = doc.get("spec") or {}
-    count = spec.get("replicas", 1)
-    # A rolling Deployment adds a surge pod before it takes an old one.
-    surge = ((spec.get("strategy") or {}).get("rollingUpdate") or {}).get("maxSurge", 1)
-    return count + (1 if surge not in (0, "0", "0%") else 0)
+    surge = ((spec.get("strategy") or {}).get("rollingUpdate") or {}).get("maxSurge", "25%")
+    replicas = spec.get("replicas", 1)
+    if isinstance(surge, str) and surge.endswith("%"):
+        return -(-replicas * int(surge[:-1]) // 100)
+    return int(surge)
 
 
 def _proxy(template: dict[str, Any], meshed: bool) -> tuple[int, int]:
@@ -89,40 +95,56 @@ def system_demand(manifests: list[dict[str, Any]]) -> list[Demand]:
     meshed = {d["metadata"]["name"] for d in manifests if d.get("kind") == "Namespace"
               and ((d["metadata"].get("labels") or {}).get("istio-injection") == "enabled")}
     for doc in manifests:
-        kind = doc.get("kind")
+        kind, spec, meta = doc.get("kind"), doc.get("spec") or {}, doc["metadata"]
         if kind == "Job":
-            template, pods = doc["spec"]["template"], max(1, doc["spec"].get("parallelism", 1))
+            template, pods, surge = spec["template"], max(1, spec.get("parallelism", 1)), 0
         elif kind == "CronJob":
-            template, pods = doc["spec"]["jobTemplate"]["spec"]["template"], 1
+            template, pods, surge = spec["jobTemplate"]["spec"]["template"], 1, 0
         elif kind in ("Deployment", "StatefulSet"):
-            template, pods = doc["spec"]["template"], _replicas(doc)
+            template, pods, surge = spec["template"], spec.get("replicas", 1), _surge_pods(doc)
         else:
             continue
         cpu, mem, accel = pod_requests(template["spec"])
-        meta = doc["metadata"]
         proxy_cpu, proxy_mem = _proxy(template, meta.get("namespace") in meshed)
-        if not accel and pods:
-            out.append(Demand(f"{kind} {meta.get('namespace', '')}/{meta['name']}", pods, cpu + proxy_cpu,
-                              mem + proxy_mem))
+        if accel:
+            continue
+        what = f"{kind} {meta.get('namespace', '')}/{meta['name']}"
+        steady = kind not in ("Job", "CronJob")
+        if pods:
+            out.append(Demand(what, pods, cpu + proxy_cpu, mem + proxy_mem, steady))
+        if surge:
+            out.append(Demand(f"{what} (surge)", surge, cpu + proxy_cpu, mem + proxy_mem, False))
     uses_lws = any(doc.get("kind") == "LeaderWorkerSet" for doc in manifests)
     charts = KEDA_PODS + (LWS_PODS if uses_lws else ())
     return out + [Demand(what, pods, cpu, mem) for what, pods, cpu, mem in charts]
 
 
 def check_system_pool(machine_type: str, max_nodes: int, manifests: list[dict[str, Any]]) -> list[Demand]:
-    """The demand rows; raises ConfigError naming cluster.systemMaxNodes where they do not fit."""
+    """The demand rows; raises ConfigError naming cluster.systemMaxNodes (or systemMachineType)
+    where what stays and the largest pod that comes do not fit."""
     rows = system_demand(manifests)
-    cpu = sum(r.pods * r.cpu_m for r in rows)
-    mem = sum(r.pods * r.memory_mi for r in rows)
+    steady = [r for r in rows if r.steady]
+    # A surge of several pods (the picker's 100%) comes all at once; Jobs queue one pod at a time.
+    largest = max((r for r in rows if not r.steady), key=lambda r: (r.pods * r.cpu_m, r.pods * r.memory_mi),
+                  default=None)
+    cpu = sum(r.pods * r.cpu_m for r in steady) + (largest.pods * largest.cpu_m if largest else 0)
+    mem = sum(r.pods * r.memory_mi for r in steady) + (largest.pods * largest.memory_mi if largest else 0)
     free_cpu, free_mem = system_pool_free(machine_type, 100, max_nodes)
-    if cpu > free_cpu or mem > free_mem:
-        top = sorted(rows, key=lambda r: -r.pods * r.cpu_m)[:4]
-        biggest = ", ".join(f"{r.what} {r.pods * r.cpu_m}m" for r in top)
-        raise ConfigError([ConfigIssue(
-            "vllm-gke:cluster.systemMaxNodes",
-            f"the system pool ({max_nodes} x {machine_type}) offers {free_cpu}m CPU and {free_mem} MiB after "
-            f"GKE's reservations and its own pods, but what may run there at once (every Deployment with a "
-            f"surge pod, every loader and readiness Job, KEDA and controllers) asks {cpu}m CPU and {mem} MiB "
-            f"(largest: {biggest}); raise cluster.systemMaxNodes or choose a larger cluster.systemMachineType")],
-            "system pool")
+    node_cpu, node_mem = node_free(machine_type, 100)
+    problems = []
+    if largest and (largest.cpu_m > node_cpu or largest.memory_mi > node_mem):
+        problems.append(ConfigIssue("vllm-gke:cluster.systemMachineType", (
+            f"{largest.what} asks {largest.cpu_m}m CPU and {largest.memory_mi} MiB, more than one {machine_type} "
+            f"offers after GKE's reservations and its own pods ({node_cpu}m, {node_mem} MiB): it would never "
+            "start; choose a larger cluster.systemMachineType")))
+    elif cpu > free_cpu or mem > free_mem:
+        top = ", ".join(f"{r.what} {r.pods * r.cpu_m}m" for r in sorted(steady, key=lambda r: -r.pods * r.cpu_m)[:3])
+        problems.append(ConfigIssue("vllm-gke:cluster.systemMaxNodes", (
+            f"the system pool ({max_nodes} x {machine_type}) offers {free_cpu}m CPU and {free_mem} MiB after GKE's "
+            f"reservations and its own pods, but what runs there for good ({top}, KEDA and controllers) and "
+            f"the largest pod that comes and goes ({largest.what if largest else '-'}) ask {cpu}m CPU and "
+            f"{mem} MiB: that pod would never start; raise cluster.systemMaxNodes or choose a larger "
+            "cluster.systemMachineType")))
+    if problems:
+        raise ConfigError(problems, "system pool")
     return rows

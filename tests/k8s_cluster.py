@@ -14,8 +14,16 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from vllm_gke.components.catalog import MACHINE_TYPES
-from vllm_gke.components.node_shapes import MAX_PODS, node_shape
+from vllm_gke.components.node_shapes import (
+    GKE_PER_CLUSTER_CPU_M,
+    GKE_PER_CLUSTER_MEMORY_MI,
+    GKE_PER_NODE_CPU_M,
+    GKE_PER_NODE_MEMORY_MI,
+    MAX_PODS,
+    node_shape,
+)
 from vllm_gke.infra.plan import REPO_ROOT, Plan
+from vllm_gke.infra.system_pool import KEDA_PODS, LWS_PODS
 
 SHARED = REPO_ROOT.parent / "shared"
 CONTROL_PLANE = SHARED / "k8s" / "controlplane.py"
@@ -83,15 +91,6 @@ class ControlPlane:
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
             time.sleep(every)
-
-    def reset(self) -> None:
-        """Everything a stack applied gone: its namespaces, cluster-scoped objects and nodes."""
-        self.kubectl("delete", "namespace", "-l", "vllm-gke.io/test=1", "--wait=false", check=False)
-        for kind in ("nodes", "clusterroles", "clusterrolebindings", "persistentvolumes", "computeclasses",
-                     "clustertriggerauthentications"):
-            self.kubectl("delete", kind, "-l", "vllm-gke.io/test=1", "--wait=false", check=False)
-        self.wait_until("the last stack's namespaces to go", lambda: not self.get(
-            "namespaces", "-l", "vllm-gke.io/test=1")["items"], timeout=180)
 
 
 # --- nodes shaped as GKE shapes each pool --------------------------------------------------------
@@ -187,17 +186,29 @@ def _labelled(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def chart_stand_ins(plan: Plan) -> list[dict[str, Any]]:
-    """Deployments with the requests of what the Helm charts and release manifests run (no images
-    run here; the scheduler and the system pool's room are what matter)."""
-    from vllm_gke.infra.system_pool import KEDA_PODS, LWS_PODS
-
+    """Pods with the requests of what GKE itself, the Helm charts and release manifests run (no
+    images run here; the scheduler and the room each pool leaves are what matter)."""
     uses_lws = any(d["kind"] == "LeaderWorkerSet" for d in plan.manifests())
-    out = []
+    # GKE's own pods: its agents on every node (they tolerate every taint), and the cluster's
+    # (kube-dns, konnectivity, metrics-server) on the system pool, as two pods.
+    def pause(cpu: int, mem: int) -> dict[str, Any]:
+        return {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                "resources": {"requests": {"cpu": f"{cpu}m", "memory": f"{mem}Mi"}}}]}
+
+    out: list[dict[str, Any]] = [
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "gke-node-agents", "namespace": "kube-system"},
+         "spec": {"selector": {"matchLabels": {"stand-in": "gke-node-agents"}},
+                  "template": {"metadata": {"labels": {"stand-in": "gke-node-agents"}},
+                               "spec": {**pause(GKE_PER_NODE_CPU_M, GKE_PER_NODE_MEMORY_MI),
+                                        "tolerations": [{"operator": "Exists"}]}}}},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "gke-cluster-pods", "namespace": "kube-system"},
+         "spec": {"replicas": 2, "selector": {"matchLabels": {"stand-in": "gke-cluster-pods"}},
+                  "template": {"metadata": {"labels": {"stand-in": "gke-cluster-pods"}},
+                               "spec": pause(GKE_PER_CLUSTER_CPU_M // 2, GKE_PER_CLUSTER_MEMORY_MI // 2)}}}]
     for namespace, pods in (("keda", KEDA_PODS), ("lws-system", LWS_PODS if uses_lws else ())):
         for what, replicas, cpu, mem in pods:
             name = what.lower().replace(" ", "-")
-            spec = {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                    "resources": {"requests": {"cpu": f"{cpu}m", "memory": f"{mem}Mi"}}}]}
+            spec = pause(cpu, mem)
             out.append({"apiVersion": "apps/v1", "kind": "Deployment",
                         "metadata": {"name": name, "namespace": namespace},
                         "spec": {"replicas": replicas, "selector": {"matchLabels": {"stand-in": name}},

@@ -121,11 +121,13 @@ def test_a_pool_whose_node_pool_is_full_at_its_ceiling_rolls_in_place_from_there
 
     cfg = plans["prod"].config
     llama = cfg.model("llama-70b")
-    assert surge_room(cfg, llama, "a100-tp8", None, "short") == 4  # long at its ceiling of 2: 48 - 16 = 32
-    assert surge_room(cfg, llama, "a100-tp8", None, "long") == 2
+    # long at its ceiling of 2 with its own surge replica: 48 - 24 = 24 GPUs, three replicas of 8
+    assert surge_room(cfg, llama, "a100-tp8", None, "short") == 3
+    # short at 4 with a surge replica leaves 8: not even a second long replica's surge fits
+    assert surge_room(cfg, llama, "a100-tp8", None, "long") == 1
     strategies = {d["metadata"]["name"]: d["spec"]["strategy"]["rollingUpdate"] for d in vllm_deployments(plans["prod"])}
-    assert strategies["llama-70b-short"] == {"maxSurge": 1, "maxUnavailable": "25%"}  # floor(0.25 x 3) = 0
-    assert strategies["llama-70b-long"] == {"maxSurge": 1, "maxUnavailable": "50%"}
+    assert strategies["llama-70b-short"] == {"maxSurge": 1, "maxUnavailable": "34%"}  # floor(0.34 x 2) = 0
+    assert strategies["llama-70b-long"] == {"maxSurge": 0, "maxUnavailable": 1}
     assert strategies["qwen-7b-short"] == {"maxSurge": 1, "maxUnavailable": 0}  # room to spare
     # Kubernetes rounds a percentage down: 0 below the count (up to 10; above, it may turn 1 a
     # replica or two early: never late), at least 1 from it.
@@ -138,7 +140,8 @@ def test_a_pool_whose_node_pool_is_full_at_its_ceiling_rolls_in_place_from_there
     from vllm_gke.infra.advice import plan_warnings
 
     notes = [w for w in plan_warnings(cfg, plans["prod"].platform.store.tier) if w.startswith("rollout of")]
-    assert any("llama-70b short: surges a replica while fewer than 4 run" in w for w in notes)
+    assert any("llama-70b short: surges a replica while fewer than 3 run" in w for w in notes)
+    assert any("llama-70b long: node pool 'a100-tp8' has no room" in w and "an outage" in w for w in notes)
 
 
 def test_rollouts_wait_for_a_replica_to_load_before_calling_it_stuck(plans):

@@ -170,12 +170,12 @@ def test_plan_warns_about_a_zonal_share_behind_a_multi_zone_cluster(plan_variant
 def test_plan_warns_about_single_replica_pools(plans):
     dev = plan_warnings(plans["dev"].config, plans["dev"].platform.store.tier)
     # One warning for every such pool: the same hazard, the same fix, said once.
-    (single,) = [w for w in dev if "one replica" in w]
+    (single,) = [w for w in dev if w.startswith("these pools run one replica")]
     assert single.startswith("these pools run one replica (qwen-7b short ~5 min, qwen-7b long ~5 min): a node "
                              "upgrade, repair or spot preemption drains it")
     assert "set a maintenance window" in single
     prod = plan_warnings(plans["prod"].config, plans["prod"].platform.store.tier)
-    (single,) = [w for w in prod if "one replica" in w]
+    (single,) = [w for w in prod if w.startswith("these pools run one replica")]
     assert "inside the maintenance window" in single
 
 

@@ -130,6 +130,8 @@ def test_picker_survives_rollouts_and_drains_with_one_ready_pod(plans):
     (spread,) = pod["spec"]["topologySpreadConstraints"]
     assert (spread["topologyKey"], spread["maxSkew"], spread["whenUnsatisfiable"]) == (
         "kubernetes.io/hostname", 1, "DoNotSchedule")
+    # A one-node domain satisfies maxSkew 1 with both on it: the system pool may shrink to one node.
+    assert spread["minDomains"] == 2
     assert spread["labelSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     # Per revision, among nodes it tolerates (GPU/TPU nodes are tainted: they would be empty domains).
     assert spread["matchLabelKeys"] == ["pod-template-hash"] and spread["nodeTaintsPolicy"] == "Honor"

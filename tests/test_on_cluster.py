@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -193,3 +194,32 @@ def test_jobs_that_call_the_api_may_do_exactly_that(cluster):
             sa = f"{job['metadata']['namespace']}/{job['spec']['template']['spec'].get('serviceAccountName', 'default')}"
             assert sa not in bound, name
             assert not _can(cp, sa, "list", "", "pods", job["metadata"]["namespace"]), name
+
+
+def test_the_two_pickers_never_share_a_node(cluster):
+    """minDomains 2: on a system pool down to one node the second replica waits for another."""
+    cp, plan, docs = cluster
+    pickers = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-epp")]
+    if not pickers:
+        pytest.skip(f"{plan.stack} has no endpoint picker")
+    system = [n["metadata"]["name"] for n in cp.get("nodes", "-l", "cloud.google.com/gke-nodepool=system")["items"]]
+    for name in system[1:]:
+        cp.kubectl("cordon", name)
+    try:
+        for d in pickers:
+            ns, name = d["metadata"]["namespace"], d["metadata"]["name"]
+            cp.kubectl("rollout", "restart", "deployment", name, "-n", ns)
+            cp.wait_until(f"{name}'s new pods placed", lambda ns=ns, name=name: [
+                p for p in cp.get("pods", "-n", ns, "-l", f"inferencepool={name}")["items"]
+                if not p["metadata"].get("deletionTimestamp")])
+        time.sleep(3)  # the scheduler's second try for the Pending one
+        for d in pickers:
+            ns, name = d["metadata"]["namespace"], d["metadata"]["name"]
+            pods = [p for p in cp.get("pods", "-n", ns, "-l", f"inferencepool={name}")["items"]
+                    if not p["metadata"].get("deletionTimestamp")]
+            nodes = [p["spec"].get("nodeName") for p in pods]
+            assert len({n for n in nodes if n}) == len([n for n in nodes if n]), (name, nodes)
+    finally:
+        for name in system[1:]:
+            cp.kubectl("uncordon", name)
+        settle(cp, timeout=120)

@@ -149,6 +149,21 @@ def test_a_wake_stays_active_until_a_replica_serves(standby):
     assert b"vllm_gke_standby_waking 0" in request(port, "GET", "/metrics")[2]
 
 
+def test_a_wake_that_never_serves_gives_up_after_twice_the_expected_wake():
+    """A crash-looping or unschedulable replica must not keep its pool (and GPU node) awake for good."""
+    module = standby_module()
+    now = [1000.0]
+    sb = module.Standby("m", lambda: False, RETRY_AFTER_S, 420)
+    sb.clock = lambda: now[0]
+    sb.count()
+    now[0] += 839
+    assert sb.waking()
+    now[0] += 2
+    assert not sb.waking()
+    sb.count()  # a client asks again: a new wake
+    assert sb.waking()
+
+
 def test_standby_is_ready_only_while_the_pool_is_not(standby):
     port, state = standby
     assert request(port, "GET", "/health")[0] == 200

@@ -6,7 +6,7 @@ import pytest
 
 from vllm_gke.components.node_shapes import cpu_reserved_m, memory_reserved_mi, node_shape
 from vllm_gke.infra.config import ConfigError
-from vllm_gke.infra.system_pool import system_demand
+from vllm_gke.infra.system_pool import check_system_pool, system_demand
 
 
 def test_allocatable_follows_gkes_reservations():
@@ -28,14 +28,38 @@ def test_staging_loaders_beside_the_picker_need_more_than_one_system_node(plan_v
         plan_variant("staging", one_node)
     (issue,) = err.value.issues
     assert issue.key == "vllm-gke:cluster.systemMaxNodes"
-    assert "Job vllm-gke-system/load-llama-8b 2000m" in issue.problem
+    # the picker's two replicas, the standby and KEDA stay; a 2-CPU loader beside them never starts
+    assert "Deployment vllm/llama-8b-epp 2200m" in issue.problem
+    assert "largest pod that comes and goes (Job vllm-gke-system/load-" in issue.problem
+
+
+def test_loaders_queue_but_one_too_large_for_any_node_is_refused(plan_variant):
+    """Loaders come and go: ten of them queue on one node; one larger than a node never starts."""
+    def many_models(values):
+        base = values["vllm-gke:models"][0]
+        values["vllm-gke:models"] += [{**base, "name": f"qwen-{i}"} for i in range(3)]
+        values["vllm-gke:nodePools"][0]["maxNodes"] = 4
+        values["vllm-gke:weights"]["capacityGb"] = 4096
+
+    plan_variant("dev", many_models)  # four loaders on one e2-standard-4: they take turns
+
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "big", "namespace": "x"},
+           "spec": {"template": {"spec": {"containers": [{"name": "c", "resources": {
+               "requests": {"cpu": "4", "memory": "1Gi"}}}]}}}}
+    with pytest.raises(ConfigError) as err:
+        check_system_pool("e2-standard-4", 10, [job])  # ten nodes, but no one node holds 4 CPUs
+    (issue,) = err.value.issues
+    assert issue.key == "vllm-gke:cluster.systemMachineType" and "would never start" in issue.problem
 
 
 def test_demand_counts_surges_sidecars_and_charts(plans):
     rows = {r.what: r for r in system_demand(plans["staging"].manifests())}
     picker = rows["Deployment vllm/llama-8b-epp"]
-    assert picker.pods == 3  # two replicas and a surge pod
+    assert (picker.pods, picker.steady) == (2, True)
     assert picker.cpu_m == 1000 + 100  # the picker and its mesh sidecar (Istio's default requests)
+    surge = rows["Deployment vllm/llama-8b-epp (surge)"]
+    assert (surge.pods, surge.steady) == (2, False)  # maxSurge 100%: both new pods at once
+    assert not rows["Job vllm-gke-system/load-llama-8b"].steady
     assert {"KEDA operator", "KEDA metrics server", "KEDA webhooks"} <= set(rows)
     assert "LeaderWorkerSet controller" not in rows  # staging runs no group
     assert "LeaderWorkerSet controller" in {r.what for r in system_demand(plans["frontier"].manifests())}

@@ -5,7 +5,8 @@ balancer sends it requests only then. It answers each with 503, a Retry-After an
 error, and counts it: KEDA reads the count (vllm_gke_standby_requests_total, through Managed
 Prometheus) to wake the pool. From a request until a replica is ready it also reports
 vllm_gke_standby_waking 1, which keeps KEDA's trigger active while the replica loads, whether or
-not clients retry (KEDA counts its cooldown from the last active poll). It reads no body beyond a
+not clients retry (KEDA counts its cooldown from the last active poll), for at most twice the
+expected wake after the last request. It reads no body beyond a
 limit and keeps nothing.
 
     python3 standby.py --model NAME --ready-host HEADLESS_SERVICE [--port 8000] [--retry-after 30]
@@ -18,6 +19,7 @@ import argparse
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 
@@ -72,20 +74,24 @@ class Standby:
         self.retry_after = retry_after
         self.expected_seconds = expected_seconds
         self.requests = 0
-        self.wake_asked = False
+        self.wake_asked_at: Optional[float] = None
         self.lock = threading.Lock()
+        self.clock = time.monotonic
 
     def count(self) -> None:
         with self.lock:
             self.requests += 1
-            self.wake_asked = True
+            self.wake_asked_at = self.clock()
 
     def waking(self) -> bool:
-        """Asked to wake and no replica ready yet; a ready replica ends the wake."""
+        """Asked to wake and no replica ready yet. A ready replica ends the wake, and so does twice
+        the expected wake with no request: a replica that never comes (a crash loop, no node) must
+        not hold the pool, and its node, awake for good."""
         with self.lock:
-            if self.serving_ready():
-                self.wake_asked = False
-            return self.wake_asked
+            if self.serving_ready() or (self.wake_asked_at is not None
+                                        and self.clock() - self.wake_asked_at > 2 * self.expected_seconds):
+                self.wake_asked_at = None
+            return self.wake_asked_at is not None
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
         standby = self
