@@ -342,7 +342,7 @@ def usage(
     stacks_dir: Optional[Path] = typer.Option(None, "--stacks-dir"),
     output: str = typer.Option("text", "--output", help="text or json"),
 ) -> None:
-    """Each tenant's tokens, requests, GPU-hours and dollars over a period, from the stack's metrics and
+    """Each tenant's tokens, requests, GPU-hours, TPU chip-hours and dollars over a period, from the stack's metrics and
     the price table (infra/usage_report.py says how the cost is split)."""
     period_wrong = period_problem(period)
     problems = ([period_wrong] if period_wrong else []) + \
@@ -377,12 +377,13 @@ def usage(
         return
     table = Table(title=f"stack {stack}: usage over the last {period} ({PRICE_REGION} list prices)")
     for col in ("tenant", "requests ok/refused/error/shed", "prompt tokens", "generated tokens",
-                "device-hours", "dollars", "share"):
+                "GPU-hours", "TPU chip-hours", "dollars", "share"):
         table.add_column(col, justify="left" if col == "tenant" else "right")
     for name, t in report.tenants.items():
         reqs = "/".join(f"{t.requests.get(o, 0):,.0f}" for o in ("ok", "refused", "error", "shed"))
         table.add_row(name, reqs, f"{t.prompt_tokens:,.0f}", f"{t.generation_tokens:,.0f}", f"{t.gpu_hours:,.1f}",
-                      f"{t.dollars:,.2f}", f"{t.dollars / report.dollars:.1%}" if report.dollars else "-")
+                      f"{t.tpu_chip_hours:,.1f}", f"{t.dollars:,.2f}",
+                      f"{t.dollars / report.dollars:.1%}" if report.dollars else "-")
     console.print(table)
     for pod in report.unknown_pods:
         console.print(f"[yellow]note:[/] pod {escape(pod)} is no vLLM Deployment or group leader of this stack: "

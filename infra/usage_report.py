@@ -1,4 +1,4 @@
-"""Each tenant's share of device-hours (GPUs, TPU chips) and dollars for a period, from the metrics the running stack
+"""Each tenant's share of GPU-hours, TPU chip-hours (each apart) and dollars for a period, from the metrics the running stack
 exports and the price table (`vllm-gke report`).
 
 What it reads (PromQL, from Managed Prometheus's query API or any Prometheus holding the same
@@ -38,6 +38,8 @@ from ..components.tenant_auth import tenant_namespace
 from .config import StackConfig
 from .plan import Plan
 from .pricing import MACHINE_PRICES
+
+TPU_RESOURCE = "google.com/tpu"
 
 STEP_S = 300
 # A Deployment's pod is <deployment>-<replica set hash>-<5 characters>; a LeaderWorkerSet's leader
@@ -182,8 +184,10 @@ class TenantUsage:
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
     requests: dict[str, float] = field(default_factory=dict[str, float])
-    # Device-hours: GPU-hours, or TPU chip-hours (the JSON keeps the name gpuHours).
+    # Device-hours per accelerator type, never added together: GPU-hours (a MIG slice its share of
+    # one) and TPU chip-hours.
     gpu_hours: float = 0.0
+    tpu_chip_hours: float = 0.0
     dollars: float = 0.0
 
 
@@ -201,7 +205,8 @@ class UsageReport:
     def to_json(self) -> dict[str, Any]:
         return {"period": self.period, "dollars": self.dollars, "unknownPods": self.unknown_pods,
                 "tenants": {name: {"promptTokens": t.prompt_tokens, "generationTokens": t.generation_tokens,
-                                   "requests": t.requests, "gpuHours": t.gpu_hours, "dollars": t.dollars,
+                                   "requests": t.requests, "gpuHours": t.gpu_hours,
+                                   "tpuChipHours": t.tpu_chip_hours, "dollars": t.dollars,
                                    "share": t.dollars / self.dollars if self.dollars else 0.0}
                             for name, t in self.tenants.items()}}
 
@@ -244,7 +249,10 @@ def usage_report(plan: Plan, query: Query, period: str, prompt_weight: float = 0
         for tenant, part in (shares.items() if total else [(UNALLOCATED, 1.0)]):
             usage = tenants[tenant] if tenant in tenants else spent.setdefault(tenant, TenantUsage())
             fraction = part / total if total else 1.0
-            usage.gpu_hours += hours * work.devices * fraction
+            if work.resource == TPU_RESOURCE:
+                usage.tpu_chip_hours += hours * work.devices * fraction
+            else:
+                usage.gpu_hours += hours * work.devices * fraction
             usage.dollars += hours * work.dollars_per_hour * fraction
     return UsageReport(period, {**tenants, **spent}, sorted(unknown))
 

@@ -140,7 +140,8 @@ def test_the_command_prints_json_and_replays_what_it_saved(query_api, tmp_path):
     replay = runner.invoke(app, ["report", "--stack", "prod", "--metrics", str(saved), "--output", "json"])
     assert replay.exit_code == 0 and json.loads(replay.output) == doc
     text = runner.invoke(app, ["report", "--stack", "prod", "--metrics", str(saved)])
-    assert text.exit_code == 0 and "device-hours" in text.output and "no vLLM Deployment" in text.output
+    assert text.exit_code == 0 and "GPU-hours" in text.output and "TPU chip-hours" in text.output
+    assert "no vLLM Deployment" in text.output
 
 
 @pytest.mark.parametrize("args,says", [
@@ -258,7 +259,11 @@ def test_tpu_chips_and_whole_groups_are_priced(plans):
     }
     t = usage_report(plan, held.__getitem__, "30d").tenants
     assert t["research"].dollars == pytest.approx(HOURS * (0.75 * chip.dollars_per_hour + slice70.dollars_per_hour))
-    assert t["research"].gpu_hours == pytest.approx(HOURS * (0.75 * 1 + 16))
+    # Chip-hours and GPU-hours apart, never summed: the 405B's H100 group is the only GPU time.
+    assert t["research"].tpu_chip_hours == pytest.approx(HOURS * (0.75 * 1 + 16)) and t["research"].gpu_hours == 0
+    assert t["(unallocated)"].gpu_hours == pytest.approx(HOURS * 16) and t["(unallocated)"].tpu_chip_hours == 0
+    doc = usage_report(plan, held.__getitem__, "30d").to_json()["tenants"]["research"]
+    assert (doc["gpuHours"], doc["tpuChipHours"]) == (0, pytest.approx(HOURS * 16.75))
     assert t["assistant"].dollars == pytest.approx(HOURS * 0.25 * chip.dollars_per_hour)
     assert t["(unallocated)"].dollars == pytest.approx(HOURS * h100.dollars_per_hour)
     assert usage_report(plan, held.__getitem__, "30d").unknown_pods == ["vllm/llama-70b-tpu-short-group-7-1"]
