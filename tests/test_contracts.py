@@ -92,7 +92,7 @@ def _cooldown_on_a_floor(plan):
 
 
 def _short_cooldown(plan):
-    _kube(plan, "ScaledObject", "llama-405b-short").props["spec"]["cooldownPeriod"] = 1800
+    _kube(plan, "ScaledObject", "llama-405b-short").props["spec"]["cooldownPeriod"] = 60
 
 
 def _adapter_named_image(plan):

@@ -366,19 +366,22 @@ def test_keda_accepts_only_what_it_serves(plans):
         assert grpc["from"] == [{"podSelector": {}}]  # the namespace's own pods only
 
 
-def test_a_cooldown_shorter_than_the_wake_is_refused(plan_variant):
+def test_a_cooldown_shorter_than_the_wake_is_refused(plan_variant, stack_values):
     """KEDA counts the cooldown from the scale-up (kedacore/keda v2.20.2 scale_scaledobjects.go:285-286):
     shorter than a node plus the cold start, the loading replica goes back to zero before it serves."""
-    from vllm_gke.infra.config import ConfigError
+    from vllm_gke.components.config_rules.scaling import wake_needed
+
+    wake = wake_needed(parse(stack_values["frontier"]))["llama-405b"]
+    assert wake > 1200  # 810 GB of weights: minutes of node, tens of minutes of load
 
     def short(values):
-        values["vllm-gke:models"][0]["short"]["cooldownSeconds"] = 1800  # 405B: ~2,830 s to wake
+        values["vllm-gke:models"][0]["short"]["cooldownSeconds"] = wake - 60
 
     with pytest.raises(ConfigError) as err:
         plan_variant("frontier", short)
     (issue,) = err.value.issues
     assert issue.key == "vllm-gke:models[llama-405b].short.cooldownSeconds"
-    assert "set it to 28" in issue.problem
+    assert f"set it to {wake} or more" in issue.problem
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -30,7 +30,7 @@ def test_staging_loaders_beside_the_picker_need_more_than_one_system_node(plan_v
     assert issue.key == "vllm-gke:cluster.systemMaxNodes"
     # the picker's two replicas, the standby and KEDA stay; a 2-CPU loader beside them never starts
     assert "Deployment vllm/llama-8b-epp 2200m" in issue.problem
-    assert "largest pod that comes and goes (Job vllm-gke-system/load-" in issue.problem
+    assert "the largest pod that comes and goes (" in issue.problem and "would never start" in issue.problem
 
 
 def test_loaders_queue_but_one_too_large_for_any_node_is_refused(plan_variant):
