@@ -744,6 +744,36 @@ def test_without_msgspec_the_guard_decides_the_same(monkeypatch):
     assert status(call(mw, {"input": ["x"] * 20_000}, path="/v1/embeddings")) == 200
 
 
+@pytest.mark.parametrize("msgspec", [True, False])
+@pytest.mark.parametrize("encoding", ["bytes", "bytes_only"])
+def test_embeddings_the_guard_cannot_meter_are_refused(encoding, msgspec, monkeypatch):
+    """vLLM 0.34 answers encoding_format "bytes" with the usage in a `metadata` header and
+    "bytes_only" with none, while the guard meters a pooling answer's body: a tenant asking for
+    them would embed for free. Refused with a 400 naming the field, whatever reads the body
+    (msgspec, the scanner on a large body, json.loads), the last copy of the key winning as in vLLM."""
+    if not msgspec:
+        for name in ("_BODY", "_ARRAY", "_OBJECT"):
+            monkeypatch.setattr(guard.body, name, None)
+    mw, app = guarded()
+    path = "/v1/embeddings"
+    for body in ({"input": "hi", "encoding_format": encoding},
+                 {"input": ["x"] * 20_000, "encoding_format": encoding},
+                 {"input": "hi", "encoding_format": encoding, "model": "m"}):
+        sent = call(mw, body, path=path)
+        assert status(sent) == 400
+        err = json.loads(sent[1]["body"])["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+        assert err["param"] == "encoding_format" and encoding in err["message"]
+    escaped = encoding.replace("b", "\\u0062")
+    raw = b'{"input": "hi", "encoding_format": "float", "encoding_format": "' + escaped.encode() + b'"}'
+    assert status(call(mw, raw=raw, path=path)) == 400
+    assert status(call(mw, raw=raw.replace(b'"float"', b'"x"').replace(escaped.encode(), b"float"), path=path)) == 200
+    assert len(app.seen) == 1
+    for metered in ("float", "base64"):
+        assert status(call(mw, {"input": "hi", "encoding_format": metered}, path=path)) == 200
+    assert status(call(mw, {"input": "hi"}, path=path)) == 200
+
+
 # --- tenants share no prefix cache (cache_salt), and what else vLLM would trip on ------------------
 
 SALTED = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]

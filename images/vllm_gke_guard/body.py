@@ -20,7 +20,11 @@ from .errors import Disconnected, GuardError
 from .routes import OUTPUT_FIELDS, PROMPT_FIELDS
 from .scan import JsonShapeError, ScanTooLong, scan_allowance, scan_object, skip_ws
 
-COUNTED = ("n", "best_of", "max_tokens", "max_completion_tokens", "max_output_tokens", "model")
+COUNTED = ("n", "best_of", "max_tokens", "max_completion_tokens", "max_output_tokens", "model", "encoding_format")
+# Pooling encodings whose answer has no usage in its body (vLLM 0.34 pooling/base/protocol.py,
+# utils.py: "bytes" sends it in a `metadata` header, "bytes_only" nowhere): the guard, which
+# reads the body's usage (usage.py), could not meter them, so tenants may not ask for them.
+UNMETERED_ENCODINGS = ("bytes", "bytes_only")
 
 
 class _Absent:
@@ -51,7 +55,7 @@ class Fields:
 
     def __init__(self, values: list[Any], close: int):
         (self.n, self.best_of, self.max_tokens, self.max_completion_tokens, self.max_output_tokens, self.model,
-         self.prompt, self.prompt_embeds, self.messages) = values
+         self.encoding_format, self.prompt, self.prompt_embeds, self.messages) = values
         self.close = close
 
     @property
@@ -112,6 +116,7 @@ try:  # msgspec ships in the vLLM image: C speed on small bodies, same reading a
         max_completion_tokens: Any = ABSENT
         max_output_tokens: Any = ABSENT
         model: Any = ABSENT
+        encoding_format: Any = ABSENT
         prompt: msgspec.Raw = ABSENT
         prompt_embeds: msgspec.Raw = ABSENT
         messages: msgspec.Raw = ABSENT
@@ -246,6 +251,14 @@ def fields_or_error(body: bytes, kind: str) -> Any:
         return read_fields(body, kind)
     except (JsonShapeError, ValueError) as exc:  # includes UnicodeDecodeError, JSONDecodeError
         raise GuardError(400, f"the body is not a valid JSON object: {exc}", "invalid_json") from None
+
+
+def metered_or_error(fields: Any) -> None:
+    """Refuse a pooling request whose answer would carry no usage for the guard to count."""
+    encoding = fields.encoding_format
+    if isinstance(encoding, str) and encoding in UNMETERED_ENCODINGS:
+        raise GuardError(400, f"encoding_format \"{encoding}\" is not served: its answer carries no usage to "
+                              "meter; use \"float\" or \"base64\"", "invalid_value", "encoding_format")
 
 
 def object_or_error(body: bytes) -> None:

@@ -20,7 +20,7 @@ from .body import (
     closing_brace,
     fields_or_error,
     int_member,
-    object_or_error,
+    metered_or_error,
     read_fields,
     receive_body,
     too_large,
@@ -266,10 +266,10 @@ class GuardMiddleware:
         where the caller has read them already); `salt`, the tenant's cache_salt member to append."""
         utf8_or_error(body)
         if kind not in OUTPUT_FIELDS:  # pooling: rate limited, generates nothing
+            fields = fields_or_error(body, kind)
+            metered_or_error(fields)
             if tenant.models is not None:
-                check_model(tenant.models, fields := fields_or_error(body, kind))
-            else:
-                object_or_error(body)
+                check_model(tenant.models, fields)
             await take_shared(self.shared, self.store_unavailable, tenant, 0)
             if salt is None:
                 return scope, Replay(body, receive), None, tenant

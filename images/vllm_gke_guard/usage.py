@@ -10,7 +10,10 @@ can opt out by leaving `stream_options.include_usage` off. Its Responses handler
 the usage is read from the response itself, the last `"usage":{...}` the body or its stream
 carries (always present, streamed or not). So are the pooling routes' (embeddings, score,
 rerank): their answers carry OpenAI's usage object, whose prompt tokens are the request's whole
-cost (rerank's names only `total_tokens`, all of them prompt). A request that
+cost (0.34's rerank usage has `prompt_tokens` too; an answer naming only `total_tokens` is read
+from that, all of it prompt). An embedding answer in encoding_format "bytes" carries its usage in
+a `metadata` header only, one in "bytes_only" nowhere: the guard refuses both on tenant routes
+(body.metered_or_error), so no pooling answer goes unmetered. A request that
 never gets a response (the app raised: the server answers 500) counts as an error.
 """
 
