@@ -76,7 +76,7 @@ def exposition(metric_type: str, labels: Sequence[str], bounds: Sequence[float] 
     if kind == "histogram":
         if not bounds:
             raise ValueError(f"{metric_type}: a seeded histogram needs the servers' finite bucket bounds")
-        rows = []
+        rows: list[str] = []
         for le in [*(le_value(b) for b in bounds), "+Inf"]:
             with_le = ",".join([pairs, f'le="{le}"'] if pairs else [f'le="{le}"'])
             rows.append(f"{name}_bucket{{{with_le}}} 0\n")
@@ -117,7 +117,7 @@ class SloMetricsArgs:
     # The SLOs' request-based SLIs (Objective.sli): what their filters name is seeded.
     slis: Sequence[dict[str, Any]]
     # Per histogram the SLIs read, the finite bucket bounds the servers export it with.
-    histogram_bounds: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    histogram_bounds: Mapping[str, Sequence[float]] = field(default_factory=dict[str, Sequence[float]])
     # The node subnet: collectors on the host network scrape from a node's address.
     metrics_sources: Sequence[str] = ()
     image: ImageRef = DEFAULT_IMAGE

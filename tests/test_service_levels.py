@@ -302,7 +302,6 @@ def test_every_gateway_class_has_its_load_balancers_count():
 def _served_les(bounds):
     """The `le` values a vLLM server writes for these bounds: prometheus_client's own exposition."""
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
-    from prometheus_client.parser import text_string_to_metric_families
 
     registry = CollectorRegistry()
     Histogram("vllm:time_to_first_token_seconds", "ttft", ["model_name"], buckets=bounds,
