@@ -32,6 +32,9 @@ def pre_stop_seconds(node_pool: NodePoolSpec) -> int:
 # --fail-on-environ-validation, fails) on.
 GUARD_CONFIG_ENV = "GKE_LLM_GUARD_CONFIG"
 WARM_MARKER_ENV = "GKE_LLM_WARM_MARKER"
+# The startup probe's window (its failureThreshold x periodSeconds): how long the entrypoint waits for
+# vLLM's /health, so a slow start (a 405B's weights and a cold XLA compile) is never given up early.
+STARTUP_WINDOW_ENV = "GKE_LLM_STARTUP_WINDOW_SECONDS"
 GUARD_MIDDLEWARE = "vllm_gke_guard.GuardMiddleware"
 WAITING_FOR_WEIGHTS = (
     'until [ -f "{marker}" ]; do echo "waiting for weights at {marker}"; sleep 15; done'

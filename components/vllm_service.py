@@ -45,6 +45,7 @@ from .vllm_server import (
     PORT,
     RUNTIME_ENV,
     TMP_GI,
+    STARTUP_WINDOW_ENV,
     WARM_MARKER,
     WARM_MARKER_ENV,
     WEIGHTS_MARKERS_ENV,
@@ -79,6 +80,11 @@ def startup_failure_threshold(load_seconds: float) -> int:
     """Startup probe periods (10 s each) before the kubelet gives up on a replica: 30 minutes at
     least, 1.5x the estimated load and warm-up where that is longer."""
     return max(180, math.ceil(1.5 * load_seconds / 10))
+
+
+def startup_window_seconds(load_seconds: float) -> int:
+    """The startup probe's window (periods of 10 s): the entrypoint waits for vLLM that long too."""
+    return 10 * startup_failure_threshold(load_seconds)
 
 
 def disruption_budget() -> dict[str, Any]:
@@ -310,6 +316,7 @@ class VllmService(pulumi.ComponentResource):
                             {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
                             {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
                             {"name": WARM_MARKER_ENV, "value": WARM_MARKER},
+                            {"name": STARTUP_WINDOW_ENV, "value": str(startup_window_seconds(args.load_seconds))},
                             {"name": GUARD_CONFIG_ENV,
                              "value": json.dumps(dict(args.guard_config), sort_keys=True)},
                             *(trace_env(args.trace_sample_ratio, self.service_name)

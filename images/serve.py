@@ -25,6 +25,14 @@ WARMUP_HEADER = "x-gke-llm-warmup"
 WARM_MARKER_ENV, WARMUP_TOKEN_ENV, SERVER_COMMAND_ENV = (
     "GKE_LLM_WARM_MARKER", "GKE_LLM_WARMUP_TOKEN", "GKE_LLM_SERVER_COMMAND")
 WARMUP_ROUNDS = 5
+# How long to wait for vLLM's /health: the pod's startup probe window (components/vllm_server.py
+# STARTUP_WINDOW_ENV), so a start that the probe still allows is never given up here first.
+STARTUP_WINDOW_ENV = "GKE_LLM_STARTUP_WINDOW_SECONDS"
+DEFAULT_STARTUP_WINDOW_S = 3600.0
+
+
+def startup_window_s() -> float:
+    return float(os.environ.get(STARTUP_WINDOW_ENV) or DEFAULT_STARTUP_WINDOW_S)
 # Files that must exist before vLLM starts (bucket-backed weights: each copy's completion marker,
 # read through the FUSE mount once the mesh sidecar serves), joined by ':'.
 WEIGHTS_MARKERS_ENV = "GKE_LLM_WEIGHTS_MARKERS"
@@ -195,7 +203,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     alive = lambda: proc.poll() is None  # noqa: E731
     pause = float(os.environ.get("GKE_LLM_WARMUP_PAUSE_SECONDS", "5"))
-    if wait_healthy(base, alive=alive) and warm_up_until_one_succeeds(base, model, token, alive, pause_s=pause):
+    healthy = wait_healthy(base, alive=alive, timeout_s=startup_window_s())
+    if healthy and warm_up_until_one_succeeds(base, model, token, alive, pause_s=pause):
         with open(marker, "w") as fh:
             fh.write(str(time.time()))
     elif alive():

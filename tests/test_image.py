@@ -213,3 +213,52 @@ def test_warm_marker_matches_startup_probe(plans):
 def test_the_tests_use_the_redis_client_the_image_ships():
     version = re.search(r"^ARG REDIS_PY_VERSION=(\S+)$", dockerfile(), re.M).group(1)
     assert f'"redis=={version}"' in (REPO_ROOT / "pyproject.toml").read_text()
+
+
+def test_the_entrypoint_waits_as_long_as_the_startup_probe(plans):
+    """Every serving pod of every stack tells the entrypoint its startup probe's window, at least
+    failureThreshold x periodSeconds: a start slower than a fixed hour (a 405B's weights, a cold XLA
+    compile) is not given up while the probe still waits for it."""
+    import serve
+    from vllm_gke.components.vllm_server import STARTUP_WINDOW_ENV
+    from vllm_gke.infra.manifests import pod_templates
+
+    assert serve.STARTUP_WINDOW_ENV == STARTUP_WINDOW_ENV
+    windows = []
+    for stack in STACKS:
+        for doc in plans[stack].manifests():
+            for role, template in pod_templates(doc) if doc["kind"] in ("Deployment", "LeaderWorkerSet") else []:
+                c = template["spec"]["containers"][0]
+                if (probe := c.get("startupProbe")) is None or c.get("name") != "vllm":
+                    continue
+                env = {e["name"]: e.get("value") for e in c["env"]}
+                window = probe["failureThreshold"] * probe["periodSeconds"]
+                assert float(env[STARTUP_WINDOW_ENV]) >= window, (stack, doc["metadata"]["name"], role)
+                windows.append(window)
+    assert max(windows) > serve.DEFAULT_STARTUP_WINDOW_S  # frontier's 405B and TPU 70B: past an hour
+
+
+def test_the_entrypoint_honours_the_startup_window(monkeypatch, tmp_path):
+    import serve
+
+    seen = []
+
+    class Server:  # vLLM that never turns healthy
+        def poll(self):
+            return None
+
+        def send_signal(self, _sig):
+            pass
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(serve.subprocess, "Popen", lambda *a, **k: Server())
+    monkeypatch.setattr(serve, "wait_healthy", lambda base, alive, timeout_s: seen.append(timeout_s) or False)
+    monkeypatch.setattr(serve.signal, "signal", lambda *a: None)
+    monkeypatch.setenv("GKE_LLM_WARM_MARKER", str(tmp_path / "warm"))
+    monkeypatch.setenv(serve.STARTUP_WINDOW_ENV, "21140")
+    assert serve.main(["/models/m/main", "--port", "1"]) == 0
+    monkeypatch.delenv(serve.STARTUP_WINDOW_ENV)
+    serve.main(["/models/m/main", "--port", "1"])
+    assert seen == [21140.0, serve.DEFAULT_STARTUP_WINDOW_S] and not (tmp_path / "warm").exists()
