@@ -261,6 +261,9 @@ def workloads_settled(cp: ControlPlane) -> Optional[str]:
         if (st.get("updatedReplicas", 0) < want or st.get("availableReplicas", 0) < want
                 or st.get("replicas", 0) > want or st.get("observedGeneration", 0) < d["metadata"]["generation"]):
             return f"deployment {d['metadata']['namespace']}/{d['metadata']['name']}: {st}"
+    for t in cp.get("statefulsets", "-A")["items"]:
+        if (t.get("status") or {}).get("readyReplicas", 0) < t["spec"].get("replicas", 1):
+            return f"statefulset {t['metadata']['namespace']}/{t['metadata']['name']}: {t.get('status')}"
     for j in cp.get("jobs", "-A")["items"]:
         if not (j.get("status") or {}).get("succeeded"):
             return f"job {j['metadata']['namespace']}/{j['metadata']['name']}: {j.get('status')}"
@@ -279,3 +282,29 @@ def settle(cp: ControlPlane, timeout: float = 120) -> None:
 
 
 __all__ = ["ControlPlane", "apply_stack", "gke_nodes", "keda_floor", "pool_reach", "settle", "unscheduled"]
+
+
+def group_stand_ins(lws: dict[str, Any], groups: int) -> list[dict[str, Any]]:
+    """What LeaderWorkerSet v0.10.0's controller makes of a set (no controller runs here): a
+    StatefulSet of leaders `<set>-<i>` and, per group, one of workers `<set>-<i>-<j>`, each pod
+    labelled with the set's name, group and worker index (kubernetes-sigs/lws v0.10.0
+    pkg/controllers/leaderworkerset_controller.go, pkg/controllers/pod_controller.go)."""
+    name, ns = lws["metadata"]["name"], lws["metadata"]["namespace"]
+    lwt = lws["spec"]["leaderWorkerTemplate"]
+
+    def stateful_set(set_name: str, template: dict[str, Any], replicas: int, labels: dict[str, str],
+                     first: int = 0) -> dict[str, Any]:
+        template = json.loads(json.dumps(template))
+        template.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
+        return {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                "metadata": {"name": set_name, "namespace": ns, "labels": dict(TEST_LABEL)},
+                "spec": {"replicas": replicas, "serviceName": name, "podManagementPolicy": "Parallel",
+                         "ordinals": {"start": first}, "selector": {"matchLabels": labels}, "template": template}}
+
+    base = {"leaderworkerset.sigs.k8s.io/name": name}
+    out = [stateful_set(name, lwt["leaderTemplate"], groups, {**base, "leaderworkerset.sigs.k8s.io/worker-index": "0"})]
+    for group in range(groups):
+        out.append(stateful_set(f"{name}-{group}", lwt["workerTemplate"], int(lwt["size"]) - 1,
+                                {**base, "leaderworkerset.sigs.k8s.io/group-index": str(group),
+                                 "leaderworkerset.sigs.k8s.io/worker-role": "worker"}, first=1))
+    return out

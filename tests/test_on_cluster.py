@@ -24,6 +24,7 @@ from tests.k8s_cluster import (
     CRDS,
     ControlPlane,
     apply_stack,
+    group_stand_ins,
     keda_floor,
     settle,
     unscheduled,
@@ -223,3 +224,31 @@ def test_the_two_pickers_never_share_a_node(cluster):
         for name in system[1:]:
             cp.kubectl("uncordon", name)
         settle(cp, timeout=120)
+
+
+def test_multi_host_groups_schedule_and_drain_at_their_ceiling(cluster):
+    """Each LeaderWorkerSet's groups as its controller makes them (a leader StatefulSet and one of
+    workers per group), at the ceiling: every host of every group finds a node of its pool, and every
+    node drains with the group's budget (one pod, so one group, at a time) never holding it."""
+    cp, plan, docs = cluster
+    sets = [d for d in docs if d["kind"] == "LeaderWorkerSet"]
+    if not sets:
+        pytest.skip(f"{plan.stack} runs no multi-host group")
+    ceiling = {so["spec"]["scaleTargetRef"]["name"]: so["spec"]["maxReplicaCount"] for so in _scaled(docs)}
+    stand_ins = [s for lws in sets for s in group_stand_ins(lws, ceiling[lws["metadata"]["name"]])]
+    cp.apply(stand_ins)
+    try:
+        settle(cp, timeout=120)
+        hosts = sum(int(lws["spec"]["leaderWorkerTemplate"]["size"]) * ceiling[lws["metadata"]["name"]] for lws in sets)
+        pods = [p for p in cp.get("pods", "-n", "vllm", "-l", "leaderworkerset.sigs.k8s.io/name")["items"]]
+        assert len(pods) == hosts and all(p["spec"].get("nodeName") for p in pods)
+        group_nodes = sorted({p["spec"]["nodeName"] for p in pods})
+        for name in group_nodes:
+            done = cp.kubectl("drain", name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s",
+                              check=False, timeout=90)
+            cp.kubectl("uncordon", name)
+            assert done.returncode == 0, f"drain {name}: {done.stderr[-600:]}"
+            settle(cp, timeout=120)
+    finally:
+        for s in stand_ins:
+            cp.kubectl("delete", "statefulset", s["metadata"]["name"], "-n", s["metadata"]["namespace"], check=False)
