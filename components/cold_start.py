@@ -77,14 +77,29 @@ def xla_compile_seconds(model: ModelSpec) -> float:
     return max(XLA_COMPILE_MIN_S, model.weights_gb * XLA_COMPILE_S_PER_GB)
 
 
+def accelerator_start_seconds(model: ModelSpec, pool: NodePoolSpec) -> float:
+    """What the accelerator adds to a start: on a TPU the XLA compile, and across hosts the workers'
+    Ray joins; nothing on a GPU."""
+    if not pool.is_tpu:
+        return 0.0
+    return xla_compile_seconds(model) + (RAY_JOIN_S if hosts_per_replica(model, pool) > 1 else 0.0)
+
+
 def cold_start_seconds(cfg: "StackConfig", model: ModelSpec, node_pool: Optional[NodePoolSpec] = None) -> float:
     """From node ready to serving, for a replica of `model` on `node_pool` (default its own)."""
     pool = node_pool or cfg.pool(model.node_pool)
     gb = model.weights_gb + model.lora_gb()
-    seconds = IMAGE_START_S + gb * 1e9 / (read_mib_s(cfg) * MIB) + ENGINE_START_S
-    if pool.is_tpu:
-        seconds += xla_compile_seconds(model) + (RAY_JOIN_S if hosts_per_replica(model, pool) > 1 else 0.0)
-    return seconds
+    return (IMAGE_START_S + gb * 1e9 / (read_mib_s(cfg) * MIB) + ENGINE_START_S
+            + accelerator_start_seconds(model, pool))
+
+
+# The package's VllmService without coldStartSeconds (it knows no weights store): 15 minutes for the
+# image, the weights and the engine, plus what its accelerator adds (accelerator_start_seconds).
+PACKAGE_LOAD_S = 900.0
+
+
+def package_cold_start_seconds(model: ModelSpec, pool: NodePoolSpec) -> float:
+    return PACKAGE_LOAD_S + accelerator_start_seconds(model, pool)
 
 
 def rollout_seconds(max_replicas: int, load_seconds: float, grace_seconds: int) -> int:

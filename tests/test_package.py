@@ -728,3 +728,33 @@ def test_a_dedicated_copy_must_sit_on_its_tenants_pool():
     with pytest.raises(InputError) as exc:
         _under_mocks("p", "dev", {}, lambda: provider.VllmService("own", _service(namespace="search", tenant="search")))
     assert "no dedicated copy of 'qwen-7b'" in {i.key: i.problem for i in exc.value.issues}["VllmService.tenant"]
+
+
+def test_the_package_vllm_service_on_a_tpu_pool_allows_for_the_xla_compile():
+    """Without coldStartSeconds a TPU pool's probe, rollout deadline and standby allow for the XLA
+    compile components/cold_start.py estimates, not a GPU's 15 minutes."""
+    from vllm_gke.components.cold_start import PACKAGE_LOAD_S, xla_compile_seconds
+    from vllm_gke.components.provider import VllmService
+    from vllm_gke.components.specs import ModelSpec
+    from vllm_gke.components.vllm_service import startup_failure_threshold
+    from vllm_gke.infra.plan import read_stack_config, run_program
+
+    model = {"name": "big", "source": "hf://meta-llama/Llama-3.3-70B-Instruct", "shape": "llama-3-70b",
+             "node_pool": "v6e", "tensor_parallel_size": 16, "multi_host": True,
+             "short": {"min_replicas": 0, "max_replicas": 1, "max_num_seqs": 8, "context_tokens": 4096}}
+    args = {"model": model, "pool_name": "short", "namespace": "vllm", "claim_name": "weights", "kubeconfig": "kc",
+            "project": "p", "pods_cidr": "10.4.0.0/14",
+            "node_pool": {"name": "v6e", "machine_type": "ct6e-standard-4t", "tpu_topology": "4x4", "min_nodes": 0,
+                          "max_nodes": 4},
+            "image": {"repository": "r", "tag": "v0.32.0"},
+            "tenants": [{"name": "t", "jwt": {"issuer": "https://i.example", "jwks_uri": "https://i.example/jwks",
+                                              "audiences": ["a"]}, "models": ["big"], "max_tokens": 1024,
+                         "rate_limit": {"requests_per_minute": 60}}]}
+    plan = run_program("dev", read_stack_config("dev"), program=lambda _c: VllmService("big-short", args))
+    load = PACKAGE_LOAD_S + xla_compile_seconds(ModelSpec(**model)) + 600  # four hosts: the Ray joins
+    (group,) = [d for d in plan.manifests() if d["kind"] == "LeaderWorkerSet"]
+    leader = group["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    assert leader["startupProbe"]["failureThreshold"] == startup_failure_threshold(load) > 180
+    (standby,) = [d for d in plan.manifests()
+                  if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("standby")]
+    assert str(int(load)) in json.dumps(standby)

@@ -8,6 +8,7 @@ import pulumi
 from typing_extensions import NotRequired
 
 from ..capacity import hosts_per_replica
+from ..cold_start import package_cold_start_seconds
 from ..config_rules import (
     check_extra_args,
     check_fit,
@@ -86,8 +87,11 @@ class VllmServiceInputs(TypedDict):
     """Count the tenants' rate limits across all replicas in the cluster's LimitStore (declare one, with
     this namespace among its clients; give it to dependsOn). Default false: per replica."""
     cold_start_seconds: NotRequired[int]
-    """With minReplicas 0: how long a wake takes (a GPU node, then the weights), which the standby tells
-    callers to wait (default 900; the plan estimates it for a stack)."""
+    """Seconds a replica takes from its node ready to serving (the weights, the engine and, on TPU, the XLA
+    compile): the startup probe allows half as long again (30 minutes at least), and with minReplicas 0 the standby tells callers
+    to wait this long. Default 900 on GPUs; on a TPU pool 900 plus the XLA compile estimate for the model
+    (and, across hosts, 600 for the Ray joins), as components/cold_start.py estimates it (the plan
+    estimates the whole for a stack)."""
     request_timeout_seconds: NotRequired[int]
     """The load balancer's timeout for one request (the Gateway's gateway.requestTimeoutSeconds, default 600):
     a stopping replica finishes requests that long before it exits."""
@@ -178,6 +182,7 @@ class VllmService(pulumi.ComponentResource):
             assert model is not None  # canary without model.canary: a problem raised above
         provider = kubernetes_provider(name, args["kubeconfig"], self)
         to_zero = getattr(model, pool_name).min_replicas == 0
+        load_seconds = float(args.get("cold_start_seconds") or package_cold_start_seconds(model, node_pool))
         standby_name = f"{service_name_of(model.name, pool_name, canary)}-standby" if to_zero else ""
         inner = _VllmService(name, VllmServiceArgs(
             model=model, pool_name=pool_name, pool=getattr(model, pool_name), node_pool=node_pool,
@@ -192,7 +197,7 @@ class VllmService(pulumi.ComponentResource):
             # vllm-server: MeshNamespace (and TenantAuth, for a dedicated tenant) makes it, and the
             # LimitStore admits it.
             service_account=SERVER_SA, request_timeout_seconds=timeout, pods_cidr=args.get("pods_cidr"),
-            load_seconds=float(args.get("cold_start_seconds") or 900)),
+            load_seconds=load_seconds),
             opts=child_opts(self, opts))
         if to_zero:
             # At zero the standby answers (503, Retry-After) and its request count wakes the pool.
@@ -203,7 +208,7 @@ class VllmService(pulumi.ComponentResource):
                 service_name=inner.service_name, model=model.name, namespace=args["namespace"],
                 pool_selector={MODEL_LABEL: model.name, POOL_LABEL: f"{pool_name}-canary" if canary else pool_name},
                 vllm_only_labels=SERVER_LABELS, provider=provider, policy_labels={TENANT_LABEL: tenant} if tenant else {},
-                expected_seconds=int(args.get("cold_start_seconds") or 900), service_account=STANDBY_SA),
+                expected_seconds=int(load_seconds), service_account=STANDBY_SA),
                 opts=child_opts(self, opts))
         self.service_name = pulumi.Output.from_input(inner.service_name)
         self.deployment_name = (inner.deployment.metadata.name if inner.deployment
