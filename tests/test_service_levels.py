@@ -128,6 +128,10 @@ def test_the_servers_add_the_ttft_objective_to_vllms_buckets(plans, plan_variant
                    for c in d["spec"]["template"]["spec"]["containers"])
     assert {s["requestBasedSli"]["distributionCut"]["range"]["max"] for s in props_of(exact, "gcp:monitoring/slo:Slo")
             if s["sloId"] == "ttft"} == {2.5}
+    # and the seed serves vLLM's default buckets, as these servers do
+    from vllm_gke.infra.contracts.monitoring import seeded_histograms_have_the_servers_buckets
+
+    assert seeded_histograms_have_the_servers_buckets(exact) == []
     python = os.environ.get("VLLM_PYTHON")
     if not python:
         if os.environ.get("CI"):
