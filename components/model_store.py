@@ -46,10 +46,10 @@ from .weights_layout import (
     SHARE_NAME,
     adapter_copies,
     capacity_range,
-    kept_beside,
     loader_command,
     model_dir,
     plan_filestore,
+    prune_command,
     reads,
     reads_hub,
     reads_hub_token_from_secret_manager,
@@ -100,6 +100,78 @@ class ModelStoreArgs:
     protect: bool = True
     # The vLLM release that reads the weights: which weight files the loaders copy.
     vllm_release: VllmRelease = field(default_factory=lambda: release(DEFAULT_VLLM_VERSION))
+
+
+@dataclass
+class JobBase:
+    """The pod the loader and prune Jobs share: the loader's identity, the writable weights volume,
+    the program, the system pool, and the hardening (read-only root, no capabilities, seccomp)."""
+
+    namespace: pulumi.Input[str]
+    service_account: pulumi.Input[str]
+    program_hash: str
+    annotations: dict[str, str]
+    volume: dict[str, Any]
+    node_selector: dict[str, str]
+    backend: str
+    hub_image: ImageRef  # hf:// sources: the server image (huggingface_hub)
+    bucket_image: ImageRef  # gs:// sources: the Cloud SDK image
+    depends_on: list[pulumi.Resource]
+
+    def pod(self, model: str, source: str, command: Sequence[pulumi.Input[str]],
+            env: Sequence[dict[str, Any]] = (), mounts: Sequence[dict[str, Any]] = (),
+            volumes: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+        image = self.hub_image if source.startswith("hf://") else self.bucket_image
+        scratch = f"{LOADER_SCRATCH_GI * len(LOADER_SCRATCH)}Gi"
+        return {
+            "metadata": {"labels": {"vllm-gke.io/model": model},
+                         # No mesh sidecar: it would keep the Job from completing.
+                         "annotations": {"sidecar.istio.io/inject": "false",
+                                         # In the pod template, so a changed program re-runs the (immutable) Jobs.
+                                         "vllm-gke.io/loader-program": self.program_hash,
+                                         **self.annotations}},
+            "spec": {
+                "serviceAccountName": self.service_account,
+                "automountServiceAccountToken": False,
+                # Never: a pod failure policy needs it; a failed pod is retried
+                # as a new pod up to backoffLimit.
+                "restartPolicy": "Never",
+                "nodeSelector": dict(self.node_selector),
+                "securityContext": {
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                    **({} if self.backend == "filestore" else {
+                        "runAsNonRoot": True, "runAsUser": LOADER_UID, "runAsGroup": LOADER_UID})},
+                "containers": [{
+                    "name": "loader",
+                    "image": image.uri,
+                    "command": list(command),
+                    # The error (the key to raise) shows in the pod's and Job's status.
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                    "resources": {"requests": {"cpu": "2", "memory": "8Gi", "ephemeral-storage": scratch},
+                                  "limits": {"cpu": "4", "memory": "16Gi", "ephemeral-storage": scratch}},
+                    "securityContext": dict(CONTAINER_SECURITY),
+                    # The server image sets HF_HUB_OFFLINE=1 so replicas never download;
+                    # the loader is the one place that must.
+                    "env": [*LOADER_ENV, *LOADER_RUNTIME_ENV, *env,
+                            # Through FUSE, downloads must write in order: gcsfuse streams
+                            # sequential writes but stages out-of-order ones (hf_xet's
+                            # parallel reconstruction) whole on the node's disk.
+                            *([] if self.backend == "filestore" else
+                              [{"name": "HF_HUB_DISABLE_XET", "value": "1"}])],
+                    "volumeMounts": [{"name": "weights", "mountPath": MOUNT_PATH},
+                                     {"name": "program", "mountPath": LOADER_MOUNT, "readOnly": True},
+                                     *({"name": v, "mountPath": p} for v, p in LOADER_SCRATCH),
+                                     *mounts],
+                }],
+                "volumes": [
+                    self.volume,
+                    *({"name": v, "emptyDir": {"sizeLimit": f"{LOADER_SCRATCH_GI}Gi"}}
+                      for v, _ in LOADER_SCRATCH),
+                    {"name": "program", "configMap": {"name": "weights-loader"}},
+                    *volumes,
+                ],
+            },
+        }
 
 
 class ModelStore(pulumi.ComponentResource):
@@ -237,14 +309,15 @@ class ModelStore(pulumi.ComponentResource):
         program_map = k8s.core.v1.ConfigMap(
             f"{name}-loader-program", metadata={**meta("weights-loader"), "namespace": ns_name},
             data={LOADER_PROGRAM.name: program}, opts=k8s_opts)
-        # In the pod template, so a changed program re-runs the (immutable) Jobs.
         program_hash = content_digest(program)
 
         self.loader_jobs = {}
-        scratch = f"{LOADER_SCRATCH_GI * len(LOADER_SCRATCH)}Gi"
-        for copy in (copies := weight_copies(args.models)):
+        # What the prune Jobs (WeightsPrune, declared after the servers) share with the loaders.
+        self.job_base = JobBase(ns_name, loader_sa.metadata.name, program_hash, loader_annotations, loader_volume,
+                                dict(args.loader_node_selector), self.backend, args.server_image,
+                                args.weights.gcs_loader_image, [program_map, self.loader_binding, *grants])
+        for copy in weight_copies(args.models):
             key = copy.key
-            image = args.server_image if copy.source.startswith("hf://") else args.weights.gcs_loader_image
             self.loader_jobs[key] = k8s.batch.v1.Job(
                 f"{name}-load-{key}",
                 metadata={**meta(f"load-{key}", labels={"vllm-gke.io/model": copy.model},
@@ -258,61 +331,15 @@ class ModelStore(pulumi.ComponentResource):
                     # Job at once, so `pulumi up` stops with the loader's message.
                     "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
                         "containerName": "loader", "operator": "In", "values": [LOADER_EXIT_UNLOADABLE]}}]},
-                    "template": {
-                        "metadata": {"labels": {"vllm-gke.io/model": copy.model},
-                                     # No mesh sidecar: it would keep the Job from completing.
-                                     "annotations": {"sidecar.istio.io/inject": "false",
-                                                     "vllm-gke.io/loader-program": program_hash,
-                                                     **loader_annotations}},
-                        "spec": {
-                            "serviceAccountName": loader_sa.metadata.name,
-                            "automountServiceAccountToken": False,
-                            # Never: a pod failure policy needs it; a failed pod is retried
-                            # as a new pod up to backoffLimit.
-                            "restartPolicy": "Never",
-                            "nodeSelector": dict(args.loader_node_selector),
-                            "securityContext": {
-                                "seccompProfile": {"type": "RuntimeDefault"},
-                                **({} if self.backend == "filestore" else {
-                                    "runAsNonRoot": True, "runAsUser": LOADER_UID, "runAsGroup": LOADER_UID})},
-                            "containers": [{
-                                "name": "loader",
-                                "image": image.uri,
-                                "command": loader_command(
-                                    copy, args.vllm_release,
-                                    usable_gib(copy.weights_gb) if self.backend == "hyperdisk-ml" else None,
-                                    bucket=None if self.backend == "filestore" else self.bucket.name,
-                                    keep=kept_beside(copy, copies)),
-                                # The error (the key to raise) shows in the pod's and Job's status.
-                                "terminationMessagePolicy": "FallbackToLogsOnError",
-                                "resources": {"requests": {"cpu": "2", "memory": "8Gi", "ephemeral-storage": scratch},
-                                              "limits": {"cpu": "4", "memory": "16Gi", "ephemeral-storage": scratch}},
-                                "securityContext": dict(CONTAINER_SECURITY),
-                                # The server image sets HF_HUB_OFFLINE=1 so replicas never download;
-                                # the loader is the one place that must.
-                                "env": [*LOADER_ENV, *LOADER_RUNTIME_ENV, *token.env,
-                                        # Through FUSE, downloads must write in order: gcsfuse streams
-                                        # sequential writes but stages out-of-order ones (hf_xet's
-                                        # parallel reconstruction) whole on the node's disk.
-                                        *([] if self.backend == "filestore" else
-                                          [{"name": "HF_HUB_DISABLE_XET", "value": "1"}])],
-                                "volumeMounts": [{"name": "weights", "mountPath": MOUNT_PATH},
-                                                 {"name": "program", "mountPath": LOADER_MOUNT, "readOnly": True},
-                                                 *({"name": v, "mountPath": p} for v, p in LOADER_SCRATCH),
-                                                 *token.mounts],
-                            }],
-                            "volumes": [
-                                loader_volume,
-                                *({"name": v, "emptyDir": {"sizeLimit": f"{LOADER_SCRATCH_GI}Gi"}}
-                                  for v, _ in LOADER_SCRATCH),
-                                {"name": "program", "configMap": {"name": "weights-loader"}},
-                                *token.volumes,
-                            ],
-                        },
-                    },
+                    "template": self.job_base.pod(
+                        copy.model, copy.source, loader_command(
+                            copy, args.vllm_release,
+                            usable_gib(copy.weights_gb) if self.backend == "hyperdisk-ml" else None,
+                            bucket=None if self.backend == "filestore" else self.bucket.name),
+                        token.env, token.mounts, token.volumes),
                 }),
                 opts=child_opts(self, opts, provider=args.provider,
-                                depends_on=[*token.depends_on, self.loader_binding, program_map, *grants]))
+                                depends_on=[*token.depends_on, *self.job_base.depends_on]))
 
         if self.backend == "hyperdisk-ml":
             assert number is not None
@@ -401,3 +428,30 @@ class ModelStore(pulumi.ComponentResource):
                 "resources": {"requests": {"storage": NOMINAL_VOLUME_SIZE}},
             }),
             opts=opts)
+
+
+class WeightsPrune(pulumi.ComponentResource):
+    """Per model, a Job that removes the folders beside the model's kept ones (earlier revisions
+    and sources, the old layout's) once every server and load test reading the model was updated
+    onto the kept folders: it depends on them, so Pulumi creates (or, as its kept set changes,
+    replaces) it only after they are, and a failed `up` (servers never rolled) prunes nothing.
+    Not a child of the ModelStore: the servers wait for the store, this waits for the servers."""
+
+    def __init__(self, name: str, store: ModelStore, models: Sequence[ModelSpec],
+                 readers: Mapping[str, Sequence[pulumi.Resource]], provider: k8s.Provider,
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("vllm-gke:index:WeightsPrune", name, None, opts)
+        base, copies = store.job_base, weight_copies(models)
+        self.jobs: dict[str, k8s.batch.v1.Job] = {}
+        for model in models:
+            self.jobs[model.name] = k8s.batch.v1.Job(
+                f"{name}-{model.name}",
+                metadata={**meta(f"prune-{model.name}", labels={"vllm-gke.io/model": model.name},
+                                 annotations={"pulumi.com/timeoutSeconds": "1800"}),
+                          "namespace": base.namespace},
+                spec=api_body({"backoffLimit": 4, "activeDeadlineSeconds": 1500,
+                               "template": base.pod(model.name, model.source, prune_command(model.name, copies))}),
+                opts=child_opts(self, opts, provider=provider, depends_on=[
+                    *base.depends_on, *(store.loader_jobs[c.key] for c in copies if c.model == model.name),
+                    *readers.get(model.name, ())]))
+        self.register_outputs({"pruneJobs": list(self.jobs)})

@@ -32,7 +32,7 @@ from .limit_store import LimitStore, LimitStoreArgs
 from .load_test import LoadTest, LoadTestArgs, Target
 from .mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
 from .mesh_readiness import MeshReadiness, MeshReadinessArgs
-from .model_store import ModelStore, ModelStoreArgs
+from .model_store import ModelStore, ModelStoreArgs, WeightsPrune
 from .observability import Observability, ObservabilityArgs
 from .options import child_opts
 from .project_apis import ProjectApis, ProjectApisArgs
@@ -133,6 +133,7 @@ class Platform(pulumi.ComponentResource):
     limit_store: Optional[LimitStore]
     trace_collector: Optional[TraceCollector]
     load_tests: dict[str, LoadTest]
+    weights_prune: WeightsPrune
     standbys: dict[str, Standby]
     gateway: Gateway
     observability: Observability
@@ -236,6 +237,8 @@ class Platform(pulumi.ComponentResource):
             """The MeshNamespace holding the servers' and standbys' service accounts."""
             return tenants[tenant].namespace if tenant else serving
 
+        # model -> what reads its folders (servers of every pool, canary, dedicated copy; load tests).
+        readers: dict[str, list[pulumi.Resource]] = {}
         # With SLOs kept the servers count TTFT at the objective's own bound (where the release can).
         slos_kept = cfg.monitoring.slos.enabled
 
@@ -270,6 +273,7 @@ class Platform(pulumi.ComponentResource):
                     # ...and the namespace's identities (a pod of a missing service account is refused).
                     opts=child([mesh, store, keda, identities(tenant), *([self.lws] if self.lws else [])]))
                 self.services[f"{key}-{which}"] = svc
+                readers.setdefault(model.name, []).append(svc)
                 names[which] = svc.service_name
                 if to_zero:
                     pool_label = f"{which}-canary" if canary else which
@@ -387,6 +391,9 @@ class Platform(pulumi.ComponentResource):
                 bucket=store.bucket.name if cfg.weights.backend in ("gcs", "hyperdisk-ml") else None,
                 project=cfg.project, workload_pool=cluster.workload_pool),
                 opts=child([mesh, store, identities(tenant.name if own else None)]))
+            readers.setdefault(model.name, []).append(self.load_tests[spec.name])
+        # Only once all of them were updated onto the kept folders are the others removed.
+        self.weights_prune = WeightsPrune(f"{p}weights-prune", store, cfg.models, readers, provider, opts=child())
 
         self.routes = {t.route_name: f"/{t.path_prefix}/v1" for t in targets}
         self.register_outputs({"clusterName": cluster.cluster.name, "kubeconfig": cluster.kubeconfig,

@@ -35,7 +35,9 @@ REGIONAL_TIERS = frozenset({"REGIONAL"})
 # A statically bound NFS volume's size is nominal: the kubelet never enforces it. Tying it to the
 # share's capacity would turn every resize (adding a model) into a change of an immutable field.
 NOMINAL_VOLUME_SIZE = "1Gi"
-HEADROOM = 1.3  # tokenizer files, a second revision during a roll-forward (the loader then removes the first)
+HEADROOM = 1.3  # tokenizer files, the xet cache's writes, rounding of the estimates
+# A path segment's limit (NAME_MAX, and Cloud Storage FUSE's): a folder name is cut to it.
+NAME_MAX_BYTES = 255
 
 
 LOADER_ENV = ({"name": "HF_HUB_OFFLINE", "value": "0"}, {"name": "TRANSFORMERS_OFFLINE", "value": "0"},
@@ -65,11 +67,21 @@ def copy_folder(source: str, revision: str) -> str:
     revision, so a changed source at the same revision is a new folder, loaded anew and rolled
     onto, never the old files under the old marker."""
     digest = hashlib.sha256(f"{source}\n{revision}".encode()).hexdigest()[:8]
-    return f"{revision.replace('/', '_')}-{digest}"
+    # A revision may take 255 bytes itself: cut it (whole characters), the digest keeps it unique.
+    room = NAME_MAX_BYTES - len(digest) - 1
+    name = revision.replace('/', '_').encode()[:room].decode(errors="ignore")
+    return f"{name}-{digest}"
 
 
 def model_dir(model: ModelSpec) -> str:
     return f"{MOUNT_PATH}/{model.name}/{copy_folder(model.source, model.revision)}"
+
+
+def legacy_dir(copy: "WeightCopy") -> str:
+    """Where the copy lived before folders carried the digest (/models/<model>/<revision>): the
+    loader moves a complete copy of the same source from there instead of loading it again."""
+    parent = PurePosixPath(copy.directory).parent
+    return f"{parent}/{copy.revision}"
 
 
 def ready_marker(model: ModelSpec) -> str:
@@ -155,8 +167,11 @@ def plan_filestore(models: Sequence[ModelSpec], weights: WeightsSpec) -> tuple[s
 
 
 def needed_gb(models: Sequence[ModelSpec]) -> int:
-    """What the share must hold: every copy, plus headroom."""
-    return math.ceil(sum(c.weights_gb for c in weight_copies(models)) * HEADROOM)
+    """What the share must hold: every copy plus the largest again (a new revision or source
+    loads beside the current copy, which is removed only once the servers read the new one),
+    plus headroom."""
+    sizes = [c.weights_gb for c in weight_copies(models)]
+    return math.ceil((sum(sizes) + max(sizes, default=0)) * HEADROOM)
 
 
 def capacity_range(tier: str, capacity_gb: int) -> str:
@@ -202,31 +217,35 @@ def reads(copy: WeightCopy, rel: VllmRelease) -> str:
     return "adapter" if copy.adapter else rel.weights_rule
 
 
-def kept_beside(copy: WeightCopy, copies: Sequence[WeightCopy]) -> list[str]:
-    """The other folders beside this copy's that a serving pool reads (a model's current and
-    canary revisions): its loader removes every other sibling once its own copy is complete."""
-    parent = PurePosixPath(copy.directory).parent
-    return sorted({PurePosixPath(c.directory).name for c in copies
-                   if c.directory != copy.directory and PurePosixPath(c.directory).parent == parent})
-
-
 def loader_command(copy: WeightCopy, rel: VllmRelease, max_gib: Optional[float] = None,
-                   bucket: Optional[pulumi.Input[str]] = None, keep: Sequence[str] = ()) -> list[pulumi.Input[str]]:
+                   bucket: Optional[pulumi.Input[str]] = None) -> list[pulumi.Input[str]]:
     """The loader's argv: exec form, every value an argument (a shell never parses them). With
     max_gib (a Hyperdisk ML disk is filled from the folder) the loader refuses a selection that
-    does not fit, naming the key, and leaves nothing else in the folder. Once loaded it removes
-    the folders beside its own but `keep` (kept_beside): earlier revisions and sources."""
+    does not fit, naming the key, and leaves nothing else in the folder. It removes nothing
+    beside its folder: the servers still read the current copy until they roll (prune_command)."""
     program = f"{LOADER_MOUNT}/{LOADER_PROGRAM.name}"
     if copy.source.startswith("hf://"):
         argv: list[pulumi.Input[str]] = ["python3", program, "hf", copy.source.removeprefix("hf://"), copy.revision,
                                          copy.directory, "--token-file", f"{HF_TOKEN_MOUNT}/token"]
     else:
-        argv = ["python3", program, "gcs", copy.source, copy.directory]
+        argv = ["python3", program, "gcs", copy.source, copy.directory, "--revision", copy.revision]
         if bucket is not None:  # the folder is the weights bucket's: copy server-side
             folder = copy.directory.removeprefix(MOUNT_PATH).strip("/")
             argv += ["--dest-uri", pulumi.Output.concat("gs://", bucket, "/", folder)]
-    argv += ["--reads", reads(copy, rel), "--size-key", copy.size_key]
+    argv += ["--reads", reads(copy, rel), "--size-key", copy.size_key, "--legacy-dest", legacy_dir(copy)]
     if max_gib is not None:
         argv += ["--max-gib", f"{max_gib:.2f}", "--prune"]
-    argv += ["--prune-siblings", *(a for name in keep for a in ("--keep", name))]
     return argv
+
+
+def kept_folders(model: str, copies: Sequence[WeightCopy]) -> list[str]:
+    """The model's folders a serving pool reads: its current and canary revisions, its adapters'."""
+    return sorted(c.directory for c in copies if c.model == model)
+
+
+def prune_command(model: str, copies: Sequence[WeightCopy]) -> list[str]:
+    """The prune Job's argv: remove every folder beside the model's kept folders (earlier
+    revisions and sources, the layout before digests) but those. Run only once every server and
+    load test reading the model rolled onto the kept folders, so the argv is the Job's identity:
+    a changed set re-runs it."""
+    return ["python3", f"{LOADER_MOUNT}/{LOADER_PROGRAM.name}", "prune", *kept_folders(model, copies)]

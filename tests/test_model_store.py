@@ -34,7 +34,8 @@ def _model(params: float) -> ModelSpec:
 
 
 @pytest.mark.parametrize("params,tier,expected", [
-    (7, None, ("ZONAL", 1024)), (600, None, ("ZONAL", 1792)),
+    # 1200 GB twice (a new revision loads beside the current copy) x 1.3, in 256 GiB steps.
+    (7, None, ("ZONAL", 1024)), (600, None, ("ZONAL", 3328)),
     # The config's tier, whatever the models weigh: a tier that followed their size re-created the share.
     # A Basic share only grows: its size is weights.capacityGb's (the config checks the models fit).
     (7, "BASIC_HDD", ("BASIC_HDD", 1024)), (600, "BASIC_HDD", ("BASIC_HDD", 1024)),
@@ -46,8 +47,9 @@ def test_plan_filestore(params, tier, expected):
 
 def test_a_canary_revision_is_a_second_copy_on_the_share():
     canary = _model(600).model_copy(update={"canary": CanarySpec(revision="v2", weight=10)})
-    # 2 x 1200 GB x 1.3 headroom, in 256 GiB steps: both revisions are on the share at once.
-    assert plan_filestore([canary], WeightsSpec()) == ("ZONAL", 3328)
+    # (2 x 1200 GB + a third for a new revision) x 1.3, in 256 GiB steps: both revisions are on
+    # the share at once, and either may load a new one beside them.
+    assert plan_filestore([canary], WeightsSpec()) == ("ZONAL", 4864)
     # Two 50B copies are past what an HDD share loads in reasonable time.
     assert plan_filestore([_model(50).model_copy(update={"canary": CanarySpec(revision="v2", weight=10)})],
                           WeightsSpec())[0] == "ZONAL"
@@ -79,7 +81,9 @@ def test_a_changed_source_loads_a_new_folder_the_servers_roll_onto(plans, plan_v
     assert old != new
     for plan, folder in ((before, old), (after, new)):
         command = plan.kube("Job", "load-qwen-7b").props["spec"]["template"]["spec"]["containers"][0]["command"]
-        assert command[5] == folder and "--prune-siblings" in command
+        assert command[5] == folder and "--prune-siblings" not in command
+        # The old folder goes only once the servers rolled: the prune Job keeps the new one.
+        assert folder in plan.kube("Job", "prune-qwen-7b").props["spec"]["template"]["spec"]["containers"][0]["command"]
         for d in vllm_deployments(plan):
             if d["metadata"]["name"].startswith("qwen-7b"):
                 pod = d["spec"]["template"]["spec"]
@@ -110,7 +114,7 @@ def test_serving_volumes_are_read_only_many_onto_the_share(plans):
 
 def test_one_loader_job_per_model_reading_token_from_secret_manager(plans):
     plan = plans["prod"]
-    jobs = manifests_of(plan, "Job", "vllm-gke-system")
+    jobs = [j for j in manifests_of(plan, "Job", "vllm-gke-system") if j["metadata"]["name"].startswith("load-")]
     assert sorted(j["metadata"]["name"] for j in jobs) == ["load-llama-70b", "load-llama-8b", "load-llama-8b-canary",
                                                            "load-llama-8b-lora-search-rewrite",
                                                            "load-llama-8b-lora-support-sql", "load-qwen-7b"]
@@ -131,8 +135,9 @@ def test_one_loader_job_per_model_reading_token_from_secret_manager(plans):
         assert command[6:8] == ["--token-file", "/var/run/secrets/hf/token"]
         # Filestore is sized for the whole share, so the loader copies vLLM's selection unbounded.
         assert command[8:12] == ["--reads", "mistral-first", "--size-key", f"models[{model_of(job)}].diskGb"]
-        # Once loaded, the folders beside it no pool reads go; the canary's and the stable one stay.
-        assert command[12] == "--prune-siblings" and len(command) == (15 if model_of(job) == "llama-8b" else 13)
+        # A complete copy in the folder of the layout before digests is moved, not loaded again;
+        # nothing beside the folder is removed (the prune Job does, after the servers rolled).
+        assert command[12:] == ["--legacy-dest", f"/models/{model_of(job)}/{revision}"]
         # The server image sets HF_HUB_OFFLINE=1; the loader must override it or download nothing.
         env = {e["name"]: e for e in container["env"]}
         assert env["HF_HUB_OFFLINE"] == {"name": "HF_HUB_OFFLINE", "value": "0"}
@@ -207,11 +212,11 @@ def test_gcs_source_uses_gcloud_loader(plan_variant):
         values["vllm-gke:models"][0]["source"] = "gs://acme-models/qwen2.5-7b"
 
     plan = plan_variant("dev", to_gcs)
-    (job,) = manifests_of(plan, "Job", "vllm-gke-system")
-    container = job["spec"]["template"]["spec"]["containers"][0]
+    container = plan.kube("Job", "load-qwen-7b").props["spec"]["template"]["spec"]["containers"][0]
     assert container["command"][2:] == ["gcs", "gs://acme-models/qwen2.5-7b", model_dir(plan.config.model("qwen-7b")),
+                                        "--revision", "main",
                                         "--reads", "mistral-first", "--size-key", "models[qwen-7b].diskGb",
-                                        "--prune-siblings"]
+                                        "--legacy-dest", "/models/qwen-7b/main"]
     assert container["image"].startswith("gcr.io/google.com/cloudsdktool/google-cloud-cli:")
     # Read access on the source bucket only, not on every bucket of the project...
     assert not [p for p in props_of(plan, "gcp:projects/iAMMember:IAMMember") if "storage" in p["role"]]
@@ -227,7 +232,7 @@ def test_hf_token_from_a_kubernetes_secret_reference(plan_variant):
         values["vllm-gke:weights"] = {"hfTokenKubernetesSecret": {"name": "hf-credentials", "key": "hf"}}
 
     plan = plan_variant("dev", use_secret)
-    (job,) = manifests_of(plan, "Job", "vllm-gke-system")
+    job = plan.kube("Job", "load-qwen-7b").props
     container = job["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e for e in container["env"]}
     assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {
@@ -276,7 +281,7 @@ def test_adding_a_large_model_keeps_the_share_and_its_claims(plans, plan_variant
     def add_70b(values):
         values["vllm-gke:models"].append({**values["vllm-gke:models"][0], "name": "big", "diskGb": 900})
         values["vllm-gke:nodePools"][0]["maxNodes"] = 8
-        values["vllm-gke:weights"]["capacityGb"] = 2048  # a Basic share grows when this key says so
+        values["vllm-gke:weights"]["capacityGb"] = 2560  # a Basic share grows when this key says so
     before, after = _share(plans["dev"]), _share(plan_variant("dev", add_70b))
     assert (before[0]["name"], before[0]["tier"], before[0]["location"]) == \
         (after[0]["name"], after[0]["tier"], after[0]["location"])
@@ -328,12 +333,13 @@ def test_a_basic_share_is_sized_by_its_key_and_never_shrinks(dev_values):
     with pytest.raises(ConfigError) as exc:
         parse(dev_values)
     (issue,) = [str(i) for i in exc.value.issues]
-    assert "vllm-gke:weights.capacityGb" in issue and "set weights.capacityGb to 1190 or more" in issue
+    # (15.2 + 900) + 900 again for a new revision beside the current copy, x 1.3.
+    assert "vllm-gke:weights.capacityGb" in issue and "set weights.capacityGb to 2360 or more" in issue
     # Removing the model again plans the same size: nothing for the API to refuse.
-    dev_values["vllm-gke:weights"]["capacityGb"] = 2048
+    dev_values["vllm-gke:weights"]["capacityGb"] = 2560
     grown = plan_filestore(parse(dev_values).models, parse(dev_values).weights)
     dev_values["vllm-gke:models"].pop()
-    assert plan_filestore(parse(dev_values).models, parse(dev_values).weights) == grown == ("BASIC_HDD", 2048)
+    assert plan_filestore(parse(dev_values).models, parse(dev_values).weights) == grown == ("BASIC_HDD", 2560)
 
 
 def test_crossing_a_zonal_size_range_brings_up_a_new_share(plans, plan_variant):
@@ -363,3 +369,74 @@ def test_bucket_sources_alone_need_no_secret_manager(plan_variant):
     assert not manifests_of(plan, "SecretProviderClass")
     for job in manifests_of(plan, "Job", "vllm-gke-system"):
         assert not any(v["name"] == "hf-token" for v in job["spec"]["template"]["spec"]["volumes"])
+
+
+def _servers_of(plan, model: str):
+    return [r for r in plan.kubernetes() if r.props.get("kind") in ("Deployment", "LeaderWorkerSet")
+            and (r.props["metadata"].get("labels") or {}).get("app.kubernetes.io/name") == "vllm"
+            and r.props["metadata"]["labels"].get("vllm-gke.io/model") == model]
+
+
+def test_old_folders_are_pruned_only_after_every_reader_of_the_model_rolled(plans):
+    """The defect: each loader removed the other folders as soon as its own copy was complete,
+    while the servers (rolled only after every loader, and never by a failed `up`) still read
+    them: a server restarting then waited forever for a deleted marker. Now a prune Job per model
+    runs after every server of the model (each pool, the canary, dedicated copies) and its load
+    tests were updated, keeping the folders they read now."""
+    plan = plans["prod"]
+    for job in manifests_of(plan, "Job", "vllm-gke-system"):
+        assert "--prune-siblings" not in job["spec"]["template"]["spec"]["containers"][0]["command"]
+    llama = plan.config.model("llama-8b")
+    prune = plan.kube("Job", "prune-llama-8b", "vllm-gke-system")
+    servers = _servers_of(plan, "llama-8b")
+    assert {s.props["metadata"]["name"] for s in servers} >= {"llama-8b-short", "llama-8b-canary-short"}
+    for reader in [*servers, plan.kube("CronJob", "loadtest-search-llama-8b")]:
+        assert plan.waits_for(prune, reader), reader.name
+    # The dedicated tenant's copy of qwen-7b, in its own namespace, too.
+    dedicated = [s for s in _servers_of(plan, "qwen-7b") if s.props["metadata"]["namespace"] != "vllm"]
+    assert dedicated and all(plan.waits_for(plan.kube("Job", "prune-qwen-7b"), s) for s in dedicated)
+    # Nothing that serves waits for a prune (the servers wait for the store, not the other way).
+    assert not any(plan.waits_for(s, prune) for s in servers)
+    assert not plan.waits_for(prune, _servers_of(plan, "qwen-7b")[0])
+    # It keeps the current and canary revisions and the adapters; it removes nothing else's.
+    (container,) = prune.props["spec"]["template"]["spec"]["containers"]
+    kept = container["command"][3:]
+    assert container["command"][:3] == ["python3", "/opt/vllm-gke-loader/load_weights.py", "prune"]
+    assert kept == sorted([model_dir(llama), model_dir(llama.canary_model()),
+                           *(adapter_dir(llama, a) for a in llama.adapters)])
+    # The loader's identity, volume, pool and hardening.
+    loader = plan.kube("Job", "load-llama-8b").props["spec"]["template"]["spec"]
+    pod = prune.props["spec"]["template"]["spec"]
+    for key in ("serviceAccountName", "nodeSelector", "securityContext", "volumes", "automountServiceAccountToken"):
+        assert pod[key] == (loader[key] if key != "volumes" else [v for v in loader[key] if v["name"] != "hf-token"])
+    assert container["securityContext"] == loader["containers"][0]["securityContext"]
+
+
+def test_a_changed_kept_set_reruns_the_prune(plans, plan_variant):
+    """A Job's template cannot change: a new kept set (a new revision) is a new spec, which Pulumi
+    replaces, so the prune runs again after the servers rolled onto the new revision."""
+    def bump(values):
+        values["vllm-gke:models"][0]["revision"] = "v2"
+    before = plans["dev"].kube("Job", "prune-qwen-7b").props["spec"]
+    after = plan_variant("dev", bump).kube("Job", "prune-qwen-7b").props["spec"]
+    assert before["template"]["spec"]["containers"][0]["command"] != after["template"]["spec"]["containers"][0]["command"]
+
+
+def test_a_share_without_room_for_a_new_copy_of_the_largest_model_is_refused(stack_values):
+    """The defect: sized for the copies plus 30%, frontier's 1280 GiB share held its ~902 GB but
+    not a new 405B revision beside them: the loader checks the free space first and exits 3, so
+    every revision or source change of the 405B failed `pulumi up`."""
+    import copy
+
+    from vllm_gke.infra.config import ConfigError, parse
+
+    values = copy.deepcopy(stack_values["frontier"])
+    values["vllm-gke:weights"]["capacityGb"] = 1280
+    with pytest.raises(ConfigError) as exc:
+        parse(values)
+    (issue,) = [str(i) for i in exc.value.issues]
+    assert issue.startswith("vllm-gke:weights.capacityGb") and "set weights.capacityGb to 2316 or more" in issue
+    del values["vllm-gke:weights"]["capacityGb"]  # derived: always enough
+    cfg = parse(values)
+    assert plan_filestore(cfg.models, cfg.weights) == ("ZONAL", 2560)
+    assert parse(stack_values["frontier"]).weights.capacity_gb == 2560

@@ -11,6 +11,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -169,7 +170,8 @@ def test_a_raised_size_or_other_selection_is_a_new_claim():
 
 
 def test_every_hyperdisk_loader_is_bounded_by_its_claim(hyperdisk_plan):
-    jobs = {j["metadata"]["name"].removeprefix("load-"): j for j in manifests_of(hyperdisk_plan, "Job", "vllm-gke-system")}
+    jobs = {j["metadata"]["name"].removeprefix("load-"): j for j in manifests_of(hyperdisk_plan, "Job", "vllm-gke-system")
+            if j["metadata"]["name"].startswith("load-")}
     sizes = {int(c["spec"]["resources"]["requests"]["storage"].removesuffix("Gi"))
              for c in manifests_of(hyperdisk_plan, "PersistentVolumeClaim") if "dataSourceRef" in c["spec"]}
     for key, job in jobs.items():
@@ -226,6 +228,8 @@ def test_bucket_sources_are_listed_then_synced_without_what_vllm_skips(plan_vari
     assert copied == NON_WEIGHTS | {"consolidated.safetensors"}
     marker = json.loads((folder(plan, "mistral-7b", tmp_path) / load_weights.MARKER).read_text())
     assert marker["source"] == "gs://acme-models/mistral-7b" and marker["files"] == len(copied)
+    # As an hf:// marker does: which revision of the model this copy is (cold-start.md says so).
+    assert marker["revision"] == plan.config.model("mistral-7b").revision
 
 
 def test_the_fake_hub_has_the_real_libraries_signatures():
@@ -292,23 +296,138 @@ def test_a_marker_of_another_source_is_not_this_copy(tmp_path):
     assert load_weights.done(dest, "gs://b/m", "hf", False) == 0
 
 
-def test_a_complete_copy_removes_the_folders_no_pool_reads(plans, tmp_path):
-    """After a new revision or source has loaded, the earlier folders of the model go (the share is
-    sized for one copy of each, plus headroom for the roll); the canary's folder stays, and a load
-    that fails removes nothing."""
+def prune_container(plan, model: str) -> dict:
+    job = next(j for j in manifests_of(plan, "Job", "vllm-gke-system") if j["metadata"]["name"] == f"prune-{model}")
+    return job["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_the_prune_job_removes_the_folders_no_pool_reads_and_the_loader_none(plans, tmp_path):
+    """After a new revision or source has loaded and the servers rolled onto it, the earlier
+    folders of the model go (the share is sized for one copy of each plus one new copy); the
+    canary's and the adapters' folders stay. The loader itself removes nothing beside its folder,
+    loaded or failed: the servers still read the current copy until they roll."""
     with_token(tmp_path)
     plan = plans["prod"]  # llama-8b with a canary revision beside it
     main_dest, canary_dest = folder(plan, "llama-8b", tmp_path), folder(plan, "llama-8b-canary", tmp_path)
     assert main_dest.parent == canary_dest.parent and main_dest != canary_dest
-    command = container(plan, "llama-8b")["command"]
-    assert "--prune-siblings" in command and arg(command, "--keep") == canary_dest.name
-    earlier = [main_dest.parent / "main", main_dest.parent / "main-0badf00d", canary_dest]
+    earlier = [main_dest.parent / "main-0badf00d", canary_dest]
     for old in earlier:
         old.mkdir(parents=True)
         (old / load_weights.MARKER).write_text("{}")
     failed = run_loader(container(plan, "llama-8b"), tmp_path, extra_env={"FAKE_FREE_GIB": "1"})
     assert failed.returncode == LOADER_EXIT_UNLOADABLE and all(p.exists() for p in earlier)
     assert run_loader(container(plan, "llama-8b"), tmp_path).returncode == 0
+    assert all(p.exists() for p in earlier)  # still read by the servers that have not rolled
+    # An adapter's earlier revision, and a link the layout before digests left.
+    adapter = folder(plan, "llama-8b-lora-support-sql", tmp_path)
+    (adapter.parent / "v0-12345678").mkdir(parents=True)
+    adapter.mkdir(parents=True)
+    (main_dest.parent / "main").symlink_to(main_dest.name)
+    pruned = run_loader(prune_container(plan, "llama-8b"), tmp_path)
+    assert pruned.returncode == 0, pruned.stderr
     assert sorted(p.name for p in main_dest.parent.iterdir()) == sorted([main_dest.name, canary_dest.name])
-    # The canary's loader keeps the current revision's folder in turn.
-    assert arg(container(plan, "llama-8b-canary")["command"], "--keep") == main_dest.name
+    assert [p.name for p in adapter.parent.iterdir()] == [adapter.name]
+    # Again (a retried pod, or a second prune that lost the race): nothing left to remove, no failure.
+    assert run_loader(prune_container(plan, "llama-8b"), tmp_path).returncode == 0
+
+
+def test_a_sibling_another_prune_removed_first_is_no_failure(tmp_path, monkeypatch):
+    """Two prunes of one model (a retried pod beside a slow one) race: the files one lists, the
+    other may have removed."""
+    parent = tmp_path / "m"
+    keep = parent / "v2-aaaaaaaa"
+    keep.mkdir(parents=True)
+    for old in ("v0-bbbbbbbb", "v1-cccccccc"):
+        (parent / old / "sub").mkdir(parents=True)
+        (parent / old / "sub" / "model.safetensors").write_bytes(b"x")
+    real_rmtree, real_unlink = shutil.rmtree, os.unlink
+
+    def file_raced(path, *args, **kwargs):  # listed, then removed by the other prune first
+        real_unlink(path, *args, **kwargs)
+        raise FileNotFoundError(2, "No such file or directory", path)
+
+    def folder_raced(path, *args, **hooks):  # the whole folder removed by the other prune first
+        real_rmtree(path)
+        return real_rmtree(path, *args, **hooks)
+    monkeypatch.setattr(os, "unlink", file_raced)
+    load_weights.prune_siblings([keep])
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    assert [p.name for p in parent.iterdir()] == [keep.name]
+    (parent / "v3-eeeeeeee" / "sub").mkdir(parents=True)
+    monkeypatch.setattr(load_weights.shutil, "rmtree", folder_raced)
+    load_weights.prune_siblings([keep])
+    assert [p.name for p in parent.iterdir()] == [keep.name]
+    load_weights.prune_siblings([tmp_path / "gone" / "v1-dddddddd"])  # a model folder never made
+
+
+def legacy_copy(plan, key: str, tmp_path: Path, marker: dict) -> Path:
+    """The folder the loader wrote before folders carried a digest, complete."""
+    command = container(plan, key)["command"]
+    old = tmp_path / arg(command, "--legacy-dest").removeprefix("/")
+    old.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        (old / name).write_text(name)
+    (old / load_weights.MARKER).write_text(json.dumps(marker))
+    return old
+
+
+def test_the_first_run_after_the_rename_moves_the_old_folder_instead_of_loading(plans, tmp_path):
+    """The defect: the first `up` after folders took a digest loaded every model again beside its
+    old folder (twice the share, hours). A complete copy of the same source, selection and
+    revision in the old folder is renamed instead: no download, no space; a link keeps the old
+    path readable for the servers until they roll."""
+    with_token(tmp_path)
+    plan = plans["dev"]
+    source = plan.config.model("qwen-7b").source
+    old = legacy_copy(plan, "qwen-7b", tmp_path, {"source": source, "reads": "mistral-first", "revision": "main",
+                                                   "files": 2, "bytes": 10})
+    result = run_loader(container(plan, "qwen-7b"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    dest = folder(plan, "qwen-7b", tmp_path)
+    assert loaded(dest) == {"config.json", "model.safetensors"} and not hub_calls(tmp_path)
+    assert old.is_symlink() and old.resolve() == dest.resolve()
+    assert (old / load_weights.MARKER).exists()  # an old server still finds its marker
+
+
+def test_an_old_folder_of_another_source_or_selection_is_loaded_anew(plan_variant, tmp_path, monkeypatch):
+    def to_gcs(values):
+        values["vllm-gke:models"][0]["source"] = "gs://acme-models/qwen2.5-7b"
+    plan = plan_variant("dev", to_gcs)
+    # Another source at the same revision, and the same source read by another rule.
+    for marker in ({"source": "hf://Qwen/Qwen2.5-7B-Instruct", "reads": "mistral-first"},
+                   {"source": "gs://acme-models/qwen2.5-7b", "reads": "hf"}):
+        old = legacy_copy(plan, "qwen-7b", tmp_path, marker)
+        parsed = parsed_args(container(plan, "qwen-7b")["command"], tmp_path, monkeypatch)
+        load_weights.adopt_legacy(parsed.dest, parsed.legacy_dest, parsed.source, parsed.reads, parsed.revision)
+        assert not parsed.dest.exists() and not old.is_symlink() and (old / load_weights.MARKER).exists()
+        shutil.rmtree(old)
+    # The same source, selection and revision (a gs:// marker recorded none before): moved.
+    old = legacy_copy(plan, "qwen-7b", tmp_path, {"source": "gs://acme-models/qwen2.5-7b", "reads": "mistral-first"})
+    parsed = parsed_args(container(plan, "qwen-7b")["command"], tmp_path, monkeypatch)
+    load_weights.adopt_legacy(parsed.dest, parsed.legacy_dest, parsed.source, parsed.reads, parsed.revision)
+    assert (parsed.dest / "model.safetensors").exists() and old.is_symlink()
+
+
+def parsed_args(command: list[str], tmp_path: Path, monkeypatch):
+    """The loader's own parse of the plan's argv, the pod's /models under tmp_path."""
+    seen = []
+    monkeypatch.setattr(load_weights, "run", lambda args: seen.append(args) or 0)
+    load_weights.main([str(tmp_path) + a if a.startswith("/models") else a for a in command[2:]])
+    return seen[0]
+
+
+def test_a_long_revision_keeps_its_folder_name_within_one_path_segment():
+    """A revision may be 255 characters (a branch name): with "-<digest>" its folder name passed
+    the 255-byte segment limit and every write into it failed."""
+    from vllm_gke.components.specs import ModelSpec
+    from vllm_gke.components.weights_layout import NAME_MAX_BYTES, model_dir
+
+    base = ModelSpec(name="m", source="hf://a/b", shape={"params_billion": 1, "layers": 1, "kv_heads": 1,
+                                                          "head_dim": 1}, node_pool="p")
+    names = set()
+    for revision in ("r" * 255, "r" * 254 + "s", "é" * 127 + "x"):
+        name = model_dir(base.model_copy(update={"revision": revision})).rsplit("/", 1)[1]
+        assert len(name.encode()) <= NAME_MAX_BYTES and re.fullmatch(r".+-[0-9a-f]{8}", name)
+        names.add(name)
+    assert len(names) == 3  # cut alike, still apart: the digest is of the whole revision
+    assert model_dir(base).endswith("/main-" + model_dir(base)[-8:])  # short ones are unchanged

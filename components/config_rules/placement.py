@@ -240,13 +240,21 @@ def scale_to_zero(cfg: "StackConfig", add: Add) -> None:
 
 
 def filestore_size(cfg: "StackConfig", add: Add) -> None:
+    """The share holds every copy and a new one of the largest beside it (a new revision or
+    source loads before the servers roll and the old copy goes): a share sized below that fails
+    the loader of any such change (it checks the free space first), so an explicit size below it
+    is refused. A Basic share's size is the key's alone (it only grows)."""
     from ..weights_layout import BASIC_TIERS, TIER_MIN_GB, needed_gb
 
     weights = cfg.weights
-    if weights.backend != "filestore" or weights.tier not in BASIC_TIERS:
-        return
+    if weights.backend != "filestore" or (weights.tier not in BASIC_TIERS and weights.capacity_gb is None):
+        return  # derived from the models: never below what they need
     size = max(TIER_MIN_GB[weights.tier], weights.capacity_gb or 0)
-    if (needed := needed_gb(cfg.models)) > size:
-        add("weights.capacityGb", f"the models' weights need a {needed} GiB share (their files plus 30%), but the "
-            f"{weights.tier} share is {size} GiB; set weights.capacityGb to {needed} or more. A Basic share only "
-            "grows, so its size is this key's, never derived from the models: lowering it later is refused")
+    if (needed := needed_gb(cfg.models)) <= size:
+        return
+    why = (f"the models' weights need a {needed} GiB share (every copy, plus the largest again for a new revision "
+           f"loading beside the current one, plus 30%), but the {weights.tier} share is {size} GiB; set "
+           f"weights.capacityGb to {needed} or more")
+    add("weights.capacityGb", why + (". A Basic share only grows, so its size is this key's, never derived from the "
+                                     "models: lowering it later is refused" if weights.tier in BASIC_TIERS else
+                                     ", or remove the key to derive the size from the models"))

@@ -458,7 +458,7 @@ class WeightsSpec(TypedDict):
     tier: NotRequired[Tier]
     """The Filestore tier, fixed for the share's life (a change re-creates it). REGIONAL replicates across the region's zones: the share survives a zone outage, which a zonal tier serving a multi-zone cluster does not. BASIC_HDD reads at 100 MiB/s whatever its size. One of: BASIC_HDD, BASIC_SSD, ZONAL, REGIONAL. Default: ZONAL."""
     capacity_gb: NotRequired[int]
-    """Filestore capacity, GiB; default: the tier's minimum or the weights plus headroom. On BASIC tiers the share's size, which only grows, so the plan refuses models that need more instead of deriving it; on ZONAL and REGIONAL a floor over the models' size plus 30%, and crossing 9.75 TiB brings up a new share, since the two size ranges do not convert in place."""
+    """Filestore capacity, GiB; default: the tier's minimum or what the weights need: every copy, plus the largest again (a new revision or source loads beside the current copy), plus 30%. Below that the config is refused. On BASIC tiers the share's size, which only grows, so it is never derived; on ZONAL and REGIONAL a floor over what the models need, and crossing 9.75 TiB brings up a new share, since the two size ranges do not convert in place."""
     secret_manager_secret: NotRequired[str]
     """Secret Manager secret holding the Hugging Face token; the loader mounts it through the GKE Secret Manager CSI add-on, so the token never enters Pulumi state or a manifest. Default: hf-token."""
     hf_token_kubernetes_secret: NotRequired[SecretKeyRef]

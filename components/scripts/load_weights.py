@@ -1,8 +1,9 @@
 """The weights loader: put one model (or adapter) onto the shared store once, then mark it complete.
 
-    python3 load_weights.py hf <org/repo> <revision> <dest> --reads RULE [--token-file F] [limits]
-    python3 load_weights.py gcs <gs://bucket/path> <dest> --reads RULE [limits]
-    limits: [--max-gib N --size-key KEY --prune]  cleanup: [--prune-siblings [--keep FOLDER ...]]
+    python3 load_weights.py hf <org/repo> <revision> <dest> --reads RULE [--token-file F] [limits] [--legacy-dest D]
+    python3 load_weights.py gcs <gs://bucket/path> <dest> --reads RULE [--revision R] [limits] [--legacy-dest D]
+    limits: [--max-gib N --size-key KEY --prune]
+    python3 load_weights.py prune <kept folder> ...   (the prune Job, once the servers rolled)
 
 Runs in the loader Job (the server image for hf://, the Cloud SDK image for gs://), mounted from
 a ConfigMap. No shell: every value arrives as an argument, never as code.
@@ -19,9 +20,14 @@ key to raise, and the Job's pod failure policy fails the Job instead of retrying
 Files go straight into <dest>; the completion marker is written last and records what was
 loaded, so a half-loaded tree never carries it and a run that finds a marker for the same
 selection from the same source does nothing. For a mutable revision (a branch such as main) the
-commit is resolved first, downloaded exactly, and recorded. Once the copy is complete
-(`--prune-siblings`), the folders beside it that no serving pool reads (an earlier revision or
-source of the same model; `--keep` names the ones still read, a canary's) are removed.
+commit is resolved first, downloaded exactly, and recorded. Where <dest> does not exist yet but
+`--legacy-dest` (the folder before names carried a digest) holds a complete copy of the same
+source and selection, that folder is renamed to <dest> instead of loaded again, and a link at
+the old path keeps it readable for the servers that have not rolled yet.
+
+The loader removes nothing beside its folder: the servers still read the current copy until they
+roll. `prune` (a Job that runs after every server and load test of the model was updated) removes
+the folders beside the kept ones (earlier revisions and sources, the old layout's folders).
 Standard library plus what the image ships.
 """
 
@@ -271,15 +277,60 @@ def done(dest: Path, source: str, rule: str, do_prune: bool, max_gib: Optional[f
     return 0
 
 
-def prune_siblings(dest: Path, keep: set[str]) -> None:
-    """Remove the folders beside this complete copy that no serving pool reads any more (an earlier
-    revision or source of the same model or adapter): the store keeps one copy of each, plus a
-    canary's, not one per roll. Called only once this copy is complete, so a failed load never
-    takes the copy the servers still read."""
-    for sibling in sorted(dest.parent.iterdir()):
-        if sibling.is_dir() and not sibling.is_symlink() and sibling.name != dest.name and sibling.name not in keep:
+def _gone_is_fine(function: Callable, path: str, error: object) -> None:
+    """rmtree's error hook: another prune removing the same files first is no failure."""
+    error = error[1] if isinstance(error, tuple) else error  # onerror's exc_info, onexc's exception
+    if not isinstance(error, FileNotFoundError):
+        raise error  # type: ignore[misc]
+
+
+# Python 3.12 renamed rmtree's error hook (onerror still works there, with a warning).
+RMTREE_HOOK = {"onexc" if sys.version_info >= (3, 12) else "onerror": _gone_is_fine}
+
+
+def prune_siblings(kept: list[Path]) -> None:
+    """Remove the folders (and the old layout's links) beside the kept folders that no serving
+    pool reads any more (an earlier revision or source of the same model or adapter): the store
+    keeps one copy of each, plus a canary's, not one per roll. A sibling already gone (a
+    concurrent prune) is skipped."""
+    by_parent: dict[Path, set[str]] = {}
+    for folder in kept:
+        by_parent.setdefault(folder.parent, set()).add(folder.name)
+    for parent, names in sorted(by_parent.items()):
+        try:
+            siblings = sorted(parent.iterdir())
+        except FileNotFoundError:
+            continue
+        for sibling in siblings:
+            if sibling.name in names or not (sibling.is_dir() or sibling.is_symlink()):
+                continue
             print(f"removing {sibling}: no serving pool reads it")
-            shutil.rmtree(sibling)
+            try:
+                if sibling.is_symlink():
+                    sibling.unlink()
+                else:
+                    shutil.rmtree(sibling, **RMTREE_HOOK)
+            except FileNotFoundError:
+                pass
+
+
+def adopt_legacy(dest: Path, legacy: Optional[Path], source: str, rule: str, revision: Optional[str]) -> None:
+    """The first run after folders took a digest: move a complete copy of the same source,
+    selection and revision from the old folder (no download, no space), and leave a link there
+    so the servers still on the old path find their files until they roll and the prune."""
+    if legacy is None or legacy == dest or dest.exists() or legacy.is_symlink():
+        return
+    marker = read_marker(legacy)
+    if marker is None or marker.get("source") != source or marker.get("reads") != rule \
+            or marker.get("revision", revision) != revision:
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(legacy, dest)
+    print(f"moved the complete copy in {legacy} to {dest}")
+    try:
+        legacy.symlink_to(os.path.relpath(dest, legacy.parent), target_is_directory=True)
+    except OSError as problem:
+        print(f"no link left at {legacy}: {problem}")
 
 
 def load(source: Source, dest: Path, rule: str, max_gib: Optional[float], size_key: str, do_prune: bool,
@@ -318,6 +369,8 @@ def read_token(token_file: Optional[str]) -> Optional[str]:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description="load model weights onto the shared store once")
     sub = parser.add_subparsers(dest="kind", required=True)
+    pruner = sub.add_parser("prune", help="remove the folders beside the kept ones")
+    pruner.add_argument("kept", type=Path, nargs="+", help="a folder a serving pool reads")
     for kind in ("hf", "gcs"):
         p = sub.add_parser(kind)
         if kind == "hf":
@@ -325,6 +378,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             p.add_argument("revision")
         else:
             p.add_argument("source")
+            p.add_argument("--revision", help="the copy's revision, recorded in the marker")
         p.add_argument("dest", type=Path)
         p.add_argument("--reads", choices=RULES, required=True, help="which weight files vLLM opens")
         p.add_argument("--token-file")
@@ -332,17 +386,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.add_argument("--size-key", default="the model's diskGb", help="the config key that sets --max-gib")
         p.add_argument("--prune", action="store_true", help="remove files beyond the selection")
         p.add_argument("--dest-uri", help="gs:// folder that dest mounts: copy bucket to bucket (gcs sources)")
-        p.add_argument("--prune-siblings", action="store_true",
-                       help="once loaded, remove the folders beside dest but those --keep names")
-        p.add_argument("--keep", action="append", default=[], help="a folder beside dest a serving pool reads")
+        p.add_argument("--legacy-dest", type=Path, help="the folder before names carried a digest")
     args = parser.parse_args(argv)
-    status = run(args)
-    if status == 0 and args.prune_siblings:
-        prune_siblings(args.dest, set(args.keep))
-    return status
+    if args.kind == "prune":
+        prune_siblings(args.kept)
+        return 0
+    return run(args)
 
 
 def run(args: argparse.Namespace) -> int:
+    source = f"hf://{args.repo}" if args.kind == "hf" else args.source
+    adopt_legacy(args.dest, args.legacy_dest, source, args.reads, args.revision)
     if args.kind == "hf":
         if (status := done(args.dest, f"hf://{args.repo}", args.reads, args.prune, args.max_gib,
                            args.size_key)) is not None:
@@ -351,7 +405,7 @@ def run(args: argparse.Namespace) -> int:
         return load(hub, args.dest, args.reads, args.max_gib, args.size_key, args.prune,
                     {"source": f"hf://{args.repo}", "revision": args.revision, "commit": hub.commit})
     return load(BucketSource(args.source, args.dest_uri), args.dest, args.reads, args.max_gib, args.size_key, args.prune,
-                {"source": args.source})
+                {"source": args.source, **({"revision": args.revision} if args.revision else {})})
 
 
 if __name__ == "__main__":

@@ -86,10 +86,11 @@ class WeightsSpec(Spec):
             raise ValueError(f"'{v}' is not a Cloud Storage bucket name: 3-63 lowercase letters, digits, '-' or '_', "
                              "a letter or digit at both ends, not starting with goog or containing google")
         return v
-    # Filestore capacity, GiB; default: the tier's minimum or the weights plus headroom. On BASIC
-    # tiers the share's size, which only grows, so the plan refuses models that need more instead
-    # of deriving it; on ZONAL and REGIONAL a floor over the models' size plus 30%, and crossing
-    # 9.75 TiB brings up a new share, since the two size ranges do not convert in place.
+    # Filestore capacity, GiB; default: the tier's minimum or what the weights need: every copy,
+    # plus the largest again (a new revision or source loads beside the current copy), plus 30%.
+    # Below that the config is refused. On BASIC tiers the share's size, which only grows, so it is
+    # never derived; on ZONAL and REGIONAL a floor over what the models need, and crossing 9.75 TiB
+    # brings up a new share, since the two size ranges do not convert in place.
     capacity_gb: Optional[int] = Field(default=None, ge=1024)
     # Secret Manager secret holding the Hugging Face token; the loader mounts it through the
     # GKE Secret Manager CSI add-on, so the token never enters Pulumi state or a manifest.

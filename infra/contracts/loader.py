@@ -24,6 +24,8 @@ def loader_copies_what_vllm_opens(plan: Plan) -> list[str]:
     """Each loader Job selects by the pinned release's rule (models) or vLLM's adapter rule."""
     out, rule = [], release(plan.config.vllm_version).weights_rule
     for job, _c, argv in _loaders(plan):
+        if "prune" in argv and "--reads" not in argv:
+            continue  # the prune Job copies nothing
         wanted = "adapter" if ".adapters[" in (_flag(argv, "--size-key") or "") else rule
         if _flag(argv, "--reads") != wanted:
             out.append(f"{job['metadata']['name']}: loads by rule {_flag(argv, '--reads')}, "
@@ -60,14 +62,17 @@ ROWS: tuple[Contract, ...] = (
              "each loader Job copies the config and tokenizer files and only the weights that rule opens "
              "(--reads, VllmRelease.weights_rule), so a disk sized for them holds them",
              loader_copies_what_vllm_opens),
-    Contract("huggingface_hub / hf_xet", ">=2.0 (vLLM 0.34's floor); xet-runtime 1.5.2",
+    Contract("huggingface_hub / hf_xet", ">=2.0 (vLLM 0.34's floor), which requires hf-xet >=1.6.0,<2.0.0; "
+             "xet-core >=1.6.0",
              "downloads into local_dir write their metadata under <local_dir>/.cache/huggingface; the client "
              "keeps HF_HOME (XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface) and hf_xet logs under "
              "HF_XET_CACHE/logs (HF_HOME/xet) with a 10 GB chunk cache there unless "
              "HF_XET_CHUNK_CACHE_SIZE_BYTES says otherwise",
              "huggingface/huggingface_hub@v2.4.0:src/huggingface_hub/constants.py:159-170,341-342; "
-             "huggingface/xet-core@v1.5.2:xet_runtime/src/config/groups/log.rs:5-18, chunk_cache.rs:1-10",
+             "huggingface/xet-core@v1.6.0:xet_runtime/src/config/groups/log.rs:5-18, chunk_cache.rs:1-10",
              "loader containers run on a read-only root filesystem with HOME and TMPDIR on emptyDirs, the "
-             "chunk cache off; the weights' own metadata lands in the weights folder and the loader prunes it",
+             "chunk cache off; the weights' own metadata lands in the weights folder (<folder>/.cache/huggingface): "
+             "on hyperdisk-ml the loader removes it (--prune) before the disk is filled from the folder, on "
+             "filestore and gcs it stays there beside the weights (a few KB a file)",
              loader_writes_only_to_volumes),
 )
