@@ -225,13 +225,24 @@ TPU_ROOT = {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False}
 # to jax_compilation_cache_dir (vllm-tpu 0.32.0 vllm/envs.py:1096-1103, tpu-inference 0.32.0
 # runner/compilation_manager.py:88-91); by default under the home emptyDir, lost whenever a group
 # is recreated (RecreateGroupOnPodRestart) and so recompiled on every restart. A directory of the
-# node instead: a recreated group lands on the same slice (one group to a slice) and finds its
-# executables; entries are content-addressed (keyed by the HLO and compile options), so pods that
-# share a node share it safely.
+# node instead: a group recreated on the same slice (one group to a slice) finds its executables;
+# a pool woken from zero on a new slice starts empty. One directory per namespace and serving pool
+# (xla_cache_host_path): a pod, root in its container, can write only what its own pool's replicas
+# load, never another tenant's or model's (pods-hardened holds every hostPath to that shape).
 XLA_CACHE_ENV = "VLLM_XLA_CACHE_PATH"
 XLA_CACHE_DIR = "/var/cache/vllm-gke/xla"
-XLA_CACHE_HOST_PATH = "/var/lib/vllm-gke/xla-cache"
-XLA_CACHE_VOLUME = {"name": "xla-cache", "hostPath": {"path": XLA_CACHE_HOST_PATH, "type": "DirectoryOrCreate"}}
+XLA_CACHE_HOST_ROOT = "/var/lib/vllm-gke/xla-cache"
+# JAX's cache has no bound by default; a size (JAX_COMPILATION_CACHE_MAX_SIZE, bytes, jax 0.11
+# _src/config.py jax_compilation_cache_max_size) turns on its LRU eviction and the file lock that
+# orders reads, writes and evictions of pods sharing a directory (_src/lru_cache.py). The node disk
+# check (config_rules/placement.py node_disks) reserves this much for each pool's directory.
+XLA_CACHE_MAX_ENV = "JAX_COMPILATION_CACHE_MAX_SIZE"
+XLA_CACHE_MAX_GI = 10
+
+
+def xla_cache_host_path(namespace: str, service: str) -> str:
+    """The node directory of one serving pool's XLA cache: <root>/<namespace>/<model>-<pool>."""
+    return f"{XLA_CACHE_HOST_ROOT}/{namespace}/{service}"
 # Ray's GCS declares a node dead after health_check_failure_threshold (5) missed checks of its
 # raylet, every 3 s with a 10 s timeout by default (Ray's src/ray/common/ray_config_def.h; row in
 # infra/contracts/lws.py): 20 to 55 s. A host busy compiling XLA for minutes can miss them, and a node declared dead fails the
@@ -241,14 +252,16 @@ RAY_HEALTH_ENV = (("RAY_health_check_period_ms", "10000"), ("RAY_health_check_ti
                   ("RAY_health_check_failure_threshold", "60"))
 
 
-def tpu_pod(template: dict[str, Any], hosts: int) -> None:
+def tpu_pod(template: dict[str, Any], hosts: int, cache_path: Any) -> None:
     """Make a TPU server pod (a replica, or a group's leader or worker) what the TPU build needs:
-    root in its vLLM container, the node's XLA cache mounted and named, and, across hosts, Ray's
-    patient health checks."""
+    root in its vLLM container, its pool's node directory (`cache_path`, xla_cache_host_path) as
+    the XLA cache, bounded, and, across hosts, Ray's patient health checks."""
     pod = template["spec"]
     container = pod["containers"][0]
     container["securityContext"] = {**container["securityContext"], **TPU_ROOT}
     ray = [{"name": k, "value": v} for k, v in RAY_HEALTH_ENV] if hosts > 1 else []
-    container["env"] = [*container["env"], {"name": XLA_CACHE_ENV, "value": XLA_CACHE_DIR}, *ray]
+    container["env"] = [*container["env"], {"name": XLA_CACHE_ENV, "value": XLA_CACHE_DIR},
+                        {"name": XLA_CACHE_MAX_ENV, "value": str(XLA_CACHE_MAX_GI * 1024 ** 3)}, *ray]
     container["volumeMounts"] = [*container["volumeMounts"], {"name": "xla-cache", "mountPath": XLA_CACHE_DIR}]
-    pod["volumes"] = [*pod["volumes"], dict(XLA_CACHE_VOLUME)]
+    pod["volumes"] = [*pod["volumes"], {"name": "xla-cache",
+                                        "hostPath": {"path": cache_path, "type": "DirectoryOrCreate"}}]

@@ -44,8 +44,8 @@ from .vllm_server import (
     NON_ROOT,
     PORT,
     RUNTIME_ENV,
-    TMP_GI,
     STARTUP_WINDOW_ENV,
+    TMP_GI,
     WARM_MARKER,
     WARM_MARKER_ENV,
     WEIGHTS_MARKERS_ENV,
@@ -61,6 +61,7 @@ from .vllm_server import (
     vllm_args,
     wait_for_weights,
     weights_markers,
+    xla_cache_host_path,
 )
 from .vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
 from .weights_layout import MOUNT_PATH, SERVER_SA, served_files_gb
@@ -274,6 +275,10 @@ class VllmService(pulumi.ComponentResource):
         # preStop, then vLLM finishing what it accepted, then its own teardown.
         grace = drain_seconds(args.request_timeout_seconds) + 30
 
+        # The pool's own XLA cache directory on its TPU nodes (the namespace may be another resource's output).
+        xla_cache_path = pulumi.Output.from_input(args.namespace).apply(
+            lambda ns: xla_cache_host_path(ns, self.service_name)) if args.node_pool.is_tpu else None
+
         def pod_template(role: str) -> dict[str, Any]:
             """The pod of a replica (role "server"), or of a multi-host group's leader or worker: a
             worker serves no HTTP (no guard, probes or mesh sidecar) and only runs its share."""
@@ -357,7 +362,7 @@ class VllmService(pulumi.ComponentResource):
             container["args"] = [*container["args"], *group_args(hosts, rel, role)]
             container["env"] = [*group_env(hosts, rel, role), *container["env"]]
             if args.node_pool.is_tpu:  # root for the chips, the node's XLA cache, Ray's health checks
-                tpu_pod(template, hosts)
+                tpu_pod(template, hosts, xla_cache_path)
             if role == "server":
                 return template
             # The group's own traffic (torch.distributed / NCCL, or Ray) goes pod to pod on ports

@@ -129,7 +129,9 @@ POLICIES: tuple[Policy, ...] = (
            "Containers drop all capabilities, never escalate, use seccomp; vLLM runs non-root with no token."
            " Rejects a container that is privileged, may escalate privileges, keeps capabilities or has no seccomp "
            "profile; a vLLM server that may run as root (unless it holds TPU chips, as GKE's TPU examples run) or "
-           "mounts a service-account token; a hostPath volume other than TPU containers' XLA compilation cache.",
+           "mounts a service-account token; a hostPath volume other than a TPU container's own pool's directory of "
+           "the XLA compilation cache (/var/lib/vllm-gke/xla-cache/<namespace>/<model>-<pool>, in its pod's "
+           "namespace).",
            "mandatory", pods_hardened),
     Policy("control-plane-restricted",
            "The cluster's control plane is private or limited to authorized networks."

@@ -19,10 +19,14 @@ def _seccomp(pod: Mapping[str, Any], c: Mapping[str, Any]) -> Optional[str]:
 
 
 # The one exception to non-root: a container that holds TPU chips runs as root, as GKE's TPU examples
-# do (libtpu opens root's device nodes), never privileged, and mounts the node's XLA compilation cache
-# (components/vllm_server.py tpu_pod) - the only hostPath any workload may mount.
+# do (libtpu opens root's device nodes), never privileged, and mounts its pool's directory of the
+# node's XLA compilation cache (components/vllm_server.py tpu_pod) - the only hostPath any workload
+# may mount: <root>/<its own namespace>/<model>-<pool>, each a DNS label, so no pod reaches (or
+# plants executables in) another namespace's or pool's directory, nor the root itself.
 TPU_RESOURCE = "google.com/tpu"
-XLA_CACHE_HOST_PATH = "/var/lib/vllm-gke/xla-cache"
+XLA_CACHE_HOST_ROOT = "/var/lib/vllm-gke/xla-cache"
+_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+XLA_CACHE_SHAPE = re.compile(rf"{re.escape(XLA_CACHE_HOST_ROOT)}/(?P<namespace>{_LABEL})/{_LABEL}")
 
 
 _QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?")
@@ -44,21 +48,23 @@ def _holds_tpu(c: Mapping[str, Any]) -> bool:
     return limit is not None and (_quantity(limit) or 0) > 0
 
 
-def _host_paths(pod: Mapping[str, Any]) -> Iterator[str]:
-    """Why each hostPath volume of a pod is refused: any but the XLA cache, in a pod whose mounting
-    containers all hold TPU chips."""
+def _host_paths(pod: Mapping[str, Any], namespace: Optional[str]) -> Iterator[str]:
+    """Why each hostPath volume of a pod is refused: any but its own namespace's directory of the XLA
+    cache, in a pod whose mounting containers all hold TPU chips."""
     for v in pod.get("volumes") or []:
         if (host := v.get("hostPath")) is None:
             continue
         users = [c for c in containers(pod) if any(m.get("name") == v.get("name") for m in c.get("volumeMounts") or [])]
-        if host.get("path") != XLA_CACHE_HOST_PATH or not users or not all(map(_holds_tpu, users)):
+        shape = XLA_CACHE_SHAPE.fullmatch(str(host.get("path") or ""))
+        if shape is None or shape["namespace"] != namespace or not users or not all(map(_holds_tpu, users)):
             yield (f"volume '{v.get('name')}' mounts the node's {host.get('path')}: only TPU containers may mount a "
-                   f"node directory, {XLA_CACHE_HOST_PATH} (the XLA compilation cache)")
+                   f"node directory, their own pool's XLA compilation cache, {XLA_CACHE_HOST_ROOT}/<namespace>/"
+                   f"<model>-<pool> in the pod's namespace ({namespace})")
 
 
 def pods_hardened(resources: Sequence[Resource]) -> Iterator[Finding]:
     for r, pod in workloads(resources):
-        for why in _host_paths(pod):
+        for why in _host_paths(pod, (r.props.get("metadata") or {}).get("namespace")):
             yield r, f"{where(r)}: {why}"
         for c in containers(pod):
             sc = c.get("securityContext") or {}

@@ -303,6 +303,11 @@ def _xla_cache_in_the_pod(plan):
     pod["volumes"] = [{"name": v["name"], "emptyDir": {}} if "hostPath" in v else v for v in pod["volumes"]]
 
 
+def _xla_cache_unbounded(plan):
+    c = _tpu_leader(plan)["containers"][0]
+    c["env"] = [e for e in c["env"] if e["name"] != "JAX_COMPILATION_CACHE_MAX_SIZE"]
+
+
 def _ray_default_health_checks(plan):
     c = _tpu_leader(plan)["containers"][0]
     c["env"] = [e for e in c["env"] if not e["name"].startswith("RAY_health_check")]
@@ -395,6 +400,7 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "tpu_containers_reach_the_chips": ("frontier", _privileged_tpu, "privileged, which GKE needs for TPUs only"),
     "vllm_tpu_keeps_its_xla_cache": ("frontier", _xla_cache_in_the_pod, "a recreated group compiles every program"),
     "ray_health_checks_outlast_a_compile": ("frontier", _ray_default_health_checks, "would call a host dead after 15 s"),
+    "jax_bounds_and_locks_the_xla_cache": ("frontier", _xla_cache_unbounded, "no eviction, no file lock"),
 }
 
 

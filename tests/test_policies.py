@@ -547,3 +547,21 @@ def test_a_tpu_limit_of_zero_holds_no_chip(plans, zero):
     messages = [v.message for v in violations_of(rs, "pods-hardened")]
     assert any("may run as root" in m for m in messages)
     assert any("only TPU containers may mount a node directory" in m for m in messages)
+
+
+@pytest.mark.parametrize("path", [
+    "/var/lib/vllm-gke/xla-cache",  # the root: every pool's executables
+    "/var/lib/vllm-gke/xla-cache/vllm",  # the namespace's: every pool's of it
+    "/var/lib/vllm-gke/xla-cache/tenant-research/llama-70b-tpu-short",  # another namespace's
+    "/var/lib/vllm-gke/xla-cache/vllm/../../kubelet",
+    "/var/lib/vllm-gke/xla-cache/vllm/llama-70b-tpu-short/more",
+])
+def test_a_tpu_pod_mounts_only_its_own_pools_xla_cache(plans, path):
+    """One node directory per namespace and serving pool: a TPU pod (root in its container) mounting a
+    wider or another namespace's directory could plant executables another tenant's replica loads."""
+    rs = resources(plans["frontier"])
+    cache = next(v for v in _tpu_leader(rs)["volumes"] if "hostPath" in v)
+    assert cache["hostPath"]["path"] == "/var/lib/vllm-gke/xla-cache/vllm/llama-70b-tpu-short"
+    cache["hostPath"]["path"] = path
+    (v,) = violations_of(rs, "pods-hardened")
+    assert "llama-70b-tpu-short-group" in v.message and "in the pod's namespace (vllm)" in v.message

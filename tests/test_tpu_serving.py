@@ -22,7 +22,14 @@ from vllm_gke.components.cold_start import (
 from vllm_gke.components.specs import ModelSpec, NodePoolSpec
 from vllm_gke.components.specs.models import CustomShape
 from vllm_gke.components.vllm_argv import check_argv, load_snapshot
-from vllm_gke.components.vllm_server import RAY_HEALTH_ENV, XLA_CACHE_DIR, XLA_CACHE_ENV, XLA_CACHE_HOST_PATH
+from vllm_gke.components.vllm_server import (
+    RAY_HEALTH_ENV,
+    XLA_CACHE_DIR,
+    XLA_CACHE_ENV,
+    XLA_CACHE_HOST_ROOT,
+    XLA_CACHE_MAX_ENV,
+    XLA_CACHE_MAX_GI,
+)
 from vllm_gke.components.vllm_service import startup_failure_threshold
 from vllm_gke.components.vllm_versions import TPU_RELEASES
 from vllm_gke.infra.cost import cost_report
@@ -257,8 +264,11 @@ def test_a_tpu_start_budgets_the_xla_compile_and_the_ray_joins(plans):
 
 def test_the_xla_cache_outlives_a_recreated_group(plans):
     """vLLM TPU's compile cache (VLLM_XLA_CACHE_PATH) is on the node, not the pod's home emptyDir that a
-    recreated group loses; every TPU pod of a group (leader and workers) mounts it, no GPU pod does."""
+    recreated group loses; every TPU pod of a group (leader and workers) mounts it, no GPU pod does. Each
+    serving pool has its own directory under its namespace (no pod can plant executables another pool
+    or tenant loads), bounded so JAX evicts and locks."""
     plan = plans["frontier"]
+    dirs: dict[str, str] = {}
     for d in plan.manifests():
         if d["kind"] == "LeaderWorkerSet":
             group = d["spec"]["leaderWorkerTemplate"]
@@ -273,10 +283,16 @@ def test_the_xla_cache_outlives_a_recreated_group(plans):
             host = [v["hostPath"] for v in pod["volumes"] if "hostPath" in v]
             if "google.com/tpu" in c["resources"]["limits"]:
                 assert env[XLA_CACHE_ENV] == XLA_CACHE_DIR
-                assert host == [{"path": XLA_CACHE_HOST_PATH, "type": "DirectoryOrCreate"}]
+                assert env[XLA_CACHE_MAX_ENV] == str(XLA_CACHE_MAX_GI * 1024 ** 3)
+                pool = d["metadata"]["name"].removesuffix("-group")
+                path = f"{XLA_CACHE_HOST_ROOT}/{d['metadata']['namespace']}/{pool}"
+                assert host == [{"path": path, "type": "DirectoryOrCreate"}]
                 assert {"name": "xla-cache", "mountPath": XLA_CACHE_DIR} in c["volumeMounts"]
+                dirs[d["metadata"]["name"]] = path
             else:
                 assert XLA_CACHE_ENV not in env and host == []
+    # The 8B's short and long pools and the 70B's group: three directories, none shared.
+    assert len(set(dirs.values())) == len(dirs) == 3, dirs
 
 
 def test_a_tpu_group_tells_ray_not_to_call_a_compiling_host_dead(plans):
@@ -289,3 +305,22 @@ def test_a_tpu_group_tells_ray_not_to_call_a_compiling_host_dead(plans):
         assert settings["RAY_health_check_failure_threshold"] * settings["RAY_health_check_period_ms"] >= 600_000
     gpu = docs["llama-405b-short-group"]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
     assert not any(e["name"].startswith("RAY_") for e in gpu["containers"][0]["env"])
+
+
+def test_a_tpu_nodes_disk_holds_each_serving_pools_xla_cache(stack_values):
+    """A TPU node keeps one bounded XLA cache directory per serving pool that ran on it (a hostPath no pod
+    requests): frontier's v6e-single, with the assistant tenant's own copy of the 8B beside the shared one,
+    holds four (short and long of each), 40 GiB beside a replica's 4 GiB of scratch."""
+    from vllm_gke.infra.config import parse
+
+    values = copy.deepcopy(stack_values["frontier"])
+    pool = next(p for p in values["vllm-gke:nodePools"] if p["name"] == "v6e-single")
+    pool.update(maxNodes=8, diskSizeGb=100)  # 40 GB for pods
+    assistant = next(t for t in values["vllm-gke:tenants"] if t["name"] == "assistant")
+    assistant["dedicated"] = {"models": ["llama-8b-tpu"], "nodePool": "v6e-single"}
+    (msg,) = issues(values)
+    assert msg.startswith("vllm-gke:nodePools[v6e-single].diskSizeGb")
+    assert f"plus {4 * XLA_CACHE_MAX_GI} GiB for the XLA caches of its 4 serving pools" in msg
+    assert "raise diskSizeGb to 104 or more" in msg
+    pool["diskSizeGb"] = 104
+    parse(values)

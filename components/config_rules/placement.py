@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..capacity import gpu_slots_by_pool, hosts_per_replica, placements, pool_capacity
 from ..specs import ModelSpec, NodePoolSpec, item_key
-from ..vllm_server import scratch_gi
+from ..vllm_server import XLA_CACHE_MAX_GI, scratch_gi
 from .base import Add
 
 if TYPE_CHECKING:
@@ -156,10 +156,15 @@ def node_disks(cfg: "StackConfig", add: Add) -> None:
     pools = {p.name: p for p in cfg.node_pools}
     bucket_cache = cfg.weights.backend == "gcs"
     worst: dict[str, tuple[int, int, str]] = {}  # node pool -> (GiB a full node asks, replicas, model)
+    # A TPU node keeps one XLA cache directory (XLA_CACHE_MAX_GI at most) for each serving pool that
+    # ran on it (components/vllm_server.py xla_cache_host_path): a hostPath, which no pod requests.
+    caches: dict[str, int] = {}
     for model, pool_name, _tenant in placements(cfg):
         pool = pools.get(pool_name)
         if pool is None:
             continue
+        if pool.is_tpu:
+            caches[pool_name] = caches.get(pool_name, 0) + len(model.pool_names)
         # A multi-host group puts one pod on each of its nodes.
         per_node = max(1, pool.slices_per_node // model.devices_per_replica)
         need = per_node * scratch_gi(model, bucket_cache)
@@ -168,11 +173,13 @@ def node_disks(cfg: "StackConfig", add: Add) -> None:
     for pool_name, (need, per_node, model_name) in worst.items():
         pool = pools[pool_name]
         usable = pool.disk_size_gb - SYSTEM_DISK_GB
-        if need > usable:
+        cache = caches.get(pool_name, 0) * XLA_CACHE_MAX_GI
+        if need + cache > usable:
+            xla = f", plus {cache} GiB for the XLA caches of its {caches[pool_name]} serving pools" if cache else ""
             add(f"{item_key('nodePools', cfg.node_pools, cfg.node_pools.index(pool))}.diskSizeGb",
                 f"{pool.disk_size_gb} GB holds {usable} GB for pods, but {per_node} replicas of {model_name} on a "
-                f"node ask {need} GiB (compile caches{' and the bucket file cache' if bucket_cache else ''}); raise "
-                f"diskSizeGb to {need + SYSTEM_DISK_GB} or more")
+                f"node ask {need} GiB (compile caches{' and the bucket file cache' if bucket_cache else ''}){xla}; "
+                f"raise diskSizeGb to {need + cache + SYSTEM_DISK_GB} or more")
 
 
 # A LeaderWorkerSet's worker StatefulSet is <set>-<group index>, and its pods' revision label

@@ -70,6 +70,7 @@ from .limit_store import redis_writes_nothing_and_scripts_obey_the_acl
 from .load_test import inference_perf_runs_as_the_tenant
 from .loader import loader_copies_what_vllm_opens, loader_writes_only_to_volumes
 from .lws import (
+    jax_bounds_and_locks_the_xla_cache,
     lws_env_is_what_the_webhook_injects,
     lws_headless_service_is_its_own,
     lws_scales_groups_by_their_leaders,
@@ -124,7 +125,7 @@ __all__ = [
     "lws_headless_service_is_its_own", "lws_scales_groups_by_their_leaders", "lws_webhook_reachable",
     "vllm_group_launch", "vllm_tpu_spans_hosts_through_ray", "gpu_groups_talk_over_the_primary_nic",
     "tpu_containers_reach_the_chips",
-    "vllm_tpu_keeps_its_xla_cache", "ray_health_checks_outlast_a_compile",
+    "vllm_tpu_keeps_its_xla_cache", "ray_health_checks_outlast_a_compile", "jax_bounds_and_locks_the_xla_cache",
 ]
 
 CONTRACTS: tuple[Contract, ...] = (

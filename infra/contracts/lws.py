@@ -8,7 +8,7 @@ from typing import Any
 
 from ...components.leader_worker_set import WEBHOOK_PORT
 from ...components.specs.base import gke_version
-from ...components.vllm_server import RAY_HEAD_ENV, RAY_HEALTH_ENV, RAY_JOIN_ENV, XLA_CACHE_ENV
+from ...components.vllm_server import RAY_HEAD_ENV, RAY_HEALTH_ENV, RAY_JOIN_ENV, XLA_CACHE_ENV, XLA_CACHE_MAX_ENV
 from ..manifests import pod_templates
 from ..plan import Plan
 from .base import Contract, _docs, _env, _flag
@@ -170,6 +170,16 @@ def vllm_tpu_keeps_its_xla_cache(plan: Plan) -> list[str]:
     return out
 
 
+def jax_bounds_and_locks_the_xla_cache(plan: Plan) -> list[str]:
+    out = []
+    for name, pod, _hosts in _tpu_pods(plan):
+        size = _env(pod["containers"][0]).get(XLA_CACHE_MAX_ENV)
+        if not str(size or "").isdigit() or int(size) <= 0:
+            out.append(f"{name}: {XLA_CACHE_MAX_ENV} is {size}: JAX's cache has no size (no eviction, no file lock) "
+                       "or is off (0)")
+    return out
+
+
 def ray_health_checks_outlast_a_compile(plan: Plan) -> list[str]:
     out = []
     for name, pod, hosts in _tpu_pods(plan):
@@ -240,13 +250,25 @@ ROWS: tuple[Contract, ...] = (
              tpu_containers_reach_the_chips),
     Contract("vLLM TPU (vllm-tpu, tpu-inference)", "0.32.0",
              "VLLM_XLA_CACHE_PATH (default $XDG_CACHE_HOME/vllm/xla_cache) becomes JAX's persistent compilation "
-             "cache unless VLLM_DISABLE_COMPILE_CACHE; its entries are content-addressed, safe to share",
+             "cache unless VLLM_DISABLE_COMPILE_CACHE; its entries are content-addressed (HLO and compile options)",
              "vllm-tpu 0.32.0 (its PyPI sdist):vllm/envs.py:339-343, 1096-1103; tpu-inference@0.32.0 (its PyPI "
              "wheel):tpu_inference/runner/compilation_manager.py:88-91; vllm-project/tpu-inference@releases/v0.27.0:"
              ".buildkite/xla_autotune/README.md:100-106 (cold ~90 min, warm ~10 min for a 397B)",
-             "every TPU pod points it at a node directory (hostPath) that a recreated group finds again; the "
-             "start-up probe budgets a cold compile (components/cold_start.py)",
+             "every TPU pod points it at its own pool's node directory (hostPath <root>/<namespace>/<model>-<pool>, "
+             "pods-hardened holds the shape) that a group recreated on the slice finds again; the start-up probe "
+             "budgets a cold compile (components/cold_start.py)",
              vllm_tpu_keeps_its_xla_cache),
+    Contract("JAX (jax==0.11.2, pinned by the tpu-inference 0.32.0 wheel's requirements)", "0.11.0",
+             "JAX_COMPILATION_CACHE_MAX_SIZE (bytes) sets jax_compilation_cache_max_size (default -1: no limit, "
+             "no eviction, no lock; 0: caching off); any other value makes the file cache an LRU that evicts "
+             "the least recently used entries past the size and takes a file lock (.lockfile in the directory, "
+             "needs the filelock package, which torch and huggingface_hub require) around every read and write",
+             "jax-ml/jax@jax-v0.11.0:jax/_src/config.py:663-699 (int_state: the flag's name upper-cased is its "
+             "environment variable), 1584-1594; jax/_src/compilation_cache.py:104-110; jax/_src/lru_cache.py:54-82, "
+             "84-161; jax/_src/compiler.py:750-822 (a failed read or write, a lock timed out included, is a warning)",
+             "every TPU pod sets it to XLA_CACHE_MAX_GI (10 GiB) for its pool's directory; the node-disk check "
+             "reserves that per serving pool on a TPU node pool",
+             jax_bounds_and_locks_the_xla_cache),
     Contract("Ray (ray[default], unpinned in vllm-tpu 0.32.0 requirements/tpu.txt:10)", "2.60.0",
              "the GCS calls a node dead after health_check_failure_threshold (5) failed checks of its raylet, "
              "every health_check_period_ms (3000) with health_check_timeout_ms (10000), each overridable as "
