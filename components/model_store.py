@@ -120,7 +120,9 @@ class JobBase:
 
     def pod(self, model: str, source: str, command: Sequence[pulumi.Input[str]],
             env: Sequence[dict[str, Any]] = (), mounts: Sequence[dict[str, Any]] = (),
-            volumes: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+            volumes: Sequence[dict[str, Any]] = (), cpu: tuple[str, str] = ("2", "4"),
+            memory: tuple[str, str] = ("8Gi", "16Gi")) -> dict[str, Any]:
+        """cpu and memory: (request, limit)."""
         image = self.hub_image if source.startswith("hf://") else self.bucket_image
         scratch = f"{LOADER_SCRATCH_GI * len(LOADER_SCRATCH)}Gi"
         return {
@@ -147,8 +149,8 @@ class JobBase:
                     "command": list(command),
                     # The error (the key to raise) shows in the pod's and Job's status.
                     "terminationMessagePolicy": "FallbackToLogsOnError",
-                    "resources": {"requests": {"cpu": "2", "memory": "8Gi", "ephemeral-storage": scratch},
-                                  "limits": {"cpu": "4", "memory": "16Gi", "ephemeral-storage": scratch}},
+                    "resources": {"requests": {"cpu": cpu[0], "memory": memory[0], "ephemeral-storage": scratch},
+                                  "limits": {"cpu": cpu[1], "memory": memory[1], "ephemeral-storage": scratch}},
                     "securityContext": dict(CONTAINER_SECURITY),
                     # The server image sets HF_HUB_OFFLINE=1 so replicas never download;
                     # the loader is the one place that must.
@@ -450,7 +452,9 @@ class WeightsPrune(pulumi.ComponentResource):
                                  annotations={"pulumi.com/timeoutSeconds": "1800"}),
                           "namespace": base.namespace},
                 spec=api_body({"backoffLimit": 4, "activeDeadlineSeconds": 1500,
-                               "template": base.pod(model.name, model.source, prune_command(model.name, copies))}),
+                               # Removing files takes little: room on the system pool beside the loaders.
+                               "template": base.pod(model.name, model.source, prune_command(model.name, copies),
+                                                    cpu=("250m", "1"), memory=("256Mi", "1Gi"))}),
                 opts=child_opts(self, opts, provider=provider, depends_on=[
                     *base.depends_on, *(store.loader_jobs[c.key] for c in copies if c.model == model.name),
                     *readers.get(model.name, ())]))
