@@ -387,6 +387,10 @@ def test_the_first_run_after_the_rename_moves_the_old_folder_instead_of_loading(
     assert loaded(dest) == {"config.json", "model.safetensors"} and not hub_calls(tmp_path)
     assert old.is_symlink() and old.resolve() == dest.resolve()
     assert (old / load_weights.MARKER).exists()  # an old server still finds its marker
+    # An adapter's old folder is found the same way (its layout: .adapters/<model>/<adapter>/<revision>).
+    adapter = plans["prod"].config.model("llama-8b").adapters[0]
+    command = container(plans["prod"], f"llama-8b-lora-{adapter.name}")["command"]
+    assert arg(command, "--legacy-dest") == f"/models/.adapters/llama-8b/{adapter.name}/{adapter.revision}"
 
 
 def test_an_old_folder_of_another_source_or_selection_is_loaded_anew(plan_variant, tmp_path, monkeypatch):
