@@ -220,6 +220,7 @@ def test_the_entrypoint_waits_as_long_as_the_startup_probe(plans):
     failureThreshold x periodSeconds: a start slower than a fixed hour (a 405B's weights, a cold XLA
     compile) is not given up while the probe still waits for it."""
     import serve
+
     from vllm_gke.components.vllm_server import STARTUP_WINDOW_ENV
     from vllm_gke.infra.manifests import pod_templates
 
