@@ -35,7 +35,7 @@ REGIONAL_TIERS = frozenset({"REGIONAL"})
 # A statically bound NFS volume's size is nominal: the kubelet never enforces it. Tying it to the
 # share's capacity would turn every resize (adding a model) into a change of an immutable field.
 NOMINAL_VOLUME_SIZE = "1Gi"
-HEADROOM = 1.3  # tokenizer files, the xet cache's writes, rounding of the estimates
+HEADROOM = 1.3  # tokenizer and index files, the size estimates' error
 # A path segment's limit (NAME_MAX, and Cloud Storage FUSE's): a folder name is cut to it.
 NAME_MAX_BYTES = 255
 
