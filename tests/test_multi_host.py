@@ -142,11 +142,11 @@ def test_a_group_is_the_unit_of_disruption_and_startup(plans):
     assert pdb["spec"]["selector"]["matchLabels"] == {LWS_NAME: doc["metadata"]["name"]}
     # One pod, so one group, at a time, whatever the floor: a drain is never held.
     assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
-    # 810 GB from the share take longer than the default 30 minutes: the probe waits 1.5x the estimate.
+    # 810 GB from the share: the probe waits 1.5x the estimate, and never under 30 minutes.
     leader = _vllm(_templates(doc)[0])
     threshold = leader["startupProbe"]["failureThreshold"]
     load = cold_start_seconds(plan.config, plan.config.model("llama-405b"))
-    assert load > 1800 and threshold == startup_failure_threshold(load) and threshold * 10 >= 1.5 * load
+    assert load > 900 and threshold == startup_failure_threshold(load) and threshold * 10 >= max(1800, 1.5 * load)
 
 
 def test_a_tpu_slice_group_runs_a_ray_cluster_of_its_hosts(plans):
