@@ -91,3 +91,9 @@ def system_pool_free(machine_type: str, disk_gib: int, nodes: int) -> tuple[int,
     cpu = nodes * (shape.alloc_cpu_m - GKE_PER_NODE_CPU_M) - GKE_PER_CLUSTER_CPU_M
     memory = nodes * (shape.alloc_memory_mi - GKE_PER_NODE_MEMORY_MI) - GKE_PER_CLUSTER_MEMORY_MI
     return cpu, memory
+
+
+def node_free(machine_type: str, disk_gib: int) -> tuple[int, int]:
+    """CPU (m) and memory (MiB) one node offers a pod after GKE's reservations and per-node pods."""
+    shape = node_shape(machine_type, disk_gib)
+    return shape.alloc_cpu_m - GKE_PER_NODE_CPU_M, shape.alloc_memory_mi - GKE_PER_NODE_MEMORY_MI

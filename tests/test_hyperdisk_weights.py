@@ -44,8 +44,6 @@ def hyperdisk_values(extra: bool = False) -> dict[str, Any]:
         mistral["adapters"] = [{"name": "tickets", "source": "hf://acme-ml/mistral-tickets-lora", "revision": "v2",
                                 "rank": 16, "tenants": ["support"]}]
         values["vllm-gke:nodePools"][0]["maxNodes"] = 8
-        # Three loaders more at once on the system pool (the plan checks its room).
-        values["vllm-gke:cluster"]["systemMaxNodes"] = 4
         values["vllm-gke:tenants"].append({
             "name": "analytics", "models": ["mistral-7b"], "maxTokens": 1024,
             "rateLimit": {"requestsPerMinute": 60},
