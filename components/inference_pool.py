@@ -158,8 +158,10 @@ class InferencePool(pulumi.ComponentResource):
                     # Outside the mesh: see the module docstring. The config's digest rolls the
                     # picker when its plugins change (it reads the file once, at start).
                     "metadata": {"labels": {**labels, "sidecar.istio.io/inject": "false"},
-                                 "annotations": {"vllm-gke.io/config-sha256":
-                                                 content_digest(plugins)}},
+                                 "annotations": {"vllm-gke.io/config-sha256": content_digest(plugins),
+                                                 # Every stop of the leader is a handover (seconds of
+                                                 # a closed pool): not for the autoscaler to tidy nodes.
+                                                 "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}},
                     "spec": {
                         "serviceAccountName": epp,
                         # Its whole graceful stop (SHUTDOWN_S) and the lease release; not the chart's

@@ -82,8 +82,10 @@ def _surge_pods(doc: dict[str, Any]) -> int:
 
 
 def _proxy(template: dict[str, Any], meshed: bool) -> tuple[int, int]:
-    notes = (template.get("metadata") or {}).get("annotations") or {}
-    if not meshed or notes.get("sidecar.istio.io/inject") == "false":
+    meta = template.get("metadata") or {}
+    notes = meta.get("annotations") or {}
+    opted_out = "false" in (notes.get("sidecar.istio.io/inject"), (meta.get("labels") or {}).get("sidecar.istio.io/inject"))
+    if not meshed or opted_out:
         return 0, 0
     return (_quantity_m(notes.get("sidecar.istio.io/proxyCPU", f"{PROXY_CPU_M}m")),
             _quantity_mi(notes.get("sidecar.istio.io/proxyMemory", f"{PROXY_MEMORY_MI}Mi")))

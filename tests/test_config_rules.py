@@ -203,6 +203,10 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
      "vllm-gke:gateway.className", "use gke-l7-rilb or gke-l7-regional-external-managed"),
     ("picker-without-min-version", "staging", lambda v: v["vllm-gke:cluster"].pop("minMasterVersion"),
      "vllm-gke:cluster.minMasterVersion", "is unset, but models[llama-8b].routing is inference-gateway"),
+    # The picker's two replicas on two system nodes (topology spread with minDomains 2).
+    ("picker-on-one-system-node", "staging",
+     lambda v: v["vllm-gke:cluster"].update(systemMaxNodes=1, systemMachineType="n2-standard-16"),
+     "vllm-gke:cluster.systemMaxNodes", "replicas run on two system nodes"),
     ("picker-on-old-gke", "staging", lambda v: v["vllm-gke:cluster"].update(minMasterVersion="1.34.0-gke.1000"),
      "vllm-gke:cluster.minMasterVersion", "from 1.34.0-gke.1626000"),
     ("picker-on-1.33", "staging", lambda v: v["vllm-gke:cluster"].update(minMasterVersion="1.33"),

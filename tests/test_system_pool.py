@@ -19,18 +19,17 @@ def test_allocatable_follows_gkes_reservations():
     assert (mig.devices, mig.device_resource) == (2, "nvidia.com/gpu")
 
 
-def test_staging_loaders_beside_the_picker_need_more_than_one_system_node(plan_variant):
-    """The defect as found: staging's loader re-run found no CPU on its one e2-standard-4."""
-    def one_node(values):
-        values["vllm-gke:cluster"]["systemMaxNodes"] = 1
-
+def test_staging_loaders_beside_the_picker_need_more_than_one_system_node(plans):
+    """The defect as found: staging's loader re-run found no CPU on its one e2-standard-4 (the
+    config now also refuses a picker on one system node: tests/test_config_rules.py)."""
     with pytest.raises(ConfigError) as err:
-        plan_variant("staging", one_node)
+        check_system_pool("e2-standard-4", 1, plans["staging"].manifests())
     (issue,) = err.value.issues
     assert issue.key == "vllm-gke:cluster.systemMaxNodes"
     # the picker's two replicas, the standby and KEDA stay; a 2-CPU loader beside them never starts
-    assert "Deployment vllm/llama-8b-epp 2200m" in issue.problem
+    assert "Deployment vllm/llama-8b-epp 2000m" in issue.problem
     assert "the largest pod that comes and goes (" in issue.problem and "would never start" in issue.problem
+    check_system_pool("e2-standard-4", 2, plans["staging"].manifests())  # a second node holds it
 
 
 def test_loaders_queue_but_one_too_large_for_any_node_is_refused(plan_variant):
@@ -56,7 +55,9 @@ def test_demand_counts_surges_sidecars_and_charts(plans):
     rows = {r.what: r for r in system_demand(plans["staging"].manifests())}
     picker = rows["Deployment vllm/llama-8b-epp"]
     assert (picker.pods, picker.steady) == (2, True)
-    assert picker.cpu_m == 1000 + 100  # the picker and its mesh sidecar (Istio's default requests)
+    assert picker.cpu_m == 1000  # outside the mesh (label sidecar.istio.io/inject: "false"): no sidecar
+    standby = rows["Deployment vllm/mistral-7b-long-standby"]
+    assert standby.cpu_m == 50 + 100  # the standby and its mesh sidecar (Istio's default requests)
     surge = rows["Deployment vllm/llama-8b-epp (surge)"]
     assert (surge.pods, surge.steady) == (2, False)  # maxSurge 100%: both new pods at once
     assert not rows["Job vllm-gke-system/load-llama-8b"].steady

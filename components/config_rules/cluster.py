@@ -87,6 +87,11 @@ def inference_gateway(cfg: "StackConfig", add: Add) -> None:
     first = f"{item_key('models', cfg.models, picked[0])}.routing is inference-gateway"
     check_inference_gateway_class(add, "gateway.className", cfg.gateway.class_name, first)
     check_inference_gateway_version(add, "cluster.minMasterVersion", cfg.cluster.min_master_version, first)
+    if cfg.cluster.system_pool_max < 2:
+        # The picker's two replicas never share a node (topology spread, minDomains 2): with one
+        # node at most the second would wait forever and a drain would take the only one.
+        add("cluster.systemMaxNodes", f"is {cfg.cluster.system_pool_max}, but {first}: the endpoint picker's two "
+            "replicas run on two system nodes (so one drain never takes both); set it to 2 or more")
 
 
 def length_routing(cfg: "StackConfig", add: Add) -> None:
