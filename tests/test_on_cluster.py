@@ -98,12 +98,16 @@ def test_every_node_drains_through_the_eviction_api(cluster):
     a drain (GKE would wait up to an hour per node, then force it)."""
     cp, plan, docs = cluster
     for node in cp.get("nodes")["items"]:
-        name = node["metadata"]["name"]
-        done = cp.kubectl("drain", name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s",
-                          check=False, timeout=90)
-        cp.kubectl("uncordon", name)
-        assert done.returncode == 0, f"drain {name}: {done.stderr[-600:]}"
-        settle(cp, timeout=120)
+        _drain(cp, node["metadata"]["name"])
+
+
+def _drain(cp: ControlPlane, name: str) -> None:
+    """As GKE's upgrade drains a node (evictions through the API), then back in service."""
+    done = cp.kubectl("drain", name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s",
+                      check=False, timeout=90)
+    cp.kubectl("uncordon", name)
+    assert done.returncode == 0, f"drain {name}: {done.stderr[-600:]}"
+    settle(cp, timeout=120)
 
 
 def test_loaders_run_again_beside_the_servers(cluster):
@@ -244,11 +248,7 @@ def test_multi_host_groups_schedule_and_drain_at_their_ceiling(cluster):
         assert len(pods) == hosts and all(p["spec"].get("nodeName") for p in pods)
         group_nodes = sorted({p["spec"]["nodeName"] for p in pods})
         for name in group_nodes:
-            done = cp.kubectl("drain", name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s",
-                              check=False, timeout=90)
-            cp.kubectl("uncordon", name)
-            assert done.returncode == 0, f"drain {name}: {done.stderr[-600:]}"
-            settle(cp, timeout=120)
+            _drain(cp, name)
     finally:
         for s in stand_ins:
             cp.kubectl("delete", "statefulset", s["metadata"]["name"], "-n", s["metadata"]["namespace"], check=False)
