@@ -14,7 +14,11 @@ and the metadata server's address bypass it.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional
+from pathlib import PurePosixPath
+from typing import Any, Mapping, Optional, Sequence
+
+from .specs import ModelSpec
+from .weights_layout import MOUNT_PATH, adapter_dir
 
 CSI_DRIVER = "gcsfuse.csi.storage.gke.io"
 CACHE_VOLUME = "gke-gcsfuse-cache"
@@ -73,3 +77,29 @@ def with_cache_limit(volume: Mapping[str, Any], files_gb: float) -> dict[str, An
         "file-cache:max-size-mb:-1", f"file-cache:max-size-mb:{cache_limit_mb(files_gb)}")
     csi["volumeAttributes"] = attributes
     return {**volume, "csi": csi}
+
+
+# --- who may read what in the bucket ------------------------------------------------------------
+# Cloud Storage FUSE needs storage.objects.list on the bucket to mount it (Google's "Mount a
+# bucket" page), which yields object names, not contents: every reader gets that alone, bucket-wide.
+LIST_PERMISSIONS = ("storage.objects.list",)
+# An IAM condition holds at most 12 logical operators: 13 prefixes OR-ed per conditional binding.
+PREFIXES_PER_CONDITION = 13
+
+
+def reader_prefixes(models: Sequence[ModelSpec]) -> list[str]:
+    """The bucket folders the servers of these models open: each model's (every revision, the
+    canary's included) and each of its adapters' (its servers load them all, --lora-modules)."""
+    return sorted({f"{m.name}/" for m in models} | {
+        f"{PurePosixPath(adapter_dir(m, a)).parent.relative_to(MOUNT_PATH)}/" for m in models for a in m.adapters})
+
+
+def prefix_chunks(prefixes: Sequence[str]) -> list[list[str]]:
+    """The prefixes, PREFIXES_PER_CONDITION at a time: one conditional binding each."""
+    return [list(prefixes[i:i + PREFIXES_PER_CONDITION]) for i in range(0, len(prefixes), PREFIXES_PER_CONDITION)]
+
+
+def object_condition(bucket: str, prefixes: Sequence[str]) -> str:
+    """An IAM condition true only for objects under the prefixes: IAM names an object
+    projects/_/buckets/<bucket>/objects/<object> (IAM Conditions' Cloud Storage resource names)."""
+    return " || ".join(f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{p}")' for p in prefixes)

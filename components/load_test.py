@@ -27,7 +27,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 import yaml
 
-from . import gcs_weights
+from . import bucket_readers, gcs_weights
 from .gcp_names import workload_principal
 from .k8s_meta import CONTAINER_SECURITY, api_body, content_digest, meta
 from .options import child_opts
@@ -70,6 +70,11 @@ class Target:
     model_dir: str = ""
     # The gateway's backend timeout: a request may take that long.
     request_timeout_seconds: int = 600
+
+
+def model_folder(target: Target) -> str:
+    """The model's folder in the bucket (every revision of it): where its tokenizer is."""
+    return target.model_dir.removeprefix(f"{MOUNT_PATH}/").split("/")[0] if target.model_dir else target.model
 
 
 def lora_split(names: Sequence[str]) -> list[dict[str, Any]]:
@@ -185,6 +190,8 @@ class LoadTestArgs:
     weights_claims: Mapping[str, pulumi.Input[str]] = field(default_factory=dict[str, pulumi.Input[str]])
     weights_volume: Optional[Mapping[str, Any]] = None
     bucket: Optional[pulumi.Input[str]] = None
+    # The bucket's list-only role (ModelStore.list_role): the mount needs it; reads are conditional.
+    bucket_list_role: pulumi.Input[str] = ""
     project: str = ""
     workload_pool: pulumi.Input[str] = ""
 
@@ -223,12 +230,12 @@ class LoadTest(pulumi.ComponentResource):
             volumes = [dict(args.weights_volume)]
             annotations = dict(gcs_weights.POD_ANNOTATIONS)
             if args.bucket is not None:
+                # It lists the bucket (to mount it) and opens its model's folder alone (the tokenizer).
                 number = gcp.organizations.get_project_output(project_id=args.project).number
-                deps.append(gcp.storage.BucketIAMMember(
-                    f"{name}-weights-reader", bucket=args.bucket, role="roles/storage.objectViewer",
-                    member=workload_principal(number, args.workload_pool, args.namespace,
-                                              f"{SERVICE_ACCOUNT}-{spec.name}"),
-                    opts=child_opts(self, opts)))
+                deps.extend(bucket_readers.grant_reads(
+                    f"{name}-weights-reader", args.bucket,
+                    workload_principal(number, args.workload_pool, args.namespace, f"{SERVICE_ACCOUNT}-{spec.name}"),
+                    [f"{model_folder(target)}/"], args.bucket_list_role, child_opts(self, opts)))
         else:
             mounts = [{"name": "weights", "mountPath": MOUNT_PATH, "readOnly": True}]
             volumes = [{"name": "weights", "persistentVolumeClaim": {"claimName": args.claim_name, "readOnly": True}}]

@@ -17,7 +17,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from . import gcs_weights
+from . import bucket_readers, gcs_weights
 from .catalog import populator_vcpus
 from .gcp_names import bucket_name, service_account_id, workload_principal
 from .hyperdisk_weights import HyperdiskWeights, HyperdiskWeightsArgs, usable_gib
@@ -84,7 +84,8 @@ class ModelStoreArgs:
     provider: k8s.Provider
     # plain name -> namespace (an Output, so claims wait for the namespace to exist)
     consumer_namespaces: Mapping[str, pulumi.Input[str]] = field(default_factory=dict[str, pulumi.Input[str]])
-    # plain name -> the models its pods serve (hyperdisk-ml: the disks it needs); default: all.
+    # plain name -> the models its pods serve (gcs: the folders its servers may read; hyperdisk-ml:
+    # the disks it needs); default: all.
     consumer_models: Optional[Mapping[str, Sequence[str]]] = None
     # The cluster's zones (hyperdisk-ml: a disk in each).
     zones: Sequence[str] = ()
@@ -264,17 +265,24 @@ class ModelStore(pulumi.ComponentResource):
             grants.append(gcp.storage.BucketIAMMember(f"{name}-loader-bucket", bucket=self.bucket.name,
                                                       role="roles/storage.objectUser", member=loader_member,
                                                       opts=gcp_opts("storage.googleapis.com")))
+        # Lists the bucket, reads nothing: what every bucket reader (servers, load tests) mounts it with.
+        self.list_role: pulumi.Input[str] = ""
+        if self.backend != "filestore":
+            self.list_role = bucket_readers.role_name(bucket_readers.list_role(
+                f"{name}-lister", args.project, instance_name, gcp_opts("iam.googleapis.com")), args.project)
         if self.backend == "gcs":
             assert number is not None
             # Readers: the vLLM servers of each consumer namespace (their own service account,
             # SERVER_SA - not the namespace's default, which the standby and anything else there
-            # would share), by Workload Identity Federation principal, read-only, this bucket only.
+            # would share), by Workload Identity Federation principal, this bucket only: they list
+            # it, and open only the folders of the models the namespace serves and their adapters.
             # The pool is the cluster's output: the bindings wait for the cluster that creates it.
             for key, ns in args.consumer_namespaces.items():
-                gcp.storage.BucketIAMMember(
-                    f"{name}-reader-{key}", bucket=self.bucket.name, role="roles/storage.objectViewer",
-                    member=workload_principal(number, args.workload_pool, ns, SERVER_SA),
-                    opts=gcp_opts("storage.googleapis.com"))
+                served = [m for m in args.models
+                          if args.consumer_models is None or m.name in args.consumer_models.get(key, ())]
+                bucket_readers.grant_reads(
+                    f"{name}-reader-{key}", self.bucket.name, workload_principal(number, args.workload_pool, ns, SERVER_SA),
+                    gcs_weights.reader_prefixes(served), self.list_role, gcp_opts("storage.googleapis.com"))
         self.loader_binding = gcp.serviceaccount.IAMMember(
             f"{name}-loader-wi", service_account_id=self.loader_gsa.name,
             role="roles/iam.workloadIdentityUser",

@@ -389,6 +389,7 @@ class Platform(pulumi.ComponentResource):
                 weights_volume=gcs_weights.weights_volume(store.bucket.name, read_only=True, uid=SERVER_UID)
                 if hyperdisk else store.weights_volume,
                 bucket=store.bucket.name if cfg.weights.backend in ("gcs", "hyperdisk-ml") else None,
+                bucket_list_role=store.list_role,
                 project=cfg.project, workload_pool=cluster.workload_pool),
                 opts=child([mesh, store, identities(tenant.name if own else None)]))
             readers.setdefault(model.name, []).append(self.load_tests[spec.name])

@@ -338,6 +338,11 @@ def _route_rewrites_the_path(plan):
             "path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v1"}}})
 
 
+def _bucket_read_unconditioned(plan):
+    """staging's servers as they were: objectViewer on the whole weights bucket."""
+    plan.named("gcp:storage/bucketIAMMember:BucketIAMMember", "weights-reader-serving").props.pop("condition")
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_owns_external_metrics": ("dev", _add_external_apiservice, "second owner"),
     "keda_ports_open_on_private_clusters": ("prod", _no_firewall, "tcp:6443, 9443"),
@@ -367,6 +372,8 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "istio_sidecar_outlives_vllm": ("dev", _classic_sidecar_default, "may exit before vLLM"),
     "istio_principals_are_the_tenants": ("dev", _any_google_identity, "not tenant 'dev-team's"),
     "gcsfuse_sidecar_with_the_mesh": ("staging", _fuse_through_envoy, "metadata-server calls go through Envoy"),
+    "bucket_readers_list_and_open_only_their_folders": ("staging", _bucket_read_unconditioned,
+                                                        "without a condition on objects: reads every model's files"),
     "redis_writes_nothing_and_scripts_obey_the_acl": ("prod", _persistent_redis, "keeps persistence on"),
     "kubectl_cache_is_writable": ("dev", _kubectl_without_cache, "not on a writable volume"),
     "loader_copies_what_vllm_opens": ("staging", _loader_reads_every_format, "opens by mistral-first"),

@@ -4,6 +4,7 @@ parallel downloads), image streaming on every pool, and the time-to-serve estima
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -11,10 +12,18 @@ from tests.conftest import manifests_of
 from vllm_gke.components.capacity import capacity_report
 from vllm_gke.components.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds, filestore_read_mib_s
 from vllm_gke.components.gcp_names import bucket_name, is_bucket_name
-from vllm_gke.components.gcs_weights import CACHE_VOLUME, CSI_DRIVER
+from vllm_gke.components.gcs_weights import (
+    CACHE_VOLUME,
+    CSI_DRIVER,
+    PREFIXES_PER_CONDITION,
+    object_condition,
+    prefix_chunks,
+)
 from vllm_gke.infra.advice import plan_warnings
 from vllm_gke.infra.config import ConfigError, parse
+from vllm_gke.infra.contracts.gcsfuse import bucket_readers_list_and_open_only_their_folders
 from vllm_gke.infra.mocks import MOCK_PROJECT_NUMBER
+from vllm_gke.infra.plan import read_stack_config, run_program
 from vllm_gke.infra.program import required_apis
 
 
@@ -80,6 +89,70 @@ def test_loader_writes_the_bucket_and_readers_only_read_it(plans):
     assert plan.waits_for(reader, cluster)
     # Nothing project-wide: every grant is on this bucket.
     assert not [p for p in props_of(plan, "gcp:projects/iAMMember:IAMMember") if "storage" in p["role"]]
+
+
+def tenant_values() -> dict:
+    """Staging (gcs) with an adapter on Mistral, a tenant serving Mistral in its own namespace, and
+    a load test of that tenant's route."""
+    values = read_stack_config("staging")
+    mistral = next(m for m in values["vllm-gke:models"] if m["name"] == "mistral-7b")
+    mistral["adapters"] = [{"name": "tickets", "source": "hf://acme-ml/mistral-tickets-lora", "revision": "v2",
+                            "rank": 16, "tenants": ["analytics"]}]
+    values["vllm-gke:nodePools"][0]["maxNodes"] = 8
+    values["vllm-gke:tenants"].append({
+        "name": "analytics", "models": ["mistral-7b"], "maxTokens": 1024, "rateLimit": {"requestsPerMinute": 60},
+        "jwt": {"issuer": "https://auth.acme.example/analytics",
+                "jwksUri": "https://auth.acme.example/analytics/.well-known/jwks.json",
+                "audiences": ["llm.staging.acme.example"]},
+        "dedicated": {"models": ["mistral-7b"], "nodePool": "a100-80-mig"}})
+    values["vllm-gke:loadTests"] = [{"name": "analytics-mistral", "tenant": "analytics", "model": "mistral-7b"}]
+    return values
+
+
+@pytest.fixture(scope="module")
+def tenant_plan():
+    return run_program("staging", tenant_values())
+
+
+def grants_to(plan, principal_suffix):
+    return [m for m in props_of(plan, "gcp:storage/bucketIAMMember:BucketIAMMember")
+            if m["member"].endswith(principal_suffix)]
+
+
+OBJECTS = 'resource.name.startsWith("projects/_/buckets/acme-llm-staging-vllm-staging-weights/objects/'
+
+
+def test_readers_list_the_bucket_and_open_only_what_they_serve(tenant_plan):
+    (role,) = props_of(tenant_plan, "gcp:projects/iAMCustomRole:IAMCustomRole")
+    assert role["permissions"] == ["storage.objects.list"]  # names, not contents: what the mount needs
+    lister = f"projects/acme-llm-staging/roles/{role['roleId']}"
+    # The dedicated tenant's servers: no unconditional read, only Mistral's folder and its adapter's.
+    grants = grants_to(tenant_plan, "/ns/tenant-analytics/sa/vllm-server")
+    assert sorted(g["role"] for g in grants) == [lister, "roles/storage.objectViewer"]
+    (viewer,) = [g for g in grants if g["role"] == "roles/storage.objectViewer"]
+    assert viewer["condition"]["expression"] == \
+        f'{OBJECTS}.adapters/mistral-7b/tickets/") || {OBJECTS}mistral-7b/")'
+    assert not [g for g in grants if g["role"] == lister and g.get("condition")]
+    # The shared namespace serves both models (and the adapter); the load test its model's folder alone.
+    (shared,) = [g for g in grants_to(tenant_plan, "/ns/vllm/sa/vllm-server") if g["role"] == "roles/storage.objectViewer"]
+    assert shared["condition"]["expression"] == " || ".join(
+        f'{OBJECTS}{p}")' for p in (".adapters/mistral-7b/tickets/", "llama-8b/", "mistral-7b/"))
+    (test,) = [g for g in grants_to(tenant_plan, "/ns/tenant-analytics/sa/vllm-loadtest-analytics-mistral")
+               if g["role"] == "roles/storage.objectViewer"]
+    assert test["condition"]["expression"] == f'{OBJECTS}mistral-7b/")'
+    # Nowhere an unconditional read of the bucket's objects.
+    assert not [m for m in props_of(tenant_plan, "gcp:storage/bucketIAMMember:BucketIAMMember")
+                if m["role"] == "roles/storage.objectViewer" and not m.get("condition")]
+    # Conditions on a bucket need uniform bucket-level access.
+    assert props_of(tenant_plan, "gcp:storage/bucket:Bucket")[0]["uniformBucketLevelAccess"] is True
+
+
+def test_many_folders_split_into_conditions_iam_accepts():
+    prefixes = [f"m{i:02d}/" for i in range(PREFIXES_PER_CONDITION + 2)]
+    chunks = prefix_chunks(prefixes)
+    assert [len(c) for c in chunks] == [PREFIXES_PER_CONDITION, 2] and sum(chunks, []) == prefixes
+    # At most 12 logical operators in one condition.
+    assert object_condition("b", chunks[0]).count("||") == 12
 
 
 def test_bucket_names_are_valid_and_derived_when_long():
@@ -170,3 +243,16 @@ def test_the_file_cache_holds_the_files_the_server_reads(plan_variant):
     assert f"file-cache:max-size-mb:{int(18 * 1024 * 0.95)}" in volumes["weights"]["csi"]["volumeAttributes"]["mountOptions"]
     vllm = next(c for c in dep["spec"]["containers"] if c["name"] == "vllm")
     assert int(vllm["resources"]["requests"]["ephemeral-storage"].removesuffix("Gi")) >= 18
+
+
+def test_the_contract_catches_a_folder_no_condition_admits_and_a_missing_list(tenant_plan):
+    assert bucket_readers_list_and_open_only_their_folders(tenant_plan) == []
+    plan = dataclasses.replace(tenant_plan, resources=copy.deepcopy(tenant_plan.resources))
+    reader = plan.named("gcp:storage/bucketIAMMember:BucketIAMMember", "weights-reader-analytics")
+    reader.props["condition"]["expression"] = f'{OBJECTS}mistral-7b/")'  # the adapter's folder left out
+    plan.resources.remove(plan.named("gcp:storage/bucketIAMMember:BucketIAMMember", "weights-reader-analytics-list"))
+    found = bucket_readers_list_and_open_only_their_folders(plan)
+    assert "ns/tenant-analytics/sa/vllm-server: no unconditional storage.objects.list on the bucket: " \
+           "Cloud Storage FUSE cannot mount it" in found
+    assert [f for f in found if f.startswith("tenant-analytics/mistral-7b-short: opens /models/.adapters/mistral-7b/tickets/")]
+    assert not [f for f in found if f.startswith("vllm/")]

@@ -4,7 +4,10 @@ make."""
 from __future__ import annotations
 
 import json
+import re
+from typing import Any
 
+from ...components.weights_layout import MOUNT_PATH
 from ..plan import Plan
 from .base import Contract, _docs, _vllm_deployments
 
@@ -76,6 +79,63 @@ def fuse_pods_start_under_any_sidecar_mode(plan: Plan) -> list[str]:
     return sorted(set(out))
 
 
+def _fuse_pods(plan: Plan) -> list[tuple[str, dict[str, Any]]]:
+    """(namespace, pod spec) of every Deployment and CronJob that mounts a bucket through FUSE."""
+    pods = [(d["metadata"].get("namespace", ""), d["spec"]["template"]["spec"]) for d in _docs(plan, "Deployment")]
+    pods += [(c["metadata"].get("namespace", ""), c["spec"]["jobTemplate"]["spec"]["template"]["spec"])
+             for c in _docs(plan, "CronJob")]
+    return [(ns, pod) for ns, pod in pods if any((v.get("csi") or {}).get("driver") == "gcsfuse.csi.storage.gke.io"
+                                                 for v in pod.get("volumes") or [])]
+
+
+_OBJECT_PREFIX = re.compile(r'resource\.name\.startsWith\("projects/_/buckets/([^/"]+)/objects/([^"]*)"\)')
+
+
+def bucket_readers_list_and_open_only_their_folders(plan: Plan) -> list[str]:
+    """Every identity that mounts a weights bucket through FUSE (servers, load tests) lists it
+    unconditionally (the mount needs storage.objects.list) and reads objects only under conditions
+    on their resource names, which admit every folder a bucket-backed vLLM server opens (--model,
+    --lora-modules)."""
+    mounting = {f"ns/{ns}/sa/{pod.get('serviceAccountName')}" for ns, pod in _fuse_pods(plan)}
+    buckets = {b.props["name"]: b.props for b in plan.of_type("gcp:storage/bucket:Bucket")}
+    roles = {f"projects/{r.props['project']}/roles/{r.props['roleId']}": set(r.props.get("permissions") or [])
+             for r in plan.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")}
+    grants: dict[str, list[dict[str, Any]]] = {}
+    for g in plan.of_type("gcp:storage/bucketIAMMember:BucketIAMMember"):
+        if g.props["bucket"] in buckets and str(g.props["member"]).rpartition("/subject/")[2] in mounting:
+            grants.setdefault(g.props["member"], []).append(g.props)
+    out = []
+    readable: dict[str, list[tuple[str, str]]] = {}
+    for member, held in grants.items():
+        who = member.rsplit("/subject/", 1)[1]
+        if not any("storage.objects.list" in roles.get(g["role"], ()) and not g.get("condition") for g in held):
+            out.append(f"{who}: no unconditional storage.objects.list on the bucket: Cloud Storage FUSE cannot mount it")
+        for g in held:
+            if g["role"] != "roles/storage.objectViewer":
+                continue
+            prefixes = _OBJECT_PREFIX.findall((g.get("condition") or {}).get("expression") or "")
+            if not prefixes:
+                out.append(f"{who}: roles/storage.objectViewer without a condition on objects: reads every model's files")
+            if prefixes and not buckets[g["bucket"]].get("uniformBucketLevelAccess"):
+                out.append(f"{who}: a condition on a bucket without uniform bucket-level access")
+            readable.setdefault(who, []).extend(prefixes)
+    for d in _vllm_deployments(plan):
+        pod = d["spec"]["template"]["spec"]
+        if not any((v.get("csi") or {}).get("driver") == "gcsfuse.csi.storage.gke.io" for v in pod["volumes"]):
+            continue
+        who = f"ns/{d['metadata']['namespace']}/sa/{pod.get('serviceAccountName')}"
+        (vllm,) = [c for c in pod["containers"] if c["name"] == "vllm"]
+        for arg in [*(vllm.get("command") or []), *(vllm.get("args") or [])]:
+            path = str(arg).rpartition("=")[2]
+            if not path.startswith(f"{MOUNT_PATH}/"):
+                continue
+            folder = path.removeprefix(f"{MOUNT_PATH}/") + "/"
+            if not any(folder.startswith(p) for _, p in readable.get(who, [])):
+                out.append(f"{d['metadata']['namespace']}/{d['metadata']['name']}: opens {path}, "
+                           f"which no condition of {who}'s read grant admits")
+    return sorted(set(out))
+
+
 ROWS: tuple[Contract, ...] = (
     Contract("Cloud Storage FUSE CSI driver", "GKE-managed (v1.24.4 read)",
              "gke-gcsfuse/volumes injects gke-gcsfuse-sidecar after istio-proxy; with Istio the app must wait for "
@@ -95,4 +155,18 @@ ROWS: tuple[Contract, ...] = (
              "weights after the proxy) and the FUSE sidecar's HTTPS bypasses Envoy (excludeOutboundPorts 443), so "
              "pods start with a native or a classic sidecar",
              fuse_pods_start_under_any_sidecar_mode),
+    Contract("Cloud Storage FUSE + IAM Conditions on Cloud Storage", "Google docs (read 2026-12)",
+             "mounting a bucket needs storage.objects.list on it (names, not contents); roles/storage.objectViewer "
+             "holds storage.objects.get and .list, no predefined non-legacy role lists alone; a bucket binding's "
+             "condition may test resource.name, projects/_/buckets/<bucket>/objects/<object> for an object, with "
+             "startsWith (at most 12 logical operators a condition); conditions need uniform bucket-level access",
+             "https://cloud.google.com/storage/docs/gcsfuse-mount#before-you-begin; "
+             "https://cloud.google.com/storage/docs/access-control/iam-roles; "
+             "https://cloud.google.com/storage/docs/samples/storage-add-bucket-conditional-iam-binding; "
+             "https://cloud.google.com/iam/docs/conditions-resource-attributes#resource-name; "
+             "https://cloud.google.com/iam/docs/conditions-overview#limitations",
+             "each bucket reader (a namespace's servers, a load test) gets a custom role with storage.objects.list "
+             "alone, unconditional, and objectViewer conditioned on the folders of its models and their adapters "
+             "(13 prefixes a binding); every folder a bucket-backed server opens is admitted",
+             bucket_readers_list_and_open_only_their_folders),
 )
