@@ -45,7 +45,8 @@ def test_component_counts(plans):
                                  "vllm-gke:index:MeshNamespace": 2, "vllm-gke:index:TenantAuth": 1,
                                  "vllm-gke:index:VllmService": 2, "vllm-gke:index:Gateway": 1,
                                  "vllm-gke:index:Observability": 1, "vllm-gke:index:ServiceLevels": 1,
-                                 "vllm-gke:index:SloMetrics": 1, "vllm-gke:index:Keda": 1}
+                                 "vllm-gke:index:SloMetrics": 1, "vllm-gke:index:Keda": 1,
+                                 "vllm-gke:index:WeightsPrune": 1}
     prod = components("prod")
     assert prod["vllm-gke:index:VllmService"] == 10  # 3 shared models, 1 canary, 1 dedicated; two pools each
     assert prod["vllm-gke:index:TenantAuth"] == 3

@@ -105,7 +105,7 @@ def test_pdb_scaled_object_and_pod_monitoring_per_pool(plans):
     deployments = vllm_deployments(plan)
     for kind in ("PodDisruptionBudget", "ScaledObject", "PodMonitoring", "Service"):
         per_model = [m for m in manifests_of(plan, kind)
-                     if m["metadata"]["namespace"] not in ("vllm-gke-limits", "vllm-gke-telemetry")]
+                     if m["metadata"]["namespace"] not in ("vllm-gke-limits", "vllm-gke-telemetry", "vllm-gke-slo-metrics")]
         assert len(per_model) == len(deployments), kind
     so = next(h for h in manifests_of(plan, "ScaledObject") if h["metadata"]["name"] == "qwen-7b-short"
               and h["metadata"]["namespace"] == "vllm")["spec"]
@@ -117,7 +117,7 @@ def test_pdb_scaled_object_and_pod_monitoring_per_pool(plans):
     assert "cooldownPeriod" not in so  # KEDA warns on it for a pool that never goes to zero
     for dep in deployments:
         assert "replicas" not in dep["spec"]  # KEDA owns it; pools with a floor start at one
-    pm = manifests_of(plan, "PodMonitoring")[0]
+    pm = manifests_of(plan, "PodMonitoring", "vllm")[0]
     assert pm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
 
 

@@ -277,15 +277,16 @@ def done(dest: Path, source: str, rule: str, do_prune: bool, max_gib: Optional[f
     return 0
 
 
-def _gone_is_fine(function: Callable, path: str, error: object) -> None:
-    """rmtree's error hook: another prune removing the same files first is no failure."""
-    error = error[1] if isinstance(error, tuple) else error  # onerror's exc_info, onexc's exception
-    if not isinstance(error, FileNotFoundError):
-        raise error  # type: ignore[misc]
-
-
-# Python 3.12 renamed rmtree's error hook (onerror still works there, with a warning).
-RMTREE_HOOK = {"onexc" if sys.version_info >= (3, 12) else "onerror": _gone_is_fine}
+def _remove_tree(path: Path) -> None:
+    """rmtree that takes another prune removing the same files first as no failure: it stops at
+    the first file already gone, so it walks again until nothing of the tree is left."""
+    for _attempt in range(10):
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:
+            if not path.exists():
+                return
 
 
 def prune_siblings(kept: list[Path]) -> None:
@@ -309,7 +310,7 @@ def prune_siblings(kept: list[Path]) -> None:
                 if sibling.is_symlink():
                     sibling.unlink()
                 else:
-                    shutil.rmtree(sibling, **RMTREE_HOOK)
+                    _remove_tree(sibling)
             except FileNotFoundError:
                 pass
 

@@ -173,8 +173,8 @@ def vllm_tpu_keeps_its_xla_cache(plan: Plan) -> list[str]:
 def jax_bounds_and_locks_the_xla_cache(plan: Plan) -> list[str]:
     out = []
     for name, pod, _hosts in _tpu_pods(plan):
-        size = _env(pod["containers"][0]).get(XLA_CACHE_MAX_ENV)
-        if not str(size or "").isdigit() or int(size) <= 0:
+        size = str(_env(pod["containers"][0]).get(XLA_CACHE_MAX_ENV) or "")
+        if not size.isdigit() or int(size) <= 0:
             out.append(f"{name}: {XLA_CACHE_MAX_ENV} is {size}: JAX's cache has no size (no eviction, no file lock) "
                        "or is off (0)")
     return out
