@@ -16,6 +16,11 @@ _SHARED_ISSUERS: dict[str, Optional[frozenset[str]]] = {
     "gitlab.com": None,
     "www.facebook.com": None,
     "facebook.com": None,
+    # CI and infrastructure services that sign for every customer under one issuer (HCP Terraform
+    # workload identity, Buildkite OIDC): the customer chooses the audience.
+    "app.terraform.io": None,
+    "app.eu.terraform.io": None,
+    "agent.buildkite.com": None,
     # Microsoft's multi-tenant endpoints and the consumer (personal accounts) tenant.
     **dict.fromkeys(("login.microsoftonline.com", "sts.windows.net", "login.windows.net"), frozenset(
         ("common", "organizations", "consumers", "9188040d-6c67-4c5b-b112-36a304b66dad"))),

@@ -161,6 +161,7 @@ def test_guard_config_names_the_listed_subjects(plans):
     GOOGLE, f"{GOOGLE}/", "https://login.microsoftonline.com/common/v2.0",
     "https://login.microsoftonline.com/consumers/v2.0", "https://sts.windows.net/common/",
     "https://token.actions.githubusercontent.com", "https://appleid.apple.com", "https://gitlab.com",
+    "https://app.terraform.io", "https://agent.buildkite.com",
 ])
 def test_a_shared_public_issuer_without_subjects_is_refused(dev_values, issuer):
     from tests.test_config import one_issue
