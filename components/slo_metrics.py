@@ -137,7 +137,7 @@ class SloMetrics(pulumi.ComponentResource):
         k8s_opts = child_opts(self, opts, provider=args.provider)
         needs = args.apis.needs("cloudresourcemanager.googleapis.com", "monitoring.googleapis.com") if args.apis else []
         number = gcp.organizations.get_project_output(project_id=args.project).number
-        # Reads metric descriptors, nothing else.
+        # Reads monitoring data (the descriptors the Job waits for are what it needs).
         grant = gcp.projects.IAMMember(
             f"{name}-viewer", project=args.project, role="roles/monitoring.viewer",
             member=workload_principal(number, args.workload_pool, NAMESPACE, NAME),

@@ -8,6 +8,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -176,6 +177,10 @@ def warm_up_until_one_succeeds(base: str, model: str, token: str, alive: Callabl
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     marker = os.environ.get(WARM_MARKER_ENV, "/tmp/vllm-gke-warm")
+    # /tmp is an emptyDir, kept across container restarts: a marker of the last run would pass the
+    # startup probe at once and hand a loading server to the liveness probe, which kills it again.
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(marker)
     port = flag(argv, "--port", "8000")
     model = flag(argv, "--served-model-name", argv[0] if argv else "")
     base = f"http://127.0.0.1:{port}"

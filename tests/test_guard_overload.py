@@ -116,9 +116,16 @@ def test_the_shed_tiers_hold_through_the_retry_after_pause():
     assert step(ctl, clock, pause) == {0: False, -1: True, -5: True}
     queue.leave(10)
     assert step(ctl, clock) == {0: False, -1: True, -5: True}  # still 4 s ahead
-    # a pause after which nothing waits: every tier back at once
+    # a pause after which nothing waits: one tier back a reading, not all at once (the returning
+    # cohort would fill it again and be shed again: the saw-tooth)
     queue.waiting = 0
-    assert step(ctl, clock, pause) == {0: False, -1: False, -5: False}
+    assert step(ctl, clock, pause) == {0: False, -1: False, -5: True}
+    assert step(ctl, clock) == {0: False, -1: False, -5: False}
+    # a spell longer than any Retry-After: nothing to hold
+    queue.waiting, _ = 40, queue.leave(10)
+    step(ctl, clock)
+    queue.waiting = 0
+    assert step(ctl, clock, 600) == {0: False, -1: False, -5: False}
 
 
 def test_tenants_that_honour_retry_after_come_back_once_the_server_is_healthy():

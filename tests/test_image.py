@@ -110,6 +110,8 @@ def test_entrypoint_waits_for_health_warms_up_then_marks_warm(tmp_path):
 
 
 def test_entrypoint_exits_with_server_when_it_dies(tmp_path):
+    # A marker of the container's last run (the emptyDir outlives a restart) is no warm replica.
+    (tmp_path / "warm").write_text("")
     env = dict(os.environ, GKE_LLM_WARM_MARKER=str(tmp_path / "warm"), FAKE_VLLM_EXIT="3",
                FAKE_VLLM_LOG=str(tmp_path / "log"),
                GKE_LLM_SERVER_COMMAND=f"{sys.executable} {REPO_ROOT / 'tests' / 'fixtures' / 'fake_vllm.py'}")

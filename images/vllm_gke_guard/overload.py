@@ -90,12 +90,12 @@ class Overload:
     def _update(self, now: float) -> None:
         waiting, left = self.queue.read()
         last, self.last = self.last, (now, left, waiting)
-        if last is None or now - last[0] > MAX_RETRY_AFTER_S + 2 * self.interval \
-                or (now - last[0] > 2 * self.interval and waiting <= 0):
-            # The first reading, one after a spell no Retry-After asked for, or an empty queue
-            # after a pause: nothing to hold.
+        if last is None or now - last[0] > MAX_RETRY_AFTER_S + 2 * self.interval:
+            # The first reading, or one after a spell no Retry-After asked for: nothing to hold.
             self.level, self.estimate, self.stalled_since = 0, 0.0, None
             return
+        # An empty queue after a pause (the shed tenants' Retry-After, about the time it took to
+        # drain) lets one tier back, as any quiet reading does: all at once, they would fill it again.
         # After a pause too: the rate over it (the shed tenants' Retry-After) is the server's.
         elapsed, moved = now - last[0], left - last[1]
         if waiting <= 0:
