@@ -14,7 +14,7 @@ from typing import Sequence
 import pulumi
 import pulumi_gcp as gcp
 
-from .gcs_weights import LIST_PERMISSIONS, object_condition, prefix_chunks
+from .gcs_weights import LIST_PERMISSIONS, object_condition, reader_terms, term_chunks
 
 
 def list_role(name: str, project: str, instance_name: str, opts: pulumi.ResourceOptions) -> gcp.projects.IAMCustomRole:
@@ -33,14 +33,16 @@ def role_name(role: gcp.projects.IAMCustomRole, project: str) -> pulumi.Output[s
 
 def grant_reads(name: str, bucket: pulumi.Input[str], member: pulumi.Input[str], prefixes: Sequence[str],
                 lister: pulumi.Input[str], opts: pulumi.ResourceOptions) -> list[gcp.storage.BucketIAMMember]:
-    """`name`-list: the list-only role; `name` (then `name`-2, ...): objectViewer on the prefixes."""
+    """`name`-list: the list-only role; `name` (then `name`-2, ...): objectViewer on the prefixes
+    (and the names above them, which Cloud Storage FUSE looks up on the way)."""
     grants = [gcp.storage.BucketIAMMember(f"{name}-list", bucket=bucket, role=lister, member=member, opts=opts)]
-    chunks = prefix_chunks(prefixes)
+    chunks = term_chunks(reader_terms(prefixes))
     for i, chunk in enumerate(chunks):
         grants.append(gcp.storage.BucketIAMMember(
             f"{name}{'' if i == 0 else f'-{i + 1}'}", bucket=bucket, role="roles/storage.objectViewer",
             member=member, opts=opts, condition={
                 # Titled by the reader: in the bucket's policy the condition says whose read it is.
-                "title": f"{name} {i + 1}"[:100], "description": ", ".join(chunk)[:256],
+                "title": f"{name} {i + 1}"[:100],
+                "description": ", ".join(n for op, n in chunk if op == "startsWith")[:256] or "the folders above",
                 "expression": pulumi.Output.from_input(bucket).apply(lambda b, c=chunk: object_condition(b, c))}))
     return grants

@@ -86,8 +86,8 @@ def with_cache_limit(volume: Mapping[str, Any], files_gb: float) -> dict[str, An
 # objectViewer held before: their names and metadata only, never an object's bytes.
 LIST_PERMISSIONS = ("storage.objects.list", "storage.folders.list", "storage.folders.get",
                     "storage.managedFolders.list", "storage.managedFolders.get")
-# An IAM condition holds at most 12 logical operators: 13 prefixes OR-ed per conditional binding.
-PREFIXES_PER_CONDITION = 13
+# An IAM condition holds at most 12 logical operators: 13 terms OR-ed per conditional binding.
+TERMS_PER_CONDITION = 13
 
 
 def reader_prefixes(models: Sequence[ModelSpec]) -> list[str]:
@@ -97,12 +97,33 @@ def reader_prefixes(models: Sequence[ModelSpec]) -> list[str]:
         f"{PurePosixPath(adapter_dir(m, a)).parent.relative_to(MOUNT_PATH)}/" for m in models for a in m.adapters})
 
 
-def prefix_chunks(prefixes: Sequence[str]) -> list[list[str]]:
-    """The prefixes, PREFIXES_PER_CONDITION at a time: one conditional binding each."""
-    return [list(prefixes[i:i + PREFIXES_PER_CONDITION]) for i in range(0, len(prefixes), PREFIXES_PER_CONDITION)]
+def reader_terms(prefixes: Sequence[str]) -> list[tuple[str, str]]:
+    """What a reader of these folders may get: ("==", name) for each folder above one (Cloud
+    Storage FUSE looks each path component up as an object and as a folder, and a 403 there is
+    no "not found": the lookup fails), ("startsWith", folder) for the folders themselves. The
+    names above hold no object's bytes."""
+    terms: set[tuple[str, str]] = set()
+    for prefix in prefixes:
+        parts = prefix.strip("/").split("/")
+        for i in range(1, len(parts) + 1):
+            above = "/".join(parts[:i])
+            terms.add(("==", above))
+            if i < len(parts):
+                terms.add(("==", f"{above}/"))
+        terms.add(("startsWith", prefix))
+    return sorted(terms, key=lambda t: (t[1], t[0]))
 
 
-def object_condition(bucket: str, prefixes: Sequence[str]) -> str:
-    """An IAM condition true only for objects under the prefixes: IAM names an object
+def term_chunks(terms: Sequence[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """The terms, TERMS_PER_CONDITION at a time: one conditional binding each."""
+    return [list(terms[i:i + TERMS_PER_CONDITION]) for i in range(0, len(terms), TERMS_PER_CONDITION)]
+
+
+def object_condition(bucket: str, terms: Sequence[tuple[str, str]]) -> str:
+    """An IAM condition true only for these names: IAM names an object
     projects/_/buckets/<bucket>/objects/<object> (IAM Conditions' Cloud Storage resource names)."""
-    return " || ".join(f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{p}")' for p in prefixes)
+    def term(op: str, name: str) -> str:
+        full = f"projects/_/buckets/{bucket}/objects/{name}"
+        return f'resource.name == "{full}"' if op == "==" else f'resource.name.startsWith("{full}")'
+
+    return " || ".join(term(op, name) for op, name in terms)

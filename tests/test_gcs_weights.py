@@ -15,9 +15,10 @@ from vllm_gke.components.gcp_names import bucket_name, is_bucket_name
 from vllm_gke.components.gcs_weights import (
     CACHE_VOLUME,
     CSI_DRIVER,
-    PREFIXES_PER_CONDITION,
+    TERMS_PER_CONDITION,
     object_condition,
-    prefix_chunks,
+    reader_terms,
+    term_chunks,
 )
 from vllm_gke.infra.advice import plan_warnings
 from vllm_gke.infra.config import ConfigError, parse
@@ -132,16 +133,22 @@ def test_readers_list_the_bucket_and_open_only_what_they_serve(tenant_plan):
     grants = grants_to(tenant_plan, "/ns/tenant-analytics/sa/vllm-server")
     assert sorted(g["role"] for g in grants) == [lister, "roles/storage.objectViewer"]
     (viewer,) = [g for g in grants if g["role"] == "roles/storage.objectViewer"]
-    assert viewer["condition"]["expression"] == \
-        f'{OBJECTS}.adapters/mistral-7b/tickets/") || {OBJECTS}mistral-7b/")'
+    # The folders, and the names above them Cloud Storage FUSE looks up on the way (a 403 there
+    # fails the lookup): names, never another model's bytes.
+    exact = OBJECTS.replace(".startsWith(", " == ")
+    assert viewer["condition"]["expression"] == " || ".join([
+        f'{exact}.adapters"', f'{exact}.adapters/"', f'{exact}.adapters/mistral-7b"', f'{exact}.adapters/mistral-7b/"',
+        f'{exact}.adapters/mistral-7b/tickets"', f'{OBJECTS}.adapters/mistral-7b/tickets/")',
+        f'{exact}mistral-7b"', f'{OBJECTS}mistral-7b/")'])
+    assert "llama-8b" not in viewer["condition"]["expression"]
     assert not [g for g in grants if g["role"] == lister and g.get("condition")]
     # The shared namespace serves both models (and the adapter); the load test its model's folder alone.
     (shared,) = [g for g in grants_to(tenant_plan, "/ns/vllm/sa/vllm-server") if g["role"] == "roles/storage.objectViewer"]
-    assert shared["condition"]["expression"] == " || ".join(
-        f'{OBJECTS}{p}")' for p in (".adapters/mistral-7b/tickets/", "llama-8b/", "mistral-7b/"))
+    assert f'{OBJECTS}llama-8b/")' in shared["condition"]["expression"]
+    assert f'{exact}llama-8b"' in shared["condition"]["expression"]
     (test,) = [g for g in grants_to(tenant_plan, "/ns/tenant-analytics/sa/vllm-loadtest-analytics-mistral")
                if g["role"] == "roles/storage.objectViewer"]
-    assert test["condition"]["expression"] == f'{OBJECTS}mistral-7b/")'
+    assert test["condition"]["expression"] == f'{exact}mistral-7b" || {OBJECTS}mistral-7b/")'
     # Nowhere an unconditional read of the bucket's objects.
     assert not [m for m in props_of(tenant_plan, "gcp:storage/bucketIAMMember:BucketIAMMember")
                 if m["role"] == "roles/storage.objectViewer" and not m.get("condition")]
@@ -150,11 +157,15 @@ def test_readers_list_the_bucket_and_open_only_what_they_serve(tenant_plan):
 
 
 def test_many_folders_split_into_conditions_iam_accepts():
-    prefixes = [f"m{i:02d}/" for i in range(PREFIXES_PER_CONDITION + 2)]
-    chunks = prefix_chunks(prefixes)
-    assert [len(c) for c in chunks] == [PREFIXES_PER_CONDITION, 2] and sum(chunks, []) == prefixes
+    prefixes = [f"m{i:02d}/" for i in range(8)]
+    terms = reader_terms(prefixes)
+    assert len(terms) == 16  # each folder and its name as a path component
+    chunks = term_chunks(terms)
+    assert [len(c) for c in chunks] == [TERMS_PER_CONDITION, 3] and sum(chunks, []) == terms
     # At most 12 logical operators in one condition.
     assert object_condition("b", chunks[0]).count("||") == 12
+    # Names above a folder once, however many folders share them.
+    assert reader_terms([".adapters/m/a/", ".adapters/m/b/"]).count(("==", ".adapters")) == 1
 
 
 def test_bucket_names_are_valid_and_derived_when_long():
@@ -258,3 +269,25 @@ def test_the_contract_catches_a_folder_no_condition_admits_and_a_missing_list(te
            "Cloud Storage FUSE cannot mount it" in found
     assert [f for f in found if f.startswith("tenant-analytics/mistral-7b-short: opens /models/.adapters/mistral-7b/tickets/")]
     assert not [f for f in found if f.startswith("vllm/")]
+
+
+def test_the_contract_catches_a_grant_without_the_names_fuse_looks_up_on_the_way(tenant_plan):
+    """Cloud Storage FUSE looks `mistral-7b` up (as an object and a folder) before the files under
+    it; a 403 there is no "not found" and fails the open (gcsfuse internal/fs/inode/dir.go)."""
+    import copy
+
+    from vllm_gke.infra.contracts.gcsfuse import bucket_readers_list_and_open_only_their_folders as check
+
+    assert check(tenant_plan) == []
+    grants = tenant_plan.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+    saved = [copy.deepcopy(g.props.get("condition")) for g in grants]
+    try:
+        for grant in grants:
+            if condition := grant.props.get("condition"):
+                condition["expression"] = " || ".join(t for t in condition["expression"].split(" || ")
+                                                      if "startsWith" in t)
+        assert any("may not look up mistral-7b on the way" in p for p in check(tenant_plan))
+    finally:
+        for grant, condition in zip(grants, saved):
+            if condition is not None:
+                grant.props["condition"] = condition

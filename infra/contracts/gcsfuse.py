@@ -89,6 +89,7 @@ def _fuse_pods(plan: Plan) -> list[tuple[str, dict[str, Any]]]:
 
 
 _OBJECT_PREFIX = re.compile(r'resource\.name\.startsWith\("projects/_/buckets/([^/"]+)/objects/([^"]*)"\)')
+_OBJECT_NAME = re.compile(r'resource\.name == "projects/_/buckets/([^/"]+)/objects/([^"]*)"')
 
 
 def bucket_readers_list_and_open_only_their_folders(plan: Plan) -> list[str]:
@@ -106,6 +107,7 @@ def bucket_readers_list_and_open_only_their_folders(plan: Plan) -> list[str]:
             grants.setdefault(g.props["member"], []).append(g.props)
     out = []
     readable: dict[str, list[tuple[str, str]]] = {}
+    names: dict[str, set[str]] = {}
     for member, held in grants.items():
         who = member.rsplit("/subject/", 1)[1]
         if not any("storage.objects.list" in roles.get(g["role"], ()) and not g.get("condition") for g in held):
@@ -119,6 +121,8 @@ def bucket_readers_list_and_open_only_their_folders(plan: Plan) -> list[str]:
             if prefixes and not buckets[g["bucket"]].get("uniformBucketLevelAccess"):
                 out.append(f"{who}: a condition on a bucket without uniform bucket-level access")
             readable.setdefault(who, []).extend(prefixes)
+            names.setdefault(who, set()).update(
+                n for _, n in _OBJECT_NAME.findall((g.get("condition") or {}).get("expression") or ""))
     for d in _vllm_deployments(plan):
         pod = d["spec"]["template"]["spec"]
         if not any((v.get("csi") or {}).get("driver") == "gcsfuse.csi.storage.gke.io" for v in pod["volumes"]):
@@ -133,6 +137,13 @@ def bucket_readers_list_and_open_only_their_folders(plan: Plan) -> list[str]:
             if not any(folder.startswith(p) for _, p in readable.get(who, [])):
                 out.append(f"{d['metadata']['namespace']}/{d['metadata']['name']}: opens {path}, "
                            f"which no condition of {who}'s read grant admits")
+            # FUSE looks each component up on the way (as an object and as a folder): a 403 fails it.
+            parts = folder.strip("/").split("/")
+            above = [f"{'/'.join(parts[:i])}{tail}" for i in range(1, len(parts)) for tail in ("", "/")]
+            if missing := [n for n in above if n not in names.get(who, set())
+                           and not any(n.startswith(p) for _, p in readable.get(who, []))]:
+                out.append(f"{d['metadata']['namespace']}/{d['metadata']['name']}: opens {path}, but {who} may not "
+                           f"look up {', '.join(missing)} on the way (Cloud Storage FUSE fails on a 403)")
     return sorted(set(out))
 
 
@@ -164,9 +175,12 @@ ROWS: tuple[Contract, ...] = (
              "https://cloud.google.com/storage/docs/access-control/iam-roles; "
              "https://cloud.google.com/storage/docs/samples/storage-add-bucket-conditional-iam-binding; "
              "https://cloud.google.com/iam/docs/conditions-resource-attributes#resource-name; "
-             "https://cloud.google.com/iam/docs/conditions-overview#limitations",
-             "each bucket reader (a namespace's servers, a load test) gets a custom role with storage.objects.list "
-             "alone, unconditional, and objectViewer conditioned on the folders of its models and their adapters "
-             "(13 prefixes a binding); every folder a bucket-backed server opens is admitted",
+             "https://cloud.google.com/iam/docs/conditions-overview#limitations; "
+             "GoogleCloudPlatform/gcsfuse@v3 internal/fs/inode/dir.go (LookUpChild: a non-NotFound error "
+             "fails the lookup)",
+             "each bucket reader (a namespace's servers, a load test) gets a custom role that lists (objects, "
+             "folders) unconditionally, and objectViewer conditioned on the folders of its models and their "
+             "adapters plus the exact names above them that the mount looks up (13 terms a binding); every "
+             "folder a bucket-backed server opens, and every name on its way, is admitted",
              bucket_readers_list_and_open_only_their_folders),
 )
