@@ -71,8 +71,10 @@ def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: Keda
             # Wake: any request the standby answered in the last two minutes asks for one replica,
             # and so does a wake still under way (a replica loading: no vLLM metric yet, and the
             # clients may have stopped retrying) so KEDA never cools down mid-load.
-            prometheus(f"clamp_max(sum(increase(vllm_gke_standby_requests_total{{{standby}}}[2m])) + "
-                       f"sum(vllm_gke_standby_waking{{{standby}}}), 1)", 1),
+            # Each side 0 when it has no series (a standby just restarted): an empty side would
+            # empty the sum, which KEDA reads as 0.
+            prometheus(f"clamp_max((sum(increase(vllm_gke_standby_requests_total{{{standby}}}[2m])) or vector(0)) + "
+                       f"(sum(vllm_gke_standby_waking{{{standby}}}) or vector(0)), 1)", 1),
             queue, keep,
         ]
     return spec

@@ -48,7 +48,8 @@ from .standby import STANDBY_SA, Standby, StandbyArgs
 from .tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
 from .tenant_urls import path_prefix, tenant_urls
 from .trace_collector import TRACE_API, TraceCollector, TraceCollectorArgs
-from .vllm_service import SERVER_LABELS, VllmService, VllmServiceArgs, service_name_of
+from .vllm_server import drain_seconds
+from .vllm_service import SERVER_LABELS, VllmService, VllmServiceArgs, service_name_of, startup_failure_threshold
 from .vllm_versions import release
 from .weights_layout import SERVER_SA, SERVER_UID, model_dir, reads_hub_token_from_secret_manager
 
@@ -242,6 +243,12 @@ class Platform(pulumi.ComponentResource):
         # With SLOs kept the servers count TTFT at the objective's own bound (where the release can).
         slos_kept = cfg.monitoring.slos.enabled
 
+        def wait_behind(pool_name: str) -> float:
+            """One step of the slowest pool on the node pool: its old replica's grace, its new one's
+            start-up budget (a step of an in-place pool may wait that long for a freed device)."""
+            slowest = max(cold_start_seconds(cfg, m, cfg.pool(n)) for m, n, _t in placements(cfg) if n == pool_name)
+            return drain_seconds(cfg.gateway.request_timeout_seconds) + 30 + 10 * startup_failure_threshold(slowest)
+
         def serve(key: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
                   callers: list[TenantSpec], tenant: str | None = None, canary: bool = False) -> dict[str, str]:
             names: dict[str, str] = {}
@@ -267,6 +274,7 @@ class Platform(pulumi.ComponentResource):
                     scaling=KedaScaling(cfg.project, keda.auth_name, standby_name),
                     request_timeout_seconds=cfg.gateway.request_timeout_seconds,
                     rolling=rollout_strategy(surge_room(cfg, model, pool_name, tenant, which)),
+                    wait_behind_seconds=wait_behind(pool_name),
                     weights_claims=store.claims_for(tenant or "serving", model)),
                     # Pods need the sidecar (so the mesh first) and the read-only claim; KEDA's CRDs
                     # come with its chart.

@@ -98,10 +98,12 @@ def disruption_budget() -> dict[str, Any]:
     return {"maxUnavailable": 1}
 
 
-def progress_deadline_seconds(load_seconds: float) -> int:
-    """A rollout's progress deadline: a node to come up (cold_start.NODE_PROVISION_S) and the
-    replica's startup probe budget, so only a replica the kubelet gives up on fails it."""
-    return int(NODE_PROVISION_S) + 10 * startup_failure_threshold(load_seconds)
+def progress_deadline_seconds(load_seconds: float, grace_seconds: int = 0, behind_seconds: float = 0) -> int:
+    """A rollout's progress deadline: a node to come up (cold_start.NODE_PROVISION_S), the old
+    replica's grace period where one is taken first, and the new replica's startup probe budget,
+    so only a replica the kubelet gives up on fails it; `behind_seconds` more where the step may
+    wait behind another pool's on a full node pool (a device it freed taken by another's pod)."""
+    return int(NODE_PROVISION_S + grace_seconds + behind_seconds) + 10 * startup_failure_threshold(load_seconds)
 
 
 # LeaderWorkerSet v0.10.0 (kubernetes-sigs/lws; components/leader_worker_set.py installs it).
@@ -208,6 +210,9 @@ class VllmServiceArgs:
     # The rolling update (capacity.rollout_strategy, from the room the node pool has with its other
     # pools at their ceilings); None: from this pool's own room on the node pool.
     rolling: Optional[Mapping[str, int | str]] = None
+    # Where the pool replaces replicas in place on a full node pool: how long a step may wait behind
+    # another pool's step (its old replica's grace and its new one's start-up), for the deadlines.
+    wait_behind_seconds: float = 0.0
 
 
 class VllmService(pulumi.ComponentResource):
@@ -395,11 +400,15 @@ class VllmService(pulumi.ComponentResource):
         # Pulumi's wait: one replica's load on create (KEDA raises the count later), and at the
         # ceiling a rollout one replica at a time on update; the default 45 min fails a 70B pool of
         # two replicas or more while its rollout still goes well.
-        timeouts = pulumi.CustomTimeouts(
-            create=f"{math.ceil((NODE_PROVISION_S + args.load_seconds + 600) / 60)}m",
-            update=f"{math.ceil((rollout_seconds(pool.max_replicas, args.load_seconds, grace) + 600) / 60)}m")
         rolling = args.rolling or rollout_strategy(
             None if group_can_surge(pool, hosts, args.node_pool) else 1)
+        in_place = rolling["maxUnavailable"] != 0
+        behind = args.wait_behind_seconds if in_place else 0.0
+        deadline = progress_deadline_seconds(args.load_seconds, grace if in_place else 0, behind)
+        update_s = rollout_seconds(pool.max_replicas, args.load_seconds, grace) + behind + 600
+        timeouts = pulumi.CustomTimeouts(
+            create=f"{math.ceil((NODE_PROVISION_S + args.load_seconds + 600) / 60)}m",
+            update=f"{math.ceil(update_s / 60)}m")
         if hosts == 1:
             self.deployment = k8s.apps.v1.Deployment(
                 f"{name}-deploy",
@@ -414,7 +423,7 @@ class VllmService(pulumi.ComponentResource):
                     "strategy": {"type": "RollingUpdate", "rollingUpdate": dict(rolling)},
                     # Progress is a new replica Ready: allow for its node and its load, or the
                     # controller reports the rollout failed (and `pulumi up` with it) mid-load.
-                    "progressDeadlineSeconds": progress_deadline_seconds(args.load_seconds),
+                    "progressDeadlineSeconds": deadline,
                     "template": pod_template("server"),
                 }),
                 opts=child_opts(self, opts, provider=args.provider,

@@ -177,3 +177,24 @@ def test_a_dedicated_copy_on_another_accelerator_has_its_own_cold_start(stack_va
     values["vllm-gke:weights"]["coldStartBudgetSeconds"] = int((tpu + gpu) / 2)
     slow = [w for w in plan_warnings(parse(values), "ZONAL") if "from node ready to serving" in w]
     assert any(w.startswith("llama-8b-tpu:") for w in slow) and not any("(assistant)" in w for w in slow)
+
+
+def test_an_in_place_step_on_a_full_node_pool_may_wait_behind_another_pools(plans):
+    """prod's llama-70b pools share a full node pool: a device the long pool frees may go to the
+    short pool's pending pod, so the long pool's step waits a step of the short pool (its old
+    replica's grace, its new one's start-up) before its own; the deadline allows both, or the
+    controller calls the rollout failed (and `pulumi up` with it) while it still goes well."""
+    from tests.conftest import vllm_deployments
+    from vllm_gke.components.cold_start import NODE_PROVISION_S
+
+    deps = {d["metadata"]["name"]: d for d in vllm_deployments(plans["prod"])}
+    long_ = deps["llama-70b-long"]["spec"]
+    probe = long_["template"]["spec"]["containers"][0]["startupProbe"]
+    window = probe["periodSeconds"] * probe["failureThreshold"]
+    grace = long_["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert long_["strategy"]["rollingUpdate"]["maxUnavailable"] == 1
+    assert long_["progressDeadlineSeconds"] >= NODE_PROVISION_S + grace + window + (grace + window)
+    # a surge-only pool waits for no one
+    qwen = deps["qwen-7b-short"]["spec"]
+    probe = qwen["template"]["spec"]["containers"][0]["startupProbe"]
+    assert qwen["progressDeadlineSeconds"] == NODE_PROVISION_S + probe["periodSeconds"] * probe["failureThreshold"]

@@ -76,7 +76,7 @@ def keda_queries_one_series_of_exported_metrics(plan: Plan) -> list[str]:
     for so in _docs(plan, "ScaledObject"):
         for t in so["spec"]["triggers"]:
             query = t["metadata"]["query"]
-            if not re.match(r"^(clamp_max\()?sum\(", query):
+            if not re.match(r"^(clamp_max\(\(?)?sum\(", query):
                 out.append(f"ScaledObject {so['metadata']['name']}: query {query!r} may return several series")
             if missing := _queried_metrics(query) - exported:
                 out.append(f"ScaledObject {so['metadata']['name']}: neither vLLM {plan.config.vllm_version} nor the "
