@@ -127,10 +127,11 @@ def check_system_pool(machine_type: str, max_nodes: int, manifests: list[dict[st
     rows = system_demand(manifests)
     steady = [r for r in rows if r.steady]
     # A surge of several pods (the picker's 100%) comes all at once; Jobs queue one pod at a time.
-    largest = max((r for r in rows if not r.steady), key=lambda r: (r.pods * r.cpu_m, r.pods * r.memory_mi),
-                  default=None)
-    cpu = sum(r.pods * r.cpu_m for r in steady) + (largest.pods * largest.cpu_m if largest else 0)
-    mem = sum(r.pods * r.memory_mi for r in steady) + (largest.pods * largest.memory_mi if largest else 0)
+    # The largest by CPU and by memory apart: they need not be the same pod.
+    coming = [r for r in rows if not r.steady]
+    largest = max(coming, key=lambda r: (r.pods * r.cpu_m, r.pods * r.memory_mi), default=None)
+    cpu = sum(r.pods * r.cpu_m for r in steady) + max((r.pods * r.cpu_m for r in coming), default=0)
+    mem = sum(r.pods * r.memory_mi for r in steady) + max((r.pods * r.memory_mi for r in coming), default=0)
     free_cpu, free_mem = system_pool_free(machine_type, 100, max_nodes)
     node_cpu, node_mem = node_free(machine_type, 100)
     problems = []
