@@ -16,7 +16,7 @@ import pulumi
 
 from . import gcs_weights
 from .capacity import consumer_models, hosts_per_replica, placements, rollout_strategy, surge_room
-from .cold_start import NODE_PROVISION_S, cold_start_seconds
+from .cold_start import NODE_PROVISION_S, cold_start_seconds, rollout_seconds
 from .config_rules import cross_field_issues
 from .gateway import Gateway, GatewayArgs, PickerTarget, RouteTarget
 from .gcp_names import service_account_id
@@ -49,7 +49,7 @@ from .tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
 from .tenant_urls import path_prefix, tenant_urls
 from .trace_collector import TRACE_API, TraceCollector, TraceCollectorArgs
 from .vllm_server import drain_seconds
-from .vllm_service import SERVER_LABELS, VllmService, VllmServiceArgs, service_name_of, startup_failure_threshold
+from .vllm_service import SERVER_LABELS, VllmService, VllmServiceArgs, service_name_of
 from .vllm_versions import release
 from .weights_layout import SERVER_SA, SERVER_UID, model_dir, reads_hub_token_from_secret_manager
 
@@ -243,11 +243,15 @@ class Platform(pulumi.ComponentResource):
         # With SLOs kept the servers count TTFT at the objective's own bound (where the release can).
         slos_kept = cfg.monitoring.slos.enabled
 
-        def wait_behind(pool_name: str) -> float:
-            """One step of the slowest pool on the node pool: its old replica's grace, its new one's
-            start-up budget (a step of an in-place pool may wait that long for a freed device)."""
-            slowest = max(cold_start_seconds(cfg, m, cfg.pool(n)) for m, n, _t in placements(cfg) if n == pool_name)
-            return drain_seconds(cfg.gateway.request_timeout_seconds) + 30 + 10 * startup_failure_threshold(slowest)
+        def wait_behind(pool_name: str, model: ModelSpec, tenant: str | None, which: str) -> float:
+            """The other pools' whole rollouts on the node pool: a step of an in-place pool may
+            lose every freed device to their pending pods (the scheduler favours no waiter) until
+            they are done."""
+            grace = drain_seconds(cfg.gateway.request_timeout_seconds) + 30
+            return float(sum(
+                rollout_seconds(getattr(m, w).max_replicas, cold_start_seconds(cfg, m, cfg.pool(n)), grace)
+                for m, n, t in placements(cfg) if n == pool_name for w in m.pool_names
+                if (m.name, m.revision, t, w) != (model.name, model.revision, tenant, which)))
 
         def serve(key: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
                   callers: list[TenantSpec], tenant: str | None = None, canary: bool = False) -> dict[str, str]:
@@ -274,7 +278,7 @@ class Platform(pulumi.ComponentResource):
                     scaling=KedaScaling(cfg.project, keda.auth_name, standby_name),
                     request_timeout_seconds=cfg.gateway.request_timeout_seconds,
                     rolling=rollout_strategy(surge_room(cfg, model, pool_name, tenant, which)),
-                    wait_behind_seconds=wait_behind(pool_name),
+                    wait_behind_seconds=wait_behind(pool_name, model, tenant, which),
                     weights_claims=store.claims_for(tenant or "serving", model)),
                     # Pods need the sidecar (so the mesh first) and the read-only claim; KEDA's CRDs
                     # come with its chart.

@@ -102,7 +102,7 @@ def progress_deadline_seconds(load_seconds: float, grace_seconds: int = 0, behin
     """A rollout's progress deadline: a node to come up (cold_start.NODE_PROVISION_S), the old
     replica's grace period where one is taken first, and the new replica's startup probe budget,
     so only a replica the kubelet gives up on fails it; `behind_seconds` more where the step may
-    wait behind another pool's on a full node pool (a device it freed taken by another's pod)."""
+    wait behind other pools' rollouts on a full node pool (a device it freed taken by their pods)."""
     return int(NODE_PROVISION_S + grace_seconds + behind_seconds) + 10 * startup_failure_threshold(load_seconds)
 
 
@@ -211,7 +211,7 @@ class VllmServiceArgs:
     # pools at their ceilings); None: from this pool's own room on the node pool.
     rolling: Optional[Mapping[str, int | str]] = None
     # Where the pool replaces replicas in place on a full node pool: how long a step may wait behind
-    # another pool's step (its old replica's grace and its new one's start-up), for the deadlines.
+    # the other pools' rollouts there (their pending pods may take each device it frees).
     wait_behind_seconds: float = 0.0
 
 
