@@ -103,7 +103,7 @@ def progress_deadline_seconds(load_seconds: float, grace_seconds: int = 0, behin
     replica's grace period where one is taken first, and the new replica's startup probe budget,
     so only a replica the kubelet gives up on fails it; `behind_seconds` more where the step may
     wait behind other pools' rollouts on a full node pool (a device it freed taken by their pods)."""
-    return int(NODE_PROVISION_S + grace_seconds + behind_seconds) + 10 * startup_failure_threshold(load_seconds)
+    return int(NODE_PROVISION_S + grace_seconds + behind_seconds) + startup_window_seconds(load_seconds)
 
 
 # LeaderWorkerSet v0.10.0 (kubernetes-sigs/lws; components/leader_worker_set.py installs it).
@@ -300,7 +300,6 @@ class VllmService(pulumi.ComponentResource):
                     # Its own identity: the weights bucket and the limit store grant to it
                     # alone (MeshNamespace creates it), not to the namespace's default.
                     **({"serviceAccountName": args.service_account} if args.service_account else {}),
-                    # preStop, then vLLM finishing what it accepted, then its own teardown.
                     "terminationGracePeriodSeconds": grace,
                     # The server calls no Kubernetes API: no token to steal.
                     "automountServiceAccountToken": False,
