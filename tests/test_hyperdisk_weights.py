@@ -349,9 +349,11 @@ def test_a_load_test_reads_the_tokenizer_from_the_bucket_not_the_disks():
     assert weights["csi"]["driver"] == "gcsfuse.csi.storage.gke.io" and weights["csi"]["readOnly"] is True
     grants = [r.props for r in plan.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
               if "loadtest" in str(r.props.get("member")) or r.name.endswith("-weights-reader")]
-    # It lists the bucket (the mount needs it) and opens its model's folder alone.
+    # It lists the bucket (the mount needs it) and opens its model's folder alone (and looks up the
+    # folder's own name on the way).
     (viewer,) = [g for g in grants if g["role"] == "roles/storage.objectViewer"]
+    objects = "projects/_/buckets/acme-llm-staging-vllm-staging-weights/objects"
     assert viewer["condition"]["expression"] == \
-        'resource.name.startsWith("projects/_/buckets/acme-llm-staging-vllm-staging-weights/objects/mistral-7b/")'
+        f'resource.name == "{objects}/mistral-7b" || resource.name.startsWith("{objects}/mistral-7b/")'
     (lister,) = [g for g in grants if g is not viewer]
     assert lister["role"].startswith("projects/acme-llm-staging/roles/") and not lister.get("condition")
