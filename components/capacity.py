@@ -199,6 +199,14 @@ def _reach_slots(node_pool: NodePoolSpec) -> int:
     return node_pool.max_nodes * (2 if node_pool.has_fallback_pool else 1) * node_pool.slices_per_node
 
 
+def neighbours(cfg: "StackConfig", node_pool_name: str, model: ModelSpec, tenant: Optional[str],
+               which: str) -> list[tuple[ModelSpec, str]]:
+    """The other serving pools (model, short or long) on a node pool: canaries and dedicated
+    copies included, this one left out."""
+    return [(m, w) for m, name, t in placements(cfg) if name == node_pool_name for w in m.pool_names
+            if (m.name, m.revision, t, w) != (model.name, model.revision, tenant, which)]
+
+
 def surge_room(cfg: "StackConfig", model: ModelSpec, node_pool_name: str, tenant: Optional[str],
                which: str) -> Optional[int]:
     """Replicas of this serving pool from which a surge replica finds no device on its node pool,
@@ -211,8 +219,7 @@ def surge_room(cfg: "StackConfig", model: ModelSpec, node_pool_name: str, tenant
     # The others at their ceilings, each with its own surge replica: a change to the template all
     # pools share (image, guard, tenants) rolls them at once.
     others = sum((getattr(m, w).max_replicas + 1) * m.devices_per_replica
-                 for m, name, t in placements(cfg) if name == node_pool_name for w in m.pool_names
-                 if (m.name, m.revision, t, w) != (model.name, model.revision, tenant, which))
+                 for m, w in neighbours(cfg, node_pool_name, model, tenant, which))
     room = _reach_slots(node_pool) - others
     if room >= (getattr(model, which).max_replicas + 1) * devices:
         return None

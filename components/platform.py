@@ -15,7 +15,7 @@ from typing import Mapping, Optional, Sequence
 import pulumi
 
 from . import gcs_weights
-from .capacity import consumer_models, hosts_per_replica, placements, rollout_strategy, surge_room
+from .capacity import consumer_models, hosts_per_replica, neighbours, placements, rollout_strategy, surge_room
 from .cold_start import NODE_PROVISION_S, cold_start_seconds, rollout_seconds
 from .config_rules import cross_field_issues
 from .gateway import Gateway, GatewayArgs, PickerTarget, RouteTarget
@@ -249,9 +249,8 @@ class Platform(pulumi.ComponentResource):
             they are done."""
             grace = drain_seconds(cfg.gateway.request_timeout_seconds) + 30
             return float(sum(
-                rollout_seconds(getattr(m, w).max_replicas, cold_start_seconds(cfg, m, cfg.pool(n)), grace)
-                for m, n, t in placements(cfg) if n == pool_name for w in m.pool_names
-                if (m.name, m.revision, t, w) != (model.name, model.revision, tenant, which)))
+                rollout_seconds(getattr(m, w).max_replicas, cold_start_seconds(cfg, m, cfg.pool(pool_name)), grace)
+                for m, w in neighbours(cfg, pool_name, model, tenant, which)))
 
         def serve(key: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
                   callers: list[TenantSpec], tenant: str | None = None, canary: bool = False) -> dict[str, str]:
