@@ -41,7 +41,7 @@ def _functions(tree: ast.AST, path: str, prefix: str = "") -> list[Function]:
     for node in ast.iter_child_nodes(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             name = f"{prefix}{node.name}"
-            found.append(Function(path, name, node.end_lineno - node.lineno + 1))
+            found.append(Function(path, name, (node.end_lineno or node.lineno) - node.lineno + 1))
             found += _functions(node, path, f"{name}.")
         elif isinstance(node, ast.ClassDef):
             found += _functions(node, path, f"{prefix}{node.name}.")

@@ -16,9 +16,9 @@ from typing import Optional, Sequence
 import pulumi
 import pulumi_gcp as gcp
 
+from .model.specs import BudgetSpec
 from .options import child_opts
 from .project_apis import ProjectApis
-from .specs import BudgetSpec
 
 API = "billingbudgets.googleapis.com"
 # NotificationsRule.monitoringNotificationChannels: "A maximum of 5 email notifications are allowed."

@@ -14,7 +14,7 @@ from typing import Sequence
 import pulumi
 import pulumi_gcp as gcp
 
-from .gcs_weights import LIST_PERMISSIONS, object_condition, reader_terms, term_chunks
+from .model.gcs_weights import LIST_PERMISSIONS, object_condition, reader_terms, term_chunks
 
 
 def list_role(name: str, project: str, instance_name: str, opts: pulumi.ResourceOptions) -> gcp.projects.IAMCustomRole:

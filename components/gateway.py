@@ -21,12 +21,13 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from .k8s_meta import ACCESS_LABEL, custom_resource, meta, vllm_health_check
+from .k8s_meta import custom_resource, meta
+from .model.k8s_objects import ACCESS_LABEL, vllm_health_check
+from .model.serving_api import FAIRNESS_HEADER, OBJECTIVE_HEADER, REFUSED_AT_THE_PICKER, VERIFIED_HEADERS
+from .model.specs import GatewaySpec
+from .model.vllm_server import drain_seconds
 from .options import child_opts
 from .project_apis import ProjectApis
-from .serving_api import FAIRNESS_HEADER, OBJECTIVE_HEADER, REFUSED_AT_THE_PICKER, VERIFIED_HEADERS
-from .specs import GatewaySpec
-from .vllm_server import drain_seconds
 
 GATEWAY_NAME = "vllm"
 LENGTH_HINT_HEADER = "x-vllm-gke-length"

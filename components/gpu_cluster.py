@@ -11,13 +11,14 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from .catalog import MACHINE_TYPES
-from .gcp_names import service_account_id
-from .hyperdisk_weights import TRANSFER_COMPUTE_CLASS
-from .k8s_meta import COMPUTE_CLASS_LABEL, NODE_POOL_LABEL, custom_resource, meta
+from .k8s_meta import custom_resource, meta
+from .model.catalog import MACHINE_TYPES
+from .model.gcp_names import service_account_id
+from .model.hyperdisk_ml import TRANSFER_COMPUTE_CLASS
+from .model.k8s_objects import COMPUTE_CLASS_LABEL, NODE_POOL_LABEL
+from .model.specs import ClusterSpec, MaintenanceSpec, NodePoolSpec, UpgradeSpec
 from .options import child_opts
 from .project_apis import ProjectApis
-from .specs import ClusterSpec, MaintenanceSpec, NodePoolSpec, UpgradeSpec
 
 NODE_ROLES = (
     "roles/logging.logWriter",

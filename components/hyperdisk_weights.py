@@ -31,19 +31,15 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from .gcp_names import workload_principal
 from .k8s_meta import api_body, custom_resource, meta
 from .options import child_opts
+from .workload_identity import workload_principal
 
 CSI_DRIVER = "pd.csi.storage.gke.io"
 # The class's name carries a digest of its spec: a StorageClass is immutable, and changing the
 # zones or the throughput must give new disks (new claims), not leave the old ones as they were.
 STORAGE_CLASS_PREFIX = "vllm-gke-hyperdisk-ml"
-# The compute class name is fixed by GKE: the transfer Jobs select it.
-TRANSFER_COMPUTE_CLASS = "gcs-to-hdml-compute-class"
 POPULATOR_SA = "weights-populator"
-# The guide's requirement for GKE Volume Populator.
-MIN_GKE = "1.33.2-gke.4780000"
 # The transfer Job asks for 24 vCPUs unless told otherwise (the guide's default).
 DEFAULT_TRANSFER_CPUS = 24
 CPU_REQUEST_ANNOTATION = "volume-populator.datalayer.gke.io/cpu-request"

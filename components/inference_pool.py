@@ -41,10 +41,11 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from .gateway import backend_defaults
-from .k8s_meta import CONTAINER_SECURITY, api_body, content_digest, custom_resource, meta, vllm_health_check
+from .k8s_meta import api_body, custom_resource, meta
+from .model.k8s_objects import CONTAINER_SECURITY, content_digest, vllm_health_check
+from .model.specs import ImageRef
+from .model.vllm_versions import DEFAULT_VLLM_VERSION, release
 from .options import child_opts
-from .specs import ImageRef
-from .vllm_versions import DEFAULT_VLLM_VERSION, release
 
 POOL_API = "inference.networking.k8s.io/v1"
 OBJECTIVE_API = "inference.networking.x-k8s.io/v1alpha2"

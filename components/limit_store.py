@@ -26,11 +26,12 @@ from typing import Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .k8s_meta import CONTAINER_SECURITY, api_body, content_digest, meta
+from .k8s_meta import api_body, meta
 from .mesh_namespace import mesh_lock
+from .model.k8s_objects import CONTAINER_SECURITY, content_digest
+from .model.specs import ImageRef
+from .model.weights_layout import SERVER_SA
 from .options import child_opts
-from .specs import ImageRef
-from .weights_layout import SERVER_SA
 
 NAMESPACE = "vllm-gke-limits"
 NAME = "limits"

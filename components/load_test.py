@@ -27,12 +27,14 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 import yaml
 
-from . import bucket_readers, gcs_weights
-from .gcp_names import workload_principal
-from .k8s_meta import CONTAINER_SECURITY, api_body, content_digest, meta
+from . import bucket_readers
+from .k8s_meta import api_body, meta
+from .model import gcs_weights
+from .model.k8s_objects import CONTAINER_SECURITY, content_digest
+from .model.specs import LoadTestSpec, TokenLengths
+from .model.weights_layout import MOUNT_PATH
 from .options import child_opts
-from .specs import LoadTestSpec, TokenLengths
-from .weights_layout import MOUNT_PATH
+from .workload_identity import workload_principal
 
 PROGRAM = "run_load_test.py"
 SERVICE_ACCOUNT = "vllm-loadtest"

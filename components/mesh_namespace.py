@@ -18,7 +18,8 @@ from typing import Any, Mapping, Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .k8s_meta import ACCESS_LABEL, custom_resource, meta
+from .k8s_meta import custom_resource, meta
+from .model.k8s_objects import ACCESS_LABEL
 from .options import child_opts
 
 ISTIO_API = "security.istio.io/v1"

@@ -22,8 +22,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from .k8s_meta import api_body, deny_all_ingress, meta
+from .model.specs import ImageRef
 from .options import child_opts
-from .specs import ImageRef
 
 NAMESPACE = "vllm-gke-mesh-check"
 NAME = "mesh-ready"

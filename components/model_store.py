@@ -17,16 +17,16 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from . import bucket_readers, gcs_weights
-from .catalog import populator_vcpus
-from .gcp_names import bucket_name, service_account_id, workload_principal
+from . import bucket_readers
 from .hyperdisk_weights import HyperdiskWeights, HyperdiskWeightsArgs, usable_gib
-from .k8s_meta import CONTAINER_SECURITY, api_body, content_digest, custom_resource, deny_all_ingress, meta
-from .options import child_opts
-from .project_apis import ProjectApis
-from .specs import ImageRef, ModelSpec, WeightsSpec
-from .vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
-from .weights_layout import (
+from .k8s_meta import api_body, custom_resource, deny_all_ingress, meta
+from .model import gcs_weights
+from .model.catalog import populator_vcpus
+from .model.gcp_names import bucket_name, service_account_id
+from .model.k8s_objects import CONTAINER_SECURITY, content_digest
+from .model.specs import ImageRef, ModelSpec, WeightsSpec
+from .model.vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
+from .model.weights_layout import (
     CLAIM_NAME,
     HF_TOKEN_MOUNT,
     LOADER_ENV,
@@ -45,6 +45,7 @@ from .weights_layout import (
     SERVER_UID,
     SHARE_NAME,
     adapter_copies,
+    bucket_folder,
     capacity_range,
     loader_command,
     model_dir,
@@ -58,6 +59,9 @@ from .weights_layout import (
     source_bucket,
     weight_copies,
 )
+from .options import child_opts
+from .project_apis import ProjectApis
+from .workload_identity import workload_principal
 
 
 @dataclass
@@ -345,7 +349,8 @@ class ModelStore(pulumi.ComponentResource):
                         copy.model, copy.source, loader_command(
                             copy, args.vllm_release,
                             usable_gib(copy.weights_gb) if self.backend == "hyperdisk-ml" else None,
-                            bucket=None if self.backend == "filestore" else self.bucket.name),
+                            dest_uri=None if self.backend == "filestore" else pulumi.Output.concat(
+                                "gs://", self.bucket.name, "/", bucket_folder(copy))),
                         token.env, token.mounts, token.volumes),
                 }),
                 opts=child_opts(self, opts, provider=args.provider,

@@ -18,10 +18,11 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from .billing_budget import BillingBudget, BillingBudgetArgs
+from .model.service_levels import budget_tiles
+from .model.specs import BudgetSpec, MonitoringSpec
 from .options import child_opts
 from .project_apis import ProjectApis
-from .service_levels import ServiceLevels, ServiceLevelsArgs, budget_tiles
-from .specs import BudgetSpec, MonitoringSpec
+from .service_levels import ServiceLevels, ServiceLevelsArgs
 
 # An alert policy as gcp.monitoring.AlertPolicy keyword arguments (the API's fields, snake_case).
 AlertPolicy = dict[str, Any]

@@ -14,44 +14,49 @@ from typing import Mapping, Optional, Sequence
 
 import pulumi
 
-from . import gcs_weights
-from .capacity import consumer_models, hosts_per_replica, neighbours, placements, rollout_strategy, surge_room
-from .cold_start import NODE_PROVISION_S, cold_start_seconds, rollout_seconds
-from .config_rules import cross_field_issues
 from .gateway import Gateway, GatewayArgs, PickerTarget, RouteTarget
-from .gcp_names import service_account_id
 from .gpu_cluster import GpuCluster, GpuClusterArgs
 from .inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
 from .inference_pool import InferencePool, InferencePoolArgs
-from .k8s_meta import MODEL_LABEL, POOL_LABEL, TENANT_LABEL
 from .keda import Keda, KedaArgs
-from .keda_scaling import KedaScaling
 from .leader_worker_set import LeaderWorkerSetController, LeaderWorkerSetControllerArgs
 from .limit_store import PORT as LIMITS_PORT
 from .limit_store import LimitStore, LimitStoreArgs
 from .load_test import LoadTest, LoadTestArgs, Target
 from .mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
 from .mesh_readiness import MeshReadiness, MeshReadinessArgs
-from .model_store import ModelStore, ModelStoreArgs, WeightsPrune
-from .observability import Observability, ObservabilityArgs
-from .options import child_opts
-from .project_apis import ProjectApis, ProjectApisArgs
-from .serving_api import (
+from .model import gcs_weights
+from .model.capacity import consumer_models, hosts_per_replica, neighbours, placements, rollout_strategy, surge_room
+from .model.cold_start import NODE_PROVISION_S, cold_start_seconds, rollout_seconds
+from .model.config_rules import cross_field_issues
+from .model.gcp_names import service_account_id
+from .model.k8s_objects import MODEL_LABEL, POOL_LABEL, TENANT_LABEL, service_name_of
+from .model.keda_scaling import KedaScaling
+from .model.serving_api import (
     objective_name,
     picker_max_body_bytes,
     picker_routes,
     pool_guard_config,
 )
-from .specs import ModelSpec, NodePoolSpec, TenantSpec
-from .stack_config import ConfigError, StackConfig
+from .model.specs import ModelSpec, NodePoolSpec, TenantSpec
+from .model.stack_config import ConfigError, StackConfig
+from .model.tenant_urls import path_prefix, tenant_urls
+from .model.vllm_server import drain_seconds
+from .model.vllm_versions import release
+from .model.weights_layout import SERVER_SA, SERVER_UID, model_dir, reads_hub_token_from_secret_manager
+from .model_store import ModelStore, ModelStoreArgs, WeightsPrune
+from .observability import Observability, ObservabilityArgs
+from .options import child_opts
+from .project_apis import ProjectApis, ProjectApisArgs
 from .standby import STANDBY_SA, Standby, StandbyArgs
 from .tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
-from .tenant_urls import path_prefix, tenant_urls
 from .trace_collector import TRACE_API, TraceCollector, TraceCollectorArgs
-from .vllm_server import drain_seconds
-from .vllm_service import SERVER_LABELS, VllmService, VllmServiceArgs, service_name_of
-from .vllm_versions import release
-from .weights_layout import SERVER_SA, SERVER_UID, model_dir, reads_hub_token_from_secret_manager
+from .vllm_service import SERVER_LABELS, VllmService, VllmServiceArgs
+
+
+class PlatformConfigError(ConfigError, pulumi.RunError):
+    """A Platform's config problems, as a RunError: `pulumi up` prints them without a stack trace."""
+
 
 BASE_APIS = (
     "serviceusage.googleapis.com", "cloudresourcemanager.googleapis.com", "iam.googleapis.com",
@@ -145,7 +150,7 @@ class Platform(pulumi.ComponentResource):
         # The stack config's own checks across fields (capacity, fit, references, ranges, the vLLM
         # release's parser), with its messages, whoever builds the config.
         if issues := cross_field_issues(cfg):
-            raise ConfigError(issues, f"Platform '{name}' config")
+            raise PlatformConfigError(issues, f"Platform '{name}' config")
         super().__init__("vllm-gke:index:Platform", name, None, opts)
         self.services, self.inference_pools, self.standbys = {}, {}, {}
         self.limit_store = None

@@ -26,13 +26,14 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from .gcp_names import workload_principal
 from .inference_pool import GMP_NAMESPACES
-from .k8s_meta import CONTAINER_SECURITY, api_body, content_digest, custom_resource, meta
+from .k8s_meta import api_body, custom_resource, meta
+from .model.k8s_objects import CONTAINER_SECURITY, content_digest
+from .model.specs import ImageRef
 from .options import child_opts
 from .project_apis import ProjectApis
-from .specs import ImageRef
 from .standby import DEFAULT_IMAGE
+from .workload_identity import workload_principal
 
 NAMESPACE = "vllm-gke-slo-metrics"
 NAME = "slo-metrics"

@@ -24,9 +24,10 @@ from typing import Mapping, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .k8s_meta import BASE_LABELS, CONTAINER_SECURITY, MODEL_LABEL, POOL_LABEL, api_body, content_digest, meta
+from .k8s_meta import api_body, meta
+from .model.k8s_objects import BASE_LABELS, CONTAINER_SECURITY, MODEL_LABEL, POOL_LABEL, content_digest
+from .model.specs import ImageRef
 from .options import child_opts
-from .specs import ImageRef
 
 PROGRAM = Path(__file__).with_name("scripts") / "standby.py"
 STANDBY_LABEL = "vllm-gke.io/standby"

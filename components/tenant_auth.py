@@ -17,10 +17,10 @@ from urllib.parse import urlsplit
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .k8s_meta import MODEL_LABEL, TENANT_LABEL, custom_resource, meta
+from .k8s_meta import custom_resource, meta
 from .mesh_namespace import ISTIO_API, MeshNamespace, MeshNamespaceArgs, TrustedSources
-from .options import child_opts
-from .serving_api import (
+from .model.k8s_objects import MODEL_LABEL, TENANT_LABEL
+from .model.serving_api import (
     ISSUER_HEADER,
     OBJECTIVE_HEADER,
     SUBJECT_HEADER,
@@ -30,7 +30,8 @@ from .serving_api import (
     picker_routes,
     tenant_routes,
 )
-from .specs import TenantSpec
+from .model.specs import TenantSpec
+from .options import child_opts
 
 
 def tenant_namespace(tenant: TenantSpec) -> str:
@@ -51,8 +52,8 @@ def request_principals(tenant: TenantSpec) -> list[str]:
 
 def server_accounts(tenant: TenantSpec) -> tuple[str, ...]:
     """The service accounts a tenant's namespace holds: its dedicated servers' and standbys'."""
+    from .model.weights_layout import SERVER_SA
     from .standby import STANDBY_SA
-    from .weights_layout import SERVER_SA
 
     return (SERVER_SA, STANDBY_SA) if tenant.dedicated else ()
 

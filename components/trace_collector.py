@@ -30,13 +30,14 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 import yaml
 
-from .gcp_names import workload_principal
-from .k8s_meta import CONTAINER_SECURITY, api_body, content_digest, meta
+from .k8s_meta import api_body, meta
 from .limit_store import client_principal
 from .mesh_namespace import mesh_lock
+from .model.k8s_objects import CONTAINER_SECURITY, content_digest
+from .model.specs import ImageRef
 from .options import child_opts
 from .project_apis import ProjectApis
-from .specs import ImageRef
+from .workload_identity import workload_principal
 
 NAMESPACE = "vllm-gke-telemetry"
 NAME = "traces"

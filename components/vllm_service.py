@@ -1,9 +1,9 @@
 """VllmService: one serving pool (short or long requests) of one model.
 
 Declares the Deployment running vLLM's OpenAI server from the pinned image (its command line,
-environment and resources: components/vllm_server.py), its Service, a PodDisruptionBudget, a KEDA
+environment and resources: components/model/vllm_server.py), its Service, a PodDisruptionBudget, a KEDA
 ScaledObject on queue depth (vllm:num_requests_waiting, read from Managed Prometheus;
-components/keda_scaling.py) and a PodMonitoring for scraping.
+components/model/keda_scaling.py) and a PodMonitoring for scraping.
 
 Every pool is scaled by KEDA, whatever its floor: one autoscaling path, one external metrics
 server (KEDA's), and a floor raised from 0 is a ScaledObject update that KEDA's operator acts on
@@ -20,24 +20,23 @@ from typing import Any, Literal, Mapping, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from . import gcs_weights
-from .capacity import hosts_per_replica, rollout_strategy
-from .cold_start import NODE_PROVISION_S, rollout_seconds
 from .gpu_cluster import placement_for
-from .k8s_meta import (
+from .k8s_meta import api_body, custom_resource, meta
+from .model import gcs_weights
+from .model.capacity import hosts_per_replica, rollout_strategy
+from .model.cold_start import NODE_PROVISION_S, rollout_seconds
+from .model.k8s_objects import (
     BASE_LABELS,
     CONTAINER_SECURITY,
     MODEL_LABEL,
     POOL_LABEL,
     TENANT_LABEL,
-    api_body,
-    custom_resource,
-    meta,
+    group_name_of,
+    service_name_of,
 )
-from .keda_scaling import KedaScaling, scaled_object
-from .options import child_opts
-from .specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
-from .vllm_server import (
+from .model.keda_scaling import KedaScaling, scaled_object
+from .model.specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
+from .model.vllm_server import (
     GUARD_CONFIG_ENV,
     HOME,
     HOME_GI,
@@ -63,18 +62,14 @@ from .vllm_server import (
     weights_markers,
     xla_cache_host_path,
 )
-from .vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
-from .weights_layout import MOUNT_PATH, SERVER_SA, served_files_gb
+from .model.vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
+from .model.weights_layout import MOUNT_PATH, SERVER_SA, served_files_gb
+from .options import child_opts
 
 PoolName = Literal["short", "long"]
 # Carried by vLLM pods only: a pool's standby shares its model and pool labels (so the Service
 # selects it) but not this one.
 SERVER_LABELS = {"app.kubernetes.io/name": "vllm"}
-
-
-def service_name_of(model: str, pool_name: str, canary: bool = False) -> str:
-    """The pool's Service, Deployment and autoscaler name."""
-    return f"{model}-canary-{pool_name}" if canary else f"{model}-{pool_name}"
 
 
 def startup_failure_threshold(load_seconds: float) -> int:
@@ -124,12 +119,6 @@ def group_can_surge(pool: ServingPoolSpec, hosts: int, node_pool: NodePoolSpec) 
         return False  # the surge slice would be the twin's only if the group runs on spot: not known
     reach = node_pool.max_nodes * (2 if node_pool.has_fallback_pool else 1)
     return reach >= (pool.max_replicas + 1) * hosts
-
-
-def group_name_of(service_name: str) -> str:
-    """The pool's LeaderWorkerSet: not the Service's name, which the controller would take for its
-    headless Service and reuse as it is (lws v0.10.0 pkg/utils/controller/controller_utils.go:37-40)."""
-    return f"{service_name}-group"
 
 
 def leader_worker_set(pool: ServingPoolSpec, hosts: int, leader: dict[str, Any],
@@ -197,7 +186,7 @@ class VllmServiceArgs:
     # The TTFT SLO's threshold (monitoring.ttftSloSeconds, where SLOs are kept): added to vLLM's
     # TTFT buckets where it is not a bound, so the SLO counts exactly.
     ttft_slo_seconds: Optional[float] = None
-    # Seconds a replica takes from start to warm (components/cold_start.py): its startup probe
+    # Seconds a replica takes from start to warm (components/model/cold_start.py): its startup probe
     # allows half as long again.
     load_seconds: float = 0.0
     # The cluster's pod range (cluster.podsCidr): a multi-host group's leader reaches its workers

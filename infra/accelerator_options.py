@@ -1,6 +1,6 @@
 """A model's GPU and TPU options side by side: for each accelerator the catalog knows, the replica
 that holds the model (its weights, and the pool's batch of its context in KV cache) at the lowest
-cost per output token, what it serves (the roofline's tokens/s, components/throughput.py) and what
+cost per output token, what it serves (the roofline's tokens/s, components/model/throughput.py) and what
 a million output tokens cost on it at list price - so a team sees which fits and what it costs
 before choosing a pool.
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from ..components.capacity import pool_capacity
-from ..components.catalog import ACCELERATORS, MACHINE_TYPES, MachineType, topology_chips
-from ..components.machine_prices import MACHINE_PRICES
-from ..components.specs import ModelSpec, NodePoolSpec
+from ..components.model.capacity import pool_capacity
+from ..components.model.catalog import ACCELERATORS, MACHINE_TYPES, MachineType, topology_chips
+from ..components.model.machine_prices import MACHINE_PRICES
+from ..components.model.specs import ModelSpec, NodePoolSpec
 
 MAX_HOSTS = 4
 

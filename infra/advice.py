@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from ..components.billing_budget import MAX_CHANNELS as MAX_BUDGET_CHANNELS
-from ..components.capacity import consumer_models, hosts_per_replica, network_cost, placements, rollout_needs
-from ..components.cold_start import cold_start_seconds, rollout_seconds
-from ..components.service_levels import TTFT_BUCKETS, ttft_bound
-from ..components.vllm_server import SPOT_PRE_STOP_S, SPOT_SHUTDOWN_S, drain_seconds
-from ..components.vllm_versions import release
-from ..components.weights_layout import LOW_RANGE_MAX_GB, REGIONAL_TIERS, weight_copies
+from ..components.model.capacity import consumer_models, hosts_per_replica, network_cost, placements, rollout_needs
+from ..components.model.cold_start import cold_start_seconds, rollout_seconds
+from ..components.model.service_levels import TTFT_BUCKETS, ttft_bound
+from ..components.model.vllm_server import SPOT_PRE_STOP_S, SPOT_SHUTDOWN_S, drain_seconds
+from ..components.model.vllm_versions import release
+from ..components.model.weights_layout import LOW_RANGE_MAX_GB, REGIONAL_TIERS, weight_copies
 from .config import StackConfig
 from .pricing import PRICE_REGION
 

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..components.vllm_argv import check_argv, load_snapshot
-from ..components.vllm_versions import TPU_RELEASES, release
+from ..components.model.vllm_argv import check_argv, load_snapshot
+from ..components.model.vllm_versions import TPU_RELEASES, release
 from ..policies.rules import POLICIES, resolve_levels
 from .config import ConfigError, StackConfig
 from .contracts import CONTRACTS

@@ -1,8 +1,8 @@
 """Stack config: read from Pulumi config, validated by pydantic, checked across fields.
 
 Every problem becomes a ConfigIssue naming the config key (as written in stacks/*.yaml) and
-the fix. ConfigError derives from pulumi.RunError, so `pulumi up` prints it without a stack
-trace, and the offline plan prints it and exits 2.
+the fix. `pulumi up` prints a ConfigError without a stack trace (infra/__main__.py raises it as a
+pulumi.RunError), and the offline plan prints it and exits 2.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional, get_args
 import pulumi
 from pydantic import BaseModel, ValidationError
 
-from ..components.stack_config import ConfigError, ConfigIssue, StackConfig, plain_problem
+from ..components.model.stack_config import ConfigError, ConfigIssue, StackConfig, plain_problem
 
 PROJECT = "vllm-gke"
 # Fields that live in another provider's namespace in stack config.
@@ -101,7 +101,7 @@ def parse(values: Mapping[str, Any], source: str = "stack config") -> StackConfi
         cfg = None
         issues += [ConfigIssue(config_key(e["loc"], data), _problem(e)) for e in exc.errors()]
     if cfg is not None:
-        from ..components.config_rules import cross_field_issues
+        from ..components.model.config_rules import cross_field_issues
 
         issues += cross_field_issues(cfg)
     if issues:

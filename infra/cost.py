@@ -7,7 +7,7 @@ peak reaches up to twice maxNodes; it is priced at spot for the baseline, and th
 the baseline at the on-demand price: a burst is when spot capacity is likeliest to run out and the
 twin takes the nodes (the worst case for the burst). Token cost is output tokens at baseline: every
 serving pool's minReplicas at the roofline's tokens/s for its model, accelerator, batch and context
-(components/throughput.py), or at a measured `cost.tokensPerSecondPerGpu` per device where the
+(components/model/throughput.py), or at a measured `cost.tokensPerSecondPerGpu` per device where the
 stack gives one, at the configured utilisation.
 """
 
@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..components.capacity import capacity_report, gpu_slots_by_pool
+from ..components.model.capacity import capacity_report, gpu_slots_by_pool
 from .pricing import (
     FILESTORE_GIB_MONTH,
     GCS_STANDARD_GB_MONTH,

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import re
 
-from ..components.capacity import placements
-from ..components.stack_config import StackConfig
-from ..components.tenant_urls import path_prefix
+from ..components.model.capacity import placements
+from ..components.model.stack_config import StackConfig
+from ..components.model.tenant_urls import path_prefix
 from .cost import CostReport
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pulumi
 
-from ..components.machine_prices import MACHINE_PRICES
+from ..components.model.machine_prices import MACHINE_PRICES
+from ..components.model.stack_config import StackConfig
 from ..components.platform import Platform, PlatformArgs, required_apis
-from ..components.stack_config import StackConfig
 
 __all__ = ["Platform", "build", "required_apis"]
 

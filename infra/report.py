@@ -7,10 +7,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from ..components.capacity import PoolCapacity, capacity_report
-from ..components.specs import TenantSpec
-from ..components.stack_config import StackConfig
-from ..components.tenant_urls import TenantUrl, tenant_urls, url_notes
+from ..components.model.capacity import PoolCapacity, capacity_report
+from ..components.model.specs import TenantSpec
+from ..components.model.stack_config import StackConfig
+from ..components.model.tenant_urls import TenantUrl, tenant_urls, url_notes
 from ..policies.rules import POLICIES, Violation, evaluate, resolve_levels
 from .accelerator_options import AcceleratorOption, model_options
 from .advice import plan_warnings

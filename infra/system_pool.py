@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..components.node_shapes import node_free, system_pool_free
+from ..components.model.node_shapes import node_free, system_pool_free
 from .config import ConfigError, ConfigIssue
 
 # Pods a Helm chart or a release manifest runs, not in the plan's manifests: (what, pods, CPU m,

@@ -33,7 +33,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-from ..components.specs import NodePoolSpec
+from ..components.model.specs import NodePoolSpec
 from ..components.tenant_auth import tenant_namespace
 from .config import StackConfig
 from .plan import Plan

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from ..components.catalog import ACCELERATORS
+from ..components.model.catalog import ACCELERATORS
 from .base import NODE_POOL, Finding, Resource
 
 # TPU host machine families (ct5lp- v5e, ct6e- v6e, ct5p- v5p): their chips come with the machine type.

@@ -22,7 +22,7 @@ from .mesh_authz import Request, applicable, decide, for_token
 from .route_match import reach, sample_request
 
 # The endpoint picker's request headers (gateway-api-inference-extension pkg/epp/metadata); the
-# same names as components/serving_api.py, repeated so the pack stays light (a test ties them).
+# same names as components/model/serving_api.py, repeated so the pack stays light (a test ties them).
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 PICKER_SETS = ("x-gateway-destination-endpoint",)
 REFUSED_AT_THE_PICKER = ("x-gateway-model-name-rewrite", "x-llm-d-inference-objective")

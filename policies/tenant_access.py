@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-from ..components.issuers import shared_public_issuer
+from ..components.model.issuers import shared_public_issuer
 from .base import (
     Finding,
     Resource,

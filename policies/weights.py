@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-from ..components.hyperdisk_weights import TRANSFER_COMPUTE_CLASS
-from ..components.k8s_meta import COMPUTE_CLASS_LABEL
+from ..components.model.hyperdisk_ml import TRANSFER_COMPUTE_CLASS
+from ..components.model.k8s_objects import COMPUTE_CLASS_LABEL
 from .base import NODE_POOL, Finding, Resource, env_of, kube, meta, namespace_of, vllm_servers, where
 
 

@@ -20,7 +20,7 @@ def _seccomp(pod: Mapping[str, Any], c: Mapping[str, Any]) -> Optional[str]:
 
 # The one exception to non-root: a container that holds TPU chips runs as root, as GKE's TPU examples
 # do (libtpu opens root's device nodes), never privileged, and mounts its pool's directory of the
-# node's XLA compilation cache (components/vllm_server.py tpu_pod) - the only hostPath any workload
+# node's XLA compilation cache (components/model/vllm_server.py tpu_pod) - the only hostPath any workload
 # may mount: <root>/<its own namespace>/<model>-<pool>, each a DNS label, so no pod reaches (or
 # plants executables in) another namespace's or pool's directory, nor the root itself.
 TPU_RESOURCE = "google.com/tpu"

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from vllm_gke.components.catalog import MACHINE_TYPES
-from vllm_gke.components.node_shapes import (
+from vllm_gke.components.model.catalog import MACHINE_TYPES
+from vllm_gke.components.model.node_shapes import (
     GKE_PER_CLUSTER_CPU_M,
     GKE_PER_CLUSTER_MEMORY_MI,
     GKE_PER_NODE_CPU_M,

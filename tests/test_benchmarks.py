@@ -10,7 +10,7 @@ import pytest
 from benchmarks.plan_scaling import MODEL_GRID, MODELS_PER_TENANT, TENANT_GRID, scaled_config
 from benchmarks.vllm_server import MIDDLEWARE, bench_guard_config, longest_prompt_container, server_args
 from tests.test_vllm_flags import pinned_version
-from vllm_gke.components.vllm_argv import check_argv, load_snapshot
+from vllm_gke.components.model.vllm_argv import check_argv, load_snapshot
 from vllm_gke.infra.config import parse
 from vllm_gke.infra.plan import run_program
 

@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from vllm_gke.components.capacity import GB, RUNTIME_OVERHEAD_GB, capacity_report, pool_capacity
-from vllm_gke.components.catalog import MODEL_SHAPES
-from vllm_gke.components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
+from vllm_gke.components.model.capacity import GB, RUNTIME_OVERHEAD_GB, capacity_report, pool_capacity
+from vllm_gke.components.model.catalog import MODEL_SHAPES
+from vllm_gke.components.model.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
 from vllm_gke.infra.config import ConfigError, parse
 
 
@@ -117,7 +117,7 @@ def test_a_pool_whose_node_pool_is_full_at_its_ceiling_rolls_in_place_from_there
     """prod's llama-70b fills a100-tp8 (6 nodes x 8 GPUs) at 4 + 2 replicas of TP 8: a surge pod at
     the ceiling would wait for a node forever. Surge while it fits, then an old replica first."""
     from tests.conftest import vllm_deployments
-    from vllm_gke.components.capacity import rollout_strategy, surge_room
+    from vllm_gke.components.model.capacity import rollout_strategy, surge_room
 
     cfg = plans["prod"].config
     llama = cfg.model("llama-70b")
@@ -158,7 +158,7 @@ def test_a_dedicated_copy_on_another_accelerator_has_its_own_cold_start(stack_va
     """frontier's shared llama-8b-tpu on a v6e chip (an XLA compile before it serves) and the assistant
     tenant's dedicated copy on an A100 node: the capacity rows and the plan's warnings give each its own
     pool's cold start, not the model's node pool's."""
-    from vllm_gke.components.cold_start import cold_start_seconds
+    from vllm_gke.components.model.cold_start import cold_start_seconds
     from vllm_gke.infra.advice import plan_warnings
 
     values = copy.deepcopy(stack_values["frontier"])
@@ -185,7 +185,7 @@ def test_an_in_place_step_on_a_full_node_pool_may_wait_behind_another_pools(plan
     pool's rollout is done; the deadline allows that, or the controller calls the rollout failed
     (and `pulumi up` with it) while it still goes well."""
     from tests.conftest import vllm_deployments
-    from vllm_gke.components.cold_start import NODE_PROVISION_S
+    from vllm_gke.components.model.cold_start import NODE_PROVISION_S
 
     deps = {d["metadata"]["name"]: d for d in vllm_deployments(plans["prod"])}
     long_ = deps["llama-70b-long"]["spec"]

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import STACKS
-from vllm_gke.components.catalog import MACHINE_TYPES
-from vllm_gke.components.specs import NodePoolSpec
+from vllm_gke.components.model.catalog import MACHINE_TYPES
+from vllm_gke.components.model.specs import NodePoolSpec
 from vllm_gke.infra.config import ConfigError, parse
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import pytest
 
 from tests.conftest import REPO_ROOT
-from vllm_gke.components.gcp_names import is_service_account_id, service_account_id
+from vllm_gke.components.model.gcp_names import is_service_account_id, service_account_id
 from vllm_gke.infra.config import ConfigError, parse
 
 
@@ -355,7 +355,7 @@ def test_cli_names_a_misspelt_region_and_exits_2(tmp_path, stack_values):
 
 def test_the_packages_cluster_check_names_its_own_region_key():
     """GpuCluster runs check_zones on its own inputs: an unknown region is named by its key there."""
-    from vllm_gke.components.config_rules import check_zones
+    from vllm_gke.components.model.config_rules import check_zones
 
     found: list[tuple[str, str]] = []
     check_zones(lambda k, p: found.append((k, p)), "europe-west-4", ["europe-west4-a"], "cluster.zones", "region")

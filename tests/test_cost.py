@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from vllm_gke.components.capacity import capacity_report
-from vllm_gke.components.catalog import MACHINE_TYPES
+from vllm_gke.components.model.capacity import capacity_report
+from vllm_gke.components.model.catalog import MACHINE_TYPES
 from vllm_gke.infra.config import parse
 from vllm_gke.infra.cost import cost_report
 from vllm_gke.infra.pricing import MACHINE_PRICES, PRICES_AS_OF

@@ -54,7 +54,7 @@ def test_generated_pages_say_so():
 
 def test_the_config_reference_names_every_key_the_models_take(schema):
     """Every field of every spec the stack config reaches is a row, under its camelCase key."""
-    from vllm_gke.components.stack_config import StackConfig
+    from vllm_gke.components.model.stack_config import StackConfig
     from vllm_gke.infra.config import FOREIGN_KEYS
 
     text = (REPO_ROOT / docs.CONFIG_PAGE).read_text()
@@ -97,15 +97,18 @@ def test_the_readme_is_a_front_page():
 
 def test_the_layers_picture_is_the_import_graph():
     """The committed picture of the code's layers is the one the import graph draws, and the
-    layering it shows holds: config never reaches into the program or the plan, nothing imports the plan."""
+    layering it shows holds: the model layer imports no other layer, nothing reaches from the
+    program or the plan down past the components into a layer above it, nothing imports the plan."""
     drawn = docs.code_layers()
     for page in ("README.md", "docs/architecture.md"):
         block = re.search(r"<!-- code-layers:begin -->\n```mermaid\n(.*?)```\n<!-- code-layers:end -->",
                           (REPO_ROOT / page).read_text(), re.S)
         assert block and block.group(1) == drawn, f"{page}: run vllm-gke docs"
     edges = docs.layer_edges()
-    assert {("config", "components"), ("components", "program"), ("program", "plan"), ("policies", "plan")} <= edges
-    assert not {e for e in edges if e[0] in ("program", "plan") and e[1] in ("config", "catalog", "components")}
+    assert {("model", "components"), ("model", "policies"), ("components", "program"), ("program", "plan"),
+            ("policies", "plan")} <= edges
+    assert not {e for e in edges if e[1] == "model"}, "the model layer imports no other layer"
+    assert not {e for e in edges if e[0] in ("program", "plan") and e[1] in ("model", "components")}
     assert not {e for e in edges if e[0] == "plan"}
 
 

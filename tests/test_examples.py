@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from tests.conftest import REPO_ROOT
-from vllm_gke.components.stack_config import ConfigError
+from vllm_gke.components.model.stack_config import ConfigError
 from vllm_gke.infra.plan import run_program_file
 from vllm_gke.policies.rules import Resource, evaluate
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import REPO_ROOT, STACKS, manifests_of, props_of, vllm_deployments
 from vllm_gke.components.gateway import LENGTH_HINT_HEADER, at_least_regex
-from vllm_gke.components.weights_layout import model_dir
+from vllm_gke.components.model.weights_layout import model_dir
 
 
 @given(threshold=st.integers(1, 10**7), value=st.integers(0, 10**9))
@@ -248,7 +248,7 @@ def test_no_destination_rule_claims_limits_for_vllm_services(plans, stack):
 
 def test_a_dedicated_copy_runs_the_models_canary_too(plan_variant):
     """A tenant's dedicated replicas follow the model's config, canary included, on the tenant's pool."""
-    from vllm_gke.components.capacity import gpu_slots_by_pool
+    from vllm_gke.components.model.capacity import gpu_slots_by_pool
 
     def canary(values):
         values["vllm-gke:models"][1]["canary"] = {"revision": "v2", "weight": 20}

@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 
 from tests.conftest import manifests_of
-from vllm_gke.components.capacity import capacity_report
-from vllm_gke.components.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds, filestore_read_mib_s
-from vllm_gke.components.gcp_names import bucket_name, is_bucket_name
-from vllm_gke.components.gcs_weights import (
+from vllm_gke.components.model.capacity import capacity_report
+from vllm_gke.components.model.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds, filestore_read_mib_s
+from vllm_gke.components.model.gcp_names import bucket_name, is_bucket_name
+from vllm_gke.components.model.gcs_weights import (
     CACHE_VOLUME,
     CSI_DRIVER,
     TERMS_PER_CONDITION,
@@ -235,7 +235,7 @@ def test_the_documented_throughput_key_is_the_one_parsed(stack_values):
 def test_bucket_backed_replicas_request_the_node_disk_their_file_cache_takes(plans):
     """The file cache (1.1x the model) is an emptyDir on the node's boot disk: requested, so a
     dense MIG node is never packed past its disk (DiskPressure would evict loaded replicas)."""
-    from vllm_gke.components.gcs_weights import cache_gi
+    from vllm_gke.components.model.gcs_weights import cache_gi
 
     plan = plans["staging"]
     model = plan.config.model("mistral-7b")

@@ -13,8 +13,8 @@ import pytest
 
 from tests.conftest import REPO_ROOT, manifests_of
 from vllm_gke.components.limit_store import LIBRARY, LIBRARY_NAME, NAMESPACE, PORT, REDIS_CONF, host
-from vllm_gke.components.serving_api import guard_config, tenant_routes
-from vllm_gke.components.specs import TenantSpec
+from vllm_gke.components.model.serving_api import guard_config, tenant_routes
+from vllm_gke.components.model.specs import TenantSpec
 
 sys.path.insert(0, str(REPO_ROOT / "images"))
 import vllm_gke_guard as guard  # noqa: E402

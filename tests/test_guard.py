@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import REPO_ROOT
-from vllm_gke.components.serving_api import OPEN_ROUTES, TENANT_ROUTES, guard_config, tenant_routes
-from vllm_gke.components.specs import TenantSpec
-from vllm_gke.components.vllm_argv import load_snapshot, snapshot_versions
+from vllm_gke.components.model.serving_api import OPEN_ROUTES, TENANT_ROUTES, guard_config, tenant_routes
+from vllm_gke.components.model.specs import TenantSpec
+from vllm_gke.components.model.vllm_argv import load_snapshot, snapshot_versions
 
 sys.path.insert(0, str(REPO_ROOT / "images"))
 import vllm_gke_guard as guard  # noqa: E402
@@ -816,7 +816,7 @@ def test_unsalted_routes_and_releases_are_left_alone():
 
 def test_the_plan_salts_what_each_release_takes(plans):
     from tests.conftest import vllm_deployments
-    from vllm_gke.components.vllm_versions import RELEASES
+    from vllm_gke.components.model.vllm_versions import RELEASES
 
     for dep in vllm_deployments(plans["prod"]):
         env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
@@ -877,7 +877,7 @@ def test_the_body_cap_is_sized_from_each_models_context(plans):
     context needs (GUARD_BYTES_PER_TOKEN a token, at least GUARD_MIN_BODY_BYTES), and refuses more
     with a 413 before reading it."""
     from tests.conftest import vllm_deployments
-    from vllm_gke.components.serving_api import (
+    from vllm_gke.components.model.serving_api import (
         GUARD_BYTES_PER_TOKEN,
         GUARD_MIN_BODY_BYTES,
         PICKER_REENCODING_GROWTH,

@@ -11,8 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from tests.test_guard import ISSUER, TENANT, Clock, Recorder, call, status
-from vllm_gke.components.serving_api import guard_config, tenant_routes
-from vllm_gke.components.specs import TenantSpec
+from vllm_gke.components.model.serving_api import guard_config, tenant_routes
+from vllm_gke.components.model.specs import TenantSpec
 
 from tests.test_guard import guard  # isort: skip
 

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.test_guard import Clock, Recorder, _call, error, guard, status
-from vllm_gke.components.serving_api import ISSUER_HEADER, SUBJECT_HEADER, guard_config, tenant_routes
-from vllm_gke.components.specs import TenantSpec
+from vllm_gke.components.model.serving_api import ISSUER_HEADER, SUBJECT_HEADER, guard_config, tenant_routes
+from vllm_gke.components.model.specs import TenantSpec
 
 GOOGLE = "https://accounts.google.com"
 AUTH0 = "https://acme.eu.auth0.com/"  # Auth0's iss ends in '/'

@@ -11,18 +11,18 @@ from typing import Any
 import pytest
 
 from tests.conftest import manifests_of, vllm_deployments
-from vllm_gke.components.catalog import GPU_MACHINE_TYPES, TPU_MACHINE_TYPES, attaches_hyperdisk_ml, populator_vcpus
-from vllm_gke.components.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds
 from vllm_gke.components.hyperdisk_weights import (
     CPU_REQUEST_ANNOTATION,
     POPULATOR_SA,
     STORAGE_CLASS_PREFIX,
-    TRANSFER_COMPUTE_CLASS,
     claim_name,
     disk_size_gib,
     transfer_cpu_request,
 )
-from vllm_gke.components.weights_layout import WeightCopy, adapter_dir, model_dir
+from vllm_gke.components.model.catalog import GPU_MACHINE_TYPES, TPU_MACHINE_TYPES, attaches_hyperdisk_ml, populator_vcpus
+from vllm_gke.components.model.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds
+from vllm_gke.components.model.hyperdisk_ml import TRANSFER_COMPUTE_CLASS
+from vllm_gke.components.model.weights_layout import WeightCopy, adapter_dir, model_dir
 from vllm_gke.infra.advice import hyperdisk_disks, plan_warnings
 from vllm_gke.infra.config import ConfigError, parse
 from vllm_gke.infra.manifests import catalog_or_none, validate

@@ -12,7 +12,7 @@ import sys
 import time
 
 from tests.conftest import STACKS, vllm_deployments
-from vllm_gke.components.vllm_server import GUARD_MIDDLEWARE, WARM_MARKER
+from vllm_gke.components.model.vllm_server import GUARD_MIDDLEWARE, WARM_MARKER
 from vllm_gke.infra.plan import REPO_ROOT
 
 IMAGES = REPO_ROOT / "images"
@@ -38,7 +38,7 @@ def test_base_image_is_pinned():
 def test_the_tpu_server_image_is_built_from_the_same_file_on_the_tpu_release(stack_values):
     """cloudbuild-tpu.yaml: vllm/vllm-tpu at the pinned TPU release, tagged as the stacks'
     tpuServerImage expects (v<release>-<suffix>); the CUDA build stays alone in cloudbuild.yaml."""
-    from vllm_gke.components.vllm_versions import DEFAULT_TPU_VLLM_VERSION
+    from vllm_gke.components.model.vllm_versions import DEFAULT_TPU_VLLM_VERSION
 
     assert "vllm-tpu" not in (IMAGES / "cloudbuild.yaml").read_text()
     build = (IMAGES / "cloudbuild-tpu.yaml").read_text()
@@ -223,7 +223,7 @@ def test_the_entrypoint_waits_as_long_as_the_startup_probe(plans):
     compile) is not given up while the probe still waits for it."""
     import serve
 
-    from vllm_gke.components.vllm_server import STARTUP_WINDOW_ENV
+    from vllm_gke.components.model.vllm_server import STARTUP_WINDOW_ENV
     from vllm_gke.infra.manifests import pod_templates
 
     assert serve.STARTUP_WINDOW_ENV == STARTUP_WINDOW_ENV

@@ -15,7 +15,7 @@ from tests.conftest import STACKS, manifests_of
 from vllm_gke.components.gateway import at_most_regex
 from vllm_gke.components.inference_objective_crd import CRD_URL
 from vllm_gke.components.inference_pool import EPP_IMAGE
-from vllm_gke.components.serving_api import (
+from vllm_gke.components.model.serving_api import (
     OBJECTIVE_HEADER,
     PICKER_PATHS,
     PICKER_REENCODING_GROWTH,
@@ -23,7 +23,7 @@ from vllm_gke.components.serving_api import (
     REFUSED_AT_THE_PICKER,
     picker_max_body_bytes,
 )
-from vllm_gke.components.tenant_urls import tenant_urls, url_notes
+from vllm_gke.components.model.tenant_urls import tenant_urls, url_notes
 from vllm_gke.infra.program import required_apis
 from vllm_gke.policies.mesh_authz import Request, decide
 from vllm_gke.policies.route_match import HttpRequest, reach
@@ -90,8 +90,8 @@ def test_picker_is_highly_available_without_pprof_and_reads_the_releases_metrics
     """Upstream's HA path (leader election: one ready leader, standbys that take over in seconds),
     no pprof beside unauthenticated /metrics, config changes roll it, and the metric names it
     scrapes are the ones the pinned vLLM exports (v1.2.0's default KV gauge is gone from 0.34)."""
-    from vllm_gke.components.vllm_argv import load_snapshot
-    from vllm_gke.components.vllm_versions import release
+    from vllm_gke.components.model.vllm_argv import load_snapshot
+    from vllm_gke.components.model.vllm_versions import release
 
     plan = plans["staging"]
     epp = one(plan, "Deployment", "llama-8b-epp")

@@ -23,9 +23,9 @@ from benchmarks.guard_overhead import stop
 from benchmarks.vllm_server import REPO
 from tests.conftest import manifests_of
 from vllm_gke.components.load_test import Target, job_files, lora_split, phases
-from vllm_gke.components.serving_api import guard_config, tenant_routes
-from vllm_gke.components.specs import LoadTestSpec
-from vllm_gke.components.weights_layout import model_dir
+from vllm_gke.components.model.serving_api import guard_config, tenant_routes
+from vllm_gke.components.model.specs import LoadTestSpec
+from vllm_gke.components.model.weights_layout import model_dir
 
 VLLM_PYTHON = os.environ.get("VLLM_PYTHON", "")
 INFERENCE_PERF_PYTHON = os.environ.get("INFERENCE_PERF_PYTHON", "")
@@ -108,7 +108,7 @@ def test_the_deadline_covers_the_stages_and_the_longest_request():
 def test_a_load_test_the_stack_cannot_run_is_refused(stack_values, change, key, says):
     import copy
 
-    from vllm_gke.components.stack_config import ConfigError
+    from vllm_gke.components.model.stack_config import ConfigError
     from vllm_gke.infra.plan import run_program
 
     values = copy.deepcopy(stack_values["prod"])
@@ -138,7 +138,7 @@ def route(tmp_path_factory, stack_values):
         if os.environ.get("CI"):
             pytest.fail("CI runs the load test for real: .ci/run installs vLLM and inference-perf")
         pytest.skip("VLLM_PYTHON and INFERENCE_PERF_PYTHON are not set")
-    from vllm_gke.components.stack_config import StackConfig
+    from vllm_gke.components.model.stack_config import StackConfig
 
     tmp = tmp_path_factory.mktemp("loadtest")
     model_dir = tmp / "model"

@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from tests.conftest import REPO_ROOT
-from vllm_gke.components.capacity import pool_capacity
-from vllm_gke.components.serving_api import guard_config, tenant_routes
-from vllm_gke.components.specs import ModelSpec, TenantSpec, WeightsSpec
-from vllm_gke.components.weights_layout import ADAPTERS_DIR, adapter_dir, plan_filestore
+from vllm_gke.components.model.capacity import pool_capacity
+from vllm_gke.components.model.serving_api import guard_config, tenant_routes
+from vllm_gke.components.model.specs import ModelSpec, TenantSpec, WeightsSpec
+from vllm_gke.components.model.weights_layout import ADAPTERS_DIR, adapter_dir, plan_filestore
 from vllm_gke.infra.config import ConfigError, parse
 
 sys.path.insert(0, str(REPO_ROOT / "images"))
@@ -103,7 +103,7 @@ def test_large_bodies_are_read_the_same_way():
 
 
 def test_adapters_take_gpu_memory_from_the_kv_cache(stack_values):
-    from vllm_gke.components.specs import NodePoolSpec
+    from vllm_gke.components.model.specs import NodePoolSpec
 
     pool = NodePoolSpec(name="p", machine_type="a2-highgpu-1g", gpu_partition_size="3g.20gb")
     plain = MODEL.model_copy(update={"adapters": []})
@@ -126,7 +126,7 @@ def test_share_is_sized_for_the_adapters_too():
     assert heavy.lora_gb() > MODEL.lora_gb()
     tier, _ = plan_filestore([heavy], WeightsSpec(tier="BASIC_HDD"))
     assert tier == "BASIC_HDD"
-    from vllm_gke.components.weights_layout import weight_copies
+    from vllm_gke.components.model.weights_layout import weight_copies
 
     copies = {c.key: c for c in weight_copies([heavy])}
     assert set(copies) == {"m", "m-lora-mine", "m-lora-theirs"}

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from tests.conftest import manifests_of, props_of, vllm_deployments
-from vllm_gke.components.specs import AdapterSpec, CanarySpec, ModelSpec, WeightsSpec
-from vllm_gke.components.weights_layout import adapter_dir, model_dir, plan_filestore, ready_marker
+from vllm_gke.components.model.specs import AdapterSpec, CanarySpec, ModelSpec, WeightsSpec
+from vllm_gke.components.model.weights_layout import adapter_dir, model_dir, plan_filestore, ready_marker
 
 
 def test_one_filestore_instance_per_stack(plans):
@@ -248,7 +248,7 @@ def test_hf_token_from_a_kubernetes_secret_reference(plan_variant):
 ])
 def test_filestore_sizes_are_ones_the_tier_offers(tier, gb, size):
     """Zonal and regional: 256 GiB steps to 9.75 TiB, then 2.5 TiB steps from 10 TiB."""
-    from vllm_gke.components.weights_layout import filestore_capacity
+    from vllm_gke.components.model.weights_layout import filestore_capacity
 
     assert filestore_capacity(tier, gb) == size
 
@@ -317,7 +317,7 @@ def test_the_share_and_its_claims_are_not_deleted_before_they_are_replaced(plans
 
 
 def test_filestore_instance_names_stay_valid():
-    from vllm_gke.components.weights_layout import share_identity, share_instance_name
+    from vllm_gke.components.model.weights_layout import share_identity, share_instance_name
 
     identity = share_identity("c" * 70, "ZONAL", "us-central1-a")
     name = share_instance_name("c" * 70, identity)

@@ -122,7 +122,7 @@ def exposed(snapshot) -> set[str]:
 def test_every_vllm_metric_used_exists_in_the_release(plan_variant, version):
     import re
 
-    from vllm_gke.components.vllm_argv import load_snapshot
+    from vllm_gke.components.model.vllm_argv import load_snapshot
 
     def on(values):
         values["vllm-gke:vllmVersion"] = version

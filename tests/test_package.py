@@ -180,8 +180,8 @@ def test_the_yaml_example_serves_under_mocks_and_passes_the_policy_pack():
     would not serve fails with the stack config's message."""
     import copy
 
+    from vllm_gke.components.model.stack_config import ConfigError
     from vllm_gke.components.provider import Platform
-    from vllm_gke.components.stack_config import ConfigError
     from vllm_gke.infra.plan import read_stack_config, run_program
     from vllm_gke.policies.rules import Resource, evaluate
 
@@ -732,10 +732,10 @@ def test_a_dedicated_copy_must_sit_on_its_tenants_pool():
 
 def test_the_package_vllm_service_on_a_tpu_pool_allows_for_the_xla_compile():
     """Without coldStartSeconds a TPU pool's probe, rollout deadline and standby allow for the XLA
-    compile components/cold_start.py estimates, not a GPU's 15 minutes."""
-    from vllm_gke.components.cold_start import PACKAGE_LOAD_S, xla_compile_seconds
+    compile components/model/cold_start.py estimates, not a GPU's 15 minutes."""
+    from vllm_gke.components.model.cold_start import PACKAGE_LOAD_S, xla_compile_seconds
+    from vllm_gke.components.model.specs import ModelSpec
     from vllm_gke.components.provider import VllmService
-    from vllm_gke.components.specs import ModelSpec
     from vllm_gke.components.vllm_service import startup_failure_threshold
     from vllm_gke.infra.plan import read_stack_config, run_program
 

@@ -57,7 +57,7 @@ def test_the_plan_writes_both_pictures(tmp_path):
 def test_nodes_that_read_alike_stay_apart_and_a_dedicated_picker_is_the_tenants_own(plans):
     """Mermaid ids from names: 'a-b' and 'a_b' read alike but are two nodes; a tenant's dedicated
     copy behind the endpoint picker is its own pool, not the shared one."""
-    from vllm_gke.components.specs import DedicatedSpec
+    from vllm_gke.components.model.specs import DedicatedSpec
     from vllm_gke.infra.plan_pictures import _Ids, routes_picture
 
     ids = _Ids()

@@ -440,7 +440,7 @@ def test_route_objective_without_an_inference_objective_is_caught(plans):
 
 
 def test_policy_pack_header_names_match_the_components():
-    from vllm_gke.components.serving_api import OBJECTIVE_HEADER, PICKER_SETS, REFUSED_AT_THE_PICKER
+    from vllm_gke.components.model.serving_api import OBJECTIVE_HEADER, PICKER_SETS, REFUSED_AT_THE_PICKER
     from vllm_gke.policies import rules
 
     assert (rules.OBJECTIVE_HEADER, rules.PICKER_SETS, rules.REFUSED_AT_THE_PICKER) == (

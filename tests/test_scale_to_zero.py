@@ -369,7 +369,7 @@ def test_keda_accepts_only_what_it_serves(plans):
 def test_a_cooldown_shorter_than_the_wake_is_refused(plan_variant, stack_values):
     """KEDA counts the cooldown from the scale-up (kedacore/keda v2.20.2 scale_scaledobjects.go:285-286):
     shorter than a node plus the cold start, the loading replica goes back to zero before it serves."""
-    from vllm_gke.components.config_rules.scaling import wake_needed
+    from vllm_gke.components.model.config_rules.scaling import wake_needed
 
     wake = wake_needed(parse(stack_values["frontier"]))["llama-405b"]
     assert wake > 1200  # 810 GB of weights: minutes of node, tens of minutes of load

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import manifests_of, props_of, vllm_deployments
 from tests.test_guard import guard
-from vllm_gke.components.service_levels import (
+from vllm_gke.components.model.service_levels import (
     BURN_WINDOWS,
     GMP,
     REQUESTS_METRIC,
@@ -22,7 +22,7 @@ from vllm_gke.components.service_levels import (
     ttft_bound,
     ttft_buckets,
 )
-from vllm_gke.components.specs import MonitoringSpec
+from vllm_gke.components.model.specs import MonitoringSpec
 from vllm_gke.infra.manifests import validate_alert_policy, validate_slo
 
 
@@ -294,8 +294,8 @@ def test_the_gateway_slo_counts_what_the_load_balancer_sees(plans, stack, metric
 
 
 def test_every_gateway_class_has_its_load_balancers_count():
-    from vllm_gke.components.service_levels import LB_REQUESTS, gateway_sli
-    from vllm_gke.components.specs.gateway import GatewaySpec
+    from vllm_gke.components.model.service_levels import LB_REQUESTS, gateway_sli
+    from vllm_gke.components.model.specs.gateway import GatewaySpec
 
     classes = set(GatewaySpec.model_fields["class_name"].annotation.__args__)
     assert set(LB_REQUESTS) == classes

@@ -19,7 +19,7 @@ def test_stack_files_hold_only_config():
 
 def test_program_has_no_stack_specific_code():
     """What is composed never branches on the stack or environment name."""
-    # components/stack_config.py names the environments a stack may label itself with; it composes nothing.
+    # components/model/stack_config.py names the environments a stack may label itself with; it composes nothing.
     composing = [REPO_ROOT / "infra" / "program.py", REPO_ROOT / "infra" / "__main__.py",
                  *(p for p in (REPO_ROOT / "components").glob("*.py") if p.name != "stack_config.py")]
     for path in composing:

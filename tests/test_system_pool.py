@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_gke.components.node_shapes import cpu_reserved_m, memory_reserved_mi, node_shape
+from vllm_gke.components.model.node_shapes import cpu_reserved_m, memory_reserved_mi, node_shape
 from vllm_gke.infra.config import ConfigError
 from vllm_gke.infra.system_pool import check_system_pool, system_demand
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import manifests_of
-from vllm_gke.components.serving_api import SUBJECT_HEADER, TENANT_ROUTES, mesh_operations, tenant_routes
+from vllm_gke.components.model.serving_api import SUBJECT_HEADER, TENANT_ROUTES, mesh_operations, tenant_routes
 from vllm_gke.components.tenant_auth import ISSUER_HEADER
 
 

@@ -1,6 +1,6 @@
 """The roofline's tokens/s against published measurements: the ceiling is one (no server runs
 faster than its memory and compute allow), and the estimate - the ceiling times what serving
-engines reach of it, a constant calibrated on these same five (components/throughput.py) - is
+engines reach of it, a constant calibrated on these same five (components/model/throughput.py) - is
 within 1.5x of each, on GPUs and TPUs, tensor and pipeline parallel alike: the check guards the
 formula across hardware and models, not the constant. The one pipeline-parallel point (MLPerf v5.0,
 TP1 x PP2 at batch 1024) is compute-bound, so it exercises the compute term only, not the pipeline
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_gke.components.catalog import H100_80GB, L4, MODEL_SHAPES, TPU_V5E, TPU_V6E, ModelShape
-from vllm_gke.components.throughput import TP_EFFICIENCY, parallel_efficiency, roofline, slice_of
+from vllm_gke.components.model.catalog import H100_80GB, L4, MODEL_SHAPES, TPU_V5E, TPU_V6E, ModelShape
+from vllm_gke.components.model.throughput import TP_EFFICIENCY, parallel_efficiency, roofline, slice_of
 
 LLAMA_2_7B = ModelShape(6.74, 32, 32, 128)  # Llama 2 7B: multi-head attention, 32 KV heads
 LLAMA_2_70B = ModelShape(69.0, 80, 8, 128)

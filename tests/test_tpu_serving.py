@@ -10,8 +10,8 @@ import pytest
 
 from tests.conftest import manifests_of, props_of
 from tests.test_config import issues
-from vllm_gke.components.capacity import pool_capacity
-from vllm_gke.components.cold_start import (
+from vllm_gke.components.model.capacity import pool_capacity
+from vllm_gke.components.model.cold_start import (
     ENGINE_START_S,
     IMAGE_START_S,
     RAY_JOIN_S,
@@ -19,10 +19,10 @@ from vllm_gke.components.cold_start import (
     read_mib_s,
     xla_compile_seconds,
 )
-from vllm_gke.components.specs import ModelSpec, NodePoolSpec
-from vllm_gke.components.specs.models import CustomShape
-from vllm_gke.components.vllm_argv import check_argv, load_snapshot
-from vllm_gke.components.vllm_server import (
+from vllm_gke.components.model.specs import ModelSpec, NodePoolSpec
+from vllm_gke.components.model.specs.models import CustomShape
+from vllm_gke.components.model.vllm_argv import check_argv, load_snapshot
+from vllm_gke.components.model.vllm_server import (
     RAY_HEALTH_ENV,
     XLA_CACHE_DIR,
     XLA_CACHE_ENV,
@@ -30,8 +30,8 @@ from vllm_gke.components.vllm_server import (
     XLA_CACHE_MAX_ENV,
     XLA_CACHE_MAX_GI,
 )
+from vllm_gke.components.model.vllm_versions import TPU_RELEASES
 from vllm_gke.components.vllm_service import startup_failure_threshold
-from vllm_gke.components.vllm_versions import TPU_RELEASES
 from vllm_gke.infra.cost import cost_report
 
 NODE_POOL = "gcp:container/nodePool:NodePool"
@@ -165,7 +165,7 @@ def test_tpu_capacity_is_per_chip():
     v5p_pool = NodePoolSpec(name="p", machine_type="ct5p-hightpu-4t")
     v5p = pool_capacity(model.model_copy(update={"tensor_parallel_size": 4}), "short", model.short, v5p_pool)
     assert v5p.gpu_memory_gb == 95 and v5p_pool.slices_per_node == 4
-    from vllm_gke.components.vllm_server import container_resources
+    from vllm_gke.components.model.vllm_server import container_resources
 
     assert container_resources(v5p_pool, 4)["limits"]["google.com/tpu"] == "4"
 
@@ -186,7 +186,7 @@ def test_gptq_is_refused_on_tpus_and_tensor_parallelism_must_fit_the_kv_heads(st
     next(m for m in values["vllm-gke:models"] if m["name"] == "llama-8b-tpu")["dtype"] = "gptq"
     assert any(i.startswith("vllm-gke:models[llama-8b-tpu].dtype:") and "gptq" in i for i in issues(values))
     problems: list[str] = []
-    from vllm_gke.components.config_rules import check_fit
+    from vllm_gke.components.model.config_rules import check_fit
 
     # 2 KV heads over 4 ranks are replicated (12 query heads split): fine; 6 over 4 cannot be split: refused.
     replicated = ModelSpec(name="m", source="hf://a/b", shape="qwen2.5-1.5b", node_pool="p", tensor_parallel_size=4)

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from tests.conftest import REPO_ROOT, STACKS, vllm_deployments
-from vllm_gke.components.vllm_argv import check_argv, load_snapshot, normalise, snapshot_versions
+from vllm_gke.components.model.vllm_argv import check_argv, load_snapshot, normalise, snapshot_versions
 
 
 def pinned_version() -> str:

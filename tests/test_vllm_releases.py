@@ -10,8 +10,8 @@ import re
 import pytest
 
 from tests.conftest import REPO_ROOT, vllm_deployments
-from vllm_gke.components.vllm_argv import check_argv, load_snapshot, snapshot_versions
-from vllm_gke.components.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES, TPU_RELEASES
+from vllm_gke.components.model.vllm_argv import check_argv, load_snapshot, snapshot_versions
+from vllm_gke.components.model.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES, TPU_RELEASES
 
 
 def newest(versions):

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from tests.conftest import STACKS, manifests_of, vllm_deployments
-from vllm_gke.components.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
-from vllm_gke.components.vllm_server import container_resources, vllm_args
-from vllm_gke.components.vllm_versions import release
-from vllm_gke.components.weights_layout import model_dir
+from vllm_gke.components.model.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
+from vllm_gke.components.model.vllm_server import container_resources, vllm_args
+from vllm_gke.components.model.vllm_versions import release
+from vllm_gke.components.model.weights_layout import model_dir
 
 
 def deployment(plan, name, namespace="vllm"):

@@ -22,7 +22,7 @@ from tests.fixtures.fake_gcs import FakeGcs
 from tests.test_first_up import HUB, hub_calls, run_loader
 from tests.test_hyperdisk_weights import hyperdisk_values
 from vllm_gke.components.hyperdisk_weights import claim_name, disk_size_gib, usable_gib
-from vllm_gke.components.weights_layout import LOADER_EXIT_UNLOADABLE, WeightCopy
+from vllm_gke.components.model.weights_layout import LOADER_EXIT_UNLOADABLE, WeightCopy
 from vllm_gke.infra.plan import run_program
 
 sys.path.insert(0, str(REPO_ROOT / "components" / "scripts"))
@@ -423,8 +423,8 @@ def parsed_args(command: list[str], tmp_path: Path, monkeypatch):
 def test_a_long_revision_keeps_its_folder_name_within_one_path_segment():
     """A revision may be 255 characters (a branch name): with "-<digest>" its folder name passed
     the 255-byte segment limit and every write into it failed."""
-    from vllm_gke.components.specs import ModelSpec
-    from vllm_gke.components.weights_layout import NAME_MAX_BYTES, model_dir
+    from vllm_gke.components.model.specs import ModelSpec
+    from vllm_gke.components.model.weights_layout import NAME_MAX_BYTES, model_dir
 
     base = ModelSpec(name="m", source="hf://a/b", shape={"params_billion": 1, "layers": 1, "kv_heads": 1,
                                                           "head_dim": 1}, node_pool="p")

@@ -14,8 +14,8 @@ import pulumi
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel, to_snake
 
-from ..specs import Spec
-from ..stack_config import ConfigError, ConfigIssue, plain_problem
+from ..model.specs import Spec
+from ..model.stack_config import ConfigError, ConfigIssue, plain_problem
 
 S = TypeVar("S", bound=Spec)
 # A spec field typed `str | <Spec>` is two package inputs: `<name>` and `custom_<name>`.

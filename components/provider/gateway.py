@@ -7,13 +7,13 @@ import pulumi
 from pydantic.alias_generators import to_camel
 from typing_extensions import NotRequired
 
-from ..config_rules import check_inference_gateway_class, check_length_routing_class
 from ..gateway import Gateway as _Gateway
 from ..gateway import GatewayArgs, PickerTarget, RouteTarget
+from ..model.config_rules import check_inference_gateway_class, check_length_routing_class
+from ..model.serving_api import PICKER_MIN_BODY_BYTES, objective_name, picker_routes
+from ..model.specs import GatewaySpec as GatewayModel
 from ..options import child_opts
 from ..project_apis import ProjectApis, ProjectApisArgs
-from ..serving_api import PICKER_MIN_BODY_BYTES, objective_name, picker_routes
-from ..specs import GatewaySpec as GatewayModel
 from .convert import Problems, kubernetes_provider
 from .types import GatewaySpec
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m vllm_gke.components.provider.generate_types
 
-The specs (components/specs/) stay the one definition of what a setting means and accepts;
+The specs (components/model/specs/) stay the one definition of what a setting means and accepts;
 this writes them as TypedDicts the Pulumi schema analyzer understands (it infers the package
 schema from annotations and attribute docstrings), with each field's comment in the specs as its
 description. A test regenerates the file and fails if the checked-in one differs.
@@ -21,9 +21,9 @@ from pydantic import BaseModel
 from pydantic.alias_generators import to_pascal
 from pydantic.fields import FieldInfo
 
-from .. import specs
-from ..specs import Spec
-from ..stack_config import StackConfig
+from ..model import specs
+from ..model.specs import Spec
+from ..model.stack_config import StackConfig
 from .convert import UNION_PREFIX
 
 OUT = Path(__file__).with_name("types.py")
@@ -145,7 +145,7 @@ def render() -> str:
     out = [
         '"""Input types of the vllm-gke component package.',
         "",
-        "GENERATED from components/specs/ by components/provider/generate_types.py: do not edit;",
+        "GENERATED from components/model/specs/ by components/provider/generate_types.py: do not edit;",
         "change the specs and regenerate. Keys are the specs' fields; the package components validate",
         'them with the specs themselves."""',
         "",

@@ -6,13 +6,13 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
-from ..config_rules import check_network, check_zones
 from ..gpu_cluster import GpuCluster as _GpuCluster
 from ..gpu_cluster import GpuClusterArgs
+from ..model.config_rules import check_network, check_zones
+from ..model.specs import ClusterSpec as ClusterModel
+from ..model.specs import NodePoolSpec as NodePoolModel
 from ..options import child_opts
 from ..project_apis import ProjectApis, ProjectApisArgs
-from ..specs import ClusterSpec as ClusterModel
-from ..specs import NodePoolSpec as NodePoolModel
 from .convert import Problems
 from .types import ClusterSpec, NodePoolSpec
 

@@ -14,7 +14,7 @@ from pulumi.provider import ConstructResult, main
 from pulumi.provider.experimental.component import ComponentProvider
 from pulumi.provider.server import ComponentInitError
 
-from ..stack_config import ConfigError
+from ..model.stack_config import ConfigError
 from . import COMPONENTS
 
 PACKAGE = "vllm-gke"

@@ -6,18 +6,18 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
-from ..config_rules import check_inference_gateway_version
 from ..inference_pool import InferencePool as _InferencePool
 from ..inference_pool import InferencePoolArgs
-from ..k8s_meta import MODEL_LABEL, POOL_LABEL
 from ..mesh_namespace import TrustedSources
+from ..model.config_rules import check_inference_gateway_version
+from ..model.k8s_objects import MODEL_LABEL, POOL_LABEL
+from ..model.serving_api import objective_name
+from ..model.specs import ClusterSpec as ClusterModel
+from ..model.specs import ModelSpec as ModelModel
+from ..model.specs import TenantSpec as TenantModel
+from ..model.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
 from ..options import child_opts
 from ..project_apis import ProjectApis, ProjectApisArgs
-from ..serving_api import objective_name
-from ..specs import ClusterSpec as ClusterModel
-from ..specs import ModelSpec as ModelModel
-from ..specs import TenantSpec as TenantModel
-from ..vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
 from .convert import Problems, kubernetes_provider
 from .types import ClusterSpec, ModelSpec, TenantSpec
 

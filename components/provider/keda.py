@@ -6,12 +6,12 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
-from ..gcp_names import service_account_id
 from ..keda import Keda as _Keda
 from ..keda import KedaArgs
+from ..model.gcp_names import service_account_id
+from ..model.specs import ClusterSpec as ClusterModel
 from ..options import child_opts
 from ..project_apis import ProjectApis, ProjectApisArgs
-from ..specs import ClusterSpec as ClusterModel
 from .convert import Problems, kubernetes_provider
 from .types import ClusterSpec
 

@@ -7,8 +7,8 @@ import pulumi
 
 from ..limit_store import LimitStore as _LimitStore
 from ..limit_store import LimitStoreArgs
+from ..model.specs import ImageRef as ImageModel
 from ..options import child_opts
-from ..specs import ImageRef as ImageModel
 from .convert import Problems, kubernetes_provider
 from .types import ImageRef
 

@@ -5,15 +5,15 @@ from typing import Optional, TypedDict
 
 import pulumi
 
-from ..config_rules import check_serving_namespace
 from ..mesh_namespace import MeshNamespace as _MeshNamespace
 from ..mesh_namespace import MeshNamespaceArgs, TrustedSources
+from ..model.config_rules import check_serving_namespace
+from ..model.specs import ClusterSpec as ClusterModel
+from ..model.specs import TenantSpec as TenantModel
+from ..model.weights_layout import SERVER_SA
 from ..options import child_opts
-from ..specs import ClusterSpec as ClusterModel
-from ..specs import TenantSpec as TenantModel
 from ..standby import STANDBY_SA
 from ..tenant_auth import jwks_host
-from ..weights_layout import SERVER_SA
 from .convert import Problems, kubernetes_provider
 from .types import ClusterSpec, TenantSpec
 

@@ -7,8 +7,8 @@ import pulumi
 
 from ..mesh_readiness import MeshReadiness as _MeshReadiness
 from ..mesh_readiness import MeshReadinessArgs
+from ..model.specs import ClusterSpec as ClusterModel
 from ..options import child_opts
-from ..specs import ClusterSpec as ClusterModel
 from .convert import Problems, kubernetes_provider
 from .types import ClusterSpec
 

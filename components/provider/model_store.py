@@ -7,15 +7,15 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
+from ..model.specs import ImageRef as ImageModel
+from ..model.specs import ModelSpec as ModelModel
+from ..model.specs import WeightsSpec as WeightsModel
+from ..model.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from ..model.weights_layout import reads_hub_token_from_secret_manager
 from ..model_store import ModelStore as _ModelStore
 from ..model_store import ModelStoreArgs
 from ..options import child_opts
 from ..project_apis import ProjectApis, ProjectApisArgs
-from ..specs import ImageRef as ImageModel
-from ..specs import ModelSpec as ModelModel
-from ..specs import WeightsSpec as WeightsModel
-from ..vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
-from ..weights_layout import reads_hub_token_from_secret_manager
 from .convert import Problems, kubernetes_provider
 from .types import ImageRef, ModelSpec, WeightsSpec
 

@@ -6,12 +6,12 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
+from ..model.specs import MonitoringSpec as MonitoringModel
+from ..model.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
 from ..observability import Observability as _Observability
 from ..observability import ObservabilityArgs
 from ..options import child_opts
 from ..project_apis import ProjectApis, ProjectApisArgs
-from ..specs import MonitoringSpec as MonitoringModel
-from ..vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
 from .convert import Problems
 from .types import MonitoringSpec
 

@@ -7,11 +7,11 @@ from typing import Optional, TypedDict
 
 import pulumi
 
+from ..model.stack_config import ConfigError, ConfigIssue
+from ..model.stack_config import StackConfig as StackConfigModel
 from ..options import child_opts
 from ..platform import Platform as _Platform
 from ..platform import PlatformArgs
-from ..stack_config import ConfigError, ConfigIssue
-from ..stack_config import StackConfig as StackConfigModel
 from .convert import InputError, to_spec
 from .types import StackConfig
 

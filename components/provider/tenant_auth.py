@@ -7,9 +7,9 @@ import pulumi
 from typing_extensions import NotRequired
 
 from ..mesh_namespace import TrustedSources
+from ..model.specs import ClusterSpec as ClusterModel
+from ..model.specs import TenantSpec as TenantModel
 from ..options import child_opts
-from ..specs import ClusterSpec as ClusterModel
-from ..specs import TenantSpec as TenantModel
 from ..tenant_auth import TenantAuth as _TenantAuth
 from ..tenant_auth import TenantAuthArgs
 from .convert import Problems, kubernetes_provider

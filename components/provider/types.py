@@ -1,6 +1,6 @@
 """Input types of the vllm-gke component package.
 
-GENERATED from components/specs/ by components/provider/generate_types.py: do not edit;
+GENERATED from components/model/specs/ by components/provider/generate_types.py: do not edit;
 change the specs and regenerate. Keys are the specs' fields; the package components validate
 them with the specs themselves."""
 
@@ -512,7 +512,7 @@ class CostSpec(TypedDict):
     """CostSpec settings (see docs/reference/config.md)."""
 
     tokens_per_second_per_gpu: NotRequired[float]
-    """Measured output tokens a second of one GPU (or TPU chip) for your models; unset, each pool's tokens/s is estimated by the roofline from its accelerator and model (components/throughput.py)."""
+    """Measured output tokens a second of one GPU (or TPU chip) for your models; unset, each pool's tokens/s is estimated by the roofline from its accelerator and model (components/model/throughput.py)."""
     target_utilization: NotRequired[float]
     """Expected share of capacity in use. Default: 0.6."""
     hours_per_month: NotRequired[float]
@@ -630,7 +630,7 @@ class StackConfig(TypedDict):
     server_image: ImageRef
     """The vLLM server image built from images/: a tag of the chosen vLLM release (v<version> or v<version>-<suffix>, never latest), or a digest (sha256:...)."""
     vllm_version: NotRequired[str]
-    """The vLLM release the server image is built on (see components/vllm_versions.py). Default: 0.34.0."""
+    """The vLLM release the server image is built on (see components/model/vllm_versions.py). Default: 0.34.0."""
     tpu_server_image: NotRequired[ImageRef]
     """Models on TPU node pools: the server image built from images/ on the vLLM TPU release (VLLM_IMAGE=vllm/vllm-tpu; a tag v<version> or v<version>-<suffix>, or a digest)."""
     tpu_vllm_version: NotRequired[str]

@@ -7,9 +7,12 @@ from typing import Optional, TypedDict
 import pulumi
 from typing_extensions import NotRequired
 
-from ..capacity import hosts_per_replica
-from ..cold_start import package_cold_start_seconds
-from ..config_rules import (
+from ..keda import GMP_AUTH
+from ..limit_store import PORT as LIMITS_PORT
+from ..limit_store import host as limit_store_host
+from ..model.capacity import hosts_per_replica
+from ..model.cold_start import package_cold_start_seconds
+from ..model.config_rules import (
     check_extra_args,
     check_fit,
     check_image_tag,
@@ -17,23 +20,20 @@ from ..config_rules import (
     check_tenant_cap,
     check_tenant_limits,
 )
-from ..k8s_meta import MODEL_LABEL, POOL_LABEL, TENANT_LABEL
-from ..keda import GMP_AUTH
-from ..keda_scaling import KedaScaling
-from ..limit_store import PORT as LIMITS_PORT
-from ..limit_store import host as limit_store_host
+from ..model.k8s_objects import MODEL_LABEL, POOL_LABEL, TENANT_LABEL, service_name_of
+from ..model.keda_scaling import KedaScaling
+from ..model.serving_api import pool_guard_config
+from ..model.specs import ImageRef as ImageModel
+from ..model.specs import ModelSpec as ModelModel
+from ..model.specs import MonitoringSpec, item_key
+from ..model.specs import NodePoolSpec as NodePoolModel
+from ..model.specs import TenantSpec as TenantModel
+from ..model.vllm_versions import DEFAULT_TPU_VLLM_VERSION, DEFAULT_VLLM_VERSION, RELEASES, TPU_RELEASES
+from ..model.weights_layout import SERVER_SA
 from ..options import child_opts
-from ..serving_api import pool_guard_config
-from ..specs import ImageRef as ImageModel
-from ..specs import ModelSpec as ModelModel
-from ..specs import MonitoringSpec, item_key
-from ..specs import NodePoolSpec as NodePoolModel
-from ..specs import TenantSpec as TenantModel
 from ..standby import STANDBY_SA, Standby, StandbyArgs
-from ..vllm_service import SERVER_LABELS, VllmServiceArgs, service_name_of
+from ..vllm_service import SERVER_LABELS, VllmServiceArgs
 from ..vllm_service import VllmService as _VllmService
-from ..vllm_versions import DEFAULT_TPU_VLLM_VERSION, DEFAULT_VLLM_VERSION, RELEASES, TPU_RELEASES
-from ..weights_layout import SERVER_SA
 from .convert import Problems, kubernetes_provider, plain
 from .types import ImageRef, ModelSpec, NodePoolSpec, TenantSpec
 
@@ -90,7 +90,7 @@ class VllmServiceInputs(TypedDict):
     """Seconds a replica takes from its node ready to serving (the weights, the engine and, on TPU, the XLA
     compile): the startup probe allows half as long again (30 minutes at least), and with minReplicas 0 the standby tells callers
     to wait this long. Default 900 on GPUs; on a TPU pool 900 plus the XLA compile estimate for the model
-    (and, across hosts, 600 for the Ray joins), as components/cold_start.py estimates it (the plan
+    (and, across hosts, 600 for the Ray joins), as components/model/cold_start.py estimates it (the plan
     estimates the whole for a stack)."""
     request_timeout_seconds: NotRequired[int]
     """The load balancer's timeout for one request (the Gateway's gateway.requestTimeoutSeconds, default 600):

@@ -7,8 +7,8 @@ the same way (a 70B model on a 3g.20gb slice fails here with the stack config's 
 
 import pulumi
 
+from vllm_gke.components.model.stack_config import StackConfig
 from vllm_gke.components.platform import Platform, PlatformArgs
-from vllm_gke.components.stack_config import StackConfig
 
 project = pulumi.Config("gcp").require("project")
 

@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
-from ...components.vllm_argv import load_snapshot
-from ...components.vllm_versions import TPU_RELEASES
+from ...components.model.vllm_argv import load_snapshot
+from ...components.model.vllm_versions import TPU_RELEASES
 from ..plan import Plan, manifest
 
 Check = Callable[[Plan], list[str]]

@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 
 import yaml
 
-from ...components.specs.operations import COLLECTOR_VERSION
+from ...components.model.specs.operations import COLLECTOR_VERSION
 from ...components.trace_collector import COLLECTOR_UID, SERVICE_ACCOUNT
 from ..plan import Plan
 from .base import Contract, _docs, _env, _flag, _guard_configs, _vllm_containers

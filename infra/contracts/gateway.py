@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator
 
-from ...components.config_rules import LENGTH_ROUTING_CLASSES
+from ...components.model.config_rules import LENGTH_ROUTING_CLASSES
 from ..manifests import pod_templates
 from ..plan import Plan
 from .base import Contract, _docs

@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from ...components.weights_layout import MOUNT_PATH
+from ...components.model.weights_layout import MOUNT_PATH
 from ..plan import Plan
 from .base import Contract, _docs, _vllm_deployments
 

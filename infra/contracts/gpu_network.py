@@ -1,10 +1,10 @@
 """The network between a GPU group's hosts: what Compute Engine gives pods on each machine type,
-which the roofline (components/throughput.py) and the plan's warnings count on."""
+which the roofline (components/model/throughput.py) and the plan's warnings count on."""
 
 from __future__ import annotations
 
-from ...components.catalog import MACHINE_TYPES
-from ...components.k8s_meta import NODE_POOL_LABEL as POOL_LABEL
+from ...components.model.catalog import MACHINE_TYPES
+from ...components.model.k8s_objects import NODE_POOL_LABEL as POOL_LABEL
 from ..plan import Plan
 from .base import Contract, _docs
 

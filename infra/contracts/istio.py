@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from ...components.k8s_meta import TENANT_LABEL
-from ...components.serving_api import SIDECAR_PEER
+from ...components.model.k8s_objects import TENANT_LABEL
+from ...components.model.serving_api import SIDECAR_PEER
 from ..plan import Plan
 from .base import Contract, _docs, _guard_configs, _vllm_deployments
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-from ...components.k8s_meta import MODEL_LABEL
 from ...components.keda import CHART_VERSION, METRICS_SERVER_PORT, OPERATOR_SA, WEBHOOK_PORT
+from ...components.model.k8s_objects import MODEL_LABEL
 from ..plan import Plan
 from .base import Contract, _docs, _exported, _vllm_deployments
 
@@ -108,7 +108,7 @@ def keda_cooldown_only_for_zero(plan: Plan) -> list[str]:
 
 
 def keda_cooldown_outlasts_the_wake(plan: Plan) -> list[str]:
-    from ...components.config_rules.scaling import wake_needed
+    from ...components.model.config_rules.scaling import wake_needed
 
     need = wake_needed(plan.config)
     return [f"ScaledObject {so['metadata']['name']}: cooldownPeriod {so['spec']['cooldownPeriod']} s is under the "

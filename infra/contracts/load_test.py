@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from ...components.load_test import PROGRAM
-from ...components.specs.operations import INFERENCE_PERF_VERSION
+from ...components.model.specs.operations import INFERENCE_PERF_VERSION
 from ..plan import Plan
 from .base import Contract, _docs
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ...components.vllm_versions import release
-from ...components.weights_layout import LOADER_PROGRAM
+from ...components.model.vllm_versions import release
+from ...components.model.weights_layout import LOADER_PROGRAM
 from ..plan import Plan
 from .base import Contract, _docs, _env, _flag, _writable_mounts
 

@@ -7,8 +7,8 @@ import re
 from typing import Any
 
 from ...components.leader_worker_set import WEBHOOK_PORT
-from ...components.specs.base import gke_version
-from ...components.vllm_server import RAY_HEAD_ENV, RAY_HEALTH_ENV, RAY_JOIN_ENV, XLA_CACHE_ENV, XLA_CACHE_MAX_ENV
+from ...components.model.specs.base import gke_version
+from ...components.model.vllm_server import RAY_HEAD_ENV, RAY_HEALTH_ENV, RAY_JOIN_ENV, XLA_CACHE_ENV, XLA_CACHE_MAX_ENV
 from ..manifests import pod_templates
 from ..plan import Plan
 from .base import Contract, _docs, _env, _flag
@@ -256,7 +256,7 @@ ROWS: tuple[Contract, ...] = (
              ".buildkite/xla_autotune/README.md:100-106 (cold ~90 min, warm ~10 min for a 397B)",
              "every TPU pod points it at its own pool's node directory (hostPath <root>/<namespace>/<model>-<pool>, "
              "pods-hardened holds the shape) that a group recreated on the slice finds again; the start-up probe "
-             "budgets a cold compile (components/cold_start.py)",
+             "budgets a cold compile (components/model/cold_start.py)",
              vllm_tpu_keeps_its_xla_cache),
     Contract("JAX (jax==0.11.2, pinned by the tpu-inference 0.32.0 wheel's requirements)", "0.11.0",
              "JAX_COMPILATION_CACHE_MAX_SIZE (bytes) sets jax_compilation_cache_max_size (default -1: no limit, "

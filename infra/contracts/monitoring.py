@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import re
 
-from ...components.service_levels import LB_REQUESTS, TTFT_METRIC
+from ...components.model.service_levels import LB_REQUESTS, TTFT_METRIC
+from ...components.model.vllm_versions import TTFT_BUCKETS, release
 from ...components.slo_metrics import GMP
-from ...components.vllm_versions import TTFT_BUCKETS, release
 from ..plan import Plan
 from .base import Contract, _flag, _vllm_containers
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from ...components.hyperdisk_weights import CPU_REQUEST_ANNOTATION, TRANSFER_COMPUTE_CLASS
-from ...components.hyperdisk_weights import MIN_GKE as POPULATOR_MIN_GKE
-from ...components.k8s_meta import COMPUTE_CLASS_LABEL
-from ...components.specs import gke_version
+from ...components.hyperdisk_weights import CPU_REQUEST_ANNOTATION
+from ...components.model.hyperdisk_ml import MIN_GKE as POPULATOR_MIN_GKE
+from ...components.model.hyperdisk_ml import TRANSFER_COMPUTE_CLASS
+from ...components.model.k8s_objects import COMPUTE_CLASS_LABEL
+from ...components.model.specs import gke_version
 from ..plan import Plan
 from .base import Contract, _docs
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import re
 
-from ...components.specs.models import MODALITY_ADAPTER_NAMES, normalise_flag
-from ...components.vllm_argv import load_snapshot
-from ...components.vllm_versions import TTFT_BUCKETS, release
+from ...components.model.specs.models import MODALITY_ADAPTER_NAMES, normalise_flag
+from ...components.model.vllm_argv import load_snapshot
+from ...components.model.vllm_versions import TTFT_BUCKETS, release
 from ..plan import Plan
 from .base import Contract, _env, _exported, _flag, _guard_configs, _vllm_containers, _writable_mounts
 

@@ -4,7 +4,7 @@
 difference, and checks every link:
 
 - docs/reference/config.md: every stack config key, nested, from the pydantic models that validate
-  it (components/specs/, components/stack_config.py): type, default, allowed values and ranges, and
+  it (components/model/specs/, components/model/stack_config.py): type, default, allowed values and ranges, and
   the comment on each field there (the same text the component package's schema carries)
   (config_reference.py);
 - docs/reference/policies.md: the policy pack's table (policies/rules.py POLICIES) (policy_reference.py);

@@ -1,5 +1,5 @@
 """docs/reference/config.md: every stack config key, nested, from the pydantic models that validate
-it (components/specs/, components/stack_config.py): type, default, allowed values and ranges, and
+it (components/model/specs/, components/model/stack_config.py): type, default, allowed values and ranges, and
 the comment on each field there (the same text the component package's schema carries)."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def _unannotate(ann: Any) -> tuple[Any, list[Any]]:
 
 def _formats() -> dict[Callable[..., Any], str]:
     """The validated string types of the specs, by their validator: what a value must look like."""
-    from ...components import specs
+    from ...components.model import specs
 
     named = {specs.Name: "name", specs.K8sName: "Kubernetes name", specs.Revision: "git ref",
              specs.Hostname: "DNS hostname", specs.Email: "e-mail address", specs.UtcTime: "UTC time (RFC 3339)",
@@ -56,10 +56,10 @@ def _formats() -> dict[Callable[..., Any], str]:
 
 def _choices() -> dict[tuple[type, str], str]:
     """Values a field's validator (not its type) holds it to, from the tables it checks against."""
-    from ...components.catalog import ACCELERATORS, CPU_MACHINE_TYPES, GPU_MACHINE_TYPES, MODEL_SHAPES
-    from ...components.specs import LORA_RANKS, AdapterSpec, ClusterSpec, ModelSpec, NodePoolSpec
-    from ...components.stack_config import StackConfig
-    from ...components.vllm_versions import RELEASES
+    from ...components.model.catalog import ACCELERATORS, CPU_MACHINE_TYPES, GPU_MACHINE_TYPES, MODEL_SHAPES
+    from ...components.model.specs import LORA_RANKS, AdapterSpec, ClusterSpec, ModelSpec, NodePoolSpec
+    from ...components.model.stack_config import StackConfig
+    from ...components.model.vllm_versions import RELEASES
 
     def one_of(values: Iterable[Any]) -> str:
         return "one of " + ", ".join(f"`{v}`" for v in values)
@@ -109,9 +109,9 @@ class _Section:
 
 class _ConfigPage:
     def __init__(self) -> None:
+        from ...components.model.stack_config import StackConfig
         from ...components.provider.convert import UNION_PREFIX
         from ...components.provider.generate_types import _comments
-        from ...components.stack_config import StackConfig
 
         self.comments = _comments
         self.union_prefix = UNION_PREFIX
@@ -203,7 +203,7 @@ class _ConfigPage:
         if isinstance(value, (list, tuple, dict)) and not value:
             return "none"
         if isinstance(value, BaseModel):
-            from ...components.specs import ImageRef
+            from ...components.model.specs import ImageRef
 
             if isinstance(value, ImageRef):
                 return f"`{value.uri}`"
@@ -246,7 +246,7 @@ class _ConfigPage:
         out = [
             "# Stack configuration reference", "",
             "Every key a stack's config (`stacks/Pulumi.<stack>.yaml`) takes, from the pydantic models that",
-            "validate it (`components/specs/`, `components/stack_config.py`). The same models type the components'",
+            "validate it (`components/model/specs/`, `components/model/stack_config.py`). The same models type the components'",
             "arguments and the component package's inputs, and each description here is the comment on its",
             "field there. Nested keys are camelCase; `[]` is an item of a list (errors name it by its `name`:",
             "`vllm-gke:models[qwen-7b].short`). How a config is checked, across keys too, and what the plan",
@@ -262,7 +262,7 @@ class _ConfigPage:
             if doc:
                 out += [re.sub(r"\s+", " ", doc).strip(), ""]
             out += [*head, *self.rows(section.model, section.key), ""]
-        return "\n".join(out).rstrip() + "\n" + footer("`components/specs/` and `components/stack_config.py`")
+        return "\n".join(out).rstrip() + "\n" + footer("`components/model/specs/` and `components/model/stack_config.py`")
 
 
 def config_page() -> str:

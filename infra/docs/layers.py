@@ -22,10 +22,8 @@ class Layer:
 
 
 LAYERS: tuple[Layer, ...] = (
-    Layer("catalog", "facts", "components/catalog.py, gcp_names.py, vllm_versions.py, issuers.py",
-          ("components/catalog.py", "components/gcp_names.py", "components/vllm_versions.py", "components/issuers.py")),
-    Layer("config", "config", "components/specs/, stack_config.py",
-          ("components/specs/", "components/stack_config.py")),
+    Layer("model", "model layer: config, catalogs, capacity, argv, pods", "components/model/ (no Pulumi)",
+          ("components/model/",)),
     Layer("scripts", "pod scripts", "components/scripts/", ("components/scripts/",)),
     Layer("package", "component package", "components/provider/", ("components/provider/",)),
     Layer("components", "components", "components/*.py", ("components/",)),

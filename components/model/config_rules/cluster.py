@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Sequence
 from pydantic.alias_generators import to_camel
 
 from ..catalog import REGION_ZONES, attaches_hyperdisk_ml, region_problem
-from ..hyperdisk_weights import MIN_GKE as VOLUME_POPULATOR_MIN_GKE
+from ..hyperdisk_ml import MIN_GKE as VOLUME_POPULATOR_MIN_GKE
 from ..specs import ClusterSpec, gke_version, item_key
 from .base import Add
 
@@ -49,7 +49,7 @@ def zones(cfg: "StackConfig", add: Add) -> None:
 
 def check_zones(add: Add, region: str, zones: Sequence[str], key: str = "cluster.zones",
                 region_key: str = "gcp:region") -> None:
-    """A region that exists (components/catalog.py's REGION_ZONES), and zones of it that exist.
+    """A region that exists (components/model/catalog.py's REGION_ZONES), and zones of it that exist.
     Also run by the package's GpuCluster."""
     known = REGION_ZONES.get(region)
     if known is None:

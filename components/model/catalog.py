@@ -5,7 +5,7 @@ Machine types map to their accelerator so config never repeats what GCE already 
 are the ones GKE accepts for `gpu_partition_size`; memory is the nominal GB in the profile name.
 Bandwidth and peak dense 16-bit compute per device are the vendors' datasheet figures (NVIDIA's
 A100/H100/L4 datasheets; cloud.google.com/tpu/docs/v5e, v6e, v5p): the plan's roofline
-(components/throughput.py) estimates tokens/s from them.
+(components/model/throughput.py) estimates tokens/s from them.
 """
 
 from __future__ import annotations

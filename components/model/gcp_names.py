@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 import re
 
-import pulumi
-
 _SERVICE_ACCOUNT_ID = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 
 
@@ -48,12 +46,3 @@ def bucket_name(project: str, base: str) -> str:
     if not is_bucket_name(shortened):
         raise ValueError(f"cannot derive a bucket name from '{project}' and '{base}'")
     return shortened
-
-
-def workload_principal(project_number: pulumi.Input[str], workload_pool: pulumi.Input[str],
-                       namespace: pulumi.Input[str], service_account: str) -> pulumi.Output[str]:
-    """The Workload Identity Federation principal of a Kubernetes service account, for IAM
-    bindings on a resource (no Google service account in between)."""
-    return pulumi.Output.all(project_number, workload_pool, namespace).apply(lambda a: (
-        f"principal://iam.googleapis.com/projects/{a[0]}/locations/global/workloadIdentityPools/"
-        f"{a[1]}/subject/ns/{a[2]}/sa/{service_account}"))

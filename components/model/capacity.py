@@ -48,13 +48,13 @@ class PoolCapacity:
     canary: bool = False
     # GPU memory set aside for LoRA adapters (per GPU).
     lora_per_gpu_gb: float = 0.0
-    # Estimated seconds from node ready to serving (components/cold_start.py).
+    # Estimated seconds from node ready to serving (components/model/cold_start.py).
     cold_start_s: float = 0.0
     # What one replica takes: devices (GPUs, MIG slices or TPU chips) and nodes (>1: a multi-host group).
     devices: int = 1
     hosts: int = 1
     accelerator: str = ""
-    # The roofline's estimate for one replica (components/throughput.py): output tokens a second at
+    # The roofline's estimate for one replica (components/model/throughput.py): output tokens a second at
     # the batch the pool runs (maxNumSeqs, or what its KV cache holds if fewer), prompt tokens a second.
     decode_tokens_s: float = 0.0
     prefill_tokens_s: float = 0.0

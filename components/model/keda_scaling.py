@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import pulumi
-
 from .specs import ServingPoolSpec
 
 # GPU replicas are slow to start and costly to churn: scale up fast, down slowly.
@@ -23,7 +21,8 @@ class KedaScaling:
     ClusterTriggerAuthentication `auth` allows (Keda.auth_name)."""
 
     project: str
-    auth: pulumi.Input[str]
+    # The ClusterTriggerAuthentication's name (a string, or a Pulumi output of one).
+    auth: Any
     # For a pool that may go to zero: its standby's name prefix, whose request count wakes it.
     standby: str = ""
 

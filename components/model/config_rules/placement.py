@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..capacity import gpu_slots_by_pool, hosts_per_replica, placements, pool_capacity
+from ..k8s_objects import group_name_of, service_name_of
 from ..specs import ModelSpec, NodePoolSpec, item_key
 from ..vllm_server import XLA_CACHE_MAX_GI, scratch_gi
+from ..weights_layout import BASIC_TIERS, TIER_MIN_GB, needed_gb
 from .base import Add
 
 if TYPE_CHECKING:
@@ -32,7 +34,7 @@ def check_placement(cfg: "StackConfig", add: Add, key: str, model: ModelSpec, po
 def check_fit(add: Add, key: str, model: ModelSpec, pool: NodePoolSpec) -> None:
     """The model on the devices of `pool`: parallelism the pool can give (one host's GPUs, whole
     nodes of GPUs for a multi-host group, a whole TPU slice), and weights plus KV cache that fit
-    each device (components/capacity.py). Also run by the package's VllmService."""
+    each device (components/model/capacity.py). Also run by the package's VllmService."""
     tp, pp = model.tensor_parallel_size, model.pipeline_parallel_size
     devices, per_node = model.devices_per_replica, pool.slices_per_node
     shape = f"tensorParallelSize x pipelineParallelSize is {tp} x {pp} = {devices}"
@@ -157,7 +159,7 @@ def node_disks(cfg: "StackConfig", add: Add) -> None:
     bucket_cache = cfg.weights.backend == "gcs"
     worst: dict[str, tuple[int, int, str]] = {}  # node pool -> (GiB a full node asks, replicas, model)
     # A TPU node keeps one XLA cache directory (XLA_CACHE_MAX_GI at most) for each serving pool that
-    # ran on it (components/vllm_server.py xla_cache_host_path): a hostPath, which no pod requests.
+    # ran on it (components/model/vllm_server.py xla_cache_host_path): a hostPath, which no pod requests.
     caches: dict[str, int] = {}
     for model, pool_name, _tenant in placements(cfg):
         pool = pools.get(pool_name)
@@ -191,8 +193,6 @@ def multi_host_groups(cfg: "StackConfig", add: Add) -> None:
     """Per group across hosts: its names fit Kubernetes' limits, and a GPU pool's node upgrades
     surge a whole group's hosts (one at a time, each upgrade would restart the group once a host:
     every restart a full reload of the weights)."""
-    from ..vllm_service import group_name_of, service_name_of
-
     pools = {p.name: p for p in cfg.node_pools}
     widest: dict[str, int] = {}
     for model, pool_name, _tenant in placements(cfg):
@@ -251,8 +251,6 @@ def filestore_size(cfg: "StackConfig", add: Add) -> None:
     source loads before the servers roll and the old copy goes): a share sized below that fails
     the loader of any such change (it checks the free space first), so an explicit size below it
     is refused. A Basic share's size is the key's alone (it only grows)."""
-    from ..weights_layout import BASIC_TIERS, TIER_MIN_GB, needed_gb
-
     weights = cfg.weights
     if weights.backend != "filestore" or (weights.tier not in BASIC_TIERS and weights.capacity_gb is None):
         return  # derived from the models: never below what they need

@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-SNAPSHOT_DIR = Path(__file__).resolve().parent.parent / "images" / "vllm-versions"
+SNAPSHOT_DIR = Path(__file__).resolve().parents[2] / "images" / "vllm-versions"
 
 _INT = re.compile(r"[+-]?\d+")
 # vLLM's human_readable_int: 4096, 4k, 1M, 25.6k (decimal), 1Ki (binary).
@@ -43,7 +43,7 @@ def normalise(option: str) -> tuple[str, str | None]:
 
 
 # What the kubelet puts in for a pod's $(VAR) references before vLLM parses them: a multi-host
-# group's host index (components/vllm_server.py group_args) is an int, its leader's address a host.
+# group's host index (components/model/vllm_server.py group_args) is an int, its leader's address a host.
 KUBELET_EXPANDED = {"$(LWS_WORKER_INDEX)": "1", "$(LWS_LEADER_ADDRESS)": "leader.group.namespace"}
 
 

@@ -121,7 +121,7 @@ def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: Optional[VllmRelease
     if ttft_slo_seconds is not None and rel.histogram_buckets_flag \
             and (buckets := ttft_buckets_with(ttft_slo_seconds)) is not None:
         # The TTFT SLO counts requests under its threshold from this histogram, which Cloud
-        # Monitoring can cut only at a bucket bound (components/service_levels.py).
+        # Monitoring can cut only at a bucket bound (components/model/service_levels.py).
         args += [rel.histogram_buckets_flag, json.dumps({"time_to_first_token": buckets}, separators=(",", ":"))]
     if traces_endpoint:
         # Its spans and the guard's, through the OTLP/HTTP exporter trace_env selects.

@@ -14,7 +14,7 @@
   + engine     vLLM's start after the weights: CUDA graphs, compilation, the warm-up requests
                (ENGINE_START_S, an estimate)
   + TPU        on a TPU, the XLA compile of every shape the engine precompiles before it serves
-               (xla_compile_seconds; the node's compile cache, components/vllm_server.py, spares a
+               (xla_compile_seconds; the node's compile cache, components/model/vllm_server.py, spares a
                restarted replica most of it, but a new node starts empty), and across hosts the
                workers' joins to the leader's Ray cluster (RAY_JOIN_S)
 One replica loading alone: replicas that start together share a Filestore share's throughput.

@@ -1,5 +1,5 @@
 """Checks across config keys, one module per concern: what each key accepts alone is in
-components/specs/; what the keys must agree on - names (names.py), where models run
+components/model/specs/; what the keys must agree on - names (names.py), where models run
 (placement.py), tenants (tenants.py), the cluster (cluster.py), the vLLM release (release.py),
 objectives and their alerts (monitoring.py), load tests (load_tests.py) - is here. Every problem names the key to change and
 how. The `check_*` functions are also run by the package's components on their own inputs."""

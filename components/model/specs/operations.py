@@ -66,7 +66,7 @@ class MonitoringSpec(Spec):
 
 class CostSpec(Spec):
     # Measured output tokens a second of one GPU (or TPU chip) for your models; unset, each pool's
-    # tokens/s is estimated by the roofline from its accelerator and model (components/throughput.py).
+    # tokens/s is estimated by the roofline from its accelerator and model (components/model/throughput.py).
     tokens_per_second_per_gpu: Optional[float] = Field(default=None, gt=0)
     # Expected share of capacity in use.
     target_utilization: float = Field(default=0.6, gt=0, le=1)

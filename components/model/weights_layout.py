@@ -9,11 +9,9 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
-import pulumi
-
-from .k8s_meta import WEIGHTS_READY_MARKER
+from .k8s_objects import WEIGHTS_READY_MARKER
 from .specs import AdapterSpec, ModelSpec, WeightsSpec, item_key
 from .vllm_versions import VllmRelease
 
@@ -206,7 +204,7 @@ def share_instance_name(instance_name: str, identity: str) -> str:
     return f"{instance_name[:63 - len(identity) - 1].rstrip('-')}-{identity}"
 
 
-LOADER_PROGRAM = Path(__file__).with_name("scripts") / "load_weights.py"
+LOADER_PROGRAM = Path(__file__).parent.parent / "scripts" / "load_weights.py"
 LOADER_MOUNT = "/opt/vllm-gke-loader"
 # load_weights.py's EXIT_UNLOADABLE.
 LOADER_EXIT_UNLOADABLE = 3
@@ -217,21 +215,27 @@ def reads(copy: WeightCopy, rel: VllmRelease) -> str:
     return "adapter" if copy.adapter else rel.weights_rule
 
 
+def bucket_folder(copy: WeightCopy) -> str:
+    """The copy's folder in the weights bucket (the bucket holds what the share would under /models)."""
+    return copy.directory.removeprefix(MOUNT_PATH).strip("/")
+
+
 def loader_command(copy: WeightCopy, rel: VllmRelease, max_gib: Optional[float] = None,
-                   bucket: Optional[pulumi.Input[str]] = None) -> list[pulumi.Input[str]]:
+                   dest_uri: Optional[Any] = None) -> list[Any]:
     """The loader's argv: exec form, every value an argument (a shell never parses them). With
     max_gib (a Hyperdisk ML disk is filled from the folder) the loader refuses a selection that
     does not fit, naming the key, and leaves nothing else in the folder. It removes nothing
-    beside its folder: the servers still read the current copy until they roll (prune_command)."""
+    beside its folder: the servers still read the current copy until they roll (prune_command).
+    `dest_uri`: the folder in the weights bucket (gs://BUCKET/bucket_folder(copy), a string or a
+    Pulumi output of one), where the loader copies server-side."""
     program = f"{LOADER_MOUNT}/{LOADER_PROGRAM.name}"
     if copy.source.startswith("hf://"):
-        argv: list[pulumi.Input[str]] = ["python3", program, "hf", copy.source.removeprefix("hf://"), copy.revision,
+        argv: list[Any] = ["python3", program, "hf", copy.source.removeprefix("hf://"), copy.revision,
                                          copy.directory, "--token-file", f"{HF_TOKEN_MOUNT}/token"]
     else:
         argv = ["python3", program, "gcs", copy.source, copy.directory, "--revision", copy.revision]
-        if bucket is not None:  # the folder is the weights bucket's: copy server-side
-            folder = copy.directory.removeprefix(MOUNT_PATH).strip("/")
-            argv += ["--dest-uri", pulumi.Output.concat("gs://", bucket, "/", folder)]
+        if dest_uri is not None:  # the folder is the weights bucket's: copy server-side
+            argv += ["--dest-uri", dest_uri]
     argv += ["--reads", reads(copy, rel), "--size-key", copy.size_key, "--legacy-dest", legacy_dir(copy)]
     if max_gib is not None:
         argv += ["--max-gib", f"{max_gib:.2f}", "--prune"]

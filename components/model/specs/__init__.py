@@ -3,7 +3,7 @@
 These pydantic models are both the stack config schema (camelCase keys in stacks/*.yaml)
 and the typed inputs of the components, so a program that imports the components gets
 the same validation as `pulumi up`. Field validators reject a bad value with a message
-that names the fix; rules across fields live in components/config_rules/.
+that names the fix; rules across fields live in components/model/config_rules/.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Optional
 
-import pulumi
 from pydantic import Field, ValidationInfo, field_validator
 
 from .catalog import region_problem
@@ -84,7 +83,10 @@ def plain_problem(err: Mapping[str, Any]) -> str:
     return str(err["msg"]).removeprefix("Value error, ")
 
 
-class ConfigError(pulumi.RunError):
+class ConfigError(ValueError):
+    """Every problem of a config, each naming its key and the fix. Pulumi programs raise it as a
+    pulumi.RunError (infra/__main__.py, Platform), which `pulumi up` prints without a stack trace."""
+
     def __init__(self, issues: list[ConfigIssue], source: str = "stack config"):
         self.issues = issues
         self.source = source
@@ -113,7 +115,7 @@ class StackConfig(Spec):
     # The vLLM server image built from images/: a tag of the chosen vLLM release (v<version> or
     # v<version>-<suffix>, never latest), or a digest (sha256:...).
     server_image: ImageRef
-    # The vLLM release the server image is built on (see components/vllm_versions.py).
+    # The vLLM release the server image is built on (see components/model/vllm_versions.py).
     vllm_version: str = DEFAULT_VLLM_VERSION
     # Models on TPU node pools: the server image built from images/ on the vLLM TPU release
     # (VLLM_IMAGE=vllm/vllm-tpu; a tag v<version> or v<version>-<suffix>, or a digest).
