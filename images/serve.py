@@ -26,7 +26,7 @@ WARMUP_HEADER = "x-gke-llm-warmup"
 WARM_MARKER_ENV, WARMUP_TOKEN_ENV, SERVER_COMMAND_ENV = (
     "GKE_LLM_WARM_MARKER", "GKE_LLM_WARMUP_TOKEN", "GKE_LLM_SERVER_COMMAND")
 WARMUP_ROUNDS = 5
-# How long to wait for vLLM's /health: the pod's startup probe window (components/vllm_server.py
+# How long to wait for vLLM's /health: the pod's startup probe window (components/model/vllm_server.py
 # STARTUP_WINDOW_ENV), so a start that the probe still allows is never given up here first.
 STARTUP_WINDOW_ENV = "GKE_LLM_STARTUP_WINDOW_SECONDS"
 DEFAULT_STARTUP_WINDOW_S = 3600.0
@@ -37,7 +37,7 @@ def startup_window_s() -> float:
 # Files that must exist before vLLM starts (bucket-backed weights: each copy's completion marker,
 # read through the FUSE mount once the mesh sidecar serves), joined by ':'.
 WEIGHTS_MARKERS_ENV = "GKE_LLM_WEIGHTS_MARKERS"
-# A multi-host TPU group (components/vllm_server.py group_env): the leader starts Ray's head and
+# A multi-host TPU group (components/model/vllm_server.py group_env): the leader starts Ray's head and
 # waits for this many hosts; a worker joins the head at host:port and serves no vLLM itself.
 RAY_HEAD_ENV, RAY_JOIN_ENV = "GKE_LLM_RAY_HEAD_NODES", "GKE_LLM_RAY_JOIN"
 RAY_PORT = "6379"

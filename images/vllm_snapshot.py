@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(stub_dir, ignore_errors=True)
     data = snapshot()
     ns.out.mkdir(parents=True, exist_ok=True)
-    # The TPU build's file is tpu-<version>.json (components/vllm_versions.py VllmRelease.snapshot).
+    # The TPU build's file is tpu-<version>.json (components/model/vllm_versions.py VllmRelease.snapshot).
     path = ns.out / f"{'tpu-' if data['build'] == 'tpu' else ''}{data['version']}.json"
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     print(f"wrote {path}: {len(data['flags'])} flags, {len(data['routes'])} routes, {len(data['metrics'])} metrics")

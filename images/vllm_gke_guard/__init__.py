@@ -30,7 +30,7 @@ and a scanner that skips strings with memchr reads large ones while that is chea
 Python's json.loads (what vLLM's FastAPI uses) would give, last key winning; the bytes are left
 untouched unless a bound must be added. The common request takes a shorter path of its own.
 
-Config: JSON in GKE_LLM_GUARD_CONFIG (see components/serving_api.py for the shape).
+Config: JSON in GKE_LLM_GUARD_CONFIG (see components/model/serving_api.py for the shape).
 Standard library and msgspec, both in the vLLM image (without msgspec: json.loads, slower); with
 globalLimits, redis-py too (the image installs it).
 

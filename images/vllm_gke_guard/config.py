@@ -1,4 +1,4 @@
-"""The guard's config: JSON in GKE_LLM_GUARD_CONFIG (components/serving_api.py writes it; see
+"""The guard's config: JSON in GKE_LLM_GUARD_CONFIG (components/model/serving_api.py writes it; see
 there for the shape), read once when vLLM builds its app, and each issuer's tenant in it."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which requests pass at all, and what each kind of route is metered by.
 
-Only the routes in the config pass (components/serving_api.py writes the table: each tenant
+Only the routes in the config pass (components/model/serving_api.py writes the table: each tenant
 route with its method and kind), plus GET /health and GET /metrics; any other path or method
 gets 404/405. A route's kind says which field bounds its output and which fields hold prompts.
 """
