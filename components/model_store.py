@@ -59,6 +59,7 @@ from .model.weights_layout import (
     source_bucket,
     weight_copies,
 )
+from .model.weights_mount import WeightsMount, bucket_mount, claim_mount, claims_mount
 from .options import child_opts
 from .project_apis import ProjectApis
 from .workload_identity import workload_principal
@@ -380,6 +381,14 @@ class ModelStore(pulumi.ComponentResource):
             "serverIp": self.server_ip,
             "loaderJobs": list(self.loader_jobs),
         })
+
+    def mount_for(self, consumer: str, model: ModelSpec) -> WeightsMount:
+        """How a pod in the consumer's namespace reads the model's weights (and its adapters')."""
+        if self.hyperdisk is not None:
+            return claims_mount(self.claims_for(consumer, model))
+        if self.weights_volume is not None:
+            return bucket_mount(self.weights_volume, model, self.pod_annotations)
+        return claim_mount(self.claim_name)
 
     def claims_for(self, consumer: str, model: ModelSpec) -> dict[str, str]:
         """hyperdisk-ml: mount directory -> claim, for the model's weights and its adapters in the

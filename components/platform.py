@@ -269,7 +269,7 @@ class Platform(pulumi.ComponentResource):
                 standby_name = f"{service_name_of(model.name, which, canary)}-standby" if to_zero else ""
                 svc = VllmService(f"{p}{key}-{which}", VllmServiceArgs(
                     model=model, pool_name=which, pool=pool, node_pool=node_pool,
-                    namespace=namespace, image=cfg.image_for(pool_name), claim_name=store.claim_name,
+                    namespace=namespace, image=cfg.image_for(pool_name),
                     pods_cidr=cfg.cluster.pods_cidr, load_seconds=cold_start_seconds(cfg, model, node_pool),
                     provider=provider,
                     guard_config=pool_guard_config(callers, model, rel, shared_store,
@@ -277,13 +277,11 @@ class Platform(pulumi.ComponentResource):
                                                    dedicated=tenant is not None),
                     ttft_slo_seconds=cfg.monitoring.ttft_slo_seconds if slos_kept else None,
                     traces_endpoint=traces_endpoint, trace_sample_ratio=traces.sample_ratio,
-                    release=rel, tenant=tenant, canary=canary, weights_volume=store.weights_volume,
-                    weights_annotations=store.pod_annotations,
+                    release=rel, tenant=tenant, canary=canary, weights=store.mount_for(tenant or "serving", model),
                     scaling=KedaScaling(cfg.project, keda.auth_name, standby_name),
                     request_timeout_seconds=cfg.gateway.request_timeout_seconds,
                     rolling=rollout_strategy(surge_room(cfg, model, pool_name, tenant, which)),
-                    wait_behind_seconds=wait_behind(pool_name, model, tenant, which),
-                    weights_claims=store.claims_for(tenant or "serving", model)),
+                    wait_behind_seconds=wait_behind(pool_name, model, tenant, which)),
                     # Pods need the sidecar (so the mesh first) and the read-only claim; KEDA's CRDs
                     # come with its chart.
                     # ...and the namespace's identities (a pod of a missing service account is refused).

@@ -22,7 +22,6 @@ import pulumi_kubernetes as k8s
 
 from .gpu_cluster import placement_for
 from .k8s_meta import api_body, custom_resource, meta
-from .model import gcs_weights
 from .model.capacity import hosts_per_replica, rollout_strategy
 from .model.cold_start import NODE_PROVISION_S, rollout_seconds
 from .model.k8s_objects import (
@@ -63,7 +62,8 @@ from .model.vllm_server import (
     xla_cache_host_path,
 )
 from .model.vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release
-from .model.weights_layout import MOUNT_PATH, SERVER_SA, served_files_gb
+from .model.weights_layout import SERVER_SA
+from .model.weights_mount import WeightsMount
 from .options import child_opts
 
 PoolName = Literal["short", "long"]
@@ -158,7 +158,8 @@ class VllmServiceArgs:
     node_pool: NodePoolSpec
     namespace: pulumi.Input[str]
     image: ImageRef
-    claim_name: pulumi.Input[str]
+    # How the pods read the weights (ModelStore.mount_for: the backend's volumes, mounts and annotations).
+    weights: WeightsMount
     provider: k8s.Provider
     # What the in-server guard admits: serving_api.guard_config(tenants, routes, ...). Required: a
     # guard without tenants refuses every request.
@@ -168,13 +169,6 @@ class VllmServiceArgs:
     release: VllmRelease = field(default_factory=lambda: release(DEFAULT_VLLM_VERSION))
     # A canary of another revision runs as its own pool beside the stable one.
     canary: bool = False
-    # The weights as a pod volume named "weights" instead of `claim_name`'s claim (ModelStore's
-    # bucket backend), with the pod annotations its CSI driver needs.
-    weights_volume: Optional[Mapping[str, Any]] = None
-    weights_annotations: Mapping[str, str] = field(default_factory=dict[str, str])
-    # Or one read-only claim per weight set, mounted at its directory (ModelStore's Hyperdisk ML
-    # backend: a populated disk per model revision and per adapter).
-    weights_claims: Mapping[str, pulumi.Input[str]] = field(default_factory=dict[str, pulumi.Input[str]])
     # KEDA scales every pool (Keda installed; for minReplicas 0, with the standby's name).
     scaling: Optional[KedaScaling] = None
     # The load balancer's backend timeout (GatewaySpec.request_timeout_seconds): how long a
@@ -231,25 +225,14 @@ class VllmService(pulumi.ComponentResource):
         # One MIG slice is one nvidia.com/gpu; parallelism needs that many whole GPUs (or TPU chips).
         gpus = model.devices_per_replica
         shm = "16Gi" if gpus > 1 else "2Gi"
-        weights_mounts: list[dict[str, Any]] = [{"name": "weights", "mountPath": MOUNT_PATH, "readOnly": True}]
-        weights_volumes: list[Any] = [
-            {"name": "weights", "persistentVolumeClaim": {"claimName": args.claim_name, "readOnly": True}}]
-        if args.weights_claims:
-            ordered = sorted(args.weights_claims.items())
-            weights_mounts = [{"name": f"weights-{i}", "mountPath": d, "readOnly": True}
-                              for i, (d, _) in enumerate(ordered)]
-            weights_volumes = [{"name": f"weights-{i}", "persistentVolumeClaim": {"claimName": c, "readOnly": True}}
-                               for i, (_, c) in enumerate(ordered)]
-        elif args.weights_volume is not None:
-            # The bucket mount, and its file cache sized for this model and its adapters.
-            weights_volumes = [gcs_weights.with_cache_limit(args.weights_volume, served_files_gb(model)),
-                               gcs_weights.cache_volume(served_files_gb(model))]
+        weights_mounts = [dict(m) for m in args.weights.mounts]
+        weights_volumes = [dict(v) for v in args.weights.volumes]
         # Reading a bucket mount needs the network: an init container would read it before the
         # mesh sidecar serves whenever the sidecar is a classic one (managed Cloud Service Mesh
         # lists no nativeSidecar annotation) and Istio CNI captures the pod's traffic from the
         # start, so the FUSE sidecar's calls go nowhere and the pod never starts. The entrypoint
         # waits instead, after the proxy (holdApplicationUntilProxyStarts).
-        fuse = args.weights_volume is not None and not args.weights_claims
+        fuse = args.weights.through_fuse
         init_containers = [] if fuse else [{
             "name": "wait-for-weights",
             "image": args.image.uri,
@@ -284,7 +267,7 @@ class VllmService(pulumi.ComponentResource):
                                  # A warm replica is minutes of weight loading: the cluster
                                  # autoscaler must not evict it to consolidate nodes.
                                  "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
-                                 **args.weights_annotations}},
+                                 **args.weights.annotations}},
                 "spec": {
                     # Its own identity: the weights bucket and the limit store grant to it
                     # alone (MeshNamespace creates it), not to the namespace's default.
@@ -321,7 +304,7 @@ class VllmService(pulumi.ComponentResource):
                               if args.traces_endpoint else []),
                         ],
                         "resources": container_resources(
-                            args.node_pool, pod_devices, scratch_gi(model, args.weights_volume is not None)),
+                            args.node_pool, pod_devices, scratch_gi(model, args.weights.through_fuse)),
                         "securityContext": CONTAINER_SECURITY,
                         # Model load plus warm-up can take many minutes: allow 30, or half as
                         # long again as the plan's estimate where that is more (a 405B from a
@@ -371,7 +354,7 @@ class VllmService(pulumi.ComponentResource):
             annotations.clear()
             annotations.update({"sidecar.istio.io/inject": "false",
                                 "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
-                                **args.weights_annotations})
+                                **args.weights.annotations})
             # Not the pool's model/pool labels: the Service, PDB and scrape select leaders only.
             template["metadata"]["labels"] = {**BASE_LABELS, GROUP_WORKER_LABEL: self.service_name}
             container["env"] = [e for e in container["env"] if e["name"] != GUARD_CONFIG_ENV]

@@ -11,6 +11,7 @@ from vllm_gke.components.model.specs import ModelSpec, NodePoolSpec, ServingPool
 from vllm_gke.components.model.vllm_server import container_resources, vllm_args
 from vllm_gke.components.model.vllm_versions import release
 from vllm_gke.components.model.weights_layout import model_dir
+from vllm_gke.components.model.weights_mount import claim_mount
 
 
 def deployment(plan, name, namespace="vllm"):
@@ -152,7 +153,7 @@ def test_a_guard_without_tenants_is_refused_at_the_component(plans):
     plan = plans["dev"]
     model = plan.config.models[0]
     args = dict(model=model, pool_name="short", pool=model.short, node_pool=plan.config.pool(model.node_pool),
-                namespace="vllm", image=plan.config.server_image, claim_name="c", provider=None)
+                namespace="vllm", image=plan.config.server_image, weights=claim_mount("c"), provider=None)
     with pytest.raises(TypeError):
         VllmServiceArgs(**args)  # no default
     assert "guard_config" in {f.name for f in dataclasses.fields(VllmServiceArgs) if f.default is dataclasses.MISSING

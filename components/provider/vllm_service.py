@@ -30,6 +30,7 @@ from ..model.specs import NodePoolSpec as NodePoolModel
 from ..model.specs import TenantSpec as TenantModel
 from ..model.vllm_versions import DEFAULT_TPU_VLLM_VERSION, DEFAULT_VLLM_VERSION, RELEASES, TPU_RELEASES
 from ..model.weights_layout import SERVER_SA
+from ..model.weights_mount import claim_mount
 from ..options import child_opts
 from ..standby import STANDBY_SA, Standby, StandbyArgs
 from ..vllm_service import SERVER_LABELS, VllmServiceArgs
@@ -186,7 +187,7 @@ class VllmService(pulumi.ComponentResource):
         standby_name = f"{service_name_of(model.name, pool_name, canary)}-standby" if to_zero else ""
         inner = _VllmService(name, VllmServiceArgs(
             model=model, pool_name=pool_name, pool=getattr(model, pool_name), node_pool=node_pool,
-            namespace=args["namespace"], image=image, claim_name=args["claim_name"],
+            namespace=args["namespace"], image=image, weights=claim_mount(args["claim_name"]),
             provider=provider,
             # Tenants of negative priority are shed over the stack default's queue-time objective.
             guard_config=pool_guard_config(tenants, model, rel, (limit_store_host(), LIMITS_PORT)
