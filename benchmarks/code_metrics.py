@@ -50,17 +50,17 @@ def _functions(tree: ast.AST, path: str, prefix: str = "") -> list[Function]:
     return found
 
 
-def functions(files: list[Path]) -> list[Function]:
-    return [f for p in files for f in _functions(ast.parse(p.read_text()), p.relative_to(ROOT).as_posix())]
+def functions(files: list[Path], root: Path = ROOT) -> list[Function]:
+    return [f for p in files for f in _functions(ast.parse(p.read_text()), p.relative_to(root).as_posix())]
 
 
-def inner_imports(files: list[Path]) -> list[str]:
+def inner_imports(files: list[Path], root: Path = ROOT) -> list[str]:
     """`import` statements inside a function body: each one a cycle dodged or a cost deferred."""
     found = []
     for p in files:
         for fn in ast.walk(ast.parse(p.read_text())):
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                found += [f"{p.relative_to(ROOT).as_posix()}:{n.lineno}" for n in ast.walk(fn)
+                found += [f"{p.relative_to(root).as_posix()}:{n.lineno}" for n in ast.walk(fn)
                           if isinstance(n, (ast.Import, ast.ImportFrom))]
     return sorted(set(found))
 

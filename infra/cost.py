@@ -17,7 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..components.model.capacity import capacity_report, gpu_slots_by_pool
+from ..components.model.capacity import gpu_slots_by_pool
+from ..components.model.capacity_report import capacity_report
 from .pricing import (
     FILESTORE_GIB_MONTH,
     GCS_STANDARD_GB_MONTH,

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from ..components.model.capacity import PoolCapacity, capacity_report
+from ..components.model.capacity import PoolCapacity
+from ..components.model.capacity_report import capacity_report
 from ..components.model.specs import TenantSpec
 from ..components.model.stack_config import StackConfig
 from ..components.model.tenant_urls import TenantUrl, tenant_urls, url_notes

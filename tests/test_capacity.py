@@ -6,7 +6,8 @@ import copy
 
 import pytest
 
-from vllm_gke.components.model.capacity import GB, RUNTIME_OVERHEAD_GB, capacity_report, pool_capacity
+from vllm_gke.components.model.capacity import GB, RUNTIME_OVERHEAD_GB, pool_capacity
+from vllm_gke.components.model.capacity_report import capacity_report
 from vllm_gke.components.model.catalog import MODEL_SHAPES
 from vllm_gke.components.model.specs import ModelSpec, NodePoolSpec, ServingPoolSpec
 from vllm_gke.infra.config import ConfigError, parse

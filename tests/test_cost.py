@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from vllm_gke.components.model.capacity import capacity_report
+from vllm_gke.components.model.capacity_report import capacity_report
 from vllm_gke.components.model.catalog import MACHINE_TYPES
 from vllm_gke.infra.config import parse
 from vllm_gke.infra.cost import cost_report

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from tests.conftest import manifests_of
-from vllm_gke.components.model.capacity import capacity_report
+from vllm_gke.components.model.capacity_report import capacity_report
 from vllm_gke.components.model.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds, filestore_read_mib_s
 from vllm_gke.components.model.gcp_names import bucket_name, is_bucket_name
 from vllm_gke.components.model.gcs_weights import (

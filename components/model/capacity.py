@@ -14,7 +14,7 @@ which vLLM itself refuses to start without.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from .specs import ModelSpec, NodePoolSpec, ServingPoolSpec
@@ -152,17 +152,6 @@ def hosts_per_replica(model: ModelSpec, node_pool: NodePoolSpec) -> int:
     (the placement check refuses a count that is not a multiple)."""
     per_node = node_pool.slices_per_node
     return max(1, -(-model.devices_per_replica // per_node))
-
-
-def capacity_report(cfg: "StackConfig") -> list[PoolCapacity]:
-    """One row per serving pool the stack declares, shared and dedicated."""
-    pools = {p.name: p for p in cfg.node_pools}
-    from .cold_start import cold_start_seconds
-
-    return [replace(pool_capacity(model, which, getattr(model, which), pools[pool_name], tenant),
-                    canary=model.revision != cfg.model(model.name).revision,
-                    cold_start_s=cold_start_seconds(cfg, model, pools[pool_name]))
-            for model, pool_name, tenant in placements(cfg) for which in model.pool_names]
 
 
 def placements(cfg: "StackConfig") -> list[tuple[ModelSpec, str, Optional[str]]]:

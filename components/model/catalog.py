@@ -10,6 +10,7 @@ A100/H100/L4 datasheets; cloud.google.com/tpu/docs/v5e, v6e, v5p): the plan's ro
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import dataclass
@@ -276,8 +277,6 @@ def region_problem(name: str, zones_key: str = "cluster.zones") -> str | None:
 
 def nearest_regions(name: str) -> list[str]:
     """Regions spelled like `name` ('europe-west-4' -> europe-west4), closest first."""
-    import difflib
-
     squashed = {r.replace("-", ""): r for r in REGION_ZONES}
     exact = squashed.get(name.lower().replace("-", "").replace("_", ""))
     return [exact] if exact else difflib.get_close_matches(name.lower(), list(REGION_ZONES), n=3, cutoff=0.75)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from ..stack_config import ConfigIssue
 from .base import PROJECT, Add
 from .cluster import (
     INFERENCE_GATEWAY_CLASSES,
@@ -43,7 +44,7 @@ from .scaling import cooldown_covers_wake
 from .tenants import adapters, check_tenant_cap, check_tenant_limits, external_gateway, global_limits, tenant_models
 
 if TYPE_CHECKING:
-    from ..stack_config import ConfigIssue, StackConfig
+    from ..stack_config import StackConfig
 
 # In the order problems are reported: names first, then placement, then the rest.
 STACK_CHECKS: tuple[Callable[["StackConfig", Add], None], ...] = (
@@ -55,8 +56,6 @@ STACK_CHECKS: tuple[Callable[["StackConfig", Add], None], ...] = (
 
 
 def cross_field_issues(cfg: "StackConfig") -> list["ConfigIssue"]:
-    from ..stack_config import ConfigIssue
-
     issues: list[ConfigIssue] = []
 
     def add(key: str, problem: str) -> None:

@@ -3,6 +3,7 @@ validated scalar types (names, CIDRs, revisions, hostnames) and the image refere
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Any, Callable, Optional, TypeGuard
 
@@ -85,7 +86,6 @@ def cidr_range(hint: int, smallest: int = 32, why: str = "") -> Callable[[str], 
     """A validator of an IPv4 range: a bare address is refused (ip_network would read it as a
     /32) with the range it probably means (`hint` its prefix), set host bits with the range they
     belong to, and a range smaller than a /`smallest` with `why`."""
-    import ipaddress
 
     def check(value: str) -> str:
         if "/" not in value:

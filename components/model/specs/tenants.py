@@ -4,6 +4,7 @@ replicas and priority."""
 from __future__ import annotations
 
 from typing import Optional
+from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
@@ -45,8 +46,6 @@ class JwtSpec(Spec):
     @field_validator("issuer", "jwks_uri")
     @classmethod
     def _https(cls, v: str) -> str:
-        from urllib.parse import urlsplit
-
         parts = urlsplit(v)
         if parts.scheme != "https" or not parts.hostname or not HOSTNAME.match(parts.hostname) \
                 or any(c.isspace() for c in v) or parts.query or parts.fragment:

@@ -10,6 +10,8 @@ from pydantic import (
     field_validator,
 )
 
+from ..catalog import populator_vcpus
+from ..gcp_names import is_bucket_name
 from .base import (
     SECRET_ID,
     TOKEN_LIKE,
@@ -69,8 +71,6 @@ class WeightsSpec(Spec):
     @field_validator("populator_machine_type")
     @classmethod
     def _populator_machine(cls, v: str) -> str:
-        from ..catalog import populator_vcpus
-
         if populator_vcpus(v) is None:
             raise ValueError(f"'{v}' is not a C3 or C3D machine type with at least 8 vCPUs (e.g. c3-standard-44, "
                              "c3-highcpu-22, c3d-standard-30): the transfer Jobs need a series that attaches "
@@ -80,8 +80,6 @@ class WeightsSpec(Spec):
     @field_validator("bucket")
     @classmethod
     def _bucket(cls, v: Optional[str]) -> Optional[str]:
-        from ..gcp_names import is_bucket_name
-
         if v is not None and not is_bucket_name(v):
             raise ValueError(f"'{v}' is not a Cloud Storage bucket name: 3-63 lowercase letters, digits, '-' or '_', "
                              "a letter or digit at both ends, not starting with goog or containing google")
