@@ -15,91 +15,33 @@ certificate map annotation on a global Gateway); the address is reserved (NamedA
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from .k8s_meta import custom_resource, meta
-from .model.k8s_objects import ACCESS_LABEL, vllm_health_check
-from .model.serving_api import FAIRNESS_HEADER, OBJECTIVE_HEADER, REFUSED_AT_THE_PICKER, VERIFIED_HEADERS
+from .model.gateway_routes import (
+    GATEWAY_NAME,
+    PickerTarget,
+    gateway_spec,
+    https_redirect,
+    length_rules,
+    picker_rules,
+    route_spec,
+    service_backend_policy,
+    service_ref,
+    serving_listener,
+    weighted_backends,
+)
+from .model.k8s_objects import vllm_health_check
 from .model.specs import GatewaySpec
-from .model.vllm_server import drain_seconds
 from .options import child_opts
 from .project_apis import ProjectApis
 
-GATEWAY_NAME = "vllm"
-LENGTH_HINT_HEADER = "x-vllm-gke-length"
-HTTP_LISTENER = "http"
-HTTPS_LISTENER = "https"
-# GCPBackendPolicy's connectionDraining.drainingTimeoutSec upper bound (Cloud Load Balancing).
-MAX_DRAINING_S = 3600
-# Where a request carrying a picker control header is redirected: no route serves it (404).
-PICKER_HEADER_REFUSED_PATH = "/vllm-gke/errors/gateway-control-header-not-allowed"
-
-
-def at_least_regex(n: int) -> str:
-    """An RE2 pattern matching exactly the decimal integers >= n (no leading zeros)."""
-    digits = str(n)
-    width = len(digits)
-    alternatives = [f"[1-9][0-9]{{{width},}}"]  # more digits than n
-    alternatives.append(digits)
-    for i in range(width - 1, -1, -1):
-        d = int(digits[i])
-        low = d + 1
-        if low > 9 or (i == 0 and low < 1):
-            continue
-        rest = width - i - 1
-        tail = f"[0-9]{{{rest}}}" if rest else ""
-        alternatives.append(f"{digits[:i]}[{low}-9]{tail}")
-    return "^(" + "|".join(alternatives) + ")$"
-
-
-def at_most_regex(n: int) -> str:
-    """An RE2 pattern matching exactly the decimal integers 0..n (no leading zeros)."""
-    digits = str(n)
-    width = len(digits)
-    alternatives = ["0"]
-    if width > 1:
-        alternatives.append(f"[1-9][0-9]{{0,{width - 2}}}")  # fewer digits than n
-    alternatives.append(digits)
-    for i, ch in enumerate(digits):
-        high = int(ch) - 1
-        low = 1 if i == 0 else 0
-        if high < low:
-            continue
-        rest = width - i - 1
-        tail = f"[0-9]{{{rest}}}" if rest else ""
-        alternatives.append(f"{digits[:i]}[{low}-{high}]{tail}")
-    return "^(" + "|".join(alternatives) + ")$"
-
-
-def backend_defaults(request_timeout_seconds: int) -> dict[str, Any]:
-    """GCPBackendPolicy defaults for vLLM replicas. Long generations stream for minutes (the load
-    balancer's 30 s default would cut them); a detached endpoint keeps its connections for as long
-    as a stopping replica may still answer (preStop plus the longest request), so what it
-    accepted finishes on a scale-down or drain."""
-    return {"timeoutSec": request_timeout_seconds,
-            "connectionDraining": {"drainingTimeoutSec": min(MAX_DRAINING_S, drain_seconds(request_timeout_seconds))}}
-
-
-@dataclass(frozen=True)
-class PickerTarget:
-    """A model's InferencePool as one tenant reaches it. The tenant must send its own objective
-    (no other value is routed) and may not send the picker's other control headers (refused):
-    the picker reads the request before route-level header changes apply (envoy#15012), so
-    neither its priority nor its replica is the client's to choose. The route also sets them
-    for the replica, whose mesh policy and guard check the same objective."""
-
-    pool_name: str
-    objective: str
-    tenant: str
-    # (path, method) pairs the picker serves (serving_api.picker_routes()).
-    routes: tuple[tuple[str, str], ...] = (("/v1/chat/completions", "POST"), ("/v1/completions", "POST"),
-                                           ("/v1/models", "GET"))
-    # The largest Content-Length a body may declare (the picker buffers it whole).
-    max_body_bytes: int = 1 << 20
+# A child's options waiting for these APIs (and these resources).
+GcpOpts = Callable[..., pulumi.ResourceOptions]
 
 
 @dataclass(frozen=True)
@@ -130,6 +72,15 @@ class RouteTarget:
         canary = [s for s in (self.canary_short_service, self.canary_long_service) if s]
         return [self.short_service, self.long_service, *canary]
 
+    def rules(self) -> list[dict[str, Any]]:
+        """The route's rules: through the picker, or by length to the two pools (each with its canary)."""
+        if self.picker:
+            return picker_rules(self.path_prefix, self.picker)
+        return length_rules(
+            self.path_prefix, self.long_request_bytes,
+            weighted_backends(self.short_service, self.canary_short_service, self.port, self.canary_weight),
+            weighted_backends(self.long_service, self.canary_long_service, self.port, self.canary_weight))
+
 
 @dataclass
 class GatewayArgs:
@@ -155,6 +106,26 @@ class Gateway(pulumi.ComponentResource):
         super().__init__("vllm-gke:index:Gateway", name, None, opts)
         k8s_opts = child_opts(self, opts, provider=args.provider)
         spec = args.spec
+        self.serving_listener = serving_listener(spec)
+        self.gateway = self._gateway(name, args, opts)
+        if spec.tls:
+            custom_resource(f"{name}-https-redirect", "gateway.networking.k8s.io/v1", "HTTPRoute",
+                            {**meta("https-redirect"), "namespace": args.namespace}, https_redirect(spec), k8s_opts)
+        parent_ref = {"name": GATEWAY_NAME, "namespace": args.namespace, "sectionName": self.serving_listener}
+        for target in args.targets:
+            custom_resource(f"{name}-route-{target.route_name}", "gateway.networking.k8s.io/v1", "HTTPRoute",
+                            {**meta(target.route_name), "namespace": target.namespace},
+                            route_spec(parent_ref, target.rules(), spec.hostname), k8s_opts)
+            self._service_policies(name, target, spec, k8s_opts)
+        self.register_outputs({"gatewayName": GATEWAY_NAME, "className": spec.class_name,
+                               "external": spec.external, "listener": self.serving_listener,
+                               "address": self.address, "dnsAuthorization": self.dns_authorization,
+                               "routes": [t.route_name for t in args.targets]})
+
+    def _gateway(self, name: str, args: GatewayArgs,
+                 opts: Optional[pulumi.ResourceOptions]) -> k8s.apiextensions.CustomResource:
+        """The Gateway, after the GCP resources it names (its certificate, its address)."""
+        spec = args.spec
         apis = args.apis
         # GCP resources the Gateway names (address, certificate): it must not come up before them.
         self._gcp_children: list[pulumi.Resource] = []
@@ -162,63 +133,23 @@ class Gateway(pulumi.ComponentResource):
         def gcp_opts(*api_names: str, depends_on: Sequence[pulumi.Resource] = ()) -> pulumi.ResourceOptions:
             return child_opts(self, opts, depends_on=[*(apis.needs(*api_names) if apis else []), *depends_on])
 
-        listener_host = {"hostname": spec.hostname} if spec.hostname else {}
-        # Only namespaces this library labels may attach routes, and only to the serving listener.
-        tenant_routes = {"namespaces": {"from": "Selector", "selector": {"matchLabels": {ACCESS_LABEL: "true"}}}}
-        own_routes = {"namespaces": {"from": "Same"}}
         annotations: dict[str, Any] = {}
-        tls_options: dict[str, Any] = {}
+        certificate = ""
         if spec.managed_certificate:
             assert spec.hostname is not None
-            cert_name, extra = self._managed_certificate(name, args, gcp_opts)
+            cert_name, cert_map = self._managed_certificate(name, args, gcp_opts)
             if spec.regional:
-                tls_options = {"options": {"networking.gke.io/cert-manager-certs": cert_name}}
+                certificate = cert_name
             else:
-                annotations["networking.gke.io/certmap"] = extra
-        listeners: list[dict[str, Any]] = []
-        if spec.tls:
-            tls: dict[str, Any] = {"mode": "Terminate", **tls_options}
-            if spec.tls_secret_name:
-                tls["certificateRefs"] = [{"kind": "Secret", "name": spec.tls_secret_name}]
-            listeners.append({"name": HTTPS_LISTENER, "protocol": "HTTPS", "port": 443,
-                              "allowedRoutes": tenant_routes, "tls": tls, **listener_host})
-            listeners.append({"name": HTTP_LISTENER, "protocol": "HTTP", "port": 80,
-                              "allowedRoutes": own_routes, **listener_host})
-            self.serving_listener = HTTPS_LISTENER
-        else:
-            listeners.append({"name": HTTP_LISTENER, "protocol": "HTTP", "port": 80,
-                              "allowedRoutes": tenant_routes, **listener_host})
-            self.serving_listener = HTTP_LISTENER
-
-        gateway_spec: dict[str, Any] = {"gatewayClassName": spec.class_name, "listeners": listeners}
-        if spec.static_ip:
-            address_name = self._address(name, args, gcp_opts)
-            gateway_spec["addresses"] = [{"type": "NamedAddress", "value": address_name}]
-        self.gateway = custom_resource(
+                annotations["networking.gke.io/certmap"] = cert_map
+        address = self._address(name, args, gcp_opts) if spec.static_ip else ""
+        return custom_resource(
             f"{name}-gateway", "gateway.networking.k8s.io/v1", "Gateway",
             {**meta(GATEWAY_NAME, annotations=annotations or None), "namespace": args.namespace},
-            gateway_spec, child_opts(self, opts, provider=args.provider, depends_on=self._gcp_children))
+            gateway_spec(spec, certificate, address),
+            child_opts(self, opts, provider=args.provider, depends_on=self._gcp_children))
 
-        if spec.tls:
-            custom_resource(
-                f"{name}-https-redirect", "gateway.networking.k8s.io/v1", "HTTPRoute",
-                {**meta("https-redirect"), "namespace": args.namespace},
-                {"parentRefs": [{"name": GATEWAY_NAME, "sectionName": HTTP_LISTENER}],
-                 **({"hostnames": [spec.hostname]} if spec.hostname else {}),
-                 "rules": [{"filters": [{"type": "RequestRedirect", "requestRedirect": {
-                     "scheme": "https", "statusCode": 301}}]}]},
-                k8s_opts)
-
-        parent_ref = {"name": GATEWAY_NAME, "namespace": args.namespace, "sectionName": self.serving_listener}
-        for target in args.targets:
-            self._route(name, target, parent_ref, spec, k8s_opts)
-
-        self.register_outputs({"gatewayName": GATEWAY_NAME, "className": spec.class_name,
-                               "external": spec.external, "listener": self.serving_listener,
-                               "address": self.address, "dnsAuthorization": self.dns_authorization,
-                               "routes": [t.route_name for t in args.targets]})
-
-    def _address(self, name: str, args: GatewayArgs, gcp_opts: Any) -> str:
+    def _address(self, name: str, args: GatewayArgs, gcp_opts: GcpOpts) -> str:
         spec = args.spec
         address_name = f"{args.name_prefix}-gateway"
         if not spec.regional:
@@ -238,7 +169,7 @@ class Gateway(pulumi.ComponentResource):
         self.address = addr.address
         return address_name
 
-    def _managed_certificate(self, name: str, args: GatewayArgs, gcp_opts: Any) -> tuple[str, str]:
+    def _managed_certificate(self, name: str, args: GatewayArgs, gcp_opts: GcpOpts) -> tuple[str, str]:
         """A Google-managed certificate for the hostname, authorised by a DNS record."""
         spec = args.spec
         assert spec.hostname is not None
@@ -266,101 +197,15 @@ class Gateway(pulumi.ComponentResource):
         self.dns_authorization = auth.dns_resource_records
         return cert_name, map_name
 
-    def _route(self, name: str, target: RouteTarget, parent_ref: dict[str, Any], spec: GatewaySpec,
-               opts: pulumi.ResourceOptions) -> None:
-        prefix = f"/{target.path_prefix}/v1"
-        path = {"type": "PathPrefix", "value": prefix}
-        # No URLRewrite: GKE does not claim HTTPRoute path rewrites (infra/contracts/gateway.py), so
-        # the path reaches the pod as sent; the mesh admits it prefixed and the guard strips the prefix.
-        # The tenant is the issuer and subject Istio verified: a client's own copy never gets through.
-        strip_verified = [{"type": "RequestHeaderModifier", "requestHeaderModifier": {"remove": list(VERIFIED_HEADERS)}}]
-
-        def backend(service: str, canary: Optional[str]) -> list[dict[str, Any]]:
-            if not canary:
-                return [{"name": service, "port": target.port}]
-            # Weights are relative: stable and canary always both listed, so a rollback is a
-            # config change of the weight and the canary can stay warm at 0.
-            return [{"name": service, "port": target.port, "weight": 100 - target.canary_weight},
-                    {"name": canary, "port": target.port, "weight": target.canary_weight}]
-
-        if target.picker:
-            self._picker_route(name, target, parent_ref, spec, opts)
-            return
-        long_backend = {"filters": strip_verified,
-                        "backendRefs": backend(target.long_service, target.canary_long_service)}
-        # Header matches outrank the bare path match of the last rule (Gateway API precedence).
-        rules = [
-            {"matches": [{"path": path, "headers": [{"type": "RegularExpression", "name": "content-length",
-                                                     "value": at_least_regex(target.long_request_bytes)}]}],
-             **long_backend},
-            {"matches": [{"path": path, "headers": [{"type": "Exact", "name": LENGTH_HINT_HEADER,
-                                                     "value": "long"}]}],
-             **long_backend},
-            {"matches": [{"path": path}], "filters": strip_verified,
-             "backendRefs": backend(target.short_service, target.canary_short_service)},
-        ]
-        self._declare_route(name, target, rules, parent_ref, spec, opts)
-
-        self._service_policies(name, target, spec, opts)
-
-    @staticmethod
-    def _declare_route(name: str, target: RouteTarget, rules: list[dict[str, Any]], parent_ref: dict[str, Any], spec: GatewaySpec,
-                       opts: pulumi.ResourceOptions) -> None:
-        route_spec: dict[str, Any] = {"parentRefs": [parent_ref], "rules": rules}
-        if spec.hostname:
-            route_spec["hostnames"] = [spec.hostname]
-        custom_resource(f"{name}-route-{target.route_name}", "gateway.networking.k8s.io/v1", "HTTPRoute",
-                        {**meta(target.route_name), "namespace": target.namespace}, route_spec, opts)
-
-    def _picker_route(self, name: str, target: RouteTarget, parent_ref: dict[str, Any], spec: GatewaySpec,
-                      opts: pulumi.ResourceOptions) -> None:
-        """One rule per route the picker serves, each requiring the tenant's own objective and,
-        for a body, a Content-Length within the limit (no chunked or oversized body reaches the
-        picker, which buffers it whole); and first a rule that answers any request carrying one
-        of the picker's other control headers with a redirect to a path nothing serves. Each of
-        its matches is a served match plus that header, so it outranks the served rule by header
-        count (Gateway API precedence), whatever the implementation does with ties."""
-        picker = target.picker
-        assert picker is not None
-        prefix = f"/{target.path_prefix}"
-        own = {"type": "Exact", "name": OBJECTIVE_HEADER, "value": picker.objective}
-        length = {"type": "RegularExpression", "name": "content-length", "value": at_most_regex(picker.max_body_bytes)}
-
-        def served(path: str, method: str) -> dict[str, Any]:
-            # No method match (GKE's conformance reports list it as unsupported): the mesh and the
-            # guard refuse a wrong method; a body route still needs its bounded Content-Length.
-            return {"path": {"type": "Exact", "value": f"{prefix}{path}"},
-                    "headers": [own, *([length] if method == "POST" else [])]}
-
-        headers = {"type": "RequestHeaderModifier", "requestHeaderModifier": {
-            "set": [{"name": OBJECTIVE_HEADER, "value": picker.objective},
-                    {"name": FAIRNESS_HEADER, "value": picker.tenant}],
-            "remove": [*VERIFIED_HEADERS, *REFUSED_AT_THE_PICKER]}}  # never PICKER_SETS: see serving_api
-        backend = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": picker.pool_name}
-        def with_header(match: dict[str, Any], header: str) -> dict[str, Any]:
-            return {**match, "headers": [*match["headers"], {"type": "RegularExpression", "name": header, "value": ".*"}]}
-
-        refused = {"matches": [with_header(served(path, method), header)
-                               for path, method in picker.routes for header in REFUSED_AT_THE_PICKER],
-            "filters": [{"type": "RequestRedirect", "requestRedirect": {
-                "path": {"type": "ReplaceFullPath", "replaceFullPath": PICKER_HEADER_REFUSED_PATH},
-                "statusCode": 302}}]}
-        # Forwarded as sent (no URLRewrite, as above): the picker reads no path, the guard strips the prefix.
-        rules = [refused, *({"matches": [served(path, method)], "filters": [headers], "backendRefs": [backend]}
-                            for path, method in picker.routes)]
-        self._declare_route(name, target, rules, parent_ref, spec, opts)
-
     @staticmethod
     def _service_policies(name: str, target: RouteTarget, spec: GatewaySpec, opts: pulumi.ResourceOptions) -> None:
         for service in target.services():
-            ref = {"group": "", "kind": "Service", "name": service}
             custom_resource(
                 f"{name}-hc-{target.route_name}-{service}", "networking.gke.io/v1", "HealthCheckPolicy",
-                {**meta(service), "namespace": target.namespace}, vllm_health_check(ref, target.port), opts)
-            backend_policy: dict[str, Any] = backend_defaults(spec.request_timeout_seconds)
-            if target.max_rate_per_endpoint.get(service):
-                backend_policy["maxRatePerEndpoint"] = target.max_rate_per_endpoint[service]
+                {**meta(service), "namespace": target.namespace},
+                vllm_health_check(service_ref(service), target.port), opts)
             custom_resource(
                 f"{name}-bp-{target.route_name}-{service}", "networking.gke.io/v1", "GCPBackendPolicy",
                 {**meta(service), "namespace": target.namespace},
-                {"default": backend_policy, "targetRef": ref}, opts)
+                service_backend_policy(service, spec.request_timeout_seconds,
+                                       target.max_rate_per_endpoint.get(service, 0)), opts)

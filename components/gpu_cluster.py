@@ -15,7 +15,8 @@ from .k8s_meta import custom_resource, meta
 from .model.catalog import MACHINE_TYPES
 from .model.gcp_names import service_account_id
 from .model.hyperdisk_ml import TRANSFER_COMPUTE_CLASS
-from .model.k8s_objects import COMPUTE_CLASS_LABEL, NODE_POOL_LABEL
+from .model.k8s_objects import COMPUTE_CLASS_LABEL
+from .model.node_pools import TRANSFER_POOL, GkePool, compute_class_spec, compute_classes, gke_pools
 from .model.specs import ClusterSpec, MaintenanceSpec, NodePoolSpec, UpgradeSpec
 from .options import child_opts
 from .project_apis import ProjectApis
@@ -27,13 +28,6 @@ NODE_ROLES = (
     "roles/stackdriver.resourceMetadata.writer",
     "roles/artifactregistry.reader",
 )
-
-TRANSFER_POOL = "hdml-transfer"
-GPU_TAINT: gcp.container.NodePoolNodeConfigTaintArgsDict = {"key": "nvidia.com/gpu", "value": "present",
-                                                          "effect": "NO_SCHEDULE"}
-# What GKE puts on TPU nodes itself; declared so only pods that tolerate it land there.
-TPU_TAINT: gcp.container.NodePoolNodeConfigTaintArgsDict = {"key": "google.com/tpu", "value": "present",
-                                                          "effect": "NO_SCHEDULE"}
 
 
 @dataclass
@@ -52,36 +46,6 @@ class GpuClusterArgs:
     secret_manager: bool = True
     # Hyperdisk ML weights: the machine type of the pool GKE Volume Populator's transfer Jobs run on.
     populator_machine_type: Optional[str] = None
-
-
-@dataclass(frozen=True)
-class Placement:
-    """How a pod lands on a configured GPU pool: node selector plus tolerations."""
-
-    node_selector: Mapping[str, str]
-    tolerations: Sequence[Mapping[str, str]]
-
-
-def placement_for(pool: NodePoolSpec) -> Placement:
-    acc = pool.machine.accelerator
-    assert acc is not None
-    if acc.is_tpu:
-        # GKE's TPU node labels: the chip and the slice's topology (a multi-host slice's nodes share it).
-        selector = {"cloud.google.com/gke-tpu-accelerator": acc.gke_type,
-                    "cloud.google.com/gke-tpu-topology": pool.topology or ""}
-    else:
-        selector = {"cloud.google.com/gke-accelerator": acc.gke_type}
-    tolerations = [{"key": acc.resource, "operator": "Exists", "effect": "NoSchedule"}]
-    if pool.gpu_partition_size:
-        selector["cloud.google.com/gke-gpu-partition-size"] = pool.gpu_partition_size
-    if pool.has_fallback_pool:
-        # The ComputeClass chooses spot first, then the on-demand twin.
-        selector[COMPUTE_CLASS_LABEL] = pool.name
-        tolerations.append({"key": COMPUTE_CLASS_LABEL, "operator": "Equal", "value": pool.name,
-                            "effect": "NoSchedule"})
-    else:
-        selector[NODE_POOL_LABEL] = pool.name
-    return Placement(selector, tolerations)
 
 
 def kubeconfig(name: str, endpoint: str, ca_cert: str) -> str:
@@ -120,6 +84,48 @@ def upgrade_settings(spec: UpgradeSpec) -> gcp.container.NodePoolUpgradeSettings
     return {"strategy": "SURGE", "max_surge": spec.max_surge, "max_unavailable": spec.max_unavailable}
 
 
+def addons_config(gcs_fuse: bool) -> gcp.container.ClusterAddonsConfigArgsDict:
+    addons: gcp.container.ClusterAddonsConfigArgsDict = {
+        "gcp_filestore_csi_driver_config": {"enabled": True},
+        "gce_persistent_disk_csi_driver_config": {"enabled": True},
+    }
+    if gcs_fuse:
+        addons["gcs_fuse_csi_driver_config"] = {"enabled": True}
+    addons["http_load_balancing"] = {"disabled": False}
+    addons["horizontal_pod_autoscaling"] = {"disabled": False}
+    return addons
+
+
+def optional_settings(spec: ClusterSpec) -> dict[str, Any]:
+    """Settings set only where configured (unset, the provider's default applies)."""
+    authorized: dict[str, Any] = {}
+    if spec.authorized_networks:
+        authorized = {"master_authorized_networks_config": {
+            "cidr_blocks": [{"cidr_block": n.cidr, "display_name": n.display_name}
+                            for n in spec.authorized_networks],
+            "gcp_public_cidrs_access_enabled": False}}
+    maintenance = maintenance_policy(spec.maintenance)
+    return {
+        # A floor, not a pin: GKE still upgrades along the channel (pulumi-gcp minMasterVersion).
+        **({"min_master_version": spec.min_master_version} if spec.min_master_version else {}),
+        # Dataplane V2 enforces NetworkPolicy (immutable: set at creation only).
+        **({"datapath_provider": "ADVANCED_DATAPATH"} if spec.dataplane_v2 else {}),
+        **authorized,
+        **({"maintenance_policy": maintenance} if maintenance else {}),
+    }
+
+
+def pool_of(config: Any) -> Any:
+    """The cluster's Workload Identity pool (a str: the cluster sets it) from its
+    workload_identity_config: a dict under the plan's mocks, ClusterWorkloadIdentityConfig when deployed."""
+    return (cast(dict[str, Any], config) or {}).get("workload_pool") if isinstance(config, dict) \
+        else config.workload_pool
+
+
+def taints_of(pool: GkePool) -> list[gcp.container.NodePoolNodeConfigTaintArgsDict]:
+    return [{"key": key, "value": value, "effect": "NO_SCHEDULE"} for key, value in pool.taints()]
+
+
 class GpuCluster(pulumi.ComponentResource):
     """VPC + GKE cluster (Workload Identity, managed Prometheus + DCGM, Filestore CSI, Gateway API)."""
 
@@ -131,18 +137,43 @@ class GpuCluster(pulumi.ComponentResource):
     kubeconfig: pulumi.Output[str]
     # PROJECT.svc.id.goog: exists only once the cluster does, so bindings to it must wait.
     workload_pool: pulumi.Output[str]
+    # What GKE Volume Populator's transfer Jobs need before a claim asks for a copy.
+    transfer_ready: list[pulumi.Resource]
 
     def __init__(self, name: str, args: GpuClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:GpuCluster", name, None, opts)
-        spec = args.cluster
         labels = {"managed-by": "pulumi", "app": "vllm-gke", **args.labels}
-        apis = args.apis
+        self._network(name, args, opts)
+        self._node_identity(name, args, opts)
+        self.cluster = self._cluster(name, args, labels, opts)
+        self.workload_pool = self.cluster.workload_identity_config.apply(pool_of)
+        self.node_pools = self._node_pools(name, args, labels, opts)
+        self._fleet_mesh(name, args, opts)
+        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
+            self.cluster.name, self.cluster.endpoint, self.cluster.master_auth.cluster_ca_certificate
+        ).apply(lambda a: kubeconfig(a[0], a[1], a[2])))
+        self.provider = k8s.Provider(
+            f"{name}-k8s", kubeconfig=self.kubeconfig, enable_server_side_apply=True,
+            opts=child_opts(self, opts, depends_on=[*self.node_pools.values(), self.mesh]))
+        self._compute_classes(name, args, opts)
+        self.register_outputs({
+            "clusterName": self.cluster.name,
+            "endpoint": self.cluster.endpoint,
+            "network": self.network.id,
+            "kubeconfig": self.kubeconfig,
+            "workloadPool": self.workload_pool,
+            "nodePools": list(self.node_pools),
+        })
 
-        def needs(*api_names: str, depends_on: Sequence[pulumi.Resource] = ()) -> pulumi.ResourceOptions:
-            waits = [*(apis.needs(*api_names) if apis else []), *depends_on]
-            return child_opts(self, opts, depends_on=waits)
+    def _needs(self, args: GpuClusterArgs, opts: Optional[pulumi.ResourceOptions], *api_names: str,
+               depends_on: Sequence[pulumi.Resource] = ()) -> pulumi.ResourceOptions:
+        """A child's options, waiting for these APIs (where the project's APIs are managed here)."""
+        waits = [*(args.apis.needs(*api_names) if args.apis else []), *depends_on]
+        return child_opts(self, opts, depends_on=waits)
 
-        compute = needs("compute.googleapis.com")
+    def _network(self, name: str, args: GpuClusterArgs, opts: Optional[pulumi.ResourceOptions]) -> None:
+        spec = args.cluster
+        compute = self._needs(args, opts, "compute.googleapis.com")
         self.network = gcp.compute.Network(
             f"{name}-vpc", name=f"{spec.name}-vpc", project=args.project,
             auto_create_subnetworks=False, opts=compute)
@@ -168,40 +199,21 @@ class GpuCluster(pulumi.ComponentResource):
             router=router.name, nat_ip_allocate_option="AUTO_ONLY",
             source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES", opts=compute)
 
+    def _node_identity(self, name: str, args: GpuClusterArgs, opts: Optional[pulumi.ResourceOptions]) -> None:
         self.node_service_account = gcp.serviceaccount.Account(
-            f"{name}-nodes-sa", account_id=service_account_id(spec.name, "nodes"), project=args.project,
-            display_name=f"GKE nodes of {spec.name} (least privilege)", opts=needs("iam.googleapis.com"))
+            f"{name}-nodes-sa", account_id=service_account_id(args.cluster.name, "nodes"), project=args.project,
+            display_name=f"GKE nodes of {args.cluster.name} (least privilege)",
+            opts=self._needs(args, opts, "iam.googleapis.com"))
         for role in NODE_ROLES:
             gcp.projects.IAMMember(
                 f"{name}-nodes-{role.split('/')[1].replace('.', '-')}", project=args.project, role=role,
                 member=self.node_service_account.email.apply(lambda e: f"serviceAccount:{e}"),
-                opts=needs("cloudresourcemanager.googleapis.com"))
+                opts=self._needs(args, opts, "cloudresourcemanager.googleapis.com"))
 
-        authorized: dict[str, Any] = {}
-        if spec.authorized_networks:
-            authorized = {"master_authorized_networks_config": {
-                "cidr_blocks": [{"cidr_block": n.cidr, "display_name": n.display_name}
-                                for n in spec.authorized_networks],
-                "gcp_public_cidrs_access_enabled": False}}
-        maintenance = maintenance_policy(spec.maintenance)
-        addons: gcp.container.ClusterAddonsConfigArgsDict = {
-            "gcp_filestore_csi_driver_config": {"enabled": True},
-            "gce_persistent_disk_csi_driver_config": {"enabled": True},
-        }
-        if args.gcs_fuse:
-            addons["gcs_fuse_csi_driver_config"] = {"enabled": True}
-        addons["http_load_balancing"] = {"disabled": False}
-        addons["horizontal_pod_autoscaling"] = {"disabled": False}
-        # Settings set only where configured (unset, the provider's default applies).
-        optional: dict[str, Any] = {
-            # A floor, not a pin: GKE still upgrades along the channel (pulumi-gcp minMasterVersion).
-            **({"min_master_version": spec.min_master_version} if spec.min_master_version else {}),
-            # Dataplane V2 enforces NetworkPolicy (immutable: set at creation only).
-            **({"datapath_provider": "ADVANCED_DATAPATH"} if spec.dataplane_v2 else {}),
-            **authorized,
-            **({"maintenance_policy": maintenance} if maintenance else {}),
-        }
-        self.cluster = gcp.container.Cluster(
+    def _cluster(self, name: str, args: GpuClusterArgs, labels: Mapping[str, str],
+                 opts: Optional[pulumi.ResourceOptions]) -> gcp.container.Cluster:
+        spec = args.cluster
+        return gcp.container.Cluster(
             f"{name}-gke", name=spec.name, project=args.project, location=args.region,
             node_locations=list(spec.zones), network=self.network.id, subnetwork=self.subnetwork.id,
             remove_default_node_pool=True, initial_node_count=1,
@@ -213,9 +225,9 @@ class GpuCluster(pulumi.ComponentResource):
             private_cluster_config={"enable_private_nodes": spec.private_nodes,
                                     "enable_private_endpoint": spec.private_endpoint,
                                     "master_ipv4_cidr_block": spec.master_cidr},
-            **optional,
+            **optional_settings(spec),
             workload_identity_config={"workload_pool": f"{args.project}.svc.id.goog"},
-            addons_config=addons,
+            addons_config=addons_config(args.gcs_fuse),
             gateway_api_config={"channel": "CHANNEL_STANDARD"},
             secret_manager_config={"enabled": args.secret_manager},
             monitoring_config={
@@ -224,107 +236,78 @@ class GpuCluster(pulumi.ComponentResource):
             },
             logging_config={"enable_components": ["SYSTEM_COMPONENTS", "WORKLOADS"]},
             cluster_autoscaling={"autoscaling_profile": "OPTIMIZE_UTILIZATION"},
-            resource_labels=labels,
-            opts=needs("container.googleapis.com", "compute.googleapis.com", "containerfilesystem.googleapis.com"))
-        def pool_of(c: Any) -> Any:
-            # A dict under the plan's mocks, ClusterWorkloadIdentityConfig when deployed: the pool's
-            # name (a str: the cluster sets it above).
-            return (cast(dict[str, Any], c) or {}).get("workload_pool") if isinstance(c, dict) else c.workload_pool
+            resource_labels=dict(labels),
+            opts=self._needs(args, opts, "container.googleapis.com", "compute.googleapis.com",
+                             "containerfilesystem.googleapis.com"))
 
-        self.workload_pool = self.cluster.workload_identity_config.apply(pool_of)
-
-        self.node_pools = {}
-        zones = len(spec.zones)
-        self.node_pools["system"] = gcp.container.NodePool(
+    def _node_pools(self, name: str, args: GpuClusterArgs, labels: Mapping[str, str],
+                    opts: Optional[pulumi.ResourceOptions]) -> dict[str, gcp.container.NodePool]:
+        """The system pool, each accelerator pool (and its on-demand twin), and the transfer pool."""
+        spec = args.cluster
+        pools = {"system": gcp.container.NodePool(
             f"{name}-system", name="system", project=args.project, location=args.region,
             cluster=self.cluster.name,
             # Per zone: a set value, so later resizes by the autoscaler never force a re-create.
-            initial_node_count=math.ceil(spec.system_nodes / zones),
+            initial_node_count=math.ceil(spec.system_nodes / len(spec.zones)),
             autoscaling={"total_min_node_count": spec.system_nodes,
                          "total_max_node_count": spec.system_pool_max, "location_policy": "BALANCED"},
             node_config=self._node_config(spec.system_machine_type, 100, {"vllm-gke.io/role": "system"}, labels),
             management={"auto_repair": True, "auto_upgrade": True},
             upgrade_settings={"strategy": "SURGE", "max_surge": 1, "max_unavailable": 0},
+            opts=child_opts(self, opts))}
+        for pool in gke_pools(args.node_pools):
+            pools[pool.name] = (self._tpu_pool(name, args, pool, labels, opts) if pool.is_tpu
+                                else self._gpu_pool(name, args, pool, labels, opts))
+        if args.populator_machine_type:
+            pools[TRANSFER_POOL] = self._transfer_pool(name, args, args.populator_machine_type, labels, opts)
+        return pools
+
+    def _transfer_pool(self, name: str, args: GpuClusterArgs, machine_type: str, labels: Mapping[str, str],
+                       opts: Optional[pulumi.ResourceOptions]) -> gcp.container.NodePool:
+        """GKE Volume Populator on a Standard cluster without node auto-provisioning: a pool
+        labelled and tainted with the compute class its transfer Jobs select, scaled from zero (a
+        node exists only while a disk is being filled), one node per zone at most."""
+        return gcp.container.NodePool(
+            f"{name}-{TRANSFER_POOL}", name=TRANSFER_POOL, project=args.project, location=args.region,
+            cluster=self.cluster.name, initial_node_count=0,
+            # Per zone (not a total, which location policy ANY may put in one zone): at most one
+            # node in each zone, where that zone's disks are filled.
+            autoscaling={"min_node_count": 0, "max_node_count": 1, "location_policy": "ANY"},
+            node_config=self._node_config(
+                machine_type, 100, {COMPUTE_CLASS_LABEL: TRANSFER_COMPUTE_CLASS}, labels,
+                taints=[{"key": COMPUTE_CLASS_LABEL, "value": TRANSFER_COMPUTE_CLASS, "effect": "NO_SCHEDULE"}]),
+            management={"auto_repair": True, "auto_upgrade": True},
+            upgrade_settings={"strategy": "SURGE", "max_surge": 1, "max_unavailable": 0},
             opts=child_opts(self, opts))
 
-        compute_class_pools: dict[str, tuple[str, str, bool]] = {}
-        for pool in args.node_pools:
-            self.node_pools[pool.name] = self._gpu_pool(name, args, pool, pool.name, pool.spot, labels, opts)
-            if pool.has_fallback_pool:
-                twin = f"{pool.name}-ondemand"
-                self.node_pools[twin] = self._gpu_pool(name, args, pool, twin, False, labels, opts)
-                compute_class_pools[pool.name] = (pool.name, twin, pool.spot_return_migration)
-
-        if args.populator_machine_type:
-            # GKE Volume Populator on a Standard cluster without node auto-provisioning: a pool
-            # labelled and tainted with the compute class its transfer Jobs select, scaled from
-            # zero (a node exists only while a disk is being filled), one node per zone at most.
-            self.node_pools[TRANSFER_POOL] = gcp.container.NodePool(
-                f"{name}-{TRANSFER_POOL}", name=TRANSFER_POOL, project=args.project, location=args.region,
-                cluster=self.cluster.name, initial_node_count=0,
-                # Per zone (not a total, which location policy ANY may put in one zone): at most one
-                # node in each zone, where that zone's disks are filled.
-                autoscaling={"min_node_count": 0, "max_node_count": 1, "location_policy": "ANY"},
-                node_config=self._node_config(
-                    args.populator_machine_type, 100, {COMPUTE_CLASS_LABEL: TRANSFER_COMPUTE_CLASS}, labels,
-                    taints=[{"key": COMPUTE_CLASS_LABEL, "value": TRANSFER_COMPUTE_CLASS, "effect": "NO_SCHEDULE"}]),
-                management={"auto_repair": True, "auto_upgrade": True},
-                upgrade_settings={"strategy": "SURGE", "max_surge": 1, "max_unavailable": 0},
-                opts=child_opts(self, opts))
-
-        hub = needs("gkehub.googleapis.com")
+    def _fleet_mesh(self, name: str, args: GpuClusterArgs, opts: Optional[pulumi.ResourceOptions]) -> None:
         self.membership = gcp.gkehub.Membership(
-            f"{name}-fleet", membership_id=spec.name, project=args.project, location="global",
+            f"{name}-fleet", membership_id=args.cluster.name, project=args.project, location="global",
             endpoint={"gke_cluster": {"resource_link": self.cluster.id.apply(
-                lambda cid: f"//container.googleapis.com/{cid}")}}, opts=hub)
+                lambda cid: f"//container.googleapis.com/{cid}")}}, opts=self._needs(args, opts, "gkehub.googleapis.com"))
         mesh_deps: list[pulumi.Resource] = []
-        if spec.manage_mesh_feature:
+        if args.cluster.manage_mesh_feature:
             mesh_deps.append(gcp.gkehub.Feature(
                 f"{name}-mesh-feature", name="servicemesh", project=args.project, location="global",
-                opts=needs("gkehub.googleapis.com", "mesh.googleapis.com")))
+                opts=self._needs(args, opts, "gkehub.googleapis.com", "mesh.googleapis.com")))
         # Completes when the fleet accepts the spec; the control plane is provisioned afterwards,
         # asynchronously (see MeshReadiness).
         self.mesh = gcp.gkehub.FeatureMembership(
             f"{name}-mesh", project=args.project, location="global", feature="servicemesh",
             membership=self.membership.membership_id, mesh={"management": "MANAGEMENT_AUTOMATIC"},
-            opts=needs("gkehub.googleapis.com", "mesh.googleapis.com", depends_on=mesh_deps))
+            opts=self._needs(args, opts, "gkehub.googleapis.com", "mesh.googleapis.com", depends_on=mesh_deps))
 
-        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
-            self.cluster.name, self.cluster.endpoint, self.cluster.master_auth.cluster_ca_certificate
-        ).apply(lambda a: kubeconfig(a[0], a[1], a[2])))
-        self.provider = k8s.Provider(
-            f"{name}-k8s", kubeconfig=self.kubeconfig, enable_server_side_apply=True,
-            opts=child_opts(self, opts, depends_on=[*self.node_pools.values(), self.mesh]))
-
-        for class_name, (spot_pool, on_demand_pool, migrate) in compute_class_pools.items():
-            custom_resource(
-                f"{name}-cc-{class_name}", "cloud.google.com/v1", "ComputeClass", meta(class_name),
-                {
-                    "priorities": [{"nodepools": [spot_pool]}, {"nodepools": [on_demand_pool]}],
-                    "activeMigration": {"optimizeRulePriority": migrate},
-                    "nodePoolAutoCreation": {"enabled": False},
-                    "whenUnsatisfiable": "DoNotScaleUp",
-                },
-                child_opts(self, opts, provider=self.provider))
-
-        # What GKE Volume Populator's transfer Jobs need before a claim asks for a copy.
-        self.transfer_ready: list[pulumi.Resource] = []
+    def _compute_classes(self, name: str, args: GpuClusterArgs, opts: Optional[pulumi.ResourceOptions]) -> None:
+        """The pools' ComputeClasses, and the transfer pool's (`transfer_ready`)."""
+        in_cluster = child_opts(self, opts, provider=self.provider)
+        for class_name, spec in compute_classes(args.node_pools).items():
+            custom_resource(f"{name}-cc-{class_name}", "cloud.google.com/v1", "ComputeClass", meta(class_name),
+                            spec, in_cluster)
+        self.transfer_ready = []
         if args.populator_machine_type:
             self.transfer_ready = [self.node_pools[TRANSFER_POOL], custom_resource(
                 f"{name}-cc-{TRANSFER_COMPUTE_CLASS}", "cloud.google.com/v1", "ComputeClass",
-                meta(TRANSFER_COMPUTE_CLASS),
-                {"priorities": [{"nodepools": [TRANSFER_POOL]}], "nodePoolAutoCreation": {"enabled": False},
-                 "whenUnsatisfiable": "DoNotScaleUp"},
-                child_opts(self, opts, provider=self.provider))]
-
-        self.register_outputs({
-            "clusterName": self.cluster.name,
-            "endpoint": self.cluster.endpoint,
-            "network": self.network.id,
-            "kubeconfig": self.kubeconfig,
-            "workloadPool": self.workload_pool,
-            "nodePools": list(self.node_pools),
-        })
+                meta(TRANSFER_COMPUTE_CLASS), compute_class_spec([TRANSFER_POOL]), in_cluster)]
 
     def _node_config(self, machine_type: str, disk_gb: int, node_labels: Mapping[str, str],
                      resource_labels: Mapping[str, str], *, spot: Optional[bool] = None,
@@ -355,30 +338,21 @@ class GpuCluster(pulumi.ComponentResource):
             config["taints"] = taints
         return config
 
-    def _gpu_pool(self, name: str, args: GpuClusterArgs, pool: NodePoolSpec, pool_name: str,
-                  spot: bool, labels: Mapping[str, str],
+    def _gpu_pool(self, name: str, args: GpuClusterArgs, pool: GkePool, labels: Mapping[str, str],
                   opts: Optional[pulumi.ResourceOptions]) -> gcp.container.NodePool:
-        acc = pool.machine.accelerator
+        spec = pool.spec
+        acc = spec.machine.accelerator
         assert acc is not None
-        node_labels = {NODE_POOL_LABEL: pool.name}
-        taint = TPU_TAINT if acc.is_tpu else GPU_TAINT
-        taints: list[gcp.container.NodePoolNodeConfigTaintArgsDict] = [taint]
-        if pool.has_fallback_pool:
-            node_labels[COMPUTE_CLASS_LABEL] = pool.name
-            taints = [taint, {"key": COMPUTE_CLASS_LABEL, "value": pool.name, "effect": "NO_SCHEDULE"}]
-        is_twin = pool_name != pool.name
-        if acc.is_tpu:
-            return self._tpu_pool(name, args, pool, pool_name, spot, node_labels, taints, labels, opts, is_twin)
         accelerator: gcp.container.NodePoolNodeConfigGuestAcceleratorArgsDict = {
             "type": acc.gke_type,
-            "count": pool.machine.gpus,
+            "count": spec.machine.gpus,
             # GKE installs and upgrades the NVIDIA driver; no driver DaemonSet to keep in sync.
             "gpu_driver_installation_config": {"gpu_driver_version": "LATEST"},
         }
-        if pool.gpu_partition_size:
-            accelerator["gpu_partition_size"] = pool.gpu_partition_size
+        if spec.gpu_partition_size:
+            accelerator["gpu_partition_size"] = spec.gpu_partition_size
         return gcp.container.NodePool(
-            f"{name}-{pool_name}", name=pool_name, project=args.project, location=args.region,
+            f"{name}-{pool.name}", name=pool.name, project=args.project, location=args.region,
             cluster=self.cluster.name,
             # Zero per zone at creation; the autoscaler adds nodes for pending replicas. Set, so a
             # resize never reads as a change that re-creates the pool.
@@ -386,39 +360,38 @@ class GpuCluster(pulumi.ComponentResource):
             autoscaling={
                 # Totals across zones: min/max_node_count would be per zone, and a three-zone pool
                 # would run three times what the capacity check and cost report assume.
-                "total_min_node_count": 0 if is_twin else pool.min_nodes,
-                "total_max_node_count": pool.max_nodes,
+                "total_min_node_count": pool.min_nodes,
+                "total_max_node_count": spec.max_nodes,
                 # Spot capacity is wherever it is; on-demand stays spread for availability.
-                "location_policy": "ANY" if spot else "BALANCED",
+                "location_policy": "ANY" if pool.spot else "BALANCED",
             },
             node_config=self._node_config(
-                pool.machine_type, pool.disk_size_gb, node_labels, labels,
-                spot=spot, guest_accelerators=[accelerator], taints=taints),
+                spec.machine_type, spec.disk_size_gb, pool.node_labels(), labels,
+                spot=pool.spot, guest_accelerators=[accelerator], taints=taints_of(pool)),
             # Release channels require auto-upgrade; the cluster's maintenance window and
             # exclusions decide when, the upgrade strategy how.
             management={"auto_repair": True, "auto_upgrade": True},
-            upgrade_settings=upgrade_settings(pool.upgrade),
+            upgrade_settings=upgrade_settings(spec.upgrade),
             opts=child_opts(self, opts))
 
-    def _tpu_pool(self, name: str, args: GpuClusterArgs, pool: NodePoolSpec, pool_name: str, spot: bool,
-                  node_labels: Mapping[str, str], taints: list[gcp.container.NodePoolNodeConfigTaintArgsDict],
-                  labels: Mapping[str, str], opts: Optional[pulumi.ResourceOptions],
-                  is_twin: bool) -> gcp.container.NodePool:
+    def _tpu_pool(self, name: str, args: GpuClusterArgs, pool: GkePool, labels: Mapping[str, str],
+                  opts: Optional[pulumi.ResourceOptions]) -> gcp.container.NodePool:
         """A TPU slice pool: in one zone (TPUs are zonal; a slice's hosts share its interconnect),
         no guest accelerators (the machine type carries the chips). A multi-host slice is a
         COMPACT placement of its topology: GKE creates, repairs and scales its nodes as one
         (0 or all of them), so a LeaderWorkerSet group lands on one whole slice."""
-        zone = pool.tpu_zone or args.cluster.zones[0]
+        spec = pool.spec
+        zone = spec.tpu_zone or args.cluster.zones[0]
         placement: Optional[gcp.container.NodePoolPlacementPolicyArgsDict] = (
-            {"type": "COMPACT", "tpu_topology": pool.topology or ""} if pool.hosts > 1 else None)
+            {"type": "COMPACT", "tpu_topology": spec.topology or ""} if spec.hosts > 1 else None)
         return gcp.container.NodePool(
-            f"{name}-{pool_name}", name=pool_name, project=args.project, location=args.region,
+            f"{name}-{pool.name}", name=pool.name, project=args.project, location=args.region,
             cluster=self.cluster.name, node_locations=[zone], initial_node_count=0,
             # One zone: per-zone counts are the totals.
-            autoscaling={"min_node_count": 0 if is_twin else pool.min_nodes, "max_node_count": pool.max_nodes},
+            autoscaling={"min_node_count": pool.min_nodes, "max_node_count": spec.max_nodes},
             placement_policy=placement,
-            node_config=self._node_config(pool.machine_type, pool.disk_size_gb, node_labels, labels,
-                                          spot=spot, taints=taints),
+            node_config=self._node_config(spec.machine_type, spec.disk_size_gb, pool.node_labels(), labels,
+                                          spot=pool.spot, taints=taints_of(pool)),
             management={"auto_repair": True, "auto_upgrade": True},
-            upgrade_settings=upgrade_settings(pool.upgrade),
+            upgrade_settings=upgrade_settings(spec.upgrade),
             opts=child_opts(self, opts))

@@ -65,34 +65,8 @@ class Keda(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: KedaArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:Keda", name, None, opts)
-        apis = args.apis
-
-        def gcp_opts(*api_names: str) -> pulumi.ResourceOptions:
-            return child_opts(self, opts, depends_on=apis.needs(*api_names) if apis else [])
-
-        gsa = gcp.serviceaccount.Account(
-            f"{name}-gsa", account_id=args.gsa_name, project=args.project,
-            display_name="KEDA: reads Managed Prometheus to scale serving pools", opts=gcp_opts("iam.googleapis.com"))
-        gcp.projects.IAMMember(
-            f"{name}-monitoring-viewer", project=args.project, role="roles/monitoring.viewer",
-            member=gsa.email.apply(lambda e: f"serviceAccount:{e}"), opts=gcp_opts("cloudresourcemanager.googleapis.com"))
-        binding = gcp.serviceaccount.IAMMember(
-            f"{name}-wi", service_account_id=gsa.name, role="roles/iam.workloadIdentityUser",
-            member=pulumi.Output.from_input(args.workload_pool).apply(
-                lambda pool: f"serviceAccount:{pool}[{NAMESPACE}/{OPERATOR_SA}]"),
-            opts=gcp_opts("iam.googleapis.com"))
-        release_deps: list[pulumi.Resource] = [binding]
-        if args.control_plane_cidr:
-            if args.network is None:
-                raise ValueError("Keda: control_plane_cidr needs network (the cluster's VPC)")
-            # The VPC is the cluster's own (GpuCluster), so the rule may target all its instances;
-            # the source is the control plane alone.
-            release_deps.append(gcp.compute.Firewall(
-                f"{name}-control-plane", project=args.project, network=args.network, direction="INGRESS",
-                description="GKE control plane to KEDA's metrics server and admission webhook",
-                source_ranges=[args.control_plane_cidr],
-                allows=[{"protocol": "tcp", "ports": [str(METRICS_SERVER_PORT), str(WEBHOOK_PORT)]}],
-                opts=gcp_opts("compute.googleapis.com")))
+        gsa, binding = self._identity(name, args, opts)
+        release_deps: list[pulumi.Resource] = [binding, *self._control_plane_firewall(name, args, opts)]
         k8s_opts = child_opts(self, opts, provider=args.provider)
         namespace = k8s.core.v1.Namespace(f"{name}-ns", metadata=meta(NAMESPACE), opts=k8s_opts)
         self.release = k8s.helm.v3.Release(
@@ -119,3 +93,41 @@ class Keda(pulumi.ComponentResource):
             {"podIdentity": {"provider": "gcp"}},
             child_opts(self, opts, provider=args.provider, depends_on=[self.release]))
         self.register_outputs({"chartVersion": CHART_VERSION, "namespace": NAMESPACE, "auth": GMP_AUTH})
+
+    def _gcp_opts(self, args: KedaArgs, opts: Optional[pulumi.ResourceOptions], *api_names: str) -> pulumi.ResourceOptions:
+        return child_opts(self, opts, depends_on=args.apis.needs(*api_names) if args.apis else [])
+
+    def _identity(self, name: str, args: KedaArgs, opts: Optional[pulumi.ResourceOptions]
+                  ) -> tuple[gcp.serviceaccount.Account, gcp.serviceaccount.IAMMember]:
+        """The operator's Google service account (it may read monitoring data, nothing else) and
+        its Workload Identity binding."""
+        gsa = gcp.serviceaccount.Account(
+            f"{name}-gsa", account_id=args.gsa_name, project=args.project,
+            display_name="KEDA: reads Managed Prometheus to scale serving pools",
+            opts=self._gcp_opts(args, opts, "iam.googleapis.com"))
+        gcp.projects.IAMMember(
+            f"{name}-monitoring-viewer", project=args.project, role="roles/monitoring.viewer",
+            member=gsa.email.apply(lambda e: f"serviceAccount:{e}"),
+            opts=self._gcp_opts(args, opts, "cloudresourcemanager.googleapis.com"))
+        binding = gcp.serviceaccount.IAMMember(
+            f"{name}-wi", service_account_id=gsa.name, role="roles/iam.workloadIdentityUser",
+            member=pulumi.Output.from_input(args.workload_pool).apply(
+                lambda pool: f"serviceAccount:{pool}[{NAMESPACE}/{OPERATOR_SA}]"),
+            opts=self._gcp_opts(args, opts, "iam.googleapis.com"))
+        return gsa, binding
+
+    def _control_plane_firewall(self, name: str, args: KedaArgs,
+                                opts: Optional[pulumi.ResourceOptions]) -> list[pulumi.Resource]:
+        """A private cluster's rule letting the API server reach KEDA's metrics server and webhook."""
+        if not args.control_plane_cidr:
+            return []
+        if args.network is None:
+            raise ValueError("Keda: control_plane_cidr needs network (the cluster's VPC)")
+        # The VPC is the cluster's own (GpuCluster), so the rule may target all its instances;
+        # the source is the control plane alone.
+        return [gcp.compute.Firewall(
+            f"{name}-control-plane", project=args.project, network=args.network, direction="INGRESS",
+            description="GKE control plane to KEDA's metrics server and admission webhook",
+            source_ranges=[args.control_plane_cidr],
+            allows=[{"protocol": "tcp", "ports": [str(METRICS_SERVER_PORT), str(WEBHOOK_PORT)]}],
+            opts=self._gcp_opts(args, opts, "compute.googleapis.com"))]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -29,8 +29,8 @@ import pulumi_kubernetes as k8s
 from .k8s_meta import api_body, meta
 from .mesh_namespace import mesh_lock
 from .model.k8s_objects import CONTAINER_SECURITY, content_digest
+from .model.mesh_identity import client_principal
 from .model.specs import ImageRef
-from .model.weights_layout import SERVER_SA
 from .options import child_opts
 
 NAMESPACE = "vllm-gke-limits"
@@ -44,6 +44,7 @@ LIBRARY_NAME = "vllm_gke_limits_v1"
 CONF_DIR, DATA_DIR = "/etc/redis", "/data"
 # Written once the library is loaded: the readiness probe waits for it.
 LOADED = "functions-loaded"
+LABELS = {"app.kubernetes.io/name": "vllm-gke-limits"}
 # What the guard's function needs and nothing else; keys under rl: only. Every window key expires
 # by itself, so memory is never full for long; if it is, a write fails and the guards fall back
 # (counted, alerted) rather than Redis evicting tenants' windows, which would reset their limits
@@ -81,12 +82,6 @@ def host() -> str:
     return f"{NAME}.{NAMESPACE}.svc.cluster.local"
 
 
-def client_principal(namespace: str, service_account: str = SERVER_SA) -> str:
-    """The mesh identity of pods in `namespace` running as `service_account`, in any trust domain
-    (Cloud Service Mesh's is <project>.svc.id.goog)."""
-    return f"*/ns/{namespace}/sa/{service_account}"
-
-
 @dataclass
 class LimitStoreArgs:
     provider: k8s.Provider
@@ -103,57 +98,60 @@ class LimitStore(pulumi.ComponentResource):
         super().__init__("vllm-gke:index:LimitStore", name, None, opts)
         k8s_opts = child_opts(self, opts, provider=args.provider)
         self.host = host()
-        labels = {"app.kubernetes.io/name": "vllm-gke-limits"}
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-ns", metadata=meta(NAMESPACE, labels={"istio-injection": "enabled"}), opts=k8s_opts)
         ns = self.namespace.metadata.name
         in_ns = child_opts(self, opts, provider=args.provider, depends_on=[self.namespace])
 
         def md(obj: str) -> k8s.meta.v1.ObjectMetaArgsDict:
-            return {**meta(obj, labels=labels), "namespace": ns}
+            return {**meta(obj, labels=LABELS), "namespace": ns}
 
-        mesh_lock(name, md, labels, ("allow-guards", "allow-vllm-guards"),
+        mesh_lock(name, md, LABELS, ("allow-guards", "allow-vllm-guards"),
                   [client_principal(n) for n in args.client_namespaces], {"ports": [str(PORT)]}, in_ns)
         config = k8s.core.v1.ConfigMap(f"{name}-config", metadata=md(NAME),
                                        data={"redis.conf": REDIS_CONF, "limits.lua": LIBRARY}, opts=in_ns)
-        ping = {"exec": {"command": ["redis-cli", "-p", str(PORT), "ping"]}}
-        # Ready once the guards' function is loaded (until then an FCALL finds no function).
-        loaded = {"exec": {"command": ["sh", "-c", f"test -f {DATA_DIR}/{LOADED} && redis-cli -p {PORT} ping"]}}
         k8s.apps.v1.Deployment(
-            f"{name}-deploy", metadata=md(NAME),
-            spec=api_body({
-                "replicas": 1, "strategy": {"type": "Recreate"},
-                "selector": {"matchLabels": labels},
-                "template": {
-                    # Redis reads its config once, at start: a changed config must roll the pod.
-                    "metadata": {"labels": labels, "annotations": {
-                        "vllm-gke.io/config-sha256": content_digest(REDIS_CONF + LIBRARY + startup())}},
-                    "spec": {
-                        "automountServiceAccountToken": False,
-                        "securityContext": {"runAsNonRoot": True, "runAsUser": REDIS_UID, "runAsGroup": REDIS_UID,
-                                            "seccompProfile": {"type": "RuntimeDefault"}},
-                        "containers": [{
-                            "name": "redis", "image": args.image.uri,
-                            "command": ["sh", "-c", startup()],
-                            "ports": [{"name": "tcp-redis", "containerPort": PORT}],
-                            "readinessProbe": {**loaded, "periodSeconds": 5},
-                            "livenessProbe": {**ping, "periodSeconds": 10, "failureThreshold": 3},
-                            "resources": {"requests": {"cpu": "250m", "memory": "320Mi"},
-                                          "limits": {"cpu": "1", "memory": "384Mi"}},
-                            "securityContext": CONTAINER_SECURITY,
-                            "volumeMounts": [{"name": "config", "mountPath": "/etc/redis", "readOnly": True},
-                                             {"name": "data", "mountPath": "/data"}],
-                        }],
-                        "volumes": [{"name": "config", "configMap": {"name": NAME}},
-                                    {"name": "data", "emptyDir": {"sizeLimit": "64Mi"}}],
-                    },
-                },
-            }),
+            f"{name}-deploy", metadata=md(NAME), spec=api_body(deployment_spec(args.image.uri)),
             opts=child_opts(self, opts, provider=args.provider, depends_on=[config, self.namespace]))
         k8s.core.v1.Service(
             f"{name}-svc", metadata=md(NAME),
             # tcp- name: the mesh treats it as opaque TCP (Istio protocol selection by port name).
-            spec=api_body({"type": "ClusterIP", "selector": labels,
+            spec=api_body({"type": "ClusterIP", "selector": LABELS,
                            "ports": [{"name": "tcp-redis", "port": PORT, "targetPort": "tcp-redis"}]}),
             opts=in_ns)
         self.register_outputs({"host": self.host, "port": PORT, "clients": sorted(args.client_namespaces)})
+
+
+def deployment_spec(image: str) -> dict[str, Any]:
+    """The store's Deployment: one Redis, its config and the guards' library from the ConfigMap."""
+    ping = {"exec": {"command": ["redis-cli", "-p", str(PORT), "ping"]}}
+    # Ready once the guards' function is loaded (until then an FCALL finds no function).
+    loaded = {"exec": {"command": ["sh", "-c", f"test -f {DATA_DIR}/{LOADED} && redis-cli -p {PORT} ping"]}}
+    return {
+        "replicas": 1, "strategy": {"type": "Recreate"},
+        "selector": {"matchLabels": LABELS},
+        "template": {
+            # Redis reads its config once, at start: a changed config must roll the pod.
+            "metadata": {"labels": LABELS, "annotations": {
+                "vllm-gke.io/config-sha256": content_digest(REDIS_CONF + LIBRARY + startup())}},
+            "spec": {
+                "automountServiceAccountToken": False,
+                "securityContext": {"runAsNonRoot": True, "runAsUser": REDIS_UID, "runAsGroup": REDIS_UID,
+                                    "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{
+                    "name": "redis", "image": image,
+                    "command": ["sh", "-c", startup()],
+                    "ports": [{"name": "tcp-redis", "containerPort": PORT}],
+                    "readinessProbe": {**loaded, "periodSeconds": 5},
+                    "livenessProbe": {**ping, "periodSeconds": 10, "failureThreshold": 3},
+                    "resources": {"requests": {"cpu": "250m", "memory": "320Mi"},
+                                  "limits": {"cpu": "1", "memory": "384Mi"}},
+                    "securityContext": CONTAINER_SECURITY,
+                    "volumeMounts": [{"name": "config", "mountPath": "/etc/redis", "readOnly": True},
+                                     {"name": "data", "mountPath": "/data"}],
+                }],
+                "volumes": [{"name": "config", "configMap": {"name": NAME}},
+                            {"name": "data", "emptyDir": {"sizeLimit": "64Mi"}}],
+            },
+        },
+    }

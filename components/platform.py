@@ -14,7 +14,7 @@ from typing import Mapping, Optional, Sequence
 
 import pulumi
 
-from .gateway import Gateway, GatewayArgs, PickerTarget, RouteTarget
+from .gateway import Gateway, GatewayArgs, RouteTarget
 from .gpu_cluster import GpuCluster, GpuClusterArgs
 from .inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
 from .inference_pool import InferencePool, InferencePoolArgs
@@ -29,9 +29,11 @@ from .model import gcs_weights
 from .model.capacity import consumer_models, hosts_per_replica, neighbours, placements, rollout_strategy, surge_room
 from .model.cold_start import NODE_PROVISION_S, cold_start_seconds, rollout_seconds
 from .model.config_rules import cross_field_issues
+from .model.gateway_routes import PickerTarget
 from .model.gcp_names import service_account_id
 from .model.k8s_objects import MODEL_LABEL, POOL_LABEL, TENANT_LABEL, service_name_of
 from .model.keda_scaling import KedaScaling
+from .model.mesh_identity import STANDBY_SA, jwks_host, tenant_namespace
 from .model.serving_api import (
     objective_name,
     picker_max_body_bytes,
@@ -48,8 +50,8 @@ from .model_store import ModelStore, ModelStoreArgs, WeightsPrune
 from .observability import Observability, ObservabilityArgs
 from .options import child_opts
 from .project_apis import ProjectApis, ProjectApisArgs
-from .standby import STANDBY_SA, Standby, StandbyArgs
-from .tenant_auth import TenantAuth, TenantAuthArgs, jwks_host, tenant_namespace
+from .standby import Standby, StandbyArgs
+from .tenant_auth import TenantAuth, TenantAuthArgs
 from .trace_collector import TRACE_API, TraceCollector, TraceCollectorArgs
 from .vllm_service import SERVER_LABELS, VllmService, VllmServiceArgs
 

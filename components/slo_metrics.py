@@ -26,9 +26,9 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from .inference_pool import GMP_NAMESPACES
 from .k8s_meta import api_body, custom_resource, meta
 from .model.k8s_objects import CONTAINER_SECURITY, content_digest
+from .model.picker import gmp_collectors
 from .model.specs import ImageRef
 from .options import child_opts
 from .project_apis import ProjectApis
@@ -169,10 +169,9 @@ class SloMetrics(pulumi.ComponentResource):
 
 def scrape_only(metrics_sources: Sequence[str]) -> dict[str, Any]:
     """Ingress to the metrics port from Managed Prometheus' collectors only: their namespace on
-    either kind of install (GMP_NAMESPACES: gke-gmp-system where GKE manages them) and the node
-    subnet, as the picker's metrics port admits them (components/inference_pool.py)."""
-    sources = [*({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": n}}} for n in GMP_NAMESPACES),
-               *({"ipBlock": {"cidr": c}} for c in metrics_sources)]
+    either kind of install (gmp_collectors: gke-gmp-system where GKE manages them) and the node
+    subnet, as the picker's metrics port admits them (model/picker.py)."""
+    sources = [*gmp_collectors(), *({"ipBlock": {"cidr": c}} for c in metrics_sources)]
     return {"podSelector": {}, "policyTypes": ["Ingress"],
             "ingress": [{"from": sources, "ports": [{"port": PORT, "protocol": "TCP"}]}]}
 

@@ -34,8 +34,6 @@ STANDBY_LABEL = "vllm-gke.io/standby"
 DEFAULT_IMAGE = ImageRef(repository="mirror.gcr.io/library/python", tag="3.12.8-slim")
 UID = 65534  # nobody
 RETRY_AFTER_S = 30
-# The standbys' own service account (MeshNamespace makes it): no grant names it.
-STANDBY_SA = "vllm-standby"
 
 
 @dataclass

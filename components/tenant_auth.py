@@ -11,8 +11,7 @@ max_tokens cap and rate limit) and checks against its subjects.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
-from urllib.parse import urlsplit
+from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -20,42 +19,11 @@ import pulumi_kubernetes as k8s
 from .k8s_meta import custom_resource, meta
 from .mesh_namespace import ISTIO_API, MeshNamespace, MeshNamespaceArgs, TrustedSources
 from .model.k8s_objects import MODEL_LABEL, TENANT_LABEL
-from .model.serving_api import (
-    ISSUER_HEADER,
-    OBJECTIVE_HEADER,
-    SUBJECT_HEADER,
-    Route,
-    mesh_operations,
-    objective_name,
-    picker_routes,
-    tenant_routes,
-)
+from .model.mesh_identity import jwks_host, server_accounts, tenant_namespace
+from .model.serving_api import Route, objective_name, tenant_routes
 from .model.specs import TenantSpec
+from .model.tenant_policies import allow_tenant, jwt_rules
 from .options import child_opts
-
-
-def tenant_namespace(tenant: TenantSpec) -> str:
-    return f"tenant-{tenant.name}"
-
-
-def jwks_host(tenant: TenantSpec) -> str:
-    return urlsplit(tenant.jwt.jwks_uri).hostname or ""
-
-
-def request_principals(tenant: TenantSpec) -> list[str]:
-    """Who the tenant is to the mesh: `<iss>/<sub>` of each listed subject, else any subject of its
-    issuer. Istio splits each at its last '/' and matches iss and sub exactly (the issuer verbatim,
-    a trailing '/' included), a '*' at either end of the value as a wildcard."""
-    subjects = tenant.jwt.subjects
-    return [f"{tenant.jwt.issuer}/{s}" for s in subjects] if subjects is not None else [f"{tenant.jwt.issuer}/*"]
-
-
-def server_accounts(tenant: TenantSpec) -> tuple[str, ...]:
-    """The service accounts a tenant's namespace holds: its dedicated servers' and standbys'."""
-    from .model.weights_layout import SERVER_SA
-    from .standby import STANDBY_SA
-
-    return (SERVER_SA, STANDBY_SA) if tenant.dedicated else ()
 
 
 @dataclass
@@ -83,66 +51,41 @@ class TenantAuth(pulumi.ComponentResource):
         super().__init__("vllm-gke:index:TenantAuth", name, None, opts)
         k8s_opts = child_opts(self, opts, provider=args.provider)
         tenant = args.tenant
-        labels = {TENANT_LABEL: tenant.name}
         self.namespace = MeshNamespace(
-            f"{name}-ns", MeshNamespaceArgs(tenant_namespace(tenant), args.provider, args.sources, labels=labels,
-                                            jwks_hosts=[jwks_host(tenant)],
+            f"{name}-ns", MeshNamespaceArgs(tenant_namespace(tenant), args.provider, args.sources,
+                                            labels={TENANT_LABEL: tenant.name}, jwks_hosts=[jwks_host(tenant)],
                                             service_accounts=server_accounts(tenant) if args.service_accounts is None
                                             else args.service_accounts),
             opts=child_opts(self, opts))
-        principals = request_principals(tenant)
-
-        def request_authentication(resource: str, namespace: pulumi.Input[str]) -> None:
-            rule: dict[str, Any] = {
-                "issuer": tenant.jwt.issuer,
-                "jwksUri": tenant.jwt.jwks_uri,
-                "forwardOriginalToken": False,
-                # Istio overwrites any client-sent copy of these headers with the verified claims.
-                "outputClaimToHeaders": [{"header": ISSUER_HEADER, "claim": "iss"},
-                                         {"header": SUBJECT_HEADER, "claim": "sub"}],
-            }
-            if tenant.jwt.audiences:
-                rule["audiences"] = list(tenant.jwt.audiences)
-            custom_resource(resource, ISTIO_API, "RequestAuthentication",
-                            {**meta(f"jwt-{tenant.name}", labels=labels), "namespace": namespace},
-                            {"jwtRules": [rule]}, k8s_opts)
-
-        def allow(resource: str, policy_name: str, namespace: pulumi.Input[str],
-                  selector: Optional[dict[str, str]], prefixes: Sequence[str], objective: Optional[str] = None) -> None:
-            # Behind the picker, only what it serves (the guard and the route admit the same); each
-            # route under the tenant's own prefixes, as the Gateway forwards it (no path rewrite).
-            rule: dict[str, Any] = {"from": [{"source": {"requestPrincipals": principals}}],
-                                    "to": mesh_operations(picker_routes() if objective else args.routes, prefixes)}
-            # The guard reads the tenant from this header: it must name the token's own issuer
-            # when Envoy's RBAC runs (after jwt_authn wrote it), so a data plane that left a
-            # client's copy in place (outputClaimToHeaders unsupported) still cannot pass one
-            # tenant's token off as another's; without the header the request is refused.
-            rule["when"] = [{"key": f"request.headers[{ISSUER_HEADER}]", "values": [tenant.jwt.issuer]}]
-            if tenant.jwt.subjects is not None:  # the subject the guard checks, likewise
-                rule["when"].append({"key": f"request.headers[{SUBJECT_HEADER}]", "values": list(tenant.jwt.subjects)})
-            if objective:
-                rule["when"].append({"key": f"request.headers[{OBJECTIVE_HEADER}]", "values": [objective]})
-            spec: dict[str, Any] = {"action": "ALLOW", "rules": [rule]}
-            if selector:
-                spec["selector"] = {"matchLabels": selector}
-            custom_resource(resource, ISTIO_API, "AuthorizationPolicy",
-                            {**meta(policy_name, labels=labels), "namespace": namespace}, spec, k8s_opts)
-
         # The tenant's own namespace: its dedicated replicas at /<tenant>/<model>/v1, or nothing but
         # the deny-all (without dedicated models its own prefix stands in: no pod there serves it).
-        request_authentication(f"{name}-jwt", self.namespace.name)
+        self._policy(f"{name}-jwt", "RequestAuthentication", f"jwt-{tenant.name}", self.namespace.name,
+                     jwt_rules(tenant), tenant, k8s_opts)
         dedicated = list(tenant.dedicated.models) if tenant.dedicated else []
-        allow(f"{name}-allow", f"allow-{tenant.name}", self.namespace.name,
-              {TENANT_LABEL: tenant.name}, [f"/{tenant.name}/{m}" for m in dedicated] or [f"/{tenant.name}"])
-        # The shared serving namespace: one allow per model the tenant may call.
+        self._policy(f"{name}-allow", "AuthorizationPolicy", f"allow-{tenant.name}", self.namespace.name,
+                     allow_tenant(tenant, args.routes, [f"/{tenant.name}/{m}" for m in dedicated] or [f"/{tenant.name}"],
+                                  {TENANT_LABEL: tenant.name}), tenant, k8s_opts)
+        self._shared(name, args, k8s_opts)
+        self.register_outputs({"namespace": self.namespace.name, "issuer": tenant.jwt.issuer,
+                               "sharedModels": list(args.shared_models)})
+
+    def _shared(self, name: str, args: TenantAuthArgs, opts: pulumi.ResourceOptions) -> None:
+        """The shared serving namespace: the tenant's issuer trusted, one allow per model it may call."""
+        tenant = args.tenant
         if args.shared_models:
-            request_authentication(f"{name}-jwt-shared", args.serving_namespace)
+            self._policy(f"{name}-jwt-shared", "RequestAuthentication", f"jwt-{tenant.name}", args.serving_namespace,
+                         jwt_rules(tenant), tenant, opts)
         for model in args.shared_models:
             picked = model in args.picker_models
             # The prefixes serving_api.path_prefix gives: /<model>, behind the picker /<tenant>/<model>.
-            allow(f"{name}-allow-{model}", f"allow-{tenant.name}-{model}", args.serving_namespace,
-                  {MODEL_LABEL: model}, [f"/{tenant.name}/{model}" if picked else f"/{model}"],
-                  objective_name(tenant.name, model) if picked else None)
+            spec = allow_tenant(tenant, args.routes, [f"/{tenant.name}/{model}" if picked else f"/{model}"],
+                                {MODEL_LABEL: model}, objective_name(tenant.name, model) if picked else None)
+            self._policy(f"{name}-allow-{model}", "AuthorizationPolicy", f"allow-{tenant.name}-{model}",
+                         args.serving_namespace, spec, tenant, opts)
 
-        self.register_outputs({"namespace": self.namespace.name, "issuer": tenant.jwt.issuer,
-                               "sharedModels": list(args.shared_models)})
+    @staticmethod
+    def _policy(resource: str, kind: str, policy_name: str, namespace: pulumi.Input[str], spec: Mapping[str, Any],
+                tenant: TenantSpec, opts: pulumi.ResourceOptions) -> None:
+        custom_resource(resource, ISTIO_API, kind,
+                        {**meta(policy_name, labels={TENANT_LABEL: tenant.name}), "namespace": namespace},
+                        spec, opts)

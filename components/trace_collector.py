@@ -23,7 +23,7 @@ googleclientauth extension, both in the same image): a config change here when i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import pulumi
 import pulumi_gcp as gcp
@@ -31,9 +31,9 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from .k8s_meta import api_body, meta
-from .limit_store import client_principal
 from .mesh_namespace import mesh_lock
 from .model.k8s_objects import CONTAINER_SECURITY, content_digest
+from .model.mesh_identity import client_principal
 from .model.specs import ImageRef
 from .options import child_opts
 from .project_apis import ProjectApis
@@ -49,6 +49,7 @@ HEALTH_PORT = 13133
 COLLECTOR_UID = 10001
 MEMORY_LIMIT_MI = 512
 TRACE_API = "cloudtrace.googleapis.com"
+LABELS = {"app.kubernetes.io/name": "vllm-gke-traces"}
 
 
 def endpoint() -> str:
@@ -100,78 +101,84 @@ class TraceCollector(pulumi.ComponentResource):
     def __init__(self, name: str, args: TraceCollectorArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:TraceCollector", name, None, opts)
         self.endpoint = endpoint()
-        labels = {"app.kubernetes.io/name": "vllm-gke-traces"}
-        needs = args.apis.needs("cloudresourcemanager.googleapis.com", TRACE_API) if args.apis else []
-        number = gcp.organizations.get_project_output(project_id=args.project).number
-        # Writes spans, nothing else (roles/cloudtrace.agent: cloudtrace.traces.patch).
-        grant = gcp.projects.IAMMember(
-            f"{name}-trace-agent", project=args.project, role="roles/cloudtrace.agent",
-            member=workload_principal(number, args.workload_pool, NAMESPACE, SERVICE_ACCOUNT),
-            opts=child_opts(self, opts, depends_on=needs))
-        k8s_opts = child_opts(self, opts, provider=args.provider)
+        grant = self._grant(name, args, opts)
         namespace = k8s.core.v1.Namespace(
-            f"{name}-ns", metadata=meta(NAMESPACE, labels={"istio-injection": "enabled"}), opts=k8s_opts)
-        ns = namespace.metadata.name
+            f"{name}-ns", metadata=meta(NAMESPACE, labels={"istio-injection": "enabled"}),
+            opts=child_opts(self, opts, provider=args.provider))
         in_ns = child_opts(self, opts, provider=args.provider, depends_on=[namespace])
 
         def md(obj: str) -> k8s.meta.v1.ObjectMetaArgsDict:
-            return {**meta(obj, labels=labels), "namespace": ns}
+            return {**meta(obj, labels=LABELS), "namespace": namespace.metadata.name}
 
-        mesh_lock(name, md, labels, ("allow-servers", "allow-vllm-servers"),
+        mesh_lock(name, md, LABELS, ("allow-servers", "allow-vllm-servers"),
                   [client_principal(n) for n in args.client_namespaces],
                   {"ports": [str(OTLP_HTTP_PORT)], "methods": ["POST"], "paths": ["/v1/traces"]}, in_ns)
         sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=md(SERVICE_ACCOUNT),
                                         automount_service_account_token=False, opts=in_ns)
         text = collector_config(args.project)
         config = k8s.core.v1.ConfigMap(f"{name}-config", metadata=md(NAME), data={"collector.yaml": text}, opts=in_ns)
-        health = {"httpGet": {"path": "/", "port": "health"}}
         k8s.apps.v1.Deployment(
-            f"{name}-deploy", metadata=md(NAME),
-            spec=api_body({
-                # Two, so a node drain leaves one taking spans.
-                "replicas": 2,
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels, "annotations": {
-                        # The collector reads its config once, at start.
-                        "vllm-gke.io/config-sha256": content_digest(text),
-                        # Its token requests reach the GKE metadata server directly, not through Envoy,
-                        # and it starts once the sidecar can carry its calls to Cloud Trace.
-                        "traffic.sidecar.istio.io/excludeOutboundIPRanges": "169.254.169.254/32",
-                        "proxy.istio.io/config": '{"holdApplicationUntilProxyStarts": true}',
-                    }},
-                    "spec": {
-                        "serviceAccountName": SERVICE_ACCOUNT,
-                        "automountServiceAccountToken": False,
-                        "securityContext": {"runAsNonRoot": True, "runAsUser": COLLECTOR_UID,
-                                            "runAsGroup": COLLECTOR_UID, "seccompProfile": {"type": "RuntimeDefault"}},
-                        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
-                            "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
-                                                               "labelSelector": {"matchLabels": labels}}}]}},
-                        "containers": [{
-                            "name": "collector", "image": args.image.uri,
-                            "args": ["--config=/etc/otelcol/collector.yaml"],
-                            "ports": [{"name": "http-otlp", "containerPort": OTLP_HTTP_PORT},
-                                      {"name": "health", "containerPort": HEALTH_PORT}],
-                            # The Go runtime's soft limit under the container's, so it collects
-                            # garbage before memory_limiter has to refuse spans.
-                            "env": [{"name": "GOMEMLIMIT", "value": f"{MEMORY_LIMIT_MI * 4 // 5}MiB"}],
-                            "readinessProbe": {**health, "periodSeconds": 5},
-                            "livenessProbe": {**health, "periodSeconds": 15, "failureThreshold": 3},
-                            "resources": {"requests": {"cpu": "200m", "memory": f"{MEMORY_LIMIT_MI // 2}Mi"},
-                                          "limits": {"cpu": "1", "memory": f"{MEMORY_LIMIT_MI}Mi"}},
-                            "securityContext": CONTAINER_SECURITY,
-                            "volumeMounts": [{"name": "config", "mountPath": "/etc/otelcol", "readOnly": True}],
-                        }],
-                        "volumes": [{"name": "config", "configMap": {"name": NAME}}],
-                    },
-                },
-            }),
+            f"{name}-deploy", metadata=md(NAME), spec=api_body(deployment_spec(args.image.uri, text)),
             opts=child_opts(self, opts, provider=args.provider, depends_on=[config, sa, namespace, grant]))
         k8s.core.v1.Service(
             f"{name}-svc", metadata=md(NAME),
             # http- name: the mesh parses it as HTTP, so the AuthorizationPolicy's method and path apply.
-            spec=api_body({"type": "ClusterIP", "selector": labels,
+            spec=api_body({"type": "ClusterIP", "selector": LABELS,
                            "ports": [{"name": "http-otlp", "port": OTLP_HTTP_PORT, "targetPort": "http-otlp"}]}),
             opts=in_ns)
         self.register_outputs({"endpoint": self.endpoint, "clients": sorted(args.client_namespaces)})
+
+    def _grant(self, name: str, args: TraceCollectorArgs, opts: Optional[pulumi.ResourceOptions]) -> gcp.projects.IAMMember:
+        """Writes spans, nothing else (roles/cloudtrace.agent: cloudtrace.traces.patch)."""
+        needs = args.apis.needs("cloudresourcemanager.googleapis.com", TRACE_API) if args.apis else []
+        number = gcp.organizations.get_project_output(project_id=args.project).number
+        return gcp.projects.IAMMember(
+            f"{name}-trace-agent", project=args.project, role="roles/cloudtrace.agent",
+            member=workload_principal(number, args.workload_pool, NAMESPACE, SERVICE_ACCOUNT),
+            opts=child_opts(self, opts, depends_on=needs))
+
+
+def deployment_spec(image: str, config_text: str) -> dict[str, Any]:
+    """The collector's Deployment: two replicas on different nodes where it can, in the mesh, its
+    config's digest rolling it (it reads the config once, at start)."""
+    health = {"httpGet": {"path": "/", "port": "health"}}
+    return {
+        # Two, so a node drain leaves one taking spans.
+        "replicas": 2,
+        "selector": {"matchLabels": LABELS},
+        "template": {
+            "metadata": {"labels": LABELS, "annotations": {
+                # The collector reads its config once, at start.
+                "vllm-gke.io/config-sha256": content_digest(config_text),
+                # Its token requests reach the GKE metadata server directly, not through Envoy,
+                # and it starts once the sidecar can carry its calls to Cloud Trace.
+                "traffic.sidecar.istio.io/excludeOutboundIPRanges": "169.254.169.254/32",
+                "proxy.istio.io/config": '{"holdApplicationUntilProxyStarts": true}',
+            }},
+            "spec": {
+                "serviceAccountName": SERVICE_ACCOUNT,
+                "automountServiceAccountToken": False,
+                "securityContext": {"runAsNonRoot": True, "runAsUser": COLLECTOR_UID,
+                                    "runAsGroup": COLLECTOR_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+                "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                    "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                                       "labelSelector": {"matchLabels": LABELS}}}]}},
+                "containers": [{
+                    "name": "collector", "image": image,
+                    "args": ["--config=/etc/otelcol/collector.yaml"],
+                    "ports": [{"name": "http-otlp", "containerPort": OTLP_HTTP_PORT},
+                              {"name": "health", "containerPort": HEALTH_PORT}],
+                    # The Go runtime's soft limit under the container's, so it collects
+                    # garbage before memory_limiter has to refuse spans.
+                    "env": [{"name": "GOMEMLIMIT", "value": f"{MEMORY_LIMIT_MI * 4 // 5}MiB"}],
+                    "readinessProbe": {**health, "periodSeconds": 5},
+                    "livenessProbe": {**health, "periodSeconds": 15, "failureThreshold": 3},
+                    "resources": {"requests": {"cpu": "200m", "memory": f"{MEMORY_LIMIT_MI // 2}Mi"},
+                                  "limits": {"cpu": "1", "memory": f"{MEMORY_LIMIT_MI}Mi"}},
+                    "securityContext": CONTAINER_SECURITY,
+                    "volumeMounts": [{"name": "config", "mountPath": "/etc/otelcol", "readOnly": True}],
+                }],
+                "volumes": [{"name": "config", "configMap": {"name": NAME}}],
+            },
+        },
+    }

@@ -20,7 +20,6 @@ from typing import Any, Literal, Mapping, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .gpu_cluster import placement_for
 from .k8s_meta import api_body, custom_resource, meta
 from .model.capacity import hosts_per_replica, rollout_strategy
 from .model.cold_start import NODE_PROVISION_S, rollout_seconds
@@ -34,6 +33,7 @@ from .model.k8s_objects import (
     service_name_of,
 )
 from .model.keda_scaling import KedaScaling, scaled_object
+from .model.node_pools import placement_for
 from .model.specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec
 from .model.vllm_server import (
     GUARD_CONFIG_ENV,

@@ -33,8 +33,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
+from ..components.model.mesh_identity import tenant_namespace
 from ..components.model.specs import NodePoolSpec
-from ..components.tenant_auth import tenant_namespace
 from .config import StackConfig
 from .plan import Plan
 from .pricing import MACHINE_PRICES

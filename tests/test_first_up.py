@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT, STACKS, manifests_of, vllm_deployments
-from vllm_gke.components.tenant_auth import jwks_host
+from vllm_gke.components.model.mesh_identity import jwks_host
 from vllm_gke.infra.advice import plan_warnings
 
 HUB = REPO_ROOT / "tests" / "fixtures" / "hub"

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.conftest import REPO_ROOT, STACKS, manifests_of, props_of, vllm_deployments
-from vllm_gke.components.gateway import LENGTH_HINT_HEADER, at_least_regex
+from vllm_gke.components.model.gateway_routes import LENGTH_HINT_HEADER, at_least_regex
 from vllm_gke.components.model.weights_layout import model_dir
 
 

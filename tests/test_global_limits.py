@@ -535,7 +535,7 @@ def test_a_changed_store_config_rolls_the_store(plans, plan_variant, monkeypatch
 
 
 def test_store_outages_are_charted_and_alerted_where_limits_are_shared(plans):
-    from vllm_gke.components.observability import FALLBACKS_METRIC
+    from vllm_gke.components.model.monitoring import FALLBACKS_METRIC
 
     obs = plans["prod"].platform.observability
     assert FALLBACKS_METRIC in json.dumps(obs.dashboard_definition)

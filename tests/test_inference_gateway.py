@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.conftest import STACKS, manifests_of
-from vllm_gke.components.gateway import at_most_regex
 from vllm_gke.components.inference_objective_crd import CRD_URL
-from vllm_gke.components.inference_pool import EPP_IMAGE
+from vllm_gke.components.model.gateway_routes import at_most_regex
+from vllm_gke.components.model.picker import EPP_IMAGE
 from vllm_gke.components.model.serving_api import (
     OBJECTIVE_HEADER,
     PICKER_PATHS,
@@ -120,7 +120,7 @@ def test_picker_survives_rollouts_and_drains_with_one_ready_pod(plans):
     pod never gets the lease); the two never share a node, so one drain or node failure cannot take
     both under FailClose; and no budget: counting one Ready pod, any budget allows no eviction of the
     leader and would hold its node's drain for GKE's hour."""
-    from vllm_gke.components.inference_pool import SHUTDOWN_S
+    from vllm_gke.components.model.picker import SHUTDOWN_S
 
     plan = plans["staging"]
     epp = one(plan, "Deployment", "llama-8b-epp")

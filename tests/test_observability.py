@@ -179,7 +179,7 @@ def test_the_waiting_running_tile_shows_both_gauges():
     summed by model_name alone, running never showed. Each side carries its own `state`."""
     import re
 
-    from vllm_gke.components.observability import dashboard_panels
+    from vllm_gke.components.model.monitoring import dashboard_panels
 
     (query,) = [q for title, q in dashboard_panels("c") if title == "Requests waiting / running"]
     sides = query.split(" or ")

@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import manifests_of
-from vllm_gke.components.model.serving_api import SUBJECT_HEADER, TENANT_ROUTES, mesh_operations, tenant_routes
-from vllm_gke.components.tenant_auth import ISSUER_HEADER
+from vllm_gke.components.model.serving_api import (
+    ISSUER_HEADER,
+    SUBJECT_HEADER,
+    TENANT_ROUTES,
+    mesh_operations,
+    tenant_routes,
+)
 
 
 def namespaces(plan):

@@ -8,8 +8,9 @@ from pydantic.alias_generators import to_camel
 from typing_extensions import NotRequired
 
 from ..gateway import Gateway as _Gateway
-from ..gateway import GatewayArgs, PickerTarget, RouteTarget
+from ..gateway import GatewayArgs, RouteTarget
 from ..model.config_rules import check_inference_gateway_class, check_length_routing_class
+from ..model.gateway_routes import PickerTarget
 from ..model.serving_api import PICKER_MIN_BODY_BYTES, objective_name, picker_routes
 from ..model.specs import GatewaySpec as GatewayModel
 from ..options import child_opts

@@ -8,12 +8,11 @@ import pulumi
 from ..mesh_namespace import MeshNamespace as _MeshNamespace
 from ..mesh_namespace import MeshNamespaceArgs, TrustedSources
 from ..model.config_rules import check_serving_namespace
+from ..model.mesh_identity import STANDBY_SA, jwks_host
 from ..model.specs import ClusterSpec as ClusterModel
 from ..model.specs import TenantSpec as TenantModel
 from ..model.weights_layout import SERVER_SA
 from ..options import child_opts
-from ..standby import STANDBY_SA
-from ..tenant_auth import jwks_host
 from .convert import Problems, kubernetes_provider
 from .types import ClusterSpec, TenantSpec
 

@@ -22,6 +22,7 @@ from ..model.config_rules import (
 )
 from ..model.k8s_objects import MODEL_LABEL, POOL_LABEL, TENANT_LABEL, service_name_of
 from ..model.keda_scaling import KedaScaling
+from ..model.mesh_identity import STANDBY_SA
 from ..model.serving_api import pool_guard_config
 from ..model.specs import ImageRef as ImageModel
 from ..model.specs import ModelSpec as ModelModel
@@ -32,7 +33,7 @@ from ..model.vllm_versions import DEFAULT_TPU_VLLM_VERSION, DEFAULT_VLLM_VERSION
 from ..model.weights_layout import SERVER_SA
 from ..model.weights_mount import claim_mount
 from ..options import child_opts
-from ..standby import STANDBY_SA, Standby, StandbyArgs
+from ..standby import Standby, StandbyArgs
 from ..vllm_service import SERVER_LABELS, VllmServiceArgs
 from ..vllm_service import VllmService as _VllmService
 from .convert import Problems, kubernetes_provider, plain

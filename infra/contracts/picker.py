@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ...components.inference_pool import EPP_UID, EPP_VERSION, EXT_PROC_PORT, HEALTH_PORT, METRICS_PORT, SHUTDOWN_S
+from ...components.model.picker import EPP_UID, EPP_VERSION, EXT_PROC_PORT, HEALTH_PORT, METRICS_PORT, SHUTDOWN_S
 from ...components.model.serving_api import PICKER_PATHS, REFUSED_AT_THE_PICKER
 from ..plan import Plan
 from .base import Contract, _docs, _exported, _flag

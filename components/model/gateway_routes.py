@@ -1,0 +1,215 @@
+"""The Gateway's listeners, HTTPRoutes and backend defaults as data (Gateway API field names).
+Why they route as they do (by length, or through the endpoint picker; HTTPS only where TLS is
+on): components/gateway.py, which declares them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .k8s_objects import ACCESS_LABEL
+from .picker import pool_ref
+from .serving_api import FAIRNESS_HEADER, OBJECTIVE_HEADER, REFUSED_AT_THE_PICKER, VERIFIED_HEADERS
+from .specs import GatewaySpec
+from .vllm_server import drain_seconds
+
+GATEWAY_NAME = "vllm"
+LENGTH_HINT_HEADER = "x-vllm-gke-length"
+HTTP_LISTENER = "http"
+HTTPS_LISTENER = "https"
+# GCPBackendPolicy's connectionDraining.drainingTimeoutSec upper bound (Cloud Load Balancing).
+MAX_DRAINING_S = 3600
+# Where a request carrying a picker control header is redirected: no route serves it (404).
+PICKER_HEADER_REFUSED_PATH = "/vllm-gke/errors/gateway-control-header-not-allowed"
+
+
+def at_least_regex(n: int) -> str:
+    """An RE2 pattern matching exactly the decimal integers >= n (no leading zeros)."""
+    digits = str(n)
+    width = len(digits)
+    alternatives = [f"[1-9][0-9]{{{width},}}"]  # more digits than n
+    alternatives.append(digits)
+    for i in range(width - 1, -1, -1):
+        d = int(digits[i])
+        low = d + 1
+        if low > 9 or (i == 0 and low < 1):
+            continue
+        rest = width - i - 1
+        tail = f"[0-9]{{{rest}}}" if rest else ""
+        alternatives.append(f"{digits[:i]}[{low}-9]{tail}")
+    return "^(" + "|".join(alternatives) + ")$"
+
+
+def at_most_regex(n: int) -> str:
+    """An RE2 pattern matching exactly the decimal integers 0..n (no leading zeros)."""
+    digits = str(n)
+    width = len(digits)
+    alternatives = ["0"]
+    if width > 1:
+        alternatives.append(f"[1-9][0-9]{{0,{width - 2}}}")  # fewer digits than n
+    alternatives.append(digits)
+    for i, ch in enumerate(digits):
+        high = int(ch) - 1
+        low = 1 if i == 0 else 0
+        if high < low:
+            continue
+        rest = width - i - 1
+        tail = f"[0-9]{{{rest}}}" if rest else ""
+        alternatives.append(f"{digits[:i]}[{low}-{high}]{tail}")
+    return "^(" + "|".join(alternatives) + ")$"
+
+
+def backend_defaults(request_timeout_seconds: int) -> dict[str, Any]:
+    """GCPBackendPolicy defaults for vLLM replicas. Long generations stream for minutes (the load
+    balancer's 30 s default would cut them); a detached endpoint keeps its connections for as long
+    as a stopping replica may still answer (preStop plus the longest request), so what it
+    accepted finishes on a scale-down or drain."""
+    return {"timeoutSec": request_timeout_seconds,
+            "connectionDraining": {"drainingTimeoutSec": min(MAX_DRAINING_S, drain_seconds(request_timeout_seconds))}}
+
+
+def service_backend_policy(service: str, request_timeout_seconds: int, max_rate_per_endpoint: int = 0
+                           ) -> dict[str, Any]:
+    """A length-routed pool's GCPBackendPolicy (`max_rate_per_endpoint`: the load balancer's target
+    requests/s per replica, a capacity, not a cap; 0: none)."""
+    policy = backend_defaults(request_timeout_seconds)
+    if max_rate_per_endpoint:
+        policy["maxRatePerEndpoint"] = max_rate_per_endpoint
+    return {"default": policy, "targetRef": service_ref(service)}
+
+
+def service_ref(service: str) -> dict[str, str]:
+    """A policy's targetRef to a Service."""
+    return {"group": "", "kind": "Service", "name": service}
+
+
+@dataclass(frozen=True)
+class PickerTarget:
+    """A model's InferencePool as one tenant reaches it. The tenant must send its own objective
+    (no other value is routed) and may not send the picker's other control headers (refused):
+    the picker reads the request before route-level header changes apply (envoy#15012), so
+    neither its priority nor its replica is the client's to choose. The route also sets them
+    for the replica, whose mesh policy and guard check the same objective."""
+
+    pool_name: str
+    objective: str
+    tenant: str
+    # (path, method) pairs the picker serves (serving_api.picker_routes()).
+    routes: tuple[tuple[str, str], ...] = (("/v1/chat/completions", "POST"), ("/v1/completions", "POST"),
+                                           ("/v1/models", "GET"))
+    # The largest Content-Length a body may declare (the picker buffers it whole).
+    max_body_bytes: int = 1 << 20
+
+
+def serving_listener(spec: GatewaySpec) -> str:
+    """The listener model routes attach to: HTTPS where TLS is on (HTTP then only redirects)."""
+    return HTTPS_LISTENER if spec.tls else HTTP_LISTENER
+
+
+def listeners(spec: GatewaySpec, certificate: str = "") -> list[dict[str, Any]]:
+    """`certificate`: a Certificate Manager certificate a regional HTTPS listener serves."""
+    listener_host = {"hostname": spec.hostname} if spec.hostname else {}
+    # Only namespaces this library labels may attach routes, and only to the serving listener.
+    tenant_routes = {"namespaces": {"from": "Selector", "selector": {"matchLabels": {ACCESS_LABEL: "true"}}}}
+    own_routes = {"namespaces": {"from": "Same"}}
+    if not spec.tls:
+        return [{"name": HTTP_LISTENER, "protocol": "HTTP", "port": 80,
+                 "allowedRoutes": tenant_routes, **listener_host}]
+    tls: dict[str, Any] = {"mode": "Terminate",
+                           **({"options": {"networking.gke.io/cert-manager-certs": certificate}} if certificate else {})}
+    if spec.tls_secret_name:
+        tls["certificateRefs"] = [{"kind": "Secret", "name": spec.tls_secret_name}]
+    return [{"name": HTTPS_LISTENER, "protocol": "HTTPS", "port": 443,
+             "allowedRoutes": tenant_routes, "tls": tls, **listener_host},
+            {"name": HTTP_LISTENER, "protocol": "HTTP", "port": 80,
+             "allowedRoutes": own_routes, **listener_host}]
+
+
+def gateway_spec(spec: GatewaySpec, certificate: str = "", address: str = "") -> dict[str, Any]:
+    """`address`: a reserved address's name (NamedAddress), if any."""
+    out: dict[str, Any] = {"gatewayClassName": spec.class_name, "listeners": listeners(spec, certificate)}
+    if address:
+        out["addresses"] = [{"type": "NamedAddress", "value": address}]
+    return out
+
+
+def https_redirect(spec: GatewaySpec) -> dict[str, Any]:
+    """The HTTP listener's one route: everything to HTTPS."""
+    return {"parentRefs": [{"name": GATEWAY_NAME, "sectionName": HTTP_LISTENER}],
+            **({"hostnames": [spec.hostname]} if spec.hostname else {}),
+            "rules": [{"filters": [{"type": "RequestRedirect", "requestRedirect": {
+                "scheme": "https", "statusCode": 301}}]}]}
+
+
+def route_spec(parent_ref: dict[str, Any], rules: list[dict[str, Any]], hostname: Optional[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"parentRefs": [parent_ref], "rules": rules}
+    if hostname:
+        out["hostnames"] = [hostname]
+    return out
+
+
+def weighted_backends(service: str, canary: Optional[str], port: int, canary_weight: int) -> list[dict[str, Any]]:
+    if not canary:
+        return [{"name": service, "port": port}]
+    # Weights are relative: stable and canary always both listed, so a rollback is a
+    # config change of the weight and the canary can stay warm at 0.
+    return [{"name": service, "port": port, "weight": 100 - canary_weight},
+            {"name": canary, "port": port, "weight": canary_weight}]
+
+
+def length_rules(path_prefix: str, long_request_bytes: int, short_backends: list[dict[str, Any]],
+                 long_backends: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Long requests (a Content-Length of at least `long_request_bytes`, or the client's hint) to
+    the long pool, everything else to the short one."""
+    path = {"type": "PathPrefix", "value": f"/{path_prefix}/v1"}
+    # No URLRewrite: GKE does not claim HTTPRoute path rewrites (infra/contracts/gateway.py), so
+    # the path reaches the pod as sent; the mesh admits it prefixed and the guard strips the prefix.
+    # The tenant is the issuer and subject Istio verified: a client's own copy never gets through.
+    strip_verified = [{"type": "RequestHeaderModifier", "requestHeaderModifier": {"remove": list(VERIFIED_HEADERS)}}]
+    long_backend = {"filters": strip_verified, "backendRefs": long_backends}
+    # Header matches outrank the bare path match of the last rule (Gateway API precedence).
+    return [
+        {"matches": [{"path": path, "headers": [{"type": "RegularExpression", "name": "content-length",
+                                                 "value": at_least_regex(long_request_bytes)}]}],
+         **long_backend},
+        {"matches": [{"path": path, "headers": [{"type": "Exact", "name": LENGTH_HINT_HEADER,
+                                                 "value": "long"}]}],
+         **long_backend},
+        {"matches": [{"path": path}], "filters": strip_verified, "backendRefs": short_backends},
+    ]
+
+
+def picker_rules(path_prefix: str, picker: PickerTarget) -> list[dict[str, Any]]:
+    """One rule per route the picker serves, each requiring the tenant's own objective and,
+    for a body, a Content-Length within the limit (no chunked or oversized body reaches the
+    picker, which buffers it whole); and first a rule that answers any request carrying one
+    of the picker's other control headers with a redirect to a path nothing serves. Each of
+    its matches is a served match plus that header, so it outranks the served rule by header
+    count (Gateway API precedence), whatever the implementation does with ties."""
+    prefix = f"/{path_prefix}"
+    own = {"type": "Exact", "name": OBJECTIVE_HEADER, "value": picker.objective}
+    length = {"type": "RegularExpression", "name": "content-length", "value": at_most_regex(picker.max_body_bytes)}
+
+    def served(path: str, method: str) -> dict[str, Any]:
+        # No method match (GKE's conformance reports list it as unsupported): the mesh and the
+        # guard refuse a wrong method; a body route still needs its bounded Content-Length.
+        return {"path": {"type": "Exact", "value": f"{prefix}{path}"},
+                "headers": [own, *([length] if method == "POST" else [])]}
+
+    headers = {"type": "RequestHeaderModifier", "requestHeaderModifier": {
+        "set": [{"name": OBJECTIVE_HEADER, "value": picker.objective},
+                {"name": FAIRNESS_HEADER, "value": picker.tenant}],
+        "remove": [*VERIFIED_HEADERS, *REFUSED_AT_THE_PICKER]}}  # never PICKER_SETS: see serving_api
+    backend = pool_ref(picker.pool_name)
+
+    def with_header(match: dict[str, Any], header: str) -> dict[str, Any]:
+        return {**match, "headers": [*match["headers"], {"type": "RegularExpression", "name": header, "value": ".*"}]}
+
+    refused = {"matches": [with_header(served(path, method), header)
+                           for path, method in picker.routes for header in REFUSED_AT_THE_PICKER],
+               "filters": [{"type": "RequestRedirect", "requestRedirect": {
+                   "path": {"type": "ReplaceFullPath", "replaceFullPath": PICKER_HEADER_REFUSED_PATH},
+                   "statusCode": 302}}]}
+    # Forwarded as sent (no URLRewrite, as above): the picker reads no path, the guard strips the prefix.
+    return [refused, *({"matches": [served(path, method)], "filters": [headers], "backendRefs": [backend]}
+                       for path, method in picker.routes)]

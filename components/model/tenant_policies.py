@@ -1,0 +1,48 @@
+"""A tenant's Istio policies as data: the RequestAuthentication that verifies its JWTs and the
+AuthorizationPolicies that admit its principals (components/tenant_auth.py declares them)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+from .mesh_identity import request_principals
+from .serving_api import ISSUER_HEADER, OBJECTIVE_HEADER, SUBJECT_HEADER, Route, mesh_operations, picker_routes
+from .specs import TenantSpec
+
+
+def jwt_rules(tenant: TenantSpec) -> dict[str, Any]:
+    """The RequestAuthentication spec trusting the tenant's issuer."""
+    rule: dict[str, Any] = {
+        "issuer": tenant.jwt.issuer,
+        "jwksUri": tenant.jwt.jwks_uri,
+        "forwardOriginalToken": False,
+        # Istio overwrites any client-sent copy of these headers with the verified claims.
+        "outputClaimToHeaders": [{"header": ISSUER_HEADER, "claim": "iss"},
+                                 {"header": SUBJECT_HEADER, "claim": "sub"}],
+    }
+    if tenant.jwt.audiences:
+        rule["audiences"] = list(tenant.jwt.audiences)
+    return {"jwtRules": [rule]}
+
+
+def allow_tenant(tenant: TenantSpec, routes: Sequence[Route], prefixes: Sequence[str],
+                 selector: Optional[Mapping[str, str]] = None, objective: Optional[str] = None) -> dict[str, Any]:
+    """The AuthorizationPolicy spec admitting the tenant's principals to `routes` under `prefixes`
+    (as the Gateway forwards them: no path rewrite), on the pods of `selector`; behind the picker
+    (`objective`), only what the picker serves and only with the tenant's own objective."""
+    # Behind the picker, only what it serves (the guard and the route admit the same).
+    rule: dict[str, Any] = {"from": [{"source": {"requestPrincipals": request_principals(tenant)}}],
+                            "to": mesh_operations(picker_routes() if objective else routes, prefixes)}
+    # The guard reads the tenant from this header: it must name the token's own issuer
+    # when Envoy's RBAC runs (after jwt_authn wrote it), so a data plane that left a
+    # client's copy in place (outputClaimToHeaders unsupported) still cannot pass one
+    # tenant's token off as another's; without the header the request is refused.
+    rule["when"] = [{"key": f"request.headers[{ISSUER_HEADER}]", "values": [tenant.jwt.issuer]}]
+    if tenant.jwt.subjects is not None:  # the subject the guard checks, likewise
+        rule["when"].append({"key": f"request.headers[{SUBJECT_HEADER}]", "values": list(tenant.jwt.subjects)})
+    if objective:
+        rule["when"].append({"key": f"request.headers[{OBJECTIVE_HEADER}]", "values": [objective]})
+    spec: dict[str, Any] = {"action": "ALLOW", "rules": [rule]}
+    if selector:
+        spec["selector"] = {"matchLabels": dict(selector)}
+    return spec
