@@ -27,11 +27,11 @@ from .mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
 from .mesh_readiness import MeshReadiness, MeshReadinessArgs
 from .model import gcs_weights
 from .model.capacity import consumer_models, hosts_per_replica, neighbours, placements, rollout_strategy, surge_room
-from .model.cold_start import NODE_PROVISION_S, cold_start_seconds, rollout_seconds
+from .model.cold_start import cold_start_seconds, rollout_seconds
 from .model.config_rules import cross_field_issues
 from .model.gateway_routes import PickerTarget
 from .model.gcp_names import service_account_id
-from .model.k8s_objects import MODEL_LABEL, POOL_LABEL, TENANT_LABEL, service_name_of
+from .model.k8s_objects import MODEL_LABEL, POOL_LABEL, service_name_of
 from .model.keda_scaling import KedaScaling
 from .model.mesh_identity import STANDBY_SA, jwks_host, tenant_namespace
 from .model.serving_api import (
@@ -50,10 +50,10 @@ from .model_store import ModelStore, ModelStoreArgs, WeightsPrune
 from .observability import Observability, ObservabilityArgs
 from .options import child_opts
 from .project_apis import ProjectApis, ProjectApisArgs
-from .standby import Standby, StandbyArgs
+from .standby import Standby
 from .tenant_auth import TenantAuth, TenantAuthArgs
 from .trace_collector import TRACE_API, TraceCollector, TraceCollectorArgs
-from .vllm_service import SERVER_LABELS, VllmService, VllmServiceArgs
+from .vllm_service import VllmService, VllmServiceArgs
 
 
 class PlatformConfigError(ConfigError, pulumi.RunError):
@@ -291,16 +291,8 @@ class Platform(pulumi.ComponentResource):
                 self.services[f"{key}-{which}"] = svc
                 readers.setdefault(model.name, []).append(svc)
                 names[which] = svc.service_name
-                if to_zero:
-                    pool_label = f"{which}-canary" if canary else which
-                    self.standbys[f"{key}-{which}"] = Standby(f"{p}{key}-{which}-standby", StandbyArgs(
-                        service_name=svc.service_name, model=model.name, namespace=namespace,
-                        pool_selector={MODEL_LABEL: model.name, POOL_LABEL: pool_label},
-                        vllm_only_labels=SERVER_LABELS, provider=provider,
-                        policy_labels={TENANT_LABEL: tenant} if tenant else {},
-                        expected_seconds=int(NODE_PROVISION_S + cold_start_seconds(cfg, model, node_pool)),
-                        service_account=STANDBY_SA),
-                        opts=child([mesh, identities(tenant)]))
+                if svc.standby is not None:
+                    self.standbys[f"{key}-{which}"] = svc.standby
             return names
 
         def rate_caps(model: ModelSpec, names: dict[str, str]) -> dict[str, int]:

@@ -25,15 +25,19 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from .k8s_meta import api_body, meta
-from .model.k8s_objects import BASE_LABELS, CONTAINER_SECURITY, MODEL_LABEL, POOL_LABEL, content_digest
+from .model.pods.standby import (
+    StandbyPod,
+    ready_service_name,
+    ready_service_spec,
+    standby_deployment_spec,
+    standby_labels,
+    standby_name,
+)
 from .model.specs import ImageRef
 from .options import child_opts
 
 PROGRAM = Path(__file__).with_name("scripts") / "standby.py"
-STANDBY_LABEL = "vllm-gke.io/standby"
 DEFAULT_IMAGE = ImageRef(repository="mirror.gcr.io/library/python", tag="3.12.8-slim")
-UID = 65534  # nobody
-RETRY_AFTER_S = 30
 
 
 @dataclass
@@ -64,69 +68,30 @@ class Standby(pulumi.ComponentResource):
     def __init__(self, name: str, args: StandbyArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:Standby", name, None, opts)
         k8s_opts = child_opts(self, opts, provider=args.provider)
-        standby = f"{args.service_name}-standby"
-        self.ready_service = f"{args.service_name}-ready"
-        labels = {**args.pool_selector, **args.policy_labels, STANDBY_LABEL: "true",
-                  "app.kubernetes.io/name": "vllm-gke-standby"}
+        standby = standby_name(args.service_name)
+        self.ready_service = ready_service_name(args.service_name)
         ns = args.namespace
         # Resolves only while a vLLM replica of the pool is ready (headless, ready addresses only).
         k8s.core.v1.Service(
             f"{name}-ready", metadata={**meta(self.ready_service), "namespace": ns},
-            spec=api_body({"clusterIP": "None", "publishNotReadyAddresses": False,
-                           "selector": {**args.pool_selector, **args.vllm_only_labels},
-                           "ports": [{"name": "http", "port": args.port, "targetPort": args.port}]}),
-            opts=k8s_opts)
+            spec=api_body(ready_service_spec(args.pool_selector, args.vllm_only_labels, args.port)), opts=k8s_opts)
         source = PROGRAM.read_text()
         program = k8s.core.v1.ConfigMap(f"{name}-program", metadata={**meta(standby), "namespace": ns},
                                         data={PROGRAM.name: source}, opts=k8s_opts)
-        # Fully qualified (trailing dot): one query, no search-list expansion whose extra lookups
-        # could fail on their own.
-        host = pulumi.Output.concat(self.ready_service, ".", ns, ".svc.cluster.local.")
-        # /health answers from the program's last definite DNS answer, at once; two misses in a
-        # row before it leaves rotation, and an explicit timeout (the default is 1 s).
-        health = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 3, "timeoutSeconds": 2,
-                  "failureThreshold": 2, "successThreshold": 1}
+        pod = StandbyPod(
+            name=standby, model=args.model, pool_selector=args.pool_selector, image_uri=args.image.uri,
+            program_name=PROGRAM.name, program_source=source,
+            # Fully qualified (trailing dot): one query, no search-list expansion whose extra lookups
+            # could fail on their own.
+            ready_host=pulumi.Output.concat(self.ready_service, ".", ns, ".svc.cluster.local."),
+            policy_labels=args.policy_labels, port=args.port, expected_seconds=args.expected_seconds,
+            service_account=args.service_account)
         self.deployment = k8s.apps.v1.Deployment(
             # Ready only while the pool is not: neither Pulumi nor a rollout may wait for it to be
             # ready. Pulumi waits for the new pod to exist; the old one goes first.
-            f"{name}-deploy", metadata={**meta(standby, labels=labels, annotations={
-                "pulumi.com/waitFor": "jsonpath={.status.updatedReplicas}=1"}), "namespace": ns},
-            spec=api_body({
-                "replicas": 1,
-                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-                "selector": {"matchLabels": {STANDBY_LABEL: "true", MODEL_LABEL: args.pool_selector[MODEL_LABEL],
-                                             POOL_LABEL: args.pool_selector[POOL_LABEL]}},
-                "template": {
-                    # The program's digest: a changed program rolls the pod (it is read once, at start).
-                    "metadata": {"labels": {**BASE_LABELS, **labels},
-                                 "annotations": {"proxy.istio.io/config": '{"holdApplicationUntilProxyStarts": true}',
-                                                 "vllm-gke.io/program-sha256":
-                                                     content_digest(source)}},
-                    "spec": {
-                        **({"serviceAccountName": args.service_account} if args.service_account else {}),
-                        "automountServiceAccountToken": False,
-                        "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID,
-                                            "seccompProfile": {"type": "RuntimeDefault"}},
-                        "containers": [{
-                            "name": "standby", "image": args.image.uri,
-                            "command": ["python3", f"/opt/standby/{PROGRAM.name}", "--model", args.model,
-                                        "--ready-host", host, "--port", str(args.port),
-                                        "--retry-after", str(RETRY_AFTER_S),
-                                        "--expected-seconds", str(args.expected_seconds)],
-                            "ports": [{"name": "http", "containerPort": args.port}],
-                            # Ready only while the pool is not: the load balancer follows readiness.
-                            "readinessProbe": health,
-                            # Alive whatever the pool does: /metrics answers while the server runs.
-                            "livenessProbe": {"httpGet": {"path": "/metrics", "port": "http"}, "periodSeconds": 10,
-                                              "timeoutSeconds": 2, "failureThreshold": 3},
-                            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
-                                          "limits": {"cpu": "500m", "memory": "128Mi"}},
-                            "securityContext": CONTAINER_SECURITY,
-                            "volumeMounts": [{"name": "program", "mountPath": "/opt/standby", "readOnly": True}],
-                        }],
-                        "volumes": [{"name": "program", "configMap": {"name": standby}}],
-                    },
-                },
-            }),
+            f"{name}-deploy", metadata={**meta(standby, labels=standby_labels(args.pool_selector, args.policy_labels),
+                                               annotations={"pulumi.com/waitFor": "jsonpath={.status.updatedReplicas}=1"}),
+                                        "namespace": ns},
+            spec=api_body(standby_deployment_spec(pod)),
             opts=child_opts(self, opts, provider=args.provider, depends_on=[program]))
         self.register_outputs({"deployment": standby, "readyService": self.ready_service})

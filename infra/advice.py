@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 from ..components.billing_budget import MAX_CHANNELS as MAX_BUDGET_CHANNELS
 from ..components.model.capacity import consumer_models, hosts_per_replica, network_cost, placements, rollout_needs
 from ..components.model.cold_start import cold_start_seconds, rollout_seconds
@@ -20,99 +22,147 @@ def hyperdisk_disks(cfg: StackConfig) -> int:
 
 
 def plan_warnings(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: int = 0) -> list[str]:
-    out: list[str] = []
+    """Every warning the plan gives about the config, in the order it prints them."""
+    return [*zonal_share(cfg, filestore_tier), *share_near_range_top(cfg, filestore_tier, filestore_capacity_gb),
+            *(warning for check in CONFIG_CHECKS for warning in check(cfg))]
+
+
+def _label(model_name: str, tenant: Optional[str]) -> str:
+    return f"{model_name}{f' ({tenant})' if tenant else ''}"
+
+
+def zonal_share(cfg: StackConfig, filestore_tier: str) -> list[str]:
     zones = cfg.cluster.zones
-    if cfg.weights.backend == "filestore" and len(zones) > 1 and filestore_tier not in REGIONAL_TIERS:
-        out.append(
-            f"the weights share is a zonal {filestore_tier} Filestore in {zones[0]} feeding GPU nodes in "
+    if cfg.weights.backend != "filestore" or len(zones) <= 1 or filestore_tier in REGIONAL_TIERS:
+        return []
+    return [f"the weights share is a zonal {filestore_tier} Filestore in {zones[0]} feeding GPU nodes in "
             f"{len(zones)} zones: losing {zones[0]} stops every replica from (re)loading; set "
-            "vllm-gke:weights.tier to REGIONAL")
-    if filestore_tier in ("ZONAL", "REGIONAL") and cfg.weights.backend == "filestore" and \
-            0.9 * LOW_RANGE_MAX_GB < filestore_capacity_gb <= LOW_RANGE_MAX_GB:
-        out.append(f"the {filestore_tier} share is {filestore_capacity_gb} GiB, near the 9.75 TiB top of its range: it "
-                   "cannot grow past it in place (10 TiB and up is another range), so growing past it brings up a new "
-                   "share beside this one and loads every model again; size it 10 TiB now (weights.capacityGb: 10240) "
-                   "if models will be added")
-    if cfg.weights.backend == "hyperdisk-ml":
-        disks = hyperdisk_disks(cfg)
-        out.append(
-            f"weights.backend hyperdisk-ml provisions {disks} Hyperdisk ML disks of "
+            "vllm-gke:weights.tier to REGIONAL"]
+
+
+def share_near_range_top(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: int) -> list[str]:
+    if filestore_tier not in ("ZONAL", "REGIONAL") or cfg.weights.backend != "filestore" or \
+            not 0.9 * LOW_RANGE_MAX_GB < filestore_capacity_gb <= LOW_RANGE_MAX_GB:
+        return []
+    return [f"the {filestore_tier} share is {filestore_capacity_gb} GiB, near the 9.75 TiB top of its range: it "
+            "cannot grow past it in place (10 TiB and up is another range), so growing past it brings up a new "
+            "share beside this one and loads every model again; size it 10 TiB now (weights.capacityGb: 10240) "
+            "if models will be added"]
+
+
+def hyperdisk_unpriced(cfg: StackConfig) -> list[str]:
+    if cfg.weights.backend != "hyperdisk-ml":
+        return []
+    return [f"weights.backend hyperdisk-ml provisions {hyperdisk_disks(cfg)} Hyperdisk ML disks of "
             f"{cfg.weights.hyperdisk_throughput_mib_s} MiB/s (a weight set per consumer namespace, one per zone); "
             "they are not in the cost figures (no price list here): check Hyperdisk ML's capacity and "
-            "throughput prices before `pulumi up`")
+            "throughput prices before `pulumi up`"]
+
+
+def single_replica_pools(cfg: StackConfig) -> list[str]:
     # Disruption budgets let every drain through (one replica down at a time, never none), so a
     # pool of one replica is down while a drained node's replica reloads elsewhere.
-    single = {f"{model.name}{f' ({tenant})' if tenant else ''} {which}":
-              cold_start_seconds(cfg, model, cfg.pool(pool_name))
+    single = {f"{_label(model.name, tenant)} {which}": cold_start_seconds(cfg, model, cfg.pool(pool_name))
               for model, pool_name, tenant in placements(cfg) for which in model.pool_names
               if getattr(model, which).min_replicas == 1}
-    if single:  # one warning for all of them: the same hazard and the same fix
-        pools = ", ".join(f"{name} ~{seconds / 60:.0f} min" for name, seconds in single.items())
-        when = ("inside the maintenance window" if cfg.cluster.maintenance.window is not None
-                else "whenever GKE chooses; set a maintenance window (vllm-gke:cluster.maintenance) to choose when")
-        out.append(
-            f"{'these pools run' if len(single) > 1 else 'this pool runs'} one replica ({pools}): a node upgrade, "
+    if not single:
+        return []
+    # One warning for all of them: the same hazard and the same fix.
+    pools = ", ".join(f"{name} ~{seconds / 60:.0f} min" for name, seconds in single.items())
+    when = ("inside the maintenance window" if cfg.cluster.maintenance.window is not None
+            else "whenever GKE chooses; set a maintenance window (vllm-gke:cluster.maintenance) to choose when")
+    return [f"{'these pools run' if len(single) > 1 else 'this pool runs'} one replica ({pools}): a node upgrade, "
             f"repair or spot preemption drains it and it is down until it reloads elsewhere (the time given), "
-            f"{when}; set minReplicas 2 to keep serving through drains")
-    out += rollout_needs(cfg)
+            f"{when}; set minReplicas 2 to keep serving through drains"]
+
+
+def long_rollouts(cfg: StackConfig) -> list[str]:
+    out: list[str] = []
     grace = drain_seconds(cfg.gateway.request_timeout_seconds) + 30
     for model, pool_name, tenant in placements(cfg):
         for which in model.pool_names:
             seconds = rollout_seconds(getattr(model, which).max_replicas,
                                       cold_start_seconds(cfg, model, cfg.pool(pool_name)), grace)
             if seconds > 2700:  # past Pulumi's default 45 min: the pool's own timeout allows it
-                out.append(f"rollout of {model.name}{f' ({tenant})' if tenant else ''} {which} at its ceiling: up "
+                out.append(f"rollout of {_label(model.name, tenant)} {which} at its ceiling: up "
                            f"to ~{seconds / 60:.0f} min, a replica at a time (a node, its load); `pulumi up` "
                            "waits that long for it")
+    return out
+
+
+def spot_pools(cfg: StackConfig) -> list[str]:
     spot = sorted({pool_name for _m, pool_name, _t in placements(cfg) if cfg.pool(pool_name).spot})
-    if spot:
-        out.append(f"spot node pools ({', '.join(spot)}): a preemption gives pods {SPOT_SHUTDOWN_S} s (GKE's graceful "
-                   f"shutdown), so their replicas wait {SPOT_PRE_STOP_S} s (not 20) for the load balancer to take them "
-                   "out before vLLM drains, on every stop: on a preemption requests still running after the 15 s "
-                   "are cut, and on any stop (rollout, scale-down, drain, also on the on-demand twin) a request "
-                   "may still reach a replica that has begun to stop; requests it accepted get the full drain")
+    if not spot:
+        return []
+    return [f"spot node pools ({', '.join(spot)}): a preemption gives pods {SPOT_SHUTDOWN_S} s (GKE's graceful "
+            f"shutdown), so their replicas wait {SPOT_PRE_STOP_S} s (not 20) for the load balancer to take them "
+            "out before vLLM drains, on every stop: on a preemption requests still running after the 15 s "
+            "are cut, and on any stop (rollout, scale-down, drain, also on the on-demand twin) a request "
+            "may still reach a replica that has begun to stop; requests it accepted get the full drain"]
+
+
+def slow_cold_starts(cfg: StackConfig) -> list[str]:
     budget = cfg.weights.cold_start_budget_seconds
     slow: dict[str, float] = {}
     for model, pool_name, tenant in placements(cfg):
         seconds = cold_start_seconds(cfg, model, cfg.pool(pool_name))
         if seconds > budget:
-            slow[f"{model.name}{f' ({tenant})' if tenant else ''}"] = seconds
-    for name, seconds in slow.items():
-        out.append(f"{name}: a new replica needs about {seconds / 60:.0f} min from node ready to serving, over the "
-                   f"{budget / 60:.0f} min budget (vllm-gke:weights.coldStartBudgetSeconds); a faster weights store "
-                   "(weights.tier BASIC_SSD or a larger ZONAL share, weights.backend gcs, or hyperdisk-ml with more "
-                   "weights.hyperdiskThroughputMiBps), a quantised dtype, or "
-                   "minReplicas above 0 to keep one warm")
+            slow[_label(model.name, tenant)] = seconds
+    return [f"{name}: a new replica needs about {seconds / 60:.0f} min from node ready to serving, over the "
+            f"{budget / 60:.0f} min budget (vllm-gke:weights.coldStartBudgetSeconds); a faster weights store "
+            "(weights.tier BASIC_SSD or a larger ZONAL share, weights.backend gcs, or hyperdisk-ml with more "
+            "weights.hyperdiskThroughputMiBps), a quantised dtype, or "
+            "minReplicas above 0 to keep one warm" for name, seconds in slow.items()]
+
+
+def ttft_between_buckets(cfg: StackConfig) -> list[str]:
     monitoring = cfg.monitoring
-    if monitoring.slos.enabled and release(cfg.vllm_version).histogram_buckets_flag is None \
-            and (bound := ttft_bound(monitoring.ttft_slo_seconds)) != monitoring.ttft_slo_seconds:
-        out.append(f"monitoring.ttftSloSeconds is {monitoring.ttft_slo_seconds:g}, between the bounds of vLLM "
-                   f"{cfg.vllm_version}'s time-to-first-token buckets, which it cannot change: the SLO counts a first "
-                   f"token as good within {bound:g}s (Cloud Monitoring cuts a histogram at its bounds); set it to one of "
-                   f"{', '.join(f'{b:g}' for b in TTFT_BUCKETS if 0.1 <= b <= 20)} for an exact objective")
-    if cfg.budget and len(monitoring.notification_emails) > MAX_BUDGET_CHANNELS:
-        out.append(f"vllm-gke:budget alerts go to the first {MAX_BUDGET_CHANNELS} of monitoring.notificationEmails "
-                   f"(the Budget API takes at most {MAX_BUDGET_CHANNELS} channels): "
-                   f"{', '.join(monitoring.notification_emails[MAX_BUDGET_CHANNELS:])} get the SLO alerts only")
-    if not cfg.cluster.dataplane_v2:
-        pickers = " the endpoint pickers' ext_proc and metrics," if any(
-            m.routing == "inference-gateway" for m in cfg.models) else ""
-        out.append("cluster.dataplaneV2 is false: no NetworkPolicy is enforced, so any pod in the cluster can reach"
-                   f"{pickers} KEDA's ports and the loaders' and mesh check's pods, which sit outside the mesh; only a "
-                   "new cluster can have Dataplane V2")
+    if not monitoring.slos.enabled or release(cfg.vllm_version).histogram_buckets_flag is not None \
+            or (bound := ttft_bound(monitoring.ttft_slo_seconds)) == monitoring.ttft_slo_seconds:
+        return []
+    return [f"monitoring.ttftSloSeconds is {monitoring.ttft_slo_seconds:g}, between the bounds of vLLM "
+            f"{cfg.vllm_version}'s time-to-first-token buckets, which it cannot change: the SLO counts a first "
+            f"token as good within {bound:g}s (Cloud Monitoring cuts a histogram at its bounds); set it to one of "
+            f"{', '.join(f'{b:g}' for b in TTFT_BUCKETS if 0.1 <= b <= 20)} for an exact objective"]
+
+
+def budget_channels(cfg: StackConfig) -> list[str]:
+    emails = cfg.monitoring.notification_emails
+    if not cfg.budget or len(emails) <= MAX_BUDGET_CHANNELS:
+        return []
+    return [f"vllm-gke:budget alerts go to the first {MAX_BUDGET_CHANNELS} of monitoring.notificationEmails "
+            f"(the Budget API takes at most {MAX_BUDGET_CHANNELS} channels): "
+            f"{', '.join(emails[MAX_BUDGET_CHANNELS:])} get the SLO alerts only"]
+
+
+def no_dataplane_v2(cfg: StackConfig) -> list[str]:
+    if cfg.cluster.dataplane_v2:
+        return []
+    pickers = " the endpoint pickers' ext_proc and metrics," if any(
+        m.routing == "inference-gateway" for m in cfg.models) else ""
+    return ["cluster.dataplaneV2 is false: no NetworkPolicy is enforced, so any pod in the cluster can reach"
+            f"{pickers} KEDA's ports and the loaders' and mesh check's pods, which sit outside the mesh; only a "
+            "new cluster can have Dataplane V2"]
+
+
+def uncalled_models(cfg: StackConfig) -> list[str]:
     called = {m for t in cfg.tenants for m in t.models}
-    for model in cfg.models:
-        if model.name not in called:
-            out.append(f"{model.name}: no tenant lists it under models, so its replicas (and GPUs) serve nobody; "
-                       "allow a tenant to call it, or remove it")
-    out += interconnect_warnings(cfg)
-    if cfg.region != PRICE_REGION:
-        out.append(f"the cost figures are {PRICE_REGION} list prices; {cfg.region}'s differ (GPU machines often by "
-                   "10-30%): check the region's prices before budgeting")
-    if not cfg.cluster.authorized_networks and not cfg.cluster.private_endpoint:
-        out.append("the control plane's public endpoint accepts connections from any address; list "
-                   "vllm-gke:cluster.authorizedNetworks or set privateEndpoint")
-    return out
+    return [f"{model.name}: no tenant lists it under models, so its replicas (and GPUs) serve nobody; "
+            "allow a tenant to call it, or remove it" for model in cfg.models if model.name not in called]
+
+
+def foreign_region_prices(cfg: StackConfig) -> list[str]:
+    if cfg.region == PRICE_REGION:
+        return []
+    return [f"the cost figures are {PRICE_REGION} list prices; {cfg.region}'s differ (GPU machines often by "
+            "10-30%): check the region's prices before budgeting"]
+
+
+def open_control_plane(cfg: StackConfig) -> list[str]:
+    if cfg.cluster.authorized_networks or cfg.cluster.private_endpoint:
+        return []
+    return ["the control plane's public endpoint accepts connections from any address; list "
+            "vllm-gke:cluster.authorizedNetworks or set privateEndpoint"]
 
 
 # Below this share of a replica's tokens/s, TCP between GPUDirect-capable hosts is not worth a warning.
@@ -148,3 +198,11 @@ def interconnect_warnings(cfg: StackConfig) -> list[str]:
                    f"at {machine.nic_gbps:g} Gbps: the roofline puts it at {tcp:,.0f} output tokens/s, "
                    f"{max(cost * 100, 1):.0f}% below the same GPUs on one fabric ({fabric:,.0f}); {why}")
     return out
+
+
+# The warnings that read the config alone, in the order the plan prints them (after the share's own).
+CONFIG_CHECKS: tuple[Callable[[StackConfig], list[str]], ...] = (
+    hyperdisk_unpriced, single_replica_pools, rollout_needs, long_rollouts, spot_pools, slow_cold_starts,
+    ttft_between_buckets, budget_channels, no_dataplane_v2, uncalled_models, interconnect_warnings,
+    foreign_region_prices, open_control_plane,
+)

@@ -7,162 +7,37 @@ violation), 2 bad config or input.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, NoReturn, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..components.model.vllm_argv import check_argv, load_snapshot
-from ..components.model.vllm_versions import TPU_RELEASES, release
-from ..policies.rules import POLICIES, resolve_levels
-from .config import ConfigError, StackConfig
-from .contracts import CONTRACTS
-from .contracts import problems as contract_problems
-from .crd_validation import CRD_DIR_ENV, DEFAULT_CRD_DIR
-from .manifests import (
-    catalog_or_none,
-    describe,
-    is_builtin,
-    pod_templates,
-    validate,
-    validate_alert_policy,
-    validate_dashboard,
-    validate_slo,
-)
+from ..policies.rules import resolve_levels
+from . import docs as generated
+from .config import ConfigError
+from .crd_validation import CRD_DIR_ENV
 from .plan import Plan, default_stacks_dir, run_plan
-from .plan_output import write_plan
-from .plan_pictures import pictures
+from .plan_report import plan_report, render_json
+from .plan_text import render_text
 from .pricing import PRICE_REGION
-from .report import Verdicts, load_policy_config, verdicts
-from .usage_report import period_problem, prometheus, read_metrics_file, usage_report
+from .report import load_policy_config
+from .usage_report import UsageReport, period_problem, prometheus, read_metrics_file, usage_report
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan vllm-gke stacks offline: resources, manifests, dashboards, verdicts.")
 console = Console(width=140)
 
 
-def vllm_argv_problems(plan: Plan) -> list[tuple[str, str]]:
-    """Every vLLM server's argv (a Deployment's, a LeaderWorkerSet's leader and workers) against its
-    release's real parser (images/vllm-versions): the TPU build's on TPU nodes."""
-    cfg = plan.config
-    out = []
-    for doc in plan.manifests():
-        if doc.get("kind") not in ("Deployment", "LeaderWorkerSet"):
-            continue
-        for _role, template in pod_templates(doc):
-            selector = template["spec"].get("nodeSelector") or {}
-            rel = (TPU_RELEASES[cfg.tpu_vllm_version] if "cloud.google.com/gke-tpu-accelerator" in selector
-                   else release(cfg.vllm_version))
-            for c in template["spec"].get("containers", []):
-                if "/opt/vllm-gke/serve.py" in c.get("command", []):
-                    out += [(describe(doc), err) for err in check_argv(c.get("args", []), load_snapshot(rel.snapshot))]
-    return out
-
-
-def resource_table(plan: Plan, detail: bool) -> Table:
-    table = Table(title=f"stack {plan.stack}: {sum(r.custom for r in plan.resources)} resources")
-    if detail:
-        for col in ("component", "type", "name"):
-            table.add_column(col)
-        for r in plan.resources:
-            if r.custom:
-                table.add_row(plan.component_of(r), r.type, r.name)
-        return table
-    table.add_column("type")
-    table.add_column("count", justify="right")
-    for type_, n in sorted(Counter(r.type for r in plan.resources if r.custom).items()):
-        table.add_row(type_, str(n))
-    return table
-
-
-def policy_table(v: Verdicts) -> Table:
-    table = Table(title="policies")
-    for col in ("policy", "level", "verdict"):
-        table.add_column(col)
-    for p in POLICIES:
-        hits = [x for x in v.violations if x.policy == p.name]
-        level = v.levels[p.name]
-        verdict = "[dim]skipped[/]" if level == "disabled" else (
-            f"[red]{len(hits)} violation(s)[/]" if hits else "[green]pass[/]")
-        table.add_row(p.name, level, verdict)
-    return table
-
-
-def capacity_table(v: Verdicts) -> Table:
-    table = Table(title="capacity per serving pool (GB per device: GPU, MIG slice or TPU chip; tokens/s "
-                        "per replica, the roofline's)")
-    for col in ("model", "pool", "node pool", "GB", "devices x hosts", "weights", "LoRA",
-                "KV budget", "KV tokens", "context", "seqs fit", "maxNumSeqs", "tokens/s", "fits", "to serve"):
-        table.add_column(col, justify="right" if col not in ("model", "pool", "node pool") else "left")
-    for r in v.capacity:
-        label = r.model + (f" ({r.tenant})" if r.tenant else "") + (f" canary {r.revision[:7]}" if r.canary else "")
-        table.add_row(label, r.pool, r.node_pool,
-                      f"{r.gpu_memory_gb:g}", f"{r.devices} x {r.hosts}", f"{r.weights_per_gpu_gb:.1f}",
-                      f"{r.lora_per_gpu_gb:.2f}" if r.lora_per_gpu_gb else "-", f"{r.kv_budget_gb:.1f}",
-                      f"{r.tokens_fit:,}", f"{r.context_tokens:,}", str(r.seqs_fit),
-                      str(r.max_num_seqs), f"{r.decode_tokens_s:,.0f}", "[green]yes[/]" if r.fits else "[red]no[/]",
-                      f"{r.cold_start_s / 60:.1f} min")
-    return table
-
-
-def options_table(cfg: StackConfig, v: Verdicts) -> Table:
-    """Each model's GPU and TPU options side by side (infra/accelerator_options.py)."""
-    table = Table(title="accelerator options per model (per accelerator, the replica of whole GPUs or TPU chips "
-                        "that holds its short pool at the lowest $ a token; roofline tokens/s, on-demand list prices)")
-    for col in ("model", "accelerator", "machine", "TP x PP", "hosts", "batch", "tokens/s", "$/h",
-                "$/M tokens", "this stack"):
-        table.add_column(col, justify="left" if col in ("model", "accelerator", "machine", "this stack") else "right")
-    util = cfg.cost.target_utilization
-    for model in cfg.models:
-        chosen = cfg.pool(model.node_pool).machine.accelerator
-        for o in (o for o in v.options if o.model == model.name):
-            here = "[green]chosen[/]" if chosen is not None and chosen.gke_type == o.accelerator else ""
-            machine = o.machine_type + (f" {o.topology}" if o.topology else "")
-            table.add_row(model.name, o.accelerator, machine, f"{o.tensor_parallel} x {o.pipeline_parallel}",
-                          str(o.hosts), str(o.batch), f"{o.tokens_per_second:,.0f}", f"{o.usd_per_hour:.2f}",
-                          f"{o.usd_per_million_tokens(util):.2f}", here)
-    return table
-
-
-def url_table(v: Verdicts) -> Table:
-    table = Table(title="tenant URLs (OpenAI base URL per tenant and model)")
-    for col in ("tenant", "model", "base URL", "via", "header to send"):
-        table.add_column(col)
-    for u in v.urls:
-        table.add_row(u.tenant, u.model, u.url, u.via, u.header or "-")
-    return table
-
-
-def cost_table(v: Verdicts) -> Table:
-    c = v.cost
-    table = Table(title=f"monthly cost, USD ({PRICE_REGION} list prices as of {c.prices_as_of}, "
-                        f"{c.hours_per_month:g} h/month)")
-    for col in ("item", "machine", "nodes (baseline-peak)", "$/h per node", "baseline", "peak"):
-        table.add_column(col, justify="left" if col in ("item", "machine") else "right")
-    for p in c.pools:
-        price = f"{p.hour_price:.2f}" + (f" (burst {p.peak_hour_price:.2f} on-demand)"
-                                          if p.peak_hour_price and p.peak_hour_price != p.hour_price else "")
-        nodes = f"{p.baseline_nodes}-{p.peak_nodes}" + (f" (capped: {p.wanted_peak_nodes} wanted, {p.reach_nodes} at most)"
-                                                         if p.capped else "")
-        table.add_row(p.pool + (" (spot)" if p.spot else ""), p.machine_type, nodes, price,
-                      f"{p.baseline_month:,.0f}", f"{p.peak_month:,.0f}")
-    for item, month in c.fixed_month.items():
-        table.add_row(item, "", "", "", f"{month:,.0f}", f"{month:,.0f}")
-    table.add_row("[bold]total[/]", "", "", "", f"[bold]{c.baseline_month:,.0f}[/]", f"[bold]{c.peak_month:,.0f}[/]")
-    how = ("the roofline's estimate per pool" if c.throughput_source == "roofline"
-           else "cost.tokensPerSecondPerGpu per device")
-    table.caption = (f"{c.baseline_tokens_per_second:,.0f} output tokens/s at baseline ({how}) x "
-                     f"{c.utilization:.0%} utilisation = ${c.usd_per_million_tokens:.2f} per million tokens. At their "
-                     "rate limits, a month of each tenant at most: " + "; ".join(
-                         f"{t.tenant} {t.tokens_month / 1e6:,.0f}M tokens, ${t.dollars_month:,.0f} "
-                         f"({t.capacity_share:.0%} of baseline capacity)" for t in v.ceilings)
-                     + ". What each did use and cost: vllm-gke report.")
-    return table
+def fail(*messages: str) -> NoReturn:
+    """Bad input: each message on its own line, exit 2, never a traceback."""
+    for message in messages:
+        console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    raise typer.Exit(2) from None
 
 
 def planned(stack: str, stacks_dir: Optional[Path]) -> Plan:
@@ -170,8 +45,17 @@ def planned(stack: str, stacks_dir: Optional[Path]) -> Plan:
     try:
         return run_plan(stack, stacks_dir)
     except ConfigError as exc:
-        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(str(exc))
+
+
+def policy_levels(policy_config: Optional[Path]) -> Mapping[str, Any]:
+    """--policy-config's enforcement levels, each policy known; exit 2 otherwise."""
+    try:
+        levels = load_policy_config(policy_config)
+        resolve_levels(levels)
+    except (OSError, ValueError) as exc:
+        fail(f"--policy-config {policy_config}: {exc}")
+    return levels
 
 
 @app.command()
@@ -192,91 +76,16 @@ def plan(
 ) -> None:
     """Run the stack program under mocks and report what `pulumi up` would create."""
     if output not in ("text", "json"):
-        console.print(f"[bold red]error:[/] --output {escape(output)}: use text or json", highlight=False)
-        raise typer.Exit(2)
-    try:
-        levels = load_policy_config(policy_config)
-        resolve_levels(levels)
-    except (OSError, ValueError) as exc:
-        console.print(f"[bold red]error:[/] --policy-config {escape(str(policy_config))}: {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(f"--output {output}: use text or json")
+    levels = policy_levels(policy_config)
     if crds is not None and not crds.is_dir():
-        console.print(f"[bold red]error:[/] --crds {crds}: not a folder; point it at a folder of CRD YAML files",
-                      highlight=False)
-        raise typer.Exit(2)
-    result = planned(stack, stacks_dir)
-    report = verdicts(result, levels)
-    docs = result.manifests()
-    catalog = catalog_or_none(crds)
-    problems = [(describe(doc), errs) for doc in docs if (errs := validate(doc, catalog))]
-    broken = contract_problems(result)
-    argv_errors = vllm_argv_problems(result)
-    assert result.platform.observability is not None
-    dashboard_errors = validate_dashboard(result.platform.observability.dashboard_definition)
-    if (tenant_board := result.platform.observability.tenant_dashboard_definition) is not None:
-        dashboard_errors += validate_dashboard(tenant_board)
-    dashboard_errors += [e for p in result.platform.observability.alert_definitions for e in validate_alert_policy(p)]
-    if (levels_ := result.platform.observability.service_levels) is not None:
-        dashboard_errors += [e for s in levels_.slo_definitions for e in validate_slo(s)]
-        dashboard_errors += [e for p in levels_.alert_definitions for e in validate_alert_policy(p)]
-    files = write_plan(result, out, report.to_json(), pictures(result.config, report.cost)) if write else []
-
+        fail(f"--crds {crds}: not a folder; point it at a folder of CRD YAML files")
+    report = plan_report(planned(stack, stacks_dir), levels, crds, out if write else None)
     if output == "json":
-        sys.stdout.write(json.dumps({
-            **report.to_json(),
-            "checks": {"manifests": [{"resource": str(w), "errors": [str(e) for e in errs]} for w, errs in problems],
-                       "contracts": [{"component": c.component, "source": c.source, "problem": p} for c, p in broken],
-                       "vllmArgs": [{"resource": str(w), "error": str(e)} for w, e in argv_errors],
-                       "monitoring": [str(e) for e in dashboard_errors],
-                       "customResourcesChecked": catalog is not None},
-            "written": [str(f) for f in files]}, indent=2, default=str) + "\n")
+        sys.stdout.write(render_json(report))
     else:
-        # What a person decides on first: what it holds, what it costs, what to watch, where tenants call.
-        console.print(capacity_table(report))
-        console.print(cost_table(report))
-        console.print(options_table(result.config, report))
-        for warning in report.warnings:
-            console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
-        console.print(url_table(report))
-        console.print(policy_table(report))
-        for v in report.violations:
-            colour = "red" if v.level == "mandatory" else "yellow"
-            console.print(f"  [{colour}]{v.level}[/] {v.policy}: {escape(v.message)}", highlight=False)
-        n_docs = len(docs)
-        if problems:
-            console.print(f"[bold red]{len(problems)} of {n_docs} manifests fail schema validation:[/]")
-            for what, errs in problems:
-                for err in errs:
-                    console.print(f"  - {escape(str(what))}: {escape(str(err))}", highlight=False)
-        else:
-            console.print(f"[green]all {n_docs} Kubernetes manifests pass schema validation[/]")
-        if catalog is None:
-            custom = sum(not is_builtin(d) for d in docs)
-            console.print(f"[yellow]{custom} custom resources not checked: no upstream CRDs at "
-                          f"{crds or DEFAULT_CRD_DIR} (pass --crds DIR or set {CRD_DIR_ENV})[/]", highlight=False)
-        for contract, problem in broken:
-            console.print(f"[bold red]breaks the {contract.component} {contract.version} contract[/] "
-                          f"({escape(contract.source)}): {escape(problem)}", highlight=False)
-        if not broken:
-            console.print(f"[green]all {len(CONTRACTS)} component contracts hold (docs/contracts.md)[/]")
-        for what, err in argv_errors:
-            console.print(f"[bold red]vLLM {result.config.vllm_version} would refuse[/] {escape(str(what))}: "
-                          f"{escape(str(err))}", highlight=False)
-        if not argv_errors:
-            tpu = f" and vLLM TPU {result.config.tpu_vllm_version}'s" if result.config.has_tpu_models else ""
-            console.print(f"[green]every vLLM command line parses with vLLM {result.config.vllm_version}'s{tpu} "
-                          "parser (snapshot)[/]")
-        for err in dashboard_errors:
-            console.print(f"[bold red]rejected by the Cloud Monitoring API's schema:[/] {escape(str(err))}",
-                          highlight=False)
-        if not dashboard_errors:
-            console.print("[green]dashboard and alert policies parse as Cloud Monitoring API messages[/]")
-        # The resource counts last: what `pulumi up` creates, for those who read that far.
-        console.print(resource_table(result, detail))
-        if write:
-            console.print(f"wrote {len(files)} files under {out / stack}/ (manifests/, dashboard.json, "
-                          "alert-policies.json, resources.json, verdicts.json, node-pools.mmd, routes.mmd)")
-    if problems or dashboard_errors or argv_errors or broken or report.mandatory:
+        render_text(report, console, detail)
+    if report.unsafe:
         raise typer.Exit(1)
 
 
@@ -284,8 +93,6 @@ def plan(
 def schema(out: Optional[Path] = typer.Option(None, "--out", "-o", help="file to write (default: standard output)")) -> None:
     """The component package's Pulumi schema, as `pulumi package get-schema` would give it, without the
     Pulumi CLI: for SDK generation and review."""
-    import subprocess
-
     # In a process of its own: the provider's protos and google-cloud-monitoring's (which the plan's
     # checks load) both define google.rpc.Status, and one process cannot hold both.
     code = ("import json\nfrom vllm_gke.components.provider.host import package_schema\n"
@@ -306,8 +113,6 @@ def schema(out: Optional[Path] = typer.Option(None, "--out", "-o", help="file to
 def docs(check: bool = typer.Option(False, "--check", help="write nothing; exit 1 if a generated page is stale")) -> None:
     """Write the docs generated from the code (docs/reference/: config, policies, components; the code's
     layers and the copied blocks of README.md and docs/), then check every link of README.md and docs/."""
-    from . import docs as generated
-
     if check:
         stale = generated.stale()
         for path in stale:
@@ -344,22 +149,14 @@ def usage(
 ) -> None:
     """Each tenant's tokens, requests, GPU-hours, TPU chip-hours and dollars over a period, from the stack's metrics and
     the price table (infra/usage_report.py says how the cost is split)."""
-    period_wrong = period_problem(period)
-    problems = ([period_wrong] if period_wrong else []) + \
-        ([] if (prometheus_url is None) != (metrics is None) else ["give one of --prometheus URL or --metrics FILE"]) + \
-        ([] if output in ("text", "json") else [f"--output {output}: use text or json"]) + \
-        ([] if prompt_weight >= 0 else ["--prompt-weight: use 0 or more"])
-    if problems:
-        for p in problems:
-            console.print(f"[bold red]error:[/] {escape(p)}", highlight=False)
-        raise typer.Exit(2)
+    if problems := usage_problems(period, prometheus_url, metrics, output, prompt_weight):
+        fail(*problems)
     result = planned(stack, stacks_dir)
     try:
         token = token_file.read_text().strip() if token_file else None
         ask = read_metrics_file(str(metrics)) if metrics else prometheus(str(prometheus_url), token)
     except (OSError, ValueError) as exc:
-        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(str(exc))
     answers: dict[str, Any] = {}
 
     def recorded(promql: str) -> list[dict[str, Any]]:
@@ -368,14 +165,30 @@ def usage(
     try:
         report = usage_report(result, recorded, period, prompt_weight)
     except (OSError, ValueError) as exc:
-        console.print(f"[bold red]error:[/] the metrics could not be read: {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(f"the metrics could not be read: {exc}")
     if save:
         save.write_text(json.dumps(answers, indent=1, sort_keys=True))
     if output == "json":
         sys.stdout.write(json.dumps(report.to_json(), indent=1) + "\n")
         return
-    table = Table(title=f"stack {stack}: usage over the last {period} ({PRICE_REGION} list prices)")
+    console.print(usage_table(stack, report))
+    for pod in report.unknown_pods:
+        console.print(f"[yellow]note:[/] pod {escape(pod)} is no vLLM Deployment or group leader of this stack: "
+                      "not priced")
+
+
+def usage_problems(period: str, prometheus_url: Optional[str], metrics: Optional[Path], output: str,
+                   prompt_weight: float) -> list[str]:
+    """What is wrong with `vllm-gke report`'s options, before anything is planned or read."""
+    period_wrong = period_problem(period)
+    return (([period_wrong] if period_wrong else []) +
+            ([] if (prometheus_url is None) != (metrics is None) else ["give one of --prometheus URL or --metrics FILE"]) +
+            ([] if output in ("text", "json") else [f"--output {output}: use text or json"]) +
+            ([] if prompt_weight >= 0 else ["--prompt-weight: use 0 or more"]))
+
+
+def usage_table(stack: str, report: UsageReport) -> Table:
+    table = Table(title=f"stack {stack}: usage over the last {report.period} ({PRICE_REGION} list prices)")
     for col in ("tenant", "requests ok/refused/error/shed", "prompt tokens", "generated tokens",
                 "GPU-hours", "TPU chip-hours", "dollars", "share"):
         table.add_column(col, justify="left" if col == "tenant" else "right")
@@ -384,10 +197,7 @@ def usage(
         table.add_row(name, reqs, f"{t.prompt_tokens:,.0f}", f"{t.generation_tokens:,.0f}", f"{t.gpu_hours:,.1f}",
                       f"{t.tpu_chip_hours:,.1f}", f"{t.dollars:,.2f}",
                       f"{t.dollars / report.dollars:.1%}" if report.dollars else "-")
-    console.print(table)
-    for pod in report.unknown_pods:
-        console.print(f"[yellow]note:[/] pod {escape(pod)} is no vLLM Deployment or group leader of this stack: "
-                      "not priced")
+    return table
 
 
 @app.command("stacks")

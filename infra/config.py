@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from typing import Any, Mapping, Optional, get_args
 
 import pulumi
+from pulumi.runtime.config import CONFIG
 from pydantic import BaseModel, ValidationError
 
+from ..components.model.config_rules import cross_field_issues
 from ..components.model.stack_config import ConfigError, ConfigIssue, StackConfig, plain_problem
 
 PROJECT = "vllm-gke"
@@ -101,8 +104,6 @@ def parse(values: Mapping[str, Any], source: str = "stack config") -> StackConfi
         cfg = None
         issues += [ConfigIssue(config_key(e["loc"], data), _problem(e)) for e in exc.errors()]
     if cfg is not None:
-        from ..components.model.config_rules import cross_field_issues
-
         issues += cross_field_issues(cfg)
     if issues:
         raise ConfigError(issues, source)
@@ -120,8 +121,6 @@ def _decode(raw: str) -> Any:
 
 def environment_config() -> dict[str, str]:
     """PULUMI_CONFIG, as older language hosts pass config: a JSON object of strings."""
-    import os
-
     text = os.environ.get("PULUMI_CONFIG")
     if not text:
         return {}
@@ -138,8 +137,6 @@ def environment_config() -> dict[str, str]:
 
 def load() -> StackConfig:
     """Read the running stack's config (under `pulumi up` or the offline plan's mocks)."""
-    from pulumi.runtime.config import CONFIG
-
     # The language host sets CONFIG; older hosts only pass PULUMI_CONFIG in the environment.
     raw = {**environment_config(), **CONFIG.get()}
     values = {k: _decode(v) for k, v in raw.items()

@@ -8,6 +8,7 @@ import sys
 
 def main() -> None:
     try:
+        # Here, not at the top: where the plan extra is missing, say how to get it instead of a traceback.
         from .cli import app
     except ModuleNotFoundError as missing:
         print(f"vllm-gke: the plan needs {missing.name}, from the plan extra: pip install 'vllm-gke[plan]'",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import runpy
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -178,8 +179,6 @@ def run_plan(stack: str, stacks_dir: Optional[Path] = None) -> Plan:
 def run_program_file(path: Path, config: dict[str, Any], stack: str = "dev") -> list[PlannedResource]:
     """A Pulumi program of one's own (a Python file, as `pulumi up` runs its __main__) under the
     same mocks: what it would declare, for the policy pack and the tests."""
-    import runpy
-
     def body() -> None:
         runpy.run_path(str(path), run_name="__main__")
 

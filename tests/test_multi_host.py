@@ -16,9 +16,9 @@ from typing import Any
 from tests.conftest import REPO_ROOT, manifests_of
 from tests.test_config import issues
 from vllm_gke.components.model.cold_start import cold_start_seconds
+from vllm_gke.components.model.serving_pool import group_can_surge, startup_failure_threshold
 from vllm_gke.components.model.specs import NodePoolSpec, ServingPoolSpec
 from vllm_gke.components.model.vllm_argv import check_argv, load_snapshot
-from vllm_gke.components.vllm_service import group_can_surge, startup_failure_threshold
 from vllm_gke.infra.config import parse
 from vllm_gke.policies.rules import Resource, evaluate
 

@@ -733,10 +733,10 @@ def test_a_dedicated_copy_must_sit_on_its_tenants_pool():
 def test_the_package_vllm_service_on_a_tpu_pool_allows_for_the_xla_compile():
     """Without coldStartSeconds a TPU pool's probe, rollout deadline and standby allow for the XLA
     compile components/model/cold_start.py estimates, not a GPU's 15 minutes."""
-    from vllm_gke.components.model.cold_start import PACKAGE_LOAD_S, xla_compile_seconds
+    from vllm_gke.components.model.cold_start import NODE_PROVISION_S, PACKAGE_LOAD_S, xla_compile_seconds
+    from vllm_gke.components.model.serving_pool import startup_failure_threshold
     from vllm_gke.components.model.specs import ModelSpec
     from vllm_gke.components.provider import VllmService
-    from vllm_gke.components.vllm_service import startup_failure_threshold
     from vllm_gke.infra.plan import read_stack_config, run_program
 
     model = {"name": "big", "source": "hf://meta-llama/Llama-3.3-70B-Instruct", "shape": "llama-3-70b",
@@ -757,4 +757,6 @@ def test_the_package_vllm_service_on_a_tpu_pool_allows_for_the_xla_compile():
     assert leader["startupProbe"]["failureThreshold"] == startup_failure_threshold(load) > 180
     (standby,) = [d for d in plan.manifests()
                   if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("standby")]
-    assert str(int(load)) in json.dumps(standby)
+    # A node, then the load, as the stack program's standbys tell callers.
+    command = standby["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--expected-seconds") + 1] == str(int(NODE_PROVISION_S + load))

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import copy
+import io
 import json
+from dataclasses import replace
+from types import SimpleNamespace
 
 import yaml
+from rich.console import Console
 from typer.testing import CliRunner
 
 from tests.conftest import REPO_ROOT
 from vllm_gke.infra.cli import app
+from vllm_gke.infra.contracts import CONTRACTS
+from vllm_gke.infra.plan_report import plan_report, render_json, vllm_argv_problems
+from vllm_gke.infra.plan_text import render_text
 
 runner = CliRunner()
 
@@ -116,11 +124,6 @@ def test_plan_with_a_crd_folder_that_is_not_one(tmp_path):
 
 
 def test_plan_checks_every_vllm_command_line(plans):
-    import copy
-    from types import SimpleNamespace
-
-    from vllm_gke.infra.cli import vllm_argv_problems
-
     assert vllm_argv_problems(plans["dev"]) == []
     docs = copy.deepcopy(plans["dev"].manifests())
     deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "qwen-7b-short")
@@ -193,3 +196,40 @@ def test_plan_text_puts_decisions_first_and_resource_counts_last():
     text = result.output
     assert text.index("capacity per serving pool") < text.index("monthly cost") < text.index("warning:") \
         < text.index("tenant URLs") < text.index("policies") < text.index("stack dev:")
+
+
+def _rendered(report) -> tuple[str, dict]:
+    out = io.StringIO()
+    render_text(report, Console(file=out, width=1000), detail=False)
+    return " ".join(out.getvalue().split()), json.loads(render_json(report))
+
+
+def test_text_and_json_render_the_same_report(plans, tmp_path):
+    """One PlanReport, two renderings: whatever the report holds, both say (a finding of each kind
+    added here, so that every list has something in it)."""
+    report = plan_report(plans["dev"], {}, None, tmp_path)
+    report.verdicts.warnings.append("a warning [in brackets] only this test gives")
+    report = replace(report, manifest_problems=[("Deployment vllm/x", ["spec.replicas: not an integer"])],
+                     broken_contracts=[(CONTRACTS[0], "a contract this test breaks")],
+                     vllm_args=[("Deployment vllm/y", "unrecognized arguments: --no-such-flag")],
+                     monitoring=["a dashboard the API would reject"])
+    text, doc = _rendered(report)
+    assert report.verdicts.warnings and doc["warnings"] == report.verdicts.warnings
+    assert all(" ".join(w.split()) in text for w in report.verdicts.warnings)
+    assert doc["checks"]["manifests"] == [{"resource": "Deployment vllm/x", "errors": ["spec.replicas: not an integer"]}]
+    assert "Deployment vllm/x: spec.replicas: not an integer" in text
+    assert doc["checks"]["contracts"][0]["problem"] == "a contract this test breaks" and "a contract this test breaks" in text
+    assert doc["checks"]["vllmArgs"][0]["error"].endswith("--no-such-flag") and "--no-such-flag" in text
+    assert doc["checks"]["monitoring"] == ["a dashboard the API would reject"] and "a dashboard the API would reject" in text
+    assert all(p["name"] in text for p in doc["policies"])
+    assert all(u["url"] in text for u in doc["tenantUrls"])
+    assert doc["written"] == [str(f) for f in report.written] and f"wrote {len(report.written)} files" in text
+    assert report.unsafe
+
+
+def test_a_clean_report_is_safe_and_its_checks_empty(plans):
+    report = plan_report(plans["dev"], {}, None, None)
+    text, doc = _rendered(report)
+    assert not report.unsafe and report.written == [] and doc["written"] == []
+    assert doc["checks"]["customResourcesChecked"] == report.custom_resources_checked
+    assert f"all {report.manifests} Kubernetes manifests pass schema validation" in text and "wrote" not in text

@@ -14,7 +14,8 @@ import pytest
 
 from tests.conftest import STACKS, manifests_of
 from vllm_gke.components.keda import CHART_VERSION, GMP_AUTH, gmp_query_url
-from vllm_gke.components.standby import PROGRAM, RETRY_AFTER_S, STANDBY_LABEL
+from vllm_gke.components.model.pods.standby import RETRY_AFTER_S, STANDBY_LABEL
+from vllm_gke.components.standby import PROGRAM
 from vllm_gke.infra.config import ConfigError, parse
 
 
@@ -81,6 +82,21 @@ def test_standby_is_selected_by_the_pools_service_and_in_the_mesh(plans):
     (c,) = standby["spec"]["template"]["spec"]["containers"]
     assert c["readinessProbe"]["httpGet"]["path"] == "/health"
     assert "--ready-host" in c["command"]
+
+
+def test_a_pool_declares_its_standby_aliased_to_where_the_platform_declared_it(plans):
+    """VllmService makes its own standby (its child, waiting for what the pool waits for); a stack
+    whose Platform (or, before that, the stack program) declared it keeps it: aliased to the
+    Platform and to the stack root, under the same name."""
+    plan = plans["staging"]
+    by_urn = {r.urn: r for r in plan.resources}
+    (platform,) = [r for r in plan.resources if r.type == "vllm-gke:index:Platform"]
+    (standby,) = [r for r in plan.resources if r.type == "vllm-gke:index:Standby"]
+    pool = by_urn[standby.parent]
+    assert pool.type == "vllm-gke:index:VllmService" and standby.name == f"{pool.name}-standby"
+    assert standby.alias_parents == (platform.urn, "")
+    (deploy,) = [r for r in plan.resources if r.name == "mistral-7b-long-standby-deploy"]
+    assert {r.urn for r in plan.resources if r.name == "keda-release"} <= deploy.dependencies
 
 
 def test_node_pool_must_go_to_zero_when_every_pool_on_it_may(stack_values):

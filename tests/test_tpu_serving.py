@@ -19,6 +19,7 @@ from vllm_gke.components.model.cold_start import (
     read_mib_s,
     xla_compile_seconds,
 )
+from vllm_gke.components.model.serving_pool import startup_failure_threshold
 from vllm_gke.components.model.specs import ModelSpec, NodePoolSpec
 from vllm_gke.components.model.specs.models import CustomShape
 from vllm_gke.components.model.vllm_argv import check_argv, load_snapshot
@@ -31,7 +32,6 @@ from vllm_gke.components.model.vllm_server import (
     XLA_CACHE_MAX_GI,
 )
 from vllm_gke.components.model.vllm_versions import TPU_RELEASES
-from vllm_gke.components.vllm_service import startup_failure_threshold
 from vllm_gke.infra.cost import cost_report
 
 NODE_POOL = "gcp:container/nodePool:NodePool"

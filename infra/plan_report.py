@@ -1,0 +1,121 @@
+"""What `vllm-gke plan` reports, collected once: the verdicts (policies, capacity, cost, accelerator
+options, warnings, tenant URLs and ceilings) and the checks of what the program declared (manifests
+against their schemas and CRDs, the component contracts, every vLLM command line, the monitoring
+definitions), plus the files written. infra/plan_text.py renders it as tables for people;
+`render_json` as one document for machines. Both read the same PlanReport, so neither can say what
+the other does not."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from ..components.model.vllm_argv import check_argv, load_snapshot
+from ..components.model.vllm_versions import TPU_RELEASES, release
+from ..components.observability import Observability
+from .contracts import Contract
+from .contracts import problems as contract_problems
+from .crd_validation import DEFAULT_CRD_DIR
+from .manifests import (
+    catalog_or_none,
+    describe,
+    is_builtin,
+    pod_templates,
+    validate,
+    validate_alert_policy,
+    validate_dashboard,
+    validate_slo,
+)
+from .plan import Plan
+from .plan_output import write_plan
+from .plan_pictures import pictures
+from .report import Verdicts, verdicts
+
+
+@dataclass
+class PlanReport:
+    plan: Plan
+    verdicts: Verdicts
+    manifests: int  # Kubernetes manifests checked
+    custom_resources: int  # of them, custom resources (checked only against upstream CRDs)
+    custom_resources_checked: bool
+    # Where the CRDs were looked for: --crds, else the default folder (named when none were found).
+    crd_folder: Path
+    # (resource, its schema errors) for each manifest that fails validation.
+    manifest_problems: list[tuple[str, list[str]]]
+    broken_contracts: list[tuple[Contract, str]]
+    vllm_args: list[tuple[str, str]]  # (resource, what vLLM's parser refuses)
+    monitoring: list[str]  # dashboards, alert policies and SLOs the Cloud Monitoring API would reject
+    written: list[Path] = field(default_factory=list[Path])
+    written_under: Optional[Path] = None  # out/<stack> when the plan wrote its files
+
+    @property
+    def unsafe(self) -> bool:
+        """An invalid manifest or a mandatory policy violation: exit 1."""
+        return bool(self.manifest_problems or self.monitoring or self.vllm_args or self.broken_contracts
+                    or self.verdicts.mandatory)
+
+
+def plan_report(plan: Plan, policy_config: Mapping[str, Any], crds: Optional[Path],
+                out: Optional[Path]) -> PlanReport:
+    """Every verdict and check of the plan; with `out`, its files written under out/<stack>/."""
+    found = verdicts(plan, policy_config)
+    docs = plan.manifests()
+    catalog = catalog_or_none(crds)
+    observability = plan.platform.observability
+    assert observability is not None
+    report = PlanReport(
+        plan=plan, verdicts=found, manifests=len(docs), custom_resources=sum(not is_builtin(d) for d in docs),
+        custom_resources_checked=catalog is not None, crd_folder=crds or DEFAULT_CRD_DIR,
+        manifest_problems=[(describe(doc), errs) for doc in docs if (errs := validate(doc, catalog))],
+        broken_contracts=contract_problems(plan), vllm_args=vllm_argv_problems(plan),
+        monitoring=monitoring_problems(observability))
+    if out is not None:
+        report.written = write_plan(plan, out, found.to_json(), pictures(plan.config, found.cost))
+        report.written_under = out / plan.stack
+    return report
+
+
+def vllm_argv_problems(plan: Plan) -> list[tuple[str, str]]:
+    """Every vLLM server's argv (a Deployment's, a LeaderWorkerSet's leader and workers) against its
+    release's real parser (images/vllm-versions): the TPU build's on TPU nodes."""
+    cfg = plan.config
+    out: list[tuple[str, str]] = []
+    for doc in plan.manifests():
+        if doc.get("kind") not in ("Deployment", "LeaderWorkerSet"):
+            continue
+        for _role, template in pod_templates(doc):
+            selector = template["spec"].get("nodeSelector") or {}
+            rel = (TPU_RELEASES[cfg.tpu_vllm_version] if "cloud.google.com/gke-tpu-accelerator" in selector
+                   else release(cfg.vllm_version))
+            for c in template["spec"].get("containers", []):
+                if "/opt/vllm-gke/serve.py" in c.get("command", []):
+                    out += [(describe(doc), err) for err in check_argv(c.get("args", []), load_snapshot(rel.snapshot))]
+    return out
+
+
+def monitoring_problems(obs: Observability) -> list[str]:
+    """The dashboards, alert policies and SLOs, each parsed as the Cloud Monitoring API's message."""
+    errors = validate_dashboard(obs.dashboard_definition)
+    if (tenant_board := obs.tenant_dashboard_definition) is not None:
+        errors += validate_dashboard(tenant_board)
+    errors += [e for p in obs.alert_definitions for e in validate_alert_policy(p)]
+    if (levels := obs.service_levels) is not None:
+        errors += [e for s in levels.slo_definitions for e in validate_slo(s)]
+        errors += [e for p in levels.alert_definitions for e in validate_alert_policy(p)]
+    return errors
+
+
+def render_json(report: PlanReport) -> str:
+    """The plan as one document: verdicts.json's, the checks, and the files written."""
+    checks = {
+        "manifests": [{"resource": str(w), "errors": [str(e) for e in errs]} for w, errs in report.manifest_problems],
+        "contracts": [{"component": c.component, "source": c.source, "problem": p} for c, p in report.broken_contracts],
+        "vllmArgs": [{"resource": str(w), "error": str(e)} for w, e in report.vllm_args],
+        "monitoring": [str(e) for e in report.monitoring],
+        "customResourcesChecked": report.custom_resources_checked,
+    }
+    return json.dumps({**report.verdicts.to_json(), "checks": checks, "written": [str(f) for f in report.written]},
+                      indent=2, default=str) + "\n"

@@ -1,0 +1,184 @@
+"""The plan as tables and lines for people (`vllm-gke plan`'s text output), from the PlanReport that
+the JSON output reads too: decisions first (capacity, cost, options, warnings, tenant URLs,
+policies), then the checks, the resource counts last."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..policies.rules import POLICIES
+from .config import StackConfig
+from .contracts import CONTRACTS
+from .crd_validation import CRD_DIR_ENV
+from .plan import Plan
+from .plan_report import PlanReport
+from .pricing import PRICE_REGION
+from .report import Verdicts
+
+
+def render_text(report: PlanReport, console: Console, detail: bool) -> None:
+    """Everything the report holds, in the order a person decides on it."""
+    _decisions(report, console)
+    _checks(report, console)
+    # The resource counts last: what `pulumi up` creates, for those who read that far.
+    console.print(resource_table(report.plan, detail))
+    if report.written_under is not None:
+        console.print(f"wrote {len(report.written)} files under {report.written_under}/ (manifests/, dashboard.json, "
+                      "alert-policies.json, resources.json, verdicts.json, node-pools.mmd, routes.mmd)")
+
+
+def _decisions(report: PlanReport, console: Console) -> None:
+    # What a person decides on first: what it holds, what it costs, what to watch, where tenants call.
+    v = report.verdicts
+    console.print(capacity_table(v))
+    console.print(cost_table(v))
+    console.print(options_table(report.plan.config, v))
+    for warning in v.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+    console.print(url_table(v))
+    console.print(policy_table(v))
+    for violation in v.violations:
+        colour = "red" if violation.level == "mandatory" else "yellow"
+        console.print(f"  [{colour}]{violation.level}[/] {violation.policy}: {escape(violation.message)}",
+                      highlight=False)
+
+
+def _checks(report: PlanReport, console: Console) -> None:
+    _manifest_checks(report, console)
+    for contract, problem in report.broken_contracts:
+        console.print(f"[bold red]breaks the {contract.component} {contract.version} contract[/] "
+                      f"({escape(contract.source)}): {escape(problem)}", highlight=False)
+    if not report.broken_contracts:
+        console.print(f"[green]all {len(CONTRACTS)} component contracts hold (docs/contracts.md)[/]")
+    cfg = report.plan.config
+    for what, err in report.vllm_args:
+        console.print(f"[bold red]vLLM {cfg.vllm_version} would refuse[/] {escape(str(what))}: "
+                      f"{escape(str(err))}", highlight=False)
+    if not report.vllm_args:
+        tpu = f" and vLLM TPU {cfg.tpu_vllm_version}'s" if cfg.has_tpu_models else ""
+        console.print(f"[green]every vLLM command line parses with vLLM {cfg.vllm_version}'s{tpu} "
+                      "parser (snapshot)[/]")
+    for err in report.monitoring:
+        console.print(f"[bold red]rejected by the Cloud Monitoring API's schema:[/] {escape(str(err))}",
+                      highlight=False)
+    if not report.monitoring:
+        console.print("[green]dashboard and alert policies parse as Cloud Monitoring API messages[/]")
+
+
+def _manifest_checks(report: PlanReport, console: Console) -> None:
+    if report.manifest_problems:
+        console.print(f"[bold red]{len(report.manifest_problems)} of {report.manifests} manifests fail schema "
+                      "validation:[/]")
+        for what, errs in report.manifest_problems:
+            for err in errs:
+                console.print(f"  - {escape(str(what))}: {escape(str(err))}", highlight=False)
+    else:
+        console.print(f"[green]all {report.manifests} Kubernetes manifests pass schema validation[/]")
+    if not report.custom_resources_checked:
+        console.print(f"[yellow]{report.custom_resources} custom resources not checked: no upstream CRDs at "
+                      f"{report.crd_folder} (pass --crds DIR or set {CRD_DIR_ENV})[/]", highlight=False)
+
+
+def resource_table(plan: Plan, detail: bool) -> Table:
+    table = Table(title=f"stack {plan.stack}: {sum(r.custom for r in plan.resources)} resources")
+    if detail:
+        for col in ("component", "type", "name"):
+            table.add_column(col)
+        for r in plan.resources:
+            if r.custom:
+                table.add_row(plan.component_of(r), r.type, r.name)
+        return table
+    table.add_column("type")
+    table.add_column("count", justify="right")
+    for type_, n in sorted(Counter(r.type for r in plan.resources if r.custom).items()):
+        table.add_row(type_, str(n))
+    return table
+
+
+def policy_table(v: Verdicts) -> Table:
+    table = Table(title="policies")
+    for col in ("policy", "level", "verdict"):
+        table.add_column(col)
+    for p in POLICIES:
+        hits = [x for x in v.violations if x.policy == p.name]
+        level = v.levels[p.name]
+        verdict = "[dim]skipped[/]" if level == "disabled" else (
+            f"[red]{len(hits)} violation(s)[/]" if hits else "[green]pass[/]")
+        table.add_row(p.name, level, verdict)
+    return table
+
+
+def capacity_table(v: Verdicts) -> Table:
+    table = Table(title="capacity per serving pool (GB per device: GPU, MIG slice or TPU chip; tokens/s "
+                        "per replica, the roofline's)")
+    for col in ("model", "pool", "node pool", "GB", "devices x hosts", "weights", "LoRA",
+                "KV budget", "KV tokens", "context", "seqs fit", "maxNumSeqs", "tokens/s", "fits", "to serve"):
+        table.add_column(col, justify="right" if col not in ("model", "pool", "node pool") else "left")
+    for r in v.capacity:
+        label = r.model + (f" ({r.tenant})" if r.tenant else "") + (f" canary {r.revision[:7]}" if r.canary else "")
+        table.add_row(label, r.pool, r.node_pool,
+                      f"{r.gpu_memory_gb:g}", f"{r.devices} x {r.hosts}", f"{r.weights_per_gpu_gb:.1f}",
+                      f"{r.lora_per_gpu_gb:.2f}" if r.lora_per_gpu_gb else "-", f"{r.kv_budget_gb:.1f}",
+                      f"{r.tokens_fit:,}", f"{r.context_tokens:,}", str(r.seqs_fit),
+                      str(r.max_num_seqs), f"{r.decode_tokens_s:,.0f}", "[green]yes[/]" if r.fits else "[red]no[/]",
+                      f"{r.cold_start_s / 60:.1f} min")
+    return table
+
+
+def options_table(cfg: StackConfig, v: Verdicts) -> Table:
+    """Each model's GPU and TPU options side by side (infra/accelerator_options.py)."""
+    table = Table(title="accelerator options per model (per accelerator, the replica of whole GPUs or TPU chips "
+                        "that holds its short pool at the lowest $ a token; roofline tokens/s, on-demand list prices)")
+    for col in ("model", "accelerator", "machine", "TP x PP", "hosts", "batch", "tokens/s", "$/h",
+                "$/M tokens", "this stack"):
+        table.add_column(col, justify="left" if col in ("model", "accelerator", "machine", "this stack") else "right")
+    util = cfg.cost.target_utilization
+    for model in cfg.models:
+        chosen = cfg.pool(model.node_pool).machine.accelerator
+        for o in (o for o in v.options if o.model == model.name):
+            here = "[green]chosen[/]" if chosen is not None and chosen.gke_type == o.accelerator else ""
+            machine = o.machine_type + (f" {o.topology}" if o.topology else "")
+            table.add_row(model.name, o.accelerator, machine, f"{o.tensor_parallel} x {o.pipeline_parallel}",
+                          str(o.hosts), str(o.batch), f"{o.tokens_per_second:,.0f}", f"{o.usd_per_hour:.2f}",
+                          f"{o.usd_per_million_tokens(util):.2f}", here)
+    return table
+
+
+def url_table(v: Verdicts) -> Table:
+    table = Table(title="tenant URLs (OpenAI base URL per tenant and model)")
+    for col in ("tenant", "model", "base URL", "via", "header to send"):
+        table.add_column(col)
+    for u in v.urls:
+        table.add_row(u.tenant, u.model, u.url, u.via, u.header or "-")
+    return table
+
+
+def cost_table(v: Verdicts) -> Table:
+    c = v.cost
+    table = Table(title=f"monthly cost, USD ({PRICE_REGION} list prices as of {c.prices_as_of}, "
+                        f"{c.hours_per_month:g} h/month)")
+    for col in ("item", "machine", "nodes (baseline-peak)", "$/h per node", "baseline", "peak"):
+        table.add_column(col, justify="left" if col in ("item", "machine") else "right")
+    for p in c.pools:
+        price = f"{p.hour_price:.2f}" + (f" (burst {p.peak_hour_price:.2f} on-demand)"
+                                          if p.peak_hour_price and p.peak_hour_price != p.hour_price else "")
+        nodes = f"{p.baseline_nodes}-{p.peak_nodes}" + (f" (capped: {p.wanted_peak_nodes} wanted, {p.reach_nodes} at most)"
+                                                         if p.capped else "")
+        table.add_row(p.pool + (" (spot)" if p.spot else ""), p.machine_type, nodes, price,
+                      f"{p.baseline_month:,.0f}", f"{p.peak_month:,.0f}")
+    for item, month in c.fixed_month.items():
+        table.add_row(item, "", "", "", f"{month:,.0f}", f"{month:,.0f}")
+    table.add_row("[bold]total[/]", "", "", "", f"[bold]{c.baseline_month:,.0f}[/]", f"[bold]{c.peak_month:,.0f}[/]")
+    how = ("the roofline's estimate per pool" if c.throughput_source == "roofline"
+           else "cost.tokensPerSecondPerGpu per device")
+    table.caption = (f"{c.baseline_tokens_per_second:,.0f} output tokens/s at baseline ({how}) x "
+                     f"{c.utilization:.0%} utilisation = ${c.usd_per_million_tokens:.2f} per million tokens. At their "
+                     "rate limits, a month of each tenant at most: " + "; ".join(
+                         f"{t.tenant} {t.tokens_month / 1e6:,.0f}M tokens, ${t.dollars_month:,.0f} "
+                         f"({t.capacity_share:.0%} of baseline capacity)" for t in v.ceilings)
+                     + ". What each did use and cost: vllm-gke report.")
+    return table
