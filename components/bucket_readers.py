@@ -9,12 +9,14 @@ bucket need uniform bucket-level access, which the store's bucket sets.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import pulumi
 import pulumi_gcp as gcp
 
 from .model.gcs_weights import LIST_PERMISSIONS, object_condition, reader_terms, term_chunks
+from .workload_identity import workload_principal
 
 
 def list_role(name: str, project: str, instance_name: str, opts: pulumi.ResourceOptions) -> gcp.projects.IAMCustomRole:
@@ -46,3 +48,20 @@ def grant_reads(name: str, bucket: pulumi.Input[str], member: pulumi.Input[str],
                 "description": ", ".join(n for op, n in chunk if op == "startsWith")[:256] or "the folders above",
                 "expression": pulumi.Output.from_input(bucket).apply(lambda b, c=chunk: object_condition(b, c))}))
     return grants
+
+
+@dataclass(frozen=True)
+class BucketReads:
+    """What a reader with its own identity (a load test) is granted to mount the weights bucket and
+    open some of its folders: the bucket, its list-only role, and whose principals to name."""
+
+    bucket: pulumi.Input[str]
+    list_role: pulumi.Input[str]
+    # The project's number and the cluster's Workload Identity pool: the reader's principal.
+    project_number: pulumi.Input[str]
+    workload_pool: pulumi.Input[str]
+
+    def grant(self, name: str, namespace: pulumi.Input[str], service_account: str, prefixes: Sequence[str],
+              opts: pulumi.ResourceOptions) -> list[gcp.storage.BucketIAMMember]:
+        member = workload_principal(self.project_number, self.workload_pool, namespace, service_account)
+        return grant_reads(name, self.bucket, member, prefixes, self.list_role, opts)

@@ -15,7 +15,8 @@ Populator" is the path followed here:
   its name carries the set's source and revision: a populated disk never changes, so a new
   revision is a new claim that the Deployment rolls onto, and the old one goes after it.
 The transfer Jobs run in GKE's own namespace on nodes of the `gcs-to-hdml-compute-class`
-compute class (GpuCluster's transfer pool).
+compute class (GpuCluster's transfer pool). HyperdiskStorage is the `hyperdisk-ml` backend of a
+ModelStore: the weights bucket (weights_bucket.py) and these disks.
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from .k8s_meta import api_body, custom_resource, meta
+from .model.catalog import populator_vcpus
+from .model.specs import ModelSpec
+from .model.vllm_versions import VllmRelease
+from .model.weights_backends import STORAGE_API
+from .model.weights_layout import MOUNT_PATH, WeightCopy, adapter_copies, loader_command, model_dir, reads, weight_copies
+from .model.weights_mount import WeightsMount, claims_mount
 from .options import child_opts
+from .weights_bucket import BucketStorage
 from .workload_identity import workload_principal
 
 CSI_DRIVER = "pd.csi.storage.gke.io"
@@ -198,6 +206,42 @@ class HyperdiskWeights(pulumi.ComponentResource):
                                                 *([loader] if loader else [])]))
                 self.claims[key][ws.directory] = claim
         self.register_outputs({"storageClass": class_name, "claims": self.claims})
+
+
+class HyperdiskStorage(BucketStorage):
+    """The `hyperdisk-ml` backend: the loaders fill the bucket (each folder no larger than its disk
+    takes), then HyperdiskWeights has GKE Volume Populator copy each folder onto the disks the
+    consumer namespaces mount."""
+
+    disks: HyperdiskWeights
+
+    def loader_command(self, copy: WeightCopy, release: VllmRelease) -> list[Any]:
+        return loader_command(copy, release, usable_gib(copy.weights_gb), dest_uri=self.dest_uri(copy))
+
+    def after_loaders(self, loaders: Mapping[str, pulumi.Resource]) -> None:
+        site = self.site
+        args, wanted = site.args, site.args.consumer_models
+        copies = weight_copies(args.models)
+        consumers = {key: (ns, [c for c in copies if wanted is None or c.model in wanted.get(key, ())])
+                     for key, ns in args.consumer_namespaces.items()}
+        self.disks = HyperdiskWeights(f"{site.name}-hdml", HyperdiskWeightsArgs(
+            zones=list(args.zones) or [args.zone], bucket=self.bucket.name,
+            workload_pool=args.workload_pool, project_number=self.project_number, provider=args.provider,
+            consumers=consumers, loaders=loaders, mount_root=MOUNT_PATH,
+            reads={c.key: reads(c, args.vllm_release) for c in copies},
+            transfer_ready=list(args.transfer_ready),
+            throughput_mib_s=args.weights.hyperdisk_throughput_mib_s,
+            populator_vcpus=populator_vcpus(args.weights.populator_machine_type) or 44,
+            apis=args.apis.needs(STORAGE_API) if args.apis else []),
+            opts=child_opts(site.store, site.opts))
+
+    def claims_for(self, consumer: str, model: ModelSpec) -> dict[str, str]:
+        """Mount directory -> claim, for the model's weights and its adapters in the consumer's namespace."""
+        claims = self.disks.claims[consumer]
+        return {d: claims[d] for d in (model_dir(model), *(a.directory for a in adapter_copies(model)))}
+
+    def mount_for(self, consumer: str, model: ModelSpec) -> WeightsMount:
+        return claims_mount(self.claims_for(consumer, model))
 
 
 def _snake(spec: dict[str, Any]) -> dict[str, Any]:

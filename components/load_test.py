@@ -20,21 +20,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
-import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 import yaml
 
-from . import bucket_readers
 from .k8s_meta import api_body, meta
-from .model import gcs_weights
 from .model.k8s_objects import CONTAINER_SECURITY, content_digest
 from .model.specs import LoadTestSpec, TokenLengths
 from .model.weights_layout import MOUNT_PATH
+from .model.weights_mount import WeightsMount
 from .options import child_opts
-from .workload_identity import workload_principal
+from .weights_storage import ReaderWeights
 
 PROGRAM = "run_load_test.py"
 SERVICE_ACCOUNT = "vllm-loadtest"
@@ -48,8 +47,6 @@ WORKERS = 2
 
 
 def program_text() -> str:
-    from pathlib import Path
-
     return (Path(__file__).parent / "scripts" / PROGRAM).read_text()
 
 
@@ -183,19 +180,71 @@ class LoadTestArgs:
     # holds to it), and the pools' dollars an hour at their floor (None: no price, no dollar figure).
     ttft_slo_seconds: float
     dollars_per_hour: Optional[float]
+    # The model's files as the store hands a reader in that namespace (ModelStore.reader_for): its
+    # mount, and on a bucket what the test's own identity is granted (the list role, its model's folder).
+    weights: ReaderWeights
     ttft_goal: float = 0.95
     # The availability objective: the failures the Job takes unless the test sets maxFailureRatio.
     availability: float = 0.99
-    # The weights as the namespace's servers mount them: a claim (Filestore), claims per directory
-    # (Hyperdisk ML), or the bucket's CSI volume (then `bucket` for the service account's read grant).
-    claim_name: Optional[pulumi.Input[str]] = None
-    weights_claims: Mapping[str, pulumi.Input[str]] = field(default_factory=dict[str, pulumi.Input[str]])
-    weights_volume: Optional[Mapping[str, Any]] = None
-    bucket: Optional[pulumi.Input[str]] = None
-    # The bucket's list-only role (ModelStore.list_role): the mount needs it; reads are conditional.
-    bucket_list_role: pulumi.Input[str] = ""
-    project: str = ""
-    workload_pool: pulumi.Input[str] = ""
+
+
+def container(spec: LoadTestSpec, weights: WeightsMount) -> dict[str, Any]:
+    """inference-perf through the program, the model's files read-only for its tokenizer (offline)."""
+    return {
+        "name": "inference-perf", "image": spec.image.uri,
+        "command": ["python", f"{CONFIG_DIR}/{PROGRAM}"],
+        "env": [{"name": "LOADTEST_PLAN", "value": f"{CONFIG_DIR}/plan.json"},
+                {"name": "LOADTEST_AUTH_DIR", "value": TOKEN_DIR},
+                {"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
+                {"name": "HOME", "value": "/tmp"}],
+        "resources": {"requests": {"cpu": str(WORKERS), "memory": "4Gi"},
+                      "limits": {"cpu": str(WORKERS), "memory": "4Gi"}},
+        "securityContext": CONTAINER_SECURITY,
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+                         {"name": "token", "mountPath": TOKEN_DIR, "readOnly": True},
+                         *weights.mounts,
+                         {"name": "reports", "mountPath": REPORTS_DIR},
+                         {"name": "tmp", "mountPath": "/tmp"},
+                         # Its worker processes share memory through /dev/shm.
+                         {"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+
+
+def pod_spec(spec: LoadTestSpec, config_map: str, weights: WeightsMount) -> dict[str, Any]:
+    return {
+        "restartPolicy": "Never",
+        "serviceAccountName": f"{SERVICE_ACCOUNT}-{spec.name}",
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": LOADTEST_UID,
+                            "runAsGroup": LOADTEST_UID, "fsGroup": LOADTEST_UID,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container(spec, weights)],
+        "volumes": [{"name": "config", "configMap": {"name": config_map}},
+                    {"name": "token", "secret": {"secretName": spec.token_secret_name, "defaultMode": 0o440}},
+                    *weights.volumes,
+                    {"name": "reports", "emptyDir": {"sizeLimit": "1Gi"}},
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}],
+    }
+
+
+def cron_job_spec(spec: LoadTestSpec, target: Target, labels: Mapping[str, str], config_map: str,
+                  files: Mapping[str, str], weights: WeightsMount) -> dict[str, Any]:
+    """Suspended: run on demand only (`kubectl create job --from=cronjob/...`); a schedule is required."""
+    return {
+        "suspend": True, "schedule": "0 0 1 1 *", "concurrencyPolicy": "Forbid",
+        "jobTemplate": {"metadata": {"labels": dict(labels)}, "spec": {
+            "backoffLimit": 0,  # a load test is not retried blindly
+            "activeDeadlineSeconds": deadline_seconds(spec, target.request_timeout_seconds),
+            "ttlSecondsAfterFinished": 7 * 86400,
+            "template": {
+                "metadata": {"labels": {**labels, "sidecar.istio.io/inject": "false"},
+                             "annotations": {"vllm-gke.io/config-sha256": content_digest(
+                                 json.dumps(files, sort_keys=True)), **weights.annotations}},
+                "spec": pod_spec(spec, config_map, weights),
+            },
+        }},
+    }
 
 
 class LoadTest(pulumi.ComponentResource):
@@ -219,79 +268,13 @@ class LoadTest(pulumi.ComponentResource):
         sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=md(f"{SERVICE_ACCOUNT}-{spec.name}"),
                                         automount_service_account_token=False, opts=k8s_opts)
         deps: list[pulumi.Resource] = [config, sa]
-
-        # The tokenizer: the model's own files, read-only, as the servers mount them.
-        annotations: dict[str, str] = {}
-        if args.weights_claims:
-            ordered = sorted(args.weights_claims.items())
-            mounts = [{"name": f"weights-{i}", "mountPath": d, "readOnly": True} for i, (d, _) in enumerate(ordered)]
-            volumes: list[Any] = [{"name": f"weights-{i}", "persistentVolumeClaim": {"claimName": c, "readOnly": True}}
-                                  for i, (_, c) in enumerate(ordered)]
-        elif args.weights_volume is not None:
-            mounts = [{"name": "weights", "mountPath": MOUNT_PATH, "readOnly": True}]
-            volumes = [dict(args.weights_volume)]
-            annotations = dict(gcs_weights.POD_ANNOTATIONS)
-            if args.bucket is not None:
-                # It lists the bucket (to mount it) and opens its model's folder alone (the tokenizer).
-                number = gcp.organizations.get_project_output(project_id=args.project).number
-                deps.extend(bucket_readers.grant_reads(
-                    f"{name}-weights-reader", args.bucket,
-                    workload_principal(number, args.workload_pool, args.namespace, f"{SERVICE_ACCOUNT}-{spec.name}"),
-                    [f"{model_folder(target)}/"], args.bucket_list_role, child_opts(self, opts)))
-        else:
-            mounts = [{"name": "weights", "mountPath": MOUNT_PATH, "readOnly": True}]
-            volumes = [{"name": "weights", "persistentVolumeClaim": {"claimName": args.claim_name, "readOnly": True}}]
-
-        container = {
-            "name": "inference-perf", "image": spec.image.uri,
-            "command": ["python", f"{CONFIG_DIR}/{PROGRAM}"],
-            "env": [{"name": "LOADTEST_PLAN", "value": f"{CONFIG_DIR}/plan.json"},
-                    {"name": "LOADTEST_AUTH_DIR", "value": TOKEN_DIR},
-                    {"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
-                    {"name": "HOME", "value": "/tmp"}],
-            "resources": {"requests": {"cpu": str(WORKERS), "memory": "4Gi"},
-                          "limits": {"cpu": str(WORKERS), "memory": "4Gi"}},
-            "securityContext": CONTAINER_SECURITY,
-            "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-                             {"name": "token", "mountPath": TOKEN_DIR, "readOnly": True},
-                             *mounts,
-                             {"name": "reports", "mountPath": REPORTS_DIR},
-                             {"name": "tmp", "mountPath": "/tmp"},
-                             # Its worker processes share memory through /dev/shm.
-                             {"name": "dshm", "mountPath": "/dev/shm"}],
-        }
+        reads = args.weights.bucket_reads
+        if reads is not None:
+            # It lists the bucket (to mount it) and opens its model's folder alone (the tokenizer).
+            deps.extend(reads.grant(f"{name}-weights-reader", args.namespace, f"{SERVICE_ACCOUNT}-{spec.name}",
+                                    [f"{model_folder(target)}/"], child_opts(self, opts)))
         self.cron_job = k8s.batch.v1.CronJob(
-            f"{name}-cron", metadata=md(obj),
-            spec=api_body({
-                # On demand only: `kubectl create job --from=cronjob/...`; a schedule is required.
-                "suspend": True, "schedule": "0 0 1 1 *", "concurrencyPolicy": "Forbid",
-                "jobTemplate": {"metadata": {"labels": labels}, "spec": {
-                    "backoffLimit": 0,  # a load test is not retried blindly
-                    "activeDeadlineSeconds": deadline_seconds(spec, target.request_timeout_seconds),
-                    "ttlSecondsAfterFinished": 7 * 86400,
-                    "template": {
-                        "metadata": {"labels": {**labels, "sidecar.istio.io/inject": "false"},
-                                     "annotations": {"vllm-gke.io/config-sha256": content_digest(
-                                         json.dumps(data, sort_keys=True)), **annotations}},
-                        "spec": {
-                            "restartPolicy": "Never",
-                            "serviceAccountName": f"{SERVICE_ACCOUNT}-{spec.name}",
-                            "automountServiceAccountToken": False,
-                            "securityContext": {"runAsNonRoot": True, "runAsUser": LOADTEST_UID,
-                                                "runAsGroup": LOADTEST_UID, "fsGroup": LOADTEST_UID,
-                                                "seccompProfile": {"type": "RuntimeDefault"}},
-                            "containers": [container],
-                            "volumes": [{"name": "config", "configMap": {"name": obj}},
-                                        {"name": "token", "secret": {"secretName": spec.token_secret_name,
-                                                                     "defaultMode": 0o440}},
-                                        *volumes,
-                                        {"name": "reports", "emptyDir": {"sizeLimit": "1Gi"}},
-                                        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
-                                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}],
-                        },
-                    },
-                }},
-            }),
+            f"{name}-cron", metadata=md(obj), spec=api_body(cron_job_spec(spec, target, labels, obj, data, args.weights.mount)),
             opts=child_opts(self, opts, provider=args.provider, depends_on=deps))
         self.register_outputs({"cronJob": obj, "phases": [n for n, _ in self.phases],
                                "run": pulumi.Output.from_input(args.namespace).apply(

@@ -25,7 +25,6 @@ from .limit_store import LimitStore, LimitStoreArgs
 from .load_test import LoadTest, LoadTestArgs, Target
 from .mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
 from .mesh_readiness import MeshReadiness, MeshReadinessArgs
-from .model import gcs_weights
 from .model.capacity import consumer_models, hosts_per_replica, neighbours, placements, rollout_strategy, surge_room
 from .model.cold_start import cold_start_seconds, rollout_seconds
 from .model.config_rules import cross_field_issues
@@ -45,7 +44,8 @@ from .model.stack_config import ConfigError, StackConfig
 from .model.tenant_urls import path_prefix, tenant_urls
 from .model.vllm_server import drain_seconds
 from .model.vllm_versions import release
-from .model.weights_layout import SERVER_SA, SERVER_UID, model_dir, reads_hub_token_from_secret_manager
+from .model.weights_backends import backend_of
+from .model.weights_layout import SERVER_SA, model_dir, reads_hub_token_from_secret_manager
 from .model_store import ModelStore, ModelStoreArgs, WeightsPrune
 from .observability import Observability, ObservabilityArgs
 from .options import child_opts
@@ -94,8 +94,7 @@ def required_apis(cfg: StackConfig) -> list[str]:
         apis.append("secretmanager.googleapis.com")
     if cfg.gateway.managed_certificate:
         apis.append("certificatemanager.googleapis.com")
-    if cfg.weights.backend in ("gcs", "hyperdisk-ml"):
-        apis.append("storage.googleapis.com")
+    apis.extend(backend_of(cfg.weights).apis)
     if cfg.budget:
         # The Budget API bills its calls to the stack's project (components/billing_budget.py).
         apis.append("billingbudgets.googleapis.com")
@@ -171,11 +170,11 @@ class Platform(pulumi.ComponentResource):
         apis = ProjectApis(f"{p}apis", ProjectApisArgs(cfg.project, required_apis(cfg)), opts=child())
         cluster = GpuCluster(f"{p}gke", GpuClusterArgs(
             project=cfg.project, region=cfg.region, cluster=cfg.cluster, node_pools=cfg.node_pools,
-            labels=labels, apis=apis, gcs_fuse=cfg.weights.backend in ("gcs", "hyperdisk-ml"),
+            labels=labels, apis=apis, gcs_fuse=backend_of(cfg.weights).needs_gcs_fuse,
             secret_manager=reads_hub_token_from_secret_manager(cfg.models, cfg.weights),
             # The loaders write the bucket through Cloud Storage FUSE; Volume Populator's transfer
             # Jobs copy it onto the disks on nodes of their own pool.
-            populator_machine_type=cfg.weights.populator_machine_type if cfg.weights.backend == "hyperdisk-ml" else None),
+            populator_machine_type=backend_of(cfg.weights).transfer_machine_type(cfg.weights)),
             opts=child())
         provider = cluster.provider
         # Istio resources and meshed pods wait until the managed control plane serves the cluster.
@@ -372,7 +371,6 @@ class Platform(pulumi.ComponentResource):
             opts=child())
 
         urls = {(u.tenant, u.model): u for u in tenant_urls(cfg)}
-        hyperdisk = cfg.weights.backend == "hyperdisk-ml"
         for spec in cfg.load_tests:
             # As the tenant: its URL and headers, in the namespace of the replicas that serve it.
             tenant, model = next(t for t in cfg.tenants if t.name == spec.tenant), cfg.model(spec.model)
@@ -390,15 +388,7 @@ class Platform(pulumi.ComponentResource):
                 ttft_slo_seconds=cfg.monitoring.ttft_slo_seconds, ttft_goal=cfg.monitoring.slos.ttft,
                 availability=cfg.monitoring.slos.availability,
                 dollars_per_hour=floor_dollars_per_hour(model, node_pool, args.machine_prices),
-                claim_name=store.claim_name if cfg.weights.backend == "filestore" else None,
-                # Hyperdisk ML disks attach to the GPU machine series only, and the test runs on the
-                # system pool: it reads the tokenizer from the bucket the disks are filled from.
-                weights_claims={} if hyperdisk else store.claims_for(tenant.name if own else "serving", model),
-                weights_volume=gcs_weights.weights_volume(store.bucket.name, read_only=True, uid=SERVER_UID)
-                if hyperdisk else store.weights_volume,
-                bucket=store.bucket.name if cfg.weights.backend in ("gcs", "hyperdisk-ml") else None,
-                bucket_list_role=store.list_role,
-                project=cfg.project, workload_pool=cluster.workload_pool),
+                weights=store.reader_for(tenant.name if own else "serving", model)),
                 opts=child([mesh, store, identities(tenant.name if own else None)]))
             readers.setdefault(model.name, []).append(self.load_tests[spec.name])
         # Only once all of them were updated onto the kept folders are the others removed.

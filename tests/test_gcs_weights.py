@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import manifests_of
 from vllm_gke.components.model.capacity_report import capacity_report
-from vllm_gke.components.model.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds, filestore_read_mib_s
+from vllm_gke.components.model.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds
 from vllm_gke.components.model.gcp_names import bucket_name, is_bucket_name
 from vllm_gke.components.model.gcs_weights import (
     CACHE_VOLUME,
@@ -191,13 +191,6 @@ def test_every_gpu_pool_streams_its_image(plans):
 
 
 # --- time from node ready to serving -----------------------------------------------------------
-
-def test_filestore_throughput_follows_the_documented_table():
-    assert filestore_read_mib_s("BASIC_HDD", 1024) == 100 and filestore_read_mib_s("BASIC_HDD", 10240) == 180
-    assert filestore_read_mib_s("BASIC_SSD", 2560) == 1200
-    assert filestore_read_mib_s("ZONAL", 2048) == 520
-    assert filestore_read_mib_s("REGIONAL", 1024) == 120 and filestore_read_mib_s("REGIONAL", 10240) == 2600
-
 
 def test_cold_start_is_weights_over_throughput_plus_start(plans):
     cfg = plans["dev"].config  # qwen-7b, 15.2 GB, on a 1 TiB BASIC_HDD share: 100 MiB/s

@@ -1,4 +1,5 @@
-"""How a pod reads one model's weights, read-only, whatever the backend keeps them in.
+"""How a pod reads one model's weights, read-only, whatever the backend keeps them in (and how the
+loaders write them).
 
 Each weights backend hands every consumer (a serving pool, a load test) a WeightsMount: the pod's
 volumes and mounts, the annotations its CSI driver needs, and whether the files come through a
@@ -8,7 +9,7 @@ FUSE mount. The pod builders (pods/) take it as it is and never ask which backen
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from . import gcs_weights
 from .specs import ModelSpec
@@ -29,6 +30,13 @@ class WeightsMount:
     cache_gi: int = 0
 
 
+def writable_mount(volume: Mapping[str, Any], annotations: Optional[Mapping[str, str]] = None,
+                   through_fuse: bool = False) -> WeightsMount:
+    """The loaders' own: one volume named `weights`, writable at /models."""
+    return WeightsMount(volumes=(volume,), mounts=({"name": "weights", "mountPath": MOUNT_PATH},),
+                        annotations=dict(annotations or {}), through_fuse=through_fuse)
+
+
 def claim_mount(claim_name: Any) -> WeightsMount:
     """One ReadOnlyMany claim holding every model at /models (Filestore)."""
     return WeightsMount(
@@ -43,6 +51,13 @@ def claims_mount(claims: Mapping[str, Any]) -> WeightsMount:
         volumes=tuple({"name": f"weights-{i}", "persistentVolumeClaim": {"claimName": c, "readOnly": True}}
                       for i, (_, c) in enumerate(ordered)),
         mounts=tuple({"name": f"weights-{i}", "mountPath": d, "readOnly": True} for i, (d, _) in enumerate(ordered)))
+
+
+def tokenizer_mount(volume: Mapping[str, Any], annotations: Mapping[str, str]) -> WeightsMount:
+    """The bucket through Cloud Storage FUSE as a load test reads it: a few tokenizer files, no
+    file cache of the mount's own."""
+    return WeightsMount(volumes=(volume,), mounts=({"name": "weights", "mountPath": MOUNT_PATH, "readOnly": True},),
+                        annotations=dict(annotations), through_fuse=True)
 
 
 def bucket_mount(volume: Mapping[str, Any], model: ModelSpec, annotations: Mapping[str, str]) -> WeightsMount:

@@ -11,6 +11,7 @@ from ..model.specs import ImageRef as ImageModel
 from ..model.specs import ModelSpec as ModelModel
 from ..model.specs import WeightsSpec as WeightsModel
 from ..model.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
+from ..model.weights_backends import backend_of
 from ..model.weights_layout import reads_hub_token_from_secret_manager
 from ..model_store import ModelStore as _ModelStore
 from ..model_store import ModelStoreArgs
@@ -79,7 +80,7 @@ class ModelStore(pulumi.ComponentResource):
         version = args.get("vllm_version") or DEFAULT_VLLM_VERSION
         if version not in RELEASES:
             problems.add("vllmVersion", f"vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
-        if weights is not None and weights.backend != "filestore":
+        if weights is not None and not backend_of(weights).one_claim_per_namespace:
             # Those backends give each pod its own volumes (a bucket mount, a claim per weight set),
             # which the provider's VllmService does not take: its pods would mount a claim that
             # does not exist and never start.

@@ -11,6 +11,7 @@ from pydantic.alias_generators import to_camel
 from ..catalog import REGION_ZONES, attaches_hyperdisk_ml, region_problem
 from ..hyperdisk_ml import MIN_GKE as VOLUME_POPULATOR_MIN_GKE
 from ..specs import ClusterSpec, gke_version, item_key
+from ..weights_backends import backend_of
 from .base import Add
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ def _below(version: str | None, minimum: str) -> bool:
 def hyperdisk_ml(cfg: "StackConfig", add: Add) -> None:
     """GKE Volume Populator's requirements (its Hyperdisk ML guide) and the machine series that
     attach Hyperdisk ML: a replica on any other series would never mount its weights."""
-    if cfg.weights.backend != "hyperdisk-ml":
+    if not backend_of(cfg.weights).needs_volume_populator:
         return
     version = cfg.cluster.min_master_version
     if _below(version, VOLUME_POPULATOR_MIN_GKE):

@@ -9,6 +9,7 @@ from ..capacity import gpu_slots_by_pool, hosts_per_replica, placements, pool_ca
 from ..k8s_objects import group_name_of, service_name_of
 from ..specs import ModelSpec, NodePoolSpec, item_key
 from ..vllm_server import XLA_CACHE_MAX_GI, scratch_gi
+from ..weights_backends import backend_of
 from ..weights_layout import BASIC_TIERS, TIER_MIN_GB, needed_gb
 from .base import Add
 
@@ -156,7 +157,7 @@ def node_disks(cfg: "StackConfig", add: Add) -> None:
     backend the file cache): the replicas a node can hold must fit its boot disk, or the
     scheduler leaves GPU slices idle (and without requests the kubelet would evict them)."""
     pools = {p.name: p for p in cfg.node_pools}
-    bucket_cache = cfg.weights.backend == "gcs"
+    bucket_cache = backend_of(cfg.weights).servers_read_through_fuse
     worst: dict[str, tuple[int, int, str]] = {}  # node pool -> (GiB a full node asks, replicas, model)
     # A TPU node keeps one XLA cache directory (XLA_CACHE_MAX_GI at most) for each serving pool that
     # ran on it (components/model/vllm_server.py xla_cache_host_path): a hostPath, which no pod requests.
@@ -252,7 +253,7 @@ def filestore_size(cfg: "StackConfig", add: Add) -> None:
     the loader of any such change (it checks the free space first), so an explicit size below it
     is refused. A Basic share's size is the key's alone (it only grows)."""
     weights = cfg.weights
-    if weights.backend != "filestore" or (weights.tier not in BASIC_TIERS and weights.capacity_gb is None):
+    if not backend_of(weights).has_filestore_share or (weights.tier not in BASIC_TIERS and weights.capacity_gb is None):
         return  # derived from the models: never below what they need
     size = max(TIER_MIN_GB[weights.tier], weights.capacity_gb or 0)
     if (needed := needed_gb(cfg.models)) <= size:
