@@ -22,6 +22,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from .k8s_meta import custom_resource, meta
+from .model.config_rules.components import check_gateway
 from .model.gateway_routes import (
     GATEWAY_NAME,
     PickerTarget,
@@ -103,6 +104,7 @@ class Gateway(pulumi.ComponentResource):
     dns_authorization: Optional[pulumi.Output[Any]] = None
 
     def __init__(self, name: str, args: GatewayArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        check_gateway(args.spec.class_name, args.targets)
         super().__init__("vllm-gke:index:Gateway", name, None, opts)
         k8s_opts = child_opts(self, opts, provider=args.provider)
         spec = args.spec

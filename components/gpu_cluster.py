@@ -13,6 +13,7 @@ import pulumi_kubernetes as k8s
 
 from .k8s_meta import custom_resource, meta
 from .model.catalog import MACHINE_TYPES
+from .model.config_rules.components import check_gpu_cluster
 from .model.gcp_names import service_account_id
 from .model.hyperdisk_ml import TRANSFER_COMPUTE_CLASS
 from .model.k8s_objects import COMPUTE_CLASS_LABEL
@@ -141,6 +142,7 @@ class GpuCluster(pulumi.ComponentResource):
     transfer_ready: list[pulumi.Resource]
 
     def __init__(self, name: str, args: GpuClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        check_gpu_cluster(args.region, args.cluster)
         super().__init__("vllm-gke:index:GpuCluster", name, None, opts)
         labels = {"managed-by": "pulumi", "app": "vllm-gke", **args.labels}
         self._network(name, args, opts)

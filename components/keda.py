@@ -22,6 +22,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from .k8s_meta import api_body, custom_resource, meta
+from .model.config_rules.components import check_keda
 from .options import child_opts
 from .project_apis import ProjectApis
 
@@ -64,6 +65,7 @@ class Keda(pulumi.ComponentResource):
     auth_name: str = GMP_AUTH
 
     def __init__(self, name: str, args: KedaArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        check_keda(args.project)
         super().__init__("vllm-gke:index:Keda", name, None, opts)
         gsa, binding = self._identity(name, args, opts)
         release_deps: list[pulumi.Resource] = [binding, *self._control_plane_firewall(name, args, opts)]

@@ -28,6 +28,7 @@ import pulumi_kubernetes as k8s
 
 from .k8s_meta import api_body, meta
 from .mesh_namespace import mesh_lock
+from .model.config_rules.components import check_limit_store
 from .model.k8s_objects import CONTAINER_SECURITY, content_digest
 from .model.mesh_identity import client_principal
 from .model.specs import ImageRef
@@ -95,6 +96,7 @@ class LimitStore(pulumi.ComponentResource):
     host: str
 
     def __init__(self, name: str, args: LimitStoreArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        check_limit_store(args.client_namespaces)
         super().__init__("vllm-gke:index:LimitStore", name, None, opts)
         k8s_opts = child_opts(self, opts, provider=args.provider)
         self.host = host()

@@ -18,6 +18,7 @@ import pulumi_kubernetes as k8s
 
 from .k8s_meta import custom_resource, meta
 from .mesh_namespace import ISTIO_API, MeshNamespace, MeshNamespaceArgs, TrustedSources
+from .model.config_rules.components import check_tenant_auth
 from .model.k8s_objects import MODEL_LABEL, TENANT_LABEL
 from .model.mesh_identity import jwks_host, server_accounts, tenant_namespace
 from .model.serving_api import Route, objective_name, tenant_routes
@@ -48,6 +49,7 @@ class TenantAuth(pulumi.ComponentResource):
     namespace: MeshNamespace
 
     def __init__(self, name: str, args: TenantAuthArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        check_tenant_auth(args.shared_models, args.picker_models)
         super().__init__("vllm-gke:index:TenantAuth", name, None, opts)
         k8s_opts = child_opts(self, opts, provider=args.provider)
         tenant = args.tenant

@@ -760,3 +760,48 @@ def test_the_package_vllm_service_on_a_tpu_pool_allows_for_the_xla_compile():
     # A node, then the load, as the stack program's standbys tell callers.
     command = standby["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[command.index("--expected-seconds") + 1] == str(int(NODE_PROVISION_S + load))
+
+
+def test_a_package_component_is_the_library_component_it_exposes():
+    """`class Keda(_Keda, Facade)`: one resource with the library's type token, its children
+    directly under it (never an outer component around an inner one of the same token), and the
+    APIs it enables among what they wait for."""
+    from vllm_gke.components import provider
+    from vllm_gke.components.provider.facade import Facade
+    from vllm_gke.infra.plan import _under_mocks
+
+    made: list[pulumi.ComponentResource] = []
+
+    def body() -> None:
+        made.extend([
+            provider.GpuCluster("gke", {"project": "p", "region": "us-central1", "cluster": CLUSTER,
+                                        "node_pools": [{"name": "gpu", "machine_type": "g2-standard-8"}]}),
+            provider.MeshReadiness("mesh", {"kubeconfig": "kc", "cluster": CLUSTER}),
+            provider.Keda("keda", {"project": "p", "kubeconfig": "kc", "workload_pool": "p.svc.id.goog",
+                                   "cluster": CLUSTER, "network_name": "n"}),
+            provider.MeshNamespace("serving", {"name": "vllm", "kubeconfig": "kc", "cluster": CLUSTER,
+                                               "tenants": [TENANT]}),
+            provider.TenantAuth("search", {"tenant": TENANT, "kubeconfig": "kc", "serving_namespace": "vllm",
+                                           "shared_models": ["qwen-7b"], "cluster": CLUSTER}),
+            provider.InferenceObjectiveCrd("objectives", {"kubeconfig": "kc"}),
+            provider.InferencePool("pool", {"project": "p", "model": PICKED, "namespace": "vllm", "kubeconfig": "kc",
+                                            "tenants": [TENANT], "cluster": {**CLUSTER, "min_master_version": "1.34"}}),
+            provider.LimitStore("limits", {"kubeconfig": "kc", "client_namespaces": ["vllm"],
+                                           "image": {"repository": "redis", "tag": "7.4"}}),
+            provider.Gateway("gw", {"gateway": {"class_name": "gke-l7-rilb"}, "namespace": "vllm", "kubeconfig": "kc",
+                                    "project": "p", "region": "us-central1", "targets": [{
+                                        "route_name": "qwen-7b.search", "namespace": "vllm",
+                                        "path_prefix": "search/qwen-7b", "inference_pool": "qwen-7b",
+                                        "tenant": "search"}]}),
+            provider.Observability("obs", {"project": "p", "cluster_name": "c", "title": "t"})])
+
+    recorded = _under_mocks("p", "dev", {}, body)
+    for component in made:
+        library = type(component).__mro__[1]
+        assert isinstance(component, Facade) and library.__module__.startswith("vllm_gke.components."), library
+    tokens = {r.type for r in recorded if r.type.startswith("vllm-gke:index:")}
+    nested = [r.urn for r in recorded for t in tokens if r.urn.count(f"{t}$") + r.urn.count(f"{t}::") > 1]
+    assert nested == [], nested
+    network_services = {r.urn for r in recorded if r.props.get("service") == "networkservices.googleapis.com"}
+    pool_children = [r for r in recorded if r.custom and "InferencePool$kubernetes" in r.urn]
+    assert pool_children and all(network_services & r.dependencies for r in pool_children)

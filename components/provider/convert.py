@@ -7,10 +7,12 @@ TypeScript, Go or YAML program gets the same messages, naming the key as that pr
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from enum import Enum
-from typing import Any, Mapping, TypeVar, cast
+from typing import Any, Iterator, Mapping, TypeVar, cast
 
 import pulumi
+import pulumi_kubernetes as k8s
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel, to_snake
 
@@ -135,9 +137,22 @@ class Problems:
             raise InputError(self.issues, self.component)
 
 
-def kubernetes_provider(name: str, kubeconfig: pulumi.Input[str], parent: pulumi.Resource):
-    """A Kubernetes provider for a package component's children, from the cluster's kubeconfig."""
-    import pulumi_kubernetes as k8s
+@contextmanager
+def named_inputs(component: str, field: str = "") -> Iterator[None]:
+    """The library component's own checks (a ConfigError naming its args' keys, or a stack config's:
+    `vllm-gke:models[x]`) as problems of this component's inputs: `Gateway.targets[a]`,
+    `Platform.config.models[x]`."""
+    try:
+        yield
+    except InputError:
+        raise
+    except ConfigError as exc:
+        prefix = f"{component}.{field}." if field else f"{component}."
+        raise InputError([ConfigIssue(prefix + issue.key.split(":", 1)[-1], issue.problem) for issue in exc.issues],
+                         component) from None
 
+
+def kubernetes_provider(name: str, kubeconfig: pulumi.Input[str], parent: pulumi.Resource) -> k8s.Provider:
+    """A Kubernetes provider for a package component's children, from the cluster's kubeconfig."""
     return k8s.Provider(f"{name}-k8s", kubeconfig=kubeconfig, enable_server_side_apply=True,
                         opts=pulumi.ResourceOptions(parent=parent))

@@ -9,13 +9,11 @@ from typing_extensions import NotRequired
 
 from ..gateway import Gateway as _Gateway
 from ..gateway import GatewayArgs, RouteTarget
-from ..model.config_rules import check_inference_gateway_class, check_length_routing_class
-from ..model.gateway_routes import PickerTarget
+from ..model.gateway_routes import GATEWAY_NAME, PickerTarget
 from ..model.serving_api import PICKER_MIN_BODY_BYTES, objective_name, picker_routes
 from ..model.specs import GatewaySpec as GatewayModel
-from ..options import child_opts
-from ..project_apis import ProjectApis, ProjectApisArgs
-from .convert import Problems, kubernetes_provider
+from .convert import Problems, kubernetes_provider, named_inputs
+from .facade import LATER, Facade
 from .types import GatewaySpec
 
 
@@ -81,13 +79,58 @@ class GatewayInputs(TypedDict):
     """Enable the APIs it needs first (default true)."""
 
 
-class Gateway(pulumi.ComponentResource):
+def target_key(given: list[RouteTargetSpec], i: int) -> str:
+    """Named by routeName where it names one target ('targets[qwen-7b]'), else by index."""
+    name = given[i].get("route_name")
+    return f"targets[{name}]" if name and [t.get("route_name") for t in given].count(name) == 1 else f"targets[{i}]"
+
+
+def missing(t: RouteTargetSpec, *keys: str) -> list[str]:
+    return [to_camel(k) for k in keys if t.get(k) is None]
+
+
+def picker_target(problems: Problems, key: str, t: RouteTargetSpec) -> Optional[RouteTarget]:
+    """A tenant's route to an InferencePool: the picker's routes, the tenant's own objective."""
+    if absent := missing(t, "route_name", "namespace", "path_prefix"):
+        problems.add(key, f"{', '.join(absent)} required but not set")
+        return None
+    tenant = t.get("tenant")
+    if not tenant:
+        problems.add(f"{key}.tenant", "required with inferencePool: the tenant whose objective the route requires")
+        return None
+    if any(t.get(k) for k in ("short_service", "long_service", "canary_short_service", "canary_weight")):
+        problems.add(key, "inferencePool routes to the picker: leave out the Services and the canary")
+        return None
+    pool = str(t.get("inference_pool"))
+    picker = PickerTarget(pool, objective_name(tenant, pool), tenant,
+                          routes=tuple((r.path, r.method) for r in picker_routes()),
+                          max_body_bytes=int(t.get("max_body_bytes") or PICKER_MIN_BODY_BYTES))
+    return RouteTarget(t["route_name"], t["namespace"], t["path_prefix"], f"{pool}-short", "", 0,
+                       int(t.get("port") or 8000), picker=picker)
+
+
+def route_target(problems: Problems, key: str, t: RouteTargetSpec) -> Optional[RouteTarget]:
+    """A model's two pools by request length (and its canary's), or with inferencePool its picker."""
+    if t.get("inference_pool"):
+        return picker_target(problems, key, t)
+    if absent := missing(t, "route_name", "namespace", "path_prefix", "short_service", "long_service",
+                         "long_request_bytes"):
+        problems.add(key, f"{', '.join(absent)} required but not set (or give inferencePool)")
+        return None
+    return RouteTarget(t["route_name"], t["namespace"], t["path_prefix"], str(t.get("short_service")),
+                       str(t.get("long_service")), int(t.get("long_request_bytes") or 0), int(t.get("port") or 8000),
+                       canary_short_service=t.get("canary_short_service"),
+                       canary_long_service=t.get("canary_long_service"), canary_weight=int(t.get("canary_weight") or 0),
+                       max_rate_per_endpoint={k: int(v) for k, v in (t.get("max_rate_per_endpoint") or {}).items()})
+
+
+class Gateway(_Gateway, Facade):
     """Cloud Load Balancing through the GKE Gateway: HTTPS only when external, length-aware
     routes to each model's short and long pools, health checks and backend timeouts."""
 
-    gateway_name: pulumi.Output[str]
+    gateway_name: str
     """The Gateway's name."""
-    listener: pulumi.Output[str]
+    listener: str
     """The listener the model routes attach to (https where TLS is configured)."""
     address: pulumi.Output[str]
     """The reserved address ('' without staticIp)."""
@@ -95,82 +138,27 @@ class Gateway(pulumi.ComponentResource):
     """For a managed certificate: the DNS record to create, 'NAME TYPE DATA' ('' otherwise)."""
 
     def __init__(self, name: str, args: GatewayInputs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("vllm-gke:index:Gateway", name, {}, opts)
         problems = Problems("Gateway")
         spec = problems.spec(GatewayModel, args.get("gateway"), "gateway")
-        targets = []
         given = list(args.get("targets") or [])
-        names = [t.get("route_name") for t in given]
-        for i, t in enumerate(given):
-            # Named by routeName where it names one target ('targets[qwen-7b]'), else by index.
-            key = (f"targets[{names[i]}]" if isinstance(names[i], str) and names[i] and names.count(names[i]) == 1
-                   else f"targets[{i}]")
-            picker = None
-            inference_pool, tenant = t.get("inference_pool"), t.get("tenant")
-            if inference_pool and (missing := [to_camel(k) for k in ("route_name", "namespace", "path_prefix")
-                                               if t.get(k) is None]):
-                problems.add(key, f"{', '.join(missing)} required but not set")
-                continue
-            if inference_pool:
-                if not tenant:
-                    problems.add(f"{key}.tenant", "required with inferencePool: the tenant whose objective "
-                                 "the route requires")
-                    continue
-                if any(t.get(k) for k in ("short_service", "long_service", "canary_short_service", "canary_weight")):
-                    problems.add(key, "inferencePool routes to the picker: leave out the Services and "
-                                 "the canary")
-                    continue
-                pool = str(inference_pool)
-                picker = PickerTarget(pool, objective_name(str(tenant), pool), str(tenant),
-                                      routes=tuple((r.path, r.method) for r in picker_routes()),
-                                      max_body_bytes=int(t.get("max_body_bytes") or PICKER_MIN_BODY_BYTES))
-                targets.append(RouteTarget(t["route_name"], t["namespace"], t["path_prefix"], f"{pool}-short", "", 0,
-                                           int(t.get("port") or 8000), picker=picker))
-                continue
-            missing = [to_camel(k) for k in ("route_name", "namespace", "path_prefix", "short_service", "long_service",
-                                             "long_request_bytes") if t.get(k) is None]
-            if missing:
-                problems.add(key, f"{', '.join(missing)} required but not set (or give inferencePool)")
-                continue
-            short, long, long_bytes = t.get("short_service"), t.get("long_service"), t.get("long_request_bytes")
-            assert short is not None and long is not None and long_bytes is not None  # none is missing
-            canary = (t.get("canary_short_service"), t.get("canary_long_service"))
-            weight = int(t.get("canary_weight") or 0)
-            if (canary[0] is None) != (canary[1] is None):
-                problems.add(key, "set both canaryShortService and canaryLongService, or neither")
-            if not 0 <= weight <= 100 or (weight and canary[0] is None):
-                problems.add(f"{key}.canaryWeight", f"{weight} must be 0-100, and needs the canary services")
-            targets.append(RouteTarget(t["route_name"], t["namespace"], t["path_prefix"], short,
-                                       long, int(long_bytes), int(t.get("port") or 8000),
-                                       canary_short_service=canary[0], canary_long_service=canary[1],
-                                       canary_weight=weight,
-                                       max_rate_per_endpoint={k: int(v) for k, v in
-                                                              (t.get("max_rate_per_endpoint") or {}).items()}))
-        for route in sorted({t.route_name for t in targets if [x.route_name for x in targets].count(t.route_name) > 1}):
-            problems.add("targets", f"routeName '{route}' is used more than once; each route needs its own name")
-        if spec is not None and any(t.picker for t in targets):
-            check_inference_gateway_class(problems.add, "gateway.className", spec.class_name,
-                                          "a target routes to an InferencePool")
-        if spec is not None and any(not t.picker for t in targets):
-            check_length_routing_class(problems.add, "gateway.className", spec.class_name,
-                                       "a target routes by length")
+        targets = [route_target(problems, target_key(given, i), t) for i, t in enumerate(given)]
         problems.raise_any()
-        apis = None
-        if args.get("enable_apis", True):
-            needed = ["compute.googleapis.com"] + (["certificatemanager.googleapis.com"] if spec.managed_certificate else [])
-            needed += ["networkservices.googleapis.com"] if any(t.picker for t in targets) else []
-            apis = ProjectApis(f"{name}-apis", ProjectApisArgs(args["project"], needed),
-                               opts=child_opts(self, opts))
-        inner = _Gateway(name, GatewayArgs(
-            spec, args["namespace"], targets, kubernetes_provider(name, args["kubeconfig"], self),
-            project=args["project"], region=args["region"], subnetwork=args.get("subnetwork"),
-            name_prefix=args.get("name_prefix") or "vllm", apis=apis), opts=child_opts(self, opts))
-        self.gateway_name = pulumi.Output.from_input("vllm")
-        self.listener = pulumi.Output.from_input(inner.serving_listener)
-        self.address = inner.address if inner.address is not None else pulumi.Output.from_input("")
-        records = inner.dns_authorization
-        self.dns_authorization_record = records.apply(
-            lambda rs: " ".join(f"{r.name} {r.type} {r.data}" for r in rs or [])) if records is not None \
-            else pulumi.Output.from_input("")
-        self.register_outputs({"gatewayName": self.gateway_name, "listener": self.listener, "address": self.address,
-                               "dnsAuthorizationRecord": self.dns_authorization_record})
+        self.inputs, self.args = args, GatewayArgs(
+            spec, args["namespace"], [t for t in targets if t is not None], LATER, project=args["project"],
+            region=args["region"], subnetwork=args.get("subnetwork"), name_prefix=args.get("name_prefix") or "vllm")
+        with named_inputs("Gateway"):
+            super().__init__(name, self.args, opts)
+        self.gateway_name, self.listener = GATEWAY_NAME, self.serving_listener
+        if self.address is None:
+            self.address = pulumi.Output.from_input("")
+        records = self.dns_authorization
+        self.dns_authorization_record = pulumi.Output.from_input("") if records is None else records.apply(
+            lambda rs: " ".join(f"{r.name} {r.type} {r.data}" for r in rs or []))
+
+    def prepare(self, name: str, opts: Optional[pulumi.ResourceOptions]) -> None:
+        self.args.provider = kubernetes_provider(name, self.inputs["kubeconfig"], self)
+        needed = ["compute.googleapis.com"]
+        needed += ["certificatemanager.googleapis.com"] if self.args.spec.managed_certificate else []
+        needed += ["networkservices.googleapis.com"] if any(t.picker for t in self.args.targets) else []
+        self.args.apis = self.project_apis(name, opts, self.inputs["project"], needed,
+                                           self.inputs.get("enable_apis", True))

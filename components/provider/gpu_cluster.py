@@ -8,12 +8,10 @@ from typing_extensions import NotRequired
 
 from ..gpu_cluster import GpuCluster as _GpuCluster
 from ..gpu_cluster import GpuClusterArgs
-from ..model.config_rules import check_network, check_zones
 from ..model.specs import ClusterSpec as ClusterModel
 from ..model.specs import NodePoolSpec as NodePoolModel
-from ..options import child_opts
-from ..project_apis import ProjectApis, ProjectApisArgs
-from .convert import Problems
+from .convert import Problems, named_inputs
+from .facade import Facade
 from .types import ClusterSpec, NodePoolSpec
 
 # What the cluster and every node need (iamcredentials: Workload Identity; artifactregistry: the
@@ -41,7 +39,7 @@ class GpuClusterInputs(TypedDict):
     """Enable the Google APIs the cluster needs first (default true)."""
 
 
-class GpuCluster(pulumi.ComponentResource):
+class GpuCluster(_GpuCluster, Facade):
     """A VPC-native GKE cluster with a CPU system pool, GPU/MIG node pools, Workload Identity,
     Managed Prometheus with DCGM, Filestore CSI, the Gateway API and managed Cloud Service Mesh."""
 
@@ -57,34 +55,22 @@ class GpuCluster(pulumi.ComponentResource):
     """The node subnet (an internal Gateway's address comes from it)."""
     workload_pool: pulumi.Output[str]
     """The Workload Identity pool, PROJECT.svc.id.goog, once the cluster exists."""
-    node_pool_names: pulumi.Output[list[str]]
+    node_pool_names: list[str]
     """The node pools: system, the GPU pools and their on-demand twins."""
 
     def __init__(self, name: str, args: GpuClusterInputs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("vllm-gke:index:GpuCluster", name, {}, opts)
         problems = Problems("GpuCluster")
         cluster = problems.spec(ClusterModel, args.get("cluster"), "cluster")
         pools = problems.specs(NodePoolModel, args.get("node_pools"), "node_pools")
-        if cluster is not None:
-            # The stack config's checks on the cluster alone: zones in the region, ranges apart.
-            check_zones(problems.add, str(args.get("region")), cluster.zones, "cluster.zones", "region")
-            check_network(problems.add, cluster)
         problems.raise_any()
-        child = child_opts(self, opts)
-        apis = None
-        if args.get("enable_apis", True):
-            apis = ProjectApis(f"{name}-apis", ProjectApisArgs(args["project"], CLUSTER_APIS), opts=child)
-        inner = _GpuCluster(name, GpuClusterArgs(project=args["project"], region=args["region"], cluster=cluster,
-                                                 node_pools=pools, labels=args.get("labels") or {}, apis=apis),
-                            opts=child)
-        self.cluster_name = inner.cluster.name
-        self.endpoint = inner.cluster.endpoint
-        self.kubeconfig = inner.kubeconfig
-        self.network_name = inner.network.name
-        self.subnetwork_id = inner.subnetwork.id
-        self.workload_pool = pulumi.Output.from_input(inner.workload_pool)
-        self.node_pool_names = pulumi.Output.from_input(list(inner.node_pools))
-        self.register_outputs({"clusterName": self.cluster_name, "endpoint": self.endpoint,
-                               "kubeconfig": self.kubeconfig, "networkName": self.network_name,
-                               "subnetworkId": self.subnetwork_id, "workloadPool": self.workload_pool,
-                               "nodePoolNames": self.node_pool_names})
+        self.inputs, self.args = args, GpuClusterArgs(project=args["project"], region=args["region"], cluster=cluster,
+                                                      node_pools=pools, labels=args.get("labels") or {})
+        with named_inputs("GpuCluster"):
+            super().__init__(name, self.args, opts)
+        self.cluster_name, self.endpoint = self.cluster.name, self.cluster.endpoint
+        self.network_name, self.subnetwork_id = self.network.name, self.subnetwork.id
+        self.node_pool_names = list(self.node_pools)
+
+    def prepare(self, name: str, opts: Optional[pulumi.ResourceOptions]) -> None:
+        self.args.apis = self.project_apis(name, opts, self.inputs["project"], CLUSTER_APIS,
+                                           self.inputs.get("enable_apis", True))

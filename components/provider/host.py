@@ -1,21 +1,27 @@
-"""Hosting the package: the SDK's ComponentProvider, plus the secret flags its analyzer cannot
-infer (an annotation cannot say `secret`), so generated SDKs and `pulumi preview` treat the
-kubeconfig as the credential-bearing value it is."""
+"""Hosting the package: the SDK's ComponentProvider, reading each package component as its own
+class (schema_view), plus the secret flags its analyzer cannot infer (an annotation cannot say
+`secret`), so generated SDKs and `pulumi preview` treat the kubeconfig as the credential-bearing
+value it is."""
 
 from __future__ import annotations
 
 import json
 import sys
 from importlib import metadata
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Callable, Optional, cast
 
 from pulumi.errors import InputPropertiesError
 from pulumi.provider import ConstructResult, main
 from pulumi.provider.experimental.component import ComponentProvider
 from pulumi.provider.server import ComponentInitError
+from pulumi.resource import ComponentResource, ResourceOptions
 
 from ..model.stack_config import ConfigError
 from . import COMPONENTS
+
+if sys.version_info >= (3, 11):
+    import tomllib
 
 PACKAGE = "vllm-gke"
 # Output properties whose values are secret, by component.
@@ -33,10 +39,6 @@ def package_version() -> str:
     except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
         if sys.version_info < (3, 11):  # no tomllib: Python 3.10 needs the installed distribution
             raise
-        from pathlib import Path
-
-        import tomllib
-
         pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
         return tomllib.loads(pyproject.read_text())["project"]["version"]
 
@@ -51,9 +53,26 @@ def mark_secrets(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+def schema_view(component: type[ComponentResource]) -> type[ComponentResource]:
+    """A package component as the SDK's analyzer should read it. The analyzer takes every annotation
+    along the class's bases as an output, and a package component's bases include the library
+    component it is (`class Keda(_Keda, Facade)`), whose attributes (the Helm release, the cluster)
+    are no outputs: the view has the package class's own name, docs, inputs (its `__init__`) and
+    outputs only (its source, where the analyzer reads each output's description, is the class's).
+    Calling the view, as the provider does to construct one, makes the package component."""
+    make = cast(Callable[[str, Any, Optional[ResourceOptions]], ComponentResource], component)
+
+    def new(_view: type, name: str, args: Any, opts: Optional[ResourceOptions] = None) -> ComponentResource:
+        return make(name, args, opts)
+
+    own = {key: getattr(component, key) for key in ("__module__", "__qualname__", "__doc__", "__init__")}
+    return type(component.__name__, (ComponentResource,), {
+        **own, "__annotations__": dict(component.__dict__.get("__annotations__", {})), "__new__": staticmethod(new)})
+
+
 class VllmGkeProvider(ComponentProvider):
     def __init__(self, version: Optional[str] = None) -> None:
-        super().__init__(COMPONENTS, PACKAGE, version=version or package_version())
+        super().__init__([schema_view(c) for c in COMPONENTS], PACKAGE, version=version or package_version())
         self.schema = json.dumps(mark_secrets(json.loads(self.schema or "{}")))
 
     def construct(self, name: str, resource_type: str, inputs: Any, options: Any = None) -> ConstructResult:

@@ -16,10 +16,12 @@ from ..model.specs import ClusterSpec as ClusterModel
 from ..model.specs import ModelSpec as ModelModel
 from ..model.specs import TenantSpec as TenantModel
 from ..model.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
-from ..options import child_opts
-from ..project_apis import ProjectApis, ProjectApisArgs
+from ..options import inherited_depends_on
 from .convert import Problems, kubernetes_provider
+from .facade import LATER, Facade
 from .types import ClusterSpec, ModelSpec, TenantSpec
+
+NETWORK_SERVICES = "networkservices.googleapis.com"
 
 
 class InferencePoolInputs(TypedDict):
@@ -45,21 +47,21 @@ class InferencePoolInputs(TypedDict):
     """The vLLM release of the pool's image: the picker reads that release's metric names (default the newest)."""
 
 
-class InferencePool(pulumi.ComponentResource):
+class InferencePool(_InferencePool, Facade):
     """GKE Inference Gateway's endpoint picker for one model's pool: an InferencePool, the picker
     (v1.2.0) that chooses the replica by queue depth, KV-cache use and prefix affinity, and an
     InferenceObjective per tenant carrying its priority. Give it an InferenceObjectiveCrd (declared
     once per cluster) in dependsOn; route to it with a Gateway target's inferencePool and tenant."""
 
-    pool_name: pulumi.Output[str]
+    pool_name: str
     """The InferencePool's name (a Gateway target's inferencePool)."""
 
     def __init__(self, name: str, args: InferencePoolInputs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("vllm-gke:index:InferencePool", name, {}, opts)
         problems = Problems("InferencePool")
         model = problems.spec(ModelModel, args.get("model"), "model")
         tenants = problems.specs(TenantModel, args.get("tenants"), "tenants")
         cluster = problems.spec(ClusterModel, args.get("cluster"), "cluster")
+        # The inputs the library's args do not hold: the model's routing, its callers, the cluster's version.
         if model is not None and model.routing != "inference-gateway":
             problems.add("model.routing", f"is '{model.routing}'; an InferencePool serves a model with routing: "
                          "inference-gateway (its one pool behind the picker)")
@@ -72,20 +74,22 @@ class InferencePool(pulumi.ComponentResource):
         if version not in RELEASES:
             problems.add("vllmVersion", f"vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
         problems.raise_any()
-        provider = kubernetes_provider(name, args["kubeconfig"], self)
-        deps: list[pulumi.Resource] = []
-        if args.get("enable_apis", True):
-            # "Deploy GKE Inference Gateway": the load balancer calls the picker through Service Extensions.
-            deps.append(ProjectApis(f"{name}-apis", ProjectApisArgs(args["project"], ["networkservices.googleapis.com"]),
-                                    opts=child_opts(self, opts)))
         sources = TrustedSources.for_cluster(cluster.proxy_only_cidr, cluster.pods_cidr, cluster.subnet_cidr)
-        inner = _InferencePool(name, InferencePoolArgs(
-            pool_name=model.name, namespace=args["namespace"], provider=provider,
+        self.inputs, self.args = args, InferencePoolArgs(
+            pool_name=model.name, namespace=args["namespace"], provider=LATER,
             selector={MODEL_LABEL: model.name, POOL_LABEL: "short"},
             objectives={objective_name(t.name, model.name): t.priority for t in tenants},
             request_timeout_seconds=int(args.get("request_timeout_seconds") or 600),
             model_metrics=RELEASES[version].picker_metrics, load_balancer_sources=sources.health_checks,
-            metrics_sources=[cluster.subnet_cidr]),
-            opts=child_opts(self, opts, depends_on=deps))
-        self.pool_name = pulumi.Output.from_input(inner.pool_name)
-        self.register_outputs({"poolName": self.pool_name})
+            metrics_sources=[cluster.subnet_cidr])
+        # A copy: prepare adds the API to what the children wait for.
+        super().__init__(name, self.args, pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions()))
+
+    def prepare(self, name: str, opts: Optional[pulumi.ResourceOptions]) -> None:
+        self.args.provider = kubernetes_provider(name, self.inputs["kubeconfig"], self)
+        # "Deploy GKE Inference Gateway": the load balancer calls the picker through Service Extensions.
+        apis = self.project_apis(name, opts, self.inputs["project"], [NETWORK_SERVICES],
+                                 self.inputs.get("enable_apis", True))
+        if apis is not None and opts is not None:
+            # What the component waits for its children wait for (child_opts); the API is its own child.
+            opts.depends_on = [*inherited_depends_on(opts), *apis.needs(NETWORK_SERVICES)]

@@ -10,9 +10,8 @@ from ..keda import Keda as _Keda
 from ..keda import KedaArgs
 from ..model.gcp_names import service_account_id
 from ..model.specs import ClusterSpec as ClusterModel
-from ..options import child_opts
-from ..project_apis import ProjectApis, ProjectApisArgs
-from .convert import Problems, kubernetes_provider
+from .convert import kubernetes_provider, named_inputs, to_spec
+from .facade import LATER, Facade
 from .types import ClusterSpec
 
 KEDA_APIS = ["iam.googleapis.com", "cloudresourcemanager.googleapis.com", "compute.googleapis.com",
@@ -37,27 +36,24 @@ class KedaInputs(TypedDict):
     """Enable the APIs it needs first (default true)."""
 
 
-class Keda(pulumi.ComponentResource):
+class Keda(_Keda, Facade):
     """The KEDA operator (chart 2.20.2) with a Google service account that may read Managed
     Prometheus and nothing else, and the ClusterTriggerAuthentication VllmService scales with
     (scale to zero and back); a private cluster's control plane reaches its metrics server."""
 
-    auth_name: pulumi.Output[str]
+    auth_name: str
     """The ClusterTriggerAuthentication's name (VllmService.kedaAuth)."""
 
     def __init__(self, name: str, args: KedaInputs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("vllm-gke:index:Keda", name, {}, opts)
-        problems = Problems("Keda")
-        cluster = problems.spec(ClusterModel, args.get("cluster"), "cluster")
-        if not args.get("project"):
-            problems.add("project", "is required: the project whose Managed Prometheus KEDA reads")
-        problems.raise_any()
-        apis = ProjectApis(f"{name}-apis", ProjectApisArgs(args["project"], KEDA_APIS), opts=child_opts(self, opts)) \
-            if args.get("enable_apis", True) else None
-        inner = _Keda(name, KedaArgs(
-            project=args["project"], provider=kubernetes_provider(name, args["kubeconfig"], self),
-            workload_pool=args["workload_pool"], gsa_name=service_account_id(cluster.name, "keda"), apis=apis,
-            network=args["network_name"], control_plane_cidr=cluster.master_cidr if cluster.private_nodes else None),
-            opts=child_opts(self, opts))
-        self.auth_name = pulumi.Output.from_input(inner.auth_name)
-        self.register_outputs({"authName": self.auth_name})
+        cluster = to_spec(ClusterModel, args.get("cluster"), "Keda", "cluster")
+        self.inputs, self.args = args, KedaArgs(
+            project=args["project"], provider=LATER, workload_pool=args["workload_pool"],
+            gsa_name=service_account_id(cluster.name, "keda"), network=args["network_name"],
+            control_plane_cidr=cluster.master_cidr if cluster.private_nodes else None)
+        with named_inputs("Keda"):
+            super().__init__(name, self.args, opts)
+
+    def prepare(self, name: str, opts: Optional[pulumi.ResourceOptions]) -> None:
+        self.args.provider = kubernetes_provider(name, self.inputs["kubeconfig"], self)
+        self.args.apis = self.project_apis(name, opts, self.inputs["project"], KEDA_APIS,
+                                           self.inputs.get("enable_apis", True))

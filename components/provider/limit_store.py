@@ -8,8 +8,8 @@ import pulumi
 from ..limit_store import LimitStore as _LimitStore
 from ..limit_store import LimitStoreArgs
 from ..model.specs import ImageRef as ImageModel
-from ..options import child_opts
-from .convert import Problems, kubernetes_provider
+from .convert import kubernetes_provider, named_inputs, to_spec
+from .facade import LATER, Facade
 from .types import ImageRef
 
 
@@ -24,23 +24,18 @@ class LimitStoreInputs(TypedDict):
     """A Redis 7 image (globalLimits.image in a stack's config)."""
 
 
-class LimitStore(pulumi.ComponentResource):
+class LimitStore(_LimitStore, Facade):
     """One Redis per cluster, in its own mesh namespace, that counts each tenant's rate limits across
     all replicas (VllmService globalLimits: true); only the servers of the client namespaces reach it."""
 
-    host: pulumi.Output[str]
+    host: str
     """The store's cluster address (the servers' guards find it there)."""
 
     def __init__(self, name: str, args: LimitStoreInputs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("vllm-gke:index:LimitStore", name, {}, opts)
-        problems = Problems("LimitStore")
-        image = problems.spec(ImageModel, args.get("image"), "image")
-        if not args.get("client_namespaces"):
-            problems.add("clientNamespaces", "none given, so no server could count limits here; list the namespaces "
-                         "of the servers (MeshNamespace.name)")
-        problems.raise_any()
-        inner = _LimitStore(name, LimitStoreArgs(kubernetes_provider(name, args["kubeconfig"], self),
-                                                 list(args["client_namespaces"]), image),
-                            opts=child_opts(self, opts))
-        self.host = pulumi.Output.from_input(inner.host)
-        self.register_outputs({"host": self.host})
+        image = to_spec(ImageModel, args.get("image"), "LimitStore", "image")
+        self.inputs, self.args = args, LimitStoreArgs(LATER, list(args.get("client_namespaces") or []), image)
+        with named_inputs("LimitStore"):
+            super().__init__(name, self.args, opts)
+
+    def prepare(self, name: str, opts: Optional[pulumi.ResourceOptions]) -> None:
+        self.args.provider = kubernetes_provider(name, self.inputs["kubeconfig"], self)

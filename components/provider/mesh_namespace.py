@@ -12,8 +12,8 @@ from ..model.mesh_identity import STANDBY_SA, jwks_host
 from ..model.specs import ClusterSpec as ClusterModel
 from ..model.specs import TenantSpec as TenantModel
 from ..model.weights_layout import SERVER_SA
-from ..options import child_opts
 from .convert import Problems, kubernetes_provider
+from .facade import LATER, Facade
 from .types import ClusterSpec, TenantSpec
 
 
@@ -32,7 +32,7 @@ class MeshNamespaceInputs(TypedDict):
     namespace (without them every token here fails verification)."""
 
 
-class MeshNamespace(pulumi.ComponentResource):
+class MeshNamespace(_MeshNamespace, Facade):
     """A namespace in the mesh that denies every request it does not allow: load balancer health
     checks and metric scrapes from the cluster's ranges pass, tenants pass by TenantAuth. It holds
     the servers' service accounts (VllmService runs as vllm-server)."""
@@ -41,10 +41,10 @@ class MeshNamespace(pulumi.ComponentResource):
     """The namespace's name (VllmService.namespace, Gateway.namespace, TenantAuth.servingNamespace)."""
 
     def __init__(self, name: str, args: MeshNamespaceInputs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("vllm-gke:index:MeshNamespace", name, {}, opts)
         problems = Problems("MeshNamespace")
         cluster = problems.spec(ClusterModel, args.get("cluster"), "cluster")
         tenants = problems.specs(TenantModel, args.get("tenants"), "tenants")
+        # The serving namespace's checks: they need the tenants, which the library's args do not hold.
         if not args.get("name"):
             problems.add("name", "is required: the namespace the servers run in (e.g. vllm)")
         else:
@@ -53,10 +53,11 @@ class MeshNamespace(pulumi.ComponentResource):
             problems.add("tenants", "none given: the mesh would fetch no issuer's keys here and refuse every token; "
                          "list the tenants that call the models in this namespace")
         problems.raise_any()
-        inner = _MeshNamespace(name, MeshNamespaceArgs(
-            args["name"], kubernetes_provider(name, args["kubeconfig"], self),
-            sources=TrustedSources.for_cluster(cluster.proxy_only_cidr, cluster.pods_cidr, cluster.subnet_cidr),
-            jwks_hosts=sorted({jwks_host(t) for t in tenants}), service_accounts=(SERVER_SA, STANDBY_SA)),
-            opts=child_opts(self, opts))
-        self.name = inner.name
-        self.register_outputs({"name": self.name})
+        self.inputs, self.args = args, MeshNamespaceArgs(
+            args["name"], LATER, sources=TrustedSources.for_cluster(cluster.proxy_only_cidr, cluster.pods_cidr,
+                                                                    cluster.subnet_cidr),
+            jwks_hosts=sorted({jwks_host(t) for t in tenants}), service_accounts=(SERVER_SA, STANDBY_SA))
+        super().__init__(name, self.args, opts)
+
+    def prepare(self, name: str, opts: Optional[pulumi.ResourceOptions]) -> None:
+        self.args.provider = kubernetes_provider(name, self.inputs["kubeconfig"], self)

@@ -8,8 +8,8 @@ import pulumi
 from ..mesh_readiness import MeshReadiness as _MeshReadiness
 from ..mesh_readiness import MeshReadinessArgs
 from ..model.specs import ClusterSpec as ClusterModel
-from ..options import child_opts
-from .convert import Problems, kubernetes_provider
+from .convert import kubernetes_provider, to_spec
+from .facade import LATER, Facade
 from .types import ClusterSpec
 
 
@@ -23,22 +23,18 @@ class MeshReadinessInputs(TypedDict):
     releaseChannel."""
 
 
-class MeshReadiness(pulumi.ComponentResource):
+class MeshReadiness(_MeshReadiness, Facade):
     """Waits until managed Cloud Service Mesh serves the cluster: give it to dependsOn of every
     component that declares Istio resources or meshed pods (MeshNamespace, TenantAuth, VllmService,
     InferencePool, LimitStore), or their sidecars are never injected."""
 
-    revision: pulumi.Output[str]
+    revision: str
     """The managed control plane's revision (asm-managed, asm-managed-rapid or asm-managed-stable)."""
 
     def __init__(self, name: str, args: MeshReadinessInputs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("vllm-gke:index:MeshReadiness", name, {}, opts)
-        problems = Problems("MeshReadiness")
-        cluster = problems.spec(ClusterModel, args.get("cluster"), "cluster")
-        problems.raise_any()
-        channel = cluster.release_channel
-        inner = _MeshReadiness(name, MeshReadinessArgs(kubernetes_provider(name, args["kubeconfig"], self),
-                                                       channel),
-                               opts=child_opts(self, opts))
-        self.revision = pulumi.Output.from_input(inner.revision)
-        self.register_outputs({"revision": self.revision})
+        cluster = to_spec(ClusterModel, args.get("cluster"), "MeshReadiness", "cluster")
+        self.inputs, self.args = args, MeshReadinessArgs(LATER, cluster.release_channel)
+        super().__init__(name, self.args, opts)
+
+    def prepare(self, name: str, opts: Optional[pulumi.ResourceOptions]) -> None:
+        self.args.provider = kubernetes_provider(name, self.inputs["kubeconfig"], self)

@@ -10,9 +10,8 @@ from ..model.specs import MonitoringSpec as MonitoringModel
 from ..model.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
 from ..observability import Observability as _Observability
 from ..observability import ObservabilityArgs
-from ..options import child_opts
-from ..project_apis import ProjectApis, ProjectApisArgs
 from .convert import Problems
+from .facade import Facade
 from .types import MonitoringSpec
 
 
@@ -35,29 +34,29 @@ class ObservabilityInputs(TypedDict):
     """Enable the Monitoring API first (default true)."""
 
 
-class Observability(pulumi.ComponentResource):
+class Observability(_Observability, Facade):
     """A Cloud Monitoring dashboard (GPU per MIG slice, queue time, TTFT, tokens/s, KV cache) and
     alert policies over Managed Prometheus."""
 
     dashboard_id: pulumi.Output[str]
     """The dashboard's id."""
-    alert_policy_names: pulumi.Output[list[str]]
+    alert_policy_names: list[str]
     """The alert policies' display names."""
 
     def __init__(self, name: str, args: ObservabilityInputs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("vllm-gke:index:Observability", name, {}, opts)
         problems = Problems("Observability")
         spec = problems.spec(MonitoringModel, args.get("monitoring"), "monitoring")
         version = args.get("vllm_version") or DEFAULT_VLLM_VERSION
         if version not in RELEASES:
             problems.add("vllmVersion", f"vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
         problems.raise_any()
-        inner = _Observability(name, ObservabilityArgs(
+        self.inputs, self.args = args, ObservabilityArgs(
             project=args["project"], cluster_name=args["cluster_name"], spec=spec, title=args["title"],
-            kv_cache_metric=RELEASES[version].kv_cache_metric, limit_store=bool(args.get("limit_store")),
-            apis=ProjectApis(f"{name}-apis", ProjectApisArgs(args["project"], ["monitoring.googleapis.com"]),
-                             opts=child_opts(self, opts)) if args.get("enable_apis", True) else None),
-            opts=child_opts(self, opts))
-        self.dashboard_id = inner.dashboard.id
-        self.alert_policy_names = pulumi.Output.from_input([a["display_name"] for a in inner.alert_definitions])
-        self.register_outputs({"dashboardId": self.dashboard_id, "alertPolicyNames": self.alert_policy_names})
+            kv_cache_metric=RELEASES[version].kv_cache_metric, limit_store=bool(args.get("limit_store")))
+        super().__init__(name, self.args, opts)
+        self.dashboard_id = self.dashboard.id
+        self.alert_policy_names = [a["display_name"] for a in self.alert_definitions]
+
+    def prepare(self, name: str, opts: Optional[pulumi.ResourceOptions]) -> None:
+        self.args.apis = self.project_apis(name, opts, self.inputs["project"], ["monitoring.googleapis.com"],
+                                           self.inputs.get("enable_apis", True))

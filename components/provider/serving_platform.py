@@ -7,12 +7,11 @@ from typing import Optional, TypedDict
 
 import pulumi
 
-from ..model.stack_config import ConfigError, ConfigIssue
 from ..model.stack_config import StackConfig as StackConfigModel
-from ..options import child_opts
 from ..platform import Platform as _Platform
 from ..platform import PlatformArgs
-from .convert import InputError, to_spec
+from .convert import named_inputs, to_spec
+from .facade import Facade
 from .types import StackConfig
 
 
@@ -24,7 +23,7 @@ class PlatformInputs(TypedDict):
     weights, monitoring (the keys of a stack's config, camelCase)."""
 
 
-class Platform(pulumi.ComponentResource):
+class Platform(_Platform, Facade):
     """GKE with GPU/MIG pools, one shared copy of the weights, vLLM pools behind Cloud Load Balancing
     with length- or inference-aware routing, per-tenant JWT auth and limits, KEDA autoscaling and
     Cloud Monitoring: everything one vllm-gke stack declares."""
@@ -33,7 +32,7 @@ class Platform(pulumi.ComponentResource):
     """The GKE cluster's name."""
     kubeconfig: pulumi.Output[str]
     """A kubeconfig that authenticates with gke-gcloud-auth-plugin (secret)."""
-    routes: pulumi.Output[dict[str, str]]
+    routes: dict[str, str]
     """Each route's path prefix (<model> or <tenant>/<model>, then /v1), by route name."""
     dashboard_id: pulumi.Output[str]
     """The Cloud Monitoring dashboard's id."""
@@ -44,20 +43,11 @@ class Platform(pulumi.ComponentResource):
     Manager needs before it issues the certificate."""
 
     def __init__(self, name: str, args: PlatformInputs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("vllm-gke:index:Platform", name, {}, opts)
         config = to_spec(StackConfigModel, args.get("config"), "Platform", "config")
-        try:
-            inner = _Platform(name, PlatformArgs(config), opts=child_opts(self, opts))
-        except ConfigError as exc:
-            # The stack config's keys (`vllm-gke:models[qwen-7b]`, `gcp:project`) as this input spells them.
-            raise InputError([ConfigIssue(f"Platform.config.{issue.key.split(':', 1)[-1]}", issue.problem)
-                              for issue in exc.issues], "Platform") from None
-        self.cluster_name = inner.cluster.cluster.name
-        self.kubeconfig = inner.cluster.kubeconfig
-        self.routes = pulumi.Output.from_input(inner.routes)
-        self.dashboard_id = inner.observability.dashboard.id
-        self.gateway_address = pulumi.Output.from_input(inner.gateway.address)
-        self.dns_authorization = pulumi.Output.from_input(inner.gateway.dns_authorization)
-        self.register_outputs({"clusterName": self.cluster_name, "kubeconfig": self.kubeconfig,
-                               "routes": self.routes, "dashboardId": self.dashboard_id,
-                               "gatewayAddress": self.gateway_address, "dnsAuthorization": self.dns_authorization})
+        # The stack config's keys (`vllm-gke:models[qwen-7b]`, `gcp:project`) as this input spells them.
+        with named_inputs("Platform", "config"):
+            super().__init__(name, PlatformArgs(config), opts)
+        self.cluster_name, self.kubeconfig = self.cluster.cluster.name, self.cluster.kubeconfig
+        self.dashboard_id = self.observability.dashboard.id
+        self.gateway_address = pulumi.Output.from_input(self.gateway.address)
+        self.dns_authorization = pulumi.Output.from_input(self.gateway.dns_authorization)

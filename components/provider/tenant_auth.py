@@ -9,10 +9,10 @@ from typing_extensions import NotRequired
 from ..mesh_namespace import TrustedSources
 from ..model.specs import ClusterSpec as ClusterModel
 from ..model.specs import TenantSpec as TenantModel
-from ..options import child_opts
 from ..tenant_auth import TenantAuth as _TenantAuth
 from ..tenant_auth import TenantAuthArgs
-from .convert import Problems, kubernetes_provider
+from .convert import Problems, kubernetes_provider, named_inputs
+from .facade import LATER, Facade
 from .types import ClusterSpec, TenantSpec
 
 
@@ -35,34 +35,30 @@ class TenantAuthInputs(TypedDict):
     requests to them must carry its own objective."""
 
 
-class TenantAuth(pulumi.ComponentResource):
+class TenantAuth(_TenantAuth, Facade):
     """A tenant's mesh namespace (default deny), RequestAuthentication for its issuer and an
     AuthorizationPolicy per model it may call, on the guard's routes only."""
 
     namespace: pulumi.Output[str]
     """The tenant's namespace, tenant-<name>."""
-    issuer: pulumi.Output[str]
+    issuer: str
     """The issuer whose tokens identify the tenant."""
 
     def __init__(self, name: str, args: TenantAuthInputs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("vllm-gke:index:TenantAuth", name, {}, opts)
         problems = Problems("TenantAuth")
         tenant = problems.spec(TenantModel, args.get("tenant"), "tenant")
         cluster = problems.spec(ClusterModel, args.get("cluster"), "cluster")
-        shared = list(args.get("shared_models") or [])
-        for model in sorted({m for m in shared if shared.count(m) > 1}):
-            problems.add("sharedModels", f"'{model}' is listed more than once")
-        for model in args.get("picker_models") or []:
-            if model not in shared:
-                problems.add("pickerModels", f"'{model}' is not in sharedModels; list the shared models behind the "
-                             "endpoint picker")
         problems.raise_any()
-        sources = TrustedSources.for_cluster(cluster.proxy_only_cidr, cluster.pods_cidr, cluster.subnet_cidr)
-        inner = _TenantAuth(name, TenantAuthArgs(
-            tenant=tenant, provider=kubernetes_provider(name, args["kubeconfig"], self),
-            serving_namespace=args["serving_namespace"], shared_models=list(args.get("shared_models") or []),
-            # A dedicated tenant's namespace holds its servers' service accounts (TenantAuthArgs' default).
-            sources=sources, picker_models=list(args.get("picker_models") or [])), opts=child_opts(self, opts))
-        self.namespace = inner.namespace.name
-        self.issuer = pulumi.Output.from_input(tenant.jwt.issuer)
-        self.register_outputs({"namespace": self.namespace, "issuer": self.issuer})
+        # A dedicated tenant's namespace holds its servers' service accounts (TenantAuthArgs' default).
+        self.inputs, self.args = args, TenantAuthArgs(
+            tenant=tenant, provider=LATER, serving_namespace=args["serving_namespace"],
+            shared_models=list(args.get("shared_models") or []), picker_models=list(args.get("picker_models") or []),
+            sources=TrustedSources.for_cluster(cluster.proxy_only_cidr, cluster.pods_cidr, cluster.subnet_cidr))
+        with named_inputs("TenantAuth"):
+            super().__init__(name, self.args, opts)
+        # The library's MeshNamespace, as the package's output: its name.
+        self.namespace = self.namespace.name  # pyright: ignore[reportIncompatibleVariableOverride]
+        self.issuer = tenant.jwt.issuer
+
+    def prepare(self, name: str, opts: Optional[pulumi.ResourceOptions]) -> None:
+        self.args.provider = kubernetes_provider(name, self.inputs["kubeconfig"], self)
