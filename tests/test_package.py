@@ -793,7 +793,12 @@ def test_a_package_component_is_the_library_component_it_exposes():
                                         "route_name": "qwen-7b.search", "namespace": "vllm",
                                         "path_prefix": "search/qwen-7b", "inference_pool": "qwen-7b",
                                         "tenant": "search"}]}),
-            provider.Observability("obs", {"project": "p", "cluster_name": "c", "title": "t"})])
+            provider.Observability("obs", {"project": "p", "cluster_name": "c", "title": "t"}),
+            provider.ModelStore("weights", {"project": "p", "zone": "us-central1-a", "region": "us-central1",
+                                            "network_name": "n", "workload_pool": "p.svc.id.goog", "kubeconfig": "kc",
+                                            "models": [MODEL], "server_image": {"repository": "r", "tag": "v0.34.0"}}),
+            provider.VllmService("qwen-7b-short", _service(model={**MODEL, "short": {"max_num_seqs": 8,
+                                                                                     "min_replicas": 0}}))])
 
     recorded = _under_mocks("p", "dev", {}, body)
     for component in made:

@@ -15,9 +15,8 @@ from ..model.weights_backends import backend_of
 from ..model.weights_layout import reads_hub_token_from_secret_manager
 from ..model_store import ModelStore as _ModelStore
 from ..model_store import ModelStoreArgs
-from ..options import child_opts
-from ..project_apis import ProjectApis, ProjectApisArgs
 from .convert import Problems, kubernetes_provider
+from .facade import LATER, Facade
 from .types import ImageRef, ModelSpec, WeightsSpec
 
 
@@ -56,23 +55,22 @@ class ModelStoreInputs(TypedDict):
     """The vLLM release that serves the weights: which weight files the loaders copy (default the newest supported)."""
 
 
-class ModelStore(pulumi.ComponentResource):
+class ModelStore(_ModelStore, Facade):
     """One Filestore share holding every model's weights: loaded once by a Job per model,
     mounted read-only by every serving namespace."""
 
-    filestore_tier: pulumi.Output[str]
+    filestore_tier: str
     """The Filestore tier chosen."""
-    capacity_gb: pulumi.Output[int]
+    capacity_gb: int
     """The share's capacity, GiB."""
     server_ip: pulumi.Output[str]
     """The share's NFS address."""
-    claim_name: pulumi.Output[str]
+    claim_name: str
     """The read-only claim's name in each consumer namespace."""
-    loader_jobs: pulumi.Output[list[str]]
+    loader_jobs: list[str]
     """The models with a loader Job."""
 
     def __init__(self, name: str, args: ModelStoreInputs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("vllm-gke:index:ModelStore", name, {}, opts)
         problems = Problems("ModelStore")
         models = problems.specs(ModelModel, args.get("models"), "models")
         weights = problems.spec(WeightsModel, args.get("weights"), "weights")
@@ -91,24 +89,20 @@ class ModelStore(pulumi.ComponentResource):
                 problems.add(f"consumerNamespaces.{key}", "must be a short DNS label (lower-case letters, digits, "
                              "'-'), not 'rw' (the loaders' own volume): it names the claim's volume")
         problems.raise_any()
-        apis = None
-        if args.get("enable_apis", True):
-            needed = ["file.googleapis.com", "iam.googleapis.com"]
-            needed += ["secretmanager.googleapis.com"] if reads_hub_token_from_secret_manager(models, weights) else []
-            apis = ProjectApis(f"{name}-apis", ProjectApisArgs(args["project"], needed), opts=child_opts(self, opts))
-        inner = _ModelStore(name, ModelStoreArgs(
+        self.inputs, self.args = args, ModelStoreArgs(
             project=args["project"], zone=args["zone"], region=args["region"], network_name=args["network_name"],
-            workload_pool=args["workload_pool"], models=models, weights=weights, server_image=image,
-            provider=kubernetes_provider(name, args["kubeconfig"], self),
+            workload_pool=args["workload_pool"], models=models, weights=weights, server_image=image, provider=LATER,
             consumer_namespaces=dict(args.get("consumer_namespaces") or {}),
-            instance_name=args.get("instance_name"), protect=args.get("protect", True),
-            vllm_release=RELEASES[version], apis=apis),
-            opts=child_opts(self, opts))
-        self.filestore_tier = pulumi.Output.from_input(inner.tier)
-        self.capacity_gb = pulumi.Output.from_input(inner.capacity_gb)
-        self.server_ip = inner.server_ip
-        self.claim_name = pulumi.Output.from_input(inner.claim_name)
-        self.loader_jobs = pulumi.Output.from_input(sorted(inner.loader_jobs))
-        self.register_outputs({"filestoreTier": self.filestore_tier, "capacityGb": self.capacity_gb,
-                               "serverIp": self.server_ip, "claimName": self.claim_name,
-                               "loaderJobs": self.loader_jobs})
+            instance_name=args.get("instance_name"), protect=args.get("protect", True), vllm_release=RELEASES[version])
+        super().__init__(name, self.args, opts)
+        self.filestore_tier = self.tier
+        # The library's Jobs by model, as the package's output: the models.
+        self.loader_jobs = sorted(self.loader_jobs)
+
+    def prepare(self, name: str, opts: Optional[pulumi.ResourceOptions]) -> None:
+        self.args.provider = kubernetes_provider(name, self.inputs["kubeconfig"], self)
+        needed = ["file.googleapis.com", "iam.googleapis.com"]
+        needed += (["secretmanager.googleapis.com"]
+                   if reads_hub_token_from_secret_manager(self.args.models, self.args.weights) else [])
+        self.args.apis = self.project_apis(name, opts, self.inputs["project"], needed,
+                                           self.inputs.get("enable_apis", True))

@@ -6,7 +6,6 @@ from enum import Enum
 from typing import Optional, TypedDict
 
 import pulumi
-import pulumi_kubernetes as k8s
 from typing_extensions import NotRequired
 
 from ..keda import GMP_AUTH
@@ -32,11 +31,11 @@ from ..model.vllm_versions import (
 )
 from ..model.weights_layout import SERVER_SA
 from ..model.weights_mount import claim_mount
-from ..options import child_opts
 from ..vllm_service import PoolName as PoolNameLiteral
 from ..vllm_service import VllmService as _VllmService
 from ..vllm_service import VllmServiceArgs, VllmServiceConfigError
 from .convert import Problems, kubernetes_provider, plain
+from .facade import LATER, Facade
 from .types import ImageRef, ModelSpec, NodePoolSpec, TenantSpec
 
 
@@ -99,35 +98,36 @@ class VllmServiceInputs(TypedDict):
     a stopping replica finishes requests that long before it exits."""
 
 
-class VllmService(pulumi.ComponentResource):
+class VllmService(_VllmService, Facade):
     """One serving pool of one model: vLLM Deployment (a LeaderWorkerSet where a replica spans hosts:
     LeaderWorkerSet v0.10.0 must be installed) behind the tenant guard, Service,
     PodDisruptionBudget, KEDA ScaledObject on queue depth and PodMonitoring; with minReplicas 0, the
     standby that answers at zero and wakes the pool."""
 
-    service_name: pulumi.Output[str]
+    service_name: str
     """The Service's name (a Gateway route target)."""
     deployment_name: pulumi.Output[str]
     """The Deployment's name."""
 
     def __init__(self, name: str, args: VllmServiceInputs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("vllm-gke:index:VllmService", name, {}, opts)
         problems = Problems("VllmService")
         read = _read(problems, args)
         service_args = None
         if read is not None:
             try:
-                service_args = _service_args(read, args, kubernetes_provider(name, args["kubeconfig"], self))
+                service_args = _service_args(read, args)
             except VllmServiceConfigError as exc:  # the component's own checks, with ours in one report
                 for issue in exc.issues:
                     problems.add(issue.key, issue.problem)
         problems.raise_any()
         assert service_args is not None
-        inner = _VllmService(name, service_args, opts=child_opts(self, opts))
-        self.service_name = pulumi.Output.from_input(inner.service_name)
-        self.deployment_name = (inner.deployment.metadata.name if inner.deployment
-                                else pulumi.Output.from_input(inner.group_name or ""))
-        self.register_outputs({"serviceName": self.service_name, "deploymentName": self.deployment_name})
+        self.inputs, self.args = args, service_args
+        super().__init__(name, service_args, opts)
+        self.deployment_name = (self.deployment.metadata.name if self.deployment
+                                else pulumi.Output.from_input(self.group_name or ""))
+
+    def prepare(self, name: str, opts: Optional[pulumi.ResourceOptions]) -> None:
+        self.args.provider = kubernetes_provider(name, self.inputs["kubeconfig"], self)
 
 
 @dataclass(frozen=True)
@@ -169,13 +169,13 @@ def _read(problems: Problems, args: VllmServiceInputs) -> Optional[_Read]:
     return _Read(served, pool_name, node_pool, image, tenants, releases[version])
 
 
-def _service_args(read: _Read, args: VllmServiceInputs, provider: k8s.Provider) -> VllmServiceArgs:
-    """The component's args (it checks them: VllmServiceConfigError)."""
+def _service_args(read: _Read, args: VllmServiceInputs) -> VllmServiceArgs:
+    """The component's args (it checks them: VllmServiceConfigError); the provider comes in prepare."""
     model, pool_name, canary = read.model, read.pool_name, bool(args.get("canary"))
     pool = getattr(model, pool_name)
     return VllmServiceArgs(
         model=model, pool_name=pool_name, pool=pool, node_pool=read.node_pool,
-        namespace=args["namespace"], image=read.image, weights=claim_mount(args["claim_name"]), provider=provider,
+        namespace=args["namespace"], image=read.image, weights=claim_mount(args["claim_name"]), provider=LATER,
         # Tenants of negative priority are shed over the stack default's queue-time objective.
         guard_config=pool_guard_config(read.tenants, model, read.release, (limit_store_host(), LIMITS_PORT)
                                        if args.get("global_limits") else None,
