@@ -810,3 +810,40 @@ def test_a_package_component_is_the_library_component_it_exposes():
     network_services = {r.urn for r in recorded if r.props.get("service") == "networkservices.googleapis.com"}
     pool_children = [r for r in recorded if r.custom and "InferencePool$kubernetes" in r.urn]
     assert pool_children and all(network_services & r.dependencies for r in pool_children)
+
+
+CONSTRUCT = """
+import json, sys
+from vllm_gke.components.provider.host import VllmGkeProvider
+from vllm_gke.infra.plan import _under_mocks
+
+provider = VllmGkeProvider()
+out = {}
+for name, token, inputs in json.loads(sys.stdin.read()):
+    _under_mocks("p", "dev", {}, lambda: out.update({token: sorted(provider.construct(name, token, inputs).state)}))
+print(json.dumps(out))
+"""
+
+
+def test_the_provider_constructs_each_component_and_answers_every_output(schema):
+    """Construct as the engine asks for it (the provider calls its view of the class, which makes
+    the package component): the answer carries every output the schema declares."""
+    cluster = {"name": "c", "zones": ["us-central1-a"]}
+    tenant = {"name": "search", "jwt": {"issuer": "https://i.example", "jwksUri": "https://i.example/jwks",
+                                        "audiences": ["llm"]}, "models": ["m"], "rateLimit": {"requestsPerMinute": 6},
+              "maxTokens": 1024}
+    cases = [["keda", "vllm-gke:index:Keda", {"project": "p", "kubeconfig": "kc", "workloadPool": "w",
+                                               "cluster": cluster, "networkName": "n"}],
+             ["search", "vllm-gke:index:TenantAuth", {"tenant": tenant, "kubeconfig": "kc", "servingNamespace": "vllm",
+                                                      "sharedModels": ["m"], "cluster": cluster}],
+             ["gw", "vllm-gke:index:Gateway", {"gateway": {"className": "gke-l7-rilb"}, "namespace": "vllm",
+                                               "kubeconfig": "kc", "project": "p", "region": "us-central1",
+                                               "targets": [{"routeName": "m", "namespace": "vllm", "pathPrefix": "m",
+                                                            "shortService": "s", "longService": "l",
+                                                            "longRequestBytes": 1}]}],
+             ["obs", "vllm-gke:index:Observability", {"project": "p", "clusterName": "c", "title": "t"}]]
+    result = subprocess.run([sys.executable, "-c", CONSTRUCT], input=json.dumps(cases), cwd=REPO_ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    for token, outputs in json.loads(result.stdout).items():
+        assert outputs == sorted(schema["resources"][token]["properties"]), token
