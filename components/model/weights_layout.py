@@ -1,7 +1,7 @@
 """Where the weights live and how they get there, as plain values the components and the plan
 share: the share's paths and completion markers, each copy a loader makes (models, adapters), the
 Filestore tier and size they need, and the loader's command line. No resources are declared here
-(components/model_store.py declares them)."""
+(components/model_store.py and its backends' storage, components/weights_storage.py, declare them)."""
 
 from __future__ import annotations
 
