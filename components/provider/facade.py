@@ -3,6 +3,8 @@ library's type token and URN), with the package's typed inputs and outputs.
 
 `class Keda(_Keda, Facade)`: Keda's typed `__init__` converts the package's inputs to KedaArgs and
 calls the library's `__init__`, whose first act, registering the component, runs through Facade.
+The SDK's analyzer reads the package class's own annotations only (host.schema_view): the library
+component's attributes are no outputs.
 """
 
 from typing import Any, Optional, Sequence
@@ -17,8 +19,8 @@ LATER: Any = None
 
 
 def former_urn(t: str, name: str, opts: Optional[pulumi.ResourceOptions]) -> pulumi.Output[str]:
-    """Where the library component was while package components wrapped it (0.x): an inner
-    component of the same type and name under the outer one. Aliasing it keeps the URNs of its
+    """Where the library component was while package components wrapped it (up to 0.3.0): an
+    inner component of the same type and name under the outer one. Aliasing it keeps the URNs of its
     children, which Pulumi derives from their parent's aliases: a stack made then replaces nothing."""
     outer = pulumi.create_urn(name, t, parent=opts.parent if opts else None)
     return pulumi.create_urn(name, t, parent=outer)
