@@ -10,6 +10,7 @@ from ..components.model.cold_start import cold_start_seconds, rollout_seconds
 from ..components.model.service_levels import TTFT_BUCKETS, ttft_bound
 from ..components.model.vllm_server import SPOT_PRE_STOP_S, SPOT_SHUTDOWN_S, drain_seconds
 from ..components.model.vllm_versions import release
+from ..components.model.weights_backends import backend_of
 from ..components.model.weights_layout import LOW_RANGE_MAX_GB, REGIONAL_TIERS, weight_copies
 from .config import StackConfig
 from .pricing import PRICE_REGION
@@ -33,7 +34,7 @@ def _label(model_name: str, tenant: Optional[str]) -> str:
 
 def zonal_share(cfg: StackConfig, filestore_tier: str) -> list[str]:
     zones = cfg.cluster.zones
-    if cfg.weights.backend != "filestore" or len(zones) <= 1 or filestore_tier in REGIONAL_TIERS:
+    if not backend_of(cfg.weights).has_filestore_share or len(zones) <= 1 or filestore_tier in REGIONAL_TIERS:
         return []
     return [f"the weights share is a zonal {filestore_tier} Filestore in {zones[0]} feeding GPU nodes in "
             f"{len(zones)} zones: losing {zones[0]} stops every replica from (re)loading; set "
@@ -41,7 +42,7 @@ def zonal_share(cfg: StackConfig, filestore_tier: str) -> list[str]:
 
 
 def share_near_range_top(cfg: StackConfig, filestore_tier: str, filestore_capacity_gb: int) -> list[str]:
-    if filestore_tier not in ("ZONAL", "REGIONAL") or cfg.weights.backend != "filestore" or \
+    if filestore_tier not in ("ZONAL", "REGIONAL") or not backend_of(cfg.weights).has_filestore_share or \
             not 0.9 * LOW_RANGE_MAX_GB < filestore_capacity_gb <= LOW_RANGE_MAX_GB:
         return []
     return [f"the {filestore_tier} share is {filestore_capacity_gb} GiB, near the 9.75 TiB top of its range: it "
@@ -51,7 +52,7 @@ def share_near_range_top(cfg: StackConfig, filestore_tier: str, filestore_capaci
 
 
 def hyperdisk_unpriced(cfg: StackConfig) -> list[str]:
-    if cfg.weights.backend != "hyperdisk-ml":
+    if not backend_of(cfg.weights).needs_volume_populator:
         return []
     return [f"weights.backend hyperdisk-ml provisions {hyperdisk_disks(cfg)} Hyperdisk ML disks of "
             f"{cfg.weights.hyperdisk_throughput_mib_s} MiB/s (a weight set per consumer namespace, one per zone); "
