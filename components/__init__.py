@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .billing_budget import BillingBudget, BillingBudgetArgs
-    from .gateway import Gateway, GatewayArgs, RouteTarget
+    from .gateway import Gateway, GatewayArgs
     from .gpu_cluster import GpuCluster, GpuClusterArgs
     from .inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
     from .inference_pool import InferencePool, InferencePoolArgs
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .limit_store import LimitStore, LimitStoreArgs
     from .load_test import LoadTest, LoadTestArgs
     from .mesh_namespace import MeshNamespace, MeshNamespaceArgs
+    from .model.gateway_routes import RouteTarget
     from .model_store import ModelStore, ModelStoreArgs
     from .observability import Observability, ObservabilityArgs
     from .service_levels import ServiceLevels, ServiceLevelsArgs
@@ -32,7 +33,7 @@ _MODULE_OF = {
     "BillingBudgetArgs": "billing_budget",
     "Gateway": "gateway",
     "GatewayArgs": "gateway",
-    "RouteTarget": "gateway",
+    "RouteTarget": "model.gateway_routes",
     "GpuCluster": "gpu_cluster",
     "GpuClusterArgs": "gpu_cluster",
     "InferenceObjectiveCrd": "inference_objective_crd",

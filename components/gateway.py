@@ -14,8 +14,8 @@ certificate map annotation on a global Gateway); the address is reserved (NamedA
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
 
 import pulumi
 import pulumi_gcp as gcp
@@ -25,16 +25,13 @@ from .k8s_meta import custom_resource, meta
 from .model.config_rules.components import check_gateway
 from .model.gateway_routes import (
     GATEWAY_NAME,
-    PickerTarget,
+    RouteTarget,
     gateway_spec,
     https_redirect,
-    length_rules,
-    picker_rules,
     route_spec,
     service_backend_policy,
     service_ref,
     serving_listener,
-    weighted_backends,
 )
 from .model.k8s_objects import vllm_health_check
 from .model.specs import GatewaySpec
@@ -43,44 +40,6 @@ from .project_apis import ProjectApis
 
 # A child's options waiting for these APIs (and these resources).
 GcpOpts = Callable[..., pulumi.ResourceOptions]
-
-
-@dataclass(frozen=True)
-class RouteTarget:
-    """The two pools of one model (or, with `picker`, its InferencePool), reachable under
-    /<path_prefix>/v1/..."""
-
-    route_name: str
-    namespace: pulumi.Input[str]
-    path_prefix: str
-    short_service: str
-    long_service: str
-    long_request_bytes: int
-    port: int = 8000
-    # A canary revision's two pools and its share of each rule's traffic (percent).
-    canary_short_service: Optional[str] = None
-    canary_long_service: Optional[str] = None
-    canary_weight: int = 0
-    # Load balancer target requests/s per replica (a capacity, not a cap), by Service (pools that set maxRatePerEndpoint).
-    max_rate_per_endpoint: Mapping[str, int] = field(default_factory=dict[str, int])
-    # Routing through GKE Inference Gateway's endpoint picker instead of by length.
-    picker: Optional[PickerTarget] = None
-
-    def services(self) -> list[str]:
-        """The Services the load balancer sends to (none behind a picker: the pool has its own policies)."""
-        if self.picker:
-            return []
-        canary = [s for s in (self.canary_short_service, self.canary_long_service) if s]
-        return [self.short_service, self.long_service, *canary]
-
-    def rules(self) -> list[dict[str, Any]]:
-        """The route's rules: through the picker, or by length to the two pools (each with its canary)."""
-        if self.picker:
-            return picker_rules(self.path_prefix, self.picker)
-        return length_rules(
-            self.path_prefix, self.long_request_bytes,
-            weighted_backends(self.short_service, self.canary_short_service, self.port, self.canary_weight),
-            weighted_backends(self.long_service, self.canary_long_service, self.port, self.canary_weight))
 
 
 @dataclass

@@ -10,11 +10,11 @@ an alias to the stack root, so a stack created before the component existed keep
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
 
-from .gateway import Gateway, GatewayArgs, RouteTarget
+from .gateway import Gateway, GatewayArgs
 from .gpu_cluster import GpuCluster, GpuClusterArgs
 from .inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
 from .inference_pool import InferencePool, InferencePoolArgs
@@ -25,24 +25,28 @@ from .limit_store import LimitStore, LimitStoreArgs
 from .load_test import LoadTest, LoadTestArgs, Target
 from .mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
 from .mesh_readiness import MeshReadiness, MeshReadinessArgs
-from .model.capacity import consumer_models, hosts_per_replica, neighbours, placements, rollout_strategy, surge_room
-from .model.cold_start import cold_start_seconds, rollout_seconds
+from .model.capacity import consumer_models, hosts_per_replica, placements
 from .model.config_rules import cross_field_issues
-from .model.gateway_routes import PickerTarget
+from .model.gateway_routes import RouteTarget
+from .model.gcp_apis import required_apis
 from .model.gcp_names import service_account_id
-from .model.k8s_objects import MODEL_LABEL, POOL_LABEL, service_name_of
+from .model.k8s_objects import MODEL_LABEL, POOL_LABEL
 from .model.keda_scaling import KedaScaling
 from .model.mesh_identity import STANDBY_SA, jwks_host, tenant_namespace
-from .model.serving_api import (
-    objective_name,
-    picker_max_body_bytes,
-    picker_routes,
-    pool_guard_config,
+from .model.serving_plan import (
+    PoolService,
+    Serving,
+    dedicated_models,
+    floor_dollars_per_hour,
+    picker_objectives,
+    pool_services,
+    route_targets,
+    servings,
+    shared_models,
 )
-from .model.specs import ModelSpec, NodePoolSpec, TenantSpec
+from .model.specs import LoadTestSpec
 from .model.stack_config import ConfigError, StackConfig
-from .model.tenant_urls import path_prefix, tenant_urls
-from .model.vllm_server import drain_seconds
+from .model.tenant_urls import tenant_urls
 from .model.vllm_versions import release
 from .model.weights_backends import backend_of
 from .model.weights_layout import SERVER_SA, model_dir, reads_hub_token_from_secret_manager
@@ -52,60 +56,14 @@ from .options import child_opts
 from .project_apis import ProjectApis, ProjectApisArgs
 from .standby import Standby
 from .tenant_auth import TenantAuth, TenantAuthArgs
-from .trace_collector import TRACE_API, TraceCollector, TraceCollectorArgs
+from .trace_collector import TraceCollector, TraceCollectorArgs
 from .vllm_service import VllmService, VllmServiceArgs
+
+__all__ = ["Platform", "PlatformArgs", "PlatformConfigError"]
 
 
 class PlatformConfigError(ConfigError, pulumi.RunError):
     """A Platform's config problems, as a RunError: `pulumi up` prints them without a stack trace."""
-
-
-BASE_APIS = (
-    "serviceusage.googleapis.com", "cloudresourcemanager.googleapis.com", "iam.googleapis.com",
-    "iamcredentials.googleapis.com", "compute.googleapis.com", "container.googleapis.com",
-    "containerfilesystem.googleapis.com", "artifactregistry.googleapis.com", "file.googleapis.com",
-    "gkehub.googleapis.com", "mesh.googleapis.com", "monitoring.googleapis.com", "logging.googleapis.com",
-)
-
-
-def dedicated_models(tenant: TenantSpec) -> list[str]:
-    return list(tenant.dedicated.models) if tenant.dedicated else []
-
-
-def shared_models(tenant: TenantSpec) -> list[str]:
-    return [m for m in tenant.models if m not in dedicated_models(tenant)]
-
-
-def floor_dollars_per_hour(model: ModelSpec, pool: NodePoolSpec,
-                           prices: Mapping[str, tuple[float, float]]) -> Optional[float]:
-    """What a model's pools cost an hour at their floor (a pool that scales to zero, one replica):
-    each replica its GPUs or MIG slices of the node pool's machine, at `prices` (machine type ->
-    on-demand and spot $ an hour); None where the machine has no price."""
-    if pool.machine_type not in prices:
-        return None
-    on_demand, spot = prices[pool.machine_type]
-    slot = (spot if pool.spot else on_demand) / pool.slices_per_node
-    return sum(max(getattr(model, w).min_replicas, 1) * model.devices_per_replica * slot for w in model.pool_names)
-
-
-def required_apis(cfg: StackConfig) -> list[str]:
-    apis: list[str] = list(BASE_APIS)
-    if reads_hub_token_from_secret_manager(cfg.models, cfg.weights):
-        apis.append("secretmanager.googleapis.com")
-    if cfg.gateway.managed_certificate:
-        apis.append("certificatemanager.googleapis.com")
-    apis.extend(backend_of(cfg.weights).apis)
-    if cfg.budget:
-        # The Budget API bills its calls to the stack's project (components/billing_budget.py).
-        apis.append("billingbudgets.googleapis.com")
-    if cfg.monitoring.traces.enabled:
-        # The trace collector writes spans through the Cloud Trace API (components/trace_collector.py).
-        apis.append(TRACE_API)
-    if any(m.routing == "inference-gateway" for m in cfg.models):
-        # "Deploy GKE Inference Gateway": the load balancer calls the picker through Service
-        # Extensions, part of the Network Services API.
-        apis.append("networkservices.googleapis.com")
-    return apis
 
 
 @dataclass
@@ -126,7 +84,8 @@ class PlatformArgs:
 
 class Platform(pulumi.ComponentResource):
     """GKE with GPU pools, the weights store, tenants, vLLM pools behind the gateway, autoscaling,
-    limits and monitoring: everything one stack declares."""
+    limits and monitoring: everything one stack declares. What is served is computed as data
+    first (components/model/serving_plan.py); each method here declares one part of it."""
 
     apis: ProjectApis
     cluster: GpuCluster
@@ -134,6 +93,7 @@ class Platform(pulumi.ComponentResource):
     serving: MeshNamespace
     store: ModelStore
     keda: Keda
+    lws: Optional[LeaderWorkerSetController]
     tenants: dict[str, TenantAuth]
     services: dict[str, VllmService]
     inference_pools: dict[str, InferencePool]
@@ -153,248 +113,210 @@ class Platform(pulumi.ComponentResource):
         if issues := cross_field_issues(cfg):
             raise PlatformConfigError(issues, f"Platform '{name}' config")
         super().__init__("vllm-gke:index:Platform", name, None, opts)
-        self.services, self.inference_pools, self.standbys = {}, {}, {}
-        self.limit_store = None
-        self.trace_collector = None
-        self.load_tests = {}
+        self._cfg, self._given_opts = cfg, opts
+        self._prefix = f"{name}-" if args.child_prefix is None else args.child_prefix
+        self._root_aliases = [pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)] if args.stack_aliases else []
+        self.services, self.inference_pools, self.standbys, self.load_tests = {}, {}, {}, {}
+        # model -> what reads its folders (servers of every pool, canary, dedicated copy; load tests).
+        self._readers: dict[str, list[pulumi.Resource]] = {}
+        self._cluster()
+        self._namespaces()
+        self._store()
+        self._shared_services()
+        targets = [target for serving in servings(cfg) for target in self._serve(serving)]
+        self._front(targets)
+        self._load_tests(args.machine_prices)
+        # Only once all of them were updated onto the kept folders are the others removed.
+        self.weights_prune = WeightsPrune(f"{self._prefix}weights-prune", self.store, cfg.models, self._readers,
+                                          self.cluster.provider, opts=self._opts_for())
+        self.routes = {t.route_name: f"/{t.path_prefix}/v1" for t in targets}
+        self.register_outputs({"clusterName": self.cluster.cluster.name, "kubeconfig": self.cluster.kubeconfig,
+                               "routes": self.routes, "dashboard": self.observability.dashboard.id,
+                               "filestore": {"tier": self.store.tier, "capacityGb": self.store.capacity_gb}})
 
-        p = f"{name}-" if args.child_prefix is None else args.child_prefix
-        aliases = [pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)] if args.stack_aliases else []
+    def _opts_for(self, depends_on: Sequence[pulumi.Resource] = ()) -> pulumi.ResourceOptions:
+        """Parented here, waiting for what the Platform waits for (and, in the stack program,
+        aliased to the stack root, where earlier stacks declared the same resource)."""
+        return child_opts(self, self._given_opts, depends_on=depends_on, aliases=self._root_aliases)
 
-        def child(depends_on: Sequence[pulumi.Resource] = ()) -> pulumi.ResourceOptions:
-            """Parented here, waiting for what the Platform waits for (and, in the stack program,
-            aliased to the stack root, where earlier stacks declared the same resource)."""
-            return child_opts(self, opts, depends_on=depends_on, aliases=aliases)
-
-        labels = {"environment": cfg.environment}
-        apis = ProjectApis(f"{p}apis", ProjectApisArgs(cfg.project, required_apis(cfg)), opts=child())
-        cluster = GpuCluster(f"{p}gke", GpuClusterArgs(
+    def _cluster(self) -> None:
+        """The project's APIs, the cluster and its pools, the mesh, KEDA and (for replicas across
+        hosts) the LeaderWorkerSet controller."""
+        cfg, p = self._cfg, self._prefix
+        self.apis = ProjectApis(f"{p}apis", ProjectApisArgs(cfg.project, required_apis(cfg)), opts=self._opts_for())
+        self.cluster = GpuCluster(f"{p}gke", GpuClusterArgs(
             project=cfg.project, region=cfg.region, cluster=cfg.cluster, node_pools=cfg.node_pools,
-            labels=labels, apis=apis, gcs_fuse=backend_of(cfg.weights).needs_gcs_fuse,
+            labels={"environment": cfg.environment}, apis=self.apis, gcs_fuse=backend_of(cfg.weights).needs_gcs_fuse,
             secret_manager=reads_hub_token_from_secret_manager(cfg.models, cfg.weights),
             # The loaders write the bucket through Cloud Storage FUSE; Volume Populator's transfer
             # Jobs copy it onto the disks on nodes of their own pool.
             populator_machine_type=backend_of(cfg.weights).transfer_machine_type(cfg.weights)),
-            opts=child())
-        provider = cluster.provider
+            opts=self._opts_for())
+        provider, network = self.cluster.provider, self.cluster.network.id
+        control_plane = cfg.cluster.master_cidr if cfg.cluster.private_nodes else None
         # Istio resources and meshed pods wait until the managed control plane serves the cluster.
-        mesh = MeshReadiness(f"{p}mesh", MeshReadinessArgs(provider, cfg.cluster.release_channel), opts=child())
-        after_mesh = child([mesh])
+        self.mesh = MeshReadiness(f"{p}mesh", MeshReadinessArgs(provider, cfg.cluster.release_channel),
+                                  opts=self._opts_for())
         # KEDA scales every serving pool on vLLM's metrics in Managed Prometheus (and serves the
         # cluster's external metrics API: the one server of it).
-        keda = Keda(f"{p}keda", KedaArgs(
-            project=cfg.project, provider=provider, workload_pool=cluster.workload_pool,
-            gsa_name=service_account_id(cfg.cluster.name, "keda"), apis=apis, network=cluster.network.id,
-            control_plane_cidr=cfg.cluster.master_cidr if cfg.cluster.private_nodes else None), opts=child())
+        self.keda = Keda(f"{p}keda", KedaArgs(
+            project=cfg.project, provider=provider, workload_pool=self.cluster.workload_pool,
+            gsa_name=service_account_id(cfg.cluster.name, "keda"), apis=self.apis, network=network,
+            control_plane_cidr=control_plane), opts=self._opts_for())
         # Replicas across hosts are LeaderWorkerSet groups: its controller, where a model needs one.
-        self.lws: LeaderWorkerSetController | None = None
+        self.lws = None
         if any(hosts_per_replica(m, cfg.pool(n)) > 1 for m, n, _t in placements(cfg)):
             self.lws = LeaderWorkerSetController(f"{p}lws", LeaderWorkerSetControllerArgs(
-                project=cfg.project, provider=provider, network=cluster.network.id, apis=apis,
-                control_plane_cidr=cfg.cluster.master_cidr if cfg.cluster.private_nodes else None), opts=child())
-        sources = TrustedSources.for_cluster(cluster.proxy_only_cidr, cfg.cluster.pods_cidr, cfg.cluster.subnet_cidr)
-        serving_jwks = sorted({jwks_host(t) for t in cfg.tenants if shared_models(t)})
-        serving = MeshNamespace(f"{p}serving", MeshNamespaceArgs(
-            cfg.serving_namespace, provider, sources=sources, jwks_hosts=serving_jwks,
-            service_accounts=(SERVER_SA, STANDBY_SA)), opts=after_mesh)
+                project=cfg.project, provider=provider, network=network, apis=self.apis,
+                control_plane_cidr=control_plane), opts=self._opts_for())
 
-        tenants = {
-            t.name: TenantAuth(f"{p}tenant-{t.name}", TenantAuthArgs(
-                tenant=t, provider=provider, serving_namespace=serving.name, shared_models=shared_models(t),
-                sources=sources, picker_models=[m for m in shared_models(t) if cfg.model(m).routing == "inference-gateway"],
+    def _namespaces(self) -> None:
+        """The shared servers' namespace, and each tenant's (its auth, and a dedicated copy's servers)."""
+        cfg, provider = self._cfg, self.cluster.provider
+        self._sources = TrustedSources.for_cluster(self.cluster.proxy_only_cidr, cfg.cluster.pods_cidr,
+                                                   cfg.cluster.subnet_cidr)
+        after_mesh = self._opts_for([self.mesh])
+        self.serving = MeshNamespace(f"{self._prefix}serving", MeshNamespaceArgs(
+            cfg.serving_namespace, provider, sources=self._sources,
+            jwks_hosts=sorted({jwks_host(t) for t in cfg.tenants if shared_models(t)}),
+            service_accounts=(SERVER_SA, STANDBY_SA)), opts=after_mesh)
+        self.tenants = {
+            t.name: TenantAuth(f"{self._prefix}tenant-{t.name}", TenantAuthArgs(
+                tenant=t, provider=provider, serving_namespace=self.serving.name, shared_models=shared_models(t),
+                sources=self._sources,
+                picker_models=[m for m in shared_models(t) if cfg.model(m).routing == "inference-gateway"],
                 service_accounts=(SERVER_SA, STANDBY_SA) if t.dedicated else ()),
                 opts=after_mesh)
             for t in cfg.tenants
         }
-        consumers: dict[str, pulumi.Input[str]] = {"serving": serving.name}
-        consumers.update({t.name: tenants[t.name].namespace.name for t in cfg.tenants if t.dedicated})
-        store = ModelStore(f"{p}weights", ModelStoreArgs(
-            project=cfg.project, zone=cfg.cluster.zones[0], region=cfg.region, network_name=cluster.network.name,
-            workload_pool=cluster.workload_pool, models=cfg.models, weights=cfg.weights,
-            server_image=cfg.server_image, provider=provider, consumer_namespaces=consumers,
-            consumer_models=consumer_models(cfg), zones=cfg.cluster.zones, transfer_ready=cluster.transfer_ready,
-            instance_name=f"{cfg.cluster.name}-weights", apis=apis, protect=cfg.cluster.deletion_protection,
-            vllm_release=release(cfg.vllm_version)), opts=child())
-        self.apis, self.cluster, self.mesh, self.serving, self.store = apis, cluster, mesh, serving, store
-        self.keda, self.tenants = keda, tenants
 
-        targets: list[RouteTarget] = []
-        shared_store: tuple[str, int] | None = None
-        if cfg.global_limits.enabled:
-            # The vLLM servers' own identities (SERVER_SA) may connect, nothing else in their namespaces.
-            clients = [cfg.serving_namespace, *(tenant_namespace(t) for t in cfg.tenants if t.dedicated)]
-            self.limit_store = LimitStore(f"{p}limits", LimitStoreArgs(provider, clients, cfg.global_limits.image),
-                                              opts=after_mesh)
-            shared_store = (self.limit_store.host, LIMITS_PORT)
+    def _namespace(self, tenant: Optional[str]) -> Any:
+        """Where a tenant's dedicated copy (or, for None, the shared servers) runs."""
+        return self.tenants[tenant].namespace.name if tenant else self.serving.name
+
+    def _identities(self, tenant: Optional[str]) -> pulumi.Resource:
+        """The MeshNamespace holding the servers' and standbys' service accounts."""
+        return self.tenants[tenant].namespace if tenant else self.serving
+
+    def _store(self) -> None:
+        """The one read-only copy of the weights, for every namespace that serves them."""
+        cfg = self._cfg
+        consumers: dict[str, pulumi.Input[str]] = {"serving": self.serving.name}
+        consumers.update({t.name: self._namespace(t.name) for t in cfg.tenants if t.dedicated})
+        self.store = ModelStore(f"{self._prefix}weights", ModelStoreArgs(
+            project=cfg.project, zone=cfg.cluster.zones[0], region=cfg.region, network_name=self.cluster.network.name,
+            workload_pool=self.cluster.workload_pool, models=cfg.models, weights=cfg.weights,
+            server_image=cfg.server_image, provider=self.cluster.provider, consumer_namespaces=consumers,
+            consumer_models=consumer_models(cfg), zones=cfg.cluster.zones, transfer_ready=self.cluster.transfer_ready,
+            instance_name=f"{cfg.cluster.name}-weights", apis=self.apis, protect=cfg.cluster.deletion_protection,
+            vllm_release=release(cfg.vllm_version)), opts=self._opts_for())
+
+    def _shared_services(self) -> None:
+        """What the servers share: the limit store, the trace collector, the picker's CRD."""
+        cfg, provider, after_mesh = self._cfg, self.cluster.provider, self._opts_for([self.mesh])
+        # The vLLM servers' own identities (SERVER_SA) may connect, nothing else in their namespaces.
+        clients = [cfg.serving_namespace, *(tenant_namespace(t) for t in cfg.tenants if t.dedicated)]
+        self.limit_store = LimitStore(f"{self._prefix}limits", LimitStoreArgs(
+            provider, clients, cfg.global_limits.image), opts=after_mesh) if cfg.global_limits.enabled else None
         traces = cfg.monitoring.traces
-        if traces.enabled:
-            # Spans from the vLLM servers' own identities, nothing else (as for the limit store).
-            clients = [cfg.serving_namespace, *(tenant_namespace(t) for t in cfg.tenants if t.dedicated)]
-            self.trace_collector = TraceCollector(f"{p}traces", TraceCollectorArgs(
-                project=cfg.project, provider=provider, workload_pool=cluster.workload_pool, client_namespaces=clients,
-                image=traces.image, apis=apis), opts=after_mesh)
-        traces_endpoint = self.trace_collector.endpoint if self.trace_collector else None
+        # Spans from the vLLM servers' own identities, nothing else (as for the limit store).
+        self.trace_collector = TraceCollector(f"{self._prefix}traces", TraceCollectorArgs(
+            project=cfg.project, provider=provider, workload_pool=self.cluster.workload_pool, client_namespaces=clients,
+            image=traces.image, apis=self.apis), opts=after_mesh) if traces.enabled else None
         # Pools and objectives wait for the objective CRD and for the API the controller programs.
-        picker_deps: list[pulumi.Resource] = [mesh, *apis.needs("networkservices.googleapis.com")]
+        self._picker_deps: list[pulumi.Resource] = [self.mesh, *self.apis.needs("networkservices.googleapis.com")]
         if any(m.routing == "inference-gateway" for m in cfg.models):
-            picker_deps.append(InferenceObjectiveCrd(f"{p}inference-objective-crd", InferenceObjectiveCrdArgs(provider),
-                                                     opts=child()))
+            self._picker_deps.append(InferenceObjectiveCrd(
+                f"{self._prefix}inference-objective-crd", InferenceObjectiveCrdArgs(provider), opts=self._opts_for()))
 
-        def identities(tenant: str | None) -> pulumi.Resource:
-            """The MeshNamespace holding the servers' and standbys' service accounts."""
-            return tenants[tenant].namespace if tenant else serving
+    def _serve(self, serving: Serving) -> list[RouteTarget]:
+        """A serving's pools (and its canary's, or its InferencePool), and the routes to them."""
+        store = (self.limit_store.host, LIMITS_PORT) if self.limit_store else None
+        for service in pool_services(self._cfg, serving, limit_store=store):
+            self._declare(service, serving)
+        if serving.model.routing == "inference-gateway":
+            self._picker_pool(serving)
+        elif serving.model.canary_model():
+            for service in pool_services(self._cfg, serving, canary=True, limit_store=store):
+                self._declare(service, serving)
+        return route_targets(serving, self._namespace(serving.tenant))
 
-        # model -> what reads its folders (servers of every pool, canary, dedicated copy; load tests).
-        readers: dict[str, list[pulumi.Resource]] = {}
-        # With SLOs kept the servers count TTFT at the objective's own bound (where the release can).
-        slos_kept = cfg.monitoring.slos.enabled
+    def _declare(self, service: PoolService, serving: Serving) -> None:
+        cfg, traces = self._cfg, self._cfg.monitoring.traces
+        svc = VllmService(f"{self._prefix}{service.key}", VllmServiceArgs(
+            model=service.model, pool_name=service.which, pool=service.pool, node_pool=service.node_pool,
+            namespace=self._namespace(serving.tenant), image=service.image, pods_cidr=cfg.cluster.pods_cidr,
+            load_seconds=service.load_seconds, provider=self.cluster.provider, guard_config=service.guard_config,
+            # With SLOs kept the servers count TTFT at the objective's own bound (where the release can).
+            ttft_slo_seconds=cfg.monitoring.ttft_slo_seconds if cfg.monitoring.slos.enabled else None,
+            traces_endpoint=self.trace_collector.endpoint if self.trace_collector else None,
+            trace_sample_ratio=traces.sample_ratio, release=service.release, tenant=service.tenant,
+            canary=service.canary, weights=self.store.mount_for(serving.consumer, service.model),
+            scaling=KedaScaling(cfg.project, self.keda.auth_name, service.standby_name),
+            request_timeout_seconds=cfg.gateway.request_timeout_seconds, rolling=service.rolling,
+            wait_behind_seconds=service.wait_behind_seconds),
+            # Pods need the sidecar (so the mesh first), the read-only claim and the namespace's
+            # identities (a pod of a missing service account is refused); KEDA's CRDs come with its chart.
+            opts=self._opts_for([self.mesh, self.store, self.keda, self._identities(serving.tenant),
+                              *([self.lws] if self.lws else [])]))
+        self.services[service.key] = svc
+        self._readers.setdefault(service.model.name, []).append(svc)
+        if svc.standby is not None:
+            self.standbys[service.key] = svc.standby
 
-        def wait_behind(pool_name: str, model: ModelSpec, tenant: str | None, which: str) -> float:
-            """The other pools' whole rollouts on the node pool: a step of an in-place pool may
-            lose every freed device to their pending pods (the scheduler favours no waiter) until
-            they are done."""
-            grace = drain_seconds(cfg.gateway.request_timeout_seconds) + 30
-            return float(sum(
-                rollout_seconds(getattr(m, w).max_replicas, cold_start_seconds(cfg, m, cfg.pool(pool_name)), grace)
-                for m, w in neighbours(cfg, pool_name, model, tenant, which)))
+    def _picker_pool(self, serving: Serving) -> None:
+        """An InferencePool for the model's one pool, with an objective per caller."""
+        cfg, model = self._cfg, serving.model
+        self.inference_pools[serving.key] = InferencePool(f"{self._prefix}{serving.key}-inference", InferencePoolArgs(
+            pool_name=model.name, namespace=self._namespace(serving.tenant), provider=self.cluster.provider,
+            selector={MODEL_LABEL: model.name, POOL_LABEL: "short"}, objectives=picker_objectives(serving),
+            request_timeout_seconds=cfg.gateway.request_timeout_seconds,
+            model_metrics=cfg.release_for(serving.node_pool).picker_metrics,
+            load_balancer_sources=self._sources.health_checks, metrics_sources=[cfg.cluster.subnet_cidr]),
+            opts=self._opts_for(self._picker_deps))
 
-        def serve(key: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
-                  callers: list[TenantSpec], tenant: str | None = None, canary: bool = False) -> dict[str, str]:
-            names: dict[str, str] = {}
-            # The release and image of the pool's accelerators: the TPU build on TPUs.
-            rel = cfg.release_for(pool_name)
-            node_pool = cfg.pool(pool_name)
-            for which in model.pool_names:
-                pool = getattr(model, which)
-                to_zero = pool.min_replicas == 0
-                standby_name = f"{service_name_of(model.name, which, canary)}-standby" if to_zero else ""
-                svc = VllmService(f"{p}{key}-{which}", VllmServiceArgs(
-                    model=model, pool_name=which, pool=pool, node_pool=node_pool,
-                    namespace=namespace, image=cfg.image_for(pool_name),
-                    pods_cidr=cfg.cluster.pods_cidr, load_seconds=cold_start_seconds(cfg, model, node_pool),
-                    provider=provider,
-                    guard_config=pool_guard_config(callers, model, rel, shared_store,
-                                                   cfg.monitoring.queue_latency_slo_seconds, traces=traces.enabled,
-                                                   dedicated=tenant is not None),
-                    ttft_slo_seconds=cfg.monitoring.ttft_slo_seconds if slos_kept else None,
-                    traces_endpoint=traces_endpoint, trace_sample_ratio=traces.sample_ratio,
-                    release=rel, tenant=tenant, canary=canary, weights=store.mount_for(tenant or "serving", model),
-                    scaling=KedaScaling(cfg.project, keda.auth_name, standby_name),
-                    request_timeout_seconds=cfg.gateway.request_timeout_seconds,
-                    rolling=rollout_strategy(surge_room(cfg, model, pool_name, tenant, which)),
-                    wait_behind_seconds=wait_behind(pool_name, model, tenant, which)),
-                    # Pods need the sidecar (so the mesh first) and the read-only claim; KEDA's CRDs
-                    # come with its chart.
-                    # ...and the namespace's identities (a pod of a missing service account is refused).
-                    opts=child([mesh, store, keda, identities(tenant), *([self.lws] if self.lws else [])]))
-                self.services[f"{key}-{which}"] = svc
-                readers.setdefault(model.name, []).append(svc)
-                names[which] = svc.service_name
-                if svc.standby is not None:
-                    self.standbys[f"{key}-{which}"] = svc.standby
-            return names
-
-        def rate_caps(model: ModelSpec, names: dict[str, str]) -> dict[str, int]:
-            return {names[w]: cap for w in model.pool_names if (cap := getattr(model, w).max_rate_per_endpoint)}
-
-        def route(key: str, path: str, model: ModelSpec, pool_name: str, namespace: pulumi.Input[str],
-                  callers: list[TenantSpec], tenant: str | None = None) -> None:
-            names = serve(key, model, pool_name, namespace, callers, tenant)
-            if model.routing == "inference-gateway":
-                picker_pool(key, model, namespace, callers, tenant)
-                return
-            canary_model = model.canary_model()
-            canary = serve(f"{key}-canary", canary_model, pool_name, namespace, callers, tenant, canary=True) \
-                if canary_model else {}
-            targets.append(RouteTarget(
-                key, namespace, path, names["short"], names["long"], model.long_request_bytes,
-                canary_short_service=canary.get("short"), canary_long_service=canary.get("long"),
-                canary_weight=model.canary.weight if model.canary else 0,
-                max_rate_per_endpoint={**rate_caps(model, names),
-                                       **(rate_caps(canary_model, canary) if canary_model and canary else {})}))
-
-        def picker_pool(key: str, model: ModelSpec, namespace: pulumi.Input[str], callers: list[TenantSpec],
-                          tenant: str | None) -> None:
-            """An InferencePool for the model's pool, and per tenant a route /<tenant>/<model>/v1 that
-            sets the tenant's objective: the tenant must be in the path for its priority to be bound
-            to its token (the load balancer cannot read the JWT; the mesh checks the pair)."""
-            objectives = {objective_name(t.name, model.name): t.priority for t in callers}
-            self.inference_pools[key] = InferencePool(f"{p}{key}-inference", InferencePoolArgs(
-                pool_name=model.name, namespace=namespace, provider=provider,
-                selector={MODEL_LABEL: model.name, POOL_LABEL: "short"}, objectives=objectives,
-                request_timeout_seconds=cfg.gateway.request_timeout_seconds,
-                model_metrics=cfg.release_for(model.node_pool if tenant is None else pool_of_tenant(tenant)).picker_metrics,
-                load_balancer_sources=sources.health_checks, metrics_sources=[cfg.cluster.subnet_cidr]),
-                opts=child(picker_deps))
-            for t in callers:
-                # Dedicated: the tenant namespace's route keeps its key; shared: one route per tenant
-                # ('.' never occurs in a name, so these never collide with a dedicated <tenant>-<model>).
-                route_name = key if tenant else f"{model.name}.{t.name}"
-                targets.append(RouteTarget(
-                    route_name, namespace, path_prefix(model, t, tenant is not None), f"{model.name}-short", "",
-                    model.long_request_bytes,
-                    picker=PickerTarget(model.name, objective_name(t.name, model.name), t.name,
-                                        routes=tuple((r.path, r.method) for r in picker_routes()),
-                                        max_body_bytes=picker_max_body_bytes(model))))
-
-        def pool_of_tenant(tenant: str) -> str:
-            dedicated = next(t for t in cfg.tenants if t.name == tenant).dedicated
-            assert dedicated is not None
-            return dedicated.node_pool
-
-        for model in cfg.models:
-            callers = [t for t in cfg.tenants if model.name in shared_models(t)]
-            route(model.name, model.name, model, model.node_pool, serving.name, callers)
-        for t in cfg.tenants:
-            for model_name in dedicated_models(t):
-                assert t.dedicated is not None
-                model = cfg.model(model_name)
-                route(f"{t.name}-{model_name}", path_prefix(model, t, dedicated=True), model, t.dedicated.node_pool,
-                      tenants[t.name].namespace.name, [t], tenant=t.name)
-
-        self.gateway = Gateway(f"{p}gateway", GatewayArgs(
-            cfg.gateway, serving.name, targets, provider, project=cfg.project, region=cfg.region,
-            subnetwork=cluster.subnetwork.id, name_prefix=cfg.cluster.name, apis=apis), opts=child())
+    def _front(self, targets: list[RouteTarget]) -> None:
+        """The gateway in front of the routes, and the monitoring of it all."""
+        cfg = self._cfg
+        self.gateway = Gateway(f"{self._prefix}gateway", GatewayArgs(
+            cfg.gateway, self.serving.name, targets, self.cluster.provider, project=cfg.project, region=cfg.region,
+            subnetwork=self.cluster.subnetwork.id, name_prefix=cfg.cluster.name, apis=self.apis), opts=self._opts_for())
         # Every release the stack runs exports the same KV-cache gauge and TTFT buckets flag (the
         # tests hold the TPU build to it); the GPU release's names are the dashboard's.
         rel = release(cfg.vllm_version)
-        exact_ttft = slos_kept and rel.histogram_buckets_flag is not None
-        self.observability = Observability(f"{p}observability", ObservabilityArgs(
+        self.observability = Observability(f"{self._prefix}observability", ObservabilityArgs(
             project=cfg.project, cluster_name=cfg.cluster.name, spec=cfg.monitoring,
-            title=f"vLLM on GKE - {cfg.cluster.name} ({cfg.environment})", apis=apis,
+            title=f"vLLM on GKE - {cfg.cluster.name} ({cfg.environment})", apis=self.apis,
             kv_cache_metric=rel.kv_cache_metric, limit_store=cfg.global_limits.enabled,
             models=[m.name for m in cfg.models], tenants=[t.name for t in cfg.tenants], budget=cfg.budget,
-            exact_ttft=exact_ttft, tpu=cfg.has_tpu_models, sheddable=any(t.priority < 0 for t in cfg.tenants),
-            gateway_class=cfg.gateway.class_name, region=cfg.region, provider=provider,
-            workload_pool=cluster.workload_pool, metrics_sources=[cfg.cluster.subnet_cidr],
+            exact_ttft=cfg.monitoring.slos.enabled and rel.histogram_buckets_flag is not None,
+            tpu=cfg.has_tpu_models, sheddable=any(t.priority < 0 for t in cfg.tenants),
+            gateway_class=cfg.gateway.class_name, region=cfg.region, provider=self.cluster.provider,
+            workload_pool=self.cluster.workload_pool, metrics_sources=[cfg.cluster.subnet_cidr],
             always_on=[m.name for m in cfg.models if any(getattr(m, w).min_replicas > 0 for w in m.pool_names)]),
-            opts=child())
+            opts=self._opts_for())
 
-        urls = {(u.tenant, u.model): u for u in tenant_urls(cfg)}
-        for spec in cfg.load_tests:
-            # As the tenant: its URL and headers, in the namespace of the replicas that serve it.
-            tenant, model = next(t for t in cfg.tenants if t.name == spec.tenant), cfg.model(spec.model)
-            own = model.name in dedicated_models(tenant)
-            url = urls[(tenant.name, model.name)]
-            name, _, value = url.header.partition(": ")
-            node_pool = cfg.pool(tenant.dedicated.node_pool if own and tenant.dedicated else model.node_pool)
-            self.load_tests[spec.name] = LoadTest(f"{p}loadtest-{spec.name}", LoadTestArgs(
-                spec=spec, provider=provider,
-                namespace=tenants[tenant.name].namespace.name if own else serving.name,
-                target=Target(base_url=url.url.removesuffix("/v1"), model=model.name,
-                              adapters=[a.name for a in model.adapters if tenant.name in a.tenants],
-                              headers={name: value} if url.header else {}, model_dir=model_dir(model),
-                              request_timeout_seconds=cfg.gateway.request_timeout_seconds),
-                ttft_slo_seconds=cfg.monitoring.ttft_slo_seconds, ttft_goal=cfg.monitoring.slos.ttft,
-                availability=cfg.monitoring.slos.availability,
-                dollars_per_hour=floor_dollars_per_hour(model, node_pool, args.machine_prices),
-                weights=store.reader_for(tenant.name if own else "serving", model)),
-                opts=child([mesh, store, identities(tenant.name if own else None)]))
-            readers.setdefault(model.name, []).append(self.load_tests[spec.name])
-        # Only once all of them were updated onto the kept folders are the others removed.
-        self.weights_prune = WeightsPrune(f"{p}weights-prune", store, cfg.models, readers, provider, opts=child())
+    def _load_tests(self, prices: Mapping[str, tuple[float, float]]) -> None:
+        for spec in self._cfg.load_tests:
+            self._load_test(spec, prices)
 
-        self.routes = {t.route_name: f"/{t.path_prefix}/v1" for t in targets}
-        self.register_outputs({"clusterName": cluster.cluster.name, "kubeconfig": cluster.kubeconfig,
-                               "routes": self.routes, "dashboard": self.observability.dashboard.id,
-                               "filestore": {"tier": store.tier, "capacityGb": store.capacity_gb}})
+    def _load_test(self, spec: LoadTestSpec, prices: Mapping[str, tuple[float, float]]) -> None:
+        """As the tenant: its URL and headers, in the namespace of the replicas that serve it."""
+        cfg = self._cfg
+        tenant, model = next(t for t in cfg.tenants if t.name == spec.tenant), cfg.model(spec.model)
+        owner = tenant.name if model.name in dedicated_models(tenant) else None
+        url = next(u for u in tenant_urls(cfg) if (u.tenant, u.model) == (tenant.name, model.name))
+        name, _, value = url.header.partition(": ")
+        node_pool = cfg.pool(tenant.dedicated.node_pool if owner and tenant.dedicated else model.node_pool)
+        self.load_tests[spec.name] = LoadTest(f"{self._prefix}loadtest-{spec.name}", LoadTestArgs(
+            spec=spec, provider=self.cluster.provider, namespace=self._namespace(owner),
+            target=Target(base_url=url.url.removesuffix("/v1"), model=model.name,
+                          adapters=[a.name for a in model.adapters if tenant.name in a.tenants],
+                          headers={name: value} if url.header else {}, model_dir=model_dir(model),
+                          request_timeout_seconds=cfg.gateway.request_timeout_seconds),
+            ttft_slo_seconds=cfg.monitoring.ttft_slo_seconds, ttft_goal=cfg.monitoring.slos.ttft,
+            availability=cfg.monitoring.slos.availability,
+            dollars_per_hour=floor_dollars_per_hour(model, node_pool, prices),
+            weights=self.store.reader_for(owner or "serving", model)),
+            opts=self._opts_for([self.mesh, self.store, self._identities(owner)]))
+        self._readers.setdefault(model.name, []).append(self.load_tests[spec.name])

@@ -32,6 +32,7 @@ import yaml
 
 from .k8s_meta import api_body, meta
 from .mesh_namespace import mesh_lock
+from .model.gcp_apis import TRACE_API
 from .model.k8s_objects import CONTAINER_SECURITY, content_digest
 from .model.mesh_identity import client_principal
 from .model.specs import ImageRef
@@ -48,7 +49,6 @@ HEALTH_PORT = 13133
 # (opentelemetry-collector-releases v0.159.0 distributions/otelcol-contrib/Dockerfile:4-8).
 COLLECTOR_UID = 10001
 MEMORY_LIMIT_MI = 512
-TRACE_API = "cloudtrace.googleapis.com"
 LABELS = {"app.kubernetes.io/name": "vllm-gke-traces"}
 
 

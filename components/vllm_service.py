@@ -13,7 +13,7 @@ at once (it scales a target below minReplicaCount up to it; an HPA never scales 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Optional, cast
+from typing import Any, Mapping, Optional, cast
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -25,6 +25,7 @@ from .model.k8s_objects import group_name_of
 from .model.keda_scaling import KedaScaling, scaled_object
 from .model.mesh_identity import STANDBY_SA
 from .model.pods.server import ServerPod, leader_pod, server_pod, worker_pod
+from .model.serving_plan import PoolName
 from .model.serving_pool import (
     EXCLUSIVE_TOPOLOGY,
     LWS_API_VERSION,
@@ -50,8 +51,6 @@ from .model.weights_layout import SERVER_SA
 from .model.weights_mount import WeightsMount
 from .options import child_opts
 from .standby import Standby, StandbyArgs
-
-PoolName = Literal["short", "long"]
 
 
 class VllmServiceConfigError(ConfigError, pulumi.RunError):

@@ -4,8 +4,8 @@ on): components/gateway.py, which declares them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
 
 from .k8s_objects import ACCESS_LABEL
 from .picker import pool_ref
@@ -213,3 +213,42 @@ def picker_rules(path_prefix: str, picker: PickerTarget) -> list[dict[str, Any]]
     # Forwarded as sent (no URLRewrite, as above): the picker reads no path, the guard strips the prefix.
     return [refused, *({"matches": [served(path, method)], "filters": [headers], "backendRefs": [backend]}
                        for path, method in picker.routes)]
+
+
+@dataclass(frozen=True)
+class RouteTarget:
+    """The two pools of one model (or, with `picker`, its InferencePool), reachable under
+    /<path_prefix>/v1/..."""
+
+    route_name: str
+    # Its namespace's name, or a Pulumi output of it (the route then waits for the namespace).
+    namespace: Any
+    path_prefix: str
+    short_service: str
+    long_service: str
+    long_request_bytes: int
+    port: int = 8000
+    # A canary revision's two pools and its share of each rule's traffic (percent).
+    canary_short_service: Optional[str] = None
+    canary_long_service: Optional[str] = None
+    canary_weight: int = 0
+    # Load balancer target requests/s per replica (a capacity, not a cap), by Service (pools that set maxRatePerEndpoint).
+    max_rate_per_endpoint: Mapping[str, int] = field(default_factory=dict[str, int])
+    # Routing through GKE Inference Gateway's endpoint picker instead of by length.
+    picker: Optional[PickerTarget] = None
+
+    def services(self) -> list[str]:
+        """The Services the load balancer sends to (none behind a picker: the pool has its own policies)."""
+        if self.picker:
+            return []
+        canary = [s for s in (self.canary_short_service, self.canary_long_service) if s]
+        return [self.short_service, self.long_service, *canary]
+
+    def rules(self) -> list[dict[str, Any]]:
+        """The route's rules: through the picker, or by length to the two pools (each with its canary)."""
+        if self.picker:
+            return picker_rules(self.path_prefix, self.picker)
+        return length_rules(
+            self.path_prefix, self.long_request_bytes,
+            weighted_backends(self.short_service, self.canary_short_service, self.port, self.canary_weight),
+            weighted_backends(self.long_service, self.canary_long_service, self.port, self.canary_weight))

@@ -6,12 +6,13 @@ deploy time (namespaces, the weights store, the provider)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Literal, Mapping, Optional
 
 from .capacity import neighbours, rollout_strategy, surge_room
 from .cold_start import cold_start_seconds, rollout_seconds
+from .gateway_routes import PickerTarget, RouteTarget
 from .k8s_objects import service_name_of
-from .serving_api import path_prefix, pool_guard_config
+from .serving_api import objective_name, path_prefix, picker_max_body_bytes, picker_routes, pool_guard_config
 from .specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec, TenantSpec
 from .stack_config import StackConfig
 from .vllm_server import drain_seconds
@@ -19,6 +20,19 @@ from .vllm_versions import VllmRelease
 
 # Where the shared servers run; a dedicated copy runs in its tenant's namespace.
 SHARED = "serving"
+PoolName = Literal["short", "long"]
+
+
+def floor_dollars_per_hour(model: ModelSpec, pool: NodePoolSpec,
+                           prices: Mapping[str, tuple[float, float]]) -> Optional[float]:
+    """What a model's pools cost an hour at their floor (a pool that scales to zero, one replica):
+    each replica its GPUs or MIG slices of the node pool's machine, at `prices` (machine type ->
+    on-demand and spot $ an hour); None where the machine has no price."""
+    if pool.machine_type not in prices:
+        return None
+    on_demand, spot = prices[pool.machine_type]
+    slot = (spot if pool.spot else on_demand) / pool.slices_per_node
+    return sum(max(getattr(model, w).min_replicas, 1) * model.devices_per_replica * slot for w in model.pool_names)
 
 
 def dedicated_models(tenant: TenantSpec) -> list[str]:
@@ -65,7 +79,7 @@ class PoolService:
     """One serving pool of a Serving (or of its canary): a VllmService's settings."""
 
     key: str  # <serving key>[-canary]-<pool>: the component's name after the Platform's prefix
-    which: str  # short | long
+    which: PoolName
     model: ModelSpec
     pool: ServingPoolSpec
     node_pool: NodePoolSpec
@@ -115,3 +129,49 @@ def pool_services(cfg: StackConfig, serving: Serving, canary: bool = False,
             standby_name=standby, canary=canary, tenant=serving.tenant))
     return out
 
+
+def _rate_caps(model: ModelSpec, canary: bool = False) -> dict[str, int]:
+    """Load balancer target requests/s per replica, by Service, of the pools that set one."""
+    return {service_name_of(model.name, w, canary): cap for w in model.pool_names
+            if (cap := getattr(model, w).max_rate_per_endpoint)}
+
+
+def length_route(serving: Serving, namespace: Any) -> RouteTarget:
+    """The model's route by request length to its two pools, each with its canary's share."""
+    model, canary = serving.model, serving.model.canary_model()
+    names = {w: service_name_of(model.name, w) for w in model.pool_names}
+    canary_names = {w: service_name_of(canary.name, w, True) for w in canary.pool_names} if canary else {}
+    return RouteTarget(
+        serving.key, namespace, serving.path, names["short"], names["long"], model.long_request_bytes,
+        canary_short_service=canary_names.get("short"), canary_long_service=canary_names.get("long"),
+        canary_weight=model.canary.weight if model.canary else 0,
+        max_rate_per_endpoint={**_rate_caps(model), **(_rate_caps(canary, True) if canary else {})})
+
+
+def picker_objectives(serving: Serving) -> dict[str, int]:
+    """The InferenceObjective of each caller (its priority), by name."""
+    return {objective_name(t.name, serving.model.name): t.priority for t in serving.callers}
+
+
+def picker_routes_of(serving: Serving, namespace: Any) -> list[RouteTarget]:
+    """Per caller, a route /<tenant>/<model>/v1 to the model's InferencePool that sets the tenant's
+    objective: the tenant must be in the path for its priority to be bound to its token (the load
+    balancer cannot read the JWT; the mesh checks the pair). A dedicated copy's route keeps its
+    key; a shared model's are one per tenant ('.' never occurs in a name, so they never collide
+    with a dedicated <tenant>-<model>)."""
+    model, dedicated = serving.model, serving.tenant is not None
+    return [RouteTarget(
+        serving.key if dedicated else f"{model.name}.{t.name}", namespace, path_prefix(model, t, dedicated),
+        service_name_of(model.name, "short"), "", model.long_request_bytes,
+        picker=PickerTarget(model.name, objective_name(t.name, model.name), t.name,
+                            routes=tuple((r.path, r.method) for r in picker_routes()),
+                            max_body_bytes=picker_max_body_bytes(model)))
+        for t in serving.callers]
+
+
+def route_targets(serving: Serving, namespace: Any) -> list[RouteTarget]:
+    """How the load balancer reaches the serving's replicas (`namespace`: where they run, a name
+    or a Pulumi output of one, placed as it is)."""
+    if serving.model.routing == "inference-gateway":
+        return picker_routes_of(serving, namespace)
+    return [length_route(serving, namespace)]

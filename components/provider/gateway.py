@@ -8,8 +8,8 @@ from pydantic.alias_generators import to_camel
 from typing_extensions import NotRequired
 
 from ..gateway import Gateway as _Gateway
-from ..gateway import GatewayArgs, RouteTarget
-from ..model.gateway_routes import GATEWAY_NAME, PickerTarget
+from ..gateway import GatewayArgs
+from ..model.gateway_routes import GATEWAY_NAME, PickerTarget, RouteTarget
 from ..model.serving_api import PICKER_MIN_BODY_BYTES, objective_name, picker_routes
 from ..model.specs import GatewaySpec as GatewayModel
 from .convert import Problems, kubernetes_provider, named_inputs

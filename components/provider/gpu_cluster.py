@@ -15,7 +15,7 @@ from .facade import Facade
 from .types import ClusterSpec, NodePoolSpec
 
 # What the cluster and every node need (iamcredentials: Workload Identity; artifactregistry: the
-# server image; logging: the nodes' logs), as the stack program enables them (platform.BASE_APIS).
+# server image; logging: the nodes' logs), as the stack program enables them (model/gcp_apis.py BASE_APIS).
 CLUSTER_APIS = ("serviceusage.googleapis.com", "cloudresourcemanager.googleapis.com", "iam.googleapis.com",
                 "iamcredentials.googleapis.com", "compute.googleapis.com", "container.googleapis.com",
                 "containerfilesystem.googleapis.com", "artifactregistry.googleapis.com", "gkehub.googleapis.com",
