@@ -3,6 +3,7 @@ and HTTPS only, and no serving path open without a verified token, as the mesh d
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
@@ -97,7 +98,6 @@ def external_gateway_https_only(resources: Sequence[Resource]) -> Iterator[Findi
 
 def _probe_sources(resources: Sequence[Resource]) -> list[str]:
     """One address inside every range any AuthorizationPolicy names, plus one on the internet."""
-    import ipaddress
 
     ips = {INTERNET_PROBE_IP}
     for p in kube(resources, "AuthorizationPolicy"):

@@ -7,7 +7,9 @@ import re
 from typing import Any, Optional
 
 from ...components.keda import CHART_VERSION, METRICS_SERVER_PORT, OPERATOR_SA, WEBHOOK_PORT
+from ...components.model.config_rules.scaling import wake_needed
 from ...components.model.k8s_objects import MODEL_LABEL
+from ...components.standby import PROGRAM
 from ..plan import Plan
 from .base import Contract, _docs, _exported, _vllm_deployments
 
@@ -23,7 +25,6 @@ def _queried_metrics(query: str) -> set[str]:
 
 def _standby_metrics() -> set[str]:
     """The series the standby program exports (components/scripts/standby.py)."""
-    from ...components.standby import PROGRAM
 
     return set(re.findall(r"# TYPE (\w+) (?:counter|gauge)", PROGRAM.read_text()))
 
@@ -108,7 +109,6 @@ def keda_cooldown_only_for_zero(plan: Plan) -> list[str]:
 
 
 def keda_cooldown_outlasts_the_wake(plan: Plan) -> list[str]:
-    from ...components.model.config_rules.scaling import wake_needed
 
     need = wake_needed(plan.config)
     return [f"ScaledObject {so['metadata']['name']}: cooldownPeriod {so['spec']['cooldownPeriod']} s is under the "

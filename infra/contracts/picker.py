@@ -7,6 +7,7 @@ from typing import Any, Iterator
 
 from ...components.model.picker import EPP_UID, EPP_VERSION, EXT_PROC_PORT, HEALTH_PORT, METRICS_PORT, SHUTDOWN_S
 from ...components.model.serving_api import PICKER_PATHS, REFUSED_AT_THE_PICKER
+from ...policies.route_match import reach, sample_request
 from ..plan import Plan
 from .base import Contract, _docs, _exported, _flag
 
@@ -125,7 +126,6 @@ def picker_gets_what_it_parses(plan: Plan) -> list[str]:
 
 
 def picker_objective_is_the_tenants(plan: Plan) -> list[str]:
-    from ...policies.route_match import reach, sample_request
 
     out = []
     routes = _docs(plan, "HTTPRoute")

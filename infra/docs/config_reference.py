@@ -8,13 +8,23 @@ import inspect
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal, Optional, Union, get_args, get_origin
+from typing import Annotated, Any, Callable, Iterable, Literal, Optional, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
-from ...components.provider.generate_types import _strip_optional  # the schema reads types the same way
+from ...components.model import specs
+from ...components.model.catalog import ACCELERATORS, CPU_MACHINE_TYPES, GPU_MACHINE_TYPES, MODEL_SHAPES
+from ...components.model.specs import LORA_RANKS, AdapterSpec, ClusterSpec, ImageRef, ModelSpec, NodePoolSpec
+from ...components.model.stack_config import StackConfig
+from ...components.model.vllm_versions import RELEASES
+from ...components.provider.convert import UNION_PREFIX
+from ...components.provider.generate_types import (
+    _comments,
+    _strip_optional,  # the schema reads types the same way
+)
+from ..config import FOREIGN_KEYS, PROJECT
 from .common import _cell, footer, github_slug
 
 
@@ -24,7 +34,6 @@ def _is_model(ann: Any) -> bool:
 
 def _unannotate(ann: Any) -> tuple[Any, list[Any]]:
     """(type, metadata) of an Annotated[...] (or the type itself)."""
-    from typing import Annotated
 
     if get_origin(ann) is Annotated:
         args = get_args(ann)
@@ -34,7 +43,6 @@ def _unannotate(ann: Any) -> tuple[Any, list[Any]]:
 
 def _formats() -> dict[Callable[..., Any], str]:
     """The validated string types of the specs, by their validator: what a value must look like."""
-    from ...components.model import specs
 
     named = {specs.Name: "name", specs.K8sName: "Kubernetes name", specs.Revision: "git ref",
              specs.Hostname: "DNS hostname", specs.Email: "e-mail address", specs.UtcTime: "UTC time (RFC 3339)",
@@ -56,10 +64,6 @@ def _formats() -> dict[Callable[..., Any], str]:
 
 def _choices() -> dict[tuple[type, str], str]:
     """Values a field's validator (not its type) holds it to, from the tables it checks against."""
-    from ...components.model.catalog import ACCELERATORS, CPU_MACHINE_TYPES, GPU_MACHINE_TYPES, MODEL_SHAPES
-    from ...components.model.specs import LORA_RANKS, AdapterSpec, ClusterSpec, ModelSpec, NodePoolSpec
-    from ...components.model.stack_config import StackConfig
-    from ...components.model.vllm_versions import RELEASES
 
     def one_of(values: Iterable[Any]) -> str:
         return "one of " + ", ".join(f"`{v}`" for v in values)
@@ -109,9 +113,6 @@ class _Section:
 
 class _ConfigPage:
     def __init__(self) -> None:
-        from ...components.model.stack_config import StackConfig
-        from ...components.provider.convert import UNION_PREFIX
-        from ...components.provider.generate_types import _comments
 
         self.comments = _comments
         self.union_prefix = UNION_PREFIX
@@ -124,7 +125,6 @@ class _ConfigPage:
         self._walk(StackConfig, "", seen)
 
     def _key(self, parent: str, alias: str) -> str:
-        from ..config import FOREIGN_KEYS, PROJECT
 
         if parent:
             return f"{parent}.{alias}"
@@ -203,7 +203,6 @@ class _ConfigPage:
         if isinstance(value, (list, tuple, dict)) and not value:
             return "none"
         if isinstance(value, BaseModel):
-            from ...components.model.specs import ImageRef
 
             if isinstance(value, ImageRef):
                 return f"`{value.uri}`"

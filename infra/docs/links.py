@@ -68,4 +68,4 @@ def broken_links(files: Iterable[Path], root: Path = REPO_ROOT) -> list[str]:
 
 
 def doc_files(root: Path = REPO_ROOT) -> list[Path]:
-    return [root / "README.md", root / "CONTRIBUTING.md", *sorted((root / "docs").rglob("*.md"))]
+    return [p for p in (root / "README.md", root / "CONTRIBUTING.md") if p.exists()] + sorted((root / "docs").rglob("*.md"))

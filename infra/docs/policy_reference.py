@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...policies.rules import POLICIES
 from .common import _cell, footer
 
 POLICY_PREAMBLE = """\
@@ -20,7 +21,6 @@ mandatory violation.
 
 
 def policies_page() -> str:
-    from ...policies.rules import POLICIES
 
     out = [POLICY_PREAMBLE, "| policy | default | what it holds, and what it rejects | rules in |", "|---|---|---|---|"]
     for p in POLICIES:
