@@ -767,7 +767,7 @@ def test_a_package_component_is_the_library_component_it_exposes():
     directly under it (never an outer component around an inner one of the same token), and the
     APIs it enables among what they wait for."""
     from vllm_gke.components import provider
-    from vllm_gke.components.provider.facade import Facade
+    from vllm_gke.components.provider.facade import Facade, former_parent
     from vllm_gke.infra.plan import _under_mocks
 
     made: list[pulumi.ComponentResource] = []
@@ -810,6 +810,20 @@ def test_a_package_component_is_the_library_component_it_exposes():
     network_services = {r.urn for r in recorded if r.props.get("service") == "networkservices.googleapis.com"}
     pool_children = [r for r in recorded if r.custom and "InferencePool$kubernetes" in r.urn]
     assert pool_children and all(network_services & r.dependencies for r in pool_children)
+    # A stack made with 0.3.0 had the library component inside an outer one of the same type and
+    # name: each child the library declares is aliased under that former inner URN (the engine passes
+    # an alias on only from a parent found through one); what the package itself adds is not.
+    by_urn = {r.urn: r for r in recorded}
+    for r in recorded:
+        parent = by_urn.get(r.parent or "")
+        if parent is None or parent.type not in tokens or parent.parent in by_urn:
+            continue  # children of the package components (made at the top) only
+        former = former_parent(parent.urn, parent.type)
+        # Facade.prepare's: the APIs, and the Kubernetes provider from the kubeconfig (GpuCluster
+        # makes its own, from the cluster it declares).
+        added_by_package = (r.type == "vllm-gke:index:ProjectApis" or r.type.startswith("pulumi:providers:")
+                            and parent.type != "vllm-gke:index:GpuCluster")
+        assert (former in r.alias_parents) is not added_by_package, (r.urn, r.alias_parents)
 
 
 CONSTRUCT = """

@@ -18,12 +18,13 @@ from ..project_apis import ProjectApis, ProjectApisArgs
 LATER: Any = None
 
 
-def former_urn(t: str, name: str, opts: Optional[pulumi.ResourceOptions]) -> pulumi.Output[str]:
-    """Where the library component was while package components wrapped it (up to 0.3.0): an
-    inner component of the same type and name under the outer one. Aliasing it keeps the URNs of its
-    children, which Pulumi derives from their parent's aliases: a stack made then replaces nothing."""
-    outer = pulumi.create_urn(name, t, parent=opts.parent if opts else None)
-    return pulumi.create_urn(name, t, parent=outer)
+def former_parent(urn: str, t: str) -> str:
+    """Where the library component's children were while package components wrapped it (up to
+    0.3.0): under an inner component of the same type and name as the outer one, whose URN this
+    component now has. `urn` is this component's (the engine's, with the whole parent type chain:
+    urn:pulumi:STACK::PROJECT::CHAIN::NAME), the former inner one's chain ends in `$t` once more."""
+    head, name = urn.rsplit("::", 1)
+    return f"{head}${t}::{name}"
 
 
 class Facade(pulumi.ComponentResource):
@@ -31,13 +32,30 @@ class Facade(pulumi.ComponentResource):
     whose `super().__init__(token, ...)` lands here (before ComponentResource's): once registered,
     and before the library declares its first child, `prepare` makes what the library's args take
     from the package's inputs - the Kubernetes provider from the kubeconfig, the APIs to enable -
-    as this component's children, and fills it into those args (where the package left None)."""
+    as this component's children, and fills it into those args (where the package left None).
+
+    Each child the library then declares gets an alias under the former inner component: the engine
+    finds this component by its own URN (the former outer one's), so it passes no alias on, and only
+    a child found through its alias passes it to its own children (pulumi/pulumi
+    pkg/resource/deploy/step_generator.go, generateAliases). So a stack made with 0.3.0 keeps its
+    cluster, share and workloads. What `prepare` makes was the outer component's child: no alias."""
 
     def __init__(self, t: str, name: str, props: Optional[pulumi.Inputs] = None,
                  opts: Optional[pulumi.ResourceOptions] = None, remote: bool = False, package_ref: Any = None) -> None:
-        aliased = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(aliases=[former_urn(t, name, opts)]))
-        super().__init__(t, name, props, aliased, remote, package_ref)
+        self._library_declares = False
+        self._former_type = t
+        moved = pulumi.ResourceOptions(transformations=[self._under_former_parent])
+        super().__init__(t, name, props, pulumi.ResourceOptions.merge(opts, moved), remote, package_ref)
         self.prepare(name, opts)
+        self._library_declares = True
+
+    def _under_former_parent(self, args: pulumi.ResourceTransformationArgs
+                             ) -> Optional[pulumi.ResourceTransformationResult]:
+        if not self._library_declares or args.opts.parent is not self:
+            return None
+        former = pulumi.Alias(parent=self.urn.apply(lambda urn: former_parent(urn, self._former_type)))
+        return pulumi.ResourceTransformationResult(
+            args.props, pulumi.ResourceOptions.merge(args.opts, pulumi.ResourceOptions(aliases=[former])))
 
     def prepare(self, name: str, opts: Optional[pulumi.ResourceOptions]) -> None:
         """Children the library's args need, made from the inputs; none by default."""
