@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..components.model.capacity import gpu_slots_by_pool
 from ..components.model.capacity_report import capacity_report
+from ..components.model.weights_backends import backend_of
 from .pricing import (
     FILESTORE_GIB_MONTH,
     GCS_STANDARD_GB_MONTH,
@@ -120,7 +121,7 @@ def cost_report(cfg: "StackConfig", filestore_tier: str, filestore_gb: int) -> C
     system = MACHINE_PRICES[cfg.cluster.system_machine_type].on_demand_hour * cfg.cluster.system_nodes * hours
     fixed = {"system pool": system, "GKE cluster fee": GKE_CLUSTER_FEE_HOUR * hours,
              **({f"Cloud Storage bucket {filestore_gb} GB": GCS_STANDARD_GB_MONTH * filestore_gb}
-                if filestore_tier in ("gcs", "hyperdisk-ml") else
+                if not backend_of(cfg.weights).has_filestore_share else
                 {f"Filestore {filestore_tier} {filestore_gb} GiB": FILESTORE_GIB_MONTH[filestore_tier] * filestore_gb})}
     measured = cfg.cost.tokens_per_second_per_gpu
     rows = capacity_report(cfg)

@@ -16,10 +16,11 @@ import yaml
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+from ..components.platform import Platform
 from ..policies.rules import Resource
 from .config import ConfigError, ConfigIssue, StackConfig, load
 from .mocks import PlannedResource, RecordingMocks, RecordingMonitor
-from .program import Platform, build
+from .program import build
 from .system_pool import check_system_pool
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import pulumi
 
-from ..components.model.gcp_apis import required_apis
 from ..components.model.machine_prices import MACHINE_PRICES
 from ..components.model.stack_config import StackConfig
 from ..components.platform import Platform, PlatformArgs
 
-__all__ = ["Platform", "build", "required_apis"]
+__all__ = ["build"]
 
 
 def build(cfg: StackConfig) -> Platform:

@@ -109,6 +109,8 @@ def test_the_layers_picture_is_the_import_graph():
             ("policies", "plan")} <= edges
     assert not {e for e in edges if e[1] == "model"}, "the model layer imports no other layer"
     assert not {e for e in edges if e[0] in ("program", "plan") and e[1] in ("model", "components")}
+    assert {e for e in edges if e[0] == "policies"} == {("policies", "plan")}, "only the plan runs the policies"
+    assert {e for e in edges if e[1] == "policies"} == {("model", "policies")}, "the policies read the model only"
     assert not {e for e in edges if e[0] == "plan"}
 
 

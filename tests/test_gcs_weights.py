@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import manifests_of
 from vllm_gke.components.model.capacity_report import capacity_report
 from vllm_gke.components.model.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds
+from vllm_gke.components.model.gcp_apis import required_apis
 from vllm_gke.components.model.gcp_names import bucket_name, is_bucket_name
 from vllm_gke.components.model.gcs_weights import (
     CACHE_VOLUME,
@@ -25,7 +26,6 @@ from vllm_gke.infra.config import ConfigError, parse
 from vllm_gke.infra.contracts.gcsfuse import bucket_readers_list_and_open_only_their_folders
 from vllm_gke.infra.mocks import MOCK_PROJECT_NUMBER
 from vllm_gke.infra.plan import read_stack_config, run_program
-from vllm_gke.infra.program import required_apis
 
 
 def props_of(plan, type_):

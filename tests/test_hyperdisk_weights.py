@@ -21,6 +21,7 @@ from vllm_gke.components.hyperdisk_weights import (
 )
 from vllm_gke.components.model.catalog import GPU_MACHINE_TYPES, TPU_MACHINE_TYPES, attaches_hyperdisk_ml, populator_vcpus
 from vllm_gke.components.model.cold_start import ENGINE_START_S, IMAGE_START_S, cold_start_seconds
+from vllm_gke.components.model.gcp_apis import required_apis
 from vllm_gke.components.model.hyperdisk_ml import TRANSFER_COMPUTE_CLASS
 from vllm_gke.components.model.weights_layout import WeightCopy, adapter_dir, model_dir
 from vllm_gke.infra.advice import hyperdisk_disks, plan_warnings
@@ -28,7 +29,6 @@ from vllm_gke.infra.config import ConfigError, parse
 from vllm_gke.infra.manifests import catalog_or_none, validate
 from vllm_gke.infra.mocks import MOCK_PROJECT_NUMBER
 from vllm_gke.infra.plan import read_stack_config, run_program
-from vllm_gke.infra.program import required_apis
 from vllm_gke.policies.rules import Resource, evaluate
 
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tests.conftest import STACKS, manifests_of
 from vllm_gke.components.inference_objective_crd import CRD_URL
 from vllm_gke.components.model.gateway_routes import at_most_regex
+from vllm_gke.components.model.gcp_apis import required_apis
 from vllm_gke.components.model.picker import EPP_IMAGE
 from vllm_gke.components.model.serving_api import (
     OBJECTIVE_HEADER,
@@ -24,7 +25,6 @@ from vllm_gke.components.model.serving_api import (
     picker_max_body_bytes,
 )
 from vllm_gke.components.model.tenant_urls import tenant_urls, url_notes
-from vllm_gke.infra.program import required_apis
 from vllm_gke.policies.mesh_authz import Request, decide
 from vllm_gke.policies.route_match import HttpRequest, reach
 

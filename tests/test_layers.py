@@ -50,7 +50,7 @@ def test_the_model_layer_imports_only_itself_from_the_project():
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                 bad = [n for n in names if n.split(".")[0] in PULUMI_SDKS or
-                       (n.startswith("vllm_gke.") and not n.startswith("vllm_gke.components.model"))]
+                       (n.startswith("vllm_gke.") and not (n + ".").startswith("vllm_gke.components.model."))]
                 assert not bad, f"{path.relative_to(REPO_ROOT)}:{node.lineno} imports {bad}"
 
 

@@ -360,7 +360,7 @@ def test_bucket_sources_alone_need_no_secret_manager(plan_variant):
         for m in values["vllm-gke:models"]:
             m["source"] = f"gs://acme-models/{m['name']}"
     plan = plan_variant("dev", from_buckets)
-    from vllm_gke.infra.program import required_apis
+    from vllm_gke.components.model.gcp_apis import required_apis
 
     assert "secretmanager.googleapis.com" not in required_apis(plan.config)
     (cluster,) = props_of(plan, "gcp:container/cluster:Cluster")
