@@ -88,9 +88,9 @@ def resource_table(plan: Plan, detail: bool) -> Table:
     if detail:
         for col in ("component", "type", "name"):
             table.add_column(col)
-        for r in plan.resources:
-            if r.custom:
-                table.add_row(plan.component_of(r), r.type, r.name)
+        # Sorted: the order resources register in is the program's (and its outputs' resolution), not news.
+        for row in sorted((plan.component_of(r), r.type, r.name) for r in plan.resources if r.custom):
+            table.add_row(*row)
         return table
     table.add_column("type")
     table.add_column("count", justify="right")

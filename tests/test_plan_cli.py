@@ -233,3 +233,16 @@ def test_a_clean_report_is_safe_and_its_checks_empty(plans):
     assert not report.unsafe and report.written == [] and doc["written"] == []
     assert doc["checks"]["customResourcesChecked"] == report.custom_resources_checked
     assert f"all {report.manifests} Kubernetes manifests pass schema validation" in text and "wrote" not in text
+
+
+def test_the_detailed_resource_list_is_in_a_stable_order(plans):
+    """Resources register in whatever order the program's outputs resolve: the list sorts them, so
+    two plans of one stack print the same lines (and a diff of two commits shows only changes)."""
+    from vllm_gke.infra.plan_text import resource_table
+
+    plan = plans["prod"]
+    table = resource_table(plan, detail=True)
+    rows = list(zip(*(c.cells for c in table.columns)))
+    assert rows == sorted(rows) and len(rows) == sum(r.custom for r in plan.resources)
+    shuffled = replace(plan, resources=list(reversed(plan.resources)))
+    assert list(zip(*(c.cells for c in resource_table(shuffled, detail=True).columns))) == rows
