@@ -8,6 +8,7 @@ documentation-range values so nothing in a plan can be mistaken for a live addre
 from __future__ import annotations
 
 import base64
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -71,7 +72,9 @@ def _outputs(type_: str, name: str, inputs: dict[str, Any], project: str) -> tup
     elif type_ == "gcp:monitoring/slo:Slo":
         state["name"] = f"projects/{project}/services/{inputs.get('service')}/serviceLevelObjectives/{inputs.get('sloId')}"
     elif type_ == "gcp:monitoring/notificationChannel:NotificationChannel":
-        state["name"] = f"projects/{project}/notificationChannels/{abs(hash(name)) % 10**12}"
+        # A number from the name, the same in every run (hash() of a str differs per process).
+        number = int(hashlib.sha256(name.encode()).hexdigest(), 16) % 10**12
+        state["name"] = f"projects/{project}/notificationChannels/{number}"
     return rid, state
 
 

@@ -246,3 +246,19 @@ def test_the_detailed_resource_list_is_in_a_stable_order(plans):
     assert rows == sorted(rows) and len(rows) == sum(r.custom for r in plan.resources)
     shuffled = replace(plan, resources=list(reversed(plan.resources)))
     assert list(zip(*(c.cells for c in resource_table(shuffled, detail=True).columns))) == rows
+
+
+def test_two_runs_of_a_plan_write_the_same_resources(tmp_path):
+    """The mocks' ids are the same in every run (Python's str hash is not): a plan is reproducible."""
+    import os
+    import subprocess
+    import sys
+
+    written = []
+    for seed in ("1", "2"):
+        out = tmp_path / seed
+        cli = [sys.executable, "-c", "from vllm_gke.infra.entry import main; main()"]
+        subprocess.run([*cli, "plan", "--stack", "dev", "--out", str(out)], check=True, capture_output=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed}, cwd=REPO_ROOT)
+        written.append((out / "dev" / "resources.json").read_text())
+    assert written[0] == written[1] and "notificationChannels/" in written[0]
