@@ -182,6 +182,7 @@ def test_the_yaml_example_serves_under_mocks_and_passes_the_policy_pack():
 
     from vllm_gke.components.model.stack_config import ConfigError
     from vllm_gke.components.provider import Platform
+    from vllm_gke.components.provider.facade import former_parent
     from vllm_gke.infra.plan import read_stack_config, run_program
     from vllm_gke.policies.rules import Resource, evaluate
 
@@ -196,6 +197,15 @@ def test_the_yaml_example_serves_under_mocks_and_passes_the_policy_pack():
     assert len(servers) == 2 and all("auth.acme.example/search" in json.dumps(d) for d in servers)
     resources = [Resource(r.type, r.name, copy.deepcopy(r.props), r.urn) for r in plan.resources if r.custom]
     assert [(v.policy, v.message[:80]) for v in evaluate(resources) if v.level == "mandatory"] == []
+
+    # A stack made with 0.3.0's Platform keeps a pool's standby, now the VllmService's child: it is
+    # aliased where the library's Platform made it, under the former inner Platform.
+    asleep = json.loads(json.dumps(props))
+    asleep["config"]["models"][0]["long"] = {**asleep["config"]["models"][0].get("long", {}), "min_replicas": 0}
+    slept = run_program("dev", read_stack_config("dev"), program=lambda _cfg: Platform("platform", asleep))
+    (platform,) = [r for r in slept.resources if r.type == "vllm-gke:index:Platform"]
+    standbys = [r for r in slept.resources if r.type == "vllm-gke:index:Standby"]
+    assert standbys and all(former_parent(platform.urn, platform.type) in r.alias_parents for r in standbys)
 
     bad = json.loads(json.dumps(props))
     bad["config"]["models"][0]["shape"] = "llama-3-70b"

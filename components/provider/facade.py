@@ -51,7 +51,10 @@ class Facade(pulumi.ComponentResource):
 
     def _under_former_parent(self, args: pulumi.ResourceTransformationArgs
                              ) -> Optional[pulumi.ResourceTransformationResult]:
-        if not self._library_declares or args.opts.parent is not self:
+        # Its children, and what a child declares that was this component's child before (a
+        # VllmService's Standby: aliased to this component, where the library's Platform made it).
+        was_mine = any(isinstance(a, pulumi.Alias) and a.parent is self for a in args.opts.aliases or [])
+        if not self._library_declares or not (args.opts.parent is self or was_mine):
             return None
         former = pulumi.Alias(parent=self.urn.apply(lambda urn: former_parent(urn, self._former_type)))
         return pulumi.ResourceTransformationResult(
