@@ -109,7 +109,7 @@ def test_a_server_pod_carries_the_guard_config_and_reads_the_weights_read_only()
 def test_through_fuse_the_entrypoint_waits_for_the_weights_instead_of_an_init_container():
     mount = WeightsMount(volumes=({"name": "weights", "csi": {"driver": "gcsfuse.csi.storage.gke.io"}},),
                          mounts=({"name": "weights", "mountPath": "/models", "readOnly": True},),
-                         annotations={"gke-gcsfuse/volumes": "true"}, through_fuse=True, cache_gi=40)
+                         annotations={"gke-gcsfuse/volumes": "true"}, through_fuse=True)
     template = server_pod(facts(weights=mount))
     assert template["spec"]["initContainers"] == []
     assert env(vllm(template))[WEIGHTS_MARKERS_ENV]

@@ -1,7 +1,7 @@
 """The weights backends (weights.backend) as facts: what the cluster, the APIs, the config rules,
 the cold-start estimate and the load test need to know of each, so none of them compares the
 backend's name. The resources each backend declares are its own module's (components/
-weights_filestore.py, weights_gcs.py, hyperdisk_weights.py; ModelStore composes them).
+weights_filestore.py, weights_bucket.py, hyperdisk_weights.py; ModelStore composes them).
 
 - filestore     one Filestore share (NFS), a ReadOnlyMany claim onto it in every consumer namespace
 - gcs           a Cloud Storage bucket the servers mount through the GKE Cloud Storage FUSE CSI

@@ -26,8 +26,6 @@ class WeightsMount:
     # Read over the network through Cloud Storage FUSE: an init container would read before a
     # classic mesh sidecar serves, so the entrypoint waits for the completion markers instead.
     through_fuse: bool = False
-    # Node disk the mount's file cache takes, GiB (requested with the pod's scratch).
-    cache_gi: int = 0
 
 
 def writable_mount(volume: Mapping[str, Any], annotations: Optional[Mapping[str, str]] = None,
@@ -67,4 +65,4 @@ def bucket_mount(volume: Mapping[str, Any], model: ModelSpec, annotations: Mappi
     return WeightsMount(
         volumes=(gcs_weights.with_cache_limit(volume, files_gb), gcs_weights.cache_volume(files_gb)),
         mounts=({"name": "weights", "mountPath": MOUNT_PATH, "readOnly": True},),
-        annotations=dict(annotations), through_fuse=True, cache_gi=gcs_weights.cache_gi(files_gb))
+        annotations=dict(annotations), through_fuse=True)

@@ -89,8 +89,9 @@ class VllmServiceInputs(TypedDict):
     this namespace among its clients; give it to dependsOn). Default false: per replica."""
     cold_start_seconds: NotRequired[int]
     """Seconds a replica takes from its node ready to serving (the weights, the engine and, on TPU, the XLA
-    compile): the startup probe allows half as long again (30 minutes at least), and with minReplicas 0 the standby tells callers
-    to wait this long plus a node's start (300 s), as the stack program's standbys do. Default 900 on GPUs; on a TPU pool 900 plus the XLA compile estimate for the model
+    compile): the startup probe allows half as long again (30 minutes at least), and with minReplicas 0
+    the standby tells callers to wait this long plus a node's start (300 s), as the stack program's
+    standbys do. Default 900 on GPUs; on a TPU pool 900 plus the XLA compile estimate for the model
     (and, across hosts, 600 for the Ray joins), as components/model/cold_start.py estimates it (the plan
     estimates the whole for a stack)."""
     request_timeout_seconds: NotRequired[int]
