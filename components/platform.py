@@ -46,7 +46,7 @@ from .model.serving_plan import (
 )
 from .model.specs import LoadTestSpec
 from .model.stack_config import ConfigError, StackConfig
-from .model.tenant_urls import tenant_urls
+from .model.tenant_urls import TenantUrl, tenant_urls
 from .model.vllm_versions import release
 from .model.weights_backends import backend_of
 from .model.weights_layout import SERVER_SA, model_dir, reads_hub_token_from_secret_manager
@@ -297,15 +297,15 @@ class Platform(pulumi.ComponentResource):
             opts=self._opts_for())
 
     def _load_tests(self, prices: Mapping[str, tuple[float, float]]) -> None:
+        urls = {(u.tenant, u.model): u for u in tenant_urls(self._cfg)}
         for spec in self._cfg.load_tests:
-            self._load_test(spec, prices)
+            self._load_test(spec, urls[(spec.tenant, spec.model)], prices)
 
-    def _load_test(self, spec: LoadTestSpec, prices: Mapping[str, tuple[float, float]]) -> None:
+    def _load_test(self, spec: LoadTestSpec, url: TenantUrl, prices: Mapping[str, tuple[float, float]]) -> None:
         """As the tenant: its URL and headers, in the namespace of the replicas that serve it."""
         cfg = self._cfg
         tenant, model = next(t for t in cfg.tenants if t.name == spec.tenant), cfg.model(spec.model)
         owner = tenant.name if model.name in dedicated_models(tenant) else None
-        url = next(u for u in tenant_urls(cfg) if (u.tenant, u.model) == (tenant.name, model.name))
         name, _, value = url.header.partition(": ")
         node_pool = cfg.pool(tenant.dedicated.node_pool if owner and tenant.dedicated else model.node_pool)
         self.load_tests[spec.name] = LoadTest(f"{self._prefix}loadtest-{spec.name}", LoadTestArgs(

@@ -12,10 +12,11 @@ from .capacity import neighbours, rollout_strategy, surge_room
 from .cold_start import cold_start_seconds, rollout_seconds
 from .gateway_routes import PickerTarget, RouteTarget
 from .k8s_objects import service_name_of
+from .pods.standby import standby_name
 from .serving_api import objective_name, path_prefix, picker_max_body_bytes, picker_routes, pool_guard_config
+from .serving_pool import grace_seconds
 from .specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec, TenantSpec
 from .stack_config import StackConfig
-from .vllm_server import drain_seconds
 from .vllm_versions import VllmRelease
 
 # Where the shared servers run; a dedicated copy runs in its tenant's namespace.
@@ -98,7 +99,7 @@ class PoolService:
 def wait_behind(cfg: StackConfig, node_pool: str, model: ModelSpec, tenant: Optional[str], which: str) -> float:
     """The other pools' whole rollouts on the node pool: a step of an in-place pool may lose every
     freed device to their pending pods (the scheduler favours no waiter) until they are done."""
-    grace = drain_seconds(cfg.gateway.request_timeout_seconds) + 30
+    grace = grace_seconds(cfg.gateway.request_timeout_seconds)
     return float(sum(
         rollout_seconds(getattr(m, w).max_replicas, cold_start_seconds(cfg, m, cfg.pool(node_pool)), grace)
         for m, w in neighbours(cfg, node_pool, model, tenant, which)))
@@ -119,7 +120,7 @@ def pool_services(cfg: StackConfig, serving: Serving, canary: bool = False,
     out: list[PoolService] = []
     for which in model.pool_names:
         pool = getattr(model, which)
-        standby = f"{service_name_of(model.name, which, canary)}-standby" if pool.min_replicas == 0 else ""
+        standby = standby_name(service_name_of(model.name, which, canary)) if pool.min_replicas == 0 else ""
         out.append(PoolService(
             key=f"{key}-{which}", which=which, model=model, pool=pool, node_pool=node_pool,
             image=cfg.image_for(serving.node_pool), release=rel, guard_config=guard,
