@@ -26,6 +26,7 @@ from .load_test import LoadTest, LoadTestArgs, Target
 from .mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
 from .mesh_readiness import MeshReadiness, MeshReadinessArgs
 from .model.capacity import consumer_models, hosts_per_replica, placements
+from .model.config_errors import stack_config
 from .model.config_rules import cross_field_issues
 from .model.gateway_routes import RouteTarget
 from .model.gcp_apis import required_apis
@@ -66,10 +67,26 @@ class PlatformConfigError(ConfigError, pulumi.RunError):
     """A Platform's config problems, as a RunError: `pulumi up` prints them without a stack trace."""
 
 
+def _validated(name: str, config: StackConfig | Mapping[str, Any]) -> StackConfig:
+    """The stack config's checks (per key, then across fields: capacity, fit, references, the vLLM
+    release's parser), with its messages, whoever builds the config."""
+    source = f"Platform '{name}' config"
+    if not isinstance(config, StackConfig):
+        try:
+            return stack_config(config, "config", source)
+        except ConfigError as exc:
+            raise PlatformConfigError(exc.issues, source) from None
+    if issues := cross_field_issues(config):
+        raise PlatformConfigError(issues, source)
+    return config
+
+
 @dataclass
 class PlatformArgs:
-    # The platform's settings, validated as a stack's config is (infra/config.py parse()).
-    config: StackConfig
+    # The platform's settings: a StackConfig, or the mapping a stack file's config holds (camelCase
+    # keys), validated here with the stack config's messages (`config.nodePools[gpu].minNode is not
+    # a known setting; did you mean minNodes?`) rather than pydantic's.
+    config: StackConfig | Mapping[str, Any]
     # What the children's names start with: by default the Platform's own name and '-', so two
     # platforms in one program (two regions, say) never share a URN. The stack program uses "".
     child_prefix: Optional[str] = None
@@ -87,6 +104,8 @@ class Platform(pulumi.ComponentResource):
     limits and monitoring: everything one stack declares. What is served is computed as data
     first (components/model/serving_plan.py); each method here declares one part of it."""
 
+    # The validated settings everything here is declared from (the plan reads them back).
+    config: StackConfig
     apis: ProjectApis
     cluster: GpuCluster
     mesh: MeshReadiness
@@ -107,13 +126,9 @@ class Platform(pulumi.ComponentResource):
     routes: dict[str, str]
 
     def __init__(self, name: str, args: PlatformArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        cfg = args.config
-        # The stack config's own checks across fields (capacity, fit, references, ranges, the vLLM
-        # release's parser), with its messages, whoever builds the config.
-        if issues := cross_field_issues(cfg):
-            raise PlatformConfigError(issues, f"Platform '{name}' config")
+        cfg = _validated(name, args.config)
         super().__init__("vllm-gke:index:Platform", name, None, opts)
-        self._cfg, self._given_opts = cfg, opts
+        self.config, self._given_opts = cfg, opts
         self._prefix = f"{name}-" if args.child_prefix is None else args.child_prefix
         self._root_aliases = [pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)] if args.stack_aliases else []
         self.services, self.inference_pools, self.standbys, self.load_tests = {}, {}, {}, {}
@@ -142,7 +157,7 @@ class Platform(pulumi.ComponentResource):
     def _cluster(self) -> None:
         """The project's APIs, the cluster and its pools, the mesh, KEDA and (for replicas across
         hosts) the LeaderWorkerSet controller."""
-        cfg, p = self._cfg, self._prefix
+        cfg, p = self.config, self._prefix
         self.apis = ProjectApis(f"{p}apis", ProjectApisArgs(cfg.project, required_apis(cfg)), opts=self._opts_for())
         self.cluster = GpuCluster(f"{p}gke", GpuClusterArgs(
             project=cfg.project, region=cfg.region, cluster=cfg.cluster, node_pools=cfg.node_pools,
@@ -172,7 +187,7 @@ class Platform(pulumi.ComponentResource):
 
     def _namespaces(self) -> None:
         """The shared servers' namespace, and each tenant's (its auth, and a dedicated copy's servers)."""
-        cfg, provider = self._cfg, self.cluster.provider
+        cfg, provider = self.config, self.cluster.provider
         self._sources = TrustedSources.for_cluster(self.cluster.proxy_only_cidr, cfg.cluster.pods_cidr,
                                                    cfg.cluster.subnet_cidr)
         after_mesh = self._opts_for([self.mesh])
@@ -200,7 +215,7 @@ class Platform(pulumi.ComponentResource):
 
     def _store(self) -> None:
         """The one read-only copy of the weights, for every namespace that serves them."""
-        cfg = self._cfg
+        cfg = self.config
         consumers: dict[str, pulumi.Input[str]] = {"serving": self.serving.name}
         consumers.update({t.name: self._namespace(t.name) for t in cfg.tenants if t.dedicated})
         self.store = ModelStore(f"{self._prefix}weights", ModelStoreArgs(
@@ -213,7 +228,7 @@ class Platform(pulumi.ComponentResource):
 
     def _shared_services(self) -> None:
         """What the servers share: the limit store, the trace collector, the picker's CRD."""
-        cfg, provider, after_mesh = self._cfg, self.cluster.provider, self._opts_for([self.mesh])
+        cfg, provider, after_mesh = self.config, self.cluster.provider, self._opts_for([self.mesh])
         # The vLLM servers' own identities (SERVER_SA) may connect, nothing else in their namespaces.
         clients = [cfg.serving_namespace, *(tenant_namespace(t) for t in cfg.tenants if t.dedicated)]
         self.limit_store = LimitStore(f"{self._prefix}limits", LimitStoreArgs(
@@ -232,17 +247,17 @@ class Platform(pulumi.ComponentResource):
     def _serve(self, serving: Serving) -> list[RouteTarget]:
         """A serving's pools (and its canary's, or its InferencePool), and the routes to them."""
         store = (self.limit_store.host, LIMITS_PORT) if self.limit_store else None
-        for service in pool_services(self._cfg, serving, limit_store=store):
+        for service in pool_services(self.config, serving, limit_store=store):
             self._declare(service, serving)
         if serving.model.routing == "inference-gateway":
             self._picker_pool(serving)
         elif serving.model.canary_model():
-            for service in pool_services(self._cfg, serving, canary=True, limit_store=store):
+            for service in pool_services(self.config, serving, canary=True, limit_store=store):
                 self._declare(service, serving)
         return route_targets(serving, self._namespace(serving.tenant))
 
     def _declare(self, service: PoolService, serving: Serving) -> None:
-        cfg, traces = self._cfg, self._cfg.monitoring.traces
+        cfg, traces = self.config, self.config.monitoring.traces
         svc = VllmService(f"{self._prefix}{service.key}", VllmServiceArgs(
             model=service.model, pool_name=service.which, pool=service.pool, node_pool=service.node_pool,
             namespace=self._namespace(serving.tenant), image=service.image, pods_cidr=cfg.cluster.pods_cidr,
@@ -266,7 +281,7 @@ class Platform(pulumi.ComponentResource):
 
     def _picker_pool(self, serving: Serving) -> None:
         """An InferencePool for the model's one pool, with an objective per caller."""
-        cfg, model = self._cfg, serving.model
+        cfg, model = self.config, serving.model
         self.inference_pools[serving.key] = InferencePool(f"{self._prefix}{serving.key}-inference", InferencePoolArgs(
             pool_name=model.name, namespace=self._namespace(serving.tenant), provider=self.cluster.provider,
             selector={MODEL_LABEL: model.name, POOL_LABEL: "short"}, objectives=picker_objectives(serving),
@@ -277,7 +292,7 @@ class Platform(pulumi.ComponentResource):
 
     def _front(self, targets: list[RouteTarget]) -> None:
         """The gateway in front of the routes, and the monitoring of it all."""
-        cfg = self._cfg
+        cfg = self.config
         self.gateway = Gateway(f"{self._prefix}gateway", GatewayArgs(
             cfg.gateway, self.serving.name, targets, self.cluster.provider, project=cfg.project, region=cfg.region,
             subnetwork=self.cluster.subnetwork.id, name_prefix=cfg.cluster.name, apis=self.apis), opts=self._opts_for())
@@ -297,13 +312,13 @@ class Platform(pulumi.ComponentResource):
             opts=self._opts_for())
 
     def _load_tests(self, prices: Mapping[str, tuple[float, float]]) -> None:
-        urls = {(u.tenant, u.model): u for u in tenant_urls(self._cfg)}
-        for spec in self._cfg.load_tests:
+        urls = {(u.tenant, u.model): u for u in tenant_urls(self.config)}
+        for spec in self.config.load_tests:
             self._load_test(spec, urls[(spec.tenant, spec.model)], prices)
 
     def _load_test(self, spec: LoadTestSpec, url: TenantUrl, prices: Mapping[str, tuple[float, float]]) -> None:
         """As the tenant: its URL and headers, in the namespace of the replicas that serve it."""
-        cfg = self._cfg
+        cfg = self.config
         tenant, model = next(t for t in cfg.tenants if t.name == spec.tenant), cfg.model(spec.model)
         owner = tenant.name if model.name in dedicated_models(tenant) else None
         name, _, value = url.header.partition(": ")

@@ -22,8 +22,9 @@ from . import docs as generated
 from .config import ConfigError
 from .crd_validation import CRD_DIR_ENV
 from .plan import Plan, default_stacks_dir, run_plan
-from .plan_report import plan_report, render_json
-from .plan_text import render_text
+from .plan_report import plan_report, render_json, render_program_json, resource_checks
+from .plan_text import render_resource_checks, render_text
+from .preview import Program, choose_stack, outside_platforms, platform_plans, program_config, read_project, run_user_program
 from .pricing import PRICE_REGION
 from .report import load_policy_config
 from .usage_report import UsageReport, period_problem, prometheus, read_metrics_file, usage_report
@@ -87,6 +88,61 @@ def plan(
         render_text(report, console, detail)
     if report.unsafe:
         raise typer.Exit(1)
+
+
+@app.command()
+def preview(
+    program_dir: Path = typer.Argument(..., help="your Pulumi project's folder (where Pulumi.yaml is)"),
+    stack: Optional[str] = typer.Option(None, "--stack", "-s", help="the stack whose Pulumi.<stack>.yaml config "
+                                        "to use (default: the project's only stack)"),
+    config: list[str] = typer.Option([], "--config", "-c", help="KEY=VALUE, as `pulumi config set` (repeatable; "
+                                     "a key without a namespace is the project's)"),
+    out: Path = typer.Option(Path("plan-out"), "--out", "-o", help="folder for manifests and JSON"),
+    detail: bool = typer.Option(False, "--detail", help="list every resource, not counts per type"),
+    write: bool = typer.Option(True, "--write/--no-write", help="write files under --out"),
+    policy_config: Optional[Path] = typer.Option(
+        None, "--policy-config", help="enforcement levels, as for `pulumi preview --policy-pack-config`"),
+    crds: Optional[Path] = typer.Option(None, "--crds", help="folder of upstream CRDs (as for plan)"),
+    output: str = typer.Option("text", "--output", help="text or json"),
+) -> None:
+    """Run your own Pulumi Python program under the plan's mocks and report each Platform it declares as
+    `plan` reports a stack (capacity, cost, tenant URLs, checks, policies); resources beside them are checked
+    for schema and policies."""
+    if output not in ("text", "json"):
+        fail(f"--output {output}: use text or json")
+    levels = policy_levels(policy_config)
+    if crds is not None and not crds.is_dir():
+        fail(f"--crds {crds}: not a folder; point it at a folder of CRD YAML files")
+    program = previewed(program_dir, stack, config)
+    plans = platform_plans(program)
+    reports = [plan_report(p, levels, crds, out if write else None) for p in plans]
+    others = outside_platforms(program, plans)
+    checks = resource_checks(others, levels, crds) if others or not plans else None
+    if output == "json":
+        sys.stdout.write(render_program_json(reports, checks))
+    else:
+        for report in reports:
+            if len(reports) > 1:
+                console.rule(f"Platform {report.plan.stack.rsplit('/', 1)[-1]}")
+            render_text(report, console, detail)
+        if checks is not None:
+            render_resource_checks(checks, console, len(plans))
+    if any(r.unsafe for r in reports) or (checks is not None and checks.unsafe):
+        raise typer.Exit(1)
+
+
+def previewed(program_dir: Path, stack: Optional[str], config: list[str]) -> Program:
+    """The user's program run under mocks; bad input (theirs or the program's settings) is exit 2."""
+    pairs = [c.partition("=") for c in config]
+    if bad := [c for c, (_, eq, _) in zip(config, pairs) if not eq]:
+        fail(*(f"--config {c}: give KEY=VALUE (e.g. --config gcp:project=my-project)" for c in bad))
+    try:
+        project = read_project(program_dir)
+        name = choose_stack(project, stack)
+        values = program_config(project, name, {k: v for k, _, v in pairs})
+        return run_user_program(project, name, values)
+    except ConfigError as exc:
+        fail(str(exc))
 
 
 @app.command("schema")

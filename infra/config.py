@@ -7,85 +7,25 @@ pulumi.RunError), and the offline plan prints it and exits 2.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
-from typing import Any, Mapping, Optional, get_args
+from typing import Any, Mapping
 
 import pulumi
 from pulumi.runtime.config import CONFIG
-from pydantic import BaseModel, ValidationError
 
-from ..components.model.config_rules import cross_field_issues
-from ..components.model.stack_config import ConfigError, ConfigIssue, StackConfig, plain_problem
+from ..components.model.config_errors import config_issues, problem
+from ..components.model.stack_config import ConfigError, ConfigIssue, StackConfig
 
 PROJECT = "vllm-gke"
 # Fields that live in another provider's namespace in stack config.
 FOREIGN_KEYS = {"project": "gcp:project", "region": "gcp:region"}
 
 
-def config_key(loc: tuple[Any, ...], data: Any = None) -> str:
-    """('nodePools', 0, 'machineType') -> 'vllm-gke:nodePools[0].machineType'; with the config's
-    `data`, a list item by its name where it has one ('nodePools[a100-mig]'), as the file reads.
-    An item without a name (or one its list repeats, so the name would be ambiguous) keeps its index."""
-    if not loc:
-        return f"{PROJECT}:<root>"
-    head = str(loc[0])
-    snake = {f.alias: n for n, f in StackConfig.model_fields.items()}.get(head, head)
-    key = FOREIGN_KEYS.get(snake, f"{PROJECT}:{head}")
-    node = data.get(head) if isinstance(data, Mapping) else None
-    for part in loc[1:]:
-        if isinstance(part, int):
-            item = node[part] if isinstance(node, list) and 0 <= part < len(node) else None
-            name = item.get("name") if isinstance(item, Mapping) else None
-            unique = isinstance(node, list) and sum(
-                isinstance(x, Mapping) and x.get("name") == name for x in node) == 1
-            key += f"[{name}]" if isinstance(name, str) and name and unique else f"[{part}]"
-            node = item
-        else:
-            key += f".{part}"
-            node = node.get(part) if isinstance(node, Mapping) else None
-    return key
-
-
-def _model_at(loc: tuple[Any, ...]) -> Optional[type[BaseModel]]:
-    """The pydantic model whose field `loc` names (for 'did you mean')."""
-    model: Any = StackConfig
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue
-        fields = {f.alias or n: f for n, f in model.model_fields.items()}
-        if part not in fields:
-            return None
-        annotation = fields[part].annotation
-        for _ in range(3):  # Optional[...], list[...]: down to the model
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-                break
-            args = [a for a in get_args(annotation) if a is not type(None)]
-            annotation = args[0] if args else None
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return None
-        model = annotation
-    return model
-
-
-def _did_you_mean(loc: tuple[Any, ...]) -> str:
-    model = _model_at(loc)
-    if model is None or not loc:
-        return ""
-    known = [f.alias or n for n, f in model.model_fields.items()]
-    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
-
-
-def _problem(err: Mapping[str, Any]) -> str:
-    kind = err["type"]
-    if kind == "missing":
-        return "is required but not set; add it to the stack config"
-    if kind == "extra_forbidden":
-        return ("is not a known setting" + (_did_you_mean(tuple(err.get("loc") or ())) or
-                                            "; remove it or fix its spelling (see docs/reference/config.md)"))
-    return plain_problem(err)
+def _config_head(first: str) -> str:
+    """A top-level field as the stack file spells its key: `vllm-gke:nodePools`, `gcp:project`."""
+    snake = {f.alias: n for n, f in StackConfig.model_fields.items()}.get(first, first)
+    return FOREIGN_KEYS.get(snake, f"{PROJECT}:{first}")
 
 
 def parse(values: Mapping[str, Any], source: str = "stack config") -> StackConfig:
@@ -97,14 +37,9 @@ def parse(values: Mapping[str, Any], source: str = "stack config") -> StackConfi
             data[field.alias] = values[key]
     unknown = [k for k in values if k.startswith(f"{PROJECT}:")
                and k.split(":", 1)[1] not in {f.alias for f in StackConfig.model_fields.values()}]
-    issues = [ConfigIssue(k, _problem({"type": "extra_forbidden", "msg": ""})) for k in unknown]
-    try:
-        cfg: Optional[StackConfig] = StackConfig.model_validate(data)
-    except ValidationError as exc:
-        cfg = None
-        issues += [ConfigIssue(config_key(e["loc"], data), _problem(e)) for e in exc.errors()]
-    if cfg is not None:
-        issues += cross_field_issues(cfg)
+    issues = [ConfigIssue(k, problem({"type": "extra_forbidden", "msg": ""})) for k in unknown]
+    cfg, found = config_issues(data, _config_head)
+    issues += found
     if issues:
         raise ConfigError(issues, source)
     assert cfg is not None

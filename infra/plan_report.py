@@ -8,13 +8,14 @@ the other does not."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from ..components.model.vllm_argv import check_argv, load_snapshot
 from ..components.model.vllm_versions import TPU_RELEASES, release
 from ..components.observability import Observability
+from ..policies.rules import Resource, Violation, evaluate
 from .contracts import Contract
 from .contracts import problems as contract_problems
 from .crd_validation import DEFAULT_CRD_DIR
@@ -28,7 +29,8 @@ from .manifests import (
     validate_dashboard,
     validate_slo,
 )
-from .plan import Plan
+from .mocks import PlannedResource
+from .plan import Plan, manifest
 from .plan_output import write_plan
 from .plan_pictures import pictures
 from .report import Verdicts, verdicts
@@ -119,3 +121,47 @@ def render_json(report: PlanReport) -> str:
     }
     return json.dumps({**report.verdicts.to_json(), "checks": checks, "written": [str(f) for f in report.written]},
                       indent=2, default=str) + "\n"
+
+
+@dataclass
+class ResourceChecks:
+    """What can be judged of resources declared outside any Platform (a program's finer components,
+    or its own): each manifest against its schema or CRD, and the policies. Capacity, cost and
+    tenant URLs come from a Platform's settings, which these resources do not carry."""
+
+    resources: int
+    manifests: int
+    custom_resources_checked: bool
+    manifest_problems: list[tuple[str, list[str]]]
+    violations: list[Violation]
+
+    @property
+    def unsafe(self) -> bool:
+        return bool(self.manifest_problems or any(v.level == "mandatory" for v in self.violations))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"resources": self.resources, "manifests": self.manifests,
+                "customResourcesChecked": self.custom_resources_checked,
+                "manifestProblems": [{"resource": w, "errors": e} for w, e in self.manifest_problems],
+                "violations": [asdict(v) for v in self.violations]}
+
+
+def resource_checks(resources: list[PlannedResource], policy_config: Mapping[str, Any],
+                    crds: Optional[Path]) -> ResourceChecks:
+    kube = [r for r in resources if r.type.startswith("kubernetes:") and r.type != "kubernetes:helm.sh/v3:Release"]
+    docs = [manifest(r) for r in kube]
+    catalog = catalog_or_none(crds)
+    return ResourceChecks(
+        resources=len(resources), manifests=len(docs), custom_resources_checked=catalog is not None,
+        manifest_problems=[(describe(d), errs) for d in docs if (errs := validate(d, catalog))],
+        violations=evaluate([Resource(type=r.type, name=r.name, props=r.props, urn=r.urn) for r in resources],
+                            policy_config))
+
+
+def render_program_json(reports: list[PlanReport], others: Optional[ResourceChecks]) -> str:
+    """A program's preview as one document: with one Platform, the stack plan's document (plus
+    `otherResources` when the program declares more); with several, one per Platform."""
+    docs = {r.plan.stack: json.loads(render_json(r)) for r in reports}
+    extra = {"otherResources": others.to_json()} if others is not None else {}
+    body = next(iter(docs.values())) if len(docs) == 1 else {"platforms": docs}
+    return json.dumps({**body, **extra}, indent=2, default=str) + "\n"

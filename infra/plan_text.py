@@ -15,7 +15,7 @@ from .config import StackConfig
 from .contracts import CONTRACTS
 from .crd_validation import CRD_DIR_ENV
 from .plan import Plan
-from .plan_report import PlanReport
+from .plan_report import PlanReport, ResourceChecks
 from .pricing import PRICE_REGION
 from .report import Verdicts
 
@@ -182,3 +182,22 @@ def cost_table(v: Verdicts) -> Table:
                          f"({t.capacity_share:.0%} of baseline capacity)" for t in v.ceilings)
                      + ". What each did use and cost: vllm-gke report.")
     return table
+
+
+def render_resource_checks(checks: ResourceChecks, console: Console, platforms: int) -> None:
+    """Resources outside any Platform: schema and policy verdicts (no capacity or cost: those come
+    from a Platform's settings)."""
+    where = "beside the Platform" + ("s" if platforms > 1 else "") if platforms else "(no Platform in the program)"
+    console.print(f"[bold]{checks.resources} resources {where}[/]: checked against their schemas and the policies; "
+                  "capacity, cost and tenant URLs are a Platform's, so none here")
+    for what, errs in checks.manifest_problems:
+        for err in errs:
+            console.print(f"  [red]invalid[/] {escape(str(what))}: {escape(str(err))}", highlight=False)
+    if not checks.manifest_problems:
+        console.print(f"[green]all {checks.manifests} Kubernetes manifests pass schema validation[/]"
+                      + ("" if checks.custom_resources_checked else " (custom resources not checked: no CRDs)"))
+    for v in checks.violations:
+        colour = "red" if v.level == "mandatory" else "yellow"
+        console.print(f"  [{colour}]{v.level}[/] {v.policy}: {escape(v.message)}", highlight=False)
+    if not checks.violations:
+        console.print("[green]every policy passes[/]")

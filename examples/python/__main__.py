@@ -1,18 +1,19 @@
 """A platform team's own Pulumi program (Python): one Platform serving Qwen2.5-7B to one tenant.
 
-`pip install "vllm-gke @ git+..."` (components only), `pulumi up`. Everything the stack program of
-this repository declares comes from this one resource; the settings are the stack config's, checked
-the same way (a 70B model on a 3g.20gb slice fails here with the stack config's message).
+`pip install "vllm-gke @ git+..."` (components only), `pulumi up`; offline first with
+`vllm-gke preview examples/python --config gcp:project=my-project` (capacity, cost, URLs, checks,
+policies). Everything the stack program of this repository declares comes from this one resource;
+the settings are a stack config's, checked the same way and named as written here
+(`config.models[qwen-7b].shape`; a 70B model on a 3g.20gb slice fails with the stack config's message).
 """
 
 import pulumi
 
-from vllm_gke.components.model.stack_config import StackConfig
 from vllm_gke.components.platform import Platform, PlatformArgs
 
 project = pulumi.Config("gcp").require("project")
 
-config = StackConfig.model_validate({
+config = {
     "project": project,
     "region": "us-central1",
     "environment": "staging",
@@ -31,7 +32,7 @@ config = StackConfig.model_validate({
                                            "audiences": ["llm"]},
                  "models": ["qwen-7b"], "rateLimit": {"requestsPerMinute": 600}, "maxTokens": 2048}],
     "weights": {"backend": "gcs"},
-})
+}
 
 platform = Platform("llm", PlatformArgs(config))
 pulumi.export("routes", platform.routes)

@@ -60,7 +60,7 @@ def keda_operator_identity(plan: Plan) -> list[str]:
     members = [r.props.get("member", "") for r in plan.of_type("gcp:serviceaccount/iAMMember:IAMMember")]
     if not any(m.endswith(f"[keda/{OPERATOR_SA}]") for m in members):
         out.append(f"no Workload Identity binding for keda/{OPERATOR_SA}")
-    if not any(r.name == "keda-monitoring-viewer" and r.props.get("role") == "roles/monitoring.viewer"
+    if not any(r.name.endswith("keda-monitoring-viewer") and r.props.get("role") == "roles/monitoring.viewer"
                for r in plan.of_type("gcp:projects/iAMMember:IAMMember")):
         out.append("KEDA's Google service account may not read Managed Prometheus (roles/monitoring.viewer)")
     for pool in plan.of_type("gcp:container/nodePool:NodePool"):
