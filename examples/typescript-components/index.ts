@@ -1,6 +1,6 @@
 // The finer vllm-gke components composed by hand from TypeScript: the same platform one Platform
-// declares (see ../typescript), for teams that wire their own. `pulumi package add
-// ../../components/provider` generates the @pulumi/vllm-gke SDK under sdks/ from the package schema.
+// declares (see ../typescript), for teams that wire their own. `pulumi install` generates the
+// @pulumi/vllm-gke SDK under sdks/ from the package Pulumi.yaml names (../../components/provider).
 import * as pulumi from "@pulumi/pulumi";
 import * as vllmgke from "@pulumi/vllm-gke";
 

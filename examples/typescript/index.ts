@@ -1,5 +1,6 @@
 // A whole vllm-gke platform from TypeScript: one Platform serving Qwen2.5-7B to one tenant.
-// `pulumi package add ../../components/provider` generates the @pulumi/vllm-gke SDK under sdks/.
+// `pulumi install` generates the @pulumi/vllm-gke SDK under sdks/ from the package Pulumi.yaml
+// names (../../components/provider), then installs package.json's dependencies.
 // The settings are a stack config's (docs/reference/config.md), checked the same way.
 // examples/typescript-components composes the finer components by hand instead.
 import * as pulumi from "@pulumi/pulumi";
