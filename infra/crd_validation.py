@@ -40,7 +40,9 @@ Schema = dict[str, Any]
 
 
 def crd_dir() -> Optional[Path]:
-    """Where the upstream CRDs are: $VLLM_GKE_CRDS_DIR, else ../shared/upstream-crds; None if absent."""
+    """Where the upstream CRDs are: $VLLM_GKE_CRDS_DIR, else ../shared/upstream-crds; None if absent.
+    Never the network (the tests' folder); a user's plan also has the pinned files fetched into a
+    cache (infra/crd_cache.py: crd_folder)."""
     path = Path(os.environ.get(CRD_DIR_ENV) or DEFAULT_CRD_DIR)
     return path if path.is_dir() else None
 
