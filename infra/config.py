@@ -16,6 +16,7 @@ from pulumi.runtime.config import CONFIG
 
 from ..components.model.config_errors import config_issues, problem
 from ..components.model.stack_config import ConfigError, ConfigIssue, StackConfig
+from .model_configs import with_stack_model_configs
 
 PROJECT = "vllm-gke"
 # Fields that live in another provider's namespace in stack config.
@@ -76,4 +77,6 @@ def load() -> StackConfig:
     raw = {**environment_config(), **CONFIG.get()}
     values = {k: _decode(v) for k, v in raw.items()
               if k.startswith(f"{PROJECT}:") or k in FOREIGN_KEYS.values()}
-    return parse(values, f"config of stack '{pulumi.get_stack()}'")
+    source = f"config of stack '{pulumi.get_stack()}'"
+    # A model given by its id alone: its shape from its config.json, cached beside the stack.
+    return parse(with_stack_model_configs(values, source), source)

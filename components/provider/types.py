@@ -246,6 +246,16 @@ class CustomShape(TypedDict):
     """A mixture of experts: parameters one token passes through (default: all of them)."""
     attention_heads: NotRequired[int]
     """Query heads (tensorParallelSize must divide them; unset: not checked)."""
+    hidden_size: NotRequired[int]
+    """Width of the residual stream (unset: attentionHeads x headDim, or estimated from the parameters)."""
+    max_context: NotRequired[int]
+    """The longest context the model takes (its config.json's max_position_embeddings, scaled as vLLM scales it); maxModelLen may not exceed it (unset: not checked)."""
+    sliding_window: NotRequired[int]
+    """Tokens a sliding-window layer attends to (and caches); unset: every layer caches the whole context."""
+    sliding_window_layers: NotRequired[int]
+    """Layers that use slidingWindow (the rest attend to the whole context; default: all of them)."""
+    bytes_per_weight: NotRequired[float]
+    """Bytes each parameter takes in the checkpoint, averaged over its parts (a quantised one keeps its embeddings in 16 bits); default: dtype's (2 for bfloat16, 1 for fp8 and int8, 0.5 for awq and gptq)."""
 
 
 class ServingPoolSpec(TypedDict):
@@ -310,9 +320,9 @@ class ModelSpec(TypedDict):
     revision: NotRequired[str]
     """Git branch, tag or commit of the source. Default: main."""
     shape: NotRequired[str]
-    """The named form of `shape` (or give `custom_shape`). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b, llama-3.1-405b, deepseek-v3)."""
+    """The named form of `shape` (or give `custom_shape`). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b, llama-3.1-405b, deepseek-v3). Unset: read from the model's config.json, which the stack program and `vllm-gke plan` fetch once and cache beside the stack file (model-configs/<org>--<repo>@<revision>.json: commit it with the stack)."""
     custom_shape: NotRequired[CustomShape]
-    """The structured form of `shape` (give one of the two). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b, llama-3.1-405b, deepseek-v3)."""
+    """The structured form of `shape` (give one of the two). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b, llama-3.1-405b, deepseek-v3). Unset: read from the model's config.json, which the stack program and `vllm-gke plan` fetch once and cache beside the stack file (model-configs/<org>--<repo>@<revision>.json: commit it with the stack)."""
     dtype: NotRequired[Dtype]
     """Weight dtype or quantisation. One of: bfloat16, float16, fp8, int8, awq, gptq. Default: bfloat16."""
     disk_gb: NotRequired[float]

@@ -28,7 +28,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer("package", "component package", "components/provider/", ("components/provider/",)),
     Layer("components", "components", "components/*.py", ("components/",)),
     Layer("program", "stack program", "infra/program.py, __main__.py, config.py",
-          ("infra/program.py", "infra/__main__.py", "infra/config.py")),
+          ("infra/program.py", "infra/__main__.py", "infra/config.py", "infra/model_configs.py")),
     Layer("plan", "offline plan and CLI", "infra/", ("infra/",)),
     Layer("policies", "policy pack", "policies/", ("policies/",)),
     Layer("images", "server image", "images/: serve.py, vllm_gke_guard/", ("images/",)),

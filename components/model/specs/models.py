@@ -4,6 +4,7 @@ flags the platform sets itself."""
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from typing import Annotated, Any, Literal, Optional
 
 from pydantic import (
@@ -106,6 +107,35 @@ class CustomShape(Spec):
     active_params_billion: Optional[float] = Field(default=None, gt=0)
     # Query heads (tensorParallelSize must divide them; unset: not checked).
     attention_heads: Optional[int] = Field(default=None, gt=0)
+    # Width of the residual stream (unset: attentionHeads x headDim, or estimated from the parameters).
+    hidden_size: Optional[int] = Field(default=None, gt=0)
+    # The longest context the model takes (its config.json's max_position_embeddings, scaled as vLLM
+    # scales it); maxModelLen may not exceed it (unset: not checked).
+    max_context: Optional[int] = Field(default=None, gt=0)
+    # Tokens a sliding-window layer attends to (and caches); unset: every layer caches the whole context.
+    sliding_window: Optional[int] = Field(default=None, gt=0)
+    # Layers that use slidingWindow (the rest attend to the whole context; default: all of them).
+    sliding_window_layers: Optional[int] = Field(default=None, ge=0)
+    # Bytes each parameter takes in the checkpoint, averaged over its parts (a quantised one keeps its
+    # embeddings in 16 bits); default: dtype's (2 for bfloat16, 1 for fp8 and int8, 0.5 for awq and gptq).
+    bytes_per_weight: Optional[float] = Field(default=None, gt=0, le=4)
+
+    @model_validator(mode="after")
+    def _sliding_layers(self) -> "CustomShape":
+        if self.sliding_window_layers is not None and self.sliding_window is None:
+            raise ValueError("slidingWindowLayers needs slidingWindow")
+        if (self.sliding_window_layers or 0) > self.layers:
+            raise ValueError(f"slidingWindowLayers ({self.sliding_window_layers}) is more than layers ({self.layers})")
+        return self
+
+    def sliding_share(self, context: int) -> float:
+        """The share of the KV cache a sequence of `context` tokens keeps, against every layer
+        caching all of it: sliding layers keep at most the window."""
+        if self.sliding_window is None:
+            return 1.0
+        sliding = self.layers if self.sliding_window_layers is None else self.sliding_window_layers
+        kept = min(1.0, self.sliding_window / context)
+        return (self.layers - sliding + sliding * kept) / self.layers
 
 
 class ServingPoolSpec(Spec):
@@ -214,6 +244,10 @@ class AdapterSpec(Spec):
         return v
 
 
+# The CustomShape fields a ModelShape carries (the rest only the spec reads).
+_MODEL_SHAPE_FIELDS = {f.name for f in fields(ModelShape)}
+
+
 def _short_default() -> ServingPoolSpec:
     return ServingPoolSpec(max_num_seqs=128)
 
@@ -230,8 +264,10 @@ class ModelSpec(Spec):
     # Git branch, tag or commit of the source.
     revision: Revision = "main"
     # Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b,
-    # llama-3.1-405b, deepseek-v3).
-    shape: str | CustomShape
+    # llama-3.1-405b, deepseek-v3). Unset: read from the model's config.json, which the stack program and
+    # `vllm-gke plan` fetch once and cache beside the stack file (model-configs/<org>--<repo>@<revision>.json:
+    # commit it with the stack).
+    shape: Optional[str | CustomShape] = Field(default=None, validate_default=True)
     # Weight dtype or quantisation.
     dtype: Literal["bfloat16", "float16", "fp8", "int8", "awq", "gptq"] = "bfloat16"
     # GiB the files vLLM reads take on disk: the weights it opens plus config and tokenizer
@@ -334,7 +370,13 @@ class ModelSpec(Spec):
 
     @field_validator("shape")
     @classmethod
-    def _shape(cls, v: str | CustomShape) -> str | CustomShape:
+    def _shape(cls, v: Optional[str | CustomShape]) -> str | CustomShape:
+        if v is None:
+            raise ValueError(
+                "is not set and no config.json was read for the model; give shape (one of "
+                f"{', '.join(MODEL_SHAPES)}) or customShape {{paramsBillion, layers, kvHeads, headDim}}, or read it "
+                "from the model's config.json: the stack program and `vllm-gke plan` do for a stack; a program of "
+                "your own calls vllm_gke.infra.model_configs.with_model_configs(config, cache_dir) first")
         if isinstance(v, str) and v not in MODEL_SHAPES:
             raise ValueError(
                 f"unknown model shape '{v}'; use one of {', '.join(MODEL_SHAPES)} or give "
@@ -350,6 +392,16 @@ class ModelSpec(Spec):
             if problem:
                 raise ValueError(problem)
         return v
+
+    @model_validator(mode="after")
+    def _within_context(self) -> "ModelSpec":
+        limit = self.shape.max_context if isinstance(self.shape, CustomShape) else None
+        longest = self.served_max_model_len
+        if limit is not None and longest > limit:
+            raise ValueError(f"maxModelLen {longest} is above the model's longest context, {limit} tokens "
+                             "(customShape.maxContext, from its config.json): vLLM refuses to start; lower maxModelLen "
+                             "(or the pools' maxModelLen) to at most that")
+        return self
 
     @model_validator(mode="after")
     def _canary_differs(self) -> "ModelSpec":
@@ -399,13 +451,15 @@ class ModelSpec(Spec):
 
     @property
     def model_shape(self) -> ModelShape:
-        if isinstance(self.shape, str):
-            return MODEL_SHAPES[self.shape]
-        return ModelShape(**self.shape.model_dump())
+        if isinstance(self.shape, CustomShape):
+            return ModelShape(**self.shape.model_dump(include=_MODEL_SHAPE_FIELDS))
+        assert self.shape is not None  # the validator refuses None
+        return MODEL_SHAPES[self.shape]
 
     @property
     def weights_gb(self) -> float:
-        return self.model_shape.params_billion * WEIGHT_BYTES[self.dtype]
+        per_weight = self.shape.bytes_per_weight if isinstance(self.shape, CustomShape) else None
+        return self.model_shape.params_billion * (per_weight or WEIGHT_BYTES[self.dtype])
 
     @property
     def files_gb(self) -> float:
@@ -414,8 +468,16 @@ class ModelSpec(Spec):
 
     @property
     def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes a token takes. With sliding-window layers, a sequence's average at the
+        model's shortest pool context (its contextTokens, else maxModelLen): longer sequences keep
+        less per token, so every pool's figure is on the safe side."""
         s = self.model_shape
-        return int(2 * s.layers * s.kv_heads * s.head_dim * KV_CACHE_BYTES[self.kv_cache_dtype])
+        full = 2 * s.layers * s.kv_heads * s.head_dim * KV_CACHE_BYTES[self.kv_cache_dtype]
+        if not isinstance(self.shape, CustomShape):
+            return int(full)
+        shortest = min(getattr(self, w).context_tokens or self.pool_max_model_len(getattr(self, w))
+                       for w in self.pool_names)
+        return int(full * self.shape.sliding_share(shortest))
 
     def pool_max_model_len(self, pool: ServingPoolSpec) -> int:
         return pool.max_model_len or self.max_model_len
