@@ -4,10 +4,14 @@ cost per output token, what it serves (the roofline's tokens/s, components/model
 a million output tokens cost on it at list price - so a team sees which fits and what it costs
 before choosing a pool.
 
-Candidates per accelerator: one node's GPUs (tensor parallelism 1, 2, 4, 8, 16), then whole nodes of
-the largest machine (pipeline stages across hosts, up to MAX_HOSTS); each TPU host's chips and
-each multi-host slice (tensor parallelism over the slice, as vLLM's TPU build shards). Of those
-that fit, the cheapest per token, then the fewest hosts.
+Candidates per accelerator: for tensor parallelism 1, 2, 4, 8, 16 the smallest machine with that
+many GPUs (a 1-GPU replica on a2-highgpu-1g, not a sixteenth of an a2-megagpu-16g that nobody rents
+by the GPU; where no smaller machine exists, its share of the node, as replicas sharing it pay),
+then whole nodes of the largest machine (pipeline stages across hosts, up to MAX_HOSTS); each TPU
+host's chips and each multi-host slice (tensor parallelism over the slice, as vLLM's TPU build
+shards). Of those that fit, the cheapest per token, then the fewest hosts. Beside them, each
+model's replica as the stack configures it (`this stack`), priced as the cost report prices it
+(infra/cost.py ReplicaCost: one computation for both).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from ..components.model.capacity import pool_capacity
 from ..components.model.catalog import ACCELERATORS, MACHINE_TYPES, MachineType, topology_chips
 from ..components.model.machine_prices import MACHINE_PRICES
 from ..components.model.specs import ModelSpec, NodePoolSpec
+from ..components.model.stack_config import StackConfig
+from .cost import ReplicaCost
 
 MAX_HOSTS = 4
 
@@ -36,6 +42,9 @@ class AcceleratorOption:
     batch: int  # sequences a replica decodes at once (the pool's maxNumSeqs, or what its KV cache holds)
     tokens_per_second: float
     usd_per_hour: float  # on-demand: its share of one node's price, or every host of a multi-host replica
+    # The replica the stack configures (its node pool's machine, MIG slice, spot price), not a candidate.
+    this_stack: bool = False
+    spot: bool = False
 
     def usd_per_million_tokens(self, utilization: float) -> float:
         return self.usd_per_hour / (self.tokens_per_second * utilization * 3600) * 1e6
@@ -53,10 +62,10 @@ def _candidates(machines: list[MachineType]) -> Iterator[tuple[MachineType, Opti
                 if hosts <= MAX_HOSTS:
                     yield m, topology, topology_chips(topology), 1
         return
-    for m in by_size:
-        for tp in (1, 2, 4, 8, 16):
-            if tp <= m.gpus and m.gpus % tp == 0:
-                yield m, None, tp, 1
+    for tp in (1, 2, 4, 8, 16):
+        holding = [m for m in by_size if m.gpus >= tp and m.gpus % tp == 0]
+        if holding:
+            yield holding[0], None, tp, 1
     largest = by_size[-1]
     for hosts in range(2, MAX_HOSTS + 1):
         yield largest, None, largest.gpus, hosts
@@ -92,3 +101,20 @@ def model_options(model: ModelSpec) -> list[AcceleratorOption]:
         if fitting:
             out.append(min(fitting, key=lambda o: (round(o.usd_per_hour / o.tokens_per_second, 9), o.hosts, o.devices)))
     return sorted(out, key=lambda o: o.usd_per_hour / o.tokens_per_second)
+
+
+def stack_options(cfg: StackConfig, replicas: tuple[ReplicaCost, ...]) -> list[AcceleratorOption]:
+    """Each model's replica of its short pool (a shared one where it has one) as the stack runs it,
+    from the cost report's own rows."""
+    out: dict[str, AcceleratorOption] = {}
+    for r in sorted(replicas, key=lambda r: (r.tenant is not None, r.pool != "short")):
+        if r.canary or r.model in out:
+            continue
+        model, pool = cfg.model(r.model), cfg.pool(r.node_pool)
+        acc = pool.machine.accelerator
+        machine = r.machine_type + (f" {r.gpu_partition_size}" if r.gpu_partition_size else "")
+        out[r.model] = AcceleratorOption(
+            r.model, acc.gke_type if acc else "", machine, pool.tpu_topology, r.devices, model.tensor_parallel_size,
+            model.pipeline_parallel_size, r.hosts, r.batch, r.tokens_per_second, r.usd_per_hour,
+            this_stack=True, spot=r.spot)
+    return list(out.values())

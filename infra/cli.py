@@ -23,7 +23,7 @@ from .config import ConfigError
 from .crd_validation import CRD_DIR_ENV
 from .plan import Plan, default_stacks_dir, run_plan
 from .plan_report import plan_report, render_json, render_program_json, resource_checks
-from .plan_text import render_resource_checks, render_text
+from .plan_text import column, render_resource_checks, render_text
 from .preview import Program, choose_stack, outside_platforms, platform_plans, program_config, read_project, run_user_program
 from .pricing import PRICE_REGION
 from .report import load_policy_config
@@ -31,13 +31,17 @@ from .usage_report import UsageReport, period_problem, prometheus, read_metrics_
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan vllm-gke stacks offline: resources, manifests, dashboards, verdicts.")
-console = Console(width=140)
+def console() -> Console:
+    """A console at the terminal's width as it is now (rich reads the terminal, else $COLUMNS, else
+    80): one made at import would keep the width of that moment. Tables fold long values onto more
+    lines instead of cutting them."""
+    return Console()
 
 
 def fail(*messages: str) -> NoReturn:
     """Bad input: each message on its own line, exit 2, never a traceback."""
     for message in messages:
-        console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+        console().print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(2) from None
 
 
@@ -85,7 +89,7 @@ def plan(
     if output == "json":
         sys.stdout.write(render_json(report))
     else:
-        render_text(report, console, detail)
+        render_text(report, console(), detail)
     if report.unsafe:
         raise typer.Exit(1)
 
@@ -123,10 +127,10 @@ def preview(
     else:
         for report in reports:
             if len(reports) > 1:
-                console.rule(f"Platform {report.plan.stack.rsplit('/', 1)[-1]}")
-            render_text(report, console, detail)
+                console().rule(f"Platform {report.plan.stack.rsplit('/', 1)[-1]}")
+            render_text(report, console(), detail)
         if checks is not None:
-            render_resource_checks(checks, console, len(plans))
+            render_resource_checks(checks, console(), len(plans))
     if any(r.unsafe for r in reports) or (checks is not None and checks.unsafe):
         raise typer.Exit(1)
 
@@ -155,14 +159,14 @@ def schema(out: Optional[Path] = typer.Option(None, "--out", "-o", help="file to
             "print(json.dumps(package_schema(), indent=2, sort_keys=True))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if result.returncode != 0:
-        console.print(f"error: the component package's schema could not be built:\n{result.stderr[-2000:]}")
+        console().print(f"error: the component package's schema could not be built:\n{result.stderr[-2000:]}")
         raise typer.Exit(1)
     text = result.stdout
     if out is None:
         sys.stdout.write(text)
     else:
         out.write_text(text)
-        console.print(f"wrote {out}")
+        console().print(f"wrote {out}")
 
 
 @app.command("docs")
@@ -172,18 +176,18 @@ def docs(check: bool = typer.Option(False, "--check", help="write nothing; exit 
     if check:
         stale = generated.stale()
         for path in stale:
-            console.print(f"stale: {path}; run: vllm-gke docs")
+            console().print(f"stale: {path}; run: vllm-gke docs")
         if stale:
             raise typer.Exit(1)
     else:
         for path in generated.write():
-            console.print(f"wrote {path}")
+            console().print(f"wrote {path}")
     broken = generated.broken_links(generated.doc_files())
     for problem in broken:
-        console.print(f"broken link: {escape(problem)}")
+        console().print(f"broken link: {escape(problem)}")
     if broken:
         raise typer.Exit(1)
-    console.print("[green]the docs are current and every link resolves[/]")
+    console().print("[green]the docs are current and every link resolves[/]")
 
 
 @app.command("report")
@@ -227,9 +231,9 @@ def usage(
     if output == "json":
         sys.stdout.write(json.dumps(report.to_json(), indent=1) + "\n")
         return
-    console.print(usage_table(stack, report))
+    console().print(usage_table(stack, report))
     for pod in report.unknown_pods:
-        console.print(f"[yellow]note:[/] pod {escape(pod)} is no vLLM Deployment or group leader of this stack: "
+        console().print(f"[yellow]note:[/] pod {escape(pod)} is no vLLM Deployment or group leader of this stack: "
                       "not priced")
 
 
@@ -247,7 +251,7 @@ def usage_table(stack: str, report: UsageReport) -> Table:
     table = Table(title=f"stack {stack}: usage over the last {report.period} ({PRICE_REGION} list prices)")
     for col in ("tenant", "requests ok/refused/error/shed", "prompt tokens", "generated tokens",
                 "GPU-hours", "TPU chip-hours", "dollars", "share"):
-        table.add_column(col, justify="left" if col == "tenant" else "right")
+        column(table, col, right=col != "tenant")
     for name, t in report.tenants.items():
         reqs = "/".join(f"{t.requests.get(o, 0):,.0f}" for o in ("ok", "refused", "error", "shed"))
         table.add_row(name, reqs, f"{t.prompt_tokens:,.0f}", f"{t.generation_tokens:,.0f}", f"{t.gpu_hours:,.1f}",
@@ -260,7 +264,7 @@ def usage_table(stack: str, report: UsageReport) -> Table:
 def list_stacks(stacks_dir: Optional[Path] = typer.Option(None, "--stacks-dir")) -> None:
     """List the stacks that can be planned here."""
     for path in sorted((stacks_dir or default_stacks_dir()).glob("Pulumi.*.yaml")):
-        console.print(path.name.split(".")[1])
+        console().print(path.name.split(".")[1])
 
 
 def main(argv: Optional[list[str]] = None) -> None:

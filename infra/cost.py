@@ -66,6 +66,34 @@ class PoolCost:
 
 
 @dataclass(frozen=True)
+class ReplicaCost:
+    """One replica of a serving pool as the stack runs it: its devices' share of its node pool's
+    machines (a multi-host group, every host), at the pool's price (spot where spot), and the output
+    tokens it makes a second. The cost report's totals and the options table's `this stack` rows are
+    both these."""
+
+    model: str
+    pool: str  # short | long
+    node_pool: str
+    machine_type: str
+    gpu_partition_size: str | None
+    spot: bool
+    devices: int
+    hosts: int
+    batch: int
+    tokens_per_second: float
+    usd_per_hour: float
+    min_replicas: int
+    max_replicas: int
+    tenant: str | None = None
+    canary: bool = False
+
+    def usd_per_million_tokens(self, utilization: float) -> float:
+        rate = self.tokens_per_second * utilization * 3600
+        return self.usd_per_hour / rate * 1e6 if rate else math.inf
+
+
+@dataclass(frozen=True)
 class CostReport:
     stack: str
     prices_as_of: str
@@ -77,6 +105,13 @@ class CostReport:
     hours_per_month: float
     # "roofline" (estimated per pool) or "measured" (cost.tokensPerSecondPerGpu x devices).
     throughput_source: str = "roofline"
+    # Every serving pool's replica, as priced and counted above.
+    replicas: tuple[ReplicaCost, ...] = ()
+
+    @property
+    def peak_tokens_per_second(self) -> float:
+        """Output tokens a second with every serving pool at maxReplicas (a capped pool counted whole)."""
+        return sum(r.tokens_per_second * r.max_replicas for r in self.replicas)
 
     @property
     def baseline_month(self) -> float:
@@ -123,15 +158,29 @@ def cost_report(cfg: "StackConfig", filestore_tier: str, filestore_gb: int) -> C
              **({f"Cloud Storage bucket {filestore_gb} GB": GCS_STANDARD_GB_MONTH * filestore_gb}
                 if not backend_of(cfg.weights).has_filestore_share else
                 {f"Filestore {filestore_tier} {filestore_gb} GiB": FILESTORE_GIB_MONTH[filestore_tier] * filestore_gb})}
-    measured = cfg.cost.tokens_per_second_per_gpu
-    rows = capacity_report(cfg)
-    if measured is not None:
-        # Per physical GPU or chip: a MIG slice gets its share.
-        tps = sum(r.devices * measured / _units_per_device(cfg, r.node_pool) * r.min_replicas for r in rows)
-    else:
-        tps = sum(r.decode_tokens_s * r.min_replicas for r in rows)
+    replicas = replica_costs(cfg)
+    tps = sum(r.tokens_per_second * r.min_replicas for r in replicas)
     return CostReport(cfg.environment, PRICES_AS_OF, pools, fixed, tps, cfg.cost.target_utilization, hours,
-                      throughput_source="measured" if measured is not None else "roofline")
+                      throughput_source="measured" if cfg.cost.tokens_per_second_per_gpu is not None else "roofline",
+                      replicas=tuple(replicas))
+
+
+def replica_costs(cfg: "StackConfig") -> list[ReplicaCost]:
+    """Each serving pool's replica (capacity_report's rows): its slots' share of the node's price and
+    its tokens a second, the roofline's or `cost.tokensPerSecondPerGpu` per physical device."""
+    measured = cfg.cost.tokens_per_second_per_gpu
+    out = []
+    for r in capacity_report(cfg):
+        pool = cfg.pool(r.node_pool)
+        price = MACHINE_PRICES[pool.machine_type]
+        # Per physical GPU or chip: a MIG slice gets its share.
+        tps = r.devices * measured / _units_per_device(cfg, r.node_pool) if measured is not None else r.decode_tokens_s
+        out.append(ReplicaCost(
+            r.model, r.pool, r.node_pool, pool.machine_type, pool.gpu_partition_size, pool.spot, r.devices, r.hosts,
+            min(r.max_num_seqs, r.seqs_fit), tps,
+            (price.spot_hour if pool.spot else price.on_demand_hour) * r.devices / pool.slices_per_node,
+            r.min_replicas, r.max_replicas, r.tenant, r.canary))
+    return out
 
 
 def _units_per_device(cfg: "StackConfig", node_pool: str) -> int:

@@ -115,6 +115,10 @@ def stack_file(stack: str, stacks_dir: Path = STACKS_DIR) -> Path:
 
 def read_stack_config(stack: str, stacks_dir: Path = STACKS_DIR) -> dict[str, Any]:
     path = stack_file(stack, stacks_dir)
+    if not stacks_dir.is_dir():
+        raise ConfigError([ConfigIssue("--stacks-dir", f"no stacks folder at {stacks_dir}: run where ./stacks holds "
+                                       "Pulumi.<stack>.yaml files or pass --stacks-dir; for a Pulumi program of your "
+                                       "own, `vllm-gke preview PROGRAM_DIR`")], "stack selection")
     if not path.exists():
         known = sorted(p.name.split(".")[1] for p in stacks_dir.glob("Pulumi.*.yaml"))
         raise ConfigError([ConfigIssue("--stack", f"no stack '{stack}': {path} does not exist; "

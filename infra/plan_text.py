@@ -5,10 +5,12 @@ policies), then the checks, the resource counts last."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ..policies.rules import POLICIES
 from .config import StackConfig
@@ -17,7 +19,34 @@ from .crd_validation import CRD_DIR_ENV
 from .plan import Plan
 from .plan_report import PlanReport, ResourceChecks
 from .pricing import PRICE_REGION
-from .report import Verdicts
+from .report import TenantCeiling, Verdicts
+
+
+def column(table: Table, header: str, right: bool = False) -> None:
+    """A column whose values wrap where the terminal is narrow, never cut: a model name, a node
+    pool or a tenant's URL is copied from here, and `llama-…` cannot be."""
+    table.add_column(header, justify="right" if right else "left", overflow="fold")
+
+
+# Columns whose values are names a user copies or searches for: kept whole wherever the width allows.
+NAMES = frozenset({"model", "pool", "node pool", "accelerator", "machine", "tenant", "item", "policy", "type",
+                   "component", "name", "base URL"})
+
+
+def fitted(table: Table, width: int) -> Table:
+    """The table at the terminal's width: every value on one line where they all fit; else the names
+    whole and the rest folded; else everything folded (values wrap, never cut)."""
+    def longest(col: Any) -> int:
+        # Column keeps its cells in _cells (rich has no public accessor).
+        return max((Text.from_markup(str(c)).cell_len for c in col._cells), default=0)
+    need = {str(c.header): longest(c) for c in table.columns}
+    frame = 3 * len(table.columns) + 1
+    names = {h: n for h, n in need.items() if h in NAMES}
+    keep = (need if sum(need.values()) + frame <= width else
+            names if sum(names.values()) + 4 * (len(need) - len(names)) + frame <= width else {})
+    for col in table.columns:
+        col.min_width = keep.get(str(col.header), col.min_width)
+    return table
 
 
 def render_text(report: PlanReport, console: Console, detail: bool) -> None:
@@ -25,7 +54,7 @@ def render_text(report: PlanReport, console: Console, detail: bool) -> None:
     _decisions(report, console)
     _checks(report, console)
     # The resource counts last: what `pulumi up` creates, for those who read that far.
-    console.print(resource_table(report.plan, detail))
+    console.print(fitted(resource_table(report.plan, detail), console.width))
     if report.written_under is not None:
         console.print(f"wrote {len(report.written)} files under {report.written_under}/ (manifests/, dashboard.json, "
                       "alert-policies.json, resources.json, verdicts.json, node-pools.mmd, routes.mmd)")
@@ -34,13 +63,15 @@ def render_text(report: PlanReport, console: Console, detail: bool) -> None:
 def _decisions(report: PlanReport, console: Console) -> None:
     # What a person decides on first: what it holds, what it costs, what to watch, where tenants call.
     v = report.verdicts
-    console.print(capacity_table(v))
-    console.print(cost_table(v))
-    console.print(options_table(report.plan.config, v))
+    console.print(fitted(capacity_table(v), console.width))
+    console.print(fitted(cost_table(v), console.width))
+    console.print(fitted(options_table(report.plan.config, v), console.width))
     for warning in v.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
-    console.print(url_table(v))
-    console.print(policy_table(v))
+    for line in url_lines(v):
+        # One line each, never broken by rich: the terminal wraps a long URL and it copies whole.
+        console.print(line, soft_wrap=True, highlight=False)
+    console.print(fitted(policy_table(v), console.width))
     for violation in v.violations:
         colour = "red" if violation.level == "mandatory" else "yellow"
         console.print(f"  [{colour}]{violation.level}[/] {violation.policy}: {escape(violation.message)}",
@@ -87,13 +118,13 @@ def resource_table(plan: Plan, detail: bool) -> Table:
     table = Table(title=f"stack {plan.stack}: {sum(r.custom for r in plan.resources)} resources")
     if detail:
         for col in ("component", "type", "name"):
-            table.add_column(col)
+            column(table, col)
         # Sorted: the order resources register in is the program's (and its outputs' resolution), not news.
         for row in sorted((plan.component_of(r), r.type, r.name) for r in plan.resources if r.custom):
             table.add_row(*row)
         return table
-    table.add_column("type")
-    table.add_column("count", justify="right")
+    column(table, "type")
+    column(table, "count", right=True)
     for type_, n in sorted(Counter(r.type for r in plan.resources if r.custom).items()):
         table.add_row(type_, str(n))
     return table
@@ -102,7 +133,7 @@ def resource_table(plan: Plan, detail: bool) -> Table:
 def policy_table(v: Verdicts) -> Table:
     table = Table(title="policies")
     for col in ("policy", "level", "verdict"):
-        table.add_column(col)
+        column(table, col)
     for p in POLICIES:
         hits = [x for x in v.violations if x.policy == p.name]
         level = v.levels[p.name]
@@ -117,7 +148,7 @@ def capacity_table(v: Verdicts) -> Table:
                         "per replica, the roofline's)")
     for col in ("model", "pool", "node pool", "GB", "devices x hosts", "weights", "LoRA",
                 "KV budget", "KV tokens", "context", "seqs fit", "maxNumSeqs", "tokens/s", "fits", "to serve"):
-        table.add_column(col, justify="right" if col not in ("model", "pool", "node pool") else "left")
+        column(table, col, right=col not in ("model", "pool", "node pool"))
     for r in v.capacity:
         label = r.model + (f" ({r.tenant})" if r.tenant else "") + (f" canary {r.revision[:7]}" if r.canary else "")
         table.add_row(label, r.pool, r.node_pool,
@@ -130,17 +161,19 @@ def capacity_table(v: Verdicts) -> Table:
 
 
 def options_table(cfg: StackConfig, v: Verdicts) -> Table:
-    """Each model's GPU and TPU options side by side (infra/accelerator_options.py)."""
-    table = Table(title="accelerator options per model (per accelerator, the replica of whole GPUs or TPU chips "
-                        "that holds its short pool at the lowest $ a token; roofline tokens/s, on-demand list prices)")
+    """Each model's GPU and TPU options side by side (infra/accelerator_options.py), with the replica
+    the stack configures priced as the cost report prices it."""
+    table = Table(title="accelerator options per model (per accelerator, the smallest machine whose whole GPUs or "
+                        "TPU chips hold the short pool at the lowest $ a token, on-demand list prices; 'this stack': "
+                        "the replica as configured, as the cost report prices it)")
     for col in ("model", "accelerator", "machine", "TP x PP", "hosts", "batch", "tokens/s", "$/h",
                 "$/M tokens", "this stack"):
-        table.add_column(col, justify="left" if col in ("model", "accelerator", "machine", "this stack") else "right")
+        column(table, col, right=col not in ("model", "accelerator", "machine", "this stack"))
     util = cfg.cost.target_utilization
     for model in cfg.models:
-        chosen = cfg.pool(model.node_pool).machine.accelerator
-        for o in (o for o in v.options if o.model == model.name):
-            here = "[green]chosen[/]" if chosen is not None and chosen.gke_type == o.accelerator else ""
+        rows = sorted((o for o in v.options if o.model == model.name), key=lambda o: o.usd_per_million_tokens(util))
+        for o in rows:
+            here = ("[green]this stack[/]" + (" (spot)" if o.spot else "")) if o.this_stack else ""
             machine = o.machine_type + (f" {o.topology}" if o.topology else "")
             table.add_row(model.name, o.accelerator, machine, f"{o.tensor_parallel} x {o.pipeline_parallel}",
                           str(o.hosts), str(o.batch), f"{o.tokens_per_second:,.0f}", f"{o.usd_per_hour:.2f}",
@@ -148,13 +181,26 @@ def options_table(cfg: StackConfig, v: Verdicts) -> Table:
     return table
 
 
-def url_table(v: Verdicts) -> Table:
-    table = Table(title="tenant URLs (OpenAI base URL per tenant and model)")
-    for col in ("tenant", "model", "base URL", "via", "header to send"):
-        table.add_column(col)
+def ceiling_words(v: Verdicts) -> str:
+    """What the rate limits let each tenant use in a month, in words that read as a bound, not a bill."""
+    def one(t: TenantCeiling) -> str:
+        if t.bound_by == "capacity":
+            return (f"{t.tenant} {t.limit_tokens_month / 1e6:,.0f}M tokens, more than the stack makes at peak "
+                    f"({t.tokens_month / 1e6:,.0f}M), so capacity bounds it: at most ${t.dollars_month:,.0f}")
+        return (f"{t.tenant} up to {t.tokens_month / 1e6:,.0f}M tokens ({t.capacity_share:.0%} of what the baseline "
+                f"makes), at most ${t.dollars_month:,.0f}")
+    return ("Ceilings, not forecasts: what each tenant's rate limit allows in a month: "
+            + "; ".join(one(t) for t in v.ceilings) + ". What each did use and cost: vllm-gke report.") if v.ceilings else ""
+
+
+def url_lines(v: Verdicts) -> list[str]:
+    """Each tenant's OpenAI base URL per model, on a line of its own (how it gets there, and the
+    header to send where one is needed)."""
+    lines = ["[bold]tenant URLs[/] (OpenAI base URL per tenant and model; tenant, model: URL, via):"]
     for u in v.urls:
-        table.add_row(u.tenant, u.model, u.url, u.via, u.header or "-")
-    return table
+        header = f", send header {escape(u.header)}" if u.header else ""
+        lines.append(f"  {escape(u.tenant)}, {escape(u.model)}: {escape(u.url)} ({escape(u.via)}{header})")
+    return lines
 
 
 def cost_table(v: Verdicts) -> Table:
@@ -162,7 +208,7 @@ def cost_table(v: Verdicts) -> Table:
     table = Table(title=f"monthly cost, USD ({PRICE_REGION} list prices as of {c.prices_as_of}, "
                         f"{c.hours_per_month:g} h/month)")
     for col in ("item", "machine", "nodes (baseline-peak)", "$/h per node", "baseline", "peak"):
-        table.add_column(col, justify="left" if col in ("item", "machine") else "right")
+        column(table, col, right=col not in ("item", "machine"))
     for p in c.pools:
         price = f"{p.hour_price:.2f}" + (f" (burst {p.peak_hour_price:.2f} on-demand)"
                                           if p.peak_hour_price and p.peak_hour_price != p.hour_price else "")
@@ -176,11 +222,9 @@ def cost_table(v: Verdicts) -> Table:
     how = ("the roofline's estimate per pool" if c.throughput_source == "roofline"
            else "cost.tokensPerSecondPerGpu per device")
     table.caption = (f"{c.baseline_tokens_per_second:,.0f} output tokens/s at baseline ({how}) x "
-                     f"{c.utilization:.0%} utilisation = ${c.usd_per_million_tokens:.2f} per million tokens. At their "
-                     "rate limits, a month of each tenant at most: " + "; ".join(
-                         f"{t.tenant} {t.tokens_month / 1e6:,.0f}M tokens, ${t.dollars_month:,.0f} "
-                         f"({t.capacity_share:.0%} of baseline capacity)" for t in v.ceilings)
-                     + ". What each did use and cost: vllm-gke report.")
+                     f"{c.utilization:.0%} utilisation: ${c.usd_per_million_tokens:.2f} per million tokens for the "
+                     "whole stack (every baseline node and fixed cost; a replica alone: the options table's "
+                     "'this stack' rows). " + ceiling_words(v))
     return table
 
 

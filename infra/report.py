@@ -13,7 +13,7 @@ from ..components.model.specs import TenantSpec
 from ..components.model.stack_config import StackConfig
 from ..components.model.tenant_urls import TenantUrl, tenant_urls, url_notes
 from ..policies.rules import POLICIES, Violation, evaluate, resolve_levels
-from .accelerator_options import AcceleratorOption, model_options
+from .accelerator_options import AcceleratorOption, model_options, stack_options
 from .advice import plan_warnings
 from .cost import CostReport, cost_report
 from .plan import Plan
@@ -84,15 +84,19 @@ def capped_peaks(cost: CostReport) -> list[str]:
 
 @dataclass(frozen=True)
 class TenantCeiling:
-    """The most a tenant can cost in a month at its limits: the tokens its rate limit lets it make
-    generate (tokensPerMinute, else requestsPerMinute x maxTokens) at the plan's $ per million
-    tokens. `vllm-gke report` gives what it did cost, from the metrics."""
+    """The most a tenant can use in a month (a ceiling, not a forecast): the tokens its rate limit
+    lets it make generate (tokensPerMinute, else requestsPerMinute x maxTokens), unless the stack
+    cannot make that many even at peak, at the plan's $ per million tokens. `vllm-gke report`
+    gives what it did use and cost, from the metrics."""
 
     tenant: str
-    tokens_month: float
+    tokens_month: float  # the least of what the limit allows and what the stack makes at peak
     dollars_month: float
-    # Of the month's baseline capacity (tokens the baseline GPUs make at the target utilisation).
+    # What the limit allows, as a share of the month's baseline capacity (tokens the baseline
+    # replicas make at the target utilisation): above 1, the limit is not what bounds the tenant.
     capacity_share: float
+    limit_tokens_month: float = 0.0
+    bound_by: str = "rate limit"  # or "capacity": the stack at peak makes fewer than the limit allows
 
 
 def dedicated_month(cfg: StackConfig, tenant: TenantSpec, hours: float) -> Optional[float]:
@@ -111,14 +115,16 @@ def dedicated_month(cfg: StackConfig, tenant: TenantSpec, hours: float) -> Optio
 def tenant_ceilings(cfg: StackConfig, cost: CostReport) -> list[TenantCeiling]:
     out: list[TenantCeiling] = []
     minutes = cost.hours_per_month * 60
+    peak = cost.peak_tokens_per_second * cost.utilization * 3600 * cost.hours_per_month
     for t in cfg.tenants:
-        per_minute = t.rate_limit.tokens_per_minute or t.rate_limit.requests_per_minute * t.max_tokens
-        tokens = per_minute * minutes
-        dollars = tokens / 1e6 * cost.usd_per_million_tokens if cost.tokens_per_month else 0.0
+        limit = (t.rate_limit.tokens_per_minute or t.rate_limit.requests_per_minute * t.max_tokens) * minutes
+        tokens = min(limit, peak)
+        dollars = min(tokens / 1e6 * cost.usd_per_million_tokens, cost.peak_month) if cost.tokens_per_month else 0.0
         # A tenant on its own replicas alone can cost no more than they do at their ceiling.
         if (own := dedicated_month(cfg, t, cost.hours_per_month)) is not None:
             dollars = min(dollars, own)
-        out.append(TenantCeiling(t.name, tokens, dollars, tokens / cost.tokens_per_month if cost.tokens_per_month else 0.0))
+        out.append(TenantCeiling(t.name, tokens, dollars, limit / cost.tokens_per_month if cost.tokens_per_month else 0.0,
+                                 limit, "capacity" if limit > peak else "rate limit"))
     return out
 
 
@@ -154,5 +160,5 @@ def verdicts(plan: Plan, policy_config: Optional[Mapping[str, Any]] = None) -> V
         + url_notes(plan.config),
         urls=tenant_urls(plan.config),
         ceilings=tenant_ceilings(plan.config, cost),
-        options=[o for m in plan.config.models for o in model_options(m)],
+        options=stack_options(plan.config, cost.replicas) + [o for m in plan.config.models for o in model_options(m)],
     )

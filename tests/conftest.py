@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any, Callable
 
 import pytest
@@ -10,6 +11,10 @@ import pytest
 from vllm_gke.infra.plan import REPO_ROOT, Plan, read_stack_config, run_program  # noqa: F401 (REPO_ROOT for tests)
 
 STACKS = ("dev", "staging", "prod", "frontier")
+
+# The CLI prints at the terminal's width (80 where output is not one): the tests that read its text
+# read it as a wide terminal shows it; tests/test_plan_cli.py checks a narrow one on its own.
+os.environ.setdefault("COLUMNS", "200")
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import json
 from dataclasses import replace
 from types import SimpleNamespace
 
+import pytest
 import yaml
 from rich.console import Console
 from typer.testing import CliRunner
@@ -262,3 +263,65 @@ def test_two_runs_of_a_plan_write_the_same_resources(tmp_path):
                        env={**os.environ, "PYTHONHASHSEED": seed}, cwd=REPO_ROOT)
         written.append((out / "dev" / "resources.json").read_text())
     assert written[0] == written[1] and "notificationChannels/" in written[0]
+
+
+def test_the_options_tables_stack_row_is_the_cost_reports_replica(plans):
+    """The replica the stack runs is a row of its own, priced as the cost report prices it: dev's MIG
+    slice of a spot a2-highgpu-1g (half the node's spot price), at the capacity table's tokens/s."""
+    from vllm_gke.infra.pricing import MACHINE_PRICES
+    from vllm_gke.infra.report import verdicts
+
+    v = verdicts(plans["dev"])
+    (row,) = [o for o in v.options if o.this_stack]
+    assert (row.model, row.machine_type, row.spot) == ("qwen-7b", "a2-highgpu-1g 3g.20gb", True)
+    assert row.usd_per_hour == pytest.approx(MACHINE_PRICES["a2-highgpu-1g"].spot_hour / 2)
+    short = next(r for r in v.capacity if r.model == "qwen-7b" and r.pool == "short")
+    assert row.tokens_per_second == short.decode_tokens_s
+    replicas = v.cost.replicas
+    assert v.cost.baseline_tokens_per_second == sum(r.tokens_per_second * r.min_replicas for r in replicas)
+    doc = json.loads(runner.invoke(app, ["plan", "--stack", "dev", "--no-write", "--output", "json"]).stdout)
+    assert [o["machineType"] for o in doc["acceleratorOptions"] if o["thisStack"]] == ["a2-highgpu-1g 3g.20gb"]
+
+
+def test_no_option_prices_a_share_of_a_machine_a_smaller_one_replaces(plans):
+    """A 1-GPU replica is an a2-highgpu-1g, not a sixteenth of an a2-megagpu-16g nobody rents by the GPU."""
+    from vllm_gke.components.model.catalog import MACHINE_TYPES
+    from vllm_gke.infra.report import verdicts
+
+    for stack in ("dev", "prod", "frontier"):
+        for o in verdicts(plans[stack]).options:
+            machine = MACHINE_TYPES[o.machine_type.split()[0]]
+            if o.this_stack or machine.is_tpu or o.hosts > 1:
+                continue
+            smaller = [m.name for m in MACHINE_TYPES.values() if m.accelerator is machine.accelerator
+                       and o.devices <= m.gpus < machine.gpus and m.gpus % o.devices == 0]
+            assert smaller == [], (stack, o.model, o.machine_type, smaller)
+
+
+def test_a_tenant_ceiling_is_bounded_by_what_the_stack_makes(plans):
+    """dev-team's rate limit allows more tokens than dev makes at peak: the ceiling says capacity bounds
+    it and never costs more than the stack at peak."""
+    from vllm_gke.infra.report import verdicts
+
+    v = verdicts(plans["dev"])
+    (c,) = v.ceilings
+    peak_tokens = v.cost.peak_tokens_per_second * v.cost.utilization * 3600 * v.cost.hours_per_month
+    assert c.bound_by == "capacity" and c.limit_tokens_month > peak_tokens
+    assert c.tokens_month == pytest.approx(peak_tokens) and c.dollars_month <= v.cost.peak_month
+    text = runner.invoke(app, ["plan", "--stack", "dev", "--no-write"]).output
+    assert "Ceilings, not forecasts" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("columns", ["80", "200"])
+def test_output_fits_the_terminal_and_never_cuts_a_name(columns):
+    """At the terminal's width: no value cut to `llama-…`; each tenant URL whole on its own line."""
+    narrow = CliRunner(env={"COLUMNS": columns})
+    result = narrow.invoke(app, ["plan", "--stack", "prod", "--no-write"])
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines if line.startswith(("┃", "│", "┏", "└"))) <= int(columns)
+    urls = [u for u in json.loads(runner.invoke(app, ["plan", "--stack", "prod", "--no-write", "--output",
+                                                       "json"]).stdout)["tenantUrls"]]
+    joined = "".join(lines)  # a terminal wraps a long line; the URL's characters stay in one run
+    assert all(u["url"] in joined for u in urls)

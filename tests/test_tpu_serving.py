@@ -226,15 +226,19 @@ def test_the_readmes_options_table_is_what_the_plan_prints(plans):
     import re
 
     from tests.conftest import REPO_ROOT
-    from vllm_gke.infra.accelerator_options import model_options
+    from vllm_gke.infra.accelerator_options import model_options, stack_options
+    from vllm_gke.infra.report import verdicts
 
-    cfg = plans["frontier"].config
-    options = {o.accelerator: o for o in model_options(cfg.model("llama-70b-tpu"))}
-    rows = re.findall(r"^\| (\S+)(?: \(chosen\))? \| (.+?) \| (\d+) x (\d+) \| (\d+) \| ([\d,]+) \| ([\d.]+) \| ([\d.]+) \|$",
-                      (REPO_ROOT / "README.md").read_text(), re.M)
-    assert len(rows) >= 3
-    for acc, machine, tp, pp, hosts, tps, usd_h, usd_m in rows:
-        o = options[acc]
+    plan = plans["frontier"]
+    cfg = plan.config
+    options = {(o.accelerator, False): o for o in model_options(cfg.model("llama-70b-tpu"))}
+    options |= {(o.accelerator, True): o for o in stack_options(cfg, verdicts(plan).cost.replicas)
+                if o.model == "llama-70b-tpu"}
+    rows = re.findall(r"^\| (\S+)( \(this stack\))? \| (.+?) \| (\d+) x (\d+) \| (\d+) \| ([\d,]+) \| ([\d.]+) \| "
+                      r"([\d.]+) \|$", (REPO_ROOT / "README.md").read_text(), re.M)
+    assert len(rows) >= 3 and sum(bool(r[1]) for r in rows) == 1
+    for acc, here, machine, tp, pp, hosts, tps, usd_h, usd_m in rows:
+        o = options[(acc, bool(here))]
         assert (o.machine_type + (f" {o.topology}" if o.topology else ""), o.tensor_parallel, o.pipeline_parallel,
                 o.hosts) == (machine, int(tp), int(pp), int(hosts))
         assert f"{o.tokens_per_second:,.0f}" == tps and f"{o.usd_per_hour:.2f}" == usd_h

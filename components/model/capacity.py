@@ -59,8 +59,9 @@ class PoolCapacity:
     decode_tokens_s: float = 0.0
     prefill_tokens_s: float = 0.0
     decode_bound: str = ""
-    # The pool's floor: the replicas that run at baseline (a canary's, its own).
+    # The pool's floor: the replicas that run at baseline (a canary's, its own), and its ceiling.
     min_replicas: int = 0
+    max_replicas: int = 0
 
     @property
     def fits(self) -> bool:
@@ -122,7 +123,7 @@ def pool_capacity(model: ModelSpec, which: str, pool: ServingPoolSpec, node_pool
         usable_gb=usable, weights_per_gpu_gb=weights, kv_budget_gb=budget,
         kv_bytes_per_token_per_gpu=per_token, tokens_fit=tokens, context_tokens=context,
         max_model_len=max_len, max_num_seqs=pool.max_num_seqs, seqs_fit=tokens // context, revision=model.revision,
-        min_replicas=pool.min_replicas,
+        min_replicas=pool.min_replicas, max_replicas=pool.max_replicas,
         lora_per_gpu_gb=lora, devices=model.devices_per_replica, hosts=hosts, accelerator=acc.gke_type if acc else "",
         decode_tokens_s=speed.decode_tokens_s if speed else 0.0,
         prefill_tokens_s=speed.prefill_tokens_s if speed else 0.0, decode_bound=speed.bound if speed else "")
