@@ -252,11 +252,14 @@ def test_an_unknown_key_gets_the_known_one_it_resembles(dev_values):
 
 
 def test_config_keys_can_name_list_items_by_name():
-    from vllm_gke.infra.config import config_key
+    from vllm_gke.components.model.config_errors import key_path
 
-    data = {"tenants": [{"name": "dev-team"}], "nodePools": [{}]}
-    assert config_key(("tenants", 0, "maxTokens"), data) == "vllm-gke:tenants[dev-team].maxTokens"
-    assert config_key(("nodePools", 0, "machineType"), data) == "vllm-gke:nodePools[0].machineType"
+    data = {"tenants": [{"name": "dev-team"}], "nodePools": [{}], "models": [{"name": "a"}, {"name": "a"}]}
+    for head in (lambda k: f"vllm-gke:{k}", lambda k: f"config.{k}"):  # a stack file's keys, a program's
+        prefix = head("")
+        assert key_path(("tenants", 0, "maxTokens"), data, head) == f"{prefix}tenants[dev-team].maxTokens"
+        assert key_path(("nodePools", 0, "machineType"), data, head) == f"{prefix}nodePools[0].machineType"
+        assert key_path(("models", 1, "shape"), data, head) == f"{prefix}models[1].shape"  # a repeated name
 
 
 def test_messages_name_list_items_by_name_and_keep_the_index_where_there_is_none(stack_values):
