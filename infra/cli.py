@@ -20,6 +20,7 @@ from rich.table import Table
 from ..policies.rules import resolve_levels
 from . import docs as generated
 from .config import ConfigError
+from .crd_cache import OFFLINE_ENV, CrdFolder, crd_folder
 from .crd_validation import CRD_DIR_ENV
 from .plan import Plan, default_stacks_dir, run_plan
 from .plan_report import plan_report, render_json, render_program_json, resource_checks
@@ -53,6 +54,18 @@ def planned(stack: str, stacks_dir: Optional[Path]) -> Plan:
         fail(str(exc))
 
 
+CRDS_HELP = (f"folder of upstream CRDs to validate custom resources against (default ${CRD_DIR_ENV}, "
+             "../shared/upstream-crds, else the pinned release files fetched once into the user cache)")
+OFFLINE_HELP = f"never fetch the upstream CRDs (also {OFFLINE_ENV}=1): a cache already filled is still used"
+
+
+def crd_source(crds: Optional[Path], offline: bool) -> CrdFolder:
+    """Where custom resources are validated from; a --crds that is no folder is exit 2."""
+    if crds is not None and not crds.is_dir():
+        fail(f"--crds {crds}: not a folder; point it at a folder of CRD YAML files")
+    return crd_folder(crds, fetch=not offline)
+
+
 def policy_levels(policy_config: Optional[Path]) -> Mapping[str, Any]:
     """--policy-config's enforcement levels, each policy known; exit 2 otherwise."""
     try:
@@ -73,9 +86,8 @@ def plan(
     write: bool = typer.Option(True, "--write/--no-write", help="write files under --out"),
     policy_config: Optional[Path] = typer.Option(
         None, "--policy-config", help="enforcement levels, as for `pulumi preview --policy-pack-config`"),
-    crds: Optional[Path] = typer.Option(
-        None, "--crds", help=f"folder of upstream CRDs to validate custom resources against "
-        f"(default ${CRD_DIR_ENV} or ../shared/upstream-crds)"),
+    crds: Optional[Path] = typer.Option(None, "--crds", help=CRDS_HELP),
+    offline: bool = typer.Option(False, "--offline", help=OFFLINE_HELP),
     output: str = typer.Option("text", "--output", help="text (tables for people) or json (one document for "
                                "machines, on standard output)"),
 ) -> None:
@@ -83,9 +95,8 @@ def plan(
     if output not in ("text", "json"):
         fail(f"--output {output}: use text or json")
     levels = policy_levels(policy_config)
-    if crds is not None and not crds.is_dir():
-        fail(f"--crds {crds}: not a folder; point it at a folder of CRD YAML files")
-    report = plan_report(planned(stack, stacks_dir), levels, crds, out if write else None)
+    folder = crd_source(crds, offline)
+    report = plan_report(planned(stack, stacks_dir), levels, folder, out if write else None)
     if output == "json":
         sys.stdout.write(render_json(report))
     else:
@@ -106,7 +117,8 @@ def preview(
     write: bool = typer.Option(True, "--write/--no-write", help="write files under --out"),
     policy_config: Optional[Path] = typer.Option(
         None, "--policy-config", help="enforcement levels, as for `pulumi preview --policy-pack-config`"),
-    crds: Optional[Path] = typer.Option(None, "--crds", help="folder of upstream CRDs (as for plan)"),
+    crds: Optional[Path] = typer.Option(None, "--crds", help=CRDS_HELP),
+    offline: bool = typer.Option(False, "--offline", help=OFFLINE_HELP),
     output: str = typer.Option("text", "--output", help="text or json"),
 ) -> None:
     """Run your own Pulumi Python program under the plan's mocks and report each Platform it declares as
@@ -115,13 +127,12 @@ def preview(
     if output not in ("text", "json"):
         fail(f"--output {output}: use text or json")
     levels = policy_levels(policy_config)
-    if crds is not None and not crds.is_dir():
-        fail(f"--crds {crds}: not a folder; point it at a folder of CRD YAML files")
+    folder = crd_source(crds, offline)
     program = previewed(program_dir, stack, config)
     plans = platform_plans(program)
-    reports = [plan_report(p, levels, crds, out if write else None) for p in plans]
+    reports = [plan_report(p, levels, folder, out if write else None) for p in plans]
     others = outside_platforms(program, plans)
-    checks = resource_checks(others, levels, crds) if others or not plans else None
+    checks = resource_checks(others, levels, folder) if others or not plans else None
     if output == "json":
         sys.stdout.write(render_program_json(reports, checks))
     else:

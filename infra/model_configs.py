@@ -17,7 +17,6 @@ own calls `with_model_configs(config, cache_dir)` on its settings before buildin
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -29,7 +28,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import pulumi
 import yaml
@@ -46,25 +45,9 @@ CONFIG_FILE = "config.json"
 # The default maxModelLen, lowered to what the model takes where that is less.
 DEFAULT_MAX_MODEL_LEN: int = ModelSpec.model_fields["max_model_len"].default
 _SHAPE_KEYS = ("shape", "customShape", "custom_shape")
-_dir_override: Optional[Path] = None
-
-
-@contextlib.contextmanager
-def using_cache_dir(path: Path) -> Iterator[None]:
-    """Resolve with `path` as the cache (the plan's --stacks-dir/model-configs)."""
-    global _dir_override
-    before, _dir_override = _dir_override, path
-    try:
-        yield
-    finally:
-        _dir_override = before
-
-
 def default_cache_dir() -> Path:
     """VLLM_GKE_MODEL_CONFIGS; under `pulumi up`, model-configs/ in the project's stackConfigDir (where
     Pulumi.<stack>.yaml is); else ./stacks/model-configs, or this checkout's, as the plan finds stacks."""
-    if _dir_override is not None:
-        return _dir_override
     if os.environ.get(CACHE_DIR_ENV):
         return Path(os.environ[CACHE_DIR_ENV])
     root = pulumi.runtime.get_root_directory()
@@ -310,10 +293,11 @@ def with_model_configs(config: Mapping[str, Any], cache_dir: str | os.PathLike[s
     return {**config, "models": models} if "models" in config else dict(config)
 
 
-def with_stack_model_configs(values: Mapping[str, Any], source: str) -> dict[str, Any]:
+def with_stack_model_configs(values: Mapping[str, Any], source: str,
+                             cache_dir: Callable[[], Path] = default_cache_dir) -> dict[str, Any]:
     """The stack config's values (`vllm-gke:models`, ...) resolved as with_model_configs, with the
-    cache beside the stack (default_cache_dir)."""
-    models, issues = resolve_models(values.get("vllm-gke:models"), default_cache_dir, "vllm-gke:models",
+    cache beside the stack (default_cache_dir; the plan passes its --stacks-dir's)."""
+    models, issues = resolve_models(values.get("vllm-gke:models"), cache_dir, "vllm-gke:models",
                                     values.get("vllm-gke:weights"))
     if issues:
         raise ConfigError(issues, source)

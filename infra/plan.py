@@ -20,6 +20,7 @@ from ..components.platform import Platform
 from ..policies.rules import Resource
 from .config import ConfigError, ConfigIssue, StackConfig, load
 from .mocks import PlannedResource, RecordingMocks, RecordingMonitor
+from .model_configs import CACHE_FOLDER, with_stack_model_configs
 from .program import build
 from .system_pool import check_system_pool
 
@@ -177,7 +178,11 @@ def run_program(stack: str, values: dict[str, Any],
 
 
 def run_plan(stack: str, stacks_dir: Optional[Path] = None) -> Plan:
-    values = read_stack_config(stack, stacks_dir or default_stacks_dir())
+    """The stack file's program; models given by id take their shapes from the config.json cache in
+    the stacks folder's model-configs/ (fetched there once where missing)."""
+    folder = stacks_dir or default_stacks_dir()
+    values = with_stack_model_configs(read_stack_config(stack, folder), f"config of stack '{stack}'",
+                                      lambda: folder / CACHE_FOLDER)
     return run_program(stack, values)
 
 

@@ -18,9 +18,9 @@ from ..components.observability import Observability
 from ..policies.rules import Resource, Violation, evaluate
 from .contracts import Contract
 from .contracts import problems as contract_problems
-from .crd_validation import DEFAULT_CRD_DIR
+from .crd_cache import CrdFolder
+from .crd_validation import DEFAULT_CRD_DIR, crd_dir, load_catalog
 from .manifests import (
-    catalog_or_none,
     describe,
     is_builtin,
     pod_templates,
@@ -43,8 +43,9 @@ class PlanReport:
     manifests: int  # Kubernetes manifests checked
     custom_resources: int  # of them, custom resources (checked only against upstream CRDs)
     custom_resources_checked: bool
-    # Where the CRDs were looked for: --crds, else the default folder (named when none were found).
-    crd_folder: Path
+    # Where the CRDs came from (--crds, $VLLM_GKE_CRDS_DIR, the shared folder, the user's cache), or
+    # why there are none (offline, a refused checksum): one line for people.
+    crd_origin: str
     # (resource, its schema errors) for each manifest that fails validation.
     manifest_problems: list[tuple[str, list[str]]]
     broken_contracts: list[tuple[Contract, str]]
@@ -60,17 +61,25 @@ class PlanReport:
                     or self.verdicts.mandatory)
 
 
-def plan_report(plan: Plan, policy_config: Mapping[str, Any], crds: Optional[Path],
+def local_crds() -> CrdFolder:
+    """The CRD folder found without the network ($VLLM_GKE_CRDS_DIR, the shared folder), for callers
+    that pass none; the CLI passes crd_cache.crd_folder's, which also fetches into the user's cache."""
+    path = crd_dir()
+    return CrdFolder(path, str(path) if path else f"no upstream CRDs at {DEFAULT_CRD_DIR} (pass --crds DIR)")
+
+
+def plan_report(plan: Plan, policy_config: Mapping[str, Any], crds: Optional[CrdFolder],
                 out: Optional[Path]) -> PlanReport:
     """Every verdict and check of the plan; with `out`, its files written under out/<stack>/."""
     found = verdicts(plan, policy_config)
     docs = plan.manifests()
-    catalog = catalog_or_none(crds)
+    crds = crds or local_crds()
+    catalog = load_catalog(crds.path) if crds.path else None
     observability = plan.platform.observability
     assert observability is not None
     report = PlanReport(
         plan=plan, verdicts=found, manifests=len(docs), custom_resources=sum(not is_builtin(d) for d in docs),
-        custom_resources_checked=catalog is not None, crd_folder=crds or DEFAULT_CRD_DIR,
+        custom_resources_checked=catalog is not None, crd_origin=crds.origin,
         manifest_problems=[(describe(doc), errs) for doc in docs if (errs := validate(doc, catalog))],
         broken_contracts=contract_problems(plan), vllm_args=vllm_argv_problems(plan),
         monitoring=monitoring_problems(observability))
@@ -118,6 +127,7 @@ def render_json(report: PlanReport) -> str:
         "vllmArgs": [{"resource": str(w), "error": str(e)} for w, e in report.vllm_args],
         "monitoring": [str(e) for e in report.monitoring],
         "customResourcesChecked": report.custom_resources_checked,
+        "customResourceDefinitions": report.crd_origin,
     }
     return json.dumps({**report.verdicts.to_json(), "checks": checks, "written": [str(f) for f in report.written]},
                       indent=2, default=str) + "\n"
@@ -147,10 +157,11 @@ class ResourceChecks:
 
 
 def resource_checks(resources: list[PlannedResource], policy_config: Mapping[str, Any],
-                    crds: Optional[Path]) -> ResourceChecks:
+                    crds: Optional[CrdFolder]) -> ResourceChecks:
     kube = [r for r in resources if r.type.startswith("kubernetes:") and r.type != "kubernetes:helm.sh/v3:Release"]
     docs = [manifest(r) for r in kube]
-    catalog = catalog_or_none(crds)
+    crds = crds or local_crds()
+    catalog = load_catalog(crds.path) if crds.path else None
     return ResourceChecks(
         resources=len(resources), manifests=len(docs), custom_resources_checked=catalog is not None,
         manifest_problems=[(describe(d), errs) for d in docs if (errs := validate(d, catalog))],

@@ -109,9 +109,12 @@ def _manifest_checks(report: PlanReport, console: Console) -> None:
                 console.print(f"  - {escape(str(what))}: {escape(str(err))}", highlight=False)
     else:
         console.print(f"[green]all {report.manifests} Kubernetes manifests pass schema validation[/]")
-    if not report.custom_resources_checked:
-        console.print(f"[yellow]{report.custom_resources} custom resources not checked: no upstream CRDs at "
-                      f"{report.crd_folder} (pass --crds DIR or set {CRD_DIR_ENV})[/]", highlight=False)
+    if report.custom_resources_checked:
+        console.print(f"{report.custom_resources} custom resources checked against the upstream CRDs at "
+                      f"{escape(report.crd_origin)}", highlight=False)
+    else:
+        console.print(f"[yellow]{report.custom_resources} custom resources not checked: {escape(report.crd_origin)} "
+                      f"(pass --crds DIR or set {CRD_DIR_ENV})[/]", highlight=False)
 
 
 def resource_table(plan: Plan, detail: bool) -> Table:

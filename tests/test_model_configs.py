@@ -186,8 +186,8 @@ def stack_file(dev: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def plan_json(runner: CliRunner, stack: str) -> dict[str, Any]:
-    result = runner.invoke(app, ["plan", "--stack", stack, "--no-write", "--output", "json"])
+def plan_json(runner: CliRunner, stack: str, *more: str) -> dict[str, Any]:
+    result = runner.invoke(app, ["plan", "--stack", stack, "--no-write", "--output", "json", *more])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -207,6 +207,9 @@ def test_a_stack_planned_from_an_id_has_the_catalog_shapes_capacity(tmp_path, mo
     by_id, catalog = plan_json(runner, "byid"), plan_json(runner, "catalog")
     assert by_id["capacity"] == catalog["capacity"] and len(by_id["capacity"]) == 2
     assert by_id["capacity"][0]["weightsPerGpuGb"] == pytest.approx(8.03 * 2)
+    # From elsewhere, --stacks-dir names the folder, and its model-configs/ is the cache.
+    monkeypatch.chdir(REPO_ROOT)
+    assert plan_json(runner, "byid", "--stacks-dir", str(stacks))["capacity"] == catalog["capacity"]
     assert hub.calls == []
 
 
@@ -229,8 +232,6 @@ def test_the_cache_lives_beside_the_stack_files(tmp_path, monkeypatch):
     assert model_configs.default_cache_dir() == model_configs.REPO_STACKS / "model-configs"
     (tmp_path / "stacks").mkdir()
     assert model_configs.default_cache_dir() == tmp_path / "stacks" / "model-configs"
-    with model_configs.using_cache_dir(tmp_path / "elsewhere"):
-        assert model_configs.default_cache_dir() == tmp_path / "elsewhere"
     monkeypatch.setenv(model_configs.CACHE_DIR_ENV, str(tmp_path / "ci"))
     assert model_configs.default_cache_dir() == tmp_path / "ci"
 

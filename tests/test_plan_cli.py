@@ -325,3 +325,44 @@ def test_output_fits_the_terminal_and_never_cuts_a_name(columns):
                                                        "json"]).stdout)["tenantUrls"]]
     joined = "".join(lines)  # a terminal wraps a long line; the URL's characters stay in one run
     assert all(u["url"] in joined for u in urls)
+
+
+def _without_shared_folder(monkeypatch, tmp_path):
+    """The CLI as a user's machine runs it: no ../shared/upstream-crds, no network, a cache of its own."""
+    from functools import partial
+
+    from vllm_gke.infra import cli, crd_cache
+
+    def no_network(url: str) -> bytes:
+        raise OSError(f"no network here ({url})")
+
+    monkeypatch.delenv("VLLM_GKE_CRDS_DIR", raising=False)
+    monkeypatch.delenv(crd_cache.OFFLINE_ENV, raising=False)
+    monkeypatch.setenv(crd_cache.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(cli, "crd_folder", partial(crd_cache.crd_folder, shared=tmp_path / "absent", opener=no_network))
+    return crd_cache.cache_folder({crd_cache.CACHE_ENV: str(tmp_path / "cache")})
+
+
+def test_plan_validates_custom_resources_from_the_users_cache(tmp_path, monkeypatch, crd_catalog):
+    """A cache the pinned files filled (their bytes: the shared folder's) is where the plan checks
+    custom resources when there is no shared folder, without the network."""
+    import shutil
+
+    from vllm_gke.infra.crd_sources import FETCHED, HELM_RENDERED
+
+    folder = _without_shared_folder(monkeypatch, tmp_path)
+    folder.mkdir(parents=True)
+    for pin in FETCHED + HELM_RENDERED:
+        shutil.copyfile(REPO_ROOT.parent / "shared" / "upstream-crds" / pin.name, folder / pin.name)
+    result = runner.invoke(app, ["plan", "--stack", "dev", "--no-write", "--output", "json"])
+    assert result.exit_code == 0, result.output
+    checks = json.loads(result.stdout)["checks"]
+    assert checks["customResourcesChecked"] and str(folder) in checks["customResourceDefinitions"]
+
+
+def test_plan_offline_without_crds_says_how_to_get_them(tmp_path, monkeypatch):
+    _without_shared_folder(monkeypatch, tmp_path)
+    result = runner.invoke(app, ["plan", "--stack", "dev", "--no-write", "--offline"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "custom resources not checked: no upstream CRDs" in text and "--crds DIR" in text
