@@ -60,9 +60,8 @@ OFFLINE_HELP = f"never fetch the upstream CRDs (also {OFFLINE_ENV}=1): a cache a
 
 
 def crd_source(crds: Optional[Path], offline: bool) -> CrdFolder:
-    """Where custom resources are validated from; a --crds that is no folder is exit 2."""
-    if crds is not None and not crds.is_dir():
-        fail(f"--crds {crds}: not a folder; point it at a folder of CRD YAML files")
+    """Where custom resources are validated from: the first plan without a folder fetches the pinned
+    files once into the user cache (the report says so)."""
     return crd_folder(crds, fetch=not offline)
 
 
@@ -95,8 +94,10 @@ def plan(
     if output not in ("text", "json"):
         fail(f"--output {output}: use text or json")
     levels = policy_levels(policy_config)
-    folder = crd_source(crds, offline)
-    report = plan_report(planned(stack, stacks_dir), levels, folder, out if write else None)
+    if crds is not None and not crds.is_dir():
+        fail(f"--crds {crds}: not a folder; point it at a folder of CRD YAML files")
+    result = planned(stack, stacks_dir)  # a bad stack is exit 2 before anything is fetched
+    report = plan_report(result, levels, crd_source(crds, offline), out if write else None)
     if output == "json":
         sys.stdout.write(render_json(report))
     else:
@@ -127,8 +128,10 @@ def preview(
     if output not in ("text", "json"):
         fail(f"--output {output}: use text or json")
     levels = policy_levels(policy_config)
-    folder = crd_source(crds, offline)
+    if crds is not None and not crds.is_dir():
+        fail(f"--crds {crds}: not a folder; point it at a folder of CRD YAML files")
     program = previewed(program_dir, stack, config)
+    folder = crd_source(crds, offline)
     plans = platform_plans(program)
     reports = [plan_report(p, levels, folder, out if write else None) for p in plans]
     others = outside_platforms(program, plans)

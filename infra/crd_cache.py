@@ -19,6 +19,7 @@ import http.client
 import json
 import os
 import sys
+import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,20 +154,35 @@ def _produce(pin: Pin, folder: Path, opener: Opener) -> bytes:
 
 
 def _write(path: Path, data: bytes) -> None:
-    """Whole or not at all: another plan may be filling the same cache."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """Whole or not at all: another plan (or thread) may be filling the same cache."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def fill(folder: Path, opener: Opener = urlopen_bytes) -> list[str]:
     """Fetch (or build) each pinned file the folder lacks; the names written. The dumps come first:
-    the files built from them read them from the folder."""
+    the files built from them read them from the folder. Every file is tried, so one that fails
+    leaves the others cached (a later run fetches only what is missing); the failures are raised
+    together at the end."""
     folder.mkdir(parents=True, exist_ok=True)
     written: list[str] = []
+    failed: list[str] = []
     for pin in missing(folder):
-        _write(folder / pin.name, _produce(pin, folder, opener))
-        written.append(pin.name)
+        try:
+            _write(folder / pin.name, _produce(pin, folder, opener))
+            written.append(pin.name)
+        except CrdFetchError as exc:
+            failed.append(str(exc))
+        except FileNotFoundError:  # built from a dump that could not be fetched
+            failed.append(f"{pin.name} not built: its source {getattr(pin, 'dump', '?')} is missing")
+    if failed:
+        raise CrdFetchError(f"{len(failed)} of {len(PINS)} files failed ({'; '.join(failed)})")
     return written
 
 

@@ -141,7 +141,9 @@ class ResourceChecks:
 
     resources: int
     manifests: int
+    custom_resources: int
     custom_resources_checked: bool
+    crd_origin: str
     manifest_problems: list[tuple[str, list[str]]]
     violations: list[Violation]
 
@@ -152,6 +154,7 @@ class ResourceChecks:
     def to_json(self) -> dict[str, Any]:
         return {"resources": self.resources, "manifests": self.manifests,
                 "customResourcesChecked": self.custom_resources_checked,
+                "customResourceDefinitions": self.crd_origin,
                 "manifestProblems": [{"resource": w, "errors": e} for w, e in self.manifest_problems],
                 "violations": [asdict(v) for v in self.violations]}
 
@@ -163,7 +166,8 @@ def resource_checks(resources: list[PlannedResource], policy_config: Mapping[str
     crds = crds or local_crds()
     catalog = load_catalog(crds.path) if crds.path else None
     return ResourceChecks(
-        resources=len(resources), manifests=len(docs), custom_resources_checked=catalog is not None,
+        resources=len(resources), manifests=len(docs), custom_resources=sum(not is_builtin(d) for d in docs),
+        custom_resources_checked=catalog is not None, crd_origin=crds.origin,
         manifest_problems=[(describe(d), errs) for d in docs if (errs := validate(d, catalog))],
         violations=evaluate([Resource(type=r.type, name=r.name, props=r.props, urn=r.urn) for r in resources],
                             policy_config))

@@ -15,7 +15,6 @@ from rich.text import Text
 from ..policies.rules import POLICIES
 from .config import StackConfig
 from .contracts import CONTRACTS
-from .crd_validation import CRD_DIR_ENV
 from .plan import Plan
 from .plan_report import PlanReport, ResourceChecks
 from .pricing import PRICE_REGION
@@ -109,12 +108,18 @@ def _manifest_checks(report: PlanReport, console: Console) -> None:
                 console.print(f"  - {escape(str(what))}: {escape(str(err))}", highlight=False)
     else:
         console.print(f"[green]all {report.manifests} Kubernetes manifests pass schema validation[/]")
-    if report.custom_resources_checked:
-        console.print(f"{report.custom_resources} custom resources checked against the upstream CRDs at "
-                      f"{escape(report.crd_origin)}", highlight=False)
+    crd_line(console, report.custom_resources, report.custom_resources_checked, report.crd_origin)
+
+
+def crd_line(console: Console, count: int, checked: bool, origin: str) -> None:
+    """Where the custom resources were checked from, or why not; one line the terminal wraps, so a
+    URL in it copies whole."""
+    if checked:
+        console.print(f"{count} custom resources checked against the upstream CRDs at {escape(origin)}",
+                      highlight=False, soft_wrap=True)
     else:
-        console.print(f"[yellow]{report.custom_resources} custom resources not checked: {escape(report.crd_origin)} "
-                      f"(pass --crds DIR or set {CRD_DIR_ENV})[/]", highlight=False)
+        console.print(f"[yellow]{count} custom resources not checked: {escape(origin)}[/]", highlight=False,
+                      soft_wrap=True)
 
 
 def resource_table(plan: Plan, detail: bool) -> Table:
@@ -241,8 +246,8 @@ def render_resource_checks(checks: ResourceChecks, console: Console, platforms: 
         for err in errs:
             console.print(f"  [red]invalid[/] {escape(str(what))}: {escape(str(err))}", highlight=False)
     if not checks.manifest_problems:
-        console.print(f"[green]all {checks.manifests} Kubernetes manifests pass schema validation[/]"
-                      + ("" if checks.custom_resources_checked else " (custom resources not checked: no CRDs)"))
+        console.print(f"[green]all {checks.manifests} Kubernetes manifests pass schema validation[/]")
+    crd_line(console, checks.custom_resources, checks.custom_resources_checked, checks.crd_origin)
     for v in checks.violations:
         colour = "red" if v.level == "mandatory" else "yellow"
         console.print(f"  [{colour}]{v.level}[/] {v.policy}: {escape(v.message)}", highlight=False)

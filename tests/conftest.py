@@ -15,6 +15,9 @@ STACKS = ("dev", "staging", "prod", "frontier")
 # The CLI prints at the terminal's width (80 where output is not one): the tests that read its text
 # read it as a wide terminal shows it; tests/test_plan_cli.py checks a narrow one on its own.
 os.environ.setdefault("COLUMNS", "200")
+# Plans in tests validate against ../shared/upstream-crds and never fetch the pinned CRDs into a user
+# cache (tests/test_crd_cache.py fetches with openers of its own).
+os.environ.setdefault("VLLM_GKE_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session")

@@ -150,10 +150,13 @@ def test_a_checksum_mismatch_is_refused(env, tmp_path):
     served = {**SERVED, WIDGETS.url: WIDGET_CRD.replace(b"integer", b"string")}
     got = crd_folder(None, opener=FakeOpener(served), environ=env, shared=tmp_path / "no-shared")
     assert got.path is None
-    assert got.origin.startswith(f"no upstream CRDs: refused {WIDGETS.url}: its sha256 is {sha(served[WIDGETS.url])}, "
-                                 f"not the {WIDGETS.sha256} that infra/crd_sources.py pins for widgets.yaml")
+    assert got.origin.startswith("no upstream CRDs: 1 of 4 files failed (refused ")
+    assert (f"refused {WIDGETS.url}: its sha256 is {sha(served[WIDGETS.url])}, not the {WIDGETS.sha256} that "
+            "infra/crd_sources.py pins for widgets.yaml") in got.origin
     assert "nothing of it was written" in got.origin and f"--crds DIR or {CRD_DIR_ENV}=DIR" in got.origin
     assert not (cache_folder(env) / WIDGETS.name).exists()
+    # The others were tried and kept: the next run fetches only the one that failed.
+    assert (cache_folder(env) / GADGETS.name).exists() and not list(cache_folder(env).glob(".*.tmp"))
 
 
 def test_a_chart_template_that_changed_is_refused(env, tmp_path):
@@ -166,7 +169,7 @@ def test_a_chart_template_that_changed_is_refused(env, tmp_path):
 def test_offline_says_what_it_tried_and_how_to_point_at_a_folder(env, tmp_path):
     got = crd_folder(None, opener=FakeOpener({}), environ=env, shared=tmp_path / "no-shared")
     assert got.path is None
-    assert got.origin.startswith(f"no upstream CRDs: could not fetch {WIDGETS.url} (URLError: ")
+    assert got.origin.startswith(f"no upstream CRDs: 4 of 4 files failed (could not fetch {WIDGETS.url} (URLError: ")
     assert f"4 of 4 pinned CRD files are not in the cache {cache_folder(env)}" in got.origin
     assert "raw.githubusercontent.com" in got.origin and f"--crds DIR or {CRD_DIR_ENV}=DIR" in got.origin
     assert "python -m vllm_gke.infra.crd_cache --into DIR" in got.origin

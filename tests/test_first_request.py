@@ -68,9 +68,21 @@ def test_every_block_of_the_page_is_run_or_gets_a_token():
 
 
 def test_the_pages_url_is_the_one_the_plan_prints(plans):
+    """The block is what `vllm-gke plan --stack dev` prints for its tenant URLs, as printed."""
+    import io
+
+    from rich.console import Console
+
+    from vllm_gke.infra.plan_text import url_lines
+    from vllm_gke.infra.report import verdicts
+
     url = _tenant_url(plans)
-    row = [cell.strip() for cell in BLOCKS["url-table"].splitlines()[1].strip("│").split("│")]
-    assert row == [url.tenant, url.model, url.url, url.via, url.header or "-"]
+    out = io.StringIO()
+    console = Console(file=out, width=200)
+    for line in url_lines(verdicts(plans["dev"])):
+        console.print(line, soft_wrap=True, highlight=False)
+    assert BLOCKS["url-table"].strip() == out.getvalue().strip()
+    assert f"{url.tenant}, {url.model}: {url.url} ({url.via})" in BLOCKS["url-table"]
     (line,) = BLOCKS["base-url"].splitlines()
     assert line.replace("$(pulumi stack output gatewayAddress -s dev)", "<gatewayAddress>") == f'export BASE_URL="{url.url}"'
 
@@ -277,3 +289,18 @@ def test_over_the_rate_limit_is_the_pages_429(served):
     assert limited.count("52") == 1  # the page's example of a Retry-After
     seconds = re.fullmatch(re.escape(limited).replace("52", r"(\d+)"), result.stdout.strip())
     assert seconds and 1 <= int(seconds.group(1)) <= 60, result.stdout
+
+
+def test_the_refusal_tables_guard_codes_are_the_guards():
+    """Each code the table says the guard answers is one the guard's code raises (a renamed code fails)."""
+    guard = "\n".join(p.read_text() for p in (REPO / "images" / "vllm_gke_guard").glob("*.py"))
+    standby = (REPO / "components" / "scripts" / "standby.py").read_text()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in PAGE.read_text().splitlines()
+            if re.match(r"^\| \d", line)]
+    for status, body, source, *_ in rows:
+        codes = re.findall(r"`([a-z_]+)`", body) if "code" in body else []
+        where = {"guard": guard, "standby": standby}.get(source)
+        for code in codes if where else []:
+            assert f'"{code}"' in where, (status, code, source)
+    assert {r[2] for r in rows} <= {"mesh", "guard", "vLLM", "standby"}
+    assert sum(r[2] == "guard" for r in rows) >= 5
