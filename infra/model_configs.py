@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Optional
 import pulumi
 import yaml
 
-from ..components.model.hf_config import HfConfigError, shape_from_config
+from ..components.model.hf_config import SPEC_DTYPE, HfConfigError, shape_from_config
 from ..components.model.specs import ModelSpec
 from ..components.model.stack_config import ConfigError, ConfigIssue
 
@@ -106,7 +106,8 @@ def _hub_problem(exc: BaseException, ref: ModelSource, token_words: str) -> Exce
     where = f"{ref.source} (revision {ref.revision})"
     if isinstance(exc, gated) or (isinstance(exc, http) and status in (401, 403) and not isinstance(exc, missing)):
         return _Refused("source", f"{ref.source} is gated: the hub refused its config.json ({status or 'gated'}). "
-                        f"Set HF_TOKEN (or run `hf auth login`) to {token_words}, once that token has been granted "
+                        "The plan asks again with the loader's Secret Manager copy where gcloud can read it; else "
+                        f"set HF_TOKEN (or run `hf auth login`) to {token_words}, once that token has been granted "
                         "access to the repository on huggingface.co, and plan again; or give shape or customShape")
     if isinstance(exc, missing):
         return _Refused("source", f"the hub has no repository {ref.source.removeprefix('hf://')} this token can see "
@@ -121,18 +122,30 @@ def _hub_problem(exc: BaseException, ref: ModelSource, token_words: str) -> Exce
     return _Unreachable(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no answer'}")
 
 
-def _fetch_hub(ref: ModelSource, token_words: str) -> tuple[Any, str]:
-    """config.json and the commit it was read at. The token is huggingface_hub's own choice:
-    HF_TOKEN, else the one `hf auth login` stored."""
+def _download(hub: Any, ref: ModelSource, token: Optional[str] = None) -> Path:
+    kwargs = {"token": token} if token else {}
+    return Path(hub.hf_hub_download(ref.source.removeprefix("hf://"), CONFIG_FILE, revision=ref.revision, **kwargs))
+
+
+def _fetch_hub(ref: ModelSource, loader: LoaderToken) -> tuple[Any, str]:
+    """config.json and the commit it was read at. The token is huggingface_hub's own choice (HF_TOKEN,
+    else the one `hf auth login` stored); where the hub refuses a gated repository, the loader's own
+    token from Secret Manager (gcloud, the planner's credentials), which is what the pods will use."""
     try:
         import huggingface_hub  # the plan extra's: `pulumi up` may run without it
     except ImportError:
         raise _Unreachable("huggingface_hub is not installed here (pip install 'vllm-gke[plan]')") from None
     try:
-        path = Path(huggingface_hub.hf_hub_download(ref.source.removeprefix("hf://"), CONFIG_FILE,
-                                                    revision=ref.revision))
+        path = _download(huggingface_hub, ref)
     except Exception as exc:  # each of the client's errors is told apart in _hub_problem
-        raise _hub_problem(exc, ref, token_words) from None
+        problem = _hub_problem(exc, ref, loader.words)
+        token = loader.value() if isinstance(problem, _Refused) and problem.key == "source" else None
+        if token is None:
+            raise problem from None
+        try:
+            path = _download(huggingface_hub, ref, token)
+        except Exception as again:
+            raise _hub_problem(again, ref, loader.words) from None
     # The hub's cache keeps each file under snapshots/<commit>/ (huggingface_hub's cache layout).
     commit = path.parent.name if path.parent.parent.name == "snapshots" else ref.revision
     try:
@@ -200,12 +213,12 @@ def _write_cache(path: Path, ref: ModelSource, config: Any, commit: str) -> None
           "with the stack", file=sys.stderr)
 
 
-def model_config(ref: ModelSource, cache_dir: Path, token_words: str) -> Mapping[str, Any]:
+def model_config(ref: ModelSource, cache_dir: Path, loader: LoaderToken) -> Mapping[str, Any]:
     """The model's config.json: the cached copy, else fetched and cached."""
     path = cache_dir / ref.cache_name
     if path.is_file():
         return _read_cache(path)
-    config, commit = _fetch_hub(ref, token_words) if ref.on_hub else _fetch_bucket(ref)
+    config, commit = _fetch_hub(ref, loader) if ref.on_hub else _fetch_bucket(ref)
     if not isinstance(config, dict):
         raise _Refused("source", f"{ref.source}'s {CONFIG_FILE} is not a JSON object: give shape or customShape")
     _write_cache(path, ref, config, commit)
@@ -222,6 +235,13 @@ def _resolved(model: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, 
     """The model with its shape (and dtype and maxModelLen where the stack leaves them) from config.json."""
     facts = shape_from_config(config)
     out = {**model, "customShape": facts.custom_shape()}
+    given = model.get("dtype")
+    if facts.quant_method and given in SPEC_DTYPE.values() and given != facts.dtype:
+        # vLLM refuses a --quantization other than the checkpoint's own (vllm/config/model.py,
+        # "Quantization method specified in the model config ... does not match").
+        raise _Refused("dtype", f"{given!r} quantises otherwise than the checkpoint, whose config.json says "
+                       f"quant_method {facts.quant_method!r}: vLLM would refuse to start; leave dtype out "
+                       + (f"or set {facts.dtype!r}" if facts.dtype else "(the checkpoint's own method serves it)"))
     if "dtype" not in model and facts.dtype:
         out["dtype"] = facts.dtype
     if "maxModelLen" not in model and "max_model_len" not in model:
@@ -229,16 +249,35 @@ def _resolved(model: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, 
     return out
 
 
-def _token_words(weights: Any) -> str:
+@dataclass(frozen=True)
+class LoaderToken:
+    """The Hugging Face token the stack's loader holds: how to name it, and where to read it."""
+
+    words: str
+    secret: Optional[str] = None  # its Secret Manager secret's id, where the stack keeps it there
+    project: Optional[str] = None
+
+    def value(self) -> Optional[str]:
+        """The secret's latest version through gcloud (the planner's own credentials); None where
+        gcloud, the project or the access is missing."""
+        gcloud = shutil.which("gcloud")
+        if gcloud is None or not self.secret or not self.project:
+            return None
+        done = subprocess.run([gcloud, "secrets", "versions", "access", "latest", f"--secret={self.secret}",
+                               f"--project={self.project}"], capture_output=True, text=True, timeout=60, check=False)
+        return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def loader_token(weights: Any, project: Any = None) -> LoaderToken:
     """Which Hugging Face token the stack's loader holds, as the stack names it."""
     settings = weights if isinstance(weights, dict) else {}
     secret = settings.get("hfTokenKubernetesSecret")
     if isinstance(secret, dict) and secret.get("name"):
-        return (f"the token the stack's loader uses (its copy is the Kubernetes Secret '{secret['name']}', "
-                "weights.hfTokenKubernetesSecret)")
-    name = settings.get("secretManagerSecret") or "hf-token"
-    return (f"the token the stack's loader uses (its copy is the Secret Manager secret '{name}', "
-            "weights.secretManagerSecret)")
+        return LoaderToken(f"the token the stack's loader uses (its copy is the Kubernetes Secret '{secret['name']}', "
+                           "weights.hfTokenKubernetesSecret)")
+    name = str(settings.get("secretManagerSecret") or "hf-token")
+    return LoaderToken(f"the token the stack's loader uses (its copy is the Secret Manager secret '{name}', "
+                       "weights.secretManagerSecret)", name, str(project) if project else None)
 
 
 def _item(models: list[Any], i: int) -> str:
@@ -248,10 +287,10 @@ def _item(models: list[Any], i: int) -> str:
     return f"[{name}]" if isinstance(name, str) and name and names.count(name) == 1 else f"[{i}]"
 
 
-def _resolve_one(model: dict[str, Any], cache_dir: Path, token_words: str) -> dict[str, Any]:
+def _resolve_one(model: dict[str, Any], cache_dir: Path, loader: LoaderToken) -> dict[str, Any]:
     ref = ModelSource(str(model["source"]), str(model.get("revision") or "main"))
     try:
-        config = model_config(ref, cache_dir, token_words)
+        config = model_config(ref, cache_dir, loader)
     except _Unreachable as exc:
         raise _Refused("shape", f"not set, and {ref.source}'s {CONFIG_FILE} is neither cached "
                        f"({cache_dir / ref.cache_name}) nor reachable ({exc}). Run `vllm-gke plan` once online so it "
@@ -264,17 +303,17 @@ def _resolve_one(model: dict[str, Any], cache_dir: Path, token_words: str) -> di
 
 
 def resolve_models(models: Any, cache_dir: Callable[[], Path], key: str,
-                   weights: Any = None) -> tuple[Any, list[ConfigIssue]]:
+                   weights: Any = None, project: Any = None) -> tuple[Any, list[ConfigIssue]]:
     """The models list with each shapeless model's shape from its config.json, and the problems
     (keys start with `key`, as the config names its models list)."""
     if not isinstance(models, list) or not any(_needs_config(m) for m in models):
         return models, []
-    folder, words, out, issues = cache_dir(), _token_words(weights), list(models), []
+    folder, loader, out, issues = cache_dir(), loader_token(weights, project), list(models), []
     for i, model in enumerate(models):
         if not _needs_config(model):
             continue
         try:
-            out[i] = _resolve_one(model, folder, words)
+            out[i] = _resolve_one(model, folder, loader)
         except _Refused as exc:
             issues.append(ConfigIssue(f"{key}{_item(models, i)}.{exc.key}", exc.problem))
     return out, issues
@@ -287,7 +326,7 @@ def with_model_configs(config: Mapping[str, Any], cache_dir: str | os.PathLike[s
     ConfigError names the key (`config.models[name].shape`) and the fix. Call it before Platform:
         config = with_model_configs(config, Path(__file__).parent / "model-configs")"""
     models, issues = resolve_models(config.get("models"), lambda: Path(cache_dir), f"{name}.models",
-                                    config.get("weights"))
+                                    config.get("weights"), config.get("project"))
     if issues:
         raise ConfigError(issues, source)
     return {**config, "models": models} if "models" in config else dict(config)
@@ -298,7 +337,7 @@ def with_stack_model_configs(values: Mapping[str, Any], source: str,
     """The stack config's values (`vllm-gke:models`, ...) resolved as with_model_configs, with the
     cache beside the stack (default_cache_dir; the plan passes its --stacks-dir's)."""
     models, issues = resolve_models(values.get("vllm-gke:models"), cache_dir, "vllm-gke:models",
-                                    values.get("vllm-gke:weights"))
+                                    values.get("vllm-gke:weights"), values.get("gcp:project"))
     if issues:
         raise ConfigError(issues, source)
     return {**values, "vllm-gke:models": models} if "vllm-gke:models" in values else dict(values)

@@ -138,10 +138,11 @@ def _as_pulumi_config(values: dict[str, Any]) -> dict[str, str]:
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
 
 
-def _under_mocks(project: str, stack: str, config: dict[str, Any],
-                 body: Callable[[], None]) -> list[PlannedResource]:
+def _under_mocks(project: str, stack: str, config: dict[str, Any], body: Callable[[], None],
+                 root_directory: Optional[Path] = None) -> list[PlannedResource]:
     """Run `body` as a Pulumi program under the recording mocks, with `config` as stack config,
-    and return what it registered."""
+    and return what it registered. `root_directory`: the project folder, as the language host
+    passes it (pulumi.runtime.get_root_directory; the mocks leave a placeholder)."""
     def _run() -> list[PlannedResource]:
         # Our own event loop: asyncio.run() elsewhere in the process leaves none behind.
         loop = asyncio.new_event_loop()
@@ -151,6 +152,9 @@ def _under_mocks(project: str, stack: str, config: dict[str, Any],
             monitor = RecordingMonitor(mocks)
             pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
             pulumi.runtime.set_all_config(_as_pulumi_config(config))
+            if root_directory is not None:
+                # A context property of the SDK's settings, set as the language host's --root_directory sets it.
+                pulumi.runtime.settings.SETTINGS.root_directory = str(root_directory)  # pyright: ignore[reportAttributeAccessIssue]
             _sync_await(run_pulumi_func(body))
             return monitor.recorded
         finally:

@@ -147,7 +147,7 @@ def run_user_program(project: Project, stack: str, config: dict[str, Any]) -> Pr
             runpy.run_path(str(project.program), run_name="__main__")
 
     try:
-        resources = _under_mocks(project.name, stack, config, body)
+        resources = _under_mocks(project.name, stack, config, body, project.directory.resolve())
     except pulumi.ConfigMissingError as exc:
         raise _issue(exc.key, f"the program requires it; set it in {project.stack_dir}/Pulumi.{stack}.yaml "
                      f"or pass --config {exc.key}=VALUE") from None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import http.server
 import json
+import os
 import shutil
 import sys
 import threading
@@ -41,9 +42,16 @@ class FakeHub:
 
     def __init__(self, root: Path, gated: frozenset[str] = frozenset(), offline: bool = False):
         self.root, self.gated, self.offline, self.calls = root, gated, offline, []
+        self.tokens: list[str] = []
+        self.granted = "loader-token"  # the one token the gated repository admits
 
-    def __call__(self, repo_id: str, filename: str, *, revision: str | None = None, **_: Any) -> str:
+    def __call__(self, repo_id: str, filename: str, *, revision: str | None = None, token: str | None = None,
+                 **_: Any) -> str:
         self.calls.append((repo_id, filename, revision))
+        if token is not None:
+            self.tokens.append(token)
+            if token == self.granted:
+                self.gated = frozenset()
         if self.offline:
             raise errors.LocalEntryNotFoundError("An error happened while trying to locate the file on the Hub and "
                                                  "we cannot find the requested files in the local cache.")
@@ -249,3 +257,31 @@ def test_a_program_of_ones_own_resolves_its_settings_before_the_platform_validat
     mine, theirs = by_id.models[0].model_shape, catalog.models[0].model_shape
     assert replace(mine, hidden_size=None) == theirs and mine.hidden == theirs.hidden
     assert capacity_report(by_id) == capacity_report(catalog)
+
+
+def test_a_dtype_that_quantises_otherwise_than_the_checkpoint_is_refused(hub, tmp_path):
+    """An AWQ checkpoint served with dtype fp8 is `--quantization fp8`, which vLLM refuses at start:
+    the config error names models[...].dtype; the checkpoint's own method is accepted."""
+    awq = "Qwen/Qwen2.5-7B-Instruct-AWQ"
+    with pytest.raises(ConfigError) as exc:
+        with_model_configs(settings(source=f"hf://{awq}", dtype="fp8"), tmp_path)
+    assert "config.models[llama].dtype: 'fp8' quantises otherwise than the checkpoint" in str(exc.value)
+    assert "quant_method 'awq'" in str(exc.value)
+    assert with_model_configs(settings(source=f"hf://{awq}", dtype="awq"), tmp_path)["models"][0]["dtype"] == "awq"
+
+
+def test_a_gated_repo_is_read_with_the_loaders_own_token_from_secret_manager(hub, tmp_path, monkeypatch):
+    """Refused with the planner's token, the plan reads the loader's copy (gcloud secrets versions access,
+    the stack's project and secret) and asks again with it: the token the pods will download with."""
+    hub.gated = frozenset({LLAMA})
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    gcloud = bin_dir / "gcloud"
+    gcloud.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\necho loader-token\n')
+    gcloud.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    out = with_model_configs({**settings(), "project": "team-llm", "weights": {"secretManagerSecret": "hub-token"}},
+                             tmp_path / "cache")
+    assert "customShape" in out["models"][0] and hub.tokens == ["loader-token"]
+    assert (bin_dir / "args").read_text().split() == ["secrets", "versions", "access", "latest", "--secret=hub-token",
+                                                      "--project=team-llm"]

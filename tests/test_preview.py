@@ -136,3 +136,19 @@ def test_plan_without_a_stacks_folder_says_how_to_preview(tmp_path):
 def test_the_quick_start_shows_the_preview():
     text = (REPO_ROOT / "docs" / "quick-start.md").read_text()
     assert "vllm-gke preview examples/python --config gcp:project=" in text
+
+
+def test_the_program_sees_its_project_folder_as_pulumi_up_shows_it(tmp_path):
+    """pulumi.runtime.get_root_directory() is the project's folder, so what finds files beside the stack
+    (the config.json cache of models given by id, in stackConfigDir/model-configs) finds the same ones."""
+    main = textwrap.dedent("""
+        import pulumi
+        from vllm_gke.infra.model_configs import default_cache_dir
+        open("where.txt", "w").write(pulumi.runtime.get_root_directory() + "|" + str(default_cache_dir()))
+    """)
+    folder = _program(tmp_path, main)
+    (folder / "Pulumi.yaml").write_text("name: team-llm\nruntime: python\nstackConfigDir: cfg\n")
+    result = runner.invoke(app, ["preview", str(folder), "--no-write"])
+    assert result.exit_code == 0, result.output
+    root, cache = (folder / "where.txt").read_text().split("|")
+    assert Path(root) == folder.resolve() and Path(cache) == folder.resolve() / "cfg" / "model-configs"

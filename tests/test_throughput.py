@@ -145,3 +145,26 @@ def test_pipeline_stages_across_hosts_pass_little():
     one = roofline(H100_80GB, shape, "bfloat16", "auto", 16, 8, 1, 64, 4096).decode_tokens_s
     two = roofline(H100_80GB, shape, "bfloat16", "auto", 16, 8, 2, 64, 4096, 200).decode_tokens_s
     assert 0.97 * one < two < one
+
+
+def test_a_quantised_checkpoints_own_bytes_per_weight_sets_the_decode_rate(plans):
+    """The roofline reads the weights the capacity check counts: a checkpoint's bytesPerWeight (an AWQ
+    model given by id, scales included) moves both, not only the memory."""
+    from dataclasses import asdict
+
+    from vllm_gke.components.model.capacity import pool_capacity
+    from vllm_gke.components.model.specs.models import CustomShape
+
+    cfg = plans["dev"].config
+    model = cfg.model("qwen-7b")
+    shape = asdict(model.model_shape)
+
+    def row(per_weight: float):
+        custom = CustomShape.model_validate({**{k: v for k, v in shape.items() if v is not None},
+                                             "bytes_per_weight": per_weight})
+        m = model.model_copy(update={"shape": custom})
+        return pool_capacity(m, "short", m.short, cfg.pool(m.node_pool))
+
+    half, whole = row(0.5), row(1.0)
+    assert whole.weights_per_gpu_gb == pytest.approx(2 * half.weights_per_gpu_gb)
+    assert whole.decode_tokens_s < half.decode_tokens_s  # memory-bound: more bytes a step, fewer tokens

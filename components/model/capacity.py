@@ -137,7 +137,8 @@ def _speed(model: ModelSpec, pool: ServingPoolSpec, node_pool: NodePoolSpec, hos
     assert acc is not None
     return roofline(slice_of(acc, node_pool.gpu_partition_size), model.model_shape, model.dtype,
                     model.kv_cache_dtype, model.devices_per_replica, model.tensor_parallel_size, hosts,
-                    min(pool.max_num_seqs, max(1, tokens // context)), context, network_gbps=node_pool.machine.nic_gbps)
+                    min(pool.max_num_seqs, max(1, tokens // context)), context, network_gbps=node_pool.machine.nic_gbps,
+                    bytes_per_weight=model.bytes_per_weight)
 
 
 def network_cost(model: ModelSpec, which: str, node_pool: NodePoolSpec) -> tuple[float, float]:

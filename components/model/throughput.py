@@ -108,17 +108,19 @@ def network(shape: ModelShape, devices: int, tp: int, hosts: int, batch: int) ->
 
 
 def roofline(acc: Accelerator, shape: ModelShape, dtype: str, kv_cache_dtype: str, devices: int, tp: int,
-             hosts: int, batch: int, context_tokens: int, network_gbps: float = 0.0) -> Throughput:
+             hosts: int, batch: int, context_tokens: int, network_gbps: float = 0.0,
+             bytes_per_weight: float | None = None) -> Throughput:
     """Tokens a second of one replica on `devices` of `acc` (tp x pipeline stages, over `hosts`),
     decoding `batch` sequences whose typical length (prompt + output) is `context_tokens`.
-    `network_gbps`: the hosts' TCP link, when a GPU replica spans hosts (a TPU slice's ICI needs none)."""
+    `network_gbps`: the hosts' TCP link, when a GPU replica spans hosts (a TPU slice's ICI needs none).
+    `bytes_per_weight`: a quantised checkpoint's own (scales included), else the dtype's."""
     batch = max(1, batch)
     pp = max(1, devices // tp)
     micro = math.ceil(batch / pp)
     kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * KV_CACHE_BYTES[kv_cache_dtype]
     # A stage reads its own weights for each micro-batch: over the step, the device's share of
     # all of them, PP times 1/PP. A mixture of experts reads only the experts a micro-batch routes to.
-    weights = min(shape.params_billion, shape.active_billion * micro) * GB * WEIGHT_BYTES[dtype] / tp
+    weights = min(shape.params_billion, shape.active_billion * micro) * GB * (bytes_per_weight or WEIGHT_BYTES[dtype]) / tp
     kv = batch * (context_tokens / 2) * kv_per_token / (min(tp, shape.kv_heads) * pp)
     flops = 2 * shape.active_billion * GB * batch
     # FP8 weights multiply in FP8 where the device can (H100, L4), else widened to 16 bits.

@@ -320,9 +320,9 @@ class ModelSpec(TypedDict):
     revision: NotRequired[str]
     """Git branch, tag or commit of the source. Default: main."""
     shape: NotRequired[str]
-    """The named form of `shape` (or give `custom_shape`). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b, llama-3.1-405b, deepseek-v3). Unset: read from the model's config.json, which the stack program and `vllm-gke plan` fetch once and cache beside the stack file (model-configs/<org>--<repo>@<revision>.json: commit it with the stack)."""
+    """The named form of `shape` (or give `custom_shape`). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b, llama-3.1-405b, deepseek-v3). Unset in a stack: read from the model's config.json, which the stack program and `vllm-gke plan` fetch once and cache beside the stack file (model-configs/<org>--<repo>@<revision>.json: commit it with the stack); a Python program reads it with with_model_configs. Through the component package (TypeScript, Go, C#, Java, YAML): required, this or customShape."""
     custom_shape: NotRequired[CustomShape]
-    """The structured form of `shape` (give one of the two). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b, llama-3.1-405b, deepseek-v3). Unset: read from the model's config.json, which the stack program and `vllm-gke plan` fetch once and cache beside the stack file (model-configs/<org>--<repo>@<revision>.json: commit it with the stack)."""
+    """The structured form of `shape` (give one of the two). Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b, llama-3.1-405b, deepseek-v3). Unset in a stack: read from the model's config.json, which the stack program and `vllm-gke plan` fetch once and cache beside the stack file (model-configs/<org>--<repo>@<revision>.json: commit it with the stack); a Python program reads it with with_model_configs. Through the component package (TypeScript, Go, C#, Java, YAML): required, this or customShape."""
     dtype: NotRequired[Dtype]
     """Weight dtype or quantisation. One of: bfloat16, float16, fp8, int8, awq, gptq. Default: bfloat16."""
     disk_gb: NotRequired[float]

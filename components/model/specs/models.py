@@ -264,9 +264,11 @@ class ModelSpec(Spec):
     # Git branch, tag or commit of the source.
     revision: Revision = "main"
     # Architecture from the catalog (llama-3-8b, llama-3-70b, qwen2.5-1.5b, qwen2.5-7b, qwen2.5-72b, mistral-7b,
-    # llama-3.1-405b, deepseek-v3). Unset: read from the model's config.json, which the stack program and
-    # `vllm-gke plan` fetch once and cache beside the stack file (model-configs/<org>--<repo>@<revision>.json:
-    # commit it with the stack).
+    # llama-3.1-405b, deepseek-v3). Unset in a stack: read from the model's config.json, which the stack
+    # program and `vllm-gke plan` fetch once and cache beside the stack file
+    # (model-configs/<org>--<repo>@<revision>.json: commit it with the stack); a Python program reads it with
+    # with_model_configs. Through the component package (TypeScript, Go, C#, Java, YAML): required, this or
+    # customShape.
     shape: Optional[str | CustomShape] = Field(default=None, validate_default=True)
     # Weight dtype or quantisation.
     dtype: Literal["bfloat16", "float16", "fp8", "int8", "awq", "gptq"] = "bfloat16"
@@ -375,8 +377,9 @@ class ModelSpec(Spec):
             raise ValueError(
                 "is not set and no config.json was read for the model; give shape (one of "
                 f"{', '.join(MODEL_SHAPES)}) or customShape {{paramsBillion, layers, kvHeads, headDim}}, or read it "
-                "from the model's config.json: the stack program and `vllm-gke plan` do for a stack; a program of "
-                "your own calls vllm_gke.infra.model_configs.with_model_configs(config, cache_dir) first")
+                "from the model's config.json: the stack program and `vllm-gke plan` do for a stack; a Python "
+                "program calls vllm_gke.infra.model_configs.with_model_configs(config, cache_dir) first; through "
+                "the component package (TypeScript, Go, YAML, ...) give shape or customShape")
         if isinstance(v, str) and v not in MODEL_SHAPES:
             raise ValueError(
                 f"unknown model shape '{v}'; use one of {', '.join(MODEL_SHAPES)} or give "
@@ -457,9 +460,14 @@ class ModelSpec(Spec):
         return MODEL_SHAPES[self.shape]
 
     @property
-    def weights_gb(self) -> float:
+    def bytes_per_weight(self) -> float:
+        """What a weight takes: a quantised checkpoint's own figure (its config.json), else the dtype's."""
         per_weight = self.shape.bytes_per_weight if isinstance(self.shape, CustomShape) else None
-        return self.model_shape.params_billion * (per_weight or WEIGHT_BYTES[self.dtype])
+        return per_weight or WEIGHT_BYTES[self.dtype]
+
+    @property
+    def weights_gb(self) -> float:
+        return self.model_shape.params_billion * self.bytes_per_weight
 
     @property
     def files_gb(self) -> float:
