@@ -97,10 +97,11 @@ def test_sliding_window_layers_come_from_the_pattern_or_apply_to_all():
 def test_a_quantised_checkpoint_maps_to_the_stacks_dtype_and_its_bits():
     awq = shape_from_config(config("Qwen--Qwen2.5-7B-Instruct-AWQ"))
     plain = shape_from_config(config("Qwen--Qwen2.5-7B-Instruct"))
-    assert (awq.dtype, awq.quant_method, awq.weight_bits) == ("awq", "awq", 4.0)
+    # 4 bits a weight, plus a 16-bit scale and a 4-bit zero point per group of 128.
+    assert (awq.dtype, awq.quant_method, awq.weight_bits) == ("awq", "awq", 4 + 16 / 128 + 4 / 128)
     assert awq.custom_shape()["paramsBillion"] == plain.custom_shape()["paramsBillion"]
-    # 4-bit layers, 16-bit embeddings and output head (1.09B of 7.62B): about 0.71 bytes a parameter.
-    assert awq.bytes_per_weight == pytest.approx((1.09 * 2 + 6.53 * 0.5) / 7.62, rel=0.02)
+    # 4-bit layers with their groups' scales, 16-bit embeddings and output head (1.09B of 7.62B).
+    assert awq.bytes_per_weight == pytest.approx((1.09 * 2 + 6.53 * 4.15625 / 8) / 7.62, rel=0.02)
     assert "bytesPerWeight" not in plain.custom_shape()
     groups = {"quant_method": "compressed-tensors",
               "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int"}}}}

@@ -274,6 +274,10 @@ def _quantization(doc: Mapping[str, Any], text: Mapping[str, Any]) -> tuple[Opti
     group_bits = [b for g in groups.values() if (w := _mapping((_mapping(g) or {}).get("weights")))
                   and (b := _number(w, "num_bits")) is not None]
     bits = _number(q, "bits", "w_bit") or (max(group_bits) if group_bits else None) or METHOD_BITS.get(method)
+    group = _number(q, "group_size", "q_group_size")
+    if bits is not None and bits < 8 and group and group > 0:
+        # Grouped integer weights also store a 16-bit scale per group, and AWQ/GPTQ a packed zero point.
+        bits += 16 / group + (bits / group if method in ("awq", "gptq") else 0)
     return method or None, bits
 
 
