@@ -26,7 +26,7 @@ from .load_test import LoadTest, LoadTestArgs, Target
 from .mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
 from .mesh_readiness import MeshReadiness, MeshReadinessArgs
 from .model.capacity import consumer_models, hosts_per_replica, placements
-from .model.config_errors import stack_config
+from .model.config_errors import in_program_words, stack_config
 from .model.config_rules import cross_field_issues
 from .model.gateway_routes import RouteTarget
 from .model.gcp_apis import required_apis
@@ -72,13 +72,19 @@ def _validated(name: str, config: StackConfig | Mapping[str, Any]) -> StackConfi
     release's parser), with its messages, whoever builds the config."""
     source = f"Platform '{name}' config"
     if not isinstance(config, StackConfig):
-        try:
-            return stack_config(config, "config", source)
-        except ConfigError as exc:
-            raise PlatformConfigError(exc.issues, source) from None
+        return _validated_mapping(name, config)
     if issues := cross_field_issues(config):
         raise PlatformConfigError(issues, source)
     return config
+
+
+def _validated_mapping(name: str, config: Mapping[str, Any]) -> StackConfig:
+    """Settings given as a mapping: every problem named as the code wrote it (`config.models[x]`)."""
+    source = f"Platform '{name}' config"
+    try:
+        return stack_config(config, "config", source)
+    except ConfigError as exc:
+        raise PlatformConfigError(in_program_words(exc.issues), source) from None
 
 
 @dataclass

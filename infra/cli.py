@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..components.model.config_errors import in_program_words
 from ..policies.rules import resolve_levels
 from . import docs as generated
 from .config import ConfigError
@@ -131,8 +132,11 @@ def preview(
     if crds is not None and not crds.is_dir():
         fail(f"--crds {crds}: not a folder; point it at a folder of CRD YAML files")
     program = previewed(program_dir, stack, config)
+    try:
+        plans = platform_plans(program)
+    except ConfigError as exc:  # the system pool's check across every Platform's pods
+        fail(str(ConfigError(in_program_words(exc.issues), exc.source)))
     folder = crd_source(crds, offline)
-    plans = platform_plans(program)
     reports = [plan_report(p, levels, folder, out if write else None) for p in plans]
     others = outside_platforms(program, plans)
     checks = resource_checks(others, levels, folder) if others or not plans else None

@@ -69,8 +69,8 @@ class PoolCost:
 class ReplicaCost:
     """One replica of a serving pool as the stack runs it: its devices' share of its node pool's
     machines (a multi-host group, every host), at the pool's price (spot where spot), and the output
-    tokens it makes a second. The cost report's totals and the options table's `this stack` rows are
-    both these."""
+    tokens it makes a second. The cost report's tokens a second (and so its $ per million tokens),
+    the tenants' ceilings and the options table's `this stack` rows all read these."""
 
     model: str
     pool: str  # short | long

@@ -4,6 +4,7 @@ policies), then the checks, the resource counts last."""
 
 from __future__ import annotations
 
+import io
 from collections import Counter
 from typing import Any
 
@@ -34,18 +35,27 @@ NAMES = frozenset({"model", "pool", "node pool", "accelerator", "machine", "tena
 
 def fitted(table: Table, width: int) -> Table:
     """The table at the terminal's width: every value on one line where they all fit; else the names
-    whole and the rest folded; else everything folded (values wrap, never cut)."""
+    whole and the rest folded; else everything folded (values wrap, never cut). Each try is drawn
+    once off screen: rich cuts a table whose columns' minimum widths add up past the console."""
     def longest(col: Any) -> int:
         # Column keeps its cells in _cells (rich has no public accessor).
         return max((Text.from_markup(str(c)).cell_len for c in col._cells), default=0)
     need = {str(c.header): longest(c) for c in table.columns}
-    frame = 3 * len(table.columns) + 1
     names = {h: n for h, n in need.items() if h in NAMES}
-    keep = (need if sum(need.values()) + frame <= width else
-            names if sum(names.values()) + 4 * (len(need) - len(names)) + frame <= width else {})
-    for col in table.columns:
-        col.min_width = keep.get(str(col.header), col.min_width)
+    for keep in (need, names, {}):
+        for col in table.columns:
+            col.min_width = keep.get(str(col.header))
+        if not keep or _whole(table, width):
+            break
     return table
+
+
+def _whole(table: Table, width: int) -> bool:
+    """Whether the table, drawn at `width`, keeps its right border (rich crops what does not fit)."""
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None, legacy_windows=False).print(table)
+    borders = [line.rstrip() for line in out.getvalue().splitlines() if line.lstrip().startswith(("┏", "└"))]
+    return bool(borders) and all(line.endswith(("┓", "┘")) for line in borders)
 
 
 def render_text(report: PlanReport, console: Console, detail: bool) -> None:
@@ -193,10 +203,10 @@ def ceiling_words(v: Verdicts) -> str:
     """What the rate limits let each tenant use in a month, in words that read as a bound, not a bill."""
     def one(t: TenantCeiling) -> str:
         if t.bound_by == "capacity":
-            return (f"{t.tenant} {t.limit_tokens_month / 1e6:,.0f}M tokens, more than the stack makes at peak "
-                    f"({t.tokens_month / 1e6:,.0f}M), so capacity bounds it: at most ${t.dollars_month:,.0f}")
-        return (f"{t.tenant} up to {t.tokens_month / 1e6:,.0f}M tokens ({t.capacity_share:.0%} of what the baseline "
-                f"makes), at most ${t.dollars_month:,.0f}")
+            return (f"{t.tenant} {t.limit_tokens_month / 1e6:,.0f}M tokens, more than the replicas it calls make at "
+                    f"peak ({t.tokens_month / 1e6:,.0f}M), so capacity bounds it: at most ${t.dollars_month:,.0f}")
+        return (f"{t.tenant} up to {t.tokens_month / 1e6:,.0f}M tokens ({t.capacity_share:.0%} of what the replicas it "
+                f"calls make at peak), at most ${t.dollars_month:,.0f}")
     return ("Ceilings, not forecasts: what each tenant's rate limit allows in a month: "
             + "; ".join(one(t) for t in v.ceilings) + ". What each did use and cost: vllm-gke report.") if v.ceilings else ""
 

@@ -11,9 +11,11 @@ components, or the program's own) are checked for schema and policies.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import sys
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +23,9 @@ from typing import Any, Iterator, Optional
 
 import pulumi
 import yaml
+from pydantic import ValidationError
 
+from ..components.model.config_errors import key_path, problem
 from ..components.platform import Platform
 from .config import ConfigError, ConfigIssue
 from .mocks import PlannedResource
@@ -37,6 +41,8 @@ class Project:
     directory: Path
     program: Path
     stack_dir: Path
+    # Pulumi.yaml's `config:` values and defaults (keys without a namespace, as written there).
+    defaults: dict[str, Any]
 
 
 @dataclass
@@ -71,6 +77,7 @@ def _project_doc(directory: Path) -> dict[str, Any]:
 
 def read_project(directory: Path) -> Project:
     """The project's name, program and stack folder; only Python programs run here."""
+    directory = directory.resolve()  # the program runs from its own folder: a relative path would move
     doc = _project_doc(directory)
     runtime = doc.get("runtime")
     runtime_name = runtime.get("name") if isinstance(runtime, dict) else runtime
@@ -83,7 +90,20 @@ def read_project(directory: Path) -> Project:
     if not program.is_file():
         raise _issue(f"{directory / 'Pulumi.yaml'}:main", f"{program} does not exist; Pulumi runs __main__.py "
                      "of the project folder, or the file or folder `main` names")
-    return Project(doc["name"], directory, program, directory / str(doc.get("stackConfigDir") or "."))
+    return Project(doc["name"], directory, program, directory / str(doc.get("stackConfigDir") or "."),
+                   project_config(doc))
+
+
+def project_config(doc: dict[str, Any]) -> dict[str, Any]:
+    """Pulumi.yaml's `config:`: a value, or a declaration with a `default` (or `value`), which the
+    stack's own config overrides (pulumi/pulumi pkg/workspace/config.go mergeConfig)."""
+    out: dict[str, Any] = {}
+    for key, spec in (doc.get("config") or {}).items() if isinstance(doc.get("config"), dict) else ():
+        if not isinstance(spec, dict):
+            out[str(key)] = spec
+        elif "value" in spec or "default" in spec:
+            out[str(key)] = spec.get("value", spec.get("default"))
+    return out
 
 
 def stack_names(project: Project) -> list[str]:
@@ -94,6 +114,9 @@ def choose_stack(project: Project, stack: Optional[str]) -> str:
     """The stack named, else the only one the project has, else `dev` (config from --config alone)."""
     known = stack_names(project)
     if stack is not None:
+        if known and stack not in known:
+            raise _issue("--stack", f"the project has no stack '{stack}' (no Pulumi.{stack}.yaml in "
+                         f"{project.stack_dir}); use one of {', '.join(known)}")
         return stack
     if len(known) > 1:
         raise _issue("--stack", f"the project has stacks {', '.join(known)}: name one with --stack")
@@ -108,7 +131,7 @@ def _namespaced(project: str, key: str) -> str:
 def program_config(project: Project, stack: str, overrides: dict[str, str]) -> dict[str, Any]:
     """The stack's config as `pulumi up` would hand it over: the stack file's, then --config's."""
     path = project.stack_dir / f"Pulumi.{stack}.yaml"
-    values: dict[str, Any] = {}
+    values = {_namespaced(project.name, k): v for k, v in project.defaults.items()}
     if path.is_file():
         try:
             doc = yaml.safe_load(path.read_text()) or {}
@@ -116,7 +139,7 @@ def program_config(project: Project, stack: str, overrides: dict[str, str]) -> d
             raise _issue(str(path), f"is not valid YAML: {exc}") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("config") or {}, dict):
             raise _issue(f"{path}:config", "must be a mapping of config keys")
-        values = {_namespaced(project.name, str(k)): v for k, v in (doc.get("config") or {}).items()}
+        values |= {_namespaced(project.name, str(k)): v for k, v in (doc.get("config") or {}).items()}
     return {**values, **{_namespaced(project.name, k): v for k, v in overrides.items()}}
 
 
@@ -134,7 +157,9 @@ def _in_program_folder(folder: Path) -> Iterator[None]:
 
 
 def run_user_program(project: Project, stack: str, config: dict[str, Any]) -> Program:
-    """The program under the mocks; every Platform it constructs is kept for the report."""
+    """The program under the mocks, in its folder for the whole run (its outputs' callbacks too);
+    every Platform it constructs is kept for the report. What it prints goes to standard error, so
+    the JSON on standard output stays one document."""
     platforms: list[Platform] = []
 
     def keep(args: pulumi.ResourceTransformationArgs) -> None:
@@ -143,15 +168,29 @@ def run_user_program(project: Project, stack: str, config: dict[str, Any]) -> Pr
 
     def body() -> None:
         pulumi.runtime.register_stack_transformation(keep)
-        with _in_program_folder(project.program.parent):
-            runpy.run_path(str(project.program), run_name="__main__")
+        runpy.run_path(str(project.program), run_name="__main__")
 
     try:
-        resources = _under_mocks(project.name, stack, config, body, project.directory.resolve())
+        with _in_program_folder(project.program.parent), contextlib.redirect_stdout(sys.stderr):
+            resources = _under_mocks(project.name, stack, config, body, project.directory)
     except pulumi.ConfigMissingError as exc:
         raise _issue(exc.key, f"the program requires it; set it in {project.stack_dir}/Pulumi.{stack}.yaml "
                      f"or pass --config {exc.key}=VALUE") from None
+    except ConfigError:
+        raise
+    except ValidationError as exc:  # a spec built in the program's own code (NodePoolSpec(...), ...)
+        raise ConfigError([ConfigIssue(key_path(tuple(e["loc"]), None, lambda k, t=exc.title: f"{t}.{k}"),
+                                       problem(e, "the program")) for e in exc.errors()], "program settings") from None
+    except Exception as exc:  # the program's own failure: its frames, not the preview's
+        raise _issue(str(project.program), _program_failure(exc, project.directory), "program") from None
     return Program(project, stack, resources, platforms)
+
+
+def _program_failure(exc: BaseException, folder: Path) -> str:
+    """`ValueError: ...` and the program's own frames (file:line), as Pulumi's language host trims them."""
+    frames = [f"{Path(f.filename).relative_to(folder)}:{f.lineno} in {f.name}"
+              for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).is_relative_to(folder)]
+    return f"raised {type(exc).__name__}: {exc}" + (f" (at {', '.join(frames)})" if frames else "")
 
 
 def _under(resources: list[PlannedResource], root: str) -> list[PlannedResource]:
@@ -172,6 +211,10 @@ def platform_plans(program: Program) -> list[Plan]:
     """One Plan per Platform: its settings and the resources under it (named stack/platform when
     the program declares more than one)."""
     plans = []
+    names = [p._name for p in program.platforms]  # pyright: ignore[reportPrivateUsage]
+    if len(set(names)) < len(names):
+        raise _issue("Platform", f"two Platforms are named {sorted(n for n in names if names.count(n) > 1)[0]!r}: "
+                     "give each its own name (their children's names start with it)", "program")
     by_name = {r.name: r for r in program.resources if r.type == "vllm-gke:index:Platform"}
     for platform in program.platforms:
         name = platform._name  # pyright: ignore[reportPrivateUsage]  # the SDK keeps the name there

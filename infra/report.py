@@ -15,7 +15,7 @@ from ..components.model.tenant_urls import TenantUrl, tenant_urls, url_notes
 from ..policies.rules import POLICIES, Violation, evaluate, resolve_levels
 from .accelerator_options import AcceleratorOption, model_options, stack_options
 from .advice import plan_warnings
-from .cost import CostReport, cost_report
+from .cost import CostReport, ReplicaCost, cost_report
 from .plan import Plan
 from .pricing import MACHINE_PRICES
 
@@ -90,10 +90,10 @@ class TenantCeiling:
     gives what it did use and cost, from the metrics."""
 
     tenant: str
-    tokens_month: float  # the least of what the limit allows and what the stack makes at peak
+    tokens_month: float  # the least of what the limit allows and what its replicas make at peak
     dollars_month: float
-    # What the limit allows, as a share of the month's baseline capacity (tokens the baseline
-    # replicas make at the target utilisation): above 1, the limit is not what bounds the tenant.
+    # What the limit allows, as a share of what the replicas it can reach make in a month at peak (at
+    # the target utilisation): above 1, the limit is not what bounds the tenant.
     capacity_share: float
     limit_tokens_month: float = 0.0
     bound_by: str = "rate limit"  # or "capacity": the stack at peak makes fewer than the limit allows
@@ -112,19 +112,33 @@ def dedicated_month(cfg: StackConfig, tenant: TenantSpec, hours: float) -> Optio
                for m in (cfg.model(n) for n in tenant.dedicated.models) for w in m.pool_names)
 
 
+def _reachable(cfg: StackConfig, tenant: TenantSpec, cost: CostReport) -> list[tuple[ReplicaCost, float]]:
+    """The replicas a tenant's requests can reach (its own copy of a model where it has one, else the
+    shared pools), each with the share of its peak its node pool can hold (a capped pool, less than 1)."""
+    hold = {p.pool: min(1.0, p.reach_nodes / p.wanted_peak_nodes) if p.wanted_peak_nodes else 1.0 for p in cost.pools}
+    own: set[str] = set(tenant.dedicated.models) if tenant.dedicated is not None else set()
+    return [(r, hold.get(r.node_pool, 1.0)) for r in cost.replicas if r.model in tenant.models
+            and r.tenant == (tenant.name if r.model in own else None)]
+
+
 def tenant_ceilings(cfg: StackConfig, cost: CostReport) -> list[TenantCeiling]:
+    """Per tenant: what its rate limit allows in a month, what the replicas it can reach make at peak
+    (every pool it calls at maxReplicas, as far as its node pool holds them), and what that many
+    tokens cost on those replicas."""
     out: list[TenantCeiling] = []
-    minutes = cost.hours_per_month * 60
-    peak = cost.peak_tokens_per_second * cost.utilization * 3600 * cost.hours_per_month
+    hours = cost.hours_per_month
     for t in cfg.tenants:
-        limit = (t.rate_limit.tokens_per_minute or t.rate_limit.requests_per_minute * t.max_tokens) * minutes
+        limit = (t.rate_limit.tokens_per_minute or t.rate_limit.requests_per_minute * t.max_tokens) * hours * 60
+        reach = _reachable(cfg, t, cost)
+        peak = sum(r.tokens_per_second * r.max_replicas * held for r, held in reach) * cost.utilization * 3600 * hours
+        peak_dollars = sum(r.usd_per_hour * r.max_replicas * held for r, held in reach) * hours
         tokens = min(limit, peak)
-        dollars = min(tokens / 1e6 * cost.usd_per_million_tokens, cost.peak_month) if cost.tokens_per_month else 0.0
+        dollars = min(tokens / peak * peak_dollars if peak else 0.0, cost.peak_month)
         # A tenant on its own replicas alone can cost no more than they do at their ceiling.
-        if (own := dedicated_month(cfg, t, cost.hours_per_month)) is not None:
+        if (own := dedicated_month(cfg, t, hours)) is not None:
             dollars = min(dollars, own)
-        out.append(TenantCeiling(t.name, tokens, dollars, limit / cost.tokens_per_month if cost.tokens_per_month else 0.0,
-                                 limit, "capacity" if limit > peak else "rate limit"))
+        out.append(TenantCeiling(t.name, tokens, dollars, limit / peak if peak else 0.0, limit,
+                                 "capacity" if limit > peak else "rate limit"))
     return out
 
 
@@ -148,6 +162,16 @@ def over_budget(cfg: StackConfig, cost: CostReport) -> list[str]:
     return []
 
 
+def accelerator_options(cfg: StackConfig, cost: CostReport) -> list[AcceleratorOption]:
+    """Each model's replica as the stack runs it, then the catalog's options but the one that is the
+    same replica at the same price (it would be a second row of the same)."""
+    here = stack_options(cfg, cost.replicas)
+    same = {(o.model, o.machine_type, o.topology, o.tensor_parallel, o.pipeline_parallel, round(o.usd_per_hour, 6))
+            for o in here}
+    return here + [o for m in cfg.models for o in model_options(m) if (
+        o.model, o.machine_type, o.topology, o.tensor_parallel, o.pipeline_parallel, round(o.usd_per_hour, 6)) not in same]
+
+
 def verdicts(plan: Plan, policy_config: Optional[Mapping[str, Any]] = None) -> Verdicts:
     store = plan.platform.store
     cost = cost_report(plan.config, store.tier, store.capacity_gb)
@@ -160,5 +184,5 @@ def verdicts(plan: Plan, policy_config: Optional[Mapping[str, Any]] = None) -> V
         + url_notes(plan.config),
         urls=tenant_urls(plan.config),
         ceilings=tenant_ceilings(plan.config, cost),
-        options=stack_options(plan.config, cost.replicas) + [o for m in plan.config.models for o in model_options(m)],
+        options=accelerator_options(plan.config, cost),
     )

@@ -312,8 +312,25 @@ def test_a_tenant_ceiling_is_bounded_by_what_the_stack_makes(plans):
     assert "Ceilings, not forecasts" in " ".join(text.split())
 
 
+def test_a_tenant_ceiling_counts_only_the_replicas_it_can_reach(plans):
+    """prod's analytics calls only its own copy of qwen-7b: its ceiling is those replicas at peak, priced
+    as they are, not the whole stack's; frontier's research, on the 405B's H100s, costs what they cost."""
+    from vllm_gke.infra.report import verdicts
+
+    v = verdicts(plans["prod"])
+    c = next(c for c in v.ceilings if c.tenant == "analytics")
+    own = [r for r in v.cost.replicas if r.tenant == "analytics"]
+    assert own and {r.model for r in own} == {"qwen-7b"}
+    peak = sum(r.tokens_per_second * r.max_replicas for r in own) * v.cost.utilization * 3600 * v.cost.hours_per_month
+    assert c.tokens_month == pytest.approx(peak) and c.bound_by == "capacity"
+    assert c.dollars_month == pytest.approx(sum(r.usd_per_hour * r.max_replicas for r in own) * v.cost.hours_per_month)
+    frontier = verdicts(plans["frontier"])
+    research = next(c for c in frontier.ceilings if c.tenant == "research")
+    assert research.dollars_month > 10 * research.tokens_month / 1e6 * frontier.cost.usd_per_million_tokens
+
+
 @pytest.mark.parametrize("columns", ["80", "200"])
-def test_output_fits_the_terminal_and_never_cuts_a_name(columns):
+def test_output_fits_the_terminal_and_never_cuts_a_name(columns, plans):
     """At the terminal's width: no value cut to `llama-…`; each tenant URL whole on its own line."""
     narrow = CliRunner(env={"COLUMNS": columns})
     result = narrow.invoke(app, ["plan", "--stack", "prod", "--no-write"])
@@ -321,6 +338,15 @@ def test_output_fits_the_terminal_and_never_cuts_a_name(columns):
     assert "…" not in result.output
     lines = result.output.splitlines()
     assert max(len(line) for line in lines if line.startswith(("┃", "│", "┏", "└"))) <= int(columns)
+    # Rich crops a table wider than the console silently: each table keeps its right border.
+    borders = [line.rstrip() for line in lines if line.lstrip().startswith(("┏", "└"))]
+    assert len(borders) >= 8 and all(line.endswith(("┓", "┘")) for line in borders), borders
+    # and every figure of the cost table is there (the total's baseline and peak, whole).
+    from vllm_gke.infra.report import verdicts
+
+    cost = verdicts(plans["prod"]).cost
+    flat = "".join(line.strip("│┃ ") for line in lines)
+    assert f"{cost.baseline_month:,.0f}" in flat and f"{cost.peak_month:,.0f}" in flat
     urls = [u for u in json.loads(runner.invoke(app, ["plan", "--stack", "prod", "--no-write", "--output",
                                                        "json"]).stdout)["tenantUrls"]]
     joined = "".join(lines)  # a terminal wraps a long line; the URL's characters stay in one run

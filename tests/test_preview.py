@@ -152,3 +152,72 @@ def test_the_program_sees_its_project_folder_as_pulumi_up_shows_it(tmp_path):
     assert result.exit_code == 0, result.output
     root, cache = (folder / "where.txt").read_text().split("|")
     assert Path(root) == folder.resolve() and Path(cache) == folder.resolve() / "cfg" / "model-configs"
+
+
+def test_a_relative_program_folder_previews_as_the_docs_write_it(monkeypatch):
+    """`vllm-gke preview examples/python` from the checkout, as the quick start has it."""
+    monkeypatch.chdir(REPO_ROOT)
+    result = runner.invoke(app, ["preview", "examples/python", "-c", "gcp:project=x", "--no-write", "--output", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["tenantUrls"]
+
+
+def test_a_check_across_fields_names_the_key_as_the_code_wrote_it(tmp_path):
+    """A 70B model on a 3g.20gb slice: `config.models[qwen-7b]`, not the stack file's `vllm-gke:` key."""
+    text = (EXAMPLE / "__main__.py").read_text().replace('"shape": "qwen2.5-7b"', '"shape": "llama-3-70b"')
+    result = runner.invoke(app, ["preview", str(_program(tmp_path, text)), "-c", "gcp:project=x", "--no-write"])
+    assert result.exit_code == 2, result.output
+    assert "config.models[qwen-7b]" in result.output and "vllm-gke:" not in result.output
+
+
+def test_the_system_pools_check_is_exit_2_in_the_programs_words(tmp_path, monkeypatch):
+    from vllm_gke.infra import preview
+    from vllm_gke.infra.config import ConfigError, ConfigIssue
+
+    def too_small(*_args):
+        raise ConfigError([ConfigIssue("vllm-gke:cluster.systemMaxNodes", "too few; raise vllm-gke:cluster.systemMaxNodes")],
+                          "system pool")
+
+    monkeypatch.setattr(preview, "check_system_pool", too_small)
+    result = runner.invoke(app, ["preview", str(EXAMPLE), "-c", "gcp:project=x", "--no-write"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "config.cluster.systemMaxNodes: too few; raise config.cluster.systemMaxNodes" in result.output
+
+
+@pytest.mark.parametrize("main, said", [
+    ("def build():\n    raise ValueError('no such region')\n\nbuild()\n", "raised ValueError: no such region (at __main__.py:4 in <module>, __main__.py:2 in build)"),
+    ("from vllm_gke.components.model.specs import NodePoolSpec\nNodePoolSpec.model_validate("
+     "{'name': 'gpu', 'machineType': 'g2-standard-8', 'minNode': 0})\n", "NodePoolSpec.minNode: is not a known setting"),
+])
+def test_the_programs_own_failure_is_exit_2_with_its_own_frames(tmp_path, main, said):
+    result = runner.invoke(app, ["preview", str(_program(tmp_path, main)), "--no-write"])
+    assert result.exit_code == 2, result.output
+    assert said in " ".join(result.output.split()) and "Traceback" not in result.output
+    assert "infra/preview.py" not in result.output
+
+
+def test_project_config_defaults_and_what_the_program_prints(tmp_path):
+    """Pulumi.yaml's config defaults reach the program (the stack file overrides them), and what the
+    program prints does not corrupt the JSON on standard output."""
+    main = "import pulumi\nprint('hello from the program')\nopen('seen.txt', 'w').write(pulumi.Config().require('team'))\n"
+    folder = _program(tmp_path, main)
+    (folder / "Pulumi.yaml").write_text("name: team-llm\nruntime: python\nconfig:\n  team:\n    default: search\n")
+    result = runner.invoke(app, ["preview", str(folder), "--no-write", "--output", "json"])
+    assert result.exit_code == 0, result.output
+    assert (folder / "seen.txt").read_text() == "search"
+    assert json.loads(result.stdout)["otherResources"]["resources"] == 0
+
+
+def test_two_platforms_of_one_name_are_refused(tmp_path):
+    text = (EXAMPLE / "__main__.py").read_text() + (
+        "\nclass Eu(pulumi.ComponentResource):\n    def __init__(self):\n        super().__init__('team:index:Eu', 'eu')\n"
+        "        Platform('llm', PlatformArgs(config), pulumi.ResourceOptions(parent=self))\n\nEu()\n")
+    result = runner.invoke(app, ["preview", str(_program(tmp_path, text)), "-c", "gcp:project=x", "--no-write"])
+    assert result.exit_code == 2, result.output
+    assert "two Platforms are named 'llm'" in result.output
+
+
+def test_a_stack_the_project_lacks_is_named(tmp_path):
+    folder = _program(tmp_path, "pass\n", stack_config="config: {}\n")
+    result = runner.invoke(app, ["preview", str(folder), "--stack", "prdo", "--no-write"])
+    assert result.exit_code == 2 and "no stack 'prdo'" in result.output and "dev" in result.output

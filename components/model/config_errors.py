@@ -10,6 +10,7 @@ Platform validates a settings mapping given in code through here.
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any, Callable, Mapping, Optional, cast, get_args
 
 from pydantic import BaseModel, ValidationError
@@ -105,3 +106,12 @@ def stack_config(data: Mapping[str, Any], name: str = "config", source: str = "p
         raise ConfigError(issues, source)
     assert cfg is not None
     return cfg
+
+
+def in_program_words(issues: list[ConfigIssue], name: str = "config") -> list[ConfigIssue]:
+    """Issues the checks across fields name as a stack file does (`vllm-gke:models[x]`, `gcp:region`),
+    named as a program's settings are (`config.models[x]`, `config.region`), in key and text alike."""
+    def words(text: str) -> str:
+        text = re.sub(r"\bgcp:(project|region)\b", rf"{name}.\1", text)
+        return re.sub(r"\bvllm-gke:(?=[A-Za-z<])", f"{name}.", text)
+    return [ConfigIssue(words(i.key), words(i.problem)) for i in issues]
