@@ -166,20 +166,23 @@ def test_the_plan_gives_each_tenants_most_at_its_limits(plans):
     ceilings = {c.tenant: c for c in tenant_ceilings(plan.config, cost)}
     support = next(t for t in plan.config.tenants if t.name == "support")
     minutes = cost.hours_per_month * 60
-    # tokensPerMinute where set; else requests x maxTokens
-    assert ceilings["support"].tokens_month == support.rate_limit.tokens_per_minute * minutes
+    # tokensPerMinute where set; else requests x maxTokens: what the limit allows
+    assert ceilings["support"].limit_tokens_month == support.rate_limit.tokens_per_minute * minutes
     analytics = next(t for t in plan.config.tenants if t.name == "analytics")
-    assert ceilings["analytics"].tokens_month == analytics.rate_limit.requests_per_minute * analytics.max_tokens * minutes
-    assert ceilings["support"].dollars_month == pytest.approx(ceilings["support"].tokens_month / 1e6
-                                                              * cost.usd_per_million_tokens)
+    assert ceilings["analytics"].limit_tokens_month == \
+        analytics.rate_limit.requests_per_minute * analytics.max_tokens * minutes
+    # support's limit binds before the replicas it calls run out: its tokens, at their price
+    assert ceilings["support"].bound_by == "rate limit"
+    assert ceilings["support"].tokens_month == ceilings["support"].limit_tokens_month
     # analytics calls only its own replicas: at most they, all at maxReplicas (6 + 3 pods of a MIG
     # slice), far under its rate limit's tokens at the shared $ per million
     pool = plan.config.pool(analytics.dedicated.node_pool)
     slot_hour = MACHINE_PRICES[pool.machine_type].on_demand_hour / pool.slices_per_node
     qwen = plan.config.model("qwen-7b")
+    assert ceilings["analytics"].bound_by == "capacity"
     assert ceilings["analytics"].dollars_month == pytest.approx(
         (qwen.short.max_replicas + qwen.long.max_replicas) * slot_hour * cost.hours_per_month)
-    assert ceilings["analytics"].dollars_month < ceilings["analytics"].tokens_month / 1e6 * cost.usd_per_million_tokens
+    assert ceilings["analytics"].dollars_month < ceilings["analytics"].limit_tokens_month / 1e6 * cost.usd_per_million_tokens
     doc = verdicts(plan).to_json()
     assert {c["tenant"] for c in doc["tenantCeilings"]} == {"search", "support", "analytics"}
     assert "capacityShare" in doc["tenantCeilings"][0]
