@@ -3,7 +3,8 @@ mocks, reported as `vllm-gke plan` reports a stack.
 
 The program runs as Pulumi's Python language host runs it: its folder the working directory and
 first on sys.path, its `main` (Pulumi.yaml) or __main__.py as __main__, its stack's config from
-Pulumi.<stack>.yaml (keys without a namespace are the project's, as Pulumi reads them). Each
+Pulumi.yaml's config defaults under Pulumi.<stack>.yaml's (a key without a namespace taken as the
+project's). Each
 Platform it declares becomes a Plan of the resources under it, so capacity, cost, tenant URLs,
 checks and policy verdicts are the stack plan's own; resources outside any Platform (the finer
 components, or the program's own) are checked for schema and policies.
