@@ -74,7 +74,7 @@ def _validated(name: str, config: StackConfig | Mapping[str, Any]) -> StackConfi
     if not isinstance(config, StackConfig):
         return _validated_mapping(name, config)
     if issues := cross_field_issues(config):
-        raise PlatformConfigError(issues, source)
+        raise PlatformConfigError(in_program_words(issues), source)
     return config
 
 

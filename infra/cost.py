@@ -87,6 +87,15 @@ class ReplicaCost:
     max_replicas: int
     tenant: str | None = None
     canary: bool = False
+    # What a replica above the baseline costs an hour: on-demand where a spot pool bursts onto its
+    # on-demand twin (as the cost report prices the peak's nodes), else usd_per_hour.
+    burst_usd_per_hour: float = 0.0
+
+    @property
+    def peak_usd_per_hour(self) -> float:
+        """Every replica of the pool at maxReplicas, the ones above the floor at the burst price."""
+        return (self.min_replicas * self.usd_per_hour
+                + (self.max_replicas - self.min_replicas) * (self.burst_usd_per_hour or self.usd_per_hour))
 
     def usd_per_million_tokens(self, utilization: float) -> float:
         rate = self.tokens_per_second * utilization * 3600
@@ -179,7 +188,9 @@ def replica_costs(cfg: "StackConfig") -> list[ReplicaCost]:
             r.model, r.pool, r.node_pool, pool.machine_type, pool.gpu_partition_size, pool.spot, r.devices, r.hosts,
             min(r.max_num_seqs, r.seqs_fit), tps,
             (price.spot_hour if pool.spot else price.on_demand_hour) * r.devices / pool.slices_per_node,
-            r.min_replicas, r.max_replicas, r.tenant, r.canary))
+            r.min_replicas, r.max_replicas, r.tenant, r.canary,
+            (price.on_demand_hour if pool.has_fallback_pool else (price.spot_hour if pool.spot else price.on_demand_hour))
+            * r.devices / pool.slices_per_node))
     return out
 
 

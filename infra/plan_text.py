@@ -4,11 +4,10 @@ policies), then the checks, the resource counts last."""
 
 from __future__ import annotations
 
-import io
 from collections import Counter
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -33,29 +32,49 @@ NAMES = frozenset({"model", "pool", "node pool", "accelerator", "machine", "tena
                    "component", "name", "base URL"})
 
 
-def fitted(table: Table, width: int) -> Table:
-    """The table at the terminal's width: every value on one line where they all fit; else the names
-    whole and the rest folded; else everything folded (values wrap, never cut). Each try is drawn
-    once off screen: rich cuts a table whose columns' minimum widths add up past the console."""
-    def longest(col: Any) -> int:
-        # Column keeps its cells in _cells (rich has no public accessor).
-        return max((Text.from_markup(str(c)).cell_len for c in col._cells), default=0)
-    need = {str(c.header): longest(c) for c in table.columns}
-    names = {h: n for h, n in need.items() if h in NAMES}
-    for keep in (need, names, {}):
-        for col in table.columns:
-            col.min_width = keep.get(str(col.header))
-        if not keep or _whole(table, width):
-            break
-    return table
+def _longest(col: Any) -> int:
+    """The column's longest value, or its header's longest word (rich never breaks a header word)."""
+    words = max((len(w) for w in str(col.header).split()), default=0)
+    # Column keeps its cells in _cells (rich has no public accessor).
+    return max([words, *(Text.from_markup(str(c)).cell_len for c in col._cells)])
 
 
-def _whole(table: Table, width: int) -> bool:
-    """Whether the table, drawn at `width`, keeps its right border (rich crops what does not fit)."""
-    out = io.StringIO()
-    Console(file=out, width=width, color_system=None, legacy_windows=False).print(table)
-    borders = [line.rstrip() for line in out.getvalue().splitlines() if line.lstrip().startswith(("┏", "└"))]
-    return bool(borders) and all(line.endswith(("┓", "┘")) for line in borders)
+def fitted(table: Table, width: int) -> RenderableType:
+    """The table at the terminal's width: every value (and header) on one line where they all fit;
+    else every value whole; else the names whole and the other columns sharing what is left, folded;
+    else every value folded; and where the columns cannot all have room for a value, one block per
+    row (`header: value` lines). Nothing is cut."""
+    # Fixed widths throughout: rich crops a table whose columns' minimum widths outgrow the console.
+    need = [max(1, _longest(c)) for c in table.columns]
+    full = [max(n, Text.from_markup(str(c.header)).cell_len) for n, c in zip(need, table.columns)]
+    avail = width - 3 * len(need) - 1
+    for widths in (full, need):
+        if sum(widths) <= avail:
+            for col, n in zip(table.columns, widths):
+                col.width = n
+            return table
+    names = [i for i, c in enumerate(table.columns) if str(c.header) in NAMES]
+    rest = [i for i in range(len(need)) if i not in names]
+    spare = avail - sum(need[i] for i in names)
+    if rest and spare >= 4 * len(rest):
+        # Each other column 4 wide, and what is left shared out as each lacks: never above `spare`.
+        extra = {i: max(0, need[i] - 4) for i in rest}
+        left, lacking = spare - 4 * len(rest), sum(extra.values()) or 1
+        for i, col in enumerate(table.columns):
+            col.width = need[i] if i in names else 4 + min(extra[i], left * extra[i] // lacking)
+        return table
+    if avail >= 4 * len(need):
+        return table  # rich shares the width out and folds every value
+    return _records(table)
+
+
+def _records(table: Table) -> RenderableType:
+    """A table too wide for the terminal as one block per row: its title, then `header: value` lines."""
+    rows = list(zip(*(c._cells for c in table.columns)))  # rich has no public accessor for the cells
+    lines: list[RenderableType] = [Text.from_markup(f"[bold]{table.title}[/]")] if table.title else []
+    for row in rows:
+        lines += [Text.from_markup(f"{c.header}: {v}") for c, v in zip(table.columns, row)] + [Text("")]
+    return Group(*lines)
 
 
 def render_text(report: PlanReport, console: Console, detail: bool) -> None:

@@ -182,6 +182,8 @@ def run_user_program(project: Project, stack: str, config: dict[str, Any]) -> Pr
     except ValidationError as exc:  # a spec built in the program's own code (NodePoolSpec(...), ...)
         raise ConfigError([ConfigIssue(key_path(tuple(e["loc"]), None, lambda k, t=exc.title: f"{t}.{k}"),
                                        problem(e, "the program")) for e in exc.errors()], "program settings") from None
+    except SystemExit as exc:  # sys.exit() in the program: no plan to report, whatever the code
+        raise _issue(str(project.program), f"exited ({exc.code}) before it declared everything", "program") from None
     except Exception as exc:  # the program's own failure: its frames, not the preview's
         raise _issue(str(project.program), _program_failure(exc, project.directory), "program") from None
     return Program(project, stack, resources, platforms)

@@ -131,7 +131,7 @@ def tenant_ceilings(cfg: StackConfig, cost: CostReport) -> list[TenantCeiling]:
         limit = (t.rate_limit.tokens_per_minute or t.rate_limit.requests_per_minute * t.max_tokens) * hours * 60
         reach = _reachable(cfg, t, cost)
         peak = sum(r.tokens_per_second * r.max_replicas * held for r, held in reach) * cost.utilization * 3600 * hours
-        peak_dollars = sum(r.usd_per_hour * r.max_replicas * held for r, held in reach) * hours
+        peak_dollars = sum(r.peak_usd_per_hour * held for r, held in reach) * hours
         tokens = min(limit, peak)
         dollars = min(tokens / peak * peak_dollars if peak else 0.0, cost.peak_month)
         # A tenant on its own replicas alone can cost no more than they do at their ceiling.

@@ -392,3 +392,26 @@ def test_plan_offline_without_crds_says_how_to_get_them(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "custom resources not checked: no upstream CRDs" in text and "--crds DIR" in text
+
+
+def test_a_ceiling_prices_the_burst_onto_an_on_demand_twin_on_demand(plans):
+    """prod's spot pools burst onto their on-demand twins: a replica above the floor there costs the
+    on-demand price, as the cost report's peak prices it, so "at most" stays an upper bound."""
+    from vllm_gke.infra.pricing import MACHINE_PRICES
+    from vllm_gke.infra.report import _reachable, verdicts
+
+    v = verdicts(plans["prod"])
+    cfg = plans["prod"].config
+    twins = [r for r in v.cost.replicas if cfg.pool(r.node_pool).has_fallback_pool]
+    assert twins
+    for r in twins:
+        pool = cfg.pool(r.node_pool)
+        assert r.burst_usd_per_hour == pytest.approx(
+            MACHINE_PRICES[pool.machine_type].on_demand_hour * r.devices / pool.slices_per_node)
+    support = next(t for t in cfg.tenants if t.name == "support")
+    ceiling = next(c for c in v.ceilings if c.tenant == "support")
+    reach = _reachable(cfg, support, v.cost)
+    assert any(cfg.pool(r.node_pool).has_fallback_pool for r, _ in reach)
+    peak = sum(r.tokens_per_second * r.max_replicas * h for r, h in reach) * v.cost.utilization * 3600 * v.cost.hours_per_month
+    dollars = sum(r.peak_usd_per_hour * h for r, h in reach) * v.cost.hours_per_month
+    assert ceiling.dollars_month == pytest.approx(min(ceiling.tokens_month / peak * dollars, v.cost.peak_month))

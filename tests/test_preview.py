@@ -185,7 +185,8 @@ def test_the_system_pools_check_is_exit_2_in_the_programs_words(tmp_path, monkey
 
 
 @pytest.mark.parametrize("main, said", [
-    ("def build():\n    raise ValueError('no such region')\n\nbuild()\n", "raised ValueError: no such region (at __main__.py:4 in <module>, __main__.py:2 in build)"),
+    ("def build():\n    raise ValueError('no such region')\n\nbuild()\n",
+     "raised ValueError: no such region (at __main__.py:4 in <module>, __main__.py:2 in build)"),
     ("from vllm_gke.components.model.specs import NodePoolSpec\nNodePoolSpec.model_validate("
      "{'name': 'gpu', 'machineType': 'g2-standard-8', 'minNode': 0})\n", "NodePoolSpec.minNode: is not a known setting"),
 ])
@@ -221,3 +222,10 @@ def test_a_stack_the_project_lacks_is_named(tmp_path):
     folder = _program(tmp_path, "pass\n", stack_config="config: {}\n")
     result = runner.invoke(app, ["preview", str(folder), "--stack", "prdo", "--no-write"])
     assert result.exit_code == 2 and "no stack 'prdo'" in result.output and "dev" in result.output
+
+
+@pytest.mark.parametrize("code", ["0", "'missing setting FOO'"])
+def test_a_program_that_exits_is_exit_2_not_a_clean_plan(tmp_path, code):
+    folder = _program(tmp_path, f"import sys\nsys.exit({code})\n")
+    result = runner.invoke(app, ["preview", str(folder), "--no-write", "--output", "json"])
+    assert result.exit_code == 2 and "exited" in result.output and "Traceback" not in result.output, result.output
