@@ -69,12 +69,12 @@ def fitted(table: Table, width: int) -> RenderableType:
 
 
 def _records(table: Table) -> RenderableType:
-    """A table too wide for the terminal as one block per row: its title, then `header: value` lines."""
+    """A table too wide for the terminal as one block per row: its title, `header: value` lines, its caption."""
     rows = list(zip(*(c._cells for c in table.columns)))  # rich has no public accessor for the cells
     lines: list[RenderableType] = [Text.from_markup(f"[bold]{table.title}[/]")] if table.title else []
     for row in rows:
         lines += [Text.from_markup(f"{c.header}: {v}") for c, v in zip(table.columns, row)] + [Text("")]
-    return Group(*lines)
+    return Group(*lines, *([Text.from_markup(str(table.caption))] if table.caption else []))
 
 
 def render_text(report: PlanReport, console: Console, detail: bool) -> None:
