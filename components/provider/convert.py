@@ -148,8 +148,10 @@ def named_inputs(component: str, field: str = "") -> Iterator[None]:
         raise
     except ConfigError as exc:
         prefix = f"{component}.{field}." if field else f"{component}."
-        raise InputError([ConfigIssue(prefix + issue.key.split(":", 1)[-1], issue.problem) for issue in exc.issues],
-                         component) from None
+        # A stack file's key (`vllm-gke:models[x]`) or one already in a program's words (`config.models[x]`).
+        raise InputError([ConfigIssue(prefix + (issue.key.split(":", 1)[-1] if ":" in issue.key
+                                                else issue.key.removeprefix(f"{field}.")), issue.problem)
+                          for issue in exc.issues], component) from None
 
 
 def kubernetes_provider(name: str, kubeconfig: pulumi.Input[str], parent: pulumi.Resource) -> k8s.Provider:
