@@ -60,6 +60,16 @@ CRDS_HELP = (f"folder of upstream CRDs to validate custom resources against (def
 OFFLINE_HELP = f"never fetch the upstream CRDs (also {OFFLINE_ENV}=1): a cache already filled is still used"
 
 
+def report_options(output: str, policy_config: Optional[Path], crds: Optional[Path]) -> Mapping[str, Any]:
+    """plan's and preview's shared options checked before anything runs (exit 2); the policy levels."""
+    if output not in ("text", "json"):
+        fail(f"--output {output}: use text or json")
+    levels = policy_levels(policy_config)
+    if crds is not None and not crds.is_dir():
+        fail(f"--crds {crds}: not a folder; point it at a folder of CRD YAML files")
+    return levels
+
+
 def crd_source(crds: Optional[Path], offline: bool) -> CrdFolder:
     """Where custom resources are validated from: the first plan without a folder fetches the pinned
     files once into the user cache (the report says so)."""
@@ -92,11 +102,7 @@ def plan(
                                "machines, on standard output)"),
 ) -> None:
     """Run the stack program under mocks and report what `pulumi up` would create."""
-    if output not in ("text", "json"):
-        fail(f"--output {output}: use text or json")
-    levels = policy_levels(policy_config)
-    if crds is not None and not crds.is_dir():
-        fail(f"--crds {crds}: not a folder; point it at a folder of CRD YAML files")
+    levels = report_options(output, policy_config, crds)
     result = planned(stack, stacks_dir)  # a bad stack is exit 2 before anything is fetched
     report = plan_report(result, levels, crd_source(crds, offline), out if write else None)
     if output == "json":
@@ -126,11 +132,7 @@ def preview(
     """Run your own Pulumi Python program under the plan's mocks and report each Platform it declares as
     `plan` reports a stack (capacity, cost, tenant URLs, checks, policies); resources beside them are checked
     for schema and policies."""
-    if output not in ("text", "json"):
-        fail(f"--output {output}: use text or json")
-    levels = policy_levels(policy_config)
-    if crds is not None and not crds.is_dir():
-        fail(f"--crds {crds}: not a folder; point it at a folder of CRD YAML files")
+    levels = report_options(output, policy_config, crds)
     program = previewed(program_dir, stack, config)
     try:
         plans = platform_plans(program)
