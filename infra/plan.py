@@ -36,6 +36,12 @@ def default_stacks_dir() -> Path:
 PROJECT = "vllm-gke"
 
 
+def is_manifest(resource: PlannedResource) -> bool:
+    """A Kubernetes object the provider applies (a Helm release is the chart's, not one manifest)."""
+    return (resource.type.startswith("kubernetes:") and resource.custom
+            and resource.type != "kubernetes:helm.sh/v3:Release")
+
+
 @dataclass
 class Plan:
     stack: str
@@ -47,8 +53,7 @@ class Plan:
         return [r for r in self.resources if r.type == type_]
 
     def kubernetes(self) -> list[PlannedResource]:
-        return [r for r in self.resources if r.type.startswith("kubernetes:") and r.custom
-                and r.type != "kubernetes:helm.sh/v3:Release"]
+        return [r for r in self.resources if is_manifest(r)]
 
     def manifests(self) -> list[dict[str, Any]]:
         """Each Kubernetes resource as the manifest the provider would apply."""

@@ -30,7 +30,7 @@ from .manifests import (
     validate_slo,
 )
 from .mocks import PlannedResource
-from .plan import Plan, manifest
+from .plan import Plan, is_manifest, manifest
 from .plan_output import write_plan
 from .plan_pictures import pictures
 from .report import Verdicts, verdicts
@@ -161,8 +161,7 @@ class ResourceChecks:
 
 def resource_checks(resources: list[PlannedResource], policy_config: Mapping[str, Any],
                     crds: Optional[CrdFolder]) -> ResourceChecks:
-    kube = [r for r in resources if r.type.startswith("kubernetes:") and r.type != "kubernetes:helm.sh/v3:Release"]
-    docs = [manifest(r) for r in kube]
+    docs = [manifest(r) for r in resources if is_manifest(r)]
     crds = crds or local_crds()
     catalog = load_catalog(crds.path) if crds.path else None
     return ResourceChecks(
