@@ -74,9 +74,11 @@ class Gateway(pulumi.ComponentResource):
                             {**meta("https-redirect"), "namespace": args.namespace}, https_redirect(spec), k8s_opts)
         parent_ref = {"name": GATEWAY_NAME, "namespace": args.namespace, "sectionName": self.serving_listener}
         for target in args.targets:
-            custom_resource(f"{name}-route-{target.route_name}", "gateway.networking.k8s.io/v1", "HTTPRoute",
-                            {**meta(target.route_name), "namespace": target.namespace},
-                            route_spec(parent_ref, target.rules(), spec.hostname), k8s_opts)
+            # A model whose pools Flagger all rolls out has its routes from Flagger (one a pool).
+            if rules := target.rules():
+                custom_resource(f"{name}-route-{target.route_name}", "gateway.networking.k8s.io/v1", "HTTPRoute",
+                                {**meta(target.route_name), "namespace": target.namespace},
+                                route_spec(parent_ref, rules, spec.hostname), k8s_opts)
             self._service_policies(name, target, spec, k8s_opts)
         self.register_outputs({"gatewayName": GATEWAY_NAME, "className": spec.class_name,
                                "external": spec.external, "listener": self.serving_listener,
@@ -169,4 +171,4 @@ class Gateway(pulumi.ComponentResource):
                 f"{name}-bp-{target.route_name}-{service}", "networking.gke.io/v1", "GCPBackendPolicy",
                 {**meta(service), "namespace": target.namespace},
                 service_backend_policy(service, spec.request_timeout_seconds,
-                                       target.max_rate_per_endpoint.get(service, 0)), opts)
+                                       target.rate_for(service)), opts)

@@ -28,16 +28,18 @@ from .mesh_readiness import MeshReadiness, MeshReadinessArgs
 from .model.capacity import consumer_models, hosts_per_replica, placements
 from .model.config_errors import in_program_words, stack_config
 from .model.config_rules import cross_field_issues
-from .model.gateway_routes import RouteTarget
+from .model.gateway_routes import RouteTarget, serving_listener
 from .model.gcp_apis import required_apis
 from .model.gcp_names import service_account_id
 from .model.k8s_objects import MODEL_LABEL, POOL_LABEL
 from .model.keda_scaling import KedaScaling
 from .model.mesh_identity import STANDBY_SA, jwks_host, tenant_namespace
+from .model.rollouts import FlaggerPool
 from .model.serving_plan import (
     PoolService,
     Serving,
     dedicated_models,
+    flagger_pools,
     floor_dollars_per_hour,
     picker_objectives,
     pool_services,
@@ -251,7 +253,8 @@ class Platform(pulumi.ComponentResource):
                 f"{self._prefix}inference-objective-crd", InferenceObjectiveCrdArgs(provider), opts=self._opts_for()))
 
     def _serve(self, serving: Serving) -> list[RouteTarget]:
-        """A serving's pools (and its canary's, or its InferencePool), and the routes to them."""
+        """A serving's pools (and its canary's, or its InferencePool), and the routes to them (less
+        the pools Flagger rolls out: their routes are Flagger's)."""
         store = (self.limit_store.host, LIMITS_PORT) if self.limit_store else None
         for service in pool_services(self.config, serving, limit_store=store):
             self._declare(service, serving)
@@ -260,7 +263,15 @@ class Platform(pulumi.ComponentResource):
         elif serving.model.canary_model():
             for service in pool_services(self.config, serving, canary=True, limit_store=store):
                 self._declare(service, serving)
-        return route_targets(serving, self._namespace(serving.tenant))
+        return route_targets(serving, self._namespace(serving.tenant), flagger_pools(self.config, serving))
+
+    def _flagger_pool(self, service: PoolService, serving: Serving) -> Optional[FlaggerPool]:
+        """A pool Flagger rolls out: its share of the model's route, the gates and the load test."""
+        cfg = self.config
+        if not service.rollout.is_canary:
+            return None
+        return FlaggerPool(service.rollout, cfg.rollouts, cfg.monitoring, serving.path, service.model.long_request_bytes,
+                           serving_listener(cfg.gateway), cfg.gateway.hostname)
 
     def _declare(self, service: PoolService, serving: Serving) -> None:
         cfg, traces = self.config, self.config.monitoring.traces
@@ -275,7 +286,8 @@ class Platform(pulumi.ComponentResource):
             canary=service.canary, weights=self.store.mount_for(serving.consumer, service.model),
             scaling=KedaScaling(cfg.project, self.keda.auth_name, service.standby_name),
             request_timeout_seconds=cfg.gateway.request_timeout_seconds, rolling=service.rolling,
-            wait_behind_seconds=service.wait_behind_seconds),
+            wait_behind_seconds=service.wait_behind_seconds, flagger=self._flagger_pool(service, serving),
+            gateway_namespace=self.serving.name),
             # Pods need the sidecar (so the mesh first), the read-only claim and the namespace's
             # identities (a pod of a missing service account is refused); KEDA's CRDs come with its chart.
             opts=self._opts_for([self.mesh, self.store, self.keda, self._identities(serving.tenant),

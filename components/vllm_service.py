@@ -22,9 +22,10 @@ from .k8s_meta import api_body, custom_resource, meta
 from .keda import gmp_query_url
 from .model.cold_start import NODE_PROVISION_S
 from .model.k8s_objects import group_name_of
-from .model.keda_scaling import KedaScaling, scaled_object
+from .model.keda_scaling import KedaScaling, primary_queries, scaled_object
 from .model.mesh_identity import STANDBY_SA
 from .model.pods.server import ServerPod, leader_pod, server_pod, worker_pod
+from .model.rollouts import FLAGGER_API, WORKLOAD_LABEL, FlaggerPool, canary_spec
 from .model.serving_plan import PoolName
 from .model.serving_pool import (
     EXCLUSIVE_TOPOLOGY,
@@ -105,6 +106,11 @@ class VllmServiceArgs:
     # Where the pool replaces replicas in place on a full node pool: how long a step may wait behind
     # the other pools' rollouts there (their pending pods may take each device it frees).
     wait_behind_seconds: float = 0.0
+    # A pool Flagger rolls out (serving_plan.pool_rollout): its Canary's route, gates and webhooks.
+    # Its Deployment is then Flagger's target and Flagger owns its Services and its HTTPRoute.
+    flagger: Optional[FlaggerPool] = None
+    # The Gateway's namespace (the Canary's route attaches to it).
+    gateway_namespace: pulumi.Input[str] = ""
 
     def __post_init__(self) -> None:
         """Args that would not serve are refused here, with every problem at once."""
@@ -120,8 +126,11 @@ class VllmService(pulumi.ComponentResource):
     deployment: Optional[k8s.apps.v1.Deployment] = None
     group_name: Optional[str] = None
     workload: pulumi.Resource
-    service: k8s.core.v1.Service
+    # The pool's Service (None where Flagger owns it: <service>, -primary and -canary).
+    service: Optional[k8s.core.v1.Service] = None
     service_name: str
+    # A Flagger pool's Canary.
+    canary_resource: Optional[pulumi.Resource] = None
     # With minReplicas 0: what answers at zero and wakes the pool.
     standby: Optional[Standby] = None
 
@@ -134,16 +143,21 @@ class VllmService(pulumi.ComponentResource):
         super().__init__("vllm-gke:index:VllmService", name, None, opts)
         who = pool_identity(args.model, args.pool_name, args.canary, args.tenant)
         self.service_name = who.service_name
+        self.flagger = args.flagger if args.flagger is not None and args.flagger.plan.is_canary else None
         grace = grace_seconds(args.request_timeout_seconds)
-        pods = server_pod_facts(args, who, grace)
+        pods = server_pod_facts(args, who, grace, flagger=self.flagger is not None)
         plan = rollout(args.pool, args.node_pool, pods.hosts, args.load_seconds, grace, args.rolling,
                        args.wait_behind_seconds)
         if pods.hosts == 1:
             self._deployment(name, args, opts, who, pods, plan)
         else:
             self._group(name, args, opts, who, pods, plan)
-        self._service_and_budget(name, args, opts, who)
+        if self.flagger is None:
+            self._service(name, args, opts, who)
+        self._budget(name, args, opts, who)
         self._scaling(name, args, args.scaling, opts, who)
+        if self.flagger is not None:
+            self._canary(name, args, self.flagger, opts)
         if args.pool.min_replicas == 0:
             self.standby = self._standby(name, args, opts, who)
         self.register_outputs({"serviceName": self.service_name, "hosts": pods.hosts,
@@ -166,9 +180,14 @@ class VllmService(pulumi.ComponentResource):
         self.deployment = k8s.apps.v1.Deployment(
             f"{name}-deploy",
             metadata={**meta(self.service_name, labels=who.labels), "namespace": args.namespace},
-            spec=api_body(deployment_spec(args.pool, who.selector, plan, server_pod(pods))),
+            spec=api_body(deployment_spec(args.pool, {**who.selector, **self._workload()}, plan, server_pod(pods))),
             opts=self._workload_opts(args, opts, plan))
         self.workload = self.deployment
+
+    def _workload(self) -> dict[str, str]:
+        """A Flagger target's own label, in its selector and on its pods: Flagger suffixes it with
+        -primary on the primary it copies, the one label that tells the two apart."""
+        return {WORKLOAD_LABEL: self.service_name} if self.flagger is not None else {}
 
     def _group(self, name: str, args: VllmServiceArgs, opts: Optional[pulumi.ResourceOptions],
                who: PoolIdentity, pods: ServerPod, plan: Rollout) -> None:
@@ -184,9 +203,8 @@ class VllmService(pulumi.ComponentResource):
             metadata={**meta(f"{group}-group", labels=who.labels), "namespace": args.namespace},
             spec=api_body(group_network_policy(group)), opts=child_opts(self, opts, provider=args.provider))
 
-    def _service_and_budget(self, name: str, args: VllmServiceArgs, opts: Optional[pulumi.ResourceOptions],
-                            who: PoolIdentity) -> None:
-        k8s_opts = child_opts(self, opts, provider=args.provider)
+    def _service(self, name: str, args: VllmServiceArgs, opts: Optional[pulumi.ResourceOptions],
+                 who: PoolIdentity) -> None:
         self.service = k8s.core.v1.Service(
             f"{name}-svc",
             # A pool that may go to zero shares its Service with a standby that is never ready
@@ -195,11 +213,27 @@ class VllmService(pulumi.ComponentResource):
             metadata={**meta(self.service_name, labels=who.labels,
                              annotations={"pulumi.com/skipAwait": "true"} if args.pool.min_replicas == 0 else None),
                       "namespace": args.namespace},
-            spec=api_body(service_spec(who.selector)), opts=k8s_opts)
+            spec=api_body(service_spec(who.selector)), opts=child_opts(self, opts, provider=args.provider))
+
+    def _budget(self, name: str, args: VllmServiceArgs, opts: Optional[pulumi.ResourceOptions],
+                who: PoolIdentity) -> None:
+        """Over the pool's pods, a Flagger pool's primary and canary alike (the selector has no workload label)."""
         self.pdb = k8s.policy.v1.PodDisruptionBudget(
             f"{name}-pdb",
             metadata={**meta(self.service_name, labels=who.labels), "namespace": args.namespace},
-            spec=api_body(budget_spec(who.selector, self.group_name)), opts=k8s_opts)
+            spec=api_body(budget_spec(who.selector, self.group_name)), opts=child_opts(self, opts, provider=args.provider))
+
+    def _canary(self, name: str, args: VllmServiceArgs, pool: FlaggerPool,
+                opts: Optional[pulumi.ResourceOptions]) -> None:
+        """The Canary that makes the Deployment Flagger's target (after it and its ScaledObject)."""
+        service = self.service_name
+        spec = pulumi.Output.all(args.namespace, args.gateway_namespace).apply(lambda ns: canary_spec(
+            service, args.pool_name, args.pool.min_replicas, pool, ns[1], primary_queries(service, ns[0])))
+        self.canary_resource = custom_resource(
+            f"{name}-canary", FLAGGER_API, "Canary",
+            {**meta(service, labels=pool_identity(args.model, args.pool_name, False, args.tenant).labels),
+             "namespace": args.namespace},
+            spec, child_opts(self, opts, provider=args.provider, depends_on=[self.workload, self.autoscaler]))
 
     def _scaling(self, name: str, args: VllmServiceArgs, scaling: KedaScaling,
                  opts: Optional[pulumi.ResourceOptions], who: PoolIdentity) -> None:
@@ -209,7 +243,8 @@ class VllmService(pulumi.ComponentResource):
         self.autoscaler = custom_resource(
             f"{name}-scaledobject", "keda.sh/v1alpha1", "ScaledObject", metadata,
             pulumi.Output.from_input(args.namespace).apply(lambda ns: scaled_object(
-                service, ns, args.pool, scaling, gmp_query_url(scaling.project), group=group)),
+                service, ns, args.pool, scaling, gmp_query_url(scaling.project), group=group,
+                canary_max=self.flagger.plan.canary_replicas if self.flagger else 0)),
             child_opts(self, opts, provider=args.provider, depends_on=[self.workload]))
         custom_resource(f"{name}-podmonitoring", "monitoring.googleapis.com/v1", "PodMonitoring", metadata,
                         pod_monitoring_spec(who.selector), child_opts(self, opts, provider=args.provider))
@@ -228,13 +263,14 @@ class VllmService(pulumi.ComponentResource):
             opts=child_opts(self, opts, aliases=sibling_aliases(opts)))
 
 
-def server_pod_facts(args: VllmServiceArgs, who: PoolIdentity, grace: int) -> ServerPod:
+def server_pod_facts(args: VllmServiceArgs, who: PoolIdentity, grace: int, flagger: bool = False) -> ServerPod:
     # The pool's own XLA cache directory on its TPU nodes (the namespace may be another resource's output).
     xla_cache_path = pulumi.Output.from_input(args.namespace).apply(
         lambda ns: xla_cache_host_path(ns, who.service_name)) if args.node_pool.is_tpu else None
     return ServerPod(
         model=args.model, pool=args.pool, node_pool=args.node_pool, image_uri=args.image.uri, release=args.release,
-        guard_config=args.guard_config, weights=args.weights, labels=who.labels, selector=who.selector,
+        guard_config=args.guard_config, weights=args.weights,
+        labels={**who.labels, **({WORKLOAD_LABEL: who.service_name} if flagger else {})}, selector=who.selector,
         service_name=who.service_name, grace_seconds=grace, load_seconds=args.load_seconds,
         request_timeout_seconds=args.request_timeout_seconds, service_account=args.service_account,
         ttft_slo_seconds=args.ttft_slo_seconds, traces_endpoint=args.traces_endpoint,

@@ -217,6 +217,20 @@ def surge_room(cfg: "StackConfig", model: ModelSpec, node_pool_name: str, tenant
     return max(1, room // devices)
 
 
+def canary_room(cfg: "StackConfig", model: ModelSpec, node_pool_name: str, tenant: Optional[str], which: str) -> int:
+    """Canary replicas this pool may run on its node pool beside every pool there at its ceiling: the
+    devices left over, shared among the pools in proportion to their ceilings (a change every pool
+    shares, an image or the tenants, rolls them all at once)."""
+    node_pool = next(p for p in cfg.node_pools if p.name == node_pool_name)
+    mine = getattr(model, which).max_replicas * model.devices_per_replica
+    others = sum(getattr(m, w).max_replicas * m.devices_per_replica
+                 for m, w in neighbours(cfg, node_pool_name, model, tenant, which))
+    free = _reach_slots(node_pool) - others - mine
+    if free <= 0:
+        return 0
+    return int(free * mine / (mine + others)) // model.devices_per_replica
+
+
 def rollout_strategy(full_at: Optional[int]) -> dict[str, int | str]:
     """A serving pool's rolling update from `surge_room`. A surge replica (maxSurge 1,
     maxUnavailable 0: capacity never dips) where one more always fits; else surge while it fits and

@@ -158,9 +158,10 @@ def weighted_backends(service: str, canary: Optional[str], port: int, canary_wei
 
 
 def length_rules(path_prefix: str, long_request_bytes: int, short_backends: list[dict[str, Any]],
-                 long_backends: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                 long_backends: list[dict[str, Any]], skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Long requests (a Content-Length of at least `long_request_bytes`, or the client's hint) to
-    the long pool, everything else to the short one."""
+    the long pool, everything else to the short one; a pool in `skip` has its rules in a route
+    Flagger declares (components/model/rollouts.py: the same matches, so the same precedence)."""
     path = {"type": "PathPrefix", "value": f"/{path_prefix}/v1"}
     # No URLRewrite: GKE does not claim HTTPRoute path rewrites (infra/contracts/gateway.py), so
     # the path reaches the pod as sent; the mesh admits it prefixed and the guard strips the prefix.
@@ -168,15 +169,16 @@ def length_rules(path_prefix: str, long_request_bytes: int, short_backends: list
     strip_verified = [{"type": "RequestHeaderModifier", "requestHeaderModifier": {"remove": list(VERIFIED_HEADERS)}}]
     long_backend = {"filters": strip_verified, "backendRefs": long_backends}
     # Header matches outrank the bare path match of the last rule (Gateway API precedence).
-    return [
+    long = [
         {"matches": [{"path": path, "headers": [{"type": "RegularExpression", "name": "content-length",
                                                  "value": at_least_regex(long_request_bytes)}]}],
          **long_backend},
         {"matches": [{"path": path, "headers": [{"type": "Exact", "name": LENGTH_HINT_HEADER,
                                                  "value": "long"}]}],
          **long_backend},
-        {"matches": [{"path": path}], "filters": strip_verified, "backendRefs": short_backends},
     ]
+    short = [{"matches": [{"path": path}], "filters": strip_verified, "backendRefs": short_backends}]
+    return [*(long if "long" not in skip else []), *(short if "short" not in skip else [])]
 
 
 def picker_rules(path_prefix: str, picker: PickerTarget) -> list[dict[str, Any]]:
@@ -236,13 +238,24 @@ class RouteTarget:
     max_rate_per_endpoint: Mapping[str, int] = field(default_factory=dict[str, int])
     # Routing through GKE Inference Gateway's endpoint picker instead of by length.
     picker: Optional[PickerTarget] = None
+    # Pools ("short", "long") whose rules Flagger's own HTTPRoute holds (to <service>-primary and
+    # <service>-canary at its weights): left out of this route.
+    flagger_pools: tuple[str, ...] = ()
 
     def services(self) -> list[str]:
         """The Services the load balancer sends to (none behind a picker: the pool has its own policies)."""
         if self.picker:
             return []
         canary = [s for s in (self.canary_short_service, self.canary_long_service) if s]
-        return [self.short_service, self.long_service, *canary]
+        out: list[str] = []
+        for which, service in (("short", self.short_service), ("long", self.long_service)):
+            out += [f"{service}-primary", f"{service}-canary"] if which in self.flagger_pools else [service]
+        return [*out, *canary]
+
+    def rate_for(self, service: str) -> int:
+        """The load balancer's target rate per replica of a Service (a Flagger pool's two share its own)."""
+        base = service.removesuffix("-primary").removesuffix("-canary")
+        return self.max_rate_per_endpoint.get(service, self.max_rate_per_endpoint.get(base, 0))
 
     def rules(self) -> list[dict[str, Any]]:
         """The route's rules: through the picker, or by length to the two pools (each with its canary)."""
@@ -251,4 +264,5 @@ class RouteTarget:
         return length_rules(
             self.path_prefix, self.long_request_bytes,
             weighted_backends(self.short_service, self.canary_short_service, self.port, self.canary_weight),
-            weighted_backends(self.long_service, self.canary_long_service, self.port, self.canary_weight))
+            weighted_backends(self.long_service, self.canary_long_service, self.port, self.canary_weight),
+            self.flagger_pools)

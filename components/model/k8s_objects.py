@@ -10,6 +10,12 @@ PART_OF = "app.kubernetes.io/part-of"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MODEL_LABEL = "vllm-gke.io/model"
 POOL_LABEL = "vllm-gke.io/serving-pool"  # short | long
+# A Flagger target Deployment's own name, in its selector and on its pods: the one label Flagger
+# rewrites for the primary it copies (<name>-primary; its -selector-labels flag), which a Flagger
+# pool's gates read to tell the two revisions apart (components/model/rollouts.py).
+WORKLOAD_LABEL = "vllm-gke.io/workload"
+# The model revision a server runs.
+REVISION_LABEL = "vllm-gke.io/revision"
 TENANT_LABEL = "vllm-gke.io/tenant"
 NODE_POOL_LABEL = "vllm-gke.io/node-pool"
 COMPUTE_CLASS_LABEL = "cloud.google.com/compute-class"

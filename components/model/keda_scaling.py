@@ -28,7 +28,7 @@ class KedaScaling:
 
 
 def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: KedaScaling, query_url: str,
-                  group: Optional[str] = None) -> dict[str, Any]:
+                  group: Optional[str] = None, canary_max: int = 0) -> dict[str, Any]:
     """KEDA's ScaledObject for a pool, KEDA taking the largest trigger: requests waiting per
     replica over queueDepthTarget (scales out, as an HPA on queue depth would) and requests
     running (keeps a replica while it works, so an empty queue alone never takes the last one). A
@@ -36,22 +36,25 @@ def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: Keda
     is no vLLM metric)."""
     # A Deployment's pods are <name>-<hash>-<id>; a LeaderWorkerSet's leaders <group>-<index> (its
     # workers, <group>-<index>-<n>, export no vLLM metric), and it scales groups.
-    selector = (f'namespace="{namespace}",pod=~"{group}-[0-9]+"' if group
-                else f'namespace="{namespace}",pod=~"{name}-[a-z0-9]+-[a-z0-9]+"')
+    selector = (f'namespace="{namespace}",pod=~"{group}-[0-9]+"' if group else pods_of(name, namespace))
     auth = {"name": target.auth, "kind": "ClusterTriggerAuthentication"}
 
-    def prometheus(query: str, threshold: int) -> dict[str, Any]:
-        return {"type": "prometheus", "authenticationRef": auth, "metadata": {
+    def prometheus(trigger: str, query: str, threshold: int) -> dict[str, Any]:
+        # Named: Flagger's primaryScalerQueries replace a trigger's query by its name.
+        return {"type": "prometheus", "name": trigger, "authenticationRef": auth, "metadata": {
             "serverAddress": query_url, "query": query, "threshold": str(threshold), "activationThreshold": "0"}}
 
-    queue = prometheus(f"sum(vllm:num_requests_waiting{{{selector}}})", pool.queue_depth_target)
+    queue = prometheus("queue", queue_query(selector), pool.queue_depth_target)
     # Keep: while anything runs, one replica (the threshold never asks for more). On every pool,
     # so KEDA's record of when the pool was last active is current the day it is switched to zero.
-    keep = prometheus(f"clamp_max(sum(vllm:num_requests_running{{{selector}}}), 1)", 1)
+    keep = prometheus("keep", keep_query(selector), 1)
+    # A Flagger pool's own ScaledObject scales its canary (Flagger copies it for the primary, with
+    # the pool's floor and ceiling): one replica up to the canary's ceiling.
+    low, high = (1, canary_max) if canary_max else (pool.min_replicas, pool.max_replicas)
     spec: dict[str, Any] = {
         "scaleTargetRef": ({"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": group}
                            if group else {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}),
-        "minReplicaCount": pool.min_replicas, "maxReplicaCount": pool.max_replicas,
+        "minReplicaCount": low, "maxReplicaCount": high,
         "advanced": {"horizontalPodAutoscalerConfig": {"behavior": SCALE_BEHAVIOR}},
         "triggers": [queue, keep],
     }
@@ -72,8 +75,28 @@ def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: Keda
             # clients may have stopped retrying) so KEDA never cools down mid-load.
             # Each side 0 when it has no series (a standby just restarted): an empty side would
             # empty the sum, which KEDA reads as 0.
-            prometheus(f"clamp_max((sum(increase(vllm_gke_standby_requests_total{{{standby}}}[2m])) or vector(0)) + "
+            prometheus("wake", f"clamp_max((sum(increase(vllm_gke_standby_requests_total{{{standby}}}[2m])) or vector(0)) + "
                        f"(sum(vllm_gke_standby_waking{{{standby}}}) or vector(0)), 1)", 1),
             queue, keep,
         ]
     return spec
+
+
+def pods_of(deployment: str, namespace: str) -> str:
+    """A Deployment's pods (<name>-<hash>-<id>) as a series selector: <name>-primary's are not its."""
+    return f'namespace="{namespace}",pod=~"{deployment}-[a-z0-9]+-[a-z0-9]+"'
+
+
+def queue_query(selector: str) -> str:
+    return f"sum(vllm:num_requests_waiting{{{selector}}})"
+
+
+def keep_query(selector: str) -> str:
+    return f"clamp_max(sum(vllm:num_requests_running{{{selector}}}), 1)"
+
+
+def primary_queries(name: str, namespace: str) -> dict[str, str]:
+    """The triggers' queries for a Flagger pool's primary (<name>-primary's pods), by trigger name
+    (Flagger's own rewrite of the target's name in a query is a best effort it warns about)."""
+    selector = pods_of(f"{name}-primary", namespace)
+    return {"queue": queue_query(selector), "keep": keep_query(selector)}

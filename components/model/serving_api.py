@@ -10,7 +10,7 @@ someone decides how to meter them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Optional, Sequence
 
 from .specs import ModelSpec, TenantSpec
 
@@ -183,14 +183,15 @@ def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
                  shared_store: Optional[tuple[str, int]] = None, served: Optional[ModelSpec] = None,
                  max_body_bytes: Optional[int] = None, cache_salt_paths: Sequence[str] = (),
                  queue_slo_seconds: Optional[float] = None, traces: bool = False,
-                 path_prefixes: Sequence[str] = ()) -> dict[str, Any]:
+                 path_prefixes: Sequence[str] = (), fallback: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """The guard's config; `objectives_for` names the model when its pool sits behind the endpoint
     picker, so each tenant's requests must carry that tenant's own objective; `shared_store`
     (host, port) counts the tenants' limits across replicas (LimitStore); `max_body_bytes`
     sets the guard's body limit (the model's context's, or a picker route's); `queue_slo_seconds`,
     the queue time over which tenants of negative priority are shed (the guard's overload.py);
     `traces`, the guard's spans on (its tracing.py); `path_prefixes`, what the guard strips from
-    /<prefix>/v1/... before its checks and vLLM's router (pool_prefixes; its prefixes.py)."""
+    /<prefix>/v1/... before its checks and vLLM's router (pool_prefixes; its prefixes.py);
+    `fallback`, where the tenants it sheds go instead of a 429 (fallback.fallback_guard_config)."""
     issuers: dict[str, Any] = {}
     for tenant in tenants:
         issuers.update(guard_entry(tenant, objectives_for, served))
@@ -201,6 +202,8 @@ def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
         extra["maxBodyBytes"] = max_body_bytes
     if queue_slo_seconds is not None and any(t.priority < 0 for t in tenants):
         extra["overload"] = {"queueSloSeconds": queue_slo_seconds}
+        if fallback:
+            extra["fallback"] = dict(fallback)
     if traces:
         extra["traces"] = True
     if path_prefixes:
@@ -234,11 +237,12 @@ def mesh_operations(routes: Sequence[Route], prefixes: Sequence[str]) -> list[di
 def pool_guard_config(callers: Sequence[TenantSpec], model: ModelSpec, release: "VllmRelease",
                       shared_store: Optional[tuple[str, int]] = None,
                       queue_slo_seconds: Optional[float] = None, traces: bool = False,
-                      dedicated: bool = False) -> dict[str, Any]:
+                      dedicated: bool = False, fallback: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """The guard's config for one pool of `model`, as Platform and the package's VllmService both
     build it: the routes the release serves salted (or the picker's, behind the endpoint picker,
     each tenant bound to its own objective), the tenants' adapters, the shared limit store, and
-    the path prefixes that route to the pool (`dedicated`: a tenant's own copy)."""
+    the path prefixes that route to the pool (`dedicated`: a tenant's own copy), and where the
+    tenants it sheds go instead of a 429 (`fallback`: fallback.fallback_guard_config)."""
     picked = model.name if model.routing == "inference-gateway" else None
     routes = picker_routes() if picked else [r for r in tenant_routes() if r.path not in release.unsalted_paths]
     return guard_config(callers, routes, release.max_tokens_rule, objectives_for=picked, shared_store=shared_store,
@@ -246,4 +250,4 @@ def pool_guard_config(callers: Sequence[TenantSpec], model: ModelSpec, release: 
                         max_body_bytes=PICKER_REENCODING_GROWTH * picker_max_body_bytes(model) if picked
                         else guard_max_body_bytes(model),
                         cache_salt_paths=release.cache_salt_paths, queue_slo_seconds=queue_slo_seconds,
-                        traces=traces, path_prefixes=pool_prefixes(model, callers, dedicated))
+                        traces=traces, path_prefixes=pool_prefixes(model, callers, dedicated), fallback=fallback)

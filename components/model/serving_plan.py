@@ -8,11 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Optional
 
-from .capacity import neighbours, rollout_strategy, surge_room
+from .capacity import canary_room, hosts_per_replica, neighbours, rollout_strategy, surge_room
 from .cold_start import cold_start_seconds, rollout_seconds
 from .gateway_routes import PickerTarget, RouteTarget
 from .k8s_objects import service_name_of
 from .pods.standby import standby_name
+from .rollouts import RolloutPlan, rollout_plan
 from .serving_api import objective_name, path_prefix, picker_max_body_bytes, picker_routes, pool_guard_config
 from .serving_pool import grace_seconds
 from .specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec, TenantSpec
@@ -94,6 +95,8 @@ class PoolService:
     standby_name: str
     canary: bool
     tenant: Optional[str]
+    # How a change reaches it: a Flagger canary, or in place (and why).
+    rollout: RolloutPlan = RolloutPlan("in-place")
 
 
 def wait_behind(cfg: StackConfig, node_pool: str, model: ModelSpec, tenant: Optional[str], which: str) -> float:
@@ -127,8 +130,23 @@ def pool_services(cfg: StackConfig, serving: Serving, canary: bool = False,
             load_seconds=cold_start_seconds(cfg, model, node_pool),
             rolling=rollout_strategy(surge_room(cfg, model, serving.node_pool, serving.tenant, which)),
             wait_behind_seconds=wait_behind(cfg, serving.node_pool, model, serving.tenant, which),
-            standby_name=standby, canary=canary, tenant=serving.tenant))
+            standby_name=standby, canary=canary, tenant=serving.tenant,
+            rollout=pool_rollout(cfg, serving, which) if not canary else RolloutPlan(
+                "in-place", "a manual canary's own pool", primary_max=pool.max_replicas)))
     return out
+
+
+def pool_rollout(cfg: StackConfig, serving: Serving, which: str) -> RolloutPlan:
+    """How one of the serving's pools takes a change (rollouts.py: a Flagger canary where it can)."""
+    model, node_pool = serving.model, cfg.pool(serving.node_pool)
+    return rollout_plan(cfg.rollouts, model, which, hosts_per_replica(model, node_pool),
+                        canary_room(cfg, model, serving.node_pool, serving.tenant, which),
+                        cold_start_seconds(cfg, model, node_pool))
+
+
+def flagger_pools(cfg: StackConfig, serving: Serving) -> tuple[str, ...]:
+    """The serving's pools Flagger rolls out (it owns their Services and routes)."""
+    return tuple(w for w in serving.model.pool_names if pool_rollout(cfg, serving, w).is_canary)
 
 
 def _rate_caps(model: ModelSpec, canary: bool = False) -> dict[str, int]:
@@ -137,8 +155,9 @@ def _rate_caps(model: ModelSpec, canary: bool = False) -> dict[str, int]:
             if (cap := getattr(model, w).max_rate_per_endpoint)}
 
 
-def length_route(serving: Serving, namespace: Any) -> RouteTarget:
-    """The model's route by request length to its two pools, each with its canary's share."""
+def length_route(serving: Serving, namespace: Any, flagger: tuple[str, ...] = ()) -> RouteTarget:
+    """The model's route by request length to its two pools, each with its canary's share (`flagger`:
+    the pools whose share of the route Flagger declares)."""
     model, canary = serving.model, serving.model.canary_model()
     names = {w: service_name_of(model.name, w) for w in model.pool_names}
     canary_names = {w: service_name_of(canary.name, w, True) for w in canary.pool_names} if canary else {}
@@ -146,7 +165,8 @@ def length_route(serving: Serving, namespace: Any) -> RouteTarget:
         serving.key, namespace, serving.path, names["short"], names["long"], model.long_request_bytes,
         canary_short_service=canary_names.get("short"), canary_long_service=canary_names.get("long"),
         canary_weight=model.canary.weight if model.canary else 0,
-        max_rate_per_endpoint={**_rate_caps(model), **(_rate_caps(canary, True) if canary else {})})
+        max_rate_per_endpoint={**_rate_caps(model), **(_rate_caps(canary, True) if canary else {})},
+        flagger_pools=flagger)
 
 
 def picker_objectives(serving: Serving) -> dict[str, int]:
@@ -170,9 +190,9 @@ def picker_routes_of(serving: Serving, namespace: Any) -> list[RouteTarget]:
         for t in serving.callers]
 
 
-def route_targets(serving: Serving, namespace: Any) -> list[RouteTarget]:
+def route_targets(serving: Serving, namespace: Any, flagger: tuple[str, ...] = ()) -> list[RouteTarget]:
     """How the load balancer reaches the serving's replicas (`namespace`: where they run, a name
     or a Pulumi output of one, placed as it is)."""
     if serving.model.routing == "inference-gateway":
         return picker_routes_of(serving, namespace)
-    return [length_route(serving, namespace)]
+    return [length_route(serving, namespace, flagger)]

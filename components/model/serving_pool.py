@@ -22,7 +22,7 @@ from .config_rules import (
     check_tenant_limits,
 )
 from .config_rules.base import Add
-from .k8s_objects import MODEL_LABEL, POOL_LABEL, TENANT_LABEL, service_name_of
+from .k8s_objects import MODEL_LABEL, POOL_LABEL, REVISION_LABEL, TENANT_LABEL, WORKLOAD_LABEL, service_name_of
 from .specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec, TenantSpec, item_key
 from .vllm_server import PORT, drain_seconds
 from .vllm_versions import VllmRelease
@@ -59,7 +59,7 @@ def pool_identity(model: ModelSpec, pool_name: str, canary: bool = False, tenant
     pool_label = f"{pool_name}-canary" if canary else pool_name
     policy = {TENANT_LABEL: tenant} if tenant else {}
     labels = {MODEL_LABEL: model.name, POOL_LABEL: pool_label, **SERVER_LABELS,
-              "vllm-gke.io/revision": model.revision.replace("/", "-")[:63].rstrip("-._"), **policy}
+              REVISION_LABEL: model.revision.replace("/", "-")[:63].rstrip("-._"), **policy}
     return PoolIdentity(service_name_of(model.name, pool_name, canary), labels,
                         {MODEL_LABEL: model.name, POOL_LABEL: pool_label}, policy)
 
@@ -200,8 +200,12 @@ def budget_spec(selector: Mapping[str, str], group: Optional[str] = None) -> dic
 
 
 def pod_monitoring_spec(selector: Mapping[str, str]) -> dict[str, Any]:
+    """Every series a server exports (vLLM's and the guard's) carries its Deployment (the `workload`
+    a Flagger pool's gates compare: <service> or <service>-primary) and its model revision."""
     return {"selector": {"matchLabels": dict(selector)},
-            "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}]}
+            "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+            "targetLabels": {"fromPod": [{"from": WORKLOAD_LABEL, "to": "workload"},
+                                         {"from": REVISION_LABEL, "to": "revision"}]}}
 
 
 def check_pool(add: Add, model: ModelSpec, pool_name: str, node_pool: NodePoolSpec, image: ImageRef,

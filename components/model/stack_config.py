@@ -24,6 +24,7 @@ from .specs import (
     MonitoringSpec,
     Name,
     NodePoolSpec,
+    RolloutSpec,
     Spec,
     TenantSpec,
     WeightsSpec,
@@ -138,6 +139,8 @@ class StackConfig(Spec):
     global_limits: GlobalLimitsSpec = Field(default_factory=GlobalLimitsSpec)
     # On-demand load tests of tenants' routes (suspended CronJobs running inference-perf).
     load_tests: list[LoadTestSpec] = Field(default_factory=list[LoadTestSpec])
+    # Progressive delivery: Flagger canaries gated by the SLOs (off: a change rolls in place).
+    rollouts: RolloutSpec = Field(default_factory=RolloutSpec)
 
     @field_validator("vllm_version", "tpu_vllm_version")
     @classmethod

@@ -1,7 +1,7 @@
 """Checks across config keys, one module per concern: what each key accepts alone is in
 components/model/specs/; what the keys must agree on - names (names.py), where models run
 (placement.py), tenants (tenants.py), the cluster (cluster.py), the vLLM release (release.py),
-objectives and their alerts (monitoring.py), load tests (load_tests.py) - is here. Every problem names the key to change and
+objectives and their alerts (monitoring.py), load tests (load_tests.py), fallback models (fallback.py) - is here. Every problem names the key to change and
 how. The `check_*` functions are also run by the package's components on their own inputs."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .cluster import (
     network,
     zones,
 )
+from .fallback import fallbacks
 from .load_tests import load_tests
 from .monitoring import slo_alerts_reachable, traces_exportable
 from .names import RESERVED_NAMESPACES, check_serving_namespace, issuers, namespaces, unique_names
@@ -40,6 +41,7 @@ from .placement import (
     scale_to_zero,
 )
 from .release import check_extra_args, check_image_tag, vllm_release
+from .rollouts import rollouts
 from .scaling import cooldown_covers_wake
 from .tenants import adapters, check_tenant_cap, check_tenant_limits, external_gateway, global_limits, tenant_models
 
@@ -51,7 +53,7 @@ STACK_CHECKS: tuple[Callable[["StackConfig", Add], None], ...] = (
     unique_names, model_placements, tenant_models, gpu_slots, external_gateway, network, zones, issuers,
     namespaces, vllm_release, inference_gateway, length_routing, global_limits, adapters, scale_to_zero,
     hyperdisk_ml, node_disks, filestore_size, slo_alerts_reachable, load_tests,
-    traces_exportable, multi_host_groups, cooldown_covers_wake,
+    traces_exportable, multi_host_groups, cooldown_covers_wake, rollouts, fallbacks,
 )
 
 

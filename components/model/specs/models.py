@@ -186,6 +186,16 @@ class CanarySpec(Spec):
     replicas: int = Field(default=1, ge=1, le=16)
 
 
+class FallbackSpec(Spec):
+    """Where a model's replicas send the requests of the tenants they shed for overload (negative
+    tenants[].priority, while the queue is over monitoring.queueLatencySloSeconds) instead of
+    answering 429: another, smaller model of the stack, for the shed tenants allowed to call it."""
+
+    # The model that serves them: another of the stack's models, without a fallback of its own.
+    # Only tenants whose models list it are sent; the others still get 429 with Retry-After.
+    model: Name
+
+
 def _weights_source(v: str) -> str:
     hf = r"hf://[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
     gs = r"gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[A-Za-z0-9._-]+)*/?"
@@ -317,6 +327,9 @@ class ModelSpec(Spec):
     # `short` settings) behind GKE Inference Gateway's endpoint picker, which picks the replica by
     # queue depth, KV-cache use and prefix-cache affinity, with per-tenant priorities.
     routing: Literal["length", "inference-gateway"] = "length"
+    # While a replica sheds tenants of negative priority, their requests go to this model instead
+    # of a 429 (for the tenants allowed to call it), and come back as the shed tiers do.
+    fallback: Optional[FallbackSpec] = None
 
     @field_validator("source")
     @classmethod

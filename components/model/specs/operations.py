@@ -105,6 +105,58 @@ class BudgetSpec(Spec):
         return sorted(v)
 
 
+
+class RolloutGates(Spec):
+    """What a canary must meet at each step, against the primary over the same window (Flagger's
+    analysis: components/model/rollouts.py). A gate looser than the SLO it guards is flagged by the
+    policy pack (policies/rollouts.py)."""
+
+    # The canary's P99 time to first token, and at the TTFT SLO's percentile, at most this many
+    # times the primary's.
+    ttft_ratio: float = Field(default=1.2, ge=1.0, le=5.0)
+    # The canary's P99 inter-token latency at most this many times the primary's.
+    itl_ratio: float = Field(default=1.2, ge=1.0, le=5.0)
+    # The canary's share of server errors (the guard's `error` outcome: a 5xx or no answer) above the
+    # primary's, at most (default: the availability SLO's error budget, 1 - monitoring.slos.availability).
+    error_share: Optional[float] = Field(default=None, gt=0, le=1)
+    # The canary's time to first token at the TTFT SLO's percentile, at most (default:
+    # monitoring.ttftSloSeconds): the SLO itself, whatever the primary does.
+    ttft_seconds: Optional[float] = Field(default=None, gt=0)
+
+
+class RolloutSpec(Spec):
+    """Progressive delivery with Flagger: every change to a serving pool (vLLM release or image, model
+    revision, flags, adapters) rolls out as a canary whose share of the pool's route grows by steps,
+    each held only while the gates hold, and rolls back at once when they fail."""
+
+    # Flagger (installed by the stack) rolls out the pools that can run a canary (see
+    # docs/guides/rollouts.md for what the others do); off, a change rolls in place.
+    enabled: bool = False
+    # Percent of the pool's traffic the canary gains each step.
+    step_weight: int = Field(default=10, ge=1, le=50)
+    # The canary's share at which it is promoted.
+    max_weight: int = Field(default=50, ge=1, le=100)
+    # Seconds between steps (Flagger's analysis interval); each gate reads twice this window.
+    interval_seconds: int = Field(default=60, ge=30, le=3600)
+    # Failed checks (a gate broken, or no traffic to judge) before the rollback.
+    failed_checks: int = Field(default=2, ge=1, le=20)
+    gates: RolloutGates = Field(default_factory=RolloutGates)
+    # A loadTests entry run as the canary's pre-rollout and load webhook, so the analysis has traffic
+    # to judge at any hour (its tenant's route, through the load balancer).
+    load_test: Optional[Name] = None
+
+    @model_validator(mode="after")
+    def _steps(self) -> "RolloutSpec":
+        if self.step_weight > self.max_weight:
+            raise ValueError(f"stepWeight {self.step_weight} is above maxWeight {self.max_weight}: the first step would "
+                             "pass the promotion point; lower stepWeight or raise maxWeight")
+        return self
+
+    @property
+    def steps(self) -> int:
+        """Analysis intervals from the first step to promotion."""
+        return -(-self.max_weight // self.step_weight)
+
 # The load-test tool: kubernetes-sigs/inference-perf, whose release workflow publishes
 # quay.io/inference-perf/inference-perf:<tag> (.github/workflows/publish-on-release.yml).
 INFERENCE_PERF_VERSION = "v0.7.0"

@@ -1,0 +1,29 @@
+"""Rollouts against what they roll: no manual canary split beside Flagger's, a load test that
+exists, and the SLO series the gates read."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..specs import item_key
+from .base import Add
+
+if TYPE_CHECKING:
+    from ..stack_config import StackConfig
+
+def rollouts(cfg: "StackConfig", add: Add) -> None:
+    spec = cfg.rollouts
+    if not spec.enabled:
+        return
+    for i, model in enumerate(cfg.models):
+        if model.canary is not None:
+            add(f"{item_key('models', cfg.models, i)}.canary",
+                "a manual canary split and Flagger's would both hold the route: with rollouts.enabled, set the "
+                "model's revision to the new one and remove canary (Flagger rolls it out, gated by the SLOs)")
+    names = {t.name for t in cfg.load_tests}
+    if spec.load_test is not None and spec.load_test not in names:
+        known = ", ".join(sorted(names)) or "(none: add one under loadTests)"
+        add("rollouts.loadTest", f"'{spec.load_test}' is not a load test: use one of {known}")
+    if not cfg.monitoring.slos.enabled:
+        add("rollouts.enabled", "the gates read the SLOs' series (the TTFT bound the servers add to vLLM's "
+            "histogram): set monitoring.slos.enabled, or turn rollouts off")
