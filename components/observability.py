@@ -49,6 +49,8 @@ class ObservabilityArgs:
     tpu: bool = False
     # Some tenant has a negative priority (the guards may shed it): a WARNING while they do.
     sheddable: bool = False
+    # Some model sends the tenants it sheds to a fallback model: a chart of how many go, and how they fare.
+    fallback: bool = False
     # The gateway's class and region (ServiceLevelsArgs): its load balancer's availability SLO.
     gateway_class: Optional[str] = None
     region: str = ""
@@ -92,11 +94,11 @@ class Observability(pulumi.ComponentResource):
         # The definition the plan checks names each SLO as "<slo>"; the resource, by its name.
         self.dashboard_definition = dashboard_json(args.title, args.cluster_name, args.kv_cache_metric,
                                                    args.limit_store, [(title, "<slo>") for title, _ in budgets],
-                                                   tpu=args.tpu)
+                                                   tpu=args.tpu, fallback=args.fallback)
         titles = [title for title, _ in budgets]
         definition = pulumi.Output.all(*[n for _, n in budgets]).apply(lambda names: json.dumps(dashboard_json(
             args.title, args.cluster_name, args.kv_cache_metric, args.limit_store, list(zip(titles, names)),
-            tpu=args.tpu), sort_keys=True))
+            tpu=args.tpu, fallback=args.fallback), sort_keys=True))
         self.dashboard = gcp.monitoring.Dashboard(f"{name}-dashboard", project=args.project,
                                                   dashboard_json=definition, opts=child)
         tenant_title = f"{args.title}: tenants"

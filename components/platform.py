@@ -28,6 +28,7 @@ from .mesh_readiness import MeshReadiness, MeshReadinessArgs
 from .model.capacity import consumer_models, hosts_per_replica, placements
 from .model.config_errors import in_program_words, stack_config
 from .model.config_rules import cross_field_issues
+from .model.fallback import forwards_token
 from .model.gateway_routes import RouteTarget, serving_listener
 from .model.gcp_apis import required_apis
 from .model.gcp_names import service_account_id
@@ -208,7 +209,8 @@ class Platform(pulumi.ComponentResource):
                 tenant=t, provider=provider, serving_namespace=self.serving.name, shared_models=shared_models(t),
                 sources=self._sources,
                 picker_models=[m for m in shared_models(t) if cfg.model(m).routing == "inference-gateway"],
-                service_accounts=(SERVER_SA, STANDBY_SA) if t.dedicated else ()),
+                service_accounts=(SERVER_SA, STANDBY_SA) if t.dedicated else (),
+                forward_token=forwards_token(cfg, t)),
                 opts=after_mesh)
             for t in cfg.tenants
         }
@@ -324,6 +326,7 @@ class Platform(pulumi.ComponentResource):
             models=[m.name for m in cfg.models], tenants=[t.name for t in cfg.tenants], budget=cfg.budget,
             exact_ttft=cfg.monitoring.slos.enabled and rel.histogram_buckets_flag is not None,
             tpu=cfg.has_tpu_models, sheddable=any(t.priority < 0 for t in cfg.tenants),
+            fallback=any(m.fallback for m in cfg.models),
             gateway_class=cfg.gateway.class_name, region=cfg.region, provider=self.cluster.provider,
             workload_pool=self.cluster.workload_pool, metrics_sources=[cfg.cluster.subnet_cidr],
             always_on=[m.name for m in cfg.models if any(getattr(m, w).min_replicas > 0 for w in m.pool_names)]),

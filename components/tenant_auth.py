@@ -43,6 +43,10 @@ class TenantAuthArgs:
     # Service accounts of the tenant's own namespace (its dedicated servers' and standbys'); by
     # default those two where the tenant has dedicated replicas, none otherwise.
     service_accounts: Optional[Sequence[str]] = None
+    # The tenant's token stays on its requests to the shared servers (RequestAuthentication
+    # forwardOriginalToken), so a replica shedding it can send the request on to a fallback model,
+    # whose sidecar verifies the token again (model/fallback.py forwards_token).
+    forward_token: bool = False
 
 
 class TenantAuth(pulumi.ComponentResource):
@@ -76,7 +80,7 @@ class TenantAuth(pulumi.ComponentResource):
         tenant = args.tenant
         if args.shared_models:
             self._policy(f"{name}-jwt-shared", "RequestAuthentication", f"jwt-{tenant.name}", args.serving_namespace,
-                         jwt_rules(tenant), tenant, opts)
+                         jwt_rules(tenant, args.forward_token), tenant, opts)
         for model in args.shared_models:
             picked = model in args.picker_models
             # The prefixes serving_api.path_prefix gives: /<model>, behind the picker /<tenant>/<model>.

@@ -96,10 +96,18 @@ def dashboard_panels(cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc",
     ]
 
 
-def tenant_panels(cluster: str) -> list[tuple[str, str]]:
-    """Per tenant and model, from the guard's counts of each request (vLLM's own token counts)."""
+# Shed requests the guards sent to a fallback model (models[].fallback), by outcome: served there,
+# or refused (the client got the 429) - images/vllm_gke_guard/metrics.py FALLBACK_REQUESTS.
+FALLBACK_REQUESTS_METRIC = "vllm_gke_tenant_fallback_requests_total"
+
+
+def tenant_panels(cluster: str, fallback: bool = False) -> list[tuple[str, str]]:
+    """Per tenant and model, from the guard's counts of each request (vLLM's own token counts);
+    with `fallback`, the shed requests sent to a fallback model."""
     sel = f'{{cluster="{cluster}"}}'
-    return [
+    sent = [("Shed requests sent to a fallback model/s (served there, or refused: answered 429)",
+             f"sum by (tenant, model, fallback, outcome) (rate({FALLBACK_REQUESTS_METRIC}{sel}[5m]))")]
+    return [*(sent if fallback else []),
         ("Tenant requests/s by outcome",
          f"sum by (tenant, model, outcome) (rate(vllm_gke_tenant_requests_total{sel}[5m]))"),
         ("Tenant prompt tokens/s", f"sum by (tenant, model) (rate(vllm_gke_tenant_prompt_tokens_total{sel}[5m]))"),
@@ -109,11 +117,12 @@ def tenant_panels(cluster: str) -> list[tuple[str, str]]:
 
 
 def dashboard_json(title: str, cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc",
-                   limit_store: bool = False, budgets: Sequence[tuple[str, str]] = (), tpu: bool = False) -> dict[str, Any]:
+                   limit_store: bool = False, budgets: Sequence[tuple[str, str]] = (), tpu: bool = False,
+                   fallback: bool = False) -> dict[str, Any]:
     """A Mosaic layout, two tiles a row, each a PromQL line chart; then each SLO's error budget
-    remaining (`budgets`: title and SLO resource name)."""
-    queries = [(name, {"prometheusQuery": query})
-               for name, query in [*dashboard_panels(cluster, kv_metric, limit_store, tpu), *tenant_panels(cluster)]]
+    remaining (`budgets`: title and SLO resource name; `fallback`: a model has a fallback)."""
+    queries = [(name, {"prometheusQuery": query}) for name, query in
+               [*dashboard_panels(cluster, kv_metric, limit_store, tpu), *tenant_panels(cluster, fallback)]]
     tiles: list[dict[str, Any]] = []
     for i, (name, query) in enumerate([*queries, *budget_tiles(budgets)]):
         tiles.append({

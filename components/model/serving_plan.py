@@ -10,6 +10,7 @@ from typing import Any, Literal, Mapping, Optional
 
 from .capacity import canary_room, hosts_per_replica, neighbours, rollout_strategy, surge_room
 from .cold_start import cold_start_seconds, rollout_seconds
+from .fallback import fallback_guard_config
 from .gateway_routes import PickerTarget, RouteTarget
 from .k8s_objects import service_name_of
 from .pods.standby import standby_name
@@ -117,8 +118,10 @@ def pool_services(cfg: StackConfig, serving: Serving, canary: bool = False,
     model = serving.model.canary_model() if canary else serving.model
     assert model is not None
     node_pool, rel = cfg.pool(serving.node_pool), cfg.release_for(serving.node_pool)
+    dedicated = serving.tenant is not None
     guard = pool_guard_config(list(serving.callers), model, rel, limit_store, cfg.monitoring.queue_latency_slo_seconds,
-                              traces=cfg.monitoring.traces.enabled, dedicated=serving.tenant is not None)
+                              traces=cfg.monitoring.traces.enabled, dedicated=dedicated,
+                              fallback=fallback_guard_config(cfg, model, serving.callers, dedicated))
     key = f"{serving.key}-canary" if canary else serving.key
     out: list[PoolService] = []
     for which in model.pool_names:

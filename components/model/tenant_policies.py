@@ -10,12 +10,14 @@ from .serving_api import ISSUER_HEADER, OBJECTIVE_HEADER, SUBJECT_HEADER, Route,
 from .specs import TenantSpec
 
 
-def jwt_rules(tenant: TenantSpec) -> dict[str, Any]:
-    """The RequestAuthentication spec trusting the tenant's issuer."""
+def jwt_rules(tenant: TenantSpec, forward_token: bool = False) -> dict[str, Any]:
+    """The RequestAuthentication spec trusting the tenant's issuer. The token stops at the sidecar,
+    but with `forward_token` (the shared servers of a tenant some replica may send to a fallback
+    model, fallback.forwards_token): the replica sends it on, and the fallback's sidecar checks it."""
     rule: dict[str, Any] = {
         "issuer": tenant.jwt.issuer,
         "jwksUri": tenant.jwt.jwks_uri,
-        "forwardOriginalToken": False,
+        "forwardOriginalToken": forward_token,
         # Istio overwrites any client-sent copy of these headers with the verified claims.
         "outputClaimToHeaders": [{"header": ISSUER_HEADER, "claim": "iss"},
                                  {"header": SUBJECT_HEADER, "claim": "sub"}],

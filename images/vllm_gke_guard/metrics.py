@@ -72,6 +72,12 @@ PROMPT_TOKENS = _counter("vllm_gke_tenant_prompt_tokens", "Prompt tokens of tena
 GENERATION_TOKENS = _counter("vllm_gke_tenant_generation_tokens", "Tokens generated for tenant requests, as vLLM "
                              "counted them", ("tenant", "model"))
 OUTCOMES = ("ok", "refused", "error", "shed")
+# Shed requests sent to the stack's fallback model instead of a 429 (fallback.py), per tenant, model
+# and fallback: served (the fallback answered) or refused (it did not: the client got the 429, also
+# counted `shed` above). Bounded as those: a tenant of the config, this server's model, its fallback.
+FALLBACK_REQUESTS = _counter("vllm_gke_tenant_fallback_requests", "Shed tenant requests sent to the fallback model "
+                             "instead of a 429: served there, or refused (the client got the 429)",
+                             ("tenant", "model", "fallback", "outcome"))
 
 
 class TenantMeters:

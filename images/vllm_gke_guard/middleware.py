@@ -29,6 +29,7 @@ from .body import (
 from .caps import Budget
 from .config import DEFAULT_MAX_BODY_BYTES, DEFAULT_TRUSTED_PEERS, Tenant, load_config, warmup_token
 from .errors import Disconnected, GuardError, respond
+from .fallback import Fallback, Route
 from .headers import ISSUER, OBJECTIVE, SUBJECT, WARMUP_HEADER, Headers, check_content_type, header_slots, is_warmup
 from .limits import connect_store, rate_limited, take_shared
 from .metrics import count_untrusted, log
@@ -44,6 +45,14 @@ from .usage import Meter, shared_state
 # the tenant may see listed, and the tenant whose request it counts (None for the open routes, the
 # model list and the entrypoint's warm-up).
 Admitted = tuple[Scope, Receive, Optional[frozenset[str]], Optional[Tenant]]
+
+
+class Divert(Exception):
+    """A shed request whose tenant has a fallback route: sent there, else the refusal (fallback.py)."""
+
+    def __init__(self, tenant: Tenant, route: Route, refusal: GuardError, scope: Scope):
+        super().__init__(tenant.name)
+        self.tenant, self.route, self.refusal, self.scope = tenant, route, refusal, scope
 
 
 class GuardMiddleware:
@@ -80,6 +89,9 @@ class GuardMiddleware:
         self.overload: Optional[Overload] = Overload(
             float(overload["queueSloSeconds"]), [t.priority for t in self.tenants.values()], VllmQueue(), clock) \
             if overload and any(t.priority < 0 for t in self.tenants.values()) else None
+        # Where the tenants it sheds go instead of a 429, for those that may (fallback.py).
+        fallback: dict[str, Any] = cfg.get("fallback") or {}
+        self.fallback = Fallback(fallback, self.model) if fallback and self.overload is not None else None
         # Spans of the guard's own, continued by vLLM's (tracing.py); the client's context is dropped either way.
         self.tracing = tracing(bool(cfg.get("traces")), self.model)
         self.warmup_token = warmup_token()
@@ -102,6 +114,9 @@ class GuardMiddleware:
             return
         except Disconnected:
             return  # the client left mid-body: nothing is forwarded
+        except Divert as divert:
+            await self._divert(divert, receive, send)
+            return
         except Exception:  # a guard bug must not become a 500 or let the request through
             log.exception("guard failed on %s %s", scope.get("method"), scope.get("path"))
             await respond(send, GuardError(400, "the request could not be checked", "unprocessable"))
@@ -162,7 +177,7 @@ class GuardMiddleware:
             raise GuardError(403, f"tenant '{tenant.name}' must call this model under its own path "
                                   f"(/{tenant.name}/<model>/v1)", "forbidden")
         if tenant.priority < 0 and kind != "info":  # a listing queues nothing in the engine: never shed
-            self._shed(tenant)
+            self._shed(tenant, scope)
         # The replica's own window, before any body is read, with globalLimits too: a tenant's
         # stream of bodies the guard refuses (each read and parsed on vLLM's event loop) meets a
         # 429 here; the shared store counts only the requests found valid (take_shared).
@@ -181,11 +196,33 @@ class GuardMiddleware:
         return await self._admit_body(scope, receive, await receive_body(receive, self.max_body), kind, tenant,
                                       salt=tenant.salt if path in self.salted else None)
 
-    def _shed(self, tenant: Tenant) -> None:
-        """A 429 with Retry-After for a sheddable tenant while the queue is over its objective."""
+    def _shed(self, tenant: Tenant, scope: Scope) -> None:
+        """A 429 with Retry-After for a sheddable tenant while the queue is over its objective; its
+        request to the fallback model instead, where the tenant has a route there (Divert)."""
         if self.overload is not None and self.overload.shed(tenant.priority):
+            refusal = self.overload.refusal(tenant.name)
+            if self.fallback is not None and (route := self.fallback.route(tenant.name, scope.get("path", ""))):
+                raise Divert(tenant, route, refusal, scope)
             tenant.meters.shed.inc()
-            raise self.overload.refusal(tenant.name)
+            raise refusal
+
+    async def _divert(self, divert: Divert, receive: Receive, send: Send) -> None:
+        """The shed request served by the fallback model, or the 429 it would have had (the body
+        too large, the fallback unreachable or refusing: fallback.py says when)."""
+        assert self.fallback is not None
+        kind = self.routes.get(divert.scope.get("path", ""), ("", ""))[1]
+        try:
+            served = await self.fallback.serve(divert.route, divert.scope, receive, send, kind, self.max_body)
+        except Disconnected:
+            return
+        except GuardError:  # a body over the limit: its 413 comes once the tier is back
+            served = False
+        except Exception:  # a guard bug must not become a 500
+            log.exception("the shed request of tenant %s was not sent to the fallback model", divert.tenant.name)
+            served = False
+        if not served:
+            divert.tenant.meters.shed.inc()
+            await respond(send, divert.refusal)
 
     async def _admit_common_chat(self, scope: Scope, receive: Receive) -> Optional[Admitted]:
         """The request nearly every call is - a tenant's chat completion within its cap, through
@@ -228,7 +265,7 @@ class GuardMiddleware:
             return None
         # From here on, as the general path: shed, counted, then the body.
         if tenant.priority < 0:
-            self._shed(tenant)
+            self._shed(tenant, scope)
         if (wait := tenant.limiter.take()) is not None:
             raise rate_limited(tenant, wait)
         message = await receive()
