@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Optional, Sequence
 
+from .flagger_objects import flagger_objects
+
 Level = Literal["advisory", "mandatory", "disabled"]
 LEVELS: tuple[Level, ...] = ("advisory", "mandatory", "disabled")
 
@@ -50,7 +52,18 @@ VLLM_ENTRYPOINTS = ("vllm serve", "vllm.entrypoints.openai.api_server", "/opt/vl
 
 
 def kube(resources: Sequence[Resource], kind: str) -> list[Resource]:
-    return [r for r in resources if r.type.startswith("kubernetes:") and r.props.get("kind") == kind]
+    """The plan's objects of a kind; for a Service or an HTTPRoute, also those Flagger will create for
+    the plan's Canaries (flagger_objects.py), which the policies judge as they judge declared ones."""
+    declared = [r for r in resources if r.type.startswith("kubernetes:") and r.props.get("kind") == kind]
+    if kind not in ("Service", "HTTPRoute"):
+        return declared
+    canaries = [r.props for r in resources if r.type.startswith("kubernetes:") and r.props.get("kind") == "Canary"]
+    if not canaries:
+        return declared
+    targets = [r.props for r in resources if r.type.startswith("kubernetes:") and r.props.get("kind") == "Deployment"]
+    derived = [o for o in flagger_objects(canaries, targets) if o["kind"] == kind]
+    return declared + [Resource(f"kubernetes:flagger:{kind}", f"{o['metadata']['name']} (created by Flagger)", o)
+                       for o in derived]
 
 
 def meta(r: Resource) -> Mapping[str, Any]:

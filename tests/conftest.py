@@ -30,6 +30,24 @@ def plans(stack_values) -> dict[str, Plan]:
     return {s: run_program(s, stack_values[s]) for s in STACKS}
 
 
+# The manual canary prod ran before its rollouts were Flagger's (weight 10 on a newer commit).
+MANUAL_CANARY = {"revision": "0e9e39f249a16976918f6564b8830bc894c89659", "weight": 10}
+
+
+def by_hand(values: dict[str, Any]) -> None:
+    """Prod as it rolls out without Flagger: rollouts off, the routes and Services the plan's own, and
+    llama-8b's manual canary split (for the tests of declared routes and of manual canaries)."""
+    values["vllm-gke:rollouts"] = {"enabled": False}
+    next(m for m in values["vllm-gke:models"] if m["name"] == "llama-8b")["canary"] = dict(MANUAL_CANARY)
+
+
+@pytest.fixture(scope="session")
+def prod_by_hand(stack_values) -> Plan:
+    values = copy.deepcopy(stack_values["prod"])
+    by_hand(values)
+    return run_program("prod", values)
+
+
 @pytest.fixture
 def dev_values(stack_values) -> dict[str, Any]:
     """A private deep copy of the dev stack config to mutate."""

@@ -53,8 +53,8 @@ def test_kv_heads_replicate_beyond_their_count():
     assert row.kv_bytes_per_token_per_gpu == model.kv_bytes_per_token / 2
 
 
-def test_report_covers_every_serving_pool(plans):
-    rows = capacity_report(plans["prod"].config)
+def test_report_covers_every_serving_pool(prod_by_hand):
+    rows = capacity_report(prod_by_hand.config)
     assert len(rows) == 10 and all(r.fits for r in rows)  # llama-8b's canary included
     assert {(r.model, r.tenant) for r in rows} == {("llama-70b", None), ("qwen-7b", None), ("llama-8b", None),
                                                    ("qwen-7b", "analytics")}

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, by_hand
 from vllm_gke.components.model.gcp_names import is_service_account_id, service_account_id
 from vllm_gke.infra.config import ConfigError, parse
 
@@ -43,7 +43,7 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
     ("model-named-like-a-dedicated-copy", "prod", _model_named_like_a_dedicated_copy,
      "vllm-gke:tenants[analytics].dedicated.models", "named 'analytics-qwen-7b', which is also a model's name"),
     ("model-named-like-a-canary", "prod",
-     lambda v: v["vllm-gke:models"].append({**next(m for m in v["vllm-gke:models"] if m["name"] == "qwen-7b"),
+     lambda v: by_hand(v) or v["vllm-gke:models"].append({**next(m for m in v["vllm-gke:models"] if m["name"] == "qwen-7b"),
                                             "name": "llama-8b-canary"}),
      "vllm-gke:models[llama-8b].canary", "named 'llama-8b-canary', which is also a model's name"),
     ("node-pool-named-like-a-twin", "dev",
@@ -183,11 +183,11 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
      "vllm-gke:serverImage.repository", "no tag or digest here"),
     ("unsupported-vllm", "dev", lambda v: v.update({"vllm-gke:vllmVersion": "0.9.0"}),
      "vllm-gke:vllmVersion", "not supported"),
-    ("canary-of-itself", "prod", lambda v: v["vllm-gke:models"][2]["canary"].update(revision="main"),
+    ("canary-of-itself", "prod", lambda v: by_hand(v) or v["vllm-gke:models"][2]["canary"].update(revision="main"),
      "vllm-gke:models[llama-8b]", "canary.revision 'main' is the model's own revision"),
-    ("canary-weight", "prod", lambda v: v["vllm-gke:models"][2]["canary"].update(weight=101),
+    ("canary-weight", "prod", lambda v: by_hand(v) or v["vllm-gke:models"][2]["canary"].update(weight=101),
      "vllm-gke:models[llama-8b].canary.weight", "100"),
-    ("canary-revision", "prod", lambda v: v["vllm-gke:models"][2]["canary"].update(revision="v1..2"),
+    ("canary-revision", "prod", lambda v: by_hand(v) or v["vllm-gke:models"][2]["canary"].update(revision="v1..2"),
      "vllm-gke:models[llama-8b].canary.revision", "not a git branch"),
     # Inference Gateway: the GKE requirements and what one pool behind the picker cannot take.
     ("picker-on-a-global-gateway", "staging",
@@ -216,6 +216,15 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
     ("picker-with-a-long-pool", "staging",
      lambda v: v["vllm-gke:models"][0].update(long={"maxNumSeqs": 8}),
      "vllm-gke:models[llama-8b]", "long only apply to routing: length"),
+    ("manual-canary-beside-rollouts", "prod",
+     lambda v: v["vllm-gke:models"][2].update(canary={"revision": "v2", "weight": 10}),
+     "vllm-gke:models[llama-8b].canary", "remove canary (Flagger rolls it out"),
+    ("rollout-load-test-unknown", "prod", lambda v: v["vllm-gke:rollouts"].update(loadTest="nightly"),
+     "vllm-gke:rollouts.loadTest", "'nightly' is not a load test: use one of search-llama-8b"),
+    ("rollouts-without-slos", "prod", lambda v: v["vllm-gke:monitoring"].update(slos={"enabled": False}),
+     "vllm-gke:rollouts.enabled", "set monitoring.slos.enabled"),
+    ("rollout-step-past-promotion", "prod", lambda v: v["vllm-gke:rollouts"].update(stepWeight=40, maxWeight=30),
+     "vllm-gke:rollouts", "stepWeight 40 is above maxWeight 30"),
     ("picker-with-a-canary", "staging",
      lambda v: v["vllm-gke:models"][0].update(canary={"revision": "v2", "weight": 10}),
      "vllm-gke:models[llama-8b]", "canary needs routing: length"),

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import REPO_ROOT, STACKS, manifests_of, props_of, vllm_deployments
+from tests.conftest import REPO_ROOT, STACKS, by_hand, manifests_of, props_of, vllm_deployments
 from vllm_gke.components.model.gateway_routes import LENGTH_HINT_HEADER, at_least_regex
 from vllm_gke.components.model.weights_layout import model_dir
 
@@ -124,8 +124,8 @@ def test_no_route_rewrites_the_path(plans, stack):
                 assert f["type"] != "URLRewrite" or "path" not in f.get("urlRewrite", {}), route["metadata"]["name"]
 
 
-def test_dedicated_tenant_route_lives_in_tenant_namespace(plans):
-    routes = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in manifests_of(plans["prod"], "HTTPRoute")}
+def test_dedicated_tenant_route_lives_in_tenant_namespace(prod_by_hand):
+    routes = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in manifests_of(prod_by_hand, "HTTPRoute")}
     assert set(routes) == {("vllm", "llama-70b"), ("vllm", "qwen-7b"), ("vllm", "llama-8b"),
                            ("tenant-analytics", "analytics-qwen-7b"), ("vllm", "https-redirect")}
     dedicated = routes[("tenant-analytics", "analytics-qwen-7b")]
@@ -134,8 +134,8 @@ def test_dedicated_tenant_route_lives_in_tenant_namespace(plans):
     assert dedicated["spec"]["hostnames"] == ["llm.acme.example"]
 
 
-def test_health_check_and_timeout_per_backend(plans):
-    plan = plans["prod"]
+def test_health_check_and_timeout_per_backend(prod_by_hand):
+    plan = prod_by_hand
     services = {s["metadata"]["name"] for s in manifests_of(plan, "Service", "vllm")}
     checks = {h["spec"]["targetRef"]["name"]: h for h in manifests_of(plan, "HealthCheckPolicy", "vllm")}
     assert set(checks) == services
@@ -155,8 +155,8 @@ def test_routes_strip_client_copies_of_the_issuer_header(plans):
                     assert mods == [{"remove": ["x-vllm-gke-issuer", "x-vllm-gke-subject"]}], route["metadata"]["name"]
 
 
-def test_a_canary_takes_its_weight_of_every_rule(plans):
-    routes = {r["metadata"]["name"]: r for r in manifests_of(plans["prod"], "HTTPRoute")}
+def test_a_canary_takes_its_weight_of_every_rule(prod_by_hand):
+    routes = {r["metadata"]["name"]: r for r in manifests_of(prod_by_hand, "HTTPRoute")}
     for rule in routes["llama-8b"]["spec"]["rules"]:
         refs = {b["name"]: b["weight"] for b in rule["backendRefs"]}
         assert sum(refs.values()) == 100 and len(refs) == 2
@@ -166,6 +166,7 @@ def test_a_canary_takes_its_weight_of_every_rule(plans):
 
 def test_rollback_is_a_weight_and_removal_a_config_change(plan_variant):
     def rollback(values):
+        by_hand(values)
         values["vllm-gke:models"][2]["canary"]["weight"] = 0
     plan = plan_variant("prod", rollback)
     route = next(r for r in manifests_of(plan, "HTTPRoute") if r["metadata"]["name"] == "llama-8b")
@@ -173,34 +174,35 @@ def test_rollback_is_a_weight_and_removal_a_config_change(plan_variant):
     assert weights == {"llama-8b-long": 100, "llama-8b-canary-long": 0}  # warm, but serving nothing
 
     def remove(values):
+        by_hand(values)
         del values["vllm-gke:models"][2]["canary"]
     plan = plan_variant("prod", remove)
     assert not [d for d in manifests_of(plan, "Deployment") if "canary" in d["metadata"]["name"]]
 
 
-def test_canary_pods_never_join_the_stable_service(plans):
+def test_canary_pods_never_join_the_stable_service(prod_by_hand):
     from tests.conftest import vllm_deployments
 
-    deployments = {d["metadata"]["name"]: d for d in vllm_deployments(plans["prod"], "vllm")}
-    services = {s["metadata"]["name"]: s for s in manifests_of(plans["prod"], "Service", "vllm")}
+    deployments = {d["metadata"]["name"]: d for d in vllm_deployments(prod_by_hand, "vllm")}
+    services = {s["metadata"]["name"]: s for s in manifests_of(prod_by_hand, "Service", "vllm")}
     stable_selector = services["llama-8b-short"]["spec"]["selector"]
     canary_labels = deployments["llama-8b-canary-short"]["spec"]["template"]["metadata"]["labels"]
     assert not all(canary_labels.get(k) == v for k, v in stable_selector.items())
     canary_args = deployments["llama-8b-canary-short"]["spec"]["template"]["spec"]["containers"][0]["args"]
-    canary = plans["prod"].config.model("llama-8b").canary_model()
+    canary = prod_by_hand.config.model("llama-8b").canary_model()
     assert canary is not None and canary.revision == "0e9e39f249a16976918f6564b8830bc894c89659"
     assert canary_args[0] == model_dir(canary)
     # The same tenants may call it: authorization selects by model.
     assert canary_labels["vllm-gke.io/model"] == "llama-8b"
 
 
-def test_load_balancer_ejects_failing_replicas_and_drains(plans):
-    checks = {h["spec"]["targetRef"]["name"]: h["spec"]["default"] for h in manifests_of(plans["prod"], "HealthCheckPolicy")}
+def test_load_balancer_ejects_failing_replicas_and_drains(prod_by_hand):
+    checks = {h["spec"]["targetRef"]["name"]: h["spec"]["default"] for h in manifests_of(prod_by_hand, "HealthCheckPolicy")}
     assert checks["llama-8b-short"]["checkIntervalSec"] == 5 and checks["llama-8b-short"]["unhealthyThreshold"] == 2
-    policies = {p["spec"]["targetRef"]["name"]: p["spec"]["default"] for p in manifests_of(plans["prod"], "GCPBackendPolicy")}
+    policies = {p["spec"]["targetRef"]["name"]: p["spec"]["default"] for p in manifests_of(prod_by_hand, "GCPBackendPolicy")}
     assert policies["llama-8b-short"]["maxRatePerEndpoint"] == 40
     assert "maxRatePerEndpoint" not in policies["llama-8b-long"]
-    timeout = plans["prod"].config.gateway.request_timeout_seconds
+    timeout = prod_by_hand.config.gateway.request_timeout_seconds
     assert all(p["connectionDraining"] == {"drainingTimeoutSec": 20 + timeout} for p in policies.values())
 
 
@@ -234,10 +236,10 @@ def test_a_stopping_replica_finishes_what_it_accepted(plans, stack):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_no_destination_rule_claims_limits_for_vllm_services(plans, stack):
+def test_no_destination_rule_claims_limits_for_vllm_services(plans, prod_by_hand, stack):
     """No mesh client calls a vLLM Service (the load balancer and the picker are outside the mesh):
     a DestinationRule's connection limits and outlier detection there would limit nothing."""
-    plan = plans[stack]
+    plan = prod_by_hand if stack == "prod" else plans[stack]  # prod's Flagger routes: test_flagger_routes.py
     services = {f"{s['metadata']['name']}.{s['metadata']['namespace']}.svc.cluster.local"
                 for s in manifests_of(plan, "Service") if s["spec"].get("selector", {}).get("app.kubernetes.io/name") == "vllm"
                 or s["metadata"].get("labels", {}).get("app.kubernetes.io/name") == "vllm"}
@@ -251,6 +253,7 @@ def test_a_dedicated_copy_runs_the_models_canary_too(plan_variant):
     from vllm_gke.components.model.capacity import gpu_slots_by_pool
 
     def canary(values):
+        by_hand(values)
         values["vllm-gke:models"][1]["canary"] = {"revision": "v2", "weight": 20}
     plan = plan_variant("prod", canary)
     route = next(r for r in manifests_of(plan, "HTTPRoute", "tenant-analytics")
@@ -260,7 +263,7 @@ def test_a_dedicated_copy_runs_the_models_canary_too(plan_variant):
     canaries = [d for d in manifests_of(plan, "Deployment", "tenant-analytics") if "canary" in d["metadata"]["name"]]
     assert len(canaries) == 2
     # Capacity counts both canaries (shared and dedicated) on the MIG pool: one replica per pool each.
-    before = gpu_slots_by_pool(plan_variant("prod").config)["a100-mig"]
+    before = gpu_slots_by_pool(plan_variant("prod", by_hand).config)["a100-mig"]
     assert gpu_slots_by_pool(plan.config)["a100-mig"] == before + 4
 
 
@@ -316,14 +319,14 @@ def _request(match, path=None):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_every_route_the_guard_admits_has_a_gateway_path_and_back(plans, stack):
+def test_every_route_the_guard_admits_has_a_gateway_path_and_back(plans, prod_by_hand, stack):
     """One surface: each tenant route a pool's guard admits is reachable through the Gateway at every
     prefix that routes to the pool (the guard strips exactly those), forwarded as sent; and every path a rule forwards to a
     pool is one its guard admits (an Exact path) or covers one (a prefix). Nothing the guard allows
     is unreachable, nothing the Gateway routes is refused by every pool behind it."""
     from vllm_gke.policies.route_match import forwarded_path, reach
 
-    plan = plans[stack]
+    plan = prod_by_hand if stack == "prod" else plans[stack]  # prod's Flagger routes: test_flagger_routes.py
     routes = [r for r in manifests_of(plan, "HTTPRoute") if r["metadata"]["name"] != "https-redirect"]
     guarded = _guarded_backends(plan)
     checked = 0
@@ -369,7 +372,7 @@ def test_every_route_the_guard_admits_has_a_gateway_path_and_back(plans, stack):
     assert checked
 
 
-def test_the_contract_check_names_a_pool_whose_guard_would_not_strip_the_routes_prefix(plans):
+def test_the_contract_check_names_a_pool_whose_guard_would_not_strip_the_routes_prefix(prod_by_hand):
     """The other half of gateway_rewrites_no_path: a pool whose guard lacks the route's prefix would
     answer every tenant request 404."""
     import copy
@@ -377,7 +380,7 @@ def test_the_contract_check_names_a_pool_whose_guard_would_not_strip_the_routes_
 
     from vllm_gke.infra.contracts import gateway_rewrites_no_path
 
-    plan = plans["prod"]
+    plan = prod_by_hand
     assert gateway_rewrites_no_path(plan) == []
     broken = dataclasses.replace(plan, resources=copy.deepcopy(plan.resources))
     dep = next(r for r in broken.resources if r.props.get("kind") == "Deployment"

@@ -308,8 +308,8 @@ def test_secret_resources_and_static_kubeconfig_are_caught(plans):
     assert any("puts the secret's value in Pulumi state" in m for m in messages)
 
 
-def test_unauthenticated_allow_is_found_by_evaluating_the_mesh(plans):
-    rs = resources(plans["prod"])
+def test_unauthenticated_allow_is_found_by_evaluating_the_mesh(prod_by_hand):
+    rs = resources(prod_by_hand)
     policy = kind(rs, "AuthorizationPolicy", "allow-search-llama-8b")
     del policy.props["spec"]["rules"][0]["from"]
     messages = [v.message for v in violations_of(rs, "serving-paths-authenticated")]
@@ -318,8 +318,8 @@ def test_unauthenticated_allow_is_found_by_evaluating_the_mesh(plans):
     assert any("/llama-8b/v1/completions from " in m and "without a JWT" in m for m in messages)
 
 
-def test_tenant_route_on_the_http_listener_of_an_external_gateway(plans):
-    rs = resources(plans["prod"])
+def test_tenant_route_on_the_http_listener_of_an_external_gateway(prod_by_hand):
+    rs = resources(prod_by_hand)
     route = kind(rs, "HTTPRoute", "llama-8b")
     route.props["spec"]["parentRefs"][0]["sectionName"] = "http"
     messages = [v.message for v in violations_of(rs, "external-gateway-https-only")]
@@ -368,16 +368,16 @@ def test_policies_have_descriptions_and_defaults():
         assert p.description.endswith(".") and p.level in ("advisory", "mandatory")
 
 
-def test_draining_shorter_than_a_request_is_flagged(plans):
-    rs = resources(plans["prod"])
+def test_draining_shorter_than_a_request_is_flagged(prod_by_hand):
+    rs = resources(prod_by_hand)
     policy = kind(rs, "GCPBackendPolicy", "qwen-7b-short", "vllm")
     policy.props["spec"]["default"]["connectionDraining"] = {"drainingTimeoutSec": 30}
     (v,) = violations_of(rs, "vllm-backends-resilient")
     assert "drains a detached endpoint for 30 s but lets a request run 600 s" in v.message
 
 
-def test_a_gateway_backend_without_a_health_check_is_flagged(plans):
-    rs = resources(plans["prod"])
+def test_a_gateway_backend_without_a_health_check_is_flagged(prod_by_hand):
+    rs = resources(prod_by_hand)
     assert violations_of(rs, "vllm-backends-resilient") == []
     rs[:] = [r for r in rs if not (r.props.get("kind") == "HealthCheckPolicy"
                                    and r.props["spec"]["targetRef"]["name"] == "llama-8b-canary-short")]

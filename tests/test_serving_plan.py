@@ -3,6 +3,7 @@ and without Pulumi: the Platform declares exactly these."""
 
 from __future__ import annotations
 
+from tests.conftest import by_hand
 from vllm_gke.components.model.k8s_objects import service_name_of
 from vllm_gke.components.model.serving_plan import pool_services, servings
 from vllm_gke.infra.config import parse
@@ -28,7 +29,9 @@ def test_shared_replicas_then_each_tenants_dedicated_copy():
 
 
 def test_a_canary_is_its_own_pools_of_the_canary_revision():
-    cfg = _prod()
+    values = read_stack_config("prod")
+    by_hand(values)
+    cfg = parse(values)
     llama = next(s for s in servings(cfg) if s.key == "llama-8b")
     stable, canary = pool_services(cfg, llama), pool_services(cfg, llama, canary=True)
     assert [p.key for p in stable] == ["llama-8b-short", "llama-8b-long"]

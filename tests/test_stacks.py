@@ -48,7 +48,8 @@ def test_component_counts(plans):
                                  "vllm-gke:index:SloMetrics": 1, "vllm-gke:index:Keda": 1,
                                  "vllm-gke:index:WeightsPrune": 1}
     prod = components("prod")
-    assert prod["vllm-gke:index:VllmService"] == 10  # 3 shared models, 1 canary, 1 dedicated; two pools each
+    # 3 shared models and 1 dedicated copy, two pools each (a Flagger canary is the pool's own Deployment).
+    assert prod["vllm-gke:index:VllmService"] == 8
     assert prod["vllm-gke:index:TenantAuth"] == 3
     assert prod["vllm-gke:index:MeshNamespace"] == 4
 
@@ -61,7 +62,7 @@ def test_every_component_child_is_parented(plans):
     (platform,) = [r for r in plan.resources if r.type == "vllm-gke:index:Platform"]
     before = {"apis", "gke", "mesh", "serving", "weights", "gateway", "observability", "keda", "limits"} | {
         f"tenant-{t}" for t in ("search", "support", "analytics")} | {
-        f"{m}-{p}" for m in ("llama-70b", "qwen-7b", "llama-8b", "llama-8b-canary", "analytics-qwen-7b")
+        f"{m}-{p}" for m in ("llama-70b", "qwen-7b", "llama-8b", "analytics-qwen-7b")
         for p in ("short", "long")}
     for r in plan.resources:
         if r is platform:

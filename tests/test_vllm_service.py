@@ -21,8 +21,7 @@ def deployment(plan, name, namespace="vllm"):
 def test_two_pools_per_model(plans):
     names = {(m["metadata"]["namespace"], m["metadata"]["name"]) for m in vllm_deployments(plans["prod"])}
     assert names == {("vllm", f"{m}-{p}") for m in ("llama-70b", "qwen-7b", "llama-8b") for p in ("short", "long")} | {
-        ("tenant-analytics", "qwen-7b-short"), ("tenant-analytics", "qwen-7b-long"),
-        ("vllm", "llama-8b-canary-short"), ("vllm", "llama-8b-canary-long")}
+        ("tenant-analytics", "qwen-7b-short"), ("tenant-analytics", "qwen-7b-long")}
 
 
 def test_vllm_flags_from_config(plans):
@@ -101,8 +100,10 @@ def test_placement_on_mig_slice_and_spot_compute_class(plans):
                                     "vllm-gke.io/node-pool": "a100-tp8"}
 
 
-def test_pdb_scaled_object_and_pod_monitoring_per_pool(plans):
-    plan = plans["prod"]
+def test_pdb_scaled_object_and_pod_monitoring_per_pool(prod_by_hand):
+    """Each pool's own objects, where the plan declares its Service (rollouts off; a Flagger pool's are
+    Flagger's: tests/test_flagger_routes.py)."""
+    plan = prod_by_hand
     deployments = vllm_deployments(plan)
     for kind in ("PodDisruptionBudget", "ScaledObject", "PodMonitoring", "Service"):
         per_model = [m for m in manifests_of(plan, kind)
@@ -120,6 +121,9 @@ def test_pdb_scaled_object_and_pod_monitoring_per_pool(plans):
         assert "replicas" not in dep["spec"]  # KEDA owns it; pools with a floor start at one
     pm = manifests_of(plan, "PodMonitoring", "vllm")[0]
     assert pm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
+    # Every series carries the pod's Deployment and revision (what a Flagger pool's gates compare).
+    assert pm["spec"]["targetLabels"]["fromPod"] == [{"from": "vllm-gke.io/workload", "to": "workload"},
+                                                     {"from": "vllm-gke.io/revision", "to": "revision"}]
 
 
 @pytest.mark.parametrize("machine,partition,gpus,cpu,mem", [

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
+from .cold_start import NODE_PROVISION_S
 from .gateway_routes import LENGTH_HINT_HEADER, at_least_regex
 from .k8s_objects import WORKLOAD_LABEL as WORKLOAD_LABEL  # re-exported: what Flagger is told to rewrite
 from .serving_api import VERIFIED_HEADERS
@@ -93,7 +94,9 @@ def rollout_plan(rollouts: RolloutSpec, model: ModelSpec, which: str, hosts: int
     pool = getattr(model, which)
     if reason:
         return RolloutPlan("in-place", reason, primary_max=pool.max_replicas)
-    deadline = int(max(600, 1.5 * load_seconds + 600))
+    # A canary replica may need a node first (the autoscaler's provisioning) and then its load (the
+    # weights, the engine, a TPU's XLA compile): Flagger rolls back a canary not ready by then.
+    deadline = int(1.5 * (NODE_PROVISION_S + load_seconds)) + 300
     need = canary_need(pool.max_replicas, rollouts.max_weight)
     canary, primary_max, weight, note = need, pool.max_replicas, rollouts.max_weight, ""
     if room < need and room >= 1:
@@ -226,6 +229,8 @@ def canary_spec(service: str, which: str, min_replicas: int, pool: FlaggerPool, 
                           "primaryScalerQueries": primary_queries,
                           "primaryScalerReplicas": {"minReplicas": min_replicas, "maxReplicas": pool.plan.primary_max}},
         "progressDeadlineSeconds": pool.plan.progress_deadline_seconds,
+        # Deleted (rollouts turned off), Flagger's finalizer first brings the target back to serve.
+        "revertOnDeletion": True,
         "service": route,
         "analysis": {"interval": f"{rollouts.interval_seconds}s", "threshold": rollouts.failed_checks,
                      "stepWeight": rollouts.step_weight, "maxWeight": pool.plan.max_weight,

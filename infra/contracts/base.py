@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from ...components.model.vllm_argv import load_snapshot
 from ...components.model.vllm_versions import TPU_RELEASES
+from ...policies.flagger_objects import flagger_objects
 from ..plan import Plan, manifest
 
 Check = Callable[[Plan], list[str]]
@@ -29,7 +30,14 @@ class Contract:
 # --- plan helpers ---------------------------------------------------------------------------
 
 def _docs(plan: Plan, kind: str) -> list[dict[str, Any]]:
-    return [manifest(r) for r in plan.kubernetes() if r.props.get("kind") == kind]
+    """The plan's objects of a kind; for a Service or an HTTPRoute, with those Flagger will create for
+    the plan's Canaries (policies/flagger_objects.py): the checks hold Flagger's routes to the same
+    contracts as declared ones."""
+    declared = [manifest(r) for r in plan.kubernetes() if r.props.get("kind") == kind]
+    if kind not in ("Service", "HTTPRoute"):
+        return declared
+    canaries, targets = _docs(plan, "Canary"), _docs(plan, "Deployment")
+    return declared + [o for o in flagger_objects(canaries, targets) if o["kind"] == kind]
 
 
 def _vllm_deployments(plan: Plan) -> list[dict[str, Any]]:

@@ -1,0 +1,124 @@
+"""A Flagger pool, as the plan declares it and as Flagger completes it (policies/flagger_objects.py,
+derived from Flagger v1.44.0's source): prod rolls out every pool by canary, and a request still
+reaches the pool its length says, through the guard's header stripping, on the serving listener,
+with a health check and a backend policy on each of Flagger's Services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.conftest import manifests_of, vllm_deployments
+from vllm_gke.components.model.rollouts import WORKLOAD_LABEL
+from vllm_gke.components.model.serving_plan import pool_rollout, servings
+from vllm_gke.policies.flagger_objects import flagger_objects
+from vllm_gke.policies.route_match import HttpRequest, reach
+
+
+def _flagger(plan) -> list[dict[str, Any]]:
+    return flagger_objects(manifests_of(plan, "Canary"), manifests_of(plan, "Deployment"))
+
+
+def _routes(plan) -> list[dict[str, Any]]:
+    declared = [r for r in manifests_of(plan, "HTTPRoute") if r["metadata"]["name"] != "https-redirect"]
+    return declared + [o for o in _flagger(plan) if o["kind"] == "HTTPRoute"]
+
+
+def _pool_of(reached) -> set[str]:
+    """The serving pools a rule sends to: a Flagger pool's primary and canary are one pool."""
+    return {b["name"].removesuffix("-primary").removesuffix("-canary") for b in reached.rule["backendRefs"]}
+
+
+def test_prod_rolls_out_every_pool_by_canary(plans):
+    """All of prod's pools can run a canary (floor of one, one node a replica, routed by length): the
+    plan declares a Canary for each and no Service or HTTPRoute of the names Flagger owns."""
+    plan = plans["prod"]
+    canaries = {(c["metadata"]["namespace"], c["metadata"]["name"]) for c in manifests_of(plan, "Canary")}
+    pools = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in vllm_deployments(plan)}
+    assert canaries == pools and len(pools) == 8
+    owned = {(ns, n + suffix) for ns, n in canaries for suffix in ("", "-primary", "-canary")}
+    declared = {(m["metadata"]["namespace"], m["metadata"]["name"]) for m in
+                manifests_of(plan, "Service") + manifests_of(plan, "HTTPRoute")}
+    assert not owned & declared
+    for d in vllm_deployments(plan):
+        name = d["metadata"]["name"]
+        assert d["spec"]["selector"]["matchLabels"][WORKLOAD_LABEL] == name
+        assert d["spec"]["template"]["metadata"]["labels"][WORKLOAD_LABEL] == name
+
+
+def test_a_request_reaches_the_pool_its_length_says(plans):
+    """Flagger's routes hold each pool's own matches: the long pool's header matches outrank the short
+    pool's path match across routes, as they did in one route."""
+    plan = plans["prod"]
+    routes = _routes(plan)
+    for serving in servings(plan.config):
+        model = serving.model
+        base = f"/{serving.path}/v1/chat/completions"
+        short = reach(routes, HttpRequest(base, headers={"content-length": "100"}), "https")
+        long = reach(routes, HttpRequest(base, headers={"content-length": str(model.long_request_bytes)}), "https")
+        hinted = reach(routes, HttpRequest(base, headers={"content-length": "100", "x-vllm-gke-length": "long"}),
+                       "https")
+        assert short and long and hinted, serving.key
+        assert _pool_of(short) == {f"{model.name}-short"}, serving.key
+        assert _pool_of(long) == _pool_of(hinted) == {f"{model.name}-long"}, serving.key
+        # Namespaces tell a dedicated copy's pool from the shared one.
+        ns = short.route["metadata"]["namespace"]
+        assert ns == ("vllm" if serving.tenant is None else f"tenant-{serving.tenant}")
+
+
+def test_flaggers_routes_strip_verified_headers_on_the_serving_listener(plans):
+    plan = plans["prod"]
+    for route in (o for o in _flagger(plan) if o["kind"] == "HTTPRoute"):
+        (rule,) = route["spec"]["rules"]
+        assert rule["filters"] == [{"type": "RequestHeaderModifier", "requestHeaderModifier": {
+            "remove": ["x-vllm-gke-issuer", "x-vllm-gke-subject"]}}]
+        assert route["spec"]["parentRefs"] == [{"name": "vllm", "namespace": "vllm", "sectionName": "https"}]
+        assert route["spec"]["hostnames"] == ["llm.acme.example"]
+        assert {b["weight"] for b in rule["backendRefs"]} == {100, 0}
+
+
+def test_each_of_flaggers_services_has_a_health_check_and_a_backend_policy(plans):
+    plan = plans["prod"]
+    services = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in _flagger(plan) if o["kind"] == "Service"}
+    backends = {(r["metadata"]["namespace"], b["name"]) for r in _routes(plan) for rule in r["spec"]["rules"]
+                for b in rule.get("backendRefs") or []}
+    assert backends <= services
+    for kind in ("HealthCheckPolicy", "GCPBackendPolicy"):
+        covered = {(p["metadata"]["namespace"], p["spec"]["targetRef"]["name"]) for p in manifests_of(plan, kind)}
+        assert backends <= covered, (kind, backends - covered)
+    rates = {p["spec"]["targetRef"]["name"]: p["spec"]["default"].get("maxRatePerEndpoint")
+             for p in manifests_of(plan, "GCPBackendPolicy", "vllm")}
+    assert rates["llama-8b-short-primary"] == rates["llama-8b-short-canary"] == 40
+
+
+def test_the_canary_service_selects_the_target_and_the_primary_its_copy(plans):
+    """Flagger's canary Service selects the target's pods by the workload label; the primary's selects
+    the value Flagger gives its copy (<name>-primary), which no pod the plan declares carries."""
+    plan = plans["prod"]
+    pods = {(d["metadata"]["namespace"], d["metadata"]["name"]): d["spec"]["template"]["metadata"]["labels"]
+            for d in vllm_deployments(plan)}
+    for svc in (o for o in _flagger(plan) if o["kind"] == "Service"):
+        ns, name = svc["metadata"]["namespace"], svc["metadata"]["name"]
+        selected = [k for k, labels in pods.items() if k[0] == ns and svc["spec"]["selector"].items() <= labels.items()]
+        if name.endswith("-canary"):
+            assert selected == [(ns, name.removesuffix("-canary"))]
+        else:
+            assert selected == [] and svc["spec"]["selector"] == {WORKLOAD_LABEL: f"{name.removesuffix('-primary')}-primary"}
+
+
+def test_canary_ceilings_follow_the_plan(plans):
+    """The target's ScaledObject scales the canary from one replica to the plan's ceiling; Flagger's
+    copy for the primary keeps the pool's floor and the plan's primary ceiling."""
+    plan = plans["prod"]
+    cfg = plan.config
+    objects = {(s["metadata"]["namespace"], s["metadata"]["name"]): s for s in manifests_of(plan, "ScaledObject")}
+    canaries = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in manifests_of(plan, "Canary")}
+    for serving in servings(cfg):
+        ns = "vllm" if serving.tenant is None else f"tenant-{serving.tenant}"
+        for which in serving.model.pool_names:
+            rollout, name = pool_rollout(cfg, serving, which), f"{serving.model.name}-{which}"
+            so, canary = objects[(ns, name)]["spec"], canaries[(ns, name)]["spec"]
+            assert (so["minReplicaCount"], so["maxReplicaCount"]) == (1, rollout.canary_replicas)
+            assert canary["autoscalerRef"]["primaryScalerReplicas"] == {
+                "minReplicas": getattr(serving.model, which).min_replicas, "maxReplicas": rollout.primary_max}
+            assert set(canary["autoscalerRef"]["primaryScalerQueries"]) == {t["name"] for t in so["triggers"]}
+            assert canary["analysis"]["maxWeight"] == rollout.max_weight
