@@ -2,7 +2,8 @@
 components/model/specs/; what the keys must agree on - names (names.py), where models run
 (placement.py), tenants (tenants.py), the cluster (cluster.py), the vLLM release (release.py),
 objectives and their alerts (monitoring.py), load tests (load_tests.py), fallback models (fallback.py),
-rollouts (rollouts.py) - is here. Every problem names the key to change and how. The `check_*` functions are also run by the package's components on their own inputs."""
+rollouts (rollouts.py) - is here. Every problem names the key to change and how. The `check_*`
+functions are also run by the package's components on their own inputs."""
 
 from __future__ import annotations
 
