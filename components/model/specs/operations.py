@@ -140,6 +140,7 @@ class RolloutSpec(Spec):
     interval_seconds: int = Field(default=60, ge=30, le=3600)
     # Failed checks (a gate broken, or no traffic to judge) before the rollback.
     failed_checks: int = Field(default=2, ge=1, le=20)
+    # What the canary must meet at each step, against the primary over the same window.
     gates: RolloutGates = Field(default_factory=RolloutGates)
     # A loadTests entry run as the canary's pre-rollout and load webhook, so the analysis has traffic
     # to judge at any hour (its tenant's route, through the load balancer).
