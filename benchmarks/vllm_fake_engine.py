@@ -89,6 +89,10 @@ def make_model_dir(target: Path) -> Path:
 
 # A file each engine request is recorded in (its cache_salt and max_tokens), when set.
 ENGINE_LOG_ENV = "FAKE_ENGINE_LOG"
+# A file holding how many requests the engine says wait (vllm:num_requests_waiting, what the guard's
+# overload protection reads), reported with each output as the real scheduler reports its stats;
+# unset: no scheduler stats, as before.
+WAITING_ENV = "FAKE_ENGINE_WAITING_FILE"
 
 
 class InstantEngineCore:
@@ -98,9 +102,11 @@ class InstantEngineCore:
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any):
         from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason  # type: ignore[import-not-found]
+        from vllm.v1.metrics.stats import SchedulerStats  # type: ignore[import-not-found]
         from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder  # type: ignore[import-not-found]
 
         self.output, self.outputs_of, self.stop = EngineCoreOutput, EngineCoreOutputs, FinishReason.STOP
+        self.stats_of = SchedulerStats
         self.vllm_config = vllm_config
         self.outputs: asyncio.Queue = asyncio.Queue()
         self.encoder = MsgpackEncoder()
@@ -121,8 +127,20 @@ class InstantEngineCore:
         # (vllm 0.34.0 v1/core/sched/scheduler.py:2596): the output processor's span continues it.
         out = self.outputs_of(outputs=[self.output(
             request_id=request.request_id, new_token_ids=[prompt[i % len(prompt)] for i in range(GENERATED)],
-            finish_reason=self.stop, trace_headers=request.trace_headers)])
+            finish_reason=self.stop, trace_headers=request.trace_headers)], scheduler_stats=self.scheduler_stats())
         self.outputs.put_nowait(self.decoder.decode(self.encoder.encode(out)))
+
+    def scheduler_stats(self) -> Any:
+        """The stats the real scheduler sends with its outputs (vllm 0.34.0 v1/core/sched/scheduler.py
+        make_stats), its waiting count read from WAITING_ENV's file; None without it."""
+        path = os.environ.get(WAITING_ENV)
+        if not path:
+            return None
+        try:
+            waiting = int(Path(path).read_text().strip() or 0)
+        except (OSError, ValueError):
+            waiting = 0
+        return self.stats_of(num_waiting_reqs=waiting)
 
     async def get_output_async(self) -> Any:
         return await self.outputs.get()
