@@ -145,6 +145,13 @@ INFERENCE_AND_LWS = (
             "c5dcad8ed943e495490241f00b9a1b45d51203b6d484020db3636d5bf553568e", tag="v0.10.0"),
 )
 
+# Flagger's Canary, MetricTemplate and AlertProvider (the chart's crds/crd.yaml is the same file).
+FLAGGER = (
+    Fetched("flagger-v1.44.0-crds.yaml", "fluxcd/flagger", "artifacts/flagger/crd.yaml",
+            "15bd6ad555e6c935da55f0ab95977be74c149bd6",
+            "8d7ad05c2d1d242c0cd4c25c5fb3ad0f75f10706da588aeeb950fe2858134630", tag="v1.44.0"),
+)
+
 # GKE cluster dumps (openAPIV3Schema as GKE 1.33 installs it), each at the commit that added it.
 DATREE = (
     _datree("cloud.google.com", "computeclass", "77e49833da1a723ff2f1ec34251c5eafc8c75daa",
@@ -169,7 +176,7 @@ DATREE = (
             "2c58b53c10ee174d968567cb544dc548fcd6f1674ccc85dbb507d6681667b0e2"),
 )
 
-FETCHED: tuple[Fetched, ...] = GATEWAY_API + ISTIO_API + GKE_AND_CSI + INFERENCE_AND_LWS + DATREE
+FETCHED: tuple[Fetched, ...] = GATEWAY_API + ISTIO_API + GKE_AND_CSI + INFERENCE_AND_LWS + FLAGGER + DATREE
 
 
 def _keda(plural: str, template_sha256: str, sha256: str) -> HelmRendered:
@@ -206,7 +213,6 @@ PINS: tuple[Pin, ...] = FETCHED + HELM_RENDERED + BUILT_FROM_DUMPS
 
 # The rest of ../shared/upstream-crds: kinds no component emits, so the plan needs no CRD for them.
 NOT_FETCHED: dict[str, str] = {
-    "flagger-v1.44.0-crds.yaml": "Flagger's Canary, MetricTemplate and AlertProvider (flagger.app)",
     "llmd-router-v0.10.0-inferenceobjectives.yaml": "llm-d's own InferenceObjective (llm-d.ai)",
     "llmd-router-v0.10.0-inferencemodelrewrites.yaml": "llm-d's InferenceModelRewrite (llm-d.ai)",
 }

@@ -193,6 +193,9 @@ def test_sources_md_reads_as_expected(origins):
     datalayer = origins["datree-datalayer.gke.io_gcpdatasource_v1.json"]
     assert (datalayer.ref, datalayer.commit) == (None, "bc448ef")
     assert origins["gke-computeclass-v1-from-datree-77e4983.yaml"].repo is None
+    flagger = origins["flagger-v1.44.0-crds.yaml"]
+    assert (flagger.repo, flagger.ref, flagger.commit, flagger.path) == \
+        ("fluxcd/flagger", "v1.44.0", "15bd6ad5", "artifacts/flagger/crd.yaml")
 
 
 def test_every_pin_is_the_shared_file_sources_md_names(origins):
@@ -205,6 +208,8 @@ WRONG = [
     ("a tag", FETCHED[0], dict(tag="v1.6.0")),
     ("a repository", FETCHED[0], dict(repo="kubernetes-sigs/gateway-api-inference-extension")),
     ("a commit", next(p for p in FETCHED if p.name.startswith("lws-")), dict(commit="0" * 40)),
+    ("Flagger's chart copy", next(p for p in FETCHED if p.name.startswith("flagger-")),
+     dict(path="charts/flagger/crds/crd.yaml")),
     ("a branch", next(p for p in FETCHED if p.branch == "master"), dict(branch="main")),
     ("a branch's file at the branch", next(p for p in FETCHED if p.branch), dict(commit="main")),
     ("another datree file", FETCHED[-1], dict(path="security.istio.io/peerauthentication_v1.json")),
@@ -249,3 +254,15 @@ def test_no_stack_emits_a_kind_only_the_files_left_out_define(plans, crd_catalog
     unheld = {(s, d["apiVersion"], d["kind"]) for s in STACKS for d in plans[s].manifests() if not is_builtin(d)
               and not [v for v in crd_catalog.versions(d["apiVersion"], d["kind"]) if v.source not in NOT_FETCHED]}
     assert unheld == set()
+
+
+def test_the_pinned_flagger_file_defines_what_the_rollouts_emit(tmp_path):
+    """The plan validates Canaries and MetricTemplates (flagger.app/v1beta1) against the pinned file
+    alone, as a user's cache holds it."""
+    from vllm_gke.infra.crd_validation import load_catalog
+
+    (pin,) = [p for p in FETCHED if p.repo == "fluxcd/flagger"]
+    shutil.copyfile(SHARED / pin.name, tmp_path / pin.name)
+    catalog = load_catalog(tmp_path)
+    assert {k for _, k in catalog.kinds()} >= {"Canary", "MetricTemplate"}
+    assert {v.source for k in ("Canary", "MetricTemplate") for v in catalog.versions("flagger.app/v1beta1", k)} == {pin.name}
