@@ -196,4 +196,4 @@ def test_a_bad_fallbacks_key_is_named(stack_values):
     values = copy.deepcopy(stack_values["prod"])
     model(values, "llama-8b")["fallback"] = {"modle": "qwen-7b"}
     found = problems(values)
-    assert any("models[llama-8b].fallback" in p for p in found), found
+    assert "vllm-gke:models[llama-8b].fallback.modle: is not a known setting; did you mean model?" in found, found

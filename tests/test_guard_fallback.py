@@ -18,7 +18,6 @@ from vllm_gke.components.model.specs import TenantSpec
 
 from tests.test_guard import guard  # isort: skip
 
-fallback_module = guard.fallback
 DRAFTS, BATCH = "https://auth.example/drafts", "https://auth.example/batch"
 TOKEN = b"Bearer drafts-token"
 CHAT = "/v1/chat/completions"
@@ -239,5 +238,5 @@ def test_a_client_that_leaves_stops_the_fallbacks_work():
 
 def test_at_most_so_many_requests_are_relayed_at_once():
     mw, _app, *_, fake = overloaded()
-    mw.fallback.in_flight = fallback_module.MAX_IN_FLIGHT
+    mw.fallback.in_flight = guard.fallback.MAX_IN_FLIGHT
     assert status(send(mw, DRAFTS)) == 429 and fake.calls == []
