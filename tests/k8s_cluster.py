@@ -36,7 +36,10 @@ CRD_FILES = (
     "gke-computeclass-v1-from-datree-77e4983.yaml", "gke-gcpdatasource-v1-from-datree-bc448ef.yaml",
     "keda-chart-v2.20.2-scaledobjects.yaml", "keda-chart-v2.20.2-clustertriggerauthentications.yaml",
     "gie-v1.2.0-inferencepools.yaml", "gie-v1.2.0-inferenceobjectives.yaml", "lws-v0.10.0-leaderworkersets.yaml",
+    "flagger-v1.44.0-crds.yaml",
 )
+# KEDA holds a paused ScaledObject's target at this count (Flagger pauses a canary's between rollouts).
+PAUSED = "autoscaling.keda.sh/paused-replicas"
 FAKE_NODE = {"kwok.x-k8s.io/node": "fake"}
 TAINT_EFFECT = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
 
@@ -227,9 +230,66 @@ def apply_stack(cp: ControlPlane, plan: Plan, counts: Optional[dict[str, int]] =
                    for n in sorted(extra)]
     cp.apply(namespaces)
     rest = [d for d in docs if d["kind"] != "Namespace"]
-    cp.apply(rest + [_labelled(d) for d in chart_stand_ins(plan)])
+    flagger = [_labelled(d) for d in flagger_stand_ins(rest)]
+    cp.apply(rest + [_labelled(d) for d in chart_stand_ins(plan)] + flagger)
+    docs = [_paused(d, rest) for d in docs] + [d for d in flagger if d["kind"] == "ScaledObject"]
     keda_floor(cp, docs)
     return docs
+
+
+def crds_established(cp: "ControlPlane") -> None:
+    """Every CRD Established. A CRD the API server has not yet given a status makes `kubectl wait`
+    fail at once (its .status.conditions is nil) rather than wait: until then, ask again."""
+    def established() -> bool:
+        crds = cp.get("crds")["items"]
+        return all(any(c["type"] == "Established" and c["status"] == "True"
+                       for c in (crd.get("status") or {}).get("conditions") or []) for crd in crds)
+
+    cp.wait_until("every CRD Established", established, 120)
+
+
+def _paused(doc: dict[str, Any], docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A Flagger target's ScaledObject as Flagger leaves it once the primary serves: paused at 0."""
+    targets = {(c["metadata"]["namespace"], c["spec"]["autoscalerRef"]["name"]) for c in docs if c["kind"] == "Canary"}
+    if doc["kind"] != "ScaledObject" or (doc["metadata"]["namespace"], doc["metadata"]["name"]) not in targets:
+        return doc
+    doc = json.loads(json.dumps(doc))
+    doc["metadata"].setdefault("annotations", {})[PAUSED] = "0"
+    return doc
+
+
+def flagger_stand_ins(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What Flagger v1.44.0 makes of each Canary once initialised (no Flagger runs here): the primary
+    Deployment, a copy of the target whose selector label is suffixed -primary
+    (pkg/canary/deployment_controller.go createPrimaryDeployment:234-318, makePrimaryLabels), its
+    ScaledObject with the Canary's primary queries and replicas (pkg/canary/scaled_object_reconciler.go
+    reconcilePrimaryScaler:38-110), and the Services and HTTPRoute (policies/flagger_objects.py)."""
+    from vllm_gke.policies.flagger_objects import flagger_objects, selector_label
+
+    found = {(d["kind"], d["metadata"]["namespace"], d["metadata"]["name"]): d for d in docs if d["metadata"].get("namespace")}
+    canaries = [d for d in docs if d["kind"] == "Canary"]
+    out: list[dict[str, Any]] = flagger_objects(canaries, [d for d in docs if d["kind"] == "Deployment"])
+    for c in canaries:
+        ns, spec = c["metadata"]["namespace"], c["spec"]
+        target = json.loads(json.dumps(found[("Deployment", ns, spec["targetRef"]["name"])]))
+        label, value = selector_label(target) or ("", "")
+        primary = f"{target['metadata']['name']}-primary"
+        target["metadata"] = {"name": primary, "namespace": ns, "labels": {**target["metadata"].get("labels", {}),
+                                                                            label: f"{value}-primary"}}
+        target["spec"]["selector"] = {"matchLabels": {label: f"{value}-primary"}}
+        target["spec"]["template"]["metadata"]["labels"][label] = f"{value}-primary"
+        target["spec"]["replicas"] = 1
+        so = json.loads(json.dumps(found[("ScaledObject", ns, spec["autoscalerRef"]["name"])]))
+        replicas = spec["autoscalerRef"].get("primaryScalerReplicas") or {}
+        so["metadata"] = {"name": f"{so['metadata']['name']}-primary", "namespace": ns}
+        so["spec"]["scaleTargetRef"]["name"] = primary
+        so["spec"]["minReplicaCount"] = replicas.get("minReplicas", so["spec"]["minReplicaCount"])
+        so["spec"]["maxReplicaCount"] = replicas.get("maxReplicas", so["spec"]["maxReplicaCount"])
+        for trigger in so["spec"]["triggers"]:
+            if trigger.get("name") in (spec["autoscalerRef"].get("primaryScalerQueries") or {}):
+                trigger["metadata"]["query"] = spec["autoscalerRef"]["primaryScalerQueries"][trigger["name"]]
+        out += [target, so]
+    return out
 
 
 def keda_floor(cp: ControlPlane, docs: list[dict[str, Any]], bound: str = "minReplicaCount") -> None:
@@ -239,6 +299,8 @@ def keda_floor(cp: ControlPlane, docs: list[dict[str, Any]], bound: str = "minRe
         target = so["spec"]["scaleTargetRef"]
         kind = target.get("kind", "Deployment").lower()
         count = so["spec"].get(bound, 0 if bound == "minReplicaCount" else 1)
+        paused = (so["metadata"].get("annotations") or {}).get(PAUSED)
+        count = int(paused) if paused is not None else count
         cp.kubectl("scale", kind, target["name"], "-n", so["metadata"]["namespace"], f"--replicas={count}")
 
 

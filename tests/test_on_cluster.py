@@ -22,8 +22,10 @@ from tests.k8s_cluster import (
     CONTROL_PLANE,
     CRD_FILES,
     CRDS,
+    PAUSED,
     ControlPlane,
     apply_stack,
+    crds_established,
     group_stand_ins,
     keda_floor,
     settle,
@@ -42,7 +44,7 @@ def cluster(request, plans) -> Iterator[tuple[ControlPlane, Any, list[dict[str, 
     try:
         for name in CRD_FILES:
             cp.kubectl("apply", "--server-side", "-f", str(CRDS / name), timeout=300)
-        cp.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=120s")
+        crds_established(cp)
         docs = apply_stack(cp, plans[stack])
         settle(cp)
         yield cp, plans[stack], docs
@@ -69,7 +71,10 @@ def test_every_pod_scheduled_and_every_job_complete(cluster):
         if target.endswith("-group"):
             continue  # no LeaderWorkerSet controller here: nothing makes its pods
         d = cp.get("deployment", target, "-n", so["metadata"]["namespace"])
-        assert d["status"].get("availableReplicas", 0) == so["spec"].get("minReplicaCount", 0), target
+        # A Flagger target (the canary) waits at 0 between rollouts: Flagger pauses its ScaledObject.
+        paused = (so["metadata"].get("annotations") or {}).get(PAUSED)
+        floor = int(paused) if paused is not None else so["spec"].get("minReplicaCount", 0)
+        assert d["status"].get("availableReplicas", 0) == floor, target
 
 
 def _roll_all(cp: ControlPlane, stamp: str) -> None:
@@ -88,6 +93,29 @@ def test_rollout_at_the_floor_and_at_the_ceiling(cluster):
     try:
         settle(cp, timeout=180)
         _roll_all(cp, "ceiling")
+    finally:
+        keda_floor(cp, docs)
+        settle(cp, timeout=180)
+
+
+def test_canaries_at_their_ceilings_fit_beside_the_primaries_at_theirs(cluster):
+    """Every Flagger pool rolling out at once (a change to what they share, the image or the tenants)
+    at peak: each primary at its ceiling and each canary at the plan's (capacity.canary_room), and
+    every pod finds a node. Flagger's part is played by tests/k8s_cluster.py flagger_stand_ins."""
+    cp, plan, docs = cluster
+    canaries = [d for d in docs if d["kind"] == "Canary"]
+    assert bool(canaries) == plan.config.rollouts.enabled
+    unpaused = [{**so, "metadata": {k: v for k, v in so["metadata"].items() if k != "annotations"}}
+                for so in _scaled(docs)]
+    keda_floor(cp, unpaused, "maxReplicaCount")
+    try:
+        settle(cp, timeout=240)
+        assert not unscheduled(cp)
+        for c in canaries:
+            d = cp.get("deployment", c["spec"]["targetRef"]["name"], "-n", c["metadata"]["namespace"])
+            so = next(s for s in unpaused if s["metadata"]["name"] == c["spec"]["autoscalerRef"]["name"]
+                      and s["metadata"]["namespace"] == c["metadata"]["namespace"])
+            assert d["status"].get("availableReplicas", 0) == so["spec"]["maxReplicaCount"] >= 1
     finally:
         keda_floor(cp, docs)
         settle(cp, timeout=180)
