@@ -82,6 +82,8 @@ class Observability(pulumi.ComponentResource):
                 labels={"email_address": email}, opts=child).name
             for i, email in enumerate(args.spec.notification_emails)
         ]
+        # The stack's notification channels (Flagger's rollback alert pages them too).
+        self.channels = channels
         self.service_levels = ServiceLevels(f"{name}-slos", ServiceLevelsArgs(
             args.project, args.cluster_name, args.spec, args.models, args.tenants, channels, args.apis,
             exact_ttft=args.exact_ttft, gateway_class=args.gateway_class, region=args.region,

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
 
+from .flagger import Flagger, FlaggerArgs
 from .gateway import Gateway, GatewayArgs
 from .gpu_cluster import GpuCluster, GpuClusterArgs
 from .inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
@@ -35,7 +36,8 @@ from .model.gcp_names import service_account_id
 from .model.k8s_objects import MODEL_LABEL, POOL_LABEL
 from .model.keda_scaling import KedaScaling
 from .model.mesh_identity import STANDBY_SA, jwks_host, tenant_namespace
-from .model.rollouts import FlaggerPool
+from .model.rollout_webhooks import LoadTestRef, load_test_webhooks
+from .model.rollouts import FlaggerPool, gates
 from .model.serving_plan import (
     PoolService,
     Serving,
@@ -132,6 +134,8 @@ class Platform(pulumi.ComponentResource):
     standbys: dict[str, Standby]
     gateway: Gateway
     observability: Observability
+    # Flagger, where some pool rolls out by canary (rollouts.enabled).
+    flagger: Optional[Flagger]
     routes: dict[str, str]
 
     def __init__(self, name: str, args: PlatformArgs, opts: Optional[pulumi.ResourceOptions] = None):
@@ -147,6 +151,8 @@ class Platform(pulumi.ComponentResource):
         self._namespaces()
         self._store()
         self._shared_services()
+        self._observe()
+        self._rollouts()
         targets = [target for serving in servings(cfg) for target in self._serve(serving)]
         self._front(targets)
         self._load_tests(args.machine_prices)
@@ -254,6 +260,37 @@ class Platform(pulumi.ComponentResource):
             self._picker_deps.append(InferenceObjectiveCrd(
                 f"{self._prefix}inference-objective-crd", InferenceObjectiveCrdArgs(provider), opts=self._opts_for()))
 
+    def _rollouts(self) -> None:
+        """Flagger, where some pool rolls out by canary: its gates' templates, the loadtester allowed
+        to start the rollouts' load test, and an alert on the stack's channels when one rolls back."""
+        cfg, self.flagger = self.config, None
+        canary_namespaces = sorted({self._namespace_name(s.tenant) for s in servings(cfg) if flagger_pools(cfg, s)})
+        if not canary_namespaces:
+            return
+        self._load_test_ref = self._rollout_load_test()
+        self.flagger = Flagger(f"{self._prefix}flagger", FlaggerArgs(
+            project=cfg.project, provider=self.cluster.provider, workload_pool=self.cluster.workload_pool,
+            cluster_name=cfg.cluster.name, frontend_gsa_name=service_account_id(cfg.cluster.name, "flagger-prom"),
+            gates=gates(cfg.rollouts, cfg.monitoring), canary_namespaces=canary_namespaces,
+            load_tests=[self._load_test_ref] if self._load_test_ref else [],
+            notification_channels=self.observability.channels, metrics_sources=[cfg.cluster.subnet_cidr],
+            apis=self.apis), opts=self._opts_for([self.mesh]))
+
+    def _rollout_load_test(self) -> Optional[LoadTestRef]:
+        """The load test the canaries' webhooks start, in its CronJob's namespace (its tenant's for a
+        dedicated copy)."""
+        cfg = self.config
+        spec = next((t for t in cfg.load_tests if t.name == cfg.rollouts.load_test), None)
+        if spec is None:
+            return None
+        tenant = next(t for t in cfg.tenants if t.name == spec.tenant)
+        return LoadTestRef(spec.name, self._namespace_name(tenant.name if spec.model in dedicated_models(tenant) else None))
+
+    def _namespace_name(self, tenant: Optional[str]) -> str:
+        """A serving namespace's name as the config has it (Roles and Canaries name it before it exists)."""
+        cfg = self.config
+        return tenant_namespace(next(t for t in cfg.tenants if t.name == tenant)) if tenant else cfg.serving_namespace
+
     def _serve(self, serving: Serving) -> list[RouteTarget]:
         """A serving's pools (and its canary's, or its InferencePool), and the routes to them (less
         the pools Flagger rolls out: their routes are Flagger's)."""
@@ -272,8 +309,10 @@ class Platform(pulumi.ComponentResource):
         cfg = self.config
         if not service.rollout.is_canary:
             return None
+        webhooks = (load_test_webhooks(self._load_test_ref, self.flagger.loadtester_url)
+                    if self._load_test_ref and self.flagger else ())
         return FlaggerPool(service.rollout, cfg.rollouts, cfg.monitoring, serving.path, service.model.long_request_bytes,
-                           serving_listener(cfg.gateway), cfg.gateway.hostname)
+                           serving_listener(cfg.gateway), cfg.gateway.hostname, webhooks)
 
     def _declare(self, service: PoolService, serving: Serving) -> None:
         cfg, traces = self.config, self.config.monitoring.traces
@@ -289,7 +328,7 @@ class Platform(pulumi.ComponentResource):
             scaling=KedaScaling(cfg.project, self.keda.auth_name, service.standby_name),
             request_timeout_seconds=cfg.gateway.request_timeout_seconds, rolling=service.rolling,
             wait_behind_seconds=service.wait_behind_seconds, flagger=self._flagger_pool(service, serving),
-            gateway_namespace=self.serving.name),
+            gateway_namespace=self.serving.name, flagger_ready=[self.flagger] if self.flagger else []),
             # Pods need the sidecar (so the mesh first), the read-only claim and the namespace's
             # identities (a pod of a missing service account is refused); KEDA's CRDs come with its chart.
             opts=self._opts_for([self.mesh, self.store, self.keda, self._identities(serving.tenant),
@@ -311,11 +350,15 @@ class Platform(pulumi.ComponentResource):
             opts=self._opts_for(self._picker_deps))
 
     def _front(self, targets: list[RouteTarget]) -> None:
-        """The gateway in front of the routes, and the monitoring of it all."""
+        """The gateway in front of the routes."""
         cfg = self.config
         self.gateway = Gateway(f"{self._prefix}gateway", GatewayArgs(
             cfg.gateway, self.serving.name, targets, self.cluster.provider, project=cfg.project, region=cfg.region,
             subnetwork=self.cluster.subnetwork.id, name_prefix=cfg.cluster.name, apis=self.apis), opts=self._opts_for())
+
+    def _observe(self) -> None:
+        """The monitoring of it all (its channels page for Flagger's rollbacks too)."""
+        cfg = self.config
         # Every release the stack runs exports the same KV-cache gauge and TTFT buckets flag (the
         # tests hold the TPU build to it); the GPU release's names are the dashboard's.
         rel = release(cfg.vllm_version)

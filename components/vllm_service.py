@@ -13,7 +13,7 @@ at once (it scales a target below minReplicaCount up to it; an HPA never scales 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, cast
+from typing import Any, Mapping, Optional, Sequence, cast
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -111,6 +111,8 @@ class VllmServiceArgs:
     flagger: Optional[FlaggerPool] = None
     # The Gateway's namespace (the Canary's route attaches to it).
     gateway_namespace: pulumi.Input[str] = ""
+    # What the Canary waits for: Flagger (its CRDs come with its chart) and the gates' templates.
+    flagger_ready: Sequence[pulumi.Resource] = ()
 
     def __post_init__(self) -> None:
         """Args that would not serve are refused here, with every problem at once."""
@@ -233,7 +235,8 @@ class VllmService(pulumi.ComponentResource):
             f"{name}-canary", FLAGGER_API, "Canary",
             {**meta(service, labels=pool_identity(args.model, args.pool_name, False, args.tenant).labels),
              "namespace": args.namespace},
-            spec, child_opts(self, opts, provider=args.provider, depends_on=[self.workload, self.autoscaler]))
+            spec, child_opts(self, opts, provider=args.provider,
+                             depends_on=[self.workload, self.autoscaler, *args.flagger_ready]))
 
     def _scaling(self, name: str, args: VllmServiceArgs, scaling: KedaScaling,
                  opts: Optional[pulumi.ResourceOptions], who: PoolIdentity) -> None:
