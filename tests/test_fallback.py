@@ -197,3 +197,18 @@ def test_a_bad_fallbacks_key_is_named(stack_values):
     model(values, "llama-8b")["fallback"] = {"modle": "qwen-7b"}
     found = problems(values)
     assert "vllm-gke:models[llama-8b].fallback.modle: is not a known setting; did you mean model?" in found, found
+
+
+def test_a_lone_vllm_service_refuses_a_fallback_it_cannot_reach():
+    """The component package's VllmService holds one model's pool: no other model's Service, no
+    tenant's token. A fallback given there is named, not ignored (ServingPlatform serves one)."""
+    from tests.test_package import MODEL, _service
+    from vllm_gke.components import provider
+    from vllm_gke.components.provider.convert import InputError
+    from vllm_gke.infra.plan import _under_mocks
+
+    with pytest.raises(InputError) as exc:
+        _under_mocks("p", "dev", {}, lambda: provider.VllmService(
+            "x", _service(model={**MODEL, "fallback": {"model": "llama-8b"}})))
+    problems = {i.key: i.problem for i in exc.value.issues}
+    assert "ServingPlatform" in problems.get("VllmService.model.fallback", ""), problems

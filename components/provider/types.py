@@ -310,6 +310,15 @@ class AdapterSpec(TypedDict):
     """Tenants allowed to call it; each must also be allowed the base model."""
 
 
+class FallbackSpec(TypedDict):
+    """Where a model's replicas send the requests of the tenants they shed for overload (negative
+    tenants[].priority, while the queue is over monitoring.queueLatencySloSeconds) instead of
+    answering 429: another, smaller model of the stack, for the shed tenants allowed to call it."""
+
+    model: str
+    """The model that serves them: another of the stack's models, without a fallback of its own. Only tenants whose models list it are sent; the others still get 429 with Retry-After."""
+
+
 class ModelSpec(TypedDict):
     """ModelSpec settings (see docs/reference/config.md)."""
 
@@ -361,6 +370,8 @@ class ModelSpec(TypedDict):
     """Adapters resident on the GPU at once (--max-loras; default: all of them, at most 8)."""
     routing: NotRequired[Routing]
     """length: a short and a long pool, chosen by request size. inference-gateway: one pool (the `short` settings) behind GKE Inference Gateway's endpoint picker, which picks the replica by queue depth, KV-cache use and prefix-cache affinity, with per-tenant priorities. One of: length, inference-gateway. Default: length."""
+    fallback: NotRequired[FallbackSpec]
+    """While a replica sheds tenants of negative priority, their requests go to this model instead of a 429 (for the tenants allowed to call it), and come back as the shed tiers do."""
 
 
 class JwtSpec(TypedDict):
@@ -620,6 +631,42 @@ class LoadTestSpec(TypedDict):
     """Image."""
 
 
+class RolloutGates(TypedDict):
+    """What a canary must meet at each step, against the primary over the same window (Flagger's
+    analysis: components/model/rollouts.py). A gate looser than the SLO it guards is flagged by the
+    policy pack (policies/rollouts.py)."""
+
+    ttft_ratio: NotRequired[float]
+    """The canary's P99 time to first token, and at the TTFT SLO's percentile, at most this many times the primary's. Default: 1.2."""
+    itl_ratio: NotRequired[float]
+    """The canary's P99 inter-token latency at most this many times the primary's. Default: 1.2."""
+    error_share: NotRequired[float]
+    """The canary's share of server errors (the guard's `error` outcome: a 5xx or no answer) above the primary's, at most (default: the availability SLO's error budget, 1 - monitoring.slos.availability)."""
+    ttft_seconds: NotRequired[float]
+    """The canary's time to first token at the TTFT SLO's percentile, at most (default: monitoring.ttftSloSeconds): the SLO itself, whatever the primary does."""
+
+
+class RolloutSpec(TypedDict):
+    """Progressive delivery with Flagger: every change to a serving pool (vLLM release or image, model
+    revision, flags, adapters) rolls out as a canary whose share of the pool's route grows by steps,
+    each held only while the gates hold, and rolls back at once when they fail."""
+
+    enabled: NotRequired[bool]
+    """Flagger (installed by the stack) rolls out the pools that can run a canary (see docs/guides/rollouts.md for what the others do); off, a change rolls in place. Default: false."""
+    step_weight: NotRequired[int]
+    """Percent of the pool's traffic the canary gains each step. Default: 10."""
+    max_weight: NotRequired[int]
+    """The canary's share at which it is promoted. Default: 50."""
+    interval_seconds: NotRequired[int]
+    """Seconds between steps (Flagger's analysis interval); each gate reads twice this window. Default: 60."""
+    failed_checks: NotRequired[int]
+    """Failed checks (a gate broken, or no traffic to judge) before the rollback. Default: 2."""
+    gates: NotRequired[RolloutGates]
+    """What the canary must meet at each step, against the primary over the same window."""
+    load_test: NotRequired[str]
+    """A loadTests entry run as the canary's pre-rollout and load webhook, so the analysis has traffic to judge at any hour (its tenant's route, through the load balancer)."""
+
+
 class StackConfig(TypedDict):
     """A whole platform's settings: what one stack's config holds (see docs/reference/config.md)."""
 
@@ -661,3 +708,5 @@ class StackConfig(TypedDict):
     """Per-tenant limits across all replicas (a shared store) instead of per replica."""
     load_tests: NotRequired[list[LoadTestSpec]]
     """On-demand load tests of tenants' routes (suspended CronJobs running inference-perf)."""
+    rollouts: NotRequired[RolloutSpec]
+    """Progressive delivery: Flagger canaries gated by the SLOs (off: a change rolls in place)."""

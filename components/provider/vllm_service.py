@@ -161,6 +161,9 @@ def _read(problems: Problems, args: VllmServiceInputs) -> Optional[_Read]:
                      f"{', '.join(releases)}")
     if not args.get("project"):
         problems.add("project", "the Google Cloud project whose Managed Prometheus KEDA reads is required")
+    if model is not None and model.fallback is not None:
+        problems.add("model.fallback", "a lone VllmService reaches no other model's pools and keeps no tenant's token "
+                     "for them: set the fallback on a ServingPlatform's models, or remove it")
     served = model.canary_model() if model is not None and args.get("canary") else model
     if model is not None and served is None:
         problems.add("canary", "true needs model.canary (the revision and weight to try)")

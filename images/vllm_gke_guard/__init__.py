@@ -48,6 +48,8 @@ vllm_gke.images.vllm_gke_guard):
   config.py      GKE_LLM_GUARD_CONFIG, and each issuer's tenant
   errors.py      the OpenAI-style errors
   usage.py       each tenant request's outcome and tokens (vLLM's own count), for chargeback and SLOs
+  overload.py    which tenants are shed while the replica's queue is over its objective
+  fallback.py    a shed request sent to the stack's fallback model instead of the 429
   metrics.py     the counters on vLLM's /metrics, the log
   asgi.py        the ASGI types, the body handed on to vLLM
   middleware.py  GuardMiddleware: the order the checks run in, and the common request's short path
