@@ -300,7 +300,10 @@ def test_component_users_can_run_a_canary_through_the_facades():
     from vllm_gke.infra.config import parse
     from vllm_gke.infra.plan import read_stack_config, run_program
 
+    from tests.conftest import by_hand
+
     values = read_stack_config("prod")
+    by_hand(values)
     cfg = parse(values)
     model = next(m for m in cfg.models if m.canary).model_dump(mode="json", exclude_none=True)
     common = {"node_pool": cfg.pool(cfg.model(model["name"]).node_pool).model_dump(mode="json", exclude_none=True),
