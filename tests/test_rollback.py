@@ -509,7 +509,8 @@ def _names(run: Run) -> tuple[str, str, str]:
 def test_a_failing_canary_is_rolled_back(run, name):
     r, analysis = rollout(run, name), run.pool.canary["spec"]["analysis"]
     target, primary, canary = _names(run)
-    failed = next(i for i, o in enumerate(r.history) if o["phase"] == FAILED)
+    failed = next((i for i, o in enumerate(r.history) if o["phase"] == FAILED), None)
+    assert failed is not None, f"{name} never rolled back: {r.history}"
     before, after = r.history[:failed], r.history[failed:]
     # It stepped up while its gates held, then each failed check held its weight until the threshold.
     assert max(o["canaryWeight"] for o in before) >= analysis["stepWeight"]
@@ -518,6 +519,8 @@ def test_a_failing_canary_is_rolled_back(run, name):
     # Rolled back at once, and so it stays.
     assert after[0]["route"] == {primary: 100, canary: 0}
     assert after[0]["targetReplicas"] == 0 and after[0]["paused"] == "0"
+    # Failed, its count of failed checks written back to 0 (rollback's SyncStatus: status.go:32-70).
+    assert after[0]["failedChecks"] == 0
     assert all(o == after[0] for o in after)
     # Stopped by the gate that guards what broke, as often as the threshold asked.
     halts = events(run, r, "Halt ")
@@ -538,6 +541,8 @@ def test_a_healthy_canary_is_promoted(run):
     steps = list(range(analysis["stepWeight"], analysis["maxWeight"] + 1, analysis["stepWeight"]))
     assert [w for i, w in enumerate(weights) if w and w != weights[i - 1]] == steps
     assert not events(run, r, "Halt ")
+    # Flagger's Reconcile found each tick the route as SetRoutes left it (a rewrite would reset the weights).
+    assert not events(run, r, "HTTPRoute ")
     last = r.history[-1]
     assert last["phase"] == SUCCEEDED and last["route"] == {primary: 100, canary: 0}
     assert last["targetReplicas"] == 0 and last["paused"] == "0"
