@@ -67,14 +67,6 @@ from tests.recorded_series import (
     openmetrics,
     with_metric_labels,
 )
-from vllm_gke.components.model.rollouts import (
-    FLAGGER_API,
-    FLAGGER_NAMESPACE,
-    GATEWAY_PROVIDER,
-    WORKLOAD_LABEL,
-    gates,
-    metric_template,
-)
 from vllm_gke.infra.plan import Plan, read_stack_config, run_program
 
 STACK = "prod"
@@ -135,32 +127,11 @@ def _one(docs: list[dict[str, Any]], kind: str, namespace: Optional[str], name: 
     return found[0]
 
 
-# Until the plan installs Flagger (components/flagger.py, in progress): the parts it will declare, from
-# the model layer's gates, so the analysis runs; the alert's test skips. Deleted once it is planned.
-FRONTEND_ADDRESS = f"http://gmp-frontend.{FLAGGER_NAMESPACE}.svc.cluster.local:9090"
-
-
-def _until_flagger_is_planned(plan: Plan, docs: list[dict[str, Any]]) -> None:
-    if any(r.props.get("chart") == "flagger" for r in plan.of_type("kubernetes:helm.sh/v3:Release")):
-        return
-    meta = {"namespace": FLAGGER_NAMESPACE}
-    docs += [{"apiVersion": FLAGGER_API, "kind": "MetricTemplate", "metadata": {**meta, "name": g.name},
-              "spec": metric_template(g, FRONTEND_ADDRESS)} for g in gates(plan.config.rollouts, plan.config.monitoring)]
-    docs += [{"apiVersion": "v1", "kind": "Service", "metadata": {**meta, "name": "gmp-frontend"},
-              "spec": {"ports": [{"port": 9090}]}},
-             {"apiVersion": "monitoring.googleapis.com/v1", "kind": "PodMonitoring", "metadata": {**meta, "name": "flagger"},
-              "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "flagger"}},
-                       "endpoints": [{"port": "http", "interval": "30s"}]}}]
-
-
 def _flagger_parts(plan: Plan) -> tuple[dict[str, Any], FlaggerFlags, dict[str, Any]]:
     """Flagger's Helm release, the flags its values set (charts/flagger/templates/deployment.yaml:95-137
     at v1.44.0: each flag from its value, the binary's default where the value is empty), and the
     alert policy on flagger_canary_status."""
     releases = [r.props for r in plan.of_type("kubernetes:helm.sh/v3:Release") if r.props.get("chart") == "flagger"]
-    if not releases:  # _until_flagger_is_planned
-        return ({"name": "flagger", "namespace": FLAGGER_NAMESPACE}, FlaggerFlags(
-            selector_labels=(WORKLOAD_LABEL,), mesh_provider=GATEWAY_PROVIDER, config_tracking=False), {})
     assert len(releases) == 1, "the plan installs Flagger's chart once"
     values = releases[0].get("values") or {}
     default = FlaggerFlags()
@@ -289,7 +260,8 @@ def bring_up(cp: ControlPlane, plan: Plan, pool: PoolPlan, rollouts: list[Rollou
     # A node for each replica: a primary, a canary and the primary's surge per rollout.
     cp.apply(gke_nodes(plan, {**{p.props["name"]: 0 for p in plan.of_type("gcp:container/nodePool:NodePool")},
                               pools.pop(): 3 * len(rollouts)}))
-    namespaces = [FLAGGER_NAMESPACE, *(r.namespace for r in rollouts)]
+    flagger_namespaces = {pool.flagger_release["namespace"], *(t["metadata"]["namespace"] for t in pool.templates)}
+    namespaces = [*sorted(flagger_namespaces), *(r.namespace for r in rollouts)]
     cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in namespaces])
     cp.apply([*pool.templates, pool.flagger_pod_monitoring])
     for r in rollouts:
@@ -444,7 +416,6 @@ def run() -> Iterator[Run]:
     prom_bin, promtool = _tools()
     plan = run_program(STACK, read_stack_config(STACK))
     docs = plan.manifests()
-    _until_flagger_is_planned(plan, docs)
     pool = pool_plan(plan, docs)
     cp = ControlPlane(Path(tempfile.mkdtemp(prefix="k8s-rollback-")))
     prom = RecordedPrometheus(prom_bin, promtool)
@@ -581,8 +552,6 @@ def test_the_slower_canary_meets_the_slo_gate_itself(run):
 def test_the_alert_pages_for_each_rollback_alone(run):
     """The plan's alert on flagger_canary_status, its PromQL condition evaluated on the series Flagger
     exported: it holds from the rollback on (for its duration), for the rolled back pools only."""
-    if not run.pool.alert:
-        pytest.skip("the plan declares no alert on flagger_canary_status yet (components/flagger.py)")
     (condition,) = run.pool.alert["conditions"]
     promql = condition["conditionPrometheusQueryLanguage"]
     every = go_duration(promql.get("evaluationInterval", "60s"))
