@@ -8,6 +8,7 @@ from ..components.billing_budget import MAX_CHANNELS as MAX_BUDGET_CHANNELS
 from ..components.model.capacity import consumer_models, hosts_per_replica, network_cost, placements, rollout_needs
 from ..components.model.cold_start import cold_start_seconds, rollout_seconds
 from ..components.model.service_levels import TTFT_BUCKETS, ttft_bound
+from ..components.model.serving_plan import pool_rollout, servings
 from ..components.model.vllm_server import SPOT_PRE_STOP_S, SPOT_SHUTDOWN_S, drain_seconds
 from ..components.model.vllm_versions import release
 from ..components.model.weights_backends import backend_of
@@ -201,9 +202,28 @@ def interconnect_warnings(cfg: StackConfig) -> list[str]:
     return out
 
 
+def rollout_trade_offs(cfg: StackConfig) -> list[str]:
+    """With rollouts on: each pool whose canary gave something up to fit its node pool, and each pool
+    that rolls in place (a change there is neither gated by the SLOs nor rolled back by itself)."""
+    if not cfg.rollouts.enabled:
+        return []
+    out: list[str] = []
+    for serving in servings(cfg):
+        for which in serving.model.pool_names:
+            plan = pool_rollout(cfg, serving, which)
+            name = f"{_label(serving.model.name, serving.tenant)} {which}"
+            if not plan.is_canary:
+                out.append(f"rollout of {name}: rolls in place though rollouts are on, because {plan.note}: its "
+                           "changes are not gated by the SLOs and do not roll back by themselves")
+            elif plan.note:
+                out.append(f"canary of {name}: {plan.note}; raise the maxNodes of node pool '{serving.node_pool}' "
+                           "for a full canary beside the pool at its ceiling")
+    return out
+
+
 # The warnings that read the config alone, in the order the plan prints them (after the share's own).
 CONFIG_CHECKS: tuple[Callable[[StackConfig], list[str]], ...] = (
-    hyperdisk_unpriced, single_replica_pools, rollout_needs, long_rollouts, spot_pools, slow_cold_starts,
+    hyperdisk_unpriced, single_replica_pools, rollout_needs, rollout_trade_offs, long_rollouts, spot_pools, slow_cold_starts,
     ttft_between_buckets, budget_channels, no_dataplane_v2, uncalled_models, interconnect_warnings,
     foreign_region_prices, open_control_plane,
 )

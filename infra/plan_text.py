@@ -94,6 +94,8 @@ def _decisions(report: PlanReport, console: Console) -> None:
     console.print(fitted(capacity_table(v), console.width))
     console.print(fitted(cost_table(v), console.width))
     console.print(fitted(options_table(report.plan.config, v), console.width))
+    if v.rollouts:
+        console.print(whole_or_records(rollouts_table(v), console.width))
     for warning in v.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     for line in url_lines(v):
@@ -216,6 +218,39 @@ def options_table(cfg: StackConfig, v: Verdicts) -> Table:
                           str(o.hosts), str(o.batch), f"{o.tokens_per_second:,.0f}", f"{o.usd_per_hour:.2f}",
                           f"{o.usd_per_million_tokens(util):.2f}", here)
     return table
+
+
+def rollouts_table(v: Verdicts) -> Table:
+    """How a change reaches each serving pool: a Flagger canary (its ceiling, largest share, analysis
+    and what one rollout of it costs at most) or in place; why, or what the canary gave up to fit,
+    under the table (a sentence each: in a column it would fold to a word a line)."""
+    table = Table(title="rollouts per serving pool (a change rolls out as a Flagger canary held to the SLOs, or "
+                        "in place; the canary's ceiling in replicas and in devices: GPUs, MIG slices or TPU chips; "
+                        "$ a rollout, at most: the canary at its ceiling for the whole analysis, at a replica's "
+                        "price above the floor as the cost report prices the peak)")
+    for col in ("model", "pool", "rollout", "canary replicas", "devices", "max weight", "analysis",
+                "$/h a replica", "$ a rollout"):
+        column(table, col, right=col not in ("model", "pool", "rollout"))
+    notes: list[str] = []
+    for r in v.rollouts:
+        label = r.model + (f" ({r.tenant})" if r.tenant else "")
+        if r.note:
+            notes.append(f"{label} {r.pool}: {r.note}")
+        if r.mode != "canary":
+            table.add_row(label, r.pool, "[yellow]in place[/]", "-", "-", "-", "-", "-", "-")
+            continue
+        table.add_row(label, r.pool, "canary", str(r.canary_replicas), str(r.devices), f"{r.max_weight}%",
+                      f"{r.analysis_seconds / 60:g} min", f"{r.replica_usd_per_hour:,.2f}", f"{r.usd_per_rollout:,.2f}")
+    table.caption = escape("\n".join(notes)) if notes else None
+    table.caption_justify = "left"
+    return table
+
+
+def whole_or_records(table: Table, width: int) -> RenderableType:
+    """A table of figures whose every value fits on one line (fitted()), else one block per row: a
+    figure folded to four characters a line reads as two."""
+    need = sum(max(1, _longest(c)) for c in table.columns) + 3 * len(table.columns) + 1
+    return fitted(table, width) if need <= width else _records(table)
 
 
 def ceiling_words(v: Verdicts) -> str:

@@ -9,6 +9,8 @@ from typing import Any, Mapping, Optional
 
 from ..components.model.capacity import PoolCapacity
 from ..components.model.capacity_report import capacity_report
+from ..components.model.rollouts import canary_dollars
+from ..components.model.serving_plan import pool_rollout, servings
 from ..components.model.specs import TenantSpec
 from ..components.model.stack_config import StackConfig
 from ..components.model.tenant_urls import TenantUrl, tenant_urls, url_notes
@@ -18,6 +20,32 @@ from .advice import plan_warnings
 from .cost import CostReport, ReplicaCost, cost_report
 from .plan import Plan
 from .pricing import MACHINE_PRICES
+
+
+@dataclass(frozen=True)
+class RolloutRow:
+    """How a change reaches one serving pool (components/model/rollouts.py's RolloutPlan) and, for a
+    Flagger canary, what it takes: its ceiling in replicas and devices, its largest share, the
+    analysis, and what one rollout's canary costs at most (its ceiling for the whole analysis)."""
+
+    model: str
+    pool: str  # short | long
+    tenant: Optional[str]  # a tenant's dedicated copy
+    node_pool: str
+    mode: str  # canary | in-place
+    canary_replicas: int
+    devices: int  # the canary's GPUs, MIG slices or TPU chips at its ceiling
+    primary_max: int  # the primary's ceiling while a canary runs (the pool's, less a borrowed replica)
+    max_replicas: int
+    max_weight: int  # percent
+    analysis_seconds: int
+    progress_deadline_seconds: int
+    # A replica above the floor, as the cost report prices the peak (on-demand where a spot pool
+    # bursts onto its twin): a canary's replicas are over the floor.
+    replica_usd_per_hour: float
+    usd_per_rollout: float
+    # Why it rolls in place, or what the canary gave up to fit ('' for a full canary).
+    note: str
 
 
 @dataclass
@@ -31,6 +59,8 @@ class Verdicts:
     ceilings: list[TenantCeiling]
     # Each model's GPU and TPU options (infra/accelerator_options.py), at the cost report's utilisation.
     options: list[AcceleratorOption] = field(default_factory=list[AcceleratorOption])
+    # How a change reaches each serving pool and what its canary costs (none where rollouts are off).
+    rollouts: list[RolloutRow] = field(default_factory=list[RolloutRow])
 
     @property
     def mandatory(self) -> list[Violation]:
@@ -58,6 +88,7 @@ class Verdicts:
             },
             "acceleratorOptions": [_camel({**asdict(o), "usd_per_million_tokens": o.usd_per_million_tokens(
                 self.cost.utilization)}) for o in self.options],
+            "rollouts": [_camel(asdict(r)) for r in self.rollouts],
         }
 
 
@@ -172,6 +203,27 @@ def accelerator_options(cfg: StackConfig, cost: CostReport) -> list[AcceleratorO
         o.model, o.machine_type, o.topology, o.tensor_parallel, o.pipeline_parallel, round(o.usd_per_hour, 6)) not in same]
 
 
+def rollout_rows(cfg: StackConfig, cost: CostReport) -> list[RolloutRow]:
+    """Each serving pool's rollout, where rollouts are on (off, every pool rolls in place and the
+    plan says nothing of it), priced with the cost report's own replicas."""
+    if not cfg.rollouts.enabled:
+        return []
+    price = {(r.model, r.pool, r.tenant): r.burst_usd_per_hour or r.usd_per_hour
+             for r in cost.replicas if not r.canary}
+    out: list[RolloutRow] = []
+    for serving in servings(cfg):
+        model = serving.model
+        for which in model.pool_names:
+            plan = pool_rollout(cfg, serving, which)
+            hour = price[(model.name, which, serving.tenant)]
+            out.append(RolloutRow(
+                model.name, which, serving.tenant, serving.node_pool, plan.mode, plan.canary_replicas,
+                plan.canary_replicas * model.devices_per_replica, plan.primary_max,
+                getattr(model, which).max_replicas, plan.max_weight, plan.analysis_seconds,
+                plan.progress_deadline_seconds, hour, canary_dollars(plan, hour), plan.note))
+    return out
+
+
 def verdicts(plan: Plan, policy_config: Optional[Mapping[str, Any]] = None) -> Verdicts:
     store = plan.platform.store
     cost = cost_report(plan.config, store.tier, store.capacity_gb)
@@ -185,4 +237,5 @@ def verdicts(plan: Plan, policy_config: Optional[Mapping[str, Any]] = None) -> V
         urls=tenant_urls(plan.config),
         ceilings=tenant_ceilings(plan.config, cost),
         options=accelerator_options(plan.config, cost),
+        rollouts=rollout_rows(plan.config, cost),
     )

@@ -48,6 +48,7 @@ from .inference_gateway import (
 )
 from .multi_host import group_workers_closed
 from .operations import load_tests_on_demand, serving_held_to_slos
+from .rollouts import prod_rollouts_gated, rollout_gates_hold_slos
 from .tenant_access import (
     INTERNAL_GATEWAY,
     INTERNET_PROBE_IP,
@@ -80,7 +81,7 @@ __all__ = [
     "max_tokens_cap", "vllm_autoscaled", "inference_pools_served", "tenant_priorities_bound",
     "lora_adapters_scoped", "limit_store_mesh_only", "scale_to_zero_answered", "hyperdisk_weights_populated",
     "vllm_backends_resilient", "serving_held_to_slos", "traces_private", "load_tests_on_demand",
-    "group_workers_closed",
+    "group_workers_closed", "prod_rollouts_gated", "rollout_gates_hold_slos",
     # The table and its evaluation.
     "POLICIES", "POLICY_NAMES", "resolve_levels", "evaluate",
 ]
@@ -220,6 +221,22 @@ POLICIES: tuple[Policy, ...] = (
            " Rejects a LeaderWorkerSet whose worker runs an API server (not vLLM --headless or a Ray worker) or "
            "declares ports, or whose pods have no NetworkPolicy admitting only the group on their unmeshed ports.",
            "mandatory", group_workers_closed),
+    Policy("prod-rollouts-gated",
+           "In prod, every serving pool rolls out as a Flagger canary, which its gates roll back."
+           " Rejects, in a stack whose cluster is labelled `environment: prod`, a vLLM server Deployment or "
+           "LeaderWorkerSet that no Flagger Canary targets, with why it rolls in place where the plan shows it "
+           "cannot be a canary (a replica across hosts, behind the endpoint picker, a floor of zero) and the fix "
+           "otherwise (`rollouts.enabled`; a manual canary split replaced by a revision; with rollouts on, room "
+           "on its node pool). Advisory: such pools exist by design (frontier's).",
+           "advisory", prod_rollouts_gated),
+    Policy("rollout-gates-hold-slos",
+           "A canary's gates are no looser than the SLOs they guard, and it can fail before it is promoted."
+           " Rejects a Flagger Canary that skips its analysis or has no metric with a thresholdRange; whose "
+           "time-to-first-token gate (`*-ttft-p<percentile>-seconds`) allows more seconds, or a lower percentile, "
+           "than its model's TTFT SLO; whose error-share gate allows more than the availability SLO's error budget "
+           "(1 - goal); or whose threshold of failed checks exceeds the checks it passes before promotion "
+           "(maxWeight / stepWeight), so a canary failing every other check is promoted.",
+           "advisory", rollout_gates_hold_slos),
 )
 POLICY_NAMES = tuple(p.name for p in POLICIES)
 

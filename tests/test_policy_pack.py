@@ -73,3 +73,24 @@ def test_pack_files():
     doc = yaml.safe_load((REPO_ROOT / "policies" / "PulumiPolicy.yaml").read_text())
     assert doc["runtime"]["name"] == "python"
     assert (REPO_ROOT / "policies" / doc["runtime"]["options"]["virtualenv"]).resolve() == REPO_ROOT / ".venv"
+
+
+def test_pack_runs_the_rollout_policies(analyzer, plans):
+    """Under CrossGuard (numbers as the engine's doubles): frontier's pools that roll in place in prod,
+    and a prod Canary whose TTFT gate is looser than the SLO, each an advisory diagnostic on its resource."""
+    response = analyzer.AnalyzeStack(analyzer_pb2.AnalyzeStackRequest(resources=analyzer_resources(plans["frontier"])))
+    gated = [d for d in response.diagnostics if d.policyName == "prod-rollouts-gated"]
+    assert len(gated) == 4 and {d.enforcementLevel for d in gated} == {analyzer_pb2.ADVISORY}
+    assert any("llama-405b-short-group" in d.urn and "a replica spans hosts" in d.message for d in gated)
+
+    def loosen(rs):
+        for r in rs:
+            if r.props.get("kind") == "Canary" and r.props["metadata"]["name"] == "llama-8b-short":
+                r.props["spec"]["analysis"]["threshold"] = 9
+                target.append(r.urn)
+
+    target: list[str] = []
+    response = analyzer.AnalyzeStack(analyzer_pb2.AnalyzeStackRequest(resources=analyzer_resources(plans["prod"], loosen)))
+    (diag,) = [d for d in response.diagnostics if d.policyName.startswith(("prod-rollouts", "rollout-"))]
+    assert (diag.policyName, diag.enforcementLevel, diag.urn) == ("rollout-gates-hold-slos", analyzer_pb2.ADVISORY, target[0])
+    assert "after 9 failed checks but promoted after 5 passed ones" in diag.message

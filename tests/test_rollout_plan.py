@@ -1,0 +1,192 @@
+"""What the plan says of rollouts: per serving pool, a Flagger canary (its ceiling, largest share,
+analysis and what one rollout costs) or in place and why, as a table, in the JSON, and as warnings."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+from vllm_gke.components.model.serving_plan import servings
+from vllm_gke.infra.advice import plan_warnings, rollout_trade_offs
+from vllm_gke.infra.config import parse
+from vllm_gke.infra.cost import cost_report
+from vllm_gke.infra.plan_report import plan_report, render_json
+from vllm_gke.infra.plan_text import render_text, rollouts_table, whole_or_records
+from vllm_gke.infra.report import RolloutRow, rollout_rows
+
+
+def _config(stack_values, stack, mutate=lambda v: None, rollouts=True):
+    values = copy.deepcopy(stack_values[stack])
+    if rollouts:
+        values["vllm-gke:rollouts"] = {**values.get("vllm-gke:rollouts", {}), "enabled": True}
+    mutate(values)
+    return parse(values)
+
+
+def _rows(cfg) -> dict[tuple[str, str, str | None], RolloutRow]:
+    return {(r.model, r.pool, r.tenant): r for r in rollout_rows(cfg, cost_report(cfg, "REGIONAL", 1024))}
+
+
+def _pool(values, name):
+    return next(p for p in values["vllm-gke:nodePools"] if p["name"] == name)
+
+
+def _slots(cfg, node_pool: str) -> int:
+    """Devices the node pool reaches (its maxNodes, twice with an on-demand twin), from the config."""
+    pool = cfg.pool(node_pool)
+    return pool.max_nodes * (2 if pool.has_fallback_pool else 1) * pool.slices_per_node
+
+
+def _ceilings(cfg, node_pool: str) -> int:
+    """Devices every serving pool on the node pool takes at its ceiling."""
+    return sum(getattr(s.model, w).max_replicas * s.model.devices_per_replica
+               for s in servings(cfg) if s.node_pool == node_pool for w in s.model.pool_names)
+
+
+def test_prod_borrows_a_replica_for_llama_70b_whose_node_pool_its_ceilings_fill(stack_values):
+    """a100-tp8 reaches 6 nodes of 8 GPUs, which llama-70b's pools fill at their ceilings (4 + 2
+    replicas of 8): no room beside them, so each canary borrows the primary's last replica and its
+    largest share is what one replica of the pool carries."""
+    cfg = _config(stack_values, "prod", rollouts=False)
+    assert cfg.rollouts.enabled and _slots(cfg, "a100-tp8") == _ceilings(cfg, "a100-tp8")
+    rows, step, top = _rows(cfg), cfg.rollouts.step_weight, cfg.rollouts.max_weight
+    for which in ("short", "long"):
+        row, pool = rows[("llama-70b", which, None)], getattr(cfg.model("llama-70b"), which)
+        assert (row.mode, row.canary_replicas, row.primary_max) == ("canary", 1, pool.max_replicas - 1)
+        assert row.devices == 8 and row.max_weight == max(step, min(top, 100 // pool.max_replicas))
+        assert f"the primary's ceiling is {pool.max_replicas - 1} of {pool.max_replicas}" in row.note
+
+
+def test_prod_pools_with_room_get_the_whole_canary(stack_values):
+    """a100-mig's MIG slices hold qwen-7b's shared and dedicated pools at their ceilings with room to
+    spare, as does the spot pool with its twin for llama-8b: each canary carries maxWeight of its pool
+    at its ceiling, and the plan notes nothing."""
+    cfg = _config(stack_values, "prod", rollouts=False)
+    rows = _rows(cfg)
+    for serving in servings(cfg):
+        if serving.node_pool == "a100-tp8":
+            continue
+        spare = _slots(cfg, serving.node_pool) - _ceilings(cfg, serving.node_pool)
+        for which in serving.model.pool_names:
+            row = rows[(serving.model.name, which, serving.tenant)]
+            need = math.ceil(getattr(serving.model, which).max_replicas * cfg.rollouts.max_weight / 100)
+            assert spare >= need and row.mode == "canary" and row.note == ""
+            assert (row.canary_replicas, row.max_weight) == (need, cfg.rollouts.max_weight)
+            assert row.analysis_seconds == (math.ceil(row.max_weight / cfg.rollouts.step_weight) + 1) \
+                * cfg.rollouts.interval_seconds
+
+
+def test_some_room_lowers_the_canarys_largest_share(stack_values):
+    """Two more a100-tp8 nodes (16 GPUs) shared by the two pools' ceilings (32 : 16): one replica's
+    room for the short pool, whose 50% of 4 replicas needs 2, so it is promoted at 25%; the long
+    pool's share is under a replica, so it still borrows one."""
+    cfg = _config(stack_values, "prod", lambda v: _pool(v, "a100-tp8").update(maxNodes=8), rollouts=False)
+    rows = _rows(cfg)
+    short, long_ = rows[("llama-70b", "short", None)], rows[("llama-70b", "long", None)]
+    assert (short.canary_replicas, short.primary_max, short.max_weight) == (1, 4, 25)
+    assert short.note.startswith("room for 1 canary replica(s) of the 2 its 50% needs: promoted at 25%")
+    assert (long_.canary_replicas, long_.primary_max) == (1, 1) and "primary's ceiling is 1 of 2" in long_.note
+    warnings = rollout_trade_offs(cfg)
+    assert any(w.startswith("canary of llama-70b short: room for 1 canary replica(s)") and "'a100-tp8'" in w
+               for w in warnings), warnings
+
+
+def test_one_replica_with_no_room_rolls_in_place(stack_values):
+    """dev's qwen-7b pools are one replica each on two MIG slices; without the spot pool's on-demand
+    twin there is no slice for a canary, and a pool of one replica cannot lend one: in place, said."""
+    cfg = _config(stack_values, "dev", lambda v: _pool(v, "a100-mig").update(onDemandFallback=False))
+    assert _slots(cfg, "a100-mig") == _ceilings(cfg, "a100-mig") == 2
+    for row in _rows(cfg).values():
+        assert (row.mode, row.canary_replicas, row.usd_per_rollout) == ("in-place", 0, 0)
+        assert row.note.startswith("no room on its node pool for a canary beside its one replica (maxReplicas 1)")
+    warnings = rollout_trade_offs(cfg)
+    assert len(warnings) == 2 and all("rolls in place though rollouts are on, because no room" in w
+                                      and "not gated by the SLOs" in w for w in warnings)
+    assert set(warnings) <= set(plan_warnings(cfg, "BASIC_HDD"))
+
+
+@pytest.mark.parametrize("stack,model,which,reason", [
+    ("staging", "llama-8b", "short", "behind the endpoint picker its backend is one InferencePool"),
+    ("staging", "mistral-7b", "long", "it may scale to zero"),
+    ("frontier", "llama-405b", "short", "a replica spans 2 hosts (a LeaderWorkerSet"),
+    ("frontier", "llama-70b-tpu", "short", "a replica spans 4 hosts (a LeaderWorkerSet"),
+    ("frontier", "llama-8b-tpu", "long", "it may scale to zero"),
+])
+def test_pools_that_cannot_run_a_canary_roll_in_place_and_say_why(stack_values, stack, model, which, reason):
+    cfg = _config(stack_values, stack)
+    row = _rows(cfg)[(model, which, None)]
+    assert row.mode == "in-place" and row.note.startswith(reason)
+    assert (row.canary_replicas, row.devices, row.max_weight, row.analysis_seconds, row.usd_per_rollout) == (0, 0, 0, 0, 0)
+    (warning,) = [w for w in rollout_trade_offs(cfg) if w.startswith(f"rollout of {model} {which}:")]
+    assert f"because {reason}" in warning and "its changes are not gated by the SLOs" in warning
+
+
+def test_rollouts_off_say_nothing(stack_values):
+    cfg = _config(stack_values, "staging", rollouts=False)
+    assert not cfg.rollouts.enabled and _rows(cfg) == {} and rollout_trade_offs(cfg) == []
+
+
+@pytest.fixture(scope="module")
+def prod_report(plans):
+    return plan_report(plans["prod"], {}, None, None)
+
+
+def test_a_rollouts_dollars_are_the_cost_reports_replica_for_the_analysis(prod_report):
+    """The canary at its ceiling for the whole analysis, at the price the cost report gives a
+    replica above the floor (on-demand where the spot pool bursts onto its twin)."""
+    v = prod_report.verdicts
+    cfg = prod_report.plan.config
+    assert len(v.rollouts) == sum(len(s.model.pool_names) for s in servings(cfg))
+    for row in v.rollouts:
+        (replica,) = [r for r in v.cost.replicas if (r.model, r.pool, r.tenant, r.canary)
+                      == (row.model, row.pool, row.tenant, False)]
+        price = replica.burst_usd_per_hour or replica.usd_per_hour
+        assert row.replica_usd_per_hour == price
+        assert row.usd_per_rollout == pytest.approx(row.canary_replicas * price * row.analysis_seconds / 3600)
+        assert row.devices == row.canary_replicas * cfg.model(row.model).devices_per_replica
+    spot = next(r for r in v.rollouts if r.node_pool == "a100-spot")
+    od = next(r for r in v.cost.replicas if r.node_pool == "a100-spot")
+    assert spot.replica_usd_per_hour == od.burst_usd_per_hour > od.usd_per_hour
+
+
+def test_the_json_holds_the_tables_rows(prod_report):
+    doc = json.loads(render_json(prod_report))
+    rows = prod_report.verdicts.rollouts
+    assert [(r["model"], r["pool"], r["tenant"], r["mode"], r["canaryReplicas"], r["devices"], r["maxWeight"],
+             r["analysisSeconds"], r["usdPerRollout"], r["note"]) for r in doc["rollouts"]] == [
+        (r.model, r.pool, r.tenant, r.mode, r.canary_replicas, r.devices, r.max_weight, r.analysis_seconds,
+         pytest.approx(r.usd_per_rollout), r.note) for r in rows]
+    assert not [k for row in doc["rollouts"] for k in row if "_" in k]
+    out = io.StringIO()
+    render_text(prod_report, Console(file=out, width=1000), detail=False)
+    text = " ".join(out.getvalue().split())
+    assert "rollouts per serving pool" in text and all(" ".join(r.note.split()) in text for r in rows if r.note)
+    assert all(f"{r.usd_per_rollout:,.2f}" in text for r in rows)
+
+
+def test_no_rollouts_table_where_rollouts_are_off(plans):
+    out = io.StringIO()
+    render_text(plan_report(plans["dev"], {}, None, None), Console(file=out, width=200), detail=False)
+    assert "rollouts per serving pool" not in out.getvalue()
+
+
+@pytest.mark.parametrize("width", range(60, 221, 8))
+def test_the_rollouts_table_fits_every_width(stack_values, width):
+    """Whole values in a table, or one block per row: never cropped, never a figure folded."""
+    for cfg in (_config(stack_values, "staging"), _config(stack_values, "prod", rollouts=False)):
+        rows = list(_rows(cfg).values())
+        out = io.StringIO()
+        Console(file=out, width=width).print(whole_or_records(rollouts_table(SimpleNamespace(rollouts=rows)), width))
+        text = out.getvalue()
+        assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
+        # A table keeps its right border on every line (rich crops a table wider than the console).
+        assert all(line.rstrip()[-1] in "┓┃┩│┘" for line in text.splitlines() if line.startswith(tuple("┏┃┡│└")))
+        flat = " ".join(text.split())
+        for r in rows:
+            assert r.model in flat and (r.mode != "canary" or f"{r.usd_per_rollout:,.2f} " in flat + " ")
