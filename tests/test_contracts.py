@@ -343,6 +343,33 @@ def _bucket_read_unconditioned(plan):
     plan.named("gcp:storage/bucketIAMMember:BucketIAMMember", "weights-reader-serving").props.pop("condition")
 
 
+def _flagger_values(plan) -> dict[str, Any]:
+    return next(r for r in plan.resources if r.type == "kubernetes:helm.sh/v3:Release"
+                and r.props.get("chart") == "flagger").props["values"]
+
+
+def _canary_spec(plan, name: str = "llama-70b-short") -> dict[str, Any]:
+    return _kube(plan, "Canary", name).props["spec"]
+
+
+def _service_for_a_flagger_pool(plan):
+    plan.resources.append(PlannedResource("kubernetes:core/v1:Service", "x", "urn:x", None, True, {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "llama-70b-short-canary", "namespace": "vllm"},
+        "spec": {"selector": {"vllm-gke.io/workload": "llama-70b-short"}, "ports": [{"port": 8000}]}}))
+
+
+def _template_on_a_prometheus_of_its_own(plan):
+    template = _kube(plan, "MetricTemplate", "vllm-ttft-p99-ratio").props["spec"]
+    template["provider"]["address"] = "http://prometheus.istio-system:9090"
+
+
+def _rollback_alert_by_namespace(plan):
+    policy = next(r for r in plan.of_type("gcp:monitoring/alertPolicy:AlertPolicy")
+                  if "flagger_canary_status" in json.dumps(r.props.get("conditions")))
+    condition = policy.props["conditions"][0]["conditionPrometheusQueryLanguage"]
+    condition["query"] = condition["query"].replace("exported_namespace", "namespace")
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_owns_external_metrics": ("dev", _add_external_apiservice, "second owner"),
     "keda_ports_open_on_private_clusters": ("prod", _no_firewall, "tcp:6443, 9443"),
@@ -408,6 +435,21 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "vllm_tpu_keeps_its_xla_cache": ("frontier", _xla_cache_in_the_pod, "a recreated group compiles every program"),
     "ray_health_checks_outlast_a_compile": ("frontier", _ray_default_health_checks, "would call a host dead after 15 s"),
     "jax_bounds_and_locks_the_xla_cache": ("frontier", _xla_cache_unbounded, "no eviction, no file lock"),
+    "flagger_rewrites_only_the_workload_label": ("prod", lambda p: _flagger_values(p).update(
+        selectorLabels="app,name,app.kubernetes.io/name"), "not vllm-gke.io/workload alone"),
+    "flagger_owns_the_services_and_the_route": ("prod", _service_for_a_flagger_pool, "is declared: Flagger owns it"),
+    "flagger_queries_the_frontend": ("prod", _template_on_a_prometheus_of_its_own, "is not the PromQL frontend's Service"),
+    "flagger_scales_the_primary_by_named_triggers": ("prod", lambda p: _canary_spec(p)["autoscalerRef"][
+        "primaryScalerQueries"].pop("keep"), "are not the ScaledObject's trigger names"),
+    "flagger_deadline_outlasts_the_wake": ("prod", lambda p: _canary_spec(p).update(progressDeadlineSeconds=600),
+                                           "Flagger would roll a waking canary back"),
+    "flagger_webhooks_reach_the_loadtester": ("prod", lambda p: _canary_spec(p)["analysis"]["webhooks"][0].update(
+        url="http://flagger-loadtester.test/"), "not the planned loadtester"),
+    "flagger_webhooks_start_the_load_test": ("prod", lambda p: _drop(p, "Role", "flagger-loadtester"),
+                                             "lets the loadtester get"),
+    "flagger_tracks_no_config": ("prod", lambda p: _flagger_values(p).update(configTracking={"enabled": True}),
+                                 "config tracking is on"),
+    "flagger_alert_reads_its_metrics": ("prod", _rollback_alert_by_namespace, "reads the Canary's namespace from `namespace`"),
 }
 
 

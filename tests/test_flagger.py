@@ -48,7 +48,7 @@ from vllm_gke.components.model.specs import MonitoringSpec, RolloutSpec
 from vllm_gke.infra.contracts import flagger as flagger_contracts
 from vllm_gke.infra.manifests import validate, validate_alert_policy
 from vllm_gke.infra.mocks import PlannedResource
-from vllm_gke.infra.plan import _under_mocks, manifest, run_plan
+from vllm_gke.infra.plan import _under_mocks, manifest
 
 PROJECT, CLUSTER, POOL = "acme-llm", "llm", "acme-llm.svc.id.goog"
 CHANNELS = ["projects/acme-llm/notificationChannels/1", "projects/acme-llm/notificationChannels/2"]
@@ -273,32 +273,28 @@ def test_the_rollback_alert_is_a_valid_cloud_monitoring_policy():
 
 # --- the contracts' Flagger rows -------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def prod_with_flagger() -> Any:
-    """prod (rolls out by canary) with Flagger installed as the component installs it and the load
-    test's webhooks on its Canaries."""
-    plan = run_plan("prod")
-    namespaces = tuple(sorted({d["metadata"]["namespace"] for d in plan.manifests() if d["kind"] == "Canary"}))
-    cfg = plan.config
-    resources = copy.deepcopy(plan.resources) + declare(cfg.rollouts, (SEARCH,), namespaces)
-    for r in resources:
-        if r.props.get("kind") == "Canary":
-            r.props["spec"]["analysis"]["webhooks"] = list(load_test_webhooks(SEARCH, loadtester_url()))
-    return dataclasses.replace(plan, resources=resources)
-
-
-def test_the_flagger_rows_hold_on_prod_with_flagger_installed(prod_with_flagger):
-    assert {c.check.__name__: c.check(prod_with_flagger) for c in flagger_contracts.ROWS} == \
+def test_prod_rolls_out_by_canary_with_flagger_as_the_component_installs_it(plans):
+    """prod (rollouts.enabled): its Canaries, Flagger installed, the load test's webhooks on every
+    Canary, and every Flagger row of the contracts table holding."""
+    plan = plans["prod"]
+    canaries = [d for d in plan.manifests() if d["kind"] == "Canary"]
+    assert canaries and plan.of_type("kubernetes:helm.sh/v3:Release")
+    assert all([w["type"] for w in c["spec"]["analysis"]["webhooks"]] == ["pre-rollout", "rollout"] for c in canaries)
+    assert {c.check.__name__: c.check(plan) for c in flagger_contracts.ROWS} == \
         {c.check.__name__: [] for c in flagger_contracts.ROWS}
 
 
-def test_the_flagger_rows_pass_without_canaries_and_want_flagger_with_them(prod_with_flagger):
-    dev = run_plan("dev")
-    assert not [d for d in dev.manifests() if d["kind"] == "Canary"]
-    assert all(c.check(dev) == [] for c in flagger_contracts.ROWS)
-    bare = dataclasses.replace(prod_with_flagger, resources=[
-        r for r in prod_with_flagger.resources if r.type != "kubernetes:helm.sh/v3:Release"])
-    assert any("no Flagger release" in p for p in flagger_contracts.flagger_queries_the_frontend(bare))
+def test_the_flagger_rows_pass_without_canaries_and_want_flagger_with_them(plans, plan_variant):
+    """Rollouts off: no Canary, no Flagger, nothing to check; Canaries without Flagger: flagged."""
+    off = plan_variant("prod", lambda v: v.update({"vllm-gke:rollouts": {"enabled": False}}))
+    assert not [d for d in off.manifests() if d["kind"] in ("Canary", "MetricTemplate")]
+    assert not off.of_type("kubernetes:helm.sh/v3:Release") or all(
+        r.props.get("chart") != "flagger" for r in off.of_type("kubernetes:helm.sh/v3:Release"))
+    assert all(c.check(off) == [] for c in flagger_contracts.ROWS)
+    bare = dataclasses.replace(plans["prod"], resources=[
+        r for r in plans["prod"].resources if not (r.type == "kubernetes:helm.sh/v3:Release" and r.props["chart"] == "flagger")])
+    for check in (flagger_contracts.flagger_queries_the_frontend, flagger_contracts.flagger_tracks_no_config):
+        assert any("no Flagger release" in p for p in check(bare)), check.__name__
 
 
 # --- on the real control plane ---------------------------------------------------------------------

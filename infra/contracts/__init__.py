@@ -12,7 +12,8 @@ vllm.py, istio.py, gcsfuse.py (the Cloud Storage FUSE CSI driver), limit_store.p
 kubectl.py, loader.py (weight loading: vLLM's rule, huggingface_hub), populator.py (GKE Volume
 Populator), billing.py (the Cloud Billing Budget API), collector.py (traces: vLLM's exporter, the
 OpenTelemetry Collector), load_test.py (inference-perf), lws.py (LeaderWorkerSet, vLLM across
-hosts) and gpu_network.py (Compute Engine's network between GPU hosts); base.py holds the Contract row and the
+hosts), gpu_network.py (Compute Engine's network between GPU hosts) and flagger.py (Flagger, its
+PromQL frontend and loadtester, the canaries' rollouts); base.py holds the Contract row and the
 plan helpers they share. This module assembles the table in that order.
 """
 
@@ -26,6 +27,7 @@ from ..plan import Plan
 from . import (
     billing,
     collector,
+    flagger,
     gateway,
     gcsfuse,
     gpu_network,
@@ -44,6 +46,17 @@ from . import (
 from .base import Check, Contract
 from .billing import budget_api_accepts_the_budget
 from .collector import collector_listens_and_writes_to_trace, vllm_exports_traces_as_configured
+from .flagger import (
+    flagger_alert_reads_its_metrics,
+    flagger_deadline_outlasts_the_wake,
+    flagger_owns_the_services_and_the_route,
+    flagger_queries_the_frontend,
+    flagger_rewrites_only_the_workload_label,
+    flagger_scales_the_primary_by_named_triggers,
+    flagger_tracks_no_config,
+    flagger_webhooks_reach_the_loadtester,
+    flagger_webhooks_start_the_load_test,
+)
 from .gateway import gateway_rewrites_no_path, regex_matches_on_a_regional_class
 from .gcsfuse import (
     FUSE_SIDECAR,
@@ -126,13 +139,17 @@ __all__ = [
     "vllm_group_launch", "vllm_tpu_spans_hosts_through_ray", "gpu_groups_talk_over_the_primary_nic",
     "tpu_containers_reach_the_chips",
     "vllm_tpu_keeps_its_xla_cache", "ray_health_checks_outlast_a_compile", "jax_bounds_and_locks_the_xla_cache",
+    "flagger_alert_reads_its_metrics", "flagger_deadline_outlasts_the_wake", "flagger_owns_the_services_and_the_route",
+    "flagger_queries_the_frontend", "flagger_rewrites_only_the_workload_label",
+    "flagger_scales_the_primary_by_named_triggers", "flagger_tracks_no_config", "flagger_webhooks_reach_the_loadtester",
+    "flagger_webhooks_start_the_load_test",
 ]
 
 CONTRACTS: tuple[Contract, ...] = (
     *keda.ROWS, *picker.ROWS, *gateway.ROWS, *vllm.ROWS, *istio.ROWS, *gcsfuse.ROWS, *limit_store.ROWS, *kubectl.ROWS,
     *loader.ROWS, *populator.ROWS, *billing.ROWS,
     *collector.ROWS, *load_test.ROWS, *lws.ROWS, *gpu_network.ROWS,
-    *monitoring.ROWS,
+    *monitoring.ROWS, *flagger.ROWS,
 )
 
 
