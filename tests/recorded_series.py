@@ -59,11 +59,13 @@ class Lognormal:
 
 @dataclass(frozen=True)
 class Serving:
-    """How a revision serves: time to first token, inter-token latency and the share of 5xx."""
+    """How a revision serves: time to first token, inter-token latency, the share of 5xx, and the share
+    of its pod's request rate it gets (0: no traffic at all)."""
 
     ttft: Lognormal = Lognormal(0.3, 0.6)
     itl: Lognormal = Lognormal(0.03, 0.35)
     errors: float = 0.001
+    traffic: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,8 @@ def openmetrics(pods: Iterable[PodRecording], tenants: tuple[str, ...], model: s
         vllm_labels = {**pod.labels, "model_name": model, "engine": "0"}
         for t in range(pod.start, pod.end + 1, SCRAPE_SECONDS):
             if t > pod.start:
-                counts.observe(pod.serving(t), pod.rate * SCRAPE_SECONDS, tenants)
+                serving = pod.serving(t)
+                counts.observe(serving, pod.rate * serving.traffic * SCRAPE_SECONDS, tenants)
             for name, bounds in ((TTFT, TTFT_BUCKETS), (ITL, ITL_BUCKETS)):
                 cum = counts.buckets[name]
                 for b, c in zip((*bounds, math.inf), cum):

@@ -31,7 +31,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -43,10 +43,15 @@ from tests.flagger_analysis import (
     PAUSED_REPLICAS,
     PROGRESSING,
     SUCCEEDED,
+    ErrMultipleValuesReturned,
+    ErrNoValuesFound,
     Flagger,
     FlaggerFlags,
     HttpGet,
+    NotEmulated,
+    PrometheusProvider,
     metric_model,
+    query_url,
     render_query,
 )
 from tests.k8s_cluster import CONTROL_PLANE, CRDS, ControlPlane, gke_nodes
@@ -67,19 +72,24 @@ from tests.recorded_series import (
     openmetrics,
     with_metric_labels,
 )
+from vllm_gke.components.model.serving_api import VERIFIED_HEADERS
 from vllm_gke.infra.plan import Plan, read_stack_config, run_program
 
 STACK = "prod"
 CRD_FILES = ("flagger-v1.44.0-crds.yaml", "gwapi-v1.6.1-httproutes.yaml", "keda-chart-v2.20.2-scaledobjects.yaml",
              "gmp-v0.17.2-podmonitorings.yaml")
 PRIMARY = Serving(ttft=Lognormal(0.15, 0.6), itl=Lognormal(0.03, 0.35), errors=0.001)
-# Each rollout: how its canary serves from the change on, and the gate that must stop it (None: promoted).
+# Each rollout: how its canary serves from the change on, and what stops it (None: it is promoted) - the
+# gate Flagger's halt names (scheduler_metrics.go:329-345), or that gate's query finding no value
+# (ErrNoValuesFound: scheduler_metrics.go:316-325).
 SCENARIOS: dict[str, tuple[Serving, Optional[str]]] = {
     "healthy": (PRIMARY, None),
     # Slower, yet its P95 stays under the SLO's gate: only the comparison with the primary sees it.
-    "slower": (Serving(ttft=Lognormal(0.4, 0.6), itl=PRIMARY.itl, errors=PRIMARY.errors), "vllm-ttft-p99-ratio"),
-    "errors": (Serving(ttft=PRIMARY.ttft, itl=PRIMARY.itl, errors=0.04), "vllm-error-share-excess"),
-    "itl": (Serving(ttft=PRIMARY.ttft, itl=Lognormal(0.07, 0.35), errors=PRIMARY.errors), "vllm-itl-p99-ratio"),
+    "slower": (replace(PRIMARY, ttft=Lognormal(0.4, 0.6)), "advancement vllm-ttft-p99-ratio "),
+    "errors": (replace(PRIMARY, errors=0.04), "advancement vllm-error-share-excess "),
+    "itl": (replace(PRIMARY, itl=Lognormal(0.07, 0.35)), "advancement vllm-itl-p99-ratio "),
+    # No request reaches it (a night without its load test): nothing to judge is a failed check.
+    "silent": (replace(PRIMARY, traffic=0.0), "no values found for custom metric: vllm-ttft-p99-ratio: "),
 }
 REQUESTS_PER_SECOND = 10.0  # each pod's; the gates compare distributions and shares, not volumes
 RECORDING_SECONDS = 30 * 60
@@ -496,7 +506,7 @@ def test_a_failing_canary_is_rolled_back(run, name):
     # Stopped by the gate that guards what broke, as often as the threshold asked.
     halts = events(run, r, "Halt ")
     stopped_by = SCENARIOS[name][1]
-    assert len(halts) == analysis["threshold"] and all(f" advancement {stopped_by} " in h for h in halts), halts
+    assert len(halts) == analysis["threshold"] and all(f"{stopped_by}" in h for h in halts), halts
     assert events(run, r, "Rolling back ") == [f"Rolling back {run.pool.canary['metadata']['name']}.{r.namespace} "
                                               f"failed checks threshold reached {analysis['threshold']}"]
     # The primary still serves the revision before the change.
@@ -525,11 +535,12 @@ def test_a_healthy_canary_is_promoted(run):
     assert promoted["spec"]["template"]["metadata"]["labels"] == {**new["spec"]["template"]["metadata"]["labels"],
                                                                   label: primary}
     assert images(promoted) == images(new_revision(run.pool.target)) != images(run.pool.target)
-    # Its load test ran before the first step and at every analysis (rollout_webhooks.py).
-    hooks = {h["type"] for h in analysis.get("webhooks") or []}
-    if hooks:
-        called = [p["phase"] for u, p in run.webhooks if p["namespace"] == r.namespace]
-        assert called and set(called) == {"Progressing"}
+    # Each webhook called as its type says: pre-rollout before the first step, rollout before each
+    # analysis - one for each step after the first and one for the promotion (scheduler.go:449-467).
+    hooks = [h["type"] for h in analysis.get("webhooks") or []]
+    called = [p["phase"] for _, p in run.webhooks if p["namespace"] == r.namespace]
+    advances = len(events(run, r, "Advance "))
+    assert called == ["Progressing"] * (hooks.count("pre-rollout") + hooks.count("rollout") * advances)
 
 
 def test_the_slower_canary_meets_the_slo_gate_itself(run):
@@ -584,3 +595,46 @@ def test_the_recorded_histograms_have_vllms_buckets():
                           "print(json.dumps([b.TIME_TO_FIRST_TOKEN_BUCKETS, b.INTER_TOKEN_LATENCY_BUCKETS]))"],
                          capture_output=True, text=True, check=True, timeout=300).stdout
     assert json.loads(out.strip().splitlines()[-1]) == [list(TTFT_BUCKETS), list(ITL_BUCKETS)]
+
+
+def test_the_route_flagger_writes_keeps_the_pools_matches_and_strips_verified_headers(run):
+    """The HTTPRoute Flagger made from the plan's Canary (gateway_api.go:65-113), as the API server
+    accepted it: the pool's matches, and the tenant identity a client could forge removed."""
+    r = rollout(run, "healthy")
+    route = run.api.get("HTTPRoute", r.namespace, run.pool.target["metadata"]["name"])
+    assert route is not None
+    (rule,) = route["spec"]["rules"]
+    service = run.pool.canary["spec"]["service"]
+    assert [m["path"]["value"] for m in rule["matches"]] == [m["uri"]["prefix"] for m in service["match"]]
+    (strip,) = [f["requestHeaderModifier"] for f in rule["filters"] if f["type"] == "RequestHeaderModifier"]
+    assert strip["remove"] == list(VERIFIED_HEADERS)
+
+
+# --- the emulation's own pieces, against Flagger's semantics ---------------------------------------
+
+def test_queries_render_flaggers_model_functions_and_refuse_the_rest():
+    model = {"name": "c", "namespace": "ns", "target": "t", "service": "s", "ingress": "i", "route": "r", "interval": "2m"}
+    assert render_query('x{a="{{ target }}-primary",n="{{namespace}}"}[{{ interval }}]', model) == 'x{a="t-primary",n="ns"}[2m]'
+    assert render_query("a {{- target -}} b", model) == "atb"
+    for action in ("{{ .target }}", "{{ variables }}", "{{ target | printf }}", "{{/* c */}}"):
+        with pytest.raises(NotEmulated):
+            render_query(action, model)
+
+
+def test_query_results_as_flagger_reads_them():
+    """prometheus.go:106-175: the last sample's value; none, or NaN, is ErrNoValuesFound; a matrix an error."""
+    def provider(body: dict[str, Any], status: int = 200) -> PrometheusProvider:
+        return PrometheusProvider("http://p:9090/prom", {}, lambda url, headers: (status, json.dumps(body).encode()))
+
+    def vector(*values: str) -> dict[str, Any]:
+        return {"data": {"resultType": "vector", "result": [{"metric": {}, "value": [1, v]} for v in values]}}
+
+    assert provider(vector("0.5", "1.5")).run_query("q") == 1.5
+    for empty in (vector(), vector("NaN")):
+        with pytest.raises(ErrNoValuesFound):
+            provider(empty).run_query("q")
+    with pytest.raises(ErrMultipleValuesReturned):
+        provider({"data": {"result": [{"metric": {}, "values": [[1, "1"]]}]}}).run_query("q")
+    with pytest.raises(RuntimeError):
+        provider(vector("1"), 503).run_query("q")
+    assert query_url("http://p:9090/prom", "a  b\n c") == "http://p:9090/prom/api/v1/query?query=a+b+c"
