@@ -4,12 +4,12 @@ Flagger v1.44.0's analysis emulated from its source (tests/flagger_analysis.py) 
 the API server, and every gate's query answered by a real Prometheus from recorded series
 (tests/recorded_series.py).
 
-One pool, four rollouts side by side (a namespace each): a canary that serves as its primary does
+One pool, five rollouts side by side (a namespace each): a canary that serves as its primary does
 is promoted step by step; one whose time to first token grows (within the SLO: only the ratio
-gates can see it), one that answers 5xx, and one whose inter-token latency grows are each rolled
-back by the gate that guards it - the HTTPRoute back at primary 100 / canary 0, the canary scaled
-to zero, the Canary Failed - and the plan's alert on flagger_canary_status fires for those and not
-for the promoted one.
+gates can see it), one that answers 5xx, one whose inter-token latency grows and one that gets no
+traffic are each rolled back by the gate that guards it - the HTTPRoute back at primary 100 /
+canary 0, the canary scaled to zero and its ScaledObject paused, the Canary Failed - and the
+plan's alert on flagger_canary_status fires for those and not for the promoted one.
 
 The series are recorded once the canaries run (their pods' names and labels are the cluster's),
 over 30 minutes at 15 s; the analysis ticks once a (virtual) interval inside that window. Flagger's
