@@ -79,16 +79,22 @@ def single_replica_pools(cfg: StackConfig) -> list[str]:
 
 
 def long_rollouts(cfg: StackConfig) -> list[str]:
+    """Rollouts at a pool's ceiling past Pulumi's default 45 minutes. A Flagger pool's is its
+    primary's promotion, after the analysis: Flagger waits for it, `pulumi up` does not (it updates
+    the target, at 0 replicas between rollouts)."""
     out: list[str] = []
     grace = drain_seconds(cfg.gateway.request_timeout_seconds) + 30
-    for model, pool_name, tenant in placements(cfg):
+    for serving in servings(cfg):
+        model = serving.model
         for which in model.pool_names:
             seconds = rollout_seconds(getattr(model, which).max_replicas,
-                                      cold_start_seconds(cfg, model, cfg.pool(pool_name)), grace)
-            if seconds > 2700:  # past Pulumi's default 45 min: the pool's own timeout allows it
-                out.append(f"rollout of {_label(model.name, tenant)} {which} at its ceiling: up "
-                           f"to ~{seconds / 60:.0f} min, a replica at a time (a node, its load); `pulumi up` "
-                           "waits that long for it")
+                                      cold_start_seconds(cfg, model, cfg.pool(serving.node_pool)), grace)
+            if seconds <= 2700:  # past Pulumi's default 45 min: the pool's own timeout allows it
+                continue
+            waits = ("after the canary's analysis, Flagger's promotion of the primary (`pulumi up` does not wait "
+                     "for it)" if pool_rollout(cfg, serving, which).is_canary else "`pulumi up` waits that long for it")
+            out.append(f"rollout of {_label(model.name, serving.tenant)} {which} at its ceiling: up "
+                       f"to ~{seconds / 60:.0f} min, a replica at a time (a node, its load); {waits}")
     return out
 
 

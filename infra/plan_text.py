@@ -226,7 +226,7 @@ def rollouts_table(v: Verdicts) -> Table:
     under the table (a sentence each: in a column it would fold to a word a line)."""
     table = Table(title="rollouts per serving pool (a change rolls out as a Flagger canary held to the SLOs, or "
                         "in place; the canary's ceiling in replicas and in devices: GPUs, MIG slices or TPU chips; "
-                        "$ a rollout, at most: the canary at its ceiling for the whole analysis, at a replica's "
+                        "$ a rollout, at most: the canary at its ceiling from its node and load to promotion, at a replica's "
                         "price above the floor as the cost report prices the peak)")
     for col in ("model", "pool", "rollout", "canary replicas", "devices", "max weight", "analysis",
                 "$/h a replica", "$ a rollout"):

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from vllm_gke.components.model.serving_plan import servings
+from vllm_gke.components.model.cold_start import NODE_PROVISION_S, cold_start_seconds
+from vllm_gke.components.model.serving_plan import pool_rollout, servings
 from vllm_gke.infra.advice import plan_warnings, rollout_trade_offs
 from vllm_gke.infra.config import parse
 from vllm_gke.infra.cost import cost_report
@@ -148,7 +149,11 @@ def test_a_rollouts_dollars_are_the_cost_reports_replica_for_the_analysis(prod_r
                       == (row.model, row.pool, row.tenant, False)]
         price = replica.burst_usd_per_hour or replica.usd_per_hour
         assert row.replica_usd_per_hour == price
-        assert row.usd_per_rollout == pytest.approx(row.canary_replicas * price * row.analysis_seconds / 3600)
+        # It holds its devices from its node and load (the cold start) to promotion.
+        serving = next(s for s in servings(cfg) if s.model.name == row.model and s.tenant == row.tenant)
+        ready = pool_rollout(cfg, serving, row.pool).ready_seconds
+        assert ready == int(NODE_PROVISION_S + cold_start_seconds(cfg, serving.model, cfg.pool(serving.node_pool)))
+        assert row.usd_per_rollout == pytest.approx(row.canary_replicas * price * (ready + row.analysis_seconds) / 3600)
         assert row.devices == row.canary_replicas * cfg.model(row.model).devices_per_replica
     spot = next(r for r in v.rollouts if r.node_pool == "a100-spot")
     od = next(r for r in v.cost.replicas if r.node_pool == "a100-spot")
@@ -190,3 +195,19 @@ def test_the_rollouts_table_fits_every_width(stack_values, width):
         flat = " ".join(text.split())
         for r in rows:
             assert r.model in flat and (r.mode != "canary" or f"{r.usd_per_rollout:,.2f} " in flat + " ")
+
+
+def test_a_canary_pools_long_rollout_is_flaggers_promotion_not_pulumis_wait(stack_values):
+    """Pulumi updates a Flagger target at 0 replicas: the long wait at a ceiling is the primary's
+    promotion, after the analysis, which Flagger waits for; with rollouts off `pulumi up` waits."""
+    from vllm_gke.infra.advice import long_rollouts
+
+    on = parse(copy.deepcopy(stack_values["prod"]))
+    off_values = copy.deepcopy(stack_values["prod"])
+    off_values["vllm-gke:rollouts"] = {"enabled": False}
+    off = parse(off_values)
+    llama_on = [w for w in long_rollouts(on) if w.startswith("rollout of llama-8b short")]
+    llama_off = [w for w in long_rollouts(off) if w.startswith("rollout of llama-8b short")]
+    assert len(llama_on) == len(llama_off) == 1
+    assert "Flagger's promotion of the primary" in llama_on[0] and "`pulumi up` does not wait" in llama_on[0]
+    assert llama_off[0].endswith("`pulumi up` waits that long for it")

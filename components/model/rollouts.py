@@ -57,6 +57,9 @@ class RolloutPlan:
     progress_deadline_seconds: int = 0
     # From the first step to promotion.
     analysis_seconds: int = 0
+    # From the change to the canary's first replica serving: a node, then its load (it holds its
+    # devices all that time too).
+    ready_seconds: int = 0
 
     @property
     def is_canary(self) -> bool:
@@ -115,12 +118,12 @@ def rollout_plan(rollouts: RolloutSpec, model: ModelSpec, which: str, hosts: int
                            primary_max=pool.max_replicas)
     steps = -(-weight // rollouts.step_weight)
     return RolloutPlan("canary", note, canary, primary_max, weight, deadline,
-                       (steps + 1) * rollouts.interval_seconds)
+                       (steps + 1) * rollouts.interval_seconds, int(NODE_PROVISION_S + load_seconds))
 
 
 def canary_dollars(plan: RolloutPlan, replica_usd_per_hour: float) -> float:
-    """What one rollout's canary costs at its ceiling for the whole analysis (an upper bound)."""
-    return plan.canary_replicas * replica_usd_per_hour * plan.analysis_seconds / 3600
+    """What one rollout's canary costs at most: at its ceiling from its node and load to promotion."""
+    return plan.canary_replicas * replica_usd_per_hour * (plan.ready_seconds + plan.analysis_seconds) / 3600
 
 
 def pool_matches(which: str, path_prefix: str, long_request_bytes: int) -> list[dict[str, Any]]:
