@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .billing_budget import BillingBudget, BillingBudgetArgs
+    from .flagger import Flagger, FlaggerArgs
     from .gateway import Gateway, GatewayArgs
     from .gpu_cluster import GpuCluster, GpuClusterArgs
     from .inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 _MODULE_OF = {
     "BillingBudget": "billing_budget",
     "BillingBudgetArgs": "billing_budget",
+    "Flagger": "flagger",
+    "FlaggerArgs": "flagger",
     "Gateway": "gateway",
     "GatewayArgs": "gateway",
     "RouteTarget": "model.gateway_routes",
@@ -65,7 +68,7 @@ _MODULE_OF = {
 }
 
 __all__ = [
-    "BillingBudget", "BillingBudgetArgs",
+    "BillingBudget", "BillingBudgetArgs", "Flagger", "FlaggerArgs",
     "Gateway", "GatewayArgs", "GpuCluster", "GpuClusterArgs", "InferenceObjectiveCrd", "InferenceObjectiveCrdArgs",
     "InferencePool", "InferencePoolArgs", "Keda", "KedaArgs", "LimitStore", "LimitStoreArgs", "LoadTest", "LoadTestArgs",
     "MeshNamespace",

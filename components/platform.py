@@ -274,7 +274,8 @@ class Platform(pulumi.ComponentResource):
             gates=gates(cfg.rollouts, cfg.monitoring), canary_namespaces=canary_namespaces,
             load_tests=[self._load_test_ref] if self._load_test_ref else [],
             notification_channels=self.observability.channels, metrics_sources=[cfg.cluster.subnet_cidr],
-            apis=self.apis), opts=self._opts_for([self.mesh]))
+            # The loadtester's Roles go into the serving namespaces: after them.
+            apis=self.apis), opts=self._opts_for([self.mesh, self.serving, *self.tenants.values()]))
 
     def _rollout_load_test(self) -> Optional[LoadTestRef]:
         """The load test the canaries' webhooks start, in its CronJob's namespace (its tenant's for a

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..components.model.flagger_install import CHART_PODS as FLAGGER_PODS
 from ..components.model.node_shapes import node_free, system_pool_free
 from .config import ConfigError, ConfigIssue
 
@@ -117,7 +118,8 @@ def system_demand(manifests: list[dict[str, Any]]) -> list[Demand]:
         if surge:
             out.append(Demand(f"{what} (surge)", surge, cpu + proxy_cpu, mem + proxy_mem, False))
     uses_lws = any(doc.get("kind") == "LeaderWorkerSet" for doc in manifests)
-    charts = KEDA_PODS + (LWS_PODS if uses_lws else ())
+    uses_flagger = any(doc.get("kind") == "Canary" for doc in manifests)
+    charts = KEDA_PODS + (LWS_PODS if uses_lws else ()) + (FLAGGER_PODS if uses_flagger else ())
     return out + [Demand(what, pods, cpu, mem) for what, pods, cpu, mem in charts]
 
 

@@ -23,7 +23,7 @@ from vllm_gke.components.model.node_shapes import (
     node_shape,
 )
 from vllm_gke.infra.plan import REPO_ROOT, Plan
-from vllm_gke.infra.system_pool import KEDA_PODS, LWS_PODS
+from vllm_gke.infra.system_pool import FLAGGER_PODS, KEDA_PODS, LWS_PODS
 
 SHARED = REPO_ROOT.parent / "shared"
 CONTROL_PLANE = SHARED / "k8s" / "controlplane.py"
@@ -208,7 +208,9 @@ def chart_stand_ins(plan: Plan) -> list[dict[str, Any]]:
          "spec": {"replicas": 2, "selector": {"matchLabels": {"stand-in": "gke-cluster-pods"}},
                   "template": {"metadata": {"labels": {"stand-in": "gke-cluster-pods"}},
                                "spec": pause(GKE_PER_CLUSTER_CPU_M // 2, GKE_PER_CLUSTER_MEMORY_MI // 2)}}}]
-    for namespace, pods in (("keda", KEDA_PODS), ("lws-system", LWS_PODS if uses_lws else ())):
+    uses_flagger = any(d["kind"] == "Canary" for d in plan.manifests())
+    for namespace, pods in (("keda", KEDA_PODS), ("lws-system", LWS_PODS if uses_lws else ()),
+                            ("flagger-system", FLAGGER_PODS if uses_flagger else ())):
         for what, replicas, cpu, mem in pods:
             name = what.lower().replace(" ", "-")
             spec = pause(cpu, mem)

@@ -128,7 +128,7 @@ def frontend_deployment_spec(project: str) -> dict[str, Any]:
                 "ports": [{"name": "web", "containerPort": FRONTEND_PORT}],
                 "readinessProbe": probe,
                 "livenessProbe": {**probe, "httpGet": {"path": "/-/healthy", "port": "web"}},
-                "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}},
                 "securityContext": CONTAINER_SECURITY}]}},
     }
 
@@ -178,7 +178,7 @@ def loadtester_deployment_spec(canary_namespaces: Sequence[str]) -> dict[str, An
                 "env": [{"name": "HOME", "value": LOADTESTER_TMP},
                         {"name": "KUBECACHEDIR", "value": f"{LOADTESTER_TMP}/kube-cache"}],
                 "readinessProbe": probe, "livenessProbe": probe,
-                "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}},
                 "securityContext": CONTAINER_SECURITY,
                 "volumeMounts": [{"name": "tmp", "mountPath": LOADTESTER_TMP}]}],
             "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}]}},
