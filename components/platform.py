@@ -46,6 +46,7 @@ from .model.serving_plan import (
     floor_dollars_per_hour,
     picker_objectives,
     pool_services,
+    rollout_load_tests,
     route_targets,
     servings,
     shared_models,
@@ -267,25 +268,22 @@ class Platform(pulumi.ComponentResource):
         canary_namespaces = sorted({self._namespace_name(s.tenant) for s in servings(cfg) if flagger_pools(cfg, s)})
         if not canary_namespaces:
             return
-        self._load_test_ref = self._rollout_load_test()
+        refs = {(ref.name, ref.namespace): ref for s in servings(cfg) if flagger_pools(cfg, s)
+                for ref in self._rollout_load_tests(s)}
         self.flagger = Flagger(f"{self._prefix}flagger", FlaggerArgs(
             project=cfg.project, provider=self.cluster.provider, workload_pool=self.cluster.workload_pool,
             cluster_name=cfg.cluster.name, frontend_gsa_name=service_account_id(cfg.cluster.name, "flagger-prom"),
             gates=gates(cfg.rollouts, cfg.monitoring), canary_namespaces=canary_namespaces,
-            load_tests=[self._load_test_ref] if self._load_test_ref else [],
+            load_tests=[refs[k] for k in sorted(refs)],
             notification_channels=self.observability.channels, metrics_sources=[cfg.cluster.subnet_cidr],
             # The loadtester's Roles go into the serving namespaces: after them.
             apis=self.apis), opts=self._opts_for([self.mesh, self.serving, *self.tenants.values()]))
 
-    def _rollout_load_test(self) -> Optional[LoadTestRef]:
-        """The load test the canaries' webhooks start, in its CronJob's namespace (its tenant's for a
-        dedicated copy)."""
-        cfg = self.config
-        spec = next((t for t in cfg.load_tests if t.name == cfg.rollouts.load_test), None)
-        if spec is None:
-            return None
-        tenant = next(t for t in cfg.tenants if t.name == spec.tenant)
-        return LoadTestRef(spec.name, self._namespace_name(tenant.name if spec.model in dedicated_models(tenant) else None))
+    def _rollout_load_tests(self, serving: Serving) -> list[LoadTestRef]:
+        """The load tests the serving's canaries' webhooks start, each in its CronJob's namespace (the
+        serving's own: where the replicas it tests run)."""
+        return [LoadTestRef(spec.name, self._namespace_name(serving.tenant))
+                for spec in rollout_load_tests(self.config, serving)]
 
     def _namespace_name(self, tenant: Optional[str]) -> str:
         """A serving namespace's name as the config has it (Roles and Canaries name it before it exists)."""
@@ -310,8 +308,8 @@ class Platform(pulumi.ComponentResource):
         cfg = self.config
         if not service.rollout.is_canary:
             return None
-        webhooks = (load_test_webhooks(self._load_test_ref, self.flagger.loadtester_url)
-                    if self._load_test_ref and self.flagger else ())
+        webhooks = tuple(hook for ref in self._rollout_load_tests(serving)
+                         for hook in load_test_webhooks(ref, self.flagger.loadtester_url)) if self.flagger else ()
         return FlaggerPool(service.rollout, cfg.rollouts, cfg.monitoring, serving.path, service.model.long_request_bytes,
                            serving_listener(cfg.gateway), cfg.gateway.hostname, webhooks)
 

@@ -8,7 +8,7 @@ from ..components.billing_budget import MAX_CHANNELS as MAX_BUDGET_CHANNELS
 from ..components.model.capacity import consumer_models, hosts_per_replica, network_cost, placements, rollout_needs
 from ..components.model.cold_start import cold_start_seconds, rollout_seconds
 from ..components.model.service_levels import TTFT_BUCKETS, ttft_bound
-from ..components.model.serving_plan import pool_rollout, servings
+from ..components.model.serving_plan import flagger_pools, pool_rollout, rollout_load_tests, servings
 from ..components.model.vllm_server import SPOT_PRE_STOP_S, SPOT_SHUTDOWN_S, drain_seconds
 from ..components.model.vllm_versions import release
 from ..components.model.weights_backends import backend_of
@@ -224,6 +224,10 @@ def rollout_trade_offs(cfg: StackConfig) -> list[str]:
             elif plan.note:
                 out.append(f"canary of {name}: {plan.note}; raise the maxNodes of node pool '{serving.node_pool}' "
                            "for a full canary beside the pool at its ceiling")
+        if flagger_pools(cfg, serving) and not rollout_load_tests(cfg, serving):
+            out.append(f"canaries of {_label(serving.model.name, serving.tenant)}: no load test reaches them "
+                       "(rollouts.loadTests): a rollout when no tenant calls the model finds no traffic to judge "
+                       "and rolls back; add a loadTests entry calling it")
     return out
 
 

@@ -211,3 +211,25 @@ def test_a_canary_pools_long_rollout_is_flaggers_promotion_not_pulumis_wait(stac
     assert len(llama_on) == len(llama_off) == 1
     assert "Flagger's promotion of the primary" in llama_on[0] and "`pulumi up` does not wait" in llama_on[0]
     assert llama_off[0].endswith("`pulumi up` waits that long for it")
+
+
+def test_each_canary_gets_the_load_tests_that_reach_it_and_a_warning_where_none_does(plans, stack_values):
+    """A canary's webhooks start the load tests whose tenant's route reaches its pool (the model's
+    shared pools, or the tenant's own copy), so every canary has traffic at night; one that none
+    reaches is warned about."""
+    from vllm_gke.infra.advice import rollout_trade_offs
+    from tests.conftest import manifests_of
+
+    started = {(c["metadata"]["namespace"], c["metadata"]["name"]):
+               {w["name"] for w in c["spec"]["analysis"].get("webhooks", [])} for c in manifests_of(plans["prod"], "Canary")}
+    assert started[("vllm", "llama-70b-short")] == {"pre-rollout-loadtest-search-llama-70b", "rollout-loadtest-search-llama-70b"}
+    assert started[("vllm", "qwen-7b-long")] == {"pre-rollout-loadtest-support-qwen-7b", "rollout-loadtest-support-qwen-7b"}
+    assert started[("tenant-analytics", "qwen-7b-short")] == {"pre-rollout-loadtest-analytics-qwen-7b",
+                                                              "rollout-loadtest-analytics-qwen-7b"}
+    assert all(started.values())
+    assert not [w for w in rollout_trade_offs(plans["prod"].config) if "no load test reaches" in w]
+    values = copy.deepcopy(stack_values["prod"])
+    values["vllm-gke:rollouts"]["loadTests"] = ["search-llama-8b"]
+    warned = [w for w in rollout_trade_offs(parse(values)) if "no load test reaches" in w]
+    assert sorted(w.split(":")[0] for w in warned) == ["canaries of llama-70b", "canaries of qwen-7b",
+                                                        "canaries of qwen-7b (analytics)"]

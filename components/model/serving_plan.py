@@ -17,7 +17,7 @@ from .pods.standby import standby_name
 from .rollouts import RolloutPlan, rollout_plan
 from .serving_api import objective_name, path_prefix, picker_max_body_bytes, picker_routes, pool_guard_config
 from .serving_pool import grace_seconds
-from .specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec, TenantSpec
+from .specs import ImageRef, LoadTestSpec, ModelSpec, NodePoolSpec, ServingPoolSpec, TenantSpec
 from .stack_config import StackConfig
 from .vllm_versions import VllmRelease
 
@@ -145,6 +145,22 @@ def pool_rollout(cfg: StackConfig, serving: Serving, which: str) -> RolloutPlan:
     return rollout_plan(cfg.rollouts, model, which, hosts_per_replica(model, node_pool),
                         canary_room(cfg, model, serving.node_pool, serving.tenant, which),
                         cold_start_seconds(cfg, model, node_pool))
+
+
+def rollout_load_tests(cfg: StackConfig, serving: Serving) -> list[LoadTestSpec]:
+    """The load tests (of those rollouts.loadTests names, else all) whose route reaches the serving's
+    pools: its model's, as a tenant that calls the shared pools, or as the tenant owning the copy."""
+    chosen = cfg.rollouts.load_tests
+    tenants = {t.name: t for t in cfg.tenants}
+    out: list[LoadTestSpec] = []
+    for spec in cfg.load_tests:
+        tenant = tenants.get(spec.tenant)
+        if (chosen is not None and spec.name not in chosen) or tenant is None or spec.model != serving.model.name:
+            continue
+        owner = tenant.name if spec.model in dedicated_models(tenant) else None
+        if owner == serving.tenant:
+            out.append(spec)
+    return out
 
 
 def flagger_pools(cfg: StackConfig, serving: Serving) -> tuple[str, ...]:

@@ -663,8 +663,8 @@ class RolloutSpec(TypedDict):
     """Failed checks (a gate broken, or no traffic to judge) before the rollback. Default: 2."""
     gates: NotRequired[RolloutGates]
     """What the canary must meet at each step, against the primary over the same window."""
-    load_test: NotRequired[str]
-    """A loadTests entry run as the canary's pre-rollout and load webhook, so the analysis has traffic to judge at any hour (its tenant's route, through the load balancer)."""
+    load_tests: NotRequired[list[str]]
+    """The loadTests entries the canaries' pre-rollout and load webhooks start, so the analysis has traffic to judge at any hour: each for the canaries of the pools its tenant's route reaches (its model's shared pools, or the tenant's dedicated copy). Unset: every load test of the stack."""
 
 
 class StackConfig(TypedDict):

@@ -21,9 +21,10 @@ def rollouts(cfg: "StackConfig", add: Add) -> None:
                 "a manual canary split and Flagger's would both hold the route: with rollouts.enabled, set the "
                 "model's revision to the new one and remove canary (Flagger rolls it out, gated by the SLOs)")
     names = {t.name for t in cfg.load_tests}
-    if spec.load_test is not None and spec.load_test not in names:
-        known = ", ".join(sorted(names)) or "(none: add one under loadTests)"
-        add("rollouts.loadTest", f"'{spec.load_test}' is not a load test: use one of {known}")
+    known = ", ".join(sorted(names)) or "(none: add one under loadTests)"
+    for i, name in enumerate(spec.load_tests or []):
+        if name not in names:
+            add(f"rollouts.loadTests[{i}]", f"'{name}' is not a load test: use one of {known}")
     if not cfg.monitoring.slos.enabled:
         add("rollouts.enabled", "the gates read the SLOs' series (the TTFT bound the servers add to vLLM's "
             "histogram): set monitoring.slos.enabled, or turn rollouts off")

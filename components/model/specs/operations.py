@@ -142,9 +142,10 @@ class RolloutSpec(Spec):
     failed_checks: int = Field(default=2, ge=1, le=20)
     # What the canary must meet at each step, against the primary over the same window.
     gates: RolloutGates = Field(default_factory=RolloutGates)
-    # A loadTests entry run as the canary's pre-rollout and load webhook, so the analysis has traffic
-    # to judge at any hour (its tenant's route, through the load balancer).
-    load_test: Optional[Name] = None
+    # The loadTests entries the canaries' pre-rollout and load webhooks start, so the analysis has
+    # traffic to judge at any hour: each for the canaries of the pools its tenant's route reaches (its
+    # model's shared pools, or the tenant's dedicated copy). Unset: every load test of the stack.
+    load_tests: Optional[list[Name]] = None
 
     @model_validator(mode="after")
     def _steps(self) -> "RolloutSpec":
