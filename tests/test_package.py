@@ -295,12 +295,11 @@ def test_the_plugin_serves_its_schema_over_the_provider_protocol():
 
 def test_component_users_can_run_a_canary_through_the_facades():
     """VllmService(canary: true) and Gateway canary targets, as a YAML or TypeScript program would declare them."""
+    from tests.conftest import by_hand
     from vllm_gke.components.provider import Gateway, VllmService
     from vllm_gke.components.provider.convert import InputError
     from vllm_gke.infra.config import parse
     from vllm_gke.infra.plan import read_stack_config, run_program
-
-    from tests.conftest import by_hand
 
     values = read_stack_config("prod")
     by_hand(values)

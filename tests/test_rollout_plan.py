@@ -217,8 +217,8 @@ def test_each_canary_gets_the_load_tests_that_reach_it_and_a_warning_where_none_
     """A canary's webhooks start the load tests whose tenant's route reaches its pool (the model's
     shared pools, or the tenant's own copy), so every canary has traffic at night; one that none
     reaches is warned about."""
-    from vllm_gke.infra.advice import rollout_trade_offs
     from tests.conftest import manifests_of
+    from vllm_gke.infra.advice import rollout_trade_offs
 
     started = {(c["metadata"]["namespace"], c["metadata"]["name"]):
                {w["name"] for w in c["spec"]["analysis"].get("webhooks", [])} for c in manifests_of(plans["prod"], "Canary")}
