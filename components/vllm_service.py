@@ -22,7 +22,7 @@ from .k8s_meta import api_body, custom_resource, meta
 from .keda import gmp_query_url
 from .model.cold_start import NODE_PROVISION_S
 from .model.k8s_objects import group_name_of
-from .model.keda_scaling import KedaScaling, primary_queries, scaled_object
+from .model.keda_scaling import PAUSED_REPLICAS, KedaScaling, primary_queries, primary_scaled_object, scaled_object
 from .model.mesh_identity import STANDBY_SA
 from .model.pods.server import ServerPod, leader_pod, server_pod, worker_pod
 from .model.rollouts import FLAGGER_API, WORKLOAD_LABEL, FlaggerPool, canary_spec
@@ -182,7 +182,8 @@ class VllmService(pulumi.ComponentResource):
         self.deployment = k8s.apps.v1.Deployment(
             f"{name}-deploy",
             metadata={**meta(self.service_name, labels=who.labels), "namespace": args.namespace},
-            spec=api_body(deployment_spec(args.pool, {**who.selector, **self._workload()}, plan, server_pod(pods))),
+            spec=api_body(deployment_spec(args.pool, {**who.selector, **self._workload()}, plan, server_pod(pods),
+                                          start_at_zero=self.flagger is not None)),
             opts=self._workload_opts(args, opts, plan))
         self.workload = self.deployment
 
@@ -240,15 +241,27 @@ class VllmService(pulumi.ComponentResource):
 
     def _scaling(self, name: str, args: VllmServiceArgs, scaling: KedaScaling,
                  opts: Optional[pulumi.ResourceOptions], who: PoolIdentity) -> None:
-        """KEDA's ScaledObject on the pool's queue (after the workload it scales) and the scrape."""
-        service, group = self.service_name, self.group_name
+        """KEDA's ScaledObject on the pool's queue (after the workload it scales) and the scrape; for a
+        Flagger pool, the canary's (paused at 0 until Flagger resumes it for an analysis) and the primary's."""
+        service, group, flagger = self.service_name, self.group_name, self.flagger
         metadata: k8s.meta.v1.ObjectMetaArgsDict = {**meta(service, labels=who.labels), "namespace": args.namespace}
+        spec = pulumi.Output.from_input(args.namespace).apply(lambda ns: scaled_object(
+            service, ns, args.pool, scaling, gmp_query_url(scaling.project), group=group,
+            canary_max=flagger.plan.canary_replicas if flagger else 0))
+        paused = {**metadata, "annotations": {PAUSED_REPLICAS: "0"}} if flagger else metadata
         self.autoscaler = custom_resource(
-            f"{name}-scaledobject", "keda.sh/v1alpha1", "ScaledObject", metadata,
-            pulumi.Output.from_input(args.namespace).apply(lambda ns: scaled_object(
-                service, ns, args.pool, scaling, gmp_query_url(scaling.project), group=group,
-                canary_max=self.flagger.plan.canary_replicas if self.flagger else 0)),
-            child_opts(self, opts, provider=args.provider, depends_on=[self.workload]))
+            f"{name}-scaledobject", "keda.sh/v1alpha1", "ScaledObject", paused, spec,
+            child_opts(self, opts, provider=args.provider, depends_on=[self.workload],
+                       # Flagger pauses and resumes it: an update of it must not set that back.
+                       ignore_changes=[f'metadata.annotations["{PAUSED_REPLICAS}"]'] if flagger else None))
+        if flagger is not None:
+            primary = f"{service}-primary"
+            custom_resource(
+                f"{name}-primary-scaledobject", "keda.sh/v1alpha1", "ScaledObject",
+                {**meta(primary, labels=who.labels), "namespace": args.namespace},
+                pulumi.Output.all(spec, args.namespace).apply(lambda a: primary_scaled_object(
+                    a[0], primary, args.pool.min_replicas, flagger.plan.primary_max, primary_queries(service, a[1]))),
+                child_opts(self, opts, provider=args.provider, depends_on=[self.workload]))
         custom_resource(f"{name}-podmonitoring", "monitoring.googleapis.com/v1", "PodMonitoring", metadata,
                         pod_monitoring_spec(who.selector), child_opts(self, opts, provider=args.provider))
 

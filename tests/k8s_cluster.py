@@ -281,6 +281,9 @@ def flagger_stand_ins(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         target["spec"]["selector"] = {"matchLabels": {label: f"{value}-primary"}}
         target["spec"]["template"]["metadata"]["labels"][label] = f"{value}-primary"
         target["spec"]["replicas"] = 1
+        out.append(target)
+        if ("ScaledObject", ns, f"{spec['autoscalerRef']['name']}-primary") in found:
+            continue  # the plan declares the primary's ScaledObject as Flagger computes it
         so = json.loads(json.dumps(found[("ScaledObject", ns, spec["autoscalerRef"]["name"])]))
         replicas = spec["autoscalerRef"].get("primaryScalerReplicas") or {}
         so["metadata"] = {"name": f"{so['metadata']['name']}-primary", "namespace": ns}
@@ -290,7 +293,7 @@ def flagger_stand_ins(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for trigger in so["spec"]["triggers"]:
             if trigger.get("name") in (spec["autoscalerRef"].get("primaryScalerQueries") or {}):
                 trigger["metadata"]["query"] = spec["autoscalerRef"]["primaryScalerQueries"][trigger["name"]]
-        out += [target, so]
+        out.append(so)
     return out
 
 

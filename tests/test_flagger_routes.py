@@ -106,8 +106,10 @@ def test_the_canary_service_selects_the_target_and_the_primary_its_copy(plans):
 
 
 def test_canary_ceilings_follow_the_plan(plans):
-    """The target's ScaledObject scales the canary from one replica to the plan's ceiling; Flagger's
-    copy for the primary keeps the pool's floor and the plan's primary ceiling."""
+    """The target's ScaledObject runs the canary at the plan's ceiling while Flagger resumes it (paused
+    at 0 from the start); the primary's, which the plan declares so that a scaling change reaches it,
+    is what Flagger computes from the Canary: the pool's floor, the plan's primary ceiling, the
+    primary's queries (scaled_object_reconciler.go reconcilePrimaryScaler)."""
     plan = plans["prod"]
     cfg = plan.config
     objects = {(s["metadata"]["namespace"], s["metadata"]["name"]): s for s in manifests_of(plan, "ScaledObject")}
@@ -116,9 +118,27 @@ def test_canary_ceilings_follow_the_plan(plans):
         ns = "vllm" if serving.tenant is None else f"tenant-{serving.tenant}"
         for which in serving.model.pool_names:
             rollout, name = pool_rollout(cfg, serving, which), f"{serving.model.name}-{which}"
-            so, canary = objects[(ns, name)]["spec"], canaries[(ns, name)]["spec"]
-            assert (so["minReplicaCount"], so["maxReplicaCount"]) == (1, rollout.canary_replicas)
-            assert canary["autoscalerRef"]["primaryScalerReplicas"] == {
+            target, canary = objects[(ns, name)], canaries[(ns, name)]["spec"]
+            assert target["metadata"]["annotations"] == {"autoscaling.keda.sh/paused-replicas": "0"}
+            so = target["spec"]
+            assert (so["minReplicaCount"], so["maxReplicaCount"]) == (rollout.canary_replicas, rollout.canary_replicas)
+            scaler = canary["autoscalerRef"]
+            assert scaler["primaryScalerReplicas"] == {
                 "minReplicas": getattr(serving.model, which).min_replicas, "maxReplicas": rollout.primary_max}
-            assert set(canary["autoscalerRef"]["primaryScalerQueries"]) == {t["name"] for t in so["triggers"]}
+            assert set(scaler["primaryScalerQueries"]) == {t["name"] for t in so["triggers"]}
             assert canary["analysis"]["maxWeight"] == rollout.max_weight
+            assert canary["analysis"]["maxWeight"] % canary["analysis"]["stepWeight"] == 0
+            primary = objects[(ns, f"{name}-primary")]["spec"]
+            assert primary["scaleTargetRef"] == {**so["scaleTargetRef"], "name": f"{name}-primary"}
+            assert (primary["minReplicaCount"], primary["maxReplicaCount"]) == (
+                scaler["primaryScalerReplicas"]["minReplicas"], scaler["primaryScalerReplicas"]["maxReplicas"])
+            assert [t["metadata"]["query"] for t in primary["triggers"]] == [
+                scaler["primaryScalerQueries"][t["name"]] for t in so["triggers"]]
+            assert primary["advanced"] == so["advanced"]
+
+
+def test_a_flagger_target_starts_at_zero(plans):
+    """Flagger copies the target to the primary, which serves: the target runs only while a canary
+    is analysed, so it is created at 0 (no replica loads for nothing on the first `pulumi up`)."""
+    for d in vllm_deployments(plans["prod"]):
+        assert d["spec"]["replicas"] == 0, d["metadata"]["name"]

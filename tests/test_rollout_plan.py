@@ -12,8 +12,9 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from vllm_gke.components.model.cold_start import NODE_PROVISION_S, cold_start_seconds
+from vllm_gke.components.model.cold_start import NODE_PROVISION_S, cold_start_seconds, rollout_seconds
 from vllm_gke.components.model.serving_plan import pool_rollout, servings
+from vllm_gke.components.model.serving_pool import grace_seconds
 from vllm_gke.infra.advice import plan_warnings, rollout_trade_offs
 from vllm_gke.infra.config import parse
 from vllm_gke.infra.cost import cost_report
@@ -50,48 +51,75 @@ def _ceilings(cfg, node_pool: str) -> int:
                for s in servings(cfg) if s.node_pool == node_pool for w in s.model.pool_names)
 
 
+def _surges(cfg, node_pool: str) -> int:
+    """A replica more of each pool there: its primary's promotion surges while the canaries run."""
+    return sum(s.model.devices_per_replica for s in servings(cfg) if s.node_pool == node_pool
+               for _w in s.model.pool_names)
+
+
 def test_prod_borrows_a_replica_for_llama_70b_whose_node_pool_its_ceilings_fill(stack_values):
     """a100-tp8 reaches 6 nodes of 8 GPUs, which llama-70b's pools fill at their ceilings (4 + 2
     replicas of 8): no room beside them, so each canary borrows the primary's last replica and its
-    largest share is what one replica of the pool carries."""
+    largest share is what one replica of the pool carries, in whole steps (Flagger adds stepWeight
+    without clamping to maxWeight); the long pool's primary, replaced in place at promotion, hands
+    all traffic to the canary (one replica against its one) while it reloads."""
     cfg = _config(stack_values, "prod", rollouts=False)
     assert cfg.rollouts.enabled and _slots(cfg, "a100-tp8") == _ceilings(cfg, "a100-tp8")
     rows, step, top = _rows(cfg), cfg.rollouts.step_weight, cfg.rollouts.max_weight
     for which in ("short", "long"):
         row, pool = rows[("llama-70b", which, None)], getattr(cfg.model("llama-70b"), which)
         assert (row.mode, row.canary_replicas, row.primary_max) == ("canary", 1, pool.max_replicas - 1)
-        assert row.devices == 8 and row.max_weight == max(step, min(top, 100 // pool.max_replicas))
         assert f"the primary's ceiling is {pool.max_replicas - 1} of {pool.max_replicas}" in row.note
+        assert row.devices == 8 and row.max_weight % step == 0
+        if which == "long":  # its primary rolls in place (no surge room): the canary carries it all
+            assert row.max_weight == 100 and "carries all traffic (100%)" in row.note
+        else:
+            assert row.max_weight == max(step, min(top, 100 // pool.max_replicas) // step * step)
 
 
 def test_prod_pools_with_room_get_the_whole_canary(stack_values):
-    """a100-mig's MIG slices hold qwen-7b's shared and dedicated pools at their ceilings with room to
-    spare, as does the spot pool with its twin for llama-8b: each canary carries maxWeight of its pool
-    at its ceiling, and the plan notes nothing."""
+    """Beside every pool at its ceiling with a promotion's surge replica, what is left of a node pool
+    is shared by the pools in proportion to their ceilings: a pool whose share holds its canary's
+    need carries maxWeight of its pool and the plan notes nothing; one whose share holds less takes
+    what fits, promoted at the share those replicas carry (in whole steps)."""
     cfg = _config(stack_values, "prod", rollouts=False)
     rows = _rows(cfg)
+    full = 0
     for serving in servings(cfg):
         if serving.node_pool == "a100-tp8":
             continue
-        spare = _slots(cfg, serving.node_pool) - _ceilings(cfg, serving.node_pool)
+        spare = _slots(cfg, serving.node_pool) - _ceilings(cfg, serving.node_pool) - _surges(cfg, serving.node_pool)
         for which in serving.model.pool_names:
-            row = rows[(serving.model.name, which, serving.tenant)]
-            need = math.ceil(getattr(serving.model, which).max_replicas * cfg.rollouts.max_weight / 100)
-            assert spare >= need and row.mode == "canary" and row.note == ""
-            assert (row.canary_replicas, row.max_weight) == (need, cfg.rollouts.max_weight)
-            assert row.analysis_seconds == (math.ceil(row.max_weight / cfg.rollouts.step_weight) + 1) \
-                * cfg.rollouts.interval_seconds
+            row, pool = rows[(serving.model.name, which, serving.tenant)], getattr(serving.model, which)
+            mine = pool.max_replicas * serving.model.devices_per_replica
+            room = int(spare * mine / _ceilings(cfg, serving.node_pool)) // serving.model.devices_per_replica
+            need = math.ceil(pool.max_replicas * cfg.rollouts.max_weight / 100)
+            assert row.mode == "canary" and row.canary_replicas == min(room, need)
+            if room >= need:
+                full += 1
+                assert (row.note, row.max_weight) == ("", cfg.rollouts.max_weight)
+            else:
+                step = cfg.rollouts.step_weight
+                assert row.max_weight == room * 100 // pool.max_replicas // step * step
+                assert row.note.startswith(f"room for {room} canary replica(s) of the {need}")
+            assert row.analysis_seconds == (row.max_weight // step_of(cfg, row) + 1) * cfg.rollouts.interval_seconds
+    assert full >= 4
+
+
+def step_of(cfg, row) -> int:
+    return min(cfg.rollouts.step_weight, row.max_weight)
 
 
 def test_some_room_lowers_the_canarys_largest_share(stack_values):
-    """Two more a100-tp8 nodes (16 GPUs) shared by the two pools' ceilings (32 : 16): one replica's
-    room for the short pool, whose 50% of 4 replicas needs 2, so it is promoted at 25%; the long
-    pool's share is under a replica, so it still borrows one."""
-    cfg = _config(stack_values, "prod", lambda v: _pool(v, "a100-tp8").update(maxNodes=8), rollouts=False)
+    """Four more a100-tp8 nodes (32 GPUs), half of them for the promotions' surge replicas, the rest
+    shared by the two pools' ceilings (32 : 16): one replica's room for the short pool, whose 50% of
+    4 replicas needs 2, so it is promoted at 20% (25% carried by its one replica, in whole steps of
+    10); the long pool's share is under a replica, so it still borrows one."""
+    cfg = _config(stack_values, "prod", lambda v: _pool(v, "a100-tp8").update(maxNodes=10), rollouts=False)
     rows = _rows(cfg)
     short, long_ = rows[("llama-70b", "short", None)], rows[("llama-70b", "long", None)]
-    assert (short.canary_replicas, short.primary_max, short.max_weight) == (1, 4, 25)
-    assert short.note.startswith("room for 1 canary replica(s) of the 2 its 50% needs: promoted at 25%")
+    assert (short.canary_replicas, short.primary_max, short.max_weight) == (1, 4, 20)
+    assert short.note.startswith("room for 1 canary replica(s) of the 2 its 50% needs") and "promoted at 20%" in short.note
     assert (long_.canary_replicas, long_.primary_max) == (1, 1) and "primary's ceiling is 1 of 2" in long_.note
     warnings = rollout_trade_offs(cfg)
     assert any(w.startswith("canary of llama-70b short: room for 1 canary replica(s)") and "'a100-tp8'" in w
@@ -113,7 +141,7 @@ def test_one_replica_with_no_room_rolls_in_place(stack_values):
 
 
 @pytest.mark.parametrize("stack,model,which,reason", [
-    ("staging", "llama-8b", "short", "behind the endpoint picker its backend is one InferencePool"),
+    ("staging", "llama-8b", "short", "behind the endpoint picker its backend is an InferencePool"),
     ("staging", "mistral-7b", "long", "it may scale to zero"),
     ("frontier", "llama-405b", "short", "a replica spans 2 hosts (a LeaderWorkerSet"),
     ("frontier", "llama-70b-tpu", "short", "a replica spans 4 hosts (a LeaderWorkerSet"),
@@ -152,8 +180,15 @@ def test_a_rollouts_dollars_are_the_cost_reports_replica_for_the_analysis(prod_r
         # It holds its devices from its node and load (the cold start) to promotion.
         serving = next(s for s in servings(cfg) if s.model.name == row.model and s.tenant == row.tenant)
         ready = pool_rollout(cfg, serving, row.pool).ready_seconds
-        assert ready == int(NODE_PROVISION_S + cold_start_seconds(cfg, serving.model, cfg.pool(serving.node_pool)))
-        assert row.usd_per_rollout == pytest.approx(row.canary_replicas * price * (ready + row.analysis_seconds) / 3600)
+        load = cold_start_seconds(cfg, serving.model, cfg.pool(serving.node_pool))
+        assert ready == int(NODE_PROVISION_S + load)
+        # ...through the analysis, until the primary's promotion at its ceiling is done (Flagger scales
+        # the canary to 0 only then).
+        plan = pool_rollout(cfg, serving, row.pool)
+        promotion = rollout_seconds(plan.primary_max, load, grace_seconds(cfg.gateway.request_timeout_seconds))
+        assert plan.promotion_seconds == int(promotion) > 0
+        assert row.usd_per_rollout == pytest.approx(
+            row.canary_replicas * price * (ready + row.analysis_seconds + plan.promotion_seconds) / 3600)
         assert row.devices == row.canary_replicas * cfg.model(row.model).devices_per_replica
     spot = next(r for r in v.rollouts if r.node_pool == "a100-spot")
     od = next(r for r in v.cost.replicas if r.node_pool == "a100-spot")
@@ -215,15 +250,17 @@ def test_a_canary_pools_long_rollout_is_flaggers_promotion_not_pulumis_wait(stac
 
 def test_each_canary_gets_the_load_tests_that_reach_it_and_a_warning_where_none_does(plans, stack_values):
     """A canary's webhooks start the load tests whose tenant's route reaches its pool (the model's
-    shared pools, or the tenant's own copy), so every canary has traffic at night; one that none
-    reaches is warned about."""
+    shared pools, or the tenant's own copy; a long pool's canary, their variants hinted to the long
+    pool), so every canary has traffic at night; one that none reaches is warned about."""
     from tests.conftest import manifests_of
     from vllm_gke.infra.advice import rollout_trade_offs
 
     started = {(c["metadata"]["namespace"], c["metadata"]["name"]):
                {w["name"] for w in c["spec"]["analysis"].get("webhooks", [])} for c in manifests_of(plans["prod"], "Canary")}
     assert started[("vllm", "llama-70b-short")] == {"pre-rollout-loadtest-search-llama-70b", "rollout-loadtest-search-llama-70b"}
-    assert started[("vllm", "qwen-7b-long")] == {"pre-rollout-loadtest-support-qwen-7b", "rollout-loadtest-support-qwen-7b"}
+    assert started[("vllm", "qwen-7b-long")] == {"pre-rollout-loadtest-support-qwen-7b-long",
+                                                 "rollout-loadtest-support-qwen-7b-long"}
+    assert started[("vllm", "qwen-7b-short")] == {"pre-rollout-loadtest-support-qwen-7b", "rollout-loadtest-support-qwen-7b"}
     assert started[("tenant-analytics", "qwen-7b-short")] == {"pre-rollout-loadtest-analytics-qwen-7b",
                                                               "rollout-loadtest-analytics-qwen-7b"}
     assert all(started.values())

@@ -218,14 +218,16 @@ def surge_room(cfg: "StackConfig", model: ModelSpec, node_pool_name: str, tenant
 
 
 def canary_room(cfg: "StackConfig", model: ModelSpec, node_pool_name: str, tenant: Optional[str], which: str) -> int:
-    """Canary replicas this pool may run on its node pool beside every pool there at its ceiling: the
+    """Canary replicas this pool may run on its node pool beside every pool there at its ceiling with
+    a surge replica of its own (a primary's promotion rolls it while the canaries still run): the
     devices left over, shared among the pools in proportion to their ceilings (a change every pool
     shares, an image or the tenants, rolls them all at once)."""
     node_pool = next(p for p in cfg.node_pools if p.name == node_pool_name)
     mine = getattr(model, which).max_replicas * model.devices_per_replica
-    others = sum(getattr(m, w).max_replicas * m.devices_per_replica
-                 for m, w in neighbours(cfg, node_pool_name, model, tenant, which))
-    free = _reach_slots(node_pool) - others - mine
+    neighbours_ = neighbours(cfg, node_pool_name, model, tenant, which)
+    others = sum(getattr(m, w).max_replicas * m.devices_per_replica for m, w in neighbours_)
+    surges = model.devices_per_replica + sum(m.devices_per_replica for m, _w in neighbours_)
+    free = _reach_slots(node_pool) - others - mine - surges
     if free <= 0:
         return 0
     return int(free * mine / (mine + others)) // model.devices_per_replica

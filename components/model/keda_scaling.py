@@ -8,6 +8,8 @@ from typing import Any, Optional
 
 from .specs import ServingPoolSpec
 
+# KEDA holds a paused ScaledObject's target at this count: a Flagger target's, between rollouts.
+PAUSED_REPLICAS = "autoscaling.keda.sh/paused-replicas"
 # GPU replicas are slow to start and costly to churn: scale up fast, down slowly.
 SCALE_BEHAVIOR = {
     "scaleUp": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]},
@@ -48,9 +50,10 @@ def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: Keda
     # Keep: while anything runs, one replica (the threshold never asks for more). On every pool,
     # so KEDA's record of when the pool was last active is current the day it is switched to zero.
     keep = prometheus("keep", keep_query(selector), 1)
-    # A Flagger pool's own ScaledObject scales its canary (Flagger copies it for the primary, with
-    # the pool's floor and ceiling): one replica up to the canary's ceiling.
-    low, high = (1, canary_max) if canary_max else (pool.min_replicas, pool.max_replicas)
+    # A Flagger pool's own ScaledObject scales its canary, paused at 0 between rollouts: at the
+    # canary's ceiling throughout the analysis, so its replicas carry no more than the primary's at the
+    # largest share (the weight moves a step a minute; a replica added on a queue takes a cold start).
+    low, high = (canary_max, canary_max) if canary_max else (pool.min_replicas, pool.max_replicas)
     spec: dict[str, Any] = {
         "scaleTargetRef": ({"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": group}
                            if group else {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}),
@@ -100,3 +103,20 @@ def primary_queries(name: str, namespace: str) -> dict[str, str]:
     (Flagger's own rewrite of the target's name in a query is a best effort it warns about)."""
     selector = pods_of(f"{name}-primary", namespace)
     return {"queue": queue_query(selector), "keep": keep_query(selector)}
+
+
+def primary_scaled_object(target: dict[str, Any], primary: str, min_replicas: int, max_replicas: int,
+                          queries: dict[str, str]) -> dict[str, Any]:
+    """The primary's ScaledObject exactly as Flagger v1.44.0 computes it from the target's
+    (pkg/canary/scaled_object_reconciler.go reconcilePrimaryScaler:38-90: the target's spec, its
+    scaleTargetRef named <target>-primary, min and max from primaryScalerReplicas, each named
+    trigger's query from primaryScalerQueries). Declared by the plan, so a change of the pool's
+    scaling reaches the primary at `pulumi up`: Flagger creates it only where missing and rewrites it
+    only at promotion (:100-122, init), to these same values."""
+    spec = {k: v for k, v in target.items() if k in (
+        "pollingInterval", "cooldownPeriod", "advanced", "triggers", "fallback", "idleReplicaCount")}
+    spec["scaleTargetRef"] = {**target["scaleTargetRef"], "name": primary}
+    spec["minReplicaCount"], spec["maxReplicaCount"] = min_replicas, max_replicas
+    spec["triggers"] = [{**t, "metadata": {**t["metadata"], "query": queries[t["name"]]}} if t.get("name") in queries
+                        else t for t in target["triggers"]]
+    return spec

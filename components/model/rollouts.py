@@ -35,6 +35,8 @@ FLAGGER_NAMESPACE = "flagger-system"
 # The series label the PodMonitoring copies WORKLOAD_LABEL to (serving_pool.pod_monitoring_spec).
 WORKLOAD_SERIES_LABEL = "workload"
 GATEWAY_PROVIDER = "gatewayapi:v1"
+# The shortest window a gate reads.
+GATE_WINDOW_MIN_S = 300
 # KEDA trigger names, which Flagger's primaryScalerQueries are keyed by.
 QUEUE_TRIGGER, KEEP_TRIGGER = "queue", "keep"
 Mode = Literal["canary", "in-place"]
@@ -60,6 +62,12 @@ class RolloutPlan:
     # From the change to the canary's first replica serving: a node, then its load (it holds its
     # devices all that time too).
     ready_seconds: int = 0
+    # The primary's promotion at its ceiling, a replica at a time, while the canary still serves
+    # at its largest share (Flagger scales it to 0 only once the primary is ready: scheduler.go:294-312,
+    # 381-405).
+    promotion_seconds: int = 0
+    # Percent the canary gains a step: the stack's, or less where its largest share is under one step.
+    step_weight: int = 0
 
     @property
     def is_canary(self) -> bool:
@@ -76,7 +84,8 @@ def in_place_reason(rollouts: RolloutSpec, model: ModelSpec, which: str, hosts: 
         return (f"a replica spans {hosts} hosts (a LeaderWorkerSet, which Flagger does not target): whole groups "
                 "are replaced in place")
     if model.routing != "length":
-        return "behind the endpoint picker its backend is one InferencePool, which a weighted split cannot divide"
+        return ("behind the endpoint picker its backend is an InferencePool, and Flagger v1.44.0's Gateway API "
+                "router writes only Service backends")
     if getattr(model, which).min_replicas == 0:
         return "it may scale to zero: no traffic to judge there, and its standby shares the pool's Service"
     return ""
@@ -88,11 +97,13 @@ def canary_need(max_replicas: int, max_weight: int) -> int:
 
 
 def rollout_plan(rollouts: RolloutSpec, model: ModelSpec, which: str, hosts: int, room: int,
-                 load_seconds: float) -> RolloutPlan:
+                 load_seconds: float, in_place_promotion: bool = False) -> RolloutPlan:
     """`room`: the canary replicas that fit on the node pool beside every pool at its ceiling.
     Where the canary's full need does not fit, it takes what does and its largest share shrinks to
     what that carries; with no room at all it borrows one replica of the primary's ceiling (the pool
-    then serves at most max-1 until room is made); a pool of one replica with no room rolls in place."""
+    then serves at most max-1 until room is made) unless that is below its floor; else it rolls in
+    place. `in_place_promotion`: the pool's rolling update replaces replicas in place somewhere up to
+    its ceiling (capacity.surge_room), which the primary's promotion does too."""
     reason = in_place_reason(rollouts, model, which, hosts)
     pool = getattr(model, which)
     if reason:
@@ -104,26 +115,50 @@ def rollout_plan(rollouts: RolloutSpec, model: ModelSpec, which: str, hosts: int
     canary, primary_max, weight, note = need, pool.max_replicas, rollouts.max_weight, ""
     if room < need and room >= 1:
         canary = room
-        weight = max(rollouts.step_weight, min(rollouts.max_weight, room * 100 // pool.max_replicas))
-        note = (f"room for {room} canary replica(s) of the {need} its {rollouts.max_weight}% needs: promoted "
-                f"at {weight}%")
-    elif room < 1 and pool.max_replicas >= 2:
+        weight = room * 100 // pool.max_replicas
+        note = f"room for {room} canary replica(s) of the {need} its {rollouts.max_weight}% needs"
+    elif room < 1 and pool.max_replicas - 1 >= max(1, pool.min_replicas):
         canary, primary_max = 1, pool.max_replicas - 1
-        weight = max(rollouts.step_weight, min(rollouts.max_weight, 100 // pool.max_replicas))
-        note = (f"no room for a canary beside the pool at its ceiling: the primary's ceiling is "
-                f"{primary_max} of {pool.max_replicas}, its last replica's devices kept for the canary; promoted at {weight}%")
+        weight = 100 // pool.max_replicas
+        note = (f"no room for a canary beside the pool at its ceiling: the primary's ceiling is {primary_max} of "
+                f"{pool.max_replicas}, its last replica's devices kept for the canary")
     elif room < 1:
-        return RolloutPlan("in-place", f"no room on its node pool for a canary beside its one replica (maxReplicas "
-                           f"{pool.max_replicas}): add nodes (maxNodes) or a second replica's room",
+        why = (f"its floor is its ceiling ({pool.max_replicas}): a canary would take a replica of the floor"
+               if pool.max_replicas > 1 else f"beside its one replica (maxReplicas {pool.max_replicas})")
+        return RolloutPlan("in-place", f"no room on its node pool for a canary {why}; add nodes (maxNodes)",
                            primary_max=pool.max_replicas)
-    steps = -(-weight // rollouts.step_weight)
+    weight, note = _promotion_weight(rollouts, weight, canary, primary_max, in_place_promotion, note)
+    step = min(rollouts.step_weight, weight)
     return RolloutPlan("canary", note, canary, primary_max, weight, deadline,
-                       (steps + 1) * rollouts.interval_seconds, int(NODE_PROVISION_S + load_seconds))
+                       (weight // step + 1) * rollouts.interval_seconds, int(NODE_PROVISION_S + load_seconds),
+                       step_weight=step)
+
+
+def _promotion_weight(rollouts: RolloutSpec, weight: int, canary: int, primary_max: int, in_place: bool,
+                      note: str) -> tuple[int, str]:
+    """The canary's largest share: a multiple of the step (Flagger adds stepWeight without clamping
+    to maxWeight: scheduler.go runCanary), at least one step. Where the primary's promotion replaces
+    replicas in place (no room to surge), the canary carries all of it (100%) while the primary
+    reloads, if its replicas can; else the note says the promotion dips."""
+    step = rollouts.step_weight
+    # Under one step, a single step of what the room carries (the Canary's own stepWeight).
+    weight = weight // step * step if weight >= step else max(1, weight)
+    if in_place and canary >= primary_max:
+        return 100, (f"{note}; " if note else "") + "the primary is replaced in place at promotion: the canary " \
+            "carries all traffic (100%) while it reloads"
+    if in_place:
+        note = (f"{note}; " if note else "") + ("the primary is replaced in place at promotion: capacity dips by "
+                                               "a replica while each reloads")
+    if note and weight != rollouts.max_weight:
+        note += f"; promoted at {weight}%"
+    return weight, note
 
 
 def canary_dollars(plan: RolloutPlan, replica_usd_per_hour: float) -> float:
-    """What one rollout's canary costs at most: at its ceiling from its node and load to promotion."""
-    return plan.canary_replicas * replica_usd_per_hour * (plan.ready_seconds + plan.analysis_seconds) / 3600
+    """What one rollout's canary costs at most: at its ceiling from its node and load, through the
+    analysis, until the primary's promotion is done."""
+    seconds = plan.ready_seconds + plan.analysis_seconds + plan.promotion_seconds
+    return plan.canary_replicas * replica_usd_per_hour * seconds / 3600
 
 
 def pool_matches(which: str, path_prefix: str, long_request_bytes: int) -> list[dict[str, Any]]:
@@ -146,39 +181,49 @@ class Gate:
     max: float
 
 
-def _selector(workload: str) -> str:
-    return f'namespace="{{{{ namespace }}}}",{WORKLOAD_SERIES_LABEL}="{workload}"'
+def _selector(workload: str, cluster: str = "") -> str:
+    where = f'cluster="{cluster}",' if cluster else ""
+    return f'{where}namespace="{{{{ namespace }}}}",{WORKLOAD_SERIES_LABEL}="{workload}"'
 
 
-def _quantile(q: float, histogram: str, workload: str, window: str) -> str:
-    return (f"histogram_quantile({q:g}, sum by (le) (rate({histogram}_bucket{{{_selector(workload)}}}"
+def _quantile(q: float, histogram: str, workload: str, window: str, cluster: str) -> str:
+    return (f"histogram_quantile({q:g}, sum by (le) (rate({histogram}_bucket{{{_selector(workload, cluster)}}}"
             f"[{window}])))")
 
 
-def _error_share(workload: str, window: str) -> str:
-    series = f"vllm_gke_tenant_requests_total{{{_selector(workload)}"
-    return (f'(sum(rate({series},outcome="error"}}[{window}])) / sum(rate({series},outcome=~"ok|error"}}'
+def _share(outcomes: str, of: str, workload: str, window: str, cluster: str) -> str:
+    """The share of the guard's tenant requests whose outcome matches `outcomes` among those matching `of`."""
+    series = f"vllm_gke_tenant_requests_total{{{_selector(workload, cluster)}"
+    return (f'(sum(rate({series},outcome=~"{outcomes}"}}[{window}])) / sum(rate({series},outcome=~"{of}"}}'
             f"[{window}])))")
 
 
-def gates(rollouts: RolloutSpec, monitoring: MonitoringSpec) -> list[Gate]:
+def gates(rollouts: RolloutSpec, monitoring: MonitoringSpec, cluster: str = "") -> list[Gate]:
     """The canary's gates, each against the primary's series over the same window ({{ target }} is
-    the target Deployment; Flagger renders it, {{ namespace }} and {{ interval }})."""
+    the target Deployment; Flagger renders it, {{ namespace }} and {{ interval }}), on the stack's
+    cluster's series (`cluster`: several clusters may write to one project's Managed Prometheus)."""
     g, canary, primary, window = rollouts.gates, "{{ target }}", "{{ target }}-primary", "{{ interval }}"
     slo_q = monitoring.slos.ttft
     ttft, itl = "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"
 
     def ratio(q: float, histogram: str) -> str:
-        return f"{_quantile(q, histogram, canary, window)} / {_quantile(q, histogram, primary, window)}"
+        return (f"{_quantile(q, histogram, canary, window, cluster)} / "
+                f"{_quantile(q, histogram, primary, window, cluster)}")
+
+    def excess(outcomes: str, of: str) -> str:
+        return f"{_share(outcomes, of, canary, window, cluster)} - {_share(outcomes, of, primary, window, cluster)}"
 
     error_share = g.error_share if g.error_share is not None else round(1 - monitoring.slos.availability, 6)
     return [
         Gate("vllm-ttft-p99-ratio", ratio(0.99, ttft), g.ttft_ratio),
         Gate(f"vllm-ttft-p{_pct(slo_q)}-ratio", ratio(slo_q, ttft), g.ttft_ratio),
-        Gate(f"vllm-ttft-p{_pct(slo_q)}-seconds", _quantile(slo_q, ttft, canary, window),
+        Gate(f"vllm-ttft-p{_pct(slo_q)}-seconds", _quantile(slo_q, ttft, canary, window, cluster),
              g.ttft_seconds if g.ttft_seconds is not None else monitoring.ttft_slo_seconds),
-        Gate("vllm-error-share-excess", f"{_error_share(canary, window)} - {_error_share(primary, window)}",
-             error_share),
+        # Server errors (a 5xx or no answer) among the requests the service answered or failed.
+        Gate("vllm-error-share-excess", excess("error", "ok|error"), error_share),
+        # Refusals (a 4xx: a lost adapter, a shorter context) among all requests the guard admitted
+        # or refused: a change that turns requests away fails here, not only one that errs.
+        Gate("vllm-refused-share-excess", excess("refused", "ok|error|refused"), g.refused_share),
         Gate("vllm-itl-p99-ratio", ratio(0.99, itl), g.itl_ratio),
     ]
 
@@ -214,7 +259,9 @@ def canary_spec(service: str, which: str, min_replicas: int, pool: FlaggerPool, 
     """The pool's Canary: Flagger copies Deployment `service` to `service`-primary, whose KEDA
     ScaledObject keeps the pool's floor and the plan's ceiling, and routes `which`'s matches."""
     rollouts = pool.rollouts
-    window = f"{2 * rollouts.interval_seconds}s"
+    # Each gate reads at least 5 minutes (two intervals where longer): vLLM's histogram buckets are
+    # coarse (0.25, 0.5, 0.75, 1, 2.5 s for TTFT), and a quantile of a few dozen requests jumps.
+    window = f"{max(2 * rollouts.interval_seconds, GATE_WINDOW_MIN_S)}s"
     metrics = [{"name": g.name, "templateRef": {"name": g.name, "namespace": FLAGGER_NAMESPACE},
                 "thresholdRange": {"max": g.max}, "interval": window} for g in gates(rollouts, pool.monitoring)]
     route: dict[str, Any] = {
@@ -236,6 +283,6 @@ def canary_spec(service: str, which: str, min_replicas: int, pool: FlaggerPool, 
         "revertOnDeletion": True,
         "service": route,
         "analysis": {"interval": f"{rollouts.interval_seconds}s", "threshold": rollouts.failed_checks,
-                     "stepWeight": rollouts.step_weight, "maxWeight": pool.plan.max_weight,
+                     "stepWeight": pool.plan.step_weight, "maxWeight": pool.plan.max_weight,
                      "metrics": metrics, **({"webhooks": list(pool.webhooks)} if pool.webhooks else {})},
     }

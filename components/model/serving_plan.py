@@ -5,7 +5,7 @@ deploy time (namespaces, the weights store, the provider)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Mapping, Optional
 
 from .capacity import canary_room, hosts_per_replica, neighbours, rollout_strategy, surge_room
@@ -142,9 +142,14 @@ def pool_services(cfg: StackConfig, serving: Serving, canary: bool = False,
 def pool_rollout(cfg: StackConfig, serving: Serving, which: str) -> RolloutPlan:
     """How one of the serving's pools takes a change (rollouts.py: a Flagger canary where it can)."""
     model, node_pool = serving.model, cfg.pool(serving.node_pool)
-    return rollout_plan(cfg.rollouts, model, which, hosts_per_replica(model, node_pool),
-                        canary_room(cfg, model, serving.node_pool, serving.tenant, which),
-                        cold_start_seconds(cfg, model, node_pool))
+    load = cold_start_seconds(cfg, model, node_pool)
+    plan = rollout_plan(cfg.rollouts, model, which, hosts_per_replica(model, node_pool),
+                        canary_room(cfg, model, serving.node_pool, serving.tenant, which), load,
+                        in_place_promotion=surge_room(cfg, model, serving.node_pool, serving.tenant, which) is not None)
+    if not plan.is_canary:
+        return plan
+    grace = grace_seconds(cfg.gateway.request_timeout_seconds)
+    return replace(plan, promotion_seconds=int(rollout_seconds(plan.primary_max, load, grace)))
 
 
 def rollout_load_tests(cfg: StackConfig, serving: Serving) -> list[LoadTestSpec]:

@@ -141,13 +141,15 @@ def rollout(pool: ServingPoolSpec, node_pool: NodePoolSpec, hosts: int, load_sec
 
 
 def deployment_spec(pool: ServingPoolSpec, selector: Mapping[str, str], plan: Rollout,
-                    template: Mapping[str, Any]) -> dict[str, Any]:
+                    template: Mapping[str, Any], start_at_zero: bool = False) -> dict[str, Any]:
+    """`start_at_zero`: a Flagger target, whose replicas run only while a canary is analysed (Flagger
+    copies it to the primary, which serves)."""
     return {
         # KEDA owns the count. A pool that may go to zero starts there (the first `pulumi up`
         # pays no cold start, and KEDA wakes it on the first request); the others start at
         # one and KEDA raises them to their floor. The component ignores changes to it: later
         # updates never set it back.
-        **({"replicas": 0} if pool.min_replicas == 0 else {}),
+        **({"replicas": 0} if pool.min_replicas == 0 or start_at_zero else {}),
         "selector": {"matchLabels": dict(selector)},
         "strategy": {"type": "RollingUpdate", "rollingUpdate": dict(plan.rolling)},
         # Progress is a new replica Ready: allow for its node and its load, or the

@@ -112,13 +112,17 @@ class RolloutGates(Spec):
     policy pack (policies/rollouts.py)."""
 
     # The canary's P99 time to first token, and at the TTFT SLO's percentile, at most this many
-    # times the primary's.
-    ttft_ratio: float = Field(default=1.2, ge=1.0, le=5.0)
+    # times the primary's (tighter than 1.5 fails healthy canaries on the histogram's coarse buckets:
+    # docs/guides/rollouts.md).
+    ttft_ratio: float = Field(default=1.5, ge=1.0, le=5.0)
     # The canary's P99 inter-token latency at most this many times the primary's.
-    itl_ratio: float = Field(default=1.2, ge=1.0, le=5.0)
+    itl_ratio: float = Field(default=1.5, ge=1.0, le=5.0)
     # The canary's share of server errors (the guard's `error` outcome: a 5xx or no answer) above the
     # primary's, at most (default: the availability SLO's error budget, 1 - monitoring.slos.availability).
     error_share: Optional[float] = Field(default=None, gt=0, le=1)
+    # The canary's share of refused requests (a 4xx: an adapter it lost, a shorter context) above the
+    # primary's, at most.
+    refused_share: float = Field(default=0.02, gt=0, le=1)
     # The canary's time to first token at the TTFT SLO's percentile, at most (default:
     # monitoring.ttftSloSeconds): the SLO itself, whatever the primary does.
     ttft_seconds: Optional[float] = Field(default=None, gt=0)
@@ -136,7 +140,7 @@ class RolloutSpec(Spec):
     step_weight: int = Field(default=10, ge=1, le=50)
     # The canary's share at which it is promoted.
     max_weight: int = Field(default=50, ge=1, le=100)
-    # Seconds between steps (Flagger's analysis interval); each gate reads twice this window.
+    # Seconds between steps (Flagger's analysis interval); each gate reads twice this, at least 5 minutes.
     interval_seconds: int = Field(default=60, ge=30, le=3600)
     # Failed checks (a gate broken, or no traffic to judge) before the rollback.
     failed_checks: int = Field(default=2, ge=1, le=20)
