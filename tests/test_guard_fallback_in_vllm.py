@@ -12,6 +12,7 @@ unknown token. Needs VLLM_PYTHON, as tests/test_guard_in_vllm.py does.
 from __future__ import annotations
 
 import copy
+import http.client
 import json
 import os
 import subprocess
@@ -56,10 +57,11 @@ def with_batch(values: dict[str, Any]) -> None:
 class Sidecar:
     """The qwen-7b replica's sidecar, as far as a sent request meets it: the token verified (each
     tenant's is known here), the issuer header written from it, the request passed on; `refusing`,
-    it answers 503 as a fallback at zero (its standby) does."""
+    it answers 503 as a fallback at zero (its standby) does; `cutting`, it drops the connection
+    half way through a 200's body, as when the fallback's pod goes mid-answer."""
 
     def __init__(self, upstream: str):
-        self.upstream, self.refusing, self.seen = upstream, False, []
+        self.upstream, self.refusing, self.cutting, self.seen = upstream, False, False, []
         sidecar = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -84,7 +86,7 @@ class Sidecar:
                 self.send_header("content-type", kind or "application/json")
                 self.send_header("content-length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(body[:len(body) // 2] if sidecar.cutting and status == 200 else body)
 
             def log_message(self, *args):
                 pass
@@ -230,3 +232,24 @@ def test_an_overloaded_replica_sends_support_to_the_fallback_and_takes_it_back(s
     # The queue drains: support is served here again.
     status, headers, body = until(servers, "support", None, waiting=0)
     assert status == 200 and SERVED not in headers and body["model"] == "llama-8b", (status, headers, body)
+
+
+def test_an_answer_cut_midway_reaches_the_client_as_a_failure(servers):
+    """The fallback's connection dropped half way through its answer, in vLLM's own server: a
+    plain answer's connection is aborted (never a complete 200), a stream ends with vLLM's error
+    event; each counted `cut`."""
+    cut = 'vllm_gke_tenant_fallback_requests_total{fallback="qwen-7b",model="llama-8b",outcome="cut",tenant="support"}'
+    before = metric(servers, cut)
+    assert until(servers, "support", "qwen-7b", waiting=100000)[1].get(SERVED) == "qwen-7b"
+    servers["sidecar"].cutting = True
+    try:
+        with pytest.raises((http.client.HTTPException, OSError)):
+            ask(servers, "support")
+        status, headers, events = ask(servers, "support", stream=True)
+    finally:
+        servers["sidecar"].cutting = False
+    assert status == 200 and headers[SERVED] == "qwen-7b", (status, headers, events)
+    assert events[-1]["error"]["type"] == "ServiceUnavailableError", events
+    assert all(e["model"] == "qwen-7b" for e in events[:-1])
+    assert metric(servers, cut) == before + 2
+    assert until(servers, "support", None, waiting=0)[1].get(SERVED) is None

@@ -73,10 +73,12 @@ GENERATION_TOKENS = _counter("vllm_gke_tenant_generation_tokens", "Tokens genera
                              "counted them", ("tenant", "model"))
 OUTCOMES = ("ok", "refused", "error", "shed")
 # Shed requests sent to the stack's fallback model instead of a 429 (fallback.py), per tenant, model
-# and fallback: served (the fallback answered) or refused (it did not: the client got the 429, also
-# counted `shed` above). Bounded as those: a tenant of the config, this server's model, its fallback.
+# and fallback: served (the fallback answered), cut (its answer broke off once the client's had
+# started: fallback.py) or refused (it did not answer: the client got the 429, also counted `shed`
+# above). Bounded as those: a tenant of the config, this server's model, its fallback.
 FALLBACK_REQUESTS = _counter("vllm_gke_tenant_fallback_requests", "Shed tenant requests sent to the fallback model "
-                             "instead of a 429: served there, or refused (the client got the 429)",
+                             "instead of a 429: served there, cut (its answer broke off midway), or refused "
+                             "(the client got the 429)",
                              ("tenant", "model", "fallback", "outcome"))
 
 

@@ -29,7 +29,7 @@ from .body import (
 from .caps import Budget
 from .config import DEFAULT_MAX_BODY_BYTES, DEFAULT_TRUSTED_PEERS, Tenant, load_config, warmup_token
 from .errors import Disconnected, GuardError, respond
-from .fallback import Fallback, Route
+from .fallback import Cut, Fallback, Route
 from .headers import ISSUER, OBJECTIVE, SUBJECT, WARMUP_HEADER, Headers, check_content_type, header_slots, is_warmup
 from .limits import connect_store, rate_limited, take_shared
 from .metrics import count_untrusted, log
@@ -38,8 +38,13 @@ from .overload import Overload, VllmQueue
 from .prefixes import Prefixes
 from .routes import OPEN_ROUTES, OUTPUT_FIELDS, route_kind, route_table
 from .scan import JsonShapeError
-from .tracing import tracing, without_client_context
+from .tracing import TRACE_HEADERS, tracing
 from .usage import Meter, shared_state
+
+# The client's headers vLLM is not handed: its trace context (tracing.py: a client cannot choose to
+# be recorded or join another trace), and the tenant's token, which the mesh keeps on the requests
+# of the tenants sent to a fallback model only for the guard to send on (fallback.py).
+NOT_FOR_VLLM = (*TRACE_HEADERS, b"authorization")
 
 # What _admit hands on: the scope and body for vLLM, on a server with adapters the `model` values
 # the tenant may see listed, and the tenant whose request it counts (None for the open routes, the
@@ -126,7 +131,7 @@ class GuardMiddleware:
         if tenant is None:
             await self.app(scope, receive, send)
             return
-        scope = without_client_context(scope)
+        scope = for_vllm(scope)
         path = scope.get("path", "")
         meter = Meter(send, tenant.meters, scope, self.routes.get(path, ("", ""))[1])
         traced = self.tracing
@@ -202,6 +207,10 @@ class GuardMiddleware:
         if self.overload is not None and self.overload.shed(tenant.priority):
             refusal = self.overload.refusal(tenant.name)
             if self.fallback is not None and (route := self.fallback.route(tenant.name, scope.get("path", ""))):
+                # Sent on as if served here: within the tenant's rate limit on this replica, taken
+                # before its body is read (the fallback's guard takes its limits there too).
+                if (wait := tenant.limiter.take()) is not None:
+                    raise rate_limited(tenant, wait)
                 raise Divert(tenant, route, refusal, scope)
             tenant.meters.shed.inc()
             raise refusal
@@ -210,11 +219,12 @@ class GuardMiddleware:
         """The shed request served by the fallback model, or the 429 it would have had (the body
         too large, the fallback unreachable or refusing: fallback.py says when)."""
         assert self.fallback is not None
-        kind = self.routes.get(divert.scope.get("path", ""), ("", ""))[1]
         try:
-            served = await self.fallback.serve(divert.route, divert.scope, receive, send, kind, self.max_body)
+            served = await self.fallback.serve(divert.route, divert.scope, receive, send, self.max_body)
         except Disconnected:
             return
+        except Cut:  # its answer broke off after the response started: the server aborts the connection
+            raise
         except GuardError:  # a body over the limit: its 413 comes once the tier is back
             served = False
         except Exception:  # a guard bug must not become a 500
@@ -327,3 +337,12 @@ class GuardMiddleware:
             return scope, Replay(body, receive), None, tenant
         members = b",".join(m for m in (None if add is None else int_member(OUTPUT_FIELDS[kind], add), salt) if m)
         return (*forward(scope, receive, add_members(body, closing_brace(fields, body), members)), None, tenant)
+
+
+def for_vllm(scope: Scope) -> Scope:
+    """The scope without the headers vLLM is not handed (copied only where it had one; the copy
+    shares the `state` dict the handler writes the usage into)."""
+    headers = scope.get("headers") or ()
+    if not any(k in NOT_FOR_VLLM for k, _ in headers):
+        return scope
+    return dict(scope, headers=[(k, v) for k, v in headers if k not in NOT_FOR_VLLM])

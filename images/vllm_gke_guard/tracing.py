@@ -22,16 +22,8 @@ from typing import Any, Optional
 from .asgi import Scope
 from .metrics import log
 
+# Dropped from every tenant request (middleware.for_vllm, with the tenant's token).
 TRACE_HEADERS = (b"traceparent", b"tracestate")
-
-
-def without_client_context(scope: Scope) -> Scope:
-    """The scope without the client's trace headers (copied only where it had one; the copy
-    shares the `state` dict the handler writes the usage into)."""
-    headers = scope.get("headers") or ()
-    if not any(k in TRACE_HEADERS for k, _ in headers):
-        return scope
-    return dict(scope, headers=[(k, v) for k, v in headers if k not in TRACE_HEADERS])
 
 
 class Tracing:
