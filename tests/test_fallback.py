@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -16,7 +18,8 @@ import pytest
 from tests.conftest import REPO_ROOT, vllm_deployments
 from tests.test_config_rules import problems
 from vllm_gke.components.model.fallback import fallback_guard_config, forwards_token
-from vllm_gke.components.model.monitoring import FALLBACK_REQUESTS_METRIC
+from vllm_gke.components.model.monitoring import FALLBACK_REQUESTS_METRIC, alert_policies
+from vllm_gke.components.model.specs import MonitoringSpec
 from vllm_gke.infra.config import parse
 
 SUPPORT = "https://auth.acme.example/support"
@@ -148,6 +151,51 @@ def test_the_dashboard_charts_what_is_sent(prod_plans):
     assert not any(charted(prod_plans[0])) and any(charted(prod_plans[1]))
 
 
+def _promtool() -> str:
+    tool = shutil.which("promtool")
+    if tool is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI evaluates the alert's query: .ci/run installs Debian's prometheus (promtool)")
+        pytest.skip("promtool (Debian's prometheus package) is not installed")
+    return tool
+
+
+def test_the_shed_alert_still_warns_while_the_fallback_takes_the_overflow(tmp_path):
+    """'Tenants shed for overload', its query and duration as a Prometheus alerting rule, run by
+    promtool over a guard's series (per replica: pod): a tenant the fallback serves keeps it
+    firing as one answered 429 does, and a refused request (counted `shed` too) once."""
+    import yaml
+
+    (policy,) = [p for p in alert_policies("c", MonitoringSpec(), sheddable=True)
+                 if p["display_name"] == "Tenants shed for overload"]
+    condition = policy["conditions"][0]["condition_prometheus_query_language"]
+    rules = {"groups": [{"name": "g", "rules": [{"alert": "shed", "expr": condition["query"],
+                                                  "for": condition["duration"]}]}]}
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+
+    def series(metric, tenant, outcome, **labels):  # six a minute for half an hour
+        found = ",".join(f'{k}="{v}"' for k, v in {"cluster": "c", "pod": "p", "tenant": tenant, "model": "m",
+                                                      "outcome": outcome, **labels}.items())
+        return {"series": f"{metric}{{{found}}}", "values": "0+6x30"}
+
+    fallback, requests = FALLBACK_REQUESTS_METRIC, "vllm_gke_tenant_requests_total"
+    test = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [series(fallback, "drafts", "served", fallback="small"),  # every shed request served there
+                         series(fallback, "drafts", "cut", fallback="small"),
+                         series(requests, "batch", "shed"),  # answered 429
+                         series(requests, "support", "shed"), series(fallback, "support", "refused", fallback="small"),
+                         series(requests, "search", "ok")],
+        "alert_rule_test": [{"eval_time": "20m", "alertname": "shed", "exp_alerts": [
+            {"exp_labels": {"tenant": t, "model": "m"}} for t in ("drafts", "batch", "support")]}],
+        "promql_expr_test": [{"expr": condition["query"].removesuffix(" > 0"), "eval_time": "20m", "exp_samples": [
+            {"labels": f'{{tenant="{t}", model="m"}}', "value": v} for t, v in
+            (("drafts", 0.2), ("batch", 0.1), ("support", 0.1))]}]}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test))
+    done = subprocess.run([_promtool(), "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def _shed(values: dict[str, Any], priority: int) -> None:
     with_fallback(values)
     tenant(values, "support")["priority"] = priority
@@ -177,6 +225,23 @@ def test_a_fallback_that_cannot_work_is_refused_with_the_key_and_the_fix(stack_v
     found = problems(values)
     assert any(p.startswith("vllm-gke:models[") and ".fallback.model: " in p and words in p for p in found), found
     assert all(("remove" in p and "fallback" in p) or "add it under" in p for p in found if ".fallback." in p)
+
+
+@pytest.mark.parametrize("queue", [2, 2.5])
+def test_a_queue_objective_not_below_the_ttft_bound_is_refused_with_a_fallback(stack_values, queue):
+    """Requests go to the fallback only while the queue time is over its objective: at or over the
+    TTFT bound (prod's: 2 s), that bound is broken before any is sent."""
+    values = copy.deepcopy(stack_values["prod"])
+    with_fallback(values)
+    values["vllm-gke:monitoring"]["queueLatencySloSeconds"] = queue
+    found = [p for p in problems(values) if p.startswith("vllm-gke:monitoring.queueLatencySloSeconds: ")]
+    assert len(found) == 1 and f"{queue:g}s is not below monitoring.ttftSloSeconds (2s)" in found[0], found
+    assert "llama-8b" in found[0] and "set it below 2s" in found[0] and "remove models[].fallback" in found[0]
+    values["vllm-gke:monitoring"]["queueLatencySloSeconds"] = 1.5
+    parse(values)
+    del model(values, "llama-8b")["fallback"]  # without a fallback, the objectives are the stack's own business
+    values["vllm-gke:monitoring"]["queueLatencySloSeconds"] = queue
+    parse(values)
 
 
 def test_the_cli_exits_2_on_a_bad_fallback_without_a_traceback(tmp_path, stack_values):

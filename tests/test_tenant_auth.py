@@ -48,6 +48,10 @@ def test_request_authentication_per_tenant(plans):
     assert rule["audiences"] == ["llm.acme.example"]
     assert rule["outputClaimToHeaders"] == [{"header": ISSUER_HEADER, "claim": "iss"},
                                             {"header": SUBJECT_HEADER, "claim": "sub"}]
+    # Read from the Authorization header only (not also a query parameter): the token the guard
+    # sends on to a fallback model is the one Istio verified.
+    assert all(r["spec"]["jwtRules"][0]["fromHeaders"] == [{"name": "Authorization", "prefix": "Bearer "}]
+               for r in ras)
     # analytics only has a dedicated model: nothing of it is trusted in the shared namespace
     assert {r["metadata"]["namespace"] for r in ras if r["metadata"]["name"] == "jwt-analytics"} == {"tenant-analytics"}
 

@@ -5,20 +5,33 @@ The trigger is the guard's overload protection (images/vllm_gke_guard/overload.p
 a replica sheds its lowest tiers, one a second, while its estimated queue time is over
 monitoring.queueLatencySloSeconds, and brings them back one a second once it is under half.
 A shed tenant allowed the fallback model gets that model's answer instead of the 429; every
-other shed tenant still gets the 429. The queue time stands for the TTFT bound: time to first
-token is the queue time plus the prompt's prefill, and only the queue grows with load (the
-prefill is the prompt's own), so a TTFT over its bound under load is a queue over its own,
-tighter objective first (monitoring's queue objective pages at p95, the TTFT one warns).
-vLLM's TTFT histogram would say so later: each request is observed only at its first token,
-after it waited, and a P99 per replica needs a window of samples, where the queue estimate
-moves within a second and falls as soon as the shed tenants' requests leave.
+other shed tenant still gets the 429.
 
-How a request gets there: the shedding replica's guard posts it, with the tenant's own bearer
-token (its RequestAuthentication keeps the token on the request: tenant_policies.jwt_rules), to
+The signal is the queue time, one part of the time to first token, not the TTFT bound itself.
+TTFT is the queue time plus the prefill, and in vLLM 0.34 both grow with load: each scheduler
+step gives its token budget to the running requests first, the waiting ones what is left
+(vllm/v1/core/sched/scheduler.py, "First, schedule the RUNNING requests"), so a new prompt is
+prefilled in smaller chunks over longer steps as the running batch grows, and a request
+preempted for KV cache goes back to the queue and prefills again. The queue estimate (waiting
+requests over the rate they leave) misses the prefill slowing: under a large running batch, or
+with long prompts, TTFT can pass its bound while the queue stays under its objective, and then
+nothing is shed or sent. The TTFT alert says so (monitoring's, a warning); the remedy there is
+the batch (maxNumSeqs, the batched tokens) or more replicas, not shedding. What the queue time
+gives in return: it moves within a second of the load and falls as soon as the shed requests
+leave, where vLLM's TTFT histogram observes a request only at its first token, after it waited,
+and a per-replica P99 needs a window of samples. The config check (config_rules/fallback.py)
+keeps queueLatencySloSeconds below ttftSloSeconds, so the queue alone over its objective comes
+before the bound.
+
+How a request gets there: the shedding replica's guard takes the tenant's rate limit there, as for
+a request it serves, and posts it, with the tenant's own bearer token (its RequestAuthentication
+keeps the token on the request: tenant_policies.jwt_rules; vLLM is not handed it), to
 the fallback's Service under the tenant's own URL prefix, as the Gateway would: the fallback's
 sidecar verifies the token and its AuthorizationPolicy admits the tenant exactly as it admits
 the tenant's direct calls (no new grant), and its guard applies the tenant's own caps, limits
 and priority there. The `model` is set to the fallback's; nothing a client sends chooses any of it.
+A request naming the original model's token IDs (a prompt of IDs, logit_bias, allowed_token_ids,
+stop_token_ids, ...) is not sent: the fallback's tokenizer would read other tokens.
 """
 
 from __future__ import annotations

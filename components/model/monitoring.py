@@ -97,7 +97,8 @@ def dashboard_panels(cluster: str, kv_metric: str = "vllm:kv_cache_usage_perc",
 
 
 # Shed requests the guards sent to a fallback model (models[].fallback), by outcome: served there,
-# or refused (the client got the 429) - images/vllm_gke_guard/metrics.py FALLBACK_REQUESTS.
+# cut (its answer broke off midway), or refused (the client got the 429, also counted `shed`) -
+# images/vllm_gke_guard/metrics.py FALLBACK_REQUESTS.
 FALLBACK_REQUESTS_METRIC = "vllm_gke_tenant_fallback_requests_total"
 
 
@@ -105,7 +106,7 @@ def tenant_panels(cluster: str, fallback: bool = False) -> list[tuple[str, str]]
     """Per tenant and model, from the guard's counts of each request (vLLM's own token counts);
     with `fallback`, the shed requests sent to a fallback model."""
     sel = f'{{cluster="{cluster}"}}'
-    sent = [("Shed requests sent to a fallback model/s (served there, or refused: answered 429)",
+    sent = [("Shed requests sent to a fallback model/s (served there, cut midway, or refused: answered 429)",
              f"sum by (tenant, model, fallback, outcome) (rate({FALLBACK_REQUESTS_METRIC}{sel}[5m]))")]
     return [*(sent if fallback else []),
         ("Tenant requests/s by outcome",
@@ -179,9 +180,12 @@ def _policy(name: str, query: str, duration_s: int, doc: str, severity: str) -> 
 
 
 def shed_rate(cluster: str) -> str:
-    """Requests shed for overload per second, per tenant and model (the guard's `shed` outcome)."""
-    return (f'sum by (tenant, model) (rate(vllm_gke_tenant_requests_total{{cluster="{cluster}",'
-            f'outcome="shed"}}[5m]))')
+    """Requests shed for overload per second, per tenant and model: the guard's `shed` outcome (a
+    429), and the shed requests a fallback model took instead (not `refused`: those are `shed`
+    too). A pool whose overflow the fallback absorbs is as short of replicas as one answering 429.
+    Their series differ in labels (outcome, fallback), so `or` keeps both for the sum."""
+    return (f'sum by (tenant, model) (rate(vllm_gke_tenant_requests_total{{cluster="{cluster}",outcome="shed"}}[5m]) '
+            f'or rate({FALLBACK_REQUESTS_METRIC}{{cluster="{cluster}",outcome!="refused"}}[5m]))')
 
 
 def alert_policies(cluster: str, spec: MonitoringSpec, kv_metric: str = "vllm:kv_cache_usage_perc",
@@ -224,10 +228,11 @@ def alert_policies(cluster: str, spec: MonitoringSpec, kv_metric: str = "vllm:kv
                 "WARNING"),
         # Appended, so the policies above keep their resource names on stacks that had them.
         *([_policy("Tenants shed for overload", f"{shed_rate(cluster)} > 0", 600,
-                   "For 10 minutes replicas refused requests of negative-priority tenants because their queue "
-                   f"time was over {spec.queue_latency_slo_seconds:g}s (tenants[].priority). Intended, and not "
-                   "counted against availability; sustained, it means the pool is short: check KEDA's replicas "
-                   "against maxReplicas and the node pool's capacity.", "WARNING")] if sheddable else []),
+                   "For 10 minutes replicas shed requests of negative-priority tenants because their queue "
+                   f"time was over {spec.queue_latency_slo_seconds:g}s (tenants[].priority): answered 429, or sent "
+                   "to the model's fallback (models[].fallback). Intended, and not counted against availability; "
+                   "sustained, it means the pool is short: check KEDA's replicas against maxReplicas and the node "
+                   "pool's capacity.", "WARNING")] if sheddable else []),
         *(_policy(f"No replica of {model} reports",
                   f'absent(vllm:num_requests_running{{cluster="{cluster}", model_name="{model}"}})', 600,
                   f"For 10 minutes no vLLM replica of {model} exported metrics, though its pools keep a "

@@ -17,6 +17,9 @@ def jwt_rules(tenant: TenantSpec, forward_token: bool = False) -> dict[str, Any]
     rule: dict[str, Any] = {
         "issuer": tenant.jwt.issuer,
         "jwksUri": tenant.jwt.jwks_uri,
+        # The one place the token is read from (Istio's default also reads an access_token query
+        # parameter): the token a replica sends on from this header is the one Istio verified.
+        "fromHeaders": [{"name": "Authorization", "prefix": "Bearer "}],
         "forwardOriginalToken": forward_token,
         # Istio overwrites any client-sent copy of these headers with the verified claims.
         "outputClaimToHeaders": [{"header": ISSUER_HEADER, "claim": "iss"},

@@ -1,5 +1,6 @@
 """A model's fallback (models[].fallback): another model of the stack, one step (no chains, no
-loops), that some tenant the model sheds may call - else nothing would ever go there."""
+loops), that some tenant the model sheds may call - else nothing would ever go there; and a queue
+objective below the TTFT bound, for the queue time is what sends requests there."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
 
 
 def fallbacks(cfg: "StackConfig", add: Add) -> None:
+    _queue_below_ttft(cfg, add)
     models = {m.name: m for m in cfg.models}
     for i, model in enumerate(cfg.models):
         if model.fallback is None:
@@ -45,3 +47,17 @@ def _someone_is_sent(cfg: "StackConfig", add: Add, key: str, model: ModelSpec, n
     elif not sent_tenants(model, callers):
         add(key, f"none of the tenants model '{model.name}' sheds ({', '.join(shed)}) may call '{name}', and only "
             f"those allowed it are sent there; add '{name}' to one's tenants[].models, or remove fallback")
+
+
+def _queue_below_ttft(cfg: "StackConfig", add: Add) -> None:
+    """The guard sheds, and so sends to a fallback, on its queue time alone (components/model/
+    fallback.py): with a queue objective at or over the TTFT bound, the bound is broken long
+    before anything is sent."""
+    queue, ttft = cfg.monitoring.queue_latency_slo_seconds, cfg.monitoring.ttft_slo_seconds
+    named = [m.name for m in cfg.models if m.fallback is not None]
+    if named and queue >= ttft:
+        add("monitoring.queueLatencySloSeconds", (
+            f"{queue:g}s is not below monitoring.ttftSloSeconds ({ttft:g}s), and the replicas of "
+            f"{', '.join(named)} send tenants to their fallback only while their queue time is over it: the "
+            f"TTFT bound would be broken before any request went there; set it below {ttft:g}s (the queue "
+            "is part of the time to first token), or remove models[].fallback"))
