@@ -270,3 +270,29 @@ def test_each_canary_gets_the_load_tests_that_reach_it_and_a_warning_where_none_
     warned = [w for w in rollout_trade_offs(parse(values)) if "no load test reaches" in w]
     assert sorted(w.split(":")[0] for w in warned) == ["canaries of llama-70b", "canaries of qwen-7b",
                                                         "canaries of qwen-7b (analytics)"]
+
+
+def test_a_full_pool_whose_floor_is_its_ceiling_rolls_in_place(stack_values):
+    """No room beside llama-70b long at 2 of 2 with its floor at 2: borrowing a replica would give the
+    primary's ScaledObject a floor above its ceiling (KEDA refuses minReplicaCount > maxReplicaCount),
+    so it rolls in place and says why; with a floor of 1 it borrows."""
+    def fixed(v):
+        next(m for m in v["vllm-gke:models"] if m["name"] == "llama-70b")["long"].update(minReplicas=2, maxReplicas=2)
+
+    row = _rows(_config(stack_values, "prod", fixed))[("llama-70b", "long", None)]
+    assert row.mode == "in-place" and "its floor is its ceiling (2)" in row.note
+    row = _rows(_config(stack_values, "prod"))[("llama-70b", "long", None)]
+    assert row.mode == "canary" and row.primary_max == 1
+
+
+def test_a_share_under_one_step_is_its_own_step(stack_values):
+    """Room for one canary replica of a pool of 20 carries 5%, under the 10% step: the Canary steps
+    5% once (Flagger adds stepWeight unclamped, so a 10% step would put 10% on it)."""
+    from vllm_gke.components.model.rollouts import rollout_plan
+
+    cfg = _config(stack_values, "prod")
+    model = cfg.model("llama-8b").model_copy(update={"short": cfg.model("llama-8b").short.model_copy(
+        update={"max_replicas": 20})})
+    plan = rollout_plan(cfg.rollouts, model, "short", 1, 1, 600.0)
+    assert (plan.canary_replicas, plan.max_weight, plan.step_weight) == (1, 5, 5)
+    assert plan.analysis_seconds == 2 * cfg.rollouts.interval_seconds
