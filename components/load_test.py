@@ -14,12 +14,17 @@ many errors or a missed SLO).
 The pod runs in the namespace of the replicas it tests, outside the mesh (it is a client, like the
 tenant), as its own service account, and mounts the model's weights read-only for the model's own
 tokenizer (inference-perf sizes prompts with it; offline). Reports go to an emptyDir and the log.
+
+Where a Flagger canary of the model's long pool needs its traffic (components/model/rollout_webhooks.py),
+a second CronJob `loadtest-<name>-long` runs the same test with every request hinted
+`x-vllm-gke-length: long`, which the route sends to the long pool whatever its length (the plain
+test's prompts reach it only past the model's longRequestBytes: a few percent of them).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
@@ -28,7 +33,9 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from .k8s_meta import api_body, meta
+from .model.gateway_routes import LENGTH_HINT_HEADER
 from .model.k8s_objects import CONTAINER_SECURITY, content_digest
+from .model.rollout_webhooks import LONG_SUFFIX
 from .model.specs import LoadTestSpec, TokenLengths
 from .model.weights_layout import MOUNT_PATH
 from .model.weights_mount import WeightsMount
@@ -69,6 +76,12 @@ class Target:
     model_dir: str = ""
     # The gateway's backend timeout: a request may take that long.
     request_timeout_seconds: int = 600
+
+
+def long_pool_target(target: Target) -> Target:
+    """The target as the long-pool variant calls it: every request hinted to the long pool
+    (inference-perf 0.7.0 sends api.headers on every request: client/modelserver/openai_client.py:475-476)."""
+    return replace(target, headers={**target.headers, LENGTH_HINT_HEADER: "long"})
 
 
 def model_folder(target: Target) -> str:
@@ -186,6 +199,8 @@ class LoadTestArgs:
     ttft_goal: float = 0.95
     # The availability objective: the failures the Job takes unless the test sets maxFailureRatio.
     availability: float = 0.99
+    # Declare the long-pool variant too (loadtest-<name>-long): a Flagger canary of the long pool starts it.
+    long_variant: bool = False
 
 
 def container(spec: LoadTestSpec, weights: WeightsMount) -> dict[str, Any]:
@@ -249,6 +264,8 @@ def cron_job_spec(spec: LoadTestSpec, target: Target, labels: Mapping[str, str],
 
 class LoadTest(pulumi.ComponentResource):
     cron_job: k8s.batch.v1.CronJob
+    # The long-pool variant's, where declared (LoadTestArgs.long_variant).
+    long_cron_job: Optional[k8s.batch.v1.CronJob]
     phases: list[tuple[str, dict[str, Any]]]
 
     def __init__(self, name: str, args: LoadTestArgs, opts: Optional[pulumi.ResourceOptions] = None):
@@ -257,25 +274,37 @@ class LoadTest(pulumi.ComponentResource):
         k8s_opts = child_opts(self, opts, provider=args.provider)
         obj = f"loadtest-{spec.name}"
         labels = {"app.kubernetes.io/name": "vllm-gke-loadtest", "vllm-gke.io/load-test": spec.name}
-
-        def md(n: str) -> k8s.meta.v1.ObjectMetaArgsDict:
-            return {**meta(n, labels=labels), "namespace": args.namespace}
-
-        self.phases = phases(spec, target, ttft_goal=args.ttft_goal)
-        data = job_files(spec, target, args.ttft_slo_seconds, args.dollars_per_hour, ttft_goal=args.ttft_goal,
-                         availability=args.availability)
-        config = k8s.core.v1.ConfigMap(f"{name}-config", metadata=md(obj), data=data, opts=k8s_opts)
-        sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=md(f"{SERVICE_ACCOUNT}-{spec.name}"),
+        sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=self._md(f"{SERVICE_ACCOUNT}-{spec.name}", labels, args),
                                         automount_service_account_token=False, opts=k8s_opts)
-        deps: list[pulumi.Resource] = [config, sa]
+        deps: list[pulumi.Resource] = [sa]
         reads = args.weights.bucket_reads
         if reads is not None:
             # It lists the bucket (to mount it) and opens its model's folder alone (the tokenizer).
             deps.extend(reads.grant(f"{name}-weights-reader", args.namespace, f"{SERVICE_ACCOUNT}-{spec.name}",
                                     [f"{model_folder(target)}/"], child_opts(self, opts)))
-        self.cron_job = k8s.batch.v1.CronJob(
-            f"{name}-cron", metadata=md(obj), spec=api_body(cron_job_spec(spec, target, labels, obj, data, args.weights.mount)),
-            opts=child_opts(self, opts, provider=args.provider, depends_on=deps))
-        self.register_outputs({"cronJob": obj, "phases": [n for n, _ in self.phases],
+        self.phases = phases(spec, target, ttft_goal=args.ttft_goal)
+        self.cron_job = self._variant(name, obj, target, labels, args, deps, opts)
+        self.long_cron_job = self._variant(
+            f"{name}{LONG_SUFFIX}", f"{obj}{LONG_SUFFIX}", long_pool_target(target),
+            {**labels, "vllm-gke.io/load-test-variant": "long"}, args, deps, opts) if args.long_variant else None
+        run = "kubectl -n {ns} create job --from=cronjob/{cron} {cron}-$(date +%s)"
+        self.register_outputs({"cronJob": obj, "longCronJob": f"{obj}{LONG_SUFFIX}" if args.long_variant else None,
+                               "phases": [n for n, _ in self.phases],
                                "run": pulumi.Output.from_input(args.namespace).apply(
-                                   lambda ns: f"kubectl -n {ns} create job --from=cronjob/{obj} {obj}-$(date +%s)")})
+                                   lambda ns: run.format(ns=ns, cron=obj))})
+
+    @staticmethod
+    def _md(n: str, labels: Mapping[str, str], args: LoadTestArgs) -> k8s.meta.v1.ObjectMetaArgsDict:
+        return {**meta(n, labels=dict(labels)), "namespace": args.namespace}
+
+    def _variant(self, name: str, obj: str, target: Target, labels: Mapping[str, str], args: LoadTestArgs,
+                 deps: list[pulumi.Resource], opts: Optional[pulumi.ResourceOptions]) -> k8s.batch.v1.CronJob:
+        """A CronJob `obj` and its ConfigMap of the same name (the test's configs for `target`)."""
+        data = job_files(args.spec, target, args.ttft_slo_seconds, args.dollars_per_hour, ttft_goal=args.ttft_goal,
+                         availability=args.availability)
+        config = k8s.core.v1.ConfigMap(f"{name}-config", metadata=self._md(obj, labels, args), data=data,
+                                       opts=child_opts(self, opts, provider=args.provider))
+        return k8s.batch.v1.CronJob(
+            f"{name}-cron", metadata=self._md(obj, labels, args),
+            spec=api_body(cron_job_spec(args.spec, target, labels, obj, data, args.weights.mount)),
+            opts=child_opts(self, opts, provider=args.provider, depends_on=[config, *deps]))

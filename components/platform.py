@@ -268,8 +268,8 @@ class Platform(pulumi.ComponentResource):
         canary_namespaces = sorted({self._namespace_name(s.tenant) for s in servings(cfg) if flagger_pools(cfg, s)})
         if not canary_namespaces:
             return
-        refs = {(ref.name, ref.namespace): ref for s in servings(cfg) if flagger_pools(cfg, s)
-                for ref in self._rollout_load_tests(s)}
+        refs = {(ref.name, ref.namespace, ref.long): ref for s in servings(cfg) for which in flagger_pools(cfg, s)
+                for ref in self._rollout_load_tests(s, which)}
         self.flagger = Flagger(f"{self._prefix}flagger", FlaggerArgs(
             project=cfg.project, provider=self.cluster.provider, workload_pool=self.cluster.workload_pool,
             cluster_name=cfg.cluster.name, frontend_gsa_name=service_account_id(cfg.cluster.name, "flagger-prom"),
@@ -279,11 +279,18 @@ class Platform(pulumi.ComponentResource):
             # The loadtester's Roles go into the serving namespaces: after them.
             apis=self.apis), opts=self._opts_for([self.mesh, self.serving, *self.tenants.values()]))
 
-    def _rollout_load_tests(self, serving: Serving) -> list[LoadTestRef]:
-        """The load tests the serving's canaries' webhooks start, each in its CronJob's namespace (the
-        serving's own: where the replicas it tests run)."""
-        return [LoadTestRef(spec.name, self._namespace_name(serving.tenant))
+    def _rollout_load_tests(self, serving: Serving, which: str) -> list[LoadTestRef]:
+        """The load tests the canary of the serving's pool `which` starts, each in its CronJob's
+        namespace (the serving's own: where the replicas it tests run); the long pool's, their
+        variants whose requests all go to the long pool."""
+        return [LoadTestRef(spec.name, self._namespace_name(serving.tenant), long=which == "long")
                 for spec in rollout_load_tests(self.config, serving)]
+
+    def _starts_long_variant(self, spec: LoadTestSpec) -> bool:
+        """A Flagger canary of a long pool starts this load test (its long-pool variant)."""
+        cfg = self.config
+        return any(spec.name in {t.name for t in rollout_load_tests(cfg, s)}
+                   for s in servings(cfg) if "long" in flagger_pools(cfg, s))
 
     def _namespace_name(self, tenant: Optional[str]) -> str:
         """A serving namespace's name as the config has it (Roles and Canaries name it before it exists)."""
@@ -308,7 +315,7 @@ class Platform(pulumi.ComponentResource):
         cfg = self.config
         if not service.rollout.is_canary:
             return None
-        webhooks = tuple(hook for ref in self._rollout_load_tests(serving)
+        webhooks = tuple(hook for ref in self._rollout_load_tests(serving, service.which)
                          for hook in load_test_webhooks(ref, self.flagger.loadtester_url)) if self.flagger else ()
         return FlaggerPool(service.rollout, cfg.rollouts, cfg.monitoring, serving.path, service.model.long_request_bytes,
                            serving_listener(cfg.gateway), cfg.gateway.hostname, webhooks)
@@ -393,7 +400,7 @@ class Platform(pulumi.ComponentResource):
                           headers={name: value} if url.header else {}, model_dir=model_dir(model),
                           request_timeout_seconds=cfg.gateway.request_timeout_seconds),
             ttft_slo_seconds=cfg.monitoring.ttft_slo_seconds, ttft_goal=cfg.monitoring.slos.ttft,
-            availability=cfg.monitoring.slos.availability,
+            availability=cfg.monitoring.slos.availability, long_variant=self._starts_long_variant(spec),
             dollars_per_hour=floor_dollars_per_hour(model, node_pool, prices),
             weights=self.store.reader_for(owner or "serving", model)),
             opts=self._opts_for([self.mesh, self.store, self._identities(owner)]))

@@ -211,13 +211,15 @@ def _collector_on_localhost(plan):
 
 
 def _load_test_with_v1(plan):
-    cm = next(r for r in plan.resources if r.props.get("kind") == "ConfigMap" and "mixed.yaml" in r.props["data"])
+    cm = next(r for r in plan.resources if r.props.get("kind") == "ConfigMap"
+              and r.props["metadata"]["name"] == "loadtest-search-llama-8b")
     cm.props["data"]["mixed.yaml"] = cm.props["data"]["mixed.yaml"].replace(
         "base_url: https://llm.acme.example/llama-8b", "base_url: https://llm.acme.example/llama-8b/v1")
 
 
 def _load_test_on_default_percentiles(plan):
-    cm = next(r for r in plan.resources if r.props.get("kind") == "ConfigMap" and "mixed.yaml" in r.props["data"])
+    cm = next(r for r in plan.resources if r.props.get("kind") == "ConfigMap"
+              and r.props["metadata"]["name"] == "loadtest-search-llama-8b")
     config = yaml.safe_load(cm.props["data"]["mixed.yaml"])
     del config["report"]["request_lifecycle"]["percentiles"]
     cm.props["data"]["mixed.yaml"] = yaml.safe_dump(config)

@@ -10,16 +10,23 @@ import copy
 import dataclasses
 import json
 import os
+import re
+import shlex
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import urlsplit
 
 import pulumi
 import pulumi_kubernetes as k8s
 import pytest
+import yaml
 
+from tests.conftest import manifests_of
 from tests.k8s_cluster import CONTROL_PLANE, ControlPlane
+from tests.test_flagger_routes import _pool_of as pool_of
+from tests.test_flagger_routes import _routes as flagger_routes
 from vllm_gke.components.flagger import Flagger, FlaggerArgs
 from vllm_gke.components.model.flagger_install import (
     CHART_PODS,
@@ -34,6 +41,7 @@ from vllm_gke.components.model.flagger_install import (
     loadtester_url,
     metrics_address,
 )
+from vllm_gke.components.model.gateway_routes import LENGTH_HINT_HEADER
 from vllm_gke.components.model.picker import GMP_NAMESPACES
 from vllm_gke.components.model.rollout_webhooks import LoadTestRef, load_test_webhooks, start_command
 from vllm_gke.components.model.rollouts import (
@@ -49,14 +57,17 @@ from vllm_gke.infra.contracts import flagger as flagger_contracts
 from vllm_gke.infra.manifests import validate, validate_alert_policy
 from vllm_gke.infra.mocks import PlannedResource
 from vllm_gke.infra.plan import _under_mocks, manifest
+from vllm_gke.policies.route_match import HttpRequest, reach
 
 PROJECT, CLUSTER, POOL = "acme-llm", "llm", "acme-llm.svc.id.goog"
 CHANNELS = ["projects/acme-llm/notificationChannels/1", "projects/acme-llm/notificationChannels/2"]
 SEARCH = LoadTestRef("search-llama-8b", "vllm")
+# Its variant whose every request goes to the long pool: what the long pool's canary starts.
+SEARCH_LONG = LoadTestRef("search-llama-8b", "vllm", long=True)
 NODES = "10.0.0.0/20"
 
 
-def declare(rollouts: RolloutSpec | None = None, load_tests: tuple[LoadTestRef, ...] = (SEARCH,),
+def declare(rollouts: RolloutSpec | None = None, load_tests: tuple[LoadTestRef, ...] = (SEARCH, SEARCH_LONG),
             namespaces: tuple[str, ...] = ("vllm", "tenant-analytics")) -> list[PlannedResource]:
     """The component under mocks (default rollouts and monitoring, prod's load test)."""
     rollouts = rollouts or RolloutSpec()
@@ -184,15 +195,17 @@ def test_only_flaggers_pods_reach_the_frontend_and_the_loadtester(recorded):
 # --- the loadtester --------------------------------------------------------------------------------
 
 def test_the_loadtester_may_start_the_load_tests_in_their_namespace_and_nothing_else():
-    recorded = declare(load_tests=(SEARCH, LoadTestRef("batch", "vllm"), LoadTestRef("night", "tenant-a")))
+    recorded = declare(load_tests=(SEARCH, LoadTestRef("batch", "vllm"), LoadTestRef("batch", "vllm", long=True),
+                                   LoadTestRef("night", "tenant-a")))
     roles = {r["metadata"]["namespace"]: r for r in docs(recorded, "Role")}
     assert set(roles) == {"vllm", "tenant-a"}
     assert roles["vllm"]["rules"] == [
-        {"apiGroups": ["batch"], "resources": ["cronjobs"], "resourceNames": ["loadtest-batch", "loadtest-search-llama-8b"],
-         "verbs": ["get"]},
+        {"apiGroups": ["batch"], "resources": ["cronjobs"],
+         "resourceNames": ["loadtest-batch", "loadtest-batch-long", "loadtest-search-llama-8b"], "verbs": ["get"]},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "delete"],
-         "resourceNames": ["loadtest-batch-canary", "loadtest-search-llama-8b-canary"]},
+         "resourceNames": ["loadtest-batch-canary", "loadtest-batch-long-canary", "loadtest-search-llama-8b-canary"]},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}]
+    assert roles["tenant-a"]["rules"][0]["resourceNames"] == ["loadtest-night"]
     for binding in docs(recorded, "RoleBinding"):
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": LOADTESTER}
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": LOADTESTER, "namespace": FLAGGER_NAMESPACE}]
@@ -284,6 +297,93 @@ def test_prod_rolls_out_by_canary_with_flagger_as_the_component_installs_it(plan
         {c.check.__name__: [] for c in flagger_contracts.ROWS}
 
 
+_FROM_CRONJOB = re.compile(r"create job (\S+) --from=cronjob/(\S+)")
+
+
+def _started(canary: dict[str, Any]) -> set[tuple[str, str]]:
+    """(Job, CronJob) each of the Canary's webhooks keeps running."""
+    return {(m.group(1), m.group(2)) for w in canary["spec"]["analysis"]["webhooks"]
+            if (m := _FROM_CRONJOB.search(w["metadata"]["cmd"]))}
+
+
+def _requests(plan: Any, namespace: str, cron_name: str) -> list[HttpRequest]:
+    """A typical request (2 KB: the load test's prompts are ~512 tokens) of each phase of a CronJob, as
+    inference-perf sends it: its route's path, and the config's api.headers on every request."""
+    crons = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in manifests_of(plan, "CronJob")}
+    pod = crons[(namespace, cron_name)]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (config,) = [v["configMap"]["name"] for v in pod["volumes"] if v["name"] == "config"]
+    (cm,) = [m for m in manifests_of(plan, "ConfigMap") if (m["metadata"]["namespace"], m["metadata"]["name"]) ==
+             (namespace, config)]
+    phases = [yaml.safe_load(text) for file, text in cm["data"].items() if file.endswith(".yaml")]
+    return [HttpRequest(f"{urlsplit(c['server']['base_url']).path}/v1/completions",
+                        headers={"content-length": "2048", **(c["api"].get("headers") or {})}) for c in phases]
+
+
+def test_prods_long_canaries_start_the_variant_whose_requests_reach_the_long_pool(plans):
+    """A long pool's canary starts loadtest-<name>-long, whose every request carries the length hint
+    and so reaches the long pool (Flagger's route, as it completes it); a short pool's starts the
+    plain one, whose typical request reaches the short pool. Without the variant a long canary saw
+    the few plain requests past longRequestBytes: at night, no values, a rollback."""
+    plan = plans["prod"]
+    routes = flagger_routes(plan)
+    for c in manifests_of(plan, "Canary"):
+        ns, name = c["metadata"]["namespace"], c["metadata"]["name"]
+        ((job, cron),) = _started(c)
+        assert cron.endswith("-long") == name.endswith("-long") and job == f"{cron}-canary", name
+        requests = _requests(plan, ns, cron)
+        assert len(requests) >= 1
+        for request in requests:
+            assert (request.headers.get(LENGTH_HINT_HEADER) == "long") == name.endswith("-long"), (name, request)
+            reached = reach(routes, request, "https")
+            assert reached is not None and reached.route["metadata"]["namespace"] == ns, (name, request)
+            assert pool_of(reached) == {name}, (name, request)
+
+
+def test_prods_loadtester_may_start_exactly_what_the_canaries_start(plans):
+    """In each namespace the loadtester's Role names the CronJobs and Jobs the Canaries there start,
+    no more; and each started CronJob is one the plan declares."""
+    plan = plans["prod"]
+    started: dict[str, set[tuple[str, str]]] = {}
+    for c in manifests_of(plan, "Canary"):
+        started.setdefault(c["metadata"]["namespace"], set()).update(_started(c))
+    roles = {r["metadata"]["namespace"]: r["rules"] for r in manifests_of(plan, "Role")
+             if r["metadata"]["name"] == LOADTESTER}
+    assert set(roles) == set(started)
+    crons = {(c["metadata"]["namespace"], c["metadata"]["name"]) for c in manifests_of(plan, "CronJob")}
+    for ns, pairs in started.items():
+        named = {(tuple(r["resources"]), tuple(r["verbs"])): set(r.get("resourceNames") or ()) for r in roles[ns]}
+        assert named == {(("cronjobs",), ("get",)): {cron for _, cron in pairs},
+                         (("jobs",), ("get", "delete")): {job for job, _ in pairs},
+                         (("jobs",), ("create",)): set()}, ns
+        assert {(ns, cron) for _, cron in pairs} <= crons
+    assert any(cron.endswith("-long") for pairs in started.values() for _, cron in pairs)
+
+
+def test_the_contract_row_flags_a_long_canarys_variant_undeclared_or_not_granted(plans):
+    """The row that holds each webhook to a planned CronJob the Role allows catches the long variant
+    missing from the plan, or from the Role."""
+    plan = plans["prod"]
+    check = flagger_contracts.flagger_webhooks_start_the_load_test
+    assert check(plan) == []
+    undeclared = dataclasses.replace(plan, resources=[
+        r for r in plan.resources if not (r.props.get("kind") == "CronJob" and r.props["metadata"]["name"] ==
+                                          "loadtest-search-llama-8b-long")])
+    assert {p.split(":")[0] for p in check(undeclared)} == {"Canary vllm/llama-8b-long"}
+    assert all("which the plan does not declare" in p for p in check(undeclared))
+
+    def without_long(r: PlannedResource) -> PlannedResource:
+        if r.props.get("kind") != "Role" or r.props["metadata"]["name"] != LOADTESTER:
+            return r
+        rules = [{**rule, "resourceNames": [n for n in rule["resourceNames"] if "-long" not in n]}
+                 if rule.get("resourceNames") else rule for rule in r.props["rules"]]
+        return dataclasses.replace(r, props={**r.props, "rules": rules})
+
+    ungranted = dataclasses.replace(plan, resources=[without_long(r) for r in plan.resources])
+    assert {p.split(":")[0] for p in check(ungranted)} == {
+        f"Canary {c['metadata']['namespace']}/{c['metadata']['name']}" for c in manifests_of(plan, "Canary")
+        if c["metadata"]["name"].endswith("-long")}
+
+
 def test_the_flagger_rows_pass_without_canaries_and_want_flagger_with_them(plans, plan_variant):
     """Rollouts off: no Canary, no Flagger, nothing to check; Canaries without Flagger: flagged."""
     off = plan_variant("prod", lambda v: v.update({"vllm-gke:rollouts": {"enabled": False}}))
@@ -318,22 +418,24 @@ JOB = SEARCH.job
 @pytest.fixture(scope="module")
 def loadtester(cluster, recorded) -> dict[str, str]:
     """The loadtester's service account, Roles and Bindings as planned, a node, and the load test's
-    CronJob (a stand-in pod: no container runs here); the environment of a shell running as the
+    CronJobs, plain and long-pool variant (a stand-in pod: no container runs here); the environment of a shell running as the
     loadtester's service account, with kubectl on its PATH."""
     cp = cluster
     namespaces = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
                   for n in (FLAGGER_NAMESPACE, "vllm", "other")]
     cp.apply([*namespaces, *(d for d in map(manifest, recorded) if d.get("kind") in ("ServiceAccount", "Role", "RoleBinding")
                              and d["metadata"]["name"] == LOADTESTER)])
-    cron = {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": SEARCH.cron_job, "namespace": "vllm"},
-            "spec": {"suspend": True, "schedule": "0 0 1 1 *", "jobTemplate": {"spec": {"backoffLimit": 0, "template": {
-                "spec": {"restartPolicy": "Never", "containers": [{"name": "t", "image": "registry.k8s.io/pause:3.10"}]}}}}}}
+    crons = [{"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": ref.cron_job, "namespace": "vllm"},
+              "spec": {"suspend": True, "schedule": "0 0 1 1 *", "jobTemplate": {"spec": {"backoffLimit": 0, "template": {
+                  "spec": {"restartPolicy": "Never",
+                           "containers": [{"name": "t", "image": "registry.k8s.io/pause:3.10"}]}}}}}}
+             for ref in (SEARCH, SEARCH_LONG)]
     node = {"apiVersion": "v1", "kind": "Node", "metadata": {
         "name": "n1", "annotations": {"kwok.x-k8s.io/node": "fake"},
         "labels": {"kubernetes.io/hostname": "n1", "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}},
         "status": {"capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
                    "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"}}}
-    cp.apply([cron])
+    cp.apply(crons)
     cp.kubectl("create", "-f", "-", stdin=json.dumps(node))
     token = cp.kubectl("-n", FLAGGER_NAMESPACE, "create", "token", LOADTESTER).stdout.strip()
     home = Path(cp.dir) / "loadtester"
@@ -357,21 +459,25 @@ def test_the_loadtester_may_start_the_load_test_and_nothing_more(cluster, loadte
     assert _can(cluster, "get", f"cronjobs/{SEARCH.cron_job}", "-n", "vllm")
     assert _can(cluster, "create", "jobs", "-n", "vllm")
     assert _can(cluster, "delete", f"jobs/{JOB}", "-n", "vllm")
+    # The long pool's canary's: the variant and its Job.
+    assert _can(cluster, "get", f"cronjobs/{SEARCH_LONG.cron_job}", "-n", "vllm")
+    assert _can(cluster, "delete", f"jobs/{SEARCH_LONG.job}", "-n", "vllm")
     # Not Secrets (the tenants' tokens), not other objects, not other namespaces.
     for args in (("get", "secrets", "-n", "vllm"), ("list", "jobs", "-n", "vllm"), ("delete", "jobs/loader", "-n", "vllm"),
+                 ("delete", f"jobs/{SEARCH_LONG.cron_job}", "-n", "vllm"), ("get", "cronjobs/loadtest-other-long", "-n", "vllm"),
                  ("get", "cronjobs/other", "-n", "vllm"), ("create", "pods", "-n", "vllm"),
                  ("create", "jobs", "-n", "other"), ("get", f"cronjobs/{SEARCH.cron_job}", "-n", "other"),
                  ("create", "jobs", "-n", FLAGGER_NAMESPACE), ("get", "secrets", "-n", FLAGGER_NAMESPACE)):
         assert not _can(cluster, *args), args
 
 
-def _run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _run(env: dict[str, str], ref: LoadTestRef = SEARCH) -> subprocess.CompletedProcess[str]:
     """The webhook's command as the loadtester runs it (bash -c), as its service account."""
-    return subprocess.run(["bash", "-c", start_command(SEARCH)], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(["bash", "-c", start_command(ref)], env=env, capture_output=True, text=True, timeout=120)
 
 
-def _job(cluster: ControlPlane) -> dict[str, Any]:
-    found = cluster.kubectl("-n", "vllm", "get", "job", JOB, "--ignore-not-found", "-o", "json").stdout
+def _job(cluster: ControlPlane, name: str = JOB) -> dict[str, Any]:
+    found = cluster.kubectl("-n", "vllm", "get", "job", name, "--ignore-not-found", "-o", "json").stdout
     return json.loads(found) if found.strip() else {}
 
 
@@ -401,6 +507,35 @@ def test_the_webhook_keeps_one_load_test_job_running(cluster, loadtester):
     assert _run(loadtester).returncode == 0
     assert _job(cluster)["metadata"]["uid"] not in (uid, second)
     assert [j["metadata"]["name"] for j in cluster.get("jobs", "-n", "vllm")["items"]] == [JOB]
+
+
+def test_the_webhook_passes_where_its_finished_job_was_deleted_first(cluster, loadtester):
+    """The long variant's Job, finished: between the command's read of it and its delete, someone else
+    deletes it (a person, the TTL controller). Its delete's NotFound passes (a failed webhook is a
+    failed check) and the next Job starts, from the variant's CronJob, as the loadtester alone."""
+    job = SEARCH_LONG.job
+    cluster.rules([])
+    assert _run(loadtester, SEARCH_LONG).returncode == 0
+    cluster.wait_until("the long variant's Job to finish", lambda: _finished(_job(cluster, job)))
+    uid = _job(cluster, job)["metadata"]["uid"]
+    racing = Path(loadtester["HOME"]) / "racing"
+    racing.mkdir()
+    real = shlex.quote(cluster.kubectl_bin)
+    # kubectl as the loadtester, the Job deleted (and gone) just before the command's own delete.
+    (racing / "kubectl").write_text("\n".join([
+        "#!/bin/bash",
+        'if [[ " $* " == *" delete job "* ]]; then',
+        f"  {real} -n vllm delete job {job} --wait=false >&2",
+        f'  for i in $(seq 300); do [ -z "$({real} -n vllm get job {job} --ignore-not-found -o name)" ] && break; '
+        "sleep 0.2; done",
+        "fi",
+        f'exec {real} "$@"', ""]))
+    (racing / "kubectl").chmod(0o755)
+    done = _run({**loadtester, "PATH": f"{racing}:/usr/bin:/bin"}, SEARCH_LONG)
+    assert done.returncode == 0, done.stderr
+    assert f'"{job}" deleted' in done.stderr  # the other party's delete came first
+    assert _job(cluster, job)["metadata"]["uid"] != uid
+    assert _job(cluster, job)["metadata"]["labels"]["job-name"] == job
 
 
 def test_the_webhook_fails_where_the_loadtester_may_not_start_the_test(cluster, loadtester):

@@ -22,7 +22,7 @@ import yaml
 from benchmarks.guard_overhead import stop
 from benchmarks.vllm_server import REPO
 from tests.conftest import manifests_of
-from vllm_gke.components.load_test import Target, job_files, lora_split, phases
+from vllm_gke.components.load_test import Target, job_files, long_pool_target, lora_split, phases
 from vllm_gke.components.model.serving_api import guard_config, tenant_routes
 from vllm_gke.components.model.specs import LoadTestSpec
 from vllm_gke.components.model.weights_layout import model_dir
@@ -95,6 +95,67 @@ def test_the_deadline_covers_the_stages_and_the_longest_request():
 
     spec = LoadTestSpec(name="t", tenant="a", model="m")
     assert deadline_seconds(spec, 600) >= sum(s.duration_seconds for s in spec.stages) + 600
+
+
+def _config_map(plan, namespace: str, name: str) -> dict[str, Any]:
+    (cm,) = [m for m in manifests_of(plan, "ConfigMap") if (m["metadata"]["namespace"], m["metadata"]["name"]) ==
+             (namespace, name)]
+    return cm
+
+
+def test_a_long_canarys_variant_is_the_same_test_hinted_to_the_long_pool(plans):
+    """loadtest-<name>-long (what the long pool's canary starts): the plain test's Job and configs,
+    its own ConfigMap whose every phase sends x-vllm-gke-length: long on each request (the route's
+    hint to the long pool: the plain test's prompts reach it only past longRequestBytes)."""
+    plan = plans["prod"]
+    crons = {c["metadata"]["name"]: c for c in manifests_of(plan, "CronJob") if c["metadata"]["namespace"] == "vllm"}
+    plain, long = crons["loadtest-search-llama-8b"], crons["loadtest-search-llama-8b-long"]
+    assert long["spec"]["suspend"] is True and long["metadata"]["labels"] == {
+        **plain["metadata"]["labels"], "vllm-gke.io/load-test-variant": "long"}
+    pods = [c["spec"]["jobTemplate"]["spec"]["template"]["spec"] for c in (plain, long)]
+    assert [v["configMap"]["name"] for p in pods for v in p["volumes"] if v["name"] == "config"] == \
+        ["loadtest-search-llama-8b", "loadtest-search-llama-8b-long"]
+    assert [{**p, "volumes": [v for v in p["volumes"] if v["name"] != "config"]} for p in pods][0] == \
+        [{**p, "volumes": [v for v in p["volumes"] if v["name"] != "config"]} for p in pods][1]
+    plain_cm, long_cm = (_config_map(plan, "vllm", n) for n in ("loadtest-search-llama-8b", "loadtest-search-llama-8b-long"))
+    assert set(plain_cm["data"]) == set(long_cm["data"]) >= {"mixed.yaml", "shared-prefix.yaml", "plan.json"}
+    for file, text in plain_cm["data"].items():
+        if not file.endswith(".yaml"):
+            assert long_cm["data"][file] == text, file
+            continue
+        config = yaml.safe_load(text)
+        config["api"]["headers"] = {**config["api"].get("headers", {}), "x-vllm-gke-length": "long"}
+        assert yaml.safe_load(long_cm["data"][file]) == config, file
+
+
+def test_the_long_variant_is_held_on_demand_as_the_plain_one(plans):
+    """The policy load-tests-on-demand judges the variant too: scheduled, it is flagged."""
+    import copy
+
+    from vllm_gke.policies.rules import Resource, evaluate
+
+    rs = [Resource(r.type, r.name, copy.deepcopy(r.props), r.urn) for r in plans["prod"].policy_resources()]
+    assert not [v for v in evaluate(rs) if v.policy == "load-tests-on-demand"]
+    (long,) = [r for r in rs if r.props.get("kind") == "CronJob" and r.props["metadata"]["name"] ==
+               "loadtest-search-llama-8b-long"]
+    long.props["spec"]["suspend"] = False
+    found = [v for v in evaluate(rs) if v.policy == "load-tests-on-demand"]
+    assert len(found) == 1 and "loadtest-search-llama-8b-long" in found[0].message and "on a schedule" in found[0].message
+
+
+def test_a_load_test_named_as_anothers_long_variant_is_refused(stack_values):
+    """search-llama-8b-long's CronJob would be search-llama-8b's long-pool variant (same names)."""
+    import copy
+
+    from vllm_gke.components.model.stack_config import ConfigError
+    from vllm_gke.infra.config import parse
+
+    values = copy.deepcopy(stack_values["prod"])
+    values["vllm-gke:loadTests"].append({**values["vllm-gke:loadTests"][0], "name": "search-llama-8b-long"})
+    with pytest.raises(ConfigError) as err:
+        parse(values)
+    assert [i.key for i in err.value.issues if "long-pool variant" in i.problem] == \
+        ["vllm-gke:loadTests[search-llama-8b-long].name"]
 
 
 @pytest.mark.parametrize("change,key,says", [
@@ -182,12 +243,14 @@ def route(tmp_path_factory, stack_values):
 
 
 def run_job(route: dict[str, Any], name: str, spec: LoadTestSpec, ttft_slo: float = 5.0,
-            auth: Path | None = None) -> tuple[int, str, Path]:
-    """The Job's program with the files its ConfigMap would hold, pointed at the local route."""
+            auth: Path | None = None, long: bool = False) -> tuple[int, str, Path]:
+    """The Job's program with the files its ConfigMap would hold (`long`: the long-pool variant's),
+    pointed at the local route."""
     work = route["tmp"] / name
     config_dir, reports = work / "config", work / "reports"
     config_dir.mkdir(parents=True)
     target = Target(base_url=route["base"], model=MODEL, model_dir=str(route["model_dir"]), request_timeout_seconds=60)
+    target = long_pool_target(target) if long else target
     for file, text in job_files(spec, target, ttft_slo, 9.7961, str(config_dir), str(reports)).items():
         (config_dir / file).write_text(text)
     env = dict(os.environ, LOADTEST_PLAN=str(config_dir / "plan.json"), LOADTEST_AUTH_DIR=str(auth or route["auth"]),
@@ -224,6 +287,20 @@ def test_the_job_runs_inference_perf_through_the_tenants_route(route):
     token = (route["auth"] / "token").read_text().strip()
     assert token not in out
     assert not [p for p in reports.rglob("*") if p.is_file() and token in p.read_text(errors="replace")]
+
+
+def test_the_long_variant_hints_every_request_to_the_long_pool(route):
+    """inference-perf sends the config's api.headers on every request (0.7.0:
+    client/modelserver/openai_client.py:475-476), and the program on /v1/models too: each request of
+    the long-pool variant carries x-vllm-gke-length: long, which the route sends to the long pool."""
+    def hints() -> dict[str, int]:
+        return json.loads(route["stats"].read_text())["lengthHints"] if route["stats"].exists() else {}
+
+    before = hints()
+    code, out, _ = run_job(route, "long", small(), long=True)
+    assert code == 0, out[-3000:]
+    sent = {k: n - before.get(k, 0) for k, n in hints().items()}
+    assert sent.get("", 0) == 0 and sent["long"] >= 5 * 2 + 15 * 2, sent
 
 
 def test_a_refused_token_fails_the_job(route, tmp_path):

@@ -10,12 +10,19 @@ check. The loadtester runs a `bash` task's `cmd` with `bash -c` and answers only
 be quick. A `kubectl` task splits its command on spaces with no shell (kubectl.go:22-27), which could
 not test the Job's state first: hence bash.
 
-The command is idempotent across intervals: one Job per load test (`loadtest-<name>-canary`), started
-where there is none, left alone while it runs, deleted and started again once it has finished (the
-load test runs for minutes; an analysis lasts longer). Two canaries sharing the load test share its
-Job. It needs, in the CronJob's namespace, `get` on that CronJob and `get`/`delete` on that Job by
-name, and `create` on Jobs (which RBAC cannot limit by name): `loadtester_rules`. `kubectl delete`
-does not wait (its wait would need list and watch); the command polls the Job by name instead.
+The load test's prompts rarely reach the long pool (its route sends there only requests of at least
+the model's longRequestBytes, or hinted `x-vllm-gke-length: long`: components/model/gateway_routes.py),
+so a long pool's canary would see next to no traffic. A load test that reaches a Flagger long pool
+has a second CronJob, `loadtest-<name>-long`, whose every request carries the hint
+(components/load_test.py); the long pool's canary starts that one, the short pool's the plain one.
+
+The command is idempotent across intervals: one Job per CronJob (`<cronjob>-canary`), started where
+there is none, left alone while it runs, deleted and started again once it has finished (the load
+test runs for minutes; an analysis lasts longer). A Job someone else deleted first (a person, the
+TTL controller) is as good as ours deleted. It needs, in the CronJob's namespace, `get` on that
+CronJob and `get`/`delete` on that Job by name, and `create` on Jobs (which RBAC cannot limit by
+name): `loadtester_rules`. `kubectl delete` does not wait (its wait would need list and watch); the
+command polls the Job by name instead.
 """
 
 from __future__ import annotations
@@ -29,29 +36,34 @@ from typing import Any
 WEBHOOK_TIMEOUT = "60s"
 # Seconds the command waits for a finished Job to be gone before it starts the next.
 DELETE_WAIT_SECONDS = 30
+# The long-pool variant's CronJob: loadtest-<name>-long.
+LONG_SUFFIX = "-long"
 
 
 @dataclass(frozen=True)
 class LoadTestRef:
-    """A load test as Flagger starts it: its name (loadTests[].name) and its CronJob's namespace."""
+    """A load test as Flagger starts it: its name (loadTests[].name), its CronJob's namespace, and
+    whether the variant whose requests go to the long pool (a long pool's canary starts that one)."""
 
     name: str
     namespace: str
+    long: bool = False
 
     @property
     def cron_job(self) -> str:
-        """The suspended CronJob components/load_test.py declares."""
-        return f"loadtest-{self.name}"
+        """The suspended CronJob components/load_test.py declares (load_test.cron_job_name)."""
+        return f"loadtest-{self.name}{LONG_SUFFIX if self.long else ''}"
 
     @property
     def job(self) -> str:
-        """The one Job the canaries' webhooks keep running."""
-        return f"loadtest-{self.name}-canary"
+        """The one Job the canary's webhooks keep running."""
+        return f"{self.cron_job}-canary"
 
 
 def start_command(ref: LoadTestRef) -> str:
-    """bash: start the load test's Job unless one runs; a finished one is replaced. A Job another
-    canary's webhook created in between is as good as ours (AlreadyExists then passes)."""
+    """bash: start the load test's Job unless one runs; a finished one is replaced. A finished Job
+    gone before our delete (NotFound), or one created by someone else in between (AlreadyExists), is
+    as good as ours: neither fails the webhook."""
     kubectl = f"kubectl -n {shlex.quote(ref.namespace)}"
     job = shlex.quote(ref.job)
     done = "{.status.conditions[?(@.status==\"True\")].type}"
@@ -60,7 +72,7 @@ def start_command(ref: LoadTestRef) -> str:
         f"state=$({kubectl} get job {job} --ignore-not-found -o {shlex.quote('jsonpath={.metadata.name}:' + done)})",
         'case "$state" in',
         '  "") ;;',
-        f"  *:*Complete*|*:*Failed*) {kubectl} delete job {job} --wait=false",
+        f"  *:*Complete*|*:*Failed*) {kubectl} delete job {job} --ignore-not-found --wait=false",
         f"    for ((i = 0; i < {DELETE_WAIT_SECONDS}; i++)); do",
         f'      [ -z "$({kubectl} get job {job} --ignore-not-found -o name)" ] && break; sleep 1',
         "    done ;;",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..rollout_webhooks import LONG_SUFFIX
 from ..specs import item_key
 from .base import Add
 
@@ -25,6 +26,13 @@ def rollouts(cfg: "StackConfig", add: Add) -> None:
     for i, name in enumerate(spec.load_tests or []):
         if name not in names:
             add(f"rollouts.loadTests[{i}]", f"'{name}' is not a load test: use one of {known}")
+    for i, test in enumerate(cfg.load_tests):
+        # A long pool's canary starts <name>'s variant loadtest-<name>-long: the same objects' names.
+        base = test.name.removesuffix(LONG_SUFFIX)
+        if base != test.name and base in names:
+            add(f"{item_key('loadTests', cfg.load_tests, i)}.name",
+                f"its CronJob loadtest-{test.name} is the name of load test '{base}'s long-pool variant (what a "
+                "long pool's canary starts): rename it")
     if not cfg.monitoring.slos.enabled:
         add("rollouts.enabled", "the gates read the SLOs' series (the TTFT bound the servers add to vLLM's "
             "histogram): set monitoring.slos.enabled, or turn rollouts off")
