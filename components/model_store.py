@@ -266,15 +266,18 @@ class WeightsPrune(pulumi.ComponentResource):
     and sources, the old layout's) once every server and load test reading the model was updated
     onto the kept folders: it depends on them, so Pulumi creates (or, as its kept set changes,
     replaces) it only after they are, and a failed `up` (servers never rolled) prunes nothing.
-    Not a child of the ModelStore: the servers wait for the store, this waits for the servers."""
+    Not a child of the ModelStore: the servers wait for the store, this waits for the servers.
+    `unpruned`: models some pool of which Flagger rolls out: their primary keeps reading the revision
+    it serves until a canary is promoted (for good after a rollback), which no config names, so their
+    earlier folders stay (docs/guides/rollouts.md)."""
 
     def __init__(self, name: str, store: ModelStore, models: Sequence[ModelSpec],
                  readers: Mapping[str, Sequence[pulumi.Resource]], provider: k8s.Provider,
-                 opts: Optional[pulumi.ResourceOptions] = None):
+                 opts: Optional[pulumi.ResourceOptions] = None, unpruned: Sequence[str] = ()):
         super().__init__("vllm-gke:index:WeightsPrune", name, None, opts)
         base, copies = store.job_base, weight_copies(models)
         self.jobs: dict[str, k8s.batch.v1.Job] = {}
-        for model in models:
+        for model in (m for m in models if m.name not in unpruned):
             self.jobs[model.name] = k8s.batch.v1.Job(
                 f"{name}-{model.name}",
                 metadata={**meta(f"prune-{model.name}", labels={"vllm-gke.io/model": model.name},

@@ -159,7 +159,8 @@ class Platform(pulumi.ComponentResource):
         self._load_tests(args.machine_prices)
         # Only once all of them were updated onto the kept folders are the others removed.
         self.weights_prune = WeightsPrune(f"{self._prefix}weights-prune", self.store, cfg.models, self._readers,
-                                          self.cluster.provider, opts=self._opts_for())
+                                          self.cluster.provider, opts=self._opts_for(),
+                                          unpruned=sorted({s.model.name for s in servings(cfg) if flagger_pools(cfg, s)}))
         self.routes = {t.route_name: f"/{t.path_prefix}/v1" for t in targets}
         self.register_outputs({"clusterName": self.cluster.cluster.name, "kubeconfig": self.cluster.kubeconfig,
                                "routes": self.routes, "dashboard": self.observability.dashboard.id,
@@ -273,7 +274,7 @@ class Platform(pulumi.ComponentResource):
         self.flagger = Flagger(f"{self._prefix}flagger", FlaggerArgs(
             project=cfg.project, provider=self.cluster.provider, workload_pool=self.cluster.workload_pool,
             cluster_name=cfg.cluster.name, frontend_gsa_name=service_account_id(cfg.cluster.name, "flagger-prom"),
-            gates=gates(cfg.rollouts, cfg.monitoring), canary_namespaces=canary_namespaces,
+            gates=gates(cfg.rollouts, cfg.monitoring, cfg.cluster.name), canary_namespaces=canary_namespaces,
             load_tests=[refs[k] for k in sorted(refs)],
             notification_channels=self.observability.channels, metrics_sources=[cfg.cluster.subnet_cidr],
             # The loadtester's Roles go into the serving namespaces: after them.

@@ -112,8 +112,8 @@ def test_serving_volumes_are_read_only_many_onto_the_share(plans):
     assert claims[("vllm-gke-system", f"model-weights-rw-{share}")]["accessModes"] == ["ReadWriteMany"]
 
 
-def test_one_loader_job_per_model_reading_token_from_secret_manager(plans):
-    plan = plans["prod"]
+def test_one_loader_job_per_model_reading_token_from_secret_manager(prod_by_hand):
+    plan = prod_by_hand  # with its manual canary's loader
     jobs = [j for j in manifests_of(plan, "Job", "vllm-gke-system") if j["metadata"]["name"].startswith("load-")]
     assert sorted(j["metadata"]["name"] for j in jobs) == ["load-llama-70b", "load-llama-8b", "load-llama-8b-canary",
                                                            "load-llama-8b-lora-search-rewrite",
@@ -377,13 +377,13 @@ def _servers_of(plan, model: str):
             and r.props["metadata"]["labels"].get("vllm-gke.io/model") == model]
 
 
-def test_old_folders_are_pruned_only_after_every_reader_of_the_model_rolled(plans):
+def test_old_folders_are_pruned_only_after_every_reader_of_the_model_rolled(prod_by_hand):
     """The defect: each loader removed the other folders as soon as its own copy was complete,
     while the servers (rolled only after every loader, and never by a failed `up`) still read
     them: a server restarting then waited forever for a deleted marker. Now a prune Job per model
     runs after every server of the model (each pool, the canary, dedicated copies) and its load
     tests were updated, keeping the folders they read now."""
-    plan = plans["prod"]
+    plan = prod_by_hand  # rollouts off: with Flagger nothing is pruned (the next test)
     for job in manifests_of(plan, "Job", "vllm-gke-system"):
         assert "--prune-siblings" not in job["spec"]["template"]["spec"]["containers"][0]["command"]
     llama = plan.config.model("llama-8b")
@@ -440,3 +440,13 @@ def test_a_share_without_room_for_a_new_copy_of_the_largest_model_is_refused(sta
     cfg = parse(values)
     assert plan_filestore(cfg.models, cfg.weights) == ("ZONAL", 2560)
     assert parse(stack_values["frontier"]).weights.capacity_gb == 2560
+
+
+def test_a_model_flagger_rolls_out_keeps_its_earlier_folders(plans, prod_by_hand):
+    """A Flagger pool's primary reads the revision it serves until a canary is promoted (for good
+    after a rollback), which no config names: a prune after `pulumi up` would delete the folder it
+    reads. Prod rolls every model out by canary: no prune Job; by hand, one per model."""
+    assert not [j for j in manifests_of(plans["prod"], "Job", "vllm-gke-system") if j["metadata"]["name"].startswith("prune-")]
+    pruned = {j["metadata"]["name"] for j in manifests_of(prod_by_hand, "Job", "vllm-gke-system")
+              if j["metadata"]["name"].startswith("prune-")}
+    assert pruned == {f"prune-{m.name}" for m in prod_by_hand.config.models}

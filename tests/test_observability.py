@@ -72,7 +72,9 @@ def test_alert_policies(plans):
                            # Every prod model keeps a replica floor: paged when none of its replicas reports.
                            *(f"No replica of {m.name} reports" for m in plans["prod"].config.models),
                            # prod has a tenant of negative priority: a ticket while it is shed
-                           "Tenants shed for overload"}
+                           "Tenants shed for overload",
+                           # prod rolls out by canary: paged when Flagger rolls one back (components/flagger.py)
+                           "Canary rolled back"}
     gone = alerts["No replica of llama-70b reports"]["conditions"][0]["conditionPrometheusQueryLanguage"]
     assert gone["query"] == 'absent(vllm:num_requests_running{cluster="vllm-prod", model_name="llama-70b"})'
     assert alerts["No replica of llama-70b reports"]["severity"] == "CRITICAL"

@@ -637,11 +637,13 @@ class RolloutGates(TypedDict):
     policy pack (policies/rollouts.py)."""
 
     ttft_ratio: NotRequired[float]
-    """The canary's P99 time to first token, and at the TTFT SLO's percentile, at most this many times the primary's. Default: 1.2."""
+    """The canary's P99 time to first token, and at the TTFT SLO's percentile, at most this many times the primary's (tighter than 1.5 fails healthy canaries on the histogram's coarse buckets: docs/guides/rollouts.md). Default: 1.5."""
     itl_ratio: NotRequired[float]
-    """The canary's P99 inter-token latency at most this many times the primary's. Default: 1.2."""
+    """The canary's P99 inter-token latency at most this many times the primary's. Default: 1.5."""
     error_share: NotRequired[float]
     """The canary's share of server errors (the guard's `error` outcome: a 5xx or no answer) above the primary's, at most (default: the availability SLO's error budget, 1 - monitoring.slos.availability)."""
+    refused_share: NotRequired[float]
+    """The canary's share of refused requests (a 4xx: an adapter it lost, a shorter context) above the primary's, at most. Default: 0.02."""
     ttft_seconds: NotRequired[float]
     """The canary's time to first token at the TTFT SLO's percentile, at most (default: monitoring.ttftSloSeconds): the SLO itself, whatever the primary does."""
 
@@ -658,7 +660,7 @@ class RolloutSpec(TypedDict):
     max_weight: NotRequired[int]
     """The canary's share at which it is promoted. Default: 50."""
     interval_seconds: NotRequired[int]
-    """Seconds between steps (Flagger's analysis interval); each gate reads twice this window. Default: 60."""
+    """Seconds between steps (Flagger's analysis interval); each gate reads twice this, at least 5 minutes. Default: 60."""
     failed_checks: NotRequired[int]
     """Failed checks (a gate broken, or no traffic to judge) before the rollback. Default: 2."""
     gates: NotRequired[RolloutGates]
