@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from ..components.model.capacity import placements
+from ..components.model.serving_plan import flagger_pools, servings
 from ..components.model.stack_config import StackConfig
 from ..components.model.tenant_urls import path_prefix
 from .cost import CostReport
@@ -94,10 +95,15 @@ def routes_picture(cfg: StackConfig) -> str:
                     lines.append(f'  {pid} -->|"endpoint picker"| {_id("ip", name, *([owner] if owner else []))}'
                                  f'[("InferencePool {name}{where}")]')
                 else:
+                    serving = next(s for s in servings(cfg) if s.model.name == name and s.tenant == (owner or None))
+                    flagger = flagger_pools(cfg, serving)
                     for which in model.pool_names:
                         label = (f"body under {model.long_request_bytes} B" if which == "short"
                                  else f"body {model.long_request_bytes} B or more")
-                        lines.append(f'  {pid} -->|"{label}"| {_id("s", name, which, owner)}[("{name} {which}{where}")]')
+                        # A Flagger pool: its primary, and a canary of each change at a growing share.
+                        rolled = ", primary + canary" if which in flagger else ""
+                        lines.append(f'  {pid} -->|"{label}"| {_id("s", name, which, owner)}'
+                                     f'[("{name} {which}{where}{rolled}")]')
                     if model.canary is not None and model.canary.weight:
                         lines.append(f'  {pid} -->|"canary {model.canary.weight}%"| {_id("c", name, owner)}'
                                      f'[("{name} canary {model.canary.revision[:12]}{where}")]')

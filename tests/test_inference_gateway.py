@@ -334,9 +334,14 @@ def test_every_tenant_url_the_plan_prints_is_a_declared_route(plans, stack):
     prefix of an HTTPRoute in the namespace that serves it, and nothing else is routed."""
     from urllib.parse import urlsplit
 
+    from vllm_gke.policies.flagger_objects import flagger_objects
+
     plan = plans[stack]
     urls = tenant_urls(plan.config)
-    declared = {m["path"]["value"] for route in manifests_of(plan, "HTTPRoute")
+    # Flagger's routes too, where pools roll out by canary (derived from the Canaries as Flagger writes them)
+    routes = manifests_of(plan, "HTTPRoute") + [o for o in flagger_objects(manifests_of(plan, "Canary"), [])
+                                                if o["kind"] == "HTTPRoute"]
+    declared = {m["path"]["value"] for route in routes
                 for rule in route["spec"]["rules"] if rule.get("backendRefs") for m in rule["matches"]}
     paths = {urlsplit(u.url).path for u in urls}
     assert {next(p for p in paths if d == p or d.startswith(p + "/")) for d in declared} == paths

@@ -42,8 +42,8 @@ def test_server_loads_each_adapter_from_the_share(plans):
     assert "--enable-lora" not in deployment(plans["prod"], "qwen-7b-short")["containers"][0]["args"]
 
 
-def test_one_loader_job_per_adapter_and_servers_wait_for_them(plans):
-    plan = plans["prod"]
+def test_one_loader_job_per_adapter_and_servers_wait_for_them(prod_by_hand):
+    plan = prod_by_hand  # with llama-8b's manual canary
     job = plan.kube("Job", "load-llama-8b-lora-support-sql").props
     cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
     llama = plan.config.model("llama-8b")

@@ -61,8 +61,9 @@ def test_workload_identity_bindings_wait_for_the_cluster(plans, stack):
     (cluster,) = plan.of_type("gcp:container/cluster:Cluster")
     bindings = [r for r in plan.of_type("gcp:serviceaccount/iAMMember:IAMMember")
                 if ".svc.id.goog[" in r.props["member"]]
-    # the loader and KEDA's operator
-    assert {b.name for b in bindings} == {"weights-loader-wi", "keda-wi"}
+    # the loader and KEDA's operator, and where pools roll out by canary, Flagger's PromQL frontend
+    flagger = {"flagger-frontend-wi"} if plan.config.rollouts.enabled else set()
+    assert {b.name for b in bindings} == {"weights-loader-wi", "keda-wi", *flagger}
     for binding in bindings:
         assert plan.waits_for(binding, cluster), binding.name
 

@@ -34,13 +34,15 @@ def test_node_pools_are_drawn_packed_at_baseline_and_peak(plans):
     assert "qwen-7b short for analytics: 2-6 replicas x 1 3g.20gb" in text
 
 
-def test_routes_are_drawn_from_path_to_tenant_to_pool(plans):
+def test_routes_are_drawn_from_path_to_tenant_to_pool(plans, prod_by_hand):
     text = _pictures(plans["prod"])["routes.mmd"]
     assert 'p__analytics_qwen_7b_v1["/analytics/qwen-7b/v1"]' in text  # the dedicated copy's own path
     assert "t_analytics -.->|JWT| p__analytics_qwen_7b_v1" in text
     assert "t_search -.->|JWT| p__analytics_qwen_7b_v1" not in text  # only its tenant
-    assert '-->|"canary 10%"|' in text
-    assert '-->|"body 16384 B or more"| s_llama_70b_long_' in text
+    assert '-->|"body 16384 B or more"| s_llama_70b_long_[("llama-70b long, primary + canary")]' in text
+    # By hand (rollouts off): the manual canary's weighted edge, and pools without Flagger's pair.
+    by_hand = _pictures(prod_by_hand)["routes.mmd"]
+    assert '-->|"canary 10%"|' in by_hand and "primary + canary" not in by_hand
 
 
 def test_the_plan_writes_both_pictures(tmp_path):

@@ -12,7 +12,7 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from tests.conftest import STACKS, manifests_of
+from tests.conftest import STACKS, by_hand, manifests_of
 from vllm_gke.components.keda import CHART_VERSION, GMP_AUTH, gmp_query_url
 from vllm_gke.components.model.pods.standby import RETRY_AFTER_S, STANDBY_LABEL
 from vllm_gke.components.standby import PROGRAM
@@ -342,6 +342,7 @@ def test_a_canary_follows_its_pools_scaling_to_zero(plan_variant):
     """Beside a pool that may go to zero its canary may too (up to canary.replicas), with its own
     standby; beside a pool with a floor it keeps canary.replicas."""
     def long_to_zero(values):
+        by_hand(values)
         (llama,) = [m for m in values["vllm-gke:models"] if m["name"] == "llama-8b"]
         llama["long"]["minReplicas"] = 0
 
@@ -363,7 +364,7 @@ def test_a_private_control_plane_reaches_kedas_metrics_server_and_webhook(plans,
     assert rule.props["sourceRanges"] == [plan.config.cluster.master_cidr]
     assert rule.props["allows"] == [{"protocol": "tcp", "ports": ["6443", "9443"]}]
     assert rule.props["direction"] == "INGRESS"
-    (release,) = plan.of_type("kubernetes:helm.sh/v3:Release")
+    (release,) = [r for r in plan.of_type("kubernetes:helm.sh/v3:Release") if r.props["chart"] == "keda"]
     assert plan.waits_for(release, rule)
     public = plan_variant("dev", lambda v: v["vllm-gke:cluster"].update(privateNodes=False))
     assert not public.of_type("gcp:compute/firewall:Firewall")

@@ -301,13 +301,13 @@ def prune_container(plan, model: str) -> dict:
     return job["spec"]["template"]["spec"]["containers"][0]
 
 
-def test_the_prune_job_removes_the_folders_no_pool_reads_and_the_loader_none(plans, tmp_path):
+def test_the_prune_job_removes_the_folders_no_pool_reads_and_the_loader_none(prod_by_hand, tmp_path):
     """After a new revision or source has loaded and the servers rolled onto it, the earlier
     folders of the model go (the share is sized for one copy of each plus one new copy); the
     canary's and the adapters' folders stay. The loader itself removes nothing beside its folder,
     loaded or failed: the servers still read the current copy until they roll."""
     with_token(tmp_path)
-    plan = plans["prod"]  # llama-8b with a canary revision beside it
+    plan = prod_by_hand  # llama-8b with a canary revision beside it (rollouts off: with Flagger, no prune)
     main_dest, canary_dest = folder(plan, "llama-8b", tmp_path), folder(plan, "llama-8b-canary", tmp_path)
     assert main_dest.parent == canary_dest.parent and main_dest != canary_dest
     earlier = [main_dest.parent / "main-0badf00d", canary_dest]
