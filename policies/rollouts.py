@@ -12,7 +12,6 @@ is promoted at once.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from ..components.model.k8s_objects import MODEL_LABEL, POOL_LABEL
@@ -28,13 +27,10 @@ from .base import (
     vllm_servers,
     where,
 )
+from .gate_queries import CANARY, TENANT_REQUESTS, TTFT_BUCKETS, canary_error_share, ttft_quantile
 
 CLUSTER = "gcp:container/cluster:Cluster"
 SLO = "gcp:monitoring/slo:Slo"
-# The gates the stack declares (components/model/rollouts.py gates()), by their metric's name: the
-# canary's TTFT at the SLO's percentile in seconds (p95, p99-5), and its error share above the primary's.
-TTFT_SECONDS_GATE = re.compile(r"ttft-p(\d+(?:-\d+)?)-seconds")
-ERROR_SHARE_GATE = re.compile(r"error-share")
 # Floating point: 1 - 0.995 is 0.0050000000000000044, and a gate of 0.005 is not looser than it.
 SLACK = 1e-9
 
@@ -91,8 +87,8 @@ def in_place_why(resources: Sequence[Resource], r: Resource) -> str:
     if r.props.get("kind") == "LeaderWorkerSet":
         return "a replica spans hosts (a LeaderWorkerSet, which Flagger does not target): whole groups are replaced in place"
     if (picker := _picker_pool(resources, namespace_of(r), template_labels(r))) is not None:
-        return (f"behind the endpoint picker its backend is one InferencePool ({picker}), which a weighted split "
-                "cannot divide")
+        return (f"behind the endpoint picker its backend is an InferencePool ({picker}), and Flagger v1.44.0's "
+                "Gateway API router writes only Service backends")
     scaled = _scaled_object(resources, r)
     if scaled and scaled.get("minReplicaCount", 0) == 0:  # KEDA's default floor is zero
         return "it may scale to zero: no traffic to judge there, and its standby shares the pool's Service"
@@ -163,35 +159,83 @@ def analysis_steps(analysis: Mapping[str, Any]) -> int:
     return math.ceil(top / step) if step > 0 else len(weights)
 
 
-def _metric_name(m: Mapping[str, Any]) -> str:
-    return f"{m.get('name', '')} {(m.get('templateRef') or {}).get('name', '')}"
+def _template_query(resources: Sequence[Resource], c: Resource, m: Mapping[str, Any]) -> str:
+    """The query a metric runs: its MetricTemplate's (templateRef's namespace, else the Canary's), '' where
+    the plan declares none."""
+    ref = m.get("templateRef") or {}
+    ns = ref.get("namespace") or namespace_of(c)
+    for t in kube(resources, "MetricTemplate"):
+        if namespace_of(t) == ns and meta(t).get("name") == ref.get("name"):
+            return str((t.props.get("spec") or {}).get("query", ""))
+    return ""
 
 
-def _looser_than_slos(c: Resource, metrics: list[Mapping[str, Any]], slos: list[Mapping[str, Any]]) -> Iterator[str]:
+def _ttft_gate(c: Resource, m: Mapping[str, Any], q: float, cuts: list[tuple[float, float]]) -> str:
+    """Why a gate on the canary's TTFT at quantile q is looser than the TTFT SLOs ('' where it holds them)."""
+    seconds, goal = min(s for s, _g in cuts), max(g for _s, g in cuts)
+    bound, fixes = float(m["thresholdRange"]["max"]), list[str]()
+    if bound > seconds + SLACK:
+        fixes.append(f"set vllm-gke:rollouts.gates.ttftSeconds at most {seconds:g}, or unset (monitoring.ttftSloSeconds)")
+    if q < goal - SLACK:
+        fixes.append(f"its MetricTemplate reads p{100 * q:g} (histogram_quantile's first argument): read the SLO's "
+                     f"p{100 * goal:g} or above")
+    return (f"{where(c)} gate {m.get('name')} lets a canary's p{100 * q:g} time to first token reach {bound:g}s, "
+            f"looser than the SLO ({goal:.2%} of first tokens within {seconds:g}s): {'; '.join(fixes)}") if fixes else ""
+
+
+def _error_gate(c: Resource, m: Mapping[str, Any], budget: float) -> str:
+    """Why a gate on the canary's error share is looser than the availability SLOs ('' where it holds them)."""
+    bound = float(m["thresholdRange"]["max"])
+    return (f"{where(c)} gate {m.get('name')} lets a canary fail {bound:.4g} of its requests more than the primary, "
+            f"above the availability SLO's error budget ({budget:.4g}): set vllm-gke:rollouts.gates.errorShare at most "
+            f"{budget:.4g}, or unset (the budget)") if bound > budget + SLACK else ""
+
+
+def _missing(c: Resource, cuts: list[tuple[float, float]], budgets: list[float], ttft: bool, errors: bool) -> Iterator[str]:
+    if cuts and not ttft:
+        seconds, goal = min(s for s, _g in cuts), max(g for _s, g in cuts)
+        yield (f"{where(c)} has no gate on the canary's own time to first token at the SLO's percentile (p{100 * goal:g} "
+               f"within {seconds:g}s): gates against the primary pass a canary as slow as its primary, however slow; add "
+               f"one whose MetricTemplate's query is histogram_quantile({goal:g}, ...) of the `{CANARY}` workload's "
+               f"{TTFT_BUCKETS} alone, its thresholdRange.max at most {seconds:g} (the stack's vllm-ttft-p*-seconds)")
+    if budgets and not errors:
+        yield (f"{where(c)} has no gate on the canary's share of server errors: one failing more than the availability "
+               f"SLO's error budget ({min(budgets):.4g}) is promoted; add one whose MetricTemplate's query leads with "
+               f"the `{CANARY}` workload's error outcomes of {TENANT_REQUESTS} over its ok and error ones, its "
+               f"thresholdRange.max at most {min(budgets):.4g} (the stack's vllm-error-share-excess)")
+
+
+def _looser_than_slos(resources: Sequence[Resource], c: Resource, metrics: list[Mapping[str, Any]],
+                      slos: list[Mapping[str, Any]]) -> Iterator[str]:
+    """Each gate with no max bound; and, where the plan has SLOs, a Canary none of whose gates (read from
+    their templates' queries) holds the canary's TTFT, or its error share, to them: each such gate
+    looser than the SLO, or the gate missing. A gate beside one that holds is only more to pass."""
     cuts = [cut for s in slos if (cut := _ttft_cut(s)) is not None]
     budgets = [b for s in slos if (b := _error_budget(s)) is not None]
+    # Per SLO kind, why each gate on it is looser ('': it holds; None: it has no max, said already).
+    ttft, errors = list[Optional[str]](), list[Optional[str]]()
     for m in metrics:
-        bound = (m.get("thresholdRange") or {}).get("max")
-        if bound is None:
-            continue
-        if cuts and (ttft := TTFT_SECONDS_GATE.search(_metric_name(m))):
-            pct = float(ttft.group(1).replace("-", "."))
-            seconds, goal = min(cuts)
-            if float(bound) > seconds + SLACK or pct < 100 * max(g for _s, g in cuts) - SLACK:
-                yield (f"{where(c)} gate {m.get('name')} lets a canary's p{pct:g} time to first token reach "
-                       f"{float(bound):g}s, looser than the SLO ({goal:.2%} of first tokens within {seconds:g}s): set "
-                       f"vllm-gke:rollouts.gates.ttftSeconds at most {seconds:g}, or unset (monitoring.ttftSloSeconds)")
-        elif budgets and ERROR_SHARE_GATE.search(_metric_name(m)) and float(bound) > min(budgets) + SLACK:
-            yield (f"{where(c)} gate {m.get('name')} lets a canary fail {float(bound):.4g} of its requests more than "
-                   f"the primary, above the availability SLO's error budget ({min(budgets):.4g}): set "
-                   f"vllm-gke:rollouts.gates.errorShare at most {min(budgets):.4g}, or unset (the budget)")
+        unbounded = m["thresholdRange"].get("max") is None
+        if unbounded:
+            yield (f"{where(c)} gate {m.get('name')} has no max bound: a canary whose value grows passes it (the "
+                   "stack's gates are latencies, ratios and shares, where higher is worse); set thresholdRange.max")
+        query = _template_query(resources, c, m)
+        if cuts and (q := ttft_quantile(query)) is not None:
+            ttft.append(None if unbounded else _ttft_gate(c, m, q, cuts))
+        if budgets and canary_error_share(query):
+            errors.append(None if unbounded else _error_gate(c, m, min(budgets)))
+    for found in (ttft, errors):
+        if "" not in found:
+            yield from (why for why in found if why)
+    yield from _missing(c, cuts, budgets, bool(ttft), bool(errors))
 
 
 def rollout_gates_hold_slos(resources: Sequence[Resource]) -> Iterator[Finding]:
-    """A Canary's gates are no looser than the SLOs they guard (its TTFT gate within the TTFT SLO's
-    bound and percentile, its error-share gate within the availability SLO's budget), it has gates at
-    all, and it fails before it is promoted: a threshold of failed checks above its steps lets a
-    canary that fails every other check through."""
+    """A Canary's gates can fail and are no looser than the SLOs they guard, each judged by what its
+    MetricTemplate's query reads (its name is only a name): every gate has a max bound; where the plan
+    has SLOs, a gate on the canary's own TTFT at the SLO's percentile or above, within its seconds, and
+    one on the canary's error share within the availability SLO's budget; and it fails before it is
+    promoted: a threshold of failed checks above its steps lets a canary failing every other check through."""
     for c in kube(resources, "Canary"):
         spec = c.props.get("spec") or {}
         analysis = spec.get("analysis") or spec.get("canaryAnalysis")
@@ -202,7 +246,8 @@ def rollout_gates_hold_slos(resources: Sequence[Resource]) -> Iterator[Finding]:
         if not metrics:
             yield c, (f"{where(c)} has no metric with a thresholdRange: Flagger promotes it on its pods' readiness "
                       "alone, whatever its latency or errors")
-        for message in _looser_than_slos(c, metrics, _slos(resources, meta(c).get("labels", {}).get(MODEL_LABEL))):
+        slos = _slos(resources, meta(c).get("labels", {}).get(MODEL_LABEL)) if metrics else []
+        for message in _looser_than_slos(resources, c, metrics, slos):
             yield c, message
         threshold, steps = max(1, int(analysis.get("threshold") or 1)), analysis_steps(analysis)
         if steps and threshold > steps:

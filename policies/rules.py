@@ -231,11 +231,13 @@ POLICIES: tuple[Policy, ...] = (
            "advisory", prod_rollouts_gated),
     Policy("rollout-gates-hold-slos",
            "A canary's gates are no looser than the SLOs they guard, and it can fail before it is promoted."
-           " Rejects a Flagger Canary that skips its analysis or has no metric with a thresholdRange; whose "
-           "time-to-first-token gate (`*-ttft-p<percentile>-seconds`) allows more seconds, or a lower percentile, "
-           "than its model's TTFT SLO; whose error-share gate allows more than the availability SLO's error budget "
-           "(1 - goal); or whose threshold of failed checks exceeds the checks it passes before promotion "
-           "(maxWeight / stepWeight), so a canary failing every other check is promoted.",
+           " Rejects a Flagger Canary that skips its analysis or has no metric with a thresholdRange; with a metric "
+           "whose thresholdRange has no max; where the plan has SLOs, with no gate, read from its MetricTemplate's "
+           "query (not its name), on the canary's own (`{{ target }}`) time to first token at the TTFT SLO's "
+           "percentile or above (histogram_quantile's first argument) with a max at most the SLO's seconds, or none "
+           "on its error share with a max at most the availability SLO's error budget (1 - goal); or whose "
+           "threshold of failed checks exceeds the checks it passes before promotion (maxWeight / stepWeight), so "
+           "a canary failing every other check is promoted.",
            "advisory", rollout_gates_hold_slos),
 )
 POLICY_NAMES = tuple(p.name for p in POLICIES)

@@ -4,9 +4,10 @@ Prometheus TSDB (`promtool tsdb create-blocks-from openmetrics`), then served by
 `prometheus` whose query API the analysis reads.
 
 The series are vLLM 0.34.0's TTFT and inter-token-latency histograms (its bucket bounds) and the
-guard's per-tenant request counter, labelled as GMP v0.17.2's collector labels a pod's series
-under the pool's PodMonitoring (`gmp_target_labels`: the pods are read from the cluster, so the
-`workload` label each revision carries is the one its pod really has).
+guard's per-tenant request counter (its outcomes ok, error, refused), one sample each scrape of the
+PodMonitoring's interval, labelled as GMP v0.17.2's collector labels a pod's series under the pool's
+PodMonitoring (`gmp_target_labels`: the pods are read from the cluster, so the `workload` label each
+revision carries is the one its pod really has; the cluster's project, location and name the plan's).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -37,7 +38,6 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 TTFT, ITL = "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"
 # images/vllm_gke_guard/metrics.py: TENANT_REQUESTS and its four outcomes, each created at zero.
 TENANT_REQUESTS, OUTCOMES = "vllm_gke_tenant_requests", ("ok", "refused", "error", "shed")
-SCRAPE_SECONDS = 15
 # Tokens a request streams: inter-token latencies observed per request.
 TOKENS_PER_REQUEST = 40
 
@@ -59,30 +59,27 @@ class Lognormal:
 
 @dataclass(frozen=True)
 class Serving:
-    """How a revision serves: time to first token, inter-token latency, the share of 5xx, and the share
-    of its pod's request rate it gets (0: no traffic at all)."""
+    """How a revision serves: time to first token, inter-token latency, the share of the requests it
+    answers that fail (a 5xx or no answer), the share of all requests it refuses (a 4xx before any
+    token: an adapter it lost), and the share of its pod's request rate it gets (0: no traffic at all)."""
 
     ttft: Lognormal = Lognormal(0.3, 0.6)
     itl: Lognormal = Lognormal(0.03, 0.35)
     errors: float = 0.001
+    refused: float = 0.0
     traffic: float = 1.0
 
 
 @dataclass(frozen=True)
 class PodRecording:
-    """One pod's series: its target labels, requests a second, from when to when, and how it serves
-    before and after `change_at` (unix seconds; None: never changes)."""
+    """One pod's series: its target labels, requests a second, from when to when (unix seconds), and
+    how it serves."""
 
     labels: dict[str, str]
     rate: float
     start: int
     end: int
-    before: Serving
-    after: Serving = field(default_factory=Serving)
-    change_at: Optional[int] = None
-
-    def serving(self, t: int) -> Serving:
-        return self.after if self.change_at is not None and t > self.change_at else self.before
+    serving: Serving
 
 
 def _labels(labels: dict[str, str]) -> str:
@@ -102,27 +99,29 @@ class _Counters:
         self.requests = {(t, o): 0.0 for t in tenants for o in OUTCOMES}
 
     def observe(self, s: Serving, requests: float, tenants: tuple[str, ...]) -> None:
-        for name, dist, bounds, n in ((TTFT, s.ttft, TTFT_BUCKETS, requests),
-                                      (ITL, s.itl, ITL_BUCKETS, requests * TOKENS_PER_REQUEST)):
+        answered = requests * (1 - s.refused)  # a refused request never reaches a first token
+        for name, dist, bounds, n in ((TTFT, s.ttft, TTFT_BUCKETS, answered),
+                                      (ITL, s.itl, ITL_BUCKETS, answered * TOKENS_PER_REQUEST)):
             for i, b in enumerate(bounds):
                 self.buckets[name][i] += n * dist.cdf(b)
             self.buckets[name][-1] += n
             self.sums[name] += n * dist.mean
         for t in tenants:
-            self.requests[(t, "error")] += requests * s.errors / len(tenants)
-            self.requests[(t, "ok")] += requests * (1 - s.errors) / len(tenants)
+            self.requests[(t, "refused")] += (requests - answered) / len(tenants)
+            self.requests[(t, "error")] += answered * s.errors / len(tenants)
+            self.requests[(t, "ok")] += answered * (1 - s.errors) / len(tenants)
 
 
-def openmetrics(pods: Iterable[PodRecording], tenants: tuple[str, ...], model: str) -> str:
-    """The pods' series, one sample each scrape, as OpenMetrics text (one family at a time)."""
+def openmetrics(pods: Iterable[PodRecording], tenants: tuple[str, ...], model: str, scrape_seconds: int) -> str:
+    """The pods' series, one sample each scrape (every `scrape_seconds`: the PodMonitoring's interval),
+    as OpenMetrics text (one family at a time)."""
     families: dict[str, list[str]] = {TTFT: [], ITL: [], TENANT_REQUESTS: []}
     for pod in pods:
         counts = _Counters(tenants)
         vllm_labels = {**pod.labels, "model_name": model, "engine": "0"}
-        for t in range(pod.start, pod.end + 1, SCRAPE_SECONDS):
+        for t in range(pod.start, pod.end + 1, scrape_seconds):
             if t > pod.start:
-                serving = pod.serving(t)
-                counts.observe(serving, pod.rate * serving.traffic * SCRAPE_SECONDS, tenants)
+                counts.observe(pod.serving, pod.rate * pod.serving.traffic * scrape_seconds, tenants)
             for name, bounds in ((TTFT, TTFT_BUCKETS), (ITL, ITL_BUCKETS)):
                 cum = counts.buckets[name]
                 for b, c in zip((*bounds, math.inf), cum):
@@ -146,11 +145,12 @@ def gauge_openmetrics(name: str, samples: Iterable[tuple[dict[str, str], int, fl
 
 @dataclass(frozen=True)
 class GmpCluster:
-    """The target labels GMP forces on every series (pod_config.go:120-136)."""
+    """The target labels GMP forces on every series (pod_config.go:120-136): the cluster's project,
+    location and name (the gates' queries select its `cluster`)."""
 
-    project_id: str = "acme-llm-prod"
-    location: str = "us-central1"
-    cluster: str = "vllm-prod"
+    project_id: str
+    location: str
+    cluster: str
 
 
 def _controller(pod: dict[str, Any]) -> tuple[str, str]:

@@ -20,6 +20,7 @@ from vllm_gke.policies.rules import POLICY_NAMES
 def analyzer():
     proc = subprocess.Popen([sys.executable, str(REPO_ROOT / "policies" / "__main__.py")],
                             cwd=REPO_ROOT / "policies", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
     port = int(proc.stdout.readline().decode().strip())  # the pack prints its port, as for the engine
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     try:
@@ -77,7 +78,9 @@ def test_pack_files():
 
 def test_pack_runs_the_rollout_policies(analyzer, plans):
     """Under CrossGuard (numbers as the engine's doubles): frontier's pools that roll in place in prod,
-    and a prod Canary whose TTFT gate is looser than the SLO, each an advisory diagnostic on its resource."""
+    a prod Canary rolled back only after more failed checks than it passes before promotion, and one
+    whose TTFT gate's MetricTemplate reads a lower percentile than the SLO's, each an advisory
+    diagnostic on its resource."""
     response = analyzer.AnalyzeStack(analyzer_pb2.AnalyzeStackRequest(resources=analyzer_resources(plans["frontier"])))
     gated = [d for d in response.diagnostics if d.policyName == "prod-rollouts-gated"]
     assert len(gated) == 4 and {d.enforcementLevel for d in gated} == {analyzer_pb2.ADVISORY}
@@ -89,8 +92,18 @@ def test_pack_runs_the_rollout_policies(analyzer, plans):
                 r.props["spec"]["analysis"]["threshold"] = 9
                 target.append(r.urn)
 
-    target: list[str] = []
-    response = analyzer.AnalyzeStack(analyzer_pb2.AnalyzeStackRequest(resources=analyzer_resources(plans["prod"], loosen)))
-    (diag,) = [d for d in response.diagnostics if d.policyName.startswith(("prod-rollouts", "rollout-"))]
-    assert (diag.policyName, diag.enforcementLevel, diag.urn) == ("rollout-gates-hold-slos", analyzer_pb2.ADVISORY, target[0])
-    assert "after 9 failed checks but promoted after 5 passed ones" in diag.message
+    def median(rs):
+        for r in rs:
+            if r.props.get("kind") == "MetricTemplate" and r.props["metadata"]["name"] == "vllm-ttft-p95-seconds":
+                r.props["spec"]["query"] = r.props["spec"]["query"].replace("(0.95,", "(0.5,")
+            if r.props.get("kind") == "Canary" and r.props["metadata"]["name"] == "llama-8b-short":
+                target.append(r.urn)
+
+    for mutate, words in ((loosen, "after 9 failed checks but promoted after 5 passed ones"),
+                          (median, "gate vllm-ttft-p95-seconds lets a canary's p50 time to first token reach 2s")):
+        target: list[str] = []
+        response = analyzer.AnalyzeStack(analyzer_pb2.AnalyzeStackRequest(resources=analyzer_resources(plans["prod"], mutate)))
+        diags = [d for d in response.diagnostics if d.policyName.startswith(("prod-rollouts", "rollout-"))]
+        (diag,) = [d for d in diags if d.urn == target[0]]
+        assert (diag.policyName, diag.enforcementLevel) == ("rollout-gates-hold-slos", analyzer_pb2.ADVISORY)
+        assert words in diag.message

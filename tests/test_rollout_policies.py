@@ -6,6 +6,9 @@ from __future__ import annotations
 import pytest
 
 from tests.test_policies import kind, resources, violations_of
+from vllm_gke.components.model.rollouts import gates
+from vllm_gke.components.model.specs import MonitoringSpec, RolloutSpec
+from vllm_gke.policies.gate_queries import canary_error_share, ttft_quantile
 from vllm_gke.policies.rules import Resource, evaluate
 
 GATED = "prod-rollouts-gated"
@@ -43,7 +46,7 @@ def test_only_prod_is_judged(plans):
     assert violations_of(rs, GATED) == []
     _as_prod(rs)
     by = _by_workload(violations_of(rs, GATED))
-    assert "behind the endpoint picker its backend is one InferencePool (llama-8b)" in by["Deployment vllm/llama-8b-short"]
+    assert "behind the endpoint picker its backend is an InferencePool (llama-8b)" in by["Deployment vllm/llama-8b-short"]
     assert "may scale to zero" in by["Deployment vllm/mistral-7b-long"]
     assert by["Deployment vllm/mistral-7b-short"].endswith("set vllm-gke:rollouts.enabled")
     # A program's own resources without a cluster: no environment, nothing judged.
@@ -91,6 +94,18 @@ def test_prods_gates_are_the_slos_own(plans):
         1 - cfg.monitoring.slos.availability)
 
 
+def _template(rs, name: str) -> dict:
+    return kind(rs, "MetricTemplate", name, "flagger-system").props["spec"]
+
+
+def kube_canaries(rs) -> list:
+    return [r for r in rs if r.props.get("kind") == "Canary"]
+
+
+def _messages(rs, canary: str) -> list[str]:
+    return [v.message for v in violations_of(rs, GATES) if f"Canary vllm/{canary} " in v.message]
+
+
 def test_a_ttft_gate_above_the_slos_bound_or_below_its_percentile(plans):
     rs = resources(plans["prod"])
     _gate(rs, "qwen-7b-long", "-seconds")["thresholdRange"]["max"] = 2.5
@@ -98,11 +113,92 @@ def test_a_ttft_gate_above_the_slos_bound_or_below_its_percentile(plans):
     assert v.resource and "Canary vllm/qwen-7b-long gate vllm-ttft-p95-seconds" in v.message
     assert "reach 2.5s, looser than the SLO (95.00% of first tokens within 2s)" in v.message
     assert "rollouts.gates.ttftSeconds at most 2" in v.message
+    # The percentile is the query's, whatever the template's name says: p50 under the name p95.
     rs = resources(plans["prod"])
-    gate = _gate(rs, "qwen-7b-long", "-seconds")
-    gate["name"] = gate["templateRef"]["name"] = "vllm-ttft-p90-seconds"
-    (v,) = violations_of(rs, GATES)
-    assert "p90 time to first token" in v.message
+    template = _template(rs, "vllm-ttft-p95-seconds")
+    template["query"] = template["query"].replace("histogram_quantile(0.95,", "histogram_quantile(0.5,")
+    found = violations_of(rs, GATES)
+    assert len(found) == len(kube_canaries(rs)), [v.message for v in found]
+    (message,) = _messages(rs, "qwen-7b-long")
+    assert "gate vllm-ttft-p95-seconds lets a canary's p50 time to first token reach 2s, looser than the SLO" in message
+    assert "its MetricTemplate reads p50 (histogram_quantile's first argument): read the SLO's p95" in message
+
+
+def test_a_gates_name_alone_says_nothing(plans):
+    """Renamed, the stack's gates still hold the SLOs (their templates' queries do)."""
+    rs = resources(plans["prod"])
+    _gate(rs, "qwen-7b-long", "-seconds")["name"] = "vllm-ttft-p50-seconds"
+    _gate(rs, "qwen-7b-long", "error-share-excess")["name"] = "whatever"
+    assert violations_of(rs, GATES) == []
+
+
+MISSING_TTFT = "has no gate on the canary's own time to first token at the SLO's percentile (p95 within 2s)"
+MISSING_ERRORS = "has no gate on the canary's share of server errors"
+
+
+@pytest.mark.parametrize("keep,bound", [
+    (("vllm-itl-p99-ratio",), None),
+    (("vllm-ttft-p99-ratio", "vllm-ttft-p95-ratio", "vllm-itl-p99-ratio"), 5.0),
+])
+def test_a_canary_without_the_slos_gates(plans, keep, bound):
+    """Only the ITL gate; or only gates against the primary, however loose: a canary as slow as its
+    primary, or failing within the primary's share of the budget, has nothing to stop it."""
+    rs = resources(plans["prod"])
+    analysis = kind(rs, "Canary", "llama-8b-short", "vllm").props["spec"]["analysis"]
+    analysis["metrics"] = [m for m in analysis["metrics"] if m["name"] in keep]
+    for m in analysis["metrics"]:
+        m["thresholdRange"]["max"] = bound or m["thresholdRange"]["max"]
+    ttft, errors = violations_of(rs, GATES)
+    assert MISSING_TTFT in ttft.message and "histogram_quantile(0.95, ...)" in ttft.message
+    assert "its thresholdRange.max at most 2 (the stack's vllm-ttft-p*-seconds)" in ttft.message
+    assert MISSING_ERRORS in errors.message and "at most 0.005 (the stack's vllm-error-share-excess)" in errors.message
+
+
+def test_gates_that_nothing_can_fail(plans):
+    """Every gate at thresholdRange {min: 0}: each is named (and the SLO's gates are there, unbounded)."""
+    rs = resources(plans["prod"])
+    metrics = kind(rs, "Canary", "llama-8b-short", "vllm").props["spec"]["analysis"]["metrics"]
+    for m in metrics:
+        m["thresholdRange"] = {"min": 0}
+    found = [v.message for v in violations_of(rs, GATES)]
+    assert len(found) == len(metrics)
+    assert all(f"Canary vllm/llama-8b-short gate {m['name']} has no max bound" in f for m, f in zip(metrics, found))
+
+
+def _swap_workloads(query: str) -> str:
+    """The query with the canary's and the primary's series swapped."""
+    canary, primary = 'workload="{{ target }}"', 'workload="{{ target }}-primary"'
+    assert canary in query
+    return query.replace(primary, "\0").replace(canary, primary).replace("\0", canary)
+
+
+@pytest.mark.parametrize("template,change,missing", [
+    # The seconds gate on the primary's series: the primary's TTFT, not the canary's.
+    ("vllm-ttft-p95-seconds", _swap_workloads, MISSING_TTFT),
+    # Scaled: the canary's p95 may reach twice the bound.
+    ("vllm-ttft-p95-seconds", lambda q: f"{q} / 2", MISSING_TTFT),
+    # The primary's share less the canary's: an erring canary lowers it.
+    ("vllm-error-share-excess", _swap_workloads, MISSING_ERRORS),
+])
+def test_a_gate_whose_query_reads_something_else(plans, template, change, missing):
+    rs = resources(plans["prod"])
+    spec = _template(rs, template)
+    spec["query"] = change(spec["query"])
+    (message,) = _messages(rs, "qwen-7b-long")
+    assert missing in message
+
+
+@pytest.mark.parametrize("cluster", ["", "vllm-prod"])
+def test_what_the_stacks_gate_queries_read(cluster):
+    """Of the stack's gates, the seconds gate alone is the canary's TTFT at one quantile (the SLO's, or
+    the one its slos.ttft names), the error-share gate alone the canary's error share."""
+    for q in (0.95, 0.995):
+        monitoring = MonitoringSpec.model_validate({"slos": {"ttft": q}})
+        read = {g.name: (ttft_quantile(g.query), canary_error_share(g.query))
+                for g in gates(RolloutSpec(), monitoring, cluster)}
+        seconds = "vllm-ttft-p95-seconds" if q == 0.95 else "vllm-ttft-p99-5-seconds"
+        assert {n: v for n, v in read.items() if v != (None, False)} == {
+            seconds: (q, False), "vllm-error-share-excess": (None, True)}, read
 
 
 def test_an_error_gate_above_the_error_budget(plans):
