@@ -142,3 +142,24 @@ def test_a_flagger_target_starts_at_zero(plans):
     is analysed, so it is created at 0 (no replica loads for nothing on the first `pulumi up`)."""
     for d in vllm_deployments(plans["prod"]):
         assert d["spec"]["replicas"] == 0, d["metadata"]["name"]
+
+
+def test_no_canary_can_outlast_its_failed_checks(plans):
+    """Flagger never lowers the failed-check count and promotes at maxWeight: a threshold above the
+    steps would promote a canary failing every other check. Each Canary's is at most its steps."""
+    for c in manifests_of(plans["prod"], "Canary"):
+        a = c["spec"]["analysis"]
+        assert 1 <= a["threshold"] <= a["maxWeight"] // a["stepWeight"], c["metadata"]["name"]
+        assert a["threshold"] == min(plans["prod"].config.rollouts.failed_checks, a["maxWeight"] // a["stepWeight"])
+
+
+def test_a_one_step_canary_rolls_back_at_its_first_failed_check(plans):
+    """A canary promoted after one step (its share under one stack step) gets a threshold of 1."""
+    from vllm_gke.components.model.rollouts import FlaggerPool, RolloutPlan, canary_spec
+
+    cfg = plans["prod"].config
+    one = RolloutPlan("canary", "", 1, 19, 5, 900, 120, 600, step_weight=5)
+    spec = canary_spec("m-short", "short", 2, FlaggerPool(one, cfg.rollouts, cfg.monitoring, "m", 16384, "https"),
+                       "vllm", {"queue": "q", "keep": "k"})
+    assert cfg.rollouts.failed_checks == 2 and spec["analysis"]["threshold"] == 1
+    assert (spec["analysis"]["stepWeight"], spec["analysis"]["maxWeight"]) == (5, 5)

@@ -282,7 +282,10 @@ def canary_spec(service: str, which: str, min_replicas: int, pool: FlaggerPool, 
         # Deleted (rollouts turned off), Flagger's finalizer first brings the target back to serve.
         "revertOnDeletion": True,
         "service": route,
-        "analysis": {"interval": f"{rollouts.interval_seconds}s", "threshold": rollouts.failed_checks,
+        # No more failed checks than steps: Flagger never lowers the count, and a canary that fails
+        # every other check would otherwise reach promotion first (scheduler.go runCanary).
+        "analysis": {"interval": f"{rollouts.interval_seconds}s",
+                     "threshold": min(rollouts.failed_checks, pool.plan.max_weight // pool.plan.step_weight),
                      "stepWeight": pool.plan.step_weight, "maxWeight": pool.plan.max_weight,
                      "metrics": metrics, **({"webhooks": list(pool.webhooks)} if pool.webhooks else {})},
     }
