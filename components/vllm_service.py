@@ -22,7 +22,7 @@ from .k8s_meta import api_body, custom_resource, meta
 from .keda import gmp_query_url
 from .model.cold_start import NODE_PROVISION_S
 from .model.k8s_objects import group_name_of
-from .model.keda_scaling import PAUSED_REPLICAS, KedaScaling, primary_queries, primary_scaled_object, scaled_object
+from .model.keda_scaling import KedaScaling, primary_queries, primary_scaled_object, scaled_object
 from .model.mesh_identity import STANDBY_SA
 from .model.pods.server import ServerPod, leader_pod, server_pod, worker_pod
 from .model.rollouts import FLAGGER_API, WORKLOAD_LABEL, FlaggerPool, canary_spec
@@ -237,26 +237,28 @@ class VllmService(pulumi.ComponentResource):
             {**meta(service, labels=pool_identity(args.model, args.pool_name, False, args.tenant).labels),
              "namespace": args.namespace},
             spec, child_opts(self, opts, provider=args.provider,
-                             depends_on=[self.workload, self.autoscaler, *args.flagger_ready]))
+                             depends_on=[self.workload, self.autoscaler, *args.flagger_ready,
+                                         *([self.primary_autoscaler] if self.primary_autoscaler else [])]))
 
     def _scaling(self, name: str, args: VllmServiceArgs, scaling: KedaScaling,
                  opts: Optional[pulumi.ResourceOptions], who: PoolIdentity) -> None:
         """KEDA's ScaledObject on the pool's queue (after the workload it scales) and the scrape; for a
-        Flagger pool, the canary's (paused at 0 until Flagger resumes it for an analysis) and the primary's."""
+        Flagger pool, the canary's and the primary's. Flagger pauses the canary's (KEDA's paused-replicas
+        annotation) between analyses: the plan never declares that annotation, so an update never sets it
+        back mid-analysis (pulumi-kubernetes' server-side apply leaves a field it does not declare to the
+        manager that set it; an ignore_changes on it would not hold: its path splitting drops the key)."""
         service, group, flagger = self.service_name, self.group_name, self.flagger
         metadata: k8s.meta.v1.ObjectMetaArgsDict = {**meta(service, labels=who.labels), "namespace": args.namespace}
         spec = pulumi.Output.from_input(args.namespace).apply(lambda ns: scaled_object(
             service, ns, args.pool, scaling, gmp_query_url(scaling.project), group=group,
             canary_max=flagger.plan.canary_replicas if flagger else 0))
-        paused = {**metadata, "annotations": {PAUSED_REPLICAS: "0"}} if flagger else metadata
         self.autoscaler = custom_resource(
-            f"{name}-scaledobject", "keda.sh/v1alpha1", "ScaledObject", paused, spec,
-            child_opts(self, opts, provider=args.provider, depends_on=[self.workload],
-                       # Flagger pauses and resumes it: an update of it must not set that back.
-                       ignore_changes=[f'metadata.annotations["{PAUSED_REPLICAS}"]'] if flagger else None))
+            f"{name}-scaledobject", "keda.sh/v1alpha1", "ScaledObject", metadata, spec,
+            child_opts(self, opts, provider=args.provider, depends_on=[self.workload]))
+        self.primary_autoscaler: Optional[pulumi.Resource] = None
         if flagger is not None:
             primary = f"{service}-primary"
-            custom_resource(
+            self.primary_autoscaler = custom_resource(
                 f"{name}-primary-scaledobject", "keda.sh/v1alpha1", "ScaledObject",
                 {**meta(primary, labels=who.labels), "namespace": args.namespace},
                 pulumi.Output.all(spec, args.namespace).apply(lambda a: primary_scaled_object(

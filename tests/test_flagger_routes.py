@@ -119,7 +119,8 @@ def test_canary_ceilings_follow_the_plan(plans):
         for which in serving.model.pool_names:
             rollout, name = pool_rollout(cfg, serving, which), f"{serving.model.name}-{which}"
             target, canary = objects[(ns, name)], canaries[(ns, name)]["spec"]
-            assert target["metadata"]["annotations"] == {"autoscaling.keda.sh/paused-replicas": "0"}
+            # Flagger pauses it; the plan never declares the annotation (an update would set it back).
+            assert "autoscaling.keda.sh/paused-replicas" not in (target["metadata"].get("annotations") or {})
             so = target["spec"]
             assert (so["minReplicaCount"], so["maxReplicaCount"]) == (rollout.canary_replicas, rollout.canary_replicas)
             scaler = canary["autoscalerRef"]
@@ -145,12 +146,16 @@ def test_a_flagger_target_starts_at_zero(plans):
 
 
 def test_no_canary_can_outlast_its_failed_checks(plans):
-    """Flagger never lowers the failed-check count and promotes at maxWeight: a threshold above the
-    steps would promote a canary failing every other check. Each Canary's is at most its steps."""
+    """Flagger never lowers the failed-check count and promotes after `steps` passed checks: a
+    threshold of `steps` would promote a canary passing and failing by turns (P F P). Each Canary's is
+    below its steps (one where it has one step)."""
     for c in manifests_of(plans["prod"], "Canary"):
         a = c["spec"]["analysis"]
-        assert 1 <= a["threshold"] <= a["maxWeight"] // a["stepWeight"], c["metadata"]["name"]
-        assert a["threshold"] == min(plans["prod"].config.rollouts.failed_checks, a["maxWeight"] // a["stepWeight"])
+        steps = a["maxWeight"] // a["stepWeight"]
+        assert a["threshold"] == min(plans["prod"].config.rollouts.failed_checks, max(1, steps - 1))
+    short = next(c for c in manifests_of(plans["prod"], "Canary") if c["metadata"]["name"] == "llama-70b-short")
+    assert short["spec"]["analysis"]["maxWeight"] // short["spec"]["analysis"]["stepWeight"] == 2
+    assert short["spec"]["analysis"]["threshold"] == 1
 
 
 def test_a_one_step_canary_rolls_back_at_its_first_failed_check(plans):

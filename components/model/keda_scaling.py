@@ -8,8 +8,6 @@ from typing import Any, Optional
 
 from .specs import ServingPoolSpec
 
-# KEDA holds a paused ScaledObject's target at this count: a Flagger target's, between rollouts.
-PAUSED_REPLICAS = "autoscaling.keda.sh/paused-replicas"
 # GPU replicas are slow to start and costly to churn: scale up fast, down slowly.
 SCALE_BEHAVIOR = {
     "scaleUp": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]},

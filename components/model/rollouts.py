@@ -49,7 +49,7 @@ class RolloutPlan:
     mode: Mode
     # Why it rolls in place, or what its canary gave up to fit (empty: a full canary).
     note: str = ""
-    # The canary's ceiling (KEDA scales it on its own queue from one replica up to this).
+    # The canary's replicas while analysed (its ScaledObject's floor and ceiling both).
     canary_replicas: int = 0
     # The primary's ceiling while it serves (the pool's, less what a canary borrows).
     primary_max: int = 0
@@ -259,6 +259,7 @@ def canary_spec(service: str, which: str, min_replicas: int, pool: FlaggerPool, 
     """The pool's Canary: Flagger copies Deployment `service` to `service`-primary, whose KEDA
     ScaledObject keeps the pool's floor and the plan's ceiling, and routes `which`'s matches."""
     rollouts = pool.rollouts
+    step = pool.plan.step_weight or rollouts.step_weight
     # Each gate reads at least 5 minutes (two intervals where longer): vLLM's histogram buckets are
     # coarse (0.25, 0.5, 0.75, 1, 2.5 s for TTFT), and a quantile of a few dozen requests jumps.
     window = f"{max(2 * rollouts.interval_seconds, GATE_WINDOW_MIN_S)}s"
@@ -282,10 +283,10 @@ def canary_spec(service: str, which: str, min_replicas: int, pool: FlaggerPool, 
         # Deleted (rollouts turned off), Flagger's finalizer first brings the target back to serve.
         "revertOnDeletion": True,
         "service": route,
-        # No more failed checks than steps: Flagger never lowers the count, and a canary that fails
-        # every other check would otherwise reach promotion first (scheduler.go runCanary).
+        # Fewer failed checks than steps: Flagger never lowers the count, and promotes after `steps`
+        # passed checks, so a canary passing and failing by turns would otherwise be promoted.
         "analysis": {"interval": f"{rollouts.interval_seconds}s",
-                     "threshold": min(rollouts.failed_checks, pool.plan.max_weight // pool.plan.step_weight),
-                     "stepWeight": pool.plan.step_weight, "maxWeight": pool.plan.max_weight,
+                     "threshold": min(rollouts.failed_checks, max(1, pool.plan.max_weight // step - 1)),
+                     "stepWeight": step, "maxWeight": pool.plan.max_weight,
                      "metrics": metrics, **({"webhooks": list(pool.webhooks)} if pool.webhooks else {})},
     }
