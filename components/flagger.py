@@ -51,6 +51,7 @@ from .model.rollout_webhooks import LoadTestRef, loadtester_rules
 from .model.rollouts import FLAGGER_API, FLAGGER_NAMESPACE, Gate, metric_template
 from .options import child_opts
 from .project_apis import ProjectApis
+from .workload_identity import monitoring_reader
 
 NAMESPACE = FLAGGER_NAMESPACE
 
@@ -151,20 +152,9 @@ class Flagger(pulumi.ComponentResource):
                            ) -> tuple[gcp.serviceaccount.Account, gcp.serviceaccount.IAMMember]:
         """The frontend's Google service account (it may read monitoring data, nothing else) and its
         Workload Identity binding to the frontend's Kubernetes service account."""
-        gsa = gcp.serviceaccount.Account(
-            f"{name}-frontend-gsa", account_id=args.frontend_gsa_name, project=args.project,
-            display_name="Flagger's PromQL frontend: reads Managed Prometheus for canary analysis",
-            opts=self._gcp_opts(args, opts, "iam.googleapis.com"))
-        gcp.projects.IAMMember(
-            f"{name}-frontend-monitoring-viewer", project=args.project, role="roles/monitoring.viewer",
-            member=gsa.email.apply(lambda e: f"serviceAccount:{e}"),
-            opts=self._gcp_opts(args, opts, "cloudresourcemanager.googleapis.com"))
-        binding = gcp.serviceaccount.IAMMember(
-            f"{name}-frontend-wi", service_account_id=gsa.name, role="roles/iam.workloadIdentityUser",
-            member=pulumi.Output.from_input(args.workload_pool).apply(
-                lambda pool: f"serviceAccount:{pool}[{NAMESPACE}/{FRONTEND}]"),
-            opts=self._gcp_opts(args, opts, "iam.googleapis.com"))
-        return gsa, binding
+        return monitoring_reader(f"{name}-frontend", args.project, args.frontend_gsa_name,
+                                 "Flagger's PromQL frontend: reads Managed Prometheus for canary analysis",
+                                 args.workload_pool, NAMESPACE, FRONTEND, lambda api: self._gcp_opts(args, opts, api))
 
     def _loadtester(self, name: str, args: FlaggerArgs, ns: pulumi.Input[str],
                     opts: Optional[pulumi.ResourceOptions]) -> None:

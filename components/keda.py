@@ -25,6 +25,7 @@ from .k8s_meta import api_body, custom_resource, meta
 from .model.config_rules.components import check_keda
 from .options import child_opts
 from .project_apis import ProjectApis
+from .workload_identity import monitoring_reader
 
 CHART_VERSION = "2.20.2"
 CHART_REPO = "https://kedacore.github.io/charts"
@@ -103,20 +104,9 @@ class Keda(pulumi.ComponentResource):
                   ) -> tuple[gcp.serviceaccount.Account, gcp.serviceaccount.IAMMember]:
         """The operator's Google service account (it may read monitoring data, nothing else) and
         its Workload Identity binding."""
-        gsa = gcp.serviceaccount.Account(
-            f"{name}-gsa", account_id=args.gsa_name, project=args.project,
-            display_name="KEDA: reads Managed Prometheus to scale serving pools",
-            opts=self._gcp_opts(args, opts, "iam.googleapis.com"))
-        gcp.projects.IAMMember(
-            f"{name}-monitoring-viewer", project=args.project, role="roles/monitoring.viewer",
-            member=gsa.email.apply(lambda e: f"serviceAccount:{e}"),
-            opts=self._gcp_opts(args, opts, "cloudresourcemanager.googleapis.com"))
-        binding = gcp.serviceaccount.IAMMember(
-            f"{name}-wi", service_account_id=gsa.name, role="roles/iam.workloadIdentityUser",
-            member=pulumi.Output.from_input(args.workload_pool).apply(
-                lambda pool: f"serviceAccount:{pool}[{NAMESPACE}/{OPERATOR_SA}]"),
-            opts=self._gcp_opts(args, opts, "iam.googleapis.com"))
-        return gsa, binding
+        return monitoring_reader(name, args.project, args.gsa_name, "KEDA: reads Managed Prometheus to scale serving pools",
+                                 args.workload_pool, NAMESPACE, OPERATOR_SA,
+                                 lambda api: self._gcp_opts(args, opts, api))
 
     def _control_plane_firewall(self, name: str, args: KedaArgs,
                                 opts: Optional[pulumi.ResourceOptions]) -> list[pulumi.Resource]:
