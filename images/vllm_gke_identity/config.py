@@ -1,0 +1,58 @@
+"""The extension's config (components/model/identity_extension.py writes it): JSON from the file
+IDENTITY_CONFIG names (the ConfigMap's key) or the variable's value itself."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+
+@dataclass(frozen=True)
+class TenantJwt:
+    name: str
+    issuer: str
+    jwks_uri: str
+    audiences: tuple[str, ...]
+    # None: every subject of the issuer is the tenant.
+    subjects: Optional[frozenset[str]]
+
+
+@dataclass(frozen=True)
+class PickerPrefix:
+    """/<tenant>/<model>: a tenant's URL of a model behind an endpoint picker."""
+
+    tenant: str
+    objective: str
+
+
+@dataclass(frozen=True)
+class Config:
+    tenants: Mapping[str, TenantJwt]
+    prefixes: Mapping[str, PickerPrefix]
+    objective_header: str
+    fairness_header: str
+    tenant_header: str
+    strip: tuple[str, ...]
+
+
+def parse(raw: Mapping[str, Any]) -> Config:
+    """The config from its JSON; a missing key is a KeyError naming it (the server exits on it)."""
+    tenants = {name: TenantJwt(name, str(t["issuer"]), str(t["jwksUri"]), tuple(t["audiences"]),
+                               frozenset(t["subjects"]) if t.get("subjects") is not None else None)
+               for name, t in raw["tenants"].items()}
+    prefixes = {p: PickerPrefix(str(v["tenant"]), str(v["objective"])) for p, v in raw["prefixes"].items()}
+    if unknown := sorted({v.tenant for v in prefixes.values()} - set(tenants)):
+        raise KeyError(f"prefixes name tenants with no jwt: {unknown}")
+    headers = raw["headers"]
+    return Config(tenants, prefixes, str(headers["objective"]).lower(), str(headers["fairness"]).lower(),
+                  str(headers["tenant"]).lower(), tuple(str(h).lower() for h in headers["strip"]))
+
+
+def load(env: Optional[Mapping[str, str]] = None) -> Config:
+    value = (env if env is not None else os.environ)["IDENTITY_CONFIG"]
+    if not value.lstrip().startswith("{"):
+        with open(value, encoding="utf-8") as f:
+            value = f.read()
+    return parse(json.loads(value))
