@@ -1,0 +1,103 @@
+"""vLLM's KV-cache events carry every tenant's prompt tokens and cache_salt in plain text over ZMQ
+with no authentication (vLLM 0.34 vllm/distributed/kv_events.py:437-458): only the endpoint
+picker may read them. The mesh cannot say so (the picker has no mesh identity), so a NetworkPolicy
+must, on a cluster that enforces NetworkPolicies (GKE Dataplane V2)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+from .base import Finding, Resource, kube, namespace_of, template_labels, vllm_servers, where
+
+# The picker's pods (components/model/picker.py picker_labels): the one peer the events' ports admit.
+PICKER_NAME_LABEL = ("app.kubernetes.io/name", "vllm-gke-epp")
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+_PORT = re.compile(r"tcp://[^:]+:(\d+)$")
+
+
+def events_ports(args: Sequence[Any]) -> list[int]:
+    """The TCP ports a server's --kv-events-config binds (its endpoint and replay endpoint)."""
+    items = [str(a) for a in args]
+    for i, arg in enumerate(items):
+        name, _, inline = arg.partition("=")
+        if name.replace("_", "-") == "--kv-events-config":
+            value = inline or (items[i + 1] if i + 1 < len(items) else "{}")
+            config = json.loads(value)
+            if not config.get("enable_kv_cache_events"):
+                return []
+            endpoints = [config.get("endpoint", "tcp://*:5557"), config.get("replay_endpoint") or ""]
+            return [int(m.group(1)) for e in endpoints if (m := _PORT.match(e))]
+    return []
+
+
+def events_readers(policies: Sequence[Mapping[str, Any]], labels: Mapping[str, Any],
+                   ports: Sequence[int]) -> Optional[list[str]]:
+    """Who other than the picker's pods the NetworkPolicy specs let reach `ports` on a pod with
+    `labels`: None where none selects the pod (then every pod may), else each other peer."""
+    selecting = [p for p in policies if _selects(p.get("podSelector") or {}, labels)
+                 and "Ingress" in (p.get("policyTypes") or ["Ingress"])]
+    if not selecting:
+        return None
+    others: list[str] = []
+    for policy in selecting:
+        for rule in policy.get("ingress") or []:
+            if not _opens(rule.get("ports"), ports):
+                continue
+            peers = rule.get("from")
+            if not peers:
+                others.append("every source")
+            others += [json.dumps(p, sort_keys=True) for p in peers or [] if not _is_picker(p)]
+    return others
+
+
+def _selects(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
+    match = selector.get("matchLabels") or {}
+    return not selector.get("matchExpressions") and all(labels.get(k) == v for k, v in match.items())
+
+
+def _opens(rule_ports: Optional[Sequence[Mapping[str, Any]]], ports: Sequence[int]) -> bool:
+    if not rule_ports:
+        return True  # a rule without ports opens them all
+    for p in rule_ports:
+        port, end = p.get("port"), p.get("endPort")
+        if not isinstance(port, int):
+            return True  # every port, or a named one this check does not resolve
+        if any(port <= q <= (end or port) for q in ports):
+            return True
+    return False
+
+
+def _is_picker(peer: Mapping[str, Any]) -> bool:
+    """The picker's pods, in its pod's own namespace or one namespace named."""
+    pods = (peer.get("podSelector") or {}).get("matchLabels") or {}
+    namespaces = peer.get("namespaceSelector")
+    one_namespace = namespaces is None or NAMESPACE_NAME_LABEL in (namespaces.get("matchLabels") or {})
+    return not peer.get("ipBlock") and one_namespace and pods.get(PICKER_NAME_LABEL[0]) == PICKER_NAME_LABEL[1]
+
+
+def _enforced(resources: Sequence[Resource]) -> bool:
+    clusters = [r for r in resources if r.type == "gcp:container/cluster:Cluster"]
+    return all(c.props.get("datapathProvider") == "ADVANCED_DATAPATH" for c in clusters)
+
+
+def kv_events_private(resources: Sequence[Resource]) -> Iterator[Finding]:
+    policies = kube(resources, "NetworkPolicy")
+    for workload, _, container in vllm_servers(resources):
+        ports = events_ports(container.get("args") or [])
+        if not ports:
+            continue
+        specs = [p.props.get("spec") or {} for p in policies if namespace_of(p) == namespace_of(workload)]
+        readers = events_readers(specs, template_labels(workload), ports)
+        if readers is None:
+            yield workload, (f"{where(workload)}: publishes KV-cache events (every tenant's prompt tokens) on "
+                             f"{', '.join(map(str, ports))} and no NetworkPolicy selects its pods: every pod may read "
+                             "them; admit the endpoint picker's pods alone (picker_prefix.events_ingress)")
+        elif readers:
+            yield workload, (f"{where(workload)}: its KV-cache events' ports {', '.join(map(str, ports))} admit more "
+                             f"than the endpoint picker's pods: {'; '.join(readers)}")
+        if not _enforced(resources):
+            yield workload, (f"{where(workload)}: publishes KV-cache events on a cluster without Dataplane V2, which "
+                             "enforces no NetworkPolicy: every pod may read them; set cluster.dataplaneV2 or "
+                             "picker.prefixCache: approximate")

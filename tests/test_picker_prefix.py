@@ -1,0 +1,244 @@
+"""Precise prefix-cache routing (components/model/picker_prefix.py): vLLM 0.34's KV-events flags
+(checked by its real parser where VLLM_PYTHON names it), the picker's plugins agreeing with them,
+the tenant's cache_salt in block 0 only as vLLM publishes it, the render sidecar, and the
+KV-events ports open to the picker's pods alone (policies/kv_events.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from vllm_gke.components.model import picker_prefix as pp
+from vllm_gke.components.model.picker import picker_config_data, picker_labels
+from vllm_gke.components.model.specs import ModelSpec, PickerSpec, ServingPoolSpec
+from vllm_gke.components.model.vllm_argv import KUBELET_EXPANDED, check_argv, load_snapshot
+from vllm_gke.components.model.vllm_server import vllm_args
+from vllm_gke.components.model.vllm_versions import TPU_RELEASES, release
+from vllm_gke.components.model.weights_mount import claim_mount
+from vllm_gke.policies.base import Resource
+from vllm_gke.policies.kv_events import events_ports, kv_events_private
+
+MODEL = ModelSpec(name="chat", source="hf://org/repo", shape="llama-3-8b", node_pool="gpu")
+POD_IP = "10.8.0.7"
+
+
+def vllm_python() -> str:
+    python = os.environ.get("VLLM_PYTHON", "")
+    if not python:
+        if os.environ.get("CI"):
+            pytest.fail("CI checks the KV-events flags against the pinned vLLM: set VLLM_PYTHON")
+        pytest.skip("VLLM_PYTHON (a python with the pinned vllm) is not set")
+    return python
+
+
+def run_in_vllm(program: str, *argv: str) -> Any:
+    out = subprocess.run([vllm_python(), "-c", program, *argv], capture_output=True, text=True, cwd=REPO_ROOT,
+                         env={**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def served_argv() -> list[str]:
+    return vllm_args(MODEL, ServingPoolSpec()) + pp.kv_events_args(MODEL.name)
+
+
+def test_the_servers_argv_with_events_parses_in_the_snapshot():
+    assert check_argv(served_argv(), load_snapshot("0.34.0")) == []
+    assert "--enable-prefix-caching" in served_argv()  # events need the prefix cache (vllm/config/vllm.py:1959)
+
+
+# The argv the kubelet hands vLLM ($(POD_IP) expanded), parsed by `vllm serve`'s own parser and
+# resolved into the engine's config (the platform stubbed to CPU, as this machine has no GPU).
+ENGINE_CONFIG = """
+import json, sys
+import vllm.platforms as platforms
+from vllm.platforms.cpu import CpuPlatform
+CpuPlatform.check_and_update_config = classmethod(lambda cls, c: None)
+platforms._current_platform = CpuPlatform()
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.engine.arg_utils import AsyncEngineArgs
+argv = json.loads(sys.argv[1])
+parser = make_arg_parser(FlexibleArgumentParser())
+parser.parse_args(json.loads(sys.argv[2]))  # the whole server argv parses too
+args = parser.parse_args(argv)
+args.model = args.model_tag
+validate_parsed_serve_args(args)
+vc = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+render = parser.parse_args(json.loads(sys.argv[3]))  # `vllm launch render` takes vllm serve's parser
+k = vc.kv_events_config
+print(json.dumps({"events": {f: getattr(k, f) for f in ("enable_kv_cache_events", "publisher", "endpoint",
+                                                          "replay_endpoint", "topic")},
+                  "block_size": vc.cache_config.block_size, "prefix": vc.cache_config.enable_prefix_caching,
+                  "render_model": render.model_tag, "render_names": render.served_model_name,
+                  "render_mode": render.tokenizer_mode}))
+"""
+
+
+def test_vllm_0_34_reads_the_events_config(tmp_path: Path):
+    python = vllm_python()
+    model_dir = tmp_path / "model"
+    subprocess.run([python, "-m", "benchmarks.vllm_fake_engine", "make-model", str(model_dir)], cwd=REPO_ROOT,
+                   check=True, capture_output=True)
+    kubelet = {f"$({pp.POD_IP_ENV})": POD_IP}
+    events = [a.replace(f"$({pp.POD_IP_ENV})", POD_IP) for a in pp.kv_events_args(MODEL.name)]
+    whole = [str(model_dir), *(KUBELET_EXPANDED.get(a, kubelet.get(a, a)) for a in served_argv()[1:])]
+    whole = [a.replace(f"$({pp.POD_IP_ENV})", POD_IP) for a in whole]
+    model = MODEL.model_copy(update={"extra_args": ["--tokenizer-mode", "mistral"]})
+    render = [str(model_dir), *pp.render_args(model)[1:]]
+    got = run_in_vllm(ENGINE_CONFIG, json.dumps([str(model_dir), "--enable-prefix-caching", *events]),
+                      json.dumps(whole), json.dumps(render))
+    assert got["events"] == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557",
+                             "replay_endpoint": "tcp://*:5657", "topic": f"kv@{POD_IP}@chat"}
+    assert got["block_size"] == pp.BLOCK_SIZE_TOKENS and got["prefix"] is True
+    assert (got["render_model"], got["render_names"], got["render_mode"]) == (str(model_dir), ["chat"], "mistral")
+
+
+# A salted request's blocks cached by vLLM's own BlockPool at the platform's block size, and the
+# BlockStored events it publishes: the extra keys per block, and the hashes of two tenants' blocks.
+SALTED_BLOCKS = """
+import json, sys
+import vllm.platforms as platforms
+from vllm.platforms.cpu import CpuPlatform
+platforms._current_platform = CpuPlatform()
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core import kv_cache_utils as ku
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.request import Request
+B = int(sys.argv[1])
+fn = get_hash_fn_by_name("sha256")
+ku.init_none_hash(fn)
+hasher = ku.get_request_block_hasher(B, fn)
+tokens = list(range(1000, 1000 + 3 * B))
+def stored(salt, rid):
+    r = Request(rid, tokens, SamplingParams(max_tokens=1), None, cache_salt=salt, block_hasher=hasher)
+    pool = BlockPool(num_gpu_blocks=8, enable_caching=True, hash_block_size=B, enable_kv_cache_events=True)
+    pool.cache_full_blocks(r, pool.get_new_blocks(3), 0, 3, B, 0)
+    (event,) = pool.take_events()
+    return {"extra_keys": event.extra_keys, "block_size": event.block_size, "tokens": len(event.token_ids),
+            "hashes": [str(h) for h in event.block_hashes]}
+print(json.dumps({"a": stored("tenant-a", "1"), "b": stored("tenant-b", "2"), "none": stored(None, "3")}))
+"""
+
+
+def test_vllm_publishes_the_tenants_salt_in_block_zero_only():
+    """What the picker's precise producer expects (P/preciseprefixcache/blockkeys.go:78-92 folds the
+    body's cache_salt into canonical block 0; pkg/kvcache/kvblock/extra_keys.go:43-85 reads a bare
+    string as block 0's feature): vLLM 0.34 publishes the bare salt in block 0's extra keys and
+    nothing in the others (vllm/v1/core/kv_cache_utils.py:655-658,674-700), at the block size both
+    sides share, so the picker's canonical blocks are vLLM's."""
+    got = run_in_vllm(SALTED_BLOCKS, str(pp.BLOCK_SIZE_TOKENS))
+    a, b, unsalted = got["a"], got["b"], got["none"]
+    assert a["extra_keys"] == [["tenant-a"], None, None] and b["extra_keys"] == [["tenant-b"], None, None]
+    assert unsalted["extra_keys"] == [None, None, None]
+    assert a["block_size"] == pp.BLOCK_SIZE_TOKENS and a["tokens"] == 3 * pp.BLOCK_SIZE_TOKENS
+    # Salt in block 0 chains into every block: no block of one tenant is another's, or an unsalted one.
+    assert not set(a["hashes"]) & set(b["hashes"]) and not set(a["hashes"]) & set(unsalted["hashes"])
+
+
+def test_the_pickers_plugins_agree_with_vllms_flags():
+    ext = pp.precise_extension(MODEL.name, 3)
+    config = picker_config_data(PickerSpec(), extension=ext)
+    plugins = {p.get("name", p["type"]): p for p in config["plugins"]}
+    events = json.loads(pp.kv_events_args(MODEL.name)[3])
+    producer = plugins["precise-prefix-cache-producer"]["parameters"]
+    discovery = producer["kvEventsConfig"]["podDiscoveryConfig"]
+    assert (discovery["socketPort"], discovery["replaySocketPort"]) == (5557, 5657)
+    assert events["endpoint"].endswith(f":{discovery['socketPort']}")
+    assert events["replay_endpoint"].endswith(f":{discovery['replaySocketPort']}")
+    assert events["topic"].startswith(producer["kvEventsConfig"]["topicFilter"])
+    # the topic's model segment is the name the picker forwards, the render server's modelName
+    assert events["topic"].split("@")[2] == MODEL.name == plugins["token-producer"]["parameters"]["modelName"]
+    assert producer["tokenProcessorConfig"]["blockSizeTokens"] == int(pp.kv_events_args(MODEL.name)[1])
+    assert producer["indexerConfig"]["kvBlockIndexConfig"]["costAwareMemoryConfig"] == {"size": "1GiB"}
+    assert plugins["token-producer"]["parameters"]["vllm"]["url"] == f"http://localhost:{pp.RENDER_PORT}"
+    assert plugins["precise-prefix-scorer"] == {"name": "precise-prefix-scorer", "type": "prefix-cache-scorer",
+                                                "parameters": {"prefixMatchInfoProducerName": pp.PRODUCER}}
+    assert {"pluginRef": "precise-prefix-scorer", "weight": 3} in config["schedulingProfiles"][0]["plugins"]
+    assert config["dataLayer"]["sources"] == [{"pluginRef": "endpoint-notification-source",
+                                               "extractors": [{"pluginRef": pp.PRODUCER}]}]
+
+
+def test_the_render_sidecar_reads_the_shared_weights_offline():
+    model = MODEL.model_copy(update={"extra_args": ["--enforce-eager", "--chat-template=/models/t.jinja",
+                                                    "--tokenizer-mode", "mistral", "--trust-remote-code"]})
+    side = pp.render_sidecar(model, release("0.34.0"), claim_mount("weights-ro"))
+    c = side.container
+    assert c["image"] == "vllm/vllm-openai-cpu:v0.34.0" and c["command"] == ["vllm", "launch", "render"]
+    assert c["args"][:3] == [f"/models/chat/{c['args'][0].rsplit('/', 1)[1]}", "--served-model-name", "chat"]
+    assert c["args"][7:] == ["--chat-template=/models/t.jinja", "--tokenizer-mode", "mistral", "--trust-remote-code"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["HF_HUB_OFFLINE"] == env["TRANSFORMERS_OFFLINE"] == "1"
+    assert {"name": "weights", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
+    assert side.volumes[0] == {"name": "weights", "persistentVolumeClaim": {"claimName": "weights-ro", "readOnly": True}}
+    assert c["securityContext"]["readOnlyRootFilesystem"] and "readinessProbe" not in c
+
+
+def test_what_keeps_events_from_matching_is_refused():
+    assert pp.precise_prefix_problems(MODEL, release("0.34.0")) == []
+    off = MODEL.model_copy(update={"enable_prefix_caching": False})
+    assert [k for k, _ in pp.precise_prefix_problems(off, release("0.34.0"))] == ["enablePrefixCaching"]
+    assert [k for k, _ in pp.precise_prefix_problems(MODEL, TPU_RELEASES["0.32.0"])] == ["vllmVersion"]
+    sized = MODEL.model_copy(update={"extra_args": ["--block-size", "16"]})
+    assert [k for k, _ in pp.precise_prefix_problems(sized, release("0.34.0"))] == ["extraArgs"]
+
+
+# --- the events' ports: the picker's pods alone ------------------------------------------------
+
+SERVERS = {"app": "vllm", "model": "chat"}
+
+
+def plan(policy_specs: list[dict[str, Any]], dataplane: bool = True) -> list[Resource]:
+    container = {"name": "vllm", "command": ["python3", "/opt/vllm-gke/serve.py"], "args": served_argv(),
+                 "env": pp.kv_events_env()}
+    deployment = {"kind": "Deployment", "metadata": {"name": "chat-short", "namespace": "serving"},
+                  "spec": {"template": {"metadata": {"labels": SERVERS, "annotations": pp.kv_events_annotations()},
+                                        "spec": {"containers": [container]}}}}
+    cluster = {"datapathProvider": "ADVANCED_DATAPATH"} if dataplane else {}
+    return [Resource("kubernetes:apps/v1:Deployment", "d", deployment),
+            Resource("gcp:container/cluster:Cluster", "c", cluster),
+            *(Resource("kubernetes:networking.k8s.io/v1:NetworkPolicy", f"np{i}",
+                       {"kind": "NetworkPolicy", "metadata": {"name": f"np{i}", "namespace": "serving"}, "spec": s})
+              for i, s in enumerate(policy_specs))]
+
+
+def ingress() -> dict[str, Any]:
+    return pp.events_ingress(SERVERS, "serving", picker_labels("chat-epp"))
+
+
+def test_only_the_pickers_pods_reach_the_events_ports():
+    spec = ingress()
+    assert events_ports(served_argv()) == [5557, 5657]
+    assert list(kv_events_private(plan([spec]))) == []
+    # the serving and sidecar ports stay open to all, the events' ports to the picker alone
+    assert spec["ingress"][0] == {"ports": [{"protocol": "TCP", "port": p} for p in (8000, 15006, 15020, 15021, 15090)]}
+    assert pp.kv_events_annotations() == {"traffic.sidecar.istio.io/excludeInboundPorts": "5557,5657"}
+    assert pp.kv_events_env()[0]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+@pytest.mark.parametrize("breach", ["no-policy", "open-rule", "ip-block", "any-namespace", "range", "no-dataplane"])
+def test_the_policy_refuses_events_readable_by_other_pods(breach: str):
+    spec = ingress()
+    picker = spec["ingress"][1]["from"][0]
+    specs, dataplane = [spec], True
+    if breach == "no-policy":
+        specs = []
+    elif breach == "open-rule":
+        specs.append({"podSelector": {"matchLabels": {"app": "vllm"}}, "ingress": [{}]})
+    elif breach == "ip-block":
+        spec["ingress"][1]["from"].append({"ipBlock": {"cidr": "10.0.0.0/8"}})
+    elif breach == "any-namespace":
+        spec["ingress"][1]["from"] = [{**picker, "namespaceSelector": {}}]
+    elif breach == "range":
+        spec["ingress"][0]["ports"].append({"protocol": "TCP", "port": 5000, "endPort": 6000})
+    else:
+        dataplane = False
+    findings = [message for _, message in kv_events_private(plan(specs, dataplane))]
+    assert len(findings) == 1 and "Deployment serving/chat-short" in findings[0], findings
