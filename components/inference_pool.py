@@ -1,13 +1,14 @@
 """InferencePool: one model's replicas behind the GKE Inference Gateway's endpoint picker.
 
-Declares what the upstream `inferencepool` chart (gateway-api-inference-extension v1.2.0,
-config/charts/inferencepool) installs for the GKE provider, as typed Pulumi resources:
-  - the InferencePool (inference.networking.k8s.io/v1) selecting the model's vLLM pods;
-  - its endpoint picker (EPP): ServiceAccount, a Role that reads pools, objectives and pods
-    (and, for leader election, leases and events), the plugin config (queue depth, KV-cache
-    utilisation and prefix-cache affinity scorers), Deployment and Service, scraped by Managed
-    Prometheus;
-  - one InferenceObjective per tenant, carrying the tenant's priority;
+Declares what llm-d-router v0.10.0's charts (config/charts/llm-d-router-gateway with the routerlib
+library chart) install for the GKE provider, as typed Pulumi resources:
+  - the InferencePool (inference.networking.k8s.io/v1) selecting the model's vLLM pods, failing
+    open or closed as picker.failureMode says;
+  - its endpoint picker (EPP): ServiceAccount, a Role that reads pools, objectives, model rewrites
+    and pods (and, for leader election, leases and events), the EndpointPickerConfig built from
+    the stack's picker settings (scorers, saturation, flow control with a band per priority),
+    Deployment and Service, scraped by Managed Prometheus;
+  - one InferenceObjective (llm-d.ai/v1alpha2) per tenant, carrying the tenant's priority;
   - the load balancer's HealthCheckPolicy and GCPBackendPolicy, which target the pool
     (GKE's "Deploy GKE Inference Gateway" guide: the default health check asks for '/').
 
@@ -17,18 +18,24 @@ sidecar would demand a mesh identity the load balancer does not have. It never s
 tenant: it only answers "which replica", and the request itself still enters the chosen
 replica through that replica's sidecar, JWT and AuthorizationPolicy.
 
-Run as upstream runs it highly available (`--ha-enable-leader-election`, the chart's
-replicas > 1 path): every replica serves ext_proc, only the leader runs the controllers and
-reports ready (cmd/epp/runner/health.go:46-95), and a standby takes the lease once the leader
-releases it, at the end of a graceful stop (ReleaseOnCancel), or 15 s after a crashed leader's last
-renewal. One Ready pod by design shapes the rest: a rollout must be free to replace the old leader
-while it is the only available pod; the two replicas run on different nodes, so no single drain or
-node failure takes both; and no PodDisruptionBudget: it counts Ready pods, only the leader, so any
-budget (minAvailable 1 or maxUnavailable 1 alike) allows no eviction of the leader and would hold
-its node's drain for GKE's hour, only to be forced then with the same handover. Its metric
-names come from the vLLM release (the v1.2.0 default KV-cache gauge is gone from 0.34), pprof is
-off (it would be served without auth beside /metrics), and a NetworkPolicy admits only the load
-balancer's proxies and health checks to ext_proc and the metrics scrapers to 9090.
+Run as upstream runs it highly available (`--ha-enable-leader-election`): every replica serves
+ext_proc, only the leader runs the flow controller and reports ready (cmd/epp/runner/health.go:82-100),
+and a standby takes the lease (epp-<ns>-<pool>.llm-d.ai, pkg/epp/server/controller_manager.go:113)
+once the leader releases it - at once on SIGTERM, the leader then serving ext_proc for
+--drain-timeout (runner.go:279-336) - or 15 s after a crashed leader's last renewal. With flow
+control on, a stopping leader answers its queued requests 503 rejected-shutting-down at once
+(flowcontrol/controller/controller.go:271-275): the drain protects dispatched requests only. One
+Ready pod by design shapes the rest: a rollout must be free to replace the old leader while it is
+the only available pod; the two replicas run on different nodes, so no single drain or node failure
+takes both; and no PodDisruptionBudget: it counts Ready pods, only the leader, so any budget
+allows no eviction of the leader and would hold its node's drain for GKE's hour. No metric-name
+flags (fatal at v0.10.0: the extractor's vllm defaults are vLLM 0.34's names), pprof is off, and a
+NetworkPolicy admits only the load balancer's proxies and health checks to ext_proc and the
+metrics scrapers to 9090 (where /debug/plugins/state is served without auth).
+
+The Deployment and its ConfigMap are named <model>-router-epp, not the v1.2.0 picker's <model>-epp:
+a stack coming from v1.2.0 gets the new picker, ready, beside the old one, which Pulumi deletes at
+the end of the update (picker_migration_notes).
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from .model.picker import (
     OBJECTIVE_API,
     POOL_API,
     ROLE_RULES,
+    PickerExtension,
     objective_spec,
     picker_config,
     picker_container,
@@ -57,11 +65,11 @@ from .model.picker import (
     picker_monitoring_spec,
     picker_name,
     picker_service_spec,
+    picker_workload,
     pool_ref,
     pool_spec,
 )
-from .model.specs import ImageRef
-from .model.vllm_versions import DEFAULT_VLLM_VERSION, release
+from .model.specs import ImageRef, PickerSpec
 from .options import child_opts
 
 
@@ -73,25 +81,28 @@ class InferencePoolArgs:
     # Labels of the vLLM pods the pool load-balances.
     selector: Mapping[str, str]
     provider: k8s.Provider
-    # InferenceObjective name (the value routes set in x-gateway-inference-objective) -> priority.
+    # InferenceObjective name (the value routes set in the picker's objective header) -> priority.
     objectives: Mapping[str, int] = field(default_factory=dict[str, int])
     port: int = 8000
+    # The load balancer's backend timeout: the longest stream, which the picker's drain outlasts.
     request_timeout_seconds: int = 600
     image: ImageRef = EPP_IMAGE
-    # The picker's metric-name flags for the pool's vLLM release (VllmRelease.picker_metrics);
-    # the v1.2.0 defaults name a KV-cache gauge vLLM 0.34 no longer exports.
-    model_metrics: Mapping[str, str] = field(default_factory=lambda: release(DEFAULT_VLLM_VERSION).picker_metrics)
+    # The stack's picker settings (failure mode, scorers, saturation, flow control).
+    picker: PickerSpec = field(default_factory=PickerSpec)
+    # What another concern adds to the picker's config (the KV-events prefix cache), or nothing.
+    extension: Optional[PickerExtension] = None
     # Who may call ext_proc (the load balancer's proxy-only subnet and health-check ranges) and
     # scrape 9090 besides Managed Prometheus' collectors (the nodes' range, for host-network ones).
     load_balancer_sources: Sequence[pulumi.Input[str]] = ()
     metrics_sources: Sequence[str] = ()
 
 
-def picker_metadata(args: InferencePoolArgs, annotations: Optional[Mapping[str, str]] = None
-                    ) -> k8s.meta.v1.ObjectMetaArgsDict:
-    """Metadata of the picker's objects, all named <pool>-epp in the pool's namespace."""
+def picker_metadata(args: InferencePoolArgs, annotations: Optional[Mapping[str, str]] = None,
+                    name: Optional[str] = None) -> k8s.meta.v1.ObjectMetaArgsDict:
+    """Metadata of the picker's objects, named <pool>-epp (or `name`) in the pool's namespace."""
     epp = picker_name(args.pool_name)
-    out: k8s.meta.v1.ObjectMetaArgsDict = {**meta(epp, labels=picker_labels(epp)), "namespace": args.namespace}
+    out: k8s.meta.v1.ObjectMetaArgsDict = {**meta(name or epp, labels=picker_labels(epp)),
+                                           "namespace": args.namespace}
     if annotations:
         out["annotations"] = dict(annotations)
     return out
@@ -113,9 +124,9 @@ class InferencePool(pulumi.ComponentResource):
 
     def _picker(self, name: str, args: InferencePoolArgs,
                 opts: Optional[pulumi.ResourceOptions]) -> k8s.apps.v1.Deployment:
-        """The picker's identity, its RBAC, its plugin config and its Deployment."""
+        """The picker's identity, its RBAC, the tenants' objectives, its plugin config and its Deployment."""
         k8s_opts = child_opts(self, opts, provider=args.provider)
-        epp = picker_name(args.pool_name)
+        epp, workload = picker_name(args.pool_name), picker_workload(args.pool_name)
         sa = k8s.core.v1.ServiceAccount(f"{name}-epp-sa", metadata=picker_metadata(args), opts=k8s_opts)
         role = k8s.rbac.v1.Role(f"{name}-epp-role", metadata=picker_metadata(args), rules=api_body(ROLE_RULES),
                                 opts=k8s_opts)
@@ -124,17 +135,25 @@ class InferencePool(pulumi.ComponentResource):
             role_ref=api_body({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": epp}),
             subjects=[{"kind": "ServiceAccount", "name": epp, "namespace": args.namespace}],
             opts=child_opts(self, opts, provider=args.provider, depends_on=[role, sa]))
-        plugins = picker_config()
-        config = k8s.core.v1.ConfigMap(f"{name}-epp-config", metadata=picker_metadata(args),
+        # The llm-d.ai objectives (a new type token: created here, the old group's deleted at the end
+        # of the update), before the picker, so it starts with every tenant's priority.
+        objectives = [custom_resource(f"{name}-objective-{objective}", OBJECTIVE_API, "InferenceObjective",
+                                      {**meta(objective), "namespace": args.namespace},
+                                      objective_spec(args.pool_name, priority), k8s_opts)
+                      for objective, priority in sorted(args.objectives.items())]
+        plugins = picker_config(args.picker, args.objectives.values(), args.extension)
+        config = k8s.core.v1.ConfigMap(f"{name}-epp-config", metadata=picker_metadata(args, name=workload),
                                        data={CONFIG_FILE: plugins}, opts=k8s_opts)
-        container = picker_container(args.pool_name, args.namespace, args.image.uri, args.model_metrics)
+        container = picker_container(args.pool_name, args.namespace, args.image.uri, args.request_timeout_seconds)
+        spec = picker_deployment_spec(epp, container, content_digest(plugins), args.request_timeout_seconds, workload)
         return k8s.apps.v1.Deployment(
             # Only the leader turns ready, by design: Pulumi waits for it, not for every replica
             # (its default wait would never end).
-            f"{name}-epp", metadata=picker_metadata(args, {"pulumi.com/waitFor": "jsonpath={.status.readyReplicas}=1"}),
-            spec=api_body(picker_deployment_spec(epp, container, content_digest(plugins))),
+            f"{name}-epp", metadata=picker_metadata(args, {"pulumi.com/waitFor": "jsonpath={.status.readyReplicas}=1"},
+                                                    name=workload),
+            spec=api_body(spec),
             # Its RBAC first: without it the picker's watches fail and it restarts until RBAC lands.
-            opts=child_opts(self, opts, provider=args.provider, depends_on=[config, sa, binding]))
+            opts=child_opts(self, opts, provider=args.provider, depends_on=[config, sa, binding, *objectives]))
 
     def _picker_network(self, name: str, args: InferencePoolArgs,
                         opts: Optional[pulumi.ResourceOptions]) -> k8s.core.v1.Service:
@@ -159,17 +178,13 @@ class InferencePool(pulumi.ComponentResource):
 
     def _pool(self, name: str, args: InferencePoolArgs, service: k8s.core.v1.Service,
               opts: Optional[pulumi.ResourceOptions]) -> None:
-        """The InferencePool, its tenants' objectives and the load balancer's policies on it."""
+        """The InferencePool (once its picker is ready) and the load balancer's policies on it."""
         pool_meta: k8s.meta.v1.ObjectMetaArgsDict = {**meta(args.pool_name), "namespace": args.namespace}
         self.pool = custom_resource(
             f"{name}-pool", POOL_API, "InferencePool", pool_meta,
-            pool_spec(picker_name(args.pool_name), args.port, args.selector),
-            child_opts(self, opts, provider=args.provider, depends_on=[service]))
+            pool_spec(picker_name(args.pool_name), args.port, args.selector, args.picker.failure_mode),
+            child_opts(self, opts, provider=args.provider, depends_on=[service, self.picker]))
         after_pool = child_opts(self, opts, provider=args.provider, depends_on=[self.pool])
-        for objective, priority in sorted(args.objectives.items()):
-            custom_resource(f"{name}-objective-{objective}", OBJECTIVE_API, "InferenceObjective",
-                            {**meta(objective), "namespace": args.namespace},
-                            objective_spec(args.pool_name, priority), after_pool)
         target = pool_ref(args.pool_name)
         custom_resource(f"{name}-hc", "networking.gke.io/v1", "HealthCheckPolicy", pool_meta,
                         vllm_health_check(target, args.port), after_pool)

@@ -82,6 +82,8 @@ GMP = "charts/operator/crds/monitoring.googleapis.com_podmonitorings.yaml"
 SSCSI = "deploy/secrets-store.csi.x-k8s.io_secretproviderclasses.yaml"
 GIE = "kubernetes-sigs/gateway-api-inference-extension"
 KEDA_CHARTS = "kedacore/charts"
+LLMD = "llm-d/llm-d-router"
+LLMD_COMMIT = "71f4f0999f95b96c49a9d0c4afbd18dfdb943c26"
 
 # Gateway API (release v1.6.1, v1.2.1 as GKE's managed Gateway API long shipped, and main).
 GATEWAY_API = (
@@ -140,6 +142,12 @@ INFERENCE_AND_LWS = (
     Fetched("gie-v1.5.0-inferencepools.yaml", GIE, "config/crd/bases/inference.networking.k8s.io_inferencepools.yaml",
             "df9f8909fe06fe2dfd4a6fc0bd0c01a0acabf849",
             "0bc3ddd94db6f588a5cecc627c39e3d12b4343d51c48d47ffa68c50fa73c290c", tag="v1.5.0"),
+    # llm-d-router v0.10.0's own kinds (group llm-d.ai): what its endpoint picker reads.
+    Fetched("llmd-router-v0.10.0-inferenceobjectives.yaml", LLMD, "config/crd/bases/llm-d.ai_inferenceobjectives.yaml",
+            LLMD_COMMIT, "c1e763412fcbe2b55e9282850156269a10053be2d052547cb80a2ca639c09990", tag="v0.10.0"),
+    Fetched("llmd-router-v0.10.0-inferencemodelrewrites.yaml", LLMD,
+            "config/crd/bases/llm-d.ai_inferencemodelrewrites.yaml", LLMD_COMMIT,
+            "62a07fff40e10e919c245d895457a9c15be22947b45f06815552ae8fffaab405", tag="v0.10.0"),
     Fetched("lws-v0.10.0-leaderworkersets.yaml", "kubernetes-sigs/lws",
             "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml", "2161f38ff333f9e24d3c44adef7cd5d9787cac00",
             "c5dcad8ed943e495490241f00b9a1b45d51203b6d484020db3636d5bf553568e", tag="v0.10.0"),
@@ -212,7 +220,4 @@ BUILT_FROM_DUMPS: tuple[BuiltFromDump, ...] = (
 PINS: tuple[Pin, ...] = FETCHED + HELM_RENDERED + BUILT_FROM_DUMPS
 
 # The rest of ../shared/upstream-crds: kinds no component emits, so the plan needs no CRD for them.
-NOT_FETCHED: dict[str, str] = {
-    "llmd-router-v0.10.0-inferenceobjectives.yaml": "llm-d's own InferenceObjective (llm-d.ai)",
-    "llmd-router-v0.10.0-inferencemodelrewrites.yaml": "llm-d's InferenceModelRewrite (llm-d.ai)",
-}
+NOT_FETCHED: dict[str, str] = {}

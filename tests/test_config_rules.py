@@ -277,9 +277,18 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
      "vllm-gke:tenants[dev].name", "name the same policy 'allow-dev-team-qwen-7b'"),
     ("priority-range", "staging", lambda v: v["vllm-gke:tenants"][0].update(priority=-1000),
      "vllm-gke:tenants[search].priority", "-100"),
-    # The pinned picker orders nothing by priority: a positive one would be a promise it breaks.
-    ("priority-the-picker-ignores", "staging", lambda v: v["vllm-gke:tenants"][0].update(priority=10),
-     "vllm-gke:tenants[search].priority", "only shed negative ones"),
+    # The picker's queue sheds before the load balancer's backend timeout cuts a queued request.
+    ("picker-queue-past-the-backend-timeout", "staging",
+     lambda v: v.update({"vllm-gke:picker": {"flowControl": {"queueTtlSeconds": 600}}}),
+     "vllm-gke:picker.flowControl.queueTtlSeconds", "lower queueTtlSeconds"),
+    ("picker-band-above-the-whole", "staging",
+     lambda v: v.update({"vllm-gke:picker": {"flowControl": {"bandMaxRequests": 5000, "maxRequests": 100}}}),
+     "vllm-gke:picker.flowControl", "lower bandMaxRequests or raise maxRequests"),
+    ("picker-scores-nothing", "staging",
+     lambda v: v.update({"vllm-gke:picker": {"scorers": {"queue": 0, "kvCacheUtilization": 0, "prefixCache": 0}}}),
+     "vllm-gke:picker.scorers", "give queue, kvCacheUtilization or prefixCache a weight"),
+    ("picker-failure-mode", "staging", lambda v: v.update({"vllm-gke:picker": {"failureMode": "FailClosed"}}),
+     "vllm-gke:picker.failureMode", "'FailClosed' is not one of"),
 ]
 
 

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from tests.conftest import STACKS
+from vllm_gke.components.model.serving_api import OBJECTIVE_HEADER
 from vllm_gke.infra.contracts import CONTRACTS, DOC, markdown, problems
 from vllm_gke.infra.mocks import PlannedResource
 
@@ -101,12 +102,31 @@ def _adapter_named_image(plan):
     args[i] = "image=" + str(args[i]).split("=", 1)[1]
 
 
+PICKER = "llama-8b-router-epp"  # staging's llm-d-router Deployment (and its ConfigMap)
+
+
 def _single_picker(plan):
-    _kube(plan, "Deployment", "llama-8b-epp").props["spec"]["replicas"] = 1
+    _kube(plan, "Deployment", PICKER).props["spec"]["replicas"] = 1
 
 
 def _picker_port(plan):
-    _container(plan, "Deployment", "llama-8b-epp")["ports"][0]["containerPort"] = 9000
+    _container(plan, "Deployment", PICKER)["ports"][0]["containerPort"] = 9000
+
+
+def _picker_metric_flag(plan):
+    _container(plan, "Deployment", PICKER)["args"] += ["--kv-cache-usage-percentage-metric", "vllm:kv_cache_usage_perc"]
+
+
+def _picker_config(plan, mutate):
+    cm = _kube(plan, "ConfigMap", PICKER)
+    config = yaml.safe_load(cm.props["data"]["default-plugins.yaml"])
+    mutate(config)
+    cm.props["data"]["default-plugins.yaml"] = yaml.safe_dump(config)
+
+
+def _picker_role_without_llm_d(plan):
+    role = _kube(plan, "Role", "llama-8b-epp").props
+    role["rules"] = [r for r in role["rules"] if "llm-d.ai" not in r["apiGroups"]]
 
 
 def _prefix_to_the_picker(plan):
@@ -117,7 +137,7 @@ def _prefix_to_the_picker(plan):
 def _objective_not_required(plan):
     for rule in _kube(plan, "HTTPRoute", "llama-8b.search").props["spec"]["rules"]:
         for m in rule["matches"]:
-            m["headers"] = [h for h in m.get("headers", []) if h["name"] != "x-gateway-inference-objective"]
+            m["headers"] = [h for h in m.get("headers", []) if h["name"] != OBJECTIVE_HEADER]
 
 
 def _guard_trusts(plan, peers):
@@ -322,11 +342,11 @@ def _any_google_identity(plan):
 
 
 def _picker_rolls_surge_only(plan):
-    _kube(plan, "Deployment", "llama-8b-epp").props["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] = 0
+    _kube(plan, "Deployment", PICKER).props["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] = 0
 
 
 def _picker_grace_of_the_chart(plan):
-    _kube(plan, "Deployment", "llama-8b-epp").props["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 130
+    _kube(plan, "Deployment", PICKER).props["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 130
 
 
 def _global_gateway(plan):
@@ -380,14 +400,18 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_scales_every_pool": ("dev", lambda p: _drop(p, "ScaledObject", "qwen-7b-short"), "has no ScaledObject"),
     "keda_admits_the_scaled_objects": ("dev", _cooldown_on_a_floor, "cooldownPeriod with minReplicaCount > 0"),
     "keda_cooldown_outlasts_the_wake": ("frontier", _short_cooldown, "would scale it back to zero while it loads"),
-    "picker_reads_exported_metrics": ("staging", lambda p: _drop_arg(
-        p, "Deployment", "llama-8b-epp", "--kv-cache-usage-percentage-metric"), "unset"),
+    "picker_reads_exported_metrics": ("staging", _picker_metric_flag, "exits at start"),
     "picker_rolls_and_drains_with_one_ready_pod": ("staging", _picker_rolls_surge_only, "could not scale down"),
     "picker_stops_within_its_grace": ("staging", _picker_grace_of_the_chart, "terminationGracePeriodSeconds 130"),
     "regex_matches_on_a_regional_class": ("dev", _global_gateway, "whose load balancer has no regexMatch"),
     "gateway_rewrites_no_path": ("dev", _route_rewrites_the_path, "HTTPRoutePathRewrite exempt"),
     "picker_without_pprof": ("staging", lambda p: _drop_arg(
-        p, "Deployment", "llama-8b-epp", "--enable-pprof=false", with_value=False), "pprof on"),
+        p, "Deployment", PICKER, "--enable-pprof=false", with_value=False), "pprof on"),
+    "picker_config_is_strictly_decodable": ("staging", lambda p: _picker_config(
+        p, lambda c: c["flowControl"].update(maxQueue=1)), "maxQueue is not a field of FlowControlConfig"),
+    "picker_flow_control_bands": ("staging", lambda p: _picker_config(
+        p, lambda c: c["flowControl"].update(defaultRequestTTL="900s")), "is not below the pool's backend timeout"),
+    "picker_reads_llm_d_objectives": ("staging", _picker_role_without_llm_d, "cannot list inferenceobjectives"),
     "picker_highly_available": ("staging", _single_picker, "one replica without leader election"),
     "picker_ports": ("staging", _picker_port, "not the picker's defaults"),
     "picker_gets_what_it_parses": ("staging", _prefix_to_the_picker, "reaches the picker, which parses"),

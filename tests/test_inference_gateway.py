@@ -12,16 +12,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.conftest import STACKS, manifests_of
-from vllm_gke.components.inference_objective_crd import CRD_URL
+from vllm_gke.components.inference_objective_crd import CRD_URLS, LEGACY_CRD_URL
 from vllm_gke.components.model.gateway_routes import at_most_regex
 from vllm_gke.components.model.gcp_apis import required_apis
-from vllm_gke.components.model.picker import EPP_IMAGE
+from vllm_gke.components.model.picker import EPP_IMAGE, grace_seconds
 from vllm_gke.components.model.serving_api import (
     OBJECTIVE_HEADER,
     PICKER_PATHS,
     PICKER_REENCODING_GROWTH,
     PICKER_SETS,
     REFUSED_AT_THE_PICKER,
+    TENANT_HEADER,
     picker_max_body_bytes,
 )
 from vllm_gke.components.model.tenant_urls import tenant_urls, url_notes
@@ -58,11 +59,12 @@ def test_one_pool_per_model_selected_by_the_inference_pool(plans):
 
 def test_endpoint_picker_runs_the_pinned_upstream_picker_outside_the_mesh(plans):
     plan = plans["staging"]
-    epp = one(plan, "Deployment", "llama-8b-epp")
+    epp = one(plan, "Deployment", "llama-8b-router-epp")
     pod = epp["spec"]["template"]
     assert pod["metadata"]["labels"]["sidecar.istio.io/inject"] == "false"
     (c,) = pod["spec"]["containers"]
-    assert c["image"] == EPP_IMAGE.uri == "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0"
+    # No digest of it is published (the release workflow tags it): by tag.
+    assert c["image"] == EPP_IMAGE.uri == "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0"
     args = c["args"]
     assert args[args.index("--pool-name") + 1] == "llama-8b"
     assert args[args.index("--pool-namespace") + 1] == "vllm"
@@ -72,10 +74,10 @@ def test_endpoint_picker_runs_the_pinned_upstream_picker_outside_the_mesh(plans)
 
 
 def test_pulumi_waits_for_the_pickers_leader_not_every_replica(plans):
-    """Only the leader is ready (health.go:65-67): Pulumi's default wait for every replica of a
+    """Only the leader is ready (health.go:82-100): Pulumi's default wait for every replica of a
     Deployment would never end on the first `pulumi up`. Its RBAC comes first."""
     plan = plans["staging"]
-    epp = plan.kube("Deployment", "llama-8b-epp")
+    epp = plan.kube("Deployment", "llama-8b-router-epp")
     assert epp.props["metadata"]["annotations"]["pulumi.com/waitFor"] == "jsonpath={.status.readyReplicas}=1"
     # waitFor replaces the built-in Deployment await from pulumi-kubernetes 4.18.4 (#3329) on.
     from tests.conftest import REPO_ROOT
@@ -86,44 +88,41 @@ def test_pulumi_waits_for_the_pickers_leader_not_every_replica(plans):
     assert plan.waits_for(epp, plan.kube("RoleBinding", "llama-8b-epp"))
 
 
-def test_picker_is_highly_available_without_pprof_and_reads_the_releases_metrics(plans):
+def test_picker_is_highly_available_without_pprof_or_metric_flags_and_drains(plans):
     """Upstream's HA path (leader election: one ready leader, standbys that take over in seconds),
-    no pprof beside unauthenticated /metrics, config changes roll it, and the metric names it
-    scrapes are the ones the pinned vLLM exports (v1.2.0's default KV gauge is gone from 0.34)."""
+    no pprof beside unauthenticated /metrics, config changes roll it, no metric-name flag (fatal at
+    v0.10.0: the extractor's built-in vllm names are what 0.34 exports), and a drain as long as the
+    longest stream, within the grace period."""
     from vllm_gke.components.model.vllm_argv import load_snapshot
-    from vllm_gke.components.model.vllm_versions import release
+    from vllm_gke.infra.contracts.picker import METRIC_FLAGS, VLLM_ENGINE_METRICS
 
     plan = plans["staging"]
-    epp = one(plan, "Deployment", "llama-8b-epp")
+    epp = one(plan, "Deployment", "llama-8b-router-epp")
     assert epp["spec"]["replicas"] >= 2
     assert epp["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == "100%"
     pod = epp["spec"]["template"]
     (c,) = pod["spec"]["containers"]
     args = c["args"]
     assert "--ha-enable-leader-election" in args and "--enable-pprof=false" in args
+    assert not set(METRIC_FLAGS) & set(args)
+    assert set(VLLM_ENGINE_METRICS) <= {m["name"] for m in load_snapshot(plan.config.vllm_version)["metrics"]}
     assert (c["readinessProbe"]["grpc"]["service"], c["livenessProbe"]["grpc"]["service"]) == ("readiness", "liveness")
-    rel = release(plan.config.vllm_version)
-    exported = {m["name"] for m in load_snapshot(rel.version)["metrics"]}
-    for flag in ("--total-queued-requests-metric", "--kv-cache-usage-percentage-metric", "--lora-info-metric",
-                 "--cache-info-metric"):
-        assert args[args.index(flag) + 1] in exported, flag
-    assert args[args.index("--kv-cache-usage-percentage-metric") + 1] == "vllm:kv_cache_usage_perc"
+    assert args[args.index("--drain-timeout") + 1] == "600s"  # gateway.requestTimeoutSeconds
     digest = pod["metadata"]["annotations"]["vllm-gke.io/config-sha256"]
-    config = one(plan, "ConfigMap", "llama-8b-epp")["data"]["default-plugins.yaml"]
+    config = one(plan, "ConfigMap", "llama-8b-router-epp")["data"]["default-plugins.yaml"]
+    assert pod["spec"]["volumes"] == [{"name": "plugins-config", "configMap": {"name": "llama-8b-router-epp"}}]
     import hashlib
     assert digest == hashlib.sha256(config.encode()).hexdigest()[:16]
 
 
 def test_picker_survives_rollouts_and_drains_with_one_ready_pod(plans):
-    """Only the leader is Ready (health.go:65-67). A rollout must be free to stop the old leader, its
+    """Only the leader is Ready (health.go:82-100). A rollout must be free to stop the old leader, its
     one available pod (maxUnavailable 100%: with less the Deployment never scales it down and a new
     pod never gets the lease); the two never share a node, so one drain or node failure cannot take
     both under FailClose; and no budget: counting one Ready pod, any budget allows no eviction of the
     leader and would hold its node's drain for GKE's hour."""
-    from vllm_gke.components.model.picker import SHUTDOWN_S
-
     plan = plans["staging"]
-    epp = one(plan, "Deployment", "llama-8b-epp")
+    epp = one(plan, "Deployment", "llama-8b-router-epp")
     assert epp["spec"]["strategy"] == {"type": "RollingUpdate",
                                        "rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "100%"}}
     pod = epp["spec"]["template"]
@@ -138,8 +137,8 @@ def test_picker_survives_rollouts_and_drains_with_one_ready_pod(plans):
     # One Ready pod of two: minAvailable 1 and maxUnavailable 1 alike allow 0 disruptions.
     assert not [b for b in manifests_of(plan, "PodDisruptionBudget")
                 if b["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()]
-    # Stops within controller-runtime's 30 s and then releases the lease: a little more, not 130 s.
-    assert SHUTDOWN_S < pod["spec"]["terminationGracePeriodSeconds"] <= SHUTDOWN_S + 30
+    # The drain (600 s), a stream begun at its end (600 s), the lease release.
+    assert pod["spec"]["terminationGracePeriodSeconds"] == grace_seconds(600) == 1210
 
 
 def test_only_the_load_balancer_reaches_the_picker(plans):
@@ -157,31 +156,40 @@ def test_only_the_load_balancer_reaches_the_picker(plans):
 
 
 def test_picker_scores_queue_kv_cache_and_prefix_cache(plans):
-    config = one(plans["staging"], "ConfigMap", "llama-8b-epp")
+    config = one(plans["staging"], "ConfigMap", "llama-8b-router-epp")
     picker = yaml.safe_load(config["data"]["default-plugins.yaml"])
-    assert picker["kind"] == "EndpointPickerConfig"
+    assert (picker["apiVersion"], picker["kind"]) == ("llm-d.ai/v1alpha1", "EndpointPickerConfig")
     (profile,) = picker["schedulingProfiles"]
     weights = {p["pluginRef"]: p["weight"] for p in profile["plugins"]}
     assert weights == {"queue-scorer": 2, "kv-cache-utilization-scorer": 2, "prefix-cache-scorer": 3}
-    assert {p["type"] for p in picker["plugins"]} == set(weights)
+    assert set(weights) <= {p["type"] for p in picker["plugins"]}
+    # The Responses and Messages APIs parse; no passthrough: an unknown path stays a 400.
+    assert picker["requestHandler"]["parsers"] == [{"pluginRef": "openai-parser"}, {"pluginRef": "anthropic-parser"}]
+    assert "passthrough-parser" not in {p["type"] for p in picker["plugins"]}
 
 
 def test_picker_may_only_read_its_namespace(plans):
     plan = plans["staging"]
     role = one(plan, "Role", "llama-8b-epp")
     assert role["metadata"]["namespace"] == "vllm"
-    verbs = {r: set(rule["verbs"]) for rule in role["rules"] for r in rule["resources"]}
-    assert {r: v for r, v in verbs.items() if r not in ("leases", "events")} == {
-        r: {"get", "watch", "list"} for r in ("inferenceobjectives", "inferencepools", "pods")}
+    verbs = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    read = {"get", "watch", "list"}
+    assert {k: v for k, v in verbs.items() if k[1] not in ("leases", "events")} == {
+        ("llm-d.ai", "inferenceobjectives"): read, ("llm-d.ai", "inferencemodelrewrites"): read,
+        # The v1.2.0 picker's group, while a stack moves (dropped with the old CRD).
+        ("inference.networking.x-k8s.io", "inferenceobjectives"): read,
+        ("inference.networking.k8s.io", "inferencepools"): read, ("", "pods"): read}
     # ...and write only what leader election needs, in its own namespace.
-    assert verbs["events"] == {"create", "patch"} and "create" in verbs["leases"]
+    assert verbs[("", "events")] == {"create", "patch"} and "create" in verbs[("coordination.k8s.io", "leases")]
     binding = one(plan, "RoleBinding", "llama-8b-epp")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llama-8b-epp", "namespace": "vllm"}]
     assert not [d for d in manifests_of(plan, "ClusterRoleBinding") if "epp" in d["metadata"]["name"]]
 
 
 def test_each_tenant_gets_an_objective_with_its_priority(plans):
-    objectives = {d["metadata"]["name"]: d["spec"] for d in manifests_of(plans["staging"], "InferenceObjective")}
+    docs = manifests_of(plans["staging"], "InferenceObjective")
+    assert {d["apiVersion"] for d in docs} == {"llm-d.ai/v1alpha2"}
+    objectives = {d["metadata"]["name"]: d["spec"] for d in docs}
     ref = {"name": "llama-8b", "group": "inference.networking.k8s.io"}
     assert objectives == {"search.llama-8b": {"poolRef": ref, "priority": 0},
                           "support.llama-8b": {"poolRef": ref, "priority": -1}}
@@ -199,11 +207,12 @@ def test_load_balancer_policies_target_the_pool(plans):
                 and d["spec"]["targetRef"]["kind"] == "Service"]
 
 
-def test_tenant_routes_require_the_tenants_own_objective_and_set_it(plans):
+def test_tenant_routes_require_what_the_identity_extension_set(plans):
     plan = plans["staging"]
     for tenant in ("search", "support"):
         route = one(plan, "HTTPRoute", f"llama-8b.{tenant}")
         to_pool = [r for r in route["spec"]["rules"] if r.get("backendRefs")]
+        assert to_pool == route["spec"]["rules"]  # no refusing rule: the extension strips client copies
         assert {m["path"]["value"] for r in to_pool for m in r["matches"]} == {
             f"/{tenant}/llama-8b{p}" for p in PICKER_PATHS}
         for rule in to_pool:
@@ -211,11 +220,10 @@ def test_tenant_routes_require_the_tenants_own_objective_and_set_it(plans):
                                             "name": "llama-8b"}]
             (match,) = rule["matches"]
             assert {"type": "Exact", "name": OBJECTIVE_HEADER, "value": f"{tenant}.llama-8b"} in match["headers"]
+            assert {"type": "Exact", "name": TENANT_HEADER, "value": tenant} in match["headers"]
             (mod,) = [f["requestHeaderModifier"] for f in rule["filters"] if f["type"] == "RequestHeaderModifier"]
-            assert {h["name"]: h["value"] for h in mod["set"]} == {
-                OBJECTIVE_HEADER: f"{tenant}.llama-8b", "x-gateway-inference-fairness-id": tenant}
-            assert {"x-vllm-gke-issuer", *REFUSED_AT_THE_PICKER} <= set(mod["remove"])
-            # ...but never what the picker sets: route filters may run after it (envoy#15012).
+            assert "set" not in mod and set(mod["remove"]) == {"x-vllm-gke-issuer", "x-vllm-gke-subject"}
+            # ...never what the picker sets: route filters may run after it (envoy#15012).
             assert not set(PICKER_SETS) & set(mod["remove"])
             assert not [h for h in match["headers"] if h["name"] in PICKER_SETS]
     # The shared /llama-8b/v1 route is gone: a tenant-less path could not carry a priority.
@@ -226,43 +234,72 @@ def _reach(plan, path, method="POST", headers=None):
     return reach(manifests_of(plan, "HTTPRoute"), HttpRequest(path, method, headers or {}), listener="https")
 
 
-def test_the_picker_sees_only_the_tenants_own_objective_whatever_the_filter_order(plans):
-    """Route-level header changes may reach Envoy's ext_proc filter after the picker has read the
-    request (envoy#15012): so only a request that already carries the tenant's own objective is
-    routed to the pool, and one with another control header goes nowhere near it."""
+def verified(tenant):
+    """What the identity extension sets for a request it verified as `tenant`'s (llama-8b)."""
+    return {OBJECTIVE_HEADER: f"{tenant}.llama-8b", TENANT_HEADER: tenant}
+
+
+def test_only_a_request_the_extension_verified_reaches_the_pool(plans):
+    """The picker reads the request before route filters apply (envoy#15012): only a request carrying
+    what the identity extension set for the path's own tenant reaches the pool. Without it (no
+    token: the extension set nothing), with another tenant's objective, or with the objective alone
+    (the old client-sent header), the route matches nothing: 404 from the load balancer, no GPU."""
     plan = plans["staging"]
     body = {"content-length": "512"}
-    own = {OBJECTIVE_HEADER: "support.llama-8b", **body}
     path = "/support/llama-8b/v1/chat/completions"
-    reached = _reach(plan, path, headers=own)
-    assert reached.backends[0]["kind"] == "InferencePool"
-    assert _reach(plan, path, headers={OBJECTIVE_HEADER: "search.llama-8b", **body}) is None  # search's priority
-    assert _reach(plan, path, headers=body) is None  # no objective: the picker would give priority 0
-    for header in REFUSED_AT_THE_PICKER:
-        refused = _reach(plan, path, headers={**own, header: "other-model"})
-        assert not refused.backends and refused.redirect["statusCode"] == 302, header
+    assert _reach(plan, path, headers={**verified("support"), **body}).backends[0]["kind"] == "InferencePool"
+    for headers in ({}, {OBJECTIVE_HEADER: "support.llama-8b"}, {"x-gateway-inference-objective": "support.llama-8b"},
+                    verified("search"), {**verified("support"), TENANT_HEADER: "search"}):
+        assert _reach(plan, path, headers={**headers, **body}) is None, headers
     # The picker's own answer (x-gateway-destination-endpoint, with ClearRouteCache): should the
     # load balancer match the route again, the request still reaches the pool.
-    assert _reach(plan, path, headers={**own, "x-gateway-destination-endpoint": "10.0.0.1:8000"}).backends
-    assert _reach(plan, "/support/llama-8b/v1/models", "GET", {OBJECTIVE_HEADER: "support.llama-8b"}).backends
+    assert _reach(plan, path, headers={**verified("support"), **body,
+                                       "x-gateway-destination-endpoint": "10.0.0.1:8000"}).backends
+    assert _reach(plan, "/support/llama-8b/v1/models", "GET", verified("support")).backends
+    assert _reach(plan, "/support/llama-8b/v1/models", "GET", {}) is None
+
+
+def test_the_identity_extension_fronts_the_gateway_failing_closed(plans):
+    """GKE's body-based router's deployment (a GCPRoutingExtension on the Gateway), failing closed,
+    on every request's headers; its config lists each tenant's picker URL with its objective."""
+    plan = plans["staging"]
+    (ext,) = manifests_of(plan, "GCPRoutingExtension")
+    assert ext["spec"]["targetRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "vllm"}]
+    (chain,) = ext["spec"]["extensionChains"]
+    assert "matchCondition" not in chain
+    (e,) = chain["extensions"]
+    assert e["failOpen"] is False and e["supportedEvents"] == ["RequestHeaders"]
+    assert e["backendRef"] == {"group": "", "kind": "Service", "name": "vllm-gke-identity", "port": 9004}
+    cfg = json.loads(one(plan, "ConfigMap", "vllm-gke-identity")["data"]["identity.json"])
+    assert cfg["prefixes"] == {f"/{t}/llama-8b": {"tenant": t, "objective": f"{t}.llama-8b"}
+                               for t in ("search", "support")}
+    assert set(cfg["headers"]["strip"]) >= {*REFUSED_AT_THE_PICKER, OBJECTIVE_HEADER, TENANT_HEADER}
+    assert cfg["tenants"]["search"]["issuer"] == SEARCH
+    # Only stacks with a picker run it.
+    assert not manifests_of(plans["dev"], "GCPRoutingExtension") or any(
+        m.routing == "inference-gateway" for m in plans["dev"].config.models)
 
 
 def test_the_picker_gets_only_what_it_parses_and_bounded_bodies(plans):
-    """The v1.2.0 picker buffers a whole body and answers 400 to anything but a chat or a
-    single-prompt completion: other routes, chunked bodies and bodies over the limit are not routed."""
+    """The picker buffers a whole body and answers 400 to a path no parser claims: the chat batch,
+    embeddings, score and rerank are not routed; chunked bodies and bodies over the limit neither."""
     plan = plans["staging"]
-    own = {OBJECTIVE_HEADER: "search.llama-8b"}
+    own = verified("search")
     limit = picker_max_body_bytes(plan.config.model("llama-8b"))
     assert limit == max(1 << 20, 16384 * 16)
     base = "/search/llama-8b/v1"
     assert _reach(plan, f"{base}/completions", headers={**own, "content-length": str(limit)}).backends
     assert _reach(plan, f"{base}/completions", headers={**own, "content-length": str(limit + 1)}) is None
     assert _reach(plan, f"{base}/completions", headers=own) is None  # chunked: no Content-Length
-    for other in ("/embeddings", "/responses", "/chat/completions/batch", "/messages", "/chat/completions/render"):
+    for served in ("/responses", "/messages"):
+        assert _reach(plan, f"{base}{served}", headers={**own, "content-length": "10"}).backends, served
+    for other in ("/embeddings", "/chat/completions/batch", "/score", "/rerank", "/chat/completions/render",
+                  "/responses/resp_1"):
         assert _reach(plan, f"{base}{other}", headers={**own, "content-length": "10"}) is None, other
     guard = json.loads({e["name"]: e.get("value") for e in one(plan, "Deployment", "llama-8b-short")["spec"][
         "template"]["spec"]["containers"][0]["env"]}["GKE_LLM_GUARD_CONFIG"])
     assert set(guard["routes"]) == set(PICKER_PATHS)
+    assert guard["routes"]["/v1/responses"]["method"] == "POST"  # GET /v1/responses/{id}: 404 at the guard
     assert guard["maxBodyBytes"] == PICKER_REENCODING_GROWTH * limit  # the picker re-encodes (<>& grow 6x)
 
 
@@ -307,17 +344,20 @@ def test_guard_in_the_pool_knows_each_tenants_objective(plans):
     assert "objectiveHeader" not in json.loads({e["name"]: e.get("value") for e in mistral["env"]}["GKE_LLM_GUARD_CONFIG"])
 
 
-def test_picker_needs_network_services_and_the_objective_crd_first(plans):
+def test_picker_needs_network_services_and_the_llm_d_crds_first(plans):
     plan = plans["staging"]
     assert "networkservices.googleapis.com" in required_apis(plan.config)
     assert "networkservices.googleapis.com" not in required_apis(plans["dev"].config)
-    crd = plan.named("kubernetes:yaml/v2:ConfigFile", "inference-objective-crd-crd")
-    assert crd.props["file"] == CRD_URL and "/v1.2.0/" in CRD_URL  # the release the picker image is
+    crds = [r for r in plan.of_type("kubernetes:yaml/v2:ConfigFile") if r.props["file"] in CRD_URLS]
+    assert sorted(r.props["file"] for r in crds) == sorted(CRD_URLS)
+    assert all("/llm-d/llm-d-router/v0.10.0/" in url for url in CRD_URLS)  # the release the picker image is
+    # v1.2.0's objective CRD stays, under its old logical name (untouched by the move): a rollback needs it.
+    assert plan.named("kubernetes:yaml/v2:ConfigFile", "inference-objective-crd-crd").props["file"] == LEGACY_CRD_URL
     api = plan.named("gcp:projects/service:Service", "apis-networkservices")
-    for kind in ("InferencePool", "InferenceObjective"):
+    for kind in ("InferencePool", "InferenceObjective", "Deployment"):
         for r in plan.kubernetes():
-            if r.props.get("kind") == kind:
-                assert plan.waits_for(r, crd) and plan.waits_for(r, api), r.name
+            if r.props.get("kind") == kind and (kind != "Deployment" or r.props["metadata"]["name"].endswith("-epp")):
+                assert all(plan.waits_for(r, crd) for crd in crds) and plan.waits_for(r, api), r.name
     assert not [r for r in plans["dev"].resources if r.type == "kubernetes:yaml/v2:ConfigFile"]
 
 
@@ -347,8 +387,9 @@ def test_every_tenant_url_the_plan_prints_is_a_declared_route(plans, stack):
     assert {next(p for p in paths if d == p or d.startswith(p + "/")) for d in declared} == paths
     picked = [u for u in urls if u.via == "endpoint picker"]
     assert all(urlsplit(u.url).path == f"/{u.tenant}/{u.model}/v1" for u in picked)
-    # ...and the header the route requires is the one printed.
+    # ...with no header of the client's: what the route requires, the identity extension sets from the token.
     for u in picked:
-        name, value = u.header.split(": ")
-        assert _reach(plan, f"{urlsplit(u.url).path}/models", "GET", {name: value}).backends
+        assert u.header == ""
+        assert _reach(plan, f"{urlsplit(u.url).path}/models", "GET",
+                      {OBJECTIVE_HEADER: f"{u.tenant}.{u.model}", TENANT_HEADER: u.tenant}).backends
     assert bool(picked) == bool(url_notes(plan.config))

@@ -1,71 +1,179 @@
-"""GKE Inference Gateway's endpoint picker (EPP) and its InferencePool as data: the upstream
-`inferencepool` chart's objects (gateway-api-inference-extension v1.2.0) in the API's own field
-names. Why it runs as it does (outside the mesh, highly available with one ready leader, no
-PodDisruptionBudget): components/inference_pool.py, which declares them.
+"""GKE Inference Gateway's endpoint picker (EPP) and its InferencePool as data: llm-d-router v0.10.0's
+picker (the picker left gateway-api-inference-extension for llm-d; GKE's Inference Gateway is
+"powered by llm-d") as its chart's routerlib templates deploy it, in the API's own field names. Why
+it runs as it does (outside the mesh, highly available with one ready leader, no
+PodDisruptionBudget): components/inference_pool.py, which declares them. Upstream file:line below
+are llm-d/llm-d-router at v0.10.0 unless named otherwise; infra/contracts/picker.py checks the plan
+against each.
 
 A namespace here is whatever the program names it by (a Pulumi Output where the namespace is
 made in the same program): it passes through as given."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import yaml
 
 from .k8s_objects import CONTAINER_SECURITY
-from .specs import ImageRef
+from .specs import ImageRef, PickerSpec
+
+if TYPE_CHECKING:
+    from .stack_config import StackConfig
 
 POOL_API = "inference.networking.k8s.io/v1"
-OBJECTIVE_API = "inference.networking.x-k8s.io/v1alpha2"
 POOL_GROUP = "inference.networking.k8s.io"
+# llm-d's own API (apix/v1alpha2/doc.go:22): the picker reads objectives of this group once its CRD
+# exists and then ignores the old one (pkg/epp/server/controller_config.go:71-88).
+OBJECTIVE_API = "llm-d.ai/v1alpha2"
+LEGACY_OBJECTIVE_GROUP = "inference.networking.x-k8s.io"
+CONFIG_API = "llm-d.ai/v1alpha1"  # apix/config/v1alpha1/zz_generated.register.go:37-40
 # The release the contracts (infra/contracts/picker.py) were read at.
-EPP_VERSION = "v1.2.0"
-EPP_IMAGE = ImageRef(repository="registry.k8s.io/gateway-api-inference-extension/epp", tag=EPP_VERSION)
-EXT_PROC_PORT = 9002
-HEALTH_PORT = 9003
-METRICS_PORT = 9090
-EPP_UID = 65532  # the distroless image's nonroot user
+EPP_VERSION = "v0.10.0"
+# The release workflow tags the image with the git tag (.github/workflows/ci-release.yaml:33-41);
+# no digest of it is published anywhere in the repository, so the tag it is.
+EPP_IMAGE = ImageRef(repository="ghcr.io/llm-d/llm-d-router-endpoint-picker", tag=EPP_VERSION)
+EXT_PROC_PORT = 9002  # pkg/epp/server/options.go:41
+HEALTH_PORT = 9003  # options.go:151
+METRICS_PORT = 9090  # options.go:150
+EPP_UID = 65532  # Dockerfile.epp:50 (USER 65532:65532)
 CONFIG_FILE = "default-plugins.yaml"
 REPLICAS = 2
-# The picker stops within controller-runtime's default graceful shutdown (v0.22.4
-# pkg/manager/internal.go:55; the picker sets none, pkg/epp/server/controller_manager.go:88-101):
-# gRPC GracefulStop waits for open ext_proc streams until then, then the lease is released.
-SHUTDOWN_S = 30
-# Room to release the lease after that (an API call); a longer grace would change nothing.
-GRACE_S = SHUTDOWN_S + 10
+# After the drain and the longest stream, room to release the lease (an API call) and exit.
+LEASE_MARGIN_S = 10
 # The managed collectors of Google Cloud Managed Service for Prometheus run in one of these.
 GMP_NAMESPACES = ("gmp-system", "gke-gmp-system")
-# The chart's default scheduling profile: prefix-cache affinity first, then load.
-SCORER_WEIGHTS = (("queue-scorer", 2), ("kv-cache-utilization-scorer", 2), ("prefix-cache-scorer", 3))
-# What the picker reads (pools, objectives, pods) and, for leader election, writes.
+# The label that tells llm-d-router's pods from the v1.2.0 picker's, which a stack coming from
+# v1.2.0 still runs until the end of its first `pulumi up` (picker_migration_notes).
+PICKER_LABEL = ("vllm-gke.io/picker", "llm-d-router")
+
+# Plugin types (each a registered type at v0.10.0; the name defaults to the type, loader/defaults.go:108-113).
+SCORERS = ("queue-scorer",  # scheduling/scorer/queuedepth/queue.go:30
+           "kv-cache-utilization-scorer",  # scorer/kvcacheutilization/kvcache_utilization.go:29
+           "prefix-cache-scorer")  # scorer/prefix/plugin.go:59
+DETECTOR = "utilization-detector"  # flowcontrol/saturationdetector/utilization/detector.go:43
+FAIRNESS = "round-robin-fairness-policy"  # flowcontrol/fairness/roundrobin/roundrobin.go:36
+ORDERING = "fcfs-ordering-policy"  # flowcontrol/ordering/fcfs/fcfs.go:34
+# By path suffix (openai.go:90-104: chat/completions, completions, responses, embeddings, ...;
+# anthropic.go:68-73: messages). No passthrough-parser: a path no parser claims stays a 400
+# (handlers/parsers.go:97-101) rather than reaching a replica unparsed.
+PARSERS = ("openai-parser",  # requesthandling/parsers/openai/openai.go:35
+           "anthropic-parser")  # parsers/anthropic/anthropic.go:34
+FLOW_CONTROL_GATE = "flowControl"  # pkg/epp/flowcontrol/config.go:27 (default off, cmd/epp/runner/runner.go:752)
+
+# What the picker reads (pools, objectives, rewrites, pods) and, for leader election, writes: the
+# chart's Roles (config/charts/llm-d-router-gateway/templates/rbac.yaml:8-17,
+# routerlib/templates/_rbac.yaml:41-75, _leader-election-rbac.yaml:11-17).
 ROLE_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["inference.networking.x-k8s.io"], "resources": ["inferenceobjectives"],
+    {"apiGroups": ["llm-d.ai"], "resources": ["inferenceobjectives", "inferencemodelrewrites"],
      "verbs": ["get", "watch", "list"]},
-    {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
-     "verbs": ["get", "watch", "list"]},
+    # The old group, as the chart grants it too: a v1.2.0 picker still running during the move
+    # (picker_migration_notes) keeps reading its objectives until it stops. Dropped with the old CRD.
+    {"apiGroups": [LEGACY_OBJECTIVE_GROUP], "resources": ["inferenceobjectives"], "verbs": ["get", "watch", "list"]},
+    {"apiGroups": [POOL_GROUP], "resources": ["inferencepools"], "verbs": ["get", "watch", "list"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "watch", "list"]},
-    # Leader election (the chart's leader-election-rbac.yaml for replicas > 1).
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
      "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
 ]
 
 
+@dataclass(frozen=True)
+class PickerExtension:
+    """What another concern adds to the picker's config (the KV-events prefix cache,
+    components/model/picker_prefix.py): plugins, scheduling-profile entries ({pluginRef, weight})
+    and data-layer sources ({pluginRef, extractors})."""
+
+    plugins: tuple[Mapping[str, Any], ...] = ()
+    profile_plugins: tuple[Mapping[str, Any], ...] = ()
+    data_sources: tuple[Mapping[str, Any], ...] = ()
+
+
 def picker_name(pool_name: str) -> str:
+    """The picker's Service (the InferencePool's endpointPickerRef), identity and RBAC."""
     return f"{pool_name}-epp"
+
+
+def picker_workload(pool_name: str) -> str:
+    """llm-d-router's Deployment and ConfigMap: not the v1.2.0 picker's names, so a stack coming
+    from it gets the new picker beside the old one, serving, before the old one is deleted."""
+    return f"{pool_name}-router-epp"
 
 
 def picker_labels(epp: str) -> dict[str, str]:
     return {"inferencepool": epp, "app.kubernetes.io/name": "vllm-gke-epp"}
 
 
-def picker_config() -> str:
-    return yaml.safe_dump({
-        "apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
-        "plugins": [{"type": name} for name, _ in SCORER_WEIGHTS],
-        "schedulingProfiles": [{"name": "default", "plugins": [
-            {"pluginRef": name, "weight": weight} for name, weight in SCORER_WEIGHTS]}],
-    }, sort_keys=False)
+def drain_seconds(request_timeout_seconds: int) -> int:
+    """--drain-timeout: how long a stopping picker still takes new ext_proc streams after it turns
+    NotServing and releases its lease (options.go:167-170; cmd/epp/runner/runner.go:279-336): the
+    longest stream, the load balancer's backend timeout."""
+    return request_timeout_seconds
+
+
+def grace_seconds(request_timeout_seconds: int) -> int:
+    """The drain, then GracefulStop waits for every open stream with no bound of its own
+    (internal/runnable/grpc.go:61-82): one begun at the drain's end lasts up to the timeout."""
+    return drain_seconds(request_timeout_seconds) + request_timeout_seconds + LEASE_MARGIN_S
+
+
+def _band(priority: int, max_requests: int, max_bytes_mib: int) -> dict[str, Any]:
+    # Quantities as strings (resource.Quantity), endpointpickerconfig_types.go:483-511.
+    return {"priority": priority, "maxRequests": str(max_requests), "maxBytes": f"{max_bytes_mib}Mi",
+            "fairnessPolicyRef": FAIRNESS, "orderingPolicyRef": ORDERING}
+
+
+def flow_control_config(spec: PickerSpec, priorities: Iterable[int]) -> dict[str, Any]:
+    """The config's flowControl: the detector alone without the gate (the legacy admission reads it,
+    loader/configloader.go:195-207); with it one band per priority >= 0 (priority 0 always,
+    registry/config.go:345-354), negative ones from the small sheddable template as their
+    objectives appear (registry.go:367-390), bounds across all bands, and the queue TTL."""
+    out: dict[str, Any] = {"saturationDetector": {"pluginRef": DETECTOR}}
+    fc = spec.flow_control
+    if not fc.enabled:
+        return out
+    bands = sorted({0, *(p for p in priorities if p >= 0)}, reverse=True)
+    return {
+        **out, "maxRequests": str(fc.max_requests), "maxBytes": f"{fc.max_bytes_mib}Mi",
+        "defaultRequestTTL": f"{fc.queue_ttl_seconds}s",
+        "defaultPriorityBand": _band(0, fc.band_max_requests, fc.band_max_bytes_mib),
+        "defaultNegativePriorityBand": _band(-1, fc.sheddable_max_requests, fc.sheddable_max_bytes_mib),
+        "priorityBands": [_band(p, fc.band_max_requests, fc.band_max_bytes_mib) for p in bands],
+    }
+
+
+def picker_config_data(spec: PickerSpec, priorities: Iterable[int] = (),
+                       extension: PickerExtension | None = None) -> dict[str, Any]:
+    """The EndpointPickerConfig (apix/config/v1alpha1/endpointpickerconfig_types.go; decoded
+    strictly, loader/configloader.go:235-242: every key must be one of its JSON tags). The metrics
+    source and extractor, the profile handler and the picker are the loader's defaults
+    (loader/defaults.go:123-141,298-331); the extractor's built-in vllm engine names are what vLLM
+    0.34 exports (datalayer/extractor/metrics/factories.go:89-97)."""
+    ext = extension or PickerExtension()
+    weights = dict(zip(SCORERS, (spec.scorers.queue, spec.scorers.kv_cache_utilization, spec.scorers.prefix_cache)))
+    scorers = [(t, w) for t, w in weights.items() if w]
+    sat = spec.saturation
+    detector = {"type": DETECTOR, "parameters": {  # saturationdetector/utilization/config.go:55-77
+        "queueDepthThreshold": sat.queue_depth_threshold, "kvCacheUtilThreshold": sat.kv_cache_util_threshold,
+        "metricsStalenessThreshold": f"{sat.metrics_staleness_ms}ms"}}
+    policies = [{"type": FAIRNESS}, {"type": ORDERING}] if spec.flow_control.enabled else []
+    config: dict[str, Any] = {"apiVersion": CONFIG_API, "kind": "EndpointPickerConfig"}
+    if spec.flow_control.enabled:
+        config["featureGates"] = [FLOW_CONTROL_GATE]
+    config["plugins"] = [*({"type": t} for t, _ in scorers), detector, *policies,
+                         *({"type": p} for p in PARSERS), *(dict(p) for p in ext.plugins)]
+    config["schedulingProfiles"] = [{"name": "default", "plugins": [
+        *({"pluginRef": t, "weight": w} for t, w in scorers), *(dict(p) for p in ext.profile_plugins)]}]
+    if ext.data_sources:
+        config["dataLayer"] = {"sources": [dict(s) for s in ext.data_sources]}
+    config["requestHandler"] = {"parsers": [{"pluginRef": p} for p in PARSERS]}
+    config["flowControl"] = flow_control_config(spec, priorities)
+    return config
+
+
+def picker_config(spec: PickerSpec, priorities: Iterable[int] = (), extension: PickerExtension | None = None) -> str:
+    return yaml.safe_dump(picker_config_data(spec, priorities, extension), sort_keys=False)
 
 
 def gmp_collectors() -> list[dict[str, Any]]:
@@ -74,12 +182,11 @@ def gmp_collectors() -> list[dict[str, Any]]:
     return [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": n}}} for n in GMP_NAMESPACES]
 
 
-def picker_container(pool_name: str, namespace: object, image: str,
-                     model_metrics: Mapping[str, str]) -> dict[str, Any]:
-    """`model_metrics`: the picker's metric-name flags for the pool's vLLM release."""
-    metric_flags = [item for flag, metric in sorted(model_metrics.items()) for item in (flag, metric)]
+def picker_container(pool_name: str, namespace: object, image: str, request_timeout_seconds: int) -> dict[str, Any]:
+    """No metric-name flags: v0.10.0 exits at start if one is set (options.go:46-54,395-400)."""
 
-    # Only the leader is ready; liveness holds on every replica (health.go:46-95).
+    # With leader election only the leader is ready; liveness holds on every replica, draining
+    # included (cmd/epp/runner/health.go:82-100).
     def grpc_probe(service: str) -> dict[str, Any]:
         return {"grpc": {"port": HEALTH_PORT, "service": service}}
 
@@ -87,15 +194,19 @@ def picker_container(pool_name: str, namespace: object, image: str,
         "name": "epp", "image": image,
         "args": ["--pool-name", pool_name, "--pool-namespace", namespace,
                  "--zap-encoder", "json", "--config-file", f"/config/{CONFIG_FILE}",
-                 "--v", "1", "--tracing=false", "--metrics-endpoint-auth=false",
-                 "--ha-enable-leader-election", "--enable-pprof=false", *metric_flags],
+                 "--v", "1", "--tracing=false",
+                 # /metrics without auth, for Managed Prometheus: the NetworkPolicy keeps 9090 to
+                 # the scrapers. /debug/plugins/state is served there too, with no flag to turn it
+                 # off (pkg/epp/server/plugin_state_debug.go:30,54-62); pprof is off.
+                 "--metrics-endpoint-auth=false", "--enable-pprof=false",
+                 "--ha-enable-leader-election", "--drain-timeout", f"{drain_seconds(request_timeout_seconds)}s"],
         "ports": [{"name": "grpc", "containerPort": EXT_PROC_PORT},
                   {"name": "grpc-health", "containerPort": HEALTH_PORT},
                   {"name": "metrics", "containerPort": METRICS_PORT}],
         "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                # It decodes every body whole before any JWT is checked: the Go
-                # runtime collects harder before the container's limit.
+                # It decodes every body whole (and holds queued ones) before any JWT is checked:
+                # the Go runtime collects harder before the container's limit.
                 {"name": "GOMEMLIMIT", "value": "3GiB"}],
         "livenessProbe": {**grpc_probe("liveness"), "initialDelaySeconds": 5, "periodSeconds": 10},
         "readinessProbe": {**grpc_probe("readiness"), "periodSeconds": 2},
@@ -106,35 +217,37 @@ def picker_container(pool_name: str, namespace: object, image: str,
     }
 
 
-def picker_deployment_spec(epp: str, container: dict[str, Any], config_digest: str) -> dict[str, Any]:
-    """`config_digest`: of the plugin config, which the picker reads once, at start."""
+def picker_deployment_spec(epp: str, container: dict[str, Any], config_digest: str,
+                           request_timeout_seconds: int, config_map: str) -> dict[str, Any]:
+    """`config_digest`: of the plugin config, which the picker reads once, at start, from `config_map`."""
+    selector = {"inferencepool": epp, PICKER_LABEL[0]: PICKER_LABEL[1]}
     return {
         "replicas": REPLICAS,
         # A new pod turns ready only once the old leader has released the lease, and the
         # old leader is the one available pod: with maxUnavailable below 100% the
         # Deployment would never scale it down and the rollout would never finish (the
-        # chart says so too, epp-deployment.yaml:11-16). 100% surge starts the new pods
-        # while the old ones stop, where Recreate would first wait for them to be gone.
+        # chart uses Recreate for it, routerlib/templates/_deployment.yaml:328-345). 100%
+        # surge starts the new pods while the old ones drain: a draining leader releases the
+        # lease at once and keeps serving ext_proc for --drain-timeout (runner.go:279-336).
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "100%"}},
-        "selector": {"matchLabels": {"inferencepool": epp}},
+        "selector": {"matchLabels": selector},
         "template": {
             # Outside the mesh: see components/inference_pool.py. The config's digest rolls the
             # picker when its plugins change (it reads the file once, at start).
-            "metadata": {"labels": {**picker_labels(epp), "sidecar.istio.io/inject": "false"},
+            "metadata": {"labels": {**picker_labels(epp), **selector, "sidecar.istio.io/inject": "false"},
                          "annotations": {"vllm-gke.io/config-sha256": config_digest,
-                                         # Every stop of the leader is a handover (seconds of
-                                         # a closed pool): not for the autoscaler to tidy nodes.
+                                         # Every stop of the leader is a handover: not for the
+                                         # autoscaler to tidy nodes.
                                          "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}},
             "spec": {
                 "serviceAccountName": epp,
-                # Its whole graceful stop (SHUTDOWN_S) and the lease release; not the chart's
-                # 130 s: the picker exits by SHUTDOWN_S whatever the grace period.
-                "terminationGracePeriodSeconds": GRACE_S,
+                # The drain, the longest stream begun in it, then the lease release (grace_seconds).
+                "terminationGracePeriodSeconds": grace_seconds(request_timeout_seconds),
                 "securityContext": {"runAsNonRoot": True, "runAsUser": EPP_UID, "runAsGroup": EPP_UID,
                                     "seccompProfile": {"type": "RuntimeDefault"}},
                 "topologySpreadConstraints": [one_per_node(epp)],
                 "containers": [container],
-                "volumes": [{"name": "plugins-config", "configMap": {"name": epp}}],
+                "volumes": [{"name": "plugins-config", "configMap": {"name": config_map}}],
             },
         },
     }
@@ -157,20 +270,20 @@ def one_per_node(epp: str) -> dict[str, Any]:
 
 def picker_ingress(epp: str, load_balancer_sources: Sequence[object], metrics_sources: Sequence[str]) -> dict[str, Any]:
     """The picker's NetworkPolicy: ext_proc and its health port for the load balancer's proxies and
-    health checks, /metrics for Managed Prometheus' collectors (and host-network scrapers)."""
+    health checks, 9090 (/metrics, and the unauthenticated /debug/plugins/state) for Managed
+    Prometheus' collectors (and host-network scrapers) only."""
     ip_blocks = [{"ipBlock": {"cidr": c}} for c in load_balancer_sources]
     return {"podSelector": {"matchLabels": {"inferencepool": epp}}, "policyTypes": ["Ingress"],
             "ingress": [
-                # ext_proc and its health port: the load balancer's proxies and health checks.
                 {"from": ip_blocks, "ports": [{"protocol": "TCP", "port": EXT_PROC_PORT},
                                               {"protocol": "TCP", "port": HEALTH_PORT}]},
-                # /metrics: Managed Prometheus' collectors (and host-network scrapers).
                 {"from": [*gmp_collectors(), *({"ipBlock": {"cidr": c}} for c in metrics_sources)],
                  "ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
             ]}
 
 
 def picker_service_spec(epp: str) -> dict[str, Any]:
+    # The v1.2.0 picker's pods and llm-d-router's alike (inferencepool): both serve while a stack moves.
     return {"type": "ClusterIP", "selector": {"inferencepool": epp},
             "ports": [{"name": "grpc-ext-proc", "protocol": "TCP", "port": EXT_PROC_PORT},
                       {"name": "http-metrics", "protocol": "TCP", "port": METRICS_PORT}]}
@@ -181,17 +294,32 @@ def picker_monitoring_spec(epp: str) -> dict[str, Any]:
             "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}]}
 
 
-def pool_spec(epp: str, port: int, selector: Mapping[str, str]) -> dict[str, Any]:
+def pool_spec(epp: str, port: int, selector: Mapping[str, str], failure_mode: str = "FailClose") -> dict[str, Any]:
+    """`failure_mode`: picker.failureMode (the trade-off: components/model/specs/picker.py)."""
     return {"targetPorts": [{"number": port}], "selector": {"matchLabels": dict(selector)},
-            # FailClose: with the picker down, requests fail rather than bypass priorities.
-            "endpointPickerRef": {"name": epp, "port": {"number": EXT_PROC_PORT}, "failureMode": "FailClose"}}
+            "endpointPickerRef": {"name": epp, "port": {"number": EXT_PROC_PORT}, "failureMode": failure_mode}}
 
 
 def objective_spec(pool_name: str, priority: int) -> dict[str, Any]:
-    # The picker matches poolRef's name and group (its default, spelt out).
+    # The picker matches poolRef's name and group (inferenceobjective_reconciler.go:68-73; the group
+    # is the CRD's default, spelt out).
     return {"poolRef": {"name": pool_name, "group": POOL_GROUP}, "priority": priority}
 
 
 def pool_ref(pool_name: str) -> dict[str, str]:
     """What the load balancer's policies target, and an HTTPRoute's backendRef to the pool."""
     return {"group": POOL_GROUP, "kind": "InferencePool", "name": pool_name}
+
+
+def picker_migration_notes(cfg: "StackConfig") -> list[str]:
+    """What the first `pulumi up` of this release does to a stack whose pickers are v1.2.0's, in order."""
+    picked = sorted(m.name for m in cfg.models if m.routing == "inference-gateway")
+    if not picked:
+        return []
+    return [f"{', '.join(picked)}: from the v1.2.0 endpoint picker, one `pulumi up` moves to llm-d-router {EPP_VERSION} "
+            "without a gap: (1) installs llm-d.ai's InferenceObjective and InferenceModelRewrite CRDs (the old "
+            "objective CRD stays, for a rollback); (2) creates each tenant's llm-d.ai objective; (3) starts the new "
+            "picker (<model>-router-epp, its own lease) beside the old one, both serving ext_proc, and waits for its "
+            "leader; (4) at the end of the update deletes the old picker (<model>-epp), its ConfigMap and the old "
+            "objectives (the old picker bounds its stop to 30 s: a stream it began in the update's last seconds and "
+            "longer than that is cut, as on each of its own rollouts). A rollback to the previous release reverses it."]

@@ -24,6 +24,7 @@ from .specs import (
     MonitoringSpec,
     Name,
     NodePoolSpec,
+    PickerSpec,
     RolloutSpec,
     Spec,
     TenantSpec,
@@ -141,6 +142,9 @@ class StackConfig(Spec):
     load_tests: list[LoadTestSpec] = Field(default_factory=list[LoadTestSpec])
     # Progressive delivery: Flagger canaries gated by the SLOs (off: a change rolls in place).
     rollouts: RolloutSpec = Field(default_factory=RolloutSpec)
+    # The endpoint picker of models with routing: inference-gateway: failure mode, scorers,
+    # saturation, flow control.
+    picker: PickerSpec = Field(default_factory=PickerSpec)
 
     @field_validator("vllm_version", "tpu_vllm_version")
     @classmethod

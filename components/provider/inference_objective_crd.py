@@ -19,17 +19,18 @@ class InferenceObjectiveCrdInputs(TypedDict):
 
 
 class InferenceObjectiveCrd(_InferenceObjectiveCrd, Facade):
-    """The InferenceObjective CRD (gateway-api-inference-extension v1.2.0), once per cluster: GKE
-    provides InferencePool's CRD, not this one. Give it to dependsOn of every InferencePool; it
+    """llm-d-router v0.10.0's InferenceObjective and InferenceModelRewrite CRDs (llm-d.ai), once per
+    cluster, with v1.2.0's objective CRD kept for a rollback: GKE provides InferencePool's CRD, not
+    these. Give it to dependsOn of every InferencePool; it
     outlives any one pool (deleting it would delete every pool's objectives)."""
 
     url: str
-    """Where the CRD's manifest comes from (the pinned release)."""
+    """Where the objective CRD's manifest comes from (the pinned release)."""
 
     def __init__(self, name: str, args: InferenceObjectiveCrdInputs, opts: Optional[pulumi.ResourceOptions] = None):
         self.inputs, self.args = args, InferenceObjectiveCrdArgs(LATER)
         super().__init__(name, self.args, opts)
-        self.url = self.args.url
+        self.url = self.args.urls[0]
 
     def prepare(self, name: str, opts: Optional[pulumi.ResourceOptions]) -> None:
         self.args.provider = kubernetes_provider(name, self.inputs["kubeconfig"], self)

@@ -44,12 +44,12 @@ class InferencePoolInputs(TypedDict):
     request_timeout_seconds: NotRequired[int]
     """The load balancer's timeout for one request, seconds (default 600)."""
     vllm_version: NotRequired[str]
-    """The vLLM release of the pool's image: the picker reads that release's metric names (default the newest)."""
+    """The vLLM release of the pool's image (default the newest); the picker reads its built-in vllm metric names."""
 
 
 class InferencePool(_InferencePool, Facade):
     """GKE Inference Gateway's endpoint picker for one model's pool: an InferencePool, the picker
-    (v1.2.0) that chooses the replica by queue depth, KV-cache use and prefix affinity, and an
+    (llm-d-router v0.10.0) that chooses the replica by queue depth, KV-cache use and prefix affinity, and an
     InferenceObjective per tenant carrying its priority. Give it an InferenceObjectiveCrd (declared
     once per cluster) in dependsOn; route to it with a Gateway target's inferencePool and tenant."""
 
@@ -80,7 +80,7 @@ class InferencePool(_InferencePool, Facade):
             selector={MODEL_LABEL: model.name, POOL_LABEL: "short"},
             objectives={objective_name(t.name, model.name): t.priority for t in tenants},
             request_timeout_seconds=int(args.get("request_timeout_seconds") or 600),
-            model_metrics=RELEASES[version].picker_metrics, load_balancer_sources=sources.health_checks,
+            load_balancer_sources=sources.health_checks,
             metrics_sources=[cluster.subnet_cidr])
         # A copy: prepare adds the API to what the children wait for.
         super().__init__(name, self.args, pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions()))

@@ -30,6 +30,7 @@ from .fallback import fallbacks
 from .load_tests import load_tests
 from .monitoring import slo_alerts_reachable, traces_exportable
 from .names import RESERVED_NAMESPACES, check_serving_namespace, issuers, namespaces, unique_names
+from .picker import picker_queue_within_backend_timeout
 from .placement import (
     SYSTEM_DISK_GB,
     check_fit,
@@ -54,7 +55,7 @@ STACK_CHECKS: tuple[Callable[["StackConfig", Add], None], ...] = (
     unique_names, model_placements, tenant_models, gpu_slots, external_gateway, network, zones, issuers,
     namespaces, vllm_release, inference_gateway, length_routing, global_limits, adapters, scale_to_zero,
     hyperdisk_ml, node_disks, filestore_size, slo_alerts_reachable, load_tests,
-    traces_exportable, multi_host_groups, cooldown_covers_wake, rollouts, fallbacks,
+    traces_exportable, multi_host_groups, cooldown_covers_wake, rollouts, fallbacks, picker_queue_within_backend_timeout,
 )
 
 

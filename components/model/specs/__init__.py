@@ -64,6 +64,12 @@ from .operations import (
     TokenLengths,
     TraceSpec,
 )
+from .picker import (
+    PickerFlowControl,
+    PickerSaturation,
+    PickerScorers,
+    PickerSpec,
+)
 from .tenants import (
     DedicatedSpec,
     GlobalLimitsSpec,
@@ -82,7 +88,8 @@ __all__ = [
     'DedicatedSpec', 'Email', 'GatewaySpec', 'GlobalLimitsSpec', 'Hostname', 'ImageRef', 'JwtSpec', 'K8sName',
     'LORA_RANKS', 'LoadStage', 'LoadTestSpec', 'SharedPrefixLoad', 'TokenLengths', 'TraceSpec',
     'MANAGED_VLLM_OPTIONS', 'MaintenanceExclusion', 'MaintenanceSpec', 'MaintenanceWindow',
-    'MasterCidr', 'ModelSpec', 'MonitoringSpec', 'SloSpec', 'Name', 'NodePoolSpec', 'PodsCidr', 'ProxyOnlyCidr',
+    'MasterCidr', 'ModelSpec', 'MonitoringSpec', 'SloSpec', 'Name', 'NodePoolSpec',
+    'PickerFlowControl', 'PickerSaturation', 'PickerScorers', 'PickerSpec', 'PodsCidr', 'ProxyOnlyCidr',
     'RateLimitSpec', 'Revision', 'RolloutGates', 'RolloutSpec', 'SecretKeyRef', 'ServicesCidr', 'ServingPoolSpec', 'Spec',
     'SubnetCidr',    'TenantSpec', 'UpgradeSpec', 'UtcTime', 'WeightsSource', 'WeightsSpec', 'cidr_range', 'extra_arg_problem',
     'shared_public_issuer',

@@ -122,22 +122,16 @@ class TenantSpec(Spec):
     max_tokens: int = Field(ge=1, le=131072)
     # Replicas of the tenant's own.
     dedicated: Optional[DedicatedSpec] = None
-    # Priority of the tenant's requests: 0, the default, is never shed; a negative one is shed
-    # (429 with Retry-After) while a replica's queue time is over monitoring.queueLatencySloSeconds,
-    # the most negative tier first, one more each second it stays over (the in-server guard).
-    # On models with routing: inference-gateway it is also the tenant's InferenceObjective's: the
-    # pinned endpoint picker (gateway-api-inference-extension v1.2.0, without its experimental
-    # flow control) sheds negative priorities while every replica is saturated (more than 5
-    # requests waiting or KV cache over 80% on each) and orders nothing by priority, so a
-    # positive value would change nothing and is refused.
+    # Priority of the tenant's requests (-100 to 100, default 0). In the in-server guard, a
+    # negative one is shed (429 with Retry-After) while a replica's queue time is over
+    # monitoring.queueLatencySloSeconds, the most negative tier first; 0 and above never are.
+    # On models with routing: inference-gateway it is also the tenant's InferenceObjective's
+    # (llm-d-router v0.10.0, picker.flowControl on): each distinct priority is a band of the
+    # picker's queue; while the pool is saturated the highest band is dispatched first
+    # (processor.go:402-414), the tenants of one band in turn (round robin over their fairness
+    # ids), first come first served within a tenant. A full band or a wait past
+    # picker.flowControl.queueTtlSeconds answers 429, 503 while the pool has no replica
+    # (requestcontrol/admission.go:240-285); negative bands have picker.flowControl's small
+    # sheddable bounds, so they are shed first. With flow control off, only negative ones are
+    # shed (429 while saturated) and positive ones change nothing.
     priority: int = Field(default=0, ge=-100, le=100)
-
-    @field_validator("priority")
-    @classmethod
-    def _sheddable_or_not(cls, v: int) -> int:
-        if v > 0:
-            raise ValueError(
-                f"{v} would change nothing: 0 is never shed and neither the guard nor the pinned endpoint "
-                "picker (v1.2.0) serves one priority before another, they only shed negative ones (429) "
-                "under overload; use 0 (never shed) or a negative number (shed first, lowest first)")
-        return v
