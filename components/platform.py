@@ -18,7 +18,6 @@ from .flagger import Flagger, FlaggerArgs
 from .gateway import Gateway, GatewayArgs
 from .gpu_cluster import GpuCluster, GpuClusterArgs
 from .inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
-from .identity_extension import IdentityExtension, IdentityExtensionArgs
 from .inference_pool import InferencePool, InferencePoolArgs
 from .keda import Keda, KedaArgs
 from .leader_worker_set import LeaderWorkerSetController, LeaderWorkerSetControllerArgs
@@ -31,13 +30,12 @@ from .model.capacity import consumer_models, hosts_per_replica, placements
 from .model.config_errors import in_program_words, stack_config
 from .model.config_rules import cross_field_issues
 from .model.fallback import forwards_token
-from .model.gateway_routes import GATEWAY_NAME, RouteTarget, serving_listener
+from .model.gateway_routes import RouteTarget, serving_listener
 from .model.gcp_apis import required_apis
 from .model.gcp_names import service_account_id
-from .model.identity_extension import config_text, identity_image, needs_identity
+from .model.k8s_objects import MODEL_LABEL, POOL_LABEL
 from .model.keda_scaling import KedaScaling
 from .model.mesh_identity import STANDBY_SA, jwks_host, tenant_namespace
-from .model.picker_wake import inference_pool_selector, picker_queue
 from .model.rollout_webhooks import LoadTestRef, load_test_webhooks
 from .model.rollouts import FlaggerPool, gates
 from .model.serving_plan import (
@@ -136,8 +134,6 @@ class Platform(pulumi.ComponentResource):
     weights_prune: WeightsPrune
     standbys: dict[str, Standby]
     gateway: Gateway
-    # The tenant identity extension, where some model is behind an endpoint picker.
-    identity: Optional[IdentityExtension]
     observability: Observability
     # Flagger, where some pool rolls out by canary (rollouts.enabled).
     flagger: Optional[Flagger]
@@ -337,7 +333,7 @@ class Platform(pulumi.ComponentResource):
             traces_endpoint=self.trace_collector.endpoint if self.trace_collector else None,
             trace_sample_ratio=traces.sample_ratio, release=service.release, tenant=service.tenant,
             canary=service.canary, weights=self.store.mount_for(serving.consumer, service.model),
-            scaling=KedaScaling(cfg.project, self.keda.auth_name, service.standby_name, service.picker_pool),
+            scaling=KedaScaling(cfg.project, self.keda.auth_name, service.standby_name),
             request_timeout_seconds=cfg.gateway.request_timeout_seconds, rolling=service.rolling,
             wait_behind_seconds=service.wait_behind_seconds, flagger=self._flagger_pool(service, serving),
             gateway_namespace=self.serving.name, flagger_ready=[self.flagger] if self.flagger else []),
@@ -355,8 +351,7 @@ class Platform(pulumi.ComponentResource):
         cfg, model = self.config, serving.model
         self.inference_pools[serving.key] = InferencePool(f"{self._prefix}{serving.key}-inference", InferencePoolArgs(
             pool_name=model.name, namespace=self._namespace(serving.tenant), provider=self.cluster.provider,
-            # The vLLM pods (a standby only where it answers at zero: picker_wake.py).
-            selector=inference_pool_selector(model, picker_queue(cfg)), objectives=picker_objectives(serving),
+            selector={MODEL_LABEL: model.name, POOL_LABEL: "short"}, objectives=picker_objectives(serving),
             request_timeout_seconds=cfg.gateway.request_timeout_seconds, picker=cfg.picker,
             load_balancer_sources=self._sources.health_checks, metrics_sources=[cfg.cluster.subnet_cidr]),
             opts=self._opts_for(self._picker_deps))
@@ -364,14 +359,9 @@ class Platform(pulumi.ComponentResource):
     def _front(self, targets: list[RouteTarget]) -> None:
         """The gateway in front of the routes."""
         cfg = self.config
-        # The picker's routes match on what it sets: it is up before they are.
-        self.identity = IdentityExtension(f"{self._prefix}identity", IdentityExtensionArgs(
-            self.serving.name, GATEWAY_NAME, identity_image(cfg.server_image).uri, config_text(cfg),
-            self.cluster.provider, self._sources.health_checks), opts=self._opts_for()) if needs_identity(cfg) else None
         self.gateway = Gateway(f"{self._prefix}gateway", GatewayArgs(
             cfg.gateway, self.serving.name, targets, self.cluster.provider, project=cfg.project, region=cfg.region,
-            subnetwork=self.cluster.subnetwork.id, name_prefix=cfg.cluster.name, apis=self.apis),
-            opts=self._opts_for([self.identity] if self.identity else []))
+            subnetwork=self.cluster.subnetwork.id, name_prefix=cfg.cluster.name, apis=self.apis), opts=self._opts_for())
 
     def _observe(self) -> None:
         """The monitoring of it all (its channels page for Flagger's rollbacks too)."""
