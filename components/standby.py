@@ -1,7 +1,8 @@
 """Standby: what answers for a serving pool scaled to zero, and wakes it.
 
 A small CPU pod carrying the pool's labels, so the pool's Service (and the load balancer's NEG,
-and an InferencePool) selects it too - but ready only while the pool has no ready replica: its
+and an InferencePool whose picker does not queue) selects it too - but ready only while the pool
+has no ready replica: its
 readiness asks a headless Service of the pool's vLLM pods, which resolves only while one is
 ready. So at zero the load balancer sends it the requests, it answers 503 with Retry-After in
 OpenAI's error format and counts them; KEDA reads the count from Managed Prometheus and starts
@@ -13,6 +14,10 @@ both; a prompt 503 with Retry-After lets a client back off and come back.
 
 It runs in the mesh like the replicas: only a request with a valid tenant JWT reaches it (the
 model's AuthorizationPolicies select it by the model label), so only tenants can wake GPUs.
+
+A pool behind an endpoint picker that queues (flow control) has none: the picker holds its
+requests at zero and KEDA wakes it on that queue (components/model/picker_wake.py says where a
+standby stays and why).
 """
 
 from __future__ import annotations

@@ -160,7 +160,8 @@ class VllmService(pulumi.ComponentResource):
         self._scaling(name, args, args.scaling, opts, who)
         if self.flagger is not None:
             self._canary(name, args, self.flagger, opts)
-        if args.pool.min_replicas == 0:
+        # A pool at zero behind a picker that queues has none (picker_wake.py): KEDA wakes it on the queue.
+        if args.pool.min_replicas == 0 and args.scaling.standby:
             self.standby = self._standby(name, args, opts, who)
         self.register_outputs({"serviceName": self.service_name, "hosts": pods.hosts,
                                "deployment": self.service_name if pods.hosts == 1 else None,

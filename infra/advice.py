@@ -7,6 +7,7 @@ from typing import Callable, Optional
 from ..components.billing_budget import MAX_CHANNELS as MAX_BUDGET_CHANNELS
 from ..components.model.capacity import consumer_models, hosts_per_replica, network_cost, placements, rollout_needs
 from ..components.model.cold_start import cold_start_seconds, rollout_seconds
+from ..components.model.picker_wake import picker_wakes
 from ..components.model.service_levels import TTFT_BUCKETS, ttft_bound
 from ..components.model.serving_plan import flagger_pools, pool_rollout, rollout_load_tests, servings
 from ..components.model.vllm_server import SPOT_PRE_STOP_S, SPOT_SHUTDOWN_S, drain_seconds
@@ -123,6 +124,11 @@ def slow_cold_starts(cfg: StackConfig) -> list[str]:
             "minReplicas above 0 to keep one warm" for name, seconds in slow.items()]
 
 
+def picker_first_requests(cfg: StackConfig) -> list[str]:
+    """Pools at zero behind a picker whose first requests after idle do not outlive the wake."""
+    return [w for wake in picker_wakes(cfg) if (w := wake.warning()) is not None]
+
+
 def ttft_between_buckets(cfg: StackConfig) -> list[str]:
     monitoring = cfg.monitoring
     if not monitoring.slos.enabled or release(cfg.vllm_version).histogram_buckets_flag is not None \
@@ -234,6 +240,6 @@ def rollout_trade_offs(cfg: StackConfig) -> list[str]:
 # The warnings that read the config alone, in the order the plan prints them (after the share's own).
 CONFIG_CHECKS: tuple[Callable[[StackConfig], list[str]], ...] = (
     hyperdisk_unpriced, single_replica_pools, rollout_needs, rollout_trade_offs, long_rollouts, spot_pools, slow_cold_starts,
-    ttft_between_buckets, budget_channels, no_dataplane_v2, uncalled_models, interconnect_warnings,
+    picker_first_requests, ttft_between_buckets, budget_channels, no_dataplane_v2, uncalled_models, interconnect_warnings,
     foreign_region_prices, open_control_plane,
 )

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from ..components.model.picker_wake import picker_wakes
 from ..policies.rules import POLICIES
 from .config import StackConfig
 from .contracts import CONTRACTS
@@ -91,7 +92,11 @@ def render_text(report: PlanReport, console: Console, detail: bool) -> None:
 def _decisions(report: PlanReport, console: Console) -> None:
     # What a person decides on first: what it holds, what it costs, what to watch, where tenants call.
     v = report.verdicts
-    console.print(fitted(capacity_table(v), console.width))
+    capacity = capacity_table(v)
+    # Pools at zero behind a picker: the wake against the queue's time-to-live (a warning where it is longer).
+    capacity.caption = escape("\n".join(w.line() for w in picker_wakes(report.plan.config))) or None
+    capacity.caption_justify = "left"
+    console.print(fitted(capacity, console.width))
     console.print(fitted(cost_table(v), console.width))
     console.print(fitted(options_table(report.plan.config, v), console.width))
     if v.rollouts:

@@ -1,9 +1,10 @@
 """Serving pools that stay up: scaled by KEDA with a PodDisruptionBudget, answered at zero by a
-standby, and failing replicas taken out of the load balancer's rotation."""
+standby or held in an endpoint picker's queue, and failing replicas taken out of the load balancer's
+rotation."""
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from .base import (
     SERVING_KINDS,
@@ -53,11 +54,18 @@ def vllm_autoscaled(resources: Sequence[Resource]) -> Iterator[Finding]:
 
 
 STANDBY_LABEL = "vllm-gke.io/standby"
+# llm-d-router v0.10.0's flow-control queue (components/model/keda_scaling.py): what wakes a pool
+# at zero behind a picker that queues.
+PICKER_QUEUE_METRIC = "llm_d_epp_flow_control_queue_size"
 
 
 def scale_to_zero_answered(resources: Sequence[Resource]) -> Iterator[Finding]:
-    """A pool that KEDA may take to zero replicas needs its standby: without one, requests at zero
-    get the load balancer's bare 503 and nothing counts them, so the pool never wakes."""
+    """A pool that KEDA may take to zero replicas needs something to hold or answer its requests
+    there and wake it: its standby behind its Service with a trigger on the standby's requests, or,
+    behind an endpoint picker that queues, an InferencePool that selects its pods but no standby (the
+    picker would send the standby the requests instead of queueing them) with a trigger on the
+    picker's queue for that pool. Without either, requests at zero get a bare 503 and nothing
+    counts them, so the pool never wakes."""
     deployments = {(namespace_of(d), meta(d).get("name")): d
                    for kind in SERVING_KINDS for d in kube(resources, kind)}
     standbys = [(namespace_of(d), template_labels(d)) for d in deployments.values()
@@ -72,15 +80,27 @@ def scale_to_zero_answered(resources: Sequence[Resource]) -> Iterator[Finding]:
         if target is None:
             continue
         labels = template_labels(target)
+        queries = " ".join(str((t.get("metadata") or {}).get("query", "")) for t in spec.get("triggers") or [])
+        pools = [p for p in kube(resources, "InferencePool") if namespace_of(p) == ns
+                 and selects(_pool_selector(p), labels) and f'inference_pool="{meta(p).get("name")}"' in queries]
+        if pools and PICKER_QUEUE_METRIC in queries:
+            for p in pools:
+                if any(sns == ns and selects(_pool_selector(p), sl) for sns, sl in standbys):
+                    yield p, (f"{where(p)} selects a standby, and {where(target)} wakes on its picker's queue: at zero "
+                              "the picker sends the standby the requests (503) instead of queueing them")
+            continue
         fronts = [s for s in services if namespace_of(s) == ns and (s.props.get("spec") or {}).get("clusterIP") != "None"
                   and selects((s.props.get("spec") or {}).get("selector") or {}, labels)]
         answered = any(selects((f.props.get("spec") or {}).get("selector") or {}, sl)
                        for f in fronts for sns, sl in standbys if sns == ns)
         if not answered:
             yield so, f"{where(so)} may scale {where(target)} to zero but no standby sits behind its Service"
-        queries = " ".join(str((t.get("metadata") or {}).get("query", "")) for t in spec.get("triggers") or [])
         if "vllm_gke_standby_requests_total" not in queries:
             yield so, f"{where(so)} has no trigger on the standby's requests: at zero nothing wakes the pool"
+
+
+def _pool_selector(pool: Resource) -> Mapping[str, Any]:
+    return ((pool.props.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
 
 
 def vllm_backends_resilient(resources: Sequence[Resource]) -> Iterator[Finding]:

@@ -183,9 +183,12 @@ POLICIES: tuple[Policy, ...] = (
            "or a deny-all, or admits clients by anything but their mesh identities.",
            "mandatory", limit_store_mesh_only),
     Policy("scale-to-zero-answered",
-           "Pools that scale to zero have a standby that answers 503 with Retry-After and wakes them."
+           "Pools that scale to zero have a standby that answers 503 with Retry-After and wakes them, or "
+           "wait in an endpoint picker's queue that wakes them."
            " Rejects a ScaledObject that may take a pool to zero with no standby behind the pool's Service, or "
-           "without a trigger on the standby's requests.",
+           "without a trigger on the standby's requests; where it wakes on a picker's queue instead "
+           "(`llm_d_epp_flow_control_queue_size` for an InferencePool selecting the pool), an InferencePool "
+           "that selects a standby too.",
            "mandatory", scale_to_zero_answered),
     Policy("hyperdisk-weights-populated",
            "Hyperdisk ML weight disks are read-only, filled by GKE Volume Populator with their own identity, on transfer nodes."

@@ -1,5 +1,6 @@
 """How KEDA scales a serving pool: the ScaledObject's triggers (queue depth, work in flight, and the
-standby's wake-up for a pool at zero) and the pace of scaling."""
+wake-up of a pool at zero: its standby's requests, or behind a picker that queues, the picker's
+queue) and the pace of scaling."""
 
 from __future__ import annotations
 
@@ -23,8 +24,11 @@ class KedaScaling:
     project: str
     # The ClusterTriggerAuthentication's name (a string, or a Pulumi output of one).
     auth: Any
-    # For a pool that may go to zero: its standby's name prefix, whose request count wakes it.
+    # For a pool that may go to zero: its standby's name prefix, whose request count wakes it...
     standby: str = ""
+    # ...or, behind a picker that queues (picker_wake.py), its InferencePool's name: the picker's
+    # queue for it wakes it.
+    picker_pool: str = ""
 
 
 def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: KedaScaling, query_url: str,
@@ -32,8 +36,8 @@ def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: Keda
     """KEDA's ScaledObject for a pool, KEDA taking the largest trigger: requests waiting per
     replica over queueDepthTarget (scales out, as an HPA on queue depth would) and requests
     running (keeps a replica while it works, so an empty queue alone never takes the last one). A
-    pool that may go to zero has a third: requests its standby answered (wakes it: at zero there
-    is no vLLM metric)."""
+    pool that may go to zero has a third that wakes it (at zero there is no vLLM metric): requests
+    its standby answered, or behind a picker that queues, the picker's queue."""
     # A Deployment's pods are <name>-<hash>-<id>; a LeaderWorkerSet's leaders <group>-<index> (its
     # workers, <group>-<index>-<n>, export no vLLM metric), and it scales groups.
     selector = (f'namespace="{namespace}",pod=~"{group}-[0-9]+"' if group else pods_of(name, namespace))
@@ -60,9 +64,6 @@ def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: Keda
         "triggers": [queue, keep],
     }
     if pool.min_replicas == 0:
-        if not target.standby:
-            raise ValueError(f"{name}: a pool that may scale to zero needs its standby's name to wake it")
-        standby = f'namespace="{namespace}",pod=~"{target.standby}-[a-z0-9]+-[a-z0-9]+"'
         # KEDA polls itself only to wake from (and go to) zero; above it the HPA reads the metrics, and
         # its webhook warns that the setting is irrelevant (kedacore/keda v2.20.2
         # apis/keda/v1alpha1/scaledobject_webhook.go:336-346).
@@ -70,17 +71,50 @@ def scaled_object(name: str, namespace: str, pool: ServingPoolSpec, target: Keda
         spec["cooldownPeriod"] = pool.cooldown_seconds
         # A pool switched to minReplicas 0 that was never active would go at KEDA's first poll.
         spec["initialCooldownPeriod"] = pool.cooldown_seconds
-        spec["triggers"] = [
-            # Wake: any request the standby answered in the last two minutes asks for one replica,
-            # and so does a wake still under way (a replica loading: no vLLM metric yet, and the
-            # clients may have stopped retrying) so KEDA never cools down mid-load.
-            # Each side 0 when it has no series (a standby just restarted): an empty side would
-            # empty the sum, which KEDA reads as 0.
-            prometheus("wake", f"clamp_max((sum(increase(vllm_gke_standby_requests_total{{{standby}}}[2m])) or vector(0)) + "
-                       f"(sum(vllm_gke_standby_waking{{{standby}}}) or vector(0)), 1)", 1),
-            queue, keep,
-        ]
+        spec["triggers"] = [prometheus("wake", wake_query(name, namespace, target), 1), queue, keep]
     return spec
+
+
+def wake_query(name: str, namespace: str, target: KedaScaling) -> str:
+    """1 while a pool at zero is asked for, else 0: threshold 1 with activation 0, so one request
+    wakes it and the trigger never asks for more than one replica."""
+    if target.picker_pool:
+        return picker_wake_query(namespace, target.picker_pool)
+    if not target.standby:
+        raise ValueError(f"{name}: a pool that may scale to zero needs its standby's or picker's name to wake it")
+    standby = f'namespace="{namespace}",pod=~"{target.standby}-[a-z0-9]+-[a-z0-9]+"'
+    # Any request the standby answered in the last two minutes, or a wake still under way (a replica
+    # loading: no vLLM metric yet, and the clients may have stopped retrying) so KEDA never cools down
+    # mid-load. Each side 0 when it has no series (a standby just restarted): an empty side would
+    # empty the sum, which KEDA reads as 0.
+    return (f"clamp_max((sum(increase(vllm_gke_standby_requests_total{{{standby}}}[2m])) or vector(0)) + "
+            f"(sum(vllm_gke_standby_waking{{{standby}}}) or vector(0)), 1)")
+
+
+# llm-d-router v0.10.0's flow-control series (subsystem llm_d_epp: pkg/epp/metrics/llm_d_router_metrics.go:28).
+# The requests inside its queue, by fairness_id, priority, inference_pool, model_name and
+# target_model_name (:356-362; raised and lowered around the wait: flowcontrol/controller/controller.go:244-251).
+PICKER_QUEUE_METRIC = "llm_d_epp_flow_control_queue_size"
+# Each request's final queue outcome, by outcome, priority and inference_pool (:402-408; controller.go:313).
+PICKER_OUTCOMES_METRIC = "llm_d_epp_flow_control_requests_total"
+
+
+def picker_wake_query(namespace: str, pool: str) -> str:
+    """Requests the picker holds for the pool, summed over its replicas (only the leader queues), or
+    one it let go in the last two minutes without dispatching it: a burst that expired between two
+    polls still wakes the pool. inference_pool is the picker's --pool-name (cmd/epp/runner/runner.go:992,
+    requestcontrol/admission.go:173); namespace, the picker's as Managed Prometheus labels its series.
+
+    At zero every outcome but Dispatched is such a request: an expired one is counted EvictedTTL (the
+    queue's outcome; 503 rejected-no-endpoints is only its answer: admission.go:184-190,260-263), one
+    refused by a full queue RejectedNoEndpoints (flowcontrol/controller/internal/processor.go:311-321), one whose client gave up
+    EvictedContextCancelled. A counter's series appears at its first increment, where increase()
+    sees no rise; so a series that had no sample two minutes ago counts whole. Each side 0 when it
+    has no series (none yet, or a picker restarted)."""
+    queued = f'{PICKER_QUEUE_METRIC}{{namespace="{namespace}",inference_pool="{pool}"}}'
+    dropped = f'{PICKER_OUTCOMES_METRIC}{{namespace="{namespace}",inference_pool="{pool}",outcome!="Dispatched"}}'
+    return (f"clamp_max((sum({queued}) or vector(0)) + (sum(increase({dropped}[2m])) or vector(0)) + "
+            f"(sum({dropped} unless {dropped} offset 2m) or vector(0)), 1)")
 
 
 def pods_of(deployment: str, namespace: str) -> str:

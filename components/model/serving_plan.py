@@ -13,6 +13,7 @@ from .cold_start import cold_start_seconds, rollout_seconds
 from .fallback import fallback_guard_config
 from .gateway_routes import PickerTarget, RouteTarget
 from .k8s_objects import service_name_of
+from .picker_wake import keeps_standby, picker_queue, wakes_on_picker_queue
 from .pods.standby import standby_name
 from .rollouts import RolloutPlan, rollout_plan
 from .serving_api import objective_name, path_prefix, picker_max_body_bytes, picker_routes, pool_guard_config
@@ -92,12 +93,15 @@ class PoolService:
     load_seconds: float
     rolling: Mapping[str, int | str]
     wait_behind_seconds: float
-    # KEDA's wake-up trigger reads the standby's requests where the pool may go to zero.
+    # KEDA's wake-up trigger reads the standby's requests where the pool may go to zero and has
+    # one (picker_wake.keeps_standby)...
     standby_name: str
     canary: bool
     tenant: Optional[str]
     # How a change reaches it: a Flagger canary, or in place (and why).
     rollout: RolloutPlan = RolloutPlan("in-place")
+    # ...or the picker's queue for its InferencePool (named after the model), behind a picker that queues.
+    picker_pool: str = ""
 
 
 def wait_behind(cfg: StackConfig, node_pool: str, model: ModelSpec, tenant: Optional[str], which: str) -> float:
@@ -124,9 +128,10 @@ def pool_services(cfg: StackConfig, serving: Serving, canary: bool = False,
                               fallback=fallback_guard_config(cfg, model, serving.callers, dedicated))
     key = f"{serving.key}-canary" if canary else serving.key
     out: list[PoolService] = []
+    queue = picker_queue(cfg)
     for which in model.pool_names:
         pool = getattr(model, which)
-        standby = standby_name(service_name_of(model.name, which, canary)) if pool.min_replicas == 0 else ""
+        standby = standby_name(service_name_of(model.name, which, canary)) if keeps_standby(model, pool, queue) else ""
         out.append(PoolService(
             key=f"{key}-{which}", which=which, model=model, pool=pool, node_pool=node_pool,
             image=cfg.image_for(serving.node_pool), release=rel, guard_config=guard,
@@ -135,7 +140,8 @@ def pool_services(cfg: StackConfig, serving: Serving, canary: bool = False,
             wait_behind_seconds=wait_behind(cfg, serving.node_pool, model, serving.tenant, which),
             standby_name=standby, canary=canary, tenant=serving.tenant,
             rollout=pool_rollout(cfg, serving, which) if not canary else RolloutPlan(
-                "in-place", "a manual canary's own pool", primary_max=pool.max_replicas)))
+                "in-place", "a manual canary's own pool", primary_max=pool.max_replicas),
+            picker_pool=model.name if wakes_on_picker_queue(model, pool, queue) else ""))
     return out
 
 

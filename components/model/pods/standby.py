@@ -1,5 +1,6 @@
 """The standby of a serving pool scaled to zero (components/standby.py declares it): a small CPU pod
 carrying the pool's Service labels but not the vLLM pods' own, ready only while the pool is not.
+Where a pool has one: picker_wake.keeps_standby.
 """
 
 from __future__ import annotations
