@@ -33,9 +33,9 @@ from .model.fallback import forwards_token
 from .model.gateway_routes import RouteTarget, serving_listener
 from .model.gcp_apis import required_apis
 from .model.gcp_names import service_account_id
-from .model.k8s_objects import MODEL_LABEL, POOL_LABEL
 from .model.keda_scaling import KedaScaling
 from .model.mesh_identity import STANDBY_SA, jwks_host, tenant_namespace
+from .model.picker_wake import inference_pool_selector, picker_queue
 from .model.rollout_webhooks import LoadTestRef, load_test_webhooks
 from .model.rollouts import FlaggerPool, gates
 from .model.serving_plan import (
@@ -333,7 +333,7 @@ class Platform(pulumi.ComponentResource):
             traces_endpoint=self.trace_collector.endpoint if self.trace_collector else None,
             trace_sample_ratio=traces.sample_ratio, release=service.release, tenant=service.tenant,
             canary=service.canary, weights=self.store.mount_for(serving.consumer, service.model),
-            scaling=KedaScaling(cfg.project, self.keda.auth_name, service.standby_name),
+            scaling=KedaScaling(cfg.project, self.keda.auth_name, service.standby_name, service.picker_pool),
             request_timeout_seconds=cfg.gateway.request_timeout_seconds, rolling=service.rolling,
             wait_behind_seconds=service.wait_behind_seconds, flagger=self._flagger_pool(service, serving),
             gateway_namespace=self.serving.name, flagger_ready=[self.flagger] if self.flagger else []),
@@ -351,7 +351,8 @@ class Platform(pulumi.ComponentResource):
         cfg, model = self.config, serving.model
         self.inference_pools[serving.key] = InferencePool(f"{self._prefix}{serving.key}-inference", InferencePoolArgs(
             pool_name=model.name, namespace=self._namespace(serving.tenant), provider=self.cluster.provider,
-            selector={MODEL_LABEL: model.name, POOL_LABEL: "short"}, objectives=picker_objectives(serving),
+            # The vLLM pods (a standby only where it answers at zero: picker_wake.py).
+            selector=inference_pool_selector(model, picker_queue(cfg)), objectives=picker_objectives(serving),
             request_timeout_seconds=cfg.gateway.request_timeout_seconds, picker=cfg.picker,
             load_balancer_sources=self._sources.health_checks, metrics_sources=[cfg.cluster.subnet_cidr]),
             opts=self._opts_for(self._picker_deps))
