@@ -17,6 +17,7 @@ import pulumi
 from .flagger import Flagger, FlaggerArgs
 from .gateway import Gateway, GatewayArgs
 from .gpu_cluster import GpuCluster, GpuClusterArgs
+from .identity_extension import IdentityExtension, IdentityExtensionArgs
 from .inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
 from .inference_pool import InferencePool, InferencePoolArgs
 from .keda import Keda, KedaArgs
@@ -30,9 +31,10 @@ from .model.capacity import consumer_models, hosts_per_replica, placements
 from .model.config_errors import in_program_words, stack_config
 from .model.config_rules import cross_field_issues
 from .model.fallback import forwards_token
-from .model.gateway_routes import RouteTarget, serving_listener
+from .model.gateway_routes import GATEWAY_NAME, RouteTarget, serving_listener
 from .model.gcp_apis import required_apis
 from .model.gcp_names import service_account_id
+from .model.identity_extension import config_text, identity_image, needs_identity
 from .model.keda_scaling import KedaScaling
 from .model.mesh_identity import STANDBY_SA, jwks_host, tenant_namespace
 from .model.picker_wake import inference_pool_selector, picker_queue
@@ -134,6 +136,8 @@ class Platform(pulumi.ComponentResource):
     weights_prune: WeightsPrune
     standbys: dict[str, Standby]
     gateway: Gateway
+    # The tenant identity extension, where some model is behind an endpoint picker.
+    identity: Optional[IdentityExtension]
     observability: Observability
     # Flagger, where some pool rolls out by canary (rollouts.enabled).
     flagger: Optional[Flagger]
@@ -360,9 +364,14 @@ class Platform(pulumi.ComponentResource):
     def _front(self, targets: list[RouteTarget]) -> None:
         """The gateway in front of the routes."""
         cfg = self.config
+        # The picker's routes match on what it sets: it is up before they are.
+        self.identity = IdentityExtension(f"{self._prefix}identity", IdentityExtensionArgs(
+            self.serving.name, GATEWAY_NAME, identity_image(cfg.server_image).uri, config_text(cfg),
+            self.cluster.provider, self._sources.health_checks), opts=self._opts_for()) if needs_identity(cfg) else None
         self.gateway = Gateway(f"{self._prefix}gateway", GatewayArgs(
             cfg.gateway, self.serving.name, targets, self.cluster.provider, project=cfg.project, region=cfg.region,
-            subnetwork=self.cluster.subnetwork.id, name_prefix=cfg.cluster.name, apis=self.apis), opts=self._opts_for())
+            subnetwork=self.cluster.subnetwork.id, name_prefix=cfg.cluster.name, apis=self.apis),
+            opts=self._opts_for([self.identity] if self.identity else []))
 
     def _observe(self) -> None:
         """The monitoring of it all (its channels page for Flagger's rollbacks too)."""

@@ -3,6 +3,7 @@ behind a regional Gateway) and each tenant's priority its own."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -19,13 +20,17 @@ from .base import (
     where,
 )
 from .mesh_authz import Request, applicable, decide, for_token
-from .route_match import reach, sample_request
 
-# The endpoint picker's request headers (gateway-api-inference-extension pkg/epp/metadata); the
-# same names as components/model/serving_api.py, repeated so the pack stays light (a test ties them).
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
+# The endpoint picker's request headers (llm-d-router pkg/epp/metadata) and the identity extension's;
+# the same names as components/model/serving_api.py, repeated so the pack stays light (a test ties them).
+OBJECTIVE_HEADER = "x-llm-d-inference-objective"
+FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
+TENANT_HEADER = "x-vllm-gke-tenant"
 PICKER_SETS = ("x-gateway-destination-endpoint",)
-REFUSED_AT_THE_PICKER = ("x-gateway-model-name-rewrite", "x-llm-d-inference-objective")
+REFUSED_AT_THE_PICKER = ("x-gateway-inference-objective", "x-gateway-inference-fairness-id", "x-llm-d-model-name-rewrite",
+                         "x-gateway-model-name-rewrite", "x-llm-d-slo-ttft-ms", "x-slo-ttft-ms", "x-llm-d-slo-tpot-ms",
+                         "x-slo-tpot-ms")
+IDENTITY_CONFIG_KEY = "identity.json"
 GLOBAL_GATEWAY = re.compile(r"global|gxlb")
 
 
@@ -89,50 +94,75 @@ def inference_pools_served(resources: Sequence[Resource]) -> Iterator[Finding]:
                 yield route, f"{where(route)} sends to an InferencePool through {cls}: only regional classes serve pools"
 
 
+def _required(match: Mapping[str, Any], name: str) -> str | None:
+    return next((str(h.get("value")) for h in match.get("headers") or []
+                 if h.get("name") == name and h.get("type", "Exact") == "Exact"), None)
+
+
+def identity_guarded(resources: Sequence[Resource], gateway: tuple[str, Any]) -> str:
+    """Why the Gateway's requests may carry a client's copy of the picker's headers, or '': a
+    GCPRoutingExtension on it, failing closed, on every request's headers, whose config strips
+    every control header and the verified tenant."""
+    for ext in kube(resources, "GCPRoutingExtension"):
+        spec = ext.props.get("spec") or {}
+        if not any(namespace_of(ext) == gateway[0] and t.get("kind") == "Gateway" and t.get("name") == gateway[1]
+                   for t in spec.get("targetRefs") or []):
+            continue
+        chains = spec.get("extensionChains") or []
+        if any(c.get("matchCondition") for c in chains) or not chains:
+            return f"{where(ext)} runs on some requests only: the others keep the client's headers"
+        for e in (x for c in chains for x in c.get("extensions") or []):
+            if e.get("failOpen") or "RequestHeaders" not in (e.get("supportedEvents") or ["RequestHeaders"]):
+                return f"{where(ext)} fails open or skips request headers"
+        configs = [json.loads(str((c.props.get("data") or {}).get(IDENTITY_CONFIG_KEY) or "{}"))
+                   for c in kube(resources, "ConfigMap") if namespace_of(c) == gateway[0]
+                   and IDENTITY_CONFIG_KEY in (c.props.get("data") or {})]
+        stripped = {str(h).lower() for c in configs for h in (c.get("headers") or {}).get("strip") or []}
+        if missing := sorted({*REFUSED_AT_THE_PICKER, OBJECTIVE_HEADER, FAIRNESS_HEADER, TENANT_HEADER} - stripped):
+            return f"{where(ext)}'s server keeps the client's {', '.join(missing)}"
+        return ""
+    return "no GCPRoutingExtension verifies the tenant before route selection"
+
+
 def tenant_priorities_bound(resources: Sequence[Resource]) -> Iterator[Finding]:
-    """A tenant's priority is its own. The picker reads a request as the client sent it (route
-    header changes apply after ext_proc, envoy#15012), so a route to a pool must only admit
-    requests that already carry the objective it sets, refuse those carrying the picker's other
-    control headers, and strip them for the replica; every objective must exist, and the mesh
-    must admit at most one tenant's tokens under each."""
+    """A tenant's priority is its own. The picker reads a request as it reaches the picker's ext_proc
+    (route header changes apply after it, envoy#15012), so a route to a pool must require the
+    objective and tenant the identity extension set from the verified token, and that extension must
+    run on every request of the Gateway, fail closed and strip every client copy; every objective
+    must exist, and the mesh must admit at most one tenant's tokens under each."""
     docs = [r.props for r in resources if r.type.startswith("kubernetes:")]
     objectives = {(namespace_of(o), meta(o).get("name")) for o in kube(resources, "InferenceObjective")}
     pools = {(namespace_of(p), meta(p).get("name")): p for p in kube(resources, "InferencePool")}
     deployments = [d for kind in SERVING_KINDS for d in kube(resources, kind)]
-    routes = [r.props for r in kube(resources, "HTTPRoute")]
+    gateways = {(namespace_of(g), meta(g).get("name")): g for g in kube(resources, "Gateway")}
     issuers_by_ns: dict[str, set[str]] = {}
     for ra in kube(resources, "RequestAuthentication"):
         issuers_by_ns.setdefault(namespace_of(ra), set()).update(
             str(rule.get("issuer")) for rule in (ra.props.get("spec") or {}).get("jwtRules") or [])
-    # Per pool: the objectives its routes set, and where its policies apply.
+    # Per pool: the objectives its routes require, and where its policies apply.
     pool_objectives: dict[tuple[str, Any], list[tuple[Resource, str]]] = {}
     for route in kube(resources, "HTTPRoute"):
         ns = namespace_of(route)
-        for rule, backends in _pool_rules(route):
-            sets, removes = _header_changes(rule)
-            objective = sets.get(OBJECTIVE_HEADER)
-            if objective is None:
-                yield route, (f"{where(route)} routes to an InferencePool without setting {OBJECTIVE_HEADER}: "
-                              "clients would choose their own priority")
+        rules = list(_pool_rules(route))
+        if rules:
+            for ref, gw in parent_gateways(route, gateways):
+                if why := identity_guarded(resources, (namespace_of(gw), ref.get("name"))):
+                    yield route, (f"{where(route)} routes to an InferencePool on headers a client could send: {why}")
+        for rule, backends in rules:
+            _sets, removes = _header_changes(rule)
+            matches = rule.get("matches") or [{}]
+            objective = _required(matches[0], OBJECTIVE_HEADER)
+            if objective is None or any(_required(m, OBJECTIVE_HEADER) != objective or _required(m, TENANT_HEADER)
+                                        != objective.split(".")[0] for m in matches):
+                yield route, (f"{where(route)} routes to an InferencePool without requiring the {OBJECTIVE_HEADER} "
+                              f"and {TENANT_HEADER} the identity extension sets: clients would choose their own priority")
                 continue
-            required = {"type": "Exact", "name": OBJECTIVE_HEADER, "value": objective}
-            if not all(required in (m.get("headers") or []) for m in rule.get("matches") or [{}]):
-                yield route, (f"{where(route)} routes to an InferencePool without requiring {OBJECTIVE_HEADER}: "
-                              f"{objective}: the picker reads the client's value (route header changes come after "
-                              "ext_proc), so clients would choose their own priority")
-            if missing := [h for h in REFUSED_AT_THE_PICKER if h not in removes]:
-                yield route, f"{where(route)} passes the client's {', '.join(missing)} to the replica"
             if stripped := [h for h in PICKER_SETS if h in removes or any(
-                    str(x.get("name", "")).lower() == h for m in rule.get("matches") or [] for x in m.get("headers") or [])]:
+                    str(x.get("name", "")).lower() == h for m in matches for x in m.get("headers") or [])]:
                 yield route, (f"{where(route)} matches on or strips {', '.join(stripped)}, which the picker sets: "
                               "applied after ext_proc it would drop or redirect the picker's choice")
-            for match in rule.get("matches") or [{}]:
-                for header in REFUSED_AT_THE_PICKER:
-                    reached = reach(routes, sample_request(match, {header: "x"}))
-                    if reached is not None and any(_to_pool(b) for b in reached.backends):
-                        yield route, f"{where(route)} passes the client's {header} to the endpoint picker"
             if (ns, objective) not in objectives:
-                yield route, f"{where(route)} sets objective '{objective}' but no InferenceObjective of that name exists"
+                yield route, f"{where(route)} requires objective '{objective}' but no InferenceObjective of that name exists"
             for b in backends:
                 pool_objectives.setdefault((b.get("namespace") or ns, b.get("name")), []).append((route, objective))
     for (ns, pool_name), routed in pool_objectives.items():

@@ -95,7 +95,7 @@ def test_behind_the_picker_and_to_a_dedicated_copy(stack_values):
     sent = fallback_guard_config(cfg, mistral, [t for t in cfg.tenants if "mistral-7b" in t.models])
     assert sent is not None and sent["tenants"] == {"support": {
         "url": f"http://llama-8b-short.{cfg.serving_namespace}.svc.cluster.local:8000/support/llama-8b",
-        "headers": {"x-gateway-inference-objective": "support.llama-8b"}}}
+        "headers": {"x-llm-d-inference-objective": "support.llama-8b"}}}
     # prod: analytics (made sheddable, allowed llama-8b) has qwen-7b dedicated: its own copy serves it.
     values = copy.deepcopy(stack_values["prod"])
     with_fallback(values)

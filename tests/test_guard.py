@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import REPO_ROOT
-from vllm_gke.components.model.serving_api import OPEN_ROUTES, TENANT_ROUTES, guard_config, tenant_routes
+from vllm_gke.components.model.serving_api import OBJECTIVE_HEADER, OPEN_ROUTES, TENANT_ROUTES, guard_config, tenant_routes
 from vllm_gke.components.model.specs import TenantSpec
 from vllm_gke.components.model.vllm_argv import load_snapshot, snapshot_versions
 
@@ -609,17 +609,37 @@ def test_the_scanner_hops_long_containers_in_bounded_steps():
 # --- behind the endpoint picker: the objective is the tenant's own ----------------------------
 
 def test_behind_the_picker_a_tenant_must_carry_its_own_objective():
+    """The objective the identity extension set from the token (serving_api.OBJECTIVE_HEADER, the
+    x-llm-d-* spelling the picker reads first) must be the tenant's whom Istio verified here too:
+    the guard and the picker agree on who is who. Missing, another tenant's, repeated, or only in
+    the old x-gateway-* spelling (which the extension strips and the picker reads second): 403."""
     app = Recorder()
     cfg = guard_config([TENANT], tenant_routes(), "both", objectives_for="m")
+    assert cfg["objectiveHeader"] == OBJECTIVE_HEADER == "x-llm-d-inference-objective"
     mw = guard.GuardMiddleware(app, cfg, Clock())
     body = {"model": "m", "prompt": "hi", "max_tokens": 5}
-    assert status(call(mw, body, headers=[(b"x-gateway-inference-objective", b"a.m")])) == 200
-    for headers in ([], [(b"x-gateway-inference-objective", b"b.m")],
-                    [(b"x-gateway-inference-objective", b"a.m"), (b"x-gateway-inference-objective", b"a.m")]):
+    own = OBJECTIVE_HEADER.encode()
+    assert status(call(mw, body, headers=[(own, b"a.m")])) == 200
+    for headers in ([], [(own, b"b.m")], [(own, b"a.m"), (own, b"a.m")], [(own, b"a.other")],
+                    [(b"x-gateway-inference-objective", b"a.m")]):
         sent = call(mw, body, headers=headers)
         assert status(sent) == 403 and error(sent)["code"] == "forbidden", headers
-        assert "/a/<model>/v1" in error(sent)["message"]
+        assert error(sent)["type"] == "permission_error" and "/a/<model>/v1" in error(sent)["message"]
     assert len(app.seen) == 1
+
+
+@given(st.binary(max_size=64))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_forged_objective_is_a_403_never_a_500(value):
+    """Whatever bytes a request's objective carries (a forged or mangled one), it is refused in
+    OpenAI's format unless it is exactly the tenant's own; nothing reaches vLLM."""
+    app = Recorder()
+    mw = guard.GuardMiddleware(app, guard_config([TENANT], tenant_routes(), "both", objectives_for="m"), Clock())
+    sent = call(mw, {"model": "m", "prompt": "hi", "max_tokens": 5}, headers=[(OBJECTIVE_HEADER.encode(), value)])
+    if value == b"a.m":
+        assert status(sent) == 200
+        return
+    assert status(sent) == 403 and error(sent)["type"] == "permission_error" and not app.seen
 
 
 def test_without_the_picker_the_objective_header_is_not_required():

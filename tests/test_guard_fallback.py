@@ -193,7 +193,7 @@ def test_no_client_header_sends_a_request_there():
     mw, app, _clock, _queue, fake = overloaded()
     seen = len(app.seen)
     spoofed = [(b"x-vllm-gke-served-model", b"small"), (b"x-vllm-gke-fallback", b"small"),
-               (b"x-gateway-inference-objective", b"drafts.small")]
+               (b"x-llm-d-inference-objective", b"drafts.small")]
     assert status(call(mw, BODY, path=CHAT, issuer=ISSUER, headers=[(b"authorization", TOKEN), *spoofed])) == 200
     assert len(app.seen) == seen + 1 and fake.calls == []
 
@@ -204,12 +204,12 @@ def test_a_long_request_goes_to_the_fallbacks_long_pool_and_the_pickers_objectiv
     assert status(send(mw, DRAFTS, long_body)) == 200
     assert fake.calls[0][0] == "http://small-long.vllm.svc.cluster.local:8000/small/v1/chat/completions"
     picked = {**FALLBACK, "tenants": {"drafts": {"url": "http://small-short.vllm.svc.cluster.local:8000/drafts/small",
-                                                 "headers": {"x-gateway-inference-objective": "drafts.small"}}}}
+                                                 "headers": {"x-llm-d-inference-objective": "drafts.small"}}}}
     mw, *_, fake = overloaded(config=picked)
     assert status(send(mw, DRAFTS, long_body)) == 200
     url, headers, _ = fake.calls[0]
     assert url == "http://small-short.vllm.svc.cluster.local:8000/drafts/small/v1/chat/completions"
-    assert headers["x-gateway-inference-objective"] == "drafts.small"
+    assert headers["x-llm-d-inference-objective"] == "drafts.small"
 
 
 def test_without_a_fallback_every_shed_tenant_gets_the_429():

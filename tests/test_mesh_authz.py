@@ -177,7 +177,7 @@ def test_narrowing_to_one_token_or_workload_never_changes_a_decision(plans):
                 model = dict(labels).get("vllm-gke.io/model", "")
                 for path, headers in ((f"/{model}/v1/completions", {}), (f"/{model}/v1/models", {}),
                                       (f"/search/{model}/v1/completions",
-                                       {"x-gateway-inference-objective": f"search.{model}"}),
+                                       {"x-llm-d-inference-objective": f"search.{model}"}),
                                       ("/v1/completions", {}), ("/health", {})):
                     for token in ((issuer, "u"), None):
                         request = Request(ns, path, "POST" if "completions" in path else "GET", dict(labels),

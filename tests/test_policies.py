@@ -140,7 +140,7 @@ def _objective_from_the_client(rs):
     route = kind(rs, "HTTPRoute", "llama-8b.search")
     for rule in route.props["spec"]["rules"]:
         for m in rule["matches"]:
-            m["headers"] = [h for h in m.get("headers", []) if h["name"] != "x-gateway-inference-objective"]
+            m["headers"] = [h for h in m.get("headers", []) if h["name"] != "x-llm-d-inference-objective"]
 
 
 def _store_open_to_any_source(rs):
@@ -231,7 +231,7 @@ def _loose_ttft_gate(rs):
 
 CASES: dict[str, tuple[Callable, str]] = {
     "inference-pools-served": (_pool_fails_open, "fails open"),
-    "tenant-priorities-bound": (_objective_from_the_client, "without requiring x-gateway-inference-objective"),
+    "tenant-priorities-bound": (_objective_from_the_client, "without requiring the x-llm-d-inference-objective"),
     "limit-store-mesh-only": (_store_open_to_any_source, "other than their mesh identity"),
     "lora-adapters-scoped": (_adapter_for_everyone, "every tenant could use every adapter"),
     "scale-to-zero-answered": (_no_standby, "no standby sits behind its Service"),
@@ -434,23 +434,39 @@ def test_an_objective_two_tenants_may_use_is_caught_by_evaluating_the_mesh(plans
 
 
 def test_route_passing_picker_control_headers_is_caught(plans):
+    """The picker's routes match on headers only the identity extension may set: without the
+    extension, with one that fails open, runs on some requests only, or keeps a client's copy of
+    a control header, a client could choose its own priority; a route may never strip or match
+    what the picker itself sets."""
     rs = resources(plans["staging"])
     route = kind(rs, "HTTPRoute", "llama-8b.support")
     for rule in route.props["spec"]["rules"]:
-        for f in rule.get("filters", []):
-            if f["type"] == "RequestHeaderModifier":
-                f["requestHeaderModifier"]["remove"].remove("x-gateway-model-name-rewrite")
-                f["requestHeaderModifier"]["remove"].append("x-gateway-destination-endpoint")
+        rule["filters"][0]["requestHeaderModifier"]["remove"].append("x-gateway-destination-endpoint")
     messages = [v.message for v in violations_of(rs, "tenant-priorities-bound")]
-    assert any("passes the client's x-gateway-model-name-rewrite to the replica" in m for m in messages)
     assert any("strips x-gateway-destination-endpoint, which the picker sets" in m for m in messages)
-    # Without the refusing rule, the client's control headers would reach the picker itself.
-    rs = resources(plans["staging"])
-    route = kind(rs, "HTTPRoute", "llama-8b.support")
-    route.props["spec"]["rules"] = [r for r in route.props["spec"]["rules"] if r.get("backendRefs")]
-    messages = [v.message for v in violations_of(rs, "tenant-priorities-bound")]
-    assert any("passes the client's x-gateway-model-name-rewrite to the endpoint picker" in m for m in messages)
-    assert any("passes the client's x-llm-d-inference-objective to the endpoint picker" in m for m in messages)
+
+    def caught(change, expected):
+        rs = resources(plans["staging"])
+        change(rs)
+        messages = [v.message for v in violations_of(rs, "tenant-priorities-bound")]
+        assert any("on headers a client could send" in m and expected in m for m in messages), messages
+
+    def ext(rs):
+        return kind(rs, "GCPRoutingExtension").props["spec"]
+
+    def config(rs):
+        return next(r for r in rs if r.type == "kubernetes:core/v1:ConfigMap" and "identity.json" in r.props.get("data", {}))
+
+    caught(lambda rs: rs.remove(kind(rs, "GCPRoutingExtension")), "no GCPRoutingExtension")
+    caught(lambda rs: ext(rs)["extensionChains"][0]["extensions"][0].update(failOpen=True), "fails open")
+    caught(lambda rs: ext(rs)["extensionChains"][0].update(matchCondition={"celExpressions": [
+        {"celMatcher": "request.path.startsWith('/support')"}]}), "some requests only")
+
+    def keep_rewrite(rs):
+        data = json.loads(config(rs).props["data"]["identity.json"])
+        data["headers"]["strip"].remove("x-gateway-model-name-rewrite")
+        config(rs).props["data"]["identity.json"] = json.dumps(data)
+    caught(keep_rewrite, "keeps the client's x-gateway-model-name-rewrite")
 
 
 def test_route_objective_without_an_inference_objective_is_caught(plans):
@@ -461,11 +477,18 @@ def test_route_objective_without_an_inference_objective_is_caught(plans):
 
 
 def test_policy_pack_header_names_match_the_components():
-    from vllm_gke.components.model.serving_api import OBJECTIVE_HEADER, PICKER_SETS, REFUSED_AT_THE_PICKER
-    from vllm_gke.policies import rules
+    from vllm_gke.components.model.serving_api import (
+        FAIRNESS_HEADER,
+        OBJECTIVE_HEADER,
+        PICKER_SETS,
+        REFUSED_AT_THE_PICKER,
+        TENANT_HEADER,
+    )
+    from vllm_gke.policies import inference_gateway, rules
 
     assert (rules.OBJECTIVE_HEADER, rules.PICKER_SETS, rules.REFUSED_AT_THE_PICKER) == (
         OBJECTIVE_HEADER, PICKER_SETS, REFUSED_AT_THE_PICKER)
+    assert (inference_gateway.FAIRNESS_HEADER, inference_gateway.TENANT_HEADER) == (FAIRNESS_HEADER, TENANT_HEADER)
 
 
 def test_limit_store_without_strict_mtls_is_caught(plans):

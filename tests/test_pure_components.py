@@ -14,7 +14,6 @@ from vllm_gke.components.model.gateway_routes import (
     HTTPS_LISTENER,
     LENGTH_HINT_HEADER,
     MAX_DRAINING_S,
-    PICKER_HEADER_REFUSED_PATH,
     PickerTarget,
     gateway_spec,
     https_redirect,
@@ -49,7 +48,6 @@ from vllm_gke.components.model.picker import (
     EXT_PROC_PORT,
     GMP_NAMESPACES,
     METRICS_PORT,
-    SCORER_WEIGHTS,
     gmp_collectors,
     objective_spec,
     picker_config,
@@ -62,12 +60,12 @@ from vllm_gke.components.model.picker import (
 from vllm_gke.components.model.serving_api import (
     ISSUER_HEADER,
     OBJECTIVE_HEADER,
-    REFUSED_AT_THE_PICKER,
     SUBJECT_HEADER,
+    TENANT_HEADER,
     VERIFIED_HEADERS,
     tenant_routes,
 )
-from vllm_gke.components.model.specs import GatewaySpec, MonitoringSpec, NodePoolSpec, TenantSpec
+from vllm_gke.components.model.specs import GatewaySpec, MonitoringSpec, NodePoolSpec, PickerSpec, TenantSpec
 from vllm_gke.components.model.tenant_policies import allow_tenant, jwt_rules
 from vllm_gke.components.model.weights_layout import SERVER_SA
 
@@ -127,18 +125,18 @@ def test_placement_selects_the_class_or_the_pool_and_tolerates_the_accelerator()
 
 
 def test_the_picker_config_is_the_charts_default_profile():
-    config = yaml.safe_load(picker_config())
-    assert [p["type"] for p in config["plugins"]] == [name for name, _ in SCORER_WEIGHTS]
-    assert config["schedulingProfiles"][0]["plugins"] == [{"pluginRef": n, "weight": w} for n, w in SCORER_WEIGHTS]
+    config = yaml.safe_load(picker_config(PickerSpec()))
+    weights = [("queue-scorer", 2), ("kv-cache-utilization-scorer", 2), ("prefix-cache-scorer", 3)]
+    assert config["schedulingProfiles"][0]["plugins"] == [{"pluginRef": n, "weight": w} for n, w in weights]
 
 
-def test_the_picker_container_names_its_pool_and_the_releases_metrics():
-    c = picker_container("m", "serving", "img:1", {"--kv-cache-usage-percentage-metric": "vllm:kv", "--a": "b"})
+def test_the_picker_container_names_its_pool_and_sets_no_metric_flag():
+    c = picker_container("m", "serving", "img:1", 600)
     args = c["args"]
     assert args[:4] == ["--pool-name", "m", "--pool-namespace", "serving"]
-    assert args[-4:] == ["--a", "b", "--kv-cache-usage-percentage-metric", "vllm:kv"]  # sorted by flag
+    assert not [a for a in args if str(a).endswith("-metric")]  # fatal at v0.10.0
     assert "--ha-enable-leader-election" in args and "--enable-pprof=false" in args
-    spec = picker_deployment_spec("m-epp", c, "abc")
+    spec = picker_deployment_spec("m-epp", c, "abc", 600, "m-router-epp")
     template = spec["template"]
     assert template["metadata"]["labels"]["sidecar.istio.io/inject"] == "false"
     assert template["metadata"]["annotations"]["vllm-gke.io/config-sha256"] == "abc"
@@ -201,16 +199,16 @@ def test_length_rules_send_long_bodies_and_hints_to_the_long_pool_with_its_canar
     assert route_spec({"name": GATEWAY_NAME}, [rest], "api.example.com")["hostnames"] == ["api.example.com"]
 
 
-def test_picker_rules_refuse_control_headers_first_and_set_the_tenants_objective():
+def test_picker_rules_require_the_objective_and_tenant_the_identity_extension_set():
     picker = PickerTarget("m", "acme.m", "acme", routes=(("/v1/completions", "POST"), ("/v1/models", "GET")))
-    refused, completions, models = picker_rules("acme/m", picker)
-    assert len(refused["matches"]) == 2 * len(REFUSED_AT_THE_PICKER)
-    assert refused["filters"][0]["requestRedirect"]["path"]["replaceFullPath"] == PICKER_HEADER_REFUSED_PATH
-    own = {"type": "Exact", "name": OBJECTIVE_HEADER, "value": "acme.m"}
+    completions, models = picker_rules("acme/m", picker)
+    verified = [{"type": "Exact", "name": OBJECTIVE_HEADER, "value": "acme.m"},
+                {"type": "Exact", "name": TENANT_HEADER, "value": "acme"}]
     assert completions["matches"][0]["path"] == {"type": "Exact", "value": "/acme/m/v1/completions"}
-    assert completions["matches"][0]["headers"][0] == own and len(completions["matches"][0]["headers"]) == 2
-    assert models["matches"][0]["headers"] == [own]  # no body, no Content-Length bound
+    assert completions["matches"][0]["headers"][:2] == verified and len(completions["matches"][0]["headers"]) == 3
+    assert models["matches"][0]["headers"] == verified  # no body, no Content-Length bound
     assert models["backendRefs"] == [pool_ref("m")]
+    assert models["filters"][0]["requestHeaderModifier"] == {"remove": list(VERIFIED_HEADERS)}
 
 
 def test_service_backend_policy_keeps_draining_within_the_load_balancers_bound():

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Optional
 
 from .k8s_objects import ACCESS_LABEL
 from .picker import pool_ref
-from .serving_api import FAIRNESS_HEADER, OBJECTIVE_HEADER, REFUSED_AT_THE_PICKER, VERIFIED_HEADERS
+from .serving_api import OBJECTIVE_HEADER, PICKER_PATHS, TENANT_HEADER, VERIFIED_HEADERS
 from .specs import GatewaySpec
 from .vllm_server import drain_seconds
 
@@ -19,8 +19,6 @@ HTTP_LISTENER = "http"
 HTTPS_LISTENER = "https"
 # GCPBackendPolicy's connectionDraining.drainingTimeoutSec upper bound (Cloud Load Balancing).
 MAX_DRAINING_S = 3600
-# Where a request carrying a picker control header is redirected: no route serves it (404).
-PICKER_HEADER_REFUSED_PATH = "/vllm-gke/errors/gateway-control-header-not-allowed"
 
 
 def at_least_regex(n: int) -> str:
@@ -85,18 +83,16 @@ def service_ref(service: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class PickerTarget:
-    """A model's InferencePool as one tenant reaches it. The tenant must send its own objective
-    (no other value is routed) and may not send the picker's other control headers (refused):
-    the picker reads the request before route-level header changes apply (envoy#15012), so
-    neither its priority nor its replica is the client's to choose. The route also sets them
-    for the replica, whose mesh policy and guard check the same objective."""
+    """A model's InferencePool as one tenant reaches it: only requests the tenant identity extension
+    verified as the tenant's (images/vllm_gke_identity) match, by the objective and the tenant it
+    set; a client's own copies never get that far (the extension removes them, and fails closed)."""
 
     pool_name: str
     objective: str
     tenant: str
     # (path, method) pairs the picker serves (serving_api.picker_routes()).
-    routes: tuple[tuple[str, str], ...] = (("/v1/chat/completions", "POST"), ("/v1/completions", "POST"),
-                                           ("/v1/models", "GET"))
+    routes: tuple[tuple[str, str], ...] = tuple(
+        (p, "GET" if p == "/v1/models" else "POST") for p in PICKER_PATHS)
     # The largest Content-Length a body may declare (the picker buffers it whole).
     max_body_bytes: int = 1 << 20
 
@@ -182,39 +178,31 @@ def length_rules(path_prefix: str, long_request_bytes: int, short_backends: list
 
 
 def picker_rules(path_prefix: str, picker: PickerTarget) -> list[dict[str, Any]]:
-    """One rule per route the picker serves, each requiring the tenant's own objective and,
-    for a body, a Content-Length within the limit (no chunked or oversized body reaches the
-    picker, which buffers it whole); and first a rule that answers any request carrying one
-    of the picker's other control headers with a redirect to a path nothing serves. Each of
-    its matches is a served match plus that header, so it outranks the served rule by header
-    count (Gateway API precedence), whatever the implementation does with ties."""
+    """One rule per route the picker serves, each requiring what the tenant identity extension set
+    from the tenant's verified token (its objective for this model and the tenant) and, for a body,
+    a Content-Length within the limit (no chunked or oversized body reaches the picker, which
+    buffers it whole). A request without them matches nothing here: 404 from the load balancer,
+    no picker, no GPU. No rule refuses the picker's other control headers any more: the extension
+    removes every client copy before any route is chosen (a refusing rule per header and route
+    would multiply the route's matches for nothing the extension lets through)."""
     prefix = f"/{path_prefix}"
-    own = {"type": "Exact", "name": OBJECTIVE_HEADER, "value": picker.objective}
+    verified = [{"type": "Exact", "name": OBJECTIVE_HEADER, "value": picker.objective},
+                {"type": "Exact", "name": TENANT_HEADER, "value": picker.tenant}]
     length = {"type": "RegularExpression", "name": "content-length", "value": at_most_regex(picker.max_body_bytes)}
 
     def served(path: str, method: str) -> dict[str, Any]:
         # No method match (GKE's conformance reports list it as unsupported): the mesh and the
         # guard refuse a wrong method; a body route still needs its bounded Content-Length.
         return {"path": {"type": "Exact", "value": f"{prefix}{path}"},
-                "headers": [own, *([length] if method == "POST" else [])]}
+                "headers": [*verified, *([length] if method == "POST" else [])]}
 
-    headers = {"type": "RequestHeaderModifier", "requestHeaderModifier": {
-        "set": [{"name": OBJECTIVE_HEADER, "value": picker.objective},
-                {"name": FAIRNESS_HEADER, "value": picker.tenant}],
-        "remove": [*VERIFIED_HEADERS, *REFUSED_AT_THE_PICKER]}}  # never PICKER_SETS: see serving_api
+    # The issuer and subject are Istio's to write at the replica: a client's copies are dropped.
+    # Never PICKER_SETS (serving_api says why); the extension's headers go on to the replica's guard.
+    strip = {"type": "RequestHeaderModifier", "requestHeaderModifier": {"remove": list(VERIFIED_HEADERS)}}
     backend = pool_ref(picker.pool_name)
-
-    def with_header(match: dict[str, Any], header: str) -> dict[str, Any]:
-        return {**match, "headers": [*match["headers"], {"type": "RegularExpression", "name": header, "value": ".*"}]}
-
-    refused = {"matches": [with_header(served(path, method), header)
-                           for path, method in picker.routes for header in REFUSED_AT_THE_PICKER],
-               "filters": [{"type": "RequestRedirect", "requestRedirect": {
-                   "path": {"type": "ReplaceFullPath", "replaceFullPath": PICKER_HEADER_REFUSED_PATH},
-                   "statusCode": 302}}]}
     # Forwarded as sent (no URLRewrite, as above): the picker reads no path, the guard strips the prefix.
-    return [refused, *({"matches": [served(path, method)], "filters": [headers], "backendRefs": [backend]}
-                       for path, method in picker.routes)]
+    return [{"matches": [served(path, method)], "filters": [strip], "backendRefs": [backend]}
+            for path, method in picker.routes]
 
 
 @dataclass(frozen=True)

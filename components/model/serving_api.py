@@ -24,26 +24,40 @@ ISSUER_HEADER = "x-vllm-gke-issuer"
 SUBJECT_HEADER = "x-vllm-gke-subject"
 # What Istio writes from the verified token: no client copy may reach the mesh.
 VERIFIED_HEADERS = (ISSUER_HEADER, SUBJECT_HEADER)
-# The endpoint picker's request headers (gateway-api-inference-extension v1.2.0
-# pkg/epp/metadata/consts.go:31-36): the objective names the tenant's InferenceObjective (its
-# priority), the fairness id its flow (read by flow control only), the rewrite header a model
-# name it would put in the body. The picker reads the request as the client sent it: route-level
-# header changes are applied after ext_proc (envoy#15012), so a route that only sets the
-# objective may not be what the picker sees. Routes therefore require the tenant's own objective
-# (no other value is routed) and refuse the other headers the picker reads; they still set the
-# objective and fairness id, and strip what the picker reads, for the replica.
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
-FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
-MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
-# What the picker sets on the request it answers for (pkg/epp/handlers/request.go:106-134, with
+# The endpoint picker's request headers (llm-d-router v0.10.0 pkg/epp/metadata/consts.go:37-77;
+# for each pair the x-llm-d-* name wins, consts.go:89-101): the objective names the tenant's
+# InferenceObjective (its priority band), the fairness id its flow within the band, the others a
+# model rewrite and latency targets. The picker reads the request before route-level header
+# changes apply (envoy#15012), so no route can set them for it: the tenant identity extension
+# (images/vllm_gke_identity, a GCPRoutingExtension that runs before route selection) removes
+# every client copy of all of them and sets the objective, the fairness id and TENANT_HEADER
+# from the tenant whose token it verified; the picker's routes match on those.
+OBJECTIVE_HEADER = "x-llm-d-inference-objective"
+FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
+MODEL_REWRITE_HEADER = "x-llm-d-model-name-rewrite"
+# The verified tenant (the extension sets it; the picker's routes match on it with the objective).
+TENANT_HEADER = "x-vllm-gke-tenant"
+# Every header the picker reads to choose a priority, a flow, a model or a deadline, in both
+# spellings: no client copy passes the extension.
+PICKER_CONTROL_HEADERS = (
+    OBJECTIVE_HEADER, "x-gateway-inference-objective",
+    FAIRNESS_HEADER, "x-gateway-inference-fairness-id",
+    MODEL_REWRITE_HEADER, "x-gateway-model-name-rewrite",
+    "x-llm-d-slo-ttft-ms", "x-slo-ttft-ms",
+    "x-llm-d-slo-tpot-ms", "x-slo-tpot-ms",
+)
+# What the extension removes from every request, and what it sets from a verified token.
+IDENTITY_STRIPS = (*PICKER_CONTROL_HEADERS, TENANT_HEADER)
+IDENTITY_SETS = (OBJECTIVE_HEADER, FAIRNESS_HEADER, TENANT_HEADER)
+# What the picker sets on the request it answers for (pkg/epp/handlers/request.go, with
 # ClearRouteCache): a route must neither match on it (a route re-matched after the picker would
 # send every request elsewhere) nor strip it (filters applied after ext_proc would drop the
 # picker's choice). A client's copy is overwritten by the picker.
 PICKER_SETS = ("x-gateway-destination-endpoint",)
-# llm-d's router (the picker's new home) reads this name before the objective above from v0.9.0:
-# refused too, so a later pin cannot open a second way to choose a priority.
-LLMD_OBJECTIVE_HEADER = "x-llm-d-inference-objective"
-REFUSED_AT_THE_PICKER = (MODEL_REWRITE_HEADER, LLMD_OBJECTIVE_HEADER)
+# Headers a client may not choose that no route can refuse either (the picker reads them before
+# route filters apply): the extension strips them; kept under this name for the policy pack and
+# the contracts, which check that nothing routes a client's copy to a pool.
+REFUSED_AT_THE_PICKER = tuple(h for h in PICKER_CONTROL_HEADERS if h not in (OBJECTIVE_HEADER, FAIRNESS_HEADER))
 # Envoy's inbound passthrough connects to the application from this address.
 SIDECAR_PEER = "127.0.0.6"
 
@@ -78,13 +92,17 @@ TENANT_ROUTES: tuple[Route, ...] = (
 OPEN_ROUTES: tuple[Route, ...] = (Route("/health", "GET", "info"), Route("/metrics", "GET", "info"))
 
 
-# What the pinned picker serves (gateway-api-inference-extension v1.2.0): it buffers and decodes
-# every body, requires a string `model`, and parses only a non-empty string `prompt` or a
-# `messages` list of message objects (pkg/epp/requestcontrol/director.go:114-127,
-# pkg/epp/util/request/body.go:27-58); anything else - embeddings, responses, pooling, a prompt
-# list or token ids, a chat batch - it answers 400 in its own format. A body-less GET goes to a
-# random replica (pkg/epp/handlers/request.go:41-55). Only these are routed behind it.
-PICKER_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+# What the picker parses (llm-d-router v0.10.0: its default openai-parser and anthropic-parser pick a
+# parser by path suffix, pkg/epp/handlers/parsers.go:89-102, openai/openai.go:90-104,
+# anthropic/anthropic.go:68-73): chat and completions, the Responses API (`input` required; no
+# precise prefix score: the vllm tokenizer backend renders no Responses, tokenizer/backend.go:107-136)
+# and Anthropic Messages (>= 1 message). It answers 400 to a body on any path no parser claims
+# (parsers.go:97-101), so the chat batch, /v1/score and /v1/rerank stay off its routes, and
+# embeddings too (a pooling model is not what a generation pool serves). A body-less GET goes to
+# a random replica (pkg/epp/handlers/request.go:42-47). The Responses store stays off
+# (VLLM_ENABLE_RESPONSES_API_STORE unset): the guard admits only POST /v1/responses, so
+# GET /v1/responses/{id} and its cancel are 404 (a stored response has no owner check in vLLM).
+PICKER_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/models")
 # The picker holds a whole body in memory before any JWT is checked: its routes admit only bodies
 # with a Content-Length up to this many bytes per token of the pool's context (at least 1 MiB).
 PICKER_BYTES_PER_TOKEN = 16

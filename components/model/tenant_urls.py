@@ -1,8 +1,9 @@
 """Where each tenant calls each of its models: the path the Gateway routes, and why there.
 
 A model with length routing is shared at /<model>/v1; behind the endpoint picker the tenant is in
-the path (/<tenant>/<model>/v1: the route sets the tenant's objective, so its priority is bound
-to its token); a tenant's dedicated copy is at /<tenant>/<model>/v1 too. The program declares
+the path (/<tenant>/<model>/v1: the tenant identity extension verifies the token as that tenant's
+and sets its objective and fairness id, so its priority is bound to its token, and the client sends
+no header of its own); a tenant's dedicated copy is at /<tenant>/<model>/v1 too. The program declares
 its routes from `path_prefix` (serving_api: the guard and the mesh take the same prefixes), and the
 plan prints `tenant_urls`, so they cannot differ.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .serving_api import OBJECTIVE_HEADER, objective_name, path_prefix
+from .serving_api import path_prefix
 from .stack_config import StackConfig
 
 
@@ -22,7 +23,8 @@ class TenantUrl:
     url: str
     # "shared" (length routing), "endpoint picker" or "dedicated"
     via: str
-    # The header every request must carry (behind the picker: the tenant's objective), or "".
+    # A header every request must carry besides its token, or "" (none does: behind the picker the
+    # identity extension sets the tenant's objective from the token).
     header: str = ""
 
 
@@ -40,10 +42,7 @@ def tenant_urls(cfg: StackConfig) -> list[TenantUrl]:
             model = cfg.model(name)
             via = "dedicated" if name in dedicated else (
                 "endpoint picker" if model.routing == "inference-gateway" else "shared")
-            header = (f"{OBJECTIVE_HEADER}: {objective_name(tenant.name, name)}"
-                      if model.routing == "inference-gateway" else "")
-            out.append(TenantUrl(tenant.name, name, f"{base}/{path_prefix(model, tenant, name in dedicated)}/v1", via,
-                                 header))
+            out.append(TenantUrl(tenant.name, name, f"{base}/{path_prefix(model, tenant, name in dedicated)}/v1", via))
     return out
 
 
@@ -53,5 +52,5 @@ def url_notes(cfg: StackConfig) -> list[str]:
     if not picked:
         return []
     return [f"{', '.join(picked)}: behind the endpoint picker each tenant calls /<tenant>/<model>/v1 with its "
-            f"{OBJECTIVE_HEADER} header, not the shared /<model>/v1; switching a model's routing moves its "
-            "tenants' URLs (tell them first)"]
+            "token (no other header: the identity extension sets its objective from the token), not the shared "
+            "/<model>/v1; switching a model's routing moves its tenants' URLs (tell them first)"]
