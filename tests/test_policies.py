@@ -408,7 +408,7 @@ def test_a_gateway_backend_without_a_health_check_is_flagged(prod_by_hand):
 
 def test_inference_pool_needs_its_picker_health_check_and_a_proxy_only_subnet(plans):
     rs = resources(plans["staging"])
-    rs.remove(kind(rs, "Deployment", "llama-8b-epp"))
+    rs.remove(kind(rs, "Deployment", "llama-8b-router-epp"))
     rs.remove(kind(rs, "HealthCheckPolicy", "llama-8b"))
     rs[:] = [r for r in rs if r.props.get("purpose") != "REGIONAL_MANAGED_PROXY"]
     messages = [v.message for v in violations_of(rs, "inference-pools-served")]

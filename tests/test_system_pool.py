@@ -27,7 +27,7 @@ def test_staging_loaders_beside_the_picker_need_more_than_one_system_node(plans)
     (issue,) = err.value.issues
     assert issue.key == "vllm-gke:cluster.systemMaxNodes"
     # the picker's two replicas, the standby and KEDA stay; a 2-CPU loader beside them never starts
-    assert "Deployment vllm/llama-8b-epp 2000m" in issue.problem
+    assert "Deployment vllm/llama-8b-router-epp 2000m" in issue.problem
     assert "the largest pod that comes and goes (" in issue.problem and "would never start" in issue.problem
     check_system_pool("e2-standard-4", 2, plans["staging"].manifests())  # a second node holds it
 
@@ -53,12 +53,12 @@ def test_loaders_queue_but_one_too_large_for_any_node_is_refused(plan_variant):
 
 def test_demand_counts_surges_sidecars_and_charts(plans):
     rows = {r.what: r for r in system_demand(plans["staging"].manifests())}
-    picker = rows["Deployment vllm/llama-8b-epp"]
+    picker = rows["Deployment vllm/llama-8b-router-epp"]
     assert (picker.pods, picker.steady) == (2, True)
     assert picker.cpu_m == 1000  # outside the mesh (label sidecar.istio.io/inject: "false"): no sidecar
     standby = rows["Deployment vllm/mistral-7b-long-standby"]
     assert standby.cpu_m == 50 + 100  # the standby and its mesh sidecar (Istio's default requests)
-    surge = rows["Deployment vllm/llama-8b-epp (surge)"]
+    surge = rows["Deployment vllm/llama-8b-router-epp (surge)"]
     assert (surge.pods, surge.steady) == (2, False)  # maxSurge 100%: both new pods at once
     assert not rows["Job vllm-gke-system/load-llama-8b"].steady
     assert {"KEDA operator", "KEDA metrics server", "KEDA webhooks"} <= set(rows)

@@ -51,6 +51,9 @@ CONFIG_FIELDS: dict[str, dict[str, int]] = {
     "PriorityBandConfig": {"priority": 486, "maxBytes": 493, "maxRequests": 500, "fairnessPolicyRef": 505,
                            "orderingPolicyRef": 510},
 }
+# Tags that still decode but are deprecated (moved under flowControl and requestHandler,
+# loader/configloader.go:98-122): the check refuses them as it refuses unknown ones.
+DEPRECATED_FIELDS: dict[str, dict[str, int]] = {"EndpointPickerConfig": {"saturationDetector": 71, "parser": 78}}
 # Which struct a key's value (or each item of it) decodes into.
 CONFIG_NESTING: dict[tuple[str, str], str] = {
     ("EndpointPickerConfig", "plugins"): "PluginSpec", ("EndpointPickerConfig", "schedulingProfiles"): "SchedulingProfile",
