@@ -100,6 +100,20 @@ class Distribution(str, Enum):
     FIXED = 'fixed'
 
 
+class FailureMode(str, Enum):
+    """What the load balancer does while no picker answers. FailClose (the default): the request fails (500) - no tenant's priority, queue or shedding is bypassed. FailOpen: the load balancer sends it to a replica of its own choosing, with no priorities, no queueing, no prefix or load awareness, for as long as the picker is down (a leader's crash: up to 15 s)."""
+
+    FAILCLOSE = 'FailClose'
+    FAILOPEN = 'FailOpen'
+
+
+class PrefixCache(str, Enum):
+    """How the prefix-cache scorer knows what a replica holds. approximate: the picker's own record of what it sent where. precise: vLLM's KV-cache events (ZMQ, readable by the picker's pods alone) and a tokenizer sidecar (1 CPU, 2 GiB per picker replica on the system pool) reading the model's shared weights; CUDA pools only (components/model/picker_prefix.py)."""
+
+    APPROXIMATE = 'approximate'
+    PRECISE = 'precise'
+
+
 class AuthorizedNetwork(TypedDict):
     """AuthorizedNetwork settings (see docs/reference/config.md)."""
 
@@ -421,7 +435,7 @@ class TenantSpec(TypedDict):
     dedicated: NotRequired[DedicatedSpec]
     """Replicas of the tenant's own."""
     priority: NotRequired[int]
-    """Priority of the tenant's requests: 0, the default, is never shed; a negative one is shed (429 with Retry-After) while a replica's queue time is over monitoring.queueLatencySloSeconds, the most negative tier first, one more each second it stays over (the in-server guard). On models with routing: inference-gateway it is also the tenant's InferenceObjective's: the pinned endpoint picker (gateway-api-inference-extension v1.2.0, without its experimental flow control) sheds negative priorities while every replica is saturated (more than 5 requests waiting or KV cache over 80% on each) and orders nothing by priority, so a positive value would change nothing and is refused. Default: 0."""
+    """Priority of the tenant's requests (-100 to 100, default 0). In the in-server guard, a negative one is shed (429 with Retry-After) while a replica's queue time is over monitoring.queueLatencySloSeconds, the most negative tier first; 0 and above never are. On models with routing: inference-gateway it is also the tenant's InferenceObjective's (llm-d-router v0.10.0, picker.flowControl on): each distinct priority is a band of the picker's queue; while the pool is saturated the highest band is dispatched first (processor.go:402-414), the tenants of one band in turn (round robin over their fairness ids), first come first served within a tenant. A full band or a wait past picker.flowControl.queueTtlSeconds answers 429, 503 while the pool has no replica (requestcontrol/admission.go:240-285); negative bands have picker.flowControl's small sheddable bounds, so they are shed first. With flow control off, only negative ones are shed (429 while saturated) and positive ones change nothing. Default: 0."""
 
 
 class GatewaySpec(TypedDict):
@@ -669,6 +683,71 @@ class RolloutSpec(TypedDict):
     """The loadTests entries the canaries' pre-rollout and load webhooks start, so the analysis has traffic to judge at any hour: each for the canaries of the pools its tenant's route reaches (its model's shared pools, or the tenant's dedicated copy). Unset: every load test of the stack."""
 
 
+class PickerScorers(TypedDict):
+    """The weights of the scheduling profile's scorers: each replica's score is the weighted sum,
+    the highest wins. 0 leaves a scorer out."""
+
+    queue: NotRequired[int]
+    """Fewest requests waiting in the replica's vLLM queue (vllm:num_requests_waiting). Default: 2."""
+    kv_cache_utilization: NotRequired[int]
+    """Most free KV cache (1 - vllm:kv_cache_usage_perc). Default: 2."""
+    prefix_cache: NotRequired[int]
+    """Longest prompt prefix the replica likely holds in its prefix cache (the picker's own approximate index of what it sent where; tenants' cache_salt keeps their blocks apart). Default: 3."""
+
+
+class PickerSaturation(TypedDict):
+    """When the pool counts as saturated (the picker's utilization-detector): the mean over replicas
+    of max(waiting / queueDepthThreshold, KV-cache use / kvCacheUtilThreshold) reaching 1. While it
+    is, flow control holds requests in their bands (without flow control, negative priorities are
+    shed with 429)."""
+
+    queue_depth_threshold: NotRequired[int]
+    """Requests waiting in a replica's vLLM queue that count as full. Default: 5."""
+    kv_cache_util_threshold: NotRequired[float]
+    """Share of a replica's KV cache in use that counts as full. Default: 0.8."""
+    metrics_staleness_ms: NotRequired[int]
+    """Age after which a replica's scraped metrics count as stale, milliseconds: a stale replica counts as full (so a picker cut off from the replicas queues rather than overloads them). Default: 200."""
+
+
+class PickerFlowControl(TypedDict):
+    """Flow control: while the pool is saturated the picker queues requests in priority bands (one
+    per tenant priority), dispatching the highest band first and, within a band, the tenants in turn
+    (round robin over fairness ids, first come first served within a tenant); bounded queues and a
+    time-to-live shed what cannot wait."""
+
+    enabled: NotRequired[bool]
+    """Queue by priority (the picker's flowControl feature gate). Off: nothing waits in the picker, positive priorities change nothing and negative ones are shed (429) while saturated. Default: true."""
+    queue_ttl_seconds: NotRequired[int]
+    """Longest a request waits in the picker's queue, seconds; then 429 (503 while the pool has no replica). Must stay below gateway.requestTimeoutSeconds: the load balancer's backend timeout counts the wait too, and past it the client gets the load balancer's error instead. Default: 60."""
+    band_max_requests: NotRequired[int]
+    """Requests one band (priority >= 0) may hold queued and in flight; beyond it, 429. Default: 1000."""
+    band_max_bytes_mib: NotRequired[int]
+    """Bytes of request bodies one band (priority >= 0) may hold, MiB. Default: 512."""
+    sheddable_max_requests: NotRequired[int]
+    """The same bounds for each negative-priority band: small, so sheddable tenants are shed first. Default: 50."""
+    sheddable_max_bytes_mib: NotRequired[int]
+    """Sheddable max bytes mib. Default: 64."""
+    max_requests: NotRequired[int]
+    """Bounds across all bands: the queued bodies live in the picker's memory (a 4 GiB limit). Default: 2000."""
+    max_bytes_mib: NotRequired[int]
+    """Max bytes mib. Default: 1024."""
+
+
+class PickerSpec(TypedDict):
+    """The endpoint picker of every model with routing: inference-gateway."""
+
+    failure_mode: NotRequired[FailureMode]
+    """What the load balancer does while no picker answers. FailClose (the default): the request fails (500) - no tenant's priority, queue or shedding is bypassed. FailOpen: the load balancer sends it to a replica of its own choosing, with no priorities, no queueing, no prefix or load awareness, for as long as the picker is down (a leader's crash: up to 15 s). One of: FailClose, FailOpen. Default: FailClose."""
+    prefix_cache: NotRequired[PrefixCache]
+    """How the prefix-cache scorer knows what a replica holds. approximate: the picker's own record of what it sent where. precise: vLLM's KV-cache events (ZMQ, readable by the picker's pods alone) and a tokenizer sidecar (1 CPU, 2 GiB per picker replica on the system pool) reading the model's shared weights; CUDA pools only (components/model/picker_prefix.py). One of: approximate, precise. Default: approximate."""
+    scorers: NotRequired[PickerScorers]
+    """The scorers' weights."""
+    saturation: NotRequired[PickerSaturation]
+    """When the pool counts as saturated."""
+    flow_control: NotRequired[PickerFlowControl]
+    """Priority bands, fairness and bounded queues while saturated."""
+
+
 class StackConfig(TypedDict):
     """A whole platform's settings: what one stack's config holds (see docs/reference/config.md)."""
 
@@ -712,3 +791,5 @@ class StackConfig(TypedDict):
     """On-demand load tests of tenants' routes (suspended CronJobs running inference-perf)."""
     rollouts: NotRequired[RolloutSpec]
     """Progressive delivery: Flagger canaries gated by the SLOs (off: a change rolls in place)."""
+    picker: NotRequired[PickerSpec]
+    """The endpoint picker of models with routing: inference-gateway: failure mode, scorers, saturation, flow control."""
