@@ -23,6 +23,9 @@ from vllm_gke.infra.config import parse
 from vllm_gke.policies.rules import Resource, evaluate
 
 
+LLMD_CRD_FILES = ("llmd-router-v0.10.0-inferenceobjectives.yaml", "llmd-router-v0.10.0-inferencemodelrewrites.yaml")
+
+
 def picker_at_zero(values: dict[str, Any]) -> None:
     """staging's llama-8b (behind the picker, one Deployment a replica) allowed to go to zero."""
     (llama,) = [m for m in values["vllm-gke:models"] if m["name"] == "llama-8b"]
@@ -201,7 +204,8 @@ def test_a_picker_pool_at_zero_on_the_control_plane_has_no_ready_endpoint_and_sc
     plan = plan_variant("staging", picker_at_zero)
     cp = ControlPlane(Path(tempfile.mkdtemp(prefix="k8s-picker-zero-")))
     try:
-        for name in CRD_FILES:
+        # The picker's objectives are llm-d.ai's (llm-d-router v0.10.0), beside the pinned files.
+        for name in dict.fromkeys((*CRD_FILES, *LLMD_CRD_FILES)):
             cp.kubectl("apply", "--server-side", "-f", str(CRDS / name), timeout=300)
         crds_established(cp)
         docs = apply_stack(cp, plan)
@@ -222,8 +226,8 @@ def test_a_picker_pool_at_zero_on_the_control_plane_has_no_ready_endpoint_and_sc
         settle(cp, timeout=240)
         assert [n for n in ready() if n.startswith("llama-8b-short-")] == ready() and len(ready()) == 1
         cp.kubectl("scale", "deployment", "llama-8b-short", "-n", "vllm", "--replicas=0")
-        cp.wait_until("llama-8b-short at zero", lambda: not ready())
-        assert not [p for p in cp.get("pods", "-n", "vllm")["items"] if p["metadata"]["name"].startswith("llama-8b-short")]
+        cp.wait_until("llama-8b-short at zero", lambda: not ready() and not [
+            p for p in cp.get("pods", "-n", "vllm")["items"] if p["metadata"]["name"].startswith("llama-8b-short-")])
     finally:
         cp.down()
 
