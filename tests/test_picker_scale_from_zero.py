@@ -18,10 +18,10 @@ import pytest
 from tests.k8s_cluster import CONTROL_PLANE, CRD_FILES, CRDS, ControlPlane, apply_stack, crds_established, settle
 from vllm_gke.components.model.keda_scaling import picker_wake_query
 from vllm_gke.components.model.picker_wake import PickerWake, picker_wakes
+from vllm_gke.components.model.serving_plan import pool_services, servings
 from vllm_gke.infra.advice import plan_warnings
 from vllm_gke.infra.config import parse
 from vllm_gke.policies.rules import Resource, evaluate
-
 
 LLMD_CRD_FILES = ("llmd-router-v0.10.0-inferenceobjectives.yaml", "llmd-router-v0.10.0-inferencemodelrewrites.yaml")
 
@@ -240,8 +240,6 @@ def test_a_picker_pool_with_a_floor_selects_vllm_pods_only(plan_variant):
 
 
 def test_the_serving_plan_names_a_standby_or_the_pickers_pool_to_wake_on(stack_values):
-    from vllm_gke.components.model.serving_plan import pool_services, servings
-
     cfg = parse(stack_values["frontier"])
     wake = {p.key: (p.standby_name, p.picker_pool) for s in servings(cfg) for p in pool_services(cfg, s)
             if p.pool.min_replicas == 0}
