@@ -28,14 +28,16 @@ from vllm_gke.infra.system_pool import FLAGGER_PODS, KEDA_PODS, LWS_PODS
 SHARED = REPO_ROOT.parent / "shared"
 CONTROL_PLANE = SHARED / "k8s" / "controlplane.py"
 CRDS = SHARED / "upstream-crds"
-# One CRD file per kind: the versions the stacks pin (gie v1.2.0's InferencePool: the picker's).
+# One CRD file per kind: the versions the stacks pin (gie v1.5.0's InferencePool, which llm-d-router
+# v0.10.0 deploys with, and its llm-d.ai kinds: the picker's; v1.2.0's objective CRD, which the stack keeps).
 CRD_FILES = (
     "gwapi-v1.6.1-gateways.yaml", "gwapi-v1.6.1-httproutes.yaml", "istio-1.30.3-crds.yaml",
     "gmp-v0.17.2-podmonitorings.yaml", "gke-gcpbackendpolicy-v1-from-datree-bb63420.yaml",
     "gke-healthcheckpolicy-v1-from-datree-bb63420.yaml", "sscsi-v1.6.0-spc.yaml",
     "gke-computeclass-v1-from-datree-77e4983.yaml", "gke-gcpdatasource-v1-from-datree-bc448ef.yaml",
     "keda-chart-v2.20.2-scaledobjects.yaml", "keda-chart-v2.20.2-clustertriggerauthentications.yaml",
-    "gie-v1.2.0-inferencepools.yaml", "gie-v1.2.0-inferenceobjectives.yaml", "lws-v0.10.0-leaderworkersets.yaml",
+    "gie-v1.5.0-inferencepools.yaml", "gie-v1.2.0-inferenceobjectives.yaml", "llmd-router-v0.10.0-inferenceobjectives.yaml",
+    "llmd-router-v0.10.0-inferencemodelrewrites.yaml", "lws-v0.10.0-leaderworkersets.yaml",
     "flagger-v1.44.0-crds.yaml",
 )
 # KEDA holds a paused ScaledObject's target at this count (Flagger pauses a canary's between rollouts).

@@ -242,13 +242,15 @@ def test_the_two_pickers_never_share_a_node(cluster):
         for d in pickers:
             ns, name = d["metadata"]["namespace"], d["metadata"]["name"]
             cp.kubectl("rollout", "restart", "deployment", name, "-n", ns)
-            cp.wait_until(f"{name}'s new pods placed", lambda ns=ns, name=name: [
-                p for p in cp.get("pods", "-n", ns, "-l", f"inferencepool={name}")["items"]
+            sel = ",".join(f"{k}={v}" for k, v in d["spec"]["selector"]["matchLabels"].items())
+            cp.wait_until(f"{name}'s new pods placed", lambda ns=ns, sel=sel: [
+                p for p in cp.get("pods", "-n", ns, "-l", sel)["items"]
                 if not p["metadata"].get("deletionTimestamp")])
         time.sleep(3)  # the scheduler's second try for the Pending one
         for d in pickers:
             ns, name = d["metadata"]["namespace"], d["metadata"]["name"]
-            pods = [p for p in cp.get("pods", "-n", ns, "-l", f"inferencepool={name}")["items"]
+            sel = ",".join(f"{k}={v}" for k, v in d["spec"]["selector"]["matchLabels"].items())
+            pods = [p for p in cp.get("pods", "-n", ns, "-l", sel)["items"]
                     if not p["metadata"].get("deletionTimestamp")]
             nodes = [p["spec"].get("nodeName") for p in pods]
             assert len({n for n in nodes if n}) == len([n for n in nodes if n]), (name, nodes)
