@@ -36,6 +36,21 @@ def is_builtin(doc: dict[str, Any]) -> bool:
     return "." not in group or group.endswith(".k8s.io")
 
 
+# Custom kinds neither published as a CRD source nor dumped into ../shared/upstream-crds: each is
+# checked field by field by the named test against GKE's own reference instead (datreeio's dump of
+# the cluster's schema, read there, not copied here); the plan lists them as not schema-checked.
+UNPUBLISHED_CRDS: dict[tuple[str, str], str] = {
+    ("networking.gke.io/v1", "GCPRoutingExtension"):
+        "GKE publishes no CRD source and the CRD folder holds no dump of it; its fields are checked in "
+        "tests/test_inference_gateway.py (test_the_identity_extension_fronts_the_gateway_failing_closed)",
+}
+
+
+def unpublished(doc: dict[str, Any]) -> Optional[str]:
+    """Why a custom resource has no CRD to be checked against, for the kinds UNPUBLISHED_CRDS names."""
+    return UNPUBLISHED_CRDS.get((doc.get("apiVersion", ""), doc.get("kind", "")))
+
+
 def catalog_or_none(directory: Optional[Path] = None) -> Optional[CrdCatalog]:
     path = directory or crd_dir()
     return load_catalog(path) if path else None
@@ -49,6 +64,8 @@ def validate(doc: dict[str, Any], catalog: Optional[CrdCatalog] = None) -> list[
         if catalog is None:
             return []
         errors = validate_custom_resource(doc, catalog)
+        if errors is None and unpublished(doc):
+            return []
         if errors is None:
             return [f"no upstream CRD for {api_version} {kind} in the CRD folder: add it there"]
         return errors

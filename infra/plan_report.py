@@ -24,6 +24,7 @@ from .manifests import (
     describe,
     is_builtin,
     pod_templates,
+    unpublished,
     validate,
     validate_alert_policy,
     validate_dashboard,
@@ -52,6 +53,8 @@ class PlanReport:
     vllm_args: list[tuple[str, str]]  # (resource, what vLLM's parser refuses)
     monitoring: list[str]  # dashboards, alert policies and SLOs the Cloud Monitoring API would reject
     written: list[Path] = field(default_factory=list[Path])
+    # (resource, why) for each custom resource no CRD can check (infra/manifests.UNPUBLISHED_CRDS).
+    unchecked: list[tuple[str, str]] = field(default_factory=list[tuple[str, str]])
     written_under: Optional[Path] = None  # out/<stack> when the plan wrote its files
 
     @property
@@ -78,11 +81,13 @@ def plan_report(plan: Plan, policy_config: Mapping[str, Any], crds: Optional[Crd
     observability = plan.platform.observability
     assert observability is not None
     report = PlanReport(
-        plan=plan, verdicts=found, manifests=len(docs), custom_resources=sum(not is_builtin(d) for d in docs),
+        plan=plan, verdicts=found, manifests=len(docs),
+        custom_resources=sum(not is_builtin(d) and not unpublished(d) for d in docs),
         custom_resources_checked=catalog is not None, crd_origin=crds.origin,
         manifest_problems=[(describe(doc), errs) for doc in docs if (errs := validate(doc, catalog))],
         broken_contracts=contract_problems(plan), vllm_args=vllm_argv_problems(plan),
-        monitoring=monitoring_problems(observability))
+        monitoring=monitoring_problems(observability),
+        unchecked=[(describe(doc), why) for doc in docs if (why := unpublished(doc))])
     if out is not None:
         report.written = write_plan(plan, out, found.to_json(), pictures(plan.config, found.cost))
         report.written_under = out / plan.stack
@@ -128,6 +133,7 @@ def render_json(report: PlanReport) -> str:
         "monitoring": [str(e) for e in report.monitoring],
         "customResourcesChecked": report.custom_resources_checked,
         "customResourceDefinitions": report.crd_origin,
+        "customResourcesUnchecked": [{"resource": w, "why": why} for w, why in report.unchecked],
     }
     return json.dumps({**report.verdicts.to_json(), "checks": checks, "written": [str(f) for f in report.written]},
                       indent=2, default=str) + "\n"

@@ -145,6 +145,8 @@ def _manifest_checks(report: PlanReport, console: Console) -> None:
     else:
         console.print(f"[green]all {report.manifests} Kubernetes manifests pass schema validation[/]")
     crd_line(console, report.custom_resources, report.custom_resources_checked, report.crd_origin)
+    for what, why in report.unchecked:
+        console.print(f"[yellow]not schema-checked: {escape(what)}: {escape(why)}[/]", highlight=False, soft_wrap=True)
 
 
 def crd_line(console: Console, count: int, checked: bool, origin: str) -> None:

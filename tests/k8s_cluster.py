@@ -22,6 +22,7 @@ from vllm_gke.components.model.node_shapes import (
     MAX_PODS,
     node_shape,
 )
+from vllm_gke.infra.manifests import unpublished
 from vllm_gke.infra.plan import REPO_ROOT, Plan
 from vllm_gke.infra.system_pool import FLAGGER_PODS, KEDA_PODS, LWS_PODS
 
@@ -234,11 +235,33 @@ def apply_stack(cp: ControlPlane, plan: Plan, counts: Optional[dict[str, int]] =
                    for n in sorted(extra)]
     cp.apply(namespaces)
     rest = [d for d in docs if d["kind"] != "Namespace"]
+    stand_ins = unpublished_crds(rest)
+    if stand_ins:
+        cp.apply(stand_ins)
+        crds_established(cp)
     flagger = [_labelled(d) for d in flagger_stand_ins(rest)]
     cp.apply(rest + [_labelled(d) for d in chart_stand_ins(plan)] + flagger)
     docs = [_paused(d, rest) for d in docs] + [d for d in flagger if d["kind"] == "ScaledObject"]
     keda_floor(cp, docs)
     return docs
+
+
+def unpublished_crds(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A CRD that admits any spec for each kind no CRD is published for (infra/manifests.UNPUBLISHED_CRDS):
+    so the API server stores them; their fields are checked elsewhere (the plan says where)."""
+    kinds = {(d["apiVersion"], d["kind"]) for d in docs if unpublished(d)}
+    out = []
+    for api_version, kind in sorted(kinds):
+        group, version = api_version.split("/")
+        plural = kind.lower() + "s"
+        out.append({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                    "metadata": {"name": f"{plural}.{group}"},
+                    "spec": {"group": group, "scope": "Namespaced",
+                             "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
+                             "versions": [{"name": version, "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                                 "type": "object", "properties": {"spec": {
+                                     "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}}}]}})
+    return out
 
 
 def crds_established(cp: "ControlPlane") -> None:
