@@ -59,6 +59,16 @@ def _drop(plan, kind, name):
     plan.resources.remove(_kube(plan, kind, name))
 
 
+def _wake_on_a_made_up_label(plan):
+    """A picker wake trigger selecting the pool by a label the picker's series do not carry."""
+    for r in plan.resources:
+        for t in r.props.get("spec", {}).get("triggers") or [] if r.props.get("kind") == "ScaledObject" else []:
+            if "llm_d_epp_" in str(t.get("metadata", {}).get("query", "")):
+                t["metadata"]["query"] = t["metadata"]["query"].replace("inference_pool=", "pool_name=")
+                return
+    raise AssertionError("no picker wake trigger")
+
+
 def _drop_arg(plan, kind, name, flag, with_value=True):
     args = _container(plan, kind, name)["args"]
     i = args.index(flag)
@@ -435,6 +445,8 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
                                                "reads the bucket before the mesh proxy serves (classic sidecar)"),
     "populator_inputs": ("hyperdisk", _claim_without_cpu_request, "volume-populator.datalayer.gke.io/cpu-request"),
     "picker_finds_the_objectives": ("staging", _objective_elsewhere, "names no InferencePool"),
+    "picker_wake_reads_what_the_picker_exports": ("frontier", _wake_on_a_made_up_label,
+                                                  "is not a series the picker exports"),
     "vllm_exports_what_monitoring_reads": ("dev", _dashboard_reads_a_gone_gauge, "vllm:gpu_cache_usage_perc"),
     "vllm_ttft_buckets_cut_at_the_slo": ("prod", _ttft_buckets_without_the_slo, "no TTFT bucket bound"),
     "guard_reads_queue_series_vllm_exports": ("prod", _several_api_servers, "-dp 2: several API servers"),

@@ -4,6 +4,7 @@ File:line are llm-d/llm-d-router at v0.10.0 (tag commit 71f4f09) unless named ot
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterator, Optional
 
 import yaml
@@ -103,7 +104,8 @@ def _pickers(plan: Plan) -> list[dict[str, Any]]:
 
 
 def _picker_container(d: dict[str, Any]) -> dict[str, Any]:
-    (c,) = d["spec"]["template"]["spec"]["containers"]
+    # The picker's own, beside a precise prefix cache's tokenizer sidecar.
+    (c,) = [c for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "epp"]
     return c
 
 
@@ -371,7 +373,56 @@ def picker_reads_llm_d_objectives(plan: Plan) -> list[str]:
     return out
 
 
+
+# What the picker exports for a pool's queue (pkg/epp/metrics/llm_d_router_metrics.go:28,356-362,402-408:
+# subsystem llm_d_epp; modelLabels model_name, target_model_name), and namespace, which Managed
+# Prometheus adds from the scraped pod.
+PICKER_SERIES = {
+    "llm_d_epp_flow_control_queue_size": {"fairness_id", "priority", "inference_pool", "model_name",
+                                          "target_model_name", "namespace"},
+    "llm_d_epp_flow_control_requests_total": {"outcome", "priority", "inference_pool", "namespace"},
+}
+
+
+def _wake_series(query: str) -> Iterator[tuple[str, set[str], Optional[str]]]:
+    """(metric, label names, inference_pool) of each picker series a query selects."""
+    for metric, labels in re.findall(r"(llm_d_epp_\w+)\{([^}]*)\}", query):
+        pool = re.search(r'inference_pool="([^"]+)"', labels)
+        yield metric, set(re.findall(r"(\w+)\s*[!=]~?", labels)), pool.group(1) if pool else None
+
+
+def picker_wake_reads_what_the_picker_exports(plan: Plan) -> list[str]:
+    """KEDA's picker triggers read series the pinned picker exports, by labels they carry, from a picker
+    whose flow control is on (the series exist only then) and whose /metrics needs no token."""
+    out = []
+    pickers = {(d["metadata"]["namespace"], _flag(_picker_container(d)["args"], "--pool-name")): d
+               for d in _pickers(plan)}
+    for so in _docs(plan, "ScaledObject"):
+        name = f"ScaledObject {so['metadata']['name']}"
+        for trigger in so["spec"].get("triggers") or []:
+            for metric, used, pool in _wake_series(str((trigger.get("metadata") or {}).get("query", ""))):
+                known = PICKER_SERIES.get(metric)
+                if known is None or not used <= known:
+                    out.append(f"{name}: {metric} by {sorted(used)} is not a series the picker exports")
+                picker = pickers.get((so["metadata"]["namespace"], pool))
+                if picker is None:
+                    out.append(f"{name}: no picker of its namespace serves pool {pool}")
+                elif "--metrics-endpoint-auth=false" not in _picker_container(picker)["args"] or \
+                        FLOW_CONTROL_GATE not in (_config_of(plan, picker).get("featureGates") or []):
+                    out.append(f"{name}: its picker exports no queue a scraper can read")
+    return out
+
 ROWS: tuple[Contract, ...] = (
+    Contract("endpoint picker", EPP_VERSION,
+             "exports llm_d_epp_flow_control_queue_size{fairness_id,priority,inference_pool,model_name,"
+             "target_model_name} (requests held in flow control, on the leader only) and "
+             "llm_d_epp_flow_control_requests_total{outcome,priority,inference_pool}, both only with the flowControl "
+             "gate; /metrics needs a Kubernetes token unless --metrics-endpoint-auth=false",
+             f"{SRC}pkg/epp/metrics/llm_d_router_metrics.go:28,356-362,402-408; "
+             "pkg/epp/flowcontrol/controller/controller.go:244-251; pkg/epp/server/options.go:154",
+             "KEDA's wake triggers read those names by those labels (namespace as Managed Prometheus adds it), "
+             "from a picker with flow control on and metrics auth off",
+             picker_wake_reads_what_the_picker_exports),
     Contract("endpoint picker", EPP_VERSION,
              "the metric-name flags are deprecated and fatal when set (exit 1 at start); metric names come from the "
              "core-metrics-extractor, whose built-in vllm engine reads vllm:num_requests_waiting, "
