@@ -3,7 +3,9 @@
 GKE's load balancer calls it (a GCPRoutingExtension on the Gateway, failing closed) with every
 request's headers before it selects a route; it verifies the tenant's token and sets the picker's
 objective, fairness id and the verified tenant, which the picker's routes require, and removes any
-copy a client sent (images/vllm_gke_identity; why: components/model/serving_api.py). Declares its
+copy a client sent (images/vllm_gke_identity; why: components/model/serving_api.py). On the
+picker's body routes it also reads the body (bounded) and sets the tenant's cache_salt in it, so
+the picker's prefix keys match the replica's salted blocks. Declares its
 config, Deployment (two replicas on two nodes, a budget of one disruption, non-root on a read-only
 filesystem, outside the mesh), Service, the load balancer's health check of it, the NetworkPolicy
 that admits only the load balancer's proxies and health checks, and the extension itself, as GKE's
@@ -12,6 +14,7 @@ body-based router is deployed (components/model/identity_extension.py says from 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -74,6 +77,6 @@ class IdentityExtension(pulumi.ComponentResource):
         # Only once its pods answer: from then on every request of the Gateway goes through it.
         self.extension = custom_resource(
             f"{name}-extension", "networking.gke.io/v1", "GCPRoutingExtension", metadata,
-            routing_extension_spec(args.gateway),
+            routing_extension_spec(args.gateway, json.loads(args.config)),
             child_opts(self, opts, provider=args.provider, depends_on=[service, self.deployment]))
         self.register_outputs({"extension": NAME})

@@ -109,7 +109,9 @@ def identity_guarded(resources: Sequence[Resource], gateway: tuple[str, Any]) ->
                    for t in spec.get("targetRefs") or []):
             continue
         chains = spec.get("extensionChains") or []
-        if any(c.get("matchCondition") for c in chains) or not chains:
+        # The first chain whose condition matches runs, and no other: one chain with no condition
+        # runs on whatever no earlier chain took (components/model/identity_extension.py).
+        if all(c.get("matchCondition") for c in chains):
             return f"{where(ext)} runs on some requests only: the others keep the client's headers"
         for e in (x for c in chains for x in c.get("extensions") or []):
             if e.get("failOpen") or "RequestHeaders" not in (e.get("supportedEvents") or ["RequestHeaders"]):

@@ -2,12 +2,16 @@
 balancer drives it: real RSA and EC keys, each issuer's JWKS served over HTTP, tokens signed by
 PyJWT. What it must do: set the picker's objective, fairness id and the verified tenant only for
 a valid token of the tenant the path names, remove every client copy of the picker's headers,
-answer 401/403/503 in OpenAI's format otherwise, and never end a stream with an error."""
+answer 401/403/503 in OpenAI's format otherwise, and never end a stream with an error. On the
+picker's body routes: the body bounded before it is read (413), refused when it is not one JSON
+object (400), and sent on with the tenant's cache_salt the replica's guard sets (the picker's
+prefix keys then match the replica's salted blocks)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,15 +27,23 @@ from envoy.service.ext_proc.v3.external_processor_pb2_grpc import ExternalProces
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
+from vllm_gke.components.model.identity_extension import identity_config as config_for
+from vllm_gke.components.model.identity_extension import routing_extension_spec
 from vllm_gke.components.model.serving_api import (
     FAIRNESS_HEADER,
     IDENTITY_STRIPS,
     OBJECTIVE_HEADER,
     PICKER_CONTROL_HEADERS,
     TENANT_HEADER,
+    guard_entry,
 )
+from vllm_gke.images.vllm_gke_guard.body import add_members, closing_brace
+from vllm_gke.images.vllm_gke_guard.config import Tenant
 from vllm_gke.images.vllm_gke_identity import config as identity_config
 from vllm_gke.images.vllm_gke_identity import server as identity_server
+from vllm_gke.images.vllm_gke_identity.salt import salted
+from vllm_gke.infra.config import parse
+from vllm_gke.infra.plan import read_stack_config
 
 # xds-protos ships no type stubs.
 pb: Any = external_processor_pb2
@@ -39,6 +51,7 @@ HeaderMap: Any = base_pb2.HeaderMap  # pyright: ignore[reportAttributeAccessIssu
 HeaderValue: Any = base_pb2.HeaderValue  # pyright: ignore[reportAttributeAccessIssue]
 ISS_A = "https://issuer-a.example.com"
 ISS_B = "https://issuer-b.example.com/"
+LIMIT = 4096
 
 
 class Keys:
@@ -98,7 +111,9 @@ def config_of(base: str) -> dict[str, Any]:
             "nokeys": {"issuer": "https://down.example.com", "jwksUri": f"{base}/down", "audiences": ["vllm"],
                        "subjects": None},
         },
-        "prefixes": {"/support/llama": {"tenant": "support", "objective": "support.llama"},
+        "prefixes": {"/support/llama": {"tenant": "support", "objective": "support.llama",
+                                        "cacheSalt": "tenant-support", "maxBodyBytes": LIMIT,
+                                        "saltedPaths": ["/v1/chat/completions", "/v1/completions"]},
                      "/search/llama": {"tenant": "search", "objective": "search.llama"},
                      "/batch/llama": {"tenant": "batch", "objective": "batch.llama"},
                      "/nokeys/llama": {"tenant": "nokeys", "objective": "nokeys.llama"}},
@@ -111,12 +126,32 @@ def claims(iss: str = ISS_A, sub: str = "anyone", aud: Any = "vllm", **extra: An
     return {"iss": iss, "sub": sub, "aud": aud, "exp": int(time.time()) + 600, **extra}
 
 
-def headers_message(path: str, headers: dict[str, Any]) -> Any:
+def headers_message(path: str, headers: dict[str, Any], end_of_stream: bool = False) -> Any:
     pairs = [(":path", path), (":method", "POST"), (":authority", "gw.example.com")]
     for k, v in headers.items():
         pairs += [(k, x) for x in (v if isinstance(v, list) else [v])]
     return pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=HeaderMap(
-        headers=[HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs])))
+        headers=[HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs]), end_of_stream=end_of_stream))
+
+
+def body_messages(body: bytes, chunk: int = 7) -> list[Any]:
+    """The body as the load balancer streams it in full duplex: chunks, the last one ending it."""
+    parts = [body[i:i + chunk] for i in range(0, len(body), chunk)] or [b""]
+    return [pb.ProcessingRequest(request_body=pb.HttpBody(body=p, end_of_stream=i == len(parts) - 1))
+            for i, p in enumerate(parts)]
+
+
+def post(path: str, token: str, body: bytes, **headers: Any) -> list[Any]:
+    """A POST with its body (Content-Length declared unless `headers` says otherwise)."""
+    length = {"content-length": str(len(body))} if "content-length" not in headers else {}
+    return [headers_message(path, {**bearer(token), **FORGED, **length, **headers}), *body_messages(body)]
+
+
+def streamed_body(resp: Any) -> bytes:
+    assert resp.WhichOneof("response") == "request_body", resp
+    streamed = resp.request_body.response.body_mutation.streamed_response
+    assert streamed.end_of_stream
+    return streamed.body
 
 
 async def exchange(port: int, messages: list[Any]) -> list[Any]:
@@ -186,7 +221,7 @@ FORGED = {h: "attacker" for h in IDENTITY_STRIPS}
 
 def test_a_valid_token_sets_the_tenants_objective_fairness_and_tenant_and_drops_client_copies(issuers):
     token = issuers["keys"]["/a"].sign(claims())
-    [resp] = run(config_of(issuers["base"]), [headers_message("/support/llama/v1/chat/completions",
+    [resp] = run(config_of(issuers["base"]), [headers_message("/support/llama/v1/models",
                                                               {**bearer(token), **FORGED})])
     sets, removes = mutation(resp)
     assert sets == {OBJECTIVE_HEADER: "support.llama", FAIRNESS_HEADER: "support", TENANT_HEADER: "support"}
@@ -301,7 +336,7 @@ def test_bad_input_never_ends_the_stream(issuers):
              pb.ProcessingRequest(request_headers=pb.HttpHeaders()),
              headers_message("/support/llama/v1/chat/completions", {"authorization": "Bearer \udcff".encode(
                  "utf-8", "surrogateescape").decode("latin-1")}),
-             headers_message("/support/llama/v1/chat/completions", bearer(token))]
+             headers_message("/support/llama/v1/models", bearer(token))]
     answers = run(config_of(issuers["base"]), weird)
     assert len(answers) == len(weird)
     assert [a.WhichOneof("response") for a in answers[1:5]] == [
@@ -346,3 +381,129 @@ def test_a_config_naming_a_tenant_without_jwt_is_refused(issuers):
     cfg["prefixes"]["/ghost/llama"] = {"tenant": "ghost", "objective": "ghost.llama"}
     with pytest.raises(KeyError, match="ghost"):
         identity_config.parse(cfg)
+
+
+# --- the picker's body routes: the tenant's cache_salt --------------------------------------------
+
+CHAT = b'{"model": "llama", "messages": [{"role": "user", "content": "hi <&> \\u00e9"}],\n "cache_salt": "mine",' \
+       b' "max_tokens": 5, "temperature": 0.25}  \n'
+
+
+def test_a_picker_body_gets_the_tenants_cache_salt_and_its_headers_wait_for_it(issuers):
+    token = issuers["keys"]["/a"].sign(claims())
+    answers = run(config_of(issuers["base"]), post("/support/llama/v1/chat/completions?x=1", token, CHAT))
+    # Nothing for the headers and the chunks until the body ends: then the headers, then the body.
+    assert len(answers) == 2
+    sets, removes = mutation(answers[0])
+    out = streamed_body(answers[1])
+    assert sets == {OBJECTIVE_HEADER: "support.llama", FAIRNESS_HEADER: "support", TENANT_HEADER: "support",
+                    "content-length": str(len(out))}
+    assert set(removes) == set(IDENTITY_STRIPS) - set(sets)
+    doc, sent = json.loads(out), json.loads(CHAT)
+    assert doc["cache_salt"] == "tenant-support"  # the client's own is overridden (the last wins)
+    assert {k: v for k, v in doc.items() if k != "cache_salt"} == {k: v for k, v in sent.items() if k != "cache_salt"}
+    assert out.startswith(CHAT.rstrip()[:-1]) and out.endswith(b',"cache_salt":"tenant-support"}  \n')
+
+
+def test_the_salt_is_the_guards_so_its_rewrite_at_the_replica_changes_nothing():
+    """The guard's own functions on the same body for the same tenant of a real stack: the
+    extension's salted body says what the guard's says, and the guard salting it again is a no-op."""
+    cfg = parse(read_stack_config("staging"))
+    identity = identity_config.parse(config_for(cfg))
+    for tenant in (t for t in cfg.tenants if any(p.tenant == t.name for p in identity.prefixes.values())):
+        target = next(p for p in identity.prefixes.values() if p.tenant == tenant.name)
+        guard = Tenant(next(iter(guard_entry(tenant).values())), time.monotonic)
+        assert guard.salt is not None and target.salt is not None
+        for body in (CHAT, b'{}', b' {"prompt": "x"} ', b'{"prompt": [1, 2], "cache_salt": "other-tenant"}'):
+            ours = salted(body, target.salt)
+            theirs = add_members(body, closing_brace(None, body), guard.salt)
+            assert ours == theirs
+            again = add_members(ours, closing_brace(None, ours), guard.salt)
+            assert json.loads(again) == json.loads(ours) and json.loads(ours)["cache_salt"] == f"tenant-{tenant.name}"
+
+
+def test_a_length_routed_or_unsalted_paths_body_is_never_held_or_read(issuers):
+    """Headers answered at once (the body chain is the picker's salted routes only); a body that
+    reaches the extension anyway is sent back untouched, chunk by chunk."""
+    token = issuers["keys"]["/a"].sign(claims())
+    cfg = config_of(issuers["base"])
+    for path in ("/llama/v1/chat/completions", "/support/llama/v1/responses", "/search/llama/v1/chat/completions"):
+        tok = issuers["keys"]["/b"].sign(claims(ISS_B, "svc-search")) if path.startswith("/search") else token
+        msgs = post(path, tok, CHAT)
+        answers = run(cfg, msgs)
+        assert len(answers) == len(msgs)
+        assert answers[0].WhichOneof("response") == "request_headers"
+        assert "content-length" not in mutation(answers[0])[0]
+        echoed = [a.request_body.response.body_mutation.streamed_response for a in answers[1:]]
+        assert b"".join(e.body for e in echoed) == CHAT and [e.end_of_stream for e in echoed][-1]
+
+
+def test_the_body_chain_reads_only_the_pickers_salted_routes():
+    spec = routing_extension_spec("vllm", config_for(parse(read_stack_config("staging"))))
+    body_chain, other = spec["extensionChains"]
+    assert "matchCondition" not in other and other["extensions"][0]["supportedEvents"] == ["RequestHeaders"]
+    ext = body_chain["extensions"][0]
+    assert ext["supportedEvents"] == ["RequestHeaders", "RequestBody", "RequestTrailers"]
+    assert ext["requestBodySendMode"] == "FullDuplexStreamed" and ext["failOpen"] is False
+    matcher = body_chain["matchCondition"]["celExpressions"][0]["celMatcher"]
+    found = re.fullmatch(r"request\.path\.matches\('(.*)'\)", matcher)
+    assert found is not None, matcher
+    pattern = found.group(1)
+    for path, read in [("/support/llama-8b/v1/chat/completions", True), ("/search/llama-8b/v1/completions?a=b", True),
+                       ("/support/llama-8b/v1/messages", True), ("/support/llama-8b/v1/models", False),
+                       ("/llama-8b/v1/chat/completions", False), ("/support/llama-8b/v1/chat/completions/batch", False),
+                       ("/evil/llama-8b/v1/chat/completions", False), ("/x/support/llama-8b/v1/completions", False)]:
+        assert bool(re.search(pattern, path)) is read, path
+
+
+@pytest.mark.parametrize("case", ["no length", "chunked", "over the limit", "two lengths", "not a number"])
+def test_a_body_unbounded_before_it_is_read_is_refused_413_at_the_headers(issuers, case):
+    token = issuers["keys"]["/a"].sign(claims())
+    headers: dict[str, Any] = {
+        "no length": {"content-length": []}, "chunked": {"content-length": [], "transfer-encoding": "chunked"},
+        "over the limit": {"content-length": str(LIMIT + 1)}, "two lengths": {"content-length": ["5", "5"]},
+        "not a number": {"content-length": "+5"}}[case]
+    [resp] = run(config_of(issuers["base"]), [headers_message("/support/llama/v1/completions",
+                                                              {**bearer(token), **headers})])
+    status, body = refusal(resp)
+    assert status == 413 and body["error"]["code"] == "payload_too_large" and str(LIMIT) in body["error"]["message"]
+
+
+def test_a_body_longer_than_it_declared_is_refused_without_buffering_more(issuers):
+    token = issuers["keys"]["/a"].sign(claims())
+    msgs = post("/support/llama/v1/completions", token, b'{"prompt": "' + b"x" * 200 + b'"}', **{"content-length": "20"})
+    answers = run(config_of(issuers["base"]), msgs)
+    # The refusal comes at the chunk that passes the declared length; nothing is sent on after it.
+    kinds = [a.WhichOneof("response") for a in answers]
+    assert kinds[:4] == ["immediate_response", "request_body", "request_body", "request_body"]
+    assert refusal(answers[0])[0] == 413
+    assert not any(a.request_body.HasField("response") for a in answers[1:])
+
+
+@pytest.mark.parametrize("body", [b'{"prompt": "x"', b"[1, 2]", b'"text"', b"\xff\xfe{}", b'{"a": NaN}', b"",
+                                  '{"prompt": "é"}'.encode("utf-16")])
+def test_a_body_that_is_not_one_json_object_is_a_400_and_the_stream_goes_on(issuers, body):
+    token = issuers["keys"]["/a"].sign(claims())
+    cfg = config_of(issuers["base"])
+    answers = run(cfg, [*post("/support/llama/v1/completions", token, body),
+                        *post("/support/llama/v1/completions", token, b'{"prompt": "ok"}')])
+    status, error = refusal(answers[0])
+    assert status == 400 and error["error"]["code"] == "invalid_json"
+    assert json.loads(streamed_body(answers[-1]))["cache_salt"] == "tenant-support"
+
+
+def test_trailers_after_a_held_body_are_refused(issuers):
+    token = issuers["keys"]["/a"].sign(claims())
+    body = b'{"prompt": "x"}'
+    msgs = [headers_message("/support/llama/v1/completions", {**bearer(token), "content-length": str(len(body))}),
+            pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=False)),
+            pb.ProcessingRequest(request_trailers=pb.HttpTrailers())]
+    [resp] = run(config_of(issuers["base"]), msgs)
+    assert refusal(resp)[0] == 400
+
+
+def test_a_bodiless_request_on_a_body_route_is_answered_at_its_headers(issuers):
+    token = issuers["keys"]["/a"].sign(claims())
+    [resp] = run(config_of(issuers["base"]), [headers_message("/support/llama/v1/completions", bearer(token),
+                                                              end_of_stream=True)])
+    assert mutation(resp)[0][TENANT_HEADER] == "support"

@@ -265,14 +265,18 @@ def test_the_identity_extension_fronts_the_gateway_failing_closed(plans):
     plan = plans["staging"]
     (ext,) = manifests_of(plan, "GCPRoutingExtension")
     assert ext["spec"]["targetRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "vllm"}]
-    (chain,) = ext["spec"]["extensionChains"]
-    assert "matchCondition" not in chain
+    # The picker's body routes (their cache_salt set), then every other request's headers.
+    body_chain, chain = ext["spec"]["extensionChains"]
+    assert "matchCondition" not in chain and "matchCondition" in body_chain
     (e,) = chain["extensions"]
     assert e["failOpen"] is False and e["supportedEvents"] == ["RequestHeaders"]
-    assert e["backendRef"] == {"group": "", "kind": "Service", "name": "vllm-gke-identity", "port": 9004}
+    assert e["backendRef"] == body_chain["extensions"][0]["backendRef"] == {
+        "group": "", "kind": "Service", "name": "vllm-gke-identity", "port": 9004}
     cfg = json.loads(one(plan, "ConfigMap", "vllm-gke-identity")["data"]["identity.json"])
-    assert cfg["prefixes"] == {f"/{t}/llama-8b": {"tenant": t, "objective": f"{t}.llama-8b"}
-                               for t in ("search", "support")}
+    assert cfg["prefixes"] == {f"/{t}/llama-8b": {
+        "tenant": t, "objective": f"{t}.llama-8b", "cacheSalt": f"tenant-{t}", "maxBodyBytes": 1 << 20,
+        "saltedPaths": ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"]}
+        for t in ("search", "support")}
     assert set(cfg["headers"]["strip"]) >= {*REFUSED_AT_THE_PICKER, OBJECTIVE_HEADER, TENANT_HEADER}
     assert cfg["tenants"]["search"]["issuer"] == SEARCH
     # Only stacks with a picker run it.

@@ -459,8 +459,9 @@ def test_route_passing_picker_control_headers_is_caught(plans):
 
     caught(lambda rs: rs.remove(kind(rs, "GCPRoutingExtension")), "no GCPRoutingExtension")
     caught(lambda rs: ext(rs)["extensionChains"][0]["extensions"][0].update(failOpen=True), "fails open")
-    caught(lambda rs: ext(rs)["extensionChains"][0].update(matchCondition={"celExpressions": [
+    caught(lambda rs: ext(rs)["extensionChains"][-1].update(matchCondition={"celExpressions": [
         {"celMatcher": "request.path.startsWith('/support')"}]}), "some requests only")
+    caught(lambda rs: ext(rs)["extensionChains"][-1]["extensions"][0].update(failOpen=True), "fails open")
 
     def keep_rewrite(rs):
         data = json.loads(config(rs).props["data"]["identity.json"])

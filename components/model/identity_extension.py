@@ -8,17 +8,43 @@ config/charts/body-based-routing/templates/gke.yaml, bbr.yaml): a GCPRoutingExte
 HTTP2: the load balancer calls it over HTTP/2 with TLS, which it serves self-signed), a gRPC
 HealthCheckPolicy on a fixed health port. Unlike that chart it fails closed (failOpen false: with
 the extension down the load balancer answers 500 rather than route a request whose headers nobody
-checked), calls it on request headers only (no body passes through it), and runs two replicas on
-two nodes with a budget of one disruption.
+checked), reads bodies only where it must, and runs two replicas on two nodes with a budget of one
+disruption.
+
+Two extension chains (routing_extension_spec): the first matches the picker's body routes
+(/<tenant>/<model>/v1/<path> of each tenant URL a picker serves, the paths whose request models take
+cache_salt) and is called, as the body-based router is, with the request headers, body and
+trailers in FullDuplexStreamed mode: it sets the tenant's cache_salt in the body, which the
+picker's prefix keys hash (images/vllm_gke_identity/salt.py says why). The second has no match
+condition and takes every other request's headers only. The load balancer runs the first chain
+whose condition matches a request and no other (LbRouteExtension.extensionChains: "The first
+extension chain that has a condition that matches the request is executed. Any subsequent
+extension chains do not execute", Network Services API reference), so every request runs exactly
+one of them, both with the headers (the header stripping covers every request), and only the
+picker's body routes are read. FullDuplexStreamed: "Subsequent chunks will be sent for processing
+without waiting for the response ... for REQUEST_HEADERS event. Extension can freely modify or
+chunk the body contents" (BodySendMode, ibid.); Streamed sends a chunk only once the previous one
+is answered, so no whole body could be read before the headers' answer.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+import re
+from typing import Any, Mapping, Sequence
 
 from .k8s_objects import CONTAINER_SECURITY
-from .serving_api import FAIRNESS_HEADER, IDENTITY_STRIPS, OBJECTIVE_HEADER, TENANT_HEADER, objective_name, path_prefix
+from .serving_api import (
+    FAIRNESS_HEADER,
+    IDENTITY_STRIPS,
+    OBJECTIVE_HEADER,
+    TENANT_HEADER,
+    cache_salt,
+    objective_name,
+    path_prefix,
+    picker_max_body_bytes,
+    picker_routes,
+)
 from .specs import ImageRef
 from .stack_config import StackConfig
 
@@ -50,16 +76,23 @@ def identity_image(server_image: ImageRef) -> ImageRef:
     return ImageRef(repository=f"{folder}/{NAME}", tag=IDENTITY_TAG)
 
 
-def picker_prefixes(cfg: StackConfig) -> dict[str, dict[str, str]]:
-    """'/<tenant>/<model>' of every tenant URL an endpoint picker serves -> its tenant and objective."""
-    out: dict[str, dict[str, str]] = {}
+def picker_prefixes(cfg: StackConfig) -> dict[str, dict[str, Any]]:
+    """'/<tenant>/<model>' of every tenant URL an endpoint picker serves -> its tenant, objective,
+    and where its release salts: the tenant's cache_salt (the guard's), the picker routes whose
+    bodies take it (those the guard salts: the release's cache_salt_paths among the picker's
+    POST routes) and the route's body limit (gateway_routes.picker_rules' Content-Length bound)."""
+    out: dict[str, dict[str, Any]] = {}
     for tenant in cfg.tenants:
         dedicated: set[str] = set(tenant.dedicated.models) if tenant.dedicated else set()
         for name in tenant.models:
             model = cfg.model(name)
-            if model.routing == "inference-gateway":
-                out["/" + path_prefix(model, tenant, name in dedicated)] = {
-                    "tenant": tenant.name, "objective": objective_name(tenant.name, name)}
+            if model.routing != "inference-gateway":
+                continue
+            salted = cfg.release_for(model.node_pool).cache_salt_paths
+            entry: dict[str, Any] = {"tenant": tenant.name, "objective": objective_name(tenant.name, name)}
+            if paths := sorted(r.path for r in picker_routes() if r.method == "POST" and r.path in salted):
+                entry.update(cacheSalt=cache_salt(tenant), saltedPaths=paths, maxBodyBytes=picker_max_body_bytes(model))
+            out["/" + path_prefix(model, tenant, name in dedicated)] = entry
     return dict(sorted(out.items()))
 
 
@@ -81,15 +114,51 @@ def config_text(cfg: StackConfig) -> str:
     return json.dumps(identity_config(cfg), indent=1, sort_keys=True)
 
 
-def routing_extension_spec(gateway: str) -> dict[str, Any]:
-    """The GCPRoutingExtension: every request on the Gateway (no match condition: a request that
-    skipped it would keep its own copies of the headers the picker's routes match on), its headers
-    only, failing closed. Fields as GKE's CRD (networking.gke.io/v1) has them."""
+# A path the CEL condition names as is: tenant and model names are DNS labels, routes plain words.
+_PLAIN_PATH = re.compile(r"/[a-z0-9/-]+")
+
+
+def salted_paths(identity: Mapping[str, Any]) -> dict[tuple[str, ...], list[str]]:
+    """The prefixes ('/<tenant>/<model>') whose bodies the extension salts (its config's), by the
+    routes ('/v1/...') it salts under them."""
+    out: dict[tuple[str, ...], list[str]] = {}
+    for prefix, v in sorted(identity["prefixes"].items()):
+        if paths := tuple(v.get("saltedPaths") or ()):
+            out.setdefault(paths, []).append(prefix)
+    return out
+
+
+def body_condition(groups: Mapping[tuple[str, ...], Sequence[str]]) -> str:
+    """The CEL matcher (Service Extensions' CEL subset: request.path, matches() with RE2) of exactly
+    each group's prefixes followed by one of its routes, a query string allowed (the routes' Exact
+    path match ignores it)."""
+    names = [*(p for ps in groups.values() for p in ps), *(r for rs in groups for r in rs)]
+    if bad := [p for p in names if not _PLAIN_PATH.fullmatch(p)]:
+        raise ValueError(f"identity extension: paths a CEL condition cannot name as they are: {bad}")
+    alternatives = "|".join(f"({'|'.join(prefixes)})({'|'.join(routes)})" for routes, prefixes in groups.items())
+    return f"request.path.matches('^({alternatives})([?].*)?$')"
+
+
+def _extension(name: str, events: list[str], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "authority": NAME, "timeout": TIMEOUT, "failOpen": False, "supportedEvents": events,
+            **extra, "backendRef": {"group": "", "kind": "Service", "name": NAME, "port": EXT_PROC_PORT}}
+
+
+def routing_extension_spec(gateway: str, identity: Mapping[str, Any]) -> dict[str, Any]:
+    """The GCPRoutingExtension, failing closed: on the picker's body routes (`identity`: the
+    extension's config) the headers, body and trailers in full duplex (trailers as the body-based
+    router's chart: Envoy streams full duplex only with them), then every other request (no match
+    condition: a request that skipped it would keep its own copies of the headers the picker's
+    routes match on) its headers only. Fields as GKE's CRD (networking.gke.io/v1) has them."""
+    chains: list[dict[str, Any]] = []
+    if groups := salted_paths(identity):
+        chains.append({"name": "tenant-identity-body",
+                       "matchCondition": {"celExpressions": [{"celMatcher": body_condition(groups)}]},
+                       "extensions": [_extension("salt-tenant", ["RequestHeaders", "RequestBody", "RequestTrailers"],
+                                                 requestBodySendMode="FullDuplexStreamed")]})
+    chains.append({"name": "tenant-identity", "extensions": [_extension("verify-tenant", ["RequestHeaders"])]})
     return {"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gateway}],
-            "extensionChains": [{"name": "tenant-identity", "extensions": [{
-                "name": "verify-tenant", "authority": NAME, "timeout": TIMEOUT, "failOpen": False,
-                "supportedEvents": ["RequestHeaders"],
-                "backendRef": {"group": "", "kind": "Service", "name": NAME, "port": EXT_PROC_PORT}}]}]}
+            "extensionChains": chains}
 
 
 def health_check_spec() -> dict[str, Any]:

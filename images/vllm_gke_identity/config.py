@@ -25,6 +25,13 @@ class PickerPrefix:
 
     tenant: str
     objective: str
+    # The tenant's prefix-cache salt (serving_api.cache_salt), set in the body on `salted_paths`
+    # ('/v1/...' under the prefix); None: no body is read here.
+    salt: Optional[str] = None
+    salted_paths: frozenset[str] = frozenset()
+    # The largest Content-Length the picker's route admits (gateway_routes.picker_rules): larger
+    # bodies, or none declared, are refused before any byte of them is read.
+    max_body_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -42,12 +49,21 @@ def parse(raw: Mapping[str, Any]) -> Config:
     tenants = {name: TenantJwt(name, str(t["issuer"]), str(t["jwksUri"]), tuple(t["audiences"]),
                                frozenset(t["subjects"]) if t.get("subjects") is not None else None)
                for name, t in raw["tenants"].items()}
-    prefixes = {p: PickerPrefix(str(v["tenant"]), str(v["objective"])) for p, v in raw["prefixes"].items()}
+    prefixes = {p: _prefix(v) for p, v in raw["prefixes"].items()}
     if unknown := sorted({v.tenant for v in prefixes.values()} - set(tenants)):
         raise KeyError(f"prefixes name tenants with no jwt: {unknown}")
     headers = raw["headers"]
     return Config(tenants, prefixes, str(headers["objective"]).lower(), str(headers["fairness"]).lower(),
                   str(headers["tenant"]).lower(), tuple(str(h).lower() for h in headers["strip"]))
+
+
+def _prefix(v: Mapping[str, Any]) -> PickerPrefix:
+    salt = v.get("cacheSalt")
+    if salt is not None and int(v["maxBodyBytes"]) <= 0:
+        raise KeyError("maxBodyBytes: a salted prefix needs a positive body limit")
+    return PickerPrefix(str(v["tenant"]), str(v["objective"]), str(salt) if salt is not None else None,
+                        frozenset(str(p) for p in v.get("saltedPaths") or ()) if salt is not None else frozenset(),
+                        int(v.get("maxBodyBytes") or 0))
 
 
 def load(env: Optional[Mapping[str, str]] = None) -> Config:

@@ -1,12 +1,17 @@
-"""The ext_proc service (envoy.service.ext_proc.v3.ExternalProcessor): what one request's headers
-become. The load balancer sends only request headers (the GCPRoutingExtension's supportedEvents);
-any other message is answered with an empty response of its kind, so no input ends the stream
-with an error (FailClose would make that a 500)."""
+"""The ext_proc service (envoy.service.ext_proc.v3.ExternalProcessor): what one request becomes.
+The load balancer calls it from one of two extension chains (components/model/identity_extension.py):
+on a picker route that takes a body (salted paths) with the request headers, body and trailers in
+full-duplex streamed mode, so the headers' answer waits until the body is read and salted
+(salt.py); on every other request with the headers only. Any message it does not change is
+answered with an empty response of its kind (a body chunk it does not read is sent back as it
+came: in full duplex a body not sent back is an empty body), so no input ends the stream with an
+error (FailClose would make that a 500)."""
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterable, Optional
 
 from envoy.config.core.v3 import base_pb2
@@ -15,7 +20,8 @@ from envoy.service.ext_proc.v3.external_processor_pb2_grpc import ExternalProces
 from envoy.type.v3 import http_status_pb2
 from grpc.aio import ServicerContext
 
-from .config import Config
+from .config import Config, PickerPrefix
+from .salt import BadBody, salted
 from .verify import Verdict, Verifier
 
 log = logging.getLogger("vllm_gke_identity")
@@ -26,6 +32,8 @@ HeaderValueOption: Any = base_pb2.HeaderValueOption  # pyright: ignore[reportAtt
 HttpStatus: Any = http_status_pb2.HttpStatus  # pyright: ignore[reportAttributeAccessIssue]
 
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 503: "service_unavailable"}
+ERROR_CODES = {401: "invalid_token", 403: "forbidden", 413: "payload_too_large", 400: "invalid_json",
+               503: "unavailable"}
 
 
 def header_values(headers: Any) -> dict[str, list[str]]:
@@ -45,7 +53,7 @@ def picker_prefix(path: str) -> str:
 
 def error_response(status: int, message: str) -> Any:
     """An OpenAI-style error the load balancer answers with, the request going no further."""
-    code = {401: "invalid_token", 403: "forbidden", 503: "unavailable"}.get(status, "invalid_request")
+    code = ERROR_CODES.get(status, "invalid_request")
     body = json.dumps({"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
                                  "param": None, "code": code}}).encode()
     headers = [("content-type", "application/json")]
@@ -71,6 +79,43 @@ def headers_response(remove: Iterable[str], set_headers: Iterable[tuple[str, str
         clear_route_cache=True)))
 
 
+def body_response(body: bytes, end_of_stream: bool = True) -> Any:
+    """A body chunk sent on (full duplex: Envoy forwards what comes back, and nothing else)."""
+    return pb.ProcessingResponse(request_body=pb.BodyResponse(response=pb.CommonResponse(
+        body_mutation=pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(
+            body=body, end_of_stream=end_of_stream)))))
+
+
+def declared_length(values: dict[str, list[str]], limit: int) -> Optional[int]:
+    """The request's one Content-Length when within `limit` (and not chunked), else None."""
+    lengths = values.get("content-length") or []
+    if len(lengths) != 1 or "transfer-encoding" in values or not lengths[0].isascii() \
+            or not lengths[0].isdigit() or int(lengths[0]) > limit:
+        return None
+    return int(lengths[0])
+
+
+@dataclass
+class Pending:
+    """A picker request whose headers' answer waits for its body (at most `limit` bytes)."""
+
+    remove: list[str]
+    sets: list[tuple[str, str]]
+    salt: str
+    limit: int
+    chunks: list[bytes] = field(default_factory=list[bytes])
+    size: int = 0
+
+
+@dataclass
+class Stream:
+    """One ext_proc stream (one HTTP request): the body being read, if any."""
+
+    pending: Optional[Pending] = None
+    # Refused: nothing more of it is sent on (Envoy ends it on an immediate response anyway).
+    refused: bool = False
+
+
 class IdentityProcessor(ExternalProcessorServicer):
     def __init__(self, config: Config, verifier: Optional[Verifier] = None):
         self.config = config
@@ -78,21 +123,36 @@ class IdentityProcessor(ExternalProcessorServicer):
 
     async def Process(self, request_iterator: AsyncIterator[Any],  # noqa: N802 (the proto's name)
                       context: ServicerContext) -> AsyncIterator[Any]:
+        stream = Stream()
         async for request in request_iterator:
-            yield await self.answer(request)
+            for answer in await self.answer(request, stream):
+                yield answer
 
-    async def answer(self, request: Any) -> Any:
-        """One message's answer; never raises (a bug refuses the request rather than pass it unchecked)."""
+    async def answer(self, request: Any, stream: Stream) -> list[Any]:
+        """One message's answers (none while a body is read); never raises (a bug refuses the
+        request rather than pass it unchecked)."""
         try:
-            kind = request.WhichOneof("request")
-            if kind == "request_headers":
-                return await self.on_headers(request.request_headers)
-            return _pass(kind)
+            answers = await self._answers(request, stream)
         except Exception:  # noqa: BLE001 - whatever went wrong, the stream answers and stays up
             log.exception("identity check failed")
-            return error_response(503, "the request's identity could not be checked; retry")
+            answers = [error_response(503, "the request's identity could not be checked; retry")]
+        if any(a.WhichOneof("response") == "immediate_response" for a in answers):
+            stream.pending, stream.refused = None, True
+        return answers
 
-    async def on_headers(self, headers: Any) -> Any:
+    async def _answers(self, request: Any, stream: Stream) -> list[Any]:
+        kind = request.WhichOneof("request")
+        if kind == "request_headers":
+            stream.refused = False  # a new request (a test's stream carries several)
+            return await self.on_headers(request.request_headers, stream)
+        if kind == "request_body" and not stream.refused:
+            return on_body(request.request_body, stream)
+        if kind == "request_trailers" and stream.pending is not None:
+            # The picker reads no trailers and decodes no body before them (its server.go).
+            return [error_response(400, "a request body with trailers is not accepted on this route")]
+        return [_pass(kind)]
+
+    async def on_headers(self, headers: Any, stream: Stream) -> list[Any]:
         cfg = self.config
         values = header_values(headers)
         paths = values.get(":path") or [""]
@@ -100,12 +160,48 @@ class IdentityProcessor(ExternalProcessorServicer):
         remove = [h for h in cfg.strip if h in values and h not in (cfg.objective_header, cfg.fairness_header,
                                                                     cfg.tenant_header)]
         if target is None:  # not a picker's URL: nothing to set, only the client's copies to drop
-            return headers_response([h for h in cfg.strip if h in values], ())
+            return [headers_response([h for h in cfg.strip if h in values], ())]
         verdict: Verdict = await self.verifier.check(target.tenant, values.get("authorization") or [])
         if verdict.tenant is None:
-            return error_response(verdict.status, verdict.message)
-        return headers_response(remove, ((cfg.objective_header, target.objective),
-                                         (cfg.fairness_header, verdict.tenant), (cfg.tenant_header, verdict.tenant)))
+            return [error_response(verdict.status, verdict.message)]
+        sets = [(cfg.objective_header, target.objective), (cfg.fairness_header, verdict.tenant),
+                (cfg.tenant_header, verdict.tenant)]
+        if headers.end_of_stream or target.salt is None or salted_path(paths[0], target) is None:
+            return [headers_response(remove, sets)]
+        # A body the picker reads: bounded before a byte of it arrives (the route's own limit).
+        length = declared_length(values, target.max_body_bytes)
+        if length is None:
+            return [error_response(413, f"this route takes a body with a Content-Length of at most "
+                                        f"{target.max_body_bytes} bytes (none, chunked or larger was sent)")]
+        stream.pending = Pending(remove, sets, target.salt, length)
+        return []  # answered with the body (full duplex: Envoy holds the headers until then)
+
+
+def salted_path(path: str, target: PickerPrefix) -> Optional[str]:
+    """The route ('/v1/...') of a picker URL whose body takes the salt, else None."""
+    route = "/" + path.split("?", 1)[0].split("#", 1)[0].split("/", 3)[-1]
+    return route if route in target.salted_paths else None
+
+
+def on_body(body: Any, stream: Stream) -> list[Any]:
+    """A chunk of a body being read (at its end: the headers' answer, then the salted body), or one
+    this extension does not read, sent back as it came."""
+    pending = stream.pending
+    if pending is None:
+        return [body_response(body.body, body.end_of_stream)]
+    pending.size += len(body.body)
+    if pending.size > pending.limit:  # more than the Content-Length declared: buffer no more
+        return [error_response(413, f"the body is longer than its Content-Length ({pending.limit} bytes)")]
+    pending.chunks.append(body.body)
+    if not body.end_of_stream:
+        return []
+    stream.pending = None
+    try:
+        out = salted(b"".join(pending.chunks), pending.salt)
+    except BadBody as exc:
+        return [error_response(400, str(exc))]
+    # The body grew: the upstream hop must be told its new length.
+    return [headers_response(pending.remove, [*pending.sets, ("content-length", str(len(out)))]), body_response(out)]
 
 
 def _pass(kind: Optional[str]) -> Any:

@@ -1,0 +1,45 @@
+"""A picker route's body with the verified tenant's cache_salt set, as the replica's guard sets it
+(images/vllm_gke_guard: config.py's Tenant.salt, body.py's add_members): the member
+`"cache_salt":<the salt as JSON>` appended as the object's last, so it wins over any copy the
+client sent wherever duplicates are read last-wins (Python's json and so vLLM, Go's encoding/json
+and so the endpoint picker). The salt itself is serving_api.cache_salt's, carried in the config;
+tests/test_identity_extension.py checks this output against the guard's own functions, so the
+guard's rewrite at the replica changes nothing the picker hashed.
+
+Why the picker must see it: llm-d-router v0.10.0 folds the body's cache_salt into the first
+block's key (pkg/epp/framework/plugins/requestcontrol/dataproducer/preciseprefixcache/
+blockkeys.go:78-92, prefixhash/hashing.go:95), and vLLM's blocks are salted by the guard: without
+the salt in the body the picker's keys never match a salted tenant's blocks."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class BadBody(ValueError):
+    """Not one JSON object in UTF-8: a 400, as the guard and the picker answer."""
+
+
+def _no_constant(name: str) -> Any:
+    raise BadBody(f"{name} is not JSON")  # Go's encoding/json (the picker) refuses it too
+
+
+def member(salt: str) -> bytes:
+    """The encoded member, byte for byte the guard's (config.py: b'"cache_salt":' + json.dumps(salt))."""
+    return b'"cache_salt":' + json.dumps(str(salt)).encode()
+
+
+def salted(body: bytes, salt: str) -> bytes:
+    """`body` with the tenant's cache_salt appended as its last member; BadBody if it is not one JSON object."""
+    try:
+        doc = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise BadBody(f"the body is not a valid JSON object: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadBody("the body must be a JSON object")
+    # A valid object's last byte but whitespace is its closing brace (the guard's closing_brace).
+    close = len(body.rstrip())
+    before = body[:close - 1].rstrip()
+    sep = b"" if before.endswith(b"{") else b","
+    return before + sep + member(salt) + body[close - 1:]
