@@ -50,7 +50,7 @@ from .stack_config import StackConfig
 
 NAME = "vllm-gke-identity"
 # The image's tag (images/vllm_gke_identity/cloudbuild.yaml builds it into the serverImage's repository).
-IDENTITY_TAG = "0.1.0"
+IDENTITY_TAG = "0.2.0"
 EXT_PROC_PORT = 9004  # the body-based router's ports (values.yaml)
 HEALTH_PORT = 9005
 UID = 65532
