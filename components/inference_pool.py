@@ -46,6 +46,7 @@ from typing import Mapping, Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
+from .bucket_readers import BucketReads
 from .k8s_meta import api_body, custom_resource, meta
 from .model.gateway_routes import backend_defaults
 from .model.k8s_objects import content_digest, vllm_health_check
@@ -69,6 +70,7 @@ from .model.picker import (
     pool_ref,
     pool_spec,
 )
+from .model.picker_prefix import RenderSidecar
 from .model.specs import ImageRef, PickerSpec
 from .options import child_opts
 
@@ -91,6 +93,12 @@ class InferencePoolArgs:
     picker: PickerSpec = field(default_factory=PickerSpec)
     # What another concern adds to the picker's config (the KV-events prefix cache), or nothing.
     extension: Optional[PickerExtension] = None
+    # The tokenizer beside the picker (precise prefix scoring: picker_prefix.render_sidecar), or none;
+    # where it reads the weights from a bucket, what the picker's identity is granted there (the
+    # list role and `weights_prefixes`, its model's folder).
+    sidecar: Optional[RenderSidecar] = None
+    weights_reads: Optional[BucketReads] = None
+    weights_prefixes: Sequence[str] = ()
     # Who may call ext_proc (the load balancer's proxy-only subnet and health-check ranges) and
     # scrape 9090 besides Managed Prometheus' collectors (the nodes' range, for host-network ones).
     load_balancer_sources: Sequence[pulumi.Input[str]] = ()
@@ -141,11 +149,15 @@ class InferencePool(pulumi.ComponentResource):
                                       {**meta(objective), "namespace": args.namespace},
                                       objective_spec(args.pool_name, priority), k8s_opts)
                       for objective, priority in sorted(args.objectives.items())]
+        # Its sidecar mounts the bucket as the picker's identity: granted first, or the mount fails.
+        reads = args.weights_reads.grant(f"{name}-epp-weights-reader", args.namespace, epp, args.weights_prefixes,
+                                         child_opts(self, opts)) if args.weights_reads and args.sidecar else []
         plugins = picker_config(args.picker, args.objectives.values(), args.extension)
         config = k8s.core.v1.ConfigMap(f"{name}-epp-config", metadata=picker_metadata(args, name=workload),
                                        data={CONFIG_FILE: plugins}, opts=k8s_opts)
         container = picker_container(args.pool_name, args.namespace, args.image.uri, args.request_timeout_seconds)
-        spec = picker_deployment_spec(epp, container, content_digest(plugins), args.request_timeout_seconds, workload)
+        spec = picker_deployment_spec(epp, container, content_digest(plugins), args.request_timeout_seconds, workload,
+                                      args.sidecar)
         return k8s.apps.v1.Deployment(
             # Only the leader turns ready, by design: Pulumi waits for it, not for every replica
             # (its default wait would never end).
@@ -153,7 +165,7 @@ class InferencePool(pulumi.ComponentResource):
                                                     name=workload),
             spec=api_body(spec),
             # Its RBAC first: without it the picker's watches fail and it restarts until RBAC lands.
-            opts=child_opts(self, opts, provider=args.provider, depends_on=[config, sa, binding, *objectives]))
+            opts=child_opts(self, opts, provider=args.provider, depends_on=[config, sa, binding, *objectives, *reads]))
 
     def _picker_network(self, name: str, args: InferencePoolArgs,
                         opts: Optional[pulumi.ResourceOptions]) -> k8s.core.v1.Service:

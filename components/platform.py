@@ -37,6 +37,7 @@ from .model.gcp_names import service_account_id
 from .model.identity_extension import config_text, identity_image, needs_identity
 from .model.keda_scaling import KedaScaling
 from .model.mesh_identity import STANDBY_SA, jwks_host, tenant_namespace
+from .model.picker_prefix import pool_picker, precise_extension, reads_kv_events, render_sidecar, render_weights_prefixes
 from .model.picker_wake import inference_pool_selector, picker_queue
 from .model.rollout_webhooks import LoadTestRef, load_test_webhooks
 from .model.rollouts import FlaggerPool, gates
@@ -340,7 +341,8 @@ class Platform(pulumi.ComponentResource):
             scaling=KedaScaling(cfg.project, self.keda.auth_name, service.standby_name, service.picker_pool),
             request_timeout_seconds=cfg.gateway.request_timeout_seconds, rolling=service.rolling,
             wait_behind_seconds=service.wait_behind_seconds, flagger=self._flagger_pool(service, serving),
-            gateway_namespace=self.serving.name, flagger_ready=[self.flagger] if self.flagger else []),
+            gateway_namespace=self.serving.name, flagger_ready=[self.flagger] if self.flagger else [],
+            kv_events_picker=pool_picker(service.model) if service.kv_events else None),
             # Pods need the sidecar (so the mesh first), the read-only claim and the namespace's
             # identities (a pod of a missing service account is refused); KEDA's CRDs come with its chart.
             opts=self._opts_for([self.mesh, self.store, self.keda, self._identities(serving.tenant),
@@ -353,13 +355,22 @@ class Platform(pulumi.ComponentResource):
     def _picker_pool(self, serving: Serving) -> None:
         """An InferencePool for the model's one pool, with an objective per caller."""
         cfg, model = self.config, serving.model
-        self.inference_pools[serving.key] = InferencePool(f"{self._prefix}{serving.key}-inference", InferencePoolArgs(
+        precise = reads_kv_events(cfg.picker, model)
+        # Precise prefix scoring: the picker's plugins and its tokenizer on the model's shared weights.
+        reader = self.store.reader_for(serving.consumer, model) if precise else None
+        pool = InferencePool(f"{self._prefix}{serving.key}-inference", InferencePoolArgs(
             pool_name=model.name, namespace=self._namespace(serving.tenant), provider=self.cluster.provider,
             # The vLLM pods (a standby only where it answers at zero: picker_wake.py).
             selector=inference_pool_selector(model, picker_queue(cfg)), objectives=picker_objectives(serving),
             request_timeout_seconds=cfg.gateway.request_timeout_seconds, picker=cfg.picker,
+            extension=precise_extension(model.name, cfg.picker.scorers.prefix_cache) if precise else None,
+            sidecar=render_sidecar(model, cfg.release_for(serving.node_pool), reader.mount) if reader else None,
+            weights_reads=reader.bucket_reads if reader else None, weights_prefixes=render_weights_prefixes(model),
             load_balancer_sources=self._sources.health_checks, metrics_sources=[cfg.cluster.subnet_cidr]),
-            opts=self._opts_for(self._picker_deps))
+            opts=self._opts_for([*self._picker_deps, *([self.store] if precise else [])]))
+        self.inference_pools[serving.key] = pool
+        if precise:
+            self._readers.setdefault(model.name, []).append(pool)
 
     def _front(self, targets: list[RouteTarget]) -> None:
         """The gateway in front of the routes."""

@@ -24,6 +24,7 @@ from .model.cold_start import NODE_PROVISION_S
 from .model.k8s_objects import group_name_of
 from .model.keda_scaling import KedaScaling, primary_queries, primary_scaled_object, scaled_object
 from .model.mesh_identity import STANDBY_SA
+from .model.picker_prefix import pool_events_ingress
 from .model.pods.server import ServerPod, leader_pod, server_pod, worker_pod
 from .model.rollouts import FLAGGER_API, WORKLOAD_LABEL, FlaggerPool, canary_spec
 from .model.serving_plan import PoolName
@@ -113,6 +114,9 @@ class VllmServiceArgs:
     gateway_namespace: pulumi.Input[str] = ""
     # What the Canary waits for: Flagger (its CRDs come with its chart) and the gates' templates.
     flagger_ready: Sequence[pulumi.Resource] = ()
+    # The endpoint picker (its name, <pool>-epp, in this namespace) that reads the servers' KV-cache
+    # events (picker.prefixCache precise): the servers publish them, to its pods alone. None: no events.
+    kv_events_picker: Optional[str] = None
 
     def __post_init__(self) -> None:
         """Args that would not serve are refused here, with every problem at once."""
@@ -157,6 +161,14 @@ class VllmService(pulumi.ComponentResource):
         if self.flagger is None:
             self._service(name, args, opts, who)
         self._budget(name, args, opts, who)
+        if args.kv_events_picker:
+            # The events carry every tenant's prompt tokens, unauthenticated: the picker's pods alone.
+            k8s.networking.v1.NetworkPolicy(
+                f"{name}-kv-events", metadata={**meta(f"{self.service_name}-kv-events", labels=who.labels),
+                                               "namespace": args.namespace},
+                spec=api_body(pool_events_ingress({**who.selector, **SERVER_LABELS}, args.namespace,
+                                                  args.kv_events_picker)),
+                opts=child_opts(self, opts, provider=args.provider))
         self._scaling(name, args, args.scaling, opts, who)
         if self.flagger is not None:
             self._canary(name, args, self.flagger, opts)
@@ -293,7 +305,8 @@ def server_pod_facts(args: VllmServiceArgs, who: PoolIdentity, grace: int, flagg
         service_name=who.service_name, grace_seconds=grace, load_seconds=args.load_seconds,
         request_timeout_seconds=args.request_timeout_seconds, service_account=args.service_account,
         ttft_slo_seconds=args.ttft_slo_seconds, traces_endpoint=args.traces_endpoint,
-        trace_sample_ratio=args.trace_sample_ratio, pods_cidr=args.pods_cidr, xla_cache_path=xla_cache_path)
+        trace_sample_ratio=args.trace_sample_ratio, pods_cidr=args.pods_cidr, xla_cache_path=xla_cache_path,
+        kv_events=args.kv_events_picker is not None)
 
 
 def sibling_aliases(opts: Optional[pulumi.ResourceOptions]) -> list[pulumi.Alias]:

@@ -62,7 +62,8 @@ def _opens(rule_ports: Optional[Sequence[Mapping[str, Any]]], ports: Sequence[in
         return True  # a rule without ports opens them all
     for p in rule_ports:
         port, end = p.get("port"), p.get("endPort")
-        if not isinstance(port, int):
+        # A plan's numbers arrive as floats (Pulumi's wire form): 5557.0 is port 5557.
+        if isinstance(port, bool) or not isinstance(port, (int, float)):
             return True  # every port, or a named one this check does not resolve
         if any(port <= q <= (end or port) for q in ports):
             return True

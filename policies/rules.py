@@ -46,6 +46,7 @@ from .inference_gateway import (
     inference_pools_served,
     tenant_priorities_bound,
 )
+from .kv_events import kv_events_private
 from .multi_host import group_workers_closed
 from .operations import load_tests_on_demand, serving_held_to_slos
 from .rollouts import prod_rollouts_gated, rollout_gates_hold_slos
@@ -172,6 +173,13 @@ POLICIES: tuple[Policy, ...] = (
            "does not exist; an objective under which the mesh admits more than one issuer's tokens (evaluated by"
            " `policies/mesh_authz.py`).",
            "mandatory", tenant_priorities_bound),
+    Policy("kv-events-private",
+           "vLLM's KV-cache events (every tenant's prompt tokens, unauthenticated) reach the endpoint picker's pods "
+           "alone."
+           " Rejects a vLLM server with `--kv-events-config` whose pods no NetworkPolicy selects, whose events' "
+           "ports a NetworkPolicy opens to anything but the picker's pods in one namespace (another pod, an IP "
+           "block, every namespace), or that runs on a cluster without Dataplane V2.",
+           "mandatory", kv_events_private),
     Policy("lora-adapters-scoped",
            "Servers with LoRA adapters load them from the read-only share and admit each tenant only to its own."
            " Rejects a vLLM server with `--lora-modules` whose adapters are not on a read-only weights mount, or"

@@ -5,15 +5,19 @@ KV-events ports open to the picker's pods alone (policies/kv_events.py)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, manifests_of, vllm_deployments
+from tests.k8s_cluster import CONTROL_PLANE, CRD_FILES, CRDS, ControlPlane, apply_stack, crds_established, settle
 from vllm_gke.components.model import picker_prefix as pp
 from vllm_gke.components.model.picker import picker_config_data, picker_labels
 from vllm_gke.components.model.specs import ModelSpec, PickerSpec, ServingPoolSpec
@@ -21,6 +25,8 @@ from vllm_gke.components.model.vllm_argv import KUBELET_EXPANDED, check_argv, lo
 from vllm_gke.components.model.vllm_server import vllm_args
 from vllm_gke.components.model.vllm_versions import TPU_RELEASES, release
 from vllm_gke.components.model.weights_mount import claim_mount
+from vllm_gke.infra.config import ConfigError, parse
+from vllm_gke.infra.plan import Plan, read_stack_config, run_program
 from vllm_gke.policies.base import Resource
 from vllm_gke.policies.kv_events import events_ports, kv_events_private
 
@@ -242,3 +248,150 @@ def test_the_policy_refuses_events_readable_by_other_pods(breach: str):
         dataplane = False
     findings = [message for _, message in kv_events_private(plan(specs, dataplane))]
     assert len(findings) == 1 and "Deployment serving/chat-short" in findings[0], findings
+
+
+# --- wired end to end: staging's llama-8b (picker.prefixCache precise) ----------------------------
+
+@pytest.fixture(scope="module")
+def staging() -> Plan:
+    return run_program("staging", read_stack_config("staging"))
+
+
+def _servers(plan: Plan) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in vllm_deployments(plan)}
+
+
+def _vllm(d: dict[str, Any]) -> dict[str, Any]:
+    (c,) = [c for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+    return c
+
+
+def test_staging_publishes_events_from_the_picker_pool_alone(staging: Plan):
+    servers = _servers(staging)
+    assert {"llama-8b-short", "mistral-7b-short", "mistral-7b-long"} <= set(servers)
+    for name, d in servers.items():
+        args = [str(a) for a in _vllm(d)["args"]]
+        annotations = d["spec"]["template"]["metadata"]["annotations"]
+        if name == "llama-8b-short":  # behind the picker
+            assert args[-4:] == pp.kv_events_args("llama-8b"), args
+            assert check_argv(args, load_snapshot("0.34.0")) == []
+            assert pp.kv_events_env()[0] in _vllm(d)["env"]
+            assert annotations[pp.EXCLUDE_INBOUND] == "5557,5657"
+        else:  # length-routed pools publish nothing
+            assert "--kv-events-config" not in args and pp.EXCLUDE_INBOUND not in annotations, name
+
+
+def test_staging_admits_only_the_pickers_pods_to_the_events(staging: Plan):
+    selecting = [p for p in manifests_of(staging, "NetworkPolicy", "vllm")
+                 if any(5557 == q.get("port") for r in p["spec"].get("ingress") or [] for q in r.get("ports") or [])]
+    (policy,) = selecting
+    spec = policy["spec"]
+    # the pool's vLLM pods (not its standby, not another pool's)
+    selector = spec["podSelector"]["matchLabels"].items()
+    pods = {n: d["spec"]["template"]["metadata"]["labels"].items() for n, d in _servers(staging).items()}
+    assert [n for n, labels in pods.items() if selector <= labels] == ["llama-8b-short"]
+    assert ("app.kubernetes.io/name", "vllm") in selector
+    (events,) = [r for r in spec["ingress"] if r.get("from")]
+    assert sorted(q["port"] for q in events["ports"]) == [5557, 5657]
+    assert events["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "vllm"}},
+                               "podSelector": {"matchLabels": picker_labels("llama-8b-epp")}}]
+    # the picker's pods carry those labels
+    (picker,) = [d for d in manifests_of(staging, "Deployment", "vllm") if d["metadata"]["name"] == "llama-8b-router-epp"]
+    labels = picker["spec"]["template"]["metadata"]["labels"]
+    assert picker_labels("llama-8b-epp").items() <= labels.items()
+
+
+def test_staging_pickers_tokenizer_reads_the_bucket_as_the_picker(staging: Plan):
+    (picker,) = [d for d in manifests_of(staging, "Deployment", "vllm") if d["metadata"]["name"] == "llama-8b-router-epp"]
+    pod = picker["spec"]["template"]
+    names = [c["name"] for c in pod["spec"]["containers"]]
+    assert names == ["epp", pp.RENDER_CONTAINER]
+    render = pod["spec"]["containers"][1]
+    assert render["args"][1:3] == ["--served-model-name", "llama-8b"]
+    assert any((v.get("csi") or {}).get("driver") == "gcsfuse.csi.storage.gke.io" for v in pod["spec"]["volumes"])
+    assert pod["metadata"]["annotations"]["gke-gcsfuse/volumes"] == "true"
+    # the config: the precise scorer in, the approximate one out, the producer fed by the pool's endpoints
+    (config,) = [c for c in manifests_of(staging, "ConfigMap", "vllm") if c["metadata"]["name"] == "llama-8b-router-epp"]
+    data = yaml.safe_load(config["data"]["default-plugins.yaml"])
+    types = [p["type"] for p in data["plugins"]]
+    assert types.count("prefix-cache-scorer") == 1 and pp.PRODUCER in types and pp.TOKEN_PRODUCER in types
+    refs = {p["pluginRef"]: p["weight"] for p in data["schedulingProfiles"][0]["plugins"]}
+    assert refs[pp.SCORER] == 3 and "prefix-cache-scorer" not in refs
+    # the picker's identity lists the bucket and opens its model's folder
+    members = [r.props for r in staging.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+               if "/sa/llama-8b-epp" in str(r.props.get("member"))]
+    assert {m["role"] for m in members} >= {"roles/storage.objectViewer"} and len(members) == 2
+    assert "llama-8b/" in json.dumps([m.get("condition") for m in members])
+
+
+def test_the_policy_is_clean_on_staging_and_refuses_a_copy_without_the_events_policy(staging: Plan):
+    resources = staging.policy_resources()
+    assert list(kv_events_private(resources)) == []
+    broken = [r for r in resources if not r.name.endswith("-kv-events")]
+    assert len(broken) == len(resources) - 1
+    (finding,) = [m for _, m in kv_events_private(broken)]
+    assert "Deployment vllm/llama-8b-short" in finding and "no NetworkPolicy selects its pods" in finding
+    opened = copy.deepcopy(resources)
+    for r in opened:
+        if r.name.endswith("-kv-events"):
+            r.props["spec"]["ingress"][1]["from"].append({"ipBlock": {"cidr": "0.0.0.0/0"}})
+    assert [m for _, m in kv_events_private(opened)][0].endswith('{"ipBlock": {"cidr": "0.0.0.0/0"}}')
+
+
+@pytest.mark.parametrize("case", ["no-dataplane", "no-prefix-caching", "own-block-size", "no-weight"])
+def test_what_precise_needs_is_refused_naming_the_key(case: str):
+    values = copy.deepcopy(read_stack_config("staging"))
+    model = next(m for m in values["vllm-gke:models"] if m["name"] == "llama-8b")
+    key, words = {
+        "no-dataplane": ("vllm-gke:cluster.dataplaneV2", "set dataplaneV2 true"),
+        "no-prefix-caching": ("vllm-gke:models[llama-8b].enablePrefixCaching", "set it true or picker.prefixCache"),
+        "own-block-size": ("vllm-gke:models[llama-8b].extraArgs", "sets --block-size, which precise"),
+        "no-weight": ("vllm-gke:picker.scorers.prefixCache", "give it a weight"),
+    }[case]
+    if case == "no-dataplane":
+        values["vllm-gke:cluster"]["dataplaneV2"] = False
+    elif case == "no-prefix-caching":
+        model["enablePrefixCaching"] = False
+    elif case == "own-block-size":
+        model["extraArgs"] = ["--block-size", "16"]
+    else:
+        values["vllm-gke:picker"]["scorers"] = {"prefixCache": 0}
+    with pytest.raises(ConfigError) as err:
+        parse(values)
+    issues = [i for i in err.value.issues if i.key == key]
+    assert issues and words in issues[0].problem, [str(i) for i in err.value.issues]
+    values["vllm-gke:picker"]["prefixCache"] = "approximate"  # the fix each one names
+    if case != "own-block-size":
+        parse(values)
+
+
+def test_the_picker_and_its_tokenizer_schedule_on_the_system_pool(staging: Plan):
+    """The picker's pods with the sidecar on staging's system nodes at their most, through a rollout
+    (its 100% surge beside the old pods)."""
+    if not CONTROL_PLANE.exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no control plane at {CONTROL_PLANE}: CI must run this")
+        pytest.skip(f"no control plane at {CONTROL_PLANE}")
+    cp = ControlPlane(Path(tempfile.mkdtemp(prefix="k8s-picker-prefix-")))
+    try:
+        for name in CRD_FILES:
+            cp.kubectl("apply", "--server-side", "-f", str(CRDS / name), timeout=300)
+        crds_established(cp)
+        apply_stack(cp, staging)
+        settle(cp)
+        system = {n["metadata"]["name"] for n in cp.get("nodes", "-l", "cloud.google.com/gke-nodepool=system")["items"]}
+        sel = "inferencepool=llama-8b-epp,vllm-gke.io/picker=llm-d-router"
+
+        def placed() -> list[dict[str, Any]]:
+            return [p for p in cp.get("pods", "-n", "vllm", "-l", sel)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+        for stamp in ("", "rolled"):
+            if stamp:
+                cp.kubectl("rollout", "restart", "deployment", "llama-8b-router-epp", "-n", "vllm")
+                settle(cp)
+            pods = cp.wait_until("the picker's pods placed", lambda: (
+                ps if len(ps := placed()) == 2 and all(p["spec"].get("nodeName") for p in ps) else None))
+            assert {p["spec"]["nodeName"] for p in pods} <= system and len({p["spec"]["nodeName"] for p in pods}) == 2
+            assert all([c["name"] for c in p["spec"]["containers"]] == ["epp", pp.RENDER_CONTAINER] for p in pods)
+    finally:
+        cp.down()

@@ -26,10 +26,11 @@ def test_staging_loaders_beside_the_picker_need_more_than_one_system_node(plans)
         check_system_pool("e2-standard-4", 1, plans["staging"].manifests())
     (issue,) = err.value.issues
     assert issue.key == "vllm-gke:cluster.systemMaxNodes"
-    # the picker's two replicas, the standby and KEDA stay; a 2-CPU loader beside them never starts
-    assert "Deployment vllm/llama-8b-router-epp 2000m" in issue.problem
+    # the picker's two replicas (each with its tokenizer sidecar), the standby and KEDA stay; a
+    # 2-CPU loader beside them never starts
+    assert "Deployment vllm/llama-8b-router-epp 4000m" in issue.problem
     assert "the largest pod that comes and goes (" in issue.problem and "would never start" in issue.problem
-    check_system_pool("e2-standard-4", 2, plans["staging"].manifests())  # a second node holds it
+    check_system_pool("e2-standard-4", 3, plans["staging"].manifests())  # more nodes hold it
 
 
 def test_loaders_queue_but_one_too_large_for_any_node_is_refused(plan_variant):

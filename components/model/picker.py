@@ -20,6 +20,7 @@ from .k8s_objects import CONTAINER_SECURITY
 from .specs import ImageRef, PickerSpec
 
 if TYPE_CHECKING:
+    from .picker_prefix import RenderSidecar
     from .stack_config import StackConfig
 
 POOL_API = "inference.networking.k8s.io/v1"
@@ -152,6 +153,10 @@ def picker_config_data(spec: PickerSpec, priorities: Iterable[int] = (),
     0.34 exports (datalayer/extractor/metrics/factories.go:89-97)."""
     ext = extension or PickerExtension()
     weights = dict(zip(SCORERS, (spec.scorers.queue, spec.scorers.kv_cache_utilization, spec.scorers.prefix_cache)))
+    if spec.prefix_cache == "precise":
+        # The extension's precise scorer takes the prefix weight; the approximate one is left out,
+        # as upstream's recipe does (deploy/config/epp-precise-prefix-cache-config.yaml).
+        weights.pop(SCORERS[2])
     scorers = [(t, w) for t, w in weights.items() if w]
     sat = spec.saturation
     detector = {"type": DETECTOR, "parameters": {  # saturationdetector/utilization/config.go:55-77
@@ -218,9 +223,14 @@ def picker_container(pool_name: str, namespace: object, image: str, request_time
 
 
 def picker_deployment_spec(epp: str, container: dict[str, Any], config_digest: str,
-                           request_timeout_seconds: int, config_map: str) -> dict[str, Any]:
-    """`config_digest`: of the plugin config, which the picker reads once, at start, from `config_map`."""
+                           request_timeout_seconds: int, config_map: str,
+                           sidecar: "RenderSidecar | None" = None) -> dict[str, Any]:
+    """`config_digest`: of the plugin config, which the picker reads once, at start, from `config_map`;
+    `sidecar`: the tokenizer beside it (precise prefix scoring, picker_prefix.render_sidecar)."""
     selector = {"inferencepool": epp, PICKER_LABEL[0]: PICKER_LABEL[1]}
+    containers = [container, *([sidecar.container] if sidecar else [])]
+    volumes = [{"name": "plugins-config", "configMap": {"name": config_map}},
+               *(dict(v) for v in (sidecar.volumes if sidecar else ()))]
     return {
         "replicas": REPLICAS,
         # A new pod turns ready only once the old leader has released the lease, and the
@@ -238,7 +248,8 @@ def picker_deployment_spec(epp: str, container: dict[str, Any], config_digest: s
                          "annotations": {"vllm-gke.io/config-sha256": config_digest,
                                          # Every stop of the leader is a handover: not for the
                                          # autoscaler to tidy nodes.
-                                         "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}},
+                                         "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+                                         **(sidecar.annotations if sidecar else {})}},
             "spec": {
                 "serviceAccountName": epp,
                 # The drain, the longest stream begun in it, then the lease release (grace_seconds).
@@ -246,8 +257,8 @@ def picker_deployment_spec(epp: str, container: dict[str, Any], config_digest: s
                 "securityContext": {"runAsNonRoot": True, "runAsUser": EPP_UID, "runAsGroup": EPP_UID,
                                     "seccompProfile": {"type": "RuntimeDefault"}},
                 "topologySpreadConstraints": [one_per_node(epp)],
-                "containers": [container],
-                "volumes": [{"name": "plugins-config", "configMap": {"name": config_map}}],
+                "containers": containers,
+                "volumes": volumes,
             },
         },
     }

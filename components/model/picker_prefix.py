@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .k8s_objects import CONTAINER_SECURITY
-from .picker import PickerExtension
-from .specs import ModelSpec
+from .picker import PickerExtension, picker_labels, picker_name
+from .specs import ModelSpec, PickerSpec
 from .vllm_server import PORT
 from .vllm_versions import VllmRelease
 from .weights_layout import SERVER_UID, model_dir
@@ -97,6 +97,12 @@ EXCLUDE_INBOUND = "traffic.sidecar.istio.io/excludeInboundPorts"
 SERVING_PORTS = (PORT, 15006, 15020, 15021, 15090)
 
 
+def reads_kv_events(picker: PickerSpec, model: ModelSpec) -> bool:
+    """Whether the model's servers publish KV-cache events to its picker: picker.prefixCache
+    precise, for the models behind a picker (routing: inference-gateway)."""
+    return picker.prefix_cache == "precise" and model.routing == "inference-gateway"
+
+
 def kv_events_config(served_model_name: str) -> dict[str, Any]:
     """vLLM's KVEventsConfig (vllm/config/kv_events.py:10-54): ZMQ, bound on every address (a `*`
     endpoint binds, kv_events.py:437-448), replay on its own port."""
@@ -131,6 +137,22 @@ def events_ingress(servers: Mapping[str, str], picker_namespace: object,
     return {"podSelector": {"matchLabels": dict(servers)}, "policyTypes": ["Ingress"],
             "ingress": [{"ports": [{"protocol": "TCP", "port": p} for p in SERVING_PORTS]},
                         {"from": [picker], "ports": [{"protocol": "TCP", "port": p} for p in EVENTS_PORTS]}]}
+
+
+def pool_events_ingress(servers: Mapping[str, str], namespace: object, picker: str) -> dict[str, Any]:
+    """events_ingress for a pool's vLLM pods (`servers`: not its standby) and its picker (`picker`,
+    picker.picker_name), both in `namespace`."""
+    return events_ingress(servers, namespace, picker_labels(picker))
+
+
+def pool_picker(model: ModelSpec) -> str:
+    """The picker that reads the events of the model's pool: its InferencePool is named after the model."""
+    return picker_name(model.name)
+
+
+def render_weights_prefixes(model: ModelSpec) -> list[str]:
+    """The bucket folders the render sidecar opens: its model's (every revision), for the tokenizer."""
+    return [f"{model.name}/"]
 
 
 def precise_extension(served_model_name: str, weight: int) -> PickerExtension:

@@ -13,6 +13,7 @@ from .cold_start import cold_start_seconds, rollout_seconds
 from .fallback import fallback_guard_config
 from .gateway_routes import PickerTarget, RouteTarget
 from .k8s_objects import service_name_of
+from .picker_prefix import reads_kv_events
 from .picker_wake import keeps_standby, picker_queue, wakes_on_picker_queue
 from .pods.standby import standby_name
 from .rollouts import RolloutPlan, rollout_plan
@@ -102,6 +103,8 @@ class PoolService:
     rollout: RolloutPlan = RolloutPlan("in-place")
     # ...or the picker's queue for its InferencePool (named after the model), behind a picker that queues.
     picker_pool: str = ""
+    # Its servers publish KV-cache events to the model's picker (picker.prefixCache precise).
+    kv_events: bool = False
 
 
 def wait_behind(cfg: StackConfig, node_pool: str, model: ModelSpec, tenant: Optional[str], which: str) -> float:
@@ -141,7 +144,8 @@ def pool_services(cfg: StackConfig, serving: Serving, canary: bool = False,
             standby_name=standby, canary=canary, tenant=serving.tenant,
             rollout=pool_rollout(cfg, serving, which) if not canary else RolloutPlan(
                 "in-place", "a manual canary's own pool", primary_max=pool.max_replicas),
-            picker_pool=model.name if wakes_on_picker_queue(model, pool, queue) else ""))
+            picker_pool=model.name if wakes_on_picker_queue(model, pool, queue) else "",
+            kv_events=reads_kv_events(cfg.picker, model)))
     return out
 
 

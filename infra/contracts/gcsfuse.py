@@ -57,7 +57,9 @@ def fuse_pods_start_under_any_sidecar_mode(plan: Plan) -> list[str]:
         pod = d["spec"]["template"]
         fuse_volumes = {v["name"] for v in pod["spec"].get("volumes") or []
                         if (v.get("csi") or {}).get("driver") == "gcsfuse.csi.storage.gke.io"}
-        if not fuse_volumes or (pod["metadata"].get("annotations") or {}).get("sidecar.istio.io/inject") == "false":
+        # Outside the mesh by annotation or by label (Istio reads both; the picker's is a label).
+        if not fuse_volumes or "false" in ((pod["metadata"].get("annotations") or {}).get("sidecar.istio.io/inject"),
+                                           (pod["metadata"].get("labels") or {}).get("sidecar.istio.io/inject")):
             continue
         if "443" not in (pod["metadata"].get("annotations") or {}).get(
                 "traffic.sidecar.istio.io/excludeOutboundPorts", "").split(","):

@@ -30,7 +30,7 @@ from .fallback import fallbacks
 from .load_tests import load_tests
 from .monitoring import slo_alerts_reachable, traces_exportable
 from .names import RESERVED_NAMESPACES, check_serving_namespace, issuers, namespaces, unique_names
-from .picker import picker_queue_within_backend_timeout
+from .picker import picker_queue_within_backend_timeout, precise_prefix_cache
 from .placement import (
     SYSTEM_DISK_GB,
     check_fit,
@@ -56,6 +56,7 @@ STACK_CHECKS: tuple[Callable[["StackConfig", Add], None], ...] = (
     namespaces, vllm_release, inference_gateway, length_routing, global_limits, adapters, scale_to_zero,
     hyperdisk_ml, node_disks, filestore_size, slo_alerts_reachable, load_tests,
     traces_exportable, multi_host_groups, cooldown_covers_wake, rollouts, fallbacks, picker_queue_within_backend_timeout,
+    precise_prefix_cache,
 )
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, Mapping, Optional
 from ..capacity import hosts_per_replica
 from ..k8s_objects import BASE_LABELS, CONTAINER_SECURITY
 from ..node_pools import placement_for
+from ..picker_prefix import kv_events_annotations, kv_events_args, kv_events_env
 from ..serving_pool import startup_failure_threshold, startup_window_seconds
 from ..specs import ModelSpec, NodePoolSpec, ServingPoolSpec
 from ..vllm_server import (
@@ -90,6 +91,8 @@ class ServerPod:
     # The pool's XLA cache directory on its TPU nodes (vllm_server.xla_cache_host_path; a Pulumi
     # output where the namespace is one).
     xla_cache_path: Any = None
+    # Publish KV-cache events for the pool's picker (precise prefix scoring, picker_prefix.py).
+    kv_events: bool = False
 
     @property
     def hosts(self) -> int:
@@ -142,7 +145,9 @@ def _pod(a: ServerPod, role: Role) -> dict[str, Any]:
                          # A warm replica is minutes of weight loading: the cluster
                          # autoscaler must not evict it to consolidate nodes.
                          SAFE_TO_EVICT: "false",
-                         **a.weights.annotations}},
+                         **a.weights.annotations,
+                         # The events' ports left to the NetworkPolicy (workers publish none).
+                         **(kv_events_annotations() if a.kv_events and role != "worker" else {})}},
         "spec": {
             # Its own identity: the weights bucket and the limit store grant to it
             # alone (MeshNamespace creates it), not to the namespace's default.
@@ -190,14 +195,16 @@ def _vllm_container(a: ServerPod, role: Role) -> dict[str, Any]:
     # A replica on one node takes its devices (one MIG slice is one nvidia.com/gpu; parallelism
     # needs that many whole GPUs or TPU chips); across hosts each pod takes its node's.
     pod_devices = min(a.model.devices_per_replica, a.node_pool.slices_per_node)
+    # The engine that serves publishes its cache's events (a group's leader, not its workers).
+    events = kv_events_args(a.model.name) if a.kv_events and role != "worker" else []
     return {
         "name": "vllm",
         "image": a.image_uri,
         "command": ["python3", "/opt/vllm-gke/serve.py"],
         "args": [*vllm_args(a.model, a.pool, a.release, a.request_timeout_seconds, a.ttft_slo_seconds,
-                            a.traces_endpoint), *group_args(a.hosts, a.release, role)],
+                            a.traces_endpoint), *group_args(a.hosts, a.release, role), *events],
         "ports": [{"name": "http", "containerPort": PORT}],
-        "env": [*group_env(a.hosts, a.release, role), *_env(a)],
+        "env": [*group_env(a.hosts, a.release, role), *_env(a), *(kv_events_env() if events else [])],
         "resources": container_resources(a.node_pool, pod_devices, scratch_gi(a.model, a.weights.through_fuse)),
         "securityContext": CONTAINER_SECURITY,
         # Model load plus warm-up can take many minutes: allow 30, or half as long again as the
