@@ -128,15 +128,38 @@ def salted_paths(identity: Mapping[str, Any]) -> dict[tuple[str, ...], list[str]
     return out
 
 
-def body_condition(groups: Mapping[tuple[str, ...], Sequence[str]]) -> str:
-    """The CEL matcher (Service Extensions' CEL subset: request.path, matches() with RE2) of exactly
-    each group's prefixes followed by one of its routes, a query string allowed (the routes' Exact
-    path match ignores it)."""
+# GKE's CRD holds each celMatcher to 512 characters of Service Extensions' CEL subset, whose string
+# literals may not hold RE2's ^ $ | ? [ ] (so no anchored matches()), and ORs at most 10 of them.
+CEL_MAX = 512
+CEL_EXPRESSIONS_MAX = 10
+
+
+def _startswith_any(prefixes: Sequence[str]) -> str:
+    return " || ".join(f"request.path.startsWith('{p}/v1/')" for p in prefixes)
+
+
+def body_conditions(groups: Mapping[tuple[str, ...], Sequence[str]]) -> list[str]:
+    """CEL matchers (ORed by GKE) of each group's prefixes followed by one of its routes: a prefix's
+    /v1/ and the route's ending, as startsWith/endsWith (request.path holds no query string). A path
+    that matches more loosely (/t/m/v1/x/v1/completions) is one the extension leaves unsalted and no
+    route serves."""
     names = [*(p for ps in groups.values() for p in ps), *(r for rs in groups for r in rs)]
     if bad := [p for p in names if not _PLAIN_PATH.fullmatch(p)]:
         raise ValueError(f"identity extension: paths a CEL condition cannot name as they are: {bad}")
-    alternatives = "|".join(f"({'|'.join(prefixes)})({'|'.join(routes)})" for routes, prefixes in groups.items())
-    return f"request.path.matches('^({alternatives})([?].*)?$')"
+    out: list[str] = []
+    for routes, prefixes in groups.items():
+        ends = " || ".join(f"request.path.endsWith('{r}')" for r in routes)
+        chunk: list[str] = []
+        for prefix in prefixes:
+            if chunk and len(f"({_startswith_any([*chunk, prefix])}) && ({ends})") > CEL_MAX:
+                out.append(f"({_startswith_any(chunk)}) && ({ends})")
+                chunk = []
+            chunk.append(prefix)
+        out.append(f"({_startswith_any(chunk)}) && ({ends})")
+    if len(out) > CEL_EXPRESSIONS_MAX or any(len(e) > CEL_MAX for e in out):
+        raise ValueError(f"identity extension: {len(out)} CEL conditions for the salted picker routes; GKE takes at most "
+                         f"{CEL_EXPRESSIONS_MAX} of {CEL_MAX} characters each")
+    return out
 
 
 def _extension(name: str, events: list[str], **extra: Any) -> dict[str, Any]:
@@ -153,7 +176,7 @@ def routing_extension_spec(gateway: str, identity: Mapping[str, Any]) -> dict[st
     chains: list[dict[str, Any]] = []
     if groups := salted_paths(identity):
         chains.append({"name": "tenant-identity-body",
-                       "matchCondition": {"celExpressions": [{"celMatcher": body_condition(groups)}]},
+                       "matchCondition": {"celExpressions": [{"celMatcher": c} for c in body_conditions(groups)]},
                        "extensions": [_extension("salt-tenant", ["RequestHeaders", "RequestBody", "RequestTrailers"],
                                                  requestBodySendMode="FullDuplexStreamed")]})
     chains.append({"name": "tenant-identity", "extensions": [_extension("verify-tenant", ["RequestHeaders"])]})
