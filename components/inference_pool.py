@@ -190,12 +190,15 @@ class InferencePool(pulumi.ComponentResource):
 
     def _pool(self, name: str, args: InferencePoolArgs, service: k8s.core.v1.Service,
               opts: Optional[pulumi.ResourceOptions]) -> None:
-        """The InferencePool (once its picker is ready) and the load balancer's policies on it."""
+        """The InferencePool and the load balancer's policies on it. Not after the picker's readiness: the
+        picker reports ready only once it has read its pool (llm-d-router v0.10.0 cmd/epp/runner/health.go:56,84;
+        pkg/epp/datastore/datastore.go:213-216), so a first `pulumi up` waiting for it would never end; the
+        routes wait for the picker instead (platform)."""
         pool_meta: k8s.meta.v1.ObjectMetaArgsDict = {**meta(args.pool_name), "namespace": args.namespace}
         self.pool = custom_resource(
             f"{name}-pool", POOL_API, "InferencePool", pool_meta,
             pool_spec(picker_name(args.pool_name), args.port, args.selector, args.picker.failure_mode),
-            child_opts(self, opts, provider=args.provider, depends_on=[service, self.picker]))
+            child_opts(self, opts, provider=args.provider, depends_on=[service]))
         after_pool = child_opts(self, opts, provider=args.provider, depends_on=[self.pool])
         target = pool_ref(args.pool_name)
         custom_resource(f"{name}-hc", "networking.gke.io/v1", "HealthCheckPolicy", pool_meta,

@@ -382,7 +382,8 @@ class Platform(pulumi.ComponentResource):
         self.gateway = Gateway(f"{self._prefix}gateway", GatewayArgs(
             cfg.gateway, self.serving.name, targets, self.cluster.provider, project=cfg.project, region=cfg.region,
             subnetwork=self.cluster.subnetwork.id, name_prefix=cfg.cluster.name, apis=self.apis),
-            opts=self._opts_for([self.identity] if self.identity else []))
+            # ...and after the pickers answer: a route to a pool whose picker is not ready fails closed.
+            opts=self._opts_for([*([self.identity] if self.identity else []), *self.inference_pools.values()]))
 
     def _observe(self) -> None:
         """The monitoring of it all (its channels page for Flagger's rollbacks too)."""
