@@ -67,7 +67,7 @@ def test_the_wake_query_sums_the_pickers_queue_and_undispatched_requests_over_it
     # sum() with no `by`: over every picker replica (only the leader queues) and every band and tenant.
     assert picker_wake_query("vllm", "llama-8b") == (
         f"clamp_max((sum({queued}) or vector(0)) + (sum(increase({dropped}[2m])) or vector(0)) + "
-        f"(sum({dropped} unless {dropped} offset 2m) or vector(0)), 1)")
+        f"(sum({dropped} unless count_over_time({dropped}[1h] offset 2m)) or vector(0)), 1)")
 
 
 def _promtool() -> str:
@@ -95,6 +95,11 @@ OUTCOMES = ('llm_d_epp_flow_control_requests_total{{namespace="{ns}",inference_p
     ([(QUEUE, "epp-a", "", "0x20"), (OUTCOMES, "epp-a", "EvictedTTL", "_ _ _ _ 1x16")], "4m", 0),
     # A full queue while empty, on a series that already counted some.
     ([(OUTCOMES, "epp-b", "RejectedNoEndpoints", "2x8 3x8")], "150s", 1),
+    # A scrape gap of six minutes (a collector outage): the counter's series is back with its old total,
+    # not born: no wake (counted whole, it would hold a GPU node for the cooldown)...
+    ([(OUTCOMES, "epp-a", "EvictedTTL", "3x8 _x30 3x8")], "630s", 0),
+    # ...while one that rises once it is back still wakes it.
+    ([(OUTCOMES, "epp-a", "EvictedTTL", "3x8 _x30 3x4 4x4")], "690s", 1),
     # Requests dispatched (the pool serves): no wake.
     ([(QUEUE, "epp-a", "", "0x10"), (OUTCOMES, "epp-a", "Dispatched", "_ 1+1x10")], "150s", 0),
     # Another pool's queue, or the same pool's name in another namespace: not this pool's.

@@ -97,6 +97,9 @@ def wake_query(name: str, namespace: str, target: KedaScaling) -> str:
 PICKER_QUEUE_METRIC = "llm_d_epp_flow_control_queue_size"
 # Each request's final queue outcome, by outcome, priority and inference_pool (:402-408; controller.go:313).
 PICKER_OUTCOMES_METRIC = "llm_d_epp_flow_control_requests_total"
+# How far back a counter's series must have no sample to count as born: a wake misfires only after
+# a scrape gap longer than this.
+BORN_WITHIN = "1h"
 
 
 def picker_wake_query(namespace: str, pool: str) -> str:
@@ -109,12 +112,14 @@ def picker_wake_query(namespace: str, pool: str) -> str:
     queue's outcome; 503 rejected-no-endpoints is only its answer: admission.go:184-190,260-263), one
     refused by a full queue RejectedNoEndpoints (flowcontrol/controller/internal/processor.go:311-321), one whose client gave up
     EvictedContextCancelled. A counter's series appears at its first increment, where increase()
-    sees no rise; so a series that had no sample two minutes ago counts whole. Each side 0 when it
-    has no series (none yet, or a picker restarted)."""
+    sees no rise; so a series born in the last two minutes counts whole. Born, not merely back: one
+    with any sample in the hour before counts nothing whole, so a scrape gap (a collector outage, a
+    stalled picker) does not wake the pool with the counter's old total; only a gap over an hour
+    can. Each side 0 when it has no series (none yet, or a picker restarted)."""
     queued = f'{PICKER_QUEUE_METRIC}{{namespace="{namespace}",inference_pool="{pool}"}}'
     dropped = f'{PICKER_OUTCOMES_METRIC}{{namespace="{namespace}",inference_pool="{pool}",outcome!="Dispatched"}}'
     return (f"clamp_max((sum({queued}) or vector(0)) + (sum(increase({dropped}[2m])) or vector(0)) + "
-            f"(sum({dropped} unless {dropped} offset 2m) or vector(0)), 1)")
+            f"(sum({dropped} unless count_over_time({dropped}[{BORN_WITHIN}] offset 2m)) or vector(0)), 1)")
 
 
 def pods_of(deployment: str, namespace: str) -> str:
