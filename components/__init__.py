@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from .flagger import Flagger, FlaggerArgs
     from .gateway import Gateway, GatewayArgs
     from .gpu_cluster import GpuCluster, GpuClusterArgs
+    from .identity_extension import IdentityExtension, IdentityExtensionArgs
     from .inference_objective_crd import InferenceObjectiveCrd, InferenceObjectiveCrdArgs
     from .inference_pool import InferencePool, InferencePoolArgs
     from .keda import Keda, KedaArgs
@@ -39,6 +40,8 @@ _MODULE_OF = {
     "RouteTarget": "model.gateway_routes",
     "GpuCluster": "gpu_cluster",
     "GpuClusterArgs": "gpu_cluster",
+    "IdentityExtension": "identity_extension",
+    "IdentityExtensionArgs": "identity_extension",
     "InferenceObjectiveCrd": "inference_objective_crd",
     "InferenceObjectiveCrdArgs": "inference_objective_crd",
     "InferencePool": "inference_pool",
@@ -69,7 +72,8 @@ _MODULE_OF = {
 
 __all__ = [
     "BillingBudget", "BillingBudgetArgs", "Flagger", "FlaggerArgs",
-    "Gateway", "GatewayArgs", "GpuCluster", "GpuClusterArgs", "InferenceObjectiveCrd", "InferenceObjectiveCrdArgs",
+    "Gateway", "GatewayArgs", "GpuCluster", "GpuClusterArgs", "IdentityExtension", "IdentityExtensionArgs",
+    "InferenceObjectiveCrd", "InferenceObjectiveCrdArgs",
     "InferencePool", "InferencePoolArgs", "Keda", "KedaArgs", "LimitStore", "LimitStoreArgs", "LoadTest", "LoadTestArgs",
     "MeshNamespace",
     "MeshNamespaceArgs",

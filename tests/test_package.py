@@ -10,7 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
-from typing import Any
+from typing import Any, cast
 
 import pulumi
 import pytest
@@ -22,7 +22,7 @@ from vllm_gke.components.provider import generate_types
 
 EXAMPLES = REPO_ROOT / "examples"
 COMPONENTS = {"Platform", "GpuCluster", "MeshReadiness", "Keda", "MeshNamespace", "TenantAuth", "ModelStore", "VllmService",
-              "InferenceObjectiveCrd", "InferencePool", "LimitStore", "Gateway", "Observability"}
+              "InferenceObjectiveCrd", "InferencePool", "IdentityExtension", "LimitStore", "Gateway", "Observability"}
 
 
 def package_schema() -> dict[str, Any]:
@@ -228,8 +228,9 @@ TS_NEW = re.compile(r"new vllmgke\.(\w+)\(")
 
 @pytest.mark.parametrize("example,components", [("typescript", {"Platform"}),
                                                   # InferencePool: test_the_picker_path_composes_from_the_facades
-                                                  ("typescript-components", COMPONENTS - {"Platform", "InferencePool",
-                                                                                          "InferenceObjectiveCrd"})])
+                                                  ("typescript-components", COMPONENTS - {
+                                                      "Platform", "InferencePool", "InferenceObjectiveCrd",
+                                                      "IdentityExtension"})])
 def test_the_typescript_examples_use_only_schema_names(schema, example, components):
     text = (EXAMPLES / example / "index.ts").read_text()
     used = set(TS_NEW.findall(text))
@@ -460,9 +461,11 @@ def test_the_picker_path_composes_from_the_facades():
     with the tenant's own objective, the replica's guard requires it, every mandatory policy passes."""
     import copy
 
+    from vllm_gke.components.model.identity_extension import IDENTITY_TAG
     from vllm_gke.components.provider import (
         Gateway,
         GpuCluster,
+        IdentityExtension,
         InferenceObjectiveCrd,
         InferencePool,
         MeshNamespace,
@@ -494,11 +497,15 @@ def test_the_picker_path_composes_from_the_facades():
         pool = InferencePool("qwen-7b", {"project": "p", "model": model, "namespace": ns.name, "kubeconfig": "kc",
                                          "tenants": [tenant], "cluster": cluster},
                              opts=pulumi.ResourceOptions(depends_on=[crd]))
+        # Verifies the tenant and sets the objective the route requires: up before the route.
+        identity = IdentityExtension("identity", {"namespace": ns.name, "kubeconfig": "kc", "tenants": [tenant],
+                                                  "models": [model], "cluster": cluster,
+                                                  "server_image": {"repository": "reg/vllm/server", "tag": "v0.34.0"}})
         Gateway("gw", {"gateway": {"class_name": "gke-l7-rilb"}, "namespace": ns.name, "kubeconfig": "kc",
                        "project": "p", "region": "us-central1", "targets": [{
                            "route_name": "qwen-7b.search", "namespace": ns.name, "path_prefix": "search/qwen-7b",
                            "inference_pool": "qwen-7b", "tenant": "search"}]},
-                opts=pulumi.ResourceOptions(depends_on=[pool]))
+                opts=pulumi.ResourceOptions(depends_on=[pool, identity]))
 
     recorded = _under_mocks("p", "dev", {}, body)
     manifests = [r.props for r in recorded if r.type.startswith("kubernetes:")]
@@ -507,9 +514,16 @@ def test_the_picker_path_composes_from_the_facades():
     assert backends and all(b["kind"] == "InferencePool" and b["name"] == "qwen-7b" for b in backends)
     objectives = [m for m in manifests if m.get("kind") == "InferenceObjective"]
     assert [(o["metadata"]["name"], o["spec"]["priority"]) for o in objectives] == [("search.qwen-7b", -1)]
-    (server,) = [m for m in manifests if m.get("kind") == "Deployment" and "epp" not in m["metadata"]["name"]]
+    (server,) = [m for m in manifests if m.get("kind") == "Deployment" and "epp" not in m["metadata"]["name"]
+                 and "identity" not in m["metadata"]["name"]]
     env = {e["name"]: e.get("value") for e in server["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert '"objective": "search.qwen-7b"' in env["GKE_LLM_GUARD_CONFIG"]
+    (extension,) = [m for m in manifests if m.get("kind") == "GCPRoutingExtension"]
+    assert extension["spec"]["targetRefs"][0]["name"] == route["spec"]["parentRefs"][0]["name"]
+    (config,) = [json.loads(m["data"]["identity.json"]) for m in manifests if "identity.json" in m.get("data", {})]
+    assert config["prefixes"]["/search/qwen-7b"]["objective"] == "search.qwen-7b"
+    (identity,) = [m for m in manifests if m.get("kind") == "Deployment" and "identity" in m["metadata"]["name"]]
+    assert identity["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/vllm/vllm-gke-identity:" + IDENTITY_TAG
     resources = [Resource(r.type, r.name, copy.deepcopy(r.props), r.urn) for r in recorded if r.custom]
     assert [(v.policy, v.message[:100]) for v in evaluate(resources) if v.level == "mandatory"] == []
 
@@ -873,3 +887,33 @@ def test_the_provider_constructs_each_component_and_answers_every_output(schema)
     assert result.returncode == 0, result.stderr
     for token, outputs in json.loads(result.stdout).items():
         assert outputs == sorted(schema["resources"][token]["properties"]), token
+
+
+def test_the_package_identity_extension_names_each_bad_input():
+    """No image to derive its own from, a model not behind the picker, no tenant calling the models:
+    each problem names its key and the fix, all in one run."""
+    from vllm_gke.components.provider import IdentityExtension
+    from vllm_gke.components.provider.convert import InputError
+    from vllm_gke.infra.plan import _under_mocks
+
+    cluster = {"name": "c", "zones": ["us-central1-a"], "min_master_version": "1.34"}
+    tenant = {"name": "search", "jwt": {"issuer": "https://i.example", "jwks_uri": "https://i.example/jwks",
+                                        "audiences": ["a"]}, "models": ["other"],
+              "rate_limit": {"requests_per_minute": 60}, "max_tokens": 1024}
+    model = {"name": "qwen-7b", "source": "hf://Qwen/Qwen2.5-7B-Instruct", "shape": "qwen2.5-7b", "node_pool": "gpu"}
+    args: dict[str, Any] = {"namespace": "vllm", "kubeconfig": "kc", "tenants": [tenant], "cluster": cluster}
+
+    def problems(**given: Any) -> dict[str, str]:
+        def body() -> None:
+            IdentityExtension("identity", cast(Any, {**args, **given}))
+        with pytest.raises(InputError) as exc:
+            _under_mocks("p", "dev", {}, body)
+        return {i.key: i.problem for i in exc.value.issues}
+
+    found = problems(models=[model], vllm_version="0.1.0")
+    assert "routing: inference-gateway" in found["IdentityExtension.models[qwen-7b].routing"]
+    assert "serverImage" in found["IdentityExtension.image"]
+    assert "use one of 0.34.0" in found["IdentityExtension.vllmVersion"]
+    picker = {**model, "routing": "inference-gateway"}
+    found = problems(models=[picker], image={"repository": "r/identity", "tag": "1"})
+    assert list(found) == ["IdentityExtension.tenants"] and "admit no request" in found["IdentityExtension.tenants"]

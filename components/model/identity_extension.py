@@ -45,8 +45,9 @@ from .serving_api import (
     picker_max_body_bytes,
     picker_routes,
 )
-from .specs import ImageRef
+from .specs import ImageRef, ModelSpec, TenantSpec
 from .stack_config import StackConfig
+from .vllm_versions import VllmRelease
 
 NAME = "vllm-gke-identity"
 # The image's tag (images/vllm_gke_identity/cloudbuild.yaml builds it into the serverImage's repository).
@@ -76,19 +77,22 @@ def identity_image(server_image: ImageRef) -> ImageRef:
     return ImageRef(repository=f"{folder}/{NAME}", tag=IDENTITY_TAG)
 
 
-def picker_prefixes(cfg: StackConfig) -> dict[str, dict[str, Any]]:
+def picker_prefixes(tenants: Sequence[TenantSpec], models: Sequence[ModelSpec],
+                    releases: Mapping[str, VllmRelease]) -> dict[str, dict[str, Any]]:
     """'/<tenant>/<model>' of every tenant URL an endpoint picker serves -> its tenant, objective,
     and where its release salts: the tenant's cache_salt (the guard's), the picker routes whose
     bodies take it (those the guard salts: the release's cache_salt_paths among the picker's
-    POST routes) and the route's body limit (gateway_routes.picker_rules' Content-Length bound)."""
+    POST routes) and the route's body limit (gateway_routes.picker_rules' Content-Length bound).
+    `releases`: each picker model's vLLM release, by the model's name."""
+    by_name = {m.name: m for m in models}
     out: dict[str, dict[str, Any]] = {}
-    for tenant in cfg.tenants:
+    for tenant in tenants:
         dedicated: set[str] = set(tenant.dedicated.models) if tenant.dedicated else set()
         for name in tenant.models:
-            model = cfg.model(name)
-            if model.routing != "inference-gateway":
+            model = by_name.get(name)
+            if model is None or model.routing != "inference-gateway":
                 continue
-            salted = cfg.release_for(model.node_pool).cache_salt_paths
+            salted = releases[name].cache_salt_paths
             entry: dict[str, Any] = {"tenant": tenant.name, "objective": objective_name(tenant.name, name)}
             if paths := sorted(r.path for r in picker_routes() if r.method == "POST" and r.path in salted):
                 entry.update(cacheSalt=cache_salt(tenant), saltedPaths=paths, maxBodyBytes=picker_max_body_bytes(model))
@@ -96,22 +100,34 @@ def picker_prefixes(cfg: StackConfig) -> dict[str, dict[str, Any]]:
     return dict(sorted(out.items()))
 
 
-def identity_config(cfg: StackConfig) -> dict[str, Any]:
+def tenants_identity_config(tenants: Sequence[TenantSpec], models: Sequence[ModelSpec],
+                            releases: Mapping[str, VllmRelease]) -> dict[str, Any]:
     """The extension's IDENTITY_CONFIG: the jwt of each tenant with a picker's URL (the fields
     Istio's RequestAuthentication and AuthorizationPolicy check: tenant_policies.py), the URLs,
-    and the header names the picker, its routes and the guard read (serving_api)."""
-    prefixes = picker_prefixes(cfg)
+    and the header names the picker, its routes and the guard read (serving_api). From the
+    tenants and models alone, as the component package builds it (picker_prefixes' arguments)."""
+    prefixes = picker_prefixes(tenants, models, releases)
     callers = {p["tenant"] for p in prefixes.values()}
-    tenants = {t.name: {"issuer": t.jwt.issuer, "jwksUri": t.jwt.jwks_uri, "audiences": list(t.jwt.audiences),
+    configs = {t.name: {"issuer": t.jwt.issuer, "jwksUri": t.jwt.jwks_uri, "audiences": list(t.jwt.audiences),
                         "subjects": list(t.jwt.subjects) if t.jwt.subjects is not None else None}
-               for t in cfg.tenants if t.name in callers}
-    return {"tenants": tenants, "prefixes": prefixes,
+               for t in tenants if t.name in callers}
+    return {"tenants": configs, "prefixes": prefixes,
             "headers": {"objective": OBJECTIVE_HEADER, "fairness": FAIRNESS_HEADER, "tenant": TENANT_HEADER,
                         "strip": list(IDENTITY_STRIPS)}}
 
 
+def identity_config(cfg: StackConfig) -> dict[str, Any]:
+    """A stack's IDENTITY_CONFIG: its tenants and models, each model on its node pool's release."""
+    return tenants_identity_config(cfg.tenants, cfg.models, {m.name: cfg.release_for(m.node_pool) for m in cfg.models})
+
+
+def config_json(identity: Mapping[str, Any]) -> str:
+    """The config as the ConfigMap holds it (its digest rolls the Deployment)."""
+    return json.dumps(identity, indent=1, sort_keys=True)
+
+
 def config_text(cfg: StackConfig) -> str:
-    return json.dumps(identity_config(cfg), indent=1, sort_keys=True)
+    return config_json(identity_config(cfg))
 
 
 # A path the CEL condition names as is: tenant and model names are DNS labels, routes plain words.

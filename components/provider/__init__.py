@@ -9,6 +9,7 @@ import pulumi
 
 from .gateway import Gateway
 from .gpu_cluster import GpuCluster
+from .identity_extension import IdentityExtension
 from .inference_objective_crd import InferenceObjectiveCrd
 from .inference_pool import InferencePool
 from .keda import Keda
@@ -23,7 +24,8 @@ from .vllm_service import VllmService
 
 COMPONENTS: list[type[pulumi.ComponentResource]] = [
     Platform, GpuCluster, MeshReadiness, Keda, MeshNamespace, TenantAuth, ModelStore, VllmService, InferenceObjectiveCrd,
-    InferencePool, LimitStore, Gateway, Observability]
+    InferencePool, IdentityExtension, LimitStore, Gateway, Observability]
 # Spelt out, as static tools read it (tests/test_code_quality.py keeps it equal to COMPONENTS).
 __all__ = ["COMPONENTS", "Platform", "GpuCluster", "MeshReadiness", "Keda", "MeshNamespace", "TenantAuth", "ModelStore",
-           "VllmService", "InferenceObjectiveCrd", "InferencePool", "LimitStore", "Gateway", "Observability"]
+           "VllmService", "InferenceObjectiveCrd", "InferencePool", "IdentityExtension", "LimitStore", "Gateway",
+           "Observability"]
