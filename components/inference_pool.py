@@ -10,7 +10,8 @@ library chart) install for the GKE provider, as typed Pulumi resources:
     Deployment and Service, scraped by Managed Prometheus;
   - one InferenceObjective (llm-d.ai/v1alpha2) per tenant, carrying the tenant's priority;
   - the load balancer's HealthCheckPolicy and GCPBackendPolicy, which target the pool
-    (GKE's "Deploy GKE Inference Gateway" guide: the default health check asks for '/').
+    (GKE's "Deploy GKE Inference Gateway" guide: the default health check asks for '/'), and a
+    HealthCheckPolicy on the picker's Service (its leader-only gRPC readiness, every 2 s).
 
 The EPP runs outside the mesh: the load balancer calls it directly (Service Extensions, from
 the proxy-only subnet) and it serves its own TLS (--secure-serving, the EPP default); a
@@ -21,10 +22,12 @@ replica through that replica's sidecar, JWT and AuthorizationPolicy.
 Run as upstream runs it highly available (`--ha-enable-leader-election`): every replica serves
 ext_proc, only the leader runs the flow controller and reports ready (cmd/epp/runner/health.go:82-100),
 and a standby takes the lease (epp-<ns>-<pool>.llm-d.ai, pkg/epp/server/controller_manager.go:113)
-once the leader releases it - at once on SIGTERM, the leader then serving ext_proc for
---drain-timeout (runner.go:279-336) - or 15 s after a crashed leader's last renewal. With flow
-control on, a stopping leader answers its queued requests 503 rejected-shutting-down at once
-(flowcontrol/controller/controller.go:271-275): the drain protects dispatched requests only. One
+once the leader releases it - on SIGTERM, once its manager has stopped (up to 30 s), the leader
+then serving ext_proc for --drain-timeout (runner.go:279-336) - or 15 s after a crashed leader's
+last renewal. With flow control on, a stopping leader answers its queued requests and every new
+one 503 rejected-shutting-down (flowcontrol/controller/controller.go:271-275): the drain protects
+dispatched requests only, and a HealthCheckPolicy on the picker's Service (gRPC 'readiness' every
+2 s) takes it out of the load balancer within seconds. One
 Ready pod by design shapes the rest: a rollout must be free to replace the old leader while it is
 the only available pod; the two replicas run on different nodes, so no single drain or node failure
 takes both; and no PodDisruptionBudget: it counts Ready pods, only the leader, so any budget
@@ -61,6 +64,7 @@ from .model.picker import (
     picker_config,
     picker_container,
     picker_deployment_spec,
+    picker_health_check,
     picker_ingress,
     picker_labels,
     picker_monitoring_spec,
@@ -184,6 +188,9 @@ class InferencePool(pulumi.ComponentResource):
             # for a Service with no unready address would fail every update of it.
             f"{name}-epp-svc", metadata=picker_metadata(args, {"pulumi.com/skipAwait": "true"}),
             spec=api_body(picker_service_spec(epp)), opts=k8s_opts)
+        # The load balancer moves off a stopping leader within seconds (picker_health_check).
+        custom_resource(f"{name}-epp-hc", "networking.gke.io/v1", "HealthCheckPolicy", picker_metadata(args),
+                        picker_health_check(epp), child_opts(self, opts, provider=args.provider, depends_on=[service]))
         custom_resource(f"{name}-epp-monitoring", "monitoring.googleapis.com/v1", "PodMonitoring",
                         picker_metadata(args), picker_monitoring_spec(epp), k8s_opts)
         return service

@@ -129,6 +129,30 @@ def picker_first_requests(cfg: StackConfig) -> list[str]:
     return [w for wake in picker_wakes(cfg) if (w := wake.warning()) is not None]
 
 
+# A Service Extensions callout's per-message timeout: 10 ms to 10 s, 1 s when unset (GKE's
+# GCPRoutingExtension/GCPTrafficExtension Extension.timeout, GoogleCloudPlatform/gke-gateway-api
+# apis/networking/v1/shared_types.go:269,353-358; networkservices ExtensionChain.Extension.timeout).
+CALLOUT_MESSAGE_TIMEOUT_MAX_S = 10
+
+
+def picker_queue_past_the_callout(cfg: StackConfig) -> list[str]:
+    """A request the picker queues holds its answer to one ext_proc message for up to the queue's TTL.
+    GKE documents neither the per-message timeout of the callout it makes for an InferencePool nor a
+    setting for it (no field of GCPBackendPolicy or the InferencePool): said as unverified, not clamped."""
+    flow = cfg.picker.flow_control
+    picked = sorted(m.name for m in cfg.models if m.routing == "inference-gateway")
+    if not flow.enabled or not picked:
+        return []
+    return [f"{', '.join(picked)}: picker.flowControl.queueTtlSeconds is {flow.queue_ttl_seconds}, and a request "
+            "waits that long in the picker for the answer to one ext_proc message; the load balancer's per-message "
+            "timeout for an InferencePool's picker is unverified (GKE documents neither the value nor a setting; "
+            f"a Service Extensions callout's is at most {CALLOUT_MESSAGE_TIMEOUT_MAX_S} s, a GCPRoutingExtension's 1 s "
+            "unless set). Where it "
+            "is shorter, a request queued longer is failed by the load balancer (500 under FailClose, sent past the "
+            "picker under FailOpen), first requests at zero included: try a queued request on the cluster "
+            "(docs/guides/routing.md) before relying on the queue"]
+
+
 def ttft_between_buckets(cfg: StackConfig) -> list[str]:
     monitoring = cfg.monitoring
     if not monitoring.slos.enabled or release(cfg.vllm_version).histogram_buckets_flag is not None \
@@ -240,6 +264,7 @@ def rollout_trade_offs(cfg: StackConfig) -> list[str]:
 # The warnings that read the config alone, in the order the plan prints them (after the share's own).
 CONFIG_CHECKS: tuple[Callable[[StackConfig], list[str]], ...] = (
     hyperdisk_unpriced, single_replica_pools, rollout_needs, rollout_trade_offs, long_rollouts, spot_pools, slow_cold_starts,
-    picker_first_requests, ttft_between_buckets, budget_channels, no_dataplane_v2, uncalled_models, interconnect_warnings,
+    picker_first_requests, picker_queue_past_the_callout, ttft_between_buckets, budget_channels, no_dataplane_v2,
+    uncalled_models, interconnect_warnings,
     foreign_region_prices, open_control_plane,
 )

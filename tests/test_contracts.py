@@ -359,6 +359,10 @@ def _picker_grace_of_the_chart(plan):
     _kube(plan, "Deployment", PICKER).props["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 130
 
 
+def _picker_checked_at_the_default_interval(plan):
+    _kube(plan, "HealthCheckPolicy", "llama-8b-epp").props["spec"]["default"]["checkIntervalSec"] = 5
+
+
 def _global_gateway(plan):
     _kube(plan, "Gateway", "vllm").props["spec"]["gatewayClassName"] = "gke-l7-global-external-managed"
 
@@ -413,6 +417,8 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "picker_reads_exported_metrics": ("staging", _picker_metric_flag, "exits at start"),
     "picker_rolls_and_drains_with_one_ready_pod": ("staging", _picker_rolls_surge_only, "could not scale down"),
     "picker_stops_within_its_grace": ("staging", _picker_grace_of_the_chart, "terminationGracePeriodSeconds 130"),
+    "picker_leaves_the_load_balancer_fast": ("staging", _picker_checked_at_the_default_interval,
+                                             "stays in the load balancer 10 s"),
     "regex_matches_on_a_regional_class": ("dev", _global_gateway, "whose load balancer has no regexMatch"),
     "gateway_rewrites_no_path": ("dev", _route_rewrites_the_path, "HTTPRoutePathRewrite exempt"),
     "picker_without_pprof": ("staging", lambda p: _drop_arg(

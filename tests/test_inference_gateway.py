@@ -137,8 +137,8 @@ def test_picker_survives_rollouts_and_drains_with_one_ready_pod(plans):
     # One Ready pod of two: minAvailable 1 and maxUnavailable 1 alike allow 0 disruptions.
     assert not [b for b in manifests_of(plan, "PodDisruptionBudget")
                 if b["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()]
-    # The drain (600 s), a stream begun at its end (600 s), the lease release.
-    assert pod["spec"]["terminationGracePeriodSeconds"] == grace_seconds(600) == 1210
+    # The manager's stop (30 s), the drain (600 s), a stream begun at its end (600 s).
+    assert pod["spec"]["terminationGracePeriodSeconds"] == grace_seconds(600) == 1230
 
 
 def test_only_the_load_balancer_reaches_the_picker(plans):
@@ -202,9 +202,10 @@ def test_load_balancer_policies_target_the_pool(plans):
     bp = [d for d in manifests_of(plan, "GCPBackendPolicy") if d["spec"]["targetRef"] == target]
     assert len(hc) == 1 and hc[0]["spec"]["default"]["config"]["httpHealthCheck"]["requestPath"] == "/health"
     assert len(bp) == 1 and bp[0]["spec"]["default"]["timeoutSec"] == 600
-    # No Service of llama-8b is a Gateway backend any more, so none has its own policies.
+    # No Service of llama-8b is a Gateway backend any more, so none has its own policies (the picker's
+    # Service has its health check: test_picker_config).
     assert not [d for d in manifests_of(plan, "HealthCheckPolicy") if d["spec"]["targetRef"]["name"].startswith("llama")
-                and d["spec"]["targetRef"]["kind"] == "Service"]
+                and d["spec"]["targetRef"]["kind"] == "Service" and d["spec"]["targetRef"]["name"] != "llama-8b-epp"]
 
 
 def test_tenant_routes_require_what_the_identity_extension_set(plans):

@@ -160,6 +160,10 @@ def test_the_move_from_v1_2_0_is_ordered_in_the_plan(plans):
     assert plan.named("kubernetes:yaml/v2:ConfigFile", "inference-objective-crd-crd")
     (note,) = picker_migration_notes(plan.config)
     assert note.index("(1)") < note.index("CRDs") < note.index("(2)") < note.index("(3)") < note.index("(4)")
+    # The seconds at the end when the old pods no longer take ext_proc and the load balancer still sends to
+    # them, said as they are, with the way around them.
+    assert "without a gap" not in note and "about 4 s once GKE applies the picker's HealthCheckPolicy" in note
+    assert "500 under FailClose" in note and "`vllm-gke:picker.failureMode: FailOpen`" in note
     assert picker_migration_notes(plans["dev"].config) == []
 
 
@@ -180,3 +184,44 @@ def test_the_llm_d_objectives_validate_against_the_shared_crd(plans, crd_catalog
     wrong = copy.deepcopy(pool)
     wrong["spec"]["endpointPickerRef"]["failureMode"] = "FailClosed"  # the chart README's spelling
     assert validate(wrong, crd_catalog)
+
+
+def test_the_load_balancer_checks_the_pickers_readiness_every_2_s(plans, crd_catalog):
+    """A stopping leader answers 503 rejected-shutting-down until the load balancer stops sending to it:
+    its Service is checked on the leader-only 'readiness' service every 2 s (out after 2 failures, a new
+    leader in at its first pass), against both HealthCheckPolicy CRDs; the policy waits for its Service."""
+    from vllm_gke.infra.manifests import validate
+
+    plan = plans["staging"]
+    (check,) = [h for h in manifests_of(plan, "HealthCheckPolicy")
+                if h["spec"]["targetRef"] == {"group": "", "kind": "Service", "name": "llama-8b-epp"}]
+    assert check["spec"]["default"] == {
+        "checkIntervalSec": 2, "timeoutSec": 2, "healthyThreshold": 1, "unhealthyThreshold": 2,
+        "config": {"type": "GRPC", "grpcHealthCheck": {"portSpecification": "USE_FIXED_PORT", "port": 9003,
+                                                       "grpcServiceName": "readiness"}}}
+    assert {v.source for v in crd_catalog.versions("networking.gke.io/v1", "HealthCheckPolicy")} >= {
+        "gkegw-HEAD-healthcheckpolicies.yaml", "gke-healthcheckpolicy-v1-from-datree-bb63420.yaml"}
+    assert validate(check, crd_catalog) == []
+    misspelt = copy.deepcopy(check)
+    misspelt["spec"]["default"]["config"]["grpcHealthCheck"]["serviceName"] = "readiness"
+    assert validate(misspelt, crd_catalog)
+    policy = plan.kube("HealthCheckPolicy", "llama-8b-epp")
+    assert plan.waits_for(policy, plan.kube("Service", "llama-8b-epp"))
+
+
+def test_the_plan_says_the_queue_may_outlast_the_load_balancers_callout(plans, stack_values):
+    """GKE documents no per-message timeout for an InferencePool's picker, so a queued request's fate past
+    some seconds is unverified: the plan says so wherever a picker queues, and nowhere else."""
+    from vllm_gke.infra.advice import plan_warnings
+    from vllm_gke.infra.config import parse
+
+    def said(cfg):
+        return [w for w in plan_warnings(cfg, "ZONAL") if "per-message timeout" in w]
+
+    (warning,) = said(plans["staging"].config)
+    assert warning.startswith("llama-8b: picker.flowControl.queueTtlSeconds is 60")
+    assert "unverified" in warning and "at most 10 s" in warning and "500 under FailClose" in warning
+    assert said(plans["dev"].config) == []  # no picker
+    values = copy.deepcopy(stack_values["staging"])
+    values["vllm-gke:picker"] = {"flowControl": {"enabled": False}}
+    assert said(parse(values)) == []  # nothing waits in the picker

@@ -41,8 +41,16 @@ METRICS_PORT = 9090  # options.go:150
 EPP_UID = 65532  # Dockerfile.epp:50 (USER 65532:65532)
 CONFIG_FILE = "default-plugins.yaml"
 REPLICAS = 2
-# After the drain and the longest stream, room to release the lease (an API call) and exit.
-LEASE_MARGIN_S = 10
+# The manager's stop, which runs before the drain window (cmd/epp/runner/runner.go:313-324) and which the
+# picker leaves at controller-runtime's default GracefulShutdownTimeout (pkg/epp/server/controller_manager.go:
+# 106-128 sets none; controller-runtime v0.23.3, its go.mod's, pkg/manager/internal.go:57, manager.go:575-578):
+# its runnables stop and the lease is released within it.
+MANAGER_STOP_S = 30
+# The load balancer's gRPC health check of the picker's Service: every 2 s, as the chart checks "for faster
+# switch over during EPP rollout" (config/charts/llm-d-router-gateway/templates/gke.yaml:16-19); a pod
+# NOT_SERVING leaves after 2 failures, a new leader enters at its first pass.
+HEALTH_CHECK_INTERVAL_S = 2
+HEALTH_CHECK_UNHEALTHY = 2
 # The managed collectors of Google Cloud Managed Service for Prometheus run in one of these.
 GMP_NAMESPACES = ("gmp-system", "gke-gmp-system")
 # The label that tells llm-d-router's pods from the v1.2.0 picker's, which a stack coming from
@@ -114,9 +122,9 @@ def drain_seconds(request_timeout_seconds: int) -> int:
 
 
 def grace_seconds(request_timeout_seconds: int) -> int:
-    """The drain, then GracefulStop waits for every open stream with no bound of its own
-    (internal/runnable/grpc.go:61-82): one begun at the drain's end lasts up to the timeout."""
-    return drain_seconds(request_timeout_seconds) + request_timeout_seconds + LEASE_MARGIN_S
+    """The manager's stop (MANAGER_STOP_S), the drain, then GracefulStop waits for every open stream with
+    no bound of its own (internal/runnable/grpc.go:61-82): one begun at the drain's end lasts up to the timeout."""
+    return MANAGER_STOP_S + drain_seconds(request_timeout_seconds) + request_timeout_seconds
 
 
 def _band(priority: int, max_requests: int, max_bytes_mib: int) -> dict[str, Any]:
@@ -252,7 +260,7 @@ def picker_deployment_spec(epp: str, container: dict[str, Any], config_digest: s
                                          **(sidecar.annotations if sidecar else {})}},
             "spec": {
                 "serviceAccountName": epp,
-                # The drain, the longest stream begun in it, then the lease release (grace_seconds).
+                # The manager's stop, the drain and the longest stream begun in it (grace_seconds).
                 "terminationGracePeriodSeconds": grace_seconds(request_timeout_seconds),
                 "securityContext": {"runAsNonRoot": True, "runAsUser": EPP_UID, "runAsGroup": EPP_UID,
                                     "seccompProfile": {"type": "RuntimeDefault"}},
@@ -300,6 +308,21 @@ def picker_service_spec(epp: str) -> dict[str, Any]:
                       {"name": "http-metrics", "protocol": "TCP", "port": METRICS_PORT}]}
 
 
+def picker_health_check(epp: str) -> dict[str, Any]:
+    """The load balancer's HealthCheckPolicy on the picker's Service. At SIGTERM a leader reports every
+    check but liveness NOT_SERVING (cmd/epp/runner/health.go:60-64,82-100), and with flow control on answers
+    whatever still reaches it 503 rejected-shutting-down (flowcontrol/controller/controller.go:271-275): the
+    sooner the load balancer sees it, the fewer such answers. GKE's own check of a picker is gRPC on 9003
+    at its default interval (the chart's note, gke.yaml:38-41, declares one only for another port,
+    :42-60); this one asks for the leader-only 'readiness' service by name, every 2 s."""
+    return {"default": {"checkIntervalSec": HEALTH_CHECK_INTERVAL_S, "timeoutSec": HEALTH_CHECK_INTERVAL_S,
+                        "healthyThreshold": 1, "unhealthyThreshold": HEALTH_CHECK_UNHEALTHY,
+                        "config": {"type": "GRPC", "grpcHealthCheck": {
+                            "portSpecification": "USE_FIXED_PORT", "port": HEALTH_PORT,
+                            "grpcServiceName": "readiness"}}},
+            "targetRef": {"group": "", "kind": "Service", "name": epp}}
+
+
 def picker_monitoring_spec(epp: str) -> dict[str, Any]:
     return {"selector": {"matchLabels": {"inferencepool": epp}},
             "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}]}
@@ -323,14 +346,25 @@ def pool_ref(pool_name: str) -> dict[str, str]:
 
 
 def picker_migration_notes(cfg: "StackConfig") -> list[str]:
-    """What the first `pulumi up` of this release does to a stack whose pickers are v1.2.0's, in order."""
+    """What the first `pulumi up` of this release does to a stack whose pickers are v1.2.0's, in order,
+    and the seconds at its end when requests fail: the old pods stop taking ext_proc at SIGTERM
+    (gateway-api-inference-extension v1.2.0 internal/runnable/grpc.go:50-55) while the Service, which
+    selects both pickers, still sends to them until the load balancer's health check marks them down."""
     picked = sorted(m.name for m in cfg.models if m.routing == "inference-gateway")
     if not picked:
         return []
-    return [f"{', '.join(picked)}: from the v1.2.0 endpoint picker, one `pulumi up` moves to llm-d-router {EPP_VERSION} "
-            "without a gap: (1) installs llm-d.ai's InferenceObjective and InferenceModelRewrite CRDs (the old "
-            "objective CRD stays, for a rollback); (2) creates each tenant's llm-d.ai objective; (3) starts the new "
-            "picker (<model>-router-epp, its own lease) beside the old one, both serving ext_proc, and waits for its "
-            "leader; (4) at the end of the update deletes the old picker (<model>-epp), its ConfigMap and the old "
-            "objectives (the old picker bounds its stop to 30 s: a stream it began in the update's last seconds and "
-            "longer than that is cut, as on each of its own rollouts). A rollback to the previous release reverses it."]
+    down = HEALTH_CHECK_INTERVAL_S * HEALTH_CHECK_UNHEALTHY
+    return [f"{', '.join(picked)}: from the v1.2.0 endpoint picker, one `pulumi up` moves to llm-d-router {EPP_VERSION}: "
+            "(1) installs llm-d.ai's InferenceObjective and InferenceModelRewrite CRDs (the old objective CRD stays, "
+            "for a rollback); (2) creates each tenant's llm-d.ai objective; (3) starts the new picker "
+            "(<model>-router-epp: its own Deployment, ConfigMap and lease, beside the old <model>-epp ones, which "
+            "is why Pulumi creates it before it deletes them) beside the old one, both serving ext_proc behind the "
+            "Service <model>-epp, and waits for its leader; (4) at the end of the update deletes the old picker, its "
+            "ConfigMap and the old objectives. Requests fail for a few seconds there: the old pods stop taking new "
+            "ext_proc streams at once, and the load balancer still sends some to them until its health check marks "
+            f"them down (about {down} s once GKE applies the picker's HealthCheckPolicy, created in this update; "
+            "longer at GKE's default check before): 500 under FailClose. If no request may fail, run this `pulumi "
+            "up` with `vllm-gke:picker.failureMode: FailOpen` (those requests are served without priorities, "
+            "queueing or load awareness) and set FailClose back in the next. The old picker bounds its stop to "
+            "30 s: a stream it began in the update's last seconds and longer than that is cut, as on each of its "
+            "own rollouts. A rollback to the previous release reverses it."]

@@ -17,8 +17,10 @@ from ...components.model.picker import (
     EXT_PROC_PORT,
     FAIRNESS,
     FLOW_CONTROL_GATE,
+    HEALTH_CHECK_INTERVAL_S,
+    HEALTH_CHECK_UNHEALTHY,
     HEALTH_PORT,
-    LEASE_MARGIN_S,
+    MANAGER_STOP_S,
     METRICS_PORT,
     OBJECTIVE_API,
     POOL_GROUP,
@@ -212,10 +214,43 @@ def picker_stops_within_its_grace(plan: Plan) -> list[str]:
         drain = _seconds(drain_flag)
         if drain < longest:
             out.append(f"{name}: --drain-timeout {drain_flag} is under the longest stream ({longest} s)")
-        need = drain + longest + LEASE_MARGIN_S
+        need = MANAGER_STOP_S + drain + longest
         if not need <= grace <= need + 60:
-            out.append(f"{name}: terminationGracePeriodSeconds {grace}; the drain ({drain:g} s), a stream begun at its "
-                       f"end ({longest} s) and the lease release need {need:g} s: give it that, not much more")
+            out.append(f"{name}: terminationGracePeriodSeconds {grace}; the manager's stop ({MANAGER_STOP_S} s), the "
+                       f"drain ({drain:g} s) and a stream begun at its end ({longest} s) need {need:g} s: give it that, "
+                       "not much more")
+    return out
+
+
+def _picker_service(plan: Plan, d: dict[str, Any]) -> Optional[str]:
+    """The Service its pool calls the picker by (endpointPickerRef)."""
+    pool, ns = _flag(_picker_container(d)["args"], "--pool-name"), d["metadata"]["namespace"]
+    return next((p["spec"]["endpointPickerRef"]["name"] for p in _docs(plan, "InferencePool")
+                 if p["metadata"]["name"] == pool and p["metadata"]["namespace"] == ns), None)
+
+
+def picker_leaves_the_load_balancer_fast(plan: Plan) -> list[str]:
+    """The load balancer checks the picker's Service by the leader-only readiness, often enough that a
+    stopping leader (NOT_SERVING, answering 503 rejected-shutting-down) leaves within seconds."""
+    out = []
+    for d in _pickers(plan):
+        name, service = d["metadata"]["name"], _picker_service(plan, d)
+        checks = [h["spec"]["default"] for h in _docs(plan, "HealthCheckPolicy")
+                  if h["metadata"]["namespace"] == d["metadata"]["namespace"]
+                  and h["spec"]["targetRef"] == {"group": "", "kind": "Service", "name": service}]
+        if not checks:
+            out.append(f"{name}: no HealthCheckPolicy on its Service {service}: GKE checks it every 5 s by default")
+            continue
+        (check,) = checks
+        grpc = (check.get("config") or {}).get("grpcHealthCheck") or {}
+        if check.get("config", {}).get("type") != "GRPC" or grpc.get("port") != HEALTH_PORT \
+                or grpc.get("grpcServiceName") != "readiness":
+            out.append(f"{name}: its Service's health check is not gRPC 'readiness' on {HEALTH_PORT}")
+        # The load balancer's defaults: 5 s, 2 failures (the CRD's checkIntervalSec; Compute's threshold).
+        interval, failures = check.get("checkIntervalSec", 5), check.get("unhealthyThreshold", 2)
+        if interval * failures > HEALTH_CHECK_INTERVAL_S * HEALTH_CHECK_UNHEALTHY:
+            out.append(f"{name}: a stopping leader stays in the load balancer {interval * failures} s (every {interval} s, "
+                       f"{failures} failures), answering 503 rejected-shutting-down")
     return out
 
 
@@ -455,15 +490,29 @@ ROWS: tuple[Contract, ...] = (
              "no budget (it would hold the leader's node drain for GKE's hour, then be forced with the same handover)",
              picker_rolls_and_drains_with_one_ready_pod),
     Contract("endpoint picker", EPP_VERSION,
-             "on SIGTERM it turns NotServing and releases the lease at once, keeps serving ext_proc (new streams "
-             "too) for --drain-timeout (default 30 s), then GracefulStop waits for every open stream with no bound "
-             "of its own (a stream lasts its whole response); with flow control on, queued requests are answered "
-             "503 rejected-shutting-down at SIGTERM",
+             "on SIGTERM it turns NotServing and stops its manager (controller-runtime's GracefulShutdownTimeout, "
+             "30 s by default, which the picker does not set), releasing the lease; then keeps serving ext_proc (new "
+             "streams too) for --drain-timeout (default 30 s), then GracefulStop waits for every open stream with no "
+             "bound of its own (a stream lasts its whole response); with flow control on, queued requests are "
+             "answered 503 rejected-shutting-down at SIGTERM",
              f"{SRC}pkg/epp/server/options.go:43,167-170; cmd/epp/runner/runner.go:279-336; "
-             "internal/runnable/grpc.go:61-82; pkg/epp/flowcontrol/controller/controller.go:271-275",
+             "pkg/epp/server/controller_manager.go:106-128; internal/runnable/grpc.go:61-82; "
+             "pkg/epp/flowcontrol/controller/controller.go:271-275; kubernetes-sigs/controller-runtime@v0.23.3 (the "
+             "picker's go.mod):pkg/manager/internal.go:57; pkg/manager/manager.go:575-578",
              "--drain-timeout at least the pool's backend timeout (the longest stream); terminationGracePeriodSeconds "
-             f"the drain + the longest stream + {LEASE_MARGIN_S} s",
+             f"{MANAGER_STOP_S} s + the drain + the longest stream",
              picker_stops_within_its_grace),
+    Contract("endpoint picker", EPP_VERSION,
+             "from SIGTERM every gRPC health check but 'liveness' reports NOT_SERVING ('readiness' and the empty "
+             "name pass on the leader only), and with flow control on every request still reaching the stopping "
+             "leader is answered 503 rejected-shutting-down; GKE checks a picker on gRPC 9003 unless a "
+             "HealthCheckPolicy on its Service says otherwise; the chart checks every 2 s for faster switch-over "
+             "during an EPP rollout",
+             f"{SRC}cmd/epp/runner/health.go:60-64,82-100; pkg/epp/flowcontrol/controller/controller.go:271-275; "
+             "pkg/epp/requestcontrol/admission.go:269-270; config/charts/llm-d-router-gateway/templates/gke.yaml:16-19,38-60",
+             "a HealthCheckPolicy on the picker's Service: gRPC on 9003 asking for 'readiness', every "
+             f"{HEALTH_CHECK_INTERVAL_S} s, out after {HEALTH_CHECK_UNHEALTHY} failures",
+             picker_leaves_the_load_balancer_fast),
     Contract("endpoint picker", EPP_VERSION,
              f"serves ext_proc on {EXT_PROC_PORT}, gRPC health on {HEALTH_PORT}, metrics on {METRICS_PORT}; "
              f"the image runs as {EPP_UID}:{EPP_UID}",
