@@ -41,6 +41,7 @@ from .model.picker_prefix import pool_picker, precise_extension, reads_kv_events
 from .model.picker_wake import inference_pool_selector, picker_queue
 from .model.rollout_webhooks import LoadTestRef, load_test_webhooks
 from .model.rollouts import FlaggerPool, gates
+from .model.serving_api import picker_salted_paths
 from .model.serving_plan import (
     PoolService,
     Serving,
@@ -315,7 +316,8 @@ class Platform(pulumi.ComponentResource):
         elif serving.model.canary_model():
             for service in pool_services(self.config, serving, canary=True, limit_store=store):
                 self._declare(service, serving)
-        return route_targets(serving, self._namespace(serving.tenant), flagger_pools(self.config, serving))
+        return route_targets(serving, self._namespace(serving.tenant), flagger_pools(self.config, serving),
+                             picker_salted_paths(self.config.release_for(serving.node_pool)))
 
     def _flagger_pool(self, service: PoolService, serving: Serving) -> Optional[FlaggerPool]:
         """A pool Flagger rolls out: its share of the model's route, the gates and the load test."""

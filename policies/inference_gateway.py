@@ -29,7 +29,8 @@ TENANT_HEADER = "x-vllm-gke-tenant"
 PICKER_SETS = ("x-gateway-destination-endpoint",)
 REFUSED_AT_THE_PICKER = ("x-gateway-inference-objective", "x-gateway-inference-fairness-id", "x-llm-d-model-name-rewrite",
                          "x-gateway-model-name-rewrite", "x-llm-d-slo-ttft-ms", "x-slo-ttft-ms", "x-llm-d-slo-tpot-ms",
-                         "x-slo-tpot-ms")
+                         "x-slo-tpot-ms", "x-llm-d-video-fps", "x-llm-d-video-duration-seconds",
+                         "x-llm-d-video-resolution")
 IDENTITY_CONFIG_KEY = "identity.json"
 GLOBAL_GATEWAY = re.compile(r"global|gxlb")
 

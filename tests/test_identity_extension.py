@@ -15,7 +15,7 @@ import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator, Optional
+from typing import Any, AsyncIterator, Iterator, Optional, cast
 
 import grpc
 import jwt
@@ -27,7 +27,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2_grpc import ExternalProces
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
-from vllm_gke.components.model.identity_extension import body_conditions, routing_extension_spec
+from vllm_gke.components.model.identity_extension import BODY_CHAIN, body_conditions, routing_extension_spec
 from vllm_gke.components.model.identity_extension import identity_config as config_for
 from vllm_gke.components.model.serving_api import (
     FAIRNESS_HEADER,
@@ -52,6 +52,7 @@ HeaderValue: Any = base_pb2.HeaderValue  # pyright: ignore[reportAttributeAccess
 ISS_A = "https://issuer-a.example.com"
 ISS_B = "https://issuer-b.example.com/"
 LIMIT = 4096
+GKE_NAMESPACE = "com.google.lb_route_extension.vllm-gke-identity.tenant-identity-body.salt-tenant"
 
 
 class Keys:
@@ -126,12 +127,17 @@ def claims(iss: str = ISS_A, sub: str = "anyone", aud: Any = "vllm", **extra: An
     return {"iss": iss, "sub": sub, "aud": aud, "exp": int(time.time()) + 600, **extra}
 
 
-def headers_message(path: str, headers: dict[str, Any], end_of_stream: bool = False) -> Any:
+def headers_message(path: str, headers: dict[str, Any], end_of_stream: bool = True, body_chain: bool = False) -> Any:
+    """A request's headers (bodiless unless `end_of_stream` is False), from the body chain (its
+    extension's metadata under GKE's namespace) or the headers-only one."""
     pairs = [(":path", path), (":method", "POST"), (":authority", "gw.example.com")]
     for k, v in headers.items():
         pairs += [(k, x) for x in (v if isinstance(v, list) else [v])]
-    return pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=HeaderMap(
+    out = pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=HeaderMap(
         headers=[HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs]), end_of_stream=end_of_stream))
+    if body_chain:
+        out.metadata_context.filter_metadata[GKE_NAMESPACE].update(BODY_CHAIN)
+    return out
 
 
 def body_messages(body: bytes, chunk: int = 7) -> list[Any]:
@@ -141,10 +147,14 @@ def body_messages(body: bytes, chunk: int = 7) -> list[Any]:
             for i, p in enumerate(parts)]
 
 
-def post(path: str, token: str, body: bytes, **headers: Any) -> list[Any]:
-    """A POST with its body (Content-Length declared unless `headers` says otherwise)."""
+def post(path: str, token: str, body: bytes, body_chain: bool = True, headers: Optional[dict[str, Any]] = None
+         ) -> list[Any]:
+    """A POST with its body (Content-Length declared unless `headers` says otherwise), by default
+    from the body chain."""
+    headers = headers or {}
     length = {"content-length": str(len(body))} if "content-length" not in headers else {}
-    return [headers_message(path, {**bearer(token), **FORGED, **length, **headers}), *body_messages(body)]
+    return [headers_message(path, {**bearer(token), **FORGED, **length, **headers}, False, body_chain),
+            *body_messages(body)]
 
 
 def streamed_body(resp: Any) -> bytes:
@@ -233,7 +243,9 @@ def test_a_valid_token_sets_the_tenants_objective_fairness_and_tenant_and_drops_
 
 
 def test_every_picker_control_header_in_both_spellings_is_stripped():
-    assert len(PICKER_CONTROL_HEADERS) == 10
+    assert len(PICKER_CONTROL_HEADERS) == 13
+    # llm-d-router v0.10.0's other input control headers (pkg/epp/util/request/headers.go:30-40).
+    assert {"x-llm-d-video-fps", "x-llm-d-video-duration-seconds", "x-llm-d-video-resolution"} <= set(IDENTITY_STRIPS)
     for name in ("inference-objective", "inference-fairness-id", "model-name-rewrite"):
         assert f"x-llm-d-{name}" in IDENTITY_STRIPS and f"x-gateway-{name}" in IDENTITY_STRIPS
     for name in ("slo-ttft-ms", "slo-tpot-ms"):
@@ -396,8 +408,8 @@ def test_a_picker_body_gets_the_tenants_cache_salt_and_its_headers_wait_for_it(i
     assert len(answers) == 2
     sets, removes = mutation(answers[0])
     out = streamed_body(answers[1])
-    assert sets == {OBJECTIVE_HEADER: "support.llama", FAIRNESS_HEADER: "support", TENANT_HEADER: "support",
-                    "content-length": str(len(out))}
+    # No Content-Length: in full duplex Envoy removed the client's and would ignore one set here.
+    assert sets == {OBJECTIVE_HEADER: "support.llama", FAIRNESS_HEADER: "support", TENANT_HEADER: "support"}
     assert set(removes) == set(IDENTITY_STRIPS) - set(sets)
     doc, sent = json.loads(out), json.loads(CHAT)
     assert doc["cache_salt"] == "tenant-support"  # the client's own is overridden (the last wins)
@@ -459,21 +471,23 @@ def test_the_body_chain_reads_only_the_pickers_salted_routes():
             return bool(eval(py, {}, {"path": path}))  # noqa: S307 - our own generated expression
         return any(one(m) for m in matchers)
 
+    # request.path carries the query string: a salted URL's /v1/ paths all take the body chain.
     for path, read in [("/support/llama-8b/v1/chat/completions", True), ("/search/llama-8b/v1/completions", True),
-                       ("/support/llama-8b/v1/messages", True), ("/support/llama-8b/v1/models", False),
-                       ("/llama-8b/v1/chat/completions", False), ("/support/llama-8b/v1/chat/completions/batch", False),
-                       ("/evil/llama-8b/v1/chat/completions", False), ("/x/support/llama-8b/v1/completions", False)]:
+                       ("/support/llama-8b/v1/messages", True), ("/support/llama-8b/v1/chat/completions?x=y", True),
+                       ("/support/llama-8b/v1/models", True), ("/llama-8b/v1/chat/completions", False),
+                       ("/evil/llama-8b/v1/chat/completions", False), ("/x/support/llama-8b/v1/completions", False),
+                       ("/support/llama-8b-2/v1/completions", False)]:
         assert matched(path) is read, path
+    assert ext["metadata"] == BODY_CHAIN and "metadata" not in other["extensions"][0]
 
 
 def test_many_salted_prefixes_are_split_into_matchers_gke_accepts():
     """Beyond one matcher's 512 characters the prefixes spread over several (ORed); beyond 10, a clear error."""
-    routes = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
-    many = body_conditions({routes: [f"/tenant-{i}/llama-8b" for i in range(40)]})
+    many = body_conditions([f"/tenant-{i}/llama-8b" for i in range(40)])
     assert 1 < len(many) <= 10 and all(len(m) <= 512 for m in many)
-    assert sum(m.count("startsWith") for m in many) == 40
+    assert sum(m.count("startsWith") for m in many) == 40 and "endsWith" not in "".join(many)
     with pytest.raises(ValueError, match="at most 10"):
-        body_conditions({routes: [f"/tenant-{i}/llama-8b" for i in range(400)]})
+        body_conditions([f"/tenant-{i}/llama-8b" for i in range(400)])
 
 
 @pytest.mark.parametrize("case", ["no length", "chunked", "over the limit", "two lengths", "not a number"])
@@ -484,14 +498,14 @@ def test_a_body_unbounded_before_it_is_read_is_refused_413_at_the_headers(issuer
         "over the limit": {"content-length": str(LIMIT + 1)}, "two lengths": {"content-length": ["5", "5"]},
         "not a number": {"content-length": "+5"}}[case]
     [resp] = run(config_of(issuers["base"]), [headers_message("/support/llama/v1/completions",
-                                                              {**bearer(token), **headers})])
+                                                              {**bearer(token), **headers}, False, True)])
     status, body = refusal(resp)
     assert status == 413 and body["error"]["code"] == "payload_too_large" and str(LIMIT) in body["error"]["message"]
 
 
 def test_a_body_longer_than_it_declared_is_refused_without_buffering_more(issuers):
     token = issuers["keys"]["/a"].sign(claims())
-    msgs = post("/support/llama/v1/completions", token, b'{"prompt": "' + b"x" * 200 + b'"}', **{"content-length": "20"})
+    msgs = post("/support/llama/v1/completions", token, b'{"prompt": "' + b"x" * 200 + b'"}', headers={"content-length": "20"})
     answers = run(config_of(issuers["base"]), msgs)
     # The refusal comes at the chunk that passes the declared length; nothing is sent on after it.
     kinds = [a.WhichOneof("response") for a in answers]
@@ -501,6 +515,7 @@ def test_a_body_longer_than_it_declared_is_refused_without_buffering_more(issuer
 
 
 @pytest.mark.parametrize("body", [b'{"prompt": "x"', b"[1, 2]", b'"text"', b"\xff\xfe{}", b'{"a": NaN}', b"",
+                                  b'{"a": {"b": ["\xff"]}}', b'{"a": 1} {}',
                                   '{"prompt": "é"}'.encode("utf-16")])
 def test_a_body_that_is_not_one_json_object_is_a_400_and_the_stream_goes_on(issuers, body):
     token = issuers["keys"]["/a"].sign(claims())
@@ -515,7 +530,8 @@ def test_a_body_that_is_not_one_json_object_is_a_400_and_the_stream_goes_on(issu
 def test_trailers_after_a_held_body_are_refused(issuers):
     token = issuers["keys"]["/a"].sign(claims())
     body = b'{"prompt": "x"}'
-    msgs = [headers_message("/support/llama/v1/completions", {**bearer(token), "content-length": str(len(body))}),
+    msgs = [headers_message("/support/llama/v1/completions", {**bearer(token), "content-length": str(len(body))},
+                            False, True),
             pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=False)),
             pb.ProcessingRequest(request_trailers=pb.HttpTrailers())]
     [resp] = run(config_of(issuers["base"]), msgs)
@@ -527,3 +543,186 @@ def test_a_bodiless_request_on_a_body_route_is_answered_at_its_headers(issuers):
     [resp] = run(config_of(issuers["base"]), [headers_message("/support/llama/v1/completions", bearer(token),
                                                               end_of_stream=True)])
     assert mutation(resp)[0][TENANT_HEADER] == "support"
+
+
+def test_a_salted_path_from_the_headers_only_chain_is_answered_at_once(issuers):
+    """request.path carries the query string, so such a request may take the headers-only chain,
+    whose Envoy never sends the body: its headers are answered at once (held, they would wait out
+    the 5 s callout timeout: 500), and only the body chain's (its metadata) are held and salted."""
+    token = issuers["keys"]["/a"].sign(claims())
+    path = "/support/llama/v1/chat/completions?x=y"
+    [headers_only] = run(config_of(issuers["base"]), post(path, token, CHAT, body_chain=False)[:1])
+    assert mutation(headers_only)[0][TENANT_HEADER] == "support"
+    held = run(config_of(issuers["base"]), post(path, token, CHAT))
+    assert len(held) == 2 and json.loads(streamed_body(held[1]))["cache_salt"] == "tenant-support"
+    # Another extension's metadata, or the key under another value, is not the body chain.
+    other = headers_message(path, {**bearer(token), "content-length": str(len(CHAT))}, False)
+    other.metadata_context.filter_metadata["com.google.other"].update({"vllm-gke-chain": "headers", "x": "body"})
+    [resp] = run(config_of(issuers["base"]), [other])
+    assert mutation(resp)[0][TENANT_HEADER] == "support"
+
+
+def test_an_unsalted_body_under_a_salted_url_is_bounded_as_it_passes(issuers):
+    """Its route matches no Content-Length (Envoy removed it on the body chain), so the extension
+    refuses one missing or over the limit at the headers and a body running past it."""
+    token = issuers["keys"]["/a"].sign(claims())
+    cfg = config_of(issuers["base"])
+    [resp] = run(cfg, post("/support/llama/v1/responses", token, CHAT, headers={"content-length": str(LIMIT + 1)})[:1])
+    assert refusal(resp)[0] == 413
+    answers = run(cfg, post("/support/llama/v1/responses", token, b'{"input": "' + b"x" * 60 + b'"}',
+                            headers={"content-length": "20"}))
+    assert [a.WhichOneof("response") for a in answers][:2] == ["request_headers", "request_body"]
+    assert refusal(answers[3])[0] == 413  # the chunk that passes 20 bytes
+
+
+def test_held_bodies_are_capped_per_process_and_given_back(issuers):
+    """Beyond MAX_HELD_BYTES of declared lengths held at once, a salted request is answered 503 with
+    Retry-After before any of its body is read; a finished, refused or ended stream gives its bytes back."""
+    from vllm_gke.images.vllm_gke_identity.processor import IdentityProcessor, Stream
+    token = issuers["keys"]["/a"].sign(claims())
+    proc = IdentityProcessor(identity_config.parse(config_of(issuers["base"])), max_held=LIMIT + 100)
+
+    def headers(length: int) -> Any:
+        return headers_message("/support/llama/v1/completions", {**bearer(token), "content-length": str(length)},
+                               False, True)
+
+    async def main() -> None:
+        first, second = Stream(), Stream()
+        assert await proc.answer(headers(LIMIT), first) == [] and proc.held == LIMIT
+        status, error = refusal((await proc.answer(headers(200), second))[0])
+        assert status == 503 and error["error"]["type"] == "service_unavailable"
+        assert proc.held == LIMIT
+        body = b'{"prompt": "' + b"x" * (LIMIT - 14) + b'"}'
+        done = [a for m in body_messages(body, 1000) for a in await proc.answer(m, first)]
+        assert json.loads(streamed_body(done[-1]))["cache_salt"] == "tenant-support" and proc.held == 0
+        assert await proc.answer(headers(200), second) == [] and proc.held == 200
+
+        async def ends_holding() -> AsyncIterator[Any]:
+            yield headers(300)
+        assert [a async for a in proc.Process(ends_holding(), cast(Any, None))] == []  # the client went away
+        assert proc.held == 200
+    asyncio.run(main())
+
+
+@pytest.fixture
+def failing_jwks() -> Iterator[dict[str, Any]]:
+    """A JWKS URI that fails (500) or hangs past the fetch's timeout, counting its fetches."""
+    seen = {"/fail": 0, "/hang": 0}
+
+    class Jwks(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            seen[self.path] += 1
+            if self.path == "/hang":
+                time.sleep(3)  # past JWKS_TIMEOUT_S
+            self.send_error(500)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Jwks)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    yield {"seen": seen, "base": f"http://127.0.0.1:{http.server_address[1]}"}
+    http.shutdown()
+
+
+@pytest.mark.parametrize("uri", ["/fail", "/hang"])
+def test_a_failed_jwks_fetch_is_one_fetch_for_all_waiting_requests(issuers, failing_jwks, uri):
+    """Concurrent requests while the JWKS cannot be fetched: one fetch, every request a 503 (each
+    fetching in turn, the third would pass the load balancer's 5 s callout timeout: 500)."""
+    cfg = config_of(issuers["base"])
+    cfg["tenants"]["nokeys"]["jwksUri"] = failing_jwks["base"] + uri
+    token = issuers["keys"]["/a"].sign(claims(iss="https://down.example.com"))
+
+    async def main() -> list[Any]:
+        stop = asyncio.Event()
+        ext, hc = _free_port(), _free_port()
+        task = asyncio.create_task(identity_server.serve(identity_config.parse(cfg), ext, hc, tls=False, stop=stop,
+                                                         drain_s=0))
+        await _ready(hc)
+        try:
+            return await asyncio.gather(*(exchange(ext, [headers_message("/nokeys/llama/v1/models", bearer(token))])
+                                          for _ in range(4)))
+        finally:
+            stop.set()
+            await task
+    answers = asyncio.run(main())
+    assert [refusal(a)[0] for [a] in answers] == [503] * 4
+    assert all(("retry-after", "5") in [(o.header.key, o.header.raw_value.decode())
+                                        for o in a.immediate_response.headers.set_headers] for [a] in answers)
+    assert failing_jwks["seen"][uri] == 1
+
+
+def test_a_jwks_fetch_is_bounded_whole_name_resolution_included():
+    """urllib's timeout covers the socket, not the name's resolution: the fetch as a whole is bounded."""
+    from vllm_gke.images.vllm_gke_identity import verify
+    released = threading.Event()
+    keys = Keys("k1")
+    jwks = verify.Jwks("http://jwks.invalid/keys")
+
+    def stuck() -> Any:  # as a resolver that answers late
+        released.wait(10)
+        return keys.jwks()
+    jwks.client.fetch_data = stuck  # type: ignore[method-assign]
+
+    async def main() -> None:
+        with pytest.raises(verify.KeysUnavailable):
+            await jwks.candidates("k1")
+    try:
+        asyncio.run(main())
+    finally:
+        released.set()
+
+
+def test_a_jwks_keys_alg_is_honoured(issuers):
+    """A key that names its alg verifies only that alg (jwt_verify_lib skips a key whose alg differs)."""
+    from jwt import PyJWKSet
+
+    from vllm_gke.images.vllm_gke_identity import verify
+    a = issuers["keys"]["/a"]
+    tenant = identity_config.parse(config_of(issuers["base"])).tenants["support"]
+    for alg, signed, ok in (("RS256", "RS256", True), ("RS512", "RS256", False), (None, "PS256", True)):
+        verifier = verify.Verifier({"support": tenant})
+        jwk = {**a.jwks()["keys"][0], **({"alg": alg} if alg else {})}
+        cache = verifier.jwks[tenant.jwks_uri]
+        cache.keys, cache.fetched = PyJWKSet.from_dict({"keys": [jwk]}), time.monotonic()
+        verdict = asyncio.run(verifier.check("support", [f"Bearer {a.sign(claims(), alg=signed)}"]))
+        assert (verdict.tenant == "support") is ok, (alg, signed, verdict)
+
+
+def test_a_lone_surrogate_escape_is_salted_as_json_takes_it():
+    """msgspec refuses it; json (and so the guard and vLLM) take it: the check follows json."""
+    assert json.loads(salted(b'{"prompt": "\\ud800"}', "tenant-x"))["cache_salt"] == "tenant-x"
+
+
+def test_salted_picker_routes_match_no_content_length_and_the_others_keep_it():
+    """Envoy removes Content-Length in FullDuplexStreamed before the route is chosen (envoy#39035):
+    a salted URL's routes requiring it would match nothing (404 for every request); a URL the
+    extension does not salt keeps the bound."""
+    from vllm_gke.components.model.gateway_routes import PickerTarget, picker_rules
+    from vllm_gke.components.model.serving_api import picker_salted_paths
+    from vllm_gke.components.model.vllm_versions import RELEASES
+
+    def lengths(target: PickerTarget) -> dict[str, bool]:
+        return {m["path"]["value"]: any(h["name"] == "content-length" for h in m["headers"])
+                for r in picker_rules("support/llama", target) for m in r["matches"]}
+    salted = picker_salted_paths(RELEASES["0.34.0"])
+    assert set(salted) == {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"}
+    assert not any(lengths(PickerTarget("llama", "support.llama", "support", salted_paths=salted)).values())
+    plain = lengths(PickerTarget("llama", "support.llama", "support"))
+    assert plain.pop("/support/llama/v1/models") is False and all(plain.values())
+
+
+def test_the_stacks_salted_routes_are_the_extensions(plans):
+    """The routes without a Content-Length match are exactly the URLs the extension's config salts."""
+    manifests = plans["staging"].manifests()
+    identity = json.loads(next(d for d in manifests if d["kind"] == "ConfigMap"
+                               and d["metadata"]["name"] == "vllm-gke-identity")["data"]["identity.json"])
+    salted = {p for p, v in identity["prefixes"].items() if v.get("saltedPaths")}
+    assert salted
+    for route in (d for d in manifests if d["kind"] == "HTTPRoute"):
+        for rule in route["spec"]["rules"]:
+            for m in (m for m in rule.get("matches") or [] if any(b.get("kind") == "InferencePool"
+                                                                  for b in rule.get("backendRefs") or [])):
+                value = m["path"]["value"]
+                bounded = any(h["name"] == "content-length" for h in m.get("headers") or [])
+                assert bounded is (not value.endswith("/v1/models") and value.rsplit("/v1/", 1)[0] not in salted), value

@@ -293,9 +293,9 @@ def test_the_picker_gets_only_what_it_parses_and_bounded_bodies(plans):
     limit = picker_max_body_bytes(plan.config.model("llama-8b"))
     assert limit == max(1 << 20, 16384 * 16)
     base = "/search/llama-8b/v1"
-    assert _reach(plan, f"{base}/completions", headers={**own, "content-length": str(limit)}).backends
-    assert _reach(plan, f"{base}/completions", headers={**own, "content-length": str(limit + 1)}) is None
-    assert _reach(plan, f"{base}/completions", headers=own) is None  # chunked: no Content-Length
+    # Salted URLs: Envoy's full-duplex ext_proc removed Content-Length before the route is chosen;
+    # the identity extension refused (413) a missing or larger one before (test_identity_extension).
+    assert _reach(plan, f"{base}/completions", headers=own).backends
     for served in ("/responses", "/messages"):
         assert _reach(plan, f"{base}{served}", headers={**own, "content-length": "10"}).backends, served
     for other in ("/embeddings", "/chat/completions/batch", "/score", "/rerank", "/chat/completions/render",

@@ -95,6 +95,12 @@ class PickerTarget:
         (p, "GET" if p == "/v1/models" else "POST") for p in PICKER_PATHS)
     # The largest Content-Length a body may declare (the picker buffers it whole).
     max_body_bytes: int = 1 << 20
+    # Routes whose bodies the identity extension reads and salts (serving_api.picker_salted_paths).
+    # Where there are any, its body chain takes every /v1/ path of the URL: it refuses (413) a
+    # missing, chunked or larger Content-Length before reading and bounds what passes, and Envoy's
+    # ext_proc in FullDuplexStreamed removes Content-Length from the request before the route is
+    # chosen (envoy#39035), so none of the URL's routes can match on it.
+    salted_paths: tuple[str, ...] = ()
 
 
 def serving_listener(spec: GatewaySpec) -> str:
@@ -179,12 +185,14 @@ def length_rules(path_prefix: str, long_request_bytes: int, short_backends: list
 
 def picker_rules(path_prefix: str, picker: PickerTarget) -> list[dict[str, Any]]:
     """One rule per route the picker serves, each requiring what the tenant identity extension set
-    from the tenant's verified token (its objective for this model and the tenant) and, for a body,
-    a Content-Length within the limit (no chunked or oversized body reaches the picker, which
-    buffers it whole). A request without them matches nothing here: 404 from the load balancer,
-    no picker, no GPU. No rule refuses the picker's other control headers any more: the extension
-    removes every client copy before any route is chosen (a refusing rule per header and route
-    would multiply the route's matches for nothing the extension lets through)."""
+    from the tenant's verified token (its objective for this model and the tenant) and, for a body
+    on a URL the extension does not salt, a Content-Length within the limit (no chunked or oversized
+    body reaches the picker, which buffers it whole; on a salted URL the extension bounds every body
+    and Envoy has removed the header: PickerTarget.salted_paths). A request without them matches
+    nothing here: 404 from the load balancer, no picker, no GPU. No rule refuses the picker's other
+    control headers any more: the extension removes every client copy before any route is chosen (a
+    refusing rule per header and route would multiply the route's matches for nothing the extension
+    lets through)."""
     prefix = f"/{path_prefix}"
     verified = [{"type": "Exact", "name": OBJECTIVE_HEADER, "value": picker.objective},
                 {"type": "Exact", "name": TENANT_HEADER, "value": picker.tenant}]
@@ -192,9 +200,11 @@ def picker_rules(path_prefix: str, picker: PickerTarget) -> list[dict[str, Any]]
 
     def served(path: str, method: str) -> dict[str, Any]:
         # No method match (GKE's conformance reports list it as unsupported): the mesh and the
-        # guard refuse a wrong method; a body route still needs its bounded Content-Length.
+        # guard refuse a wrong method; a body route the extension does not bound still needs its
+        # bounded Content-Length.
+        bounded = method == "POST" and not picker.salted_paths
         return {"path": {"type": "Exact", "value": f"{prefix}{path}"},
-                "headers": [*verified, *([length] if method == "POST" else [])]}
+                "headers": [*verified, *([length] if bounded else [])]}
 
     # The issuer and subject are Istio's to write at the replica: a client's copies are dropped.
     # Never PICKER_SETS (serving_api says why); the extension's headers go on to the replica's guard.

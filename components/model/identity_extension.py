@@ -11,9 +11,10 @@ the extension down the load balancer answers 500 rather than route a request who
 checked), reads bodies only where it must, and runs two replicas on two nodes with a budget of one
 disruption.
 
-Two extension chains (routing_extension_spec): the first matches the picker's body routes
-(/<tenant>/<model>/v1/<path> of each tenant URL a picker serves, the paths whose request models take
-cache_salt) and is called, as the body-based router is, with the request headers, body and
+Two extension chains (routing_extension_spec): the first matches every /<tenant>/<model>/v1/ path
+of each tenant URL a picker serves where its release salts (the extension salts the routes whose
+request models take cache_salt, bounds every body there, and answers the rest at their headers)
+and is called, as the body-based router is, with the request headers, body and
 trailers in FullDuplexStreamed mode: it sets the tenant's cache_salt in the body, which the
 picker's prefix keys hash (images/vllm_gke_identity/salt.py says why). The second has no match
 condition and takes every other request's headers only. The load balancer runs the first chain
@@ -51,7 +52,7 @@ from .vllm_versions import VllmRelease
 
 NAME = "vllm-gke-identity"
 # The image's tag (images/vllm_gke_identity/cloudbuild.yaml builds it into the serverImage's repository).
-IDENTITY_TAG = "0.2.0"
+IDENTITY_TAG = "0.3.0"
 EXT_PROC_PORT = 9004  # the body-based router's ports (values.yaml)
 HEALTH_PORT = 9005
 UID = 65532
@@ -130,18 +131,18 @@ def config_text(cfg: StackConfig) -> str:
     return config_json(identity_config(cfg))
 
 
-# A path the CEL condition names as is: tenant and model names are DNS labels, routes plain words.
+# A path the CEL condition names as is: tenant and model names are DNS labels.
 _PLAIN_PATH = re.compile(r"/[a-z0-9/-]+")
+# The body chain's extension metadata: GKE passes it in each ProcessingRequest's metadata_context
+# (a com.google.* namespace), and the extension holds a request's headers for its body only when
+# it is there (images/vllm_gke_identity/processor.py BODY_CHAIN: a request the other chain took
+# never sends its body, so a held answer would wait out the callout's timeout).
+BODY_CHAIN = {"vllm-gke-chain": "body"}
 
 
-def salted_paths(identity: Mapping[str, Any]) -> dict[tuple[str, ...], list[str]]:
-    """The prefixes ('/<tenant>/<model>') whose bodies the extension salts (its config's), by the
-    routes ('/v1/...') it salts under them."""
-    out: dict[tuple[str, ...], list[str]] = {}
-    for prefix, v in sorted(identity["prefixes"].items()):
-        if paths := tuple(v.get("saltedPaths") or ()):
-            out.setdefault(paths, []).append(prefix)
-    return out
+def salted_prefixes(identity: Mapping[str, Any]) -> list[str]:
+    """The prefixes ('/<tenant>/<model>') under which the extension salts bodies (its config's)."""
+    return [prefix for prefix, v in sorted(identity["prefixes"].items()) if v.get("saltedPaths")]
 
 
 # GKE's CRD holds each celMatcher to 512 characters of Service Extensions' CEL subset, whose string
@@ -154,24 +155,22 @@ def _startswith_any(prefixes: Sequence[str]) -> str:
     return " || ".join(f"request.path.startsWith('{p}/v1/')" for p in prefixes)
 
 
-def body_conditions(groups: Mapping[tuple[str, ...], Sequence[str]]) -> list[str]:
-    """CEL matchers (ORed by GKE) of each group's prefixes followed by one of its routes: a prefix's
-    /v1/ and the route's ending, as startsWith/endsWith (request.path holds no query string). A path
-    that matches more loosely (/t/m/v1/x/v1/completions) is one the extension leaves unsalted and no
-    route serves."""
-    names = [*(p for ps in groups.values() for p in ps), *(r for rs in groups for r in rs)]
-    if bad := [p for p in names if not _PLAIN_PATH.fullmatch(p)]:
+def body_conditions(prefixes: Sequence[str]) -> list[str]:
+    """CEL matchers (ORed by GKE): the request's path starts with a salted prefix's /v1/. Only
+    startsWith: request.path carries the query string (Envoy's attribute), so no ending is matched;
+    the extension reads only the salted routes' bodies under them, bounds the others' and passes
+    the rest at their headers."""
+    if bad := [p for p in prefixes if not _PLAIN_PATH.fullmatch(p)]:
         raise ValueError(f"identity extension: paths a CEL condition cannot name as they are: {bad}")
     out: list[str] = []
-    for routes, prefixes in groups.items():
-        ends = " || ".join(f"request.path.endsWith('{r}')" for r in routes)
-        chunk: list[str] = []
-        for prefix in prefixes:
-            if chunk and len(f"({_startswith_any([*chunk, prefix])}) && ({ends})") > CEL_MAX:
-                out.append(f"({_startswith_any(chunk)}) && ({ends})")
-                chunk = []
-            chunk.append(prefix)
-        out.append(f"({_startswith_any(chunk)}) && ({ends})")
+    chunk: list[str] = []
+    for prefix in prefixes:
+        if chunk and len(_startswith_any([*chunk, prefix])) > CEL_MAX:
+            out.append(_startswith_any(chunk))
+            chunk = []
+        chunk.append(prefix)
+    if chunk:
+        out.append(_startswith_any(chunk))
     if len(out) > CEL_EXPRESSIONS_MAX or any(len(e) > CEL_MAX for e in out):
         raise ValueError(f"identity extension: {len(out)} CEL conditions for the salted picker routes; GKE takes at most "
                          f"{CEL_EXPRESSIONS_MAX} of {CEL_MAX} characters each")
@@ -184,17 +183,19 @@ def _extension(name: str, events: list[str], **extra: Any) -> dict[str, Any]:
 
 
 def routing_extension_spec(gateway: str, identity: Mapping[str, Any]) -> dict[str, Any]:
-    """The GCPRoutingExtension, failing closed: on the picker's body routes (`identity`: the
+    """The GCPRoutingExtension, failing closed: under the salted picker URLs (`identity`: the
     extension's config) the headers, body and trailers in full duplex (trailers as the body-based
-    router's chart: Envoy streams full duplex only with them), then every other request (no match
-    condition: a request that skipped it would keep its own copies of the headers the picker's
-    routes match on) its headers only. Fields as GKE's CRD (networking.gke.io/v1) has them."""
+    router's chart: Envoy streams full duplex only with them), with BODY_CHAIN as its metadata;
+    then every other request (no match condition: a request that skipped it would keep its own
+    copies of the headers the picker's routes match on) its headers only. Fields as GKE's CRD
+    (networking.gke.io/v1) has them."""
     chains: list[dict[str, Any]] = []
-    if groups := salted_paths(identity):
+    if prefixes := salted_prefixes(identity):
         chains.append({"name": "tenant-identity-body",
-                       "matchCondition": {"celExpressions": [{"celMatcher": c} for c in body_conditions(groups)]},
+                       "matchCondition": {"celExpressions": [{"celMatcher": c} for c in body_conditions(prefixes)]},
                        "extensions": [_extension("salt-tenant", ["RequestHeaders", "RequestBody", "RequestTrailers"],
-                                                 requestBodySendMode="FullDuplexStreamed")]})
+                                                 requestBodySendMode="FullDuplexStreamed",
+                                                 metadata=dict(BODY_CHAIN))]})
     chains.append({"name": "tenant-identity", "extensions": [_extension("verify-tenant", ["RequestHeaders"])]})
     return {"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gateway}],
             "extensionChains": chains}

@@ -45,6 +45,9 @@ PICKER_CONTROL_HEADERS = (
     MODEL_REWRITE_HEADER, "x-gateway-model-name-rewrite",
     "x-llm-d-slo-ttft-ms", "x-slo-ttft-ms",
     "x-llm-d-slo-tpot-ms", "x-slo-tpot-ms",
+    # The rest of llm-d's input control headers (pkg/epp/util/request/headers.go:30-40): a video's
+    # frame rate, length and resolution, which its scorers may weigh.
+    "x-llm-d-video-fps", "x-llm-d-video-duration-seconds", "x-llm-d-video-resolution",
 )
 # What the extension removes from every request, and what it sets from a verified token.
 IDENTITY_STRIPS = (*PICKER_CONTROL_HEADERS, TENANT_HEADER)
@@ -112,6 +115,12 @@ PICKER_MIN_BODY_BYTES = 1 << 20
 def picker_routes() -> list[Route]:
     """The tenant routes a model behind the endpoint picker serves (PICKER_PATHS)."""
     return [r for r in TENANT_ROUTES if r.path in PICKER_PATHS]
+
+
+def picker_salted_paths(release: "VllmRelease") -> tuple[str, ...]:
+    """The picker's body routes whose request models take cache_salt on `release`: the tenant
+    identity extension reads and salts their bodies (components/model/identity_extension.py)."""
+    return tuple(sorted(r.path for r in picker_routes() if r.method == "POST" and r.path in release.cache_salt_paths))
 
 
 def picker_max_body_bytes(model: ModelSpec) -> int:

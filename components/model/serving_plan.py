@@ -208,25 +208,27 @@ def picker_objectives(serving: Serving) -> dict[str, int]:
     return {objective_name(t.name, serving.model.name): t.priority for t in serving.callers}
 
 
-def picker_routes_of(serving: Serving, namespace: Any) -> list[RouteTarget]:
+def picker_routes_of(serving: Serving, namespace: Any, salted: tuple[str, ...] = ()) -> list[RouteTarget]:
     """Per caller, a route /<tenant>/<model>/v1 to the model's InferencePool that sets the tenant's
     objective: the tenant must be in the path for its priority to be bound to its token (the load
     balancer cannot read the JWT; the mesh checks the pair). A dedicated copy's route keeps its
     key; a shared model's are one per tenant ('.' never occurs in a name, so they never collide
-    with a dedicated <tenant>-<model>)."""
+    with a dedicated <tenant>-<model>). `salted`: the routes whose bodies the identity extension
+    salts (serving_api.picker_salted_paths of the pool's release)."""
     model, dedicated = serving.model, serving.tenant is not None
     return [RouteTarget(
         serving.key if dedicated else f"{model.name}.{t.name}", namespace, path_prefix(model, t, dedicated),
         service_name_of(model.name, "short"), "", model.long_request_bytes,
         picker=PickerTarget(model.name, objective_name(t.name, model.name), t.name,
                             routes=tuple((r.path, r.method) for r in picker_routes()),
-                            max_body_bytes=picker_max_body_bytes(model)))
+                            max_body_bytes=picker_max_body_bytes(model), salted_paths=salted))
         for t in serving.callers]
 
 
-def route_targets(serving: Serving, namespace: Any, flagger: tuple[str, ...] = ()) -> list[RouteTarget]:
+def route_targets(serving: Serving, namespace: Any, flagger: tuple[str, ...] = (),
+                  salted: tuple[str, ...] = ()) -> list[RouteTarget]:
     """How the load balancer reaches the serving's replicas (`namespace`: where they run, a name
     or a Pulumi output of one, placed as it is)."""
     if serving.model.routing == "inference-gateway":
-        return picker_routes_of(serving, namespace)
+        return picker_routes_of(serving, namespace, salted)
     return [length_route(serving, namespace, flagger)]

@@ -1,8 +1,10 @@
 """The ext_proc service (envoy.service.ext_proc.v3.ExternalProcessor): what one request becomes.
 The load balancer calls it from one of two extension chains (components/model/identity_extension.py):
-on a picker route that takes a body (salted paths) with the request headers, body and trailers in
-full-duplex streamed mode, so the headers' answer waits until the body is read and salted
-(salt.py); on every other request with the headers only. Any message it does not change is
+on a salted picker URL's /v1/ paths with the request headers, body and trailers in full-duplex
+streamed mode, its ProcessingRequest.metadata_context carrying BODY_CHAIN (the chain's metadata), so
+the headers' answer of a salted route waits until the body is read and salted (salt.py); on every
+other request with the headers only, answered at once (a request that came without BODY_CHAIN never
+sends its body here, so its headers are never held). Any message it does not change is
 answered with an empty response of its kind (a body chunk it does not read is sent back as it
 came: in full duplex a body not sent back is an empty body), so no input ends the stream with an
 error (FailClose would make that a 500)."""
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterable, Optional
 
@@ -31,6 +34,13 @@ HeaderValue: Any = base_pb2.HeaderValue  # pyright: ignore[reportAttributeAccess
 HeaderValueOption: Any = base_pb2.HeaderValueOption  # pyright: ignore[reportAttributeAccessIssue]
 HttpStatus: Any = http_status_pb2.HttpStatus  # pyright: ignore[reportAttributeAccessIssue]
 
+# The body chain's extension metadata (components/model/identity_extension.py: BODY_CHAIN): GKE
+# sends it in metadata_context under a com.google.* namespace of its own naming.
+BODY_CHAIN = ("vllm-gke-chain", "body")
+# Bytes of held bodies (their declared lengths) one process admits at once: beyond it a salted
+# request is answered 503 with Retry-After before any of its body is read (the pod's memory limit
+# is 512Mi; a held body is buffered, joined and copied once salted).
+MAX_HELD_BYTES = int(os.environ.get("MAX_HELD_BYTES", str(64 << 20)))
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 503: "service_unavailable"}
 ERROR_CODES = {401: "invalid_token", 403: "forbidden", 413: "payload_too_large", 400: "invalid_json",
                503: "unavailable"}
@@ -86,6 +96,16 @@ def body_response(body: bytes, end_of_stream: bool = True) -> Any:
             body=body, end_of_stream=end_of_stream)))))
 
 
+def via_body_chain(request: Any) -> bool:
+    """Whether the message came through the body chain (its extension's metadata, any namespace)."""
+    key, value = BODY_CHAIN
+    for struct in request.metadata_context.filter_metadata.values():
+        field_value = struct.fields.get(key)
+        if field_value is not None and field_value.string_value == value:
+            return True
+    return False
+
+
 def declared_length(values: dict[str, list[str]], limit: int) -> Optional[int]:
     """The request's one Content-Length when within `limit` (and not chunked), else None."""
     lengths = values.get("content-length") or []
@@ -108,25 +128,46 @@ class Pending:
 
 
 @dataclass
+class Echoed:
+    """A body sent back as it comes, counted against its declared Content-Length (`limit`)."""
+
+    limit: int
+    size: int = 0
+
+
+@dataclass
 class Stream:
     """One ext_proc stream (one HTTP request): the body being read, if any."""
 
     pending: Optional[Pending] = None
+    # A body of a salted URL not held (an unsalted route), bounded as it passes.
+    echoed: Optional[Echoed] = None
     # Refused: nothing more of it is sent on (Envoy ends it on an immediate response anyway).
     refused: bool = False
+    # Bytes of MAX_HELD_BYTES this stream's held body has reserved.
+    reserved: int = 0
 
 
 class IdentityProcessor(ExternalProcessorServicer):
-    def __init__(self, config: Config, verifier: Optional[Verifier] = None):
+    def __init__(self, config: Config, verifier: Optional[Verifier] = None, max_held: int = MAX_HELD_BYTES):
         self.config = config
         self.verifier = verifier or Verifier(dict(config.tenants))
+        self.max_held = max_held
+        self.held = 0  # bytes reserved by the streams holding a body now
 
     async def Process(self, request_iterator: AsyncIterator[Any],  # noqa: N802 (the proto's name)
                       context: ServicerContext) -> AsyncIterator[Any]:
         stream = Stream()
-        async for request in request_iterator:
-            for answer in await self.answer(request, stream):
-                yield answer
+        try:
+            async for request in request_iterator:
+                for answer in await self.answer(request, stream):
+                    yield answer
+        finally:  # a stream that ends or is cancelled holding a body gives its bytes back
+            self.release(stream)
+
+    def release(self, stream: Stream) -> None:
+        self.held -= stream.reserved
+        stream.reserved = 0
 
     async def answer(self, request: Any, stream: Stream) -> list[Any]:
         """One message's answers (none while a body is read); never raises (a bug refuses the
@@ -137,14 +178,16 @@ class IdentityProcessor(ExternalProcessorServicer):
             log.exception("identity check failed")
             answers = [error_response(503, "the request's identity could not be checked; retry")]
         if any(a.WhichOneof("response") == "immediate_response" for a in answers):
-            stream.pending, stream.refused = None, True
+            stream.pending, stream.echoed, stream.refused = None, None, True
+        if stream.pending is None:
+            self.release(stream)
         return answers
 
     async def _answers(self, request: Any, stream: Stream) -> list[Any]:
         kind = request.WhichOneof("request")
         if kind == "request_headers":
-            stream.refused = False  # a new request (a test's stream carries several)
-            return await self.on_headers(request.request_headers, stream)
+            stream.refused, stream.echoed = False, None  # a new request (a test's stream carries several)
+            return await self.on_headers(request.request_headers, stream, via_body_chain(request))
         if kind == "request_body" and not stream.refused:
             return on_body(request.request_body, stream)
         if kind == "request_trailers" and stream.pending is not None:
@@ -152,7 +195,7 @@ class IdentityProcessor(ExternalProcessorServicer):
             return [error_response(400, "a request body with trailers is not accepted on this route")]
         return [_pass(kind)]
 
-    async def on_headers(self, headers: Any, stream: Stream) -> list[Any]:
+    async def on_headers(self, headers: Any, stream: Stream, body_chain: bool) -> list[Any]:
         cfg = self.config
         values = header_values(headers)
         paths = values.get(":path") or [""]
@@ -166,13 +209,21 @@ class IdentityProcessor(ExternalProcessorServicer):
             return [error_response(verdict.status, verdict.message)]
         sets = [(cfg.objective_header, target.objective), (cfg.fairness_header, verdict.tenant),
                 (cfg.tenant_header, verdict.tenant)]
-        if headers.end_of_stream or target.salt is None or salted_path(paths[0], target) is None:
+        if headers.end_of_stream or target.salt is None:
             return [headers_response(remove, sets)]
-        # A body the picker reads: bounded before a byte of it arrives (the route's own limit).
+        # A body under a salted URL: its routes match on no Content-Length (the body chain's Envoy
+        # removes it), so it is bounded here, before a byte of it arrives (the route's own limit).
         length = declared_length(values, target.max_body_bytes)
         if length is None:
             return [error_response(413, f"this route takes a body with a Content-Length of at most "
                                         f"{target.max_body_bytes} bytes (none, chunked or larger was sent)")]
+        if not body_chain or salted_path(paths[0], target) is None:  # never held: its body may never come here
+            stream.echoed = Echoed(length) if body_chain else None
+            return [headers_response(remove, sets)]
+        if self.held + length > self.max_held:
+            return [error_response(503, "too many request bodies are being checked now; retry")]
+        self.held += length
+        stream.reserved = length
         stream.pending = Pending(remove, sets, target.salt, length)
         return []  # answered with the body (full duplex: Envoy holds the headers until then)
 
@@ -186,8 +237,12 @@ def salted_path(path: str, target: PickerPrefix) -> Optional[str]:
 def on_body(body: Any, stream: Stream) -> list[Any]:
     """A chunk of a body being read (at its end: the headers' answer, then the salted body), or one
     this extension does not read, sent back as it came."""
-    pending = stream.pending
+    pending, echoed = stream.pending, stream.echoed
     if pending is None:
+        if echoed is not None:
+            echoed.size += len(body.body)
+            if echoed.size > echoed.limit:
+                return [error_response(413, f"the body is longer than its Content-Length ({echoed.limit} bytes)")]
         return [body_response(body.body, body.end_of_stream)]
     pending.size += len(body.body)
     if pending.size > pending.limit:  # more than the Content-Length declared: buffer no more
@@ -200,8 +255,10 @@ def on_body(body: Any, stream: Stream) -> list[Any]:
         out = salted(b"".join(pending.chunks), pending.salt)
     except BadBody as exc:
         return [error_response(400, str(exc))]
-    # The body grew: the upstream hop must be told its new length.
-    return [headers_response(pending.remove, [*pending.sets, ("content-length", str(len(out)))]), body_response(out)]
+    # No Content-Length: in FullDuplexStreamed Envoy removed the client's and ignores one set here
+    # (ext_proc's processor_state.h shouldRemoveContentLength, mutation_utils.cc): the upstream
+    # hop is told the length by its framing.
+    return [headers_response(pending.remove, pending.sets), body_response(out)]
 
 
 def _pass(kind: Optional[str]) -> Any:

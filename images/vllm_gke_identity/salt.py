@@ -14,7 +14,20 @@ the salt in the body the picker's keys never match a salted tenant's blocks."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Optional
+
+# Checks a body is one JSON object without building it: the top level's members stay raw bytes
+# (their syntax is still checked), where json.loads would build every string and list of the prompt
+# on the event loop. The picker and the guard parse the body again anyway.
+_OBJECT: Optional[Any] = None
+_ERRORS: tuple[type[BaseException], ...] = ()
+try:  # the image installs it (Dockerfile); without it the check is json's alone
+    import msgspec
+
+    _OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
+    _ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+except ImportError:  # pragma: no cover - the tests run with it
+    pass
 
 
 class BadBody(ValueError):
@@ -32,14 +45,28 @@ def member(salt: str) -> bytes:
 
 def salted(body: bytes, salt: str) -> bytes:
     """`body` with the tenant's cache_salt appended as its last member; BadBody if it is not one JSON object."""
-    try:
-        doc = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise BadBody(f"the body is not a valid JSON object: {exc}") from None
-    if not isinstance(doc, dict):
-        raise BadBody("the body must be a JSON object")
+    check_object(body)
     # A valid object's last byte but whitespace is its closing brace (the guard's closing_brace).
     close = len(body.rstrip())
     before = body[:close - 1].rstrip()
     sep = b"" if before.endswith(b"{") else b","
     return before + sep + member(salt) + body[close - 1:]
+
+
+def check_object(body: bytes) -> None:
+    """BadBody unless `body` is one JSON object in UTF-8 (NaN and Infinity refused, as Go's
+    encoding/json refuses them); msgspec's verdict where it accepts, json's words where it does not
+    (it also refuses a lone surrogate escape json takes)."""
+    try:
+        text = body.decode("utf-8")  # msgspec skips raw members without checking their UTF-8
+        if _OBJECT is not None:
+            try:
+                _OBJECT.decode(body)
+                return
+            except _ERRORS:
+                pass  # json says why (or accepts what msgspec alone refuses)
+        doc = json.loads(text, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise BadBody(f"the body is not a valid JSON object: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadBody("the body must be a JSON object")

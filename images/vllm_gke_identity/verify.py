@@ -28,6 +28,11 @@ LEEWAY_S = 60
 JWKS_LIFESPAN_S = 300
 JWKS_MISS_REFETCH_S = 30
 JWKS_TIMEOUT_S = 2
+# The whole fetch, name resolution included (urllib's timeout covers the socket only), well under
+# the load balancer's 5 s callout timeout; a failed fetch with no keys cached is remembered this
+# long, its requests answered 503 at once rather than each waiting for a fetch of its own in turn.
+JWKS_FETCH_BUDGET_S = 2.5
+JWKS_FAILURE_S = 5
 # Algorithms by key: a key verifies only its own family (an HMAC or unknown key, none).
 RSA_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
 EC_ALGORITHMS = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512"}
@@ -53,21 +58,31 @@ class Jwks:
         self.client = PyJWKClient(uri, cache_jwk_set=False, timeout=JWKS_TIMEOUT_S)
         self.keys: Optional[PyJWKSet] = None
         self.fetched = float("-inf")
+        self.failed = float("-inf")  # the last fetch that failed with no keys cached
         self.clock = clock
         self.lock = asyncio.Lock()
 
     async def _fetch(self, stale_before: float) -> None:
+        self._recently_failed()
         async with self.lock:
             if self.fetched >= stale_before:  # another request fetched it meanwhile
                 return
+            self._recently_failed()  # or failed meanwhile
             try:
-                data: Any = await asyncio.to_thread(self.client.fetch_data)
+                # A thread past the budget is left to finish on its own (it holds no lock).
+                data: Any = await asyncio.wait_for(asyncio.to_thread(self.client.fetch_data), JWKS_FETCH_BUDGET_S)
                 self.keys = PyJWKSet.from_dict(data)
-            except (jwt.PyJWKClientError, jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError) as err:
-                log.warning("JWKS %s: %s", self.client.uri, err)
+            except (jwt.PyJWKClientError, jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError,
+                    asyncio.TimeoutError) as err:
+                log.warning("JWKS %s: %s", self.client.uri, err or "no answer in time")
                 if self.keys is None:
+                    self.failed = self.clock()
                     raise KeysUnavailable(str(err)) from err
             self.fetched = self.clock()
+
+    def _recently_failed(self) -> None:
+        if self.keys is None and self.clock() - self.failed < JWKS_FAILURE_S:
+            raise KeysUnavailable("the last fetch failed moments ago")
 
     async def candidates(self, kid: Optional[str]) -> list[PyJWK]:
         """The keys a token with this key id may be signed by (all of them without a kid)."""
@@ -86,6 +101,14 @@ class Jwks:
 
 
 def algorithms(key: PyJWK) -> list[str]:
+    """The algorithms a key verifies: its family's, only its own `alg` where it names one (as Envoy's
+    jwt_verify_lib skips a key whose alg differs from the token's)."""
+    family = _family(key)
+    alg: Any = getattr(key, "_jwk_data", {}).get("alg")  # PyJWK keeps the JWK as published
+    return [a for a in family if a == alg] if isinstance(alg, str) else family
+
+
+def _family(key: PyJWK) -> list[str]:
     public: Any = key.key
     if isinstance(public, rsa.RSAPublicKey):
         return list(RSA_ALGORITHMS)

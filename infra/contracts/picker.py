@@ -280,9 +280,19 @@ def _claimed(plan: Plan) -> tuple[str, ...]:
     return tuple(s for p in sorted(parsers) for s in PARSER_PATHS.get(p, ()))
 
 
+def _extension_bounded(plan: Plan) -> tuple[str, ...]:
+    """Path prefixes under which the tenant identity extension bounds every body (its config's
+    salted prefixes, with a limit): its body chain runs in FullDuplexStreamed, where Envoy removes
+    Content-Length before the route is chosen (envoy#39035), so no route there can match on it."""
+    return tuple(f"{prefix}/v1/" for c in _docs(plan, "ConfigMap") if "identity.json" in (c.get("data") or {})
+                 for prefix, v in yaml.safe_load(c["data"]["identity.json"]).get("prefixes", {}).items()
+                 if int(v.get("maxBodyBytes") or 0) > 0 and v.get("saltedPaths"))
+
+
 def picker_gets_what_it_parses(plan: Plan) -> list[str]:
     out = []
     claimed = _claimed(plan)
+    bounded = _extension_bounded(plan)
     for route, rule in _pool_rules(plan):
         name = route["metadata"]["name"]
         for m in rule.get("matches") or [{}]:
@@ -293,7 +303,7 @@ def picker_gets_what_it_parses(plan: Plan) -> list[str]:
                 out.append(f"HTTPRoute {name}: {path.get('type')} {value} reaches the picker, which parses only the "
                            "paths its parsers claim (400 on any other body)")
             length = [h for h in m.get("headers") or [] if h.get("name", "").lower() == "content-length"]
-            if not bodiless and not length:
+            if not bodiless and not length and not (bounded and value.startswith(bounded)):
                 out.append(f"HTTPRoute {name}: a body of any size (or chunked) reaches the picker, which buffers it whole")
     return out
 
@@ -527,7 +537,7 @@ ROWS: tuple[Contract, ...] = (
              "pkg/epp/framework/plugins/requesthandling/parsers/openai/openai.go:90-104; "
              "parsers/anthropic/anthropic.go:68-73",
              "routes to a pool match exactly paths the configured parsers claim (or GET /v1/models), bodies only with "
-             "a bounded Content-Length",
+             "a bounded Content-Length or on a path whose body the identity extension bounds",
              picker_gets_what_it_parses),
     Contract("endpoint picker", EPP_VERSION,
              "reads the objective, fairness id, model rewrite and SLO headers x-llm-d-* first, the x-gateway-* "
