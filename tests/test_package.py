@@ -512,6 +512,11 @@ def test_the_picker_path_composes_from_the_facades():
     (route,) = [m for m in manifests if m.get("kind") == "HTTPRoute"]
     backends = [b for rule in route["spec"]["rules"] for b in rule.get("backendRefs", [])]
     assert backends and all(b["kind"] == "InferencePool" and b["name"] == "qwen-7b" for b in backends)
+    # The routes whose bodies the extension salts match no Content-Length (Envoy drops it in front of
+    # them, so such a match would answer 404); the others keep the bound.
+    lengths = {m["path"]["value"]: any(h["name"] == "content-length" for h in m.get("headers") or [])
+               for rule in route["spec"]["rules"] for m in rule.get("matches") or []}
+    assert lengths["/search/qwen-7b/v1/chat/completions"] is False and lengths["/search/qwen-7b/v1/completions"] is False
     objectives = [m for m in manifests if m.get("kind") == "InferenceObjective"]
     assert [(o["metadata"]["name"], o["spec"]["priority"]) for o in objectives] == [("search.qwen-7b", -1)]
     (server,) = [m for m in manifests if m.get("kind") == "Deployment" and "epp" not in m["metadata"]["name"]

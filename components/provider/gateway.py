@@ -10,8 +10,9 @@ from typing_extensions import NotRequired
 from ..gateway import Gateway as _Gateway
 from ..gateway import GatewayArgs
 from ..model.gateway_routes import GATEWAY_NAME, PickerTarget, RouteTarget
-from ..model.serving_api import PICKER_MIN_BODY_BYTES, objective_name, picker_routes
+from ..model.serving_api import PICKER_MIN_BODY_BYTES, objective_name, picker_routes, picker_salted_paths
 from ..model.specs import GatewaySpec as GatewayModel
+from ..model.vllm_versions import DEFAULT_VLLM_VERSION, RELEASES
 from .convert import Problems, kubernetes_provider, named_inputs
 from .facade import LATER, Facade
 from .types import GatewaySpec
@@ -44,6 +45,9 @@ class RouteTargetSpec(TypedDict):
     """With inferencePool: the largest request body the route admits (the picker buffers it whole). Default
     1 MiB; Platform gives 16 bytes per token of the pool's maxModelLen (at least 1 MiB), which a model with
     more than 64k context needs."""
+    vllm_version: NotRequired[str]
+    """With inferencePool: the pool's vLLM release (default the newest), as given to IdentityExtension: the
+    routes whose bodies the extension salts match no Content-Length (Envoy drops it in front of them)."""
     port: NotRequired[int]
     """The Services' port (default 8000)."""
     canary_short_service: NotRequired[str]
@@ -102,9 +106,14 @@ def picker_target(problems: Problems, key: str, t: RouteTargetSpec) -> Optional[
         problems.add(key, "inferencePool routes to the picker: leave out the Services and the canary")
         return None
     pool = str(t.get("inference_pool"))
+    version = t.get("vllm_version") or DEFAULT_VLLM_VERSION
+    if version not in RELEASES:
+        problems.add(f"{key}.vllmVersion", f"vLLM {version} is not supported; use one of {', '.join(RELEASES)}")
+        return None
     picker = PickerTarget(pool, objective_name(tenant, pool), tenant,
                           routes=tuple((r.path, r.method) for r in picker_routes()),
-                          max_body_bytes=int(t.get("max_body_bytes") or PICKER_MIN_BODY_BYTES))
+                          max_body_bytes=int(t.get("max_body_bytes") or PICKER_MIN_BODY_BYTES),
+                          salted_paths=picker_salted_paths(RELEASES[version]))
     return RouteTarget(t["route_name"], t["namespace"], t["path_prefix"], f"{pool}-short", "", 0,
                        int(t.get("port") or 8000), picker=picker)
 
