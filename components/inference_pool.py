@@ -49,7 +49,6 @@ from typing import Mapping, Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .bucket_readers import BucketReads
 from .k8s_meta import api_body, custom_resource, meta
 from .model.gateway_routes import backend_defaults
 from .model.k8s_objects import content_digest, vllm_health_check
@@ -74,7 +73,6 @@ from .model.picker import (
     pool_ref,
     pool_spec,
 )
-from .model.picker_prefix import RenderSidecar
 from .model.specs import ImageRef, PickerSpec
 from .options import child_opts
 
@@ -95,14 +93,9 @@ class InferencePoolArgs:
     image: ImageRef = EPP_IMAGE
     # The stack's picker settings (failure mode, scorers, saturation, flow control).
     picker: PickerSpec = field(default_factory=PickerSpec)
-    # What another concern adds to the picker's config (the KV-events prefix cache), or nothing.
+    # What another concern adds to the picker's config (the KV-events prefix cache, whose tokenizer
+    # runs apart: components/render_server.py) and its memory, or nothing.
     extension: Optional[PickerExtension] = None
-    # The tokenizer beside the picker (precise prefix scoring: picker_prefix.render_sidecar), or none;
-    # where it reads the weights from a bucket, what the picker's identity is granted there (the
-    # list role and `weights_prefixes`, its model's folder).
-    sidecar: Optional[RenderSidecar] = None
-    weights_reads: Optional[BucketReads] = None
-    weights_prefixes: Sequence[str] = ()
     # Who may call ext_proc (the load balancer's proxy-only subnet and health-check ranges) and
     # scrape 9090 besides Managed Prometheus' collectors (the nodes' range, for host-network ones).
     load_balancer_sources: Sequence[pulumi.Input[str]] = ()
@@ -153,15 +146,12 @@ class InferencePool(pulumi.ComponentResource):
                                       {**meta(objective), "namespace": args.namespace},
                                       objective_spec(args.pool_name, priority), k8s_opts)
                       for objective, priority in sorted(args.objectives.items())]
-        # Its sidecar mounts the bucket as the picker's identity: granted first, or the mount fails.
-        reads = args.weights_reads.grant(f"{name}-epp-weights-reader", args.namespace, epp, args.weights_prefixes,
-                                         child_opts(self, opts)) if args.weights_reads and args.sidecar else []
         plugins = picker_config(args.picker, args.objectives.values(), args.extension)
         config = k8s.core.v1.ConfigMap(f"{name}-epp-config", metadata=picker_metadata(args, name=workload),
                                        data={CONFIG_FILE: plugins}, opts=k8s_opts)
-        container = picker_container(args.pool_name, args.namespace, args.image.uri, args.request_timeout_seconds)
-        spec = picker_deployment_spec(epp, container, content_digest(plugins), args.request_timeout_seconds, workload,
-                                      args.sidecar)
+        container = picker_container(args.pool_name, args.namespace, args.image.uri, args.request_timeout_seconds,
+                                     args.extension.memory_mib if args.extension else 0)
+        spec = picker_deployment_spec(epp, container, content_digest(plugins), args.request_timeout_seconds, workload)
         return k8s.apps.v1.Deployment(
             # Only the leader turns ready, by design: Pulumi waits for it, not for every replica
             # (its default wait would never end).
@@ -169,7 +159,7 @@ class InferencePool(pulumi.ComponentResource):
                                                     name=workload),
             spec=api_body(spec),
             # Its RBAC first: without it the picker's watches fail and it restarts until RBAC lands.
-            opts=child_opts(self, opts, provider=args.provider, depends_on=[config, sa, binding, *objectives, *reads]))
+            opts=child_opts(self, opts, provider=args.provider, depends_on=[config, sa, binding, *objectives]))
 
     def _picker_network(self, name: str, args: InferencePoolArgs,
                         opts: Optional[pulumi.ResourceOptions]) -> k8s.core.v1.Service:

@@ -37,7 +37,14 @@ from .model.gcp_names import service_account_id
 from .model.identity_extension import config_text, identity_image, needs_identity
 from .model.keda_scaling import KedaScaling
 from .model.mesh_identity import STANDBY_SA, jwks_host, tenant_namespace
-from .model.picker_prefix import pool_picker, precise_extension, reads_kv_events, render_sidecar, render_weights_prefixes
+from .model.picker_prefix import (
+    index_mib,
+    pool_picker,
+    precise_extension,
+    reads_kv_events,
+    render_deployment_spec,
+    render_weights_prefixes,
+)
 from .model.picker_wake import inference_pool_selector, picker_queue
 from .model.rollout_webhooks import LoadTestRef, load_test_webhooks
 from .model.rollouts import FlaggerPool, gates
@@ -65,6 +72,7 @@ from .model_store import ModelStore, ModelStoreArgs, WeightsPrune
 from .observability import Observability, ObservabilityArgs
 from .options import child_opts
 from .project_apis import ProjectApis, ProjectApisArgs
+from .render_server import RenderServer, RenderServerArgs
 from .standby import Standby
 from .tenant_auth import TenantAuth, TenantAuthArgs
 from .trace_collector import TraceCollector, TraceCollectorArgs
@@ -358,21 +366,31 @@ class Platform(pulumi.ComponentResource):
         """An InferencePool for the model's one pool, with an objective per caller."""
         cfg, model = self.config, serving.model
         precise = reads_kv_events(cfg.picker, model)
-        # Precise prefix scoring: the picker's plugins and its tokenizer on the model's shared weights.
-        reader = self.store.reader_for(serving.consumer, model) if precise else None
+        # Precise prefix scoring: the picker's plugins, its index bounded by what the pool holds.
+        index = index_mib(model, cfg.pool(serving.node_pool)) if precise else 0
         pool = InferencePool(f"{self._prefix}{serving.key}-inference", InferencePoolArgs(
             pool_name=model.name, namespace=self._namespace(serving.tenant), provider=self.cluster.provider,
             # The vLLM pods (a standby only where it answers at zero: picker_wake.py).
             selector=inference_pool_selector(model, picker_queue(cfg)), objectives=picker_objectives(serving),
             request_timeout_seconds=cfg.gateway.request_timeout_seconds, picker=cfg.picker,
-            extension=precise_extension(model.name, cfg.picker.scorers.prefix_cache) if precise else None,
-            sidecar=render_sidecar(model, cfg.release_for(serving.node_pool), reader.mount) if reader else None,
-            weights_reads=reader.bucket_reads if reader else None, weights_prefixes=render_weights_prefixes(model),
+            extension=precise_extension(model.name, cfg.picker.scorers.prefix_cache, index) if precise else None,
             load_balancer_sources=self._sources.health_checks, metrics_sources=[cfg.cluster.subnet_cidr]),
-            opts=self._opts_for([*self._picker_deps, *([self.store] if precise else [])]))
+            opts=self._opts_for(self._picker_deps))
         self.inference_pools[serving.key] = pool
         if precise:
-            self._readers.setdefault(model.name, []).append(pool)
+            self._render_server(serving)
+
+    def _render_server(self, serving: Serving) -> None:
+        """The precise picker's tokenizer, apart from it, on the model's shared weights (the picker never
+        waits for it: a render failure costs the precise score only)."""
+        cfg, model = self.config, serving.model
+        reader = self.store.reader_for(serving.consumer, model)
+        render = RenderServer(f"{self._prefix}{serving.key}-render", RenderServerArgs(
+            model.name, self._namespace(serving.tenant), self.cluster.provider,
+            render_deployment_spec(model, cfg.release_for(serving.node_pool), reader.mount),
+            reader.bucket_reads, render_weights_prefixes(model)),
+            opts=self._opts_for([*self._picker_deps, self.store]))
+        self._readers.setdefault(model.name, []).append(render)
 
     def _front(self, targets: list[RouteTarget]) -> None:
         """The gateway in front of the routes."""

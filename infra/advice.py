@@ -7,6 +7,7 @@ from typing import Callable, Optional
 from ..components.billing_budget import MAX_CHANNELS as MAX_BUDGET_CHANNELS
 from ..components.model.capacity import consumer_models, hosts_per_replica, network_cost, placements, rollout_needs
 from ..components.model.cold_start import cold_start_seconds, rollout_seconds
+from ..components.model.picker_prefix import adapters_miss
 from ..components.model.picker_wake import picker_wakes
 from ..components.model.service_levels import TTFT_BUCKETS, ttft_bound
 from ..components.model.serving_plan import flagger_pools, pool_rollout, rollout_load_tests, servings
@@ -264,7 +265,7 @@ def rollout_trade_offs(cfg: StackConfig) -> list[str]:
 # The warnings that read the config alone, in the order the plan prints them (after the share's own).
 CONFIG_CHECKS: tuple[Callable[[StackConfig], list[str]], ...] = (
     hyperdisk_unpriced, single_replica_pools, rollout_needs, rollout_trade_offs, long_rollouts, spot_pools, slow_cold_starts,
-    picker_first_requests, picker_queue_past_the_callout, ttft_between_buckets, budget_channels, no_dataplane_v2,
-    uncalled_models, interconnect_warnings,
+    picker_first_requests, picker_queue_past_the_callout, adapters_miss, ttft_between_buckets, budget_channels,
+    no_dataplane_v2, uncalled_models, interconnect_warnings,
     foreign_region_prices, open_control_plane,
 )

@@ -10,6 +10,7 @@ from typing import Any, Mapping, Optional
 from ..components.model.capacity import PoolCapacity
 from ..components.model.capacity_report import capacity_report
 from ..components.model.picker import picker_migration_notes
+from ..components.model.picker_prefix import precise_restart_notes
 from ..components.model.rollouts import canary_dollars
 from ..components.model.serving_plan import pool_rollout, servings
 from ..components.model.specs import TenantSpec
@@ -234,7 +235,7 @@ def verdicts(plan: Plan, policy_config: Optional[Mapping[str, Any]] = None) -> V
         capacity=capacity_report(plan.config),
         cost=cost,
         warnings=plan_warnings(plan.config, store.tier, store.capacity_gb) + capped_peaks(cost) + over_budget(plan.config, cost)
-        + url_notes(plan.config) + picker_migration_notes(plan.config),
+        + url_notes(plan.config) + picker_migration_notes(plan.config) + precise_restart_notes(plan.config),
         urls=tenant_urls(plan.config),
         ceilings=tenant_ceilings(plan.config, cost),
         options=accelerator_options(plan.config, cost),

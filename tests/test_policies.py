@@ -196,7 +196,14 @@ def _scheduled_load_test(rs):
 
 # Policies about Inference Gateway pools judge the staging stack, whose llama-8b uses one; the
 # shared limit store is prod's.
-STAGING_CASES = {"inference-pools-served", "tenant-priorities-bound", "scale-to-zero-answered"}
+def _events_to_another_picker(rs):
+    """The KV-events policy admits another model's picker too: the events are the pool's picker's alone."""
+    policy = next(r for r in rs if r.type.endswith("NetworkPolicy") and r.name.endswith("-kv-events"))
+    policy.props["spec"]["ingress"][1]["from"].append(
+        {"podSelector": {"matchLabels": {"inferencepool": "mistral-7b-epp", "app.kubernetes.io/name": "vllm-gke-epp"}}})
+
+
+STAGING_CASES = {"inference-pools-served", "tenant-priorities-bound", "scale-to-zero-answered", "kv-events-private"}
 PROD_CASES = {"limit-store-mesh-only", "lora-adapters-scoped", "traces-private", "load-tests-on-demand",
               "prod-rollouts-gated", "rollout-gates-hold-slos"}
 # Groups across hosts are the frontier stack's.
@@ -233,6 +240,7 @@ CASES: dict[str, tuple[Callable, str]] = {
     "inference-pools-served": (_pool_fails_open, "fails open"),
     "tenant-priorities-bound": (_objective_from_the_client, "without requiring the x-llm-d-inference-objective"),
     "limit-store-mesh-only": (_store_open_to_any_source, "other than their mesh identity"),
+    "kv-events-private": (_events_to_another_picker, "admit more than its pool's endpoint picker's pods"),
     "lora-adapters-scoped": (_adapter_for_everyone, "every tenant could use every adapter"),
     "scale-to-zero-answered": (_no_standby, "no standby sits behind its Service"),
     "hyperdisk-weights-populated": (_unpopulated_disk, "has no GCPDataSource to fill it"),

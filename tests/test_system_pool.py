@@ -26,9 +26,9 @@ def test_staging_loaders_beside_the_picker_need_more_than_one_system_node(plans)
         check_system_pool("e2-standard-4", 1, plans["staging"].manifests())
     (issue,) = err.value.issues
     assert issue.key == "vllm-gke:cluster.systemMaxNodes"
-    # the picker's two replicas (each with its tokenizer sidecar), the standby and KEDA stay; a
-    # 2-CPU loader beside them never starts
-    assert "Deployment vllm/llama-8b-router-epp 4000m" in issue.problem
+    # the picker's two replicas, its tokenizer's two (the render server, its own Deployment), the
+    # standby and KEDA stay; a 2-CPU loader beside them never starts
+    assert "Deployment vllm/llama-8b-router-epp 2000m, Deployment vllm/llama-8b-render 2000m" in issue.problem
     assert "the largest pod that comes and goes (" in issue.problem and "would never start" in issue.problem
     check_system_pool("e2-standard-4", 3, plans["staging"].manifests())  # more nodes hold it
 
@@ -61,6 +61,9 @@ def test_demand_counts_surges_sidecars_and_charts(plans):
     assert standby.cpu_m == 50 + 100  # the standby and its mesh sidecar (Istio's default requests)
     surge = rows["Deployment vllm/llama-8b-router-epp (surge)"]
     assert (surge.pods, surge.steady) == (2, False)  # maxSurge 100%: both new pods at once
+    render = rows["Deployment vllm/llama-8b-render"]  # precise prefix scoring's tokenizer, outside the mesh
+    assert (render.pods, render.cpu_m, render.steady) == (2, 1000, True)
+    assert rows["Deployment vllm/llama-8b-render (surge)"].pods == 1
     assert not rows["Job vllm-gke-system/load-llama-8b"].steady
     assert {"KEDA operator", "KEDA metrics server", "KEDA webhooks"} <= set(rows)
     assert "LeaderWorkerSet controller" not in rows  # staging runs no group

@@ -20,7 +20,6 @@ from .k8s_objects import CONTAINER_SECURITY
 from .specs import ImageRef, PickerSpec
 
 if TYPE_CHECKING:
-    from .picker_prefix import RenderSidecar
     from .stack_config import StackConfig
 
 POOL_API = "inference.networking.k8s.io/v1"
@@ -97,6 +96,8 @@ class PickerExtension:
     plugins: tuple[Mapping[str, Any], ...] = ()
     profile_plugins: tuple[Mapping[str, Any], ...] = ()
     data_sources: tuple[Mapping[str, Any], ...] = ()
+    # What its plugins hold in the picker's memory beyond its own (MiB): limit and GOMEMLIMIT gain it.
+    memory_mib: int = 0
 
 
 def picker_name(pool_name: str) -> str:
@@ -195,8 +196,10 @@ def gmp_collectors() -> list[dict[str, Any]]:
     return [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": n}}} for n in GMP_NAMESPACES]
 
 
-def picker_container(pool_name: str, namespace: object, image: str, request_timeout_seconds: int) -> dict[str, Any]:
-    """No metric-name flags: v0.10.0 exits at start if one is set (options.go:46-54,395-400)."""
+def picker_container(pool_name: str, namespace: object, image: str, request_timeout_seconds: int,
+                     extra_memory_mib: int = 0) -> dict[str, Any]:
+    """No metric-name flags: v0.10.0 exits at start if one is set (options.go:46-54,395-400).
+    `extra_memory_mib`: what an extension's plugins hold (PickerExtension.memory_mib)."""
 
     # With leader election only the leader is ready; liveness holds on every replica, draining
     # included (cmd/epp/runner/health.go:82-100).
@@ -220,25 +223,22 @@ def picker_container(pool_name: str, namespace: object, image: str, request_time
                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                 # It decodes every body whole (and holds queued ones) before any JWT is checked:
                 # the Go runtime collects harder before the container's limit.
-                {"name": "GOMEMLIMIT", "value": "3GiB"}],
+                {"name": "GOMEMLIMIT", "value": f"{3072 + extra_memory_mib}MiB" if extra_memory_mib else "3GiB"}],
         "livenessProbe": {**grpc_probe("liveness"), "initialDelaySeconds": 5, "periodSeconds": 10},
         "readinessProbe": {**grpc_probe("readiness"), "periodSeconds": 2},
         "resources": {"requests": {"cpu": "1", "memory": "2Gi"},
-                      "limits": {"cpu": "4", "memory": "4Gi"}},
+                      "limits": {"cpu": "4", "memory": f"{4096 + extra_memory_mib}Mi" if extra_memory_mib else "4Gi"}},
         "securityContext": CONTAINER_SECURITY,
         "volumeMounts": [{"name": "plugins-config", "mountPath": "/config", "readOnly": True}],
     }
 
 
 def picker_deployment_spec(epp: str, container: dict[str, Any], config_digest: str,
-                           request_timeout_seconds: int, config_map: str,
-                           sidecar: "RenderSidecar | None" = None) -> dict[str, Any]:
-    """`config_digest`: of the plugin config, which the picker reads once, at start, from `config_map`;
-    `sidecar`: the tokenizer beside it (precise prefix scoring, picker_prefix.render_sidecar)."""
+                           request_timeout_seconds: int, config_map: str) -> dict[str, Any]:
+    """`config_digest`: of the plugin config, which the picker reads once, at start, from `config_map`.
+    One container, no other volume: whatever the plugins call (the tokenizer's render server,
+    picker_prefix) runs apart, so it never keeps the picker from starting."""
     selector = {"inferencepool": epp, PICKER_LABEL[0]: PICKER_LABEL[1]}
-    containers = [container, *([sidecar.container] if sidecar else [])]
-    volumes = [{"name": "plugins-config", "configMap": {"name": config_map}},
-               *(dict(v) for v in (sidecar.volumes if sidecar else ()))]
     return {
         "replicas": REPLICAS,
         # A new pod turns ready only once the old leader has released the lease, and the
@@ -256,8 +256,7 @@ def picker_deployment_spec(epp: str, container: dict[str, Any], config_digest: s
                          "annotations": {"vllm-gke.io/config-sha256": config_digest,
                                          # Every stop of the leader is a handover: not for the
                                          # autoscaler to tidy nodes.
-                                         "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
-                                         **(sidecar.annotations if sidecar else {})}},
+                                         "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}},
             "spec": {
                 "serviceAccountName": epp,
                 # The manager's stop, the drain and the longest stream begun in it (grace_seconds).
@@ -265,8 +264,8 @@ def picker_deployment_spec(epp: str, container: dict[str, Any], config_digest: s
                 "securityContext": {"runAsNonRoot": True, "runAsUser": EPP_UID, "runAsGroup": EPP_UID,
                                     "seccompProfile": {"type": "RuntimeDefault"}},
                 "topologySpreadConstraints": [one_per_node(epp)],
-                "containers": containers,
-                "volumes": volumes,
+                "containers": [container],
+                "volumes": [{"name": "plugins-config", "configMap": {"name": config_map}}],
             },
         },
     }

@@ -3,9 +3,10 @@ ZMQ) and the endpoint picker (llm-d-router v0.10.0) indexes them, scoring each r
 blocks it really holds, where the approximate scorer only guesses from what the picker sent where.
 
 Both sides are here, so they cannot drift apart: vLLM's flags (its block size, the events' ports and
-topic), the picker's plugins (a producer fed by the pool's endpoints, a real tokenizer, a bounded
-index), the tokenizer's render server beside the picker, and who may read the events - they carry
-every tenant's prompt tokens and cache_salt in plain text, with no authentication (vLLM 0.34
+topic), the picker's plugins (a producer fed by the pool's endpoints, a real tokenizer, an index
+bounded by what the pool can hold), the tokenizer's render server (its own Deployment, which the
+picker calls and never waits for), and who may read the events - they carry every tenant's prompt
+tokens and cache_salt in plain text, with no authentication (vLLM 0.34
 distributed/kv_events.py:437-458), so only the picker's pods may connect.
 
 Upstream file:line: llm-d-router at v0.10.0 (P/ = pkg/epp/framework/plugins/requestcontrol/
@@ -14,16 +15,21 @@ dataproducer/) and vLLM 0.34.0 (vllm/...), unless named otherwise."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, Mapping
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Mapping
 
+from .capacity import pool_capacity
 from .k8s_objects import CONTAINER_SECURITY
 from .picker import PickerExtension, picker_labels, picker_name
-from .specs import ModelSpec, PickerSpec
+from .specs import ModelSpec, NodePoolSpec, PickerSpec
 from .vllm_server import PORT
 from .vllm_versions import VllmRelease
-from .weights_layout import SERVER_UID, model_dir
+from .weights_layout import MOUNT_PATH, SERVER_UID, model_dir
 from .weights_mount import WeightsMount
+
+if TYPE_CHECKING:
+    from .stack_config import StackConfig
 
 # vLLM binds its PUB socket here (KVEventsConfig.endpoint's default, vllm/config/kv_events.py:23)
 # and the picker dials <pod IP>:<port + DP rank> (P/preciseprefixcache/extractor.go:66-94; the
@@ -52,9 +58,20 @@ POD_IP_ENV = "POD_IP"
 # (blockkeys.go:78-92), so with unequal sizes salted prompts would match one block at most.
 BLOCK_SIZE_TOKENS = 64
 # The index's memory bound: costAwareMemoryConfig wins over the unbounded-by-bytes in-memory
-# default of 1e8 keys (pkg/kvcache/kvblock/index.go:61-70; cost_aware_memory.go:41-50). Within the
-# picker's 4 GiB limit, beside its queued bodies.
-INDEX_SIZE = "1GiB"
+# default of 1e8 keys (pkg/kvcache/kvblock/index.go:61-70; cost_aware_memory.go:41-50). It never
+# needs more than the blocks the pool's replicas can hold at once (BlockRemoved evicts the rest,
+# a deleted endpoint's are cleared): a block costs the key's string, the pod cache's 64 bytes and
+# ~70 per pod entry (cost_aware_memory.go:185-222), ristretto's own item cost on top - about 250
+# bytes held by one replica; INDEX_BYTES_PER_BLOCK leaves twice that.
+INDEX_BYTES_PER_BLOCK = 512
+# Floor: a pool whose capacity the model cannot say (an unknown shape) or a tiny one still indexes.
+INDEX_MIN_MIB = 32
+# What the index costs before it holds a block, outside its size: ristretto's count-min sketch of
+# NumCounters 1e8 (cost_aware_memory.go:36,71-77), 4 rows x next2Power(1e8)/2 bytes = 256 MiB
+# (dgraph-io/ristretto v2 sketch.go newCmSketch/newCmRow), and its TinyLFU doorkeeper, a bloom
+# filter for 1e8 keys at 1% (~128 MiB, ristretto's z.NewBloomFilter): ~0.4 GiB, which the picker's
+# memory limit and GOMEMLIMIT gain with precise on (the review of issue 39 item 3 measured the sketch).
+INDEX_FIXED_MIB = 512
 
 # Plugin types and the instance names the config refers to.
 NOTIFICATIONS = "endpoint-notification-source"  # P/../datalayer/source/notifications/endpoint_datasource.go:32
@@ -67,26 +84,45 @@ SCORER_TYPE = "prefix-cache-scorer"  # scheduling/scorer/prefix/plugin.go:59
 
 # The tokenizer: vLLM's GPU-less render server (`vllm launch render`, vllm/entrypoints/cli/launch.py:
 # 46-64), which serves /v1/completions/render and /v1/chat/completions/render without
-# --enable-scale-out (vllm/entrypoints/scale_out/factories.py:94-98), beside the picker. The
-# token-producer posts each body there with `model` set to its modelName (P/tokenizer/
-# vllm_http.go:133-181); a render failure only costs the request its precise score
+# --enable-scale-out (vllm/entrypoints/scale_out/factories.py:94-98). Its own Deployment behind a
+# ClusterIP Service, which the token-producer's URL may name (P/tokenizer/vllm_http.go:62-64): the
+# picker's pod mounts no weights and pulls no vLLM image, so neither can keep a picker from
+# starting. The token-producer posts each body there with `model` set to its modelName
+# (vllm_http.go:133-181); a render failure only costs the request its precise score
 # (pkg/epp/requestcontrol/director.go:321-326).
 RENDER_PORT = 8000  # the token-producer's default URL's port (vllm_http.go:42)
 RENDER_CONTAINER = "vllm-render"
+# Two, on different nodes: a node's drain or a crash leaves one serving the pickers.
+RENDER_REPLICAS = 2
+# The producers run synchronously after flow control admits a request (pkg/epp/requestcontrol/
+# director.go:300-326): every picked request waits for its render, up to this (vllm_http.go:206-213).
+# A miss costs the precise score; a wait costs TTFT. 500 ms: a 16k-token chat renders in tens of ms on
+# one core, so only a render queued behind a burst is cut, and then the request is scored without it.
+RENDER_TIMEOUT = "500ms"
 # vLLM's CPU build of the same release: the CUDA image's vLLM refuses an x86 CPU without a GPU
 # ("vLLM on x86 CPUs requires Triton (triton-cpu)", vllm/platforms/cpu.py:243), which the system
 # pool is. The llm-d chart runs the same image for this sidecar (config/charts/routerlib/values.yaml:80-116).
 RENDER_IMAGE_REPOSITORY = "vllm/vllm-openai-cpu"
 # Flags of the model's extraArgs that change how a prompt becomes tokens: the render server takes
 # them too, so its tokens are the server's (a chat template of its own would never match a block).
-RENDER_FLAGS = ("--tokenizer-mode", "--chat-template", "--chat-template-content-format", "--trust-remote-code",
-                "--hf-overrides", "--default-chat-template-kwargs")
+RENDER_FLAGS = ("--tokenizer", "--tokenizer-mode", "--tokenizer-revision", "--revision", "--chat-template",
+                "--chat-template-content-format", "--trust-remote-code", "--hf-overrides",
+                "--default-chat-template-kwargs")
 RENDER_HOME = "/home/vllm"
 # What the render server occupies: vLLM's frontend and one tokenizer (1.4 GiB resident for a 131k
-# vocabulary, measured with vLLM 0.34's render server), no weights, no KV cache.
+# vocabulary, measured with vLLM 0.34's render server), no weights, no KV cache. One uvicorn process
+# tokenizes on one core at a time (the Rust tokenizer may take a second): a request of 1 CPU each,
+# two replicas, so a burst that queues past RENDER_TIMEOUT loses precise scores, not TTFT; a stack
+# with more picked requests a second than two cores render gives the render more replicas.
 RENDER_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "2", "memory": "3Gi"}}
-# The sidecar reads only these: its HOME and scratch (the root filesystem is read-only).
+# The render server writes only these: its HOME and scratch (the root filesystem is read-only).
 RENDER_SCRATCH = "render-scratch"
+# Its pods' labels (not the picker's: the events' NetworkPolicy admits the picker's pods alone).
+RENDER_NAME_LABEL = ("app.kubernetes.io/name", "vllm-gke-render")
+# gcsfuse's file cache off on the render's mount: it opens a few tokenizer and config files, and
+# where config.json names no dtype vLLM reads every *.safetensors header (vllm/transformers_utils/
+# model_arch_config_convertor.py:221-223): a range-read cache would copy the model onto the node.
+NO_FILE_CACHE = "file-cache:max-size-mb:0"
 # The mesh leaves these ports alone on a server's pod: the picker runs outside the mesh (it has no
 # mesh identity an AuthorizationPolicy could name) and the namespace's deny-all would refuse it
 # at the sidecar. The NetworkPolicy (events_ingress) admits the picker's pods alone instead.
@@ -151,78 +187,163 @@ def pool_picker(model: ModelSpec) -> str:
 
 
 def render_weights_prefixes(model: ModelSpec) -> list[str]:
-    """The bucket folders the render sidecar opens: its model's (every revision), for the tokenizer."""
-    return [f"{model.name}/"]
+    """The bucket folder the render server opens: its model's revision (tokenizer, config, chat
+    template), not the model's other revisions or its adapters."""
+    return [f"{model_dir(model).removeprefix(MOUNT_PATH + '/')}/"]
 
 
-def precise_extension(served_model_name: str, weight: int) -> PickerExtension:
+def pool_blocks(model: ModelSpec, node_pool: NodePoolSpec) -> int:
+    """The KV blocks the picker's pool (the model's short pool, components/model/picker_wake.py) holds
+    at its most replicas, by the capacity model (components/model/capacity.py)."""
+    row = pool_capacity(model, "short", model.short, node_pool)
+    return model.short.max_replicas * (row.tokens_fit // BLOCK_SIZE_TOKENS)
+
+
+def index_mib(model: ModelSpec, node_pool: NodePoolSpec) -> int:
+    """costAwareMemoryConfig's size: the pool's blocks at INDEX_BYTES_PER_BLOCK, INDEX_MIN_MIB at least."""
+    return max(INDEX_MIN_MIB, math.ceil(pool_blocks(model, node_pool) * INDEX_BYTES_PER_BLOCK / 2 ** 20))
+
+
+def render_name(model_name: str) -> str:
+    """The render server's Deployment, Service, NetworkPolicy and identity."""
+    return f"{model_name}-render"
+
+
+def render_labels(model_name: str) -> dict[str, str]:
+    return {RENDER_NAME_LABEL[0]: RENDER_NAME_LABEL[1], "vllm-gke.io/render": model_name}
+
+
+def render_url(model_name: str) -> str:
+    """Its Service, in the picker's namespace."""
+    return f"http://{render_name(model_name)}:{RENDER_PORT}"
+
+
+def precise_extension(served_model_name: str, weight: int, index_size_mib: int) -> PickerExtension:
     """The picker's plugins for precise prefix scoring at `weight` (the approximate prefix-cache-scorer
     then off: the documented recipe scores with the precise producer alone,
-    deploy/config/epp-precise-prefix-cache-config.yaml)."""
+    deploy/config/epp-precise-prefix-cache-config.yaml), the index bounded to `index_size_mib`
+    (index_mib), and the picker's memory raised by the index's fixed cost and its bound."""
     producer = {"type": PRODUCER, "parameters": {
         "tokenProcessorConfig": {"blockSizeTokens": BLOCK_SIZE_TOKENS},
-        "indexerConfig": {"kvBlockIndexConfig": {"costAwareMemoryConfig": {"size": INDEX_SIZE},
+        "indexerConfig": {"kvBlockIndexConfig": {"costAwareMemoryConfig": {"size": f"{index_size_mib}MiB"},
                                                  "enableMetrics": True}},
         # Per-pod mode: a subscriber per endpoint the notification source reports, dropped (and
         # its blocks cleared) when the endpoint goes (P/preciseprefixcache/extractor.go:35-64).
         "kvEventsConfig": {"engineType": "vllm", "topicFilter": TOPIC_PREFIX, "discoverPods": True,
                            "podDiscoveryConfig": {"socketPort": EVENTS_PORT, "replaySocketPort": REPLAY_PORT}}}}
     tokens = {"type": TOKEN_PRODUCER, "parameters": {
-        "modelName": served_model_name, "vllm": {"url": f"http://localhost:{RENDER_PORT}", "timeout": "5s"}}}
+        "modelName": served_model_name, "vllm": {"url": render_url(served_model_name), "timeout": RENDER_TIMEOUT}}}
     scorer = {"name": SCORER, "type": SCORER_TYPE, "parameters": {"prefixMatchInfoProducerName": PRODUCER}}
     return PickerExtension(
         plugins=({"type": NOTIFICATIONS}, tokens, producer, scorer),
         profile_plugins=({"pluginRef": SCORER, "weight": weight},),
         # Added to the metrics source the loader still injects (pkg/epp/config/loader/defaults.go:298-330).
-        data_sources=({"pluginRef": NOTIFICATIONS, "extractors": [{"pluginRef": PRODUCER}]},))
+        data_sources=({"pluginRef": NOTIFICATIONS, "extractors": [{"pluginRef": PRODUCER}]},),
+        memory_mib=INDEX_FIXED_MIB + index_size_mib)
+
+
+def _flag_values(extra_args: list[str], flags: tuple[str, ...]) -> list[str]:
+    """The `flags` among extraArgs, each with its value (`--flag value` or `--flag=value`)."""
+    kept: list[str] = []
+    for i, arg in enumerate(extra_args):
+        if arg.split("=", 1)[0] in flags:
+            kept.append(arg)
+            if "=" not in arg and i + 1 < len(extra_args) and not extra_args[i + 1].startswith("--"):
+                kept.append(extra_args[i + 1])
+    return kept
 
 
 def render_args(model: ModelSpec) -> list[str]:
     """`vllm launch render` of the model's own files, under its served name (the token-producer's
-    modelName), with the extraArgs that shape its tokens."""
-    extra = list(model.extra_args)
-    kept: list[str] = []
-    for i, arg in enumerate(extra):
-        if arg.split("=", 1)[0] in RENDER_FLAGS:
-            kept.append(arg)
-            if "=" not in arg and i + 1 < len(extra) and not extra[i + 1].startswith("--"):
-                kept.append(extra[i + 1])
+    modelName), with the extraArgs that shape its tokens and the server's --dtype (without it vLLM
+    reads every safetensors header for one where config.json names none)."""
+    dtype = ["--dtype", model.dtype] if model.dtype in ("bfloat16", "float16") else []
     return [model_dir(model), "--served-model-name", model.name, "--host", "0.0.0.0", "--port", str(RENDER_PORT),
-            *kept]
+            *dtype, *_flag_values(list(model.extra_args), RENDER_FLAGS)]
 
 
-@dataclass(frozen=True)
-class RenderSidecar:
-    """The render server beside the picker: its container, and what the picker's pod adds for it."""
+def chat_template_outside_weights(model: ModelSpec) -> list[str]:
+    """--chat-template paths not under the weights mount: the render server's CPU image has none of
+    the server image's files, so it would crash-loop and precise would score nothing."""
+    values = _flag_values(list(model.extra_args), ("--chat-template",))
+    paths = [v.split("=", 1)[1] if "=" in v else v for v in values if v != "--chat-template"]
+    # A value with Jinja in it is the template itself (vLLM takes one inline), not a file.
+    return [p for p in paths if "{" not in p and not p.startswith(MOUNT_PATH + "/")]
 
-    container: dict[str, Any]
-    volumes: tuple[Mapping[str, Any], ...]
-    annotations: Mapping[str, str]
+
+def without_file_cache(mount: WeightsMount) -> WeightsMount:
+    """`mount` with gcsfuse's file cache off on its bucket volumes (others as they are)."""
+    def volume(v: Mapping[str, Any]) -> Mapping[str, Any]:
+        csi: dict[str, Any] = dict(v.get("csi") or {})
+        attributes: dict[str, Any] = dict(csi.get("volumeAttributes") or {})
+        options = attributes.get("mountOptions")
+        if not isinstance(options, str):
+            return v
+        kept = [o for o in options.split(",") if not o.startswith("file-cache:")]
+        attributes["mountOptions"] = ",".join([*kept, NO_FILE_CACHE])
+        return {**v, "csi": {**csi, "volumeAttributes": attributes}}
+    return replace(mount, volumes=tuple(volume(v) for v in mount.volumes))
 
 
-def render_sidecar(model: ModelSpec, release: VllmRelease, weights: WeightsMount) -> RenderSidecar:
-    """`weights`: the model's files as the store hands a reader in the picker's namespace
-    (ModelStore.reader_for): the one read-only copy, never a download (offline)."""
+def render_container(model: ModelSpec, release: VllmRelease, weights: WeightsMount) -> dict[str, Any]:
     home = [{"name": RENDER_SCRATCH, "mountPath": RENDER_HOME}, {"name": RENDER_SCRATCH, "mountPath": "/tmp",
                                                                   "subPath": "tmp"}]
-    container: dict[str, Any] = {
+    health = {"httpGet": {"path": "/health", "port": RENDER_PORT}}
+    return {
         "name": RENDER_CONTAINER, "image": f"{RENDER_IMAGE_REPOSITORY}:{release.image_tag}",
         "command": ["vllm", "launch", "render"], "args": render_args(model),
         "ports": [{"name": "render-http", "containerPort": RENDER_PORT}],
         "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
                 {"name": "VLLM_NO_USAGE_STATS", "value": "1"}, {"name": "HOME", "value": RENDER_HOME},
                 {"name": "XDG_CACHE_HOME", "value": f"{RENDER_HOME}/.cache"}, {"name": "USER", "value": "vllm"}],
-        # No readiness probe: the picker serves without it (a request then has no precise score),
-        # so a slow tokenizer never keeps the picker out of rotation. Restarted if it hangs.
-        "livenessProbe": {"httpGet": {"path": "/health", "port": RENDER_PORT}, "initialDelaySeconds": 60,
-                          "periodSeconds": 20, "failureThreshold": 6},
+        # Out of the Service until its tokenizer answers; restarted if it hangs.
+        "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {**health, "initialDelaySeconds": 60, "periodSeconds": 20, "failureThreshold": 6},
         "resources": RENDER_RESOURCES,
         # As the servers read the weights (the bucket's FUSE mount is theirs, gcs_weights.weights_volume).
         "securityContext": {**CONTAINER_SECURITY, "runAsUser": SERVER_UID, "runAsGroup": SERVER_UID},
         "volumeMounts": [*home, *(dict(m) for m in weights.mounts)],
     }
-    return RenderSidecar(container, (*weights.volumes, {"name": RENDER_SCRATCH, "emptyDir": {"sizeLimit": "1Gi"}}),
-                         dict(weights.annotations))
+
+
+def render_deployment_spec(model: ModelSpec, release: VllmRelease, weights: WeightsMount) -> dict[str, Any]:
+    """`weights`: the model's files as the store hands a reader in the picker's namespace
+    (ModelStore.reader_for): the one read-only copy, never a download (offline), its file cache off.
+    Outside the mesh, as the picker that calls it (its NetworkPolicy, render_ingress, admits the picker
+    alone); no Kubernetes API token (it calls no API)."""
+    labels, mount = render_labels(model.name), without_file_cache(weights)
+    one_per_node = {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "minDomains": 2,
+                    "whenUnsatisfiable": "DoNotSchedule", "nodeTaintsPolicy": "Honor",
+                    "labelSelector": {"matchLabels": labels}, "matchLabelKeys": ["pod-template-hash"]}
+    return {
+        "replicas": RENDER_REPLICAS,
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "selector": {"matchLabels": labels},
+        "template": {
+            "metadata": {"labels": {**labels, "sidecar.istio.io/inject": "false"}, "annotations": dict(mount.annotations)},
+            "spec": {
+                "serviceAccountName": render_name(model.name), "automountServiceAccountToken": False,
+                "securityContext": {"runAsNonRoot": True, "runAsUser": SERVER_UID, "runAsGroup": SERVER_UID,
+                                    "seccompProfile": {"type": "RuntimeDefault"}},
+                "topologySpreadConstraints": [one_per_node],
+                "containers": [render_container(model, release, mount)],
+                "volumes": [*(dict(v) for v in mount.volumes), {"name": RENDER_SCRATCH, "emptyDir": {"sizeLimit": "1Gi"}}],
+            },
+        },
+    }
+
+
+def render_service_spec(model_name: str) -> dict[str, Any]:
+    return {"type": "ClusterIP", "selector": render_labels(model_name),
+            "ports": [{"name": "http", "protocol": "TCP", "port": RENDER_PORT, "targetPort": RENDER_PORT}]}
+
+
+def render_ingress(model_name: str) -> dict[str, Any]:
+    """The render server's NetworkPolicy: its port to its model's picker's pods (same namespace) alone.
+    Each body it renders is a client's prompt, verbatim."""
+    picker = {"podSelector": {"matchLabels": picker_labels(picker_name(model_name))}}
+    return {"podSelector": {"matchLabels": render_labels(model_name)}, "policyTypes": ["Ingress"],
+            "ingress": [{"from": [picker], "ports": [{"protocol": "TCP", "port": RENDER_PORT}]}]}
 
 
 def precise_prefix_problems(model: ModelSpec, release: VllmRelease) -> list[tuple[str, str]]:
@@ -239,5 +360,33 @@ def precise_prefix_problems(model: ModelSpec, release: VllmRelease) -> list[tupl
     if taken:
         problems.append(("extraArgs", f"sets {', '.join(taken)}, which precise prefix routing sets (the picker's "
                          "block size must be vLLM's); remove it"))
+    if outside := chat_template_outside_weights(model):
+        problems.append(("extraArgs", f"sets --chat-template {', '.join(outside)}, outside the weights ({MOUNT_PATH}/): "
+                         "the picker's render server (vLLM's CPU image) has none of the server image's files and "
+                         "would never start; put the template in the model's weights folder, pass it inline, or "
+                         "set picker.prefixCache: approximate"))
     return problems
 
+
+
+def precise_models(cfg: "StackConfig") -> list[ModelSpec]:
+    return [m for m in cfg.models if reads_kv_events(cfg.picker, m)]
+
+
+def adapters_miss(cfg: "StackConfig") -> list[str]:
+    """The plan's warning for a precise model with LoRA adapters: vLLM puts the adapter into every
+    block's extra keys (vllm/v1/core/kv_cache_utils.py:586-603,655-700), the picker folds only the
+    salt into a request's keys (P/preciseprefixcache/blockkeys.go:141-153): adapter requests never hit."""
+    return [f"{m.name}: picker.prefixCache precise never matches a request for one of its LoRA adapters "
+            f"({', '.join(a.name for a in m.adapters)}): vLLM keys every block of one by the adapter, the picker "
+            "does not; those requests are scored by the other scorers alone" for m in precise_models(cfg) if m.adapters]
+
+
+def precise_restart_notes(cfg: "StackConfig") -> list[str]:
+    """What turning picker.prefixCache precise on (or off) does to the servers: new vLLM args."""
+    names = [m.name for m in precise_models(cfg)]
+    if not names:
+        return []
+    return [f"{', '.join(names)}: picker.prefixCache precise gives these models' picker pools' servers vLLM's "
+            "KV-events flags (--block-size, --kv-events-config): the `pulumi up` that turns it on (or off) rolls "
+            "every GPU replica of those pools, each reloading its weights, as any change of vLLM's args does"]

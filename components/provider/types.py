@@ -108,7 +108,7 @@ class FailureMode(str, Enum):
 
 
 class PrefixCache(str, Enum):
-    """How the prefix-cache scorer knows what a replica holds. approximate: the picker's own record of what it sent where. precise: vLLM's KV-cache events (ZMQ, readable by the picker's pods alone) and a tokenizer sidecar (1 CPU, 2 GiB per picker replica on the system pool) reading the model's shared weights; CUDA pools only (components/model/picker_prefix.py)."""
+    """How the prefix-cache scorer knows what a replica holds. approximate: the picker's own record of what it sent where. precise: vLLM's KV-cache events (ZMQ, readable by the picker's pods alone) and a tokenizer, <model>-render (two pods of 1 CPU, 2 GiB on the system pool, apart from the picker), reading the model's shared weights; CUDA pools only (components/model/picker_prefix.py)."""
 
     APPROXIMATE = 'approximate'
     PRECISE = 'precise'
@@ -739,7 +739,7 @@ class PickerSpec(TypedDict):
     failure_mode: NotRequired[FailureMode]
     """What the load balancer does while no picker answers. FailClose (the default): the request fails (500) - no tenant's priority, queue or shedding is bypassed. FailOpen: the load balancer sends it to a replica of its own choosing, with no priorities, no queueing, no prefix or load awareness, for as long as the picker is down (a leader's crash: up to 15 s). One of: FailClose, FailOpen. Default: FailClose."""
     prefix_cache: NotRequired[PrefixCache]
-    """How the prefix-cache scorer knows what a replica holds. approximate: the picker's own record of what it sent where. precise: vLLM's KV-cache events (ZMQ, readable by the picker's pods alone) and a tokenizer sidecar (1 CPU, 2 GiB per picker replica on the system pool) reading the model's shared weights; CUDA pools only (components/model/picker_prefix.py). One of: approximate, precise. Default: approximate."""
+    """How the prefix-cache scorer knows what a replica holds. approximate: the picker's own record of what it sent where. precise: vLLM's KV-cache events (ZMQ, readable by the picker's pods alone) and a tokenizer, <model>-render (two pods of 1 CPU, 2 GiB on the system pool, apart from the picker), reading the model's shared weights; CUDA pools only (components/model/picker_prefix.py). One of: approximate, precise. Default: approximate."""
     scorers: NotRequired[PickerScorers]
     """The scorers' weights."""
     saturation: NotRequired[PickerSaturation]

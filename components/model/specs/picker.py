@@ -91,8 +91,9 @@ class PickerSpec(Spec):
     failure_mode: Literal["FailClose", "FailOpen"] = "FailClose"
     # How the prefix-cache scorer knows what a replica holds. approximate: the picker's own record
     # of what it sent where. precise: vLLM's KV-cache events (ZMQ, readable by the picker's pods
-    # alone) and a tokenizer sidecar (1 CPU, 2 GiB per picker replica on the system pool) reading
-    # the model's shared weights; CUDA pools only (components/model/picker_prefix.py).
+    # alone) and a tokenizer, <model>-render (two pods of 1 CPU, 2 GiB on the system pool, apart
+    # from the picker), reading the model's shared weights; CUDA pools only
+    # (components/model/picker_prefix.py).
     prefix_cache: Literal["approximate", "precise"] = "approximate"
     # The scorers' weights.
     scorers: PickerScorers = Field(default_factory=PickerScorers)
