@@ -181,6 +181,9 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
      "vllm-gke:serverImage.tag", "not an image of vLLM 0.34.0"),
     ("repository-with-tag", "dev", lambda v: v["vllm-gke:serverImage"].update(repository="vllm/vllm-openai:v1"),
      "vllm-gke:serverImage.repository", "no tag or digest here"),
+    # vLLM 0.11 serves no /v1/messages, which the picker's routes include.
+    ("picker-routes-unserved", "staging", lambda v: v.update({"vllm-gke:vllmVersion": "0.11.0"}),
+     "vllm-gke:models[llama-8b].routing", "/v1/messages, which vLLM 0.11.0 does not serve"),
     ("unsupported-vllm", "dev", lambda v: v.update({"vllm-gke:vllmVersion": "0.9.0"}),
      "vllm-gke:vllmVersion", "not supported"),
     ("canary-of-itself", "prod", lambda v: by_hand(v) or v["vllm-gke:models"][2]["canary"].update(revision="main"),

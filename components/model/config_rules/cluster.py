@@ -10,7 +10,9 @@ from pydantic.alias_generators import to_camel
 
 from ..catalog import REGION_ZONES, attaches_hyperdisk_ml, region_problem
 from ..hyperdisk_ml import MIN_GKE as VOLUME_POPULATOR_MIN_GKE
+from ..serving_api import PICKER_PATHS
 from ..specs import ClusterSpec, gke_version, item_key
+from ..vllm_argv import load_snapshot
 from ..weights_backends import backend_of
 from .base import Add
 
@@ -88,6 +90,16 @@ def inference_gateway(cfg: "StackConfig", add: Add) -> None:
     first = f"{item_key('models', cfg.models, picked[0])}.routing is inference-gateway"
     check_inference_gateway_class(add, "gateway.className", cfg.gateway.class_name, first)
     check_inference_gateway_version(add, "cluster.minMasterVersion", cfg.cluster.min_master_version, first)
+    for i in picked:
+        # The picker's routes (serving_api.PICKER_PATHS) are the model's: a release that serves
+        # fewer would answer some with FastAPI's 404, not OpenAI's error.
+        model = cfg.models[i]
+        release = cfg.release_for(model.node_pool)
+        served = {r["path"] for r in load_snapshot(release.snapshot)["routes"]}
+        if missing := [p for p in PICKER_PATHS if p not in served]:
+            add(f"{item_key('models', cfg.models, i)}.routing",
+                f"is inference-gateway, whose routes include {', '.join(missing)}, which {release.label} does not "
+                "serve; use routing: length or a newer vllmVersion")
     if cfg.cluster.system_pool_max < 2:
         # The picker's two replicas never share a node (topology spread, minDomains 2): with one
         # node at most the second would wait forever and a drain would take the only one.
