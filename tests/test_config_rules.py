@@ -181,6 +181,11 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
      "vllm-gke:serverImage.tag", "not an image of vLLM 0.34.0"),
     ("repository-with-tag", "dev", lambda v: v["vllm-gke:serverImage"].update(repository="vllm/vllm-openai:v1"),
      "vllm-gke:serverImage.repository", "no tag or digest here"),
+    # More tenant URLs behind the pickers than GKE's CEL conditions can name (10 of 512 characters).
+    ("identity-conditions-overflow", "staging", lambda v: v["vllm-gke:tenants"].extend(
+        {**copy.deepcopy(next(t for t in v["vllm-gke:tenants"] if "llama-8b" in t["models"])),
+         "name": f"tenant-{i:03}", "models": ["llama-8b"]} for i in range(150)),
+     "vllm-gke:tenants", "GKE takes at most 10 of 512 characters each"),
     # vLLM 0.11 serves no /v1/messages, which the picker's routes include.
     ("picker-routes-unserved", "staging", lambda v: v.update({"vllm-gke:vllmVersion": "0.11.0"}),
      "vllm-gke:models[llama-8b].routing", "/v1/messages, which vLLM 0.11.0 does not serve"),

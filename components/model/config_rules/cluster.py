@@ -10,6 +10,7 @@ from pydantic.alias_generators import to_camel
 
 from ..catalog import REGION_ZONES, attaches_hyperdisk_ml, region_problem
 from ..hyperdisk_ml import MIN_GKE as VOLUME_POPULATOR_MIN_GKE
+from ..identity_extension import body_conditions, identity_config, salted_prefixes
 from ..serving_api import PICKER_PATHS
 from ..specs import ClusterSpec, gke_version, item_key
 from ..vllm_argv import load_snapshot
@@ -100,11 +101,22 @@ def inference_gateway(cfg: "StackConfig", add: Add) -> None:
             add(f"{item_key('models', cfg.models, i)}.routing",
                 f"is inference-gateway, whose routes include {', '.join(missing)}, which {release.label} does not "
                 "serve; use routing: length or a newer vllmVersion")
+    identity_fits_gke(cfg, add)
     if cfg.cluster.system_pool_max < 2:
         # The picker's two replicas never share a node (topology spread, minDomains 2): with one
         # node at most the second would wait forever and a drain would take the only one.
         add("cluster.systemMaxNodes", f"is {cfg.cluster.system_pool_max}, but {first}: the endpoint picker's two "
             "replicas run on two system nodes (so one drain never takes both); set it to 2 or more")
+
+
+def identity_fits_gke(cfg: "StackConfig", add: Add) -> None:
+    """The identity extension's body chain names every salted tenant URL in CEL conditions GKE bounds
+    (components/model/identity_extension.py body_conditions)."""
+    try:
+        body_conditions(salted_prefixes(identity_config(cfg)))
+    except ValueError as exc:
+        add("tenants", f"{exc}: too many tenant URLs behind the endpoint pickers for one GCPRoutingExtension; give "
+            "fewer tenants the picker's models, or route some of them by length")
 
 
 def length_routing(cfg: "StackConfig", add: Add) -> None:
