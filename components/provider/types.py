@@ -101,7 +101,7 @@ class Distribution(str, Enum):
 
 
 class FailureMode(str, Enum):
-    """What the load balancer does while no picker answers. FailClose (the default): the request fails (500) - no tenant's priority, queue or shedding is bypassed. FailOpen: the load balancer sends it to a replica of its own choosing, with no priorities, no queueing, no prefix or load awareness, for as long as the picker is down (a leader's crash: up to 15 s)."""
+    """What the load balancer does while no picker answers. FailClose (the default): the request fails (500) - no tenant's priority, queue or shedding is bypassed. FailOpen: the load balancer sends it to a replica of its own choosing, with no priorities, no queueing, no prefix or load awareness, for as long as the picker is down (a leader's crash: up to 15 s; its rollout or drain: until the new leader is ready, see the routing guide)."""
 
     FAILCLOSE = 'FailClose'
     FAILOPEN = 'FailOpen'
@@ -737,7 +737,7 @@ class PickerSpec(TypedDict):
     """The endpoint picker of every model with routing: inference-gateway."""
 
     failure_mode: NotRequired[FailureMode]
-    """What the load balancer does while no picker answers. FailClose (the default): the request fails (500) - no tenant's priority, queue or shedding is bypassed. FailOpen: the load balancer sends it to a replica of its own choosing, with no priorities, no queueing, no prefix or load awareness, for as long as the picker is down (a leader's crash: up to 15 s). One of: FailClose, FailOpen. Default: FailClose."""
+    """What the load balancer does while no picker answers. FailClose (the default): the request fails (500) - no tenant's priority, queue or shedding is bypassed. FailOpen: the load balancer sends it to a replica of its own choosing, with no priorities, no queueing, no prefix or load awareness, for as long as the picker is down (a leader's crash: up to 15 s; its rollout or drain: until the new leader is ready, see the routing guide). One of: FailClose, FailOpen. Default: FailClose."""
     prefix_cache: NotRequired[PrefixCache]
     """How the prefix-cache scorer knows what a replica holds. approximate: the picker's own record of what it sent where. precise: vLLM's KV-cache events (ZMQ, readable by the picker's pods alone) and a tokenizer, <model>-render (two pods of 1 CPU, 2 GiB on the system pool, apart from the picker), reading the model's shared weights; CUDA pools only (components/model/picker_prefix.py). One of: approximate, precise. Default: approximate."""
     scorers: NotRequired[PickerScorers]

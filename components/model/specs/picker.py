@@ -87,7 +87,8 @@ class PickerSpec(Spec):
     # What the load balancer does while no picker answers. FailClose (the default): the request
     # fails (500) - no tenant's priority, queue or shedding is bypassed. FailOpen: the load
     # balancer sends it to a replica of its own choosing, with no priorities, no queueing, no
-    # prefix or load awareness, for as long as the picker is down (a leader's crash: up to 15 s).
+    # prefix or load awareness, for as long as the picker is down (a leader's crash: up to 15 s; its
+    # rollout or drain: until the new leader is ready, see the routing guide).
     failure_mode: Literal["FailClose", "FailOpen"] = "FailClose"
     # How the prefix-cache scorer knows what a replica holds. approximate: the picker's own record
     # of what it sent where. precise: vLLM's KV-cache events (ZMQ, readable by the picker's pods
