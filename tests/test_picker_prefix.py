@@ -170,7 +170,8 @@ def test_the_pickers_plugins_agree_with_vllms_flags():
     assert producer["tokenProcessorConfig"]["blockSizeTokens"] == int(pp.kv_events_args(MODEL.name)[1])
     assert producer["indexerConfig"]["kvBlockIndexConfig"]["costAwareMemoryConfig"] == {"size": "40MiB"}
     # the render server's Service, a miss costing the precise score after half a second, not TTFT for 5 s
-    assert plugins["token-producer"]["parameters"]["vllm"] == {"url": "http://chat-render:8000", "timeout": "500ms"}
+    assert plugins["token-producer"]["parameters"]["vllm"] == {"url": "http://chat-render:8000", "timeout": "500ms",
+                                                                  "mmTimeout": "500ms"}
     assert ext.memory_mib == pp.INDEX_FIXED_MIB + 40
     assert plugins["precise-prefix-scorer"] == {"name": "precise-prefix-scorer", "type": "prefix-cache-scorer",
                                                 "parameters": {"prefixMatchInfoProducerName": pp.PRODUCER}}

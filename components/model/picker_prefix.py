@@ -231,8 +231,10 @@ def precise_extension(served_model_name: str, weight: int, index_size_mib: int) 
         # its blocks cleared) when the endpoint goes (P/preciseprefixcache/extractor.go:35-64).
         "kvEventsConfig": {"engineType": "vllm", "topicFilter": TOPIC_PREFIX, "discoverPods": True,
                            "podDiscoveryConfig": {"socketPort": EVENTS_PORT, "replaySocketPort": REPLAY_PORT}}}}
-    tokens = {"type": TOKEN_PRODUCER, "parameters": {
-        "modelName": served_model_name, "vllm": {"url": render_url(served_model_name), "timeout": RENDER_TIMEOUT}}}
+    # mmTimeout too: any message whose content is an array of parts (most Messages bodies) takes it,
+    # 30 s by default (tokenizer/vllm_http.go:44,183-213); the catalog's models are text-only.
+    render = {"url": render_url(served_model_name), "timeout": RENDER_TIMEOUT, "mmTimeout": RENDER_TIMEOUT}
+    tokens = {"type": TOKEN_PRODUCER, "parameters": {"modelName": served_model_name, "vllm": render}}
     scorer = {"name": SCORER, "type": SCORER_TYPE, "parameters": {"prefixMatchInfoProducerName": PRODUCER}}
     return PickerExtension(
         plugins=({"type": NOTIFICATIONS}, tokens, producer, scorer),
