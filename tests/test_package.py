@@ -922,3 +922,7 @@ def test_the_package_identity_extension_names_each_bad_input():
     picker = {**model, "routing": "inference-gateway"}
     found = problems(models=[picker], image={"repository": "r/identity", "tag": "1"})
     assert list(found) == ["IdentityExtension.tenants"] and "admit no request" in found["IdentityExtension.tenants"]
+    # More tenant URLs than GKE's CEL conditions can name: an input error, not a traceback.
+    many = [{**tenant, "name": f"t-{i:03}", "models": ["qwen-7b"]} for i in range(150)]
+    found = problems(models=[picker], tenants=many, image={"repository": "r/identity", "tag": "1"})
+    assert "GKE takes at most 10" in found["IdentityExtension.tenants"]

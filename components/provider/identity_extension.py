@@ -10,7 +10,14 @@ from ..identity_extension import IdentityExtension as _IdentityExtension
 from ..identity_extension import IdentityExtensionArgs
 from ..mesh_namespace import TrustedSources
 from ..model.gateway_routes import GATEWAY_NAME
-from ..model.identity_extension import NAME, config_json, identity_image, tenants_identity_config
+from ..model.identity_extension import (
+    NAME,
+    body_conditions,
+    config_json,
+    identity_image,
+    salted_prefixes,
+    tenants_identity_config,
+)
 from ..model.specs import ClusterSpec as ClusterModel
 from ..model.specs import ImageRef as ImageModel
 from ..model.specs import ModelSpec as ModelModel
@@ -89,6 +96,10 @@ class IdentityExtension(_IdentityExtension, Facade):
         if not config["prefixes"]:
             problems.add("tenants", "none calls one of models (a tenant's models names them): the extension "
                          "would admit no request")
+        try:
+            body_conditions(salted_prefixes(config))
+        except ValueError as exc:  # GKE's bound on the CEL conditions (10 of 512 characters)
+            problems.add("tenants", f"{exc}: give fewer tenants these models, or route some models by length")
         problems.raise_any()
         sources = TrustedSources.for_cluster(cluster.proxy_only_cidr, cluster.pods_cidr, cluster.subnet_cidr)
         self.inputs, self.args = args, IdentityExtensionArgs(
