@@ -48,10 +48,15 @@ class IdentityExtensionArgs:
     provider: k8s.Provider
     # The load balancer's proxy-only subnet and health-check ranges (the only callers admitted).
     load_balancer_sources: Sequence[pulumi.Input[str]] = ()
+    # One release: the move from bf329cd's routes (issue 39); drop next release. Declare the
+    # GCPRoutingExtension later, with attach(after=the Gateway's routes): it strips the header
+    # bf329cd's routes match, so it goes live only once the new routes (which accept it too) are in.
+    defer_extension: bool = False
 
 
 class IdentityExtension(pulumi.ComponentResource):
     deployment: k8s.apps.v1.Deployment
+    service: k8s.core.v1.Service
     extension: k8s.apiextensions.CustomResource
 
     def __init__(self, name: str, args: IdentityExtensionArgs, opts: Optional[pulumi.ResourceOptions] = None):
@@ -71,12 +76,21 @@ class IdentityExtension(pulumi.ComponentResource):
             opts=child_opts(self, opts, provider=args.provider, depends_on=[config]))
         k8s.policy.v1.PodDisruptionBudget(f"{name}-budget", metadata=metadata, spec=api_body(budget_spec()),
                                           opts=k8s_opts)
-        service = k8s.core.v1.Service(f"{name}-svc", metadata=metadata, spec=api_body(service_spec()), opts=k8s_opts)
+        self.service = k8s.core.v1.Service(f"{name}-svc", metadata=metadata, spec=api_body(service_spec()),
+                                           opts=k8s_opts)
         custom_resource(f"{name}-hc", "networking.gke.io/v1", "HealthCheckPolicy", metadata, health_check_spec(),
-                        child_opts(self, opts, provider=args.provider, depends_on=[service]))
-        # Only once its pods answer: from then on every request of the Gateway goes through it.
-        self.extension = custom_resource(
-            f"{name}-extension", "networking.gke.io/v1", "GCPRoutingExtension", metadata,
-            routing_extension_spec(args.gateway, json.loads(args.config)),
-            child_opts(self, opts, provider=args.provider, depends_on=[service, self.deployment]))
+                        child_opts(self, opts, provider=args.provider, depends_on=[self.service]))
+        self._name, self._args, self._opts, self._metadata = name, args, opts, metadata
+        if not args.defer_extension:
+            self.attach()
         self.register_outputs({"extension": NAME})
+
+    def attach(self, after: Sequence[pulumi.Resource] = ()) -> k8s.apiextensions.CustomResource:
+        """The GCPRoutingExtension, only once its pods answer (from then on every request of the Gateway
+        goes through it) and once `after` is in place."""
+        args = self._args
+        self.extension = custom_resource(
+            f"{self._name}-extension", "networking.gke.io/v1", "GCPRoutingExtension", self._metadata,
+            routing_extension_spec(args.gateway, json.loads(args.config)),
+            child_opts(self, self._opts, provider=args.provider, depends_on=[self.service, self.deployment, *after]))
+        return self.extension

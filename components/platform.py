@@ -395,15 +395,22 @@ class Platform(pulumi.ComponentResource):
     def _front(self, targets: list[RouteTarget]) -> None:
         """The gateway in front of the routes."""
         cfg = self.config
-        # The picker's routes match on what it sets: it is up before they are.
+        # The picker's routes match on what it sets: its pods and Service are up before they are.
         self.identity = IdentityExtension(f"{self._prefix}identity", IdentityExtensionArgs(
             self.serving.name, GATEWAY_NAME, identity_image(cfg.server_image).uri, config_text(cfg),
-            self.cluster.provider, self._sources.health_checks), opts=self._opts_for()) if needs_identity(cfg) else None
+            self.cluster.provider, self._sources.health_checks, defer_extension=True),
+            opts=self._opts_for()) if needs_identity(cfg) else None
         self.gateway = Gateway(f"{self._prefix}gateway", GatewayArgs(
             cfg.gateway, self.serving.name, targets, self.cluster.provider, project=cfg.project, region=cfg.region,
             subnetwork=self.cluster.subnetwork.id, name_prefix=cfg.cluster.name, apis=self.apis),
             # ...and after the pickers answer: a route to a pool whose picker is not ready fails closed.
-            opts=self._opts_for([*([self.identity] if self.identity else []), *self.inference_pools.values()]))
+            opts=self._opts_for([*([self.identity.deployment, self.identity.service] if self.identity else []),
+                                 *self.inference_pools.values()]))
+        if self.identity:
+            # One release: the move from bf329cd's routes (issue 39); drop next release (then no
+            # defer_extension, and the Gateway depends on self.identity again). The extension strips the
+            # old objective header bf329cd's routes match: it goes live after the new routes, which take both.
+            self.identity.attach(after=[self.gateway])
 
     def _observe(self) -> None:
         """The monitoring of it all (its channels page for Flagger's rollbacks too)."""

@@ -31,6 +31,9 @@ REFUSED_AT_THE_PICKER = ("x-gateway-inference-objective", "x-gateway-inference-f
                          "x-gateway-model-name-rewrite", "x-llm-d-slo-ttft-ms", "x-slo-ttft-ms", "x-llm-d-slo-tpot-ms",
                          "x-slo-tpot-ms", "x-llm-d-video-fps", "x-llm-d-video-duration-seconds",
                          "x-llm-d-video-resolution")
+# One release: the move from bf329cd's routes (issue 39); drop next release. The objective header
+# those routes matched; its name is also in REFUSED_AT_THE_PICKER (stripped for good).
+LEGACY_OBJECTIVE_HEADER = "x-gateway-inference-objective"
 IDENTITY_CONFIG_KEY = "identity.json"
 GLOBAL_GATEWAY = re.compile(r"global|gxlb")
 
@@ -100,6 +103,24 @@ def _required(match: Mapping[str, Any], name: str) -> str | None:
                  if h.get("name") == name and h.get("type", "Exact") == "Exact"), None)
 
 
+def identity_strips(resources: Sequence[Resource], namespace: str) -> set[str]:
+    """The headers the identity extension's server of `namespace` removes from every request."""
+    configs = [json.loads(str((c.props.get("data") or {}).get(IDENTITY_CONFIG_KEY) or "{}"))
+               for c in kube(resources, "ConfigMap") if namespace_of(c) == namespace
+               and IDENTITY_CONFIG_KEY in (c.props.get("data") or {})]
+    return {str(h).lower() for c in configs for h in (c.get("headers") or {}).get("strip") or []}
+
+
+def _verified_or_dead(match: Mapping[str, Any], objective: str, dead: set[str]) -> bool:
+    """The match requires what the extension set (the objective and its tenant) or, one release (the move
+    from bf329cd's routes, issue 39; drop next release), the objective under LEGACY_OBJECTIVE_HEADER where
+    the extension strips that header and sets none of that name (`dead`): such a match can no longer hold
+    once the extension runs."""
+    if _required(match, OBJECTIVE_HEADER) == objective and _required(match, TENANT_HEADER) == objective.split(".")[0]:
+        return True
+    return LEGACY_OBJECTIVE_HEADER in dead and _required(match, LEGACY_OBJECTIVE_HEADER) == objective
+
+
 def identity_guarded(resources: Sequence[Resource], gateway: tuple[str, Any]) -> str:
     """Why the Gateway's requests may carry a client's copy of the picker's headers, or '': a
     GCPRoutingExtension on it, failing closed, on every request's headers, whose config strips
@@ -117,10 +138,7 @@ def identity_guarded(resources: Sequence[Resource], gateway: tuple[str, Any]) ->
         for e in (x for c in chains for x in c.get("extensions") or []):
             if e.get("failOpen") or "RequestHeaders" not in (e.get("supportedEvents") or ["RequestHeaders"]):
                 return f"{where(ext)} fails open or skips request headers"
-        configs = [json.loads(str((c.props.get("data") or {}).get(IDENTITY_CONFIG_KEY) or "{}"))
-                   for c in kube(resources, "ConfigMap") if namespace_of(c) == gateway[0]
-                   and IDENTITY_CONFIG_KEY in (c.props.get("data") or {})]
-        stripped = {str(h).lower() for c in configs for h in (c.get("headers") or {}).get("strip") or []}
+        stripped = identity_strips(resources, gateway[0])
         if missing := sorted({*REFUSED_AT_THE_PICKER, OBJECTIVE_HEADER, FAIRNESS_HEADER, TENANT_HEADER} - stripped):
             return f"{where(ext)}'s server keeps the client's {', '.join(missing)}"
         return ""
@@ -147,16 +165,18 @@ def tenant_priorities_bound(resources: Sequence[Resource]) -> Iterator[Finding]:
     for route in kube(resources, "HTTPRoute"):
         ns = namespace_of(route)
         rules = list(_pool_rules(route))
-        if rules:
-            for ref, gw in parent_gateways(route, gateways):
-                if why := identity_guarded(resources, (namespace_of(gw), ref.get("name"))):
-                    yield route, (f"{where(route)} routes to an InferencePool on headers a client could send: {why}")
+        parents = list(parent_gateways(route, gateways)) if rules else []
+        for ref, gw in parents:
+            if why := identity_guarded(resources, (namespace_of(gw), ref.get("name"))):
+                yield route, (f"{where(route)} routes to an InferencePool on headers a client could send: {why}")
+        # What every parent Gateway's extension strips and never sets: a match on it dies once the extension runs.
+        dead = set.intersection(*(identity_strips(resources, namespace_of(gw)) for _r, gw in parents)) \
+            - {OBJECTIVE_HEADER, FAIRNESS_HEADER, TENANT_HEADER} if parents else set[str]()
         for rule, backends in rules:
             _sets, removes = _header_changes(rule)
             matches = rule.get("matches") or [{}]
             objective = _required(matches[0], OBJECTIVE_HEADER)
-            if objective is None or any(_required(m, OBJECTIVE_HEADER) != objective or _required(m, TENANT_HEADER)
-                                        != objective.split(".")[0] for m in matches):
+            if objective is None or not all(_verified_or_dead(m, objective, dead) for m in matches):
                 yield route, (f"{where(route)} routes to an InferencePool without requiring the {OBJECTIVE_HEADER} "
                               f"and {TENANT_HEADER} the identity extension sets: clients would choose their own priority")
                 continue
@@ -185,7 +205,8 @@ def tenant_priorities_bound(resources: Sequence[Resource]) -> Iterator[Finding]:
         for route, objective in routed:
             admitted = [iss for iss, mine in per_issuer.items() if any(decide(mine, Request(
                 ns, path, "GET" if path.endswith("/models") else "POST", labels, token=(iss, "policy-probe"),
-                headers={OBJECTIVE_HEADER: objective})).allowed for path in paths)]
+                headers={header: objective})).allowed for path in paths
+                for header in (OBJECTIVE_HEADER, LEGACY_OBJECTIVE_HEADER))]
             if len(admitted) > 1:
                 yield route, (f"{where(route)}: objective '{objective}' admits the tokens of {len(admitted)} "
                               f"issuers ({', '.join(admitted)}); a tenant could take another's priority")

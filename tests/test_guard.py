@@ -13,7 +13,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import REPO_ROOT
-from vllm_gke.components.model.serving_api import OBJECTIVE_HEADER, OPEN_ROUTES, TENANT_ROUTES, guard_config, tenant_routes
+from vllm_gke.components.model.serving_api import (
+    LEGACY_OBJECTIVE_HEADER,
+    OBJECTIVE_HEADER,
+    OPEN_ROUTES,
+    TENANT_ROUTES,
+    guard_config,
+    tenant_routes,
+)
 from vllm_gke.components.model.specs import TenantSpec
 from vllm_gke.components.model.vllm_argv import load_snapshot, snapshot_versions
 
@@ -611,8 +618,8 @@ def test_the_scanner_hops_long_containers_in_bounded_steps():
 def test_behind_the_picker_a_tenant_must_carry_its_own_objective():
     """The objective the identity extension set from the token (serving_api.OBJECTIVE_HEADER, the
     x-llm-d-* spelling the picker reads first) must be the tenant's whom Istio verified here too:
-    the guard and the picker agree on who is who. Missing, another tenant's, repeated, or only in
-    the old x-gateway-* spelling (which the extension strips and the picker reads second): 403."""
+    the guard and the picker agree on who is who. Missing, another tenant's or repeated: 403 (the old
+    x-gateway-* spelling: test_the_old_objective_header_passes_with_the_tenants_own_value_only)."""
     app = Recorder()
     cfg = guard_config([TENANT], tenant_routes(), "both", objectives_for="m")
     assert cfg["objectiveHeader"] == OBJECTIVE_HEADER == "x-llm-d-inference-objective"
@@ -620,12 +627,35 @@ def test_behind_the_picker_a_tenant_must_carry_its_own_objective():
     body = {"model": "m", "prompt": "hi", "max_tokens": 5}
     own = OBJECTIVE_HEADER.encode()
     assert status(call(mw, body, headers=[(own, b"a.m")])) == 200
-    for headers in ([], [(own, b"b.m")], [(own, b"a.m"), (own, b"a.m")], [(own, b"a.other")],
-                    [(b"x-gateway-inference-objective", b"a.m")]):
+    for headers in ([], [(own, b"b.m")], [(own, b"a.m"), (own, b"a.m")], [(own, b"a.other")]):
         sent = call(mw, body, headers=headers)
         assert status(sent) == 403 and error(sent)["code"] == "forbidden", headers
         assert error(sent)["type"] == "permission_error" and "/a/<model>/v1" in error(sent)["message"]
     assert len(app.seen) == 1
+
+
+# One release: the move from bf329cd's routes (issue 39); drop next release.
+def test_the_old_objective_header_passes_with_the_tenants_own_value_only():
+    """While a stack moves from bf329cd's routes (clients sent x-gateway-inference-objective, which the
+    identity extension strips once it runs), the tenant's own objective under that name passes; another
+    value, a repeated one, or both names with different values: 403 in OpenAI's format."""
+    app = Recorder()
+    cfg = guard_config([TENANT], tenant_routes(), "both", objectives_for="m")
+    assert cfg["legacyObjectiveHeader"] == LEGACY_OBJECTIVE_HEADER == "x-gateway-inference-objective"
+    mw = guard.GuardMiddleware(app, cfg, Clock())
+    body = {"model": "m", "prompt": "hi", "max_tokens": 5}
+    own, old = OBJECTIVE_HEADER.encode(), LEGACY_OBJECTIVE_HEADER.encode()
+    for headers in ([(old, b"a.m")], [(own, b"a.m"), (old, b"a.m")]):
+        assert status(call(mw, body, headers=headers)) == 200, headers
+    for headers in ([(old, b"b.m")], [(old, b"a.m"), (old, b"a.m")], [(own, b"a.m"), (old, b"b.m")],
+                    [(own, b"b.m"), (old, b"a.m")], [(old, b"a.m"), (own, b"a.m"), (own, b"a.m")]):
+        sent = call(mw, body, headers=headers)
+        assert status(sent) == 403 and error(sent)["code"] == "forbidden", headers
+        assert error(sent)["type"] == "permission_error" and "/a/<model>/v1" in error(sent)["message"]
+    assert len(app.seen) == 2
+    # Without the compat key (as next release): the old name alone is refused.
+    del cfg["legacyObjectiveHeader"]
+    assert status(call(guard.GuardMiddleware(Recorder(), cfg, Clock()), body, headers=[(old, b"a.m")])) == 403
 
 
 @given(st.binary(max_size=64))

@@ -17,6 +17,7 @@ from vllm_gke.components.model.gateway_routes import at_most_regex
 from vllm_gke.components.model.gcp_apis import required_apis
 from vllm_gke.components.model.picker import EPP_IMAGE, grace_seconds
 from vllm_gke.components.model.serving_api import (
+    IDENTITY_STRIPS,
     OBJECTIVE_HEADER,
     PICKER_PATHS,
     PICKER_REENCODING_GROWTH,
@@ -219,7 +220,10 @@ def test_tenant_routes_require_what_the_identity_extension_set(plans):
         for rule in to_pool:
             assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
                                             "name": "llama-8b"}]
-            (match,) = rule["matches"]
+            # One release: the move from bf329cd's routes (issue 39); drop next release (then one match).
+            (match, compat) = rule["matches"]
+            assert compat["path"] == match["path"] and compat["headers"][0] == {
+                "type": "Exact", "name": "x-gateway-inference-objective", "value": f"{tenant}.llama-8b"}
             assert {"type": "Exact", "name": OBJECTIVE_HEADER, "value": f"{tenant}.llama-8b"} in match["headers"]
             assert {"type": "Exact", "name": TENANT_HEADER, "value": tenant} in match["headers"]
             (mod,) = [f["requestHeaderModifier"] for f in rule["filters"] if f["type"] == "RequestHeaderModifier"]
@@ -249,9 +253,19 @@ def test_only_a_request_the_extension_verified_reaches_the_pool(plans):
     body = {"content-length": "512"}
     path = "/support/llama-8b/v1/chat/completions"
     assert _reach(plan, path, headers={**verified("support"), **body}).backends[0]["kind"] == "InferencePool"
-    for headers in ({}, {OBJECTIVE_HEADER: "support.llama-8b"}, {"x-gateway-inference-objective": "support.llama-8b"},
+    for headers in ({}, {OBJECTIVE_HEADER: "support.llama-8b"}, {"x-gateway-inference-objective": "search.llama-8b"},
                     verified("search"), {**verified("support"), TENANT_HEADER: "search"}):
         assert _reach(plan, path, headers={**headers, **body}) is None, headers
+    # One release: the move from bf329cd's routes (issue 39); drop next release. bf329cd's match (the
+    # client-sent old header with the tenant's own objective, a bounded Content-Length on a body) still
+    # reaches the pool until the identity extension runs; the extension strips that header, so the match
+    # is dead after the move (the policy tenant-priorities-bound checks the strip list).
+    old = {"x-gateway-inference-objective": "support.llama-8b"}
+    assert "x-gateway-inference-objective" in IDENTITY_STRIPS
+    assert _reach(plan, path, headers={**old, **body}).backends[0]["kind"] == "InferencePool"
+    for length in ({}, {"content-length": "99999999999"}):
+        assert _reach(plan, path, headers={**old, **length}) is None, length
+    assert _reach(plan, "/support/llama-8b/v1/models", "GET", old).backends
     # The picker's own answer (x-gateway-destination-endpoint, with ClearRouteCache): should the
     # load balancer match the route again, the request still reaches the pool.
     assert _reach(plan, path, headers={**verified("support"), **body,

@@ -441,6 +441,33 @@ def test_an_objective_two_tenants_may_use_is_caught_by_evaluating_the_mesh(plans
     assert any("objective 'search.llama-8b' admits the tokens of 2 issuers" in m for m in messages), messages
 
 
+# One release: the move from bf329cd's routes (issue 39); drop next release.
+def test_a_compat_match_passes_only_on_a_header_the_extension_strips(plans):
+    """The picker routes' second match (bf329cd's client-sent x-gateway-inference-objective) is accepted
+    only because the identity extension strips that header: on a header it keeps, or once it no longer
+    strips that one, a client would choose its own priority and the route is refused."""
+    def legacy_matches(rs):
+        return [m for rule in kind(rs, "HTTPRoute", "llama-8b.support").props["spec"]["rules"]
+                for m in rule["matches"] for h in m["headers"] if h["name"] == "x-gateway-inference-objective"]
+
+    rs = resources(plans["staging"])
+    assert legacy_matches(rs) and violations_of(rs, "tenant-priorities-bound") == []
+    for m in legacy_matches(rs):
+        for h in m["headers"]:
+            if h["name"] == "x-gateway-inference-objective":
+                h["name"] = "x-legacy-objective"  # not in the extension's strip list
+    messages = [v.message for v in violations_of(rs, "tenant-priorities-bound")]
+    assert any("llama-8b.support" in m and "without requiring the x-llm-d-inference-objective" in m
+               for m in messages), messages
+    rs = resources(plans["staging"])
+    for cm in (r for r in rs if r.props.get("kind") == "ConfigMap" and "identity.json" in r.props.get("data", {})):
+        config = json.loads(cm.props["data"]["identity.json"])
+        config["headers"]["strip"].remove("x-gateway-inference-objective")
+        cm.props["data"]["identity.json"] = json.dumps(config)
+    messages = [v.message for v in violations_of(rs, "tenant-priorities-bound")]
+    assert any("without requiring the x-llm-d-inference-objective" in m for m in messages), messages
+
+
 def test_route_passing_picker_control_headers_is_caught(plans):
     """The picker's routes match on headers only the identity extension may set: without the
     extension, with one that fails open, runs on some requests only, or keeps a client's copy of

@@ -237,13 +237,19 @@ def test_tenant_policies_pin_issuer_subject_and_objective():
     assert rule["audiences"] == ["vllm"] and rule["forwardOriginalToken"] is False
     assert {h["header"] for h in rule["outputClaimToHeaders"]} == {ISSUER_HEADER, SUBJECT_HEADER}
     spec = allow_tenant(t, tenant_routes(), ["/acme/m"], {"app": "m"}, "acme.m")
-    (allow,) = spec["rules"]
+    # One release: the move from bf329cd's routes (issue 39); drop next release. The same principals,
+    # issuer, subject and objective under either name of the objective header, nothing wider.
+    allow, legacy = spec["rules"]
     assert spec["selector"] == {"matchLabels": {"app": "m"}}
-    assert allow["from"] == [{"source": {"requestPrincipals": request_principals(t)}}]
-    assert allow["when"] == [
-        {"key": f"request.headers[{ISSUER_HEADER}]", "values": [t.jwt.issuer]},
-        {"key": f"request.headers[{SUBJECT_HEADER}]", "values": ["svc-1"]},
-        {"key": f"request.headers[{OBJECTIVE_HEADER}]", "values": ["acme.m"]}]
+    for rule, header in ((allow, OBJECTIVE_HEADER), (legacy, "x-gateway-inference-objective")):
+        assert rule["from"] == [{"source": {"requestPrincipals": request_principals(t)}}]
+        assert rule["to"] == allow["to"]
+        assert rule["when"] == [
+            {"key": f"request.headers[{ISSUER_HEADER}]", "values": [t.jwt.issuer]},
+            {"key": f"request.headers[{SUBJECT_HEADER}]", "values": ["svc-1"]},
+            {"key": f"request.headers[{header}]", "values": ["acme.m"]}]
+    (plain,) = allow_tenant(t, tenant_routes(), ["/acme/m"], {"app": "m"})["rules"]  # not behind a picker: one rule
+    assert [w["key"] for w in plain["when"]] == [f"request.headers[{ISSUER_HEADER}]", f"request.headers[{SUBJECT_HEADER}]"]
     assert "selector" not in allow_tenant(t, tenant_routes(), ["/acme"])
 
 

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Optional
 
 from .k8s_objects import ACCESS_LABEL
 from .picker import pool_ref
-from .serving_api import OBJECTIVE_HEADER, PICKER_PATHS, TENANT_HEADER, VERIFIED_HEADERS
+from .serving_api import LEGACY_OBJECTIVE_HEADER, OBJECTIVE_HEADER, PICKER_PATHS, TENANT_HEADER, VERIFIED_HEADERS
 from .specs import GatewaySpec
 from .vllm_server import drain_seconds
 
@@ -206,12 +206,24 @@ def picker_rules(path_prefix: str, picker: PickerTarget) -> list[dict[str, Any]]
         return {"path": {"type": "Exact", "value": f"{prefix}{path}"},
                 "headers": [*verified, *([length] if bounded else [])]}
 
+    def legacy(path: str, method: str) -> list[dict[str, Any]]:
+        # One release: the move from bf329cd's routes (issue 39); drop next release. bf329cd's match:
+        # the client-sent old objective header with the tenant's own objective and, on a body route, the
+        # bounded Content-Length. It carries the requests of the minutes between these routes and the
+        # identity extension's programming (which waits for them: components/platform.py); once the
+        # extension runs it strips that header from every request, so this match is dead after the move.
+        if not LEGACY_OBJECTIVE_HEADER:
+            return []
+        old = {"type": "Exact", "name": LEGACY_OBJECTIVE_HEADER, "value": picker.objective}
+        return [{"path": {"type": "Exact", "value": f"{prefix}{path}"},
+                 "headers": [old, *([length] if method == "POST" else [])]}]
+
     # The issuer and subject are Istio's to write at the replica: a client's copies are dropped.
     # Never PICKER_SETS (serving_api says why); the extension's headers go on to the replica's guard.
     strip = {"type": "RequestHeaderModifier", "requestHeaderModifier": {"remove": list(VERIFIED_HEADERS)}}
     backend = pool_ref(picker.pool_name)
     # Forwarded as sent (no URLRewrite, as above): the picker reads no path, the guard strips the prefix.
-    return [{"matches": [served(path, method)], "filters": [strip], "backendRefs": [backend]}
+    return [{"matches": [served(path, method), *legacy(path, method)], "filters": [strip], "backendRefs": [backend]}
             for path, method in picker.routes]
 
 

@@ -34,13 +34,19 @@ VERIFIED_HEADERS = (ISSUER_HEADER, SUBJECT_HEADER)
 # from the tenant whose token it verified; the picker's routes match on those.
 OBJECTIVE_HEADER = "x-llm-d-inference-objective"
 FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
+# One release: the move from bf329cd's routes (issue 39); drop next release.
+# The objective header bf329cd's routes and mesh matched (clients sent it themselves). Until the
+# identity extension is programmed (it strips this header: IDENTITY_STRIPS), requests still come
+# with it; the mesh, the guard and a second match of each picker route accept the tenant's own
+# objective under it too, nothing else. Set to "" to drop the compat everywhere.
+LEGACY_OBJECTIVE_HEADER = "x-gateway-inference-objective"
 MODEL_REWRITE_HEADER = "x-llm-d-model-name-rewrite"
 # The verified tenant (the extension sets it; the picker's routes match on it with the objective).
 TENANT_HEADER = "x-vllm-gke-tenant"
 # Every header the picker reads to choose a priority, a flow, a model or a deadline, in both
 # spellings: no client copy passes the extension.
 PICKER_CONTROL_HEADERS = (
-    OBJECTIVE_HEADER, "x-gateway-inference-objective",
+    OBJECTIVE_HEADER, "x-gateway-inference-objective",  # not LEGACY_OBJECTIVE_HEADER: stays when that goes
     FAIRNESS_HEADER, "x-gateway-inference-fairness-id",
     MODEL_REWRITE_HEADER, "x-gateway-model-name-rewrite",
     "x-llm-d-slo-ttft-ms", "x-slo-ttft-ms",
@@ -223,6 +229,9 @@ def guard_config(tenants: Sequence[TenantSpec], routes: Sequence[Route],
     for tenant in tenants:
         issuers.update(guard_entry(tenant, objectives_for, served))
     extra: dict[str, Any] = {"objectiveHeader": OBJECTIVE_HEADER} if objectives_for is not None else {}
+    if objectives_for is not None and LEGACY_OBJECTIVE_HEADER:
+        # One release: the move from bf329cd's routes (issue 39); drop next release.
+        extra["legacyObjectiveHeader"] = LEGACY_OBJECTIVE_HEADER
     if shared_store is not None:
         extra["globalLimits"] = {"host": shared_store[0], "port": shared_store[1]}
     if max_body_bytes is not None:

@@ -6,7 +6,15 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Sequence
 
 from .mesh_identity import request_principals
-from .serving_api import ISSUER_HEADER, OBJECTIVE_HEADER, SUBJECT_HEADER, Route, mesh_operations, picker_routes
+from .serving_api import (
+    ISSUER_HEADER,
+    LEGACY_OBJECTIVE_HEADER,
+    OBJECTIVE_HEADER,
+    SUBJECT_HEADER,
+    Route,
+    mesh_operations,
+    picker_routes,
+)
 from .specs import TenantSpec
 
 
@@ -45,9 +53,14 @@ def allow_tenant(tenant: TenantSpec, routes: Sequence[Route], prefixes: Sequence
     rule["when"] = [{"key": f"request.headers[{ISSUER_HEADER}]", "values": [tenant.jwt.issuer]}]
     if tenant.jwt.subjects is not None:  # the subject the guard checks, likewise
         rule["when"].append({"key": f"request.headers[{SUBJECT_HEADER}]", "values": list(tenant.jwt.subjects)})
+    rules = [rule]
     if objective:
-        rule["when"].append({"key": f"request.headers[{OBJECTIVE_HEADER}]", "values": [objective]})
-    spec: dict[str, Any] = {"action": "ALLOW", "rules": [rule]}
+        rules = [{**rule, "when": [*rule["when"], {"key": f"request.headers[{header}]", "values": [objective]}]}
+                 for header in (OBJECTIVE_HEADER, *([LEGACY_OBJECTIVE_HEADER] if LEGACY_OBJECTIVE_HEADER else []))]
+        # One release: the move from bf329cd's routes (issue 39); drop next release. The second rule
+        # admits the same principals with the same objective under the header those routes matched
+        # (the identity extension strips it once it runs); the guard then requires that value too.
+    spec: dict[str, Any] = {"action": "ALLOW", "rules": rules}
     if selector:
         spec["selector"] = {"matchLabels": dict(selector)}
     return spec

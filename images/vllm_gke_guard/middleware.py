@@ -30,7 +30,7 @@ from .caps import Budget
 from .config import DEFAULT_MAX_BODY_BYTES, DEFAULT_TRUSTED_PEERS, Tenant, load_config, warmup_token
 from .errors import Disconnected, GuardError, respond
 from .fallback import Cut, Fallback, Route
-from .headers import ISSUER, OBJECTIVE, SUBJECT, WARMUP_HEADER, Headers, check_content_type, header_slots, is_warmup
+from .headers import ISSUER, SUBJECT, WARMUP_HEADER, Headers, check_content_type, header_slots, is_warmup, objective_of
 from .limits import connect_store, rate_limited, take_shared
 from .metrics import count_untrusted, log
 from .models import check_model, model_list_filter
@@ -74,6 +74,10 @@ class GuardMiddleware:
         self.tenants = {iss: Tenant(e, clock, self.model) for iss, e in issuers.items()}
         # Behind the endpoint picker: the objective (priority) the route set must be the tenant's own.
         self.objective_header = str(cfg.get("objectiveHeader") or "").lower().encode()
+        # One release: the move from bf329cd's routes (issue 39); drop next release. The header those
+        # routes matched: the same tenant's own objective is accepted under it, never another value.
+        self.legacy_objective_header = str(cfg.get("legacyObjectiveHeader") or "").lower().encode() \
+            if self.objective_header else b""
         # path -> (method, kind)
         self.routes = route_table(cfg)
         # The tenant URLs' prefixes that route to this pool, stripped before any check (prefixes.py).
@@ -100,7 +104,8 @@ class GuardMiddleware:
         # Spans of the guard's own, continued by vLLM's (tracing.py); the client's context is dropped either way.
         self.tracing = tracing(bool(cfg.get("traces")), self.model)
         self.warmup_token = warmup_token()
-        self.header_slots = header_slots(self.issuer_header, self.objective_header, self.subject_header)
+        self.header_slots = header_slots(self.issuer_header, self.objective_header, self.subject_header,
+                                         self.legacy_objective_header)
         self.logged_peers: set[str] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -177,7 +182,7 @@ class GuardMiddleware:
         if tenant.subjects is not None and seen.once(SUBJECT) not in tenant.subjects:
             raise GuardError(403, f"this token's subject is not one tenant '{tenant.name}' lists (jwt.subjects)",
                              "forbidden")
-        if self.objective_header and ((objective := seen.once(OBJECTIVE)) is None
+        if self.objective_header and ((objective := objective_of(seen, bool(self.legacy_objective_header))) is None
                                       or objective.decode("latin-1") != tenant.objective):
             raise GuardError(403, f"tenant '{tenant.name}' must call this model under its own path "
                                   f"(/{tenant.name}/<model>/v1)", "forbidden")

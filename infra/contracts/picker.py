@@ -25,7 +25,7 @@ from ...components.model.picker import (
     OBJECTIVE_API,
     POOL_GROUP,
 )
-from ...components.model.serving_api import OBJECTIVE_HEADER
+from ...components.model.serving_api import IDENTITY_STRIPS, LEGACY_OBJECTIVE_HEADER, OBJECTIVE_HEADER
 from ..plan import Plan
 from .base import Contract, _docs, _exported, _flag
 
@@ -315,8 +315,11 @@ def picker_objective_is_the_tenants(plan: Plan) -> list[str]:
                    "client's copy of it would win")
     for route, rule in _pool_rules(plan):
         for m in rule.get("matches") or [{}]:
-            if not any(h.get("name") == OBJECTIVE_HEADER and h.get("type", "Exact") == "Exact"
-                       for h in m.get("headers") or []):
+            # One release: the move from bf329cd's routes (issue 39); drop next release. The compat
+            # match on the old header is dead once the identity extension runs: it strips that header.
+            dead = LEGACY_OBJECTIVE_HEADER in IDENTITY_STRIPS
+            if not any(h.get("name") in (OBJECTIVE_HEADER, *([LEGACY_OBJECTIVE_HEADER] if dead else []))
+                       and h.get("type", "Exact") == "Exact" for h in m.get("headers") or []):
                 out.append(f"HTTPRoute {route['metadata']['name']}: the picker would read a client-chosen objective")
     gated = all(FLOW_CONTROL_GATE in (_config_of(plan, d).get("featureGates") or []) for d in _pickers(plan))
     for objective in _docs(plan, "InferenceObjective"):
