@@ -156,14 +156,19 @@ def test_only_the_load_balancer_reaches_the_picker(plans):
     assert cluster.props["datapathProvider"] == "ADVANCED_DATAPATH"  # Dataplane V2 enforces it
 
 
-def test_picker_scores_queue_kv_cache_and_prefix_cache(plans):
-    config = one(plans["staging"], "ConfigMap", "llama-8b-router-epp")
+@pytest.mark.parametrize("stack,model,prefix", [("frontier", "llama-405b", "prefix-cache-scorer"),
+                                                 ("staging", "llama-8b", "precise-prefix-scorer")])
+def test_picker_scores_queue_kv_cache_and_prefix_cache(plans, stack, model, prefix):
+    """The default weights; the prefix scorer approximate (frontier) or on vLLM's KV events (staging's
+    prefixCache: precise, a prefix-cache-scorer named for its producer)."""
+    config = one(plans[stack], "ConfigMap", f"{model}-router-epp")
     picker = yaml.safe_load(config["data"]["default-plugins.yaml"])
     assert (picker["apiVersion"], picker["kind"]) == ("llm-d.ai/v1alpha1", "EndpointPickerConfig")
     (profile,) = picker["schedulingProfiles"]
     weights = {p["pluginRef"]: p["weight"] for p in profile["plugins"]}
-    assert weights == {"queue-scorer": 2, "kv-cache-utilization-scorer": 2, "prefix-cache-scorer": 3}
-    assert set(weights) <= {p["type"] for p in picker["plugins"]}
+    assert weights == {"queue-scorer": 2, "kv-cache-utilization-scorer": 2, prefix: 3}
+    names = {p.get("name", p["type"]): p["type"] for p in picker["plugins"]}
+    assert set(weights) <= set(names) and names[prefix] == "prefix-cache-scorer"
     # The Responses and Messages APIs parse; no passthrough: an unknown path stays a 400.
     assert picker["requestHandler"]["parsers"] == [{"pluginRef": "openai-parser"}, {"pluginRef": "anthropic-parser"}]
     assert "passthrough-parser" not in {p["type"] for p in picker["plugins"]}
