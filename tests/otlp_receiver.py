@@ -33,7 +33,11 @@ class OtlpReceiver:
                 request = ExportTraceServiceRequest.FromString(body)
                 for rs in request.resource_spans:
                     resource = {a.key: _value(a.value) for a in rs.resource.attributes}
-                    for ss in rs.scope_spans:
+                    # xds-protos (the identity extension's test dependency) ships its own, older copy
+                    # of these modules, which may overwrite opentelemetry-proto's in one environment
+                    # (pip installs them in either order): the same field numbers under the old name.
+                    scopes = rs.scope_spans if hasattr(rs, "scope_spans") else rs.instrumentation_library_spans
+                    for ss in scopes:
                         for span in ss.spans:
                             receiver.spans.append({
                                 "name": span.name, "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),

@@ -83,7 +83,12 @@ def test_loader_writes_the_bucket_and_readers_only_read_it(plans):
     readers = sorted(m for r, m in members if r == "roles/storage.objectViewer")
     pool = f"principal://iam.googleapis.com/projects/{MOCK_PROJECT_NUMBER}/locations/global/workloadIdentityPools/" \
            "acme-llm-staging.svc.id.goog/subject/ns"
-    assert readers == [f"{pool}/vllm/sa/vllm-server"]  # the servers' own account, not the namespace's default
+    # The servers' own account, not the namespace's default; and the picker's tokenizer (staging's
+    # prefixCache: precise), its own account reading its model's revision folder alone.
+    assert readers == [f"{pool}/vllm/sa/llama-8b-render", f"{pool}/vllm/sa/vllm-server"]
+    render = plan.named("gcp:storage/bucketIAMMember:BucketIAMMember", "llama-8b-render-weights-reader")
+    assert "objects/llama-8b/" in render.props["condition"]["expression"]
+    assert "mistral-7b" not in render.props["condition"]["expression"]
     # The identity pool exists once the cluster does: the reader bindings wait for it.
     (cluster,) = plan.of_type("gcp:container/cluster:Cluster")
     reader = plan.named("gcp:storage/bucketIAMMember:BucketIAMMember", "weights-reader-serving")

@@ -1091,8 +1091,10 @@ def test_the_paths_health_checks_and_scrapers_use_stay_open_and_unstripped(plans
     from tests.conftest import manifests_of, vllm_deployments
 
     plan = plans[stack]
-    paths = {h["spec"]["default"]["config"]["httpHealthCheck"]["requestPath"]
-             for h in manifests_of(plan, "HealthCheckPolicy")}
+    checks = [h["spec"]["default"]["config"] for h in manifests_of(plan, "HealthCheckPolicy")]
+    # The gRPC ones check the endpoint picker's and the identity extension's Services, not a replica.
+    assert all(c["type"] == "GRPC" for c in checks if "httpHealthCheck" not in c)
+    paths = {c["httpHealthCheck"]["requestPath"] for c in checks if "httpHealthCheck" in c}
     paths |= {e["path"] for m in manifests_of(plan, "PodMonitoring") for e in m["spec"]["endpoints"]}
     configs = []
     for dep in vllm_deployments(plan):

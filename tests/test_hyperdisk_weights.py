@@ -152,10 +152,14 @@ def test_servers_mount_their_disk_read_only_at_the_model_directory(plan):
 
 
 def test_only_the_populator_identity_reads_the_bucket(plan):
-    readers = [m["member"] for m in props_of(plan, "gcp:storage/bucketIAMMember:BucketIAMMember")
-               if m["role"] == "roles/storage.objectViewer"]
-    assert readers == [f"principal://iam.googleapis.com/projects/{MOCK_PROJECT_NUMBER}/locations/global/"
-                       f"workloadIdentityPools/acme-llm-staging.svc.id.goog/subject/ns/vllm/sa/{POPULATOR_SA}"]
+    """No server reads the bucket: the populator fills the disks. The picker's tokenizer (staging's
+    prefixCache: precise) runs on the system pool, whose machines attach no Hyperdisk ML: it reads
+    its model's folder from the bucket, under its own identity."""
+    readers = sorted(m["member"] for m in props_of(plan, "gcp:storage/bucketIAMMember:BucketIAMMember")
+                     if m["role"] == "roles/storage.objectViewer")
+    pool = (f"principal://iam.googleapis.com/projects/{MOCK_PROJECT_NUMBER}/locations/global/"
+            "workloadIdentityPools/acme-llm-staging.svc.id.goog/subject/ns/vllm/sa")
+    assert readers == [f"{pool}/llama-8b-render", f"{pool}/{POPULATOR_SA}"]
     (sa,) = [s for s in manifests_of(plan, "ServiceAccount", "vllm") if s["metadata"]["name"] == POPULATOR_SA]
     assert sa["automountServiceAccountToken"] is False
 
@@ -195,7 +199,8 @@ def test_each_namespace_gets_the_weight_sets_it_serves(wide_plan):
     assert set(dedicated) == {s["metadata"]["name"] for s in manifests_of(wide_plan, "GCPDataSource", "tenant-analytics")}
     readers = {m["member"].rsplit("/subject/", 1)[1] for m in props_of(wide_plan, "gcp:storage/bucketIAMMember:BucketIAMMember")
                if m["role"] == "roles/storage.objectViewer"}
-    assert readers == {f"ns/vllm/sa/{POPULATOR_SA}", f"ns/tenant-analytics/sa/{POPULATOR_SA}"}
+    assert readers == {f"ns/vllm/sa/{POPULATOR_SA}", f"ns/tenant-analytics/sa/{POPULATOR_SA}",
+                       "ns/vllm/sa/llama-8b-render"}  # the picker's tokenizer, on the system pool
     # The adapter's disk is mounted where --lora-modules points.
     dep = wide_plan.kube("Deployment", "mistral-7b-short", "tenant-analytics").props
     mounts = {m["mountPath"] for m in dep["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
@@ -348,7 +353,8 @@ def test_a_load_test_reads_the_tokenizer_from_the_bucket_not_the_disks():
     (weights,) = [v for v in pod["volumes"] if v["name"] == "weights"]
     assert weights["csi"]["driver"] == "gcsfuse.csi.storage.gke.io" and weights["csi"]["readOnly"] is True
     grants = [r.props for r in plan.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
-              if "loadtest" in str(r.props.get("member")) or r.name.endswith("-weights-reader")]
+              if "loadtest" in str(r.props.get("member")) or (r.name.endswith("-weights-reader")
+                                                              and "render" not in r.name)]
     # It lists the bucket (the mount needs it) and opens its model's folder alone (and looks up the
     # folder's own name on the way).
     (viewer,) = [g for g in grants if g["role"] == "roles/storage.objectViewer"]
