@@ -61,16 +61,6 @@ class VllmRelease:
     def label(self) -> str:
         return f"vLLM TPU {self.version}" if self.platform == "tpu" else f"vLLM {self.version}"
 
-    @property
-    def picker_metrics(self) -> dict[str, str]:
-        """The endpoint picker's metric-name flags (gateway-api-inference-extension v1.2.0
-        cmd/epp/runner/runner.go:128-133) for this release: its default KV-cache gauge is
-        vllm:gpu_cache_usage_perc, which 0.34 no longer exports (a missing gauge reads as 0)."""
-        return {"--total-queued-requests-metric": self.queue_metric,
-                "--kv-cache-usage-percentage-metric": self.kv_cache_metric,
-                "--lora-info-metric": self.lora_info_metric,
-                "--cache-info-metric": self.cache_info_metric}
-
 
 RELEASES: dict[str, VllmRelease] = {
     # cache_salt: 0.34's chat, chat batch, completions, responses, messages and pooling request
