@@ -515,7 +515,8 @@ def test_the_picker_path_composes_from_the_facades():
     # The routes whose bodies the extension salts match no Content-Length (Envoy drops it in front of
     # them, so such a match would answer 404); the others keep the bound.
     lengths = {m["path"]["value"]: any(h["name"] == "content-length" for h in m.get("headers") or [])
-               for rule in route["spec"]["rules"] for m in rule.get("matches") or []}
+               for rule in route["spec"]["rules"] for m in rule.get("matches") or []
+               if any(h["name"] == "x-llm-d-inference-objective" for h in m.get("headers") or [])}
     assert lengths["/search/qwen-7b/v1/chat/completions"] is False and lengths["/search/qwen-7b/v1/completions"] is False
     objectives = [m for m in manifests if m.get("kind") == "InferenceObjective"]
     assert [(o["metadata"]["name"], o["spec"]["priority"]) for o in objectives] == [("search.qwen-7b", -1)]
