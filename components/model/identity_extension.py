@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from .k8s_objects import CONTAINER_SECURITY
 from .serving_api import (
@@ -176,6 +176,16 @@ def body_conditions(prefixes: Sequence[str]) -> list[str]:
                          f"{CEL_EXPRESSIONS_MAX} of {CEL_MAX} characters each")
     return out
 
+
+
+def conditions_problem(identity: Mapping[str, Any]) -> Optional[str]:
+    """Why GKE could not take the body chain's conditions for this config (its bound: 10 matchers of
+    512 characters), or None: the stack config and the package's facade judge it alike."""
+    try:
+        body_conditions(salted_prefixes(identity))
+    except ValueError as exc:
+        return f"{exc}: give fewer tenants the picker's models, or route some models by length"
+    return None
 
 def _extension(name: str, events: list[str], **extra: Any) -> dict[str, Any]:
     return {"name": name, "authority": NAME, "timeout": TIMEOUT, "failOpen": False, "supportedEvents": events,

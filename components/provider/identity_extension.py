@@ -12,10 +12,9 @@ from ..mesh_namespace import TrustedSources
 from ..model.gateway_routes import GATEWAY_NAME
 from ..model.identity_extension import (
     NAME,
-    body_conditions,
+    conditions_problem,
     config_json,
     identity_image,
-    salted_prefixes,
     tenants_identity_config,
 )
 from ..model.specs import ClusterSpec as ClusterModel
@@ -96,10 +95,8 @@ class IdentityExtension(_IdentityExtension, Facade):
         if not config["prefixes"]:
             problems.add("tenants", "none calls one of models (a tenant's models names them): the extension "
                          "would admit no request")
-        try:
-            body_conditions(salted_prefixes(config))
-        except ValueError as exc:  # GKE's bound on the CEL conditions (10 of 512 characters)
-            problems.add("tenants", f"{exc}: give fewer tenants these models, or route some models by length")
+        if problem := conditions_problem(config):
+            problems.add("tenants", problem)
         problems.raise_any()
         sources = TrustedSources.for_cluster(cluster.proxy_only_cidr, cluster.pods_cidr, cluster.subnet_cidr)
         self.inputs, self.args = args, IdentityExtensionArgs(

@@ -10,7 +10,7 @@ from pydantic.alias_generators import to_camel
 
 from ..catalog import REGION_ZONES, attaches_hyperdisk_ml, region_problem
 from ..hyperdisk_ml import MIN_GKE as VOLUME_POPULATOR_MIN_GKE
-from ..identity_extension import body_conditions, identity_config, salted_prefixes
+from ..identity_extension import conditions_problem, identity_config
 from ..serving_api import PICKER_PATHS
 from ..specs import ClusterSpec, gke_version, item_key
 from ..vllm_argv import load_snapshot
@@ -112,11 +112,8 @@ def inference_gateway(cfg: "StackConfig", add: Add) -> None:
 def identity_fits_gke(cfg: "StackConfig", add: Add) -> None:
     """The identity extension's body chain names every salted tenant URL in CEL conditions GKE bounds
     (components/model/identity_extension.py body_conditions)."""
-    try:
-        body_conditions(salted_prefixes(identity_config(cfg)))
-    except ValueError as exc:
-        add("tenants", f"{exc}: too many tenant URLs behind the endpoint pickers for one GCPRoutingExtension; give "
-            "fewer tenants the picker's models, or route some of them by length")
+    if problem := conditions_problem(identity_config(cfg)):
+        add("tenants", problem)
 
 
 def length_routing(cfg: "StackConfig", add: Add) -> None:
