@@ -36,6 +36,11 @@ from .cluster import (
     NodePoolSpec,
     UpgradeSpec,
 )
+from .disaggregation import (
+    DisaggregationLoad,
+    DisaggregationSpec,
+    PrefillPoolSpec,
+)
 from .gateway import (
     GatewaySpec,
 )
@@ -85,7 +90,8 @@ from .weights import (
 
 __all__ = [
     'AdapterSpec', 'AuthorizedNetwork', 'BudgetSpec', 'CanarySpec', 'Cidr', 'ClusterSpec', 'CostSpec', 'CustomShape',
-    'DedicatedSpec', 'Email', 'GatewaySpec', 'GlobalLimitsSpec', 'Hostname', 'ImageRef', 'JwtSpec', 'K8sName',
+    'DedicatedSpec', 'DisaggregationLoad', 'DisaggregationSpec', 'PrefillPoolSpec',
+    'Email', 'GatewaySpec', 'GlobalLimitsSpec', 'Hostname', 'ImageRef', 'JwtSpec', 'K8sName',
     'LORA_RANKS', 'LoadStage', 'LoadTestSpec', 'SharedPrefixLoad', 'TokenLengths', 'TraceSpec',
     'MANAGED_VLLM_OPTIONS', 'MaintenanceExclusion', 'MaintenanceSpec', 'MaintenanceWindow',
     'MasterCidr', 'ModelSpec', 'MonitoringSpec', 'SloSpec', 'Name', 'NodePoolSpec',

@@ -29,6 +29,7 @@ from .base import (
     Spec,
     config_mapping,
 )
+from .disaggregation import DisaggregationSpec
 
 # vLLM options the platform sets itself, by argparse dest, and the config key to use instead.
 MANAGED_VLLM_OPTIONS: dict[str, str] = {
@@ -330,6 +331,9 @@ class ModelSpec(Spec):
     # While a replica sheds tenants of negative priority, their requests go to this model instead
     # of a 429 (for the tenants allowed to call it), and come back as the shed tiers do.
     fallback: Optional[FallbackSpec] = None
+    # Prefill/decode disaggregation: a prefill pool beside the decode pool (`short`), the KV cache
+    # moved between them by vLLM's NIXL connector (routing: inference-gateway).
+    disaggregation: Optional[DisaggregationSpec] = None
 
     @field_validator("source")
     @classmethod
