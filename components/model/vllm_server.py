@@ -8,7 +8,7 @@ import json
 import math
 from typing import Any, Optional
 
-from . import gcs_weights
+from . import disaggregation, gcs_weights
 from .specs import ModelSpec, NodePoolSpec, ServingPoolSpec
 from .vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release, ttft_buckets_with
 from .weights_layout import SERVER_UID, adapter_copies, model_dir, ready_marker, served_files_gb
@@ -126,6 +126,8 @@ def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: Optional[VllmRelease
     if traces_endpoint:
         # Its spans and the guard's, through the OTLP/HTTP exporter trace_env selects.
         args += ["--otlp-traces-endpoint", traces_endpoint]
+    # Prefill/decode disaggregation: NIXL's role for this pool's engine (components/model/disaggregation.py).
+    args += disaggregation.pool_kv_args(model, pool)
     args += ["--middleware", GUARD_MIDDLEWARE]
     return args + list(model.extra_args)
 
