@@ -16,6 +16,7 @@ from ..components.model.picker_wake import picker_wakes
 from ..policies.rules import POLICIES
 from .config import StackConfig
 from .contracts import CONTRACTS
+from .disaggregation_text import pd_table
 from .plan import Plan
 from .plan_report import PlanReport, ResourceChecks
 from .pricing import PRICE_REGION
@@ -99,6 +100,8 @@ def _decisions(report: PlanReport, console: Console) -> None:
     console.print(fitted(capacity, console.width))
     console.print(fitted(cost_table(v), console.width))
     console.print(fitted(options_table(report.plan.config, v), console.width))
+    if (pd := pd_table(report.plan.config)) is not None:  # models[].disaggregation against aggregated
+        console.print(fitted(pd, console.width))
     if v.rollouts:
         console.print(whole_or_records(rollouts_table(v), console.width))
     for warning in v.warnings:

@@ -179,9 +179,15 @@ def consumer_models(cfg: "StackConfig") -> dict[str, list[str]]:
 def gpu_slots_by_pool(cfg: "StackConfig", bound: str = "min") -> dict[str, int]:
     """GPU units (whole GPUs or MIG slices) each node pool needs at min or max replicas."""
     slots: dict[str, int] = {}
-    for model, pool_name, _tenant in placements(cfg):
+    for model, pool_name, tenant in placements(cfg):
         replicas = sum(getattr(getattr(model, which), f"{bound}_replicas") for which in model.pool_names)
         slots[pool_name] = slots.get(pool_name, 0) + replicas * model.devices_per_replica
+        if model.disaggregation is not None and tenant is None:
+            # Its prefill pool, on its own node pool (shared replicas only: dedicated copies of a
+            # disaggregated model are refused, config_rules/disaggregation.py).
+            prefill = model.disaggregation.prefill
+            name = prefill.node_pool or model.node_pool
+            slots[name] = slots.get(name, 0) + getattr(prefill, f"{bound}_replicas") * model.devices_per_replica
     return slots
 
 

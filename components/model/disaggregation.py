@@ -26,7 +26,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-from .capacity import pool_capacity
 from .catalog import MachineType
 from .machine_prices import MACHINE_PRICES
 from .specs import DisaggregationSpec, ModelSpec, NodePoolSpec, ServingPoolSpec
@@ -171,6 +170,7 @@ class PdSizing:
     transfer_s: float  # a typical prompt's KV cache over the transport
     prefill_s: float  # its prefill on a prefill replica (TTFT's compute part)
     itl_stretch: float  # an aggregated replica's time between output tokens over a decode replica's
+    decode_itl_s: float  # a decode replica's time between a sequence's output tokens, at its batch
     configured_prefill: int  # maxReplicas of the prefill and decode pools as configured
     configured_decode: int
 
@@ -187,6 +187,16 @@ class PdSizing:
         hour = (self.prefill_replicas * self.prefill_usd_hour + self.decode_replicas * self.decode_usd_hour
                 if disaggregated else self.aggregated_replicas * self.decode_usd_hour)
         return hour / (self.output_tokens_s * 3600) * 1e6
+
+    @property
+    def aggregated_ttft_s(self) -> float:
+        """A typical prompt's prefill on an aggregated replica (queueing aside)."""
+        return self.prompt_tokens / self.aggregated_prefill_rate
+
+    @property
+    def ttft_s(self) -> float:
+        """Its prefill on a prefill replica, then its KV cache across to the decode pod."""
+        return self.prefill_s + self.transfer_s
 
     @property
     def pays(self) -> bool:
@@ -208,9 +218,12 @@ class PdSizing:
 def pd_sizing(model: ModelSpec, decode_pool: NodePoolSpec, prefill_np: NodePoolSpec) -> PdSizing:
     """Size both pools for models[].disaggregation.load (unset: what the decode pool's minReplicas
     generate, with prompts in the ratio the prefill pool's minReplicas prefill)."""
+    # Here, not at the top: capacity.py imports (through kv_offload.py) vllm_server, which imports this.
+    from . import capacity
+
     spec, prefill = _spec(model), prefill_pool(model)
-    decode_row = pool_capacity(model, "short", model.short, decode_pool)
-    prefill_row = pool_capacity(model, "prefill", prefill, prefill_np)
+    decode_row = capacity.pool_capacity(model, "short", model.short, decode_pool)
+    prefill_row = capacity.pool_capacity(model, "prefill", prefill, prefill_np)
     p_rate, d_rate = prefill_row.prefill_tokens_s, decode_row.decode_tokens_s
     if spec.load is not None:
         prompt_s, output_s = spec.load.prompt_tokens_per_second, spec.load.output_tokens_per_second
@@ -228,6 +241,7 @@ def pd_sizing(model: ModelSpec, decode_pool: NodePoolSpec, prefill_np: NodePoolS
         prefill_usd_hour=replica_usd_hour(model, prefill_np), decode_usd_hour=replica_usd_hour(model, decode_pool),
         transport=how, transfer_s=prompt * model.kv_bytes_per_token / link, prefill_s=prompt / p_rate,
         itl_stretch=1 + (prompt_s / agg_p) / (output_s / d_rate),
+        decode_itl_s=min(decode_row.max_num_seqs, max(1, decode_row.seqs_fit)) / d_rate,
         configured_prefill=prefill.max_replicas, configured_decode=model.short.max_replicas)
 
 

@@ -26,6 +26,7 @@ from .cluster import (
     network,
     zones,
 )
+from .disaggregation import disaggregated_models
 from .fallback import fallbacks
 from .load_tests import load_tests
 from .monitoring import slo_alerts_reachable, traces_exportable
@@ -57,6 +58,7 @@ STACK_CHECKS: tuple[Callable[["StackConfig", Add], None], ...] = (
     hyperdisk_ml, node_disks, filestore_size, slo_alerts_reachable, load_tests,
     traces_exportable, multi_host_groups, cooldown_covers_wake, rollouts, fallbacks, picker_queue_within_backend_timeout,
     precise_prefix_cache,
+    disaggregated_models,  # models[].disaggregation
 )
 
 

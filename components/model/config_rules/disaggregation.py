@@ -1,0 +1,100 @@
+"""Prefill/decode disaggregation (models[].disaggregation) against the rest of the stack: the
+endpoint picker that schedules both pools, the prefill pool's node pool and its fit, the transport
+the machines have, and the vLLM options that would take the KV connector's place."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..capacity import pool_capacity
+from ..disaggregation import prefill_node_pool, prefill_pool, rdma_ready
+from ..specs import ModelSpec, NodePoolSpec, item_key, normalise_flag
+from .base import Add
+
+if TYPE_CHECKING:
+    from ..stack_config import StackConfig
+
+# vLLM options that set or replace the KV connector: --kv-offloading-size swaps it for its
+# OffloadingConnector (vllm 0.34.0 config/vllm.py:1079-1106), silently dropping NIXL.
+CONNECTOR_FLAGS = ("--kv-transfer-config", "--kv-offloading-size", "--kv-offloading-backend")
+
+
+def disaggregated_models(cfg: "StackConfig", add: Add) -> None:
+    dedicated = {m for t in cfg.tenants if t.dedicated for m in t.dedicated.models}
+    for i, model in enumerate(cfg.models):
+        if model.disaggregation is None:
+            continue
+        key = item_key("models", cfg.models, i)
+        _routing(add, key, model)
+        _options(add, key, model)
+        if model.name in dedicated:
+            add(f"{key}.disaggregation", f"model '{model.name}' is in a tenant's dedicated.models, and dedicated "
+                "replicas get no prefill pool yet; remove it from tenants[].dedicated.models or remove disaggregation")
+        pools = {p.name: p for p in cfg.node_pools}
+        name = prefill_node_pool(model)
+        prefill_np, decode_np = pools.get(name), pools.get(model.node_pool)
+        if prefill_np is None:
+            declared = ", ".join(pools) or "(none)"
+            add(f"{key}.disaggregation.prefill.nodePool", f"node pool '{name}' is not declared; use one of {declared} "
+                "or add it under vllm-gke:nodePools")
+            continue
+        _prefill_pool(add, key, model, prefill_np)
+        if decode_np is not None:
+            _transport(add, key, model, prefill_np, decode_np)
+
+
+def _routing(add: Add, key: str, model: ModelSpec) -> None:
+    if model.routing != "inference-gateway":
+        add(f"{key}.routing", f"is '{model.routing}', but disaggregation needs the endpoint picker: llm-d-router's "
+            "P/D scheduling picks the decode pod and the prefill pod of each request; set routing: inference-gateway "
+            "or remove disaggregation")
+    if model.short.min_replicas == 0:
+        add(f"{key}.short.minReplicas", "is 0, but the prefill pool keeps at least one replica: its GPUs would idle "
+            "while the model sleeps; set short.minReplicas to 1 or more, or remove disaggregation")
+    spec = model.disaggregation
+    assert spec is not None
+    longest = model.pool_max_model_len(model.short)
+    if spec.min_prompt_tokens >= longest:
+        add(f"{key}.disaggregation.minPromptTokens", f"{spec.min_prompt_tokens} is not below the decode pool's "
+            f"maxModelLen ({longest}): no prompt would ever be prefilled apart; lower it (default 256)")
+
+
+def _options(add: Add, key: str, model: ModelSpec) -> None:
+    """NIXL is the KV connector; anything else that sets one would replace it."""
+    for flag in model.extra_args:
+        if normalise_flag(flag.split("=", 1)[0]) in CONNECTOR_FLAGS:
+            add(f"{key}.extraArgs", f"'{flag}' sets vLLM's KV connector, which disaggregation sets to NixlConnector; "
+                "remove it from extraArgs")
+    if getattr(model, "kv_offload", None) is not None:
+        add(f"{key}.kvOffload", "and disaggregation both need vLLM's one KV connector: vLLM 0.34 replaces NIXL's with "
+            "its OffloadingConnector when offloading is on, and the decode pod could no longer read the prefill "
+            "pod's blocks; remove kvOffload or disaggregation")
+
+
+def _prefill_pool(add: Add, key: str, model: ModelSpec, node_pool: NodePoolSpec) -> None:
+    at = f"{key}.disaggregation.prefill"
+    accelerator = node_pool.machine.accelerator
+    if accelerator is None or node_pool.is_tpu or node_pool.gpu_partition_size:
+        what = ("a TPU pool" if node_pool.is_tpu else "MIG slices" if node_pool.gpu_partition_size
+                else "a CPU pool")
+        add(f"{at}.nodePool", f"pool '{node_pool.name}' is {what}: NIXL moves the KV cache between whole GPUs "
+            "(UCX cuda transports); use a GPU node pool without gpuPartitionSize")
+        return
+    if model.devices_per_replica > node_pool.slices_per_node and not model.multi_host:
+        add(f"{at}.nodePool", f"a replica takes {model.devices_per_replica} GPUs, more than a {node_pool.machine_type} "
+            f"node of pool '{node_pool.name}' has ({node_pool.slices_per_node}); use a larger machine")
+        return
+    row = pool_capacity(model, "prefill", prefill_pool(model), node_pool)
+    if not row.fits:
+        add(at, f"model '{model.name}' (prefill pool) on pool '{node_pool.name}': {row.problem}; {row.fix()} "
+            "(prefill.maxNumSeqs for the batch)")
+
+
+def _transport(add: Add, key: str, model: ModelSpec, prefill_np: NodePoolSpec, decode_np: NodePoolSpec) -> None:
+    spec = model.disaggregation
+    assert spec is not None
+    lacking = [p.name for p in (prefill_np, decode_np) if not rdma_ready(p)]
+    if spec.transport == "rdma" and lacking:
+        add(f"{key}.disaggregation.transport", f"is rdma, but pool {' and '.join(sorted(set(lacking)))} has no RDMA "
+            "NICs vllm-gke sets up (a3-highgpu-8g's GPUDirect-TCPX is not RDMA, and no extra node networks are "
+            "attached): set transport: tcp (or auto), and see the plan's P/D table for what TCP costs")
