@@ -16,6 +16,7 @@ from ..components.model.picker_wake import picker_wakes
 from ..policies.rules import POLICIES
 from .config import StackConfig
 from .contracts import CONTRACTS
+from .kv_offload_text import offload_lines
 from .disaggregation_text import pd_table
 from .plan import Plan
 from .plan_report import PlanReport, ResourceChecks
@@ -95,7 +96,9 @@ def _decisions(report: PlanReport, console: Console) -> None:
     v = report.verdicts
     capacity = capacity_table(v)
     # Pools at zero behind a picker: the wake against the queue's time-to-live (a warning where it is longer).
-    capacity.caption = escape("\n".join(w.line() for w in picker_wakes(report.plan.config))) or None
+    # With models[].kvOffload, what its host tier holds and costs (infra/kv_offload_text.py).
+    capacity.caption = escape("\n".join([*(w.line() for w in picker_wakes(report.plan.config)),
+                                         *offload_lines(report.plan.config, v)])) or None
     capacity.caption_justify = "left"
     console.print(fitted(capacity, console.width))
     console.print(fitted(cost_table(v), console.width))
@@ -196,14 +199,16 @@ def capacity_table(v: Verdicts) -> Table:
     table = Table(title="capacity per serving pool (GB per device: GPU, MIG slice or TPU chip; tokens/s "
                         "per replica, the roofline's)")
     for col in ("model", "pool", "node pool", "GB", "devices x hosts", "weights", "LoRA",
-                "KV budget", "KV tokens", "context", "seqs fit", "maxNumSeqs", "tokens/s", "fits", "to serve"):
+                "KV budget", "KV tokens", "host KV tokens", "context", "seqs fit", "maxNumSeqs", "tokens/s", "fits",
+                "to serve"):
         column(table, col, right=col not in ("model", "pool", "node pool"))
     for r in v.capacity:
         label = r.model + (f" ({r.tenant})" if r.tenant else "") + (f" canary {r.revision[:7]}" if r.canary else "")
         table.add_row(label, r.pool, r.node_pool,
                       f"{r.gpu_memory_gb:g}", f"{r.devices} x {r.hosts}", f"{r.weights_per_gpu_gb:.1f}",
                       f"{r.lora_per_gpu_gb:.2f}" if r.lora_per_gpu_gb else "-", f"{r.kv_budget_gb:.1f}",
-                      f"{r.tokens_fit:,}", f"{r.context_tokens:,}", str(r.seqs_fit),
+                      f"{r.tokens_fit:,}", f"{r.host_kv_tokens:,}" if r.host_kv_tokens else "-",
+                      f"{r.context_tokens:,}", str(r.seqs_fit),
                       str(r.max_num_seqs), f"{r.decode_tokens_s:,.0f}", "[green]yes[/]" if r.fits else "[red]no[/]",
                       f"{r.cold_start_s / 60:.1f} min")
     return table

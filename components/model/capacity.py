@@ -62,6 +62,10 @@ class PoolCapacity:
     # The pool's floor: the replicas that run at baseline (a canary's, its own), and its ceiling.
     min_replicas: int = 0
     max_replicas: int = 0
+    # The host KV tier (models[].kvOffload, kv_offload.with_host_tier): GiB a replica offloads to host memory and the
+    # tokens it holds beside the GPU's; it holds prefixes and preempted sequences, not a larger batch.
+    host_kv_gib: float = 0.0
+    host_kv_tokens: int = 0
 
     @property
     def fits(self) -> bool:

@@ -28,6 +28,7 @@ from .cluster import (
 )
 from .disaggregation import disaggregated_models
 from .fallback import fallbacks
+from .kv_offload import kv_offload
 from .load_tests import load_tests
 from .monitoring import slo_alerts_reachable, traces_exportable
 from .names import RESERVED_NAMESPACES, check_serving_namespace, issuers, namespaces, unique_names
@@ -57,7 +58,7 @@ STACK_CHECKS: tuple[Callable[["StackConfig", Add], None], ...] = (
     namespaces, vllm_release, inference_gateway, length_routing, global_limits, adapters, scale_to_zero,
     hyperdisk_ml, node_disks, filestore_size, slo_alerts_reachable, load_tests,
     traces_exportable, multi_host_groups, cooldown_covers_wake, rollouts, fallbacks, picker_queue_within_backend_timeout,
-    precise_prefix_cache,
+    precise_prefix_cache, kv_offload,
     disaggregated_models,  # models[].disaggregation
 )
 

@@ -14,6 +14,7 @@ from typing import Any, Literal, Mapping, Optional
 
 from ..capacity import hosts_per_replica
 from ..k8s_objects import BASE_LABELS, CONTAINER_SECURITY
+from ..kv_offload import offload_args, offload_resources, shm_size
 from ..node_pools import placement_for
 from ..picker_prefix import kv_events_annotations, kv_events_args, kv_events_env
 from ..serving_pool import startup_failure_threshold, startup_window_seconds
@@ -202,10 +203,13 @@ def _vllm_container(a: ServerPod, role: Role) -> dict[str, Any]:
         "image": a.image_uri,
         "command": ["python3", "/opt/vllm-gke/serve.py"],
         "args": [*vllm_args(a.model, a.pool, a.release, a.request_timeout_seconds, a.ttft_slo_seconds,
-                            a.traces_endpoint), *group_args(a.hosts, a.release, role), *events],
+                            a.traces_endpoint), *group_args(a.hosts, a.release, role), *events,
+                 *offload_args(a.model, a.node_pool)],
         "ports": [{"name": "http", "containerPort": PORT}],
         "env": [*group_env(a.hosts, a.release, role), *_env(a), *(kv_events_env() if events else [])],
-        "resources": container_resources(a.node_pool, pod_devices, scratch_gi(a.model, a.weights.through_fuse)),
+        # With models[].kvOffload, its pinned host buffer too (components/model/kv_offload.py).
+        "resources": offload_resources(container_resources(a.node_pool, pod_devices, scratch_gi(
+            a.model, a.weights.through_fuse)), a.model, a.node_pool),
         "securityContext": CONTAINER_SECURITY,
         # Model load plus warm-up can take many minutes: allow 30, or half as long again as the
         # plan's estimate where that is more (a 405B from a share), or the kubelet restarts a
@@ -241,7 +245,8 @@ def _env(a: ServerPod) -> list[dict[str, Any]]:
 
 
 def _volumes(a: ServerPod) -> list[dict[str, Any]]:
-    shm = "16Gi" if a.model.devices_per_replica > 1 else "2Gi"
+    # A host KV tier (models[].kvOffload) lives in /dev/shm: vLLM checks it all fits there.
+    shm = shm_size(16 if a.model.devices_per_replica > 1 else 2, a.model, a.node_pool)
     return [
         *(dict(v) for v in a.weights.volumes),
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},

@@ -44,6 +44,9 @@ from .disaggregation import (
 from .gateway import (
     GatewaySpec,
 )
+from .kv_offload import (
+    KvOffloadSpec,
+)
 from .models import (
     LORA_RANKS,
     MANAGED_VLLM_OPTIONS,
@@ -92,6 +95,7 @@ __all__ = [
     'AdapterSpec', 'AuthorizedNetwork', 'BudgetSpec', 'CanarySpec', 'Cidr', 'ClusterSpec', 'CostSpec', 'CustomShape',
     'DedicatedSpec', 'DisaggregationLoad', 'DisaggregationSpec', 'PrefillPoolSpec',
     'Email', 'GatewaySpec', 'GlobalLimitsSpec', 'Hostname', 'ImageRef', 'JwtSpec', 'K8sName',
+    'KvOffloadSpec',
     'LORA_RANKS', 'LoadStage', 'LoadTestSpec', 'SharedPrefixLoad', 'TokenLengths', 'TraceSpec',
     'MANAGED_VLLM_OPTIONS', 'MaintenanceExclusion', 'MaintenanceSpec', 'MaintenanceWindow',
     'MasterCidr', 'ModelSpec', 'MonitoringSpec', 'SloSpec', 'Name', 'NodePoolSpec',

@@ -30,6 +30,7 @@ from .base import (
     config_mapping,
 )
 from .disaggregation import DisaggregationSpec
+from .kv_offload import KvOffloadSpec
 
 # vLLM options the platform sets itself, by argparse dest, and the config key to use instead.
 MANAGED_VLLM_OPTIONS: dict[str, str] = {
@@ -71,6 +72,8 @@ MANAGED_VLLM_OPTIONS: dict[str, str] = {
     # The TTFT SLO cuts vLLM's histogram at monitoring.ttftSloSeconds, a bound the servers add.
     "custom_histogram_buckets": "set monitoring.ttftSloSeconds: the servers add it to their TTFT buckets, "
                                 "where the TTFT SLO cuts the histogram",
+    "kv_offloading_size": "set models[].kvOffload: the plan sizes it against the node's memory",
+    "kv_offloading_backend": "set models[].kvOffload",
 }
 _MANAGED_LONG_FLAGS = {f"--{d.replace('_', '-')}": d for d in MANAGED_VLLM_OPTIONS}
 _MANAGED_LONG_FLAGS.update({f"--no-{k[2:]}": d for k, d in list(_MANAGED_LONG_FLAGS.items())})
@@ -334,6 +337,10 @@ class ModelSpec(Spec):
     # Prefill/decode disaggregation: a prefill pool beside the decode pool (`short`), the KV cache
     # moved between them by vLLM's NIXL connector (routing: inference-gateway).
     disaggregation: Optional[DisaggregationSpec] = None
+    # Offload KV blocks that leave the GPU to the node's host memory (vLLM's native CPU offloading), so
+    # prefixes seen before and preempted sequences load back instead of being recomputed; the server's
+    # memory request and limit grow by its size. It does not raise the batch that runs at once.
+    kv_offload: Optional[KvOffloadSpec] = None
 
     @field_validator("source")
     @classmethod

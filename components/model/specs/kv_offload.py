@@ -1,0 +1,25 @@
+"""KV-cache offload to host memory (models[].kvOffload): vLLM's native CPU offloading, which keeps
+KV blocks that leave the GPU in pinned host memory of the server's pod, so a prefix seen before or
+a preempted sequence is loaded back instead of recomputed."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from .base import Spec
+
+
+class KvOffloadSpec(Spec):
+    """What the server passes vLLM as --kv-offloading-backend and --kv-offloading-size."""
+
+    # native: vLLM's own CPU offloading (its OffloadingConnector) into pinned host memory inside the
+    # server container. lmcache is refused: vLLM 0.34 runs it as a client of a separate LMCache server
+    # that this platform does not deploy, and the server image adds no lmcache package.
+    backend: Literal["native", "lmcache"] = "native"
+    # GiB of host memory one replica's offloaded KV cache takes, summed over its GPUs as vLLM counts
+    # it (--kv-offloading-size). Default: nine tenths of what the node has left for each replica after
+    # GKE's reservations, GKE's own pods and the replicas' other memory; the plan refuses a size that
+    # does not fit beside the other replicas on the node.
+    size_gb: Optional[float] = Field(default=None, gt=0, le=4096)

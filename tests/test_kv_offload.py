@@ -1,0 +1,247 @@
+"""KV-cache offload to host memory (models[].kvOffload): vLLM 0.34's native backend on the server's
+command line (parsed and resolved by the real vLLM where VLLM_PYTHON names it), the host memory it
+takes sized from the node after GKE's reservations and the other replicas, the refusals (a size that
+does not fit, lmcache, TPUs, with disaggregation), and the host tier in the plan's capacity table."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO_ROOT, vllm_deployments
+from vllm_gke.components.model import kv_offload as ko
+from vllm_gke.components.model.capacity import pool_capacity
+from vllm_gke.components.model.node_shapes import node_free
+from vllm_gke.components.model.specs import KvOffloadSpec, ModelSpec, NodePoolSpec, ServingPoolSpec, extra_arg_problem
+from vllm_gke.components.model.vllm_argv import check_argv, load_snapshot
+from vllm_gke.components.model.vllm_server import container_resources, vllm_args
+from vllm_gke.infra.config import ConfigError, parse
+from vllm_gke.infra.plan import Plan, read_stack_config, run_program
+
+H100 = NodePoolSpec(name="h100", machine_type="a3-highgpu-8g", disk_size_gb=400)
+MODEL = ModelSpec(name="llama-70b-offload", source="hf://meta-llama/Llama-3.3-70B-Instruct", shape="llama-3-70b",
+                  node_pool="h100", tensor_parallel_size=4, max_model_len=16384, kv_offload=KvOffloadSpec())
+# Llama 3 70B: 2 (K, V) x 80 layers x 8 KV heads x 128 x 2 bytes.
+LLAMA_70B_TOKEN = 2 * 80 * 8 * 128 * 2
+GIB = 1024 ** 3
+
+
+def sized(size: float | None, backend: str = "native", model: ModelSpec = MODEL) -> ModelSpec:
+    return model.model_copy(update={"kv_offload": KvOffloadSpec(backend=backend, size_gb=size)})  # type: ignore[arg-type]
+
+
+def test_default_size_is_nine_tenths_of_what_the_node_leaves_each_replica():
+    # a3-highgpu-8g after GKE's reservations and its pods, two TP-4 replicas a node, each with its
+    # 4/8 share of the node (792 GiB) and 1 GiB for its other containers.
+    free = node_free("a3-highgpu-8g", 400)[1] / 1024
+    share = int(container_resources(H100, 4)["limits"]["memory"].removesuffix("Gi"))
+    per_pod = (free - 2 * (share + ko.OTHER_CONTAINERS_GIB)) / 2
+    tier = ko.host_tier(MODEL, H100)
+    assert tier is not None and share == 792
+    assert tier.free_per_pod_gib == pytest.approx(per_pod)
+    assert tier.size_gib == int(0.9 * per_pod) == 108
+    assert tier.tokens == 108 * GIB // LLAMA_70B_TOKEN == 353_894
+
+
+def test_argv_resources_and_shm_carry_the_tier():
+    assert ko.offload_args(MODEL, H100) == ["--kv-offloading-backend", "native", "--kv-offloading-size", "108"]
+    res = ko.offload_resources(container_resources(H100, 4), MODEL, H100)
+    # Request == limit (Guaranteed QoS), both raised by the pinned buffer; the rest unchanged.
+    assert res["requests"]["memory"] == res["limits"]["memory"] == "900Gi"
+    assert res["limits"]["nvidia.com/gpu"] == "4"
+    # vLLM checks /dev/shm holds the whole buffer before creating it.
+    assert ko.shm_size(16, MODEL, H100) == "124Gi"
+    plain = MODEL.model_copy(update={"kv_offload": None})
+    assert ko.offload_args(plain, H100) == [] and ko.shm_size(16, plain, H100) == "16Gi"
+    assert ko.offload_resources(container_resources(H100, 4), plain, H100) == container_resources(H100, 4)
+
+
+def test_a_stated_size_is_used_as_is_and_its_tokens_follow():
+    model = sized(64)
+    assert ko.offload_args(model, H100)[-1] == "64"
+    assert ko.host_tier(model, H100).tokens == 64 * GIB // LLAMA_70B_TOKEN  # type: ignore[union-attr]
+    assert ko.offload_problems(model, H100) == []
+
+
+def test_across_hosts_each_pod_holds_its_share_and_shm_the_whole():
+    # 405B at TP 8 x PP 2 over two a3-highgpu-8g: vLLM's size is the replica's, over all 16 workers.
+    model = ModelSpec(name="big", source="hf://meta-llama/Llama-3.1-405B-Instruct", shape="llama-3.1-405b",
+                      node_pool="h100", tensor_parallel_size=8, pipeline_parallel_size=2, multi_host=True,
+                      dtype="fp8", kv_offload=KvOffloadSpec(size_gb=200))
+    tier = ko.host_tier(model, H100)
+    assert tier is not None and tier.hosts == 2 and tier.pod_gib == 100
+    assert ko.offload_resources(container_resources(H100, 8), model, H100)["limits"]["memory"] == f"{1584 + 100}Gi"
+    assert ko.shm_size(16, model, H100) == "216Gi"
+
+
+def test_host_bytes_count_each_rank_where_kv_heads_replicate():
+    # 8 KV heads over TP 16 ranks: each rank keeps a head, so the host holds 16 heads' worth a token.
+    wide = MODEL.model_copy(update={"tensor_parallel_size": 16})
+    assert ko.host_bytes_per_token(wide) == 2 * LLAMA_70B_TOKEN
+    assert ko.host_bytes_per_token(MODEL) == LLAMA_70B_TOKEN
+
+
+def test_capacity_rows_carry_the_host_tier_and_not_a_larger_batch():
+    pool = ServingPoolSpec(max_num_seqs=64, context_tokens=4096)
+    plain = pool_capacity(MODEL.model_copy(update={"kv_offload": None}), "short", pool, H100)
+    offload = ko.with_host_tier(pool_capacity(MODEL, "short", pool, H100), MODEL, H100)
+    assert (plain.host_kv_tokens, offload.host_kv_tokens, offload.host_kv_gib) == (0, 353_894, 108)
+    # Offload does not raise what runs at once: the GPU's tokens and sequences are the plain pool's.
+    assert (offload.tokens_fit, offload.seqs_fit, offload.decode_tokens_s) == \
+        (plain.tokens_fit, plain.seqs_fit, plain.decode_tokens_s)
+    assert ko.with_host_tier(plain, MODEL.model_copy(update={"kv_offload": None}), H100) is plain
+
+
+def test_the_vllm_flags_are_the_platforms_own():
+    assert "models[].kvOffload" in (extra_arg_problem("--kv-offloading-size") or "")
+    assert "models[].kvOffload" in (extra_arg_problem("--kv_offloading_backend=native") or "")
+
+
+def test_problems_name_the_key_and_the_fix(monkeypatch: pytest.MonkeyPatch):
+    (key, text), = ko.offload_problems(sized(500), H100)
+    assert key == "sizeGb" and "at most 120" in text and "leave it unset for 108" in text
+    (key, text), = ko.offload_problems(sized(None, "lmcache"), H100)
+    assert key == "backend" and "LMCacheMPConnector" in text and "use backend: native" in text
+    tpu = NodePoolSpec(name="v6e", machine_type="ct6e-standard-4t", tpu_topology="2x2")
+    (key, text), = ko.offload_problems(MODEL.model_copy(update={"node_pool": "v6e"}), tpu)
+    assert key == "backend" and "TPU" in text
+    # A node with no memory left beside its replicas (here: other containers that take what a
+    # g2-standard-4 leaves its server): the default has nothing to offer.
+    l4 = NodePoolSpec(name="l4", machine_type="g2-standard-4")
+    small = ModelSpec(name="q", source="hf://Qwen/Qwen2.5-1.5B-Instruct", shape="qwen2.5-1.5b", node_pool="l4",
+                      kv_offload=KvOffloadSpec())
+    assert ko.offload_problems(small, l4) == [] and ko.host_tier(small, l4).size_gib == 2  # type: ignore[union-attr]
+    monkeypatch.setattr(ko, "OTHER_CONTAINERS_GIB", 4.0)
+    (key, text), = ko.offload_problems(small, l4)
+    assert key == "sizeGb" and "no host memory left" in text
+
+
+@pytest.fixture(scope="module")
+def tuned() -> dict[str, Any]:
+    return read_stack_config("tuned")
+
+
+def _offload_model(values: dict[str, Any]) -> dict[str, Any]:
+    return next(m for m in values["vllm-gke:models"] if m["name"] == "llama-70b-offload")
+
+
+def _problems(values: dict[str, Any]) -> list[str]:
+    with pytest.raises(ConfigError) as exc:
+        parse(values)
+    return [str(i) for i in exc.value.issues]
+
+
+def test_the_stack_refuses_a_size_the_node_cannot_hold(tuned):
+    values = copy.deepcopy(tuned)
+    _offload_model(values)["kvOffload"] = {"backend": "native", "sizeGb": 400}
+    (problem,) = [p for p in _problems(values) if "kvOffload" in p]
+    assert "models[llama-70b-offload].kvOffload.sizeGb" in problem and "lower sizeGb to at most 120" in problem
+
+
+def test_the_stack_refuses_lmcache_with_the_reason(tuned):
+    values = copy.deepcopy(tuned)
+    _offload_model(values)["kvOffload"] = {"backend": "lmcache"}
+    (problem,) = [p for p in _problems(values) if "kvOffload" in p]
+    assert "models[llama-70b-offload].kvOffload.backend" in problem and "LMCache server" in problem
+
+
+def test_cli_exits_2_on_a_size_that_does_not_fit(tmp_path: Path, tuned):
+    values = copy.deepcopy(tuned)
+    _offload_model(values)["kvOffload"] = {"sizeGb": 4000}
+    (tmp_path / "Pulumi.bad.yaml").write_text(yaml.safe_dump({"config": values}))
+    result = subprocess.run([sys.executable, "-m", "vllm_gke.infra.cli", "plan", "--stack", "bad", "--stacks-dir",
+                             str(tmp_path), "--no-write"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "kvOffload.sizeGb" in result.stdout and "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def tuned_plan(tuned) -> Plan:
+    return run_program("tuned", tuned)
+
+
+def _vllm_container(plan: Plan, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    (d,) = [d for d in vllm_deployments(plan) if d["metadata"]["name"] == f"{name}-short"]
+    spec = d["spec"]["template"]["spec"]
+    return next(c for c in spec["containers"] if c["name"] == "vllm"), spec
+
+
+def test_the_tuned_stack_serves_the_offload_variant_beside_the_plain_one(tuned_plan: Plan):
+    offload, spec = _vllm_container(tuned_plan, "llama-70b-offload")
+    plain, plain_spec = _vllm_container(tuned_plan, "llama-70b")
+    assert offload["args"][-4:] == ["--kv-offloading-backend", "native", "--kv-offloading-size", "108"]
+    assert "--kv-offloading-size" not in plain["args"]
+    assert offload["resources"]["limits"]["memory"] == "900Gi" == offload["resources"]["requests"]["memory"]
+    assert plain["resources"]["limits"]["memory"] == "792Gi"
+    (shm,) = [v for v in spec["volumes"] if v["name"] == "dshm"]
+    assert shm["emptyDir"]["sizeLimit"] == "124Gi"
+    assert check_argv(offload["args"], load_snapshot("0.34.0")) == []
+
+
+def test_the_plan_shows_the_host_tier_and_what_it_does_not_do(tuned_plan: Plan):
+    from vllm_gke.infra.kv_offload_text import offload_lines
+    from vllm_gke.infra.report import verdicts
+
+    v = verdicts(tuned_plan)
+    rows = {r.model: r for r in v.capacity if r.pool == "short" and not r.tenant}
+    assert rows["llama-70b-offload"].host_kv_tokens == 353_894 and rows["llama-70b"].host_kv_tokens == 0
+    (line,) = offload_lines(tuned_plan.config, v)
+    assert "353,894 tokens" in line and "the running batch stays 64" in line and "$0 more" in line
+    assert "LMCache instead" in line and "pays only for prompts that share prefixes" in line
+
+
+# The server's argv as `vllm serve` parses it, resolved into vLLM's own engine config (the platform
+# stubbed to CPU: this machine has no GPU): the offloading connector, its bytes and its role.
+ENGINE_CONFIG = """
+import json, sys
+import vllm.platforms as platforms
+from vllm.platforms.cpu import CpuPlatform
+CpuPlatform.check_and_update_config = classmethod(lambda cls, c: None)
+platforms._current_platform = CpuPlatform()
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.engine.arg_utils import AsyncEngineArgs
+parser = make_arg_parser(FlexibleArgumentParser())
+args = parser.parse_args(json.loads(sys.argv[1]))
+args.model = args.model_tag
+validate_parsed_serve_args(args)
+vc = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+k = vc.kv_transfer_config
+print(json.dumps({"size": vc.cache_config.kv_offloading_size, "backend": vc.cache_config.kv_offloading_backend,
+                  "connector": k.kv_connector, "role": k.kv_role, "extra": k.kv_connector_extra_config}))
+"""
+
+
+def vllm_python() -> str:
+    python = os.environ.get("VLLM_PYTHON", "")
+    if not python:
+        if os.environ.get("CI"):
+            pytest.fail("CI checks the KV-offload flags against the pinned vLLM: set VLLM_PYTHON")
+        pytest.skip("VLLM_PYTHON (a python with the pinned vllm) is not set")
+    return python
+
+
+def test_vllm_0_34_resolves_the_argv_into_its_offloading_connector(tmp_path: Path):
+    python = vllm_python()
+    model_dir = tmp_path / "model"
+    subprocess.run([python, "-m", "benchmarks.vllm_fake_engine", "make-model", str(model_dir)], cwd=REPO_ROOT,
+                   check=True, capture_output=True)
+    # The fake model is tiny and one CPU serves it: tensor parallel 1, the tier as the platform writes it.
+    model = MODEL.model_copy(update={"tensor_parallel_size": 1, "max_model_len": 256})
+    argv = [str(model_dir), *vllm_args(model, ServingPoolSpec(max_num_seqs=4))[1:], *ko.offload_args(MODEL, H100)]
+    argv = [a for a in argv if not a.startswith("--middleware") and a != "vllm_gke_guard.GuardMiddleware"]
+    out = subprocess.run([python, "-c", ENGINE_CONFIG, json.dumps(argv)], capture_output=True, text=True,
+                         cwd=REPO_ROOT, env={**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (got["size"], got["backend"], got["connector"], got["role"]) == (108, "native", "OffloadingConnector",
+                                                                            "kv_both")
+    assert got["extra"]["cpu_bytes_to_use"] == 108 * GIB
