@@ -353,6 +353,11 @@ class GpuCluster(pulumi.ComponentResource):
         }
         if spec.gpu_partition_size:
             accelerator["gpu_partition_size"] = spec.gpu_partition_size
+        if spec.gpu_sharing:
+            # Each GPU offered to this many pods, which take turns on it (models[].sleepMode swaps them).
+            accelerator["gpu_sharing_config"] = {
+                "gpu_sharing_strategy": spec.gpu_sharing.strategy,
+                "max_shared_clients_per_gpu": spec.gpu_sharing.max_shared_clients_per_gpu}
         return gcp.container.NodePool(
             f"{name}-{pool.name}", name=pool.name, project=args.project, location=args.region,
             cluster=self.cluster.name,

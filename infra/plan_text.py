@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..components.model.picker_wake import picker_wakes
+from ..components.model.sleep_mode import swap_lines
 from ..policies.rules import POLICIES
 from .config import StackConfig
 from .contracts import CONTRACTS
@@ -105,6 +106,8 @@ def _decisions(report: PlanReport, console: Console) -> None:
     console.print(fitted(options_table(report.plan.config, v), console.width))
     if (pd := pd_table(report.plan.config)) is not None:  # models[].disaggregation against aggregated
         console.print(fitted(pd, console.width))
+    for line in swap_lines(report.plan.config):  # models[].sleepMode: memory, wake against cold start, trade-off
+        console.print(escape(line), highlight=False)
     if v.rollouts:
         console.print(whole_or_records(rollouts_table(v), console.width))
     for warning in v.warnings:

@@ -43,6 +43,10 @@ def placement_for(pool: NodePoolSpec) -> Placement:
     tolerations = [{"key": acc.resource, "operator": "Exists", "effect": "NoSchedule"}]
     if pool.gpu_partition_size:
         selector["cloud.google.com/gke-gpu-partition-size"] = pool.gpu_partition_size
+    if pool.gpu_sharing:
+        # GKE's labels on time-shared nodes; a pod without them is not placed on a shared GPU.
+        selector["cloud.google.com/gke-gpu-sharing-strategy"] = pool.gpu_sharing.strategy.lower().replace("_", "-")
+        selector["cloud.google.com/gke-max-shared-clients-per-gpu"] = str(pool.gpu_sharing.max_shared_clients_per_gpu)
     if pool.has_fallback_pool:
         # The ComputeClass chooses spot first, then the on-demand twin.
         selector[COMPUTE_CLASS_LABEL] = pool.name

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from . import disaggregation, gcs_weights
 from .specs import ModelSpec, NodePoolSpec, ServingPoolSpec
+from .sleep_mode import sleep_args
 from .vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release, ttft_buckets_with
 from .weights_layout import SERVER_UID, adapter_copies, model_dir, ready_marker, served_files_gb
 
@@ -128,6 +129,7 @@ def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: Optional[VllmRelease
         args += ["--otlp-traces-endpoint", traces_endpoint]
     # Prefill/decode disaggregation: NIXL's role for this pool's engine (components/model/disaggregation.py).
     args += disaggregation.pool_kv_args(model, pool)
+    args += sleep_args(model)  # models[].sleepMode: --enable-sleep-mode
     args += ["--middleware", GUARD_MIDDLEWARE]
     return args + list(model.extra_args)
 

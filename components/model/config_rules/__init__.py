@@ -47,6 +47,7 @@ from .placement import (
 from .release import check_extra_args, check_image_tag, vllm_release
 from .rollouts import rollouts
 from .scaling import cooldown_covers_wake
+from .sleep_mode import sleep_mode
 from .tenants import adapters, check_tenant_cap, check_tenant_limits, external_gateway, global_limits, tenant_models
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ STACK_CHECKS: tuple[Callable[["StackConfig", Add], None], ...] = (
     hyperdisk_ml, node_disks, filestore_size, slo_alerts_reachable, load_tests,
     traces_exportable, multi_host_groups, cooldown_covers_wake, rollouts, fallbacks, picker_queue_within_backend_timeout,
     precise_prefix_cache, kv_offload,
+    sleep_mode,  # models[].sleepMode with nodePools[].gpuSharing
     disaggregated_models,  # models[].disaggregation
 )
 

@@ -17,6 +17,7 @@ from ..k8s_objects import BASE_LABELS, CONTAINER_SECURITY
 from ..kv_offload import offload_args, offload_resources, shm_size
 from ..node_pools import placement_for
 from ..picker_prefix import kv_events_annotations, kv_events_args, kv_events_env
+from ..sleep_mode import swap_env
 from ..serving_pool import startup_failure_threshold, startup_window_seconds
 from ..specs import ModelSpec, NodePoolSpec, ServingPoolSpec
 from ..vllm_server import (
@@ -241,6 +242,7 @@ def _env(a: ServerPod) -> list[dict[str, Any]]:
         {"name": STARTUP_WINDOW_ENV, "value": str(startup_window_seconds(a.load_seconds))},
         {"name": GUARD_CONFIG_ENV, "value": json.dumps(dict(a.guard_config), sort_keys=True)},
         *(trace_env(a.trace_sample_ratio, a.service_name) if a.traces_endpoint else []),
+        *swap_env(a.model),  # models[].sleepMode: the lease's node and holder
     ]
 
 

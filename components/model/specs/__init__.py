@@ -78,6 +78,10 @@ from .picker import (
     PickerScorers,
     PickerSpec,
 )
+from .sleep_mode import (
+    GpuSharingSpec,
+    SleepModeSpec,
+)
 from .tenants import (
     DedicatedSpec,
     GlobalLimitsSpec,
@@ -94,6 +98,7 @@ from .weights import (
 __all__ = [
     'AdapterSpec', 'AuthorizedNetwork', 'BudgetSpec', 'CanarySpec', 'Cidr', 'ClusterSpec', 'CostSpec', 'CustomShape',
     'DedicatedSpec', 'DisaggregationLoad', 'DisaggregationSpec', 'PrefillPoolSpec',
+    'GpuSharingSpec', 'SleepModeSpec',
     'Email', 'GatewaySpec', 'GlobalLimitsSpec', 'Hostname', 'ImageRef', 'JwtSpec', 'K8sName',
     'KvOffloadSpec',
     'LORA_RANKS', 'LoadStage', 'LoadTestSpec', 'SharedPrefixLoad', 'TokenLengths', 'TraceSpec',

@@ -31,6 +31,7 @@ from .base import (
     UtcTime,
     gke_version,
 )
+from .sleep_mode import GpuSharingSpec
 
 
 class AuthorizedNetwork(Spec):
@@ -216,6 +217,9 @@ class NodePoolSpec(Spec):
     # With a fallback pool: move pods back to spot when it returns. Off by default: it evicts warm
     # replicas that then reload their weights, a visible outage on single-replica pools.
     spot_return_migration: bool = False
+    # GKE GPU time-sharing: each GPU offered to several pods, which take turns (no memory
+    # isolation: only models with sleepMode run here, one awake per GPU).
+    gpu_sharing: Optional[GpuSharingSpec] = None
 
     @field_validator("machine_type")
     @classmethod
@@ -260,6 +264,12 @@ class NodePoolSpec(Spec):
         return v
 
     @model_validator(mode="after")
+    def _sharing_on_gpus(self) -> "NodePoolSpec":
+        if self.gpu_sharing is not None and self.machine.is_tpu:
+            raise ValueError(f"gpuSharing time-shares GPUs; {self.machine_type} is a TPU machine: remove it")
+        return self
+
+    @model_validator(mode="after")
     def _twin_name(self) -> "NodePoolSpec":
         if self.has_fallback_pool and len(f"{self.name}-ondemand") > 40:
             raise ValueError(f"name '{self.name}' is too long for a spot pool: its on-demand twin "
@@ -300,9 +310,11 @@ class NodePoolSpec(Spec):
 
     @property
     def slices_per_node(self) -> int:
-        """Schedulable `nvidia.com/gpu` units per node (MIG instances count one each)."""
+        """Schedulable `nvidia.com/gpu` units per node (MIG instances count one each; a time-shared
+        GPU, as many as its shared clients: GKE advertises each as a unit)."""
         assert self.machine.accelerator is not None
-        return self.machine.gpus * self.machine.accelerator.slices_per_gpu(self.gpu_partition_size)
+        shared = self.gpu_sharing.max_shared_clients_per_gpu if self.gpu_sharing else 1
+        return self.machine.gpus * self.machine.accelerator.slices_per_gpu(self.gpu_partition_size) * shared
 
     @property
     def has_fallback_pool(self) -> bool:

@@ -30,6 +30,7 @@ from .base import (
     config_mapping,
 )
 from .disaggregation import DisaggregationSpec
+from .sleep_mode import SleepModeSpec
 from .kv_offload import KvOffloadSpec
 
 # vLLM options the platform sets itself, by argparse dest, and the config key to use instead.
@@ -337,6 +338,9 @@ class ModelSpec(Spec):
     # Prefill/decode disaggregation: a prefill pool beside the decode pool (`short`), the KV cache
     # moved between them by vLLM's NIXL connector (routing: inference-gateway).
     disaggregation: Optional[DisaggregationSpec] = None
+    # Sleep mode on a time-shared GPU (its node pool's gpuSharing): the model sleeps while another
+    # on the same GPU serves, and wakes in seconds for its next request instead of a cold start.
+    sleep_mode: Optional[SleepModeSpec] = None
     # Offload KV blocks that leave the GPU to the node's host memory (vLLM's native CPU offloading), so
     # prefixes seen before and preempted sequences load back instead of being recomputed; the server's
     # memory request and limit grow by its size. It does not raise the batch that runs at once.
