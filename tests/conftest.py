@@ -10,7 +10,7 @@ import pytest
 
 from vllm_gke.infra.plan import REPO_ROOT, Plan, read_stack_config, run_program  # noqa: F401 (REPO_ROOT for tests)
 
-STACKS = ("dev", "staging", "prod", "frontier")
+STACKS = ("dev", "staging", "prod", "frontier", "tuned")
 
 # The CLI prints at the terminal's width (80 where output is not one): the tests that read its text
 # read it as a wide terminal shows it; tests/test_plan_cli.py checks a narrow one on its own.

@@ -32,8 +32,9 @@ def one_issue(values: dict[str, Any]) -> str:
 @pytest.mark.parametrize("stack", STACKS)
 def test_shipped_stacks_parse(stack_values, stack):
     cfg = parse(stack_values[stack])
-    # frontier is a prod environment of its own (the large-model and TPU stack).
-    assert cfg.environment == {"frontier": "prod"}.get(stack, stack)
+    # frontier is a prod environment of its own (the large-model and TPU stack), tuned a staging one
+    # (the serving features beside the plain model).
+    assert cfg.environment == {"frontier": "prod", "tuned": "staging"}.get(stack, stack)
     assert cfg.node_pools and cfg.models
 
 
