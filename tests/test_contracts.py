@@ -406,6 +406,16 @@ def _rollback_alert_by_namespace(plan):
     condition["query"] = condition["query"].replace("exported_namespace", "namespace")
 
 
+def _offload_vllm(plan):
+    """The vLLM container and pod spec of the tuned stack's KV-offload variant."""
+    spec = _kube(plan, "Deployment", "llama-70b-offload-short").props["spec"]["template"]["spec"]
+    return next(c for c in spec["containers"] if c["name"] == "vllm"), spec
+
+
+def _set_arg(args, flag, value):
+    args[args.index(flag) + 1] = value
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_owns_external_metrics": ("dev", _add_external_apiservice, "second owner"),
     "keda_ports_open_on_private_clusters": ("prod", _no_firewall, "tcp:6443, 9443"),
@@ -494,6 +504,17 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "flagger_tracks_no_config": ("prod", lambda p: _flagger_values(p).update(configTracking={"enabled": True}),
                                  "config tracking is on"),
     "flagger_alert_reads_its_metrics": ("prod", _rollback_alert_by_namespace, "reads the Canary's namespace from `namespace`"),
+    "offload_flags_are_the_replicas_tier": ("tuned", lambda p: _set_arg(_offload_vllm(p)[0]["args"],
+                                                                         "--kv-offloading-size", "27"),
+                                            "not native and the replica's host tier"),
+    "offload_buffer_in_shm_and_the_memory_limit": ("tuned", lambda p: next(
+        v for v in _offload_vllm(p)[1]["volumes"] if v["name"] == "dshm")["emptyDir"].update(sizeLimit="16Gi"),
+        "/dev/shm is smaller"),
+    "offload_does_not_raise_the_batch": ("tuned", lambda p: _set_arg(_offload_vllm(p)[0]["args"], "--max-num-seqs",
+                                                                      "400"), "runs 400 sequences"),
+    "offload_takes_the_kv_connector": ("tuned", lambda p: _set_arg(_offload_vllm(p)[0]["args"],
+                                                                    "--kv-offloading-backend", "lmcache"),
+                                       "separate LMCache server"),
 }
 
 

@@ -12,7 +12,8 @@ vllm.py, istio.py, gcsfuse.py (the Cloud Storage FUSE CSI driver), limit_store.p
 kubectl.py, loader.py (weight loading: vLLM's rule, huggingface_hub), populator.py (GKE Volume
 Populator), billing.py (the Cloud Billing Budget API), collector.py (traces: vLLM's exporter, the
 OpenTelemetry Collector), load_test.py (inference-perf), lws.py (LeaderWorkerSet, vLLM across
-hosts), gpu_network.py (Compute Engine's network between GPU hosts) and flagger.py (Flagger, its
+hosts), gpu_network.py (Compute Engine's network between GPU hosts), kv_offload.py (vLLM's KV-cache offload to host
+memory) and flagger.py (Flagger, its
 PromQL frontend and loadtester, the canaries' rollouts); base.py holds the Contract row and the
 plan helpers they share. This module assembles the table in that order.
 """
@@ -34,6 +35,7 @@ from . import (
     istio,
     keda,
     kubectl,
+    kv_offload,
     limit_store,
     load_test,
     loader,
@@ -79,6 +81,12 @@ from .keda import (
     keda_scales_every_pool,
 )
 from .kubectl import kubectl_cache_is_writable
+from .kv_offload import (
+    offload_buffer_in_shm_and_the_memory_limit,
+    offload_does_not_raise_the_batch,
+    offload_flags_are_the_replicas_tier,
+    offload_takes_the_kv_connector,
+)
 from .limit_store import redis_writes_nothing_and_scripts_obey_the_acl
 from .load_test import inference_perf_runs_as_the_tenant
 from .loader import loader_copies_what_vllm_opens, loader_writes_only_to_volumes
@@ -143,6 +151,8 @@ __all__ = [
     "flagger_queries_the_frontend", "flagger_rewrites_only_the_workload_label",
     "flagger_scales_the_primary_by_named_triggers", "flagger_tracks_no_config", "flagger_webhooks_reach_the_loadtester",
     "flagger_webhooks_start_the_load_test",
+    "offload_buffer_in_shm_and_the_memory_limit", "offload_does_not_raise_the_batch",
+    "offload_flags_are_the_replicas_tier", "offload_takes_the_kv_connector",
 ]
 
 CONTRACTS: tuple[Contract, ...] = (
@@ -150,6 +160,7 @@ CONTRACTS: tuple[Contract, ...] = (
     *loader.ROWS, *populator.ROWS, *billing.ROWS,
     *collector.ROWS, *load_test.ROWS, *lws.ROWS, *gpu_network.ROWS,
     *monitoring.ROWS, *flagger.ROWS,
+    *kv_offload.ROWS,
 )
 
 
