@@ -28,7 +28,8 @@ def pd_table(cfg: StackConfig) -> Optional[Table]:
     table = Table(title="prefill/decode disaggregation against the same model aggregated, at the load it is sized for "
                         "(the roofline's rates; TTFT without queueing)")
     for col in ("model", "layout", "replicas", "GPUs", "$/h", "$/M output", "inter-token", "TTFT", "pays"):
-        table.add_column(col, justify="left" if col in ("model", "layout", "pays") else "right")
+        # Folded where the terminal is narrow, never cut (as plan_text.column).
+        table.add_column(col, justify="left" if col in ("model", "layout", "pays") else "right", overflow="fold")
     for s in sizings:
         agg_hour = s.aggregated_replicas * s.decode_usd_hour
         pd_hour = s.prefill_replicas * s.prefill_usd_hour + s.decode_replicas * s.decode_usd_hour

@@ -406,6 +406,25 @@ def _rollback_alert_by_namespace(plan):
     condition["query"] = condition["query"].replace("exported_namespace", "namespace")
 
 
+
+def _pd_vllm(plan):
+    """The vLLM container of the tuned stack's disaggregated decode pool (beside the routing sidecar)."""
+    spec = _kube(plan, "Deployment", "llama-70b-pd-short").props["spec"]["template"]["spec"]
+    return next(c for c in spec["containers"] if c["name"] == "vllm")
+
+
+def _decode_kv(plan, update):
+    """Its --kv-transfer-config updated."""
+    args = _pd_vllm(plan)["args"]
+    i = args.index("--kv-transfer-config") + 1
+    args[i] = json.dumps({**json.loads(args[i]), **update})
+
+
+def _side_channel_on_localhost(plan):
+    c = _pd_vllm(plan)
+    c["env"] = [e for e in c["env"] if e["name"] != "VLLM_NIXL_SIDE_CHANNEL_HOST"]
+
+
 def _offload_vllm(plan):
     """The vLLM container and pod spec of the tuned stack's KV-offload variant."""
     spec = _kube(plan, "Deployment", "llama-70b-offload-short").props["spec"]["template"]["spec"]
@@ -515,6 +534,10 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "offload_takes_the_kv_connector": ("tuned", lambda p: _set_arg(_offload_vllm(p)[0]["args"],
                                                                     "--kv-offloading-backend", "lmcache"),
                                        "separate LMCache server"),
+    "nixl_role_per_pod": ("tuned", lambda p: _decode_kv(p, {"kv_role": "kv_both"}), "kv_both is deprecated"),
+    "nixl_side_channel_on_the_pod_ip": ("tuned", _side_channel_on_localhost, "cannot reach the prefill engine"),
+    "nixl_connector_not_replaced": ("tuned", lambda p: _pd_vllm(p)["args"].extend(
+        ["--kv-offloading-size", "40"]), "replaces NixlConnector"),
 }
 
 

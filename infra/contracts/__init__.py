@@ -12,7 +12,8 @@ vllm.py, istio.py, gcsfuse.py (the Cloud Storage FUSE CSI driver), limit_store.p
 kubectl.py, loader.py (weight loading: vLLM's rule, huggingface_hub), populator.py (GKE Volume
 Populator), billing.py (the Cloud Billing Budget API), collector.py (traces: vLLM's exporter, the
 OpenTelemetry Collector), load_test.py (inference-perf), lws.py (LeaderWorkerSet, vLLM across
-hosts), gpu_network.py (Compute Engine's network between GPU hosts), kv_offload.py (vLLM's KV-cache offload to host
+hosts), gpu_network.py (Compute Engine's network between GPU hosts), disaggregation.py (vLLM's NIXL
+connector between prefill and decode pods), kv_offload.py (vLLM's KV-cache offload to host
 memory) and flagger.py (Flagger, its
 PromQL frontend and loadtester, the canaries' rollouts); base.py holds the Contract row and the
 plan helpers they share. This module assembles the table in that order.
@@ -28,6 +29,7 @@ from ..plan import Plan
 from . import (
     billing,
     collector,
+    disaggregation,
     flagger,
     gateway,
     gcsfuse,
@@ -48,6 +50,7 @@ from . import (
 from .base import Check, Contract
 from .billing import budget_api_accepts_the_budget
 from .collector import collector_listens_and_writes_to_trace, vllm_exports_traces_as_configured
+from .disaggregation import nixl_connector_not_replaced, nixl_role_per_pod, nixl_side_channel_on_the_pod_ip
 from .flagger import (
     flagger_alert_reads_its_metrics,
     flagger_deadline_outlasts_the_wake,
@@ -153,13 +156,14 @@ __all__ = [
     "flagger_webhooks_start_the_load_test",
     "offload_buffer_in_shm_and_the_memory_limit", "offload_does_not_raise_the_batch",
     "offload_flags_are_the_replicas_tier", "offload_takes_the_kv_connector",
+    "nixl_connector_not_replaced", "nixl_role_per_pod", "nixl_side_channel_on_the_pod_ip",
 ]
 
 CONTRACTS: tuple[Contract, ...] = (
     *keda.ROWS, *picker.ROWS, *gateway.ROWS, *vllm.ROWS, *istio.ROWS, *gcsfuse.ROWS, *limit_store.ROWS, *kubectl.ROWS,
     *loader.ROWS, *populator.ROWS, *billing.ROWS,
     *collector.ROWS, *load_test.ROWS, *lws.ROWS, *gpu_network.ROWS,
-    *monitoring.ROWS, *flagger.ROWS,
+    *monitoring.ROWS, *flagger.ROWS, *disaggregation.ROWS,
     *kv_offload.ROWS,
 )
 
