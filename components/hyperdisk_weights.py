@@ -37,7 +37,7 @@ from .model.catalog import populator_vcpus
 from .model.specs import ModelSpec
 from .model.vllm_versions import VllmRelease
 from .model.weights_backends import STORAGE_API
-from .model.weights_layout import MOUNT_PATH, WeightCopy, adapter_copies, loader_command, model_dir, reads, weight_copies
+from .model.weights_layout import MOUNT_PATH, WeightCopy, loader_command, model_dir, reads, side_copies, weight_copies
 from .model.weights_mount import WeightsMount, claims_mount
 from .options import child_opts
 from .weights_bucket import BucketStorage
@@ -236,9 +236,9 @@ class HyperdiskStorage(BucketStorage):
             opts=child_opts(site.store, site.opts))
 
     def claims_for(self, consumer: str, model: ModelSpec) -> dict[str, str]:
-        """Mount directory -> claim, for the model's weights and its adapters in the consumer's namespace."""
+        """Mount directory -> claim, for the model's weights, its adapters and its draft in the consumer's namespace."""
         claims = self.disks.claims[consumer]
-        return {d: claims[d] for d in (model_dir(model), *(a.directory for a in adapter_copies(model)))}
+        return {d: claims[d] for d in (model_dir(model), *(a.directory for a in side_copies(model)))}
 
     def mount_for(self, consumer: str, model: ModelSpec) -> WeightsMount:
         return claims_mount(self.claims_for(consumer, model))

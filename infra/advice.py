@@ -17,6 +17,7 @@ from ..components.model.weights_backends import backend_of
 from ..components.model.weights_layout import LOW_RANGE_MAX_GB, REGIONAL_TIERS, weight_copies
 from .config import StackConfig
 from .pricing import PRICE_REGION
+from .speculative_plan import speculative_trade_offs
 
 
 def hyperdisk_disks(cfg: StackConfig) -> int:
@@ -267,5 +268,5 @@ CONFIG_CHECKS: tuple[Callable[[StackConfig], list[str]], ...] = (
     hyperdisk_unpriced, single_replica_pools, rollout_needs, rollout_trade_offs, long_rollouts, spot_pools, slow_cold_starts,
     picker_first_requests, picker_queue_past_the_callout, adapters_miss, ttft_between_buckets, budget_channels,
     no_dataplane_v2, uncalled_models, interconnect_warnings,
-    foreign_region_prices, open_control_plane,
+    foreign_region_prices, open_control_plane, speculative_trade_offs,
 )

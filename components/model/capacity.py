@@ -5,8 +5,10 @@ holding 1/P of the layers:
     usable    = device memory x gpuMemoryUtilization
     weights   = params x bytes per weight / (tensorParallelSize x P)
     lora      = LoRA slots (maxLoras) x the largest adapter rank's A and B matrices / (TP x P)
-    kv budget = usable - weights - lora - RUNTIME_OVERHEAD_GB (runtime context, activations, graphs)
+    draft     = a speculative draft's weights / TP (models[].speculative: all on one stage)
+    kv budget = usable - weights - lora - draft - RUNTIME_OVERHEAD_GB (runtime context, activations, graphs)
     kv/token  = 2 x layers x kv_heads x head_dim x kv bytes / (min(TP, kv_heads) x P)
+                + the draft's layers' KV per token / min(TP, its kv_heads)
 A pool fits when its KV budget holds maxNumSeqs sequences of its stated context
 (`contextTokens`, default the pool's maxModelLen) and at least one maxModelLen sequence,
 which vLLM itself refuses to start without.
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from .specs import ModelSpec, NodePoolSpec, ServingPoolSpec
+from .speculative import draft_kv_per_device, draft_per_device_gb, speculation
 from .throughput import Throughput, roofline, slice_of
 
 if TYPE_CHECKING:
@@ -62,6 +65,9 @@ class PoolCapacity:
     # The pool's floor: the replicas that run at baseline (a canary's, its own), and its ceiling.
     min_replicas: int = 0
     max_replicas: int = 0
+    # A speculative draft's weights per GPU (models[].speculative, speculative.py); its KV cache is in
+    # kv_bytes_per_token_per_gpu beside the model's.
+    draft_per_gpu_gb: float = 0.0
     # The host KV tier (models[].kvOffload, kv_offload.with_host_tier): GiB a replica offloads to host memory and the
     # tokens it holds beside the GPU's; it holds prefixes and preempted sequences, not a larger batch.
     host_kv_gib: float = 0.0
@@ -75,6 +81,7 @@ class PoolCapacity:
     def problem(self) -> Optional[str]:
         if self.kv_budget_gb <= 0:
             lora = f" + {self.lora_per_gpu_gb:.2f} GB of LoRA adapters" if self.lora_per_gpu_gb else ""
+            lora += f" + {self.draft_per_gpu_gb:.2f} GB of speculative draft" if self.draft_per_gpu_gb else ""
             return (f"weights need {self.weights_per_gpu_gb:.1f} GB per GPU{lora} + {RUNTIME_OVERHEAD_GB:g} GB runtime "
                     f"overhead, but only {self.usable_gb:.1f} GB of {self.gpu_memory_gb:g} GB is usable")
         if self.tokens_fit < self.max_model_len:
@@ -112,10 +119,11 @@ def pool_capacity(model: ModelSpec, which: str, pool: ServingPoolSpec, node_pool
     usable = memory * model.gpu_memory_utilization
     weights = model.weights_gb / (tp * pp)
     lora = model.lora_gb() / (tp * pp)
-    budget = usable - weights - lora - RUNTIME_OVERHEAD_GB
+    draft = draft_per_device_gb(model)  # a speculative draft's weights (0 without one)
+    budget = usable - weights - lora - draft - RUNTIME_OVERHEAD_GB
     # KV heads shard across tensor-parallel ranks (with fewer heads than ranks they are
     # replicated); each pipeline stage caches only its own layers.
-    per_token = model.kv_bytes_per_token / (min(tp, shape.kv_heads) * pp)
+    per_token = model.kv_bytes_per_token / (min(tp, shape.kv_heads) * pp) + draft_kv_per_device(model)
     tokens = max(0, int(budget * GB // per_token))
     max_len = model.pool_max_model_len(pool)
     context = pool.context_tokens or max_len
@@ -130,7 +138,8 @@ def pool_capacity(model: ModelSpec, which: str, pool: ServingPoolSpec, node_pool
         min_replicas=pool.min_replicas, max_replicas=pool.max_replicas,
         lora_per_gpu_gb=lora, devices=model.devices_per_replica, hosts=hosts, accelerator=acc.gke_type if acc else "",
         decode_tokens_s=speed.decode_tokens_s if speed else 0.0,
-        prefill_tokens_s=speed.prefill_tokens_s if speed else 0.0, decode_bound=speed.bound if speed else "")
+        prefill_tokens_s=speed.prefill_tokens_s if speed else 0.0, decode_bound=speed.bound if speed else "",
+        draft_per_gpu_gb=draft)
 
 
 def _speed(model: ModelSpec, pool: ServingPoolSpec, node_pool: NodePoolSpec, hosts: int, tokens: int,
@@ -139,10 +148,11 @@ def _speed(model: ModelSpec, pool: ServingPoolSpec, node_pool: NodePoolSpec, hos
     a GPU replica across hosts talks over the machine's TCP bandwidth."""
     acc = node_pool.machine.accelerator
     assert acc is not None
+    batch = min(pool.max_num_seqs, max(1, tokens // context))
     return roofline(slice_of(acc, node_pool.gpu_partition_size), model.model_shape, model.dtype,
                     model.kv_cache_dtype, model.devices_per_replica, model.tensor_parallel_size, hosts,
-                    min(pool.max_num_seqs, max(1, tokens // context)), context, network_gbps=node_pool.machine.nic_gbps,
-                    bytes_per_weight=model.bytes_per_weight)
+                    batch, context, network_gbps=node_pool.machine.nic_gbps, bytes_per_weight=model.bytes_per_weight,
+                    speculation=speculation(model, node_pool, hosts, batch, context))
 
 
 def network_cost(model: ModelSpec, which: str, node_pool: NodePoolSpec) -> tuple[float, float]:

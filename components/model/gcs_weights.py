@@ -18,7 +18,7 @@ from pathlib import PurePosixPath
 from typing import Any, Mapping, Optional, Sequence
 
 from .specs import ModelSpec
-from .weights_layout import MOUNT_PATH, adapter_dir
+from .weights_layout import MOUNT_PATH, adapter_dir, draft_dir
 
 CSI_DRIVER = "gcsfuse.csi.storage.gke.io"
 CACHE_VOLUME = "gke-gcsfuse-cache"
@@ -92,9 +92,11 @@ TERMS_PER_CONDITION = 13
 
 def reader_prefixes(models: Sequence[ModelSpec]) -> list[str]:
     """The bucket folders the servers of these models open: each model's (every revision, the
-    canary's included) and each of its adapters' (its servers load them all, --lora-modules)."""
+    canary's included), each of its adapters' (its servers load them all, --lora-modules) and its
+    speculative draft's (every revision of it, as the model's)."""
     return sorted({f"{m.name}/" for m in models} | {
-        f"{PurePosixPath(adapter_dir(m, a)).parent.relative_to(MOUNT_PATH)}/" for m in models for a in m.adapters})
+        f"{PurePosixPath(adapter_dir(m, a)).parent.relative_to(MOUNT_PATH)}/" for m in models for a in m.adapters} | {
+        f"{PurePosixPath(d).parent.relative_to(MOUNT_PATH)}/" for m in models if (d := draft_dir(m)) is not None})
 
 
 def reader_terms(prefixes: Sequence[str]) -> list[tuple[str, str]]:

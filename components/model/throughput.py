@@ -71,6 +71,22 @@ class Throughput:
         return self.decode_tokens_s / self.batch if self.batch else 0.0
 
 
+@dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding's terms for a decode step (components/model/speculative.py builds it):
+    `tokens` proposed per step (k), each accepted at `acceptance` (a), and the seconds the drafter
+    takes for them at the step's batch."""
+
+    tokens: int
+    acceptance: float
+    draft_seconds: float = 0.0
+
+    @property
+    def expected_tokens(self) -> float:
+        """Tokens a verification step yields: (1 - a^(k+1)) / (1 - a) (Leviathan et al. 2023)."""
+        return (1 - self.acceptance ** (self.tokens + 1)) / (1 - self.acceptance)
+
+
 def parallel_efficiency(tp: int) -> float:
     """What the tensor-parallel all-reduces over one fabric (NVLink, ICI) leave of a step."""
     return TP_EFFICIENCY ** math.log2(max(tp, 1))
@@ -109,11 +125,13 @@ def network(shape: ModelShape, devices: int, tp: int, hosts: int, batch: int) ->
 
 def roofline(acc: Accelerator, shape: ModelShape, dtype: str, kv_cache_dtype: str, devices: int, tp: int,
              hosts: int, batch: int, context_tokens: int, network_gbps: float = 0.0,
-             bytes_per_weight: float | None = None) -> Throughput:
+             bytes_per_weight: float | None = None, speculation: Speculation | None = None) -> Throughput:
     """Tokens a second of one replica on `devices` of `acc` (tp x pipeline stages, over `hosts`),
     decoding `batch` sequences whose typical length (prompt + output) is `context_tokens`.
     `network_gbps`: the hosts' TCP link, when a GPU replica spans hosts (a TPU slice's ICI needs none).
-    `bytes_per_weight`: a quantised checkpoint's own (scales included), else the dtype's."""
+    `bytes_per_weight`: a quantised checkpoint's own (scales included), else the dtype's.
+    `speculation`: each step verifies k + 1 tokens a sequence (k + 1 times the compute, the same
+    reads), after the drafter's k steps, and yields expected_tokens of them."""
     batch = max(1, batch)
     pp = max(1, devices // tp)
     micro = math.ceil(batch / pp)
@@ -122,7 +140,9 @@ def roofline(acc: Accelerator, shape: ModelShape, dtype: str, kv_cache_dtype: st
     # all of them, PP times 1/PP. A mixture of experts reads only the experts a micro-batch routes to.
     weights = min(shape.params_billion, shape.active_billion * micro) * GB * (bytes_per_weight or WEIGHT_BYTES[dtype]) / tp
     kv = batch * (context_tokens / 2) * kv_per_token / (min(tp, shape.kv_heads) * pp)
-    flops = 2 * shape.active_billion * GB * batch
+    # Speculative decoding scores k + 1 tokens a sequence per step (throughput.Speculation).
+    scored = 1 + (speculation.tokens if speculation else 0)
+    flops = 2 * shape.active_billion * GB * batch * scored
     # FP8 weights multiply in FP8 where the device can (H100, L4), else widened to 16 bits.
     peak = (acc.fp8_tflops if dtype == "fp8" and acc.fp8_tflops else acc.bf16_tflops) * 1e12
     t_memory = (weights + kv) / (acc.hbm_gb_s * GB * BW_EFFICIENCY)
@@ -132,13 +152,15 @@ def roofline(acc: Accelerator, shape: ModelShape, dtype: str, kv_cache_dtype: st
     if net.step_messages and network_gbps <= 0:
         raise ValueError("a GPU replica across hosts needs the hosts' network_gbps")
     step = max(t_memory, t_compute) / efficiency + net.seconds(network_gbps)
+    step += speculation.draft_seconds if speculation else 0.0
+    tokens = batch * (speculation.expected_tokens if speculation else 1)
     per_prompt_token = 2 * shape.active_billion * GB / (devices * peak * FLOPS_EFFICIENCY) / efficiency
     if net.token_bytes:
         per_prompt_token += net.token_bytes / (network_gbps / 8 * GB * NET_EFFICIENCY)
-    return Throughput(decode_tokens_s=batch / step * ENGINE_EFFICIENCY,
+    return Throughput(decode_tokens_s=tokens / step * ENGINE_EFFICIENCY,
                       prefill_tokens_s=ENGINE_EFFICIENCY / per_prompt_token,
                       batch=batch, bound="memory" if t_memory >= t_compute else "compute",
-                      ceiling_tokens_s=batch / step)
+                      ceiling_tokens_s=tokens / step)
 
 
 def slice_of(acc: Accelerator, partition: str | None) -> Accelerator:

@@ -11,8 +11,9 @@ from typing import Any, Optional
 from . import disaggregation, gcs_weights
 from .specs import ModelSpec, NodePoolSpec, ServingPoolSpec
 from .sleep_mode import sleep_args
+from .speculative import speculative_args
 from .vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release, ttft_buckets_with
-from .weights_layout import SERVER_UID, adapter_copies, model_dir, ready_marker, served_files_gb
+from .weights_layout import SERVER_UID, adapter_copies, model_dir, ready_marker, served_files_gb, side_copies
 
 PORT = 8000
 WARM_MARKER = "/tmp/vllm-gke-warm"
@@ -47,11 +48,11 @@ WEIGHTS_MARKERS_ENV = "GKE_LLM_WEIGHTS_MARKERS"
 
 
 def weights_markers(model: ModelSpec) -> list[str]:
-    return [ready_marker(model), *(c.marker for c in adapter_copies(model))]
+    return [ready_marker(model), *(c.marker for c in side_copies(model))]
 
 
 def wait_for_weights(model: ModelSpec) -> str:
-    """The init container's script: every marker (model, then adapters) present. The paths are made
+    """The init container's script: every marker (model, then adapters and draft) present. The paths are made
     of validated names and git revisions only ([A-Za-z0-9._/-]), so quoting them is enough."""
     return "; ".join(WAITING_FOR_WEIGHTS.format(marker=m) for m in weights_markers(model))
 
@@ -130,6 +131,8 @@ def vllm_args(model: ModelSpec, pool: ServingPoolSpec, rel: Optional[VllmRelease
     # Prefill/decode disaggregation: NIXL's role for this pool's engine (components/model/disaggregation.py).
     args += disaggregation.pool_kv_args(model, pool)
     args += sleep_args(model)  # models[].sleepMode: --enable-sleep-mode
+    # Speculative decoding: the draft read from the share (components/model/speculative.py).
+    args += speculative_args(model)
     args += ["--middleware", GUARD_MIDDLEWARE]
     return args + list(model.extra_args)
 

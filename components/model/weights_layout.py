@@ -94,6 +94,17 @@ def adapter_dir(model: ModelSpec, adapter: AdapterSpec) -> str:
     return f"{ADAPTERS_DIR}/{model.name}/{adapter.name}/{copy_folder(adapter.source, adapter.revision)}"
 
 
+# A speculative draft (models[].speculative.draft) lives beside the adapters, under a folder no
+# model name can take either; one per model, its own folder per source and revision.
+DRAFTS_DIR = f"{MOUNT_PATH}/.drafts"
+
+
+def draft_dir(model: ModelSpec) -> Optional[str]:
+    """Where the model's speculative draft is copied (what --speculative-config's `model` names), if it has one."""
+    draft = model.speculative.draft if model.speculative else None
+    return None if draft is None else f"{DRAFTS_DIR}/{model.name}/{copy_folder(draft.source, draft.revision)}"
+
+
 @dataclass(frozen=True)
 class WeightCopy:
     """One set of files on the share, written once by its loader Job."""
@@ -126,6 +137,21 @@ def adapter_copies(model: ModelSpec, key_prefix: str = "") -> list[WeightCopy]:
             for j, a in enumerate(model.adapters)]
 
 
+def draft_copies(model: ModelSpec, key_prefix: str = "") -> list[WeightCopy]:
+    """The model's speculative draft, loaded like a model (the release's weight files), if it has one."""
+    draft, directory = (model.speculative.draft if model.speculative else None), draft_dir(model)
+    if draft is None or directory is None:
+        return []
+    size = draft.disk_gb or draft.params_billion * draft.bytes_per_weight
+    return [WeightCopy(f"{model.name}-draft", model.name, draft.source, draft.revision, directory, size,
+                       f"{key_prefix}speculative.draft.diskGb")]
+
+
+def side_copies(model: ModelSpec) -> list[WeightCopy]:
+    """What a server reads beside the model's own folder: its adapters and its speculative draft."""
+    return adapter_copies(model) + draft_copies(model)
+
+
 def reads_hub(models: Sequence[ModelSpec]) -> bool:
     """Whether any copy comes from the Hugging Face Hub (the only sources that need its token)."""
     return any(c.source.startswith("hf://") for c in weight_copies(models))
@@ -138,17 +164,19 @@ def reads_hub_token_from_secret_manager(models: Sequence[ModelSpec], weights: We
 
 
 def served_files_gb(model: ModelSpec) -> float:
-    """What one server of the model reads from the store: its files and its adapters'."""
-    return model.files_gb + sum(a.weights_gb for a in adapter_copies(model))
+    """What one server of the model reads from the store: its files, its adapters' and its draft's."""
+    return model.files_gb + sum(a.weights_gb for a in side_copies(model))
 
 
 def weight_copies(models: Sequence[ModelSpec]) -> list[WeightCopy]:
     """Every copy on the share: each model, each canary's revision (its own directory beside the
-    current one), and each LoRA adapter; each names the key (models[<name>]...) that sizes it."""
+    current one), each LoRA adapter and each speculative draft; each names the key (models[<name>]...)
+    that sizes it."""
     return [model_copy(m.name, m, f"{item_key('models', models, i)}.diskGb") for i, m in enumerate(models)] + \
         [model_copy(f"{m.name}-canary", c, f"{item_key('models', models, i)}.diskGb") for i, m in enumerate(models)
          if (c := m.canary_model()) is not None] + \
-        [a for i, m in enumerate(models) for a in adapter_copies(m, f"{item_key('models', models, i)}.")]
+        [a for i, m in enumerate(models) for a in adapter_copies(m, f"{item_key('models', models, i)}.")] + \
+        [d for i, m in enumerate(models) for d in draft_copies(m, f"{item_key('models', models, i)}.")]
 
 
 def plan_filestore(models: Sequence[ModelSpec], weights: WeightsSpec) -> tuple[str, int]:

@@ -48,6 +48,7 @@ from .release import check_extra_args, check_image_tag, vllm_release
 from .rollouts import rollouts
 from .scaling import cooldown_covers_wake
 from .sleep_mode import sleep_mode
+from .speculative import speculative_decoding
 from .tenants import adapters, check_tenant_cap, check_tenant_limits, external_gateway, global_limits, tenant_models
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ STACK_CHECKS: tuple[Callable[["StackConfig", Add], None], ...] = (
     precise_prefix_cache, kv_offload,
     sleep_mode,  # models[].sleepMode with nodePools[].gpuSharing
     disaggregated_models,  # models[].disaggregation
+    speculative_decoding,  # models[].speculative
 )
 
 

@@ -82,6 +82,11 @@ from .sleep_mode import (
     GpuSharingSpec,
     SleepModeSpec,
 )
+from .speculative import (
+    DraftShape,
+    DraftSpec,
+    SpeculativeSpec,
+)
 from .tenants import (
     DedicatedSpec,
     GlobalLimitsSpec,
@@ -96,6 +101,7 @@ from .weights import (
 )
 
 __all__ = [
+    'DraftShape', 'DraftSpec', 'SpeculativeSpec',
     'AdapterSpec', 'AuthorizedNetwork', 'BudgetSpec', 'CanarySpec', 'Cidr', 'ClusterSpec', 'CostSpec', 'CustomShape',
     'DedicatedSpec', 'DisaggregationLoad', 'DisaggregationSpec', 'PrefillPoolSpec',
     'GpuSharingSpec', 'SleepModeSpec',

@@ -122,6 +122,19 @@ def _git_revision(value: str) -> str:
 
 K8sName = Annotated[str, AfterValidator(_k8s_name)]
 Revision = Annotated[str, AfterValidator(_git_revision)]
+
+
+def weights_source(v: str) -> str:
+    """A model's, an adapter's or a draft's source: hf://<org>/<repo> or gs://<bucket>/<path>."""
+    hf = r"hf://[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
+    gs = r"gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[A-Za-z0-9._-]+)*/?"
+    if not re.fullmatch(f"({hf}|{gs})", v) or "/../" in v + "/" or "/./" in v + "/":
+        raise ValueError(f"source '{v}' must be hf://<org>/<repo> or gs://<bucket>/<path> (letters, digits, "
+                         "'.', '_', '-'; no '..' segments)")
+    return v
+
+
+WeightsSource = Annotated[str, AfterValidator(weights_source)]
 Hostname = Annotated[str, AfterValidator(_hostname)]
 Email = Annotated[str, AfterValidator(_email)]
 Cidr = Annotated[str, AfterValidator(cidr_range(32))]

@@ -3,12 +3,10 @@ flags the platform sets itself."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import fields
-from typing import Annotated, Any, Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import (
-    AfterValidator,
     Field,
     ValidationInfo,
     field_validator,
@@ -27,11 +25,14 @@ from .base import (
     Name,
     Revision,
     Spec,
+    WeightsSource,
     config_mapping,
+    weights_source,
 )
 from .disaggregation import DisaggregationSpec
-from .sleep_mode import SleepModeSpec
 from .kv_offload import KvOffloadSpec
+from .sleep_mode import SleepModeSpec
+from .speculative import SpeculativeSpec
 
 # vLLM options the platform sets itself, by argparse dest, and the config key to use instead.
 MANAGED_VLLM_OPTIONS: dict[str, str] = {
@@ -201,16 +202,6 @@ class FallbackSpec(Spec):
     model: Name
 
 
-def _weights_source(v: str) -> str:
-    hf = r"hf://[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
-    gs = r"gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[A-Za-z0-9._-]+)*/?"
-    if not re.fullmatch(f"({hf}|{gs})", v) or "/../" in v + "/" or "/./" in v + "/":
-        raise ValueError(f"source '{v}' must be hf://<org>/<repo> or gs://<bucket>/<path> (letters, digits, "
-                         "'.', '_', '-'; no '..' segments)")
-    return v
-
-
-WeightsSource = Annotated[str, AfterValidator(_weights_source)]
 # The ranks vLLM's --max-lora-rank accepts (its parser's choices).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Adapter names vLLM applies by itself: a chat request with a content part of type T gets the
@@ -345,11 +336,15 @@ class ModelSpec(Spec):
     # prefixes seen before and preempted sequences load back instead of being recomputed; the server's
     # memory request and limit grow by its size. It does not raise the batch that runs at once.
     kv_offload: Optional[KvOffloadSpec] = None
+    # Speculative decoding (vLLM's --speculative-config): n-gram prompt lookup, a draft model, an
+    # EAGLE/EAGLE-3 head or the model's own MTP heads propose tokens its replicas verify in one step.
+    # The plan counts the draft's memory and scales the decode rate by the acceptance rate.
+    speculative: Optional[SpeculativeSpec] = None
 
     @field_validator("source")
     @classmethod
     def _source(cls, v: str) -> str:
-        return _weights_source(v)
+        return weights_source(v)
 
     @model_validator(mode="after")
     def _adapter_names(self) -> "ModelSpec":
