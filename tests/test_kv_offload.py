@@ -35,7 +35,7 @@ GIB = 1024 ** 3
 
 
 def sized(size: float | None, backend: str = "native", model: ModelSpec = MODEL) -> ModelSpec:
-    return model.model_copy(update={"kv_offload": KvOffloadSpec(backend=backend, size_gb=size)})  # type: ignore[arg-type]
+    return model.model_copy(update={"kv_offload": KvOffloadSpec(backend=backend, size_gb=size)})
 
 
 def test_default_size_is_nine_tenths_of_what_the_node_leaves_each_replica():
@@ -98,6 +98,12 @@ def test_capacity_rows_carry_the_host_tier_and_not_a_larger_batch():
     assert (offload.tokens_fit, offload.seqs_fit, offload.decode_tokens_s) == \
         (plain.tokens_fit, plain.seqs_fit, plain.decode_tokens_s)
     assert ko.with_host_tier(plain, MODEL.model_copy(update={"kv_offload": None}), H100) is plain
+
+
+def test_an_unknown_backend_is_refused_by_the_spec():
+    with pytest.raises(ValueError, match="use native"):
+        KvOffloadSpec(backend="mooncake")
+    assert KvOffloadSpec().backend == "native" and KvOffloadSpec(backend="lmcache").backend == "lmcache"
 
 
 def test_the_vllm_flags_are_the_platforms_own():

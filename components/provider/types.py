@@ -333,6 +333,15 @@ class FallbackSpec(TypedDict):
     """The model that serves them: another of the stack's models, without a fallback of its own. Only tenants whose models list it are sent; the others still get 429 with Retry-After."""
 
 
+class KvOffloadSpec(TypedDict):
+    """What the server passes vLLM as --kv-offloading-backend and --kv-offloading-size."""
+
+    backend: NotRequired[str]
+    """native (the only one served): vLLM's own CPU offloading (its OffloadingConnector) into pinned host memory inside the server container. lmcache is refused: vLLM 0.34 runs it as a client of a separate LMCache server that this platform does not deploy, and the server image adds no lmcache package. Default: native."""
+    size_gb: NotRequired[float]
+    """GiB of host memory one replica's offloaded KV cache takes, summed over its GPUs as vLLM counts it (--kv-offloading-size). Default: nine tenths of what the node has left for each replica after GKE's reservations, GKE's own pods and the replicas' other memory; the plan refuses a size that does not fit beside the other replicas on the node."""
+
+
 class ModelSpec(TypedDict):
     """ModelSpec settings (see docs/reference/config.md)."""
 
@@ -386,6 +395,8 @@ class ModelSpec(TypedDict):
     """length: a short and a long pool, chosen by request size. inference-gateway: one pool (the `short` settings) behind GKE Inference Gateway's endpoint picker, which picks the replica by queue depth, KV-cache use and prefix-cache affinity, with per-tenant priorities. One of: length, inference-gateway. Default: length."""
     fallback: NotRequired[FallbackSpec]
     """While a replica sheds tenants of negative priority, their requests go to this model instead of a 429 (for the tenants allowed to call it), and come back as the shed tiers do."""
+    kv_offload: NotRequired[KvOffloadSpec]
+    """Offload KV blocks that leave the GPU to the node's host memory (vLLM's native CPU offloading), so prefixes seen before and preempted sequences load back instead of being recomputed; the server's memory request and limit grow by its size. It does not raise the batch that runs at once."""
 
 
 class JwtSpec(TypedDict):
