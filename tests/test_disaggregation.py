@@ -31,7 +31,7 @@ from vllm_gke.infra.plan import Plan, read_stack_config, run_program
 H100 = NodePoolSpec.model_validate({"name": "h100", "machineType": "a3-highgpu-8g", "minNodes": 1, "maxNodes": 4})
 
 
-def model(load: dict[str, float] | None = None, **disagg: Any) -> ModelSpec:
+def model(load: dict[str, Any] | None = None, **disagg: Any) -> ModelSpec:
     return ModelSpec.model_validate({
         "name": "llama-70b-pd", "source": "hf://meta-llama/Llama-3.3-70B-Instruct", "shape": "llama-3-70b",
         "maxModelLen": 16384, "nodePool": "h100", "tensorParallelSize": 4, "routing": "inference-gateway",
@@ -39,8 +39,8 @@ def model(load: dict[str, float] | None = None, **disagg: Any) -> ModelSpec:
         "disaggregation": {"prefill": {"minReplicas": 1, "maxReplicas": 2, "maxNumSeqs": 16}, "load": load, **disagg}})
 
 
-PROMPT_HEAVY = {"promptTokensPerSecond": 8000, "outputTokensPerSecond": 1100}
-OUTPUT_HEAVY = {"promptTokensPerSecond": 1000, "outputTokensPerSecond": 4000}
+PROMPT_HEAVY: dict[str, Any] = {"promptTokensPerSecond": 8000, "outputTokensPerSecond": 1100}
+OUTPUT_HEAVY: dict[str, Any] = {"promptTokensPerSecond": 1000, "outputTokensPerSecond": 4000}
 
 
 def test_the_spec_defaults_and_refusals():

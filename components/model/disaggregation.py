@@ -205,7 +205,7 @@ class PdSizing:
     @property
     def reasons_against(self) -> list[str]:
         """Why splitting the pools does not pay at this load (empty: it does)."""
-        out = []
+        out: list[str] = []
         if self.itl_stretch < PAYS_ITL_STRETCH:
             out.append(f"prefill stretches an aggregated replica's inter-token time only {self.itl_stretch:.2f}x "
                        f"(under {PAYS_ITL_STRETCH:g}x): little decode latency to win")

@@ -36,7 +36,8 @@ def _nixl_containers(plan: Plan) -> Iterator[tuple[str, str, dict[str, Any], dic
 def nixl_role_per_pod(plan: Plan) -> list[str]:
     """A prefill pod's engine produces KV blocks, a decode pod's consumes them: NixlConnector in the
     role the pod's label gives it, never the deprecated kv_both, and loads that fail recomputed."""
-    out, roles = [], dict[str, str](KV_ROLES)
+    out: list[str] = []
+    roles: dict[str, str] = {**KV_ROLES}
     for name, role, _c, cfg in _nixl_containers(plan):
         want = roles.get(role)
         if cfg.get("kv_connector") != CONNECTOR or want is None or cfg.get("kv_role") != want:
