@@ -105,6 +105,11 @@ def test_it_pays_for_prompt_heavy_load_and_not_for_output_heavy():
     assert not light.pays and "little decode latency to win" in light.reasons_against[0]
 
 
+def test_prompts_under_the_threshold_stay_on_the_decode_pod():
+    s = pd.pd_sizing(model(PROMPT_HEAVY, minPromptTokens=8192), H100, H100)
+    assert not s.pays and "under minPromptTokens (8,192)" in s.reasons_against[0]
+
+
 def test_a_slow_link_makes_the_transfer_the_reason(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(pd, "link_bytes_s", lambda machine, how: 1e9)  # 8 Gbps
     s = pd.pd_sizing(model(PROMPT_HEAVY), H100, H100)

@@ -7,8 +7,8 @@ decode pod and, when the prefix-based-pd-decider finds at least `minPromptTokens
 tokens, a prefill pod; the decode pod's routing sidecar sends the prompt to the prefill pod with
 max_tokens 1, gets back `kv_transfer_params` (engine id, block ids, host and side-channel port) and
 hands them to its own vLLM, whose NixlConnector handshakes with the prefill engine over the side
-channel (ZMQ) and reads the blocks over UCX. The cluster side (the prefill workload, the sidecar,
-the network paths) is components/prefill_pool.py's.
+channel (ZMQ) and reads the blocks over UCX. The cluster side (the pods' roles, the sidecar, the
+picker's P/D profile, the network paths) is disaggregation_cluster.py's.
 
 The sizing (PdSizing) is the roofline's (throughput.py) at the same load both ways: prefill is
 compute-bound (prompt tokens/s per replica), decode memory-bound (output tokens/s at the decode
@@ -171,6 +171,7 @@ class PdSizing:
     prefill_s: float  # its prefill on a prefill replica (TTFT's compute part)
     itl_stretch: float  # an aggregated replica's time between output tokens over a decode replica's
     decode_itl_s: float  # a decode replica's time between a sequence's output tokens, at its batch
+    min_prompt_tokens: int  # the decider's threshold: shorter uncached prompts stay on the decode pod
     configured_prefill: int  # maxReplicas of the prefill and decode pools as configured
     configured_decode: int
 
@@ -206,6 +207,9 @@ class PdSizing:
     def reasons_against(self) -> list[str]:
         """Why splitting the pools does not pay at this load (empty: it does)."""
         out: list[str] = []
+        if self.prompt_tokens < self.min_prompt_tokens:
+            out.append(f"a typical prompt (~{self.prompt_tokens:,} tokens) is under minPromptTokens "
+                       f"({self.min_prompt_tokens:,}): the decider prefills it on the decode pod, and the prefill pool idles")
         if self.itl_stretch < PAYS_ITL_STRETCH:
             out.append(f"prefill stretches an aggregated replica's inter-token time only {self.itl_stretch:.2f}x "
                        f"(under {PAYS_ITL_STRETCH:g}x): little decode latency to win")
@@ -242,7 +246,8 @@ def pd_sizing(model: ModelSpec, decode_pool: NodePoolSpec, prefill_np: NodePoolS
         transport=how, transfer_s=prompt * model.kv_bytes_per_token / link, prefill_s=prompt / p_rate,
         itl_stretch=1 + (prompt_s / agg_p) / (output_s / d_rate),
         decode_itl_s=min(decode_row.max_num_seqs, max(1, decode_row.seqs_fit)) / d_rate,
-        configured_prefill=prefill.max_replicas, configured_decode=model.short.max_replicas)
+        min_prompt_tokens=spec.min_prompt_tokens, configured_prefill=prefill.max_replicas,
+        configured_decode=model.short.max_replicas)
 
 
 def replica_usd_hour(model: ModelSpec, node_pool: NodePoolSpec) -> float:
