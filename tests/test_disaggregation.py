@@ -82,8 +82,8 @@ def test_auto_takes_rdma_only_where_both_pools_have_it(monkeypatch: pytest.Monke
     rdma = H100.model_copy(update={"name": "rdma"})
     monkeypatch.setattr(pd, "rdma_ready", lambda p: p.name == "rdma")
     assert pd.transport(model(), rdma, rdma) == "rdma" and pd.transport(model(), rdma, H100) == "tcp"
-    assert pd.transport(model(transport="tcp"), rdma, rdma) == "tcp"
-    assert {e["name"]: e.get("value") for e in pd.kv_transfer_env(model(), rdma)}["UCX_TLS"] == pd.UCX_TLS["rdma"]
+    assert pd.transport(model(transport="tcp"), rdma, rdma) == "tcp" and pd.transport(model(), rdma) == "tcp"
+    assert {e["name"]: e.get("value") for e in pd.kv_transfer_env(model(), rdma, rdma)}["UCX_TLS"] == pd.UCX_TLS["rdma"]
     assert not pd.rdma_ready(H100)  # GPUDirect-TCPX is not RDMA
 
 

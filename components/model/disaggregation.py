@@ -8,7 +8,7 @@ tokens, a prefill pod; the decode pod's routing sidecar sends the prompt to the 
 max_tokens 1, gets back `kv_transfer_params` (engine id, block ids, host and side-channel port) and
 hands them to its own vLLM, whose NixlConnector handshakes with the prefill engine over the side
 channel (ZMQ) and reads the blocks over UCX. The cluster side (the pods' roles, the sidecar, the
-picker's P/D profile, the network paths) is disaggregation_cluster.py's.
+picker's P/D profile, the network paths) is disaggregation_cluster.py's and components/prefill_pool.py's.
 
 The sizing (PdSizing) is the roofline's (throughput.py) at the same load both ways: prefill is
 compute-bound (prompt tokens/s per replica), decode memory-bound (output tokens/s at the decode
@@ -117,19 +117,20 @@ def rdma_ready(node_pool: NodePoolSpec) -> bool:
 
 
 def transport(model: ModelSpec, node_pool: NodePoolSpec, peer: Optional[NodePoolSpec] = None) -> Transport:
-    """What UCX moves the blocks over between the pod's node pool and its peer's (default the same):
-    `auto` takes RDMA only where both have it. `rdma` where one lacks it is refused by the config
-    rules (config_rules/disaggregation.py), so here it stands."""
+    """What UCX moves the blocks over between the pod's node pool and the other pool's (`peer`):
+    `auto` takes RDMA only where both have it, so with the peer unknown, TCP (both sides must agree).
+    `rdma` where one lacks it is refused by the config rules (config_rules/disaggregation.py)."""
     wanted = _spec(model).transport
     if wanted != "auto":
         return wanted
-    return "rdma" if rdma_ready(node_pool) and rdma_ready(peer or node_pool) else "tcp"
+    return "rdma" if peer is not None and rdma_ready(node_pool) and rdma_ready(peer) else "tcp"
 
 
 def kv_transfer_env(model: ModelSpec, node_pool: NodePoolSpec, peer: Optional[NodePoolSpec] = None) -> list[dict[str, Any]]:
     """The environment NIXL reads on either pool's pods (vllm 0.34.0 envs.py:1820-1827; llm-d-router
     v0.10.0 test/sidecar/config/nixl/*-pod.yaml sets the same): the side channel on the pod's IP,
-    so the decode pod's handshake reaches it, and UCX's transports."""
+    so the decode pod's handshake reaches it, and UCX's transports (`peer`: the other pool's node pool;
+    pass it, or both sides get TCP)."""
     return [
         {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)},
