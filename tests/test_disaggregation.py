@@ -141,6 +141,9 @@ def _problems(values: dict[str, Any]) -> list[str]:
     (lambda m: m["short"].update(minReplicas=0), "short.minReplicas", "set short.minReplicas to 1"),
     (lambda m: m["disaggregation"]["prefill"].update(maxNumSeqs=4096), "disaggregation.prefill",
      "prefill.maxNumSeqs"),
+    # The prefill replicas take their node pool's GPU slots like any pool's.
+    (lambda m: m["disaggregation"]["prefill"].update(minReplicas=8, maxReplicas=8), "nodePools[h100].maxNodes",
+     "raise maxNodes"),
 ])
 def test_bad_config_names_the_key_and_the_fix(tuned, change, key, fix):
     values = copy.deepcopy(tuned)
