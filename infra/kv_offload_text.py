@@ -3,6 +3,8 @@ not do for the pool, what it costs, and where LMCache is the better choice."""
 
 from __future__ import annotations
 
+import math
+
 from ..components.model.kv_offload import host_tier
 from ..components.model.stack_config import StackConfig
 from .report import Verdicts
@@ -29,9 +31,10 @@ def offload_lines(cfg: StackConfig, v: Verdicts) -> list[str]:
                  f"the GPU already holds maxNumSeqs {r.max_num_seqs} at {r.context_tokens:,} tokens, so it pays "
                  f"only for prompts that share prefixes beyond the GPU's {r.tokens_fit:,} tokens")
         lines.append(
-            f"{label}: host KV tier {tier.size_gib:g} GiB a replica ({model.kv_offload.backend if model.kv_offload else ''}, "
-            f"pinned in the server's memory: {tier.server_gib} -> {tier.server_gib + round(tier.pod_gib)} GiB a pod, of "
-            f"{tier.free_per_pod_gib:.0f} GiB a pod has left on {pool.machine_type}) holds {r.host_kv_tokens:,} tokens "
+            f"{label}: host KV tier {tier.size_gib:g} GiB a replica ({model.kv_offload.backend if model.kv_offload else ''}; "
+            f"{tier.pod_gib:g} of the {tier.free_per_pod_gib:.0f} GiB each pod has left on {pool.machine_type}, pinned "
+            f"in the server's memory: {tier.server_gib} -> {tier.server_gib + math.ceil(tier.pod_gib)} GiB) holds "
+            f"{r.host_kv_tokens:,} tokens "
             f"({r.host_kv_tokens // r.context_tokens} sequences of {r.context_tokens:,}); prefixes evicted from the GPU "
             f"load back; the running batch stays {min(r.seqs_fit, r.max_num_seqs)} (vLLM runs only sequences whose "
             f"blocks are on the GPU); {where}. $0 more: the node's own memory. LMCache instead for KV shared across "
