@@ -93,6 +93,7 @@ ENGINE_LOG_ENV = "FAKE_ENGINE_LOG"
 # overload protection reads), reported with each output as the real scheduler reports its stats;
 # unset: no scheduler stats, as before.
 WAITING_ENV = "FAKE_ENGINE_WAITING_FILE"
+SWAP_LOG_ENV = "FAKE_ENGINE_SWAP_LOG"
 
 
 class InstantEngineCore:
@@ -117,6 +118,8 @@ class InstantEngineCore:
 
     async def add_request_async(self, request: Any) -> None:
         self.encoder.encode(request)
+        if self.sleeping:  # a real engine would hold it until woken: a swap that let it through is wrong
+            self.swap_log(op="request_while_asleep")
         if log := os.environ.get(ENGINE_LOG_ENV):  # what reached the engine, for tests
             params = request.sampling_params
             with open(log, "a") as fh:
@@ -148,8 +151,32 @@ class InstantEngineCore:
     async def get_supported_tasks_async(self) -> tuple[str, ...]:
         return ("generate",)
 
+    # Sleep mode as AsyncLLM drives it (vllm 0.34.0 v1/engine/async_llm.py sleep, wake_up,
+    # collective_rpc): the state kept, each call and each request that came while asleep written
+    # to SWAP_LOG_ENV's file (the guard's swap tests read it).
+    sleeping = 0
+
+    def swap_log(self, **event: Any) -> None:
+        if log := os.environ.get(SWAP_LOG_ENV):
+            with open(log, "a") as fh:
+                fh.write(json.dumps(event) + "\n")
+
+    async def sleep_async(self, level: int = 1, mode: str = "abort", reset_connector: bool = True) -> None:
+        self.sleeping = level
+        self.swap_log(op="sleep", level=level, mode=mode)
+
+    async def wake_up_async(self, tags: Any = None) -> bool:
+        self.swap_log(op="wake_up", tags=tags)
+        if tags is None or "kv_cache" in tags:
+            self.sleeping = 0
+        return not self.sleeping
+
+    async def collective_rpc_async(self, method: str, timeout: Any = None, args: Any = (), kwargs: Any = None) -> list:
+        self.swap_log(op="collective_rpc", method=method)
+        return [None]
+
     async def is_sleeping_async(self) -> bool:
-        return False
+        return bool(self.sleeping)
 
     async def reset_prefix_cache_async(self, *args: Any, **kwargs: Any) -> bool:
         return True

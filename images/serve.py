@@ -154,6 +154,18 @@ def warm_up(base: str, model: str, token: str) -> int:
     return ok
 
 
+def hold_gpu_lease(stopped: Callable[[], bool]) -> bool:
+    """models[].sleepMode: the shared GPU's lease before vLLM starts, so no server starts (and fails
+    vLLM's free-memory check) while another is awake; the guard then holds it (vllm_gke_guard/swap.py).
+    False if the pod was told to stop while waiting."""
+    cfg = json.loads(os.environ.get("GKE_LLM_GUARD_CONFIG") or "{}")
+    if not cfg.get("swap"):
+        return True
+    from vllm_gke_guard.swap import hold_for_startup  # the guard's package, in the image
+
+    return hold_for_startup(cfg, startup_window_s(), stopped)
+
+
 def exit_status(returncode: int) -> int:
     """A shell's convention: a child killed by signal N exits 128+N (Popen reports -N)."""
     return 128 - returncode if returncode < 0 else returncode
@@ -198,6 +210,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # A TPU group's worker: its host is a Ray node the leader's engine drives.
         return join_ray(join, stopped=lambda: bool(stop))
     if (head := os.environ.get(RAY_HEAD_ENV)) and not start_ray_head(int(head), stopped=lambda: bool(stop)):
+        return 0
+    if not hold_gpu_lease(stopped=lambda: bool(stop)):
         return 0
     proc = subprocess.Popen([*command, *argv], env=env)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -60,3 +60,39 @@ local function take(KEYS, ARGV)
 end
 
 redis.register_function('vllm_gke_take_v1', take)
+
+-- A time-shared GPU's lease (models[].sleepMode; the guard's images/vllm_gke_guard/swap.py): one
+-- awake server per GPU. KEYS: the GPU's lease (a hash; it expires with its holder's lease).
+-- ARGV: op (take, renew, drop), the server, the lease's ms, the ms a waiter's claim stays fresh.
+-- Returns {1 if the server holds the lease, the holder, the waiter}. A take that finds the lease
+-- held records the server as its waiter unless another's claim is fresher: the holder sees it on
+-- renewing and yields once idle; a free lease goes to its fresh waiter first.
+local function lease(KEYS, ARGV)
+  local key, op, me, ttl, fresh = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local h = redis.call('HMGET', key, 'holder', 'want', 'want_at')
+  local holder, want = h[1] or '', h[2] or ''
+  if want ~= '' and now - (tonumber(h[3]) or 0) > fresh then want = '' end
+  if op == 'drop' then
+    if holder == me then redis.call('HDEL', key, 'holder') end
+    return {0, '', want}
+  end
+  if holder == me or (op == 'take' and holder == '' and (want == '' or want == me)) then
+    redis.call('HSET', key, 'holder', me)
+    if want == me then
+      redis.call('HDEL', key, 'want', 'want_at')
+      want = ''
+    end
+    redis.call('PEXPIRE', key, ttl)
+    return {1, me, want}
+  end
+  if op == 'take' and (want == '' or want == me) then
+    redis.call('HSET', key, 'want', me, 'want_at', now)
+    if holder == '' then redis.call('PEXPIRE', key, ttl) end
+    want = me
+  end
+  return {0, holder, want}
+end
+
+redis.register_function('vllm_gke_lease_v1', lease)

@@ -23,7 +23,7 @@ class Disconnected(Exception):
 
 ERROR_TYPES = {400: "invalid_request_error", 403: "permission_error", 404: "invalid_request_error",
                405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
-               429: "rate_limit_error"}
+               429: "rate_limit_error", 503: "service_unavailable"}
 
 
 def error_body(err: GuardError) -> bytes:

@@ -38,6 +38,7 @@ from .overload import Overload, VllmQueue
 from .prefixes import Prefixes
 from .routes import OPEN_ROUTES, OUTPUT_FIELDS, route_kind, route_table
 from .scan import JsonShapeError
+from .swap import SwapGate, swapping
 from .tracing import TRACE_HEADERS, tracing
 from .usage import Meter, shared_state
 
@@ -93,6 +94,10 @@ class GuardMiddleware:
         self.store_unavailable: type[Exception] = Exception
         if shared:
             self.shared, self.store_unavailable = connect_store(shared)
+        # models[].sleepMode: admitted requests wait for this server's turn on its shared GPU (swap.py).
+        self.swap = swapping(cfg, getattr(self.shared, "client", None))
+        if self.swap is not None:
+            self.app = SwapGate(self.app, self.swap, self.routes)
         # Overload protection: the queue-time objective, where some tenant may be shed (overload.py).
         overload: dict[str, Any] = cfg.get("overload") or {}
         self.overload: Optional[Overload] = Overload(

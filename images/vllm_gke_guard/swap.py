@@ -1,0 +1,249 @@
+"""Model swapping on a time-shared GPU (models[].sleepMode): one server awake per GPU, the others
+asleep with vLLM's sleep mode, each woken for its next request.
+
+Who is awake is a lease per GPU (per node: a shared pool has one GPU per node) in the limit store,
+the Redis function vllm_gke_lease_v1 (components/scripts/limit_store.lua). The guard drives its own
+engine through vLLM's engine client (app.state.engine_client: sleep, wake_up, collective_rpc), so
+vLLM's /sleep and /wake_up routes (only with VLLM_SERVER_DEV_MODE) stay off, and no request can
+wake or sleep a model without passing the tenant checks first.
+
+  - A request the guard admitted for a sleeping server takes the lease: free, the server wakes
+    (level 1: weights back from host RAM; level 2: memory back, then the weights reloaded from the
+    model's directory on the share) and serves. Held by another, it records itself as the waiter
+    and polls until the lease is free, up to waitSeconds; then a 503 with Retry-After.
+  - The awake server renews the lease every poll. When another waits and it has been awake
+    minAwakeSeconds, it stops taking requests (they wait for its next turn), lets those in flight
+    finish, sleeps and drops the lease: the waiter takes it.
+  - A server that cannot renew (the store restarted, or unreachable past half the lease) sleeps:
+    another may take the GPU once the lease expires, and two awake would not fit.
+  - The entrypoint (images/serve.py) takes the lease before vLLM starts (hold_for_startup): vLLM's
+    startup wants gpuMemoryUtilization of the GPU free, so no server starts while another is
+    awake; the guard then holds it as the awake server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any, Awaitable, Callable, Optional
+
+from .errors import GuardError, respond
+from .metrics import log
+
+FUNCTION = "vllm_gke_lease_v1"
+NODE_ENV, HOLDER_ENV = "GKE_LLM_SWAP_NODE", "GKE_LLM_SWAP_HOLDER"
+# How often a waiter asks for the lease and the holder renews it (and looks for a waiter).
+POLL_SECONDS = 0.25
+
+
+def lease_key(node: str) -> str:
+    # Under rl:, the only keys the store's ACL lets the guards touch; one hash slot per GPU.
+    return f"rl:{{gpu:{node}}}:lease"
+
+
+class GpuLease:
+    """The GPU's lease for one server (`holder`), over the limit store's client."""
+
+    def __init__(self, client: Any, node: str, holder: str, ttl_s: float, poll_s: float = POLL_SECONDS):
+        self.client, self.key, self.holder = client, lease_key(node), holder
+        self.ttl_ms, self.fresh_ms = int(ttl_s * 1000), int(poll_s * 4000)
+
+    async def _call(self, op: str, ttl_ms: Optional[int] = None) -> tuple[bool, str, str]:
+        out = await self.client.fcall(FUNCTION, 1, self.key, op, self.holder, ttl_ms or self.ttl_ms, self.fresh_ms)
+        text = [v.decode() if isinstance(v, bytes) else str(v) for v in out[1:]]
+        return int(out[0]) == 1, text[0], text[1]
+
+    async def take(self, ttl_ms: Optional[int] = None) -> tuple[bool, str, str]:
+        """(granted, holder, waiter): the lease if free (or ours); else this server recorded as its waiter."""
+        return await self._call("take", ttl_ms)
+
+    async def renew(self) -> tuple[bool, str, str]:
+        """(still ours, holder, waiter)."""
+        return await self._call("renew")
+
+    async def drop(self) -> None:
+        await self._call("drop")
+
+
+def swapping(cfg: dict[str, Any], client: Any) -> Optional["Swap"]:
+    """The guard's Swap where its config has `swap` and the pod says which node and pod it is."""
+    swap: dict[str, Any] = cfg.get("swap") or {}
+    node, holder = os.environ.get(NODE_ENV, ""), os.environ.get(HOLDER_ENV, "")
+    if not swap:
+        return None
+    if client is None or not node or not holder:
+        raise ValueError(f"swap needs globalLimits (the lease's store) and {NODE_ENV}, {HOLDER_ENV} in the env")
+    return Swap(swap, GpuLease(client, node, holder, float(swap.get("leaseSeconds") or 15)))
+
+
+class Swap:
+    """This server's side of the swap: whether its engine is awake, its requests in flight, and
+    the watcher that renews the lease and yields it."""
+
+    def __init__(self, cfg: dict[str, Any], lease: GpuLease, clock: Callable[[], float] = time.monotonic,
+                 nap: Callable[[float], Awaitable[None]] = asyncio.sleep, poll_s: float = POLL_SECONDS):
+        self.lease, self.clock, self.nap, self.poll = lease, clock, nap, poll_s
+        self.level = int(cfg.get("level") or 1)
+        self.wait_s = float(cfg.get("waitSeconds") or 60)
+        self.min_awake_s = float(cfg.get("minAwakeSeconds") or 0)
+        self.lease_s = lease.ttl_ms / 1000
+        # The entrypoint took the lease before vLLM started: the server starts awake, holding it.
+        self.awake, self.yielding = True, False
+        self.awake_since = self.renewed = clock()
+        self.inflight = 0
+        self.turn = asyncio.Lock()  # one wake or sleep at a time
+        self.engine: Any = None
+        self.watcher: Optional[asyncio.Task[None]] = None
+        self.swaps = 0
+
+    def bind(self, engine: Any) -> None:
+        """The engine client, from the app's state (on the lifespan's start): the watcher starts then."""
+        if engine is None or self.watcher is not None:
+            return
+        self.engine = engine
+        self.watcher = asyncio.get_running_loop().create_task(self.watch())
+
+    async def enter(self) -> None:
+        """Before a request reaches the engine: the engine awake and the lease ours, or a 503. Counted
+        in flight only once it may run (a yield waits for those, never for the waiting ones)."""
+        if self.awake and not self.yielding:
+            self.inflight += 1
+            return
+        await self._acquire(self.clock() + self.wait_s)
+
+    def leave(self) -> None:
+        self.inflight -= 1
+
+    async def _acquire(self, deadline: float) -> None:
+        try:
+            await asyncio.wait_for(self.turn.acquire(), max(0.0, deadline - self.clock()))
+        except asyncio.TimeoutError:
+            raise busy("another model", self.wait_s) from None
+        try:
+            while not self.awake:
+                granted, holder, _ = await self.lease.take()
+                if granted:
+                    await self._wake()
+                    break
+                if self.clock() >= deadline:
+                    raise busy(holder or "another model", self.wait_s)
+                await self.nap(self.poll)
+            self.inflight += 1
+        finally:
+            self.turn.release()
+
+    async def _wake(self) -> None:
+        started = self.clock()
+        if self.level == 2:
+            # Level 2 dropped the weights: their memory back, the weights read again from the
+            # model's directory (vLLM 0.34 reload_weights without a path), then the KV cache.
+            await self.engine.wake_up(["weights"])
+            await self.engine.collective_rpc("reload_weights")
+            await self.engine.wake_up(["kv_cache"])
+        else:
+            await self.engine.wake_up(None)
+        self.awake, self.yielding = True, False
+        self.awake_since = self.renewed = self.clock()
+        self.swaps += 1
+        log.info("swap: awake in %.1f s (level %d)", self.clock() - started, self.level)
+
+    async def _sleep(self) -> None:
+        """Sleep the engine: requests still running finish first (mode wait), none is aborted."""
+        if self.awake:
+            await self.engine.sleep(self.level, "wait")
+            self.awake = False
+        self.yielding = False
+
+    async def watch(self) -> None:
+        while True:
+            await self.nap(self.poll)
+            try:
+                await self.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a watcher that dies would hold the GPU for ever
+                log.exception("swap: the lease watcher failed; trying again")
+
+    async def step(self) -> None:
+        """One poll while awake: renew; sleep if the lease was lost; yield it once a waiter waits."""
+        if not self.awake:
+            return
+        try:
+            mine, _, waiter = await self.lease.renew()
+        except Exception:  # the store unreachable: sleep before the lease could lapse under us
+            if self.clock() - self.renewed > self.lease_s / 2:
+                log.warning("swap: lease not renewed for %.0f s; sleeping", self.clock() - self.renewed)
+                async with self.turn:
+                    await self._sleep()
+            return
+        self.renewed = self.clock()
+        if not mine:
+            async with self.turn:
+                await self._sleep()
+        elif waiter and waiter != self.lease.holder and self.clock() - self.awake_since >= self.min_awake_s:
+            await self._yield()
+
+    async def _yield(self) -> None:
+        """New requests wait for the next turn; those in flight finish; then sleep and drop the lease."""
+        self.yielding = True
+        async with self.turn:
+            while self.inflight > 0:  # requests this server admitted finish on the GPU first
+                await self.nap(self.poll)
+                await self.lease.renew()
+            await self._sleep()
+            await self.lease.drop()
+
+
+class SwapGate:
+    """The app the guard hands admitted requests to, in front of vLLM's: a request that runs on the
+    engine (a tenant route other than a listing, or the entrypoint's warm-up) waits for this server to
+    be awake; the open routes and listings pass as they are. On the lifespan's start it finds the
+    engine client and starts the watcher."""
+
+    def __init__(self, app: Any, swap: Swap, routes: dict[str, tuple[str, str]]):
+        self.app, self.swap, self.routes = app, swap, routes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.swap.bind(getattr(getattr(scope.get("app"), "state", None), "engine_client", None))
+        if scope.get("type") != "http" or self.routes.get(scope.get("path", ""), ("", ""))[1] in ("", "info"):
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self.swap.enter()
+        except GuardError as err:
+            await respond(send, err)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.swap.leave()
+
+
+def busy(holder: str, wait_s: float) -> GuardError:
+    err = GuardError(503, f"the GPU is serving {holder}; this model did not wake within {wait_s:g} s (it shares "
+                          "the GPU with other models, one at a time)", "model_swapping")
+    err.retry_after = max(1.0, wait_s / 4)
+    return err
+
+
+def hold_for_startup(cfg: dict[str, Any], startup_s: float, stopped: Callable[[], bool]) -> bool:
+    """The entrypoint's wait, before vLLM starts, for the GPU's lease (held for the whole startup);
+    False if the pod was told to stop first. Blocking: nothing else runs in the entrypoint then."""
+    shared: dict[str, Any] = cfg.get("globalLimits") or {}
+    if not cfg.get("swap"):
+        return True
+    import redis  # in the image with globalLimits
+
+    # Any: redis-py annotates fcall's arguments as lists.
+    client: Any = redis.Redis(host=str(shared["host"]), port=int(shared["port"]), socket_timeout=2)
+    key, holder = lease_key(os.environ[NODE_ENV]), os.environ[HOLDER_ENV]
+    while not stopped():
+        try:
+            out = client.fcall(FUNCTION, 1, key, "take", holder, int(startup_s * 1000), int(POLL_SECONDS * 4000))
+            if int(out[0]) == 1:
+                return True
+        except redis.RedisError as exc:
+            print(f"vllm-gke: GPU lease not reachable yet ({type(exc).__name__})", flush=True)
+        time.sleep(POLL_SECONDS)
+    return False

@@ -1,0 +1,234 @@
+"""The swap on a shared GPU (images/vllm_gke_guard/swap.py): the GPU's lease in a real Redis with
+the limit store's own config, ACL and function library; each server's side of it (wake, yield,
+sleep) against an engine client that records what it is asked; the 503 when the GPU stays busy."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from typing import Any, Optional
+
+import pytest
+
+from vllm_gke.images.vllm_gke_guard import swap as sw
+from vllm_gke.images.vllm_gke_guard.errors import GuardError, error_body
+
+
+@pytest.fixture
+def redis_port(tmp_path):
+    binary = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
+    if not binary:
+        if os.environ.get("CI"):
+            pytest.fail("CI runs the GPU lease against a real redis-server")
+        pytest.skip("no redis-server here (set REDIS_SERVER)")
+    from benchmarks.limit_store import start_redis
+
+    proc, port = start_redis(binary, tmp_path)
+    yield port
+    proc.terminate()
+    proc.wait(5)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def lease(port: int, holder: str, ttl_s: float = 5.0, poll_s: float = 0.02) -> sw.GpuLease:
+    import redis.asyncio as aioredis
+
+    return sw.GpuLease(aioredis.Redis(port=port), "node-1", holder, ttl_s, poll_s)
+
+
+def test_one_holder_and_its_waiter(redis_port):
+    async def go() -> list[Any]:
+        a, b, c = (lease(redis_port, h) for h in "abc")
+        out = [await a.take(), await b.take(), await a.renew(), await c.take()]
+        await a.drop()
+        # Free, but b waited first: c must wait its turn, b takes it.
+        out += [await c.take(), await b.take(), await b.renew(), await a.renew()]
+        return out
+
+    took_a, b_waits, a_sees_b, c_behind_b, c_after_drop, b_takes, b_renews, a_lost = run(go())
+    assert took_a == (True, "a", "")
+    assert b_waits == (False, "a", "b")
+    assert a_sees_b == (True, "a", "b")  # the holder learns of its waiter when it renews
+    assert c_behind_b == (False, "a", "b")  # a fresh claim is not overwritten
+    assert c_after_drop == (False, "", "b")
+    assert b_takes == (True, "b", "")  # the claim cleared once served
+    assert b_renews == (True, "b", "")
+    assert a_lost[0] is False
+
+
+def test_a_holder_that_stops_renewing_frees_the_gpu_and_a_stale_claim_expires(redis_port):
+    async def go() -> tuple[Any, Any, Any]:
+        a, b = lease(redis_port, "a", ttl_s=0.2), lease(redis_port, "b", ttl_s=0.2)
+        await a.take()
+        await b.take()  # b waits, then goes away
+        await asyncio.sleep(0.4)  # past the lease and the claim's freshness (4 polls)
+        c = lease(redis_port, "c", ttl_s=0.2)
+        return await c.take(), await a.renew(), await b.renew()
+
+    c_takes, a_lost, b_not_holder = run(go())
+    assert c_takes == (True, "c", "")
+    assert a_lost[0] is False and b_not_holder[0] is False
+
+
+def test_the_lease_is_within_the_stores_acl(redis_port):
+    import redis
+    from redis.exceptions import NoPermissionError
+
+    plain = redis.Redis(port=redis_port)
+    assert sw.lease_key("n").startswith("rl:")  # the guards' keys; any other is refused by the ACL
+    with pytest.raises(NoPermissionError):
+        plain.hset("gpu:n", "holder", "x")
+
+
+class Engine:
+    """The engine client calls the swap makes (AsyncLLM's sleep, wake_up, collective_rpc), recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.asleep = False
+
+    async def sleep(self, level: int, mode: str) -> None:
+        self.calls.append(("sleep", level, mode))
+        self.asleep = True
+
+    async def wake_up(self, tags: Optional[list[str]]) -> bool:
+        self.calls.append(("wake_up", tags))
+        if tags is None or "kv_cache" in tags:
+            self.asleep = False
+        return not self.asleep
+
+    async def collective_rpc(self, method: str) -> list[Any]:
+        self.calls.append(("collective_rpc", method))
+        return [None]
+
+
+def server(port: int, holder: str, level: int = 1, wait_s: float = 5.0, min_awake_s: float = 0.0,
+           ttl_s: float = 5.0) -> tuple[sw.Swap, Engine]:
+    s = sw.Swap({"level": level, "waitSeconds": wait_s, "minAwakeSeconds": min_awake_s},
+                lease(port, holder, ttl_s), poll_s=0.02)
+    engine = Engine()
+    s.bind(engine)
+    return s, engine
+
+
+async def started(port: int, holder: str, **kw: Any) -> tuple[sw.Swap, Engine]:
+    """A server as the entrypoint leaves it: the lease taken before vLLM starts, awake."""
+    granted, _, _ = await lease(port, holder).take()
+    assert granted
+    return server(port, holder, **kw)
+
+
+async def asleep(port: int, holder: str, **kw: Any) -> tuple[sw.Swap, Engine]:
+    s, engine = server(port, holder, **kw)
+    s.awake = False
+    return s, engine
+
+
+def test_a_request_for_a_sleeping_model_waits_for_the_awake_one_to_sleep(redis_port):
+    async def go() -> tuple[Engine, Engine, list[str]]:
+        a, a_engine = await started(redis_port, "a")
+        b, b_engine = await asleep(redis_port, "b")
+        order: list[str] = []
+        await a.enter()  # a request of a's, in flight on the GPU
+        b_request = asyncio.create_task(b.enter())
+        await asyncio.sleep(0.2)
+        order.append("b waiting" if not b_request.done() else "b served early")
+        order.append("a still awake" if not a_engine.asleep else "a slept under its request")
+        a.leave()
+        await asyncio.wait_for(b_request, 5)
+        order.append("b served")
+        b.leave()
+        for t in (a.watcher, b.watcher):
+            assert t is not None
+            t.cancel()
+        return a_engine, b_engine, order
+
+    a_engine, b_engine, order = run(go())
+    assert order == ["b waiting", "a still awake", "b served"]
+    assert a_engine.calls == [("sleep", 1, "wait")]  # finishes what it runs, then sleeps
+    assert b_engine.calls == [("wake_up", None)]
+
+
+def test_level_2_reloads_the_weights_before_the_kv_cache(redis_port):
+    async def go() -> Engine:
+        b, engine = await asleep(redis_port, "b", level=2)
+        await b.enter()
+        b.leave()
+        assert b.watcher is not None
+        b.watcher.cancel()
+        return engine
+
+    assert run(go()).calls == [("wake_up", ["weights"]), ("collective_rpc", "reload_weights"),
+                               ("wake_up", ["kv_cache"])]
+
+
+def test_past_its_wait_a_request_gets_503_with_retry_after(redis_port):
+    async def go() -> GuardError:
+        await lease(redis_port, "stuck", ttl_s=30).take()  # a holder that never yields
+        b, engine = await asleep(redis_port, "b", wait_s=0.3)
+        with pytest.raises(GuardError) as exc:
+            await b.enter()
+        assert engine.calls == [] and b.inflight == 0
+        assert b.watcher is not None
+        b.watcher.cancel()
+        return exc.value
+
+    err = run(go())
+    assert err.status == 503 and err.code == "model_swapping" and err.retry_after is not None
+    assert error_body(err).startswith(b'{"error": {"message": "the GPU is serving stuck')
+    assert b'"type": "service_unavailable"' in error_body(err)
+
+
+def test_the_holder_keeps_the_gpu_its_minimum_then_yields(redis_port):
+    async def go() -> tuple[bool, bool]:
+        a, a_engine = await started(redis_port, "a", min_awake_s=3600)
+        await lease(redis_port, "b").take()  # b waits
+        await a.step()
+        kept = not a_engine.asleep
+        a.min_awake_s = 0
+        await a.step()
+        for t in (a.watcher,):
+            assert t is not None
+            t.cancel()
+        return kept, a_engine.asleep
+
+    kept, slept = run(go())
+    assert kept and slept
+
+
+def test_a_server_that_lost_its_lease_sleeps(redis_port):
+    async def go() -> bool:
+        a, engine = await started(redis_port, "a")
+        await lease(redis_port, "a").drop()
+        await lease(redis_port, "b").take()  # someone else holds the GPU now
+        await a.step()
+        assert a.watcher is not None
+        a.watcher.cancel()
+        return engine.asleep and not a.awake
+
+    assert run(go())
+
+
+def test_a_store_out_of_reach_past_half_the_lease_sleeps_the_server():
+    class Down:
+        async def fcall(self, *args: Any) -> Any:
+            raise ConnectionError("store down")
+
+    async def go() -> tuple[bool, bool]:
+        s = sw.Swap({"level": 1}, sw.GpuLease(Down(), "n", "a", ttl_s=0.2), poll_s=0.02)
+        engine = Engine()
+        s.bind(engine)
+        await s.step()  # just renewed at start: keeps serving
+        first = engine.asleep
+        s.renewed = time.monotonic() - 1  # last renewed past half the lease
+        await s.step()
+        assert s.watcher is not None
+        s.watcher.cancel()
+        return first, engine.asleep
+
+    assert run(go()) == (False, True)
