@@ -435,6 +435,55 @@ def _set_arg(args, flag, value):
     args[args.index(flag) + 1] = value
 
 
+def _spec_vllm(plan):
+    """The vLLM container and pod spec of the tuned stack's speculative variant (an EAGLE-3 draft)."""
+    spec = _kube(plan, "Deployment", "llama-70b-spec-short").props["spec"]["template"]["spec"]
+    return next(c for c in spec["containers"] if c["name"] == "vllm"), spec
+
+
+def _spec_json(plan, **update):
+    args = _spec_vllm(plan)[0]["args"]
+    i = args.index("--speculative-config") + 1
+    args[i] = json.dumps({**json.loads(args[i]), **update})
+
+
+def _no_draft_wait(plan):
+    for init in _spec_vllm(plan)[1].get("initContainers") or []:
+        init["command"] = [part.replace("/.drafts/", "/.gone/") for part in init["command"]]
+
+
+PD = "llama-70b-pd"  # tuned's disaggregated model
+
+
+def _pd_template(plan, pool):
+    return _kube(plan, "Deployment", f"{PD}-{pool}").props["spec"]["template"]
+
+
+def _pd_sidecar_tls(plan):
+    (sidecar,) = [c for c in _pd_template(plan, "short")["spec"]["initContainers"] if c["name"] == "routing-sidecar"]
+    sidecar["args"] = [a for a in sidecar["args"] if not a.startswith("--secure-proxy")]
+
+
+def _pd_decider_off(plan):
+    cm = _kube(plan, "ConfigMap", f"{PD}-router-epp")
+    config = yaml.safe_load(cm.props["data"]["default-plugins.yaml"])
+    next(p for p in config["plugins"] if p["type"] == "prefix-based-pd-decider")["parameters"]["nonCachedTokens"] = 0
+    cm.props["data"]["default-plugins.yaml"] = yaml.safe_dump(config)
+
+
+def _pd_identity_keeps_prefill_header(plan):
+    cm = _kube(plan, "ConfigMap", "vllm-gke-identity")
+    config = json.loads(cm.props["data"]["identity.json"])
+    config["headers"]["strip"].remove("x-prefiller-host-port")
+    cm.props["data"]["identity.json"] = json.dumps(config)
+
+
+def _pd_decode_trusts_envoy(plan):
+    (vllm,) = _pd_template(plan, "short")["spec"]["containers"]
+    env = next(e for e in vllm["env"] if e["name"] == "GKE_LLM_GUARD_CONFIG")
+    env["value"] = json.dumps({**json.loads(env["value"]), "trustedPeers": ["127.0.0.1", "127.0.0.6"]})
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "keda_owns_external_metrics": ("dev", _add_external_apiservice, "second owner"),
     "keda_ports_open_on_private_clusters": ("prod", _no_firewall, "tcp:6443, 9443"),
@@ -538,6 +587,15 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "nixl_side_channel_on_the_pod_ip": ("tuned", _side_channel_on_localhost, "cannot reach the prefill engine"),
     "nixl_connector_not_replaced": ("tuned", lambda p: _pd_vllm(p)["args"].extend(
         ["--kv-offloading-size", "40"]), "replaces NixlConnector"),
+    "speculative_config_is_the_models": ("tuned", lambda p: _spec_json(
+        p, model="yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"), "the draft named by the share's copy"),
+    "draft_waited_for_before_vllm_starts": ("tuned", _no_draft_wait, "before the draft's ready marker"),
+    "draft_sharded_as_counted": ("tuned", lambda p: _spec_json(p, draft_tensor_parallel_size=1),
+                                 "fewer GPUs than the capacity check counts"),
+    "lora_steps_hold_every_proposal": ("tuned", lambda p: _spec_vllm(p)[0]["args"].append("--enable-lora"),
+                                       "needs --max-num-batched-tokens of at least 256"),
+    "ngram_window_ordered": ("tuned", lambda p: _spec_json(p, method="ngram", prompt_lookup_min=6,
+                                                           prompt_lookup_max=3), "vLLM refuses a minimum above"),
 }
 
 

@@ -70,6 +70,14 @@ def test_bad_speculative_configs_are_refused_naming_the_fix(spec, words):
     assert words in str(exc.value)
 
 
+def test_the_component_packages_custom_shape_is_the_drafts_shape():
+    draft = {k: v for k, v in EAGLE3_70B["draft"].items() if k != "shape"}
+    m = model({**EAGLE3_70B, "draft": {**draft, "customShape": EAGLE3_70B["draft"]["shape"]}})
+    assert m.speculative and m.speculative.draft and m.speculative.draft.params_billion == 1.4
+    with pytest.raises(ValidationError, match="not both"):
+        model({**EAGLE3_70B, "draft": {**EAGLE3_70B["draft"], "customShape": EAGLE3_70B["draft"]["shape"]}})
+
+
 def tuned() -> dict[str, Any]:
     return copy.deepcopy(read_stack_config("tuned"))
 

@@ -58,6 +58,16 @@ class Routing(str, Enum):
     INFERENCE_GATEWAY = 'inference-gateway'
 
 
+class Method(str, Enum):
+    """What proposes the tokens: ngram (prompt lookup, no weights), draft_model (a smaller model of the same tokenizer), eagle or eagle3 (a head reading the model's hidden states), mtp (the model's own multi-token-prediction layers; DeepSeek-V3 and custom shapes whose checkpoint has them)."""
+
+    NGRAM = 'ngram'
+    DRAFT_MODEL = 'draft_model'
+    EAGLE = 'eagle'
+    EAGLE3 = 'eagle3'
+    MTP = 'mtp'
+
+
 class ClassName(str, Enum):
     """Internal by default: exposing models to the internet is a decision, with TLS required."""
 
@@ -342,6 +352,55 @@ class KvOffloadSpec(TypedDict):
     """GiB of host memory one replica's offloaded KV cache takes, summed over its GPUs as vLLM counts it (--kv-offloading-size). Default: nine tenths of what the node has left for each replica after GKE's reservations, GKE's own pods and the replicas' other memory; the plan refuses a size that does not fit beside the other replicas on the node."""
 
 
+class DraftShape(TypedDict):
+    """A draft's architecture, as its config.json gives it (an EAGLE head: its one or few layers)."""
+
+    params_billion: float
+    """Parameters, in billions (an EAGLE head's own: its layer(s), fusion and lm_head)."""
+    layers: int
+    """Transformer layers (num_hidden_layers)."""
+    kv_heads: int
+    """Key/value heads (num_key_value_heads)."""
+    head_dim: int
+    """Dimension of one attention head (head_dim, else hidden_size / num_attention_heads)."""
+
+
+class DraftSpec(TypedDict):
+    """The draft model or EAGLE head, copied onto the share beside the model by its own loader Job;
+    the servers read it from there (never from the hub) once its ready marker is written."""
+
+    source: str
+    """hf://org/repo or gs://bucket/prefix."""
+    revision: NotRequired[str]
+    """Git branch, tag or commit of the source. Default: main."""
+    shape: NotRequired[str]
+    """The named form of `shape` (or give `custom_shape`). Its architecture: a catalog name (as models[].shape) or {paramsBillion, layers, kvHeads, headDim}."""
+    custom_shape: NotRequired[DraftShape]
+    """The structured form of `shape` (give one of the two). Its architecture: a catalog name (as models[].shape) or {paramsBillion, layers, kvHeads, headDim}."""
+    bytes_per_weight: NotRequired[float]
+    """Bytes each parameter takes in its checkpoint (vLLM loads a draft unquantised unless its checkpoint says otherwise: 2 for bfloat16). Default: 2.0."""
+    disk_gb: NotRequired[float]
+    """GiB its files take on disk (default: paramsBillion x bytesPerWeight)."""
+
+
+class SpeculativeSpec(TypedDict):
+    """Speculative decoding: each step proposes numSpeculativeTokens tokens and the model verifies
+    them together, keeping the accepted prefix and one token of its own."""
+
+    method: Method
+    """What proposes the tokens: ngram (prompt lookup, no weights), draft_model (a smaller model of the same tokenizer), eagle or eagle3 (a head reading the model's hidden states), mtp (the model's own multi-token-prediction layers; DeepSeek-V3 and custom shapes whose checkpoint has them). One of: ngram, draft_model, eagle, eagle3, mtp."""
+    num_speculative_tokens: NotRequired[int]
+    """Tokens proposed per step (vLLM's num_speculative_tokens, k). Default: 3."""
+    prompt_lookup_max: NotRequired[int]
+    """ngram: the longest n-gram of the recent tokens looked up in the prompt (vLLM's prompt_lookup_max; unset: promptLookupMin, else 5, vLLM's default)."""
+    prompt_lookup_min: NotRequired[int]
+    """ngram: the shortest n-gram looked up (vLLM's prompt_lookup_min; unset: promptLookupMax, else 5)."""
+    draft: NotRequired[DraftSpec]
+    """draft_model, eagle, eagle3: the draft's weights and shape (required for them, refused otherwise)."""
+    acceptance_rate: NotRequired[float]
+    """The chance each proposed token is accepted, as measured on your traffic (vLLM's vllm:spec_decode_num_accepted_tokens_total over vllm:spec_decode_num_draft_tokens_total). Unset: the method's assumed rate (ngram 0.3, draft_model 0.6, eagle 0.6, eagle3 0.7, mtp 0.8); the plan says which it used."""
+
+
 class ModelSpec(TypedDict):
     """ModelSpec settings (see docs/reference/config.md)."""
 
@@ -397,6 +456,8 @@ class ModelSpec(TypedDict):
     """While a replica sheds tenants of negative priority, their requests go to this model instead of a 429 (for the tenants allowed to call it), and come back as the shed tiers do."""
     kv_offload: NotRequired[KvOffloadSpec]
     """Offload KV blocks that leave the GPU to the node's host memory (vLLM's native CPU offloading), so prefixes seen before and preempted sequences load back instead of being recomputed; the server's memory request and limit grow by its size. It does not raise the batch that runs at once."""
+    speculative: NotRequired[SpeculativeSpec]
+    """Speculative decoding (vLLM's --speculative-config): n-gram prompt lookup, a draft model, an EAGLE/EAGLE-3 head or the model's own MTP heads propose tokens its replicas verify in one step. The plan counts the draft's memory and scales the decode rate by the acceptance rate."""
 
 
 class JwtSpec(TypedDict):

@@ -14,7 +14,7 @@ Populator), billing.py (the Cloud Billing Budget API), collector.py (traces: vLL
 OpenTelemetry Collector), load_test.py (inference-perf), lws.py (LeaderWorkerSet, vLLM across
 hosts), gpu_network.py (Compute Engine's network between GPU hosts), disaggregation.py (vLLM's NIXL
 connector between prefill and decode pods), kv_offload.py (vLLM's KV-cache offload to host
-memory) and flagger.py (Flagger, its
+memory), speculative.py (vLLM's speculative decoding: --speculative-config, the draft) and flagger.py (Flagger, its
 PromQL frontend and loadtester, the canaries' rollouts); base.py holds the Contract row and the
 plan helpers they share. This module assembles the table in that order.
 """
@@ -45,6 +45,7 @@ from . import (
     monitoring,
     picker,
     populator,
+    speculative,
     vllm,
 )
 from .base import Check, Contract
@@ -117,6 +118,13 @@ from .picker import (
     picker_without_pprof,
 )
 from .populator import populator_inputs
+from .speculative import (
+    draft_sharded_as_counted,
+    draft_waited_for_before_vllm_starts,
+    lora_steps_hold_every_proposal,
+    ngram_window_ordered,
+    speculative_config_is_the_models,
+)
 from .vllm import (
     guard_reads_queue_series_vllm_exports,
     vllm_applies_no_adapter_by_itself,
@@ -157,6 +165,8 @@ __all__ = [
     "offload_buffer_in_shm_and_the_memory_limit", "offload_does_not_raise_the_batch",
     "offload_flags_are_the_replicas_tier", "offload_takes_the_kv_connector",
     "nixl_connector_not_replaced", "nixl_role_per_pod", "nixl_side_channel_on_the_pod_ip",
+    "draft_sharded_as_counted", "draft_waited_for_before_vllm_starts", "lora_steps_hold_every_proposal",
+    "ngram_window_ordered", "speculative_config_is_the_models",
 ]
 
 CONTRACTS: tuple[Contract, ...] = (
@@ -164,7 +174,7 @@ CONTRACTS: tuple[Contract, ...] = (
     *loader.ROWS, *populator.ROWS, *billing.ROWS,
     *collector.ROWS, *load_test.ROWS, *lws.ROWS, *gpu_network.ROWS,
     *monitoring.ROWS, *flagger.ROWS, *disaggregation.ROWS,
-    *kv_offload.ROWS,
+    *kv_offload.ROWS, *speculative.ROWS,
 )
 
 

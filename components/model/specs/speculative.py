@@ -5,12 +5,12 @@ vllm/config/speculative.py:90-97); the draft's weights are loaded onto the share
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
 
 from ..catalog import MODEL_SHAPES, ModelShape
-from .base import Revision, Spec, WeightsSource
+from .base import Revision, Spec, WeightsSource, config_mapping
 
 # The methods served, and what proposes the tokens: the prompt's own n-grams (no weights), a
 # smaller model of the same tokenizer, an EAGLE or EAGLE-3 head reading the model's hidden
@@ -50,6 +50,20 @@ class DraftSpec(Spec):
     # GiB its files take on disk (default: paramsBillion x bytesPerWeight).
     disk_gb: Optional[float] = Field(default=None, gt=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _custom_shape(cls, data: Any) -> Any:
+        """`customShape` is the structured form of `shape`, as the component package names it (its
+        schema has no unions), as for models[].customShape."""
+        if config_mapping(data) and ("customShape" in data or "custom_shape" in data):
+            data = dict(data)
+            custom = data.pop("customShape", None) or data.pop("custom_shape", None)
+            if data.get("shape") is not None:
+                raise ValueError("give shape (a catalog name) or customShape ({paramsBillion, layers, kvHeads, "
+                                 "headDim}), not both")
+            data["shape"] = custom
+        return data
+
     @model_validator(mode="after")
     def _known_shape(self) -> "DraftSpec":
         if isinstance(self.shape, str) and self.shape not in MODEL_SHAPES:
@@ -78,9 +92,10 @@ class SpeculativeSpec(Spec):
     method: SpeculativeMethod
     # Tokens proposed per step (vLLM's num_speculative_tokens, k).
     num_speculative_tokens: int = Field(default=3, ge=1, le=16)
-    # ngram: the longest and shortest n-gram of the recent tokens looked up in the prompt (vLLM's
-    # prompt_lookup_max and prompt_lookup_min; unset: 5, vLLM's default).
+    # ngram: the longest n-gram of the recent tokens looked up in the prompt (vLLM's prompt_lookup_max;
+    # unset: promptLookupMin, else 5, vLLM's default).
     prompt_lookup_max: Optional[int] = Field(default=None, ge=1, le=64)
+    # ngram: the shortest n-gram looked up (vLLM's prompt_lookup_min; unset: promptLookupMax, else 5).
     prompt_lookup_min: Optional[int] = Field(default=None, ge=1, le=64)
     # draft_model, eagle, eagle3: the draft's weights and shape (required for them, refused otherwise).
     draft: Optional[DraftSpec] = None
