@@ -10,7 +10,7 @@ from typing import Optional
 from rich.markup import escape
 from rich.table import Table
 
-from ..components.model.disaggregation import UCX_TCP_BYTES_S, PdSizing, pd_sizing, prefill_node_pool
+from ..components.model.disaggregation import PdSizing, pd_sizing, prefill_node_pool
 from ..components.model.stack_config import StackConfig
 
 GUIDE = "docs/guides/disaggregation.md"
@@ -51,10 +51,6 @@ def pd_lines(s: PdSizing) -> list[str]:
              f"{s.decode_rate:,.0f}; each prompt's KV cache crosses {s.transport} in {s.transfer_s * 1e3:.0f} ms "
              f"({s.transfer_s / s.prefill_s:.0%} of its prefill); aggregated, prefills stretch the inter-token time "
              f"{s.itl_stretch:.2f}x."]
-    if s.transport == "tcp":
-        lines.append(f"{s.model}: over TCP NIXL reaches ~{UCX_TCP_BYTES_S / 1e9:.2g} GB/s (UCX stages the blocks through "
-                     f"host memory); machines with GPUDirect-RDMA NICs, which vllm-gke does not provision, would move them "
-                     f"in {s.rdma_transfer_s * 1e3:.0f} ms.")
     if s.pays:
         lines.append(f"{s.model}: disaggregation pays: {s.itl_stretch:.2f}x faster output for "
                      f"{s.gpus - s.aggregated_gpus:+d} GPUs ({GUIDE}).")

@@ -435,6 +435,17 @@ def _set_arg(args, flag, value):
     args[args.index(flag) + 1] = value
 
 
+def _swap_vllm(plan):
+    """The vLLM container and pod spec of one of the tuned stack's models swapping on the shared L4."""
+    spec = _kube(plan, "Deployment", "qwen-7b-short").props["spec"]["template"]["spec"]
+    return next(c for c in spec["containers"] if c["name"] == "vllm"), spec
+
+
+def _store_library_calls_set(plan):
+    cm = next(r for r in plan.resources if r.props.get("kind") == "ConfigMap" and "limits.lua" in r.props.get("data", {}))
+    cm.props["data"]["limits.lua"] += "\nlocal function f() return redis.call('SET', 'rl:x', 1) end\n"
+
+
 def _spec_vllm(plan):
     """The vLLM container and pod spec of the tuned stack's speculative variant (an EAGLE-3 draft)."""
     spec = _kube(plan, "Deployment", "llama-70b-spec-short").props["spec"]["template"]["spec"]
@@ -596,6 +607,16 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
                                        "needs --max-num-batched-tokens of at least 256"),
     "ngram_window_ordered": ("tuned", lambda p: _spec_json(p, method="ngram", prompt_lookup_min=6,
                                                            prompt_lookup_max=3), "vLLM refuses a minimum above"),
+    "sleep_mode_driven_by_the_guard": ("tuned", lambda p: _swap_vllm(p)[0]["args"].remove("--enable-sleep-mode"),
+                                       "started without --enable-sleep-mode"),
+    "sleep_routes_unreachable": ("tuned", lambda p: _swap_vllm(p)[0]["env"].append(
+        {"name": "VLLM_SERVER_DEV_MODE", "value": "1"}), "registers /sleep and /wake_up"),
+    "awake_model_passes_the_startup_check": ("tuned", lambda p: _set_arg(_swap_vllm(p)[0]["args"],
+                                                                          "--gpu-memory-utilization", "0.95"),
+                                             "is more than is free beside"),
+    "time_shared_pools_and_their_pods": ("tuned", lambda p: _swap_vllm(p)[1]["nodeSelector"].pop(
+        "cloud.google.com/gke-gpu-sharing-strategy"), "not the time-shared nodes' labels"),
+    "lease_commands_within_the_acl": ("tuned", _store_library_calls_set, "which the guards' ACL refuses"),
 }
 
 

@@ -144,22 +144,10 @@ def _spec(model: ModelSpec) -> DisaggregationSpec:
     return model.disaggregation
 
 
-# What NIXL reaches over UCX's TCP transport between GPU pods, measured: 0.59 GB/s between two A3
-# hosts with nixlbench, UCX on one NIC and staging through host memory (openucx/ucx#10854; NCCL
-# over the same machines' GPUDirect-TCPX: 40+ GB/s), and 0.5 GB/s for vLLM's NixlConnector where
-# UCX fell back to TCP (vllm-project/vllm#52607). Far below the NIC's line rate, whatever the NIC.
-UCX_TCP_BYTES_S = 0.59 * GB
-# Over RDMA each GPU reads through its own NIC (GPUDirect-RDMA machines carry one 400 Gbps NIC a GPU);
-# NIXL over UCX reached 85% of such a NIC's line rate (ai-dynamo/nixl#1647: 341 of 400 Gb/s).
-RDMA_BYTES_S_PER_GPU = 400 / 8 * GB * 0.85
-
-
-def link_bytes_s(machine: MachineType, how: Transport, devices: int) -> float:
-    """Bytes a second a replica's KV transfer reaches: over TCP, UCX's measured rate (never above
-    the NIC's at the share sockets reach, throughput.NET_EFFICIENCY); over RDMA, each of its GPUs' NIC."""
-    if how == "rdma":
-        return devices * RDMA_BYTES_S_PER_GPU
-    return min(UCX_TCP_BYTES_S, machine.nic_gbps / 8 * GB * NET_EFFICIENCY)
+def link_bytes_s(machine: MachineType, how: Transport) -> float:
+    """Bytes a second one pod's transfers reach: TCP at the NIC's rate x what sockets reach of it
+    (throughput.NET_EFFICIENCY, as NCCL over TCP); RDMA near line rate."""
+    return machine.nic_gbps / 8 * GB * (NET_EFFICIENCY if how == "tcp" else 0.9)
 
 
 @dataclass(frozen=True)
@@ -181,7 +169,6 @@ class PdSizing:
     decode_usd_hour: float
     transport: Transport
     transfer_s: float  # a typical prompt's KV cache over the transport
-    rdma_transfer_s: float  # the same over RDMA (what machines with RDMA NICs would take)
     prefill_s: float  # its prefill on a prefill replica (TTFT's compute part)
     itl_stretch: float  # an aggregated replica's time between output tokens over a decode replica's
     decode_itl_s: float  # a decode replica's time between a sequence's output tokens, at its batch
@@ -249,9 +236,7 @@ def pd_sizing(model: ModelSpec, decode_pool: NodePoolSpec, prefill_np: NodePoolS
         prompt_s, output_s = prefill.min_replicas * p_rate, max(1, model.short.min_replicas) * d_rate
     prompt = int(decode_row.context_tokens * prompt_s / (prompt_s + output_s))
     how = transport(model, prefill_np, decode_pool)
-    devices = model.devices_per_replica
-    link = min(link_bytes_s(prefill_np.machine, how, devices), link_bytes_s(decode_pool.machine, how, devices))
-    kv_bytes = prompt * model.kv_bytes_per_token
+    link = min(link_bytes_s(prefill_np.machine, how), link_bytes_s(decode_pool.machine, how))
     agg_p = decode_row.prefill_tokens_s
     return PdSizing(
         model=model.name, prompt_tokens_s=prompt_s, output_tokens_s=output_s, prompt_tokens=prompt,
@@ -259,8 +244,7 @@ def pd_sizing(model: ModelSpec, decode_pool: NodePoolSpec, prefill_np: NodePoolS
         prefill_replicas=math.ceil(prompt_s / p_rate), decode_replicas=math.ceil(output_s / d_rate),
         aggregated_replicas=math.ceil(prompt_s / agg_p + output_s / d_rate), devices=model.devices_per_replica,
         prefill_usd_hour=replica_usd_hour(model, prefill_np), decode_usd_hour=replica_usd_hour(model, decode_pool),
-        transport=how, transfer_s=kv_bytes / link, rdma_transfer_s=kv_bytes / (devices * RDMA_BYTES_S_PER_GPU),
-        prefill_s=prompt / p_rate,
+        transport=how, transfer_s=prompt * model.kv_bytes_per_token / link, prefill_s=prompt / p_rate,
         itl_stretch=1 + (prompt_s / agg_p) / (output_s / d_rate),
         decode_itl_s=min(decode_row.max_num_seqs, max(1, decode_row.seqs_fit)) / d_rate,
         min_prompt_tokens=spec.min_prompt_tokens, configured_prefill=prefill.max_replicas,

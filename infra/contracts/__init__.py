@@ -45,6 +45,7 @@ from . import (
     monitoring,
     picker,
     populator,
+    sleep_mode,
     speculative,
     vllm,
 )
@@ -118,6 +119,13 @@ from .picker import (
     picker_without_pprof,
 )
 from .populator import populator_inputs
+from .sleep_mode import (
+    awake_model_passes_the_startup_check,
+    lease_commands_within_the_acl,
+    sleep_mode_driven_by_the_guard,
+    sleep_routes_unreachable,
+    time_shared_pools_and_their_pods,
+)
 from .speculative import (
     draft_sharded_as_counted,
     draft_waited_for_before_vllm_starts,
@@ -167,6 +175,8 @@ __all__ = [
     "nixl_connector_not_replaced", "nixl_role_per_pod", "nixl_side_channel_on_the_pod_ip",
     "draft_sharded_as_counted", "draft_waited_for_before_vllm_starts", "lora_steps_hold_every_proposal",
     "ngram_window_ordered", "speculative_config_is_the_models",
+    "awake_model_passes_the_startup_check", "lease_commands_within_the_acl", "sleep_mode_driven_by_the_guard",
+    "sleep_routes_unreachable", "time_shared_pools_and_their_pods",
 ]
 
 CONTRACTS: tuple[Contract, ...] = (
@@ -175,6 +185,7 @@ CONTRACTS: tuple[Contract, ...] = (
     *collector.ROWS, *load_test.ROWS, *lws.ROWS, *gpu_network.ROWS,
     *monitoring.ROWS, *flagger.ROWS, *disaggregation.ROWS,
     *kv_offload.ROWS, *speculative.ROWS,
+    *sleep_mode.ROWS,
 )
 
 
