@@ -24,7 +24,9 @@ from vllm_gke.components.model.specs import KvOffloadSpec, ModelSpec, NodePoolSp
 from vllm_gke.components.model.vllm_argv import check_argv, load_snapshot
 from vllm_gke.components.model.vllm_server import container_resources, vllm_args
 from vllm_gke.infra.config import ConfigError, parse
+from vllm_gke.infra.kv_offload_text import offload_lines
 from vllm_gke.infra.plan import Plan, read_stack_config, run_program
+from vllm_gke.infra.report import verdicts
 
 H100 = NodePoolSpec(name="h100", machine_type="a3-highgpu-8g", disk_size_gb=400)
 MODEL = ModelSpec(name="llama-70b-offload", source="hf://meta-llama/Llama-3.3-70B-Instruct", shape="llama-3-70b",
@@ -193,9 +195,6 @@ def test_the_tuned_stack_serves_the_offload_variant_beside_the_plain_one(tuned_p
 
 
 def test_the_plan_shows_the_host_tier_and_what_it_does_not_do(tuned_plan: Plan):
-    from vllm_gke.infra.kv_offload_text import offload_lines
-    from vllm_gke.infra.report import verdicts
-
     v = verdicts(tuned_plan)
     rows = {r.model: r for r in v.capacity if r.pool == "short" and not r.tenant}
     assert rows["llama-70b-offload"].host_kv_tokens == 353_894 and rows["llama-70b"].host_kv_tokens == 0
