@@ -48,8 +48,10 @@ from typing import Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
+import yaml
 
 from .k8s_meta import api_body, custom_resource, meta
+from .model.disaggregation_cluster import pd_picker_config
 from .model.gateway_routes import backend_defaults
 from .model.k8s_objects import content_digest, vllm_health_check
 from .model.picker import (
@@ -100,6 +102,8 @@ class InferencePoolArgs:
     # scrape 9090 besides Managed Prometheus' collectors (the nodes' range, for host-network ones).
     load_balancer_sources: Sequence[pulumi.Input[str]] = ()
     metrics_sources: Sequence[str] = ()
+    # models[].disaggregation.minPromptTokens: P/D scheduling (disaggregation_cluster.pd_picker_config); 0: none.
+    pd_min_prompt_tokens: int = 0
 
 
 def picker_metadata(args: InferencePoolArgs, annotations: Optional[Mapping[str, str]] = None,
@@ -147,6 +151,8 @@ class InferencePool(pulumi.ComponentResource):
                                       objective_spec(args.pool_name, priority), k8s_opts)
                       for objective, priority in sorted(args.objectives.items())]
         plugins = picker_config(args.picker, args.objectives.values(), args.extension)
+        if args.pd_min_prompt_tokens:
+            plugins = yaml.safe_dump(pd_picker_config(yaml.safe_load(plugins), args.pd_min_prompt_tokens), sort_keys=False)
         config = k8s.core.v1.ConfigMap(f"{name}-epp-config", metadata=picker_metadata(args, name=workload),
                                        data={CONFIG_FILE: plugins}, opts=k8s_opts)
         container = picker_container(args.pool_name, args.namespace, args.image.uri, args.request_timeout_seconds,

@@ -30,6 +30,7 @@ from .mesh_readiness import MeshReadiness, MeshReadinessArgs
 from .model.capacity import consumer_models, hosts_per_replica, placements
 from .model.config_errors import in_program_words, stack_config
 from .model.config_rules import cross_field_issues
+from .model.disaggregation_cluster import forwards_token as pd_forwards_token
 from .model.fallback import forwards_token
 from .model.gateway_routes import GATEWAY_NAME, RouteTarget, serving_listener
 from .model.gcp_apis import required_apis
@@ -71,6 +72,7 @@ from .model.weights_layout import SERVER_SA, model_dir, reads_hub_token_from_sec
 from .model_store import ModelStore, ModelStoreArgs, WeightsPrune
 from .observability import Observability, ObservabilityArgs
 from .options import child_opts
+from .prefill_pool import PrefillPaths, PrefillPathsArgs
 from .project_apis import ProjectApis, ProjectApisArgs
 from .render_server import RenderServer, RenderServerArgs
 from .standby import Standby
@@ -232,7 +234,7 @@ class Platform(pulumi.ComponentResource):
                 sources=self._sources,
                 picker_models=[m for m in shared_models(t) if cfg.model(m).routing == "inference-gateway"],
                 service_accounts=(SERVER_SA, STANDBY_SA) if t.dedicated else (),
-                forward_token=forwards_token(cfg, t)),
+                forward_token=forwards_token(cfg, t) or pd_forwards_token(cfg, t)),
                 opts=after_mesh)
             for t in cfg.tenants
         }
@@ -374,9 +376,14 @@ class Platform(pulumi.ComponentResource):
             selector=inference_pool_selector(model, picker_queue(cfg)), objectives=picker_objectives(serving),
             request_timeout_seconds=cfg.gateway.request_timeout_seconds, picker=cfg.picker,
             extension=precise_extension(model.name, cfg.picker.scorers.prefix_cache, index) if precise else None,
-            load_balancer_sources=self._sources.health_checks, metrics_sources=[cfg.cluster.subnet_cidr]),
+            load_balancer_sources=self._sources.health_checks, metrics_sources=[cfg.cluster.subnet_cidr],
+            pd_min_prompt_tokens=model.disaggregation.min_prompt_tokens if model.disaggregation else 0),
             opts=self._opts_for(self._picker_deps))
         self.inference_pools[serving.key] = pool
+        if model.disaggregation is not None:  # the prefill pods open to the decode pods alone (prefill_pool.py)
+            PrefillPaths(f"{self._prefix}{serving.key}-prefill-paths", PrefillPathsArgs(
+                model.name, self._namespace_name(serving.tenant), self.cluster.provider),
+                opts=self._opts_for(self._picker_deps))
         if precise:
             self._render_server(serving)
 

@@ -63,7 +63,8 @@ def keeps_standby(model: ModelSpec, pool: ServingPoolSpec, queue: PickerQueue) -
 def inference_pool_selector(model: ModelSpec, queue: PickerQueue) -> dict[str, str]:
     """The InferencePool's pods: the model's one pool, and only its vLLM pods unless its standby is
     to answer there (flow control off): a standby in the pool makes it look served at zero."""
-    base = {MODEL_LABEL: model.name, POOL_LABEL: "short"}
+    # Disaggregated: its prefill pods too (their role label tells the picker's filters which is which).
+    base = {MODEL_LABEL: model.name} if model.disaggregation is not None else {MODEL_LABEL: model.name, POOL_LABEL: "short"}
     return base if keeps_standby(model, model.short, queue) else {**base, **SERVER_LABELS}
 
 

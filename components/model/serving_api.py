@@ -55,8 +55,12 @@ PICKER_CONTROL_HEADERS = (
     # frame rate, length and resolution, which its scorers may weigh.
     "x-llm-d-video-fps", "x-llm-d-video-duration-seconds", "x-llm-d-video-resolution",
 )
+# The headers llm-d-router's routing sidecar on a disaggregated model's decode pods sends a request's
+# prefill (or a KV pull) to (v0.10.0 pkg/common/routing/common.go:14-25); only the picker sets them.
+SIDECAR_ROUTING_HEADERS = ("x-prefiller-host-port", "x-encoder-hosts-ports", "x-data-parallel-host-port",
+                           "x-kv-cache-source-host-port")
 # What the extension removes from every request, and what it sets from a verified token.
-IDENTITY_STRIPS = (*PICKER_CONTROL_HEADERS, TENANT_HEADER)
+IDENTITY_STRIPS = (*PICKER_CONTROL_HEADERS, TENANT_HEADER, *SIDECAR_ROUTING_HEADERS)
 IDENTITY_SETS = (OBJECTIVE_HEADER, FAIRNESS_HEADER, TENANT_HEADER)
 # What the picker sets on the request it answers for (pkg/epp/handlers/request.go, with
 # ClearRouteCache): a route must neither match on it (a route re-matched after the picker would

@@ -10,6 +10,8 @@ from typing import Any, Literal, Mapping, Optional
 
 from .capacity import canary_room, hosts_per_replica, neighbours, rollout_strategy, surge_room
 from .cold_start import cold_start_seconds, rollout_seconds
+from .disaggregation import prefill_node_pool
+from .disaggregation_cluster import prefill_service
 from .fallback import fallback_guard_config
 from .gateway_routes import PickerTarget, RouteTarget
 from .k8s_objects import service_name_of
@@ -26,7 +28,7 @@ from .vllm_versions import VllmRelease
 
 # Where the shared servers run; a dedicated copy runs in its tenant's namespace.
 SHARED = "serving"
-PoolName = Literal["short", "long"]
+PoolName = Literal["short", "long", "prefill"]  # prefill: models[].disaggregation's (disaggregation_cluster.py)
 
 
 def floor_dollars_per_hour(model: ModelSpec, pool: NodePoolSpec,
@@ -148,6 +150,10 @@ def pool_services(cfg: StackConfig, serving: Serving, canary: bool = False,
                 "in-place", "a manual canary's own pool", primary_max=pool.max_replicas),
             picker_pool=model.name if wakes_on_picker_queue(model, pool, queue) else "",
             kv_events=reads_kv_events(cfg.picker, model)))
+    if model.disaggregation is not None and not canary:  # its prefill pool beside the decode (short) pool
+        np = cfg.pool(prefill_node_pool(model))
+        out.append(prefill_service(out[0], np, cfg.image_for(np.name), cfg.release_for(np.name),
+                                   cold_start_seconds(cfg, model, np)))
     return out
 
 

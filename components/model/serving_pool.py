@@ -214,7 +214,7 @@ def check_pool(add: Add, model: ModelSpec, pool_name: str, node_pool: NodePoolSp
                release: VllmRelease, pods_cidr: Optional[str], request_timeout_seconds: int) -> None:
     """The stack config's own checks, as it runs them on one pool of a model (the canary's, for a
     canary pool) on its node pool, keyed as the package spells its inputs."""
-    if pool_name not in model.pool_names:
+    if pool_name not in model.pool_names and not (pool_name == "prefill" and model.disaggregation is not None):
         add("poolName", f"'{pool_name}': model '{model.name}' has routing {model.routing}, whose one "
             "pool is short (behind the endpoint picker); nothing would route to a long pool")
     check_pool_lengths(add, "model", model)

@@ -50,6 +50,7 @@ vllm_gke.images.vllm_gke_guard):
   usage.py       each tenant request's outcome and tokens (vLLM's own count), for chargeback and SLOs
   overload.py    which tenants are shed while the replica's queue is over its objective
   fallback.py    a shed request sent to the stack's fallback model instead of the 429
+  kv_transfer.py who may send vLLM kv_transfer_params (P/D: the routing sidecar's legs alone)
   swap.py        models[].sleepMode: this server's turn on a time-shared GPU (a lease in the store)
   metrics.py     the counters on vLLM's /metrics, the log
   asgi.py        the ASGI types, the body handed on to vLLM

@@ -11,6 +11,7 @@ import time
 from typing import Any, Callable, Optional
 
 from . import body as _body
+from . import kv_transfer
 from .asgi import ASGIApp, Receive, Replay, Scope, Send, forward
 from .body import (
     ABSENT,
@@ -88,6 +89,8 @@ class GuardMiddleware:
         self.rule = str(cfg.get("maxTokensRule") or "both")
         # The routes whose request models take cache_salt in the pinned release.
         self.salted = frozenset(cfg.get("cacheSaltRoutes") or ())
+        # Who may send vLLM kv_transfer_params on this pod (kv_transfer.py): by default nobody.
+        self.kv_transfer = kv_transfer.policy_of(cfg)
         # Limits across replicas (LimitStore); the per-replica windows are then the fallback.
         shared = cfg.get("globalLimits")
         self.shared: Any = None
@@ -305,6 +308,7 @@ class GuardMiddleware:
                 fields = read_fields(body, "chat")
             except (JsonShapeError, ValueError):
                 fields = None
+        kv_transfer.check(body, self.kv_transfer)
         salt = tenant.salt if path in self.salted else None
         if fields is not None and fields.n is ABSENT and fields.best_of is ABSENT:
             mct, mt = fields.max_completion_tokens, fields.max_tokens
@@ -322,6 +326,7 @@ class GuardMiddleware:
         """The checks on the body, once the request is counted and its body read (and its fields,
         where the caller has read them already); `salt`, the tenant's cache_salt member to append."""
         utf8_or_error(body)
+        kv_transfer.check(body, self.kv_transfer)
         if kind not in OUTPUT_FIELDS:  # pooling: rate limited, generates nothing
             fields = fields_or_error(body, kind)
             metered_or_error(fields)

@@ -45,7 +45,11 @@ def member(salt: str) -> bytes:
 
 def salted(body: bytes, salt: str) -> bytes:
     """`body` with the tenant's cache_salt appended as its last member; BadBody if it is not one JSON object."""
-    check_object(body)
+    if "kv_transfer_params" in check_object(body):
+        # vLLM's KV connector reads it (remote engine, host, port, blocks): only llm-d-router's routing
+        # sidecar on a disaggregated model's decode pod may write it, never a client (the guard refuses
+        # it too, on every pod the sidecar does not front).
+        raise BadBody("kv_transfer_params is set by the platform's routing, never by a client: remove it")
     # A valid object's last byte but whitespace is its closing brace (the guard's closing_brace).
     close = len(body.rstrip())
     before = body[:close - 1].rstrip()
@@ -53,16 +57,15 @@ def salted(body: bytes, salt: str) -> bytes:
     return before + sep + member(salt) + body[close - 1:]
 
 
-def check_object(body: bytes) -> None:
-    """BadBody unless `body` is one JSON object in UTF-8 (NaN and Infinity refused, as Go's
-    encoding/json refuses them); msgspec's verdict where it accepts, json's words where it does not
-    (it also refuses a lone surrogate escape json takes)."""
+def check_object(body: bytes) -> set[str]:
+    """The top level's keys (unescaped, as vLLM's json reads them); BadBody unless `body` is one JSON
+    object in UTF-8 (NaN and Infinity refused, as Go's encoding/json refuses them); msgspec's verdict
+    where it accepts, json's words where it does not (it also refuses a lone surrogate escape json takes)."""
     try:
         text = body.decode("utf-8")  # msgspec skips raw members without checking their UTF-8
         if _OBJECT is not None:
             try:
-                _OBJECT.decode(body)
-                return
+                return set(_OBJECT.decode(body))
             except _ERRORS:
                 pass  # json says why (or accepts what msgspec alone refuses)
         doc = json.loads(text, parse_constant=_no_constant)
@@ -70,3 +73,4 @@ def check_object(body: bytes) -> None:
         raise BadBody(f"the body is not a valid JSON object: {exc}") from None
     if not isinstance(doc, dict):
         raise BadBody("the body must be a JSON object")
+    return set(doc)

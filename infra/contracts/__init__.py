@@ -30,6 +30,7 @@ from . import (
     billing,
     collector,
     disaggregation,
+    disaggregation_cluster,
     flagger,
     gateway,
     gcsfuse,
@@ -183,7 +184,7 @@ CONTRACTS: tuple[Contract, ...] = (
     *keda.ROWS, *picker.ROWS, *gateway.ROWS, *vllm.ROWS, *istio.ROWS, *gcsfuse.ROWS, *limit_store.ROWS, *kubectl.ROWS,
     *loader.ROWS, *populator.ROWS, *billing.ROWS,
     *collector.ROWS, *load_test.ROWS, *lws.ROWS, *gpu_network.ROWS,
-    *monitoring.ROWS, *flagger.ROWS, *disaggregation.ROWS,
+    *monitoring.ROWS, *flagger.ROWS, *disaggregation.ROWS, *disaggregation_cluster.ROWS,
     *kv_offload.ROWS, *speculative.ROWS,
     *sleep_mode.ROWS,
 )

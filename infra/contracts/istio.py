@@ -19,7 +19,8 @@ def istio_peer_and_claim_header(plan: Plan) -> list[str]:
                for jwt in ra["spec"].get("jwtRules") or [] for rule in jwt.get("outputClaimToHeaders") or []]
     headers = {h for claim, h, _ in written if claim == "iss"}
     for name, cfg in _guard_configs(plan):
-        if cfg.get("trustedPeers") != [SIDECAR_PEER]:
+        # A P/D decode pod's guard trusts its routing sidecar instead (contracts/disaggregation_cluster.py).
+        if cfg.get("trustedPeers") != [SIDECAR_PEER] and cfg.get("kvTransfer") != "routing-sidecar":
             out.append(f"{name}: the guard trusts {cfg.get('trustedPeers')}, not the sidecar's {SIDECAR_PEER}")
         if cfg.get("issuerHeader") not in headers:
             out.append(f"{name}: no RequestAuthentication writes the issuer into {cfg.get('issuerHeader')}")

@@ -80,6 +80,8 @@ PLUGIN_TYPES: dict[str, int] = {
     "fcfs-ordering-policy": 652, "static-usage-limit-policy": 655, "approx-prefix-cache-producer": 664,
     "token-producer": 669, "metrics-data-source": 692, "core-metrics-extractor": 693,
     "endpoint-notification-source": 701, "openai-parser": 706, "anthropic-parser": 709, "utilization-detector": 716,
+    # P/D scheduling (models[].disaggregation; infra/contracts/disaggregation_cluster.py checks their parameters).
+    "decode-filter": 577, "prefill-filter": 578, "disagg-profile-handler": 620, "prefix-based-pd-decider": 622,
 }
 # The utilization-detector's parameters (flowcontrol/saturationdetector/utilization/config.go:55-95).
 DETECTOR_PARAMETERS = {"queueDepthThreshold", "kvCacheUtilThreshold", "metricsStalenessThreshold", "headroom"}

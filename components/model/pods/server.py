@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Optional
 
 from ..capacity import hosts_per_replica
+from ..disaggregation import kv_transfer_env
+from ..disaggregation_cluster import disaggregated_pod, pod_role
 from ..k8s_objects import BASE_LABELS, CONTAINER_SECURITY
 from ..kv_offload import offload_args, offload_resources, shm_size
 from ..node_pools import placement_for
 from ..picker_prefix import kv_events_annotations, kv_events_args, kv_events_env
-from ..sleep_mode import swap_env
 from ..serving_pool import startup_failure_threshold, startup_window_seconds
+from ..sleep_mode import swap_env
 from ..specs import ModelSpec, NodePoolSpec, ServingPoolSpec
 from ..vllm_server import (
     GUARD_CONFIG_ENV,
@@ -171,6 +173,8 @@ def _pod(a: ServerPod, role: Role) -> dict[str, Any]:
     }
     if a.node_pool.is_tpu:  # root for the chips, the node's XLA cache, Ray's health checks
         tpu_pod(template, a.hosts, a.xla_cache_path)
+    if (pd := pod_role(a.model, a.pool)) is not None:  # models[].disaggregation: the pool's role in P/D
+        template = disaggregated_pod(template, pd, kv_transfer_env(a.model, a.node_pool), worker=role == "worker")
     return template
 
 

@@ -1,0 +1,225 @@
+"""Prefill/decode disaggregation, the cluster side (models[].disaggregation): the role each pool's pods
+take, llm-d-router's routing sidecar on the decode pods, the picker's P/D scheduling, and the only
+paths the prefill pods are open to. The model side (vLLM's flags and environment, the transport, the
+sizing) is components/model/disaggregation.py's; components/prefill_pool.py declares the prefill pool.
+
+Upstream file:line are llm-d/llm-d-router at v0.10.0 unless named otherwise; infra/contracts/
+disaggregation_cluster.py checks the plan against each.
+
+How a request runs: the Gateway's identity extension refuses any body carrying `kv_transfer_params`
+and strips every routing header a client sends (serving_api.PICKER_CONTROL_HEADERS); the picker's
+disagg-profile-handler picks a decode pod (decode-filter) and, where the prefix-based-pd-decider finds
+enough uncached prompt tokens, a prefill pod (prefill-filter), naming it in x-prefiller-host-port; the
+decode pod's routing sidecar (on the pool's port, vLLM behind it on DECODE_ENGINE_PORT) sends the prompt
+to that pod with max_tokens 1 and kv_transfer_params of its own (pkg/sidecar/proxy/connector_nixlv2.go:
+161-170: whatever the client sent is overwritten), then hands the prefill's answer to its own vLLM, which
+reads the blocks over NIXL. The tenant's token travels with both legs, so the mesh and the guard check the
+tenant on the prefill pod as on the decode pod.
+
+Who may send kv_transfer_params to vLLM (the guard's `kvTransfer`, images/vllm_gke_guard/kv_transfer.py):
+nobody on a plain pool; on a prefill pod only the sidecar's own prefill leg (remote fields all null);
+on a decode pod whatever the routing sidecar forwards (its own decode leg, or a body the extension
+already refused any copy in), and only the sidecar: the guard trusts 127.0.0.1 there, not Envoy's
+127.0.0.6, so a request reaching vLLM's port past the sidecar is refused."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+
+from .capacity import rollout_strategy
+from .disaggregation import NIXL_SIDE_CHANNEL_PORT, ROLE_LABEL, SIDECAR_KV_CONNECTOR, Role, prefill_pool, role_of
+from .fallback import shared_callers
+from .k8s_objects import CONTAINER_SECURITY, MODEL_LABEL
+from .picker import EPP_VERSION, gmp_collectors, picker_labels, picker_name
+from .rollouts import RolloutPlan
+from .serving_api import SIDECAR_ROUTING_HEADERS
+from .specs import ImageRef, ModelSpec, NodePoolSpec, ServingPoolSpec, TenantSpec
+from .vllm_server import GUARD_CONFIG_ENV, PORT
+from .vllm_versions import VllmRelease
+
+if TYPE_CHECKING:
+    from .serving_plan import PoolService
+    from .stack_config import StackConfig
+
+# The routing sidecar: Dockerfile.sidecar builds cmd/pd-sidecar as /app/pd-sidecar (:39-49), the
+# release tags it as it tags the picker (Makefile:22,27,32: ghcr.io/llm-d/llm-d-router-disagg-sidecar);
+# no digest is published in the repository, so the release's tag it is, as for the picker.
+SIDECAR_IMAGE = ImageRef(repository="ghcr.io/llm-d/llm-d-router-disagg-sidecar", tag=EPP_VERSION)
+SIDECAR_UID = 65532  # Dockerfile.sidecar:47 (USER 65532:65532)
+# vLLM behind the sidecar on a decode pod: the sidecar's default model-server port
+# (pkg/sidecar/proxy/options.go:92, defaultVLLMPort), the sidecar taking the pool's port.
+DECODE_ENGINE_PORT = 8200
+# The header naming the prefill pod (pkg/common/routing/common.go:14), and the other routing headers
+# the sidecar acts on (:17,20,25): a client's copy would send its prompt (or a pull) anywhere, so the
+# identity extension strips them all (serving_api.IDENTITY_STRIPS).
+(PREFILL_HEADER, *_) = ROUTING_HEADERS = SIDECAR_ROUTING_HEADERS
+# The ports UCX's TCP transport listens on (UCX_TCP_PORT_RANGE; its default, 0, is any ephemeral port,
+# which no NetworkPolicy could name): one a NIXL agent (one per tensor-parallel rank), 8 a pod at most.
+UCX_PORTS = tuple(range(5610, 5618))
+# The guard's peers: Envoy's inbound passthrough, and on a decode pod the routing sidecar over loopback.
+ENVOY_PEER, SIDECAR_PEER = "127.0.0.6", "127.0.0.1"
+# What the guard lets through of kv_transfer_params, per role (default: refuse).
+GUARD_KV_TRANSFER: dict[Role, str] = {"prefill": "prefill-leg", "decode": "routing-sidecar"}
+
+# The picker's P/D plugins (registered Beta, cmd/epp/runner/runner.go:577,578,620,622).
+PREFILL_FILTER, DECODE_FILTER = "prefill-filter", "decode-filter"  # filter/bylabel/roles.go:33-35
+DECIDER = "prefix-based-pd-decider"  # profilehandler/disagg/prefix_based_pd_decider.go:19
+HANDLER = "disagg-profile-handler"  # profilehandler/disagg/disagg_profile_handler.go:32
+PROFILES: dict[Role, str] = {"prefill": "prefill", "decode": "decode"}  # the handler's defaults (:34-35)
+ROLE_FILTERS: tuple[tuple[Role, str], ...] = (("prefill", PREFILL_FILTER), ("decode", DECODE_FILTER))
+
+
+def pod_role(model: ModelSpec, pool: ServingPoolSpec) -> Optional[Role]:
+    """The pool's role where the model is disaggregated (its short pool decodes), else None."""
+    return role_of(pool) if model.disaggregation is not None else None
+
+
+def prefill_service(decode: "PoolService", node_pool: NodePoolSpec, image: ImageRef, release: VllmRelease,
+                    load_seconds: float) -> "PoolService":
+    """The prefill pool as a serving pool of the model beside its decode (short) pool: the same callers and
+    guard (its role's view of it is set on the pod), its own node pool, workload (<model>-prefill), scaling
+    and budget. Rolled in place from one replica: while none is ready the picker's prefill profile finds no
+    pod and the decode pods prefill locally, where a surge replica could wait for a GPU node for ever."""
+    model = decode.model
+    return dataclasses.replace(
+        decode, key=decode.key.removesuffix("-short") + "-prefill", which="prefill", pool=prefill_pool(model),
+        node_pool=node_pool, image=image, release=release, load_seconds=load_seconds,
+        rolling=rollout_strategy(1), wait_behind_seconds=0.0, standby_name="", picker_pool="",
+        rollout=RolloutPlan("in-place", "the prefill pool: the decode pods prefill while it rolls",
+                            primary_max=model.disaggregation.prefill.max_replicas if model.disaggregation else 1))
+
+
+def routing_sidecar(image: str = SIDECAR_IMAGE.uri) -> dict[str, Any]:
+    """llm-d-router's routing sidecar as a native sidecar (an init container with restartPolicy Always, as
+    upstream's decode Deployment runs it, deploy/components/vllm-decode/deployment.yaml): up before vLLM,
+    stopped after it. It takes the pool's port (the picker's targetPort) and proxies to vLLM on
+    DECODE_ENGINE_PORT. Plain HTTP (--secure-proxy=false, default true, options.go:218,278): the mesh
+    encrypts pod to pod, and its self-signed certificate would fail the load balancer and the picker.
+    No SSRF allowlist (--enable-ssrf-protection needs the API to watch the InferencePool, options.go:668-672):
+    the server pods hold no API token; the identity extension strips every client copy of the routing
+    headers instead, and the prefill pods admit the model's decode pods alone."""
+    return {
+        "name": "routing-sidecar", "image": image, "restartPolicy": "Always",
+        "args": [f"--port={PORT}", f"--model-server-port={DECODE_ENGINE_PORT}",
+                 f"--kv-connector={SIDECAR_KV_CONNECTOR}", "--secure-proxy=false", "--zap-encoder=json"],
+        # The InferencePool's targetPort, by number (picker.pool_spec).
+        "ports": [{"name": "routing", "containerPort": PORT}],
+        # The proxy's own /health (proxy.go:624-626), which answers while it listens.
+        "readinessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 5},
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}},
+        "securityContext": {**CONTAINER_SECURITY, "runAsNonRoot": True, "runAsUser": SIDECAR_UID,
+                            "runAsGroup": SIDECAR_UID},
+    }
+
+
+def role_guard_config(guard: Mapping[str, Any], role: Role) -> dict[str, Any]:
+    """The guard's config on a pod of the role: what kv_transfer_params it passes, and from whom."""
+    out = {**guard, "kvTransfer": GUARD_KV_TRANSFER[role]}
+    if role == "decode":
+        out["trustedPeers"] = [SIDECAR_PEER]
+    return out
+
+
+def _ports(ports: tuple[int, ...]) -> str:
+    return ",".join(str(p) for p in ports)
+
+
+def disaggregated_pod(template: dict[str, Any], role: Role, nixl_env: Sequence[Mapping[str, Any]] = (),
+                      worker: bool = False) -> dict[str, Any]:
+    """A serving pod's template in its P/D role: the role label the picker's filters read (bylabel/roles.go:
+    11-16), UCX on the listed ports, the NIXL ports past the mesh (the blocks would otherwise cross two
+    Envoys; the prefill pods' NetworkPolicy fences them), and on a decode pod the routing sidecar in front
+    of vLLM. `nixl_env`: what NIXL reads (disaggregation.kv_transfer_env). A group's worker takes the
+    label alone (it serves nothing)."""
+    out = copy.deepcopy(template)
+    out["metadata"]["labels"][ROLE_LABEL] = role
+    if worker:
+        return out
+    spec, notes = out["spec"], out["metadata"]["annotations"]
+    (vllm,) = [c for c in spec["containers"] if c["name"] == "vllm"]
+    vllm["env"] = [*(_role_env(e, role) for e in vllm["env"]), *(dict(e) for e in nixl_env),
+                   {"name": "UCX_TCP_PORT_RANGE", "value": f"{UCX_PORTS[0]}-{UCX_PORTS[-1]}"}]
+    if role == "prefill":
+        notes["traffic.sidecar.istio.io/excludeInboundPorts"] = _ports((NIXL_SIDE_CHANNEL_PORT, *UCX_PORTS))
+        vllm["ports"] = [*vllm["ports"], {"name": "nixl", "containerPort": NIXL_SIDE_CHANNEL_PORT}]
+        return out
+    notes["traffic.sidecar.istio.io/excludeOutboundPorts"] = _ports((NIXL_SIDE_CHANNEL_PORT, *UCX_PORTS))
+    # vLLM keeps the port name its probes, its Service and its scrape read (they reach it past the
+    # sidecar: /health and /metrics are open, and a tenant request from Envoy's peer is refused there).
+    vllm["args"] = _engine_port(vllm["args"])
+    vllm["ports"] = [{"name": "http", "containerPort": DECODE_ENGINE_PORT}]
+    spec["initContainers"] = [*spec.get("initContainers", []), routing_sidecar()]
+    return out
+
+
+def _role_env(entry: dict[str, Any], role: Role) -> dict[str, Any]:
+    if entry.get("name") != GUARD_CONFIG_ENV:
+        return entry
+    return {**entry, "value": json.dumps(role_guard_config(json.loads(entry["value"]), role), sort_keys=True)}
+
+
+def _engine_port(args: list[str]) -> list[str]:
+    """vLLM's --port moved behind the sidecar."""
+    out = list(args)
+    i = out.index("--port")
+    out[i + 1] = str(DECODE_ENGINE_PORT)
+    return out
+
+
+def pd_picker_config(config: Mapping[str, Any], min_prompt_tokens: int) -> dict[str, Any]:
+    """The picker's config with P/D scheduling, as deploy/config/pd-epp-config.yaml lays it out: the role
+    filters, the decider (nonCachedTokens: prompts with fewer uncached tokens on the chosen decode pod are
+    prefilled there, prefix_based_pd_decider.go:105-160; 0 would turn P/D off) and the handler, and the one
+    default profile split into a prefill and a decode profile, each its filter then the same scorers."""
+    out = copy.deepcopy(dict(config))
+    (default,) = out["schedulingProfiles"]
+    out["plugins"] = [*out["plugins"], {"type": PREFILL_FILTER}, {"type": DECODE_FILTER},
+                      {"type": DECIDER, "parameters": {"nonCachedTokens": min_prompt_tokens}},
+                      {"type": HANDLER, "parameters": {"profiles": dict(PROFILES), "deciders": {"prefill": DECIDER}}}]
+    out["schedulingProfiles"] = [
+        {"name": PROFILES[role], "plugins": [{"pluginRef": f}, *copy.deepcopy(default["plugins"])]}
+        for role, f in ROLE_FILTERS]
+    return out
+
+
+def role_selector(model: str, role: Role) -> dict[str, str]:
+    return {MODEL_LABEL: model, ROLE_LABEL: role}
+
+
+def prefill_ingress(model: str) -> dict[str, Any]:
+    """The prefill pods' NetworkPolicy: the model's decode pods alone to vLLM's port (the routing sidecar's
+    prefill leg), the side channel and UCX's ports; the model's picker and Managed Prometheus to vLLM's port
+    (its /metrics: the picker scores the pods by it; the mesh admits nothing else from them)."""
+    decode = [{"podSelector": {"matchLabels": role_selector(model, "decode")}}]
+    tcp = [{"protocol": "TCP", "port": p} for p in (PORT, NIXL_SIDE_CHANNEL_PORT)]
+    ucx = [{"protocol": "TCP", "port": UCX_PORTS[0], "endPort": UCX_PORTS[-1]}]
+    scrapers = [{"podSelector": {"matchLabels": picker_labels(picker_name(model))}}, *gmp_collectors()]
+    return {"podSelector": {"matchLabels": role_selector(model, "prefill")}, "policyTypes": ["Ingress"],
+            "ingress": [{"from": decode, "ports": [*tcp, *ucx]},
+                        {"from": scrapers, "ports": [{"protocol": "TCP", "port": PORT}]}]}
+
+
+def prefill_mesh_policy(model: str, server_principal: str) -> dict[str, Any]:
+    """An AuthorizationPolicy on the prefill pods refusing every request but a server pod's (the decode pods'
+    sidecar, through the mesh: mTLS names it) other than the scrape of /metrics and /health. The tenants'
+    own ALLOW policies still apply on top: the tenant's token travels with the prefill leg."""
+    return {"selector": {"matchLabels": role_selector(model, "prefill")}, "action": "DENY",
+            "rules": [{"from": [{"source": {"notPrincipals": [server_principal]}}],
+                       "to": [{"operation": {"notPaths": ["/metrics", "/health"]}}]}]}
+
+
+def prefill_service_spec(model: str) -> dict[str, Any]:
+    """A headless Service over the prefill pods: the picker names a pod by IP, and the mesh knows the IP (so
+    the decode pod's Envoy speaks mTLS to it, STRICT in the namespace) only as a Service's endpoint."""
+    return {"clusterIP": "None", "selector": role_selector(model, "prefill"),
+            "ports": [{"name": "http", "port": PORT, "targetPort": PORT, "appProtocol": "http"}]}
+
+
+def forwards_token(cfg: "StackConfig", tenant: TenantSpec) -> bool:
+    """Whether the tenant's bearer token must stay on its requests to the shared servers: a disaggregated
+    model it calls sends them on to a prefill pod, whose mesh and guard check the tenant again."""
+    return any(m.disaggregation is not None and tenant in shared_callers(cfg, m) for m in cfg.models)
