@@ -58,7 +58,7 @@ def test_unknown_stack_exits_2():
 
 def test_stacks_command():
     result = runner.invoke(app, ["stacks"])
-    assert result.output.split() == ["dev", "frontier", "prod", "staging"]
+    assert result.output.split() == ["dev", "frontier", "prod", "staging", "tuned"]
 
 
 def test_plan_prints_verdicts_capacity_and_cost(tmp_path):
