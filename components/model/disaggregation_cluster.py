@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from .stack_config import StackConfig
 
 # The routing sidecar: Dockerfile.sidecar builds cmd/pd-sidecar as /app/pd-sidecar (:39-49), the
-# release tags it as it tags the picker (Makefile:22,27,32: ghcr.io/llm-d/llm-d-router-disagg-sidecar);
+# release tags it as it tags the picker (Makefile:22,26,32: ghcr.io/llm-d/llm-d-router-disagg-sidecar);
 # no digest is published in the repository, so the release's tag it is, as for the picker.
 SIDECAR_IMAGE = ImageRef(repository="ghcr.io/llm-d/llm-d-router-disagg-sidecar", tag=EPP_VERSION)
 SIDECAR_UID = 65532  # Dockerfile.sidecar:47 (USER 65532:65532)

@@ -1,5 +1,5 @@
 """kv_transfer_params: what vLLM's KV connector does with a request (vllm 0.34.0 entrypoints/openai/
-chat_completion/protocol.py:203, completion/protocol.py:248, responses/protocol.py:460, anthropic/
+chat_completion/protocol.py:523, completion/protocol.py:248, responses/protocol.py:460, anthropic/
 protocol.py:337 take it from the body). Under NIXL it names a remote engine, its host and port and the
 blocks to read: a client's own could make a decode pod read another tenant's prompt blocks off a prefill
 pod, or connect anywhere. Only llm-d-router's routing sidecar writes them, so the guard admits them by

@@ -313,8 +313,9 @@ ROWS: tuple[Contract, ...] = (
              "picker sends no prefill pod passes to vLLM as the client sent it; vLLM reads kv_transfer_params "
              "from the chat, completions, responses and messages bodies",
              f"{SRC}{PROXY}connector_nixlv2.go:161-170,276-290, {PROXY}chat_completions.go:103-108; "
-             "vllm-project/vllm@v0.34.0:vllm/entrypoints/openai/chat_completion/protocol.py:203, "
-             "vllm/entrypoints/openai/completion/protocol.py:248",
+             "vllm-project/vllm@v0.34.0:vllm/entrypoints/openai/chat_completion/protocol.py:523, "
+             "vllm/entrypoints/openai/completion/protocol.py:248, vllm/entrypoints/openai/responses/protocol.py:460, "
+             "vllm/entrypoints/anthropic/protocol.py:337",
              "the identity extension refuses a body with kv_transfer_params (400); the guard refuses them on "
              "every pod but a prefill pod's (the sidecar's prefill leg alone) and a decode pod's, where it "
              "trusts only the sidecar's loopback peer",
