@@ -124,9 +124,12 @@ def gke_node(plan: Plan, pool: dict[str, Any], index: int, zone: str) -> dict[st
     machine = MACHINE_TYPES[config["machineType"]]
     accelerators = config.get("guestAccelerators") or []
     partition = accelerators[0].get("gpuPartitionSize") if accelerators else None
+    # A time-shared GPU is offered as maxSharedClientsPerGpu units (GKE's device plugin).
+    sharing = (accelerators[0].get("gpuSharingConfig") if accelerators else None) or {}
+    shared = int(sharing.get("maxSharedClientsPerGpu", 1))
     acc = machine.accelerator
     shape = node_shape(machine.name, int(config.get("diskSizeGb", 100)),
-                       acc.slices_per_gpu(partition) if acc is not None and not acc.is_tpu else 1)
+                       acc.slices_per_gpu(partition) * shared if acc is not None and not acc.is_tpu else 1)
     name = f"gke-{pool['name']}-{zone[-1]}-{index}"
     labels = {
         "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
@@ -147,6 +150,9 @@ def gke_node(plan: Plan, pool: dict[str, Any], index: int, zone: str) -> dict[st
         labels["cloud.google.com/gke-accelerator"] = acc.gke_type
         if partition:
             labels["cloud.google.com/gke-gpu-partition-size"] = partition
+        if sharing:  # the labels GKE puts on time-shared nodes
+            labels["cloud.google.com/gke-gpu-sharing-strategy"] = "time-sharing"
+            labels["cloud.google.com/gke-max-shared-clients-per-gpu"] = str(shared)
     taints = [{"key": t["key"], "value": t["value"], "effect": TAINT_EFFECT[t["effect"]]}
               for t in config.get("taints") or []]
     if acc is not None and not any(t["key"] == acc.resource for t in taints):
