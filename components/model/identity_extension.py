@@ -52,7 +52,7 @@ from .vllm_versions import VllmRelease
 
 NAME = "vllm-gke-identity"
 # The image's tag (images/vllm_gke_identity/cloudbuild.yaml builds it into the serverImage's repository).
-IDENTITY_TAG = "0.3.0"
+IDENTITY_TAG = "0.4.0"  # 0.4.0: refuses a body with kv_transfer_params (P/D)
 EXT_PROC_PORT = 9004  # the body-based router's ports (values.yaml)
 HEALTH_PORT = 9005
 UID = 65532
