@@ -79,6 +79,13 @@ def test_the_component_packages_custom_shape_is_the_drafts_shape():
         model({**EAGLE3_70B, "draft": {**EAGLE3_70B["draft"], "customShape": EAGLE3_70B["draft"]["shape"]}})
 
 
+@pytest.mark.parametrize("arg", ['--speculative-config={"method":"ngram"}', "--spec-model", "--spec_tokens=3",
+                                 "--spec-method"])
+def test_extra_args_may_not_set_speculation_around_the_spec(arg):
+    with pytest.raises(ValidationError, match="set models\\[\\].speculative"):
+        model(extraArgs=[arg])
+
+
 def tuned() -> dict[str, Any]:
     return copy.deepcopy(read_stack_config("tuned"))
 

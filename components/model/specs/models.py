@@ -76,6 +76,9 @@ MANAGED_VLLM_OPTIONS: dict[str, str] = {
                                 "where the TTFT SLO cuts the histogram",
     "kv_offloading_size": "set models[].kvOffload: the plan sizes it against the node's memory",
     "kv_offloading_backend": "set models[].kvOffload",
+    # The draft is the share's copy, loaded and waited for like the model (components/model/speculative.py).
+    "speculative_config": "set models[].speculative", "spec_method": "set models[].speculative.method",
+    "spec_model": "set models[].speculative.draft", "spec_tokens": "set models[].speculative.numSpeculativeTokens",
 }
 _MANAGED_LONG_FLAGS = {f"--{d.replace('_', '-')}": d for d in MANAGED_VLLM_OPTIONS}
 _MANAGED_LONG_FLAGS.update({f"--no-{k[2:]}": d for k, d in list(_MANAGED_LONG_FLAGS.items())})
