@@ -181,7 +181,10 @@ def test_the_plan_shows_wake_against_cold_start_and_the_memory(tuned_values):
     # under the cold start, which reads the weights too and starts the engine.
     assert rows["qwen-7b"].wake_s < rows["mistral-7b"].wake_s < rows["mistral-7b"].cold_start_s
     assert rows["qwen-7b"].wake_s < 5 < rows["qwen-7b"].cold_start_s / 10
-    assert rows["qwen-7b"].host_gb == pytest.approx(next(m for m in cfg.models if m.name == "qwen-7b").weights_gb + sleep_mode.HOST_OVERHEAD_GB)
+    qwen_7b = next(m for m in cfg.models if m.name == "qwen-7b")
+    assert rows["qwen-7b"].host_gb == pytest.approx(qwen_7b.weights_gb + sleep_mode.HOST_OVERHEAD_GB)
     assert rows["mistral-7b"].host_gb == sleep_mode.HOST_OVERHEAD_GB
     text = "\n".join(sleep_mode.swap_lines(cfg))
     assert "pool l4-shared" in text and "qwen-7b: level 1" in text and "no concurrency across them" in text
+    # The cost against a GPU each: one g2-standard-32 ($1.7344/h) for three, against three g2-standard-4 ($0.7068).
+    assert "$1.73/h a shared GPU node against $2.12/h for a GPU each (3 x g2-standard-4): saves $0.39/h" in text

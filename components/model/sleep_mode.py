@@ -28,6 +28,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .catalog import MACHINE_TYPES
+from .machine_prices import MACHINE_PRICES
 from .specs import ModelSpec, NodePoolSpec
 
 if TYPE_CHECKING:
@@ -147,6 +149,7 @@ def swap_lines(cfg: "StackConfig") -> list[str]:
         lines.append(f"  pool {pool} ({spec.machine_type}, {spec.machine.memory_gb} GB RAM, "
                      f"{_shared(spec)} pods per GPU, {pod_memory_gb(spec):.0f} GiB each): "
                      f"{len(group)} model(s), {ram:.1f} GB of host RAM asleep and awake")
+        lines.append("    " + _cost_line(spec, len(group)))
         for r in group:
             lines.append(f"    {r.model}: level {r.level}, {r.weights_gb:.1f} GB weights, host {r.host_gb:.1f} GB; "
                          f"wake ~{r.wake_s:.0f} s vs cold start ~{r.cold_start_s:.0f} s "
@@ -156,6 +159,23 @@ def swap_lines(cfg: "StackConfig") -> list[str]:
                  "only for rarely used models whose traffic seldom overlaps: a model busy most of the time "
                  "wants its own GPU")
     return lines
+
+
+def _hourly(machine_type: str, spot: bool) -> float:
+    price = MACHINE_PRICES[machine_type]
+    return price.spot_hour if spot else price.on_demand_hour
+
+
+def _cost_line(pool: NodePoolSpec, models: int) -> str:
+    """The group's node against a GPU of the same kind for each model (the cheapest one-GPU machine)."""
+    acc = pool.machine.accelerator
+    own = min((m for m in MACHINE_TYPES.values() if m.accelerator == acc and m.gpus == 1 and m.name in MACHINE_PRICES),
+              key=lambda m: _hourly(m.name, pool.spot))
+    shared, apart = _hourly(pool.machine_type, pool.spot), models * _hourly(own.name, pool.spot)
+    verdict = "saves" if shared < apart else "costs"
+    return (f"cost: ${shared:.2f}/h a shared GPU node against ${apart:.2f}/h for a GPU each ({models} x {own.name}): "
+            f"{verdict} ${abs(apart - shared):.2f}/h; at zero replicas instead each costs nothing idle but its next "
+            "request waits a cold start")
 
 
 def _shared(pool: NodePoolSpec) -> int:

@@ -17,6 +17,7 @@ from ..model.keda_scaling import KedaScaling
 from ..model.pods.standby import standby_name
 from ..model.serving_api import pool_guard_config
 from ..model.serving_pool import check_callers
+from ..model.sleep_mode import swap_guard_config
 from ..model.specs import ImageRef as ImageModel
 from ..model.specs import ModelSpec as ModelModel
 from ..model.specs import MonitoringSpec
@@ -181,10 +182,12 @@ def _service_args(read: _Read, args: VllmServiceInputs) -> VllmServiceArgs:
         model=model, pool_name=pool_name, pool=pool, node_pool=read.node_pool,
         namespace=args["namespace"], image=read.image, weights=claim_mount(args["claim_name"]), provider=LATER,
         # Tenants of negative priority are shed over the stack default's queue-time objective.
-        guard_config=pool_guard_config(read.tenants, model, read.release, (limit_store_host(), LIMITS_PORT)
-                                       if args.get("global_limits") else None,
-                                       MonitoringSpec().queue_latency_slo_seconds,
-                                       dedicated=bool(args.get("tenant"))), tenant=args.get("tenant"),
+        guard_config={**pool_guard_config(read.tenants, model, read.release, (limit_store_host(), LIMITS_PORT)
+                                          if args.get("global_limits") else None,
+                                          MonitoringSpec().queue_latency_slo_seconds,
+                                          dedicated=bool(args.get("tenant"))),
+                      **swap_guard_config(model)},  # models[].sleepMode: the guard swaps its engine
+        tenant=args.get("tenant"),
         release=read.release, canary=canary,
         scaling=KedaScaling(args.get("project", ""), args.get("keda_auth") or GMP_AUTH,
                             standby_name(service_name_of(model.name, pool_name, canary)) if pool.min_replicas == 0 else ""),
