@@ -261,11 +261,11 @@ def test_the_identity_extension_refuses_kv_transfer_params(body):
 VLLM_PYTHON = os.environ.get("VLLM_PYTHON", "")
 
 
-@pytest.fixture(scope="module")
-def prefill_pod(tuned, tmp_path_factory):
-    """serve.py running the pinned vLLM (its engine core a stand-in) with the tuned stack's prefill pod's
-    flags, --kv-transfer-config included, behind the guard with that pod's config (the local client
-    trusted in Envoy's place): (base URL, issuer, served model)."""
+@pytest.fixture(scope="module", params=["prefill", "short"])
+def pod(request, tuned, tmp_path_factory):
+    """serve.py running the pinned vLLM (its engine core a stand-in) with the tuned stack's prefill (or
+    decode: short) pod's flags, --kv-transfer-config included, behind the guard with that pod's own config
+    (its trusted peers too; no rate limit): a dict of its URL, tenant headers, served model and engine log."""
     if not VLLM_PYTHON:
         if os.environ.get("CI"):
             pytest.fail("CI runs the guard inside the real vLLM: VLLM_PYTHON must be set")
@@ -278,12 +278,13 @@ def prefill_pod(tuned, tmp_path_factory):
     from benchmarks.vllm_server import MIDDLEWARE, REPO, bench_guard_config, flag, server_args
     from tests.test_guard_in_vllm import _free_port
 
-    tmp = tmp_path_factory.mktemp("prefill")
+    tmp = tmp_path_factory.mktemp(request.param)
     subprocess.run([VLLM_PYTHON, "-m", "benchmarks.vllm_fake_engine", "make-model", str(tmp / "model")], cwd=REPO,
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    vllm = _template(tuned, f"{MODEL}-prefill")["spec"]["containers"][0]
-    args, guard = list(vllm["args"]), bench_guard_config(_guard_of(vllm))
-    assert guard["kvTransfer"] == "prefill-leg" and "--kv-transfer-config" in args
+    vllm = _template(tuned, f"{MODEL}-{request.param}")["spec"]["containers"][0]
+    args, own = list(vllm["args"]), _guard_of(vllm)
+    guard = {**bench_guard_config(own), "trustedPeers": own["trustedPeers"]}
+    assert "--kv-transfer-config" in args
     port, marker = _free_port(), tmp / "warm"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "images"), str(REPO)]),
                GKE_LLM_GUARD_CONFIG=json.dumps(guard), GKE_LLM_WARM_MARKER=str(marker), GKE_LLM_WARMUP_PAUSE_SECONDS="1",
@@ -298,44 +299,58 @@ def prefill_pod(tuned, tmp_path_factory):
         time.sleep(1)
     try:
         assert marker.exists(), (tmp / "server.log").read_text()[-3000:]
-        # Behind the picker: the tenant's URL and its objective, as the identity extension sets it.
+        # Behind the picker: the tenant's URL and its objective (the identity extension sets it), the
+        # issuer Istio wrote from the token.
         issuer, tenant = next(iter(guard["issuers"].items()))
         prefix = next(p for p in guard["pathPrefixes"] if p.startswith(f"/{tenant['tenant']}/"))
-        yield (f"http://127.0.0.1:{port}{prefix}", issuer, flag(args, "--served-model-name", ""), tmp,
-               {guard["objectiveHeader"]: tenant["objective"]})
+        yield {"role": request.param, "port": port, "path": f"{prefix}/v1/chat/completions", "log": tmp / "engine.jsonl",
+               "model": flag(args, "--served-model-name", ""), "peer": guard["trustedPeers"][0],
+               "headers": {"x-vllm-gke-issuer": issuer, guard["objectiveHeader"]: tenant["objective"]}}
     finally:
         stop(proc)
         log.close()
 
 
-def _post(url: str, issuer: str, body: dict[str, Any], extra: dict[str, str]) -> tuple[int, dict[str, Any]]:
-    import urllib.error
-    import urllib.request
+def _post(pod: dict[str, Any], body: dict[str, Any], peer: str = "") -> tuple[int, dict[str, Any]]:
+    """POST from `peer` (default the pod's trusted one: Envoy's 127.0.0.6 on a prefill pod, the routing
+    sidecar's 127.0.0.1 on a decode pod; the whole of 127/8 is this host's loopback)."""
+    import http.client
 
-    req = urllib.request.Request(f"{url}/v1/chat/completions", json.dumps(body).encode(), method="POST",
-                                 headers={"content-type": "application/json", "x-vllm-gke-issuer": issuer, **extra})
+    conn = http.client.HTTPConnection("127.0.0.1", pod["port"], timeout=60, source_address=(peer or pod["peer"], 0))
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+        conn.request("POST", pod["path"], json.dumps(body), {"content-type": "application/json", **pod["headers"]})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
 
 
-def test_in_vllm_a_clients_kv_transfer_params_never_reach_the_engine(prefill_pod):
-    url, issuer, model, tmp, extra = prefill_pod
+# The routing sidecar's decode leg: the prefill's answer (connector_nixlv2.go:276-290).
+DECODE_LEG = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "prefill-engine",
+              "remote_block_ids": [0, 1], "remote_host": "10.0.0.9", "remote_port": 5600, "tp_size": 4}
 
+
+def test_in_vllm_kv_transfer_params_reach_the_engine_from_the_routing_sidecar_alone(pod):
     def engine_requests() -> int:
-        return len((tmp / "engine.jsonl").read_text().splitlines())
+        return len(pod["log"].read_text().splitlines())
 
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    body = {"model": pod["model"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     before = engine_requests()
-    code, answer = _post(url, issuer, {**body, "kv_transfer_params": CLIENT_PARAMS}, extra)
-    assert code == 400 and answer["error"]["param"] == "kv_transfer_params", answer
-    assert engine_requests() == before
-    # The routing sidecar's prefill leg, and a request without any, are served.
-    code, answer = _post(url, issuer, {**body, "kv_transfer_params": PREFILL_LEG}, extra)
-    assert code == 200, answer
-    assert _post(url, issuer, body, extra)[0] == 200 and engine_requests() == before + 2
+    assert _post(pod, body)[0] == 200
+    if pod["role"] == "prefill":
+        # A client's own (or anything but the sidecar's prefill leg) is refused; the prefill leg is served.
+        code, answer = _post(pod, {**body, "kv_transfer_params": CLIENT_PARAMS})
+        assert code == 400 and answer["error"]["param"] == "kv_transfer_params", answer
+        code, answer = _post(pod, {**body, "kv_transfer_params": PREFILL_LEG})
+        assert code == 200, answer
+    else:
+        # The sidecar's decode leg, from its loopback peer, is served; the same straight from Envoy's
+        # passthrough (vLLM's port reached past the sidecar) is refused.
+        code, answer = _post(pod, {**body, "kv_transfer_params": DECODE_LEG})
+        assert code == 200, answer
+        code, answer = _post(pod, {**body, "kv_transfer_params": DECODE_LEG}, peer="127.0.0.6")
+        assert code == 403, answer
+    assert engine_requests() == before + 2
 
 
 # --- the real control plane ---------------------------------------------------------------------
