@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.test_guard import call, error, forwarded, guarded, status
+from tests.test_identity_extension import issuers  # noqa: F401, F811 (its fixture: a JWKS server)
 from vllm_gke.components.model.disaggregation_cluster import (
     DECODE_ENGINE_PORT,
     PREFILL_HEADER,
@@ -254,6 +255,21 @@ def test_the_identity_extension_refuses_kv_transfer_params(body):
     with pytest.raises(BadBody, match="kv_transfer_params"):
         salted(body, "s")
     assert salted(b'{"model":"m","prompt":"kv_transfer_params"}', "s").endswith(b'"cache_salt":"s"}')
+
+
+def test_the_identity_extension_answers_a_clients_kv_transfer_params_400_before_the_picker(issuers):  # noqa: F811
+    """On a salted picker URL (every POST route of a P/D model's tenant URLs: the contract checks), through
+    the ext_proc stream: OpenAI's error naming the field, and the stream goes on."""
+    from tests.test_identity_extension import claims, config_of, post, refusal, run, streamed_body
+
+    token = issuers["keys"]["/a"].sign(claims())
+    answers = run(config_of(issuers["base"]), [
+        *post("/support/llama/v1/chat/completions", token, json.dumps({**CHAT, "kv_transfer_params": CLIENT_PARAMS}).encode()),
+        *post("/support/llama/v1/completions", token, b'{"prompt": "kv_transfer_params"}')])
+    status, answer = refusal(answers[0])
+    assert status == 400 and answer["error"]["param"] == "kv_transfer_params"
+    assert answer["error"]["code"] == "kv_transfer_params_refused"
+    assert json.loads(streamed_body(answers[-1]))["prompt"] == "kv_transfer_params"
 
 
 # --- the real vLLM ------------------------------------------------------------------------------

@@ -61,11 +61,11 @@ def picker_prefix(path: str) -> str:
     return f"/{parts[1]}/{parts[2]}" if len(parts) > 3 and parts[0] == "" and parts[1] and parts[2] else ""
 
 
-def error_response(status: int, message: str) -> Any:
+def error_response(status: int, message: str, code: Optional[str] = None, param: Optional[str] = None) -> Any:
     """An OpenAI-style error the load balancer answers with, the request going no further."""
-    code = ERROR_CODES.get(status, "invalid_request")
+    code = code or ERROR_CODES.get(status, "invalid_request")
     body = json.dumps({"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
-                                 "param": None, "code": code}}).encode()
+                                 "param": param, "code": code}}).encode()
     headers = [("content-type", "application/json")]
     if status == 401:
         headers.append(("www-authenticate", 'Bearer error="invalid_token"'))
@@ -254,7 +254,7 @@ def on_body(body: Any, stream: Stream) -> list[Any]:
     try:
         out = salted(b"".join(pending.chunks), pending.salt)
     except BadBody as exc:
-        return [error_response(400, str(exc))]
+        return [error_response(400, str(exc), exc.code, exc.param)]
     # No Content-Length: in FullDuplexStreamed Envoy removed the client's and ignores one set here
     # (ext_proc's processor_state.h shouldRemoveContentLength, mutation_utils.cc): the upstream
     # hop is told the length by its framing.

@@ -33,6 +33,18 @@ except ImportError:  # pragma: no cover - the tests run with it
 class BadBody(ValueError):
     """Not one JSON object in UTF-8: a 400, as the guard and the picker answer."""
 
+    code: Optional[str] = None  # the error's code (None: the status's) and the field it names
+    param: Optional[str] = None
+
+
+class KvTransferParams(BadBody):
+    """A client's kv_transfer_params: vLLM's KV connector reads them (remote engine, host, port, blocks);
+    only llm-d-router's routing sidecar on a disaggregated model's decode pod may write them (the guard
+    refuses them too, on every pod the sidecar does not front). The guard's code and param."""
+
+    code = "kv_transfer_params_refused"
+    param = "kv_transfer_params"
+
 
 def _no_constant(name: str) -> Any:
     raise BadBody(f"{name} is not JSON")  # Go's encoding/json (the picker) refuses it too
@@ -45,11 +57,8 @@ def member(salt: str) -> bytes:
 
 def salted(body: bytes, salt: str) -> bytes:
     """`body` with the tenant's cache_salt appended as its last member; BadBody if it is not one JSON object."""
-    if "kv_transfer_params" in check_object(body):
-        # vLLM's KV connector reads it (remote engine, host, port, blocks): only llm-d-router's routing
-        # sidecar on a disaggregated model's decode pod may write it, never a client (the guard refuses
-        # it too, on every pod the sidecar does not front).
-        raise BadBody("kv_transfer_params is set by the platform's routing, never by a client: remove it")
+    if KvTransferParams.param in check_object(body):
+        raise KvTransferParams("kv_transfer_params is set by the platform's routing, never by a client: remove it")
     # A valid object's last byte but whitespace is its closing brace (the guard's closing_brace).
     close = len(body.rstrip())
     before = body[:close - 1].rstrip()
