@@ -6,6 +6,7 @@ plane run in test_guard_in_vllm.py-style and test_on_cluster.py-style tests at t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import tempfile
@@ -128,6 +129,18 @@ def test_the_prefill_pods_paths(tuned):
                     if d["kind"] == "RequestAuthentication" and d["metadata"]["namespace"] == "vllm"
                     for r in d["spec"]["jwtRules"]}
     assert callers and all(forwarded_by[i] for i in callers)
+
+
+def test_the_prefill_pods_paths_row_needs_the_token_forwarded(tuned):
+    from vllm_gke.infra.contracts.disaggregation_cluster import prefill_pods_admit_their_decoders
+
+    assert prefill_pods_admit_their_decoders(tuned) == []
+    plan = dataclasses.replace(tuned, resources=copy.deepcopy(tuned.resources))
+    for r in plan.resources:
+        if r.props.get("kind") == "RequestAuthentication":
+            for rule in r.props["spec"]["jwtRules"]:
+                rule["forwardOriginalToken"] = False
+    assert any("forwardOriginalToken off" in p for p in prefill_pods_admit_their_decoders(plan))
 
 
 def test_every_contract_row_holds_on_the_tuned_stack(tuned):

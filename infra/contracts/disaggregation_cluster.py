@@ -23,6 +23,7 @@ from ...components.model.disaggregation_cluster import (
     SIDECAR_IMAGE,
     SIDECAR_PEER,
 )
+from ...components.model.fallback import shared_callers
 from ...components.model.identity_extension import CONFIG_FILE as IDENTITY_FILE
 from ...components.model.identity_extension import NAME as IDENTITY_NAME
 from ...components.model.picker import CONFIG_FILE, EPP_VERSION
@@ -224,11 +225,25 @@ def prefill_pods_admit_their_decoders(plan: Plan) -> list[str]:
         mesh = [p for p in _policy_for(plan, "AuthorizationPolicy", labels, namespace) if p["spec"].get("action") == "DENY"]
         if not mesh:
             out.append(f"{name}: no DENY AuthorizationPolicy keeps all but the server pods off the prefill pods")
+        out += _token_problems(plan, name, namespace, model)
         if not [s for s in _docs(plan, "Service") if s["spec"].get("clusterIP") == "None"
                 and s["metadata"].get("namespace") == namespace and _selects(s["spec"].get("selector") or {"": "-"}, labels)]:
             out.append(f"{name}: no headless Service over the prefill pods: the decode pods' Envoy sends to "
                        "their IPs in plain text, which STRICT mTLS refuses")
     return out
+
+
+def _token_problems(plan: Plan, name: str, namespace: str, model: Optional[str]) -> list[str]:
+    """The prefill leg carries the tenant's token only where the decode pod's mesh forwards it (the
+    tenants' allow policies on the prefill pods need a verified token)."""
+    spec = next((m for m in plan.config.models if m.name == model), None)
+    if spec is None:
+        return []
+    forwarded = {r["issuer"]: r.get("forwardOriginalToken", False) for ra in _docs(plan, "RequestAuthentication")
+                 if ra["metadata"].get("namespace") == namespace for r in ra["spec"].get("jwtRules") or []}
+    return [f"{name}: tenant {t.name}'s token stops at the decode pod's mesh (forwardOriginalToken off): the "
+            "prefill pod's mesh refuses the prefill leg" for t in shared_callers(plan.config, spec)
+            if not forwarded.get(t.jwt.issuer)]
 
 
 def _guard(template: dict[str, Any]) -> dict[str, Any]:
@@ -305,7 +320,7 @@ ROWS: tuple[Contract, ...] = (
              "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py:76-79",
              "a NetworkPolicy admits the model's decode pods alone to those ports, the scrapers to vLLM's; a DENY "
              "AuthorizationPolicy refuses all but a server's mTLS identity; a headless Service gives the mesh "
-             "the pods' IPs",
+             "the pods' IPs; the callers' tokens are forwarded, so the prefill pod checks the tenant again",
              prefill_pods_admit_their_decoders),
     Contract("llm-d-router routing sidecar (pd-sidecar) / vLLM", EPP_VERSION,
              "the sidecar's prefill leg carries kv_transfer_params of its own (do_remote_decode true, every remote "
