@@ -382,7 +382,7 @@ class Platform(pulumi.ComponentResource):
         self.inference_pools[serving.key] = pool
         if model.disaggregation is not None:  # the prefill pods open to the decode pods alone (prefill_pool.py)
             PrefillPaths(f"{self._prefix}{serving.key}-prefill-paths", PrefillPathsArgs(
-                model.name, self._namespace_name(serving.tenant), self.cluster.provider),
+                model.name, self._namespace_name(serving.tenant), self.cluster.provider, cfg.cluster.pods_cidr),
                 opts=self._opts_for(self._picker_deps))
         if precise:
             self._render_server(serving)

@@ -3,12 +3,13 @@ pods and closes them to everything else. The prefill pool's workload, scaling, b
 serving pool's (VllmService, pool "prefill": serving_plan.pool_services adds it); the routing sidecar
 and the pods' role, components/model/disaggregation_cluster.py's.
 
-  - a headless Service over the prefill pods: the picker names a prefill pod by its IP, and the mesh
-    speaks mTLS (STRICT in the namespace) to a pod IP only where it knows it as a Service's endpoint;
+  - a headless Service over the prefill pods: the picker names a prefill pod by its IP, which the mesh
+    knows as a workload's (for mTLS) only as a Service's endpoint;
   - a NetworkPolicy: the model's decode pods alone to vLLM's port, NIXL's side channel and UCX's ports
     (the last two past the mesh), the model's picker and Managed Prometheus to vLLM's port;
-  - an AuthorizationPolicy refusing every request not from a server pod's identity but the scrape of
-    /metrics and /health: the load balancer reaches no prefill pod even where a picker names one.
+  - an AuthorizationPolicy refusing every request from neither a server pod's identity nor a pod address
+    but the scrape of /metrics and /health: the load balancer reaches no prefill pod even where a picker
+    names one.
 The tenants' own allow policies (TenantAuth, on the model's pods) still apply to the prefill leg, which
 carries the tenant's token, and the guard there checks the tenant as on any replica.
 """
@@ -39,6 +40,8 @@ class PrefillPathsArgs:
     # The serving namespace's name (the mesh principal names it: a plain string).
     namespace: str
     provider: k8s.Provider
+    # The cluster's pod range (cluster.podsCidr): the decode pods' addresses.
+    pods_cidr: str
 
 
 class PrefillPaths(pulumi.ComponentResource):
@@ -55,5 +58,5 @@ class PrefillPaths(pulumi.ComponentResource):
         k8s.networking.v1.NetworkPolicy(f"{name}-ingress", metadata=metadata("-ingress"),
                                         spec=api_body(prefill_ingress(model)), opts=k8s_opts)
         custom_resource(f"{name}-mesh", ISTIO_API, "AuthorizationPolicy", metadata("-decode-only"),
-                        prefill_mesh_policy(model, client_principal(args.namespace)), k8s_opts)
+                        prefill_mesh_policy(model, client_principal(args.namespace), args.pods_cidr), k8s_opts)
         self.register_outputs({"model": model})

@@ -121,7 +121,8 @@ def test_the_prefill_pods_paths(tuned):
     assert {"protocol": "TCP", "port": UCX_PORTS[0], "endPort": UCX_PORTS[-1]} in decoders["ports"]
     assert scrapers["ports"] == [{"protocol": "TCP", "port": 8000}]
     mesh = _doc(tuned, "AuthorizationPolicy", f"{MODEL}-prefill-decode-only")["spec"]
-    assert mesh["action"] == "DENY" and mesh["rules"][0]["from"][0]["source"]["notPrincipals"] == ["*/ns/vllm/sa/vllm-server"]
+    assert mesh["action"] == "DENY" and mesh["rules"][0]["from"][0]["source"] == {
+        "notPrincipals": ["*/ns/vllm/sa/vllm-server"], "notIpBlocks": [tuned.config.cluster.pods_cidr]}
     assert _doc(tuned, "Service", f"{MODEL}-prefill-pods")["spec"]["clusterIP"] == "None"
     # The decode leg's token travels on: the prefill pod's mesh verifies it again.
     callers = {t.jwt.issuer for t in shared_callers(tuned.config, tuned.config.model(MODEL))}

@@ -203,18 +203,21 @@ def prefill_ingress(model: str) -> dict[str, Any]:
                         {"from": scrapers, "ports": [{"protocol": "TCP", "port": PORT}]}]}
 
 
-def prefill_mesh_policy(model: str, server_principal: str) -> dict[str, Any]:
-    """An AuthorizationPolicy on the prefill pods refusing every request but a server pod's (the decode pods'
-    sidecar, through the mesh: mTLS names it) other than the scrape of /metrics and /health. The tenants'
-    own ALLOW policies still apply on top: the tenant's token travels with the prefill leg."""
+def prefill_mesh_policy(model: str, server_principal: str, pods_cidr: str) -> dict[str, Any]:
+    """An AuthorizationPolicy on the prefill pods refusing every request from neither a server pod's mTLS
+    identity nor a pod address (the load balancer's proxies, anything outside the cluster) but the scrape
+    of /metrics and /health: the decode pod's sidecar reaches a pod IP, which the mesh may carry in plain
+    text (no principal then), from its own pod's address. The NetworkPolicy narrows the pods to the model's
+    decode pods; the tenants' own ALLOW policies still apply on top: the tenant's token travels with the
+    prefill leg."""
     return {"selector": {"matchLabels": role_selector(model, "prefill")}, "action": "DENY",
-            "rules": [{"from": [{"source": {"notPrincipals": [server_principal]}}],
+            "rules": [{"from": [{"source": {"notPrincipals": [server_principal], "notIpBlocks": [pods_cidr]}}],
                        "to": [{"operation": {"notPaths": ["/metrics", "/health"]}}]}]}
 
 
 def prefill_service_spec(model: str) -> dict[str, Any]:
-    """A headless Service over the prefill pods: the picker names a pod by IP, and the mesh knows the IP (so
-    the decode pod's Envoy speaks mTLS to it, STRICT in the namespace) only as a Service's endpoint."""
+    """A headless Service over the prefill pods: the picker names a pod by IP, which the mesh knows as a
+    workload's (so the decode pod's Envoy may speak mTLS to it) only as a Service's endpoint."""
     return {"clusterIP": "None", "selector": role_selector(model, "prefill"),
             "ports": [{"name": "http", "port": PORT, "targetPort": PORT, "appProtocol": "http"}]}
 

@@ -228,8 +228,8 @@ def prefill_pods_admit_their_decoders(plan: Plan) -> list[str]:
         out += _token_problems(plan, name, namespace, model)
         if not [s for s in _docs(plan, "Service") if s["spec"].get("clusterIP") == "None"
                 and s["metadata"].get("namespace") == namespace and _selects(s["spec"].get("selector") or {"": "-"}, labels)]:
-            out.append(f"{name}: no headless Service over the prefill pods: the decode pods' Envoy sends to "
-                       "their IPs in plain text, which STRICT mTLS refuses")
+            out.append(f"{name}: no headless Service over the prefill pods: the mesh knows their IPs as no "
+                       "workload's, and carries the prefill leg in plain text")
     return out
 
 
@@ -319,7 +319,7 @@ ROWS: tuple[Contract, ...] = (
              f"{SRC}docs/disaggregation.md:94-118, {PROXY}connector_nixlv2.go:192-214; vllm-project/vllm@v0.34.0:"
              "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py:76-79",
              "a NetworkPolicy admits the model's decode pods alone to those ports, the scrapers to vLLM's; a DENY "
-             "AuthorizationPolicy refuses all but a server's mTLS identity; a headless Service gives the mesh "
+             "AuthorizationPolicy refuses all but a server's mTLS identity or a pod address; a headless Service gives the mesh "
              "the pods' IPs; the callers' tokens are forwarded, so the prefill pod checks the tenant again",
              prefill_pods_admit_their_decoders),
     Contract("llm-d-router routing sidecar (pd-sidecar) / vLLM", EPP_VERSION,
