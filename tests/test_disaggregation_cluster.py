@@ -175,7 +175,7 @@ def test_prefill_pods_keep_their_port_and_open_nixl_past_the_mesh():
     assert vllm["args"][-1] == "8000" and not out["spec"]["initContainers"]
     assert out["metadata"]["annotations"]["traffic.sidecar.istio.io/excludeInboundPorts"].startswith("5600,5610")
     env = {e["name"]: e.get("value") for e in vllm["env"]}
-    assert env["UCX_TLS"] == "cuda_copy,tcp" and env["UCX_TCP_PORT_RANGE"] == "5610-5617"
+    assert env["UCX_TLS"] == "cuda_copy,tcp" and env["UCX_TCP_PORT_RANGE"] == "5610-5641"
     assert json.loads(env["GKE_LLM_GUARD_CONFIG"]) == {"trustedPeers": ["127.0.0.6"], "kvTransfer": "prefill-leg"}
 
 

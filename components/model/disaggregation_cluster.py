@@ -7,7 +7,7 @@ Upstream file:line are llm-d/llm-d-router at v0.10.0 unless named otherwise; inf
 disaggregation_cluster.py checks the plan against each.
 
 How a request runs: the Gateway's identity extension refuses any body carrying `kv_transfer_params`
-and strips every routing header a client sends (serving_api.PICKER_CONTROL_HEADERS); the picker's
+and strips every routing header a client sends (serving_api.IDENTITY_STRIPS); the picker's
 disagg-profile-handler picks a decode pod (decode-filter) and, where the prefix-based-pd-decider finds
 enough uncached prompt tokens, a prefill pod (prefill-filter), naming it in x-prefiller-host-port; the
 decode pod's routing sidecar (on the pool's port, vLLM behind it on DECODE_ENGINE_PORT) sends the prompt
@@ -57,8 +57,9 @@ DECODE_ENGINE_PORT = 8200
 # identity extension strips them all (serving_api.IDENTITY_STRIPS).
 (PREFILL_HEADER, *_) = ROUTING_HEADERS = SIDECAR_ROUTING_HEADERS
 # The ports UCX's TCP transport listens on (UCX_TCP_PORT_RANGE; its default, 0, is any ephemeral port,
-# which no NetworkPolicy could name): one a NIXL agent (one per tensor-parallel rank), 8 a pod at most.
-UCX_PORTS = tuple(range(5610, 5618))
+# which no NetworkPolicy could name): one a NIXL agent's interface (an agent a tensor-parallel rank, 8 a
+# pod at most), each drawn at random in the range: four times that, so a draw rarely collides.
+UCX_PORTS = tuple(range(5610, 5642))
 # The guard's peers: Envoy's inbound passthrough, and on a decode pod the routing sidecar over loopback.
 ENVOY_PEER, SIDECAR_PEER = "127.0.0.6", "127.0.0.1"
 # What the guard lets through of kv_transfer_params, per role (default: refuse).
