@@ -163,6 +163,11 @@ def _server_template() -> dict[str, Any]:
                 "env": [{"name": "GKE_LLM_GUARD_CONFIG", "value": json.dumps({"trustedPeers": ["127.0.0.6"]})}]}]}}
 
 
+def test_ucx_listens_inside_the_kernels_ephemeral_range():
+    """UCX keeps only the part of UCX_TCP_PORT_RANGE inside ip_local_port_range (Linux: 32768-60999)."""
+    assert 32768 <= UCX_PORTS[0] and UCX_PORTS[-1] <= 60999 and len(UCX_PORTS) >= 4 * 8
+
+
 def test_a_worker_takes_the_role_label_alone():
     out = disaggregated_pod(_server_template(), "decode", worker=True)
     assert out["metadata"]["labels"]["llm-d.ai/role"] == "decode"
@@ -173,9 +178,9 @@ def test_prefill_pods_keep_their_port_and_open_nixl_past_the_mesh():
     out = disaggregated_pod(_server_template(), "prefill", [{"name": "UCX_TLS", "value": "cuda_copy,tcp"}])
     vllm = out["spec"]["containers"][0]
     assert vllm["args"][-1] == "8000" and not out["spec"]["initContainers"]
-    assert out["metadata"]["annotations"]["traffic.sidecar.istio.io/excludeInboundPorts"].startswith("5600,5610")
+    assert out["metadata"]["annotations"]["traffic.sidecar.istio.io/excludeInboundPorts"].startswith("5600,40000,40001")
     env = {e["name"]: e.get("value") for e in vllm["env"]}
-    assert env["UCX_TLS"] == "cuda_copy,tcp" and env["UCX_TCP_PORT_RANGE"] == "5610-5641"
+    assert env["UCX_TLS"] == "cuda_copy,tcp" and env["UCX_TCP_PORT_RANGE"] == "40000-40031"
     assert json.loads(env["GKE_LLM_GUARD_CONFIG"]) == {"trustedPeers": ["127.0.0.6"], "kvTransfer": "prefill-leg"}
 
 

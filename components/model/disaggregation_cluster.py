@@ -58,8 +58,11 @@ DECODE_ENGINE_PORT = 8200
 (PREFILL_HEADER, *_) = ROUTING_HEADERS = SIDECAR_ROUTING_HEADERS
 # The ports UCX's TCP transport listens on (UCX_TCP_PORT_RANGE; its default, 0, is any ephemeral port,
 # which no NetworkPolicy could name): one a NIXL agent's interface (an agent a tensor-parallel rank, 8 a
-# pod at most), each drawn at random in the range: four times that, so a draw rarely collides.
-UCX_PORTS = tuple(range(5610, 5642))
+# pod at most), each drawn at random in the range and drawn again while taken: four times that. UCX keeps
+# only the part of the range inside the kernel's ip_local_port_range (Linux's default 32768-60999; none
+# of it: the interface fails to open), openucx/ucx src/uct/tcp/tcp_iface.c (PORT_RANGE,
+# uct_tcp_iface_set_port_range, uct_tcp_iface_server_init): so a range inside it.
+UCX_PORTS = tuple(range(40000, 40032))
 # The guard's peers: Envoy's inbound passthrough, and on a decode pod the routing sidecar over loopback.
 ENVOY_PEER, SIDECAR_PEER = "127.0.0.6", "127.0.0.1"
 # What the guard lets through of kv_transfer_params, per role (default: refuse).
