@@ -26,17 +26,17 @@ def offload_lines(cfg: StackConfig, v: Verdicts) -> list[str]:
         tier = host_tier(model, pool)
         assert tier is not None
         label = r.model + (f" ({r.tenant})" if r.tenant else "")
-        preempts = r.seqs_fit < r.max_num_seqs
-        where = ("a sequence preempted at this context loads back instead of being recomputed" if preempts else
-                 f"the GPU already holds maxNumSeqs {r.max_num_seqs} at {r.context_tokens:,} tokens, so it pays "
-                 f"only for prompts that share prefixes beyond the GPU's {r.tokens_fit:,} tokens")
+        reach = r.host_kv_tokens - r.tokens_fit
         lines.append(
             f"{label}: host KV tier {tier.size_gib:g} GiB a replica ({model.kv_offload.backend if model.kv_offload else ''}; "
-            f"{tier.pod_gib:g} of the {tier.free_per_pod_gib:.0f} GiB each pod has left on {pool.machine_type}, pinned "
-            f"in the server's memory: {tier.server_gib} -> {tier.server_gib + math.ceil(tier.pod_gib)} GiB) holds "
-            f"{r.host_kv_tokens:,} tokens "
-            f"({r.host_kv_tokens // r.context_tokens} sequences of {r.context_tokens:,}); prefixes evicted from the GPU "
-            f"load back; the running batch stays {min(r.seqs_fit, r.max_num_seqs)} (vLLM runs only sequences whose "
-            f"blocks are on the GPU); {where}. $0 more: the node's own memory. LMCache instead for KV shared across "
+            f"{tier.pod_gib:g} GiB a pod on {pool.machine_type} beside the server's estimated {tier.need_gib:.0f} GiB, "
+            f"pinned in its memory: {tier.server_gib} -> {tier.server_gib + math.ceil(tier.pod_gib)} GiB) holds "
+            f"{r.host_kv_tokens:,} tokens; vLLM copies each new block there as it is computed, so it mirrors the GPU's "
+            f"{r.tokens_fit:,} and adds {reach:,} tokens of prefix reach (older prefixes load back instead of being "
+            f"recomputed); the running batch stays {min(r.seqs_fit, r.max_num_seqs)} (vLLM runs only sequences whose "
+            f"blocks are on the GPU). $0 more: the node's own memory. LMCache instead for KV shared across "
             f"replicas, disk or remote tiers, prefill/decode ({GUIDE}).")
+        if reach <= 0:
+            lines.append(f"warning: {label}: the host tier is no larger than the GPU's KV cache, so it adds no prefix "
+                         "reach: preemption recovery only; raise kvOffload.sizeGb or remove it")
     return lines

@@ -585,7 +585,9 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "flagger_alert_reads_its_metrics": ("prod", _rollback_alert_by_namespace, "reads the Canary's namespace from `namespace`"),
     "offload_flags_are_the_replicas_tier": ("tuned", lambda p: _set_arg(_offload_vllm(p)[0]["args"],
                                                                          "--kv-offloading-size", "27"),
-                                            "not native and the replica's host tier"),
+                                            "the capacity table says"),
+    "offload_pods_fit_the_node": ("tuned", lambda p: _offload_vllm(p)[0]["resources"]["requests"].update(
+        memory="900Gi"), "the last stays Pending"),
     "offload_buffer_in_shm_and_the_memory_limit": ("tuned", lambda p: next(
         v for v in _offload_vllm(p)[1]["volumes"] if v["name"] == "dshm")["emptyDir"].update(sizeLimit="16Gi"),
         "/dev/shm is smaller"),

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +20,14 @@ import yaml
 
 from tests.conftest import REPO_ROOT, vllm_deployments
 from vllm_gke.components.model import kv_offload as ko
+from vllm_gke.components.model import picker_prefix as pp
 from vllm_gke.components.model.capacity import pool_capacity
-from vllm_gke.components.model.node_shapes import node_free
+from vllm_gke.components.model.node_shapes import node_free, node_shape
 from vllm_gke.components.model.specs import KvOffloadSpec, ModelSpec, NodePoolSpec, ServingPoolSpec, extra_arg_problem
 from vllm_gke.components.model.vllm_argv import check_argv, load_snapshot
 from vllm_gke.components.model.vllm_server import container_resources, vllm_args
 from vllm_gke.infra.config import ConfigError, parse
+from vllm_gke.infra.contracts import kv_offload as kvc
 from vllm_gke.infra.kv_offload_text import offload_lines
 from vllm_gke.infra.plan import Plan, read_stack_config, run_program
 from vllm_gke.infra.report import verdicts
@@ -40,27 +44,70 @@ def sized(size: float | None, backend: str = "native", model: ModelSpec = MODEL)
     return model.model_copy(update={"kv_offload": KvOffloadSpec(backend=backend, size_gb=size)})
 
 
-def test_default_size_is_nine_tenths_of_what_the_node_leaves_each_replica():
-    # a3-highgpu-8g after GKE's reservations and its pods, two TP-4 replicas a node, each with its
-    # 4/8 share of the node (792 GiB) and 1 GiB for its other containers.
-    free = node_free("a3-highgpu-8g", 400)[1] / 1024
-    share = int(container_resources(H100, 4)["limits"]["memory"].removesuffix("Gi"))
-    per_pod = (free - 2 * (share + ko.OTHER_CONTAINERS_GIB)) / 2
+# a3-highgpu-8g's allocatable as the kubelet reports it: 1872 GiB less the kernel's 1/64 + 80 MiB
+# (kubernetes/autoscaler gce/reserved.go CalculateKernelReserved) less GKE's kube-reserved (44.2 GiB
+# by its tiers) and the 100 MiB eviction threshold.
+A3_ALLOC_MI = 1872 * 1024 - (1872 * 1024 // 64 + 80) - (round(44.2 * 1024) + 100)
+ENVOY_MI, GKE_PODS_MI = 128, 520
+
+
+def test_the_node_counts_the_kernels_memory_before_gke_reserves():
+    shape = node_shape("a3-highgpu-8g", 400)
+    assert shape.memory_mi == 1872 * 1024 - 30_032 and shape.alloc_memory_mi == A3_ALLOC_MI
+    assert round(A3_ALLOC_MI / 1024, 1) == 1798.4
+
+
+def test_default_offload_pods_fit_a_real_node_beside_each_other():
+    # Two TP-4 pods on an a3-highgpu-8g, each its server container and Envoy, beside GKE's pods.
+    res = ko.offload_resources(container_resources(H100, 4), MODEL, H100)
+    pod_mi = int(res["requests"]["memory"].removesuffix("Gi")) * 1024 + ENVOY_MI
+    assert 2 * pod_mi + GKE_PODS_MI <= A3_ALLOC_MI
+    # A stated size at the largest the check accepts fits too; one GiB more is refused.
+    room = ko.host_tier(MODEL, H100).free_per_pod_gib  # type: ignore[union-attr]
+    at_most = sized(math.floor(room))
+    assert ko.offload_problems(at_most, H100) == []
+    pod_mi = int(ko.offload_resources(container_resources(H100, 4), at_most, H100)["requests"]["memory"][:-2]) * 1024
+    assert 2 * (pod_mi + ENVOY_MI) + GKE_PODS_MI <= A3_ALLOC_MI
+    assert ko.offload_problems(sized(math.floor(room) + 1), H100) != []
+
+
+@pytest.mark.parametrize("machine", ["a3-highgpu-8g", "a3-megagpu-8g", "a2-ultragpu-8g", "a2-highgpu-8g",
+                                     "a2-megagpu-16g", "g2-standard-96"])
+def test_a_whole_node_replica_fits_its_node(machine: str):
+    pool = NodePoolSpec(name="x", machine_type=machine, disk_size_gb=400)
+    model = MODEL.model_copy(update={"node_pool": "x", "tensor_parallel_size": 8})
+    res = ko.offload_resources(container_resources(pool, 8), model, pool)
+    shape = node_shape(machine, 400)
+    pods = shape.devices // 8
+    assert pods * (int(res["requests"]["memory"].removesuffix("Gi")) * 1024 + ENVOY_MI) + GKE_PODS_MI \
+        <= shape.alloc_memory_mi
+    assert ko.offload_problems(model, pool) == []
+
+
+def test_default_size_is_what_the_node_leaves_beside_the_servers_need():
+    # The server's need, not its 792 GiB proportional share: Llama 70B's 131 GiB of weights, 6 GiB a
+    # GPU worker, 8 for the front end, /dev/shm's 16.
+    need = 70.6 * 2 * 1e9 / GIB + 4 * 6 + 8 + 16
+    room = node_free("a3-highgpu-8g", 400)[1] / 1024 / 2 - ko.OTHER_CONTAINERS_GIB
     tier = ko.host_tier(MODEL, H100)
-    assert tier is not None and share == 792
-    assert tier.free_per_pod_gib == pytest.approx(per_pod)
-    assert tier.size_gib == int(0.9 * per_pod) == 108
-    assert tier.tokens == 108 * GIB // LLAMA_70B_TOKEN == 353_894
+    assert tier is not None and tier.need_gib == pytest.approx(need, abs=0.01)
+    assert tier.size_gib == math.floor(0.9 * (room - need)) == 646
+    # Whole 16-token chunks of 16 x 320 KiB: several times the GPU's 435,791 tokens.
+    assert tier.tokens == 646 * GIB // (16 * LLAMA_70B_TOKEN) * 16 == 2_116_800
+    gpu = pool_capacity(MODEL, "short", MODEL.short, H100).tokens_fit
+    assert tier.tokens >= 4 * gpu
+    # The server keeps the rest of its room, more than its need; less than its plain share.
+    assert need < tier.server_gib == math.floor(room - 646) < 792
 
 
 def test_argv_resources_and_shm_carry_the_tier():
-    assert ko.offload_args(MODEL, H100) == ["--kv-offloading-backend", "native", "--kv-offloading-size", "108"]
+    assert ko.offload_args(MODEL, H100) == ["--kv-offloading-backend", "native", "--kv-offloading-size", "646"]
     res = ko.offload_resources(container_resources(H100, 4), MODEL, H100)
     # Request == limit (Guaranteed QoS), both raised by the pinned buffer; the rest unchanged.
-    assert res["requests"]["memory"] == res["limits"]["memory"] == "900Gi"
+    assert res["requests"]["memory"] == res["limits"]["memory"] == "897Gi"
     assert res["limits"]["nvidia.com/gpu"] == "4"
     # vLLM checks /dev/shm holds the whole buffer before creating it.
-    assert ko.shm_size(16, MODEL, H100) == "124Gi"
+    assert ko.shm_size(16, MODEL, H100) == "662Gi"
     plain = MODEL.model_copy(update={"kv_offload": None})
     assert ko.offload_args(plain, H100) == [] and ko.shm_size(16, plain, H100) == "16Gi"
     assert ko.offload_resources(container_resources(H100, 4), plain, H100) == container_resources(H100, 4)
@@ -69,7 +116,7 @@ def test_argv_resources_and_shm_carry_the_tier():
 def test_a_stated_size_is_used_as_is_and_its_tokens_follow():
     model = sized(64)
     assert ko.offload_args(model, H100)[-1] == "64"
-    assert ko.host_tier(model, H100).tokens == 64 * GIB // LLAMA_70B_TOKEN  # type: ignore[union-attr]
+    assert ko.host_tier(model, H100).tokens == 64 * GIB // (16 * LLAMA_70B_TOKEN) * 16  # type: ignore[union-attr]
     assert ko.offload_problems(model, H100) == []
 
 
@@ -95,7 +142,7 @@ def test_capacity_rows_carry_the_host_tier_and_not_a_larger_batch():
     pool = ServingPoolSpec(max_num_seqs=64, context_tokens=4096)
     plain = pool_capacity(MODEL.model_copy(update={"kv_offload": None}), "short", pool, H100)
     offload = ko.with_host_tier(pool_capacity(MODEL, "short", pool, H100), MODEL, H100)
-    assert (plain.host_kv_tokens, offload.host_kv_tokens, offload.host_kv_gib) == (0, 353_894, 108)
+    assert (plain.host_kv_tokens, offload.host_kv_tokens, offload.host_kv_gib) == (0, 2_116_800, 646)
     # Offload does not raise what runs at once: the GPU's tokens and sequences are the plain pool's.
     assert (offload.tokens_fit, offload.seqs_fit, offload.decode_tokens_s) == \
         (plain.tokens_fit, plain.seqs_fit, plain.decode_tokens_s)
@@ -114,8 +161,8 @@ def test_the_vllm_flags_are_the_platforms_own():
 
 
 def test_problems_name_the_key_and_the_fix(monkeypatch: pytest.MonkeyPatch):
-    (key, text), = ko.offload_problems(sized(500), H100)
-    assert key == "sizeGb" and "at most 120" in text and "leave it unset for 108" in text
+    (key, text), = ko.offload_problems(sized(800), H100)
+    assert key == "sizeGb" and "at most 718" in text and "leave it unset for 646" in text
     (key, text), = ko.offload_problems(sized(None, "lmcache"), H100)
     assert key == "backend" and "LMCacheMPConnector" in text and "use backend: native" in text
     tpu = NodePoolSpec(name="v6e", machine_type="ct6e-standard-4t", tpu_topology="2x2")
@@ -129,7 +176,7 @@ def test_problems_name_the_key_and_the_fix(monkeypatch: pytest.MonkeyPatch):
     assert ko.offload_problems(small, l4) == [] and ko.host_tier(small, l4).size_gib == 2  # type: ignore[union-attr]
     monkeypatch.setattr(ko, "OTHER_CONTAINERS_GIB", 4.0)
     (key, text), = ko.offload_problems(small, l4)
-    assert key == "sizeGb" and "no host memory left" in text
+    assert key == "sizeGb" and "nothing left for a host tier" in text
 
 
 @pytest.fixture(scope="module")
@@ -149,9 +196,9 @@ def _problems(values: dict[str, Any]) -> list[str]:
 
 def test_the_stack_refuses_a_size_the_node_cannot_hold(tuned):
     values = copy.deepcopy(tuned)
-    _offload_model(values)["kvOffload"] = {"backend": "native", "sizeGb": 400}
+    _offload_model(values)["kvOffload"] = {"backend": "native", "sizeGb": 800}
     (problem,) = [p for p in _problems(values) if "kvOffload" in p]
-    assert "models[llama-70b-offload].kvOffload.sizeGb" in problem and "lower sizeGb to at most 120" in problem
+    assert "models[llama-70b-offload].kvOffload.sizeGb" in problem and "lower sizeGb to at most 718" in problem
 
 
 def test_the_stack_refuses_lmcache_with_the_reason(tuned):
@@ -185,22 +232,57 @@ def _vllm_container(plan: Plan, name: str) -> tuple[dict[str, Any], dict[str, An
 def test_the_tuned_stack_serves_the_offload_variant_beside_the_plain_one(tuned_plan: Plan):
     offload, spec = _vllm_container(tuned_plan, "llama-70b-offload")
     plain, plain_spec = _vllm_container(tuned_plan, "llama-70b")
-    assert offload["args"][-4:] == ["--kv-offloading-backend", "native", "--kv-offloading-size", "108"]
+    assert offload["args"][-4:] == ["--kv-offloading-backend", "native", "--kv-offloading-size", "646"]
     assert "--kv-offloading-size" not in plain["args"]
-    assert offload["resources"]["limits"]["memory"] == "900Gi" == offload["resources"]["requests"]["memory"]
+    assert offload["resources"]["limits"]["memory"] == "897Gi" == offload["resources"]["requests"]["memory"]
     assert plain["resources"]["limits"]["memory"] == "792Gi"
     (shm,) = [v for v in spec["volumes"] if v["name"] == "dshm"]
-    assert shm["emptyDir"]["sizeLimit"] == "124Gi"
+    assert shm["emptyDir"]["sizeLimit"] == "662Gi"
     assert check_argv(offload["args"], load_snapshot("0.34.0")) == []
 
 
 def test_the_plan_shows_the_host_tier_and_what_it_does_not_do(tuned_plan: Plan):
     v = verdicts(tuned_plan)
     rows = {r.model: r for r in v.capacity if r.pool == "short" and not r.tenant}
-    assert rows["llama-70b-offload"].host_kv_tokens == 353_894 and rows["llama-70b"].host_kv_tokens == 0
+    assert rows["llama-70b-offload"].host_kv_tokens == 2_116_800 and rows["llama-70b"].host_kv_tokens == 0
     (line,) = offload_lines(tuned_plan.config, v)
-    assert "353,894 tokens" in line and "the running batch stays 64" in line and "$0 more" in line
-    assert "LMCache instead" in line and "pays only for prompts that share prefixes" in line
+    reach = 2_116_800 - rows["llama-70b-offload"].tokens_fit
+    assert "2,116,800 tokens" in line and "the running batch stays 64" in line and "$0 more" in line
+    assert "LMCache instead" in line and f"adds {reach:,} tokens of prefix reach" in line and "mirrors the GPU" in line
+
+
+def test_the_plan_warns_when_the_tier_is_no_larger_than_the_gpus(tuned_plan: Plan):
+    # 64 GiB holds 209,712 tokens, fewer than the GPU's: vLLM mirrors new blocks there, so no reach.
+    cfg = tuned_plan.config
+    small = [sized(64, model=m) if m.name == "llama-70b-offload" else m for m in cfg.models]
+    cfg = cfg.model_copy(update={"models": small})
+    v = verdicts(tuned_plan)
+    rows = [ko.with_host_tier(r, cfg.model(r.model), cfg.pool(r.node_pool)) for r in v.capacity]
+    line, warning = offload_lines(cfg, replace(v, capacity=rows))
+    assert "adds -" in line and warning.startswith("warning: llama-70b-offload") and "preemption recovery only" in warning
+
+
+def test_the_precise_prefix_index_counts_the_host_tiers_blocks():
+    # vLLM publishes the CPU tier's BlockStored on the same stream; llm-d-router indexes a (pod, cpu) entry.
+    plain = pp.pool_blocks(MODEL.model_copy(update={"kv_offload": None}), H100)
+    tier = ko.host_tier(MODEL, H100)
+    assert tier is not None
+    assert pp.pool_blocks(MODEL, H100) == MODEL.short.max_replicas * (
+        (pool_capacity(MODEL, "short", MODEL.short, H100).tokens_fit + tier.tokens) // pp.BLOCK_SIZE_TOKENS) > plain
+
+
+def test_the_batch_row_fails_when_the_table_counts_host_tokens(tuned_plan: Plan, monkeypatch: pytest.MonkeyPatch):
+    assert kvc.offload_does_not_raise_the_batch(tuned_plan) == []
+    real = kvc.capacity_report
+    monkeypatch.setattr(kvc, "capacity_report", lambda cfg: [
+        replace(r, tokens_fit=r.tokens_fit + r.host_kv_tokens, seqs_fit=r.seqs_fit + 1) for r in real(cfg)])
+    assert any("counts host-tier tokens" in p for p in kvc.offload_does_not_raise_the_batch(tuned_plan))
+
+
+def test_the_flag_row_counts_tokens_as_vllm_does():
+    # The contract's count from the model's shape alone, against the fixed Llama 70B figure at 108 GiB
+    # (vLLM's CPUOffloadingSpec: 22,118 chunks of 16 tokens, the test below runs it).
+    assert kvc._vllm_host_tokens(108, MODEL) == 22_118 * 16 == ko.host_tokens(108, LLAMA_70B_TOKEN)
 
 
 # The server's argv as `vllm serve` parses it, resolved into vLLM's own engine config (the platform
@@ -247,6 +329,40 @@ def test_vllm_0_34_resolves_the_argv_into_its_offloading_connector(tmp_path: Pat
                          cwd=REPO_ROOT, env={**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert (got["size"], got["backend"], got["connector"], got["role"]) == (108, "native", "OffloadingConnector",
+    assert (got["size"], got["backend"], got["connector"], got["role"]) == (646, "native", "OffloadingConnector",
                                                                             "kv_both")
-    assert got["extra"]["cpu_bytes_to_use"] == 108 * GIB
+    assert got["extra"]["cpu_bytes_to_use"] == 646 * GIB
+
+
+# vLLM's own CPU spec at world size 4 with Llama 70B's per-worker block (80 layers x 2 KV heads x 128 x
+# 2 bytes x K and V x 16 tokens): the chunks it makes of a size, in tokens.
+CPU_SPEC = """
+import json, sys
+from vllm.v1.kv_offload.config import *
+from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+size, world, block = json.loads(sys.argv[1])
+cfg = OffloadingConfig(
+    groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l",), group_id=0),),
+    worker_kv_bytes_per_block=block, enable_kv_cache_events=False, extra_config={"cpu_bytes_to_use": size * 2 ** 30},
+    engine_id="x", model=OffloadingModelConfig(name="m", dtype="bfloat16"),
+    cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+    parallel=OffloadingParallelConfig(rank=0, world_size=world, tp_size=world, pp_size=1, pcp_size=1, dcp_size=1,
+                                      data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+                                      is_parallelism_agnostic=False))
+print(json.dumps(CPUOffloadingSpec(cfg).num_chunks * 16))
+"""
+
+
+@pytest.mark.parametrize("size", [108, 646])
+def test_vllm_0_34_holds_the_tokens_the_plan_says(size: int):
+    python = vllm_python()
+    tier = ko.host_tier(sized(size), H100)
+    assert tier is not None and tier.size_gib == size
+    per_worker_block = 80 * 2 * 2 * 128 * 2 * 16
+    out = subprocess.run([python, "-c", CPU_SPEC, json.dumps([size, 4, per_worker_block])], capture_output=True,
+                         text=True, cwd=REPO_ROOT, env={**os.environ, "VLLM_NO_USAGE_STATS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    vllm_tokens = json.loads(out.stdout.strip().splitlines()[-1])
+    assert vllm_tokens == tier.tokens == kvc._vllm_host_tokens(size, MODEL)
+    if size == 108:
+        assert vllm_tokens == 353_888  # the reviewer's probe

@@ -13,6 +13,10 @@ What vLLM does with it (vllm-project/vllm@v0.34.0):
   scheduler.py:929-994, else the newest is preempted); the host tier is consulted only for a waiting
   sequence's prefix (scheduler.py:1178-1180), which is what a preempted sequence becomes
   (scheduler.py:1876). So it saves recomputing prefixes seen before and preempted sequences.
+- It stores every newly computed block as it is computed (the offloading scheduler's
+  _build_store_jobs; store_threshold 0 by default, v1/kv_offload/cpu/spec.py:155-159): the tier
+  mirrors the GPU's cache, so only what it holds beyond the GPU's tokens is added prefix reach, and
+  the default sizes it from the server's estimated need, not its proportional share of the node.
 """
 
 from __future__ import annotations
@@ -30,8 +34,13 @@ GIB = 1024 ** 3
 # The server pod's other containers on the node: the mesh's Envoy (128 MiB), the weights' init
 # container (64 MiB) and Cloud Storage FUSE's sidecar where the weights come through it.
 OTHER_CONTAINERS_GIB = 1.0
-# The default size leaves a tenth of what is free for the page cache and what the estimate misses.
+# The default size leaves a tenth of what is free beside the server's need for what the estimate misses.
 DEFAULT_SHARE = 0.9
+# The server's own host memory beside the tier (server_need_gib): per GPU worker, its CUDA context,
+# torch, NCCL and the engine's CPU-side state (a few GiB each on a loaded H100 worker); the API
+# server, engine core and tokenizer; and /dev/shm's default (tmpfs, charged to the container).
+WORKER_GIB = 6.0
+FRONTEND_GIB = 8.0
 LMCACHE_REFUSED = (
     "vLLM 0.34 runs backend lmcache as LMCacheMPConnector, a client of a separate LMCache server "
     "(tcp://localhost:5555 unless told otherwise: config/vllm.py:1097-1103) that vllm-gke does not deploy, and "
@@ -42,23 +51,42 @@ LMCACHE_REFUSED = (
 @dataclass(frozen=True)
 class HostTier:
     """One replica's host tier: its size (vLLM's --kv-offloading-size), what each of its pods holds
-    (its hosts' share), what each pod could take beside the node's other replicas, and the host
-    bytes a token takes over all the replica's workers."""
+    (its hosts' share), what each pod's server container may take on the node (room_gib), the
+    server's estimated need beside the tier, the memory it is given beside it, and the host bytes a
+    token takes over all the replica's workers (tokens: whole chunks, as vLLM counts them)."""
 
     size_gib: float
     pod_gib: float
-    free_per_pod_gib: float
+    room_gib: float
+    need_gib: float
     server_gib: int
     hosts: int
     bytes_per_token: float
+    block_tokens: int = 16
 
     @property
     def tokens(self) -> int:
-        return int(self.size_gib * GIB // self.bytes_per_token)
+        return host_tokens(self.size_gib, self.bytes_per_token, self.block_tokens)
 
     @property
     def fits(self) -> bool:
-        return 0 < self.pod_gib <= self.free_per_pod_gib
+        """The pod's part of the tier beside the server's need, within what the pod may take."""
+        return 0 < self.pod_gib and self.need_gib + self.pod_gib <= self.room_gib
+
+    @property
+    def free_per_pod_gib(self) -> float:
+        """What each pod may add beside its server's need."""
+        return self.room_gib - self.need_gib
+
+
+def host_tokens(size_gib: float, bytes_per_token: float, block_tokens: int = 16) -> int:
+    """Tokens vLLM's CPU spec holds in `size_gib`: whole chunks of a block over every worker, each
+    chunk rounded up to a page (v1/kv_offload/cpu/spec.py:109-122), one block a chunk."""
+    chunk = math.ceil(bytes_per_token * block_tokens / PAGE) * PAGE
+    return int(size_gib * GIB) // chunk * block_tokens
+
+
+PAGE = 4096
 
 
 def _pod_devices(model: ModelSpec, node_pool: NodePoolSpec) -> int:
@@ -71,12 +99,26 @@ def server_memory_gib(model: ModelSpec, node_pool: NodePoolSpec) -> int:
     return int(limit.removesuffix("Gi"))
 
 
-def free_per_pod_gib(model: ModelSpec, node_pool: NodePoolSpec) -> float:
-    """What a node has left for each of its server pods once GKE's reservations and its own pods,
-    and every pod's server share and other containers are counted (pods fill the node's devices)."""
+def room_per_pod_gib(model: ModelSpec, node_pool: NodePoolSpec) -> float:
+    """What each server container may take: the node's allocatable (the kernel's share, GKE's
+    reservations and its own pods out, node_shapes.node_free) over the pods that fill its devices,
+    less each pod's other containers."""
     pods = max(1, node_pool.slices_per_node // _pod_devices(model, node_pool))
     free = node_free(node_pool.machine_type, node_pool.disk_size_gb)[1] / 1024
-    return (free - pods * (server_memory_gib(model, node_pool) + OTHER_CONTAINERS_GIB)) / pods
+    return free / pods - OTHER_CONTAINERS_GIB
+
+
+def server_need_gib(model: ModelSpec, node_pool: NodePoolSpec) -> float:
+    """An estimate of the server's own host memory beside the tier, not its proportional share of the
+    node (792 GiB for a TP-4 70B on an a3-highgpu-8g, far more than it uses): the pod's part of the
+    weights (the shard's pages pass through host memory while loading), WORKER_GIB a GPU worker,
+    FRONTEND_GIB and /dev/shm's default. A 70B at TP 4: 131 + 24 + 8 + 16 = 179 GiB. Never more than
+    the plain share, which the same server runs in without offload (a small machine's 9 GiB)."""
+    hosts = max(1, -(-model.devices_per_replica // node_pool.slices_per_node))
+    shm = 16 if model.devices_per_replica > 1 else 2  # pods/server.py's default
+    weights = model.weights_gb * 1e9 / GIB / hosts
+    need = weights + WORKER_GIB * _pod_devices(model, node_pool) + FRONTEND_GIB + shm
+    return min(need, server_memory_gib(model, node_pool))
 
 
 def host_bytes_per_token(model: ModelSpec) -> float:
@@ -87,15 +129,18 @@ def host_bytes_per_token(model: ModelSpec) -> float:
 
 
 def host_tier(model: ModelSpec, node_pool: NodePoolSpec) -> Optional[HostTier]:
-    """The model's host tier on `node_pool`, None without kvOffload or on an accelerator-less pool."""
+    """The model's host tier on `node_pool`, None without kvOffload or on an accelerator-less pool.
+    Default: DEFAULT_SHARE of what the pod has beside its server's need; the server keeps the rest of
+    its room (at most its plain share), so all of a node's pods fit its allocatable beside each other."""
     if model.kv_offload is None or node_pool.machine.accelerator is None:
         return None
     hosts = max(1, -(-model.devices_per_replica // node_pool.slices_per_node))
-    free = free_per_pod_gib(model, node_pool)
+    room, need = room_per_pod_gib(model, node_pool), server_need_gib(model, node_pool)
     size = model.kv_offload.size_gb
     if size is None:
-        size = float(max(0, math.floor(DEFAULT_SHARE * free * hosts)))
-    return HostTier(size, size / hosts, free, server_memory_gib(model, node_pool), hosts, host_bytes_per_token(model))
+        size = float(max(0, math.floor(DEFAULT_SHARE * (room - need) * hosts)))
+    server = min(server_memory_gib(model, node_pool), math.floor(room - math.ceil(size / hosts)))
+    return HostTier(size, size / hosts, room, need, server, hosts, host_bytes_per_token(model))
 
 
 def with_host_tier(row: PoolCapacity, model: ModelSpec, node_pool: NodePoolSpec) -> PoolCapacity:
@@ -149,11 +194,10 @@ def offload_problems(model: ModelSpec, node_pool: NodePoolSpec) -> list[tuple[st
     if tier.fits:
         return []
     room = max(0, math.floor(tier.free_per_pod_gib * tier.hosts))
+    where = (f"each {node_pool.machine_type} node of {node_pool.name} has {tier.room_gib:.0f} GiB a server pod after the "
+             f"kernel's and GKE's reservations, its own pods and every pod's other containers, and the server needs about "
+             f"{tier.need_gib:.0f} of it (kv_offload.server_need_gib)")
     if offload.size_gb is None:
-        return [("sizeGb", f"node pool {node_pool.name} ({node_pool.machine_type}) has no host memory left for it "
-                           f"beside its replicas' {tier.server_gib} GiB each: remove kvOffload or use a machine "
-                           "with more memory")]
-    return [("sizeGb", f"is {offload.size_gb:g} GiB, but each {node_pool.machine_type} node of {node_pool.name} has "
-                       f"{room} GiB per replica left after GKE's reservations and its own pods and every replica's "
-                       f"{tier.server_gib} GiB server share: lower sizeGb to at most {room}, or leave it unset for "
-                       f"{math.floor(DEFAULT_SHARE * room)}")]
+        return [("sizeGb", f"{where}: nothing left for a host tier; remove kvOffload or use a machine with more memory")]
+    return [("sizeGb", f"is {offload.size_gb:g} GiB, but {where}: lower sizeGb to at most {room}, or leave it unset "
+                       f"for {math.floor(DEFAULT_SHARE * room)}")]

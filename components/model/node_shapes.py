@@ -9,6 +9,12 @@ plan-node-sizes#memory_and_cpu_reservations, #local_ephemeral_storage_reservatio
           10% eviction threshold
   pods    110 (GKE's default maximum per node on a VPC-native cluster)
 
+The kubelet's capacity is not the machine's memory but what the OS reports: the kernel keeps 1/64
+of it, 16 MiB, and 64 MiB of software IO TLB above 3 GiB, before GKE's reservations (the cluster
+autoscaler's GCE model: kubernetes/autoscaler cluster-autoscaler/cloudprovider/gce/reserved.go
+CalculateKernelReserved, templates.go BuildCapacity `memTotal := mem - CalculateKernelReserved`).
+On an a3-highgpu-8g that is 29 GiB of its 1872.
+
 GKE also runs its own pods on every node (logging, metrics, CSI and network agents) and a few per
 cluster (kube-dns, konnectivity, metrics-server): their requests are estimates read off GKE 1.33
 clusters (kubectl get pods -n kube-system), not a published figure, so the system pool check keeps
@@ -17,6 +23,7 @@ them apart and says so.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .catalog import MACHINE_TYPES
@@ -52,6 +59,11 @@ def memory_reserved_mi(memory_gib: float) -> int:
     return round(gib * 1024) + 100
 
 
+def kernel_reserved_mi(memory_gib: float) -> int:
+    """What the kernel keeps of the machine's memory before the kubelet counts capacity (reserved.go)."""
+    return math.ceil(memory_gib * 1024 / 64) + 16 + (64 if memory_gib > 3 else 0)
+
+
 def disk_reserved_gib(disk_gib: float) -> float:
     system = min(0.5 * disk_gib, 6 + 0.35 * disk_gib, 100.0)
     return system + 0.1 * disk_gib
@@ -75,7 +87,8 @@ class NodeShape:
 
 def node_shape(machine_type: str, disk_gib: int, slices_per_gpu: int = 1) -> NodeShape:
     machine = MACHINE_TYPES[machine_type]
-    cpu_m, memory_mi = machine.vcpus * 1000, machine.memory_gb * 1024
+    # Capacity is what the OS reports (less the kernel's share); GKE reserves from the machine's memory.
+    cpu_m, memory_mi = machine.vcpus * 1000, machine.memory_gb * 1024 - kernel_reserved_mi(machine.memory_gb)
     acc = machine.accelerator
     return NodeShape(
         machine_type, cpu_m, memory_mi, disk_gib,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from .capacity import pool_capacity
 from .k8s_objects import CONTAINER_SECURITY
+from .kv_offload import host_tier
 from .picker import PickerExtension, picker_labels, picker_name
 from .specs import ModelSpec, NodePoolSpec, PickerSpec
 from .vllm_server import PORT
@@ -194,9 +195,14 @@ def render_weights_prefixes(model: ModelSpec) -> list[str]:
 
 def pool_blocks(model: ModelSpec, node_pool: NodePoolSpec) -> int:
     """The KV blocks the picker's pool (the model's short pool, components/model/picker_wake.py) holds
-    at its most replicas, by the capacity model (components/model/capacity.py)."""
+    at its most replicas, by the capacity model (components/model/capacity.py). With models[].kvOffload
+    the host tier's too: vLLM publishes its BlockStored/BlockRemoved (medium CPU) on the same stream and
+    llm-d-router v0.10.0 indexes each as a (pod, cpu) entry beside the GPU's (pkg/kvevents/pool.go
+    handleDeviceTierUpdate)."""
     row = pool_capacity(model, "short", model.short, node_pool)
-    return model.short.max_replicas * (row.tokens_fit // BLOCK_SIZE_TOKENS)
+    tier = host_tier(model, node_pool)
+    tokens = row.tokens_fit + (tier.tokens if tier else 0)
+    return model.short.max_replicas * (tokens // BLOCK_SIZE_TOKENS)
 
 
 def index_mib(model: ModelSpec, node_pool: NodePoolSpec) -> int:

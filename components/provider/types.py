@@ -349,7 +349,7 @@ class KvOffloadSpec(TypedDict):
     backend: NotRequired[str]
     """native (the only one served): vLLM's own CPU offloading (its OffloadingConnector) into pinned host memory inside the server container. lmcache is refused: vLLM 0.34 runs it as a client of a separate LMCache server that this platform does not deploy, and the server image adds no lmcache package. Default: native."""
     size_gb: NotRequired[float]
-    """GiB of host memory one replica's offloaded KV cache takes, summed over its GPUs as vLLM counts it (--kv-offloading-size). Default: nine tenths of what the node has left for each replica after GKE's reservations, GKE's own pods and the replicas' other memory; the plan refuses a size that does not fit beside the other replicas on the node."""
+    """GiB of host memory one replica's offloaded KV cache takes, summed over its GPUs as vLLM counts it (--kv-offloading-size). Default: nine tenths of what each replica's pods may take on the node (its allocatable after the kernel's and GKE's reservations and GKE's own pods, shared among the replicas) beside the server's estimated own need; the plan refuses a size that does not fit."""
 
 
 class DraftShape(TypedDict):

@@ -91,6 +91,7 @@ from .kv_offload import (
     offload_buffer_in_shm_and_the_memory_limit,
     offload_does_not_raise_the_batch,
     offload_flags_are_the_replicas_tier,
+    offload_pods_fit_the_node,
     offload_takes_the_kv_connector,
 )
 from .limit_store import redis_writes_nothing_and_scripts_obey_the_acl
@@ -172,7 +173,7 @@ __all__ = [
     "flagger_scales_the_primary_by_named_triggers", "flagger_tracks_no_config", "flagger_webhooks_reach_the_loadtester",
     "flagger_webhooks_start_the_load_test",
     "offload_buffer_in_shm_and_the_memory_limit", "offload_does_not_raise_the_batch",
-    "offload_flags_are_the_replicas_tier", "offload_takes_the_kv_connector",
+    "offload_flags_are_the_replicas_tier", "offload_pods_fit_the_node", "offload_takes_the_kv_connector",
     "nixl_connector_not_replaced", "nixl_role_per_pod", "nixl_side_channel_on_the_pod_ip",
     "draft_sharded_as_counted", "draft_waited_for_before_vllm_starts", "lora_steps_hold_every_proposal",
     "ngram_window_ordered", "speculative_config_is_the_models",

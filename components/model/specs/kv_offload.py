@@ -1,6 +1,6 @@
-"""KV-cache offload to host memory (models[].kvOffload): vLLM's native CPU offloading, which keeps
-KV blocks that leave the GPU in pinned host memory of the server's pod, so a prefix seen before or
-a preempted sequence is loaded back instead of recomputed."""
+"""KV-cache offload to host memory (models[].kvOffload): vLLM's native CPU offloading, which copies
+each newly computed KV block into pinned host memory of the server's pod, so a prefix the GPU has
+since dropped or a preempted sequence is loaded back instead of recomputed."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ class KvOffloadSpec(Spec):
     # LMCache server that this platform does not deploy, and the server image adds no lmcache package.
     backend: str = "native"  # a string: an enum would take the name of the weights' Backend in the package's types
     # GiB of host memory one replica's offloaded KV cache takes, summed over its GPUs as vLLM counts
-    # it (--kv-offloading-size). Default: nine tenths of what the node has left for each replica after
-    # GKE's reservations, GKE's own pods and the replicas' other memory; the plan refuses a size that
-    # does not fit beside the other replicas on the node.
+    # it (--kv-offloading-size). Default: nine tenths of what each replica's pods may take on the node
+    # (its allocatable after the kernel's and GKE's reservations and GKE's own pods, shared among the
+    # replicas) beside the server's estimated own need; the plan refuses a size that does not fit.
     size_gb: Optional[float] = Field(default=None, gt=0, le=4096)
 
     @field_validator("backend")
