@@ -163,7 +163,7 @@ def hold_gpu_lease(stopped: Callable[[], bool]) -> bool:
         return True
     from vllm_gke_guard.swap import hold_for_startup  # the guard's package, in the image
 
-    return hold_for_startup(cfg, startup_window_s(), stopped)
+    return hold_for_startup(cfg, stopped)
 
 
 def exit_status(returncode: int) -> int:

@@ -232,3 +232,40 @@ def test_a_store_out_of_reach_past_half_the_lease_sleeps_the_server():
         return first, engine.asleep
 
     assert run(go()) == (False, True)
+
+
+def test_the_entrypoint_waits_for_the_lease_and_keeps_it_while_vllm_starts(redis_port, monkeypatch):
+    """hold_for_startup (images/serve.py's, before vLLM starts): it waits while another server is
+    awake, its claim making that one yield; then renews the lease past its time to live until the
+    guard gives it up."""
+    import threading
+
+    import redis
+
+    plain: Any = redis.Redis(port=redis_port)  # Any: redis-py annotates fcall's arguments as lists
+
+    def call(op: str, holder: str) -> list[Any]:
+        out = plain.fcall(sw.FUNCTION, 1, sw.lease_key("node-1"), op, holder, 30_000, 1000)
+        return [int(out[0]), *(v.decode() for v in out[1:])]
+
+    monkeypatch.setenv(sw.NODE_ENV, "node-1")
+    monkeypatch.setenv(sw.HOLDER_ENV, "b")
+    cfg = {"globalLimits": {"host": "127.0.0.1", "port": redis_port}, "swap": {"level": 1, "leaseSeconds": 0.5}}
+    assert call("take", "a")[0] == 1
+    done: list[bool] = []
+    stop = threading.Event()
+    waiter = threading.Thread(target=lambda: done.append(sw.hold_for_startup(cfg, stop.is_set)))
+    waiter.start()
+    try:
+        time.sleep(0.5)
+        assert not done and call("renew", "a") == [1, "a", "b"]  # b waits, and a sees it
+        call("drop", "a")
+        waiter.join(10)
+    finally:
+        stop.set()
+    assert done == [True]
+    time.sleep(1.0)  # twice the lease: renewed meanwhile by the entrypoint's thread
+    assert call("take", "c")[:2] == [0, "b"]
+    assert sw.hold_for_startup(cfg, lambda: False)  # already b's: taken again at once
+    assert sw.hold_for_startup({"swap": {}}, lambda: True)  # no swap: nothing to wait for
+    call("drop", "b")  # the guard yields: the entrypoint's thread stops renewing

@@ -16,15 +16,16 @@ wake or sleep a model without passing the tenant checks first.
     finish, sleeps and drops the lease: the waiter takes it.
   - A server that cannot renew (the store restarted, or unreachable past half the lease) sleeps:
     another may take the GPU once the lease expires, and two awake would not fit.
-  - The entrypoint (images/serve.py) takes the lease before vLLM starts (hold_for_startup): vLLM's
-    startup wants gpuMemoryUtilization of the GPU free, so no server starts while another is
-    awake; the guard then holds it as the awake server.
+  - The entrypoint (images/serve.py) takes the lease before vLLM starts (hold_for_startup) and
+    renews it while vLLM loads: vLLM's startup wants gpuMemoryUtilization of the GPU free, so no
+    server starts while another is awake; the guard then holds it as the awake server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from typing import Any, Awaitable, Callable, Optional
 
@@ -227,21 +228,38 @@ def busy(holder: str, wait_s: float) -> GuardError:
     return err
 
 
-def hold_for_startup(cfg: dict[str, Any], startup_s: float, stopped: Callable[[], bool]) -> bool:
-    """The entrypoint's wait, before vLLM starts, for the GPU's lease (held for the whole startup);
-    False if the pod was told to stop first. Blocking: nothing else runs in the entrypoint then."""
+def hold_for_startup(cfg: dict[str, Any], stopped: Callable[[], bool]) -> bool:
+    """The entrypoint's wait, before vLLM starts, for the GPU's lease; False if the pod was told to
+    stop first. Blocking: nothing else runs in the entrypoint then. Once it has the lease, a thread
+    renews it while vLLM starts (a pod that dies meanwhile frees the GPU within leaseSeconds) until
+    the lease is no longer this server's: the guard, up by then, has yielded it."""
     shared: dict[str, Any] = cfg.get("globalLimits") or {}
-    if not cfg.get("swap"):
+    swap: dict[str, Any] = cfg.get("swap") or {}
+    if not swap:
         return True
     import redis  # in the image with globalLimits
 
     # Any: redis-py annotates fcall's arguments as lists.
     client: Any = redis.Redis(host=str(shared["host"]), port=int(shared["port"]), socket_timeout=2)
     key, holder = lease_key(os.environ[NODE_ENV]), os.environ[HOLDER_ENV]
+    ttl_ms, fresh_ms = int(float(swap.get("leaseSeconds") or 15) * 1000), int(POLL_SECONDS * 4000)
+
+    def call(op: str) -> bool:
+        return int(client.fcall(FUNCTION, 1, key, op, holder, ttl_ms, fresh_ms)[0]) == 1
+
+    def keep() -> None:
+        while True:
+            time.sleep(POLL_SECONDS)
+            try:
+                if not call("renew"):
+                    return
+            except redis.RedisError:
+                continue
+
     while not stopped():
         try:
-            out = client.fcall(FUNCTION, 1, key, "take", holder, int(startup_s * 1000), int(POLL_SECONDS * 4000))
-            if int(out[0]) == 1:
+            if call("take"):
+                threading.Thread(target=keep, name="gpu-lease", daemon=True).start()
                 return True
         except redis.RedisError as exc:
             print(f"vllm-gke: GPU lease not reachable yet ({type(exc).__name__})", flush=True)
