@@ -23,6 +23,7 @@ from .plan import Plan
 from .plan_report import PlanReport, ResourceChecks
 from .pricing import PRICE_REGION
 from .report import TenantCeiling, Verdicts
+from .speculative_plan import speculative_lines
 
 
 def column(table: Table, header: str, right: bool = False) -> None:
@@ -107,6 +108,8 @@ def _decisions(report: PlanReport, console: Console) -> None:
     if (pd := pd_table(report.plan.config)) is not None:  # models[].disaggregation against aggregated
         console.print(fitted(pd, console.width))
     for line in swap_lines(report.plan.config):  # models[].sleepMode: memory, wake against cold start, trade-off
+        console.print(escape(line), highlight=False)
+    for line in speculative_lines(report.plan.config):  # models[].speculative: the gain's ceiling, where it ends
         console.print(escape(line), highlight=False)
     if v.rollouts:
         console.print(whole_or_records(rollouts_table(v), console.width))

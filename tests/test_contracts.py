@@ -605,8 +605,8 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "draft_waited_for_before_vllm_starts": ("tuned", _no_draft_wait, "before the draft's ready marker"),
     "draft_sharded_as_counted": ("tuned", lambda p: _spec_json(p, draft_tensor_parallel_size=1),
                                  "fewer GPUs than the capacity check counts"),
-    "lora_steps_hold_every_proposal": ("tuned", lambda p: _spec_vllm(p)[0]["args"].append("--enable-lora"),
-                                       "needs --max-num-batched-tokens of at least 256"),
+    "lora_steps_hold_every_proposal": ("tuned", lambda p: _spec_vllm(p)[0]["args"].extend(
+        ["--enable-lora", "--max-num-batched-tokens", "128"]), "needs --max-num-batched-tokens of at least 256, not 128"),
     "ngram_window_ordered": ("tuned", lambda p: _spec_json(p, method="ngram", prompt_lookup_min=6,
                                                            prompt_lookup_max=3), "vLLM refuses a minimum above"),
     "sidecar_fronts_decode_vllm": ("tuned", _pd_sidecar_tls, "self-signed certificate"),

@@ -8,9 +8,18 @@ Transformers via Speculative Decoding", ICML 2023, eq. 1). Its cost (throughput.
 a Speculation): the verification scores k + 1 tokens per sequence, so its compute grows k + 1 times
 while its reads (weights once, each sequence's KV once) stay those of a plain step; the drafter
 adds its own k steps: a draft model's or EAGLE head's roofline at the same batch, nothing for
-n-gram lookup (on the CPU). At small batches the step is memory-bound and the extra tokens are
-nearly free; at large ones it is compute-bound and the k + 1 scored tokens cost what they would
-cost decoded one by one: speculation then stops paying (break_even_batch).
+n-gram lookup (vLLM 0.34 runs it on the GPU, NgramGPUSpeculator, v1/worker/gpu/spec_decode/ngram/
+config.py:12-15: a lookup over the tokens, no weights read). At small batches the step is
+memory-bound and the extra tokens are nearly free; at large ones it is compute-bound and the k + 1
+scored tokens cost what they would cost decoded one by one: speculation then stops paying
+(break_even_batch). The rate is an upper bound: the drafter's per-step launches, the rejection
+sampler and the scheduler's bookkeeping are not counted, and measured gains at batch 64 are far
+below it where the roofline stays memory-bound (infra/speculative_plan.py says so).
+
+The user states what vLLM measures, the mean acceptance length L (tokens a step yields, the bonus
+token included: 1 + accepted / drafts, v1/spec_decode/metrics.py:177-195); the per-token rate a is
+the root of (1 - a^(k+1)) / (1 - a) = L (per_token_acceptance). accepted / draft tokens is another
+ratio: a(1 - a^k) / (k(1 - a)), not a.
 
 The draft's memory (capacity.py): its weights per device (sharded as the model's: vLLM's draft
 tensor parallelism defaults to the model's, config/speculative.py:1530-1552), and its KV cache
@@ -25,6 +34,7 @@ from typing import Optional
 
 from .catalog import ModelShape
 from .specs import ModelSpec, NodePoolSpec, ServingPoolSpec, SpeculativeSpec
+from .specs.speculative import VOCAB_SIZES
 from .throughput import Speculation, roofline, slice_of
 from .weights_layout import draft_dir
 
@@ -34,18 +44,75 @@ from .weights_layout import draft_dir
 # nebius/EAGLE3-Llama-3.3-70B-Instruct's model card measures it: a = 0.66); DeepSeek-V3's MTP
 # module accepts its second token 85-90% of the time (DeepSeek-V3 technical report, section 5.4.3).
 ASSUMED_ACCEPTANCE = {"ngram": 0.3, "draft_model": 0.6, "eagle": 0.6, "eagle3": 0.7, "mtp": 0.8}
+# The methods whose drafter has weights of its own on the GPU (MTP's are the checkpoint's layers,
+# loaded as a drafter): a level-2 sleep discards them (config_rules/speculative.py).
+DRAFTED = ("draft_model", "eagle", "eagle3", "mtp")
+# vLLM 0.34's max_num_batched_tokens for its API server where none is given, by the GPU's memory
+# (engine/arg_utils.py:3005-3045): 16384 from 160 GiB, 8192 from 70 GiB (not an A100), else 2048.
+DEFAULT_BATCHED_TOKENS = ((160, 16384), (70, 8192), (0, 2048))
 # vLLM's n-gram window where none is given (v1/worker/gpu/spec_decode/ngram/config.py:21-24).
 NGRAM_DEFAULT_WINDOW = 5
 
 
 def acceptance(spec: SpeculativeSpec) -> float:
-    """The stated acceptance rate, else the method's assumed one."""
-    return spec.acceptance_rate if spec.acceptance_rate is not None else ASSUMED_ACCEPTANCE[spec.method]
+    """The per-token acceptance a: solved from the stated mean acceptance length, else the method's assumed one."""
+    if spec.mean_acceptance_length is None:
+        return ASSUMED_ACCEPTANCE[spec.method]
+    return per_token_acceptance(spec.mean_acceptance_length, spec.num_speculative_tokens)
+
+
+def per_token_acceptance(length: float, k: int) -> float:
+    """The a whose (1 - a^(k+1)) / (1 - a) is `length` (1 < length < k + 1): it grows with a, so bisect."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, k) < length else (lo, mid)
+    return (lo + hi) / 2
 
 
 def expected_tokens(a: float, k: int) -> float:
     """Tokens one verification step yields: (1 - a^(k+1)) / (1 - a) (Leviathan et al. 2023, eq. 1)."""
-    return (1 - a ** (k + 1)) / (1 - a)
+    return float(k + 1) if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def draft_mismatches(model: ModelSpec) -> list[str]:
+    """What vLLM 0.34 refuses in a draft against its model: query heads its tensor parallelism (the
+    model's) does not divide (config/model.py:1577-1583), and a draft_model's vocabulary other than
+    the model's (config/speculative.py:1723-1735). Unknown numbers are not checked."""
+    spec = model.speculative
+    if spec is None or spec.draft is None:
+        return []
+    out: list[str] = []
+    heads, tp = spec.draft.model_shape.attention_heads, model.tensor_parallel_size
+    if heads is not None and heads % tp:
+        out.append(f"the draft's {heads} attention heads are not divisible by tensorParallelSize {tp} (its tensor "
+                   "parallelism is the model's): pick a draft whose heads it divides, or another tensorParallelSize")
+    target = VOCAB_SIZES.get(model.shape) if isinstance(model.shape, str) else None
+    vocab = spec.draft.vocab_size
+    if spec.method == "draft_model" and None not in (target, vocab) and target != vocab:
+        out.append(f"the draft's vocabulary ({vocab} tokens) is not the model's ({target}): a draft_model must share "
+                   "the model's tokenizer; pick one of its family, or use eagle3 or ngram")
+    return out
+
+
+def max_num_batched_tokens(model: ModelSpec, pool: ServingPoolSpec, node_pool: NodePoolSpec) -> int:
+    """The pool's maxNumBatchedTokens, else what vLLM 0.34 sets on this GPU (default_batched_tokens)."""
+    if pool.max_num_batched_tokens:
+        return pool.max_num_batched_tokens
+    return default_batched_tokens(node_pool, pool.max_num_seqs, model.pool_max_model_len(pool),
+                                  model.enable_chunked_prefill)
+
+
+def default_batched_tokens(node_pool: NodePoolSpec, max_num_seqs: int, max_model_len: int, chunked: bool) -> int:
+    """vLLM 0.34's max_num_batched_tokens where none is given (engine/arg_utils.py:3200-3262): the GPU's
+    memory tier's default, at least max_model_len without chunked prefill, at most max_num_seqs x max_model_len."""
+    acc = node_pool.machine.accelerator
+    gib = acc.slice_memory_gb(node_pool.gpu_partition_size) * 1e9 / 2**30 if acc is not None else 0.0
+    a100 = acc is not None and "a100" in acc.gke_type
+    tokens = next(t for floor, t in DEFAULT_BATCHED_TOKENS if gib >= floor and not (floor == 70 and a100))
+    if not chunked:
+        tokens = max(max_model_len, tokens)
+    return min(max_num_seqs * max_model_len, tokens)
 
 
 def speculative_config(model: ModelSpec) -> Optional[dict[str, object]]:

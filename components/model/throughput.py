@@ -74,12 +74,18 @@ class Throughput:
 @dataclass(frozen=True)
 class Speculation:
     """Speculative decoding's terms for a decode step (components/model/speculative.py builds it):
-    `tokens` proposed per step (k), each accepted at `acceptance` (a), and the seconds the drafter
-    takes for them at the step's batch."""
+    `tokens` proposed per step (k, the chain's depth), each accepted at `acceptance` (a), the seconds
+    the drafter takes for them at the step's batch, and the tokens the verification scores a sequence
+    (0: k + 1, a chain; a tree of drafts, as SGLang's EAGLE, scores more than its depth)."""
 
     tokens: int
     acceptance: float
     draft_seconds: float = 0.0
+    verified: int = 0
+
+    @property
+    def scored(self) -> int:
+        return self.verified or self.tokens + 1
 
     @property
     def expected_tokens(self) -> float:
@@ -141,7 +147,7 @@ def roofline(acc: Accelerator, shape: ModelShape, dtype: str, kv_cache_dtype: st
     weights = min(shape.params_billion, shape.active_billion * micro) * GB * (bytes_per_weight or WEIGHT_BYTES[dtype]) / tp
     kv = batch * (context_tokens / 2) * kv_per_token / (min(tp, shape.kv_heads) * pp)
     # Speculative decoding scores k + 1 tokens a sequence per step (throughput.Speculation).
-    scored = 1 + (speculation.tokens if speculation else 0)
+    scored = speculation.scored if speculation else 1
     flops = 2 * shape.active_billion * GB * batch * scored
     # FP8 weights multiply in FP8 where the device can (H100, L4), else widened to 16 bits.
     peak = (acc.fp8_tflops if dtype == "fp8" and acc.fp8_tflops else acc.bf16_tflops) * 1e12

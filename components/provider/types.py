@@ -363,6 +363,10 @@ class DraftShape(TypedDict):
     """Key/value heads (num_key_value_heads)."""
     head_dim: int
     """Dimension of one attention head (head_dim, else hidden_size / num_attention_heads)."""
+    attention_heads: NotRequired[int]
+    """Query heads (num_attention_heads): the draft's tensor parallelism (the model's) must divide them, as vLLM checks (config/model.py:1577-1583). Required for draft_model."""
+    vocab_size: NotRequired[int]
+    """Its vocabulary (vocab_size): a draft_model's must be the model's (config/speculative.py:1723-1735). Required for draft_model."""
 
 
 class DraftSpec(TypedDict):
@@ -374,9 +378,9 @@ class DraftSpec(TypedDict):
     revision: NotRequired[str]
     """Git branch, tag or commit of the source. Default: main."""
     shape: NotRequired[str]
-    """The named form of `shape` (or give `custom_shape`). Its architecture: a catalog name (as models[].shape) or {paramsBillion, layers, kvHeads, headDim}."""
+    """The named form of `shape` (or give `custom_shape`). Its architecture: a catalog name (as models[].shape) or {paramsBillion, layers, kvHeads, headDim, attentionHeads, vocabSize}."""
     custom_shape: NotRequired[DraftShape]
-    """The structured form of `shape` (give one of the two). Its architecture: a catalog name (as models[].shape) or {paramsBillion, layers, kvHeads, headDim}."""
+    """The structured form of `shape` (give one of the two). Its architecture: a catalog name (as models[].shape) or {paramsBillion, layers, kvHeads, headDim, attentionHeads, vocabSize}."""
     bytes_per_weight: NotRequired[float]
     """Bytes each parameter takes in its checkpoint (vLLM loads a draft unquantised unless its checkpoint says otherwise: 2 for bfloat16). Default: 2.0."""
     disk_gb: NotRequired[float]
@@ -397,8 +401,8 @@ class SpeculativeSpec(TypedDict):
     """ngram: the shortest n-gram looked up (vLLM's prompt_lookup_min; unset: promptLookupMax, else 5)."""
     draft: NotRequired[DraftSpec]
     """draft_model, eagle, eagle3: the draft's weights and shape (required for them, refused otherwise)."""
-    acceptance_rate: NotRequired[float]
-    """The chance each proposed token is accepted, as measured on your traffic (vLLM's vllm:spec_decode_num_accepted_tokens_total over vllm:spec_decode_num_draft_tokens_total). Unset: the method's assumed rate (ngram 0.3, draft_model 0.6, eagle 0.6, eagle3 0.7, mtp 0.8); the plan says which it used."""
+    mean_acceptance_length: NotRequired[float]
+    """Tokens each verification step yields a sequence, the bonus token included, as vLLM measures it on your traffic at this numSpeculativeTokens: 1 + rate(vllm:spec_decode_num_accepted_tokens_total) / rate(vllm:spec_decode_num_drafts_total) (its mean acceptance length, v1/spec_decode/metrics.py: 177-195); above 1, below numSpeculativeTokens + 1. The plan solves it for the per-token acceptance a of (1 - a^(k+1)) / (1 - a). Unset: the method's assumed a (ngram 0.3, draft_model 0.6, eagle 0.6, eagle3 0.7, mtp 0.8); the plan says which it used."""
 
 
 class ModelSpec(TypedDict):

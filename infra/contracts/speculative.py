@@ -7,7 +7,7 @@ import json
 from typing import Any, Iterator, Optional
 
 from ...components.model.specs import ModelSpec
-from ...components.model.speculative import speculative_config
+from ...components.model.speculative import default_batched_tokens, speculative_config
 from ...components.model.vllm_server import WEIGHTS_MARKERS_ENV
 from ...components.model.weights_layout import draft_copies
 from ..plan import Plan
@@ -65,13 +65,19 @@ def draft_sharded_as_counted(plan: Plan) -> list[str]:
 
 def lora_steps_hold_every_proposal(plan: Plan) -> list[str]:
     out = []
-    for name, _model, c, _spec in _servers(plan):
-        config = _config(c)
-        if config is None or "--enable-lora" not in [str(a) for a in c["args"]]:
+    for name, model, c, _spec in _servers(plan):
+        config, args = _config(c), [str(a) for a in c["args"]]
+        if config is None or "--enable-lora" not in args:
             continue
-        need = int(_flag(c["args"], "--max-num-seqs") or 0) * (int(config["num_speculative_tokens"]) + 1)
-        if int(_flag(c["args"], "--max-num-batched-tokens") or 0) < need:
-            out.append(f"{name}: LoRA with speculative decoding needs --max-num-batched-tokens of at least {need}")
+        seqs = int(_flag(c["args"], "--max-num-seqs") or 0)
+        need = seqs * (int(config["num_speculative_tokens"]) + 1)
+        # Unset, vLLM's own default for the GPU the pod runs on (speculative.default_batched_tokens).
+        have = _flag(c["args"], "--max-num-batched-tokens") or default_batched_tokens(
+            plan.config.pool(model.node_pool), seqs, int(_flag(c["args"], "--max-model-len") or 0),
+            "--enable-chunked-prefill" in args)
+        if int(have) < need:
+            out.append(f"{name}: LoRA with speculative decoding needs --max-num-batched-tokens of at least {need}, "
+                       f"not {have}")
     return out
 
 
@@ -113,10 +119,12 @@ ROWS = (
              draft_sharded_as_counted),
     Contract("vLLM", "0.34.0",
              "with LoRA, vLLM refuses speculative decoding unless max_num_batched_tokens >= max_num_seqs x "
-             "(num_speculative_tokens + 1)",
-             f"{SOURCE}engine/arg_utils.py:2747-2761",
-             "config_rules/speculative.py asks for each pool's maxNumBatchedTokens at that bound where the model has "
-             "adapters",
+             "(num_speculative_tokens + 1); unset, max_num_batched_tokens is the API server's default for the GPU "
+             "(16384 from 160 GiB, 8192 from 70 GiB but an A100, else 2048; at least max_model_len without chunked "
+             "prefill, at most max_num_seqs x max_model_len)",
+             f"{SOURCE}engine/arg_utils.py:2747-2761,3005-3045,3200-3262",
+             "config_rules/speculative.py asks for each pool's maxNumBatchedTokens (or vLLM's default on its node "
+             "pool's GPU) at that bound where the model has adapters",
              lora_steps_hold_every_proposal),
     Contract("vLLM", "0.34.0",
              "ngram: prompt_lookup_min must not exceed prompt_lookup_max; either alone sets both, neither gives 5",

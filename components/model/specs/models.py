@@ -84,6 +84,8 @@ _MANAGED_LONG_FLAGS = {f"--{d.replace('_', '-')}": d for d in MANAGED_VLLM_OPTIO
 _MANAGED_LONG_FLAGS.update({f"--no-{k[2:]}": d for k, d in list(_MANAGED_LONG_FLAGS.items())})
 _MANAGED_LONG_FLAGS.update({"--disable-prefix-caching": "enable_prefix_caching",
                             "--disable-chunked-prefill": "enable_chunked_prefill", "--disable-lora": "enable_lora"})
+# vLLM's short aliases of managed options (-sc: --speculative-config, engine/arg_utils.py:1897).
+_MANAGED_SHORT_FLAGS = {"-sc": "speculative_config"}
 
 
 def normalise_flag(arg: str) -> str:
@@ -95,9 +97,10 @@ def normalise_flag(arg: str) -> str:
 
 def extra_arg_problem(arg: str) -> Optional[str]:
     """Why an extraArgs entry is refused, before any vLLM snapshot is consulted; None if not."""
-    dest = _MANAGED_LONG_FLAGS.get(normalise_flag(arg))
+    flag = normalise_flag(arg) if arg.startswith("--") else arg.split("=", 1)[0]
+    dest = _MANAGED_LONG_FLAGS.get(flag) or _MANAGED_SHORT_FLAGS.get(flag)
     if dest is not None:
-        return f"extraArgs may not set {normalise_flag(arg)}: {MANAGED_VLLM_OPTIONS[dest]}"
+        return f"extraArgs may not set {flag}: {MANAGED_VLLM_OPTIONS[dest]}"
     if TOKEN_LIKE.match(arg.split("=", 1)[-1]):
         return "extraArgs holds what looks like a credential; secrets never go on a command line"
     return None

@@ -19,6 +19,10 @@ SpeculativeMethod = Literal["ngram", "draft_model", "eagle", "eagle3", "mtp"]
 DRAFTED_METHODS = ("draft_model", "eagle", "eagle3")
 # Catalog shapes whose checkpoints carry MTP layers (vLLM's MTPModelTypes, speculative.py:53-83).
 MTP_SHAPES = ("deepseek-v3",)
+# Each catalog shape's vocabulary (its config.json's vocab_size): a draft_model must have the
+# target's (vLLM refuses another, config/speculative.py:1723-1735).
+VOCAB_SIZES = {"llama-3-8b": 128256, "llama-3-70b": 128256, "llama-3.1-405b": 128256, "qwen2.5-1.5b": 151936,
+               "qwen2.5-7b": 152064, "qwen2.5-72b": 152064, "mistral-7b": 32768, "deepseek-v3": 129280}
 
 
 class DraftShape(Spec):
@@ -32,6 +36,12 @@ class DraftShape(Spec):
     kv_heads: int = Field(gt=0)
     # Dimension of one attention head (head_dim, else hidden_size / num_attention_heads).
     head_dim: int = Field(gt=0)
+    # Query heads (num_attention_heads): the draft's tensor parallelism (the model's) must divide them,
+    # as vLLM checks (config/model.py:1577-1583). Required for draft_model.
+    attention_heads: Optional[int] = Field(default=None, gt=0)
+    # Its vocabulary (vocab_size): a draft_model's must be the model's (config/speculative.py:1723-1735).
+    # Required for draft_model.
+    vocab_size: Optional[int] = Field(default=None, gt=0)
 
 
 class DraftSpec(Spec):
@@ -42,7 +52,8 @@ class DraftSpec(Spec):
     source: WeightsSource
     # Git branch, tag or commit of the source.
     revision: Revision = "main"
-    # Its architecture: a catalog name (as models[].shape) or {paramsBillion, layers, kvHeads, headDim}.
+    # Its architecture: a catalog name (as models[].shape) or {paramsBillion, layers, kvHeads, headDim,
+    # attentionHeads, vocabSize}.
     shape: str | DraftShape
     # Bytes each parameter takes in its checkpoint (vLLM loads a draft unquantised unless its
     # checkpoint says otherwise: 2 for bfloat16).
@@ -75,7 +86,12 @@ class DraftSpec(Spec):
     def model_shape(self) -> ModelShape:
         if isinstance(self.shape, str):
             return MODEL_SHAPES[self.shape]
-        return ModelShape(self.shape.params_billion, self.shape.layers, self.shape.kv_heads, self.shape.head_dim)
+        return ModelShape(self.shape.params_billion, self.shape.layers, self.shape.kv_heads, self.shape.head_dim,
+                          attention_heads=self.shape.attention_heads)
+
+    @property
+    def vocab_size(self) -> Optional[int]:
+        return VOCAB_SIZES.get(self.shape) if isinstance(self.shape, str) else self.shape.vocab_size
 
     @property
     def params_billion(self) -> float:
@@ -99,11 +115,13 @@ class SpeculativeSpec(Spec):
     prompt_lookup_min: Optional[int] = Field(default=None, ge=1, le=64)
     # draft_model, eagle, eagle3: the draft's weights and shape (required for them, refused otherwise).
     draft: Optional[DraftSpec] = None
-    # The chance each proposed token is accepted, as measured on your traffic (vLLM's
-    # vllm:spec_decode_num_accepted_tokens_total over vllm:spec_decode_num_draft_tokens_total). Unset:
-    # the method's assumed rate (ngram 0.3, draft_model 0.6, eagle 0.6, eagle3 0.7, mtp 0.8); the plan
-    # says which it used.
-    acceptance_rate: Optional[float] = Field(default=None, gt=0, lt=1)
+    # Tokens each verification step yields a sequence, the bonus token included, as vLLM measures it
+    # on your traffic at this numSpeculativeTokens: 1 + rate(vllm:spec_decode_num_accepted_tokens_total)
+    # / rate(vllm:spec_decode_num_drafts_total) (its mean acceptance length, v1/spec_decode/metrics.py:
+    # 177-195); above 1, below numSpeculativeTokens + 1. The plan solves it for the per-token acceptance
+    # a of (1 - a^(k+1)) / (1 - a). Unset: the method's assumed a (ngram 0.3, draft_model 0.6, eagle
+    # 0.6, eagle3 0.7, mtp 0.8); the plan says which it used.
+    mean_acceptance_length: Optional[float] = Field(default=None, gt=1)
 
     @model_validator(mode="after")
     def _method_inputs(self) -> "SpeculativeSpec":
@@ -117,6 +135,16 @@ class SpeculativeSpec(Spec):
         lookup = self.prompt_lookup_max is not None or self.prompt_lookup_min is not None
         if lookup and self.method != "ngram":
             raise ValueError("promptLookupMax and promptLookupMin apply to method ngram only; remove them")
+        if self.method == "draft_model" and self.draft is not None and not isinstance(self.draft.shape, str):
+            missing = [k for k, v in (("attentionHeads", self.draft.shape.attention_heads),
+                                      ("vocabSize", self.draft.shape.vocab_size)) if v is None]
+            if missing:
+                raise ValueError(f"draft.shape needs {' and '.join(missing)} for draft_model (its config.json's "
+                                 "num_attention_heads, vocab_size): vLLM checks them against the model")
+        length, k = self.mean_acceptance_length, self.num_speculative_tokens
+        if length is not None and length >= k + 1:
+            raise ValueError(f"meanAcceptanceLength ({length:g}) must be below numSpeculativeTokens + 1 ({k + 1}), "
+                             "the most a step yields: measure it at this numSpeculativeTokens")
         low, high = self.prompt_lookup_min, self.prompt_lookup_max
         if low is not None and high is not None and low > high:
             raise ValueError(f"promptLookupMin ({low}) is above promptLookupMax ({high}); vLLM refuses it "
