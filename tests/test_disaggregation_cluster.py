@@ -244,6 +244,14 @@ def test_the_key_inside_a_prompt_passes():
     assert status(call(mw, body, path="/v1/chat/completions")) == 200 and app.seen
 
 
+def test_the_guards_prefill_leg_is_the_sidecars():
+    """The one kv_transfer_params a prefill pod's guard admits is what the routing sidecar sends on its
+    prefill leg (llm-d-router v0.10.0 pkg/sidecar/proxy/connector_nixlv2.go:161-170): a copy kept in
+    the image, which the plan (infra/) may not import."""
+    assert PREFILL_LEG == {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                           "remote_block_ids": None, "remote_host": None, "remote_port": None}
+
+
 def test_a_prefill_pod_admits_the_sidecars_prefill_leg_alone():
     mw, app = guarded(kvTransfer="prefill-leg")
     assert status(call(mw, {**CHAT, "kv_transfer_params": PREFILL_LEG}, path="/v1/chat/completions")) == 200
