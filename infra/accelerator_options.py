@@ -24,7 +24,7 @@ from ..components.model.catalog import ACCELERATORS, MACHINE_TYPES, MachineType,
 from ..components.model.machine_prices import MACHINE_PRICES
 from ..components.model.specs import ModelSpec, NodePoolSpec
 from ..components.model.stack_config import StackConfig
-from .cost import ReplicaCost
+from .cost import ReplicaCost, prefill_share
 
 MAX_HOSTS = 4
 
@@ -115,6 +115,6 @@ def stack_options(cfg: StackConfig, replicas: tuple[ReplicaCost, ...]) -> list[A
         machine = r.machine_type + (f" {r.gpu_partition_size}" if r.gpu_partition_size else "")
         out[r.model] = AcceleratorOption(
             r.model, acc.gke_type if acc else "", machine, pool.tpu_topology, r.devices, model.tensor_parallel_size,
-            model.pipeline_parallel_size, r.hosts, r.batch, r.tokens_per_second, r.usd_per_hour,
+            model.pipeline_parallel_size, r.hosts, r.batch, r.tokens_per_second, r.usd_per_hour + prefill_share(r, replicas),
             this_stack=True, spot=r.spot)
     return list(out.values())

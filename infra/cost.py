@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..components.model.capacity import gpu_slots_by_pool
 from ..components.model.capacity_report import capacity_report
+from ..components.model.disaggregation import prefill_capacity
 from ..components.model.weights_backends import backend_of
 from .pricing import (
     FILESTORE_GIB_MONTH,
@@ -73,7 +74,7 @@ class ReplicaCost:
     the tenants' ceilings and the options table's `this stack` rows all read these."""
 
     model: str
-    pool: str  # short | long
+    pool: str  # short | long | prefill (models[].disaggregation: no output tokens)
     node_pool: str
     machine_type: str
     gpu_partition_size: str | None
@@ -179,11 +180,12 @@ def replica_costs(cfg: "StackConfig") -> list[ReplicaCost]:
     its tokens a second, the roofline's or `cost.tokensPerSecondPerGpu` per physical device."""
     measured = cfg.cost.tokens_per_second_per_gpu
     out = []
-    for r in capacity_report(cfg):
+    for r in [*capacity_report(cfg), *prefill_capacity(cfg)]:  # models[].disaggregation: prefill rows too
         pool = cfg.pool(r.node_pool)
         price = MACHINE_PRICES[pool.machine_type]
-        # Per physical GPU or chip: a MIG slice gets its share.
+        # Per physical GPU or chip: a MIG slice gets its share. A prefill replica makes no output tokens.
         tps = r.devices * measured / _units_per_device(cfg, r.node_pool) if measured is not None else r.decode_tokens_s
+        tps = 0.0 if r.pool == "prefill" else tps
         out.append(ReplicaCost(
             r.model, r.pool, r.node_pool, pool.machine_type, pool.gpu_partition_size, pool.spot, r.devices, r.hosts,
             min(r.max_num_seqs, r.seqs_fit), tps,
@@ -192,6 +194,15 @@ def replica_costs(cfg: "StackConfig") -> list[ReplicaCost]:
             (price.on_demand_hour if pool.has_fallback_pool else (price.spot_hour if pool.spot else price.on_demand_hour))
             * r.devices / pool.slices_per_node))
     return out
+
+
+def prefill_share(r: ReplicaCost, replicas: tuple[ReplicaCost, ...]) -> float:
+    """$ an hour of its model's prefill pool a decode (short) replica carries, both pools at their floors
+    (models[].disaggregation; 0 for any other row): the options table's 'this stack' price includes it."""
+    if r.pool != "short":
+        return 0.0
+    prefill = [p for p in replicas if (p.model, p.pool, p.tenant, p.canary) == (r.model, "prefill", r.tenant, r.canary)]
+    return sum(p.usd_per_hour * p.min_replicas for p in prefill) / max(1, r.min_replicas)
 
 
 def _units_per_device(cfg: "StackConfig", node_pool: str) -> int:

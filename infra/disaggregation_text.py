@@ -10,7 +10,7 @@ from typing import Optional
 from rich.markup import escape
 from rich.table import Table
 
-from ..components.model.disaggregation import PdSizing, pd_sizing, prefill_node_pool
+from ..components.model.disaggregation import UCX_TCP_BYTES_S, PdSizing, pd_sizing, prefill_node_pool
 from ..components.model.stack_config import StackConfig
 
 GUIDE = "docs/guides/disaggregation.md"
@@ -51,6 +51,14 @@ def pd_lines(s: PdSizing) -> list[str]:
              f"{s.decode_rate:,.0f}; each prompt's KV cache crosses {s.transport} in {s.transfer_s * 1e3:.0f} ms "
              f"({s.transfer_s / s.prefill_s:.0%} of its prefill); aggregated, prefills stretch the inter-token time "
              f"{s.itl_stretch:.2f}x."]
+    if not s.sized_for_load:
+        lines.append(f"{s.model}: no disaggregation.load: the load above is what the pools' minReplicas make, so the "
+                     "verdict is synthetic; set load to the traffic you expect.")
+    if s.transport == "tcp":
+        lines.append(f"{s.model}: over TCP one NIXL agent reaches ~{UCX_TCP_BYTES_S / 1e9:.2g} GB/s (one nixlbench pair, "
+                     f"UCX staging the blocks through host memory); the {s.devices} ranks' agents are assumed to add up "
+                     "to the NIC's share, which is not measured; machines with GPUDirect-RDMA NICs, which vllm-gke does "
+                     f"not provision, would move them in {s.rdma_transfer_s * 1e3:.0f} ms.")
     if s.pays:
         lines.append(f"{s.model}: disaggregation pays: {s.itl_stretch:.2f}x faster output for "
                      f"{s.gpus - s.aggregated_gpus:+d} GPUs ({GUIDE}).")

@@ -600,6 +600,8 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "nixl_side_channel_on_the_pod_ip": ("tuned", _side_channel_on_localhost, "cannot reach the prefill engine"),
     "nixl_connector_not_replaced": ("tuned", lambda p: _pd_vllm(p)["args"].extend(
         ["--kv-offloading-size", "40"]), "replaces NixlConnector"),
+    "nixl_ucx_ports_cover_the_agents": ("tuned", lambda p: _pd_vllm(p)["env"].append(
+        {"name": "UCX_TCP_PORT_RANGE", "value": "40000-40002"}), "the agents without a port never start"),
     "speculative_config_is_the_models": ("tuned", lambda p: _spec_json(
         p, model="yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"), "the draft named by the share's copy"),
     "draft_waited_for_before_vllm_starts": ("tuned", _no_draft_wait, "before the draft's ready marker"),

@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,8 @@ def test_each_pool_gets_nixl_in_its_role_and_a_plain_model_none():
     assert _kv_config(decode)["kv_role"] == "kv_consumer" and _kv_config(prefill)["kv_role"] == "kv_producer"
     for argv in (decode, prefill):
         cfg = _kv_config(argv)
-        assert cfg["kv_connector"] == "NixlConnector" and cfg["kv_connector_extra_config"] == {"backends": ["UCX"]}
+        assert cfg["kv_connector"] == "NixlConnector"
+        assert cfg["kv_connector_extra_config"] == {"backends": ["UCX"], "num_threads": 0}
         assert cfg["kv_load_failure_policy"] == "recompute"
         assert check_argv(argv, load_snapshot("0.34.0")) == []
     assert prefill[prefill.index("--max-num-seqs") + 1] == "16" and decode[decode.index("--max-num-seqs") + 1] == "64"
@@ -93,16 +95,30 @@ def test_sizing_splits_the_load_by_the_roofline_and_costs_the_transfer():
     assert s.aggregated_replicas == math.ceil(8000 / s.aggregated_prefill_rate + 1100 / s.decode_rate)
     assert s.gpus >= s.aggregated_gpus  # splitting never saves GPUs: it costs rounding and the transfer
     assert s.prompt_tokens == int(4096 * 8000 / 9100)
-    link = 200 / 8 * 1e9 * NET_EFFICIENCY  # a3-highgpu-8g's gVNIC over TCP
-    assert s.transfer_s == pytest.approx(s.prompt_tokens * model().kv_bytes_per_token / link)
-    assert s.itl_stretch == pytest.approx(1 + (8000 / s.aggregated_prefill_rate) / (1100 / s.decode_rate))
+    kv = s.prompt_tokens * model().kv_bytes_per_token
+    # UCX over TCP as measured, one stream a rank (4), under the replica's half of the 200 Gbps NIC
+    assert s.transfer_s == pytest.approx(kv / min(4 * 0.59e9, 200 / 8 * 1e9 * NET_EFFICIENCY / 2))
+    assert s.rdma_transfer_s == pytest.approx(kv / (4 * 50e9 * 0.85))  # each GPU's 400 Gbps NIC at 85%
+    # prefills keep each of the N aggregated replicas busy P/(p N) of the time
+    assert s.itl_stretch == pytest.approx(1 / (1 - 8000 / (s.aggregated_prefill_rate * s.aggregated_replicas)))
+    assert (s.aggregated_replicas, round(s.itl_stretch, 2)) == (3, 2.28)
     assert s.usd_per_million(True) == pytest.approx(s.gpus / 8 * 88.2539 / (1100 * 3600) * 1e6)
 
 
-def test_it_pays_for_prompt_heavy_load_and_not_for_output_heavy():
+def test_over_rdma_it_pays_for_prompt_heavy_load_and_not_for_output_heavy(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(pd, "rdma_ready", lambda p: True)
     heavy, light = pd.pd_sizing(model(PROMPT_HEAVY), H100, H100), pd.pd_sizing(model(OUTPUT_HEAVY), H100, H100)
-    assert heavy.pays and heavy.itl_stretch > 2
+    assert heavy.transport == "rdma" and heavy.pays and heavy.itl_stretch > 2
+    from vllm_gke.infra.disaggregation_text import pd_lines
+
+    assert "disaggregation pays: 2.28x faster output for +0 GPUs" in pd_lines(heavy)[-1]
     assert not light.pays and "little decode latency to win" in light.reasons_against[0]
+
+
+def test_over_tcp_the_transfer_weighs_on_the_prefill():
+    s = pd.pd_sizing(model(PROMPT_HEAVY), H100, H100)
+    assert s.transport == "tcp" and s.transfer_s > pd.PAYS_TRANSFER_SHARE * s.prefill_s > 10 * s.rdma_transfer_s
+    assert not s.pays and s.reasons_against == [r for r in s.reasons_against if "KV transfer over tcp" in r]
 
 
 def test_prompts_under_the_threshold_stay_on_the_decode_pod():
@@ -110,10 +126,50 @@ def test_prompts_under_the_threshold_stay_on_the_decode_pod():
     assert not s.pays and "under minPromptTokens (8,192)" in s.reasons_against[0]
 
 
-def test_a_slow_link_makes_the_transfer_the_reason(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(pd, "link_bytes_s", lambda machine, how: 1e9)  # 8 Gbps
+def test_tcp_scales_by_ranks_up_to_the_replicas_share_of_the_nic():
+    g2 = NodePoolSpec.model_validate({"name": "l4", "machineType": "g2-standard-4", "minNodes": 1, "maxNodes": 1})
+    nic = g2.machine.nic_gbps / 8 * 1e9 * NET_EFFICIENCY
+    assert pd.link_bytes_s(g2.machine, "tcp", 1) == pytest.approx(min(0.59e9, nic))
+    assert pd.link_bytes_s(H100.machine, "tcp", 4) == pytest.approx(4 * 0.59e9) == 4 * pd.link_bytes_s(H100.machine, "tcp", 1)
+    assert pd.link_bytes_s(H100.machine, "tcp", 8) == pytest.approx(8 * 0.59e9)  # 4.7 GB/s: under the 15 GB/s NIC
+    assert pd.link_bytes_s(replace(H100.machine, nic_gbps=40), "tcp", 8) == pytest.approx(40 / 8 * 1e9 * NET_EFFICIENCY)
+
+
+def test_no_nic_rate_never_divides_by_zero(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(pd, "link_bytes_s", lambda machine, how, devices: 0.0)  # a TPU machine states none
     s = pd.pd_sizing(model(PROMPT_HEAVY), H100, H100)
-    assert not s.pays and any("KV transfer over tcp" in r for r in s.reasons_against)
+    assert s.transfer_s == math.inf and not s.pays and any("KV transfer" in r for r in s.reasons_against)
+
+
+def test_one_ucx_worker_a_rank_so_the_pods_ports_suffice():
+    cfg = pd.kv_transfer_config(model(), "prefill")
+    assert cfg["kv_connector_extra_config"]["num_threads"] == pd.NIXL_NUM_THREADS == 0
+    assert pd.ucx_listeners(4) == 4 and pd.ucx_listeners(4, 4) == 20  # vLLM 0.34's default: 4 threads
+
+
+def test_the_stretch_counts_the_replicas_rounded_up(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(pd, "rdma_ready", lambda p: True)
+    s = pd.pd_sizing(model({"promptTokensPerSecond": 500, "outputTokensPerSecond": 100}), H100, H100)
+    assert s.aggregated_replicas == 1 and round(s.itl_stretch, 2) == 1.12  # not 1 + (P/p)/(O/d) = 2.25
+    assert not s.pays and "only 1.12x" in s.reasons_against[0]
+
+
+def test_extra_gpus_and_dollars_are_a_reason_against(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(pd, "rdma_ready", lambda p: True)
+    s = pd.pd_sizing(model({"promptTokensPerSecond": 5000, "outputTokensPerSecond": 1300}), H100, H100)
+    assert s.itl_stretch > pd.PAYS_ITL_STRETCH and s.transfer_s < pd.PAYS_TRANSFER_SHARE * s.prefill_s
+    assert (s.gpus - s.aggregated_gpus, round(s.usd_per_million(False), 2), round(s.usd_per_million(True), 2)) == (
+        4, 28.29, 37.72)
+    assert not s.pays and s.reasons_against == [
+        "the pools' rounding takes +4 GPUs: $37.72 per million output tokens against $28.29 aggregated (+33%; the load "
+        "fits too few replicas for a whole extra one to vanish)"]
+
+
+def test_without_a_load_the_verdict_says_it_is_synthetic():
+    from vllm_gke.infra.disaggregation_text import pd_lines
+
+    assert "verdict is synthetic" in pd_lines(pd.pd_sizing(model(), H100, H100))[1]
+    assert not any("synthetic" in line for line in pd_lines(pd.pd_sizing(model(PROMPT_HEAVY), H100, H100)))
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +197,9 @@ def _problems(values: dict[str, Any]) -> list[str]:
     (lambda m: m["short"].update(minReplicas=0), "short.minReplicas", "set short.minReplicas to 1"),
     (lambda m: m["disaggregation"]["prefill"].update(maxNumSeqs=4096), "disaggregation.prefill",
      "prefill.maxNumSeqs"),
+    # The per-pool rules run on the prefill pool too: vLLM 0.34 refuses a batch under maxModelLen unchunked.
+    (lambda m: (m.update(enableChunkedPrefill=False), m["disaggregation"]["prefill"].update(maxNumBatchedTokens=8192)),
+     "disaggregation.prefill.maxNumBatchedTokens", "below the pool's maxModelLen 16384 with chunked prefill off"),
     # The prefill replicas take their node pool's GPU slots like any pool's.
     (lambda m: m["disaggregation"]["prefill"].update(minReplicas=8, maxReplicas=8), "nodePools[h100].maxNodes",
      "raise maxNodes"),
@@ -150,6 +209,30 @@ def test_bad_config_names_the_key_and_the_fix(tuned, change, key, fix):
     change(_pd_model(values))
     problems = [p for p in _problems(values) if key in p]
     assert problems and fix in problems[0], _problems(values)
+
+
+@pytest.fixture(scope="module")
+def frontier() -> dict[str, Any]:
+    return read_stack_config("frontier")
+
+
+def _disaggregated(values: dict[str, Any], name: str, prefill_pool: str) -> dict[str, Any]:
+    m = next(m for m in values["vllm-gke:models"] if m["name"] == name)
+    m.update(routing="inference-gateway", disaggregation={"prefill": {"nodePool": prefill_pool, "maxReplicas": 1}})
+    m["short"]["minReplicas"] = 1
+    return values
+
+
+def test_the_decode_pool_gets_the_prefill_pools_machine_checks(frontier):
+    problems = _problems(_disaggregated(copy.deepcopy(frontier), "llama-70b-tpu", "h100-hosts"))
+    assert any("models[llama-70b-tpu].nodePool" in p and "is a TPU pool: NIXL moves the KV cache between whole GPUs"
+               in p for p in problems), problems
+
+
+def test_multi_host_replicas_are_refused(frontier):
+    problems = _problems(_disaggregated(copy.deepcopy(frontier), "llama-405b", "h100-hosts"))
+    assert any("models[llama-405b].multiHost" in p and "worker pods get no NIXL environment" in p
+               for p in problems), problems
 
 
 def test_the_prefill_pool_is_counted_on_its_node_pool(tuned):
@@ -187,16 +270,17 @@ def test_the_plan_table_compares_with_the_aggregated_pool(tuned_plan: Plan):
     from vllm_gke.infra.disaggregation_text import pd_lines, pd_sizings
 
     (s,) = pd_sizings(tuned_plan.config)
-    assert (s.model, s.transport, s.pays) == ("llama-70b-pd", "tcp", True)
+    assert (s.model, s.transport, s.pays) == ("llama-70b-pd", "tcp", False)
     lines = pd_lines(s)
-    assert "crosses tcp in" in lines[0] and "disaggregation pays" in lines[1]
+    assert "crosses tcp in" in lines[0] and "GPUDirect-RDMA NICs, which vllm-gke does not provision" in lines[1]
+    assert "does not pay at this load: the KV transfer over tcp" in lines[2]
     values = copy.deepcopy(tuned_plan.config)
     m = next(m for m in values.models if m.name == "llama-70b-pd")
     assert m.disaggregation is not None
     slow = m.disaggregation.model_copy(update={"load": m.disaggregation.load.model_copy(  # type: ignore[union-attr]
         update={"prompt_tokens_per_second": 1000, "output_tokens_per_second": 4000})})
     light = pd.pd_sizing(m.model_copy(update={"disaggregation": slow}), H100, H100)
-    assert "does not pay at this load" in pd_lines(light)[1] and "raise" in pd_lines(light)[2]
+    assert "does not pay at this load" in pd_lines(light)[2] and "raise" in pd_lines(light)[3]
 
 
 # Both pools' argv as `vllm serve` parses it, resolved into vLLM 0.34's own engine config (the platform
@@ -225,6 +309,7 @@ for role, argv in json.loads(sys.argv[1]).items():
     out[role] = {"connector": k.kv_connector, "role": k.kv_role, "producer": k.is_kv_producer,
                  "consumer": k.is_kv_consumer, "policy": k.kv_load_failure_policy, "device": k.kv_buffer_device,
                  "backends": k.get_from_extra_config("backends", None), "direct_role": direct.kv_role,
+                 "threads": k.get_from_extra_config("num_threads", 4),
                  "class": KVConnectorFactory.get_connector_class(k).__name__}
 out["port"] = envs.VLLM_NIXL_SIDE_CHANNEL_PORT
 print(json.dumps(out))
@@ -259,6 +344,56 @@ def test_vllm_0_34_resolves_both_roles_into_its_nixl_connector(tmp_path: Path):
         r = got[role]
         assert (r["connector"], r["role"], r["direct_role"]) == ("NixlConnector", kv_role, kv_role)
         assert (r["policy"], r["device"], r["backends"], r["class"]) == ("recompute", "cuda", ["UCX"], "NixlPullConnector")
+        assert r["threads"] == 0  # what base_worker.py:789 reads: one UCX worker an agent
     assert got["decode"]["consumer"] and not got["decode"]["producer"]
     assert got["prefill"]["producer"] and not got["prefill"]["consumer"]
     assert got["port"] == pd.NIXL_SIDE_CHANNEL_PORT
+
+
+def test_the_prefill_pool_takes_surge_and_canary_room(tuned):
+    from vllm_gke.components.model import capacity
+
+    values = copy.deepcopy(tuned)
+    values["vllm-gke:nodePools"][0]["maxNodes"] = 6  # 48 GPUs: 4 models x 2 x 4 and the prefill pool's 2 x 4
+    cfg = parse(values)
+    plain = next(m for m in cfg.models if m.name == "llama-70b")
+    # Every other pool at its ceiling with a surge replica (3 x 3 x 4) and the prefill pool's 8 leave 4 GPUs.
+    assert capacity.surge_room(cfg, plain, "h100", None, "short") == 1
+    values["vllm-gke:nodePools"][0]["maxNodes"] = 7
+    cfg = parse(values)
+    assert capacity.surge_room(cfg, plain, "h100", None, "short") is None
+    assert capacity.canary_room(cfg, plain, "h100", None, "short") == 0  # 56 - 40 - 16 surges
+
+
+def test_the_cost_report_prices_the_prefill_pool(tuned):
+    from vllm_gke.infra.accelerator_options import stack_options
+    from vllm_gke.infra.cost import replica_costs
+
+    cfg = parse(copy.deepcopy(tuned))
+    rows = {(r.model, r.pool): r for r in replica_costs(cfg)}
+    prefill, decode = rows[("llama-70b-pd", "prefill")], rows[("llama-70b-pd", "short")]
+    assert (prefill.tokens_per_second, prefill.min_replicas, prefill.devices) == (0.0, 1, 4)
+    assert prefill.usd_per_hour == pytest.approx(88.2539 / 2)
+    here = {o.model: o for o in stack_options(cfg, tuple(replica_costs(cfg)))}
+    # this stack's decode replica carries its prefill pool's replica (both at their floors, 1 and 1)
+    assert here["llama-70b-pd"].usd_per_hour == pytest.approx(decode.usd_per_hour + prefill.usd_per_hour)
+    assert here["llama-70b"].usd_per_hour == pytest.approx(rows[("llama-70b", "short")].usd_per_hour)
+
+
+def test_adapters_with_speculative_need_the_prefill_batch_to_hold_each_proposal():
+    from vllm_gke.components.model.config_rules.disaggregation import speculative_batch
+    from vllm_gke.components.model.specs import AdapterSpec, SpeculativeSpec
+
+    adapter = AdapterSpec.model_validate({"name": "sql", "source": "hf://acme/sql-lora", "rank": 16,
+                                            "tenants": ["chat"]})
+    m = model(prefill={"maxNumSeqs": 128, "maxNumBatchedTokens": 256}).model_copy(update={
+        "speculative": SpeculativeSpec.model_validate({"method": "ngram", "numSpeculativeTokens": 3}),
+        "adapters": [adapter]})
+    found: list[tuple[str, str]] = []
+    speculative_batch(lambda key, problem: found.append((key, problem)), "models[x].disaggregation.prefill", m,
+                      pd.prefill_pool(m))
+    assert found and found[0][0] == "models[x].disaggregation.prefill.maxNumBatchedTokens" and "= 512" in found[0][1]
+    found.clear()
+    speculative_batch(lambda key, problem: found.append((key, problem)), "p", m.model_copy(update={"adapters": []}),
+                      pd.prefill_pool(m))
+    assert found == []

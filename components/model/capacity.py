@@ -193,16 +193,27 @@ def consumer_models(cfg: "StackConfig") -> dict[str, list[str]]:
 def gpu_slots_by_pool(cfg: "StackConfig", bound: str = "min") -> dict[str, int]:
     """GPU units (whole GPUs or MIG slices) each node pool needs at min or max replicas."""
     slots: dict[str, int] = {}
-    for model, pool_name, tenant in placements(cfg):
+    for model, pool_name, _tenant in placements(cfg):
         replicas = sum(getattr(getattr(model, which), f"{bound}_replicas") for which in model.pool_names)
         slots[pool_name] = slots.get(pool_name, 0) + replicas * model.devices_per_replica
-        if model.disaggregation is not None and tenant is None:
-            # Its prefill pool, on its own node pool (shared replicas only: dedicated copies of a
-            # disaggregated model are refused, config_rules/disaggregation.py).
-            prefill = model.disaggregation.prefill
-            name = prefill.node_pool or model.node_pool
-            slots[name] = slots.get(name, 0) + getattr(prefill, f"{bound}_replicas") * model.devices_per_replica
+    for model, name in prefill_placements(cfg):  # models[].disaggregation: the prefill pools
+        prefill = model.disaggregation.prefill  # type: ignore[union-attr]
+        slots[name] = slots.get(name, 0) + getattr(prefill, f"{bound}_replicas") * model.devices_per_replica
     return slots
+
+
+def prefill_placements(cfg: "StackConfig") -> list[tuple[ModelSpec, str]]:
+    """(model, node pool) of each disaggregated model's prefill pool: the shared copy's alone (dedicated
+    copies are refused, config_rules/disaggregation.py; a canary runs without one, serving_plan.pool_services)."""
+    return [(m, m.disaggregation.prefill.node_pool or m.node_pool) for m in cfg.models if m.disaggregation is not None]
+
+
+def _prefill_devices(cfg: "StackConfig", node_pool_name: str, model: ModelSpec, which: str) -> int:
+    """Devices the prefill pools on a node pool take at their ceilings (this one left out). They roll in
+    place (disaggregation_cluster.prefill_service: no surge replica)."""
+    return sum(m.disaggregation.prefill.max_replicas * m.devices_per_replica  # type: ignore[union-attr]
+               for m, name in prefill_placements(cfg)
+               if name == node_pool_name and (m.name, m.revision, "prefill") != (model.name, model.revision, which))
 
 
 def _reach_slots(node_pool: NodePoolSpec) -> int:
@@ -231,6 +242,7 @@ def surge_room(cfg: "StackConfig", model: ModelSpec, node_pool_name: str, tenant
     # pools share (image, guard, tenants) rolls them at once.
     others = sum((getattr(m, w).max_replicas + 1) * m.devices_per_replica
                  for m, w in neighbours(cfg, node_pool_name, model, tenant, which))
+    others += _prefill_devices(cfg, node_pool_name, model, which)
     room = _reach_slots(node_pool) - others
     if room >= (getattr(model, which).max_replicas + 1) * devices:
         return None
@@ -246,6 +258,7 @@ def canary_room(cfg: "StackConfig", model: ModelSpec, node_pool_name: str, tenan
     mine = getattr(model, which).max_replicas * model.devices_per_replica
     neighbours_ = neighbours(cfg, node_pool_name, model, tenant, which)
     others = sum(getattr(m, w).max_replicas * m.devices_per_replica for m, w in neighbours_)
+    others += _prefill_devices(cfg, node_pool_name, model, which)
     surges = model.devices_per_replica + sum(m.devices_per_replica for m, _w in neighbours_)
     free = _reach_slots(node_pool) - others - mine - surges
     if free <= 0:

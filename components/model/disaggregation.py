@@ -14,9 +14,10 @@ The sizing (PdSizing) is the roofline's (throughput.py) at the same load both wa
 compute-bound (prompt tokens/s per replica), decode memory-bound (output tokens/s at the decode
 pool's batch). Aggregated, one replica time-shares both, so it needs ceil(P/p + O/d) replicas and
 every decode step also carries its share of the prefills: the time between output tokens stretches
-by 1 + (P/p)/(O/d). Split, the pools need ceil(P/p) + ceil(O/d) (never fewer: the split only costs
-rounding and the transfer), and the decode pool's steps carry no prefill, but each request's KV cache
-crosses the network before its first token: prompt x KV bytes per token at the link's rate.
+by 1/(1 - P/(p N)) with N the replicas it runs (derived at pd_sizing). Split, the pools need
+ceil(P/p) + ceil(O/d) (never fewer: the split only costs rounding and the transfer), and the decode
+pool's steps carry no prefill, but each request's KV cache crosses the network before its first
+token: prompt x KV bytes per token at the link's rate.
 """
 
 from __future__ import annotations
@@ -24,12 +25,16 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from .catalog import MachineType
 from .machine_prices import MACHINE_PRICES
 from .specs import DisaggregationSpec, ModelSpec, NodePoolSpec, ServingPoolSpec
 from .throughput import GB, NET_EFFICIENCY
+
+if TYPE_CHECKING:
+    from .capacity import PoolCapacity
+    from .stack_config import StackConfig
 
 Role = Literal["prefill", "decode"]
 Transport = Literal["rdma", "tcp"]
@@ -57,6 +62,16 @@ RDMA_FABRIC = "GPUDirect-RDMA"
 # tokens by at least this (a third more), and the KV transfer adds at most this share to the prefill.
 PAYS_ITL_STRETCH = 1.33
 PAYS_TRANSFER_SHARE = 0.25
+# ...and costs at most this much more per output token than the aggregated pool (the split's rounding:
+# at most one more replica, a large share of a load that fits a few).
+PAYS_COST_SHARE = 0.10
+# NIXL's UCX backend runs num_threads + 1 UCX workers per agent (an agent a tensor-parallel rank), each
+# listening on its own TCP port drawn from UCX_TCP_PORT_RANGE; vLLM 0.34 passes num_threads from
+# kv_connector_extra_config, default 4 (nixl/base_worker.py:783-799), so a TP 4 pod wants 20 ports, and
+# agents that find none free spin at startup for ever (reproduced with nixl-cu12 1.5.1). 0: one worker an
+# agent, which the agent's own progress thread drives (NIXL's own default); the threads only split one
+# rank's transfer across workers, and over TCP a rank's stream is bounded by UCX's rate (UCX_TCP_BYTES_S).
+NIXL_NUM_THREADS = 0
 
 
 class PrefillServingPool(ServingPoolSpec):
@@ -94,7 +109,7 @@ def kv_transfer_config(model: ModelSpec, role: Role) -> dict[str, Any]:
         # A transfer that fails (a prefill pod gone mid-read) recomputes the blocks on the decode
         # pod instead of failing the request (0.34's default: fail).
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"backends": ["UCX"]},
+        "kv_connector_extra_config": {"backends": ["UCX"], "num_threads": NIXL_NUM_THREADS},
     }
 
 
@@ -138,16 +153,36 @@ def kv_transfer_env(model: ModelSpec, node_pool: NodePoolSpec, peer: Optional[No
     ]
 
 
+def ucx_listeners(ranks: int, num_threads: int = NIXL_NUM_THREADS) -> int:
+    """TCP ports UCX listens on in a pod of `ranks` NIXL agents: num_threads + 1 workers each (per interface)."""
+    return ranks * (num_threads + 1)
+
+
 def _spec(model: ModelSpec) -> DisaggregationSpec:
     if model.disaggregation is None:
         raise ValueError(f"model '{model.name}' has no disaggregation")
     return model.disaggregation
 
 
-def link_bytes_s(machine: MachineType, how: Transport) -> float:
-    """Bytes a second one pod's transfers reach: TCP at the NIC's rate x what sockets reach of it
-    (throughput.NET_EFFICIENCY, as NCCL over TCP); RDMA near line rate."""
-    return machine.nic_gbps / 8 * GB * (NET_EFFICIENCY if how == "tcp" else 0.9)
+# What one NIXL agent reaches over UCX's TCP transport: 0.59 GB/s, one nixlbench pair (READ, staged
+# through host memory) between two A3 hosts (openucx/ucx#10854; NCCL over the same machines'
+# GPUDirect-TCPX: 40+ GB/s). A replica runs one agent a rank, each reading its own shard of the blocks
+# in parallel: assumed to add up to the NIC's share, not measured at TP > 1. (vllm-project/vllm#52607's
+# 0.5 GB/s is another thing: a same-node cuda_ipc fallback, which 0.34's push mode fixes.)
+UCX_TCP_BYTES_S = 0.59 * GB
+# Over RDMA each GPU reads through its own NIC (GPUDirect-RDMA machines carry one 400 Gbps NIC a GPU);
+# NIXL over UCX reached 85% of such a NIC's line rate (ai-dynamo/nixl#1647: 341 of 400 Gb/s).
+RDMA_BYTES_S_PER_GPU = 400 / 8 * GB * 0.85
+
+
+def link_bytes_s(machine: MachineType, how: Transport, devices: int) -> float:
+    """Bytes a second a replica's KV transfer reaches, one stream a rank: over TCP, UCX's measured rate
+    a rank, bounded by the replica's share of the node's NIC at what sockets reach of it
+    (throughput.NET_EFFICIENCY); over RDMA, each of its GPUs' NIC. 0 where the machine states no NIC."""
+    if how == "rdma":
+        return devices * RDMA_BYTES_S_PER_GPU
+    nic_share = machine.nic_gbps / 8 * GB * NET_EFFICIENCY * min(1.0, devices / max(1, machine.gpus))
+    return min(devices * UCX_TCP_BYTES_S, nic_share)
 
 
 @dataclass(frozen=True)
@@ -169,10 +204,12 @@ class PdSizing:
     decode_usd_hour: float
     transport: Transport
     transfer_s: float  # a typical prompt's KV cache over the transport
+    rdma_transfer_s: float  # the same over RDMA (what machines with RDMA NICs would take)
     prefill_s: float  # its prefill on a prefill replica (TTFT's compute part)
     itl_stretch: float  # an aggregated replica's time between output tokens over a decode replica's
     decode_itl_s: float  # a decode replica's time between a sequence's output tokens, at its batch
     min_prompt_tokens: int  # the decider's threshold: shorter uncached prompts stay on the decode pod
+    sized_for_load: bool  # load given; else the pools' own minReplicas stand in for it (a synthetic verdict)
     configured_prefill: int  # maxReplicas of the prefill and decode pools as configured
     configured_decode: int
 
@@ -217,6 +254,11 @@ class PdSizing:
         if self.transfer_s > PAYS_TRANSFER_SHARE * self.prefill_s:
             out.append(f"the KV transfer over {self.transport} ({self.transfer_s * 1e3:.0f} ms) adds over "
                        f"{PAYS_TRANSFER_SHARE:.0%} to the prefill ({self.prefill_s * 1e3:.0f} ms) before the first token")
+        split, together = self.usd_per_million(True), self.usd_per_million(False)
+        if split > (1 + PAYS_COST_SHARE) * together:
+            out.append(f"the pools' rounding takes {self.gpus - self.aggregated_gpus:+d} GPUs: ${split:.2f} per million "
+                       f"output tokens against ${together:.2f} aggregated (+{split / together - 1:.0%}; the load fits "
+                       "too few replicas for a whole extra one to vanish)")
         return out
 
 
@@ -236,19 +278,37 @@ def pd_sizing(model: ModelSpec, decode_pool: NodePoolSpec, prefill_np: NodePoolS
         prompt_s, output_s = prefill.min_replicas * p_rate, max(1, model.short.min_replicas) * d_rate
     prompt = int(decode_row.context_tokens * prompt_s / (prompt_s + output_s))
     how = transport(model, prefill_np, decode_pool)
-    link = min(link_bytes_s(prefill_np.machine, how), link_bytes_s(decode_pool.machine, how))
+    devices = model.devices_per_replica
+    link = min(link_bytes_s(prefill_np.machine, how, devices), link_bytes_s(decode_pool.machine, how, devices))
+    kv_bytes = prompt * model.kv_bytes_per_token
     agg_p = decode_row.prefill_tokens_s
+    aggregated = math.ceil(prompt_s / agg_p + output_s / d_rate)
+    # Aggregated, N replicas share the load: each prefills P/N prompt tokens a second, which keeps it
+    # busy a share f = P/(p N) of the time, and decodes in the rest, so a sequence's next token waits
+    # 1/(1 - f) times a decode replica's step: the stretch 1/(1 - P/(p N)). N >= P/p + O/d > P/p keeps
+    # f under 1; at exactly N = P/p + O/d it is 1 + (P/p)/(O/d), rounding N up lowers it.
     return PdSizing(
         model=model.name, prompt_tokens_s=prompt_s, output_tokens_s=output_s, prompt_tokens=prompt,
         prefill_rate=p_rate, decode_rate=d_rate, aggregated_prefill_rate=agg_p,
         prefill_replicas=math.ceil(prompt_s / p_rate), decode_replicas=math.ceil(output_s / d_rate),
-        aggregated_replicas=math.ceil(prompt_s / agg_p + output_s / d_rate), devices=model.devices_per_replica,
+        aggregated_replicas=aggregated, devices=model.devices_per_replica,
         prefill_usd_hour=replica_usd_hour(model, prefill_np), decode_usd_hour=replica_usd_hour(model, decode_pool),
-        transport=how, transfer_s=prompt * model.kv_bytes_per_token / link, prefill_s=prompt / p_rate,
-        itl_stretch=1 + (prompt_s / agg_p) / (output_s / d_rate),
+        transport=how, transfer_s=kv_bytes / link if link > 0 else math.inf,
+        rdma_transfer_s=kv_bytes / (devices * RDMA_BYTES_S_PER_GPU),
+        prefill_s=prompt / p_rate,
+        itl_stretch=1 / (1 - prompt_s / (agg_p * aggregated)),
         decode_itl_s=min(decode_row.max_num_seqs, max(1, decode_row.seqs_fit)) / d_rate,
-        min_prompt_tokens=spec.min_prompt_tokens, configured_prefill=prefill.max_replicas,
+        min_prompt_tokens=spec.min_prompt_tokens, sized_for_load=spec.load is not None,
+        configured_prefill=prefill.max_replicas,
         configured_decode=model.short.max_replicas)
+
+
+def prefill_capacity(cfg: "StackConfig") -> list["PoolCapacity"]:
+    """One capacity row per prefill pool (pool "prefill") on its node pool: the cost report's prefill replicas."""
+    from . import capacity
+
+    return [capacity.pool_capacity(m, "prefill", prefill_pool(m), cfg.pool(name))
+            for m, name in capacity.prefill_placements(cfg)]
 
 
 def replica_usd_hour(model: ModelSpec, node_pool: NodePoolSpec) -> float:

@@ -64,6 +64,14 @@ class Method(str, Enum):
     NGRAM = 'ngram'
     DRAFT_MODEL = 'draft_model'
     EAGLE = 'eagle'
+class Transport(str, Enum):
+    """How NIXL (UCX) moves KV blocks between the pools. rdma: GPUDirect RDMA over the node pool's RDMA NICs (only machines vllm-gke sets that network up for); tcp: the data-centre network; auto: rdma where the prefill and decode node pools both have it, else tcp."""
+
+    AUTO = 'auto'
+    RDMA = 'rdma'
+    TCP = 'tcp'
+
+
     EAGLE3 = 'eagle3'
     MTP = 'mtp'
 
@@ -369,6 +377,45 @@ class DraftShape(TypedDict):
     """Its vocabulary (vocab_size): a draft_model's must be the model's (config/speculative.py:1723-1735). Required for draft_model."""
 
 
+class PrefillPoolSpec(TypedDict):
+    """The prefill pool: its own workload, node pool, scaling and disruption budget."""
+
+    node_pool: NotRequired[str]
+    """Node pool the prefill replicas run on (default: the model's nodePool)."""
+    min_replicas: NotRequired[int]
+    """Fewest prefill replicas; at least 1: a decode pod told to pull KV blocks from a prefill pod that does not exist fails the request. Default: 1."""
+    max_replicas: NotRequired[int]
+    """Most prefill replicas (the autoscaler's ceiling). Default: 2."""
+    max_num_seqs: NotRequired[int]
+    """Sequences a prefill replica batches at once (--max-num-seqs). Default: 16."""
+    max_num_batched_tokens: NotRequired[int]
+    """Tokens per prefill scheduler step (--max-num-batched-tokens; default vLLM's)."""
+
+
+class DisaggregationLoad(TypedDict):
+    """The traffic both pools are sized for (the plan's capacity and cost comparison)."""
+
+    prompt_tokens_per_second: float
+    """Prompt tokens per second across the model (what the prefill pool computes)."""
+    output_tokens_per_second: float
+    """Output tokens per second across the model (what the decode pool generates)."""
+
+
+class DisaggregationSpec(TypedDict):
+    """Prefill on one pool, decode on another: llm-d-router's P/D scheduling picks a decode pod and,
+    for prompts long enough, a prefill pod; the decode pod's routing sidecar asks the prefill pod for
+    the prompt's KV cache, which vLLM's NixlConnector then reads across (routing: inference-gateway)."""
+
+    prefill: NotRequired[PrefillPoolSpec]
+    """The prefill pool (the model's `short` pool is the decode pool)."""
+    transport: NotRequired[Transport]
+    """How NIXL (UCX) moves KV blocks between the pools. rdma: GPUDirect RDMA over the node pool's RDMA NICs (only machines vllm-gke sets that network up for); tcp: the data-centre network; auto: rdma where the prefill and decode node pools both have it, else tcp. One of: auto, rdma, tcp. Default: auto."""
+    min_prompt_tokens: NotRequired[int]
+    """Prompts with fewer uncached tokens than this (after the decode pod's prefix-cache hit) are prefilled on the decode pod itself (llm-d-router's prefix-based-pd-decider nonCachedTokens; 0 there turns P/D off, so at least 1). The picker counts its tokenizer's tokens: with its estimate backend (no real tokenizer), 4-byte pseudo-tokens (tokenizer/estimate.go:35-37). Default: 256."""
+    load: NotRequired[DisaggregationLoad]
+    """The traffic the two pools are sized for; unset, the plan sizes them from their replicas."""
+
+
 class DraftSpec(TypedDict):
     """The draft model or EAGLE head, copied onto the share beside the model by its own loader Job;
     the servers read it from there (never from the hub) once its ready marker is written."""
@@ -497,6 +544,8 @@ class DedicatedSpec(TypedDict):
 
 class TenantSpec(TypedDict):
     """TenantSpec settings (see docs/reference/config.md)."""
+    disaggregation: NotRequired[DisaggregationSpec]
+    """Prefill/decode disaggregation: a prefill pool beside the decode pool (`short`), the KV cache moved between them by vLLM's NIXL connector (routing: inference-gateway)."""
 
     name: str
     """Tenant name; its namespace is tenant-<name>."""

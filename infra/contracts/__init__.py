@@ -53,7 +53,12 @@ from . import (
 from .base import Check, Contract
 from .billing import budget_api_accepts_the_budget
 from .collector import collector_listens_and_writes_to_trace, vllm_exports_traces_as_configured
-from .disaggregation import nixl_connector_not_replaced, nixl_role_per_pod, nixl_side_channel_on_the_pod_ip
+from .disaggregation import (
+    nixl_connector_not_replaced,
+    nixl_role_per_pod,
+    nixl_side_channel_on_the_pod_ip,
+    nixl_ucx_ports_cover_the_agents,
+)
 from .flagger import (
     flagger_alert_reads_its_metrics,
     flagger_deadline_outlasts_the_wake,
@@ -175,6 +180,7 @@ __all__ = [
     "offload_buffer_in_shm_and_the_memory_limit", "offload_does_not_raise_the_batch",
     "offload_flags_are_the_replicas_tier", "offload_pods_fit_the_node", "offload_takes_the_kv_connector",
     "nixl_connector_not_replaced", "nixl_role_per_pod", "nixl_side_channel_on_the_pod_ip",
+    "nixl_ucx_ports_cover_the_agents",
     "draft_sharded_as_counted", "draft_waited_for_before_vllm_starts", "lora_steps_hold_every_proposal",
     "ngram_window_ordered", "speculative_config_is_the_models",
     "awake_model_passes_the_startup_check", "lease_commands_within_the_acl", "sleep_mode_driven_by_the_guard",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator
 
-from ...components.model.disaggregation import CONNECTOR, KV_ROLES, NIXL_SIDE_CHANNEL_PORT, ROLE_LABEL
+from ...components.model.disaggregation import CONNECTOR, KV_ROLES, NIXL_SIDE_CHANNEL_PORT, ROLE_LABEL, ucx_listeners
 from ..plan import Plan
 from .base import Contract, _docs, _flag
 
@@ -76,6 +76,33 @@ def nixl_connector_not_replaced(plan: Plan) -> list[str]:
             for name, _role, c, _cfg in _nixl_containers(plan) if _flag(c.get("args") or [], "--kv-offloading-size")]
 
 
+# vLLM 0.34's num_threads where kv_connector_extra_config names none (nixl/base_worker.py:789-791).
+VLLM_NUM_THREADS = 4
+
+
+def _port_count(span: str) -> int:
+    """Ports in a UCX_TCP_PORT_RANGE value ("first-last"); 0 where unset or not a range."""
+    first, _, last = span.partition("-")
+    return int(last) - int(first) + 1 if first.isdigit() and last.isdigit() and int(last) >= int(first) else 0
+
+
+def nixl_ucx_ports_cover_the_agents(plan: Plan) -> list[str]:
+    """Each rank's NIXL agent runs num_threads + 1 UCX workers, each listening on a TCP port of
+    UCX_TCP_PORT_RANGE: a pod's range must hold TP x PP x (num_threads + 1) of them, or the agents
+    that find none spin at startup for ever."""
+    out: list[str] = []
+    for name, _role, c, cfg in _nixl_containers(plan):
+        args = c.get("args") or []
+        ranks = int(_flag(args, "--tensor-parallel-size") or 1) * int(_flag(args, "--pipeline-parallel-size") or 1)
+        threads = int((cfg.get("kv_connector_extra_config") or {}).get("num_threads", VLLM_NUM_THREADS))
+        span = {e["name"]: e.get("value", "") for e in c.get("env") or []}.get("UCX_TCP_PORT_RANGE", "")  # the last wins
+        need, have = ucx_listeners(ranks, threads), _port_count(span)
+        if have < need:
+            out.append(f"{name}: UCX_TCP_PORT_RANGE '{span or '(unset)'}' holds {have} ports, but {ranks} NIXL agents x "
+                       f"({threads} threads + 1) UCX workers listen on {need}: the agents without a port never start")
+    return out
+
+
 ROWS: tuple[Contract, ...] = (
     Contract("vLLM NIXL connector", "0.34.0",
              "--kv-transfer-config's JSON is a KVTransferConfig (kv_connector, kv_role, kv_buffer_device, "
@@ -103,4 +130,12 @@ ROWS: tuple[Contract, ...] = (
              f"{VLLM}/config/vllm.py:1072-1106",
              "config_rules/disaggregation.py refuses kvOffload and connector flags in extraArgs on a disaggregated "
              "model", nixl_connector_not_replaced),
+    Contract("vLLM NIXL connector", "0.34.0",
+             "each rank's NIXL agent is made with kv_connector_extra_config's num_threads (default 4); NIXL's UCX "
+             "backend runs num_threads + 1 UCX workers an agent, each listening on its own TCP port from "
+             "UCX_TCP_PORT_RANGE, and an agent that finds no free port in the range spins at startup (reproduced with "
+             "nixl-cu12 1.5.1: TP 4 at the default wants 20 ports)",
+             f"{NIXL}/base_worker.py:783-799",
+             "components/model/disaggregation.py sets num_threads 0 (one listener a rank); the pods' UCX_TCP_PORT_RANGE "
+             "(disaggregation_cluster.UCX_PORTS) must hold TP x PP x (num_threads + 1)", nixl_ucx_ports_cover_the_agents),
 )

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 
 from ..capacity import pool_capacity
 from ..disaggregation import prefill_node_pool, prefill_pool, rdma_ready
-from ..specs import ModelSpec, NodePoolSpec, item_key, normalise_flag
+from ..specs import ModelSpec, NodePoolSpec, ServingPoolSpec, item_key, normalise_flag
 from .base import Add
+from .placement import check_pool_length
 
 if TYPE_CHECKING:
     from ..stack_config import StackConfig
@@ -38,6 +39,8 @@ def disaggregated_models(cfg: "StackConfig", add: Add) -> None:
             add(f"{key}.disaggregation.prefill.nodePool", f"node pool '{name}' is not declared; use one of {declared} "
                 "or add it under vllm-gke:nodePools")
             continue
+        if decode_np is not None and not _whole_gpus(add, f"{key}.nodePool", decode_np):
+            continue  # the decode pool's machine: the same checks as the prefill pool's
         _prefill_pool(add, key, model, prefill_np)
         if decode_np is not None:
             _transport(add, key, model, prefill_np, decode_np)
@@ -51,6 +54,10 @@ def _routing(add: Add, key: str, model: ModelSpec) -> None:
     if model.short.min_replicas == 0:
         add(f"{key}.short.minReplicas", "is 0, but the prefill pool keeps at least one replica: its GPUs would idle "
             "while the model sleeps; set short.minReplicas to 1 or more, or remove disaggregation")
+    if model.multi_host:
+        add(f"{key}.multiHost", "a replica across hosts is a LeaderWorkerSet whose worker pods get no NIXL environment "
+            "(side channel, UCX transports and ports), so their ranks could not send or read KV blocks; serve the "
+            "model on one host a replica (a larger machine or a smaller tensorParallelSize) or remove disaggregation")
     spec = model.disaggregation
     assert spec is not None
     longest = model.pool_max_model_len(model.short)
@@ -71,23 +78,44 @@ def _options(add: Add, key: str, model: ModelSpec) -> None:
             "pod's blocks; remove kvOffload or disaggregation")
 
 
+def _whole_gpus(add: Add, at: str, node_pool: NodePoolSpec) -> bool:
+    """NIXL's UCX cuda transports move blocks between whole GPUs: either pool on TPUs, MIG slices or CPUs
+    is refused (and the transfer's link has no NIC rate to price on a TPU machine)."""
+    if node_pool.machine.accelerator is not None and not node_pool.is_tpu and not node_pool.gpu_partition_size:
+        return True
+    what = "a TPU pool" if node_pool.is_tpu else "MIG slices" if node_pool.gpu_partition_size else "a CPU pool"
+    add(at, f"pool '{node_pool.name}' is {what}: NIXL moves the KV cache between whole GPUs (UCX cuda transports) "
+        "on both the prefill and the decode pool; use a GPU node pool without gpuPartitionSize")
+    return False
+
+
 def _prefill_pool(add: Add, key: str, model: ModelSpec, node_pool: NodePoolSpec) -> None:
     at = f"{key}.disaggregation.prefill"
-    accelerator = node_pool.machine.accelerator
-    if accelerator is None or node_pool.is_tpu or node_pool.gpu_partition_size:
-        what = ("a TPU pool" if node_pool.is_tpu else "MIG slices" if node_pool.gpu_partition_size
-                else "a CPU pool")
-        add(f"{at}.nodePool", f"pool '{node_pool.name}' is {what}: NIXL moves the KV cache between whole GPUs "
-            "(UCX cuda transports); use a GPU node pool without gpuPartitionSize")
+    if not _whole_gpus(add, f"{at}.nodePool", node_pool):
         return
+    pool = prefill_pool(model)
+    check_pool_length(add, key, at, model, pool)  # the per-pool rules the model's own pools get (placement.py)
+    speculative_batch(add, at, model, pool)
     if model.devices_per_replica > node_pool.slices_per_node and not model.multi_host:
         add(f"{at}.nodePool", f"a replica takes {model.devices_per_replica} GPUs, more than a {node_pool.machine_type} "
             f"node of pool '{node_pool.name}' has ({node_pool.slices_per_node}); use a larger machine")
         return
-    row = pool_capacity(model, "prefill", prefill_pool(model), node_pool)
+    row = pool_capacity(model, "prefill", pool, node_pool)
     if not row.fits:
         add(at, f"model '{model.name}' (prefill pool) on pool '{node_pool.name}': {row.problem}; {row.fix()} "
             "(prefill.maxNumSeqs for the batch)")
+
+
+def speculative_batch(add: Add, at: str, model: ModelSpec, pool: ServingPoolSpec) -> None:
+    """vLLM refuses LoRA with speculative decoding unless a step holds every sequence's k + 1 tokens
+    (vllm 0.34.0 engine/arg_utils.py:2747-2761): config_rules/speculative.py checks the model's own pools."""
+    spec = getattr(model, "speculative", None)
+    if spec is None or not model.adapters or not pool.max_num_batched_tokens:
+        return
+    need = pool.max_num_seqs * (spec.num_speculative_tokens + 1)
+    if pool.max_num_batched_tokens < need:
+        add(f"{at}.maxNumBatchedTokens", f"{pool.max_num_batched_tokens}: with adapters and speculative decoding vLLM needs "
+            f"at least maxNumSeqs x (numSpeculativeTokens + 1) = {need}; raise it, or lower prefill.maxNumSeqs")
 
 
 def _transport(add: Add, key: str, model: ModelSpec, prefill_np: NodePoolSpec, decode_np: NodePoolSpec) -> None:

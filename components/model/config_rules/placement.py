@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..capacity import gpu_slots_by_pool, hosts_per_replica, placements, pool_capacity
 from ..k8s_objects import group_name_of, service_name_of
-from ..specs import ModelSpec, NodePoolSpec, item_key
+from ..specs import ModelSpec, NodePoolSpec, ServingPoolSpec, item_key
 from ..vllm_server import XLA_CACHE_MAX_GI, scratch_gi
 from ..weights_backends import backend_of
 from ..weights_layout import BASIC_TIERS, TIER_MIN_GB, needed_gb
@@ -121,16 +121,20 @@ def check_pool_lengths(add: Add, key: str, model: ModelSpec) -> None:
     """Each pool's context within the model's, and with chunked prefill off, a batch that holds a
     whole prompt (vLLM refuses to start otherwise). Also run by the package's VllmService."""
     for pool_name in model.pool_names:
-        pool = getattr(model, pool_name)
-        if pool.max_model_len and pool.max_model_len > model.max_model_len:
-            add(f"{key}.{pool_name}.maxModelLen", f"{pool.max_model_len} exceeds the model's "
-                f"maxModelLen {model.max_model_len}; lower it or raise {key}.maxModelLen")
-        length = model.pool_max_model_len(pool)
-        if not model.enable_chunked_prefill and pool.max_num_batched_tokens and pool.max_num_batched_tokens < length:
-            add(f"{key}.{pool_name}.maxNumBatchedTokens",
-                f"{pool.max_num_batched_tokens} is below the pool's maxModelLen {length} with chunked prefill "
-                "off: vLLM refuses to start (a prompt must fit one batch); raise it to at least the context "
-                "length or set enableChunkedPrefill: true")
+        check_pool_length(add, key, f"{key}.{pool_name}", model, getattr(model, pool_name))
+
+
+def check_pool_length(add: Add, key: str, at: str, model: ModelSpec, pool: ServingPoolSpec) -> None:
+    """One pool's, at its key `at` (a disaggregated model's prefill pool too: config_rules/disaggregation.py)."""
+    if pool.max_model_len and pool.max_model_len > model.max_model_len:
+        add(f"{at}.maxModelLen", f"{pool.max_model_len} exceeds the model's "
+            f"maxModelLen {model.max_model_len}; lower it or raise {key}.maxModelLen")
+    length = model.pool_max_model_len(pool)
+    if not model.enable_chunked_prefill and pool.max_num_batched_tokens and pool.max_num_batched_tokens < length:
+        add(f"{at}.maxNumBatchedTokens",
+            f"{pool.max_num_batched_tokens} is below the pool's maxModelLen {length} with chunked prefill "
+            "off: vLLM refuses to start (a prompt must fit one batch); raise it to at least the context "
+            "length or set enableChunkedPrefill: true")
 
 
 def gpu_slots(cfg: "StackConfig", add: Add) -> None:

@@ -56,7 +56,8 @@ class DisaggregationSpec(Spec):
     transport: Literal["auto", "rdma", "tcp"] = "auto"
     # Prompts with fewer uncached tokens than this (after the decode pod's prefix-cache hit) are
     # prefilled on the decode pod itself (llm-d-router's prefix-based-pd-decider nonCachedTokens;
-    # 0 there turns P/D off, so at least 1).
+    # 0 there turns P/D off, so at least 1). The picker counts its tokenizer's tokens: with its
+    # estimate backend (no real tokenizer), 4-byte pseudo-tokens (tokenizer/estimate.go:35-37).
     min_prompt_tokens: int = Field(default=256, ge=1, le=1_000_000)
     # The traffic the two pools are sized for; unset, the plan sizes them from their replicas.
     load: Optional[DisaggregationLoad] = None
