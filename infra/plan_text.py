@@ -17,8 +17,8 @@ from ..components.model.sleep_mode import swap_lines
 from ..policies.rules import POLICIES
 from .config import StackConfig
 from .contracts import CONTRACTS
-from .kv_offload_text import offload_lines
 from .disaggregation_text import pd_table
+from .kv_offload_text import offload_lines
 from .plan import Plan
 from .plan_report import PlanReport, ResourceChecks
 from .pricing import PRICE_REGION

@@ -33,6 +33,12 @@ class Strategy(str, Enum):
     BLUE_GREEN = 'BLUE_GREEN'
 
 
+class GpusharingStrategy(str, Enum):
+    """How pods share a GPU; GKE's TIME_SHARING (MPS is not offered here: its clients run at once)."""
+
+    TIME_SHARING = 'TIME_SHARING'
+
+
 class Dtype(str, Enum):
     """Weight dtype or quantisation."""
 
@@ -58,12 +64,6 @@ class Routing(str, Enum):
     INFERENCE_GATEWAY = 'inference-gateway'
 
 
-class Method(str, Enum):
-    """What proposes the tokens: ngram (prompt lookup, no weights), draft_model (a smaller model of the same tokenizer), eagle or eagle3 (a head reading the model's hidden states), mtp (the model's own multi-token-prediction layers; DeepSeek-V3 and custom shapes whose checkpoint has them)."""
-
-    NGRAM = 'ngram'
-    DRAFT_MODEL = 'draft_model'
-    EAGLE = 'eagle'
 class Transport(str, Enum):
     """How NIXL (UCX) moves KV blocks between the pools. rdma: GPUDirect RDMA over the node pool's RDMA NICs (only machines vllm-gke sets that network up for); tcp: the data-centre network; auto: rdma where the prefill and decode node pools both have it, else tcp."""
 
@@ -72,6 +72,19 @@ class Transport(str, Enum):
     TCP = 'tcp'
 
 
+class Level(str, Enum):
+    """1: the weights go to the node's RAM while asleep and come back over PCIe in seconds (every sleeping model's weights count against the node's memory). 2: the weights are dropped and reloaded from the weights share on wake (slower, no RAM held)."""
+
+    V1 = '1'
+    V2 = '2'
+
+
+class Method(str, Enum):
+    """What proposes the tokens: ngram (prompt lookup, no weights), draft_model (a smaller model of the same tokenizer), eagle or eagle3 (a head reading the model's hidden states), mtp (the model's own multi-token-prediction layers; DeepSeek-V3 and custom shapes whose checkpoint has them)."""
+
+    NGRAM = 'ngram'
+    DRAFT_MODEL = 'draft_model'
+    EAGLE = 'eagle'
     EAGLE3 = 'eagle3'
     MTP = 'mtp'
 
@@ -232,6 +245,17 @@ class UpgradeSpec(TypedDict):
     """BLUE_GREEN: how long the new nodes soak. Default: 30."""
 
 
+class GpuSharingSpec(TypedDict):
+    """GKE GPU time-sharing: each GPU is offered to up to maxSharedClientsPerGpu pods, which take
+    turns on it. GKE isolates no memory between them: only models with sleepMode share it, one
+    awake at a time."""
+
+    strategy: NotRequired[GpusharingStrategy]
+    """How pods share a GPU; GKE's TIME_SHARING (MPS is not offered here: its clients run at once). One of: TIME_SHARING. Default: TIME_SHARING."""
+    max_shared_clients_per_gpu: NotRequired[int]
+    """Pods (servers of the models that swap) one GPU holds at most. Default: 4."""
+
+
 class NodePoolSpec(TypedDict):
     """A GPU or TPU node pool. Accelerator type and count come from the machine type. Node counts
     are totals across the cluster's zones (GKE's total_*_node_count), not per zone; a TPU pool
@@ -261,6 +285,8 @@ class NodePoolSpec(TypedDict):
     """How GKE replaces the pool's nodes."""
     spot_return_migration: NotRequired[bool]
     """With a fallback pool: move pods back to spot when it returns. Off by default: it evicts warm replicas that then reload their weights, a visible outage on single-replica pools. Default: false."""
+    gpu_sharing: NotRequired[GpuSharingSpec]
+    """GKE GPU time-sharing: each GPU offered to several pods, which take turns (no memory isolation: only models with sleepMode run here, one awake per GPU)."""
 
 
 class CustomShape(TypedDict):
@@ -351,32 +377,6 @@ class FallbackSpec(TypedDict):
     """The model that serves them: another of the stack's models, without a fallback of its own. Only tenants whose models list it are sent; the others still get 429 with Retry-After."""
 
 
-class KvOffloadSpec(TypedDict):
-    """What the server passes vLLM as --kv-offloading-backend and --kv-offloading-size."""
-
-    backend: NotRequired[str]
-    """native (the only one served): vLLM's own CPU offloading (its OffloadingConnector) into pinned host memory inside the server container. lmcache is refused: vLLM 0.34 runs it as a client of a separate LMCache server that this platform does not deploy, and the server image adds no lmcache package. Default: native."""
-    size_gb: NotRequired[float]
-    """GiB of host memory one replica's offloaded KV cache takes, summed over its GPUs as vLLM counts it (--kv-offloading-size). Default: nine tenths of what each replica's pods may take on the node (its allocatable after the kernel's and GKE's reservations and GKE's own pods, shared among the replicas) beside the server's estimated own need; the plan refuses a size that does not fit."""
-
-
-class DraftShape(TypedDict):
-    """A draft's architecture, as its config.json gives it (an EAGLE head: its one or few layers)."""
-
-    params_billion: float
-    """Parameters, in billions (an EAGLE head's own: its layer(s), fusion and lm_head)."""
-    layers: int
-    """Transformer layers (num_hidden_layers)."""
-    kv_heads: int
-    """Key/value heads (num_key_value_heads)."""
-    head_dim: int
-    """Dimension of one attention head (head_dim, else hidden_size / num_attention_heads)."""
-    attention_heads: NotRequired[int]
-    """Query heads (num_attention_heads): the draft's tensor parallelism (the model's) must divide them, as vLLM checks (config/model.py:1577-1583). Required for draft_model."""
-    vocab_size: NotRequired[int]
-    """Its vocabulary (vocab_size): a draft_model's must be the model's (config/speculative.py:1723-1735). Required for draft_model."""
-
-
 class PrefillPoolSpec(TypedDict):
     """The prefill pool: its own workload, node pool, scaling and disruption budget."""
 
@@ -414,6 +414,45 @@ class DisaggregationSpec(TypedDict):
     """Prompts with fewer uncached tokens than this (after the decode pod's prefix-cache hit) are prefilled on the decode pod itself (llm-d-router's prefix-based-pd-decider nonCachedTokens; 0 there turns P/D off, so at least 1). The picker counts its tokenizer's tokens: with its estimate backend (no real tokenizer), 4-byte pseudo-tokens (tokenizer/estimate.go:35-37). Default: 256."""
     load: NotRequired[DisaggregationLoad]
     """The traffic the two pools are sized for; unset, the plan sizes them from their replicas."""
+
+
+class SleepModeSpec(TypedDict):
+    """vLLM's sleep mode (--enable-sleep-mode) on a time-shared GPU: the tenant guard wakes its
+    server when a request comes and the GPU's lease is free, and puts it back to sleep when another
+    model on the same GPU wants it. Needs vllm-gke:globalLimits (the lease is in the limit store)."""
+
+    level: NotRequired[Level]
+    """1: the weights go to the node's RAM while asleep and come back over PCIe in seconds (every sleeping model's weights count against the node's memory). 2: the weights are dropped and reloaded from the weights share on wake (slower, no RAM held). One of: 1, 2. Default: 1."""
+    wait_seconds: NotRequired[int]
+    """Longest a request waits for its model to wake (the awake one to finish and sleep) before a 503 with Retry-After. Default: 60."""
+    min_awake_seconds: NotRequired[int]
+    """Once awake, the model keeps the GPU at least this long before it yields to another (fewer swaps under mixed traffic, at the others' wait). Default: 5."""
+
+
+class KvOffloadSpec(TypedDict):
+    """What the server passes vLLM as --kv-offloading-backend and --kv-offloading-size."""
+
+    backend: NotRequired[str]
+    """native (the only one served): vLLM's own CPU offloading (its OffloadingConnector) into pinned host memory inside the server container. lmcache is refused: vLLM 0.34 runs it as a client of a separate LMCache server that this platform does not deploy, and the server image adds no lmcache package. Default: native."""
+    size_gb: NotRequired[float]
+    """GiB of host memory one replica's offloaded KV cache takes, summed over its GPUs as vLLM counts it (--kv-offloading-size). Default: nine tenths of what each replica's pods may take on the node (its allocatable after the kernel's and GKE's reservations and GKE's own pods, shared among the replicas) beside the server's estimated own need; the plan refuses a size that does not fit."""
+
+
+class DraftShape(TypedDict):
+    """A draft's architecture, as its config.json gives it (an EAGLE head: its one or few layers)."""
+
+    params_billion: float
+    """Parameters, in billions (an EAGLE head's own: its layer(s), fusion and lm_head)."""
+    layers: int
+    """Transformer layers (num_hidden_layers)."""
+    kv_heads: int
+    """Key/value heads (num_key_value_heads)."""
+    head_dim: int
+    """Dimension of one attention head (head_dim, else hidden_size / num_attention_heads)."""
+    attention_heads: NotRequired[int]
+    """Query heads (num_attention_heads): the draft's tensor parallelism (the model's) must divide them, as vLLM checks (config/model.py:1577-1583). Required for draft_model."""
+    vocab_size: NotRequired[int]
+    """Its vocabulary (vocab_size): a draft_model's must be the model's (config/speculative.py:1723-1735). Required for draft_model."""
 
 
 class DraftSpec(TypedDict):
@@ -505,6 +544,10 @@ class ModelSpec(TypedDict):
     """length: a short and a long pool, chosen by request size. inference-gateway: one pool (the `short` settings) behind GKE Inference Gateway's endpoint picker, which picks the replica by queue depth, KV-cache use and prefix-cache affinity, with per-tenant priorities. One of: length, inference-gateway. Default: length."""
     fallback: NotRequired[FallbackSpec]
     """While a replica sheds tenants of negative priority, their requests go to this model instead of a 429 (for the tenants allowed to call it), and come back as the shed tiers do."""
+    disaggregation: NotRequired[DisaggregationSpec]
+    """Prefill/decode disaggregation: a prefill pool beside the decode pool (`short`), the KV cache moved between them by vLLM's NIXL connector (routing: inference-gateway)."""
+    sleep_mode: NotRequired[SleepModeSpec]
+    """Sleep mode on a time-shared GPU (its node pool's gpuSharing): the model sleeps while another on the same GPU serves, and wakes in seconds for its next request instead of a cold start."""
     kv_offload: NotRequired[KvOffloadSpec]
     """Offload KV blocks that leave the GPU to the node's host memory (vLLM's native CPU offloading), so prefixes seen before and preempted sequences load back instead of being recomputed; the server's memory request and limit grow by its size. It does not raise the batch that runs at once."""
     speculative: NotRequired[SpeculativeSpec]
@@ -544,8 +587,6 @@ class DedicatedSpec(TypedDict):
 
 class TenantSpec(TypedDict):
     """TenantSpec settings (see docs/reference/config.md)."""
-    disaggregation: NotRequired[DisaggregationSpec]
-    """Prefill/decode disaggregation: a prefill pool beside the decode pool (`short`), the KV cache moved between them by vLLM's NIXL connector (routing: inference-gateway)."""
 
     name: str
     """Tenant name; its namespace is tenant-<name>."""
