@@ -84,3 +84,29 @@ def test_config_from_the_pulumi_environment(stack_values, monkeypatch):
     plan = run_program("staging", {})
     assert plan.config.cluster.name == "vllm-staging"
     assert len(plan.manifests()) > 50
+
+
+def test_the_readmes_serving_features_table_is_what_the_plan_prints(plans):
+    """The README's tuned-stack rows (each 70B variant beside the plain one) are the options table's
+    'this stack' rows: a stale figure fails, and so does a feature that stops changing its row."""
+    import re
+
+    from vllm_gke.infra.accelerator_options import stack_options
+    from vllm_gke.infra.report import verdicts
+
+    plan = plans["tuned"]
+    cfg = plan.config
+    options = {o.model: o for o in stack_options(cfg, verdicts(plan).cost.replicas)}
+    rows = re.findall(r"^\| (llama-70b\S*) \| .+? \| (\d+) \| ([\d,]+) \| ([\d.]+) \| ([\d.]+) \|$",
+                      (REPO_ROOT / "README.md").read_text(), re.M)
+    assert {r[0] for r in rows} == {"llama-70b", "llama-70b-spec", "llama-70b-offload", "llama-70b-pd"}
+    for name, gpus, tps, usd_h, usd_m in rows:
+        o, model = options[name], cfg.model(name)
+        pd = model.disaggregation
+        # A disaggregated replica's GPUs: its own and its share of the prefill pool at both floors.
+        share = pd.prefill.min_replicas / model.short.min_replicas if pd else 0
+        assert int(gpus) == o.devices * (1 + share), name
+        assert f"{o.tokens_per_second:,.0f}" == tps and f"{o.usd_per_hour:.2f}" == usd_h, name
+        assert f"{o.usd_per_million_tokens(cfg.cost.target_utilization):.2f}" == usd_m, name
+    by = {r[0]: r for r in rows}
+    assert float(by["llama-70b-spec"][4]) < float(by["llama-70b"][4]) < float(by["llama-70b-pd"][4])
