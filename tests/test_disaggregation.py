@@ -201,7 +201,7 @@ def _problems(values: dict[str, Any]) -> list[str]:
     (lambda m: (m.update(enableChunkedPrefill=False), m["disaggregation"]["prefill"].update(maxNumBatchedTokens=8192)),
      "disaggregation.prefill.maxNumBatchedTokens", "below the pool's maxModelLen 16384 with chunked prefill off"),
     # The prefill replicas take their node pool's GPU slots like any pool's.
-    (lambda m: m["disaggregation"]["prefill"].update(minReplicas=8, maxReplicas=8), "nodePools[h100].maxNodes",
+    (lambda m: m["disaggregation"]["prefill"].update(minReplicas=12, maxReplicas=12), "nodePools[h100].maxNodes",
      "raise maxNodes"),
 ])
 def test_bad_config_names_the_key_and_the_fix(tuned, change, key, fix):

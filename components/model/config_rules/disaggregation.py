@@ -72,10 +72,7 @@ def _options(add: Add, key: str, model: ModelSpec) -> None:
         if normalise_flag(flag.split("=", 1)[0]) in CONNECTOR_FLAGS:
             add(f"{key}.extraArgs", f"'{flag}' sets vLLM's KV connector, which disaggregation sets to NixlConnector; "
                 "remove it from extraArgs")
-    if getattr(model, "kv_offload", None) is not None:
-        add(f"{key}.kvOffload", "and disaggregation both need vLLM's one KV connector: vLLM 0.34 replaces NIXL's with "
-            "its OffloadingConnector when offloading is on, and the decode pod could no longer read the prefill "
-            "pod's blocks; remove kvOffload or disaggregation")
+    # kvOffload beside disaggregation is refused once, by config_rules/kv_offload.py.
 
 
 def _whole_gpus(add: Add, at: str, node_pool: NodePoolSpec) -> bool:
