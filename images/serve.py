@@ -154,13 +154,14 @@ def warm_up(base: str, model: str, token: str) -> int:
     return ok
 
 
-def hold_gpu_lease(stopped: Callable[[], bool]) -> bool:
-    """models[].sleepMode: the shared GPU's lease before vLLM starts, so no server starts (and fails
-    vLLM's free-memory check) while another is awake; the guard then holds it (vllm_gke_guard/swap.py).
-    False if the pod was told to stop while waiting."""
+def hold_gpu_lease(stopped: Callable[[], bool]) -> Optional[Callable[[], None]]:
+    """models[].sleepMode: the shared GPU's lease before vLLM starts, so no server loads beside an
+    awake one (vLLM 0.34 does not refuse to: it loads into what is left, vllm_gke_guard/swap.py); the
+    returned handoff stops this process renewing it once the guard holds it. None if the pod was told
+    to stop while waiting."""
     cfg = json.loads(os.environ.get("GKE_LLM_GUARD_CONFIG") or "{}")
     if not cfg.get("swap"):
-        return True
+        return lambda: None
     from vllm_gke_guard.swap import hold_for_startup  # the guard's package, in the image
 
     return hold_for_startup(cfg, stopped)
@@ -211,7 +212,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return join_ray(join, stopped=lambda: bool(stop))
     if (head := os.environ.get(RAY_HEAD_ENV)) and not start_ray_head(int(head), stopped=lambda: bool(stop)):
         return 0
-    if not hold_gpu_lease(stopped=lambda: bool(stop)):
+    handoff = hold_gpu_lease(stopped=lambda: bool(stop))
+    if handoff is None:
         return 0
     proc = subprocess.Popen([*command, *argv], env=env)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -224,6 +226,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     pause = float(os.environ.get("GKE_LLM_WARMUP_PAUSE_SECONDS", "5"))
     healthy = wait_healthy(base, alive=alive, timeout_s=startup_window_s())
     if healthy and warm_up_until_one_succeeds(base, model, token, alive, pause_s=pause):
+        handoff()  # the warm-up went through the guard: its watcher holds the GPU's lease now
         with open(marker, "w") as fh:
             fh.write(str(time.time()))
     elif alive():

@@ -41,7 +41,16 @@ def lease(port: int, holder: str, ttl_s: float = 5.0, poll_s: float = 0.02) -> s
     return sw.GpuLease(aioredis.Redis(port=port), "node-1", holder, ttl_s, poll_s)
 
 
+def free(port: int, node: str = "node-1") -> None:
+    """The GPU as a holder's drop leaves it: free at once (a missing lease is fenced)."""
+    import redis
+
+    redis.Redis(port=port).hset(sw.lease_key(node), "free", "1")
+
+
 def test_one_holder_and_its_waiter(redis_port):
+    free(redis_port)
+
     async def go() -> list[Any]:
         a, b, c = (lease(redis_port, h) for h in "abc")
         out = [await a.take(), await b.take(), await a.renew(), await c.take()]
@@ -61,18 +70,69 @@ def test_one_holder_and_its_waiter(redis_port):
     assert a_lost[0] is False
 
 
-def test_a_holder_that_stops_renewing_frees_the_gpu_and_a_stale_claim_expires(redis_port):
-    async def go() -> tuple[Any, Any, Any]:
+def test_a_holder_that_stops_renewing_frees_the_gpu_a_fence_later_and_a_stale_claim_expires(redis_port):
+    free(redis_port)
+
+    async def go() -> tuple[Any, Any, Any, Any]:
         a, b = lease(redis_port, "a", ttl_s=0.2), lease(redis_port, "b", ttl_s=0.2)
         await a.take()
         await b.take()  # b waits, then goes away
         await asyncio.sleep(0.4)  # past the lease and the claim's freshness (4 polls)
         c = lease(redis_port, "c", ttl_s=0.2)
-        return await c.take(), await a.renew(), await b.renew()
+        fenced = await c.take()  # the lease is gone: a may still be awake, so not yet
+        while not (granted := await c.take())[0]:
+            await asyncio.sleep(0.02)
+        return fenced, granted, await a.renew(), await b.renew()
 
-    c_takes, a_lost, b_not_holder = run(go())
+    fenced, c_takes, a_lost, b_not_holder = run(go())
+    assert fenced == (False, "", "c")
     assert c_takes == (True, "c", "")
     assert a_lost[0] is False and b_not_holder[0] is False
+
+
+def test_a_store_restarted_empty_hands_the_gpu_out_only_after_the_holder_slept(redis_port):
+    """/tmp/rev4/restart.py: the store keeps nothing; its lease gone while a is awake and b waits,
+    b must not wake before a has seen the loss and slept."""
+    free(redis_port)
+    gpu: list[str] = []
+    events: list[str] = []
+
+    class Tracked(Engine):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+        async def sleep(self, level: int, mode: str) -> None:
+            await asyncio.sleep(0.1)  # a sleep takes a while: the copy to host
+            await super().sleep(level, mode)
+            gpu.remove(self.name)
+            events.append(f"{self.name} asleep")
+
+        async def wake_up(self, tags: Optional[list[str]]) -> bool:
+            gpu.append(self.name)
+            events.append(f"{self.name} awake beside {sorted(set(gpu) - {self.name})}")
+            return await super().wake_up(tags)
+
+    async def go() -> None:
+        import redis.asyncio as aioredis
+
+        assert (await lease(redis_port, "a", ttl_s=0.5).take())[0]
+        a = sw.Swap({"level": 1, "minAwakeSeconds": 3600}, lease(redis_port, "a", ttl_s=0.5), poll_s=0.02)
+        a.bind(Tracked("a"))
+        gpu.append("a")
+        b = sw.Swap({"level": 1, "waitSeconds": 10}, lease(redis_port, "b", ttl_s=0.5), poll_s=0.02)
+        b.awake = False
+        b.bind(Tracked("b"))
+        request = asyncio.create_task(b.enter())
+        await asyncio.sleep(0.2)
+        await aioredis.Redis(port=redis_port).delete(sw.lease_key("node-1"))  # what a restart leaves
+        await asyncio.wait_for(request, 10)
+        for t in (a.watcher, b.watcher):
+            assert t is not None
+            t.cancel()
+
+    run(go())
+    assert events == ["a asleep", "b awake beside []"]
 
 
 def test_the_lease_is_within_the_stores_acl(redis_port):
@@ -118,12 +178,14 @@ def server(port: int, holder: str, level: int = 1, wait_s: float = 5.0, min_awak
 
 async def started(port: int, holder: str, **kw: Any) -> tuple[sw.Swap, Engine]:
     """A server as the entrypoint leaves it: the lease taken before vLLM starts, awake."""
+    free(port)
     granted, _, _ = await lease(port, holder).take()
     assert granted
     return server(port, holder, **kw)
 
 
 async def asleep(port: int, holder: str, **kw: Any) -> tuple[sw.Swap, Engine]:
+    free(port)
     s, engine = server(port, holder, **kw)
     s.awake = False
     return s, engine
@@ -169,8 +231,8 @@ def test_level_2_reloads_the_weights_before_the_kv_cache(redis_port):
 
 def test_past_its_wait_a_request_gets_503_with_retry_after(redis_port):
     async def go() -> GuardError:
-        await lease(redis_port, "stuck", ttl_s=30).take()  # a holder that never yields
         b, engine = await asleep(redis_port, "b", wait_s=0.3)
+        await lease(redis_port, "stuck", ttl_s=30).take()  # a holder that never yields
         with pytest.raises(GuardError) as exc:
             await b.enter()
         assert engine.calls == [] and b.inflight == 0
@@ -251,8 +313,9 @@ def test_the_entrypoint_waits_for_the_lease_and_keeps_it_while_vllm_starts(redis
     monkeypatch.setenv(sw.NODE_ENV, "node-1")
     monkeypatch.setenv(sw.HOLDER_ENV, "b")
     cfg = {"globalLimits": {"host": "127.0.0.1", "port": redis_port}, "swap": {"level": 1, "leaseSeconds": 0.5}}
+    free(redis_port)
     assert call("take", "a")[0] == 1
-    done: list[bool] = []
+    done: list[Any] = []
     stop = threading.Event()
     waiter = threading.Thread(target=lambda: done.append(sw.hold_for_startup(cfg, stop.is_set)))
     waiter.start()
@@ -263,9 +326,189 @@ def test_the_entrypoint_waits_for_the_lease_and_keeps_it_while_vllm_starts(redis
         waiter.join(10)
     finally:
         stop.set()
-    assert done == [True]
+    assert len(done) == 1 and callable(done[0])
     time.sleep(1.0)  # twice the lease: renewed meanwhile by the entrypoint's thread
     assert call("take", "c")[:2] == [0, "b"]
-    assert sw.hold_for_startup(cfg, lambda: False)  # already b's: taken again at once
+    again = sw.hold_for_startup(cfg, lambda: False)  # already b's: taken again at once
+    assert again is not None
     assert sw.hold_for_startup({"swap": {}}, lambda: True)  # no swap: nothing to wait for
-    call("drop", "b")  # the guard yields: the entrypoint's thread stops renewing
+    assert sw.hold_for_startup(cfg, lambda: True) is None  # told to stop before it has the lease
+    for handoff in (done[0], again):
+        handoff()  # the guard holds it from here: the entrypoint's threads renew no more
+    time.sleep(1.0)
+    assert call("renew", "b")[0] == 0  # lapsed: nobody but the guard (absent here) renews it
+
+
+class Slow(Engine):
+    """An engine whose level-2 reload takes `reload_s`, and which records who is on the GPU."""
+
+    def __init__(self, name: str, gpu: list[str], reload_s: float = 0.0) -> None:
+        super().__init__()
+        self.name, self.gpu, self.reload_s = name, gpu, reload_s
+
+    async def wake_up(self, tags: Optional[list[str]]) -> bool:
+        if tags != ["kv_cache"]:  # the first call of a wake maps memory back
+            assert self.gpu == [], f"{self.name} wakes beside {self.gpu}"
+            self.gpu.append(self.name)
+        return await super().wake_up(tags)
+
+    async def collective_rpc(self, method: str) -> list[Any]:
+        await asyncio.sleep(self.reload_s)
+        return await super().collective_rpc(method)
+
+    async def sleep(self, level: int, mode: str) -> None:
+        await super().sleep(level, mode)
+        self.gpu.remove(self.name)
+
+
+def test_a_wake_longer_than_the_lease_keeps_it(redis_port):
+    """/tmp/rev4/long_wake.py: a level-2 reload four times the lease; another model's request meanwhile
+    waits for it (renewed while it wakes), never wakes beside it."""
+    free(redis_port)
+    gpu: list[str] = []
+
+    async def go() -> list[tuple[Any, ...]]:
+        def mk(holder: str, level: int, reload_s: float) -> tuple[sw.Swap, Slow]:
+            s = sw.Swap({"level": level, "waitSeconds": 10}, lease(redis_port, holder, ttl_s=0.3), poll_s=0.02)
+            s.awake = False
+            engine = Slow(holder, gpu, reload_s)
+            s.bind(engine)
+            return s, engine
+
+        m, m_engine = mk("mistral", 2, 1.2)
+        q, _ = mk("qwen", 1, 0.0)
+        woken = asyncio.create_task(m.enter())
+        await asyncio.sleep(0.1)
+        other = asyncio.create_task(q.enter())
+        await asyncio.wait_for(woken, 10)
+        assert not other.done() and gpu == ["mistral"]
+        m.leave()  # mistral's request done: it yields to qwen's
+        await asyncio.wait_for(other, 10)
+        q.leave()
+        for t in (m.watcher, q.watcher):
+            assert t is not None
+            t.cancel()
+        return m_engine.calls
+
+    calls = run(go())
+    assert gpu == ["qwen"]
+    assert calls[-1] == ("sleep", 2, "wait")
+
+
+def test_a_lease_lost_while_waking_puts_the_engine_back_to_sleep(redis_port):
+    async def go() -> tuple[list[tuple[Any, ...]], bool]:
+        import redis.asyncio as aioredis
+
+        b, engine = await asleep(redis_port, "b", level=2, wait_s=0.3)
+
+        async def reload(method: str) -> list[Any]:  # the store restarts mid-wake
+            engine.calls.append(("collective_rpc", method))
+            await aioredis.Redis(port=redis_port).delete(sw.lease_key("node-1"))
+            await asyncio.sleep(0.1)
+            return [None]
+
+        engine.collective_rpc = reload  # type: ignore[method-assign]
+        with pytest.raises(GuardError):
+            await b.enter()  # fenced after that: not granted again within its wait
+        assert b.watcher is not None
+        b.watcher.cancel()
+        return engine.calls, b.awake
+
+    calls, awake = run(go())
+    assert calls[-1] == ("sleep", 2, "abort") and not awake
+
+
+class Flaky:
+    """The store's client, cut off from this guard while `down`."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.down = real, False
+
+    async def fcall(self, *args: Any) -> Any:
+        if self.down:
+            raise ConnectionError("partition")
+        return await self.real.fcall(*args)
+
+
+def test_a_server_cut_off_from_the_store_sleeps_and_frees_the_gpu_once_it_answers(redis_port, monkeypatch):
+    """/tmp/rev4/stuck.py: a server that never yielded, cut off from the store past half its lease,
+    sleeps; once the store answers, the GPU is another's (the entrypoint handed the lease to the
+    guard after its warm-up, and the guard drops what it could not)."""
+    import redis.asyncio as aioredis
+
+    free(redis_port)
+    monkeypatch.setenv(sw.NODE_ENV, "node-1")
+    monkeypatch.setenv(sw.HOLDER_ENV, "a")
+    cfg = {"globalLimits": {"host": "127.0.0.1", "port": redis_port}, "swap": {"level": 1, "leaseSeconds": 2}}
+
+    async def go() -> bool:
+        handoff = sw.hold_for_startup(cfg, lambda: False)  # the entrypoint: takes it, its thread renews
+        assert handoff is not None
+        client = Flaky(aioredis.Redis(port=redis_port))
+        a = sw.Swap({"level": 1}, sw.GpuLease(client, "node-1", "a", 2.0, 0.02), poll_s=0.02)
+        a_engine = Engine()
+        a.bind(a_engine)
+        handoff()  # serve.py, once its warm-up went through the guard
+        client.down = True
+        while not a_engine.asleep:
+            await asyncio.sleep(0.05)
+        client.down = False
+        b, b_engine = server(redis_port, "b", wait_s=1.5, ttl_s=2.0)
+        b.awake = False
+        await b.enter()  # within its wait: well before a's lease (2 s) would lapse by itself
+        b.leave()
+        for t in (a.watcher, b.watcher):
+            assert t is not None
+            t.cancel()
+        return not b_engine.asleep
+
+    assert run(go())
+
+
+def test_a_store_out_of_reach_while_a_request_waits_is_a_503_with_retry_after():
+    class Down:
+        async def fcall(self, *args: Any) -> Any:
+            raise ConnectionError("store down")
+
+    async def go() -> tuple[GuardError, int]:
+        s = sw.Swap({"level": 1}, sw.GpuLease(Down(), "n", "a", ttl_s=15), poll_s=0.02)
+        s.awake = False
+        s.bind(Engine())
+        with pytest.raises(GuardError) as exc:
+            await s.enter()
+        assert s.watcher is not None
+        s.watcher.cancel()
+        return exc.value, s.inflight
+
+    err, inflight = run(go())
+    assert err.status == 503 and err.retry_after == 15 and inflight == 0
+    assert b'"code": "model_swapping"' in error_body(err) and b'"type": "service_unavailable"' in error_body(err)
+
+
+def test_requests_arriving_while_a_server_that_lost_its_lease_sleeps_wait_for_its_next_turn(redis_port):
+    async def go() -> tuple[int, list[tuple[Any, ...]]]:
+        a, engine = await started(redis_port, "a")
+        release = asyncio.Event()
+
+        async def slow_sleep(level: int, mode: str) -> None:
+            engine.calls.append(("sleep", level, mode))
+            await release.wait()
+            engine.asleep = True
+
+        engine.sleep = slow_sleep  # type: ignore[method-assign]
+        await lease(redis_port, "a").drop()
+        await lease(redis_port, "b").take()  # the GPU is b's now
+        stepping = asyncio.create_task(a.step())
+        await asyncio.sleep(0.05)
+        arriving = asyncio.create_task(a.enter())  # during the sleep
+        await asyncio.sleep(0.05)
+        queued = a.inflight  # 0: not let into the paused engine
+        release.set()
+        await stepping
+        arriving.cancel()
+        assert a.watcher is not None
+        a.watcher.cancel()
+        return queued, engine.calls
+
+    queued, calls = run(go())
+    assert queued == 0 and calls == [("sleep", 1, "abort")]

@@ -67,19 +67,39 @@ redis.register_function('vllm_gke_take_v1', take)
 -- Returns {1 if the server holds the lease, the holder, the waiter}. A take that finds the lease
 -- held records the server as its waiter unless another's claim is fresher: the holder sees it on
 -- renewing and yields once idle; a free lease goes to its fresh waiter first.
+-- Only a drop frees the lease at once (it marks the key free). A take that finds no key at all (a
+-- holder that stopped renewing, or a store restarted empty: it persists nothing) cannot tell
+-- whether a server is still awake: it fences the key and is granted only a lease's time later,
+-- once a holder that lost it has seen that on renewing and slept.
 local function lease(KEYS, ARGV)
   local key, op, me, ttl, fresh = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local h = redis.call('HMGET', key, 'holder', 'want', 'want_at')
+  local h = redis.call('HMGET', key, 'holder', 'want', 'want_at', 'free', 'fence')
   local holder, want = h[1] or '', h[2] or ''
   if want ~= '' and now - (tonumber(h[3]) or 0) > fresh then want = '' end
   if op == 'drop' then
-    if holder == me then redis.call('HDEL', key, 'holder') end
+    if holder == me then
+      -- free until taken: a day, then fenced again like a missing key
+      redis.call('HDEL', key, 'holder')
+      redis.call('HSET', key, 'free', now)
+      redis.call('PEXPIRE', key, 86400000)
+    end
     return {0, '', want}
   end
-  if holder == me or (op == 'take' and holder == '' and (want == '' or want == me)) then
+  local free = h[4] ~= false and h[4] ~= nil
+  if op == 'take' and holder == '' and not free then
+    local fence = tonumber(h[5])
+    if fence == nil then
+      fence = now
+      redis.call('HSET', key, 'fence', now)
+      redis.call('PEXPIRE', key, 2 * ttl)  -- outlives the fence, so it is not fenced anew
+    end
+    free = now - fence >= ttl
+  end
+  if holder == me or (op == 'take' and holder == '' and free and (want == '' or want == me)) then
     redis.call('HSET', key, 'holder', me)
+    redis.call('HDEL', key, 'free', 'fence')
     if want == me then
       redis.call('HDEL', key, 'want', 'want_at')
       want = ''
@@ -89,7 +109,6 @@ local function lease(KEYS, ARGV)
   end
   if op == 'take' and (want == '' or want == me) then
     redis.call('HSET', key, 'want', me, 'want_at', now)
-    if holder == '' then redis.call('PEXPIRE', key, ttl) end
     want = me
   end
   return {0, holder, want}

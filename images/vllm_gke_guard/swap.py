@@ -11,14 +11,21 @@ wake or sleep a model without passing the tenant checks first.
     (level 1: weights back from host RAM; level 2: memory back, then the weights reloaded from the
     model's directory on the share) and serves. Held by another, it records itself as the waiter
     and polls until the lease is free, up to waitSeconds; then a 503 with Retry-After.
-  - The awake server renews the lease every poll. When another waits and it has been awake
-    minAwakeSeconds, it stops taking requests (they wait for its next turn), lets those in flight
-    finish, sleeps and drops the lease: the waiter takes it.
-  - A server that cannot renew (the store restarted, or unreachable past half the lease) sleeps:
-    another may take the GPU once the lease expires, and two awake would not fit.
+  - The server renews the lease every poll while it wakes (a level-2 wake outlasts the lease) and
+    while awake. When another waits and it has been awake minAwakeSeconds, it stops taking
+    requests (they wait for its next turn), lets those in flight finish, sleeps and drops the
+    lease: the waiter takes it.
+  - Only a drop frees the GPU at once. A lease gone from the store (its holder stopped renewing,
+    or the store restarted empty) is fenced: the next take is granted a lease's time later. A
+    server that finds its lease gone, or cannot renew it past half the lease, stops taking
+    requests and sleeps at once (aborting what runs: the GPU may be another's within the fence);
+    one cut off from the store drops the lease once it answers again.
   - The entrypoint (images/serve.py) takes the lease before vLLM starts (hold_for_startup) and
-    renews it while vLLM loads: vLLM's startup wants gpuMemoryUtilization of the GPU free, so no
-    server starts while another is awake; the guard then holds it as the awake server.
+    renews it while vLLM loads and warms up, then hands it to the guard (the guard's watcher runs
+    from the warm-up's first request). vLLM 0.34 does not refuse to start beside an awake server
+    (its extensible KV cache, on by default on CUDA, skips the free-memory check: vllm-project/
+    vllm@v0.34.0:vllm/v1/worker/utils.py:759-762,783-786) but loads into what is left, failing or
+    keeping a tiny KV cache until restarted: so no server starts while another is awake.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ class GpuLease:
     def __init__(self, client: Any, node: str, holder: str, ttl_s: float, poll_s: float = POLL_SECONDS):
         self.client, self.key, self.holder = client, lease_key(node), holder
         self.ttl_ms, self.fresh_ms = int(ttl_s * 1000), int(poll_s * 4000)
+        self.lease_s = ttl_s
 
     async def _call(self, op: str, ttl_ms: Optional[int] = None) -> tuple[bool, str, str]:
         out = await self.client.fcall(FUNCTION, 1, self.key, op, self.holder, ttl_ms or self.ttl_ms, self.fresh_ms)
@@ -93,6 +101,8 @@ class Swap:
         self.awake, self.yielding = True, False
         self.awake_since = self.renewed = clock()
         self.inflight = 0
+        # Asleep because the store was out of reach: the lease is dropped once it answers.
+        self.owes_drop = False
         self.turn = asyncio.Lock()  # one wake or sleep at a time
         self.engine: Any = None
         self.watcher: Optional[asyncio.Task[None]] = None
@@ -123,9 +133,8 @@ class Swap:
             raise busy("another model", self.wait_s) from None
         try:
             while not self.awake:
-                granted, holder, _ = await self.lease.take()
-                if granted:
-                    await self._wake()
+                granted, holder, _ = await self._take()
+                if granted and await self._wake_holding():
                     break
                 if self.clock() >= deadline:
                     raise busy(holder or "another model", self.wait_s)
@@ -133,6 +142,42 @@ class Swap:
             self.inflight += 1
         finally:
             self.turn.release()
+
+    async def _take(self) -> tuple[bool, str, str]:
+        try:
+            return await self.lease.take()
+        except Exception as exc:  # the store out of reach: no lease, so no wake; the caller retries later
+            log.warning("swap: the GPU's lease is not reachable (%s)", type(exc).__name__)
+            raise store_down(self.lease.lease_s) from None
+
+    async def _wake_holding(self) -> bool:
+        """Wake, renewing the lease each poll meanwhile; False (asleep again) if it was lost meanwhile."""
+        self.renewed, self.owes_drop = self.clock(), False
+        lost: list[bool] = []
+
+        async def keep() -> None:
+            while not lost:
+                await self.nap(self.poll)
+                try:
+                    mine, _, _ = await self.lease.renew()
+                except Exception:  # out of reach: judged once awake, as step() does
+                    continue
+                if mine:
+                    self.renewed = self.clock()
+                else:
+                    lost.append(True)
+
+        keeper = asyncio.get_running_loop().create_task(keep())
+        try:
+            await self._wake()
+        finally:
+            keeper.cancel()
+        if lost or self.clock() - self.renewed > self.lease_s / 2:
+            log.warning("swap: the lease was lost (or not renewed) while waking; sleeping again")
+            await self._sleep("abort")
+            self.owes_drop = not lost
+            return False
+        return True
 
     async def _wake(self) -> None:
         started = self.clock()
@@ -145,14 +190,16 @@ class Swap:
         else:
             await self.engine.wake_up(None)
         self.awake, self.yielding = True, False
-        self.awake_since = self.renewed = self.clock()
+        self.awake_since = self.clock()
         self.swaps += 1
         log.info("swap: awake in %.1f s (level %d)", self.clock() - started, self.level)
 
-    async def _sleep(self) -> None:
-        """Sleep the engine: requests still running finish first (mode wait), none is aborted."""
+    async def _sleep(self, mode: str = "wait") -> None:
+        """Sleep the engine. A yield lets running requests finish (mode wait); a server that lost its
+        lease aborts them (vLLM's default), since the GPU is another's a fence later."""
         if self.awake:
-            await self.engine.sleep(self.level, "wait")
+            self.yielding = True  # requests arriving meanwhile wait for the next turn
+            await self.engine.sleep(self.level, mode)
             self.awake = False
         self.yielding = False
 
@@ -167,23 +214,33 @@ class Swap:
                 log.exception("swap: the lease watcher failed; trying again")
 
     async def step(self) -> None:
-        """One poll while awake: renew; sleep if the lease was lost; yield it once a waiter waits."""
+        """One poll while awake: renew; sleep if the lease was lost; yield it once a waiter waits.
+        Asleep, a lease it could not drop (cut off from the store) is dropped once the store answers."""
         if not self.awake:
+            if self.owes_drop and not self.turn.locked():
+                async with self.turn:  # never while a request of its own takes the lease and wakes
+                    if not self.awake and self.owes_drop:
+                        await self.lease.drop()
+                        self.owes_drop = False
             return
         try:
             mine, _, waiter = await self.lease.renew()
         except Exception:  # the store unreachable: sleep before the lease could lapse under us
             if self.clock() - self.renewed > self.lease_s / 2:
                 log.warning("swap: lease not renewed for %.0f s; sleeping", self.clock() - self.renewed)
-                async with self.turn:
-                    await self._sleep()
+                await self._lost()
+                self.owes_drop = True
             return
         self.renewed = self.clock()
         if not mine:
-            async with self.turn:
-                await self._sleep()
+            await self._lost()
         elif waiter and waiter != self.lease.holder and self.clock() - self.awake_since >= self.min_awake_s:
             await self._yield()
+
+    async def _lost(self) -> None:
+        self.yielding = True  # new requests wait at once, not in the paused engine
+        async with self.turn:
+            await self._sleep("abort")
 
     async def _yield(self) -> None:
         """New requests wait for the next turn; those in flight finish; then sleep and drop the lease."""
@@ -221,6 +278,13 @@ class SwapGate:
             self.swap.leave()
 
 
+def store_down(lease_s: float) -> GuardError:
+    err = GuardError(503, "the GPU's lease (in the limit store) is out of reach, so this model cannot wake now; "
+                          "retry later", "model_swapping")
+    err.retry_after = max(1.0, lease_s)
+    return err
+
+
 def busy(holder: str, wait_s: float) -> GuardError:
     err = GuardError(503, f"the GPU is serving {holder}; this model did not wake within {wait_s:g} s (it shares "
                           "the GPU with other models, one at a time)", "model_swapping")
@@ -228,28 +292,29 @@ def busy(holder: str, wait_s: float) -> GuardError:
     return err
 
 
-def hold_for_startup(cfg: dict[str, Any], stopped: Callable[[], bool]) -> bool:
-    """The entrypoint's wait, before vLLM starts, for the GPU's lease; False if the pod was told to
+def hold_for_startup(cfg: dict[str, Any], stopped: Callable[[], bool]) -> Optional[Callable[[], None]]:
+    """The entrypoint's wait, before vLLM starts, for the GPU's lease; None if the pod was told to
     stop first. Blocking: nothing else runs in the entrypoint then. Once it has the lease, a thread
     renews it while vLLM starts (a pod that dies meanwhile frees the GPU within leaseSeconds) until
-    the lease is no longer this server's: the guard, up by then, has yielded it."""
+    the returned handoff is called (the entrypoint's warm-up went through the guard, whose watcher
+    holds the lease from then on) or the lease is no longer this server's."""
     shared: dict[str, Any] = cfg.get("globalLimits") or {}
     swap: dict[str, Any] = cfg.get("swap") or {}
     if not swap:
-        return True
+        return lambda: None
     import redis  # in the image with globalLimits
 
     # Any: redis-py annotates fcall's arguments as lists.
     client: Any = redis.Redis(host=str(shared["host"]), port=int(shared["port"]), socket_timeout=2)
     key, holder = lease_key(os.environ[NODE_ENV]), os.environ[HOLDER_ENV]
     ttl_ms, fresh_ms = int(float(swap.get("leaseSeconds") or 15) * 1000), int(POLL_SECONDS * 4000)
+    handed = threading.Event()
 
     def call(op: str) -> bool:
         return int(client.fcall(FUNCTION, 1, key, op, holder, ttl_ms, fresh_ms)[0]) == 1
 
     def keep() -> None:
-        while True:
-            time.sleep(POLL_SECONDS)
+        while not handed.wait(POLL_SECONDS):
             try:
                 if not call("renew"):
                     return
@@ -260,8 +325,8 @@ def hold_for_startup(cfg: dict[str, Any], stopped: Callable[[], bool]) -> bool:
         try:
             if call("take"):
                 threading.Thread(target=keep, name="gpu-lease", daemon=True).start()
-                return True
+                return handed.set
         except redis.RedisError as exc:
             print(f"vllm-gke: GPU lease not reachable yet ({type(exc).__name__})", flush=True)
         time.sleep(POLL_SECONDS)
-    return False
+    return None
