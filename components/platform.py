@@ -354,7 +354,7 @@ class Platform(pulumi.ComponentResource):
             request_timeout_seconds=cfg.gateway.request_timeout_seconds, rolling=service.rolling,
             wait_behind_seconds=service.wait_behind_seconds, flagger=self._flagger_pool(service, serving),
             gateway_namespace=self.serving.name, flagger_ready=[self.flagger] if self.flagger else [],
-            kv_events_picker=pool_picker(service.model) if service.kv_events else None),
+            kv_events_picker=pool_picker(service.model) if service.kv_events else None, kv_peer=service.kv_peer),
             # Pods need the sidecar (so the mesh first), the read-only claim and the namespace's
             # identities (a pod of a missing service account is refused); KEDA's CRDs come with its chart.
             opts=self._opts_for([self.mesh, self.store, self.keda, self._identities(serving.tenant),

@@ -107,6 +107,9 @@ class VllmServiceArgs:
     # Where the pool replaces replicas in place on a full node pool: how long a step may wait behind
     # the other pools' rollouts there (their pending pods may take each device it frees).
     wait_behind_seconds: float = 0.0
+    # A disaggregated model's pool (models[].disaggregation): the other role's node pool, which NIXL's
+    # transport (RDMA where both have it) depends on; None: TCP.
+    kv_peer: Optional[NodePoolSpec] = None
     # A pool Flagger rolls out (serving_plan.pool_rollout): its Canary's route, gates and webhooks.
     # Its Deployment is then Flagger's target and Flagger owns its Services and its HTTPRoute.
     flagger: Optional[FlaggerPool] = None
@@ -306,7 +309,7 @@ def server_pod_facts(args: VllmServiceArgs, who: PoolIdentity, grace: int, flagg
         request_timeout_seconds=args.request_timeout_seconds, service_account=args.service_account,
         ttft_slo_seconds=args.ttft_slo_seconds, traces_endpoint=args.traces_endpoint,
         trace_sample_ratio=args.trace_sample_ratio, pods_cidr=args.pods_cidr, xla_cache_path=xla_cache_path,
-        kv_events=args.kv_events_picker is not None)
+        kv_events=args.kv_events_picker is not None, kv_peer=args.kv_peer)
 
 
 def sibling_aliases(opts: Optional[pulumi.ResourceOptions]) -> list[pulumi.Alias]:

@@ -211,6 +211,23 @@ def test_bad_config_names_the_key_and_the_fix(tuned, change, key, fix):
     assert problems and fix in problems[0], _problems(values)
 
 
+def test_without_dataplane_v2_disaggregation_is_refused(tuned):
+    """The prefill pods' NetworkPolicy is the only lock on NIXL's side channel and UCX's ports (past the mesh)."""
+    values = copy.deepcopy(tuned)
+    values["vllm-gke:cluster"]["dataplaneV2"] = False
+    problems = [p for p in _problems(values) if "cluster.dataplaneV2" in p and "llama-70b-pd disaggregate" in p]
+    assert problems and "set dataplaneV2 true" in problems[0], _problems(values)
+
+
+def test_a_disaggregated_model_is_no_fallback_target(tuned):
+    """Its Service reaches vLLM past the routing sidecar, whose guard admits the sidecar alone: a 403 every time."""
+    values = copy.deepcopy(tuned)
+    plain = next(m for m in values["vllm-gke:models"] if m["name"] == "llama-70b")
+    plain["fallback"] = {"model": "llama-70b-pd"}
+    problems = [p for p in _problems(values) if "models[llama-70b].fallback.model" in p and "is disaggregated" in p]
+    assert problems and "name a model without disaggregation" in problems[0], _problems(values)
+
+
 @pytest.fixture(scope="module")
 def frontier() -> dict[str, Any]:
     return read_stack_config("frontier")

@@ -181,12 +181,55 @@ def test_prefill_pods_keep_their_port_and_open_nixl_past_the_mesh():
     assert out["metadata"]["annotations"]["traffic.sidecar.istio.io/excludeInboundPorts"].startswith("5600,40000,40001")
     env = {e["name"]: e.get("value") for e in vllm["env"]}
     assert env["UCX_TLS"] == "cuda_copy,tcp" and env["UCX_TCP_PORT_RANGE"] == "40000-40031"
-    assert json.loads(env["GKE_LLM_GUARD_CONFIG"]) == {"trustedPeers": ["127.0.0.6"], "kvTransfer": "prefill-leg"}
+    assert json.loads(env["GKE_LLM_GUARD_CONFIG"]) == {"trustedPeers": ["127.0.0.6"], "kvTransfer": "prefill-leg",
+                                                        "unmetered": True}
 
 
 def test_role_guard_config_never_widens_a_plain_pool():
     assert role_guard_config({"trustedPeers": ["127.0.0.6"]}, "decode") == {
         "trustedPeers": ["127.0.0.1"], "kvTransfer": "routing-sidecar"}
+
+
+def test_the_prefill_pods_guard_meters_nothing_and_sheds_to_no_fallback(tuned):
+    """The decode pod's guard limits and counts each request once; its prefill leg on a prefill pod is the
+    same request (store.py keys the shared limit per tenant, usage_report sums every pod)."""
+    shape = {"globalLimits": {"host": "h", "port": 1}, "fallback": {"model": "m"}, "overload": {"queueSloSeconds": 1}}
+    assert role_guard_config(shape, "prefill") == {
+        "globalLimits": {"host": "h", "port": 1}, "overload": {"queueSloSeconds": 1}, "kvTransfer": "prefill-leg",
+        "unmetered": True}
+    assert "unmetered" not in role_guard_config(shape, "decode") and "fallback" in role_guard_config(shape, "decode")
+    prefill = _guard_of(_template(tuned, f"{MODEL}-prefill")["spec"]["containers"][0])
+    assert prefill["unmetered"] is True and "fallback" not in prefill
+    assert "unmetered" not in _guard_of(_template(tuned, f"{MODEL}-short")["spec"]["containers"][0])
+
+
+def test_each_pools_nixl_transport_knows_the_other_pools_machines(tuned, monkeypatch):
+    """`transport: auto` takes RDMA where both pools' machines have it (disaggregation.transport): each pod
+    is told the other role's node pool, as the plan's table is (no machine of tuned's has RDMA: pretend)."""
+    from vllm_gke.components.model import disaggregation
+
+    def ucx(plan: Plan, name: str) -> str:
+        vllm = _template(plan, name)["spec"]["containers"][0]
+        return next(e["value"] for e in vllm["env"] if e["name"] == "UCX_TLS")
+
+    assert {ucx(tuned, f"{MODEL}-{p}") for p in ("prefill", "short")} == {disaggregation.UCX_TLS["tcp"]}
+    monkeypatch.setattr(disaggregation, "rdma_ready", lambda pool: True)
+    plan = run_program("tuned", read_stack_config("tuned"))
+    assert {ucx(plan, f"{MODEL}-{p}") for p in ("prefill", "short")} == {disaggregation.UCX_TLS["rdma"]}
+
+
+def test_a_pools_in_place_rollout_waits_behind_the_prefill_pools_beside_it():
+    from vllm_gke.components.model.serving_plan import wait_behind
+    from vllm_gke.infra.config import parse
+
+    def waits(prefill_max: int) -> float:
+        values = read_stack_config("tuned")
+        pd_model = next(m for m in values["vllm-gke:models"] if m["name"] == MODEL)
+        pd_model["disaggregation"]["prefill"].update(maxReplicas=prefill_max)
+        cfg = parse(values)
+        return wait_behind(cfg, "h100", cfg.model("llama-70b"), None, "short")
+
+    assert waits(2) > waits(1) > 0
 
 
 def test_the_pd_picker_config_follows_upstreams_layout_and_is_checked():
@@ -308,7 +351,9 @@ VLLM_PYTHON = os.environ.get("VLLM_PYTHON", "")
 def pod(request, tuned, tmp_path_factory):
     """serve.py running the pinned vLLM (its engine core a stand-in) with the tuned stack's prefill (or
     decode: short) pod's flags, --kv-transfer-config included, behind the guard with that pod's own config
-    (its trusted peers too; no rate limit): a dict of its URL, tenant headers, served model and engine log."""
+    (its trusted peers too): a dict of its URL, tenant headers, served model and engine log. The decode pod
+    takes no rate limit here; the prefill pod's tenants one request a minute, which its guard must not take
+    (the decode pod's guard limited the request already)."""
     if not VLLM_PYTHON:
         if os.environ.get("CI"):
             pytest.fail("CI runs the guard inside the real vLLM: VLLM_PYTHON must be set")
@@ -327,6 +372,8 @@ def pod(request, tuned, tmp_path_factory):
     vllm = _template(tuned, f"{MODEL}-{request.param}")["spec"]["containers"][0]
     args, own = list(vllm["args"]), _guard_of(vllm)
     guard = {**bench_guard_config(own), "trustedPeers": own["trustedPeers"]}
+    if request.param == "prefill":
+        guard["issuers"] = {iss: {**t, "requestsPerMinute": 1} for iss, t in guard["issuers"].items()}
     assert "--kv-transfer-config" in args
     port, marker = _free_port(), tmp / "warm"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "images"), str(REPO)]),
@@ -394,6 +441,18 @@ def test_in_vllm_kv_transfer_params_reach_the_engine_from_the_routing_sidecar_al
         code, answer = _post(pod, {**body, "kv_transfer_params": DECODE_LEG}, peer="127.0.0.6")
         assert code == 403, answer
     assert engine_requests() == before + 2
+
+
+def test_in_vllm_the_prefill_pod_counts_no_usage_and_the_decode_pod_does(pod):
+    import urllib.request
+
+    body = {"model": pod["model"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    assert [_post(pod, body)[0] for _ in range(2)] == [200, 200]  # a prefill pod's one-a-minute not taken
+    with urllib.request.urlopen(f"http://127.0.0.1:{pod['port']}/metrics", timeout=30) as resp:
+        metrics = resp.read().decode()
+    counted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                  if line.startswith(("vllm_gke_tenant_requests_total{", "vllm_gke_tenant_prompt_tokens_total{")))
+    assert (counted == 0) == (pod["role"] == "prefill"), counted
 
 
 # --- the real control plane ---------------------------------------------------------------------

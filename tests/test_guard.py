@@ -464,6 +464,37 @@ def test_exact_under_concurrency():
     assert sorted(status(r) for r in results).count(200) == 5 and len(app.seen) == 5
 
 
+def _sample(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def _tenant_requests(model: str) -> float:
+    return sum(_sample("vllm_gke_tenant_requests_total", tenant="a", model=model, outcome=o)
+               for o in ("ok", "refused", "error"))
+
+
+@pytest.mark.parametrize("path,body", [("/v1/completions", {"prompt": "x"}),
+                                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                                 "max_completion_tokens": 4})])
+def test_an_unmetered_guard_checks_the_tenant_but_takes_no_limit_and_counts_no_usage(path, body):
+    """A P/D prefill pod's guard (`unmetered`): its requests are legs the decode pod's guard limited and
+    counted, so neither the tenant's window, the shared store nor its usage counters see them again."""
+    store_falls = _sample("vllm_gke_guard_limit_store_fallbacks_total")
+    dead_store = {"host": "127.0.0.1", "port": 1}  # the shared limit: any take would fall back, counted
+    mw, app = guarded(rpm=1, unmetered=True, model=f"unmetered{path}", globalLimits=dead_store)
+    assert [status(call(mw, body, path=path)) for _ in range(3)] == [200, 200, 200] and len(app.seen) == 3
+    assert _tenant_requests(f"unmetered{path}") == 0
+    assert _sample("vllm_gke_guard_limit_store_fallbacks_total") == store_falls
+    assert status(call(mw, body, path=path, issuer="https://auth.example/other")) == 403  # the tenant still checked
+    assert status(call(mw, body, path=path, client="10.0.0.9")) == 403
+    # The same guard metered: one a minute, counted.
+    mw, app = guarded(rpm=1, model=f"metered{path}")
+    assert [status(call(mw, body, path=path)) for _ in range(2)] == [200, 429]
+    assert _tenant_requests(f"metered{path}") == 1
+
+
 # --- never a 500 ------------------------------------------------------------------------------
 
 json_values = st.recursive(

@@ -90,7 +90,7 @@ def prefill_service(decode: "PoolService", node_pool: NodePoolSpec, image: Image
     model = decode.model
     return dataclasses.replace(
         decode, key=decode.key.removesuffix("-short") + "-prefill", which="prefill", pool=prefill_pool(model),
-        node_pool=node_pool, image=image, release=release, load_seconds=load_seconds,
+        node_pool=node_pool, kv_peer=decode.node_pool, image=image, release=release, load_seconds=load_seconds,
         rolling=rollout_strategy(1), wait_behind_seconds=0.0, standby_name="", picker_pool="",
         rollout=RolloutPlan("in-place", "the prefill pool: the decode pods prefill while it rolls",
                             primary_max=model.disaggregation.prefill.max_replicas if model.disaggregation else 1))
@@ -121,10 +121,17 @@ def routing_sidecar(image: str = SIDECAR_IMAGE.uri) -> dict[str, Any]:
 
 
 def role_guard_config(guard: Mapping[str, Any], role: Role) -> dict[str, Any]:
-    """The guard's config on a pod of the role: what kv_transfer_params it passes, and from whom."""
+    """The guard's config on a pod of the role: what kv_transfer_params it passes, and from whom. A prefill
+    pod serves legs of requests the decode pod's guard already limited and counted: it checks the tenant
+    but takes no rate limit and counts no usage (`unmetered`: a request would otherwise count twice in the
+    tenant's shared limit, store.py, and in the usage report, which sums every pod), and sheds to no
+    fallback model (the leg is the sidecar's, not the tenant's)."""
     out = {**guard, "kvTransfer": GUARD_KV_TRANSFER[role]}
     if role == "decode":
         out["trustedPeers"] = [SIDECAR_PEER]
+    else:
+        out["unmetered"] = True
+        out.pop("fallback", None)
     return out
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Mapping, Optional
 
-from .capacity import canary_room, hosts_per_replica, neighbours, rollout_strategy, surge_room
+from .capacity import canary_room, hosts_per_replica, neighbours, prefill_placements, rollout_strategy, surge_room
 from .cold_start import cold_start_seconds, rollout_seconds
 from .disaggregation import prefill_node_pool
 from .disaggregation_cluster import prefill_service
@@ -108,15 +108,20 @@ class PoolService:
     picker_pool: str = ""
     # Its servers publish KV-cache events to the model's picker (picker.prefixCache precise).
     kv_events: bool = False
+    # models[].disaggregation: the other role's node pool (the prefill pool's on the decode pool, the model's
+    # on the prefill pool), which NIXL's transport depends on (disaggregation.transport).
+    kv_peer: Optional[NodePoolSpec] = None
 
 
 def wait_behind(cfg: StackConfig, node_pool: str, model: ModelSpec, tenant: Optional[str], which: str) -> float:
     """The other pools' whole rollouts on the node pool: a step of an in-place pool may lose every
     freed device to their pending pods (the scheduler favours no waiter) until they are done."""
     grace = grace_seconds(cfg.gateway.request_timeout_seconds)
-    return float(sum(
-        rollout_seconds(getattr(m, w).max_replicas, cold_start_seconds(cfg, m, cfg.pool(node_pool)), grace)
-        for m, w in neighbours(cfg, node_pool, model, tenant, which)))
+    pools = [(m, getattr(m, w).max_replicas) for m, w in neighbours(cfg, node_pool, model, tenant, which)]
+    # The prefill pools there (models[].disaggregation) roll too, in place from their ceilings.
+    pools += [(m, m.disaggregation.prefill.max_replicas) for m, name in prefill_placements(cfg)  # type: ignore[union-attr]
+              if name == node_pool and (m.name, m.revision, "prefill") != (model.name, model.revision, which)]
+    return float(sum(rollout_seconds(n, cold_start_seconds(cfg, m, cfg.pool(node_pool)), grace) for m, n in pools))
 
 
 def pool_services(cfg: StackConfig, serving: Serving, canary: bool = False,
@@ -149,7 +154,8 @@ def pool_services(cfg: StackConfig, serving: Serving, canary: bool = False,
             rollout=pool_rollout(cfg, serving, which) if not canary else RolloutPlan(
                 "in-place", "a manual canary's own pool", primary_max=pool.max_replicas),
             picker_pool=model.name if wakes_on_picker_queue(model, pool, queue) else "",
-            kv_events=reads_kv_events(cfg.picker, model)))
+            kv_events=reads_kv_events(cfg.picker, model),
+            kv_peer=cfg.pool(prefill_node_pool(model)) if model.disaggregation is not None else None))
     if model.disaggregation is not None and not canary:  # its prefill pool beside the decode (short) pool
         np = cfg.pool(prefill_node_pool(model))
         out.append(prefill_service(out[0], np, cfg.image_for(np.name), cfg.release_for(np.name),

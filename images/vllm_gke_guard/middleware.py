@@ -101,6 +101,10 @@ class GuardMiddleware:
         self.swap = swapping(cfg, getattr(self.shared, "client", None))
         if self.swap is not None:
             self.app = SwapGate(self.app, self.swap, self.routes)
+        # `unmetered` (a P/D prefill pod, disaggregation_cluster.role_guard_config): its requests are legs of
+        # requests another pod's guard limited and counted; the tenant is checked, no limit taken, no usage counted.
+        self.unmetered = bool(cfg.get("unmetered"))
+        self.limits: Any = None if self.unmetered else self.shared
         # Overload protection: the queue-time objective, where some tenant may be shed (overload.py).
         overload: dict[str, Any] = cfg.get("overload") or {}
         self.overload: Optional[Overload] = Overload(
@@ -145,6 +149,9 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         scope = for_vllm(scope)
+        if self.unmetered:
+            await self.app(scope, receive, send)
+            return
         path = scope.get("path", "")
         meter = Meter(send, tenant.meters, scope, self.routes.get(path, ("", ""))[1])
         traced = self.tracing
@@ -199,10 +206,10 @@ class GuardMiddleware:
         # The replica's own window, before any body is read, with globalLimits too: a tenant's
         # stream of bodies the guard refuses (each read and parsed on vLLM's event loop) meets a
         # 429 here; the shared store counts only the requests found valid (take_shared).
-        if (wait := tenant.limiter.take()) is not None:
+        if not self.unmetered and (wait := tenant.limiter.take()) is not None:
             raise rate_limited(tenant, wait)
         if kind == "info":
-            await take_shared(self.shared, self.store_unavailable, tenant, 0)
+            await take_shared(self.limits, self.store_unavailable, tenant, 0)
             # Not a request the SLOs or the chargeback count: a client polling /v1/models would
             # otherwise dilute the availability its generations get.
             return scope, receive, tenant.models, None
@@ -289,7 +296,7 @@ class GuardMiddleware:
         # From here on, as the general path: shed, counted, then the body.
         if tenant.priority < 0:
             self._shed(tenant, scope)
-        if (wait := tenant.limiter.take()) is not None:
+        if not self.unmetered and (wait := tenant.limiter.take()) is not None:
             raise rate_limited(tenant, wait)
         message = await receive()
         # body._BODY read here, not imported: without msgspec (or in a test that takes it away) it is None.
@@ -332,7 +339,7 @@ class GuardMiddleware:
             metered_or_error(fields)
             if tenant.models is not None:
                 check_model(tenant.models, fields)
-            await take_shared(self.shared, self.store_unavailable, tenant, 0)
+            await take_shared(self.limits, self.store_unavailable, tenant, 0)
             if salt is None:
                 return scope, Replay(body, receive), None, tenant
             return (*forward(scope, receive, add_members(body, closing_brace(fields, body), salt)), None, tenant)
@@ -345,9 +352,9 @@ class GuardMiddleware:
         if tenant.models is not None:
             check_model(tenant.models, fields)
         add = budget.check(tenant.cap, tenant.name)
-        if self.shared is not None:
+        if self.limits is not None:
             per_sequence = add if add is not None else max(v for v in budget.per_sequence if v is not None)
-            await take_shared(self.shared, self.store_unavailable, tenant, per_sequence * budget.sequences)
+            await take_shared(self.limits, self.store_unavailable, tenant, per_sequence * budget.sequences)
         if add is None and salt is None:
             return scope, Replay(body, receive), None, tenant
         members = b",".join(m for m in (None if add is None else int_member(OUTPUT_FIELDS[kind], add), salt) if m)

@@ -21,6 +21,8 @@ CONNECTOR_FLAGS = ("--kv-transfer-config", "--kv-offloading-size", "--kv-offload
 
 
 def disaggregated_models(cfg: "StackConfig", add: Add) -> None:
+    _dataplane(cfg, add)
+    _fallback_targets(cfg, add)
     dedicated = {m for t in cfg.tenants if t.dedicated for m in t.dedicated.models}
     for i, model in enumerate(cfg.models):
         if model.disaggregation is None:
@@ -44,6 +46,32 @@ def disaggregated_models(cfg: "StackConfig", add: Add) -> None:
         _prefill_pool(add, key, model, prefill_np)
         if decode_np is not None:
             _transport(add, key, model, prefill_np, decode_np)
+
+
+def _dataplane(cfg: "StackConfig", add: Add) -> None:
+    """NIXL's side channel and UCX's ports bypass the mesh on the prefill pods (and the prefill leg reaches a
+    pod IP), so their NetworkPolicy is the only lock there, as placement.py says of multi-host groups."""
+    if cfg.cluster.dataplane_v2:
+        return
+    names = ", ".join(m.name for m in cfg.models if m.disaggregation is not None)
+    if names:
+        add("cluster.dataplaneV2", f"is false, so GKE enforces no NetworkPolicy (it does with Dataplane V2 or the Calico "
+            f"add-on, which this cluster does not declare), but {names} disaggregate: the prefill pods' NetworkPolicy is "
+            "the only lock on NIXL's side channel and UCX's ports, which bypass the mesh (any pod could read a tenant's "
+            "prompt blocks); set dataplaneV2 true, which only a new cluster can have (changing it recreates the "
+            "cluster), or remove disaggregation")
+
+
+def _fallback_targets(cfg: "StackConfig", add: Add) -> None:
+    """A disaggregated model's Service reaches vLLM behind the routing sidecar, whose guard trusts the sidecar's
+    loopback peer alone: another model's guard sending a shed request there would get a 403 every time."""
+    pd = {m.name for m in cfg.models if m.disaggregation is not None}
+    for i, model in enumerate(cfg.models):
+        fb = model.fallback
+        if fb is not None and fb.model in pd:
+            add(f"{item_key('models', cfg.models, i)}.fallback.model", f"'{fb.model}' is disaggregated (disaggregation): "
+                "its pods' vLLM admits the routing sidecar's requests alone, so a shed request sent there would be "
+                "refused; name a model without disaggregation, or remove fallback")
 
 
 def _routing(add: Add, key: str, model: ModelSpec) -> None:

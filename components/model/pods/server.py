@@ -97,6 +97,8 @@ class ServerPod:
     xla_cache_path: Any = None
     # Publish KV-cache events for the pool's picker (precise prefix scoring, picker_prefix.py).
     kv_events: bool = False
+    # models[].disaggregation: the other role's node pool (NIXL's transport needs both).
+    kv_peer: Optional[NodePoolSpec] = None
 
     @property
     def hosts(self) -> int:
@@ -174,7 +176,7 @@ def _pod(a: ServerPod, role: Role) -> dict[str, Any]:
     if a.node_pool.is_tpu:  # root for the chips, the node's XLA cache, Ray's health checks
         tpu_pod(template, a.hosts, a.xla_cache_path)
     if (pd := pod_role(a.model, a.pool)) is not None:  # models[].disaggregation: the pool's role in P/D
-        template = disaggregated_pod(template, pd, kv_transfer_env(a.model, a.node_pool), worker=role == "worker")
+        template = disaggregated_pod(template, pd, kv_transfer_env(a.model, a.node_pool, a.kv_peer), worker=role == "worker")
     return template
 
 
