@@ -3,8 +3,8 @@ pods and closes them to everything else. The prefill pool's workload, scaling, b
 serving pool's (VllmService, pool "prefill": serving_plan.pool_services adds it); the routing sidecar
 and the pods' role, components/model/disaggregation_cluster.py's.
 
-  - a headless Service over the prefill pods: the picker names a prefill pod by its IP, which the mesh
-    knows as a workload's (for mTLS) only as a Service's endpoint;
+  - a headless Service over the prefill pods (their port as HTTP to the mesh; the prefill leg, sent to a
+    pod IP, still goes in plain text: disaggregation_cluster.prefill_service_spec);
   - a NetworkPolicy: the model's decode pods alone to vLLM's port, NIXL's side channel and UCX's ports
     (the last two past the mesh), the model's picker and Managed Prometheus to vLLM's port;
   - an AuthorizationPolicy refusing every request from neither a server pod's identity nor a pod address

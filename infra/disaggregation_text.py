@@ -45,7 +45,8 @@ def pd_table(cfg: StackConfig) -> Optional[Table]:
 
 
 def pd_lines(s: PdSizing) -> list[str]:
-    """The load, the transfer's cost, the verdict's reasons and a pool configured below its load."""
+    """The load, the transfer's cost, the verdict's reasons, a pool configured below its load, and that the
+    transfers between the pools are not encrypted."""
     lines = [f"{s.model}: {s.prompt_tokens_s:,.0f} prompt + {s.output_tokens_s:,.0f} output tokens/s, prompts of "
              f"~{s.prompt_tokens:,} tokens; a replica prefills {s.prefill_rate:,.0f} tokens/s and decodes "
              f"{s.decode_rate:,.0f}; each prompt's KV cache crosses {s.transport} in {s.transfer_s * 1e3:.0f} ms "
@@ -69,4 +70,9 @@ def pd_lines(s: PdSizing) -> list[str]:
         lines.append(f"{s.model}: the load needs {s.prefill_replicas} prefill and {s.decode_replicas} decode replicas, "
                      f"more than maxReplicas ({s.configured_prefill} and {s.configured_decode}): raise "
                      "disaggregation.prefill.maxReplicas or short.maxReplicas.")
+    # What it costs besides GPUs (the issue asks): the mesh does not encrypt either transfer (disaggregation_cluster.
+    # prefill_service_spec).
+    lines.append(f"{s.model}: the prefill leg (the tenant's token and prompt) and its KV cache cross the node network "
+                 "unencrypted inside the VPC: the routing sidecar sends the prompt to a prefill pod's IP, which the mesh "
+                 f"passes through without mTLS, and NIXL's ports bypass the mesh ({GUIDE}).")
     return lines

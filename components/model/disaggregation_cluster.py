@@ -100,8 +100,10 @@ def routing_sidecar(image: str = SIDECAR_IMAGE.uri) -> dict[str, Any]:
     """llm-d-router's routing sidecar as a native sidecar (an init container with restartPolicy Always, as
     upstream's decode Deployment runs it, deploy/components/vllm-decode/deployment.yaml): up before vLLM,
     stopped after it. It takes the pool's port (the picker's targetPort) and proxies to vLLM on
-    DECODE_ENGINE_PORT. Plain HTTP (--secure-proxy=false, default true, options.go:218,278): the mesh
-    encrypts pod to pod, and its self-signed certificate would fail the load balancer and the picker.
+    DECODE_ENGINE_PORT. Plain HTTP (--secure-proxy=false, default true, options.go:218,278): its
+    self-signed certificate would fail the load balancer and the picker. Nor does the mesh encrypt its prefill
+    leg: that names a pod IP, which matches no Service's virtual host, and goes out in plain text
+    (prefill_service_spec).
     No SSRF allowlist (--enable-ssrf-protection needs the API to watch the InferencePool, options.go:668-672):
     the server pods hold no API token; the identity extension strips every client copy of the routing
     headers instead, and the prefill pods admit the model's decode pods alone."""
@@ -217,8 +219,8 @@ def prefill_ingress(model: str) -> dict[str, Any]:
 def prefill_mesh_policy(model: str, server_principal: str, pods_cidr: str) -> dict[str, Any]:
     """An AuthorizationPolicy on the prefill pods refusing every request from neither a server pod's mTLS
     identity nor a pod address (the load balancer's proxies, anything outside the cluster) but the scrape
-    of /metrics and /health: the decode pod's sidecar reaches a pod IP, which the mesh may carry in plain
-    text (no principal then), from its own pod's address. The NetworkPolicy narrows the pods to the model's
+    of /metrics and /health: the decode pod's sidecar reaches a pod IP, which the mesh carries in plain
+    text (no principal: prefill_service_spec), from its own pod's address. The NetworkPolicy narrows the pods to the model's
     decode pods; the tenants' own ALLOW policies still apply on top: the tenant's token travels with the
     prefill leg."""
     return {"selector": {"matchLabels": role_selector(model, "prefill")}, "action": "DENY",
@@ -227,8 +229,12 @@ def prefill_mesh_policy(model: str, server_principal: str, pods_cidr: str) -> di
 
 
 def prefill_service_spec(model: str) -> dict[str, Any]:
-    """A headless Service over the prefill pods: the picker names a pod by IP, which the mesh knows as a
-    workload's (so the decode pod's Envoy may speak mTLS to it) only as a Service's endpoint."""
+    """A headless Service over the prefill pods: the mesh knows their port as HTTP. It does not encrypt the
+    prefill leg: the routing sidecar sends it to the pod IP the picker named, keeping the request's Host, and
+    Istio matches a virtual host by a Service's names alone (istio 1.30.3 pilot/pkg/networking/core/
+    httproute.go:565-588; a headless Service has no address), so the decode pod's Envoy passes it through,
+    plain text and no principal (PassthroughCluster, :782-809): the tenant's token and prompt cross the node
+    network unencrypted inside the VPC, as NIXL's blocks do (the plan says so)."""
     return {"clusterIP": "None", "selector": role_selector(model, "prefill"),
             "ports": [{"name": "http", "port": PORT, "targetPort": PORT, "appProtocol": "http"}]}
 

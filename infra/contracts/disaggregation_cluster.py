@@ -227,8 +227,8 @@ def prefill_pods_admit_their_decoders(plan: Plan) -> list[str]:
         out += _token_problems(plan, name, namespace, model)
         if not [s for s in _docs(plan, "Service") if s["spec"].get("clusterIP") == "None"
                 and s["metadata"].get("namespace") == namespace and _selects(s["spec"].get("selector") or {"": "-"}, labels)]:
-            out.append(f"{name}: no headless Service over the prefill pods: the mesh knows their IPs as no "
-                       "workload's, and carries the prefill leg in plain text")
+            out.append(f"{name}: no headless Service over the prefill pods: the mesh knows their port as no "
+                       "Service's")
     return out
 
 
@@ -278,7 +278,8 @@ ROWS: tuple[Contract, ...] = (
              "pkg/sidecar/constants/constants.go:21, Dockerfile.sidecar:39-49, Makefile:22,26,32, "
              "deploy/components/vllm-decode/deployment.yaml:20-55,67",
              "decode pods run it as an init container with restartPolicy Always on the pool's port, vLLM on 8200 "
-             "behind it, --secure-proxy=false (the mesh encrypts), nixlv2, the release's tag",
+             "behind it, --secure-proxy=false (plain HTTP: the prefill leg to a pod IP is not encrypted), nixlv2, the "
+             "release's tag",
              sidecar_fronts_decode_vllm),
     Contract("llm-d-router endpoint picker (P/D)", EPP_VERSION,
              "disagg-profile-handler runs the decode profile, then, where deciders.prefill (a prefix-based-pd-"
