@@ -39,14 +39,13 @@ def pd_table(cfg: StackConfig) -> Optional[Table]:
         table.add_row("", f"P/D over {s.transport}", f"{s.prefill_replicas} P + {s.decode_replicas} D", str(s.gpus),
                       f"{pd_hour:,.2f}", f"{s.usd_per_million(True):.2f}", f"{s.decode_itl_s * 1e3:.0f} ms",
                       f"{s.prefill_s * 1e3:.0f} + {s.transfer_s * 1e3:.0f} ms", "[green]yes[/]" if s.pays else "[red]no[/]")
-    table.caption = escape("\n".join(line for s in sizings for line in pd_lines(s)))
+    table.caption = escape("\n".join(line for s in sizings for line in [*pd_lines(s), unencrypted_line(s)]))
     table.caption_justify = "left"
     return table
 
 
 def pd_lines(s: PdSizing) -> list[str]:
-    """The load, the transfer's cost, the verdict's reasons, a pool configured below its load, and that the
-    transfers between the pools are not encrypted."""
+    """The load, the transfer's cost, the verdict's reasons and a pool configured below its load."""
     lines = [f"{s.model}: {s.prompt_tokens_s:,.0f} prompt + {s.output_tokens_s:,.0f} output tokens/s, prompts of "
              f"~{s.prompt_tokens:,} tokens; a replica prefills {s.prefill_rate:,.0f} tokens/s and decodes "
              f"{s.decode_rate:,.0f}; each prompt's KV cache crosses {s.transport} in {s.transfer_s * 1e3:.0f} ms "
@@ -70,9 +69,12 @@ def pd_lines(s: PdSizing) -> list[str]:
         lines.append(f"{s.model}: the load needs {s.prefill_replicas} prefill and {s.decode_replicas} decode replicas, "
                      f"more than maxReplicas ({s.configured_prefill} and {s.configured_decode}): raise "
                      "disaggregation.prefill.maxReplicas or short.maxReplicas.")
-    # What it costs besides GPUs (the issue asks): the mesh does not encrypt either transfer (disaggregation_cluster.
-    # prefill_service_spec).
-    lines.append(f"{s.model}: the prefill leg (the tenant's token and prompt) and its KV cache cross the node network "
-                 "unencrypted inside the VPC: the routing sidecar sends the prompt to a prefill pod's IP, which the mesh "
-                 f"passes through without mTLS, and NIXL's ports bypass the mesh ({GUIDE}).")
     return lines
+
+
+def unencrypted_line(s: PdSizing) -> str:
+    """What it costs besides GPUs (the issue asks): the mesh encrypts neither transfer between the pools
+    (components/model/disaggregation_cluster.prefill_service_spec says why)."""
+    return (f"{s.model}: the prefill leg (the tenant's token and prompt) and its KV cache cross the node network "
+            "unencrypted inside the VPC: the routing sidecar sends the prompt to a prefill pod's IP, which the mesh "
+            f"passes through without mTLS, and NIXL's ports bypass the mesh ({GUIDE}).")

@@ -172,13 +172,15 @@ def test_without_a_load_the_verdict_says_it_is_synthetic():
     assert not any("synthetic" in line for line in pd_lines(pd.pd_sizing(model(PROMPT_HEAVY), H100, H100)))
 
 
-def test_the_plan_says_the_transfers_are_not_encrypted():
+def test_the_plan_says_the_transfers_are_not_encrypted(tuned_plan: Plan):
     """The routing sidecar's prefill leg goes to a pod IP, which the mesh passes through without mTLS, and
     NIXL's ports bypass the mesh: the plan says what that costs (the tenant's token and prompt in clear)."""
-    from vllm_gke.infra.disaggregation_text import pd_lines
+    from vllm_gke.infra.disaggregation_text import pd_table, unencrypted_line
 
-    (line,) = [x for x in pd_lines(pd.pd_sizing(model(PROMPT_HEAVY), H100, H100)) if "unencrypted" in x]
-    assert "the tenant's token and prompt" in line and "inside the VPC" in line
+    line = unencrypted_line(pd.pd_sizing(model(PROMPT_HEAVY), H100, H100))
+    assert "the tenant's token and prompt" in line and "unencrypted inside the VPC" in line
+    table = pd_table(tuned_plan.config)
+    assert table is not None and "llama-70b-pd: the prefill leg (the tenant's token and prompt)" in str(table.caption)
 
 
 @pytest.fixture(scope="module")
