@@ -21,7 +21,7 @@ from .pods.standby import standby_name
 from .rollouts import RolloutPlan, rollout_plan
 from .serving_api import objective_name, path_prefix, picker_max_body_bytes, picker_routes, pool_guard_config
 from .serving_pool import grace_seconds
-from .sleep_mode import swap_guard_config
+from .sleep_mode import lease_seconds, swap_guard_config
 from .specs import ImageRef, LoadTestSpec, ModelSpec, NodePoolSpec, ServingPoolSpec, TenantSpec
 from .stack_config import StackConfig
 from .vllm_versions import VllmRelease
@@ -137,7 +137,7 @@ def pool_services(cfg: StackConfig, serving: Serving, canary: bool = False,
     guard = pool_guard_config(list(serving.callers), model, rel, limit_store, cfg.monitoring.queue_latency_slo_seconds,
                               traces=cfg.monitoring.traces.enabled, dedicated=dedicated,
                               fallback=fallback_guard_config(cfg, model, serving.callers, dedicated))
-    guard = {**guard, **swap_guard_config(model)}  # models[].sleepMode: the guard swaps its engine
+    guard = {**guard, **swap_guard_config(model, lease_seconds(cfg, serving.node_pool))}  # models[].sleepMode: the guard swaps
     key = f"{serving.key}-canary" if canary else serving.key
     out: list[PoolService] = []
     queue = picker_queue(cfg)

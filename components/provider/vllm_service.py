@@ -3,7 +3,7 @@
 # The analyzer reads these annotations at runtime: no `from __future__ import annotations`.
 from dataclasses import dataclass
 from enum import Enum
-from typing import Optional, TypedDict
+from typing import Any, Optional, TypedDict
 
 import pulumi
 from typing_extensions import NotRequired
@@ -17,7 +17,7 @@ from ..model.keda_scaling import KedaScaling
 from ..model.pods.standby import standby_name
 from ..model.serving_api import pool_guard_config
 from ..model.serving_pool import check_callers
-from ..model.sleep_mode import swap_guard_config
+from ..model.sleep_mode import FACADE_READ_MIB_S, lease_for, package_problems, swap_guard_config, wake_at
 from ..model.specs import ImageRef as ImageModel
 from ..model.specs import ModelSpec as ModelModel
 from ..model.specs import MonitoringSpec
@@ -171,6 +171,8 @@ def _read(problems: Problems, args: VllmServiceInputs) -> Optional[_Read]:
     if served is None or node_pool is None or image is None or pool_name not in POOL_NAMES or version not in releases:
         return None
     check_callers(problems.add, served, node_pool, tenants, args.get("tenant"), bool(args.get("global_limits")))
+    for key, problem in package_problems(served, node_pool, bool(args.get("global_limits"))):
+        problems.add(key, problem)
     return _Read(served, pool_name, node_pool, image, tenants, releases[version])
 
 
@@ -186,7 +188,7 @@ def _service_args(read: _Read, args: VllmServiceInputs) -> VllmServiceArgs:
                                           if args.get("global_limits") else None,
                                           MonitoringSpec().queue_latency_slo_seconds,
                                           dedicated=bool(args.get("tenant"))),
-                      **swap_guard_config(model)},  # models[].sleepMode: the guard swaps its engine
+                      **_swap(model)},  # models[].sleepMode: the guard swaps its engine
         tenant=args.get("tenant"),
         release=read.release, canary=canary,
         scaling=KedaScaling(args.get("project", ""), args.get("keda_auth") or GMP_AUTH,
@@ -196,3 +198,11 @@ def _service_args(read: _Read, args: VllmServiceInputs) -> VllmServiceArgs:
         service_account=SERVER_SA, request_timeout_seconds=int(args.get("request_timeout_seconds") or 600),
         pods_cidr=args.get("pods_cidr"),
         load_seconds=float(args.get("cold_start_seconds") or package_cold_start_seconds(model, read.node_pool)))
+
+
+def _swap(model: ModelModel) -> dict[str, Any]:
+    """The guard's swap config: the lease from this model's own wake (a lone service knows neither the
+    pool's other models nor the stack's share, so a level-2 reload is read at FACADE_READ_MIB_S)."""
+    if model.sleep_mode is None:
+        return {}
+    return swap_guard_config(model, lease_for([wake_at(model, FACADE_READ_MIB_S * 1024 ** 2)]))

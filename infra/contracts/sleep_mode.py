@@ -8,7 +8,7 @@ import json
 import re
 from typing import Any, Iterator
 
-from ...components.model.sleep_mode import HOLDER_ENV, NODE_ENV, residue_room
+from ...components.model.sleep_mode import HOLDER_ENV, NODE_ENV, lease_seconds, residue_room
 from ...components.model.specs import ModelSpec, NodePoolSpec
 from ..plan import Plan
 from .base import Contract, _docs, _vllm_deployments
@@ -72,7 +72,8 @@ def sleep_routes_unreachable(plan: Plan) -> list[str]:
 
 
 def awake_model_passes_the_startup_check(plan: Plan) -> list[str]:
-    """vLLM starts only with gpuMemoryUtilization of the GPU free: beside the sleeping servers' residue."""
+    """The awake server's budget, its own baseline and the sleeping servers' residue fit the GPU (vLLM
+    does not check it at start), and the guard's lease outlives the pool's slowest wake."""
     out = []
     for name, model, pool, c, _spec in _servers(plan):
         if model.sleep_mode is None or pool.gpu_sharing is None:
@@ -82,6 +83,10 @@ def awake_model_passes_the_startup_check(plan: Plan) -> list[str]:
         if util > residue_room(pool):
             out.append(f"{name}: --gpu-memory-utilization {util:g} is more than is free beside the other "
                        f"{pool.gpu_sharing.max_shared_clients_per_gpu - 1} sleeping servers ({residue_room(pool):g})")
+        guard = json.loads(_env(c).get("GKE_LLM_GUARD_CONFIG", {}).get("value") or "{}")
+        if (guard.get("swap") or {}).get("leaseSeconds") != lease_seconds(plan.config, pool.name):
+            out.append(f"{name}: the guard's lease is not its pool's ({lease_seconds(plan.config, pool.name)} s, "
+                       "the slowest wake with margin)")
     return out
 
 
@@ -154,12 +159,18 @@ ROWS: tuple[Contract, ...] = (
              "model sleeps and wakes only by the guard's own calls, after a tenant request passed its checks",
              sleep_routes_unreachable),
     Contract("vLLM", "0.34.0",
-             "a worker starts only if the GPU's free memory is at least gpuMemoryUtilization of its total "
-             "(\"Free memory on device ... on startup is less than desired GPU memory utilization\"); a sleeping "
-             "server still holds its CUDA context and what is outside the sleep pool",
-             f"{V}v1/worker/utils.py:734-798; {V}v1/worker/gpu_worker.py:540-556,320-356",
-             "the entrypoint takes the GPU's lease before vLLM starts (the awake server sleeps first); the config "
-             "rule keeps gpuMemoryUtilization under what is free beside the others' residue (1 GB each, an estimate)",
+             "a worker does not refuse to start when memory is short: the extensible KV cache, on by default on "
+             "CUDA (sleep mode leaves it on), skips the free-memory check, and the KV cache is sized from what is "
+             "free after warm-up, capped at gpuMemoryUtilization of the total, so a server loaded beside an awake "
+             "one fails to load or keeps a tiny cache; the worker's baseline (CUDA context, cuBLAS, NCCL) is taken "
+             "before its budget; a sleeping server keeps its CUDA graphs (sleep_mode_offload_cudagraph off by "
+             "default) and what is outside the sleep pool",
+             f"{V}config/vllm.py:3180-3263; {V}v1/worker/utils.py:759-762,783-786; "
+             f"{V}v1/worker/extensible_kv_cache.py:592-618; {V}v1/worker/gpu_worker.py:520-556,1226-1238; "
+             f"{V}config/model.py:398; {V}config/vllm.py:752-762",
+             "the entrypoint takes the GPU's lease before vLLM starts (the awake server sleeps first) and hands it "
+             "to the guard; the config rule keeps gpuMemoryUtilization under what is left beside the awake server's "
+             "baseline and the others' residue (1 GB each, unmeasured); the lease outlives the slowest wake",
              awake_model_passes_the_startup_check),
     Contract("GKE GPU time-sharing", "GKE 1.23.7-gke.1400+",
              "a node pool's gpu_sharing_config (TIME_SHARING, maxSharedClientsPerGpu) offers each GPU as that many "

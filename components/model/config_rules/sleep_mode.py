@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..sleep_mode import HOST_OVERHEAD_GB, host_gb, pod_memory_gb, residue_room
+from ..sleep_mode import HOST_OVERHEAD_GB, SLEEP_RESIDUE_GB, host_gb, pod_memory_gb, residue_room
 from ..specs import ModelSpec, NodePoolSpec, item_key
 from .base import Add
 
@@ -24,6 +24,10 @@ def sleep_mode(cfg: "StackConfig", add: Add) -> None:
                 f"{pool.machine_type} has {pool.machine.gpus} GPUs, but a time-shared pool's models swap by a lease "
                 "per node, and GKE does not say which GPU of a node a shared pod gets: use a machine type with one "
                 "GPU (g2-standard-4 to -16 or -32 for L4)")
+        elif pool.gpu_sharing is not None and pool.gpu_partition_size is not None:
+            add(f"{item_key('nodePools', cfg.node_pools, j)}.gpuPartitionSize",
+                "a time-shared pool's models swap by one lease per node, which would serialise the node's independent "
+                "MIG partitions: remove gpuPartitionSize (one whole GPU per node) or gpuSharing")
     for i, model in enumerate(cfg.models):
         pool = pools.get(model.node_pool)
         if pool is not None and not pool.is_tpu:
@@ -50,9 +54,10 @@ def _model(cfg: "StackConfig", add: Add, key: str, model: ModelSpec, pool: NodeP
             "store; set globalLimits.enabled: true")
     room = residue_room(pool)
     if model.gpu_memory_utilization > room:
-        add(f"{key}.gpuMemoryUtilization", f"{model.gpu_memory_utilization:g} of the GPU must be free when the "
-            f"server starts, but up to {pool.gpu_sharing.max_shared_clients_per_gpu - 1} sleeping servers keep about "
-            f"1 GB each on it; set it to {room:g} or less, or lower maxSharedClientsPerGpu")
+        add(f"{key}.gpuMemoryUtilization", f"{model.gpu_memory_utilization:g} of the GPU, the awake server's own "
+            f"baseline (CUDA context, cuBLAS, NCCL) and up to {pool.gpu_sharing.max_shared_clients_per_gpu - 1} "
+            f"sleeping servers' residue (about {SLEEP_RESIDUE_GB:g} GB each, unmeasured) do not fit the GPU; set it "
+            f"to {room:g} or less, or lower maxSharedClientsPerGpu")
     need, have = host_gb(model), pod_memory_gb(pool)
     if need > have:
         level = model.sleep_mode.level
