@@ -234,7 +234,8 @@ class Platform(pulumi.ComponentResource):
                 sources=self._sources,
                 picker_models=[m for m in shared_models(t) if cfg.model(m).routing == "inference-gateway"],
                 service_accounts=(SERVER_SA, STANDBY_SA) if t.dedicated else (),
-                forward_token=forwards_token(cfg, t) or pd_forwards_token(cfg, t)),
+                forward_token=forwards_token(cfg, t) or pd_forwards_token(cfg, t),
+                disaggregated_models=[m for m in shared_models(t) if cfg.model(m).disaggregation is not None]),
                 opts=after_mesh)
             for t in cfg.tenants
         }
@@ -382,7 +383,8 @@ class Platform(pulumi.ComponentResource):
         self.inference_pools[serving.key] = pool
         if model.disaggregation is not None:  # the prefill pods open to the decode pods alone (prefill_pool.py)
             PrefillPaths(f"{self._prefix}{serving.key}-prefill-paths", PrefillPathsArgs(
-                model.name, self._namespace_name(serving.tenant), self.cluster.provider, cfg.cluster.pods_cidr),
+                model.name, self._namespace_name(serving.tenant), self.cluster.provider, cfg.cluster.pods_cidr,
+                self._sources.health_checks, [cfg.cluster.subnet_cidr]),
                 opts=self._opts_for(self._picker_deps))
         if precise:
             self._render_server(serving)

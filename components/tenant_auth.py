@@ -19,6 +19,7 @@ import pulumi_kubernetes as k8s
 from .k8s_meta import custom_resource, meta
 from .mesh_namespace import ISTIO_API, MeshNamespace, MeshNamespaceArgs, TrustedSources
 from .model.config_rules.components import check_tenant_auth
+from .model.disaggregation_cluster import role_selector
 from .model.k8s_objects import MODEL_LABEL, TENANT_LABEL
 from .model.mesh_identity import jwks_host, server_accounts, tenant_namespace
 from .model.serving_api import Route, objective_name, tenant_routes
@@ -47,6 +48,9 @@ class TenantAuthArgs:
     # forwardOriginalToken), so a replica shedding it can send the request on to a fallback model,
     # whose sidecar verifies the token again (model/fallback.py forwards_token).
     forward_token: bool = False
+    # Disaggregated models among picker_models: the decode pod's P/D front takes the prefix off before the
+    # routing sidecar, whose prefill leg reaches the prefill pods at the bare path (/v1/...).
+    disaggregated_models: Sequence[str] = ()
 
 
 class TenantAuth(pulumi.ComponentResource):
@@ -88,6 +92,11 @@ class TenantAuth(pulumi.ComponentResource):
                                 {MODEL_LABEL: model}, objective_name(tenant.name, model) if picked else None)
             self._policy(f"{name}-allow-{model}", "AuthorizationPolicy", f"allow-{tenant.name}-{model}",
                          args.serving_namespace, spec, tenant, opts)
+            if model in args.disaggregated_models:  # the prefill leg, on the prefill pods alone
+                leg = allow_tenant(tenant, args.routes, [""], role_selector(model, "prefill"),
+                                   objective_name(tenant.name, model))
+                self._policy(f"{name}-allow-{model}-prefill", "AuthorizationPolicy",
+                             f"allow-{tenant.name}-{model}-prefill", args.serving_namespace, leg, tenant, opts)
 
     @staticmethod
     def _policy(resource: str, kind: str, policy_name: str, namespace: pulumi.Input[str], spec: Mapping[str, Any],

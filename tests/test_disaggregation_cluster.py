@@ -81,14 +81,14 @@ def test_decode_pods_run_the_routing_sidecar_in_front_of_vllm(tuned):
     (sidecar,) = [c for c in t["spec"]["initContainers"] if c["name"] == "routing-sidecar"]
     assert sidecar["image"] == SIDECAR_IMAGE.uri == "ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.10.0"
     assert sidecar["restartPolicy"] == "Always"
-    assert sidecar["args"][:4] == ["--port=8000", f"--model-server-port={DECODE_ENGINE_PORT}", "--kv-connector=nixlv2",
+    assert sidecar["args"][:4] == ["--port=8100", f"--model-server-port={DECODE_ENGINE_PORT}", "--kv-connector=nixlv2",
                                    "--secure-proxy=false"]
     vllm = t["spec"]["containers"][0]
     assert vllm["args"][vllm["args"].index("--port") + 1] == str(DECODE_ENGINE_PORT)
     assert vllm["ports"] == [{"name": "http", "containerPort": DECODE_ENGINE_PORT}]
     guard = _guard_of(vllm)
     assert guard["trustedPeers"] == ["127.0.0.1"] and guard["kvTransfer"] == "routing-sidecar"
-    # The pool's port is the sidecar's.
+    # The pool's port is the P/D front's, before the sidecar (tests/test_pd_front.py).
     assert _doc(tuned, "InferencePool", MODEL)["spec"]["targetPorts"] == [{"number": 8000}]
 
 

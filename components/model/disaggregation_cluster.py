@@ -50,8 +50,14 @@ if TYPE_CHECKING:
 SIDECAR_IMAGE = ImageRef(repository="ghcr.io/llm-d/llm-d-router-disagg-sidecar", tag=EPP_VERSION)
 SIDECAR_UID = 65532  # Dockerfile.sidecar:47 (USER 65532:65532)
 # vLLM behind the sidecar on a decode pod: the sidecar's default model-server port
-# (pkg/sidecar/proxy/options.go:92, defaultVLLMPort), the sidecar taking the pool's port.
+# (pkg/sidecar/proxy/options.go:92, defaultVLLMPort).
 DECODE_ENGINE_PORT = 8200
+# The routing sidecar's own port, behind the P/D front (which takes the pool's port): the sidecar routes
+# exact unprefixed paths only (proxy.go:627-635), the front takes the tenant URL's prefix off first.
+SIDECAR_PORT = 8100
+# The P/D front (the server image's images/vllm_gke_guard/pd_front.py): the prefix off, client
+# kv_transfer_params refused, everything else passed to the sidecar as it came.
+PD_FRONT_MODULE, PD_FRONT_NAME = "vllm_gke_guard.pd_front", "pd-front"
 # The header naming the prefill pod (pkg/common/routing/common.go:14), and the other routing headers
 # the sidecar acts on (:17,20,25): a client's copy would send its prompt (or a pull) anywhere, so the
 # identity extension strips them all (serving_api.IDENTITY_STRIPS).
@@ -99,7 +105,7 @@ def prefill_service(decode: "PoolService", node_pool: NodePoolSpec, image: Image
 def routing_sidecar(image: str = SIDECAR_IMAGE.uri) -> dict[str, Any]:
     """llm-d-router's routing sidecar as a native sidecar (an init container with restartPolicy Always, as
     upstream's decode Deployment runs it, deploy/components/vllm-decode/deployment.yaml): up before vLLM,
-    stopped after it. It takes the pool's port (the picker's targetPort) and proxies to vLLM on
+    stopped after it. It listens on SIDECAR_PORT behind the P/D front (pd_front) and proxies to vLLM on
     DECODE_ENGINE_PORT. Plain HTTP (--secure-proxy=false, default true, options.go:218,278): its
     self-signed certificate would fail the load balancer and the picker. Nor does the mesh encrypt its prefill
     leg: that names a pod IP, which matches no Service's virtual host, and goes out in plain text
@@ -109,13 +115,31 @@ def routing_sidecar(image: str = SIDECAR_IMAGE.uri) -> dict[str, Any]:
     headers instead, and the prefill pods admit the model's decode pods alone."""
     return {
         "name": "routing-sidecar", "image": image, "restartPolicy": "Always",
-        "args": [f"--port={PORT}", f"--model-server-port={DECODE_ENGINE_PORT}",
+        "args": [f"--port={SIDECAR_PORT}", f"--model-server-port={DECODE_ENGINE_PORT}",
                  f"--kv-connector={SIDECAR_KV_CONNECTOR}", "--secure-proxy=false", "--zap-encoder=json"],
-        # The InferencePool's targetPort, by number (picker.pool_spec).
-        "ports": [{"name": "routing", "containerPort": PORT}],
+        "ports": [{"name": "routing", "containerPort": SIDECAR_PORT}],
         # The proxy's own /health (proxy.go:624-626), which answers while it listens.
-        "readinessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 5},
+        "readinessProbe": {"httpGet": {"path": "/health", "port": SIDECAR_PORT}, "periodSeconds": 5},
         "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}},
+        "securityContext": {**CONTAINER_SECURITY, "runAsNonRoot": True, "runAsUser": SIDECAR_UID,
+                            "runAsGroup": SIDECAR_UID},
+    }
+
+
+def pd_front(image: str, guard_env: Mapping[str, Any]) -> dict[str, Any]:
+    """The P/D front as a native sidecar on the pool's port (the InferencePool's targetPort, the load
+    balancer's health check), in front of the routing sidecar: it takes the pool's prefixes off as the
+    guard does (the guard's config, `guard_env`, names them) and refuses client kv_transfer_params. The
+    server image, run as the vLLM container runs (non-root, read-only root)."""
+    return {
+        "name": PD_FRONT_NAME, "image": image, "restartPolicy": "Always",
+        "command": ["python3", "-m", PD_FRONT_MODULE, f"--port={PORT}", f"--upstream-port={SIDECAR_PORT}"],
+        # The InferencePool's targetPort, by number (picker.pool_spec).
+        "ports": [{"name": "pd-front", "containerPort": PORT}],
+        # The sidecar's /health through the front: ready once both listen.
+        "readinessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 5},
+        "env": [dict(guard_env)],
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}},
         "securityContext": {**CONTAINER_SECURITY, "runAsNonRoot": True, "runAsUser": SIDECAR_UID,
                             "runAsGroup": SIDECAR_UID},
@@ -165,7 +189,8 @@ def disaggregated_pod(template: dict[str, Any], role: Role, nixl_env: Sequence[M
     # sidecar: /health and /metrics are open, and a tenant request from Envoy's peer is refused there).
     vllm["args"] = _engine_port(vllm["args"])
     vllm["ports"] = [{"name": "http", "containerPort": DECODE_ENGINE_PORT}]
-    spec["initContainers"] = [*spec.get("initContainers", []), routing_sidecar()]
+    guard_env = next(e for e in vllm["env"] if e.get("name") == GUARD_CONFIG_ENV)
+    spec["initContainers"] = [*spec.get("initContainers", []), routing_sidecar(), pd_front(vllm["image"], guard_env)]
     return out
 
 
@@ -214,6 +239,23 @@ def prefill_ingress(model: str) -> dict[str, Any]:
     return {"podSelector": {"matchLabels": role_selector(model, "prefill")}, "policyTypes": ["Ingress"],
             "ingress": [{"from": decode, "ports": [*tcp, *ucx]},
                         {"from": scrapers, "ports": [{"protocol": "TCP", "port": PORT}]}]}
+
+
+def decode_ingress(model: str, load_balancer_sources: Sequence[object], metrics_sources: Sequence[str]) -> dict[str, Any]:
+    """The decode pods' NetworkPolicy: the pool's port (the P/D front) for the load balancer's proxies and
+    health checks (as the picker's, picker.picker_ingress) and the model's picker (it scrapes /metrics
+    there); vLLM's own port (its /metrics, PodMonitoring) for Managed Prometheus; NIXL's side channel and
+    UCX's ports for the model's prefill pods alone (the pull connector's peer, a connect-back included).
+    No other pod reaches a decode pod: a caller past the load balancer would skip the identity extension."""
+    lb = [{"ipBlock": {"cidr": c}} for c in load_balancer_sources]
+    picker = [{"podSelector": {"matchLabels": picker_labels(picker_name(model))}}]
+    scrapers = [*gmp_collectors(), *({"ipBlock": {"cidr": c}} for c in metrics_sources)]
+    prefill = [{"podSelector": {"matchLabels": role_selector(model, "prefill")}}]
+    return {"podSelector": {"matchLabels": role_selector(model, "decode")}, "policyTypes": ["Ingress"],
+            "ingress": [{"from": [*lb, *picker], "ports": [{"protocol": "TCP", "port": PORT}]},
+                        {"from": scrapers, "ports": [{"protocol": "TCP", "port": DECODE_ENGINE_PORT}]},
+                        {"from": prefill, "ports": [{"protocol": "TCP", "port": NIXL_SIDE_CHANNEL_PORT},
+                                                    {"protocol": "TCP", "port": UCX_PORTS[0], "endPort": UCX_PORTS[-1]}]}]}
 
 
 def prefill_mesh_policy(model: str, server_principal: str, pods_cidr: str) -> dict[str, Any]:

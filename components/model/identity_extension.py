@@ -52,7 +52,7 @@ from .vllm_versions import VllmRelease
 
 NAME = "vllm-gke-identity"
 # The image's tag (images/vllm_gke_identity/cloudbuild.yaml builds it into the serverImage's repository).
-IDENTITY_TAG = "0.4.0"  # 0.4.0: refuses a body with kv_transfer_params (P/D)
+IDENTITY_TAG = "0.5.0"  # 0.5.0: refuses a P/D URL's body on the header-only chain (0.4.0: kv_transfer_params)
 EXT_PROC_PORT = 9004  # the body-based router's ports (values.yaml)
 HEALTH_PORT = 9005
 UID = 65532
@@ -97,6 +97,8 @@ def picker_prefixes(tenants: Sequence[TenantSpec], models: Sequence[ModelSpec],
             entry: dict[str, Any] = {"tenant": tenant.name, "objective": objective_name(tenant.name, name)}
             if paths := sorted(r.path for r in picker_routes() if r.method == "POST" and r.path in salted):
                 entry.update(cacheSalt=cache_salt(tenant), saltedPaths=paths, maxBodyBytes=picker_max_body_bytes(model))
+            if model.disaggregation is not None:  # its bodies are read, or refused (processor.on_headers)
+                entry["disaggregated"] = True
             out["/" + path_prefix(model, tenant, name in dedicated)] = entry
     return dict(sorted(out.items()))
 

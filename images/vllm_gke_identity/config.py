@@ -32,6 +32,9 @@ class PickerPrefix:
     # The largest Content-Length the picker's route admits (gateway_routes.picker_rules): larger
     # bodies, or none declared, are refused before any byte of them is read.
     max_body_bytes: int = 0
+    # A disaggregated model's URL: a body arriving where it is not read (the header chain, while GKE has
+    # not yet programmed the body chain's match for it) could carry kv_transfer_params unread: refused.
+    disaggregated: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ def _prefix(v: Mapping[str, Any]) -> PickerPrefix:
         raise KeyError("maxBodyBytes: a salted prefix needs a positive body limit")
     return PickerPrefix(str(v["tenant"]), str(v["objective"]), str(salt) if salt is not None else None,
                         frozenset(str(p) for p in v.get("saltedPaths") or ()) if salt is not None else frozenset(),
-                        int(v.get("maxBodyBytes") or 0))
+                        int(v.get("maxBodyBytes") or 0), bool(v.get("disaggregated")))
 
 
 def load(env: Optional[Mapping[str, str]] = None) -> Config:

@@ -18,6 +18,7 @@ from ...components.model.disaggregation_cluster import (
     ENVOY_PEER,
     GUARD_KV_TRANSFER,
     HANDLER,
+    PD_FRONT_NAME,
     PREFILL_FILTER,
     ROUTING_HEADERS,
     SIDECAR_IMAGE,
@@ -98,9 +99,7 @@ def sidecar_fronts_decode_vllm(plan: Plan) -> list[str]:
             out.append(f"{name}: routing sidecar image {s['image']}, not the release's {SIDECAR_IMAGE.uri}")
         if s.get("restartPolicy") != "Always":
             out.append(f"{name}: the routing sidecar is not a native sidecar (restartPolicy Always)")
-        if flags.get("port") is None or int(flags["port"]) != _pool_port(plan, t["metadata"]["labels"]):
-            out.append(f"{name}: routing sidecar --port {flags.get('port')} is not the InferencePool's targetPort "
-                       "(the sidecar's default is 8000)")
+        out += _front_problems(name, t, flags.get("port"), _pool_port(plan, t["metadata"]["labels"]))
         if flags.get("model-server-port") != _flag(vllm["args"], "--port"):
             out.append(f"{name}: routing sidecar --model-server-port {flags.get('model-server-port')} is not vLLM's "
                        f"--port {_flag(vllm['args'], '--port')} (its default is 8200)")
@@ -109,6 +108,23 @@ def sidecar_fronts_decode_vllm(plan: Plan) -> list[str]:
         if flags.get("secure-proxy") != "false":
             out.append(f"{name}: routing sidecar serves TLS with a self-signed certificate (--secure-proxy defaults "
                        "to true): the load balancer's and the picker's plain HTTP fails")
+    return out
+
+
+def _front_problems(name: str, template: dict[str, Any], sidecar_port: Optional[str], pool_port: Optional[int]) -> list[str]:
+    """The sidecar routes exact unprefixed paths only (proxy.go:627-635): the P/D front, on the pool's port,
+    takes the tenant URL's prefix off and passes the request to the sidecar's --port."""
+    front = next((c for c in template["spec"].get("initContainers") or [] if c["name"] == PD_FRONT_NAME), None)
+    if front is None:
+        return [f"{name}: no P/D front before the routing sidecar: tenant URLs (/<tenant>/<model>/v1/...) match "
+                "none of its P/D routes and go straight to vLLM"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in front.get("command") or [] if a.startswith("--"))
+    out: list[str] = []
+    if pool_port is None or int(args.get("port", 0)) != pool_port:
+        out.append(f"{name}: the P/D front listens on {args.get('port')}, not the InferencePool's targetPort {pool_port}")
+    if args.get("upstream-port") != sidecar_port:
+        out.append(f"{name}: the P/D front sends to {args.get('upstream-port')}, not the routing sidecar's --port "
+                   f"{sidecar_port} (its default is 8000)")
     return out
 
 
@@ -270,16 +286,19 @@ def guard_admits_only_the_sidecars_kv_params(plan: Plan) -> list[str]:
 
 ROWS: tuple[Contract, ...] = (
     Contract("llm-d-router routing sidecar (pd-sidecar)", EPP_VERSION,
-             "listens on --port (default 8000), proxies to the model server on localhost:--model-server-port "
+             "listens on --port (default 8000), routes POST /v1/chat/completions, /v1/completions, /v1/messages, "
+             "/v1/responses and /inference/v1/generate (exact paths) to its P/D handler and anything else to "
+             "the model server on localhost:--model-server-port "
              "(default 8200); --kv-connector nixlv2 is its default; --secure-proxy defaults to true (TLS, "
              "self-signed); pflag refuses unknown flags; upstream runs it as a native sidecar; the release "
              "image is ghcr.io/llm-d/llm-d-router-disagg-sidecar, /app/pd-sidecar as 65532",
              f"{SRC}{PROXY}options.go:58-71,91-92,165-171,213-218,257-344, {PROXY}proxy.go:624-635, "
              "pkg/sidecar/constants/constants.go:21, Dockerfile.sidecar:39-49, Makefile:22,26,32, "
              "deploy/components/vllm-decode/deployment.yaml:20-55,67",
-             "decode pods run it as an init container with restartPolicy Always on the pool's port, vLLM on 8200 "
-             "behind it, --secure-proxy=false (plain HTTP: the prefill leg to a pod IP is not encrypted), nixlv2, the "
-             "release's tag",
+             "decode pods run it as an init container with restartPolicy Always on its own port (8100) behind the "
+             "P/D front on the pool's port (the tenant URL's prefix off: the sidecar routes exact /v1/... paths "
+             "only), vLLM on 8200 behind it, --secure-proxy=false (plain HTTP: the prefill leg to a pod IP is not "
+             "encrypted), nixlv2, the release's tag",
              sidecar_fronts_decode_vllm),
     Contract("llm-d-router endpoint picker (P/D)", EPP_VERSION,
              "disagg-profile-handler runs the decode profile, then, where deciders.prefill (a prefix-based-pd-"
