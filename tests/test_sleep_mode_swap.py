@@ -512,3 +512,60 @@ def test_requests_arriving_while_a_server_that_lost_its_lease_sleeps_wait_for_it
 
     queued, calls = run(go())
     assert queued == 0 and calls == [("sleep", 1, "abort")]
+
+
+def test_a_yielding_server_that_loses_its_lease_sleeps_before_the_waiter_wakes(redis_port):
+    """/tmp/rev4b/yield_restart.py: a waits for its request in flight to yield; the store restarts
+    empty meanwhile; b's take is fenced and granted a lease later: a must have slept by then."""
+    free(redis_port)
+    gpu: list[str] = []
+
+    async def go() -> tuple[list[tuple[Any, ...]], bool]:
+        import redis.asyncio as aioredis
+
+        assert (await lease(redis_port, "a", ttl_s=0.5).take())[0]
+        a = sw.Swap({"level": 1}, lease(redis_port, "a", ttl_s=0.5), poll_s=0.02)
+        a_engine = Slow("a", gpu)
+        a.bind(a_engine)
+        gpu.append("a")
+        await a.enter()  # a long generation in flight on a
+        b = sw.Swap({"level": 1, "waitSeconds": 10}, lease(redis_port, "b", ttl_s=0.5), poll_s=0.02)
+        b.awake = False
+        b.bind(Slow("b", gpu))
+        request = asyncio.create_task(b.enter())
+        while not a.yielding:
+            await asyncio.sleep(0.02)
+        await aioredis.Redis(port=redis_port).delete(sw.lease_key("node-1"))  # the store restarted empty
+        await asyncio.wait_for(request, 10)  # Slow asserts b never wakes beside a
+        a.leave()
+        await asyncio.sleep(0.1)
+        for t in (a.watcher, b.watcher):
+            assert t is not None
+            t.cancel()
+        return a_engine.calls, a.awake
+
+    calls, awake = run(go())
+    assert gpu == ["b"] and not awake
+    assert calls == [("sleep", 1, "abort")]  # cut at once, no drop: the lease is b's
+
+
+def test_a_yielding_server_cut_off_from_the_store_past_half_the_lease_sleeps_and_owes_the_drop(redis_port):
+    async def go() -> tuple[list[tuple[Any, ...]], bool]:
+        import redis.asyncio as aioredis
+
+        free(redis_port)
+        client = Flaky(aioredis.Redis(port=redis_port))
+        assert (await sw.GpuLease(client, "node-1", "a", 0.5, 0.02).take())[0]
+        a = sw.Swap({"level": 1}, sw.GpuLease(client, "node-1", "a", 0.5, 0.02), poll_s=0.02)
+        engine = Engine()
+        a.bind(engine)
+        await a.enter()  # in flight: the yield waits for it
+        client.down = True
+        a.renewed = time.monotonic() - 1  # last renewed past half the lease
+        await asyncio.wait_for(a._yield(), 5)  # pyright: ignore[reportPrivateUsage]
+        assert a.watcher is not None
+        a.watcher.cancel()
+        return engine.calls, a.owes_drop
+
+    calls, owes = run(go())
+    assert calls == [("sleep", 1, "abort")] and owes

@@ -248,9 +248,31 @@ class Swap:
         async with self.turn:
             while self.inflight > 0:  # requests this server admitted finish on the GPU first
                 await self.nap(self.poll)
-                await self.lease.renew()
+                if not await self._still_held():
+                    return  # slept with abort: the GPU may be the waiter's within the fence
             await self._sleep()
+            self.owes_drop = True  # a drop that fails is made by step() once the store answers
             await self.lease.drop()
+            self.owes_drop = False
+
+    async def _still_held(self) -> bool:
+        """Renew while yielding (a yield waits for long requests); lost, or not renewed past half the
+        lease, sleep at once as step() does: a store restarted empty grants the waiter a lease later."""
+        try:
+            mine, _, _ = await self.lease.renew()
+        except Exception:
+            if self.clock() - self.renewed <= self.lease_s / 2:
+                return True
+            log.warning("swap: lease not renewed for %.0f s while yielding; sleeping", self.clock() - self.renewed)
+            await self._sleep("abort")
+            self.owes_drop = True
+            return False
+        if mine:
+            self.renewed = self.clock()
+            return True
+        log.warning("swap: the lease was lost while yielding; sleeping")
+        await self._sleep("abort")
+        return False
 
 
 class SwapGate:
