@@ -281,6 +281,29 @@ def test_the_guard_reads_the_key_as_vllm_does(raw):
     assert status(sent) == 400 and not app.seen, sent
 
 
+XARGS_BODIES = [  # what vLLM's engine reads out of extra_args = vllm_xargs (v1/request.py:123-131)
+    {**CHAT, "vllm_xargs": {"kv_transfer_params": 0}},  # a non-dict kills the engine core (base_scheduler.py:204)
+    {**CHAT, "vllm_xargs": {"ec_transfer_params": "x", "other": 1}},
+    {**CHAT, "vllm_xargs": {"kv_cache_report_mode": "full"}},
+]
+
+
+@pytest.mark.parametrize("body", XARGS_BODIES)
+@pytest.mark.parametrize("policy", [None, "refuse", "prefill-leg", "routing-sidecar"])
+def test_the_guard_refuses_vllm_xargs_carrying_the_engines_keys_under_every_policy(body, policy):
+    mw, app = guarded(**({"kvTransfer": policy} if policy else {}), trustedPeers=["127.0.0.6", "127.0.0.1"])
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        sent = call(mw, body, path=path, client="127.0.0.1")
+        assert status(sent) == 400 and error(sent)["param"] == "vllm_xargs", sent
+        assert error(sent)["code"] == "kv_transfer_params_refused"
+    # Escaped (json reads the keys as vLLM does); other xargs pass.
+    sent = call(mw, raw=b'{"model":"m","messages":[],"max_tokens":4,"vllm\\u005fxargs":{"kv\\u005ftransfer_params":0}}',
+                path="/v1/chat/completions", client="127.0.0.1")
+    assert status(sent) == 400 and not app.seen, sent
+    assert status(call(mw, {**CHAT, "vllm_xargs": {"session_id": "a"}}, path="/v1/chat/completions",
+                       client="127.0.0.1")) == 200
+
+
 def test_the_key_inside_a_prompt_passes():
     mw, app = guarded()
     body = {**CHAT, "messages": [{"role": "user", "content": 'say "kv_transfer_params" and \\u0041'}]}
@@ -325,6 +348,16 @@ def test_the_identity_extension_refuses_kv_transfer_params(body):
     with pytest.raises(BadBody, match="kv_transfer_params"):
         salted(body, "s")
     assert salted(b'{"model":"m","prompt":"kv_transfer_params"}', "s").endswith(b'"cache_salt":"s"}')
+
+
+@pytest.mark.parametrize("body", XARGS_BODIES)
+def test_the_identity_extension_refuses_vllm_xargs_carrying_the_engines_keys(body):
+    with pytest.raises(BadBody, match="vllm_xargs") as refused:
+        salted(json.dumps(body).encode(), "s")
+    assert refused.value.param == "vllm_xargs" and refused.value.code == "kv_transfer_params_refused"
+    with pytest.raises(BadBody):
+        salted(b'{"model":"m","vllm\\u005fxargs":{"kv_transfer_params":0}}', "s")
+    assert salted(b'{"model":"m","vllm_xargs":{"session_id":"kv_transfer_params"}}', "s").endswith(b'"cache_salt":"s"}')
 
 
 def test_the_identity_extension_answers_a_clients_kv_transfer_params_400_before_the_picker(issuers):  # noqa: F811

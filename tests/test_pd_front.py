@@ -251,12 +251,14 @@ def test_a_prefixed_request_reaches_the_sidecar_bare_with_its_headers_and_stream
 def test_a_clients_kv_transfer_params_never_reach_the_sidecar(front, path):
     StandIn.seen.clear()
     for body in (b'{"model":"m","kv_transfer_params":{"remote_host":"10.9.9.9","remote_port":5600}}',
-                 b'{"model":"m","kv\\u005ftransfer_params":{}}'):
+                 b'{"model":"m","kv\\u005ftransfer_params":{}}',
+                 b'{"model":"m","vllm_xargs":{"kv_transfer_params":0}}'):
         conn, resp = _request(front["port"], "POST", path, body, {"content-type": "application/json"})
         answer = json.loads(resp.read())
         conn.close()
         assert resp.status == 400 and answer["error"]["code"] == "kv_transfer_params_refused", answer
-        assert answer["error"]["type"] == "invalid_request_error" and answer["error"]["param"] == "kv_transfer_params"
+        assert answer["error"]["type"] == "invalid_request_error"
+        assert answer["error"]["param"] == ("vllm_xargs" if b"xargs" in body else "kv_transfer_params")
     assert StandIn.seen == []
 
 

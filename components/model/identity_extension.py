@@ -52,7 +52,7 @@ from .vllm_versions import VllmRelease
 
 NAME = "vllm-gke-identity"
 # The image's tag (images/vllm_gke_identity/cloudbuild.yaml builds it into the serverImage's repository).
-IDENTITY_TAG = "0.5.0"  # 0.5.0: refuses a P/D URL's body on the header-only chain (0.4.0: kv_transfer_params)
+IDENTITY_TAG = "0.6.0"  # 0.6.0: refuses vllm_xargs with the engine's keys (0.5.0: a P/D URL's header-only body)
 EXT_PROC_PORT = 9004  # the body-based router's ports (values.yaml)
 HEALTH_PORT = 9005
 UID = 65532

@@ -9,6 +9,12 @@ its config's `kvTransfer` (components/model/disaggregation_cluster.py sets it pe
     proxy/connector_nixlv2.go:161-170 at v0.10.0), which asks the engine to keep the blocks for a reader;
   - "routing-sidecar" (a decode pod, whose guard trusts the sidecar's loopback peer alone): whatever the
     sidecar forwards; a client's copy never got that far (the identity extension refuses it).
+The same keys inside `vllm_xargs` reach the engine too: vLLM builds extra_args from vllm_xargs and writes the
+top-level fields over it only where they are set (chat_completion/protocol.py:785-791, completion/protocol.py:
+400-406, responses/protocol.py:624-628; anthropic/protocol.py:347 takes vllm_xargs too), and the engine reads
+them there (v1/request.py:123-131, v1/engine/output_processor.py:292-294). A malformed one kills the engine
+core (nixl/base_scheduler.py:204-205 on a non-dict): any vllm_xargs naming them is a 400 under every policy
+(the sidecar never writes vllm_xargs).
 Read as vLLM reads the body (json, last key winning), with escapes in the key: a body that has neither
 the key's bytes nor any escape cannot carry it, so the common body costs two memchr-speed scans."""
 
@@ -21,6 +27,10 @@ from .errors import GuardError
 
 KEY = "kv_transfer_params"
 _KEY = b'"kv_transfer_params"'
+XARGS = "vllm_xargs"
+_XARGS = b'"vllm_xargs"'
+# The extra_args keys vLLM's engine reads (v1/request.py:123-131): the platform's, never a client's.
+ENGINE_XARGS = ("kv_transfer_params", "ec_transfer_params", "kv_cache_report_mode")
 POLICIES = ("refuse", "prefill-leg", "routing-sidecar")
 # The routing sidecar's prefill leg, exactly (READ mode: no MoRI-IO fields).
 PREFILL_LEG = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -43,26 +53,38 @@ def policy_of(config: dict[str, Any]) -> str:
     return value
 
 
-def _value(body: bytes) -> Any:
-    """The body's top-level kv_transfer_params as json.loads gives it; ... where it has none (or is not
-    a JSON object: the body checks that follow refuse it)."""
+def _value(body: bytes, key: str = KEY) -> Any:
+    """The body's top-level `key` as json.loads gives it; ... where it has none (or is not a JSON
+    object: the body checks that follow refuse it)."""
     if _TOP is not None:
         try:
             top = _TOP.decode(body)
-            return json.loads(bytes(top[KEY])) if KEY in top else ...
+            return json.loads(bytes(top[key])) if key in top else ...
         except _ERRORS:
             pass  # json's reading decides (it takes a lone surrogate msgspec refuses)
     try:
         doc: Any = json.loads(body)
     except (ValueError, RecursionError):
         return ...
-    if not isinstance(doc, dict) or KEY not in doc:
+    if not isinstance(doc, dict) or key not in doc:
         return ...
-    return cast(dict[str, Any], doc)[KEY]
+    return cast(dict[str, Any], doc)[key]
+
+
+def engine_xargs(body: bytes) -> list[str]:
+    """The ENGINE_XARGS keys the body's vllm_xargs carries (the engine reads them as it reads the fields)."""
+    if _XARGS not in body and b"\\u" not in body:
+        return []
+    xargs = _value(body, XARGS)
+    return [k for k in ENGINE_XARGS if k in xargs] if isinstance(xargs, dict) else []
 
 
 def check(body: bytes, policy: str) -> None:
-    """GuardError 400 where the body carries kv_transfer_params the pod's policy does not admit."""
+    """GuardError 400 where the body carries kv_transfer_params the pod's policy does not admit, or any
+    vllm_xargs the engine would read as the platform's (under every policy)."""
+    if found := engine_xargs(body):
+        raise GuardError(400, f"vllm_xargs may not carry {', '.join(found)}: the platform's routing sets them, "
+                              "never a client: remove them", "kv_transfer_params_refused", XARGS)
     if policy == "routing-sidecar" or (_KEY not in body and b"\\u" not in body):
         return
     value = _value(body)

@@ -46,6 +46,26 @@ class KvTransferParams(BadBody):
     param = "kv_transfer_params"
 
 
+class EngineXargs(KvTransferParams):
+    """A client's vllm_xargs naming what the engine reads as the platform's: vLLM makes extra_args of
+    vllm_xargs (entrypoints/openai/chat_completion/protocol.py:785-791) and the engine takes
+    kv_transfer_params, ec_transfer_params and kv_cache_report_mode from it (v1/request.py:123-131);
+    the guard's kv_transfer.ENGINE_XARGS, refused alike."""
+
+    param = "vllm_xargs"
+
+
+ENGINE_XARGS = ("kv_transfer_params", "ec_transfer_params", "kv_cache_report_mode")
+
+
+def _check_xargs(body: bytes) -> None:
+    """EngineXargs where the (valid) body's vllm_xargs, read as vLLM reads it, names an ENGINE_XARGS key."""
+    xargs = json.loads(body).get(EngineXargs.param)
+    if isinstance(xargs, dict) and (found := [k for k in ENGINE_XARGS if k in xargs]):
+        raise EngineXargs(f"vllm_xargs may not carry {', '.join(found)}: the platform's routing sets them, "
+                          "never a client: remove them")
+
+
 def _no_constant(name: str) -> Any:
     raise BadBody(f"{name} is not JSON")  # Go's encoding/json (the picker) refuses it too
 
@@ -57,8 +77,11 @@ def member(salt: str) -> bytes:
 
 def salted(body: bytes, salt: str) -> bytes:
     """`body` with the tenant's cache_salt appended as its last member; BadBody if it is not one JSON object."""
-    if KvTransferParams.param in check_object(body):
+    keys = check_object(body)
+    if KvTransferParams.param in keys:
         raise KvTransferParams("kv_transfer_params is set by the platform's routing, never by a client: remove it")
+    if EngineXargs.param in keys:
+        _check_xargs(body)
     # A valid object's last byte but whitespace is its closing brace (the guard's closing_brace).
     close = len(body.rstrip())
     before = body[:close - 1].rstrip()

@@ -342,13 +342,16 @@ ROWS: tuple[Contract, ...] = (
              "the sidecar's prefill leg carries kv_transfer_params of its own (do_remote_decode true, every remote "
              "field null), overwriting the client's; the decode leg carries the prefill's answer; a request the "
              "picker sends no prefill pod passes to vLLM as the client sent it; vLLM reads kv_transfer_params "
-             "from the chat, completions, responses and messages bodies",
+             "from the chat, completions, responses and messages bodies, and the engine reads kv_transfer_params, "
+             "ec_transfer_params and kv_cache_report_mode from vllm_xargs too (extra_args; the top-level fields "
+             "written over it only where set)",
              f"{SRC}{PROXY}connector_nixlv2.go:161-170,276-290, {PROXY}chat_completions.go:103-108; "
-             "vllm-project/vllm@v0.34.0:vllm/entrypoints/openai/chat_completion/protocol.py:523, "
-             "vllm/entrypoints/openai/completion/protocol.py:248, vllm/entrypoints/openai/responses/protocol.py:460, "
-             "vllm/entrypoints/anthropic/protocol.py:337",
-             "the identity extension refuses a body with kv_transfer_params (400); the guard refuses them on "
-             "every pod but a prefill pod's (the sidecar's prefill leg alone) and a decode pod's, where it "
-             "trusts only the sidecar's loopback peer",
+             "vllm-project/vllm@v0.34.0:vllm/entrypoints/openai/chat_completion/protocol.py:523,785-791, "
+             "vllm/entrypoints/openai/completion/protocol.py:248,400-406, vllm/entrypoints/openai/responses/"
+             "protocol.py:460,624-628, vllm/entrypoints/anthropic/protocol.py:337,347, vllm/v1/request.py:123-131",
+             "the identity extension, the P/D front and the guard (every pod, the decode pod's too) refuse "
+             "vllm_xargs naming any of those (400); the identity extension and the P/D front refuse a body with "
+             "kv_transfer_params (400); the guard refuses them on every pod but a prefill pod's (the sidecar's "
+             "prefill leg alone) and a decode pod's, where it trusts only the sidecar's loopback peer",
              guard_admits_only_the_sidecars_kv_params),
 )
