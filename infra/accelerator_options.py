@@ -9,7 +9,8 @@ many GPUs (a 1-GPU replica on a2-highgpu-1g, not a sixteenth of an a2-megagpu-16
 by the GPU; where no smaller machine exists, its share of the node, as replicas sharing it pay),
 then whole nodes of the largest machine (pipeline stages across hosts, up to MAX_HOSTS); each TPU
 host's chips and each multi-host slice (tensor parallelism over the slice, as vLLM's TPU build
-shards). Of those that fit, the cheapest per token, then the fewest hosts. Beside them, each
+shards). Candidates the model's serving features refuse are left out (refused_here). Of those that
+fit, the cheapest per token, then the fewest hosts. Beside them, each
 model's replica as the stack configures it (`this stack`), priced as the cost report prices it
 (infra/cost.py ReplicaCost: one computation for both).
 """
@@ -21,8 +22,10 @@ from typing import Iterator, Optional
 
 from ..components.model.capacity import pool_capacity
 from ..components.model.catalog import ACCELERATORS, MACHINE_TYPES, MachineType, topology_chips
+from ..components.model.kv_offload import offload_problems
 from ..components.model.machine_prices import MACHINE_PRICES
 from ..components.model.specs import ModelSpec, NodePoolSpec
+from ..components.model.speculative import draft_mismatches
 from ..components.model.stack_config import StackConfig
 from .cost import ReplicaCost, prefill_share
 
@@ -71,6 +74,15 @@ def _candidates(machines: list[MachineType]) -> Iterator[tuple[MachineType, Opti
         yield largest, None, largest.gpus, hosts
 
 
+def refused_here(model: ModelSpec, pool: NodePoolSpec) -> bool:
+    """Whether the model's serving features refuse this candidate, as the config rules would: speculative
+    decoding, kvOffload and disaggregation on a TPU, a host tier the machine cannot hold, a draft whose
+    heads the tensor parallelism does not divide."""
+    if pool.is_tpu and (model.speculative or model.kv_offload or model.disaggregation):
+        return True
+    return bool(offload_problems(model, pool) or (model.speculative and draft_mismatches(model)))
+
+
 def model_options(model: ModelSpec) -> list[AcceleratorOption]:
     """Per accelerator, the smallest replica of `model` that fits (its short pool's batch and
     context), cheapest tokens first; accelerators on which nothing up to MAX_HOSTS fits are left out."""
@@ -89,6 +101,8 @@ def model_options(model: ModelSpec) -> list[AcceleratorOption]:
                 continue  # vLLM would refuse this split (the placement check says so too)
             candidate = model.model_copy(update={"tensor_parallel_size": tp, "pipeline_parallel_size": pp,
                                                  "node_pool": "option"})
+            if refused_here(candidate, pool):
+                continue
             row = pool_capacity(candidate, "short", candidate.short, pool)
             if not row.fits:
                 continue

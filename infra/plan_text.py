@@ -96,7 +96,7 @@ def render_text(report: PlanReport, console: Console, detail: bool) -> None:
 def _decisions(report: PlanReport, console: Console) -> None:
     # What a person decides on first: what it holds, what it costs, what to watch, where tenants call.
     v = report.verdicts
-    capacity = capacity_table(v)
+    capacity = capacity_table(v, frozenset(m.name for m in report.plan.config.models if m.speculative))
     # Pools at zero behind a picker: the wake against the queue's time-to-live (a warning where it is longer).
     # With models[].kvOffload, what its host tier holds and costs (infra/kv_offload_text.py).
     capacity.caption = escape("\n".join([*(w.line() for w in picker_wakes(report.plan.config)),
@@ -201,9 +201,10 @@ def policy_table(v: Verdicts) -> Table:
     return table
 
 
-def capacity_table(v: Verdicts) -> Table:
+def capacity_table(v: Verdicts, ceilings: frozenset[str] = frozenset()) -> Table:
+    """`ceilings`: the models whose tokens/s is speculative decoding's ceiling (marked ≤), not a rate."""
     table = Table(title="capacity per serving pool (GB per device: GPU, MIG slice or TPU chip; tokens/s "
-                        "per replica, the roofline's)")
+                        "per replica, the roofline's; ≤: speculative decoding's ceiling)")
     for col in ("model", "pool", "node pool", "GB", "devices x hosts", "weights", "LoRA",
                 "KV budget", "KV tokens", "host KV tokens", "context", "seqs fit", "maxNumSeqs", "tokens/s", "fits",
                 "to serve"):
@@ -215,7 +216,8 @@ def capacity_table(v: Verdicts) -> Table:
                       f"{r.lora_per_gpu_gb:.2f}" if r.lora_per_gpu_gb else "-", f"{r.kv_budget_gb:.1f}",
                       f"{r.tokens_fit:,}", f"{r.host_kv_tokens:,}" if r.host_kv_tokens else "-",
                       f"{r.context_tokens:,}", str(r.seqs_fit),
-                      str(r.max_num_seqs), f"{r.decode_tokens_s:,.0f}", "[green]yes[/]" if r.fits else "[red]no[/]",
+                      str(r.max_num_seqs), ("≤" if r.model in ceilings else "") + f"{r.decode_tokens_s:,.0f}",
+                      "[green]yes[/]" if r.fits else "[red]no[/]",
                       f"{r.cold_start_s / 60:.1f} min")
     return table
 
@@ -225,19 +227,21 @@ def options_table(cfg: StackConfig, v: Verdicts) -> Table:
     the stack configures priced as the cost report prices it."""
     table = Table(title="accelerator options per model (per accelerator, the smallest machine whose whole GPUs or "
                         "TPU chips hold the short pool at the lowest $ a token, on-demand list prices; 'this stack': "
-                        "the replica as configured, as the cost report prices it)")
+                        "the replica as configured, as the cost report prices it; ≤ and ≥: speculative decoding's "
+                        "ceiling and the price at it)")
     for col in ("model", "accelerator", "machine", "TP x PP", "hosts", "batch", "tokens/s", "$/h",
                 "$/M tokens", "this stack"):
         column(table, col, right=col not in ("model", "accelerator", "machine", "this stack"))
     util = cfg.cost.target_utilization
     for model in cfg.models:
         rows = sorted((o for o in v.options if o.model == model.name), key=lambda o: o.usd_per_million_tokens(util))
+        at_most, at_least = ("≤", "≥") if model.speculative else ("", "")
         for o in rows:
             here = ("[green]this stack[/]" + (" (spot)" if o.spot else "")) if o.this_stack else ""
             machine = o.machine_type + (f" {o.topology}" if o.topology else "")
             table.add_row(model.name, o.accelerator, machine, f"{o.tensor_parallel} x {o.pipeline_parallel}",
-                          str(o.hosts), str(o.batch), f"{o.tokens_per_second:,.0f}", f"{o.usd_per_hour:.2f}",
-                          f"{o.usd_per_million_tokens(util):.2f}", here)
+                          str(o.hosts), str(o.batch), f"{at_most}{o.tokens_per_second:,.0f}", f"{o.usd_per_hour:.2f}",
+                          f"{at_least}{o.usd_per_million_tokens(util):.2f}", here)
     return table
 
 

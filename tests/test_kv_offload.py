@@ -22,7 +22,7 @@ from tests.conftest import REPO_ROOT, vllm_deployments
 from vllm_gke.components.model import kv_offload as ko
 from vllm_gke.components.model import picker_prefix as pp
 from vllm_gke.components.model.capacity import pool_capacity
-from vllm_gke.components.model.node_shapes import node_free, node_shape
+from vllm_gke.components.model.node_shapes import kernel_reserved_mi, node_free, node_shape
 from vllm_gke.components.model.specs import KvOffloadSpec, ModelSpec, NodePoolSpec, ServingPoolSpec, extra_arg_problem
 from vllm_gke.components.model.vllm_argv import check_argv, load_snapshot
 from vllm_gke.components.model.vllm_server import container_resources, vllm_args
@@ -44,17 +44,29 @@ def sized(size: float | None, backend: str = "native", model: ModelSpec = MODEL)
     return model.model_copy(update={"kv_offload": KvOffloadSpec(backend=backend, size_gb=size)})
 
 
-# a3-highgpu-8g's allocatable as the kubelet reports it: 1872 GiB less the kernel's 1/64 + 80 MiB
-# (kubernetes/autoscaler gce/reserved.go CalculateKernelReserved) less GKE's kube-reserved (44.2 GiB
-# by its tiers) and the 100 MiB eviction threshold.
-A3_ALLOC_MI = 1872 * 1024 - (1872 * 1024 // 64 + 80) - (round(44.2 * 1024) + 100)
+# a3-highgpu-8g's allocatable as the kubelet reports it: 1872 GiB less the kernel's 1/64 + 80 MiB and
+# COS's correction (0.175%, at most 248 MiB: kubernetes/autoscaler gce/gce_reserved.go
+# CalculateKernelReserved) less GKE's kube-reserved (44.2 GiB by its tiers) and the 100 MiB eviction threshold.
+A3_ALLOC_MI = 1872 * 1024 - (1872 * 1024 // 64 + 80 + 248) - (round(44.2 * 1024) + 100)
 ENVOY_MI, GKE_PODS_MI = 128, 520
 
 
 def test_the_node_counts_the_kernels_memory_before_gke_reserves():
     shape = node_shape("a3-highgpu-8g", 400)
-    assert shape.memory_mi == 1872 * 1024 - 30_032 and shape.alloc_memory_mi == A3_ALLOC_MI
-    assert round(A3_ALLOC_MI / 1024, 1) == 1798.4
+    assert shape.memory_mi == 1872 * 1024 - 30_280 and shape.alloc_memory_mi == A3_ALLOC_MI
+    assert round(A3_ALLOC_MI / 1024, 1) == 1798.1
+    # Small machines: 0.175% below the cap, and 8 MiB more at 8 GiB or less (16 MiB: 256 + 80 + 28.7).
+    assert node_shape("e2-standard-4", 100).memory_mi == 16 * 1024 - 365
+    assert kernel_reserved_mi(4) == math.ceil(64 + 80 + 8 + 0.00175 * 4096)
+    assert kernel_reserved_mi(2) == math.ceil(32 + 16 + 8 + 3.584)  # no IO TLB at 3 GiB or less
+
+
+def test_allocatable_is_near_gkes_documented_node():
+    # GKE's plan-node-sizes page: a 4-vCPU, 16 GiB node reports 13498416Ki allocatable memory (13,182 MiB).
+    # The autoscaler's model (COS term included) says 13,257: 75 MiB (0.6%) over, 104 without the COS term.
+    documented = 13_498_416 / 1024
+    model = node_shape("e2-standard-4", 100).alloc_memory_mi
+    assert 0 <= model - documented < 80
 
 
 def test_default_offload_pods_fit_a_real_node_beside_each_other():
@@ -62,13 +74,18 @@ def test_default_offload_pods_fit_a_real_node_beside_each_other():
     res = ko.offload_resources(container_resources(H100, 4), MODEL, H100)
     pod_mi = int(res["requests"]["memory"].removesuffix("Gi")) * 1024 + ENVOY_MI
     assert 2 * pod_mi + GKE_PODS_MI <= A3_ALLOC_MI
+    # The server asks its need and a tenth, not all its room: the node keeps room for what the estimate
+    # and GKE_PER_NODE_MEMORY_MI miss (GPU-node DaemonSets).
+    tier = ko.host_tier(MODEL, H100)
+    assert tier is not None and tier.server_gib == math.ceil(tier.need_gib * 1.1) == 198
+    assert A3_ALLOC_MI - (2 * pod_mi + GKE_PODS_MI) > 100 * 1024
     # A stated size at the largest the check accepts fits too; one GiB more is refused.
-    room = ko.host_tier(MODEL, H100).free_per_pod_gib  # type: ignore[union-attr]
-    at_most = sized(math.floor(room))
+    room = tier.free_per_pod_gib
+    at_most = sized(room)
     assert ko.offload_problems(at_most, H100) == []
     pod_mi = int(ko.offload_resources(container_resources(H100, 4), at_most, H100)["requests"]["memory"][:-2]) * 1024
     assert 2 * (pod_mi + ENVOY_MI) + GKE_PODS_MI <= A3_ALLOC_MI
-    assert ko.offload_problems(sized(math.floor(room) + 1), H100) != []
+    assert ko.offload_problems(sized(room + 1), H100) != []
 
 
 @pytest.mark.parametrize("machine", ["a3-highgpu-8g", "a3-megagpu-8g", "a2-ultragpu-8g", "a2-highgpu-8g",
@@ -96,15 +113,15 @@ def test_default_size_is_what_the_node_leaves_beside_the_servers_need():
     assert tier.tokens == 646 * GIB // (16 * LLAMA_70B_TOKEN) * 16 == 2_116_800
     gpu = pool_capacity(MODEL, "short", MODEL.short, H100).tokens_fit
     assert tier.tokens >= 4 * gpu
-    # The server keeps the rest of its room, more than its need; less than its plain share.
-    assert need < tier.server_gib == math.floor(room - 646) < 792
+    # The server is given its need and a tenth (within its room), less than its plain share.
+    assert need < tier.server_gib == math.ceil(need * 1.1) < math.floor(room) - 646 < 792
 
 
 def test_argv_resources_and_shm_carry_the_tier():
     assert ko.offload_args(MODEL, H100) == ["--kv-offloading-backend", "native", "--kv-offloading-size", "646"]
     res = ko.offload_resources(container_resources(H100, 4), MODEL, H100)
     # Request == limit (Guaranteed QoS), both raised by the pinned buffer; the rest unchanged.
-    assert res["requests"]["memory"] == res["limits"]["memory"] == "897Gi"
+    assert res["requests"]["memory"] == res["limits"]["memory"] == "844Gi"
     assert res["limits"]["nvidia.com/gpu"] == "4"
     # vLLM checks /dev/shm holds the whole buffer before creating it.
     assert ko.shm_size(16, MODEL, H100) == "662Gi"
@@ -127,7 +144,9 @@ def test_across_hosts_each_pod_holds_its_share_and_shm_the_whole():
                       dtype="fp8", kv_offload=KvOffloadSpec(size_gb=200))
     tier = ko.host_tier(model, H100)
     assert tier is not None and tier.hosts == 2 and tier.pod_gib == 100
-    assert ko.offload_resources(container_resources(H100, 8), model, H100)["limits"]["memory"] == f"{1584 + 100}Gi"
+    server = math.ceil(tier.need_gib * 1.1)  # its need and a tenth, below its 1584 GiB plain share
+    assert server < 1584 and ko.offload_resources(container_resources(H100, 8), model, H100)["limits"]["memory"] == \
+        f"{server + 100}Gi"
     assert ko.shm_size(16, model, H100) == "216Gi"
 
 
@@ -162,7 +181,7 @@ def test_the_vllm_flags_are_the_platforms_own():
 
 def test_problems_name_the_key_and_the_fix(monkeypatch: pytest.MonkeyPatch):
     (key, text), = ko.offload_problems(sized(800), H100)
-    assert key == "sizeGb" and "at most 718" in text and "leave it unset for 646" in text
+    assert key == "sizeGb" and "at most 717" in text and "leave it unset for 646" in text
     (key, text), = ko.offload_problems(sized(None, "lmcache"), H100)
     assert key == "backend" and "LMCacheMPConnector" in text and "use backend: native" in text
     tpu = NodePoolSpec(name="v6e", machine_type="ct6e-standard-4t", tpu_topology="2x2")
@@ -198,7 +217,7 @@ def test_the_stack_refuses_a_size_the_node_cannot_hold(tuned):
     values = copy.deepcopy(tuned)
     _offload_model(values)["kvOffload"] = {"backend": "native", "sizeGb": 800}
     (problem,) = [p for p in _problems(values) if "kvOffload" in p]
-    assert "models[llama-70b-offload].kvOffload.sizeGb" in problem and "lower sizeGb to at most 718" in problem
+    assert "models[llama-70b-offload].kvOffload.sizeGb" in problem and "lower sizeGb to at most 717" in problem
 
 
 def test_the_stack_refuses_lmcache_with_the_reason(tuned):
@@ -234,7 +253,7 @@ def test_the_tuned_stack_serves_the_offload_variant_beside_the_plain_one(tuned_p
     plain, plain_spec = _vllm_container(tuned_plan, "llama-70b")
     assert offload["args"][-4:] == ["--kv-offloading-backend", "native", "--kv-offloading-size", "646"]
     assert "--kv-offloading-size" not in plain["args"]
-    assert offload["resources"]["limits"]["memory"] == "897Gi" == offload["resources"]["requests"]["memory"]
+    assert offload["resources"]["limits"]["memory"] == "844Gi" == offload["resources"]["requests"]["memory"]
     assert plain["resources"]["limits"]["memory"] == "792Gi"
     (shm,) = [v for v in spec["volumes"] if v["name"] == "dshm"]
     assert shm["emptyDir"]["sizeLimit"] == "662Gi"
@@ -283,6 +302,23 @@ def test_the_flag_row_counts_tokens_as_vllm_does():
     # The contract's count from the model's shape alone, against the fixed Llama 70B figure at 108 GiB
     # (vLLM's CPUOffloadingSpec: 22,118 chunks of 16 tokens, the test below runs it).
     assert kvc._vllm_host_tokens(108, MODEL) == 22_118 * 16 == ko.host_tokens(108, LLAMA_70B_TOKEN)
+    # An fp8 KV cache: one byte an element, twice the tokens, as vLLM's page size makes them.
+    fp8 = MODEL.model_copy(update={"kv_cache_dtype": "fp8"})
+    assert kvc._vllm_host_tokens(108, fp8) == 2 * 22_118 * 16 == ko.host_tier(sized(108, model=fp8), H100).tokens  # type: ignore[union-attr]
+
+
+def test_the_contract_rows_pass_at_the_largest_size_the_refusal_names(tuned):
+    # The value "at most N" recommends, with an fp8 KV cache: every kvOffload row of the plan holds.
+    values = copy.deepcopy(tuned)
+    model = _offload_model(values)
+    model["kvCacheDtype"] = "fp8"
+    model["kvOffload"] = {"sizeGb": 4000}
+    (problem,) = [p for p in _problems(values) if "kvOffload" in p]
+    model["kvOffload"]["sizeGb"] = at_most = int(problem.split("at most ")[1].split(",")[0])
+    plan = run_program("tuned", values)
+    (c, _spec) = _vllm_container(plan, "llama-70b-offload")
+    assert c["args"][-1] == str(at_most) and "fp8" in c["args"]
+    assert [p for row in kvc.ROWS for p in row.check(plan)] == []
 
 
 # The server's argv as `vllm serve` parses it, resolved into vLLM's own engine config (the platform
@@ -353,16 +389,30 @@ print(json.dumps(CPUOffloadingSpec(cfg).num_chunks * 16))
 """
 
 
-@pytest.mark.parametrize("size", [108, 646])
-def test_vllm_0_34_holds_the_tokens_the_plan_says(size: int):
+@pytest.mark.parametrize(("size", "dtype"), [(108, "auto"), (646, "auto"), (108, "fp8")])
+def test_vllm_0_34_holds_the_tokens_the_plan_says(size: int, dtype: str):
     python = vllm_python()
-    tier = ko.host_tier(sized(size), H100)
+    model = MODEL.model_copy(update={"kv_cache_dtype": dtype})
+    tier = ko.host_tier(sized(size, model=model), H100)
     assert tier is not None and tier.size_gib == size
-    per_worker_block = 80 * 2 * 2 * 128 * 2 * 16
+    per_worker_block = 80 * 2 * 2 * 128 * (1 if dtype == "fp8" else 2) * 16  # vLLM's page size: fp8 is a byte
     out = subprocess.run([python, "-c", CPU_SPEC, json.dumps([size, 4, per_worker_block])], capture_output=True,
                          text=True, cwd=REPO_ROOT, env={**os.environ, "VLLM_NO_USAGE_STATS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     vllm_tokens = json.loads(out.stdout.strip().splitlines()[-1])
-    assert vllm_tokens == tier.tokens == kvc._vllm_host_tokens(size, MODEL)
+    assert vllm_tokens == tier.tokens == kvc._vllm_host_tokens(size, model)
     if size == 108:
-        assert vllm_tokens == 353_888  # the reviewer's probe
+        assert vllm_tokens == 353_888 * (2 if dtype == "fp8" else 1)  # the reviewer's probe
+
+
+def test_the_options_leave_out_tpus_for_offload_and_disaggregation(tuned):
+    # vLLM's native offloading and the NIXL hand-off are refused on TPU pools: no TPU option is offered.
+    from vllm_gke.infra.accelerator_options import model_options, refused_here
+    cfg = parse(tuned)
+    tpu = NodePoolSpec(name="v6e", machine_type="ct6e-standard-4t", tpu_topology="2x2")
+    assert any(o.accelerator.startswith("tpu") for o in model_options(cfg.model("llama-70b")))
+    for name in ("llama-70b-offload", "llama-70b-pd"):
+        assert refused_here(cfg.model(name), tpu) and not refused_here(cfg.model("llama-70b"), tpu)
+    assert not any(o.accelerator.startswith("tpu") for o in model_options(cfg.model("llama-70b-offload")))
+    # A host tier the machine cannot hold is refused there too.
+    assert refused_here(sized(4000), H100) and not refused_here(MODEL, H100)

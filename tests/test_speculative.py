@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from vllm_gke.components.model.capacity import pool_capacity
 from vllm_gke.components.model.catalog import H100_80GB, MODEL_SHAPES, ModelShape
 from vllm_gke.components.model.gcs_weights import reader_prefixes
-from vllm_gke.components.model.specs import ModelSpec, NodePoolSpec
+from vllm_gke.components.model.specs import ModelSpec, NodePoolSpec, extra_arg_problem
 from vllm_gke.components.model.speculative import (
     acceptance,
     break_even_batch,
@@ -319,7 +319,8 @@ def test_the_stack_shows_the_gains_ceiling_and_where_speculation_stops_paying():
     assert line not in plan_warnings(cfg, "ZONAL")  # it pays: the plan's section, not a warning
     assert line.startswith("llama-70b-spec short: speculative decoding (eagle3, 3 tokens a step, mean acceptance "
                            "length 2.41 stated, per-token a 0.67) at batch 64: at most ")
-    assert "the roofline's bound" in line and "1.38x (EAGLE-3, SGLang)" in line
+    assert "the roofline's bound" in line and "1.38x at batch 64 (EAGLE-3, SGLang)" in line
+    assert "1.10-1.21x up to 200 concurrent requests" in line
     assert "it pays at every batch this replica holds (up to 64)" in line and "$ a token x0.4" in line
 
 
@@ -420,3 +421,62 @@ def test_vllm_0_34_builds_the_speculative_config_from_the_platforms_argv(tmp_pat
     assert got[1] | {"draft_arch": None} == {"method": "draft_model", "k": 4, "model": str(draft), "lookup": [0, 0],
                                              "draft_tp": 1, "draft_kv": True, "draft_arch": None}
     assert (got[2]["method"], got[2]["k"], got[2]["model"], got[2]["draft_kv"]) == ("eagle3", 3, str(head), True)
+
+
+# --- the options and capacity tables ------------------------------------------------------------
+
+def test_the_options_leave_out_accelerators_speculation_is_refused_on():
+    from vllm_gke.infra.accelerator_options import model_options
+    plain = {o.accelerator for o in model_options(model())}
+    spec = {o.accelerator for o in model_options(model(EAGLE3_70B))}
+    assert any(a.startswith("tpu") for a in plain)  # the plain 70B has TPU options
+    assert spec and not any(a.startswith("tpu") for a in spec)
+
+
+def test_the_tables_mark_the_speculative_rate_as_a_ceiling():
+    from typing import cast
+
+    from rich.console import Console
+
+    from vllm_gke.infra.accelerator_options import AcceleratorOption
+    from vllm_gke.infra.plan_text import capacity_table, options_table
+    from vllm_gke.infra.report import Verdicts
+    cfg = parse(read_stack_config("tuned"))
+    plain, spec = cfg.model("llama-70b"), cfg.model("llama-70b-spec")
+    rows = [pool_capacity(m, "short", m.short, H100) for m in (plain, spec)]
+    options = [AcceleratorOption(m.name, "nvidia-h100-80gb", "a3-highgpu-8g", None, 4, 4, 1, 1, 64, r.decode_tokens_s,
+                                 44.0) for m, r in zip((plain, spec), rows)]
+    v = cast(Verdicts, type("V", (), {"capacity": rows, "options": options}))
+    console = Console(width=400, record=True)
+    console.print(capacity_table(v, frozenset({spec.name})), options_table(cfg, v))
+    lines = console.export_text().splitlines()
+    [plain_capacity, plain_option] = [x for x in lines if x.lstrip("│ ").startswith("llama-70b ")]
+    [spec_capacity, spec_option] = [x for x in lines if x.lstrip("│ ").startswith("llama-70b-spec ")]
+    assert f"≤{rows[1].decode_tokens_s:,.0f}" in spec_capacity and "≤" not in plain_capacity
+    assert f"≤{rows[1].decode_tokens_s:,.0f}" in spec_option and "≥" in spec_option and "≤" not in plain_option
+
+
+@pytest.mark.parametrize("arg,full,key", [("--speculative-conf", "--speculative-config", "models[].speculative"),
+                                          ("--speculative_conf={}", "--speculative-config", "models[].speculative"),
+                                          ("--kv-offloading-s=64", "--kv-offloading-size", "models[].kvOffload")])
+def test_abbreviations_of_managed_flags_are_refused_as_such(arg: str, full: str, key: str):
+    # vLLM's parser reads an unambiguous prefix as the option: not "not an option", but a managed flag.
+    problem = extra_arg_problem(arg) or ""
+    assert f"which vLLM reads as {full}" in problem and key in problem
+
+
+def test_no_vllm_option_is_taken_for_an_abbreviation_of_a_managed_one():
+    # An option of vLLM 0.34 that is not managed is never refused as a prefix of a managed one.
+    from vllm_gke.components.model.specs.models import MANAGED_VLLM_OPTIONS
+    managed = {f"--{d.replace('_', '-')}" for d in MANAGED_VLLM_OPTIONS}
+    flags = [f for f in load_snapshot("0.34.0")["flags"] if f.startswith("--")]
+    assert [f for f in flags if f not in managed and "which vLLM reads as" in (extra_arg_problem(f) or "")] == []
+
+
+def test_the_ngram_line_says_vllms_length_counts_only_matched_steps():
+    cfg = parse(read_stack_config("tuned"))
+    ngram = [m.model_copy(update={"speculative": m.speculative.model_copy(update={"method": "ngram", "draft": None})})
+             if m.name == "llama-70b-spec" and m.speculative else m for m in cfg.models]
+    [line] = speculative_lines(cfg.model_copy(update={"models": ngram}))
+    assert "counts only the steps where an n-gram matched" in line and "vllm:generation_tokens_total" in line
+    assert "n-gram matched" not in speculative_lines(cfg)[0]

@@ -70,13 +70,14 @@ class HostTier:
 
     @property
     def fits(self) -> bool:
-        """The pod's part of the tier beside the server's need, within what the pod may take."""
-        return 0 < self.pod_gib and self.need_gib + self.pod_gib <= self.room_gib
+        """The pod's part of the tier beside the server's need, within what the pod may take, in the
+        whole GiB its memory request is written in (the contract row checks that request)."""
+        return 0 < self.pod_gib and math.ceil(self.pod_gib) <= self.free_per_pod_gib
 
     @property
-    def free_per_pod_gib(self) -> float:
-        """What each pod may add beside its server's need."""
-        return self.room_gib - self.need_gib
+    def free_per_pod_gib(self) -> int:
+        """Whole GiB each pod may add beside its server's need."""
+        return free_gib(self.room_gib, self.need_gib)
 
 
 def host_tokens(size_gib: float, bytes_per_token: float, block_tokens: int = 16) -> int:
@@ -87,6 +88,22 @@ def host_tokens(size_gib: float, bytes_per_token: float, block_tokens: int = 16)
 
 
 PAGE = 4096
+# The server container asks its estimated need and this tenth more (at most the rest of its room), not
+# all the room beside the tier: what the estimate misses, and GKE's GPU-node DaemonSets (metadata
+# server, DCGM, the NVIDIA device plugin) that GKE_PER_NODE_MEMORY_MI leaves out, keep room on the node.
+NEED_MARGIN = 1.1
+
+
+def free_gib(room_gib: float, need_gib: float) -> int:
+    """Whole GiB a pod may add beside its server: its room rounded down, the need rounded up."""
+    return math.floor(room_gib) - math.ceil(need_gib)
+
+
+def default_size_gib(room_gib: float, need_gib: float, hosts: int) -> float:
+    """DEFAULT_SHARE of what each pod has beside its server's need, over the replica's hosts; never more
+    than the whole GiB that fit."""
+    return float(max(0, min(math.floor(DEFAULT_SHARE * (room_gib - need_gib) * hosts),
+                            free_gib(room_gib, need_gib) * hosts)))
 
 
 def _pod_devices(model: ModelSpec, node_pool: NodePoolSpec) -> int:
@@ -130,16 +147,18 @@ def host_bytes_per_token(model: ModelSpec) -> float:
 
 def host_tier(model: ModelSpec, node_pool: NodePoolSpec) -> Optional[HostTier]:
     """The model's host tier on `node_pool`, None without kvOffload or on an accelerator-less pool.
-    Default: DEFAULT_SHARE of what the pod has beside its server's need; the server keeps the rest of
-    its room (at most its plain share), so all of a node's pods fit its allocatable beside each other."""
+    Default: DEFAULT_SHARE of what the pod has beside its server's need; the server is given its need
+    and NEED_MARGIN (at most the rest of its room and its plain share), so all of a node's pods fit its
+    allocatable beside each other with room to spare."""
     if model.kv_offload is None or node_pool.machine.accelerator is None:
         return None
     hosts = max(1, -(-model.devices_per_replica // node_pool.slices_per_node))
     room, need = room_per_pod_gib(model, node_pool), server_need_gib(model, node_pool)
     size = model.kv_offload.size_gb
     if size is None:
-        size = float(max(0, math.floor(DEFAULT_SHARE * (room - need) * hosts)))
-    server = min(server_memory_gib(model, node_pool), math.floor(room - math.ceil(size / hosts)))
+        size = default_size_gib(room, need, hosts)
+    server = min(server_memory_gib(model, node_pool), math.floor(room) - math.ceil(size / hosts),
+                 math.ceil(need * NEED_MARGIN))
     return HostTier(size, size / hosts, room, need, server, hosts, host_bytes_per_token(model))
 
 
@@ -193,11 +212,12 @@ def offload_problems(model: ModelSpec, node_pool: NodePoolSpec) -> list[tuple[st
     assert tier is not None
     if tier.fits:
         return []
-    room = max(0, math.floor(tier.free_per_pod_gib * tier.hosts))
+    room = max(0, tier.free_per_pod_gib * tier.hosts)
     where = (f"each {node_pool.machine_type} node of {node_pool.name} has {tier.room_gib:.0f} GiB a server pod after the "
              f"kernel's and GKE's reservations, its own pods and every pod's other containers, and the server needs about "
              f"{tier.need_gib:.0f} of it (kv_offload.server_need_gib)")
     if offload.size_gb is None:
         return [("sizeGb", f"{where}: nothing left for a host tier; remove kvOffload or use a machine with more memory")]
+    default = default_size_gib(tier.room_gib, tier.need_gib, tier.hosts)
     return [("sizeGb", f"is {offload.size_gb:g} GiB, but {where}: lower sizeGb to at most {room}, or leave it unset "
-                       f"for {math.floor(DEFAULT_SHARE * room)}")]
+                       f"for {default:g}")]

@@ -10,10 +10,13 @@ plan-node-sizes#memory_and_cpu_reservations, #local_ephemeral_storage_reservatio
   pods    110 (GKE's default maximum per node on a VPC-native cluster)
 
 The kubelet's capacity is not the machine's memory but what the OS reports: the kernel keeps 1/64
-of it, 16 MiB, and 64 MiB of software IO TLB above 3 GiB, before GKE's reservations (the cluster
-autoscaler's GCE model: kubernetes/autoscaler cluster-autoscaler/cloudprovider/gce/reserved.go
-CalculateKernelReserved, templates.go BuildCapacity `memTotal := mem - CalculateKernelReserved`).
-On an a3-highgpu-8g that is 29 GiB of its 1872.
+of it, 16 MiB, 64 MiB of software IO TLB above 3 GiB, 8 MiB more at 8 GiB or less, and on COS
+(GKE's default node image) a measured correction of 0.175% capped at 248 MiB, before GKE's
+reservations (the cluster autoscaler's GCE model: kubernetes/autoscaler cluster-autoscaler/
+cloudprovider/gce/gce_reserved.go CalculateKernelReserved, lines 107-119 for the correction;
+templates.go BuildCapacity `memTotal := mem - CalculateKernelReserved`). On an a3-highgpu-8g that
+is about 30 GiB of its 1872. GKE's plan-node-sizes page shows an e2-standard-4 at 13498416Ki allocatable
+(13,182 MiB); this model says 13,257 MiB, 75 MiB (0.6%) more (tests/test_kv_offload.py pins the gap).
 
 GKE also runs its own pods on every node (logging, metrics, CSI and network agents) and a few per
 cluster (kube-dns, konnectivity, metrics-server): their requests are estimates read off GKE 1.33
@@ -60,8 +63,11 @@ def memory_reserved_mi(memory_gib: float) -> int:
 
 
 def kernel_reserved_mi(memory_gib: float) -> int:
-    """What the kernel keeps of the machine's memory before the kubelet counts capacity (reserved.go)."""
-    return math.ceil(memory_gib * 1024 / 64) + 16 + (64 if memory_gib > 3 else 0)
+    """What the kernel keeps of the machine's memory before the kubelet counts capacity, on COS
+    (gce_reserved.go CalculateKernelReserved)."""
+    mi = memory_gib * 1024
+    low = 8 if memory_gib <= 8 else 0
+    return math.ceil(mi / 64 + 16 + (64 if memory_gib > 3 else 0) + low + min(0.00175 * mi, 248))
 
 
 def disk_reserved_gib(disk_gib: float) -> float:

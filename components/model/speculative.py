@@ -41,7 +41,8 @@ from .weights_layout import draft_dir
 # The acceptance rate assumed per method where the stack states none: n-gram prompt lookup accepts
 # little on chat (it pays on code editing and summaries, which repeat the prompt); an EAGLE-3 head
 # for Llama 3.3 70B accepts 2.88 tokens a step at k = 7 on MT-bench (RedHatAI's speculator, as
-# nebius/EAGLE3-Llama-3.3-70B-Instruct's model card measures it: a = 0.66); DeepSeek-V3's MTP
+# nebius/EAGLE3-Llama-3.3-70B-Instruct's model card measures it: a = 0.66; not the tuned stack's
+# head, yuhuili's, for which none is published); DeepSeek-V3's MTP
 # module accepts its second token 85-90% of the time (DeepSeek-V3 technical report, section 5.4.3).
 ASSUMED_ACCEPTANCE = {"ngram": 0.3, "draft_model": 0.6, "eagle": 0.6, "eagle3": 0.7, "mtp": 0.8}
 # The methods whose drafter has weights of its own on the GPU (MTP's are the checkpoint's layers,

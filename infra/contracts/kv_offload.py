@@ -7,6 +7,7 @@ from typing import Any, Iterator, Optional
 
 from ...components.model.capacity import pool_capacity
 from ...components.model.capacity_report import capacity_report
+from ...components.model.catalog import KV_CACHE_BYTES
 from ...components.model.kv_offload import host_tier
 from ...components.model.node_shapes import GKE_PER_NODE_MEMORY_MI, node_shape
 from ...components.model.specs import ModelSpec, NodePoolSpec
@@ -42,11 +43,12 @@ def _servers(plan: Plan) -> Iterator[Server]:
 
 def _vllm_host_tokens(size_gib: float, model: ModelSpec) -> int:
     """What vLLM 0.34's CPUOffloadingSpec holds in `size_gib`, from the model's shape alone: every
-    worker's 16-token block (its KV heads, at least one a rank) summed over the world, page-aligned,
-    whole chunks (v1/kv_offload/cpu/spec.py:109-122); tests/test_kv_offload.py pins it to vLLM's own."""
+    worker's 16-token block (its KV heads, at least one a rank, at the KV cache's element size: 1 byte
+    for fp8) summed over the world, page-aligned, whole chunks (v1/kv_offload/cpu/spec.py:109-122);
+    tests/test_kv_offload.py pins it to vLLM's own."""
     s, tp = model.model_shape, model.tensor_parallel_size
-    heads = max(1, s.kv_heads // tp)
-    worker_block = 2 * s.layers * heads * s.head_dim * 2 * 16 // model.pipeline_parallel_size
+    heads, element = max(1, s.kv_heads // tp), int(KV_CACHE_BYTES[model.kv_cache_dtype])
+    worker_block = 2 * s.layers * heads * s.head_dim * element * 16 // model.pipeline_parallel_size
     chunk = -(-worker_block * tp * model.pipeline_parallel_size // 4096) * 4096
     return int(size_gib * 2 ** 30) // chunk * 16
 
@@ -166,10 +168,10 @@ ROWS = (
              "need and its pod's part of the buffer, refused where the node cannot hold it (config_rules/kv_offload.py)",
              offload_buffer_in_shm_and_the_memory_limit),
     Contract("GKE", "1.33",
-             "a node's allocatable memory is the OS's total (the machine's less the kernel's 1/64 + 80 MiB) less "
-             "GKE's kube-reserved and the 100 MiB eviction threshold; pods that request more than is left stay "
-             "Pending",
-             "kubernetes/autoscaler cluster-autoscaler/cloudprovider/gce/reserved.go CalculateKernelReserved, "
+             "a node's allocatable memory is the OS's total (the machine's less the kernel's 1/64 + 80 MiB and, on "
+             "COS, 0.175% up to 248 MiB) less GKE's kube-reserved and the 100 MiB eviction threshold; pods that "
+             "request more than is left stay Pending",
+             "kubernetes/autoscaler cluster-autoscaler/cloudprovider/gce/gce_reserved.go CalculateKernelReserved, "
              "templates.go BuildCapacity; cloud.google.com/kubernetes-engine/docs/concepts/plan-node-sizes",
              "the offload server pods that fill a node (its devices over each pod's GPUs), every container, sidecar "
              "and the injected Envoy counted, fit its allocatable beside GKE's own pods",

@@ -101,6 +101,11 @@ def extra_arg_problem(arg: str) -> Optional[str]:
     dest = _MANAGED_LONG_FLAGS.get(flag) or _MANAGED_SHORT_FLAGS.get(flag)
     if dest is not None:
         return f"extraArgs may not set {flag}: {MANAGED_VLLM_OPTIONS[dest]}"
+    # vLLM's parser takes an unambiguous prefix for a long option (--speculative-conf); no option of vLLM
+    # 0.34 is a prefix of a managed one (tests/test_speculative.py checks the snapshot), so this is one.
+    full = next((f for f in _MANAGED_LONG_FLAGS if len(flag) > 2 and f.startswith(flag)), None)
+    if flag.startswith("--") and full is not None:
+        return f"extraArgs may not set {flag}, which vLLM reads as {full}: {MANAGED_VLLM_OPTIONS[_MANAGED_LONG_FLAGS[full]]}"
     if TOKEN_LIKE.match(arg.split("=", 1)[-1]):
         return "extraArgs holds what looks like a credential; secrets never go on a command line"
     return None
