@@ -384,9 +384,9 @@ VLLM_PYTHON = os.environ.get("VLLM_PYTHON", "")
 def pod(request, tuned, tmp_path_factory):
     """serve.py running the pinned vLLM (its engine core a stand-in) with the tuned stack's prefill (or
     decode: short) pod's flags, --kv-transfer-config included, behind the guard with that pod's own config
-    (its trusted peers too): a dict of its URL, tenant headers, served model and engine log. The decode pod
-    takes no rate limit here; the prefill pod's tenants one request a minute, which its guard must not take
-    (the decode pod's guard limited the request already)."""
+    (its trusted peers too): a dict of its URL, tenant headers, served model and engine log. Its tenants three
+    requests a minute: the prefill pod's guard takes them (before the prefill runs), the decode pod's takes
+    none for the sidecar's decode leg (the prefill pod's guard took them)."""
     if not VLLM_PYTHON:
         if os.environ.get("CI"):
             pytest.fail("CI runs the guard inside the real vLLM: VLLM_PYTHON must be set")
@@ -405,8 +405,7 @@ def pod(request, tuned, tmp_path_factory):
     vllm = _template(tuned, f"{MODEL}-{request.param}")["spec"]["containers"][0]
     args, own = list(vllm["args"]), _guard_of(vllm)
     guard = {**bench_guard_config(own), "trustedPeers": own["trustedPeers"]}
-    if request.param == "prefill":
-        guard["issuers"] = {iss: {**t, "requestsPerMinute": 1} for iss, t in guard["issuers"].items()}
+    guard["issuers"] = {iss: {**t, "requestsPerMinute": 3} for iss, t in guard["issuers"].items()}
     assert "--kv-transfer-config" in args
     port, marker = _free_port(), tmp / "warm"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "images"), str(REPO)]),
@@ -476,11 +475,14 @@ def test_in_vllm_kv_transfer_params_reach_the_engine_from_the_routing_sidecar_al
     assert engine_requests() == before + 2
 
 
-def test_in_vllm_the_prefill_pod_counts_no_usage_and_the_decode_pod_does(pod):
+def test_in_vllm_the_prefill_pod_limits_and_counts_no_usage_the_decode_pod_counts_its_decode_leg(pod):
     import urllib.request
 
     body = {"model": pod["model"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    assert [_post(pod, body)[0] for _ in range(2)] == [200, 200]  # a prefill pod's one-a-minute not taken
+    if pod["role"] == "prefill":  # three a minute, taken here: the fourth never reaches the engine
+        assert [_post(pod, {**body, "kv_transfer_params": PREFILL_LEG})[0] for _ in range(4)][-1] == 429
+    else:  # the sidecar's decode legs take no window
+        assert [_post(pod, {**body, "kv_transfer_params": DECODE_LEG})[0] for _ in range(4)] == [200] * 4
     with urllib.request.urlopen(f"http://127.0.0.1:{pod['port']}/metrics", timeout=30) as resp:
         metrics = resp.read().decode()
     counted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()

@@ -478,21 +478,40 @@ def _tenant_requests(model: str) -> float:
 @pytest.mark.parametrize("path,body", [("/v1/completions", {"prompt": "x"}),
                                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                                                  "max_completion_tokens": 4})])
-def test_an_unmetered_guard_checks_the_tenant_but_takes_no_limit_and_counts_no_usage(path, body):
-    """A P/D prefill pod's guard (`unmetered`): its requests are legs the decode pod's guard limited and
-    counted, so neither the tenant's window, the shared store nor its usage counters see them again."""
+def test_an_unmetered_guard_checks_the_tenant_and_takes_the_limit_but_counts_no_usage(path, body):
+    """A P/D prefill pod's guard (`unmetered`): the tenant's limits are taken here, before the prefill's GPU work
+    (the decode pod's guard takes none for the sidecar's decode leg), its usage counted on the decode pod."""
     store_falls = _sample("vllm_gke_guard_limit_store_fallbacks_total")
-    dead_store = {"host": "127.0.0.1", "port": 1}  # the shared limit: any take would fall back, counted
+    dead_store = {"host": "127.0.0.1", "port": 1}  # the shared limit: a take falls back, counted
     mw, app = guarded(rpm=1, unmetered=True, model=f"unmetered{path}", globalLimits=dead_store)
-    assert [status(call(mw, body, path=path)) for _ in range(3)] == [200, 200, 200] and len(app.seen) == 3
+    assert [status(call(mw, body, path=path)) for _ in range(2)] == [200, 429] and len(app.seen) == 1
     assert _tenant_requests(f"unmetered{path}") == 0
-    assert _sample("vllm_gke_guard_limit_store_fallbacks_total") == store_falls
+    assert _sample("vllm_gke_guard_limit_store_fallbacks_total") == store_falls + 1
     assert status(call(mw, body, path=path, issuer="https://auth.example/other")) == 403  # the tenant still checked
     assert status(call(mw, body, path=path, client="10.0.0.9")) == 403
     # The same guard metered: one a minute, counted.
     mw, app = guarded(rpm=1, model=f"metered{path}")
     assert [status(call(mw, body, path=path)) for _ in range(2)] == [200, 429]
     assert _tenant_requests(f"metered{path}") == 1
+
+
+@pytest.mark.parametrize("path,body", [("/v1/completions", {"prompt": "x"}),
+                                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                                 "max_completion_tokens": 4})])
+def test_a_decode_pods_guard_takes_no_limit_for_the_sidecars_decode_leg_and_counts_it(path, body):
+    """A P/D decode pod's guard (routing-sidecar): the sidecar's decode leg (kv_transfer_params from its
+    loopback peer) was limited by the prefill pod's guard: no window taken, usage counted; a request the
+    picker kept local (no kv_transfer_params) takes the tenant's window here."""
+    store_falls = _sample("vllm_gke_guard_limit_store_fallbacks_total")
+    mw, app = guarded(rpm=1, kvTransfer="routing-sidecar", trustedPeers=["127.0.0.1"], model=f"decode{path}",
+                      globalLimits={"host": "127.0.0.1", "port": 1})
+    leg = {**body, "kv_transfer_params": {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [1],
+                                          "remote_host": "10.0.0.9", "remote_port": 5600}}
+    assert [status(call(mw, leg, path=path, client="127.0.0.1")) for _ in range(3)] == [200, 200, 200]
+    assert _sample("vllm_gke_guard_limit_store_fallbacks_total") == store_falls
+    assert _tenant_requests(f"decode{path}") == 3
+    assert [status(call(mw, body, path=path, client="127.0.0.1")) for _ in range(2)] == [200, 429]
+    assert _sample("vllm_gke_guard_limit_store_fallbacks_total") == store_falls + 1
 
 
 # --- never a 500 ------------------------------------------------------------------------------

@@ -197,7 +197,11 @@ def front() -> Iterator[dict[str, Any]]:
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "images"),
-           "GKE_LLM_GUARD_CONFIG": json.dumps({"pathPrefixes": ["/chat/m", "/m"], "maxBodyBytes": 4096})}
+           "GKE_LLM_GUARD_CONFIG": json.dumps({
+               "pathPrefixes": ["/chat/m", "/m"], "maxBodyBytes": 4096,
+               "issuers": {"https://iss": {"tenant": "chat", "maxTokens": 64, "requestsPerMinute": 10}},
+               "routes": {"/v1/chat/completions": {"method": "POST", "kind": "chat"},
+                          "/v1/completions": {"method": "POST", "kind": "completions"}}})}
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen([python, "-m", "vllm_gke_guard.pd_front", f"--port={port}",
                              f"--upstream-port={upstream.server_address[1]}"], env=env, stdout=log, stderr=log)
@@ -260,6 +264,30 @@ def test_a_clients_kv_transfer_params_never_reach_the_sidecar(front, path):
         assert answer["error"]["type"] == "invalid_request_error"
         assert answer["error"]["param"] == ("vllm_xargs" if b"xargs" in body else "kv_transfer_params")
     assert StandIn.seen == []
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/chat/m/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}),
+    ("/m/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 40, "n": 2}),
+])
+def test_a_request_over_its_tenants_cap_never_reaches_the_sidecar(front, path, body):
+    """The sidecar's prefill leg sets max_tokens to 1, so no guard could refuse it before the prefill ran:
+    the front checks the tenant's cap (the guard's config and caps.py)."""
+    StandIn.seen.clear()
+    headers = {"content-type": "application/json", "x-vllm-gke-issuer": "https://iss"}
+    conn, resp = _request(front["port"], "POST", path, json.dumps(body).encode(), headers)
+    answer = json.loads(resp.read())
+    conn.close()
+    assert resp.status == 400 and answer["error"]["code"] == "max_tokens_exceeded", answer
+    assert StandIn.seen == []
+    # Within the cap, or no tenant the front knows (the guard decides): passed on.
+    for sent in ({**body, "max_tokens": 8}, body):
+        conn, resp = _request(front["port"], "POST", path, json.dumps(sent).encode(),
+                              {**headers, "x-vllm-gke-issuer": "https://iss" if sent is not body else "https://x"})
+        resp.read()
+        conn.close()
+        assert resp.status == 200
+    assert len(StandIn.seen) == 2
 
 
 def test_an_unknown_prefix_is_404_and_health_and_metrics_pass_as_they_are(front):

@@ -148,10 +148,11 @@ def pd_front(image: str, guard_env: Mapping[str, Any]) -> dict[str, Any]:
 
 def role_guard_config(guard: Mapping[str, Any], role: Role) -> dict[str, Any]:
     """The guard's config on a pod of the role: what kv_transfer_params it passes, and from whom. A prefill
-    pod serves legs of requests the decode pod's guard already limited and counted: it checks the tenant
-    but takes no rate limit and counts no usage (`unmetered`: a request would otherwise count twice in the
-    tenant's shared limit, store.py, and in the usage report, which sums every pod), and sheds to no
-    fallback model (the leg is the sidecar's, not the tenant's)."""
+    pod's guard checks the tenant and takes its limits, before the prefill's GPU work, but counts no usage
+    (`unmetered`: the decode pod's guard counts it, and takes no limit for the sidecar's decode leg, so a
+    request counts once in the shared limit, store.py, and in the usage report, which sums every pod); the
+    tenant's max-tokens cap is checked by the P/D front before the sidecar (the prefill leg's max_tokens is
+    1); no fallback model (the leg is the sidecar's, not the tenant's)."""
     out = {**guard, "kvTransfer": GUARD_KV_TRANSFER[role]}
     if role == "decode":
         out["trustedPeers"] = [SIDECAR_PEER]

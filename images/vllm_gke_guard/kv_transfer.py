@@ -79,6 +79,11 @@ def engine_xargs(body: bytes) -> list[str]:
     return [k for k in ENGINE_XARGS if k in xargs] if isinstance(xargs, dict) else []
 
 
+def carries(body: bytes) -> bool:
+    """Whether the body has a top-level kv_transfer_params (on a decode pod: the routing sidecar's decode leg)."""
+    return (_KEY in body or b"\\u" in body) and _value(body) is not ...
+
+
 def check(body: bytes, policy: str) -> None:
     """GuardError 400 where the body carries kv_transfer_params the pod's policy does not admit, or any
     vllm_xargs the engine would read as the platform's (under every policy)."""

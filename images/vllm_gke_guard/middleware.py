@@ -101,10 +101,13 @@ class GuardMiddleware:
         self.swap = swapping(cfg, getattr(self.shared, "client", None))
         if self.swap is not None:
             self.app = SwapGate(self.app, self.swap, self.routes)
-        # `unmetered` (a P/D prefill pod, disaggregation_cluster.role_guard_config): its requests are legs of
-        # requests another pod's guard limited and counted; the tenant is checked, no limit taken, no usage counted.
+        # `unmetered` (a P/D prefill pod, disaggregation_cluster.role_guard_config): its requests are prefill legs
+        # whose usage the decode pod's guard counts; the tenant is checked and the limits taken here, before the
+        # prefill's GPU work (the decode guard takes none for the sidecar's decode leg: `decode_leg`).
         self.unmetered = bool(cfg.get("unmetered"))
-        self.limits: Any = None if self.unmetered else self.shared
+        self.limits: Any = self.shared
+        # A P/D decode pod: the per-replica window waits for the body, which tells the sidecar's decode leg.
+        self.sidecar = self.kv_transfer == "routing-sidecar"
         # Overload protection: the queue-time objective, where some tenant may be shed (overload.py).
         overload: dict[str, Any] = cfg.get("overload") or {}
         self.overload: Optional[Overload] = Overload(
@@ -206,9 +209,10 @@ class GuardMiddleware:
         # The replica's own window, before any body is read, with globalLimits too: a tenant's
         # stream of bodies the guard refuses (each read and parsed on vLLM's event loop) meets a
         # 429 here; the shared store counts only the requests found valid (take_shared).
-        if not self.unmetered and (wait := tenant.limiter.take()) is not None:
+        if not self.sidecar and (wait := tenant.limiter.take()) is not None:
             raise rate_limited(tenant, wait)
         if kind == "info":
+            self._take_after_body(tenant, False)
             await take_shared(self.limits, self.store_unavailable, tenant, 0)
             # Not a request the SLOs or the chargeback count: a client polling /v1/models would
             # otherwise dilute the availability its generations get.
@@ -220,6 +224,18 @@ class GuardMiddleware:
             raise too_large(self.max_body)
         return await self._admit_body(scope, receive, await receive_body(receive, self.max_body), kind, tenant,
                                       salt=tenant.salt if path in self.salted else None)
+
+    def _take_after_body(self, tenant: Tenant, decode_leg: bool) -> Any:
+        """On a P/D decode pod (`sidecar`), the per-replica window taken now, unless the request is the routing
+        sidecar's decode leg (kv_transfer_params from its loopback peer: the prefill pod's guard took the limits
+        before the prefill ran); the shared limits to take (None: none)."""
+        if not self.sidecar:
+            return self.limits
+        if decode_leg:
+            return None
+        if (wait := tenant.limiter.take()) is not None:
+            raise rate_limited(tenant, wait)
+        return self.limits
 
     def _shed(self, tenant: Tenant, scope: Scope) -> None:
         """A 429 with Retry-After for a sheddable tenant while the queue is over its objective; its
@@ -262,7 +278,7 @@ class GuardMiddleware:
         request on the general path, ~7 here). None, before anything is counted or read, for any request
         that is not plainly that one: the general path then decides it from the start. Once the
         rate limit is taken it finishes as the general path would (tests compare the two)."""
-        if self.shared is not None or self.objective_header:
+        if self.shared is not None or self.objective_header or self.sidecar:
             return None
         path = scope.get("path")
         issuer_header, subject_header = self.issuer_header, self.subject_header
@@ -296,7 +312,7 @@ class GuardMiddleware:
         # From here on, as the general path: shed, counted, then the body.
         if tenant.priority < 0:
             self._shed(tenant, scope)
-        if not self.unmetered and (wait := tenant.limiter.take()) is not None:
+        if (wait := tenant.limiter.take()) is not None:
             raise rate_limited(tenant, wait)
         message = await receive()
         # body._BODY read here, not imported: without msgspec (or in a test that takes it away) it is None.
@@ -334,12 +350,13 @@ class GuardMiddleware:
         where the caller has read them already); `salt`, the tenant's cache_salt member to append."""
         utf8_or_error(body)
         kv_transfer.check(body, self.kv_transfer)
+        limits = self._take_after_body(tenant, self.sidecar and kv_transfer.carries(body))
         if kind not in OUTPUT_FIELDS:  # pooling: rate limited, generates nothing
             fields = fields_or_error(body, kind)
             metered_or_error(fields)
             if tenant.models is not None:
                 check_model(tenant.models, fields)
-            await take_shared(self.limits, self.store_unavailable, tenant, 0)
+            await take_shared(limits, self.store_unavailable, tenant, 0)
             if salt is None:
                 return scope, Replay(body, receive), None, tenant
             return (*forward(scope, receive, add_members(body, closing_brace(fields, body), salt)), None, tenant)
@@ -352,9 +369,9 @@ class GuardMiddleware:
         if tenant.models is not None:
             check_model(tenant.models, fields)
         add = budget.check(tenant.cap, tenant.name)
-        if self.limits is not None:
+        if limits is not None:
             per_sequence = add if add is not None else max(v for v in budget.per_sequence if v is not None)
-            await take_shared(self.limits, self.store_unavailable, tenant, per_sequence * budget.sequences)
+            await take_shared(limits, self.store_unavailable, tenant, per_sequence * budget.sequences)
         if add is None and salt is None:
             return scope, Replay(body, receive), None, tenant
         members = b",".join(m for m in (None if add is None else int_member(OUTPUT_FIELDS[kind], add), salt) if m)

@@ -5,7 +5,9 @@ The sidecar (v0.10.0) routes exact paths only (pkg/sidecar/proxy/proxy.go:627-63
 tenant URLs arrive prefixed (/<tenant>/<model>/v1/...: GKE claims no HTTPRoute path rewrite, prefixes.py).
 So this hop takes the pool's prefix off exactly as the guard does (prefixes.py, the same `pathPrefixes`),
 refuses any body carrying kv_transfer_params (400, kv_transfer.py's reading: no client's copy reaches the
-sidecar, which would forward it to vLLM, on any path), refuses a path under another prefix (404), and
+sidecar, which would forward it to vLLM, on any path), refuses a request over its tenant's max-tokens cap
+(400, the guard's caps.py on the guard's config: the sidecar's prefill leg sets max_tokens to 1, so neither
+guard could refuse it before the prefill ran), refuses a path under another prefix (404), and
 passes everything else on as it came (headers kept, the answer streamed): /health and /metrics as before.
 The request body is read whole before it is passed on (the check needs it; the guard reads it whole too),
 up to the guard's maxBodyBytes.
@@ -21,9 +23,13 @@ from importlib import import_module
 from typing import Any, Iterable, Optional
 
 from . import kv_transfer
+from .body import read_fields
+from .caps import Budget
 from .config import DEFAULT_MAX_BODY_BYTES, load_config
 from .errors import GuardError, error_body
 from .prefixes import VERSION, Prefixes
+from .routes import OUTPUT_FIELDS, route_table
+from .scan import JsonShapeError
 
 # Hop-by-hop headers (RFC 9110 7.6.1), never passed on; the length is the one of what is passed.
 HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
@@ -73,10 +79,34 @@ def target(prefixes: Prefixes, path: str, raw_path: str) -> Optional[str]:
     return out + (f"?{query}" if query else "")
 
 
+class Caps:
+    """The tenants' max-tokens caps from the guard's config, checked as the decode pod's guard checks them."""
+
+    def __init__(self, config: dict[str, Any]):
+        self.header = str(config.get("issuerHeader", "x-vllm-gke-issuer"))
+        issuers: dict[str, dict[str, Any]] = config.get("issuers") or {}
+        self.caps = {iss: (str(e["tenant"]), int(e["maxTokens"])) for iss, e in issuers.items()}
+        self.routes = route_table(config)
+        self.rule = str(config.get("maxTokensRule") or "both")
+
+    def check(self, headers: Any, path: str, body: bytes) -> None:
+        """GuardError 400 over the tenant's cap; anything else (no tenant, a bad body) the guard decides."""
+        kind = self.routes.get(path.partition("?")[0], ("", ""))[1]
+        issuers = headers.getall(self.header, [])
+        if kind not in OUTPUT_FIELDS or len(issuers) != 1 or (entry := self.caps.get(issuers[0])) is None:
+            return
+        try:
+            budget = Budget(kind, read_fields(body, kind), self.rule)
+        except (JsonShapeError, ValueError):
+            return
+        budget.check(entry[1], entry[0])
+
+
 def app(config: dict[str, Any], upstream_port: int) -> Any:
     aio, web = _aiohttp(), _aiohttp("web")
     prefixes = Prefixes(config.get("pathPrefixes") or ())
     limit = int(config.get("maxBodyBytes") or DEFAULT_MAX_BODY_BYTES)
+    caps = Caps(config)
     base = f"http://127.0.0.1:{upstream_port}"
 
     async def handle(request: Any) -> Any:
@@ -86,6 +116,7 @@ def app(config: dict[str, Any], upstream_port: int) -> Any:
         try:
             body = await _body(request, limit)
             kv_transfer.check(body, "refuse")
+            caps.check(request.headers, path, body)
         except GuardError as err:
             return _error(err)
         session: Any = request.app[UPSTREAM]
