@@ -172,6 +172,10 @@ class StandIn(BaseHTTPRequestHandler):
 
     def _answer(self, body: bytes) -> None:
         self.seen.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
+        if self.path == "/v1/slow":  # a long non-streamed answer: does the front let go when its client does?
+            self.seen[-1]["left"] = self._peer_left()
+            self.close_connection = True
+            return
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("transfer-encoding", "chunked")
@@ -179,8 +183,22 @@ class StandIn(BaseHTTPRequestHandler):
         for event in (b"data: {\"n\":1}\n\n", b"data: {\"n\":2}\n\n", b"data: [DONE]\n\n"):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
             self.wfile.flush()
+            if self.path == "/v1/broken":  # the sidecar fails after the answer began
+                self.connection.shutdown(socket.SHUT_RDWR)
+                self.close_connection = True
+                return
             time.sleep(0.05)
         self.wfile.write(b"0\r\n\r\n")
+
+    def _peer_left(self) -> bool:
+        """Whether the front closed this request's connection within 30 s (it should once its client left)."""
+        import select
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if select.select([self.connection], [], [], 0.2)[0] and self.connection.recv(1, socket.MSG_PEEK) == b"":
+                return True
+        return False
 
     def log_message(self, *_: Any) -> None:
         pass
@@ -288,6 +306,33 @@ def test_a_request_over_its_tenants_cap_never_reaches_the_sidecar(front, path, b
         conn.close()
         assert resp.status == 200
     assert len(StandIn.seen) == 2
+
+
+def test_a_client_that_leaves_cancels_the_sidecars_request(front):
+    """aiohttp's run_app keeps a handler running after its client left unless handler_cancellation is on:
+    the sidecar (and vLLM behind it) would generate a non-streamed answer to its end for nobody."""
+    StandIn.seen.clear()
+    conn = socket.create_connection(("127.0.0.1", front["port"]))
+    conn.sendall(b"POST /v1/slow HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+    while not StandIn.seen:
+        time.sleep(0.05)
+    conn.close()
+    while "left" not in StandIn.seen[0]:
+        time.sleep(0.1)
+    assert StandIn.seen[0]["left"] is True
+
+
+def test_a_sidecar_failing_mid_answer_cuts_the_clients_connection(front):
+    """Once the answer began, the front may not answer a 503 inside its body, nor end it as if complete:
+    the connection is cut, and the client sees the answer broke off."""
+    conn = socket.create_connection(("127.0.0.1", front["port"]), timeout=30)
+    conn.sendall(b"POST /v1/broken HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+    raw = b""
+    while chunk := conn.recv(1 << 16):
+        raw += chunk
+    conn.close()
+    assert raw.startswith(b"HTTP/1.1 200") and b"data: {" in raw, raw
+    assert b"503" not in raw and b"upstream_unavailable" not in raw and not raw.endswith(b"0\r\n\r\n"), raw
 
 
 def test_an_unknown_prefix_is_404_and_health_and_metrics_pass_as_they_are(front):

@@ -120,6 +120,7 @@ def app(config: dict[str, Any], upstream_port: int) -> Any:
         except GuardError as err:
             return _error(err)
         session: Any = request.app[UPSTREAM]
+        out: Any = None
         try:
             async with session.request(request.method, base + path, headers=_kept(request.headers.items()),
                                        data=body if body else None, allow_redirects=False) as answer:
@@ -133,6 +134,12 @@ def app(config: dict[str, Any], upstream_port: int) -> Any:
                 await out.write_eof()
                 return out
         except (aio.ClientError, asyncio.TimeoutError):
+            if out is not None and out.prepared:
+                # The answer began: a 503 now would land inside its body. Cut the connection instead, so the
+                # client sees the answer broke off (as the sidecar's own failure mid-stream looks).
+                if request.transport is not None:
+                    request.transport.abort()
+                raise asyncio.CancelledError from None
             return _error(GuardError(503, "the routing sidecar did not answer", "upstream_unavailable"))
 
     async def session(a: Any) -> Any:
@@ -154,7 +161,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream-port", type=int, required=True)
     args = parser.parse_args(argv)
-    _aiohttp("web").run_app(app(load_config(), args.upstream_port), port=args.port, access_log=None, print=None)
+    # handler_cancellation: a client that leaves cancels its handler, and so the sidecar's request and vLLM's
+    # generation (aiohttp 3.14's run_app defaults to False: a non-streamed answer would run on to its end).
+    _aiohttp("web").run_app(app(load_config(), args.upstream_port), port=args.port, access_log=None, print=None,
+                            handler_cancellation=True)
 
 
 if __name__ == "__main__":
