@@ -154,17 +154,43 @@ def warm_up(base: str, model: str, token: str) -> int:
     return ok
 
 
-def hold_gpu_lease(stopped: Callable[[], bool]) -> Optional[Callable[[], None]]:
+# A server stopped for a lost lease: the GPU is the waiter's a lease (at least 15 s) after the loss.
+LOST_LEASE_GRACE_S = 5.0
+
+
+def hold_gpu_lease(stopped: Callable[[], bool], on_lost: Callable[[], None]) -> Optional[Callable[[], None]]:
     """models[].sleepMode: the shared GPU's lease before vLLM starts, so no server loads beside an
     awake one (vLLM 0.34 does not refuse to: it loads into what is left, vllm_gke_guard/swap.py); the
-    returned handoff stops this process renewing it once the guard holds it. None if the pod was told
-    to stop while waiting."""
-    cfg = json.loads(os.environ.get("GKE_LLM_GUARD_CONFIG") or "{}")
+    returned handoff stops this process renewing it once the guard holds it; on_lost runs (in the
+    renewing thread) if the lease is lost before. None if the pod was told to stop while waiting."""
+    cfg = guard_config()
     if not cfg.get("swap"):
         return lambda: None
     from vllm_gke_guard.swap import hold_for_startup  # the guard's package, in the image
 
-    return hold_for_startup(cfg, stopped)
+    return hold_for_startup(cfg, stopped, on_lost)
+
+
+def drop_gpu_lease() -> None:
+    """vLLM has exited: the GPU's lease (if still this pod's) freed at once, not a lease and a fence later."""
+    cfg = guard_config()
+    if cfg.get("swap"):
+        from vllm_gke_guard.swap import drop_after_exit
+
+        drop_after_exit(cfg)
+
+
+def guard_config() -> dict[str, Any]:
+    return json.loads(os.environ.get("GKE_LLM_GUARD_CONFIG") or "{}")
+
+
+def stop_server(proc: "subprocess.Popen[bytes]", grace_s: float = LOST_LEASE_GRACE_S) -> None:
+    """SIGTERM, then SIGKILL past grace_s (the GPU is another's a fence after the loss)."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def exit_status(returncode: int) -> int:
@@ -212,10 +238,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return join_ray(join, stopped=lambda: bool(stop))
     if (head := os.environ.get(RAY_HEAD_ENV)) and not start_ray_head(int(head), stopped=lambda: bool(stop)):
         return 0
-    handoff = hold_gpu_lease(stopped=lambda: bool(stop))
+    lost: list[bool] = []
+    server: list[subprocess.Popen[bytes]] = []
+
+    def lease_lost() -> None:  # the lease's thread: a waiter wakes a fence later, vLLM must be gone by then
+        print("vllm-gke: the GPU's lease was lost while vLLM started; stopping it (the container restarts and "
+              "waits for the lease)", file=sys.stderr, flush=True)
+        lost.append(True)
+        for p in server:
+            stop_server(p)
+
+    handoff = hold_gpu_lease(stopped=lambda: bool(stop), on_lost=lease_lost)
     if handoff is None:
         return 0
     proc = subprocess.Popen([*command, *argv], env=env)
+    server.append(proc)
+    if lost:  # lost before the thread could see the server
+        stop_server(proc)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _f: proc.send_signal(s))
     if "--headless" in argv:
@@ -225,14 +264,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     alive = lambda: proc.poll() is None  # noqa: E731
     pause = float(os.environ.get("GKE_LLM_WARMUP_PAUSE_SECONDS", "5"))
     healthy = wait_healthy(base, alive=alive, timeout_s=startup_window_s())
-    if healthy and warm_up_until_one_succeeds(base, model, token, alive, pause_s=pause):
-        handoff()  # the warm-up went through the guard: its watcher holds the GPU's lease now
+    if healthy and not lost:
+        # vLLM is up: the guard's watcher (started with its lifespan) renews the GPU's lease, and
+        # yields it only after a request it served (this warm-up), so the handoff comes first.
+        handoff()
+    if healthy and not lost and warm_up_until_one_succeeds(base, model, token, alive, pause_s=pause):
         with open(marker, "w") as fh:
             fh.write(str(time.time()))
     elif alive():
         # Never warm: the startup probe fails and the kubelet restarts the container.
         print("vllm-gke: no warm-up request succeeded; not marking the replica ready", file=sys.stderr)
-    return exit_status(proc.wait())
+    code = exit_status(proc.wait())
+    drop_gpu_lease()
+    return code or int(bool(lost))  # a lost lease: non-zero, so the container restarts and waits for it
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sys
 import time
 from typing import Any, Optional
 
@@ -14,6 +15,9 @@ import pytest
 
 from vllm_gke.images.vllm_gke_guard import swap as sw
 from vllm_gke.images.vllm_gke_guard.errors import GuardError, error_body
+from vllm_gke.infra.plan import REPO_ROOT
+
+IMAGES = REPO_ROOT / "images"
 
 
 @pytest.fixture
@@ -246,10 +250,17 @@ def test_past_its_wait_a_request_gets_503_with_retry_after(redis_port):
     assert b'"type": "service_unavailable"' in error_body(err)
 
 
-def test_the_holder_keeps_the_gpu_its_minimum_then_yields(redis_port):
-    async def go() -> tuple[bool, bool]:
-        a, a_engine = await started(redis_port, "a", min_awake_s=3600)
+def test_the_holder_keeps_the_gpu_until_its_warm_up_and_its_minimum_then_yields(redis_port):
+    """Not before a request served (the entrypoint's warm-up, after its handoff: a yield before
+    it would read to the entrypoint as a lost lease), nor before minAwakeSeconds."""
+    async def go() -> tuple[bool, bool, bool]:
+        a, a_engine = await started(redis_port, "a", min_awake_s=0)
         await lease(redis_port, "b").take()  # b waits
+        await a.step()
+        before_warm_up = not a_engine.asleep
+        await a.enter()
+        a.leave()
+        a.min_awake_s = 3600
         await a.step()
         kept = not a_engine.asleep
         a.min_awake_s = 0
@@ -257,10 +268,9 @@ def test_the_holder_keeps_the_gpu_its_minimum_then_yields(redis_port):
         for t in (a.watcher,):
             assert t is not None
             t.cancel()
-        return kept, a_engine.asleep
+        return before_warm_up, kept, a_engine.asleep
 
-    kept, slept = run(go())
-    assert kept and slept
+    assert run(go()) == (True, True, True)
 
 
 def test_a_server_that_lost_its_lease_sleeps(redis_port):
@@ -528,13 +538,18 @@ def test_a_yielding_server_that_loses_its_lease_sleeps_before_the_waiter_wakes(r
         a_engine = Slow("a", gpu)
         a.bind(a_engine)
         gpu.append("a")
+        await a.enter()  # the entrypoint's warm-up
+        a.leave()
         await a.enter()  # a long generation in flight on a
         b = sw.Swap({"level": 1, "waitSeconds": 10}, lease(redis_port, "b", ttl_s=0.5), poll_s=0.02)
         b.awake = False
         b.bind(Slow("b", gpu))
         request = asyncio.create_task(b.enter())
-        while not a.yielding:
+        for _ in range(250):
+            if a.yielding:
+                break
             await asyncio.sleep(0.02)
+        assert a.yielding
         await aioredis.Redis(port=redis_port).delete(sw.lease_key("node-1"))  # the store restarted empty
         await asyncio.wait_for(request, 10)  # Slow asserts b never wakes beside a
         a.leave()
@@ -569,3 +584,82 @@ def test_a_yielding_server_cut_off_from_the_store_past_half_the_lease_sleeps_and
 
     calls, owes = run(go())
     assert calls == [("sleep", 1, "abort")] and owes
+
+
+def lua(port: int, op: str, holder: str, ttl_ms: int = 30_000) -> list[Any]:
+    import redis
+
+    plain: Any = redis.Redis(port=port)  # Any: redis-py annotates fcall's arguments as lists
+    out = plain.fcall(sw.FUNCTION, 1, sw.lease_key("node-1"), op, holder, ttl_ms, 1000)
+    return [int(out[0]), *(v.decode() for v in out[1:])]
+
+
+def test_a_lease_lost_while_vllm_loads_tells_the_entrypoint_before_the_waiter_is_granted(redis_port, monkeypatch):
+    """/tmp/rev4b/startup_restart.py: the entrypoint holds the lease while vLLM loads; the store
+    restarts empty; the waiter is granted a fence later, and the entrypoint must know before."""
+    import redis
+
+    monkeypatch.setenv(sw.NODE_ENV, "node-1")
+    monkeypatch.setenv(sw.HOLDER_ENV, "a")
+    cfg = {"globalLimits": {"host": "127.0.0.1", "port": redis_port}, "swap": {"level": 1, "leaseSeconds": 1}}
+    free(redis_port)
+    told: list[float] = []
+    handoff = sw.hold_for_startup(cfg, lambda: False, on_lost=lambda: told.append(time.monotonic()))
+    assert handoff is not None
+    time.sleep(0.5)
+    redis.Redis(port=redis_port).delete(sw.lease_key("node-1"))  # the store restarted empty
+    while lua(redis_port, "take", "b", 1000)[0] != 1:
+        time.sleep(0.05)
+    granted = time.monotonic()
+    handoff()
+    assert told and told[0] < granted
+
+
+def server_script(tmp_path: Any, body: str) -> str:
+    script = tmp_path / "vllm.py"
+    script.write_text(body)
+    return f"{sys.executable} {script}"
+
+
+def entrypoint(monkeypatch: Any, port: int, command: str, tmp_path: Any) -> Any:
+    """images/serve.py's main, its server `command`, its GPU lease in the store on `port`."""
+    import json
+
+    monkeypatch.syspath_prepend(str(IMAGES))
+    import serve  # pyright: ignore[reportMissingImports]
+
+    monkeypatch.setattr(serve.signal, "signal", lambda *a: None)  # pyright: ignore[reportUnknownMemberType]
+    monkeypatch.setenv(sw.NODE_ENV, "node-1")
+    monkeypatch.setenv(sw.HOLDER_ENV, "a")
+    monkeypatch.setenv("GKE_LLM_WARM_MARKER", str(tmp_path / "warm"))
+    monkeypatch.setenv("GKE_LLM_SERVER_COMMAND", command)
+    monkeypatch.setenv("GKE_LLM_GUARD_CONFIG", json.dumps(
+        {"globalLimits": {"host": "127.0.0.1", "port": port}, "swap": {"level": 1, "leaseSeconds": 1}}))
+    free(port)
+    return serve
+
+
+def test_the_entrypoint_stops_a_loading_vllm_whose_lease_was_lost_and_exits_non_zero(redis_port, monkeypatch, tmp_path):
+    import threading
+
+    import redis
+
+    loading = server_script(tmp_path, "import sys, time\nopen(sys.argv[0] + '.pid', 'w').write('x')\ntime.sleep(120)\n")
+    serve = entrypoint(monkeypatch, redis_port, loading, tmp_path)
+
+    def restart_store() -> None:
+        while not (tmp_path / "vllm.py.pid").exists():
+            time.sleep(0.05)
+        redis.Redis(port=redis_port).delete(sw.lease_key("node-1"))
+
+    threading.Thread(target=restart_store, daemon=True).start()
+    begun = time.monotonic()
+    code = serve.main(["/models/m", "--port", "1"])
+    assert code != 0 and time.monotonic() - begun < 60  # stopped, not left loading for its 120 s
+    assert not (tmp_path / "warm").exists()
+
+
+def test_the_entrypoint_drops_the_lease_once_vllm_exits(redis_port, monkeypatch, tmp_path):
+    serve = entrypoint(monkeypatch, redis_port, server_script(tmp_path, "pass\n"), tmp_path)
+    assert serve.main(["/models/m", "--port", "1"]) == 0
+    assert lua(redis_port, "take", "b")[:2] == [1, "b"]  # free at once, not a lease and a fence later

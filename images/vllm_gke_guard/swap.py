@@ -21,11 +21,14 @@ wake or sleep a model without passing the tenant checks first.
     requests and sleeps at once (aborting what runs: the GPU may be another's within the fence);
     one cut off from the store drops the lease once it answers again.
   - The entrypoint (images/serve.py) takes the lease before vLLM starts (hold_for_startup) and
-    renews it while vLLM loads and warms up, then hands it to the guard (the guard's watcher runs
-    from the warm-up's first request). vLLM 0.34 does not refuse to start beside an awake server
-    (its extensible KV cache, on by default on CUDA, skips the free-memory check: vllm-project/
-    vllm@v0.34.0:vllm/v1/worker/utils.py:759-762,783-786) but loads into what is left, failing or
-    keeping a tiny KV cache until restarted: so no server starts while another is awake.
+    renews it while vLLM loads; lost meanwhile, it stops vLLM and exits non-zero (the container
+    restarts and waits for the lease). Once vLLM is healthy it hands the lease to the guard, whose
+    watcher runs from vLLM's lifespan start and yields only after a request served (the
+    entrypoint's warm-up, sent after the handoff); when vLLM exits it drops the lease. vLLM 0.34
+    does not refuse to start beside an awake server (its extensible KV cache, on by default on CUDA,
+    skips the free-memory check: vllm-project/vllm@v0.34.0:vllm/v1/worker/utils.py:759-762,783-786)
+    but loads into what is left, failing or keeping a tiny KV cache until restarted: so no server
+    starts while another is awake.
 """
 
 from __future__ import annotations
@@ -101,6 +104,9 @@ class Swap:
         self.awake, self.yielding = True, False
         self.awake_since = self.renewed = clock()
         self.inflight = 0
+        # A request served (the entrypoint's warm-up comes after its handoff): the watcher yields only
+        # then, so a yield is never taken by the entrypoint for a lost lease (it stops vLLM on that).
+        self.served = False
         # Asleep because the store was out of reach: the lease is dropped once it answers.
         self.owes_drop = False
         self.turn = asyncio.Lock()  # one wake or sleep at a time
@@ -125,6 +131,7 @@ class Swap:
 
     def leave(self) -> None:
         self.inflight -= 1
+        self.served = True
 
     async def _acquire(self, deadline: float) -> None:
         try:
@@ -234,8 +241,11 @@ class Swap:
         self.renewed = self.clock()
         if not mine:
             await self._lost()
-        elif waiter and waiter != self.lease.holder and self.clock() - self.awake_since >= self.min_awake_s:
+        elif waiter and waiter != self.lease.holder and self._may_yield():
             await self._yield()
+
+    def _may_yield(self) -> bool:
+        return self.served and self.clock() - self.awake_since >= self.min_awake_s
 
     async def _lost(self) -> None:
         self.yielding = True  # new requests wait at once, not in the paused engine
@@ -314,12 +324,15 @@ def busy(holder: str, wait_s: float) -> GuardError:
     return err
 
 
-def hold_for_startup(cfg: dict[str, Any], stopped: Callable[[], bool]) -> Optional[Callable[[], None]]:
+def hold_for_startup(cfg: dict[str, Any], stopped: Callable[[], bool],
+                     on_lost: Callable[[], None] = lambda: None) -> Optional[Callable[[], None]]:
     """The entrypoint's wait, before vLLM starts, for the GPU's lease; None if the pod was told to
     stop first. Blocking: nothing else runs in the entrypoint then. Once it has the lease, a thread
-    renews it while vLLM starts (a pod that dies meanwhile frees the GPU within leaseSeconds) until
-    the returned handoff is called (the entrypoint's warm-up went through the guard, whose watcher
-    holds the lease from then on) or the lease is no longer this server's."""
+    renews it while vLLM loads (a pod that dies meanwhile frees the GPU within leaseSeconds) until
+    the returned handoff is called (vLLM is up: the guard's watcher, started with its lifespan,
+    renews it from then on). Lost meanwhile (a store restarted empty, or no renew past half the
+    lease), the thread calls on_lost: the entrypoint stops the loading server, which would be
+    beside the waiter granted the GPU a fence later."""
     shared: dict[str, Any] = cfg.get("globalLimits") or {}
     swap: dict[str, Any] = cfg.get("swap") or {}
     if not swap:
@@ -336,12 +349,18 @@ def hold_for_startup(cfg: dict[str, Any], stopped: Callable[[], bool]) -> Option
         return int(client.fcall(FUNCTION, 1, key, op, holder, ttl_ms, fresh_ms)[0]) == 1
 
     def keep() -> None:
+        renewed = time.monotonic()
         while not handed.wait(POLL_SECONDS):
             try:
-                if not call("renew"):
-                    return
+                if call("renew"):
+                    renewed = time.monotonic()
+                    continue
             except redis.RedisError:
-                continue
+                if time.monotonic() - renewed <= ttl_ms / 2000:
+                    continue
+            if not handed.is_set():
+                on_lost()
+            return
 
     while not stopped():
         try:
@@ -352,3 +371,18 @@ def hold_for_startup(cfg: dict[str, Any], stopped: Callable[[], bool]) -> Option
             print(f"vllm-gke: GPU lease not reachable yet ({type(exc).__name__})", flush=True)
         time.sleep(POLL_SECONDS)
     return None
+
+
+def drop_after_exit(cfg: dict[str, Any]) -> None:
+    """The entrypoint, once vLLM has exited: the GPU free at once for a waiter, not a lease and a
+    fence later. A no-op unless the lease is still this pod's."""
+    shared: dict[str, Any] = cfg.get("globalLimits") or {}
+    if not cfg.get("swap") or not shared:
+        return
+    import redis
+
+    client: Any = redis.Redis(host=str(shared["host"]), port=int(shared["port"]), socket_timeout=2)
+    try:
+        client.fcall(FUNCTION, 1, lease_key(os.environ[NODE_ENV]), "drop", os.environ[HOLDER_ENV], 1000, 1000)
+    except redis.RedisError as exc:  # it lapses by itself: a lease and a fence later
+        print(f"vllm-gke: could not drop the GPU's lease on exit ({type(exc).__name__})", flush=True)
