@@ -663,3 +663,44 @@ def test_the_entrypoint_drops_the_lease_once_vllm_exits(redis_port, monkeypatch,
     serve = entrypoint(monkeypatch, redis_port, server_script(tmp_path, "pass\n"), tmp_path)
     assert serve.main(["/models/m", "--port", "1"]) == 0
     assert lua(redis_port, "take", "b")[:2] == [1, "b"]  # free at once, not a lease and a fence later
+
+
+def test_the_package_services_of_one_pool_share_a_lease_no_model_wakes_beside_another_reloading(redis_port):
+    """/tmp/rev4b/mixed_leases.py: two package VllmServices on one shared pool (qwen level 1, mistral
+    level 2); the store restarts while mistral reloads; qwen's take is fenced by its own lease, so it
+    must be no shorter than mistral's reload. Their leases are the services' own, scaled by 1/100."""
+    from vllm_gke.components.provider.vllm_service import _swap  # pyright: ignore[reportPrivateUsage]
+    from vllm_gke.infra.config import parse
+    from vllm_gke.infra.plan import read_stack_config
+
+    cfg = parse(read_stack_config("tuned"))
+    models = {m.name: m for m in cfg.models}
+    pool = cfg.pool("l4-shared")
+    leases = {name: _swap(models[name], pool)["swap"]["leaseSeconds"] / 100 for name in ("qwen-1-5b", "mistral-7b")}
+    reload_s = leases["mistral-7b"] / 1.5 * 0.9  # within its lease, as the lease's margin allows
+    gpu: list[str] = []
+    free(redis_port)
+
+    async def go() -> None:
+        import redis.asyncio as aioredis
+
+        def mk(holder: str, level: int, reload: float) -> sw.Swap:
+            s = sw.Swap({"level": level, "waitSeconds": 10}, lease(redis_port, holder, ttl_s=leases[holder]),
+                        poll_s=0.02)
+            s.awake = False
+            s.bind(Slow(holder, gpu, reload))
+            return s
+
+        m, q = mk("mistral-7b", 2, reload_s), mk("qwen-1-5b", 1, 0.0)
+        woken = asyncio.create_task(m.enter())
+        await asyncio.sleep(0.1)
+        other = asyncio.create_task(q.enter())
+        await asyncio.sleep(0.1)
+        await aioredis.Redis(port=redis_port).delete(sw.lease_key("node-1"))  # the store restarted empty
+        done = await asyncio.gather(woken, other, return_exceptions=True)
+        for t in (m.watcher, q.watcher):
+            assert t is not None
+            t.cancel()
+        assert not [d for d in done if isinstance(d, AssertionError)], done  # Slow: nobody woke beside another
+
+    run(go())

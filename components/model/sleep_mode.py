@@ -96,6 +96,14 @@ def lease_for(wakes_s: list[float]) -> int:
     return max(LEASE_SECONDS, math.ceil(LEASE_MARGIN * max(wakes_s, default=0.0)))
 
 
+def package_lease_seconds(node_pool: NodePoolSpec) -> int:
+    """A package user's VllmService: the same lease for every model of the pool (a take's fence is the
+    taker's lease, so one shorter than another's wake lets a model wake beside it reloading). A lone
+    service knows not the pool's other models, so the pool's bound: a level-2 wake of the GPU's whole
+    memory, read at FACADE_READ_MIB_S."""
+    return lease_for([RESUME_S + node_pool.slice_memory_gb * 1e9 / (FACADE_READ_MIB_S * 1024 ** 2)])
+
+
 def lease_seconds(cfg: "StackConfig", node_pool: str) -> int:
     """One lease for a shared pool's models: a take's fence is the taker's lease, so it must cover the
     slowest model's wake, whoever holds the GPU."""

@@ -17,7 +17,7 @@ from ..model.keda_scaling import KedaScaling
 from ..model.pods.standby import standby_name
 from ..model.serving_api import pool_guard_config
 from ..model.serving_pool import check_callers
-from ..model.sleep_mode import FACADE_READ_MIB_S, lease_for, package_problems, swap_guard_config, wake_at
+from ..model.sleep_mode import package_lease_seconds, package_problems, swap_guard_config
 from ..model.specs import ImageRef as ImageModel
 from ..model.specs import ModelSpec as ModelModel
 from ..model.specs import MonitoringSpec
@@ -188,7 +188,7 @@ def _service_args(read: _Read, args: VllmServiceInputs) -> VllmServiceArgs:
                                           if args.get("global_limits") else None,
                                           MonitoringSpec().queue_latency_slo_seconds,
                                           dedicated=bool(args.get("tenant"))),
-                      **_swap(model)},  # models[].sleepMode: the guard swaps its engine
+                      **_swap(model, read.node_pool)},  # models[].sleepMode: the guard swaps its engine
         tenant=args.get("tenant"),
         release=read.release, canary=canary,
         scaling=KedaScaling(args.get("project", ""), args.get("keda_auth") or GMP_AUTH,
@@ -200,9 +200,8 @@ def _service_args(read: _Read, args: VllmServiceInputs) -> VllmServiceArgs:
         load_seconds=float(args.get("cold_start_seconds") or package_cold_start_seconds(model, read.node_pool)))
 
 
-def _swap(model: ModelModel) -> dict[str, Any]:
-    """The guard's swap config: the lease from this model's own wake (a lone service knows neither the
-    pool's other models nor the stack's share, so a level-2 reload is read at FACADE_READ_MIB_S)."""
+def _swap(model: ModelModel, node_pool: NodePoolModel) -> dict[str, Any]:
+    """The guard's swap config, its lease the node pool's (every service on the pool the same one)."""
     if model.sleep_mode is None:
         return {}
-    return swap_guard_config(model, lease_for([wake_at(model, FACADE_READ_MIB_S * 1024 ** 2)]))
+    return swap_guard_config(model, package_lease_seconds(node_pool))
