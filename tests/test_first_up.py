@@ -149,6 +149,10 @@ def test_vllm_pods_are_hardened(plans, stack):
             # On TPUs the server runs as root, as GKE's TPU examples do (the chips' device nodes),
             # and keeps the rest (tests/test_tpu_serving.py, policy pods-hardened).
             root = {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False} if tpu else {}
+            # A disaggregated pool's decode pods run llm-d's routing sidecar and the P/D front as the sidecar
+            # image's own unprivileged user (its Dockerfile's 65532), never root.
+            if c["name"] in ("routing-sidecar", "pd-front"):
+                root = {"runAsUser": 65532, "runAsGroup": 65532, "runAsNonRoot": True}
             assert c["securityContext"] == {**hardened, **root}, (dep["metadata"]["name"], c["name"])
         env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
         mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
+from . import capacity  # a cycle (capacity -> kv_offload -> vllm_server -> here): read at call time
 from .catalog import MachineType
 from .machine_prices import MACHINE_PRICES
 from .specs import DisaggregationSpec, ModelSpec, NodePoolSpec, ServingPoolSpec
@@ -265,9 +266,6 @@ class PdSizing:
 def pd_sizing(model: ModelSpec, decode_pool: NodePoolSpec, prefill_np: NodePoolSpec) -> PdSizing:
     """Size both pools for models[].disaggregation.load (unset: what the decode pool's minReplicas
     generate, with prompts in the ratio the prefill pool's minReplicas prefill)."""
-    # Here, not at the top: capacity.py imports (through kv_offload.py) vllm_server, which imports this.
-    from . import capacity
-
     spec, prefill = _spec(model), prefill_pool(model)
     decode_row = capacity.pool_capacity(model, "short", model.short, decode_pool)
     prefill_row = capacity.pool_capacity(model, "prefill", prefill, prefill_np)
@@ -305,8 +303,6 @@ def pd_sizing(model: ModelSpec, decode_pool: NodePoolSpec, prefill_np: NodePoolS
 
 def prefill_capacity(cfg: "StackConfig") -> list["PoolCapacity"]:
     """One capacity row per prefill pool (pool "prefill") on its node pool: the cost report's prefill replicas."""
-    from . import capacity
-
     return [capacity.pool_capacity(m, "prefill", prefill_pool(m), cfg.pool(name))
             for m, name in capacity.prefill_placements(cfg)]
 

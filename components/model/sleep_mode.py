@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .catalog import MACHINE_TYPES
+from .cold_start import MIB, cold_start_seconds, read_mib_s
 from .machine_prices import MACHINE_PRICES
 from .specs import ModelSpec, NodePoolSpec
 
@@ -125,8 +126,6 @@ def host_gb(model: ModelSpec) -> float:
 
 def wake_seconds(cfg: "StackConfig", model: ModelSpec) -> float:
     """From a request to a sleeping model until it can serve, once the GPU is free."""
-    from .cold_start import MIB, read_mib_s  # not at import: vllm_server imports this module, capacity it
-
     return wake_at(model, read_mib_s(cfg) * MIB)
 
 
@@ -190,8 +189,6 @@ class SwapRow:
 def swap_rows(cfg: "StackConfig") -> list[SwapRow]:
     """Each model that sleeps: its memory, its wake time against its cold start (node ready to
     serving), and how long a request may wait for its turn."""
-    from .cold_start import cold_start_seconds
-
     rows: list[SwapRow] = []
     for model in cfg.models:
         if model.sleep_mode is None:

@@ -9,8 +9,8 @@ import math
 from typing import Any, Optional
 
 from . import disaggregation, gcs_weights
-from .specs import ModelSpec, NodePoolSpec, ServingPoolSpec
 from .sleep_mode import sleep_args
+from .specs import ModelSpec, NodePoolSpec, ServingPoolSpec
 from .speculative import speculative_args
 from .vllm_versions import DEFAULT_VLLM_VERSION, VllmRelease, release, ttft_buckets_with
 from .weights_layout import SERVER_UID, adapter_copies, model_dir, ready_marker, served_files_gb, side_copies

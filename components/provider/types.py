@@ -488,7 +488,7 @@ class SpeculativeSpec(TypedDict):
     draft: NotRequired[DraftSpec]
     """draft_model, eagle, eagle3: the draft's weights and shape (required for them, refused otherwise)."""
     mean_acceptance_length: NotRequired[float]
-    """Tokens each verification step yields a sequence, the bonus token included, as vLLM measures it on your traffic at this numSpeculativeTokens: 1 + rate(vllm:spec_decode_num_accepted_tokens_total) / rate(vllm:spec_decode_num_drafts_total) (its mean acceptance length, v1/spec_decode/metrics.py: 177-195); above 1, below numSpeculativeTokens + 1. The plan solves it for the per-token acceptance a of (1 - a^(k+1)) / (1 - a). Unset: the method's assumed a (ngram 0.3, draft_model 0.6, eagle 0.6, eagle3 0.7, mtp 0.8); the plan says which it used."""
+    """Tokens each verification step yields a sequence, the bonus token included, as vLLM measures it on your traffic at this numSpeculativeTokens: 1 + rate(vllm:spec_decode_num_accepted_tokens_total) / rate(vllm:spec_decode_num_drafts_total) (its mean acceptance length, v1/spec_decode/metrics.py: 177-195); above 1, below numSpeculativeTokens + 1. The plan solves it for the per-token acceptance a of (1 - a^(k+1)) / (1 - a). Unset: the method's assumed a (ngram 0.3, draft_model 0.6, eagle 0.6, eagle3 0.7, mtp 0.8); the plan says which it used. For ngram vLLM counts only the steps where an n-gram matched (v1/core/sched/scheduler.py:3447): state the yield over every step instead, rate(vllm:generation_tokens_total) / (that rate - rate(vllm:spec_decode_num_accepted_tokens_total))."""
 
 
 class ModelSpec(TypedDict):

@@ -171,8 +171,9 @@ ROWS = (
              "a node's allocatable memory is the OS's total (the machine's less the kernel's 1/64 + 80 MiB and, on "
              "COS, 0.175% up to 248 MiB) less GKE's kube-reserved and the 100 MiB eviction threshold; pods that "
              "request more than is left stay Pending",
-             "kubernetes/autoscaler cluster-autoscaler/cloudprovider/gce/gce_reserved.go CalculateKernelReserved, "
-             "templates.go BuildCapacity; cloud.google.com/kubernetes-engine/docs/concepts/plan-node-sizes",
+             "kubernetes/autoscaler@cluster-autoscaler-1.33.0:cluster-autoscaler/cloudprovider/gce/gce_reserved.go "
+             "CalculateKernelReserved, templates.go BuildCapacity; "
+             "https://cloud.google.com/kubernetes-engine/docs/concepts/plan-node-sizes",
              "the offload server pods that fill a node (its devices over each pod's GPUs), every container, sidecar "
              "and the injected Envoy counted, fit its allocatable beside GKE's own pods",
              offload_pods_fit_the_node),
