@@ -704,3 +704,67 @@ def test_the_package_services_of_one_pool_share_a_lease_no_model_wakes_beside_an
         assert not [d for d in done if isinstance(d, AssertionError)], done  # Slow: nobody woke beside another
 
     run(go())
+
+
+def test_a_request_cut_by_a_lost_lease_before_its_response_gets_503_not_vllms_200(redis_port):
+    """vLLM 0.34 finishes an aborted request with finish_reason "abort" in a 200: the gate answers a
+    cut request whose response had not begun 503 + Retry-After in OpenAI's format; a begun one (a
+    stream) goes on as vLLM ends it."""
+    async def go() -> tuple[list[Any], list[Any]]:
+        a, _ = await started(redis_port, "a")
+        go_on = asyncio.Event()
+
+        async def vllm(scope: Any, receive: Any, send: Any) -> None:
+            if scope["path"] == "/v1/stream":
+                await send({"type": "http.response.start", "status": 200, "headers": []})
+            await go_on.wait()  # generating while the lease is lost
+            if scope["path"] != "/v1/stream":
+                await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b'{"finish_reason": "abort"}'})
+
+        gate = sw.SwapGate(vllm, a, {p: ("POST", "completions") for p in ("/v1/completions", "/v1/stream")})
+        sent: dict[str, list[Any]] = {"/v1/completions": [], "/v1/stream": []}
+
+        async def call(path: str) -> None:
+            async def send(message: Any) -> None:
+                sent[path].append(message)
+
+            await gate({"type": "http", "path": path}, None, send)
+
+        calls = [asyncio.create_task(call(p)) for p in sent]
+        await asyncio.sleep(0.05)
+        await lease(redis_port, "a").drop()
+        await lease(redis_port, "b").take()  # the GPU is b's now
+        await a.step()  # a sees it: sleeps, aborting both
+        go_on.set()
+        await asyncio.gather(*calls)
+        assert a.watcher is not None
+        a.watcher.cancel()
+        return sent["/v1/completions"], sent["/v1/stream"]
+
+    cut, stream = run(go())
+    assert cut[0]["status"] == 503 and dict(cut[0]["headers"])[b"retry-after"] == b"2"
+    assert b'"code": "model_swapping"' in cut[1]["body"] and b'"type": "service_unavailable"' in cut[1]["body"]
+    assert len(cut) == 2  # vLLM's own 200 and body swallowed
+    assert stream[0]["status"] == 200 and stream[1]["body"] == b'{"finish_reason": "abort"}'
+
+
+def test_a_wake_that_raises_sleeps_again_frees_the_gpu_and_answers_503(redis_port):
+    async def go() -> tuple[GuardError, list[tuple[Any, ...]], list[Any]]:
+        b, engine = await asleep(redis_port, "b", level=2)
+
+        async def oom(method: str) -> list[Any]:
+            engine.calls.append(("collective_rpc", method))
+            raise RuntimeError("CUDA out of memory")
+
+        engine.collective_rpc = oom  # type: ignore[method-assign]
+        with pytest.raises(GuardError) as exc:
+            await b.enter()
+        assert b.watcher is not None
+        b.watcher.cancel()
+        return exc.value, engine.calls, lua(redis_port, "take", "c")
+
+    err, calls, taken = run(go())
+    assert err.status == 503 and err.code == "model_swapping" and err.retry_after is not None
+    assert calls[-1] == ("sleep", 2, "abort")  # the weights it mapped back go to sleep again
+    assert taken[:2] == [1, "c"]  # the GPU free at once

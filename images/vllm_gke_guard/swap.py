@@ -109,6 +109,8 @@ class Swap:
         self.served = False
         # Asleep because the store was out of reach: the lease is dropped once it answers.
         self.owes_drop = False
+        # Sleeps that aborted what ran (a lost lease): SwapGate answers a cut request 503, not vLLM's 200.
+        self.aborts = 0
         self.turn = asyncio.Lock()  # one wake or sleep at a time
         self.engine: Any = None
         self.watcher: Optional[asyncio.Task[None]] = None
@@ -177,6 +179,8 @@ class Swap:
         keeper = asyncio.get_running_loop().create_task(keep())
         try:
             await self._wake()
+        except Exception as exc:
+            await self._wake_failed(exc)
         finally:
             keeper.cancel()
         if lost or self.clock() - self.renewed > self.lease_s / 2:
@@ -185,6 +189,23 @@ class Swap:
             self.owes_drop = not lost
             return False
         return True
+
+    async def _wake_failed(self, exc: Exception) -> None:
+        """A wake that raised (out of memory, a reload that failed): whatever woke sleeps again, the
+        GPU freed at once, and the request a 503 (not vLLM's 500 with the lease held unrenewed)."""
+        log.error("swap: the wake failed (%s: %s); sleeping and freeing the GPU", type(exc).__name__, exc)
+        self.awake = True  # the engine may be half awake: put all of it back to sleep
+        try:
+            await self._sleep("abort")
+        except Exception:
+            log.exception("swap: could not sleep after a failed wake")
+        self.awake, self.yielding, self.owes_drop = False, False, True
+        try:
+            await self.lease.drop()
+            self.owes_drop = False
+        except Exception:  # step() drops it once the store answers
+            pass
+        raise wake_failed(exc, self.wait_s) from None
 
     async def _wake(self) -> None:
         started = self.clock()
@@ -206,6 +227,7 @@ class Swap:
         lease aborts them (vLLM's default), since the GPU is another's a fence later."""
         if self.awake:
             self.yielding = True  # requests arriving meanwhile wait for the next turn
+            self.aborts += mode == "abort"
             await self.engine.sleep(self.level, mode)
             self.awake = False
         self.yielding = False
@@ -305,15 +327,43 @@ class SwapGate:
             await respond(send, err)
             return
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, self._cut_aware(send))
         finally:
             self.swap.leave()
+
+    def _cut_aware(self, send: Any) -> Any:
+        """`send` for a request in flight: cut by a lost lease's abort before its response began, it is
+        answered 503 (vLLM 0.34 would answer 200 with finish_reason "abort": v1/engine/core.py:2439-2443,
+        entrypoints/generate/base/serving.py:177-183). A begun response (a stream) ends as vLLM ends it."""
+        aborts, replaced = self.swap.aborts, [False]
+
+        async def wrapped(message: Any) -> None:
+            if message.get("type") == "http.response.start" and self.swap.aborts != aborts:
+                replaced[0] = True
+                await respond(send, cut(self.swap.wait_s))
+            elif not replaced[0]:
+                await send(message)
+
+        return wrapped
 
 
 def store_down(lease_s: float) -> GuardError:
     err = GuardError(503, "the GPU's lease (in the limit store) is out of reach, so this model cannot wake now; "
                           "retry later", "model_swapping")
     err.retry_after = max(1.0, lease_s)
+    return err
+
+
+def cut(wait_s: float) -> GuardError:
+    err = GuardError(503, "this model's GPU was taken back while the request ran (its lease was lost), so it was cut "
+                          "before its response began; retry", "model_swapping")
+    err.retry_after = max(1.0, wait_s / 4)
+    return err
+
+
+def wake_failed(exc: Exception, wait_s: float) -> GuardError:
+    err = GuardError(503, f"this model failed to wake ({type(exc).__name__}); retry later", "model_swapping")
+    err.retry_after = max(1.0, wait_s / 4)
     return err
 
 
