@@ -768,3 +768,25 @@ def test_a_wake_that_raises_sleeps_again_frees_the_gpu_and_answers_503(redis_por
     assert err.status == 503 and err.code == "model_swapping" and err.retry_after is not None
     assert calls[-1] == ("sleep", 2, "abort")  # the weights it mapped back go to sleep again
     assert taken[:2] == [1, "c"]  # the GPU free at once
+
+
+def test_a_drop_owed_through_a_store_outage_is_logged_once_not_each_poll(redis_port, caplog):
+    import logging
+
+    import redis.asyncio as aioredis
+
+    async def go() -> bool:
+        client = Flaky(aioredis.Redis(port=redis_port))
+        a = sw.Swap({"level": 1}, sw.GpuLease(client, "node-1", "a", 0.5, 0.02), poll_s=0.02)
+        a.awake, a.owes_drop, client.down = False, True, True
+        for _ in range(5):
+            await a.step()
+        client.down = False
+        await a.step()
+        return a.owes_drop
+
+    with caplog.at_level(logging.WARNING):
+        owes = run(go())
+    assert not owes  # dropped once the store answers
+    assert len([r for r in caplog.records if "cannot be dropped" in r.getMessage()]) == 1
+    assert not [r for r in caplog.records if r.exc_info]  # no traceback each poll

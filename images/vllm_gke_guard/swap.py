@@ -108,7 +108,7 @@ class Swap:
         # then, so a yield is never taken by the entrypoint for a lost lease (it stops vLLM on that).
         self.served = False
         # Asleep because the store was out of reach: the lease is dropped once it answers.
-        self.owes_drop = False
+        self.owes_drop = self.drop_failing = False
         # Sleeps that aborted what ran (a lost lease): SwapGate answers a cut request 503, not vLLM's 200.
         self.aborts = 0
         self.turn = asyncio.Lock()  # one wake or sleep at a time
@@ -249,8 +249,7 @@ class Swap:
             if self.owes_drop and not self.turn.locked():
                 async with self.turn:  # never while a request of its own takes the lease and wakes
                     if not self.awake and self.owes_drop:
-                        await self.lease.drop()
-                        self.owes_drop = False
+                        await self._drop_owed()
             return
         try:
             mine, _, waiter = await self.lease.renew()
@@ -265,6 +264,17 @@ class Swap:
             await self._lost()
         elif waiter and waiter != self.lease.holder and self._may_yield():
             await self._yield()
+
+    async def _drop_owed(self) -> None:
+        """The drop a server cut off from the store owes, tried each poll; the outage logged once."""
+        try:
+            await self.lease.drop()
+        except Exception as exc:
+            if not self.drop_failing:
+                log.warning("swap: the GPU's lease cannot be dropped yet (%s); trying each poll", type(exc).__name__)
+            self.drop_failing = True
+            return
+        self.owes_drop = self.drop_failing = False
 
     def _may_yield(self) -> bool:
         return self.served and self.clock() - self.awake_since >= self.min_awake_s
