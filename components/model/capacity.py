@@ -197,7 +197,7 @@ def gpu_slots_by_pool(cfg: "StackConfig", bound: str = "min") -> dict[str, int]:
         replicas = sum(getattr(getattr(model, which), f"{bound}_replicas") for which in model.pool_names)
         slots[pool_name] = slots.get(pool_name, 0) + replicas * model.devices_per_replica
     for model, name in prefill_placements(cfg):  # models[].disaggregation: the prefill pools
-        prefill = _prefill_spec(model)
+        prefill = prefill_spec(model)
         slots[name] = slots.get(name, 0) + getattr(prefill, f"{bound}_replicas") * model.devices_per_replica
     return slots
 
@@ -208,7 +208,7 @@ def prefill_placements(cfg: "StackConfig") -> list[tuple[ModelSpec, str]]:
     return [(m, m.disaggregation.prefill.node_pool or m.node_pool) for m in cfg.models if m.disaggregation is not None]
 
 
-def _prefill_spec(model: ModelSpec) -> PrefillPoolSpec:
+def prefill_spec(model: ModelSpec) -> PrefillPoolSpec:
     """The prefill pool of a model prefill_placements returned (it has one)."""
     assert model.disaggregation is not None
     return model.disaggregation.prefill
@@ -217,7 +217,7 @@ def _prefill_spec(model: ModelSpec) -> PrefillPoolSpec:
 def _prefill_devices(cfg: "StackConfig", node_pool_name: str, model: ModelSpec, which: str) -> int:
     """Devices the prefill pools on a node pool take at their ceilings (this one left out). They roll in
     place (disaggregation_cluster.prefill_service: no surge replica)."""
-    return sum(_prefill_spec(m).max_replicas * m.devices_per_replica
+    return sum(prefill_spec(m).max_replicas * m.devices_per_replica
                for m, name in prefill_placements(cfg)
                if name == node_pool_name and (m.name, m.revision, "prefill") != (model.name, model.revision, which))
 

@@ -8,7 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Mapping, Optional
 
-from .capacity import canary_room, hosts_per_replica, neighbours, prefill_placements, rollout_strategy, surge_room
+from .capacity import (
+    canary_room,
+    hosts_per_replica,
+    neighbours,
+    prefill_placements,
+    prefill_spec,
+    rollout_strategy,
+    surge_room,
+)
 from .cold_start import cold_start_seconds, rollout_seconds
 from .disaggregation import prefill_node_pool
 from .disaggregation_cluster import prefill_service
@@ -119,7 +127,7 @@ def wait_behind(cfg: StackConfig, node_pool: str, model: ModelSpec, tenant: Opti
     grace = grace_seconds(cfg.gateway.request_timeout_seconds)
     pools = [(m, getattr(m, w).max_replicas) for m, w in neighbours(cfg, node_pool, model, tenant, which)]
     # The prefill pools there (models[].disaggregation) roll too, in place from their ceilings.
-    pools += [(m, m.disaggregation.prefill.max_replicas) for m, name in prefill_placements(cfg)  # type: ignore[union-attr]
+    pools += [(m, prefill_spec(m).max_replicas) for m, name in prefill_placements(cfg)
               if name == node_pool and (m.name, m.revision, "prefill") != (model.name, model.revision, which)]
     return float(sum(rollout_seconds(n, cold_start_seconds(cfg, m, cfg.pool(node_pool)), grace) for m, n in pools))
 
