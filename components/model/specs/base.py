@@ -11,6 +11,7 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -149,6 +150,14 @@ class Spec(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
     )
+
+
+def max_replicas_over_min(v: int, info: ValidationInfo) -> int:
+    """A pool's maxReplicas, refused below its minReplicas (every pool spec's field validator)."""
+    low = info.data.get("min_replicas", 1)
+    if low > v:
+        raise ValueError(f"maxReplicas ({v}) is below minReplicas ({low}); raise maxReplicas")
+    return v
 
 
 def config_mapping(value: Any) -> TypeGuard[dict[str, Any]]:

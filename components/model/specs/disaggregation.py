@@ -7,7 +7,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from .base import Name, Spec
+from .base import Name, Spec, max_replicas_over_min
 
 
 class PrefillPoolSpec(Spec):
@@ -28,10 +28,7 @@ class PrefillPoolSpec(Spec):
     @field_validator("max_replicas")
     @classmethod
     def _replicas(cls, v: int, info: ValidationInfo) -> int:
-        low = info.data.get("min_replicas", 1)
-        if low > v:
-            raise ValueError(f"maxReplicas ({v}) is below minReplicas ({low}); raise maxReplicas")
-        return v
+        return max_replicas_over_min(v, info)
 
 
 class DisaggregationLoad(Spec):

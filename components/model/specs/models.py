@@ -27,6 +27,7 @@ from .base import (
     Spec,
     WeightsSource,
     config_mapping,
+    max_replicas_over_min,
     weights_source,
 )
 from .disaggregation import DisaggregationSpec
@@ -185,10 +186,7 @@ class ServingPoolSpec(Spec):
     @field_validator("max_replicas")
     @classmethod
     def _replicas(cls, v: int, info: ValidationInfo) -> int:
-        low = info.data.get("min_replicas", 1)
-        if low > v:
-            raise ValueError(f"maxReplicas ({v}) is below minReplicas ({low}); raise maxReplicas")
-        return v
+        return max_replicas_over_min(v, info)
 
 
 class CanarySpec(Spec):
