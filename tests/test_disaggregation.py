@@ -425,3 +425,13 @@ def test_adapters_with_speculative_need_the_prefill_batch_to_hold_each_proposal(
     speculative_batch(lambda key, problem: found.append((key, problem)), "p", m.model_copy(update={"adapters": []}),
                       pd.prefill_pool(m))
     assert found == []
+
+
+def test_a_tokens_per_minute_limit_is_refused_for_a_tenant_of_a_disaggregated_model(tuned):
+    """The sidecar's prefill leg asks for one token: the limit the prefill guard takes would not hold."""
+    values = copy.deepcopy(tuned)
+    chat = next(t for t in values["vllm-gke:tenants"] if "llama-70b-pd" in t["models"])
+    chat["rateLimit"]["tokensPerMinute"] = 100000
+    (problem,) = [p for p in _problems(values) if "tokensPerMinute" in p]
+    assert problem.startswith(f"vllm-gke:tenants[{chat['name']}].rateLimit.tokensPerMinute:")
+    assert "llama-70b-pd" in problem and "requestsPerMinute and maxTokens" in problem

@@ -384,3 +384,17 @@ def test_the_stacks_pd_urls_are_marked_for_the_extension(tuned):
 
 
 
+
+
+def test_a_body_the_front_cannot_read_never_reaches_the_sidecar(front):
+    """A lone surrogate escape fails msgspec, and Go's decoder in the sidecar would turn it into U+FFFD
+    and send a prefill leg at max_tokens 1: the front refuses the body as the guard would (400), so an
+    over-cap request cannot buy a prefill that way."""
+    StandIn.seen.clear()
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi\\ud800"}], "max_tokens": 100000}'
+    headers = {"content-type": "application/json", "x-vllm-gke-issuer": "https://iss"}
+    conn, resp = _request(front["port"], "POST", "/chat/m/v1/chat/completions", body, headers)
+    answer = json.loads(resp.read())
+    conn.close()
+    assert resp.status == 400 and answer["error"]["code"] == "invalid_json", answer
+    assert StandIn.seen == []

@@ -23,13 +23,12 @@ from importlib import import_module
 from typing import Any, Iterable, Optional
 
 from . import kv_transfer
-from .body import read_fields
+from .body import fields_or_error
 from .caps import Budget
 from .config import DEFAULT_MAX_BODY_BYTES, load_config
 from .errors import GuardError, error_body
 from .prefixes import VERSION, Prefixes
 from .routes import OUTPUT_FIELDS, route_table
-from .scan import JsonShapeError
 
 # Hop-by-hop headers (RFC 9110 7.6.1), never passed on; the length is the one of what is passed.
 HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
@@ -95,10 +94,10 @@ class Caps:
         issuers = headers.getall(self.header, [])
         if kind not in OUTPUT_FIELDS or len(issuers) != 1 or (entry := self.caps.get(issuers[0])) is None:
             return
-        try:
-            budget = Budget(kind, read_fields(body, kind), self.rule)
-        except (JsonShapeError, ValueError):
-            return
+        # A body the front cannot read is refused here, as the guard refuses it (400 invalid_json): let
+        # through, the sidecar's Go decoder would re-encode it (a lone surrogate becomes U+FFFD) into a
+        # prefill leg with max_tokens 1 that no guard could hold to the cap.
+        budget = Budget(kind, fields_or_error(body, kind), self.rule)
         budget.check(entry[1], entry[0])
 
 

@@ -23,6 +23,7 @@ CONNECTOR_FLAGS = ("--kv-transfer-config", "--kv-offloading-size", "--kv-offload
 def disaggregated_models(cfg: "StackConfig", add: Add) -> None:
     _dataplane(cfg, add)
     _fallback_targets(cfg, add)
+    _token_limits(cfg, add)
     dedicated = {m for t in cfg.tenants if t.dedicated for m in t.dedicated.models}
     for i, model in enumerate(cfg.models):
         if model.disaggregation is None:
@@ -72,6 +73,21 @@ def _fallback_targets(cfg: "StackConfig", add: Add) -> None:
             add(f"{item_key('models', cfg.models, i)}.fallback.model", f"'{fb.model}' is disaggregated (disaggregation): "
                 "its pods' vLLM admits the routing sidecar's requests alone, so a shed request sent there would be "
                 "refused; name a model without disaggregation, or remove fallback")
+
+
+def _token_limits(cfg: "StackConfig", add: Add) -> None:
+    """The routing sidecar's prefill leg asks for one token (connector_nixlv2.go:178-183), and the prefill
+    pod's guard takes the tenant's limits before the prefill runs: its tokens-per-minute take would count
+    one token a request, and the decode leg takes none, so the limit would not hold for such a tenant."""
+    pd = {m.name for m in cfg.models if m.disaggregation is not None}
+    for i, tenant in enumerate(cfg.tenants):
+        limit = tenant.rate_limit
+        calls = sorted(pd & set(tenant.models))
+        if limit.tokens_per_minute is not None and calls:
+            add(f"{item_key('tenants', cfg.tenants, i)}.rateLimit.tokensPerMinute", f"the tenant calls "
+                f"{', '.join(calls)}, disaggregated (disaggregation), whose prefill leg asks for one token, so a "
+                "tokens-per-minute limit would not hold; bound it with requestsPerMinute and maxTokens, or serve "
+                "the model without disaggregation")
 
 
 def _routing(add: Add, key: str, model: ModelSpec) -> None:
