@@ -14,6 +14,8 @@ from pydantic import Field, ValidationInfo, field_validator
 from .catalog import region_problem
 from .specs import (
     BudgetSpec,
+    CloudRunModelSpec,
+    CloudRunSpec,
     ClusterSpec,
     CostSpec,
     GatewaySpec,
@@ -145,6 +147,9 @@ class StackConfig(Spec):
     # The endpoint picker of models with routing: inference-gateway: failure mode, scorers,
     # saturation, flow control.
     picker: PickerSpec = Field(default_factory=PickerSpec)
+    # Models on Cloud Run GPUs beside the cluster: scale to zero, per-second billing, the same tenants,
+    # guard and URL scheme (docs/guides/cloud-run.md).
+    cloud_run: Optional[CloudRunSpec] = None
 
     @field_validator("vllm_version", "tpu_vllm_version")
     @classmethod
@@ -184,3 +189,12 @@ class StackConfig(Spec):
 
     def model(self, name: str) -> ModelSpec:
         return next(m for m in self.models if m.name == name)
+
+    @property
+    def cloud_run_models(self) -> list["CloudRunModelSpec"]:
+        """The models on Cloud Run (none without vllm-gke:cloudRun)."""
+        return list(self.cloud_run.models) if self.cloud_run is not None else []
+
+    def cloud_run_region(self, model: "CloudRunModelSpec") -> str:
+        """Where a Cloud Run model's service runs: its own region, else the stack's."""
+        return model.region or self.region

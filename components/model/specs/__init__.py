@@ -27,6 +27,11 @@ from .base import (
     gke_version,
     item_key,
 )
+from .cloud_run import (
+    CLOUD_RUN_POOL,
+    CloudRunModelSpec,
+    CloudRunSpec,
+)
 from .cluster import (
     AuthorizedNetwork,
     ClusterSpec,
@@ -102,6 +107,7 @@ from .weights import (
 
 __all__ = [
     'DraftShape', 'DraftSpec', 'SpeculativeSpec',
+    'CLOUD_RUN_POOL', 'CloudRunModelSpec', 'CloudRunSpec',
     'AdapterSpec', 'AuthorizedNetwork', 'BudgetSpec', 'CanarySpec', 'Cidr', 'ClusterSpec', 'CostSpec', 'CustomShape',
     'DedicatedSpec', 'DisaggregationLoad', 'DisaggregationSpec', 'PrefillPoolSpec',
     'GpuSharingSpec', 'SleepModeSpec',
