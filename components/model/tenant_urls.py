@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .cloud_run_gateway import cloud_run_url, is_cloud_run_model
 from .serving_api import path_prefix
 from .stack_config import StackConfig
 
@@ -21,7 +22,7 @@ class TenantUrl:
     tenant: str
     model: str
     url: str
-    # "shared" (length routing), "endpoint picker" or "dedicated"
+    # "shared" (length routing), "endpoint picker", "dedicated" or "cloud run"
     via: str
     # A header every request must carry besides its token, or "" (none does: behind the picker the
     # identity extension sets the tenant's objective from the token).
@@ -39,6 +40,9 @@ def tenant_urls(cfg: StackConfig) -> list[TenantUrl]:
     for tenant in cfg.tenants:
         dedicated: set[str] = set(tenant.dedicated.models) if tenant.dedicated else set()
         for name in tenant.models:
+            if is_cloud_run_model(cfg, name):  # behind the Cloud Run models' load balancer, same scheme
+                out.append(TenantUrl(tenant.name, name, cloud_run_url(cfg, name), "cloud run"))
+                continue
             model = cfg.model(name)
             via = "dedicated" if name in dedicated else (
                 "endpoint picker" if model.routing == "inference-gateway" else "shared")
