@@ -14,6 +14,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
 
+from .cloud_run import CloudRunServices, CloudRunServicesArgs
+from .cloud_run_gateway import CloudRunGateway, cloud_run_gateway
 from .flagger import Flagger, FlaggerArgs
 from .gateway import Gateway, GatewayArgs
 from .gpu_cluster import GpuCluster, GpuClusterArgs
@@ -28,6 +30,7 @@ from .load_test import LoadTest, LoadTestArgs, Target
 from .mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
 from .mesh_readiness import MeshReadiness, MeshReadinessArgs
 from .model.capacity import consumer_models, hosts_per_replica, placements
+from .model.cloud_run import cloud_run_egress_region, cloud_run_services, weights_models
 from .model.config_errors import in_program_words, stack_config
 from .model.config_rules import cross_field_issues
 from .model.disaggregation_cluster import forwards_token as pd_forwards_token
@@ -64,7 +67,7 @@ from .model.serving_plan import (
     shared_models,
 )
 from .model.specs import LoadTestSpec
-from .model.stack_config import ConfigError, StackConfig
+from .model.stack_config import ConfigError, ConfigIssue, StackConfig
 from .model.tenant_urls import TenantUrl, tenant_urls
 from .model.vllm_versions import release
 from .model.weights_backends import backend_of
@@ -79,6 +82,7 @@ from .standby import Standby
 from .tenant_auth import TenantAuth, TenantAuthArgs
 from .trace_collector import TraceCollector, TraceCollectorArgs
 from .vllm_service import VllmService, VllmServiceArgs
+from .weights_bucket import BucketStorage
 
 __all__ = ["Platform", "PlatformArgs", "PlatformConfigError"]
 
@@ -154,6 +158,10 @@ class Platform(pulumi.ComponentResource):
     # Flagger, where some pool rolls out by canary (rollouts.enabled).
     flagger: Optional[Flagger]
     routes: dict[str, str]
+    # The models on Cloud Run GPUs (vllm-gke:cloudRun), where the stack has some.
+    cloud_run: Optional[CloudRunServices]
+    # Their load balancer, of the gateway's class, beside the Gateway.
+    cloud_run_gateway: Optional[CloudRunGateway] = None
 
     def __init__(self, name: str, args: PlatformArgs, opts: Optional[pulumi.ResourceOptions] = None):
         cfg = _validated(name, args.config)
@@ -172,9 +180,10 @@ class Platform(pulumi.ComponentResource):
         self._rollouts()
         targets = [target for serving in servings(cfg) for target in self._serve(serving)]
         self._front(targets)
+        self._cloud_run()
         self._load_tests(args.machine_prices)
         # Only once all of them were updated onto the kept folders are the others removed.
-        self.weights_prune = WeightsPrune(f"{self._prefix}weights-prune", self.store, cfg.models, self._readers,
+        self.weights_prune = WeightsPrune(f"{self._prefix}weights-prune", self.store, weights_models(cfg), self._readers,
                                           self.cluster.provider, opts=self._opts_for(),
                                           unpruned=sorted({s.model.name for s in servings(cfg) if flagger_pools(cfg, s)}))
         self.routes = {t.route_name: f"/{t.path_prefix}/v1" for t in targets}
@@ -195,7 +204,7 @@ class Platform(pulumi.ComponentResource):
         self.cluster = GpuCluster(f"{p}gke", GpuClusterArgs(
             project=cfg.project, region=cfg.region, cluster=cfg.cluster, node_pools=cfg.node_pools,
             labels={"environment": cfg.environment}, apis=self.apis, gcs_fuse=backend_of(cfg.weights).needs_gcs_fuse,
-            secret_manager=reads_hub_token_from_secret_manager(cfg.models, cfg.weights),
+            secret_manager=reads_hub_token_from_secret_manager(weights_models(cfg), cfg.weights),
             # The loaders write the bucket through Cloud Storage FUSE; Volume Populator's transfer
             # Jobs copy it onto the disks on nodes of their own pool.
             populator_machine_type=backend_of(cfg.weights).transfer_machine_type(cfg.weights)),
@@ -226,16 +235,16 @@ class Platform(pulumi.ComponentResource):
         after_mesh = self._opts_for([self.mesh])
         self.serving = MeshNamespace(f"{self._prefix}serving", MeshNamespaceArgs(
             cfg.serving_namespace, provider, sources=self._sources,
-            jwks_hosts=sorted({jwks_host(t) for t in cfg.tenants if shared_models(t)}),
+            jwks_hosts=sorted({jwks_host(t) for t in cfg.tenants if shared_models(t, cfg)}),
             service_accounts=(SERVER_SA, STANDBY_SA)), opts=after_mesh)
         self.tenants = {
             t.name: TenantAuth(f"{self._prefix}tenant-{t.name}", TenantAuthArgs(
-                tenant=t, provider=provider, serving_namespace=self.serving.name, shared_models=shared_models(t),
+                tenant=t, provider=provider, serving_namespace=self.serving.name, shared_models=shared_models(t, cfg),
                 sources=self._sources,
-                picker_models=[m for m in shared_models(t) if cfg.model(m).routing == "inference-gateway"],
+                picker_models=[m for m in shared_models(t, cfg) if cfg.model(m).routing == "inference-gateway"],
                 service_accounts=(SERVER_SA, STANDBY_SA) if t.dedicated else (),
                 forward_token=forwards_token(cfg, t) or pd_forwards_token(cfg, t),
-                disaggregated_models=[m for m in shared_models(t) if cfg.model(m).disaggregation is not None]),
+                disaggregated_models=[m for m in shared_models(t, cfg) if cfg.model(m).disaggregation is not None]),
                 opts=after_mesh)
             for t in cfg.tenants
         }
@@ -255,7 +264,7 @@ class Platform(pulumi.ComponentResource):
         consumers.update({t.name: self._namespace(t.name) for t in cfg.tenants if t.dedicated})
         self.store = ModelStore(f"{self._prefix}weights", ModelStoreArgs(
             project=cfg.project, zone=cfg.cluster.zones[0], region=cfg.region, network_name=self.cluster.network.name,
-            workload_pool=self.cluster.workload_pool, models=cfg.models, weights=cfg.weights,
+            workload_pool=self.cluster.workload_pool, models=weights_models(cfg), weights=cfg.weights,
             server_image=cfg.server_image, provider=self.cluster.provider, consumer_namespaces=consumers,
             consumer_models=consumer_models(cfg), zones=cfg.cluster.zones, transfer_ready=self.cluster.transfer_ready,
             instance_name=f"{cfg.cluster.name}-weights", apis=self.apis, protect=cfg.cluster.deletion_protection,
@@ -420,6 +429,28 @@ class Platform(pulumi.ComponentResource):
             # defer_extension, and the Gateway depends on self.identity again). The extension strips the
             # old objective header bf329cd's routes match: it goes live after the new routes, which take both.
             self.identity.attach(after=[self.gateway])
+
+    def _cloud_run(self) -> None:
+        """The models on Cloud Run GPUs (vllm-gke:cloudRun): their services, reading the weights the
+        store's loaders write, and the load balancer in front of them."""
+        cfg, self.cloud_run = self.config, None
+        if cfg.cloud_run is None:
+            return
+        storage = self.store.storage
+        if not isinstance(storage, BucketStorage):  # config_rules/cloud_run.py refuses any other backend
+            raise PlatformConfigError([ConfigIssue("weights.backend", "the Cloud Run models (cloudRun) mount the weights "
+                                                   "bucket: set it to gcs")], "Platform config")
+        self.cloud_run = CloudRunServices(f"{self._prefix}cloud-run", CloudRunServicesArgs(
+            project=cfg.project, services=cloud_run_services(cfg), network=self.cluster.network.id,
+            egress_subnet_cidr=cfg.cloud_run.egress_subnet_cidr, egress_region=cloud_run_egress_region(cfg),
+            bucket=storage.bucket.name, list_role=storage.list_role, name_prefix=cfg.cluster.name,
+            apis=self.apis, deletion_protection=cfg.cluster.deletion_protection),
+            # The first revision waits for its weights' loader (its entrypoint waits for the marker).
+            opts=self._opts_for([self.store]))
+        for model in cfg.cloud_run_models:
+            self._readers.setdefault(model.name, []).append(self.cloud_run.services[model.name])
+        self.cloud_run_gateway = cloud_run_gateway(f"{self._prefix}cloud-run-gateway", cfg, self.cluster,
+                                                   self.cloud_run.services, self.apis, self._opts_for())
 
     def _observe(self) -> None:
         """The monitoring of it all (its channels page for Flagger's rollbacks too)."""

@@ -1,0 +1,251 @@
+"""A model on Cloud Run with a GPU (vllm-gke:cloudRun), as plain values: the GPUs Cloud Run offers and
+where, the server's command line and environment, its startup probe and concurrency, and the
+service's settings as the provider's cloudrunv2.Service takes them. components/cloud_run.py declares
+the resources from these; the config rules (config_rules/cloud_run.py) and the plan read them too.
+
+Every behaviour relied on is a row of infra/contracts/cloud_run_service.py, with Google's page.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+
+from .cold_start import ENGINE_START_S, IMAGE_START_S, MIB
+from .gcs_weights import reader_prefixes
+from .serving_api import pool_guard_config
+from .specs import CLOUD_RUN_POOL, CloudRunModelSpec, ModelSpec
+from .vllm_server import (
+    GUARD_CONFIG_ENV,
+    PORT,
+    STARTUP_WINDOW_ENV,
+    WARM_MARKER,
+    WARM_MARKER_ENV,
+    WEIGHTS_MARKERS_ENV,
+    vllm_args,
+    weights_markers,
+)
+from .vllm_versions import VllmRelease
+from .weights_layout import MOUNT_PATH, SERVER_UID
+
+if TYPE_CHECKING:
+    from .stack_config import StackConfig
+
+GPU_DOCS = "https://cloud.google.com/run/docs/configuring/services/gpu"
+
+
+@dataclass(frozen=True)
+class CloudRunGpu:
+    """A GPU Cloud Run attaches to an instance (one a instance), from Google's GPU page (GPU_DOCS)."""
+
+    # node_selector.accelerator's value.
+    accelerator: str
+    memory_gb: int
+    # The instance's least vCPUs and GiB of memory with this GPU.
+    min_cpu: int
+    min_memory_gib: int
+    # Regions Cloud Run offers it in (some by invitation only: Google's page names them).
+    regions: tuple[str, ...]
+    # The GKE accelerator of the same chip (components/model/catalog.py), whose memory and roofline
+    # the capacity model reads; None where the catalog has none.
+    catalog_accelerator: Optional[str] = None
+
+
+CLOUD_RUN_GPUS: Mapping[str, CloudRunGpu] = {
+    "nvidia-l4": CloudRunGpu("nvidia-l4", 24, 4, 16, (
+        "asia-south1", "asia-southeast1", "europe-west1", "europe-west4", "us-central1", "us-east4"), "nvidia-l4"),
+    "nvidia-rtx-pro-6000": CloudRunGpu("nvidia-rtx-pro-6000", 96, 20, 80, (
+        "asia-south2", "asia-southeast1", "europe-west4", "us-central1")),
+}
+
+# Cloud Run's request timeout ceiling for a service (60 minutes).
+MAX_TIMEOUT_S = 3600
+# A startup probe's limits on Cloud Run: period and initial delay at most 240 s each.
+PROBE_MAX_PERIOD_S = 240
+PROBE_PERIOD_S = 10
+# Until D's capacity model (cloud_run_capacity.py) gives it: requests an instance takes at once.
+DEFAULT_CONCURRENCY_PER_SEQ = 1
+# The container Cloud Run sends requests to (vLLM's port, as in a GKE pod); the entrypoint reads it
+# from the argv's --port, and Cloud Run sets $PORT to the same value.
+CONTAINER_NAME = "vllm"
+WEIGHTS_VOLUME = "weights"
+# gcsfuse flags for a read-only weights mount (no leading dashes, as the volume takes them): the
+# same unbounded metadata cache the GKE mounts use (the files under a revision never change), the
+# server's uid and gid so the files read as its own.
+MOUNT_OPTIONS = ("implicit-dirs", "metadata-cache-ttl-secs=-1", "stat-cache-max-size-mb=-1",
+                 "type-cache-max-size-mb=-1", f"uid={SERVER_UID}", f"gid={SERVER_UID}")
+
+
+def gpu_of(model: CloudRunModelSpec) -> CloudRunGpu:
+    return CLOUD_RUN_GPUS[model.gpu]
+
+
+def service_name(model: CloudRunModelSpec) -> str:
+    """The Cloud Run service's name: the model's (names are lowercase letters, digits and '-')."""
+    return f"vllm-{model.name}"[:49]
+
+
+def weights_models(cfg: "StackConfig") -> list[ModelSpec]:
+    """What the loaders write: every GKE model and every Cloud Run model, in the one layout."""
+    return [*cfg.models, *(m.as_model() for m in cfg.cloud_run_models)]
+
+
+def cpu_of(model: CloudRunModelSpec) -> int:
+    return max(model.cpu, gpu_of(model).min_cpu)
+
+
+def memory_gib_of(model: CloudRunModelSpec) -> int:
+    return max(model.memory_gib, gpu_of(model).min_memory_gib)
+
+
+def concurrency(model: CloudRunModelSpec) -> int:
+    """Requests one instance takes at once: the config's, else the batch vLLM runs (maxNumSeqs);
+    more would only queue inside the instance, where Cloud Run cannot start another for them."""
+    return model.concurrency or model.max_num_seqs * DEFAULT_CONCURRENCY_PER_SEQ
+
+
+def server_args(cfg: "StackConfig", model: CloudRunModelSpec, rel: VllmRelease) -> list[str]:
+    """`vllm serve`'s argv: the GKE servers' (vllm_args of as_model()), on Cloud Run's port."""
+    spec = model.as_model()
+    return vllm_args(spec, spec.short, rel, request_timeout_seconds=cfg.gateway.request_timeout_seconds)
+
+
+def startup_probe(load_seconds: float) -> dict[str, Any]:
+    """vLLM's /health on the serving port (Cloud Run probes HTTP, TCP or gRPC only: no exec probe
+    of the warm marker as on GKE); periods of PROBE_PERIOD_S, allowing half as long again as the
+    cold-start estimate, 4 minutes at least."""
+    threshold = max(24, math.ceil(1.5 * load_seconds / PROBE_PERIOD_S))
+    return {"http_get": {"path": "/health", "port": PORT}, "period_seconds": PROBE_PERIOD_S,
+            "timeout_seconds": 5, "failure_threshold": threshold}
+
+
+def startup_window_seconds(probe: Mapping[str, Any]) -> int:
+    return int(probe["period_seconds"]) * int(probe["failure_threshold"])
+
+
+def server_env(model: CloudRunModelSpec, guard_config: Mapping[str, Any], window_s: int) -> list[dict[str, str]]:
+    """The server container's environment: the GKE servers' less what only a pod has."""
+    return [
+        {"name": WEIGHTS_MARKERS_ENV, "value": ":".join(weights_markers(model.as_model()))},
+        {"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
+        {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+        {"name": WARM_MARKER_ENV, "value": WARM_MARKER},
+        {"name": STARTUP_WINDOW_ENV, "value": str(window_s)},
+        {"name": GUARD_CONFIG_ENV, "value": json.dumps(dict(guard_config), sort_keys=True)},
+    ]
+
+
+def weights_volume(bucket: Any) -> dict[str, Any]:
+    """The stack's bucket as a read-only Cloud Storage volume (Cloud Run's gcsfuse)."""
+    return {"name": WEIGHTS_VOLUME, "gcs": {"bucket": bucket, "read_only": True, "mount_options": list(MOUNT_OPTIONS)}}
+
+
+def reads(model: CloudRunModelSpec) -> list[str]:
+    """The bucket folders the service may open (its model's, adapters', draft's)."""
+    return reader_prefixes([model.as_model()])
+
+
+@dataclass(frozen=True)
+class CloudRunService:
+    """One Cloud Run model's service, in the provider's input names (cloudrunv2.Service)."""
+
+    model: CloudRunModelSpec
+    region: str
+    image: str
+    args: list[str]
+    env: list[dict[str, str]]
+    probe: dict[str, Any]
+    request_timeout_seconds: int
+
+    @property
+    def name(self) -> str:
+        return service_name(self.model)
+
+    def template(self, bucket: Any, service_account: Any, subnetwork: Any,
+                 extra_containers: Sequence[Mapping[str, Any]] = (),
+                 secret_env: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        """The revision template: one GPU instance, CPU always allocated, the weights volume, Direct VPC egress."""
+        m, gpu = self.model, gpu_of(self.model)
+        server = {
+            "name": CONTAINER_NAME, "image": self.image, "commands": ["python3", "/opt/vllm-gke/serve.py"],
+            "args": self.args, "ports": {"container_port": PORT, "name": "http1"},
+            "envs": [*self.env, *(dict(e) for e in secret_env)],
+            "resources": {"limits": {"cpu": str(cpu_of(m)), "memory": f"{memory_gib_of(m)}Gi", "nvidia.com/gpu": "1"},
+                          "cpu_idle": False, "startup_cpu_boost": True},
+            "startup_probe": self.probe,
+            "volume_mounts": [{"name": WEIGHTS_VOLUME, "mount_path": MOUNT_PATH}],
+        }
+        return {
+            "containers": [server, *(dict(c) for c in extra_containers)],
+            "node_selector": {"accelerator": gpu.accelerator},
+            "gpu_zonal_redundancy_disabled": not m.gpu_zonal_redundancy,
+            "scaling": {"min_instance_count": m.min_instances, "max_instance_count": m.max_instances},
+            "max_instance_request_concurrency": concurrency(m),
+            "timeout": f"{self.request_timeout_seconds}s",
+            "service_account": service_account,
+            "execution_environment": "EXECUTION_ENVIRONMENT_GEN2",
+            "volumes": [weights_volume(bucket)],
+            "vpc_access": {"network_interfaces": [{"subnetwork": subnetwork}], "egress": "PRIVATE_RANGES_ONLY"},
+        }
+
+    @property
+    def ingress(self) -> str:
+        """jwt: only the stack's load balancer reaches it; iam: Cloud Run's invoker check guards it."""
+        return "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER" if self.model.auth == "jwt" else "INGRESS_TRAFFIC_ALL"
+
+    @property
+    def invoker_iam_disabled(self) -> bool:
+        return self.model.auth == "jwt"
+
+    @property
+    def default_uri_disabled(self) -> bool:
+        """jwt: no run.app URL at all (the load balancer's serverless NEG needs none); iam: the
+        tenants' clients may call it with their ID tokens."""
+        return self.model.auth == "jwt"
+
+    @property
+    def launch_stage(self) -> str:
+        """The RTX PRO 6000 on Cloud Run is a Preview: the service declares BETA to use it."""
+        return "BETA" if self.model.gpu == "nvidia-rtx-pro-6000" else "GA"
+
+    @property
+    def reads(self) -> list[str]:
+        return reads(self.model)
+
+
+def cloud_run_service(cfg: "StackConfig", model: CloudRunModelSpec, rel: VllmRelease,
+                      load_seconds: float, guard_config: Mapping[str, Any]) -> CloudRunService:
+    probe = startup_probe(load_seconds)
+    timeout = min(cfg.gateway.request_timeout_seconds, MAX_TIMEOUT_S)
+    return CloudRunService(model, cfg.cloud_run_region(model), cfg.server_image.uri, server_args(cfg, model, rel),
+                           server_env(model, guard_config, startup_window_seconds(probe)), probe, timeout)
+
+
+# Cloud Run's gcsfuse volume reads a bucket at no documented rate: the GKE mounts' assumption
+# (weights_backends.py GCS) until D's cold-start model (cloud_run_capacity.py) gives the figure.
+DEFAULT_READ_MIB_S = 1000.0
+
+
+def load_seconds(model: CloudRunModelSpec) -> float:
+    """From an instance started to vLLM serving: the image, the weights over the volume, the engine."""
+    spec = model.as_model()
+    return IMAGE_START_S + (spec.weights_gb + spec.lora_gb()) * 1e9 / (DEFAULT_READ_MIB_S * MIB) + ENGINE_START_S
+
+
+def guard_config(cfg: "StackConfig", model: CloudRunModelSpec, rel: VllmRelease) -> dict[str, Any]:
+    """The guard's config for the model's instances. A stand-in until the tenancy module
+    (cloud_run_tenancy.py) gives the identity mode: the GKE guard's for the tenants that list the model."""
+    callers = [t for t in cfg.tenants if model.name in t.models]
+    return pool_guard_config(callers, model.as_model(), rel)
+
+
+def cloud_run_egress_region(cfg: "StackConfig") -> str:
+    """The egress subnet's region: the Cloud Run models' (config_rules/cloud_run.py makes them one)."""
+    return cfg.cloud_run_region(cfg.cloud_run_models[0])
+
+
+def cloud_run_services(cfg: "StackConfig") -> list[CloudRunService]:
+    rel = cfg.release_for(CLOUD_RUN_POOL)
+    return [cloud_run_service(cfg, m, rel, load_seconds(m), guard_config(cfg, m, rel)) for m in cfg.cloud_run_models]
