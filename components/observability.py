@@ -18,6 +18,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from .billing_budget import BillingBudget, BillingBudgetArgs
+from .model.cloud_run_monitoring import CloudRunTarget, run_dashboard_json, run_objectives
 from .model.monitoring import alert_policies, dashboard_json, tenant_dashboard_json
 from .model.specs import BudgetSpec, MonitoringSpec
 from .options import child_opts
@@ -59,6 +60,8 @@ class ObservabilityArgs:
     workload_pool: Optional[pulumi.Input[str]] = None
     # The node subnet (ServiceLevelsArgs.metrics_sources).
     metrics_sources: Sequence[str] = ()
+    # The models on Cloud Run (model layer's run_targets): their SLOs and a dashboard of their own.
+    cloud_run: Sequence[CloudRunTarget] = ()
 
 
 class Observability(pulumi.ComponentResource):
@@ -71,6 +74,9 @@ class Observability(pulumi.ComponentResource):
     alert_policies: list[gcp.monitoring.AlertPolicy]
     service_levels: Optional[ServiceLevels]
     billing_budget: Optional[BillingBudget]
+    # The Cloud Run models' dashboard (None without any), and its definition as the plan checks it.
+    run_dashboard: Optional[gcp.monitoring.Dashboard]
+    run_dashboard_definition: Optional[dict[str, Any]]
 
     def __init__(self, name: str, args: ObservabilityArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:Observability", name, None, opts)
@@ -87,8 +93,10 @@ class Observability(pulumi.ComponentResource):
         self.service_levels = ServiceLevels(f"{name}-slos", ServiceLevelsArgs(
             args.project, args.cluster_name, args.spec, args.models, args.tenants, channels, args.apis,
             exact_ttft=args.exact_ttft, gateway_class=args.gateway_class, region=args.region,
-            provider=args.provider, workload_pool=args.workload_pool, metrics_sources=args.metrics_sources),
-            opts=child_opts(self, opts)) if args.spec.slos.enabled and (args.models or args.tenants) else None
+            provider=args.provider, workload_pool=args.workload_pool, metrics_sources=args.metrics_sources,
+            extra_objectives=run_objectives(args.cluster_name, args.spec, args.cloud_run, args.exact_ttft)),
+            opts=child_opts(self, opts)) if args.spec.slos.enabled and (args.models or args.tenants or args.cloud_run) \
+            else None
         self.billing_budget = BillingBudget(f"{name}-budget", BillingBudgetArgs(
             args.project, args.cluster_name, args.budget, channels, args.apis),
             opts=child_opts(self, opts)) if args.budget else None
@@ -112,6 +120,7 @@ class Observability(pulumi.ComponentResource):
             dashboard_json=pulumi.Output.all(*[n for _, n in budgets]).apply(lambda names: json.dumps(
                 tenant_dashboard_json(tenant_title, args.cluster_name, args.tenants, list(zip(titles, names))),
                 sort_keys=True))) if args.tenants else None
+        self._run_dashboard(name, args, budgets, child)
         self.alert_definitions = alert_policies(args.cluster_name, args.spec, args.kv_cache_metric, args.limit_store,
                                                 args.always_on, args.sheddable)
         self.alert_policies = []
@@ -123,3 +132,17 @@ class Observability(pulumi.ComponentResource):
 
         self.register_outputs({"dashboard": self.dashboard.id,
                                "alertPolicies": [p.display_name for p in self.alert_policies]})
+
+    def _run_dashboard(self, name: str, args: ObservabilityArgs, budgets: Sequence[tuple[str, pulumi.Output[str]]],
+                       child: pulumi.ResourceOptions) -> None:
+        """The Cloud Run models' charts and their SLOs' budgets (titled "<model> (Cloud Run): ...")."""
+        self.run_dashboard, self.run_dashboard_definition = None, None
+        if not args.cloud_run:
+            return
+        title = f"{args.title}: Cloud Run"
+        mine = [(t, n) for t, n in budgets if "(Cloud Run):" in t]
+        self.run_dashboard_definition = run_dashboard_json(title, args.cloud_run, [(t, "<slo>") for t, _ in mine])
+        self.run_dashboard = gcp.monitoring.Dashboard(
+            f"{name}-run-dashboard", project=args.project, opts=child,
+            dashboard_json=pulumi.Output.all(*[n for _, n in mine]).apply(lambda names: json.dumps(run_dashboard_json(
+                title, args.cloud_run, list(zip([t for t, _ in mine], names))), sort_keys=True)))

@@ -38,6 +38,8 @@ class ServiceLevelsArgs:
     workload_pool: Optional[pulumi.Input[str]] = None
     # The node subnet: the seed admits Managed Prometheus' scrapes from it too.
     metrics_sources: Sequence[str] = ()
+    # More SLOs, kept as these are (the Cloud Run models': components/model/cloud_run_monitoring.py).
+    extra_objectives: Sequence[Objective] = ()
 
 
 class ServiceLevels(pulumi.ComponentResource):
@@ -58,7 +60,7 @@ class ServiceLevels(pulumi.ComponentResource):
         child = child_opts(self, opts, depends_on=args.apis.needs("monitoring.googleapis.com") if args.apis else [])
         window = args.spec.slos.window_days
         self.objectives = objectives(args.cluster_name, args.spec, args.models, args.tenants, args.exact_ttft,
-                                     args.gateway_class, args.region)
+                                     args.gateway_class, args.region) + list(args.extra_objectives)
         # Cloud Monitoring refuses an SLO on a metric it has no descriptor for, and Managed
         # Prometheus makes one only when it first ingests the metric: seeded first, on a new project too.
         self.metrics = SloMetrics(f"{name}-metrics", SloMetricsArgs(

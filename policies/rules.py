@@ -37,6 +37,12 @@ from .base import (
     where,
     workloads,
 )
+from .cloud_run import (
+    cloud_run_gpu_cpu_allocated,
+    cloud_run_invoker_check_guarded,
+    cloud_run_invokers_authenticated,
+    cloud_run_secrets_referenced,
+)
 from .cluster import control_plane_restricted, gpu_node_pools_tainted, mig_partition_valid
 from .inference_gateway import (
     GLOBAL_GATEWAY,
@@ -250,6 +256,25 @@ POLICIES: tuple[Policy, ...] = (
            "threshold of failed checks exceeds the checks it passes before promotion (maxWeight / stepWeight), so "
            "a canary failing every other check is promoted.",
            "advisory", rollout_gates_hold_slos),
+    Policy("cloud-run-invokers-authenticated", "No one may invoke a Cloud Run model unauthenticated."
+           " Rejects an IAM member, binding or policy on a Cloud Run service (cloudrunv2 or cloudrun) that grants a "
+           "role to `allUsers` or `allAuthenticatedUsers`.",
+           "mandatory", cloud_run_invokers_authenticated),
+    Policy("cloud-run-invoker-check-guarded",
+           "A Cloud Run service with the invoker check off is reached through the load balancer alone, and its "
+           "guard verifies each tenant's JWT."
+           " Rejects a Cloud Run service with `invokerIamDisabled` whose ingress is not "
+           "`INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER`, whose run.app URL is on (`defaultUriDisabled` unset), or whose "
+           "guard config (`GKE_LLM_GUARD_CONFIG`) is missing, not in the `jwt` identity mode, trusts identity headers "
+           "from peers, or lacks a tenant's issuer or JWKS.",
+           "mandatory", cloud_run_invoker_check_guarded),
+    Policy("cloud-run-gpu-cpu-allocated", "A Cloud Run GPU instance keeps its CPU allocated while it is up."
+           " Rejects a Cloud Run service whose GPU container (or, with an accelerator and no GPU limit named, its "
+           "first container) does not set `resources.cpuIdle` false.",
+           "mandatory", cloud_run_gpu_cpu_allocated),
+    Policy("cloud-run-secrets-referenced", "A Cloud Run container takes its secrets from Secret Manager."
+           " Rejects a Cloud Run container env var with a secret-looking name and a literal value.",
+           "mandatory", cloud_run_secrets_referenced),
 )
 POLICY_NAMES = tuple(p.name for p in POLICIES)
 
