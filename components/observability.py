@@ -18,7 +18,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from .billing_budget import BillingBudget, BillingBudgetArgs
-from .model.cloud_run_monitoring import CloudRunTarget, run_dashboard_json, run_objectives
+from .model.cloud_run_monitoring import RUN_TITLE, CloudRunTarget, run_dashboard_json, run_objectives
 from .model.monitoring import alert_policies, dashboard_json, tenant_dashboard_json
 from .model.specs import BudgetSpec, MonitoringSpec
 from .options import child_opts
@@ -100,7 +100,9 @@ class Observability(pulumi.ComponentResource):
         self.billing_budget = BillingBudget(f"{name}-budget", BillingBudgetArgs(
             args.project, args.cluster_name, args.budget, channels, args.apis),
             opts=child_opts(self, opts)) if args.budget else None
-        budgets = self.service_levels.budget_names if self.service_levels else []
+        every_budget = self.service_levels.budget_names if self.service_levels else []
+        # The Cloud Run models' budgets are on their own dashboard (_run_dashboard).
+        budgets = [(t, n) for t, n in every_budget if RUN_TITLE not in t]
         # The definition the plan checks names each SLO as "<slo>"; the resource, by its name.
         self.dashboard_definition = dashboard_json(args.title, args.cluster_name, args.kv_cache_metric,
                                                    args.limit_store, [(title, "<slo>") for title, _ in budgets],
@@ -120,7 +122,7 @@ class Observability(pulumi.ComponentResource):
             dashboard_json=pulumi.Output.all(*[n for _, n in budgets]).apply(lambda names: json.dumps(
                 tenant_dashboard_json(tenant_title, args.cluster_name, args.tenants, list(zip(titles, names))),
                 sort_keys=True))) if args.tenants else None
-        self._run_dashboard(name, args, budgets, child)
+        self._run_dashboard(name, args, every_budget, child)
         self.alert_definitions = alert_policies(args.cluster_name, args.spec, args.kv_cache_metric, args.limit_store,
                                                 args.always_on, args.sheddable)
         self.alert_policies = []
@@ -140,7 +142,7 @@ class Observability(pulumi.ComponentResource):
         if not args.cloud_run:
             return
         title = f"{args.title}: Cloud Run"
-        mine = [(t, n) for t, n in budgets if "(Cloud Run):" in t]
+        mine = [(t, n) for t, n in budgets if RUN_TITLE in t]
         self.run_dashboard_definition = run_dashboard_json(title, args.cloud_run, [(t, "<slo>") for t, _ in mine])
         self.run_dashboard = gcp.monitoring.Dashboard(
             f"{name}-run-dashboard", project=args.project, opts=child,

@@ -16,7 +16,8 @@ with warnings.catch_warnings():
 
 def dashboard(plan) -> dict:
     """The platform's dashboard (the tenants' own is beside it)."""
-    (d,) = [r.props for r in plan.of_type("gcp:monitoring/dashboard:Dashboard") if not r.name.endswith("tenant-dashboard")]
+    (d,) = [r.props for r in plan.of_type("gcp:monitoring/dashboard:Dashboard")
+            if not r.name.endswith(("tenant-dashboard", "run-dashboard"))]
     return json.loads(d["dashboardJson"])
 
 

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import pytest
 
 from tests.conftest import STACKS
+from tests.test_cloud_run_policies import CLOUD_RUN_CASES
 from vllm_gke.policies.rules import POLICIES, POLICY_NAMES, Resource, evaluate, resolve_levels
 
 
@@ -266,7 +267,10 @@ CASES: dict[str, tuple[Callable, str]] = {
     "group-workers-closed": (_group_ports_open_to_all, "no NetworkPolicy limits its pods' unmeshed ports"),
     "prod-rollouts-gated": (_no_canary, "no Flagger Canary targets it"),
     "rollout-gates-hold-slos": (_loose_ttft_gate, "looser than the SLO"),
+    # The Cloud Run models' (tests/test_cloud_run_policies.py), on staging's.
+    **CLOUD_RUN_CASES,
 }
+STAGING_CASES |= set(CLOUD_RUN_CASES)
 
 
 def test_a_trace_collector_any_pod_may_write_to_is_caught(plans):

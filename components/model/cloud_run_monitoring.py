@@ -175,6 +175,10 @@ def run_ttft_sli(target: CloudRunTarget, seconds: float, exact: bool = False) ->
     return {"distribution_cut": {"distribution_filter": flt, "range": {"min": 0, "max": ttft_bound(seconds, exact)}}}
 
 
+# What each Cloud Run SLO's title carries after the model's name (the dashboards sort by it).
+RUN_TITLE = "(Cloud Run):"
+
+
 def run_objectives(cluster: str, spec: MonitoringSpec, targets: Sequence[CloudRunTarget],
                    exact_ttft: bool = False) -> list[Objective]:
     """Per Cloud Run model, a service of its own (kind `run`) with the GKE models' two goals:
@@ -183,8 +187,8 @@ def run_objectives(cluster: str, spec: MonitoringSpec, targets: Sequence[CloudRu
     for t in targets:
         svc = service_id(cluster, "run", t.model)
         bound = ttft_bound(spec.ttft_slo_seconds, exact_ttft)
-        out.append(Objective(svc, "availability", f"{t.model} (Cloud Run): {slos.availability:.2%} of requests answered",
+        out.append(Objective(svc, "availability", f"{t.model} {RUN_TITLE} {slos.availability:.2%} of requests answered",
                              slos.availability, run_availability_sli(t)))
-        out.append(Objective(svc, "ttft", f"{t.model} (Cloud Run): {slos.ttft:.2%} of first tokens within {bound:g}s",
+        out.append(Objective(svc, "ttft", f"{t.model} {RUN_TITLE} {slos.ttft:.2%} of first tokens within {bound:g}s",
                              slos.ttft, run_ttft_sli(t, spec.ttft_slo_seconds, exact_ttft)))
     return out

@@ -1,0 +1,146 @@
+"""The Cloud Run models' monitoring (components/model/cloud_run_monitoring.py, components/cloud_run_monitoring.py,
+the Observability hook): the metrics sidecar and its config, the SLOs and their burn-rate alerts, the dashboard."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from vllm_gke.components.cloud_run_monitoring import RunMetricsSidecar, RunMetricsSidecarArgs
+from vllm_gke.components.model.cloud_run_monitoring import (
+    CONFIG_DIR,
+    CONFIG_FILE,
+    RUN_CLUSTER,
+    SIDECAR_IMAGE,
+    CloudRunTarget,
+    config_volume,
+    gmp_sidecar,
+    promql_name,
+    run_dashboard_json,
+    run_monitoring,
+    run_monitoring_text,
+    run_objectives,
+    run_panels,
+)
+from vllm_gke.components.model.service_levels import TTFT_METRIC
+from vllm_gke.components.model.specs import MonitoringSpec
+from vllm_gke.components.model.vllm_server import PORT
+from vllm_gke.components.observability import Observability, ObservabilityArgs
+from vllm_gke.components.slo_metrics import prometheus_metrics
+from vllm_gke.infra.manifests import validate_alert_policy, validate_dashboard, validate_slo
+from vllm_gke.infra.plan import _under_mocks  # pyright: ignore[reportPrivateUsage]
+
+TARGET = CloudRunTarget("qwen-1-5b", "vllm-qwen-1-5b", "us-central1")
+SPEC = MonitoringSpec.model_validate({"notificationEmails": ["oncall@acme.example"]})
+
+
+def test_the_sidecar_scrapes_the_servers_port_from_its_own_config():
+    config = run_monitoring(PORT)
+    # What the sidecar validates (confgenerator/config.go Validate) and reads.
+    assert (config["apiVersion"], config["kind"]) == ("monitoring.googleapis.com/v1beta", "RunMonitoring")
+    (endpoint,) = config["spec"]["endpoints"]
+    assert endpoint == {"port": str(PORT), "path": "/metrics", "interval": "15s"}
+    assert json.loads(run_monitoring_text(PORT)) == config
+    sidecar = gmp_sidecar("vllm")
+    assert sidecar["depends_ons"] == ["vllm"]
+    assert sidecar["volume_mounts"] == [{"name": "rungmp-config", "mount_path": CONFIG_DIR}]
+    volume = config_volume("the-secret", "3")
+    assert volume["name"] == "rungmp-config"
+    assert volume["secret"]["items"] == [{"version": "3", "path": CONFIG_FILE}]
+    # Pinned to a release, not a moving tag.
+    assert SIDECAR_IMAGE.rsplit(":", 1)[1].count(".") == 2 and "latest" not in SIDECAR_IMAGE
+
+
+def sidecar_resources() -> tuple[RunMetricsSidecar, list[Any]]:
+    out: dict[str, RunMetricsSidecar] = {}
+
+    def body() -> None:
+        out["s"] = RunMetricsSidecar("m", RunMetricsSidecarArgs(
+            "proj", "vllm-qwen-1-5b", "vllm", "serviceAccount:run@proj.iam.gserviceaccount.com"))
+
+    recorded = _under_mocks("p", "dev", {}, body)
+    return out["s"], recorded
+
+
+def test_the_config_reaches_secret_manager_write_only_and_the_account_reads_it():
+    sidecar, recorded = sidecar_resources()
+    (version,) = [r for r in recorded if r.type == "gcp:secretmanager/secretVersion:SecretVersion"]
+    # Write-only: the text is not in state (no-secret-literals holds secretData to that), and a
+    # changed text is a new version.
+    assert "secretData" not in version.props
+    assert version.props["secretDataWo"] == sidecar.config_text
+    assert version.props["secretDataWoVersion"]
+    grants = {(r.type.split(":")[-1], r.props["role"]) for r in recorded if "role" in r.props}
+    assert grants == {("SecretIamMember", "roles/secretmanager.secretAccessor"),
+                      ("IAMMember", "roles/monitoring.metricWriter")}
+    assert all(r.props["member"] == "serviceAccount:run@proj.iam.gserviceaccount.com"
+               for r in recorded if "role" in r.props)
+
+
+def test_slos_select_the_service_cloud_run_names_and_the_sidecars_series():
+    availability, ttft = run_objectives("vllm-staging", SPEC, [TARGET])
+    assert availability.service == ttft.service == "vllm-vllm-staging-run-qwen-1-5b"
+    ratio = availability.sli["good_total_ratio"]
+    for flt in ratio.values():
+        assert 'metric.type="run.googleapis.com/request_count" resource.type="cloud_run_revision"' in flt
+        assert 'resource.label."service_name"="vllm-qwen-1-5b" resource.label."location"="us-central1"' in flt
+    assert ratio["bad_service_filter"].endswith('"5xx"')
+    cut = ttft.sli["distribution_cut"]
+    assert f'resource.label."cluster"="{RUN_CLUSTER}" resource.label."namespace"="vllm-qwen-1-5b"' in \
+        cut["distribution_filter"]
+    assert cut["range"]["max"] <= SPEC.ttft_slo_seconds
+    for o in (availability, ttft):
+        assert validate_slo(o.slo_args(SPEC.slos.window_days)) == []
+    # The seeding Job makes the TTFT histogram known before the SLO (Cloud Run's own metric needs none).
+    assert list(prometheus_metrics([availability.sli, ttft.sli])) == [TTFT_METRIC]
+
+
+def test_the_dashboard_charts_cloud_runs_metrics_by_service_and_parses():
+    board = run_dashboard_json("t", [TARGET], [("qwen-1-5b (Cloud Run): x", "<slo>")])
+    assert validate_dashboard(board) == []
+    queries = [q for _, q in run_panels([TARGET])]
+    assert any("run_googleapis_com:request_count" in q and "response_code_class" in q for q in queries)
+    assert any("run_googleapis_com:container_instance_count" in q for q in queries)
+    assert all('service_name=~"vllm-qwen-1-5b"' in q or 'namespace=~"vllm-qwen-1-5b"' in q for q in queries)
+    assert len(board["mosaicLayout"]["tiles"]) == len(queries) + 1
+    assert promql_name("run.googleapis.com/container/instance_count") == "run_googleapis_com:container_instance_count"
+
+
+def observe(cloud_run: list[CloudRunTarget]) -> tuple[Observability, list[Any]]:
+    out: dict[str, Observability] = {}
+
+    def body() -> None:
+        out["o"] = Observability("obs", ObservabilityArgs(
+            project="proj", cluster_name="vllm-staging", spec=SPEC, title="vLLM", models=["llama-8b"],
+            tenants=["search"], cloud_run=cloud_run))
+
+    recorded = _under_mocks("p", "dev", {}, body)
+    return out["o"], recorded
+
+
+def test_observability_keeps_cloud_run_slos_with_burn_rate_alerts_on_a_dashboard_of_their_own():
+    obs, recorded = observe([TARGET])
+    levels = obs.service_levels
+    assert levels is not None
+    run = [o for o in levels.objectives if o.service.endswith("-run-qwen-1-5b")]
+    assert [o.slo_id for o in run] == ["availability", "ttft"]
+    burns = [p for p in levels.alert_definitions if "(Cloud Run)" in p["display_name"]]
+    assert len(burns) == 2 * 3 and all(validate_alert_policy(p) == [] for p in burns)
+    assert {p["severity"] for p in burns} == {"CRITICAL", "ERROR", "WARNING"}
+    board = obs.run_dashboard_definition
+    assert board is not None and validate_dashboard(board) == []
+    titles = [t["widget"]["title"] for t in board["mosaicLayout"]["tiles"]]
+    assert sum(t.startswith("Error budget remaining: qwen-1-5b (Cloud Run)") for t in titles) == 2
+    # The GKE dashboard keeps its own budgets only.
+    main = [t["widget"]["title"] for t in obs.dashboard_definition["mosaicLayout"]["tiles"]]
+    assert not any("(Cloud Run)" in t for t in main)
+    dashboards = [r.name for r in recorded if r.type == "gcp:monitoring/dashboard:Dashboard"]
+    assert "obs-run-dashboard" in dashboards
+
+
+def test_no_cloud_run_models_no_cloud_run_dashboard_or_slos():
+    obs, recorded = observe([])
+    assert obs.run_dashboard is None
+    assert obs.service_levels is not None
+    assert not any("(Cloud Run)" in o.display_name for o in obs.service_levels.objectives)
+    assert "obs-run-dashboard" not in [r.name for r in recorded]
