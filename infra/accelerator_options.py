@@ -12,7 +12,10 @@ host's chips and each multi-host slice (tensor parallelism over the slice, as vL
 shards). Candidates the model's serving features refuse are left out (refused_here). Of those that
 fit, the cheapest per token, then the fewest hosts. Beside them, each
 model's replica as the stack configures it (`this stack`), priced as the cost report prices it
-(infra/cost.py ReplicaCost: one computation for both).
+(infra/cost.py ReplicaCost: one computation for both). Where the model fits a GPU Cloud Run offers, a
+Cloud Run instance of it (cloud_run_options): one GPU billed by the second with its vCPUs and memory
+(instance-based billing), its $ a token at the same utilisation as the rest: a per-second price pays
+off when the model is idle (scaled to zero), which the plan's Cloud Run lines weigh (infra/cloud_run_plan.py).
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
+from ..components.model import cloud_run_capacity as cloud_run
 from ..components.model.capacity import pool_capacity
 from ..components.model.catalog import ACCELERATORS, MACHINE_TYPES, MachineType, topology_chips
 from ..components.model.kv_offload import offload_problems
 from ..components.model.machine_prices import MACHINE_PRICES
 from ..components.model.specs import ModelSpec, NodePoolSpec
+from ..components.model.specs.cloud_run import CLOUD_RUN_POOL, CloudRunModelSpec
 from ..components.model.speculative import draft_mismatches
 from ..components.model.stack_config import StackConfig
 from .cost import ReplicaCost, prefill_share
@@ -48,6 +53,8 @@ class AcceleratorOption:
     # The replica the stack configures (its node pool's machine, MIG slice, spot price), not a candidate.
     this_stack: bool = False
     spot: bool = False
+    # A Cloud Run instance (billed by the second), not a GKE node's share.
+    cloud_run: bool = False
 
     def usd_per_million_tokens(self, utilization: float) -> float:
         return self.usd_per_hour / (self.tokens_per_second * utilization * 3600) * 1e6
@@ -122,7 +129,7 @@ def stack_options(cfg: StackConfig, replicas: tuple[ReplicaCost, ...]) -> list[A
     from the cost report's own rows."""
     out: dict[str, AcceleratorOption] = {}
     for r in sorted(replicas, key=lambda r: (r.tenant is not None, r.pool != "short")):
-        if r.canary or r.model in out:
+        if r.canary or r.model in out or r.node_pool.startswith(CLOUD_RUN_POOL):  # Cloud Run's: cloud_run_options
             continue
         model, pool = cfg.model(r.model), cfg.pool(r.node_pool)
         acc = pool.machine.accelerator
@@ -132,3 +139,38 @@ def stack_options(cfg: StackConfig, replicas: tuple[ReplicaCost, ...]) -> list[A
             model.pipeline_parallel_size, r.hosts, r.batch, r.tokens_per_second, r.usd_per_hour + prefill_share(r, replicas),
             this_stack=True, spot=r.spot)
     return list(out.values())
+
+
+def cloud_run_option(m: CloudRunModelSpec, this_stack: bool = False) -> Optional[AcceleratorOption]:
+    """One Cloud Run instance of the model on its GPU, None where the model does not fit it."""
+    row = cloud_run.instance_capacity(m)
+    if not row.fits:
+        return None
+    zonal = "zonal redundancy" if m.gpu_zonal_redundancy else "no zonal redundancy"
+    return AcceleratorOption(m.name, m.gpu, f"Cloud Run {m.cpu} vCPU {m.memory_gib} GiB, {zonal}", None, 1, 1, 1, 1,
+                             cloud_run.batch(m), row.decode_tokens_s, cloud_run.instance_usd_per_hour(m),
+                             this_stack=this_stack, cloud_run=True)
+
+
+def as_cloud_run(model: ModelSpec, gpu: cloud_run.CloudRunGpu) -> Optional[CloudRunModelSpec]:
+    """A GKE model as a Cloud Run model on `gpu` (one GPU, no parallelism or serving features Cloud Run's
+    one-container instance does not run); None where it cannot be one."""
+    if (model.tensor_parallel_size * model.pipeline_parallel_size > 1 or model.speculative or model.kv_offload
+            or model.disaggregation or model.adapters):
+        return None
+    spec = CloudRunModelSpec(
+        name=model.name, source=model.source, revision=model.revision, shape=model.shape, dtype=model.dtype,
+        disk_gb=model.disk_gb, kv_cache_dtype=model.kv_cache_dtype, max_model_len=model.max_model_len,
+        gpu_memory_utilization=model.gpu_memory_utilization, enable_prefix_caching=model.enable_prefix_caching,
+        max_num_seqs=model.short.max_num_seqs, gpu=gpu)
+    # The instance the options price: the spec's default where the GPU allows it, else the GPU's minimum.
+    cpu, memory = cloud_run.GPU_MIN_RESOURCES[gpu]
+    return spec.model_copy(update={"cpu": max(cpu, spec.cpu), "memory_gib": max(memory, spec.memory_gib)})
+
+
+def cloud_run_options(cfg: StackConfig) -> list[AcceleratorOption]:
+    """Each Cloud Run model's instance as the stack runs it, and for each GKE model the Cloud Run GPUs it fits."""
+    here = [o for m in cfg.cloud_run_models if (o := cloud_run_option(m, this_stack=True)) is not None]
+    offered = [o for model in cfg.models for gpu in cloud_run.GPU_SECOND
+               if (m := as_cloud_run(model, gpu)) is not None and (o := cloud_run_option(m)) is not None]
+    return here + offered

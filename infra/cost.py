@@ -8,7 +8,9 @@ the baseline at the on-demand price: a burst is when spot capacity is likeliest 
 twin takes the nodes (the worst case for the burst). Token cost is output tokens at baseline: every
 serving pool's minReplicas at the roofline's tokens/s for its model, accelerator, batch and context
 (components/model/throughput.py), or at a measured `cost.tokensPerSecondPerGpu` per device where the
-stack gives one, at the configured utilisation.
+stack gives one, at the configured utilisation. A Cloud Run model (cloudRun.models) is a pool of one-GPU
+instances billed by the second while they run (instance-based billing): its warm minimum (minInstances)
+counts in the baseline, min 0 nothing fixed, maxInstances the peak (components/model/cloud_run_capacity.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..components.model import cloud_run_capacity as cloud_run
 from ..components.model.capacity import gpu_slots_by_pool
 from ..components.model.capacity_report import capacity_report
 from ..components.model.disaggregation import prefill_capacity
@@ -30,6 +33,7 @@ from .pricing import (
 )
 
 if TYPE_CHECKING:
+    from ..components.model.specs.cloud_run import CloudRunModelSpec
     from .config import StackConfig
 
 
@@ -168,7 +172,8 @@ def cost_report(cfg: "StackConfig", filestore_tier: str, filestore_gb: int) -> C
              **({f"Cloud Storage bucket {filestore_gb} GB": GCS_STANDARD_GB_MONTH * filestore_gb}
                 if not backend_of(cfg.weights).has_filestore_share else
                 {f"Filestore {filestore_tier} {filestore_gb} GiB": FILESTORE_GIB_MONTH[filestore_tier] * filestore_gb})}
-    replicas = replica_costs(cfg)
+    pools += [cloud_run_pool(m, hours) for m in cfg.cloud_run_models]
+    replicas = replica_costs(cfg) + [cloud_run_replica(m) for m in cfg.cloud_run_models]
     tps = sum(r.tokens_per_second * r.min_replicas for r in replicas)
     return CostReport(cfg.environment, PRICES_AS_OF, pools, fixed, tps, cfg.cost.target_utilization, hours,
                       throughput_source="measured" if cfg.cost.tokens_per_second_per_gpu is not None else "roofline",
@@ -194,6 +199,29 @@ def replica_costs(cfg: "StackConfig") -> list[ReplicaCost]:
             (price.on_demand_hour if pool.has_fallback_pool else (price.spot_hour if pool.spot else price.on_demand_hour))
             * r.devices / pool.slices_per_node))
     return out
+
+
+def cloud_run_pool(m: "CloudRunModelSpec", hours: float) -> PoolCost:
+    """A Cloud Run model's instances as a pool of one-GPU nodes billed by the second (instance-based):
+    a warm minimum (minInstances) is the baseline, min 0 counts nothing fixed; maxInstances the peak."""
+    hour = cloud_run.instance_usd_per_hour(m)
+    return PoolCost(cloud_run_name(m), f"Cloud Run {m.gpu}, {m.cpu} vCPU, {m.memory_gib} GiB", False, hour,
+                    m.min_instances, m.max_instances, 1, hours, peak_hour_price=hour,
+                    wanted_peak_nodes=m.max_instances, reach_nodes=m.max_instances)
+
+
+def cloud_run_replica(m: "CloudRunModelSpec") -> ReplicaCost:
+    """One Cloud Run instance as a replica: the roofline's tokens/s on its GPU, its price by the second."""
+    row = cloud_run.instance_capacity(m)
+    hour = cloud_run.instance_usd_per_hour(m)
+    return ReplicaCost(m.name, "short", cloud_run_name(m), f"cloud-run-{m.gpu}", None, False, 1, 1,
+                       cloud_run.batch(m), row.decode_tokens_s, hour, m.min_instances, m.max_instances,
+                       burst_usd_per_hour=hour)
+
+
+def cloud_run_name(m: "CloudRunModelSpec") -> str:
+    """The cost report's item (and its replica's node_pool) for a Cloud Run model: no GKE pool has it."""
+    return f"{cloud_run.CLOUD_RUN_POOL}/{m.name}"
 
 
 def prefill_share(r: ReplicaCost, replicas: tuple[ReplicaCost, ...]) -> float:

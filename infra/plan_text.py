@@ -15,6 +15,7 @@ from rich.text import Text
 from ..components.model.picker_wake import picker_wakes
 from ..components.model.sleep_mode import swap_lines
 from ..policies.rules import POLICIES
+from .cloud_run_plan import cloud_run_lines
 from .config import StackConfig
 from .contracts import CONTRACTS
 from .disaggregation_text import pd_table
@@ -110,6 +111,8 @@ def _decisions(report: PlanReport, console: Console) -> None:
     for line in swap_lines(report.plan.config):  # models[].sleepMode: memory, wake against cold start, trade-off
         console.print(escape(line), highlight=False)
     for line in speculative_lines(report.plan.config):  # models[].speculative: the gain's ceiling, where it ends
+        console.print(escape(line), highlight=False)
+    for line in cloud_run_lines(report.plan.config):  # cloudRun.models: cold start, price, break-even against GKE
         console.print(escape(line), highlight=False)
     if v.rollouts:
         console.print(whole_or_records(rollouts_table(v), console.width))
@@ -228,16 +231,18 @@ def options_table(cfg: StackConfig, v: Verdicts) -> Table:
     table = Table(title="accelerator options per model (per accelerator, the smallest machine whose whole GPUs or "
                         "TPU chips hold the short pool at the lowest $ a token, on-demand list prices; 'this stack': "
                         "the replica as configured, as the cost report prices it; ≤ and ≥: speculative decoding's "
-                        "ceiling and the price at it)")
+                        "ceiling and the price at it; Cloud Run: one instance billed by the second, at the same "
+                        "utilisation)")
     for col in ("model", "accelerator", "machine", "TP x PP", "hosts", "batch", "tokens/s", "$/h",
                 "$/M tokens", "this stack"):
         column(table, col, right=col not in ("model", "accelerator", "machine", "this stack"))
     util = cfg.cost.target_utilization
-    for model in cfg.models:
+    for model in [*cfg.models, *(m.as_model() for m in cfg.cloud_run_models)]:
         rows = sorted((o for o in v.options if o.model == model.name), key=lambda o: o.usd_per_million_tokens(util))
         at_most, at_least = ("≤", "≥") if model.speculative else ("", "")
         for o in rows:
             here = ("[green]this stack[/]" + (" (spot)" if o.spot else "")) if o.this_stack else ""
+            here += " (Cloud Run)" if o.cloud_run else ""
             machine = o.machine_type + (f" {o.topology}" if o.topology else "")
             table.add_row(model.name, o.accelerator, machine, f"{o.tensor_parallel} x {o.pipeline_parallel}",
                           str(o.hosts), str(o.batch), f"{at_most}{o.tokens_per_second:,.0f}", f"{o.usd_per_hour:.2f}",

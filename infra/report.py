@@ -17,7 +17,7 @@ from ..components.model.specs import TenantSpec
 from ..components.model.stack_config import StackConfig
 from ..components.model.tenant_urls import TenantUrl, tenant_urls, url_notes
 from ..policies.rules import POLICIES, Violation, evaluate, resolve_levels
-from .accelerator_options import AcceleratorOption, model_options, stack_options
+from .accelerator_options import AcceleratorOption, cloud_run_options, model_options, stack_options
 from .advice import plan_warnings
 from .cost import CostReport, ReplicaCost, cost_report
 from .plan import Plan
@@ -202,7 +202,8 @@ def accelerator_options(cfg: StackConfig, cost: CostReport) -> list[AcceleratorO
     same = {(o.model, o.machine_type, o.topology, o.tensor_parallel, o.pipeline_parallel, round(o.usd_per_hour, 6))
             for o in here}
     return here + [o for m in cfg.models for o in model_options(m) if (
-        o.model, o.machine_type, o.topology, o.tensor_parallel, o.pipeline_parallel, round(o.usd_per_hour, 6)) not in same]
+        o.model, o.machine_type, o.topology, o.tensor_parallel, o.pipeline_parallel, round(o.usd_per_hour, 6)) not in same
+    ] + cloud_run_options(cfg) + [o for m in cfg.cloud_run_models for o in model_options(m.as_model())]
 
 
 def rollout_rows(cfg: StackConfig, cost: CostReport) -> list[RolloutRow]:
