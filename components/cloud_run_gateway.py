@@ -19,8 +19,10 @@ from typing import Any, Mapping, Optional, Sequence
 import pulumi
 import pulumi_gcp as gcp
 
-from .model.cloud_run_gateway import CloudRunBackend, CloudRunFront, front_url
+from .gpu_cluster import GpuCluster
+from .model.cloud_run_gateway import CloudRunBackend, CloudRunFront, cloud_run_front, front_url
 from .model.serving_api import VERIFIED_HEADERS
+from .model.stack_config import StackConfig
 from .options import child_opts
 from .project_apis import ProjectApis
 
@@ -189,3 +191,16 @@ class CloudRunGateway(pulumi.ComponentResource):
         return gcp.compute.ForwardingRule(f"{self._name}-{scheme}-rule", region=front.region, network=args.network,
                                           opts=self._child(COMPUTE, depends_on=waits), **internal, **common)
 
+
+
+def build_cloud_run_gateway(name: str, cfg: StackConfig, cluster: GpuCluster, services: Mapping[str, gcp.cloudrunv2.Service],
+                      apis: Optional[ProjectApis], opts: pulumi.ResourceOptions) -> Optional[CloudRunGateway]:
+    """The stack's Cloud Run models' load balancer (None without any), in the cluster's VPC, after
+    their services (Platform._cloud_run)."""
+    front = cloud_run_front(cfg)
+    if front is None:
+        return None
+    return CloudRunGateway(name, CloudRunGatewayArgs(
+        front, {m: s.name for m, s in services.items()}, cfg.project, network=cluster.network.id,
+        subnetwork=cluster.subnetwork.id, proxy_subnet=cluster.proxy_subnetwork, apis=apis,
+        depends_on=list(services.values())), opts=opts)
