@@ -78,10 +78,13 @@ def routes_picture(cfg: StackConfig) -> str:
     _id = _Ids()
     lines = ["flowchart LR", '  lb(["load balancer"])']
     seen_paths: set[str] = set()
+    cloud_run = {m.name for m in cfg.cloud_run_models}
     for tenant in cfg.tenants:
         dedicated = set(tenant.dedicated.models) if tenant.dedicated else set()
         lines.append(f'  {_id("t", tenant.name)}{{{{"tenant {tenant.name}"}}}}')
         for name in tenant.models:
+            if name in cloud_run:  # behind the Cloud Run models' own load balancer, not this Gateway
+                continue
             model = cfg.model(name)
             own = name in dedicated
             path = f"/{path_prefix(model, tenant, own)}/v1"

@@ -8,6 +8,7 @@ as the general one does (tests compare the two)."""
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Callable, Optional
 
 from . import body as _body
@@ -46,7 +47,7 @@ from .usage import Meter, shared_state
 # The client's headers vLLM is not handed: its trace context (tracing.py: a client cannot choose to
 # be recorded or join another trace), and the tenant's token, which the mesh keeps on the requests
 # of the tenants sent to a fallback model only for the guard to send on (fallback.py).
-NOT_FOR_VLLM = (*TRACE_HEADERS, b"authorization")
+NOT_FOR_VLLM = (*TRACE_HEADERS, b"authorization", b"x-serverless-authorization")
 
 # What _admit hands on: the scope and body for vLLM, on a server with adapters the `model` values
 # the tenant may see listed, and the tenant whose request it counts (None for the open routes, the
@@ -122,6 +123,16 @@ class GuardMiddleware:
         self.header_slots = header_slots(self.issuer_header, self.objective_header, self.subject_header,
                                          self.legacy_objective_header)
         self.logged_peers: set[str] = set()
+        # On Cloud Run (cloudRun): no mesh sidecar, so the tenant comes from the request's own credential,
+        # verified here or by Cloud Run (cloud_run.py), and the path's tenant must be it.
+        self.cloud_run: Any = None
+        self.strip: Callable[[Scope], Scope] = self.prefixes.strip
+        if cfg.get("cloudRun"):
+            from .cloud_run import CloudRunIdentity  # PyJWT: imported only where a server needs it
+
+            self.cloud_run = CloudRunIdentity(cfg["cloudRun"], (t.name for t in self.tenants.values()), clock)
+            self.by_name = {t.name: t for t in self.tenants.values()}
+            self.strip = partial(self.cloud_run.strip, self.prefixes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope.get("type")
@@ -133,7 +144,7 @@ class GuardMiddleware:
                 await send({"type": "websocket.close", "code": 1008})
             return
         try:
-            scope, receive, listed, tenant = await self._admit(shared_state(self.prefixes.strip(scope)), receive)
+            scope, receive, listed, tenant = await self._admit(shared_state(self.strip(scope)), receive)
         except GuardError as err:
             await respond(send, err)
             return
@@ -187,23 +198,10 @@ class GuardMiddleware:
         client = (scope.get("client") or ("", 0))[0]
         if self.warmup_token and client == "127.0.0.1" and is_warmup(seen, self.warmup_token):
             return scope, receive, None, None
-        if client not in self.trusted_peers:
-            count_untrusted(client, self.logged_peers, self.trusted_peers)
-            raise GuardError(403, "the request did not come through the mesh sidecar; refused", "no_mesh")
-        issuer = seen.once(ISSUER)
-        if issuer is None:
-            raise GuardError(403 if seen.issuer is None else 400, "exactly one verified issuer is required",
-                             "forbidden")
-        tenant = self.tenants.get(issuer.decode("latin-1"))
-        if tenant is None:
-            raise GuardError(403, "no tenant is configured for this token's issuer", "forbidden")
-        if tenant.subjects is not None and seen.once(SUBJECT) not in tenant.subjects:
-            raise GuardError(403, f"this token's subject is not one tenant '{tenant.name}' lists (jwt.subjects)",
-                             "forbidden")
-        if self.objective_header and ((objective := objective_of(seen, bool(self.legacy_objective_header))) is None
-                                      or objective.decode("latin-1") != tenant.objective):
-            raise GuardError(403, f"tenant '{tenant.name}' must call this model under its own path "
-                                  f"(/{tenant.name}/<model>/v1)", "forbidden")
+        if self.cloud_run is not None:
+            tenant = self.by_name[await self.cloud_run.tenant(scope)]
+        else:
+            tenant = self._mesh_tenant(seen, client)
         if tenant.priority < 0 and kind != "info":  # a listing queues nothing in the engine: never shed
             self._shed(tenant, scope)
         # The replica's own window, before any body is read, with globalLimits too: a tenant's
@@ -224,6 +222,28 @@ class GuardMiddleware:
             raise too_large(self.max_body)
         return await self._admit_body(scope, receive, await receive_body(receive, self.max_body), kind, tenant,
                                       salt=tenant.salt if path in self.salted else None)
+
+    def _mesh_tenant(self, seen: Headers, client: str) -> Tenant:
+        """The tenant Istio verified: through the pod's sidecar, one verified issuer, a subject the tenant
+        lists, behind the endpoint picker the tenant's own objective."""
+        if client not in self.trusted_peers:
+            count_untrusted(client, self.logged_peers, self.trusted_peers)
+            raise GuardError(403, "the request did not come through the mesh sidecar; refused", "no_mesh")
+        issuer = seen.once(ISSUER)
+        if issuer is None:
+            raise GuardError(403 if seen.issuer is None else 400, "exactly one verified issuer is required",
+                             "forbidden")
+        tenant = self.tenants.get(issuer.decode("latin-1"))
+        if tenant is None:
+            raise GuardError(403, "no tenant is configured for this token's issuer", "forbidden")
+        if tenant.subjects is not None and seen.once(SUBJECT) not in tenant.subjects:
+            raise GuardError(403, f"this token's subject is not one tenant '{tenant.name}' lists (jwt.subjects)",
+                             "forbidden")
+        if self.objective_header and ((objective := objective_of(seen, bool(self.legacy_objective_header))) is None
+                                      or objective.decode("latin-1") != tenant.objective):
+            raise GuardError(403, f"tenant '{tenant.name}' must call this model under its own path "
+                                  f"(/{tenant.name}/<model>/v1)", "forbidden")
+        return tenant
 
     def _take_after_body(self, tenant: Tenant, decode_leg: bool) -> Any:
         """On a P/D decode pod (`sidecar`), the per-replica window taken now, unless the request is the routing
@@ -278,7 +298,7 @@ class GuardMiddleware:
         request on the general path, ~7 here). None, before anything is counted or read, for any request
         that is not plainly that one: the general path then decides it from the start. Once the
         rate limit is taken it finishes as the general path would (tests compare the two)."""
-        if self.shared is not None or self.objective_header or self.sidecar:
+        if self.shared is not None or self.objective_header or self.sidecar or self.cloud_run is not None:
             return None
         path = scope.get("path")
         issuer_header, subject_header = self.issuer_header, self.subject_header

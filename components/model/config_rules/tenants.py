@@ -14,14 +14,15 @@ if TYPE_CHECKING:
 
 def tenant_models(cfg: "StackConfig", add: Add) -> None:
     models = {m.name: m for m in cfg.models}
+    cloud_run = [m.name for m in cfg.cloud_run_models]  # their tenants: cloud_run_tenants.py
     for i, tenant in enumerate(cfg.tenants):
         key = item_key("tenants", cfg.tenants, i)
         for model_name in tenant.models:
             model = models.get(model_name)
-            if model is None:
+            if model is None and model_name not in cloud_run:
                 add(f"{key}.models", f"model '{model_name}' is not declared; use one of "
-                    f"{', '.join(models)} or add it under vllm-gke:models")
-            else:
+                    f"{', '.join([*models, *cloud_run])} or add it under vllm-gke:models or vllm-gke:cloudRun.models")
+            elif model is not None:
                 check_tenant_cap(add, key, tenant, model)
         if tenant.dedicated:
             for model_name in tenant.dedicated.models:

@@ -3,6 +3,7 @@ replicas and priority."""
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 from urllib.parse import urlsplit
 
@@ -19,6 +20,13 @@ from .base import (
     Name,
     Spec,
 )
+
+# A Google service account's email: a user-managed one (6-30 characters, then the project id), the
+# Compute Engine default or the App Engine default. Cloud Run's invoker binding and the verified
+# token's email claim spell it in lower case.
+SERVICE_ACCOUNT = re.compile(r"^(?:[a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9-]{4,28}[a-z0-9]\.iam\.gserviceaccount\.com"
+                             r"|[0-9]{1,20}-compute@developer\.gserviceaccount\.com"
+                             r"|[a-z][a-z0-9-]{4,28}[a-z0-9]@appspot\.gserviceaccount\.com)$")
 
 
 def _subject(value: str) -> str:
@@ -135,3 +143,20 @@ class TenantSpec(Spec):
     # sheddable bounds, so they are shed first. With flow control off, only negative ones are
     # shed (429 while saturated) and positive ones change nothing.
     priority: int = Field(default=0, ge=-100, le=100)
+    # Google service accounts (emails) that are this tenant on the Cloud Run models whose auth is iam
+    # (cloudRun.models[].auth): each gets roles/run.invoker on the services of those models it lists,
+    # Cloud Run verifies the account's Google ID token (asked for with its email claim), and the guard
+    # maps the verified account to this tenant. An account is one tenant's.
+    cloud_run_invokers: list[str] = Field(default_factory=list)
+
+    @field_validator("cloud_run_invokers")
+    @classmethod
+    def _service_accounts(cls, v: list[str]) -> list[str]:
+        for email in v:
+            if not SERVICE_ACCOUNT.match(email):
+                raise ValueError(f"'{email}' is not a service account's email (<name>@<project>.iam.gserviceaccount.com, "
+                                 "<number>-compute@developer.gserviceaccount.com or <project>@appspot.gserviceaccount.com, "
+                                 "lower case)")
+        if dupes := sorted({e for e in v if v.count(e) > 1}):
+            raise ValueError(f"accounts {dupes} are listed more than once")
+        return v
