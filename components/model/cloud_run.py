@@ -60,6 +60,12 @@ CLOUD_RUN_GPUS: Mapping[str, CloudRunGpu] = {
         "asia-south2", "asia-southeast1", "europe-west4", "us-central1")),
 }
 
+# The most vCPUs and GiB an instance may have with the GPU (none known: not checked). Cloud Run takes
+# 1, 2, 4, 6 or 8 vCPUs and up to 32 GiB (pulumi_gcp 10.2.0 cloudrunv2 ServiceTemplateContainerResourcesArgs.limits).
+MAX_CPU: Mapping[str, int] = {"nvidia-l4": 8}
+MAX_MEMORY_GIB: Mapping[str, int] = {"nvidia-l4": 32}
+CPU_VALUES_UP_TO_8 = (1, 2, 4, 6, 8)
+
 # Cloud Run's request timeout ceiling for a service (60 minutes).
 MAX_TIMEOUT_S = 3600
 # A startup probe's limits on Cloud Run: period and initial delay at most 240 s each.

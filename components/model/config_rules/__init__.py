@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..stack_config import ConfigIssue
 from .base import PROJECT, Add
+from .cloud_run import cloud_run_models
 from .cloud_run_gateway import cloud_run_gateway
 from .cloud_run_tenants import cloud_run_tenants
 from .cluster import (
@@ -66,6 +67,7 @@ STACK_CHECKS: tuple[Callable[["StackConfig", Add], None], ...] = (
     sleep_mode,  # models[].sleepMode with nodePools[].gpuSharing
     disaggregated_models,  # models[].disaggregation
     speculative_decoding,  # models[].speculative
+    cloud_run_models,  # cloudRun.models: bucket, GPU region and instance, one region, egress subnet
     cloud_run_gateway,  # cloudRun: its load balancer (region, hostname)
     cloud_run_tenants,  # tenants[].models naming cloudRun.models, tenants[].cloudRunInvokers
 )

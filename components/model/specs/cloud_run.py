@@ -62,9 +62,10 @@ class CloudRunModelSpec(Spec):
     # Cloud Run's GPU zonal redundancy: capacity reserved in another zone for a zone's outage, at a
     # higher GPU price (the plan shows both). Off: cheaper, and a zone's outage waits for capacity.
     gpu_zonal_redundancy: bool = False
-    # vCPUs and GiB of memory an instance (Cloud Run's GPU minimum is 4 vCPUs and 16 GiB).
-    cpu: int = Field(default=8, ge=4, le=8)
-    memory_gib: int = Field(default=32, ge=16, le=32)
+    # vCPUs and GiB of memory an instance. Cloud Run's least with the GPU: 4 vCPUs and 16 GiB with an
+    # L4 (at most 8 and 32: 4, 6 or 8 vCPUs), 20 and 80 with an RTX PRO 6000; the plan checks them.
+    cpu: int = Field(default=8, ge=4)
+    memory_gib: int = Field(default=32, ge=16)
     # How a tenant's identity is verified before the guard sees a request. jwt: the tenant's own JWT
     # (tenants[].jwt), verified by the guard against its issuer's keys; the service takes traffic only
     # from the stack's load balancer, with Cloud Run's invoker check off. iam: Cloud Run's invoker

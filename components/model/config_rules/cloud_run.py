@@ -1,0 +1,80 @@
+"""The Cloud Run models themselves (components/model/cloud_run.py): they read the weights bucket, run
+where Cloud Run offers their GPU with at least the instance it needs, share one region (the egress
+subnet's) and a name space with the GKE models, and their egress subnet overlaps nothing of the
+cluster's. Their load balancer's rules are cloud_run_gateway.py's, their tenants' cloud_run_tenants.py's."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import TYPE_CHECKING
+
+from ..cloud_run import CLOUD_RUN_GPUS, CPU_VALUES_UP_TO_8, GPU_DOCS, MAX_CPU, MAX_MEMORY_GIB
+from ..specs.base import item_key
+from .base import Add
+
+if TYPE_CHECKING:
+    from ..stack_config import StackConfig
+
+
+def cloud_run_models(cfg: "StackConfig", add: Add) -> None:
+    if cfg.cloud_run is None:
+        return
+    if cfg.weights.backend != "gcs":
+        add("weights.backend", f"is {cfg.weights.backend}, but the Cloud Run models (cloudRun.models) mount the "
+            "weights bucket as a Cloud Storage volume (Cloud Run mounts no Filestore share or Hyperdisk): set it to gcs")
+    gke = {m.name for m in cfg.models}
+    models = cfg.cloud_run.models
+    seen: set[str] = set()
+    for i, model in enumerate(models):
+        key = f"cloudRun.{item_key('models', models, i)}"
+        if model.name in gke or model.name in seen:
+            add(f"{key}.name", f"'{model.name}' is already a model's name (models[] or cloudRun.models[]): a name is "
+                "one route (/<name>/v1) and one served model; rename one")
+        seen.add(model.name)
+        _gpu(cfg, key, i, add)
+    _one_region(cfg, add)
+    _egress_subnet(cfg, add)
+
+
+def _gpu(cfg: "StackConfig", key: str, i: int, add: Add) -> None:
+    """The region offers the GPU; the instance has at least the vCPUs and memory Cloud Run requires with it."""
+    assert cfg.cloud_run is not None
+    model = cfg.cloud_run.models[i]
+    gpu, region = CLOUD_RUN_GPUS[model.gpu], cfg.cloud_run_region(model)
+    if region not in gpu.regions:
+        where = "region" if model.region else "region (unset: the stack's gcp:region)"
+        add(f"{key}.region", f"{where} '{region}' has no Cloud Run {model.gpu} GPU ({GPU_DOCS}); set region to one "
+            f"of {', '.join(gpu.regions)} (with a regional gateway class, the stack's region must be one), or "
+            f"another gpu")
+    if model.cpu < gpu.min_cpu or model.memory_gib < gpu.min_memory_gib:
+        add(f"{key}.cpu", f"{model.cpu} vCPUs and memoryGib {model.memory_gib}: Cloud Run requires at least "
+            f"{gpu.min_cpu} vCPUs and {gpu.min_memory_gib} GiB with a {model.gpu} ({GPU_DOCS}); set cpu: "
+            f"{max(model.cpu, gpu.min_cpu)} and memoryGib: {max(model.memory_gib, gpu.min_memory_gib)}")
+    cap_cpu, cap_mem = MAX_CPU.get(model.gpu), MAX_MEMORY_GIB.get(model.gpu)
+    if (cap_cpu is not None and model.cpu > cap_cpu) or (cap_mem is not None and model.memory_gib > cap_mem):
+        add(f"{key}.cpu", f"{model.cpu} vCPUs and memoryGib {model.memory_gib}: a Cloud Run instance with a "
+            f"{model.gpu} has at most {cap_cpu} vCPUs and {cap_mem} GiB; lower them")
+    elif model.cpu <= 8 and model.cpu not in CPU_VALUES_UP_TO_8:
+        add(f"{key}.cpu", f"{model.cpu}: Cloud Run takes {', '.join(map(str, CPU_VALUES_UP_TO_8))} vCPUs (up to 8); "
+            f"set {min(v for v in CPU_VALUES_UP_TO_8 if v > model.cpu)}")
+
+
+def _one_region(cfg: "StackConfig", add: Add) -> None:
+    """One egress subnet serves them all: Direct VPC egress takes a subnet in the service's region."""
+    regions = sorted({cfg.cloud_run_region(m) for m in cfg.cloud_run_models})
+    if len(regions) > 1:
+        add("cloudRun.models", f"the Cloud Run models run in {', '.join(regions)}, but their instances reach the "
+            "VPC (the limit store) through one egress subnet (cloudRun.egressSubnetCidr) in one region; give them "
+            "one region")
+
+
+def _egress_subnet(cfg: "StackConfig", add: Add) -> None:
+    assert cfg.cloud_run is not None
+    egress = ipaddress.ip_network(cfg.cloud_run.egress_subnet_cidr)
+    ranges = {"cluster.subnetCidr": cfg.cluster.subnet_cidr, "cluster.podsCidr": cfg.cluster.pods_cidr,
+              "cluster.servicesCidr": cfg.cluster.services_cidr, "cluster.proxyOnlyCidr": cfg.cluster.proxy_only_cidr,
+              "cluster.masterCidr": cfg.cluster.master_cidr}
+    for name, cidr in ranges.items():
+        if cidr and egress.overlaps(ipaddress.ip_network(cidr)):
+            add("cloudRun.egressSubnetCidr", f"{egress} overlaps {name} ({cidr}): the Cloud Run instances' egress "
+                "subnet is a subnet of the cluster's VPC of its own; pick a free range (e.g. 10.30.0.0/24)")

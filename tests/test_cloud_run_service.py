@@ -1,0 +1,206 @@
+"""A model on Cloud Run with a GPU (cloudRun.models[]): its config rules, the service the model layer
+plans (components/model/cloud_run.py), the resources CloudRunServices declares under the mocks, the
+server's argv against the real vLLM parser's snapshot, and the entrypoint's Cloud Run paths."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.conftest import props_of
+from tests.test_vllm_flags import pinned_version
+from vllm_gke.components.model.cloud_run import (
+    CLOUD_RUN_GPUS,
+    MOUNT_OPTIONS,
+    cloud_run_services,
+    weights_models,
+)
+from vllm_gke.components.model.vllm_argv import check_argv, load_snapshot
+from vllm_gke.components.model.vllm_server import PORT
+from vllm_gke.components.model.weights_layout import MOUNT_PATH, model_dir
+from vllm_gke.images import serve
+from vllm_gke.infra.config import ConfigError, parse
+from vllm_gke.infra.plan import run_program
+
+SERVICE = "gcp:cloudrunv2/service:Service"
+
+
+def staging(stack_values: dict[str, Any]) -> dict[str, Any]:
+    return copy.deepcopy(stack_values["staging"])
+
+
+def cloud_run(values: dict[str, Any]) -> dict[str, Any]:
+    return values["vllm-gke:cloudRun"]["models"][0]
+
+
+def problems(values: dict[str, Any]) -> list[str]:
+    with pytest.raises(ConfigError) as exc:
+        parse(values)
+    return [str(i) for i in exc.value.issues]
+
+
+# --- config rules ------------------------------------------------------------------------------
+
+def test_staging_declares_a_cloud_run_model_that_passes_every_rule(stack_values):
+    cfg = parse(staging(stack_values))
+    assert [m.name for m in cfg.cloud_run_models] == ["qwen-1-5b"]
+
+
+def test_a_backend_other_than_the_bucket_is_refused(stack_values):
+    values = staging(stack_values)
+    values["vllm-gke:weights"] = {"backend": "filestore"}
+    assert any(p.startswith("vllm-gke:weights.backend:") and "set it to gcs" in p for p in problems(values))
+
+
+def test_a_region_without_the_gpu_is_refused_naming_where_it_is(stack_values):
+    values = staging(stack_values)
+    cloud_run(values)["region"] = "us-west1"
+    (problem,) = [p for p in problems(values) if "has no Cloud Run nvidia-l4 GPU" in p]
+    assert problem.startswith("vllm-gke:cloudRun.models[qwen-1-5b].region:") and "europe-west4" in problem
+
+
+def test_a_stack_region_without_the_rtx_pro_6000_is_refused(stack_values):
+    values = staging(stack_values)
+    values["gcp:region"] = "us-east4"
+    values["vllm-gke:cluster"]["zones"] = ["us-east4-a", "us-east4-c"]
+    cloud_run(values).update(gpu="nvidia-rtx-pro-6000", cpu=20, memoryGib=80)
+    assert any(p.startswith("vllm-gke:cloudRun.models[qwen-1-5b].region: region (unset: the stack's gcp:region) 'us-east4'")
+               for p in problems(values))
+
+
+def test_an_instance_below_the_gpus_minimum_is_refused_with_the_minimum(stack_values):
+    values = staging(stack_values)
+    cloud_run(values)["gpu"] = "nvidia-rtx-pro-6000"
+    (problem,) = [p for p in problems(values) if ".cpu:" in p]
+    assert "set cpu: 20 and memoryGib: 80" in problem
+
+
+def test_a_cpu_count_cloud_run_does_not_offer_is_refused(stack_values):
+    values = staging(stack_values)
+    cloud_run(values)["cpu"] = 5
+    assert any(p.startswith("vllm-gke:cloudRun.models[qwen-1-5b].cpu: 5") and "set 6" in p for p in problems(values))
+    cloud_run(values)["cpu"] = 12
+    assert any("at most 8 vCPUs" in p for p in problems(values))
+
+
+def test_a_name_taken_by_a_gke_model_is_refused(stack_values):
+    values = staging(stack_values)
+    cloud_run(values)["name"] = "mistral-7b"
+    assert any(p.startswith("vllm-gke:cloudRun.models[mistral-7b].name:") and "rename one" in p for p in problems(values))
+
+
+def test_an_egress_subnet_over_the_clusters_ranges_is_refused(stack_values):
+    values = staging(stack_values)
+    values["vllm-gke:cloudRun"]["egressSubnetCidr"] = "10.21.0.0/24"
+    assert any(p.startswith("vllm-gke:cloudRun.egressSubnetCidr:") and "cluster.podsCidr" in p for p in problems(values))
+
+
+def test_models_in_two_regions_are_refused(stack_values):
+    values = staging(stack_values)
+    values["vllm-gke:gateway"]["className"] = "gke-l7-global-external-managed"
+    other = {**cloud_run(values), "name": "qwen-eu", "region": "europe-west4"}
+    values["vllm-gke:cloudRun"]["models"].append(other)
+    assert any(p.startswith("vllm-gke:cloudRun.models:") and "one region" in p for p in problems(values))
+
+
+# --- the planned service ----------------------------------------------------------------------
+
+def test_the_service_runs_one_gpu_with_cpu_always_allocated(stack_values):
+    cfg = parse(staging(stack_values))
+    (svc,) = cloud_run_services(cfg)
+    template = svc.template("bucket", "sa@x", "subnet")
+    server = template["containers"][0]
+    assert server["resources"] == {"limits": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
+                                   "cpu_idle": False, "startup_cpu_boost": True}
+    assert template["node_selector"] == {"accelerator": CLOUD_RUN_GPUS["nvidia-l4"].accelerator}
+    assert template["gpu_zonal_redundancy_disabled"] is True
+    assert template["scaling"] == {"min_instance_count": 0, "max_instance_count": 2}
+    assert 1 <= template["max_instance_request_concurrency"] <= 1000
+
+
+def test_the_weights_are_the_bucket_read_only_where_the_argv_reads_them(stack_values):
+    cfg = parse(staging(stack_values))
+    (svc,) = cloud_run_services(cfg)
+    template = svc.template("bucket", "sa@x", "subnet")
+    (volume,) = template["volumes"]
+    assert volume["gcs"] == {"bucket": "bucket", "read_only": True, "mount_options": list(MOUNT_OPTIONS)}
+    assert template["containers"][0]["volume_mounts"] == [{"name": volume["name"], "mount_path": MOUNT_PATH}]
+    model = cfg.cloud_run_models[0].as_model()
+    assert svc.args[0] == model_dir(model) and svc.args[0].startswith(MOUNT_PATH + "/")
+    assert model.name in {m.name for m in weights_models(cfg)}  # the loaders write its folder
+
+
+def test_the_container_port_is_the_one_the_entrypoint_and_the_probe_use(stack_values):
+    cfg = parse(staging(stack_values))
+    (svc,) = cloud_run_services(cfg)
+    server = svc.template("b", "s", "n")["containers"][0]
+    assert server["ports"]["container_port"] == PORT == int(serve.flag(svc.args, "--port", "0"))
+    assert server["startup_probe"]["http_get"]["port"] == PORT
+    assert server["startup_probe"]["http_get"]["path"] == "/health"
+
+
+def test_jwt_models_take_traffic_from_the_load_balancer_alone(stack_values):
+    cfg = parse(staging(stack_values))
+    (svc,) = cloud_run_services(cfg)
+    assert cfg.cloud_run_models[0].auth == "jwt"
+    assert (svc.ingress, svc.invoker_iam_disabled, svc.default_uri_disabled) == (
+        "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER", True, True)
+
+
+def test_iam_models_keep_cloud_runs_invoker_check(stack_values):
+    values = staging(stack_values)
+    cloud_run(values)["auth"] = "iam"
+    (svc,) = cloud_run_services(parse(values))
+    assert svc.invoker_iam_disabled is False and svc.default_uri_disabled is False
+
+
+# --- the argv against vLLM 0.34.0's parser, the resources under the mocks ----------------------
+
+@pytest.fixture(scope="module")
+def staging_plan(stack_values):
+    return run_program("staging", staging(stack_values))
+
+
+def test_every_cloud_run_argv_parses_with_the_real_parser(staging_plan):
+    snap = load_snapshot(pinned_version())
+    services = props_of(staging_plan, SERVICE)
+    assert services
+    for service in services:
+        server = service["template"]["containers"][0]
+        assert check_argv(server["args"], snap) == [], service["name"]
+        assert "--middleware" in server["args"]  # the tenant guard is in the server
+
+
+def test_the_declared_service_is_the_planned_one(staging_plan):
+    (service,) = props_of(staging_plan, SERVICE)
+    assert service["location"] == "us-central1" and service["ingress"] == "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER"
+    assert service["invokerIamDisabled"] is True and service["defaultUriDisabled"] is True
+    template = service["template"]
+    assert template["vpcAccess"]["egress"] == "PRIVATE_RANGES_ONLY"
+    assert template["containers"][0]["commands"] == ["python3", "/opt/vllm-gke/serve.py"]
+    (subnet,) = [s for s in props_of(staging_plan, "gcp:compute/subnetwork:Subnetwork") if s["name"].endswith("-run-egress")]
+    assert subnet["ipCidrRange"] == "10.30.0.0/24" and subnet["region"] == "us-central1"
+
+
+def test_the_service_account_reads_its_models_folders_alone(staging_plan):
+    grants = [g for g in props_of(staging_plan, "gcp:storage/bucketIAMMember:BucketIAMMember")
+              if "run-qwen" in str(g.get("member", "")) or "qwen-1-5b-reads" in str(g.get("condition", {}).get("title", ""))]
+    viewers = [g for g in grants if g["role"] == "roles/storage.objectViewer"]
+    assert viewers and all("qwen-1-5b/" in g["condition"]["expression"] for g in viewers)
+    assert all("mistral-7b" not in g["condition"]["expression"] for g in viewers)
+
+
+def test_the_loader_writes_the_cloud_run_models_folder(staging_plan):
+    assert any("qwen-1-5b" in r.name for r in staging_plan.of_type("kubernetes:batch/v1:Job"))
+
+
+# --- the entrypoint on Cloud Run -------------------------------------------------------------
+
+def test_the_entrypoint_waits_for_weights_on_the_volume_and_warms_on_the_argvs_port(tmp_path):
+    marker = tmp_path / "weights-ready"
+    marker.write_text("")
+    assert serve.wait_for_files([str(marker)]) is True
+    argv = ["/models/x", "--served-model-name", "x", "--port", str(PORT)]
+    assert serve.flag(argv, "--port", "8000") == str(PORT) and serve.flag(argv, "--served-model-name", "") == "x"
