@@ -34,6 +34,8 @@ from .mocks import PlannedResource
 from .plan import Plan, is_manifest, manifest
 from .plan_output import write_plan
 from .plan_pictures import pictures
+from .provider_schema import checked as provider_checked
+from .provider_schema import problems as provider_problems
 from .report import Verdicts, verdicts
 
 
@@ -56,12 +58,16 @@ class PlanReport:
     # (resource, why) for each custom resource no CRD can check (infra/manifests.UNPUBLISHED_CRDS).
     unchecked: list[tuple[str, str]] = field(default_factory=list[tuple[str, str]])
     written_under: Optional[Path] = None  # out/<stack> when the plan wrote its files
+    # Google Cloud resources (and providers, Helm releases) checked against pulumi_gcp's SDK input
+    # types (infra/provider_schema.py), and (resource, what the provider would refuse) for each that fails.
+    provider_resources: int = 0
+    provider_problems: list[tuple[str, list[str]]] = field(default_factory=list[tuple[str, list[str]]])
 
     @property
     def unsafe(self) -> bool:
         """An invalid manifest or a mandatory policy violation: exit 1."""
         return bool(self.manifest_problems or self.monitoring or self.vllm_args or self.broken_contracts
-                    or self.verdicts.mandatory)
+                    or self.provider_problems or self.verdicts.mandatory)
 
 
 def local_crds() -> CrdFolder:
@@ -87,7 +93,8 @@ def plan_report(plan: Plan, policy_config: Mapping[str, Any], crds: Optional[Crd
         manifest_problems=[(describe(doc), errs) for doc in docs if (errs := validate(doc, catalog))],
         broken_contracts=contract_problems(plan), vllm_args=vllm_argv_problems(plan),
         monitoring=monitoring_problems(observability),
-        unchecked=[(describe(doc), why) for doc in docs if (why := unpublished(doc))])
+        unchecked=[(describe(doc), why) for doc in docs if (why := unpublished(doc))],
+        provider_resources=provider_checked(plan.resources), provider_problems=provider_problems(plan.resources))
     if out is not None:
         report.written = write_plan(plan, out, found.to_json(), pictures(plan.config, found.cost))
         report.written_under = out / plan.stack
@@ -131,6 +138,7 @@ def render_json(report: PlanReport) -> str:
         "contracts": [{"component": c.component, "source": c.source, "problem": p} for c, p in report.broken_contracts],
         "vllmArgs": [{"resource": str(w), "error": str(e)} for w, e in report.vllm_args],
         "monitoring": [str(e) for e in report.monitoring],
+        "providerSchema": [{"resource": w, "errors": errs} for w, errs in report.provider_problems],
         "customResourcesChecked": report.custom_resources_checked,
         "customResourceDefinitions": report.crd_origin,
         "customResourcesUnchecked": [{"resource": w, "why": why} for w, why in report.unchecked],
@@ -152,16 +160,19 @@ class ResourceChecks:
     crd_origin: str
     manifest_problems: list[tuple[str, list[str]]]
     violations: list[Violation]
+    provider_resources: int = 0  # as PlanReport's
+    provider_problems: list[tuple[str, list[str]]] = field(default_factory=list[tuple[str, list[str]]])
 
     @property
     def unsafe(self) -> bool:
-        return bool(self.manifest_problems or any(v.level == "mandatory" for v in self.violations))
+        return bool(self.manifest_problems or self.provider_problems or any(v.level == "mandatory" for v in self.violations))
 
     def to_json(self) -> dict[str, Any]:
         return {"resources": self.resources, "manifests": self.manifests,
                 "customResourcesChecked": self.custom_resources_checked,
                 "customResourceDefinitions": self.crd_origin,
                 "manifestProblems": [{"resource": w, "errors": e} for w, e in self.manifest_problems],
+                "providerSchema": [{"resource": w, "errors": e} for w, e in self.provider_problems],
                 "violations": [asdict(v) for v in self.violations]}
 
 
@@ -175,7 +186,8 @@ def resource_checks(resources: list[PlannedResource], policy_config: Mapping[str
         custom_resources_checked=catalog is not None, crd_origin=crds.origin,
         manifest_problems=[(describe(d), errs) for d in docs if (errs := validate(d, catalog))],
         violations=evaluate([Resource(type=r.type, name=r.name, props=r.props, urn=r.urn) for r in resources],
-                            policy_config))
+                            policy_config),
+        provider_resources=provider_checked(resources), provider_problems=provider_problems(resources))
 
 
 def render_program_json(reports: list[PlanReport], others: Optional[ResourceChecks]) -> str:

@@ -23,6 +23,7 @@ from .kv_offload_text import offload_lines
 from .plan import Plan
 from .plan_report import PlanReport, ResourceChecks
 from .pricing import PRICE_REGION
+from .provider_schema import sdk_version
 from .report import TenantCeiling, Verdicts
 from .speculative_plan import speculative_lines
 
@@ -130,6 +131,7 @@ def _decisions(report: PlanReport, console: Console) -> None:
 
 def _checks(report: PlanReport, console: Console) -> None:
     _manifest_checks(report, console)
+    provider_lines(console, report.provider_resources, report.provider_problems)
     for contract, problem in report.broken_contracts:
         console.print(f"[bold red]breaks the {contract.component} {contract.version} contract[/] "
                       f"({escape(contract.source)}): {escape(problem)}", highlight=False)
@@ -162,6 +164,16 @@ def _manifest_checks(report: PlanReport, console: Console) -> None:
     crd_line(console, report.custom_resources, report.custom_resources_checked, report.crd_origin)
     for what, why in report.unchecked:
         console.print(f"[yellow]not schema-checked: {escape(what)}: {escape(why)}[/]", highlight=False, soft_wrap=True)
+
+
+def provider_lines(console: Console, count: int, problems: list[tuple[str, list[str]]]) -> None:
+    """The Google Cloud resources against pulumi_gcp's input types (infra/provider_schema.py)."""
+    for what, errs in problems:
+        for err in errs:
+            console.print(f"[bold red]the provider would refuse[/] {escape(what)}: {escape(err)}", highlight=False)
+    if not problems:
+        console.print(f"[green]all {count} Google Cloud resources, providers and Helm releases match their "
+                      f"provider's schema (pulumi_gcp {sdk_version()}'s input types)[/]")
 
 
 def crd_line(console: Console, count: int, checked: bool, origin: str) -> None:
@@ -341,6 +353,7 @@ def render_resource_checks(checks: ResourceChecks, console: Console, platforms: 
             console.print(f"  [red]invalid[/] {escape(str(what))}: {escape(str(err))}", highlight=False)
     if not checks.manifest_problems:
         console.print(f"[green]all {checks.manifests} Kubernetes manifests pass schema validation[/]")
+    provider_lines(console, checks.provider_resources, checks.provider_problems)
     crd_line(console, checks.custom_resources, checks.custom_resources_checked, checks.crd_origin)
     for v in checks.violations:
         colour = "red" if v.level == "mandatory" else "yellow"
