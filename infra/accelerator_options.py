@@ -147,25 +147,23 @@ def cloud_run_option(m: CloudRunModelSpec, this_stack: bool = False) -> Optional
     if not row.fits:
         return None
     zonal = "zonal redundancy" if m.gpu_zonal_redundancy else "no zonal redundancy"
-    return AcceleratorOption(m.name, m.gpu, f"Cloud Run {m.cpu} vCPU {m.memory_gib} GiB, {zonal}", None, 1, 1, 1, 1,
+    machine = f"Cloud Run {cloud_run.instance_cpu(m)} vCPU {cloud_run.instance_memory_gib(m)} GiB, {zonal}"
+    return AcceleratorOption(m.name, m.gpu, machine, None, 1, 1, 1, 1,
                              cloud_run.batch(m), row.decode_tokens_s, cloud_run.instance_usd_per_hour(m),
                              this_stack=this_stack, cloud_run=True)
 
 
 def as_cloud_run(model: ModelSpec, gpu: cloud_run.CloudRunGpu) -> Optional[CloudRunModelSpec]:
-    """A GKE model as a Cloud Run model on `gpu` (one GPU, no parallelism or serving features Cloud Run's
-    one-container instance does not run); None where it cannot be one."""
-    if (model.tensor_parallel_size * model.pipeline_parallel_size > 1 or model.speculative or model.kv_offload
-            or model.disaggregation or model.adapters):
+    """A GKE model as a Cloud Run model on `gpu` (one GPU an instance; the serving features cloudRun.models
+    cannot declare: speculative decoding, KV offload, disaggregation, LoRA adapters, are None), priced at
+    the spec's vCPUs and memory, at least the GPU's minimum (cloud_run.instance_cpu)."""
+    if model.speculative or model.kv_offload or model.disaggregation or model.adapters:
         return None
-    spec = CloudRunModelSpec(
+    return CloudRunModelSpec(
         name=model.name, source=model.source, revision=model.revision, shape=model.shape, dtype=model.dtype,
         disk_gb=model.disk_gb, kv_cache_dtype=model.kv_cache_dtype, max_model_len=model.max_model_len,
         gpu_memory_utilization=model.gpu_memory_utilization, enable_prefix_caching=model.enable_prefix_caching,
         max_num_seqs=model.short.max_num_seqs, gpu=gpu)
-    # The instance the options price: the spec's default where the GPU allows it, else the GPU's minimum.
-    cpu, memory = cloud_run.GPU_MIN_RESOURCES[gpu]
-    return spec.model_copy(update={"cpu": max(cpu, spec.cpu), "memory_gib": max(memory, spec.memory_gib)})
 
 
 def cloud_run_options(cfg: StackConfig) -> list[AcceleratorOption]:

@@ -205,8 +205,8 @@ def cloud_run_pool(m: "CloudRunModelSpec", hours: float) -> PoolCost:
     """A Cloud Run model's instances as a pool of one-GPU nodes billed by the second (instance-based):
     a warm minimum (minInstances) is the baseline, min 0 counts nothing fixed; maxInstances the peak."""
     hour = cloud_run.instance_usd_per_hour(m)
-    return PoolCost(cloud_run_name(m), f"Cloud Run {m.gpu}, {m.cpu} vCPU, {m.memory_gib} GiB", False, hour,
-                    m.min_instances, m.max_instances, 1, hours, peak_hour_price=hour,
+    machine = f"Cloud Run {m.gpu}, {cloud_run.instance_cpu(m)} vCPU, {cloud_run.instance_memory_gib(m)} GiB"
+    return PoolCost(cloud_run_name(m), machine, False, hour, m.min_instances, m.max_instances, 1, hours, peak_hour_price=hour,
                     wanted_peak_nodes=m.max_instances, reach_nodes=m.max_instances)
 
 

@@ -102,8 +102,17 @@ class CloudRunInstancePool(NodePoolSpec):
 
 def instance_pool(m: CloudRunModelSpec) -> NodePoolSpec:
     """The instance as a one-GPU node pool (built without NodePoolSpec's GKE machine check)."""
-    return CloudRunInstancePool.model_construct(name=CLOUD_RUN_POOL, machine_type=f"cloud-run-{m.gpu}:{m.cpu}:{m.memory_gib}",
-                                                max_nodes=m.max_instances)
+    machine = f"cloud-run-{m.gpu}:{instance_cpu(m)}:{instance_memory_gib(m)}"
+    return CloudRunInstancePool.model_construct(name=CLOUD_RUN_POOL, machine_type=machine, max_nodes=m.max_instances)
+
+
+def instance_cpu(m: CloudRunModelSpec) -> int:
+    """The instance's vCPUs: the config's, at least the GPU's minimum."""
+    return max(m.cpu, GPU_MIN_RESOURCES[m.gpu][0])
+
+
+def instance_memory_gib(m: CloudRunModelSpec) -> int:
+    return max(m.memory_gib, GPU_MIN_RESOURCES[m.gpu][1])
 
 
 def instance_capacity(m: CloudRunModelSpec) -> PoolCapacity:
@@ -135,7 +144,7 @@ def instance_usd_per_second(m: CloudRunModelSpec, redundancy: Optional[bool] = N
     model's own choice by default), vCPUs and memory."""
     gpu = GPU_SECOND[m.gpu]
     zonal = m.gpu_zonal_redundancy if redundancy is None else redundancy
-    return (gpu.redundancy if zonal else gpu.no_redundancy) + m.cpu * VCPU_SECOND + m.memory_gib * GIB_SECOND
+    return (gpu.redundancy if zonal else gpu.no_redundancy) + instance_cpu(m) * VCPU_SECOND + instance_memory_gib(m) * GIB_SECOND
 
 
 def instance_usd_per_hour(m: CloudRunModelSpec, redundancy: Optional[bool] = None) -> float:
