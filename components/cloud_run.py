@@ -17,7 +17,8 @@ import pulumi
 import pulumi_gcp as gcp
 
 from . import bucket_readers
-from .model.cloud_run import CloudRunService, service_name
+from .cloud_run_monitoring import RunMetricsSidecar, RunMetricsSidecarArgs
+from .model.cloud_run import CONTAINER_NAME, CloudRunService, service_name
 from .model.gcp_names import service_account_id
 from .options import child_opts
 from .project_apis import ProjectApis
@@ -42,8 +43,7 @@ class CloudRunServicesArgs:
     apis: Optional[ProjectApis] = None
     # model -> invoker members (auth: iam): one roles/run.invoker binding each.
     invokers: Mapping[str, Sequence[str]] = field(default_factory=dict[str, Sequence[str]])
-    # model -> more containers (the metrics sidecar) and secret-backed env (the limit store's password).
-    sidecars: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict[str, Sequence[Mapping[str, Any]]])
+    # model -> secret-backed env (the limit store's client certificate).
     secret_env: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict[str, Sequence[Mapping[str, Any]]])
     deletion_protection: bool = True
 
@@ -81,15 +81,19 @@ class CloudRunServices(pulumi.ComponentResource):
         # It lists the bucket (gcsfuse mounts it so) and opens only its model's folders.
         reads = bucket_readers.grant_reads(f"{name}-{model}-reads", args.bucket, member, svc.reads, args.list_role,
                                            self._api("storage.googleapis.com"))
+        # Managed Prometheus beside the server: vLLM's series and the guard's tenant meters (its /metrics).
+        metrics = RunMetricsSidecar(f"{name}-{model}-metrics", RunMetricsSidecarArgs(
+            args.project, service_name(svc.model), CONTAINER_NAME, member, apis=args.apis), opts=self._api())
         service = gcp.cloudrunv2.Service(
             f"{name}-{model}", name=service_name(svc.model), project=args.project, location=svc.region,
             ingress=svc.ingress, invoker_iam_disabled=svc.invoker_iam_disabled,
             default_uri_disabled=svc.default_uri_disabled, launch_stage=svc.launch_stage,
             deletion_protection=args.deletion_protection, labels={"vllm-gke-model": model},
             template=cast(gcp.cloudrunv2.ServiceTemplateArgsDict, svc.template(
-                args.bucket, account.email, self.subnet.id, args.sidecars.get(model, ()), args.secret_env.get(model, ()))),
-            # The first revision mounts the bucket: the grants first, or it fails to start.
-            opts=self._api(RUN_API, depends_on=[*reads, account]))
+                args.bucket, account.email, self.subnet.id, [metrics.container], [metrics.volume],
+                args.secret_env.get(model, ()))),
+            # The first revision mounts the bucket and reads the sidecar's config: the grants first, or it fails to start.
+            opts=self._api(RUN_API, depends_on=[*reads, account, *metrics.grants]))
         for i, invoker in enumerate(args.invokers.get(model, ())):
             gcp.cloudrunv2.ServiceIamMember(
                 f"{name}-{model}-invoker-{i}", project=args.project, location=svc.region, name=service.name,

@@ -204,3 +204,10 @@ def test_the_entrypoint_waits_for_weights_on_the_volume_and_warms_on_the_argvs_p
     assert serve.wait_for_files([str(marker)]) is True
     argv = ["/models/x", "--served-model-name", "x", "--port", str(PORT)]
     assert serve.flag(argv, "--port", "8000") == str(PORT) and serve.flag(argv, "--served-model-name", "") == "x"
+
+
+def test_the_metrics_sidecar_runs_beside_the_server_after_it(staging_plan):
+    (service,) = props_of(staging_plan, SERVICE)
+    server, sidecar = service["template"]["containers"]
+    assert sidecar["dependsOns"] == [server["name"]] and "ports" not in sidecar  # one ingress container
+    assert {v["name"] for v in service["template"]["volumes"]} >= {"weights", sidecar["volumeMounts"][0]["name"]}

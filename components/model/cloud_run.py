@@ -9,11 +9,11 @@ Every behaviour relied on is a row of infra/contracts/cloud_run_service.py, with
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from .cold_start import ENGINE_START_S, IMAGE_START_S, MIB
+from .cloud_run_capacity import concurrency
+from .cloud_run_capacity import startup_probe as capacity_probe
 from .gcs_weights import reader_prefixes
 from .serving_api import pool_guard_config
 from .specs import CLOUD_RUN_POOL, CloudRunModelSpec, ModelSpec
@@ -68,11 +68,6 @@ CPU_VALUES_UP_TO_8 = (1, 2, 4, 6, 8)
 
 # Cloud Run's request timeout ceiling for a service (60 minutes).
 MAX_TIMEOUT_S = 3600
-# A startup probe's limits on Cloud Run: period and initial delay at most 240 s each.
-PROBE_MAX_PERIOD_S = 240
-PROBE_PERIOD_S = 10
-# Until D's capacity model (cloud_run_capacity.py) gives it: requests an instance takes at once.
-DEFAULT_CONCURRENCY_PER_SEQ = 1
 # The container Cloud Run sends requests to (vLLM's port, as in a GKE pod); the entrypoint reads it
 # from the argv's --port, and Cloud Run sets $PORT to the same value.
 CONTAINER_NAME = "vllm"
@@ -98,37 +93,30 @@ def weights_models(cfg: "StackConfig") -> list[ModelSpec]:
     return [*cfg.models, *(m.as_model() for m in cfg.cloud_run_models)]
 
 
-def cpu_of(model: CloudRunModelSpec) -> int:
-    return max(model.cpu, gpu_of(model).min_cpu)
-
-
-def memory_gib_of(model: CloudRunModelSpec) -> int:
-    return max(model.memory_gib, gpu_of(model).min_memory_gib)
-
-
-def concurrency(model: CloudRunModelSpec) -> int:
-    """Requests one instance takes at once: the config's, else the batch vLLM runs (maxNumSeqs);
-    more would only queue inside the instance, where Cloud Run cannot start another for them."""
-    return model.concurrency or model.max_num_seqs * DEFAULT_CONCURRENCY_PER_SEQ
-
-
 def server_args(cfg: "StackConfig", model: CloudRunModelSpec, rel: VllmRelease) -> list[str]:
     """`vllm serve`'s argv: the GKE servers' (vllm_args of as_model()), on Cloud Run's port."""
     spec = model.as_model()
     return vllm_args(spec, spec.short, rel, request_timeout_seconds=cfg.gateway.request_timeout_seconds)
 
 
-def startup_probe(load_seconds: float) -> dict[str, Any]:
-    """vLLM's /health on the serving port (Cloud Run probes HTTP, TCP or gRPC only: no exec probe
-    of the warm marker as on GKE); periods of PROBE_PERIOD_S, allowing half as long again as the
-    cold-start estimate, 4 minutes at least."""
-    threshold = max(24, math.ceil(1.5 * load_seconds / PROBE_PERIOD_S))
-    return {"http_get": {"path": "/health", "port": PORT}, "period_seconds": PROBE_PERIOD_S,
-            "timeout_seconds": 5, "failure_threshold": threshold}
+def startup_probe(model: CloudRunModelSpec) -> dict[str, Any]:
+    """vLLM's /health on the serving port (Cloud Run probes HTTP, TCP or gRPC only: no exec probe of the
+    warm marker as on GKE), timed by the capacity model's cold-start estimate (cloud_run_capacity.py)."""
+    return {"http_get": {"path": "/health", "port": PORT}, **capacity_probe(model)}
 
 
 def startup_window_seconds(probe: Mapping[str, Any]) -> int:
-    return int(probe["period_seconds"]) * int(probe["failure_threshold"])
+    """How long the probe lets vLLM take to answer /health: the entrypoint waits that long too."""
+    return int(probe.get("initial_delay_seconds", 0)) + int(probe["period_seconds"]) * int(probe["failure_threshold"])
+
+
+def cpu_of(model: CloudRunModelSpec) -> int:
+    """The instance's vCPUs: the config's, at least the GPU's minimum (the rules refuse less)."""
+    return max(model.cpu, gpu_of(model).min_cpu)
+
+
+def memory_gib_of(model: CloudRunModelSpec) -> int:
+    return max(model.memory_gib, gpu_of(model).min_memory_gib)
 
 
 def server_env(model: CloudRunModelSpec, guard_config: Mapping[str, Any], window_s: int) -> list[dict[str, str]]:
@@ -170,7 +158,7 @@ class CloudRunService:
         return service_name(self.model)
 
     def template(self, bucket: Any, service_account: Any, subnetwork: Any,
-                 extra_containers: Sequence[Mapping[str, Any]] = (),
+                 extra_containers: Sequence[Mapping[str, Any]] = (), extra_volumes: Sequence[Mapping[str, Any]] = (),
                  secret_env: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
         """The revision template: one GPU instance, CPU always allocated, the weights volume, Direct VPC egress."""
         m, gpu = self.model, gpu_of(self.model)
@@ -188,11 +176,11 @@ class CloudRunService:
             "node_selector": {"accelerator": gpu.accelerator},
             "gpu_zonal_redundancy_disabled": not m.gpu_zonal_redundancy,
             "scaling": {"min_instance_count": m.min_instances, "max_instance_count": m.max_instances},
-            "max_instance_request_concurrency": concurrency(m),
+            "max_instance_request_concurrency": concurrency(m),  # the capacity model's (cloud_run_capacity.py)
             "timeout": f"{self.request_timeout_seconds}s",
             "service_account": service_account,
             "execution_environment": "EXECUTION_ENVIRONMENT_GEN2",
-            "volumes": [weights_volume(bucket)],
+            "volumes": [weights_volume(bucket), *(dict(v) for v in extra_volumes)],
             "vpc_access": {"network_interfaces": [{"subnetwork": subnetwork}], "egress": "PRIVATE_RANGES_ONLY"},
         }
 
@@ -222,22 +210,11 @@ class CloudRunService:
 
 
 def cloud_run_service(cfg: "StackConfig", model: CloudRunModelSpec, rel: VllmRelease,
-                      load_seconds: float, guard_config: Mapping[str, Any]) -> CloudRunService:
-    probe = startup_probe(load_seconds)
+                      guard_config: Mapping[str, Any]) -> CloudRunService:
+    probe = startup_probe(model)
     timeout = min(cfg.gateway.request_timeout_seconds, MAX_TIMEOUT_S)
     return CloudRunService(model, cfg.cloud_run_region(model), cfg.server_image.uri, server_args(cfg, model, rel),
                            server_env(model, guard_config, startup_window_seconds(probe)), probe, timeout)
-
-
-# Cloud Run's gcsfuse volume reads a bucket at no documented rate: the GKE mounts' assumption
-# (weights_backends.py GCS) until D's cold-start model (cloud_run_capacity.py) gives the figure.
-DEFAULT_READ_MIB_S = 1000.0
-
-
-def load_seconds(model: CloudRunModelSpec) -> float:
-    """From an instance started to vLLM serving: the image, the weights over the volume, the engine."""
-    spec = model.as_model()
-    return IMAGE_START_S + (spec.weights_gb + spec.lora_gb()) * 1e9 / (DEFAULT_READ_MIB_S * MIB) + ENGINE_START_S
 
 
 def guard_config(cfg: "StackConfig", model: CloudRunModelSpec, rel: VllmRelease) -> dict[str, Any]:
@@ -254,4 +231,4 @@ def cloud_run_egress_region(cfg: "StackConfig") -> str:
 
 def cloud_run_services(cfg: "StackConfig") -> list[CloudRunService]:
     rel = cfg.release_for(CLOUD_RUN_POOL)
-    return [cloud_run_service(cfg, m, rel, load_seconds(m), guard_config(cfg, m, rel)) for m in cfg.cloud_run_models]
+    return [cloud_run_service(cfg, m, rel, guard_config(cfg, m, rel)) for m in cfg.cloud_run_models]
