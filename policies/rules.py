@@ -194,7 +194,8 @@ POLICIES: tuple[Policy, ...] = (
     Policy("limit-store-mesh-only",
            "The shared limit store admits only mesh identities over STRICT mTLS."
            " Rejects a shared limit store (named by a guard's `globalLimits`) whose namespace lacks STRICT mTLS "
-           "or a deny-all, or admits clients by anything but their mesh identities.",
+           "or a deny-all, or admits clients by anything but their mesh identities, but for address ranges on a "
+           "Redis TLS port that requires a client certificate (the Cloud Run guards'), the only port mTLS may skip.",
            "mandatory", limit_store_mesh_only),
     Policy("scale-to-zero-answered",
            "Pools that scale to zero have a standby that answers 503 with Retry-After and wakes them, or "

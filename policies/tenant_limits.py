@@ -3,10 +3,11 @@ adapters scoped per tenant, and a shared limit store only mesh identities reach.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from typing import Any, Iterator, Mapping, Sequence
 
-from .base import Finding, Resource, env_of, mesh_only, vllm_servers, where
+from .base import Finding, Resource, env_of, kube, mesh_only, namespace_of, vllm_servers, where
 
 GUARD_MIDDLEWARE = "vllm_gke_guard.GuardMiddleware"
 
@@ -76,10 +77,55 @@ def lora_adapters_scoped(resources: Sequence[Resource]) -> Iterator[Finding]:
 
 def limit_store_mesh_only(resources: Sequence[Resource]) -> Iterator[Finding]:
     """The shared limit store has no password: the mesh is its only lock. Its namespace must
-    refuse plaintext (STRICT mTLS) and admit peers by identity alone, on the store's port."""
+    refuse plaintext (STRICT mTLS) and admit peers by identity alone, on the store's port; the one
+    exception, the Cloud Run guards: address ranges to a TLS port where Redis requires the client
+    certificate, mTLS off on that port alone."""
     stores = {str(cfg["globalLimits"].get("host", "")) for _r, cfg in _guard_configs(resources)
               if isinstance(cfg.get("globalLimits"), dict)}
-    for store in sorted(stores):
+    for store in sorted(s for s in stores if not _is_address(s)):  # an address: a Cloud Run guard's way in
         parts = store.split(".")
-        yield from mesh_only(resources, parts[1] if len(parts) > 1 else "default", f"the limit store {store}",
-                             "any pod could spend or reset a tenant's limits")
+        ns = parts[1] if len(parts) > 1 else "default"
+        tls = _client_cert_ports(resources, ns)
+        for finding in mesh_only(resources, ns, f"the limit store {store}", "any pod could spend or reset a tenant's limits"):
+            if finding[0] is None or not _cloud_run_tls_allow(finding[0], tls):
+                yield finding
+        for pa in kube(resources, "PeerAuthentication"):
+            loose = {str(k) for k, v in ((pa.props.get("spec") or {}).get("portLevelMtls") or {}).items()
+                     if (v or {}).get("mode") != "STRICT"}
+            if namespace_of(pa) == ns and loose - tls:
+                yield pa, (f"{where(pa)} lets plaintext reach port(s) {', '.join(sorted(loose - tls))} of the limit store "
+                           f"{store}, where Redis requires no client certificate")
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _client_cert_ports(resources: Sequence[Resource], ns: str) -> set[str]:
+    """The store's TLS port where its redis.conf requires a client certificate (the Cloud Run
+    guards' way in, components/model/cloud_run_store.py)."""
+    ports: set[str] = set()
+    for cm in kube(resources, "ConfigMap"):
+        lines = ((cm.props.get("data") or {}).get("redis.conf") or "").splitlines() if namespace_of(cm) == ns else []
+        words = [line.split() for line in lines if line.strip()]
+        if ["tls-auth-clients", "yes"] in words and any(w[0] == "tls-ca-cert-file" for w in words):
+            ports |= {w[1] for w in words if w[0] == "tls-port" and len(w) == 2}
+    return ports
+
+
+def _cloud_run_tls_allow(policy: Resource, tls_ports: set[str]) -> bool:
+    """An ALLOW of address ranges (never everything) to client-certificate ports only."""
+    rules = (policy.props.get("spec") or {}).get("rules") or []
+    for rule in rules:
+        sources = [f.get("source") or {} for f in rule.get("from") or []]
+        blocks = [b for src in sources for b in src.get("ipBlocks") or []]
+        ops = [t.get("operation") or {} for t in rule.get("to") or []]
+        if (not sources or any(set(src) != {"ipBlocks"} for src in sources) or not blocks
+                or any(b.endswith("/0") for b in blocks) or not ops
+                or any(set(op) != {"ports"} or not op["ports"] or not set(map(str, op["ports"])) <= tls_ports for op in ops)):
+            return False
+    return bool(rules) and bool(tls_ports)

@@ -72,14 +72,22 @@ class SharedLimiter:
         self._turns: dict[str, asyncio.Lock] = {}
 
     @classmethod
-    def connect(cls, host: str, port: int, timeout: float = 0.25, connections: int = 16) -> "SharedLimiter":
+    def connect(cls, host: str, port: int, timeout: float = 0.25, connections: int = 16,
+                tls_pem: Optional[str] = None) -> "SharedLimiter":
+        """`tls_pem`: a file with the store's client certificate and key (a Cloud Run guard, on the
+        store's TLS port): the certificate is also the only CA the store's own is checked against."""
         import redis.asyncio as aioredis  # only in images with globalLimits; imported when configured
 
+        tls: dict[str, Any] = {}
+        if tls_pem is not None:
+            # The store is reached by address: the certificate is pinned (its own CA), not a name.
+            tls = {"connection_class": aioredis.SSLConnection, "ssl_certfile": tls_pem, "ssl_keyfile": tls_pem,
+                   "ssl_ca_certs": tls_pem, "ssl_cert_reqs": "required", "ssl_check_hostname": False}
         # redis-py annotates the pool's timeout as int; it is asyncio's timeout, seconds as a float.
         pool = aioredis.BlockingConnectionPool(host=host, port=port, max_connections=connections,
                                                timeout=timeout,  # pyright: ignore[reportArgumentType]
                                                socket_timeout=timeout, socket_connect_timeout=timeout,
-                                               health_check_interval=30)
+                                               health_check_interval=30, **tls)
         return cls(aioredis.Redis(connection_pool=pool))
 
     def _cached_refusal(self, tenant: str, tokens: int) -> Optional[Verdict]:
