@@ -15,7 +15,9 @@ Nothing a client can set names the tenant - not the mesh's verified-issuer or -s
     from Authorization, and handed it on with its signature replaced by SIGNATURE_REMOVED_BY_GOOGLE
     (infra/contracts/cloud_run_identity.py cites Google's pages). The guard reads the same header by
     the same rule, takes only a token whose signature Cloud Run removed (one it checked), and maps
-    the token's `email` to the one tenant listing that account (tenants[].cloudRunInvokers).
+    the token's `email` to the one tenant listing that account (tenants[].cloudRunInvokers). Both
+    headers at once are refused here too: Cloud Run checked only one of them, and this server has no
+    use for the other.
 
 Where the path names a tenant (/<tenant>/<model>/v1), the verified tenant must be that one.
 Every refusal is a GuardError (OpenAI's format, 4xx; 503 only while a JWKS cannot be fetched).
@@ -117,6 +119,9 @@ class CloudRunIdentity:
         return (a[0] if a else None), (s[0] if s else None)
 
     async def _verified(self, authorization: Optional[bytes], serverless: Optional[bytes]) -> str:
+        if authorization is not None and serverless is not None:
+            raise GuardError(400, "both Authorization and X-Serverless-Authorization came: send the one credential "
+                                  "that is you", "invalid_credentials")
         if self.mode == "jwt":
             if serverless is not None:
                 raise GuardError(400, "this model reads the tenant's token from Authorization alone; send no "
