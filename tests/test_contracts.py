@@ -495,7 +495,20 @@ def _pd_decode_trusts_envoy(plan):
     env["value"] = json.dumps({**json.loads(env["value"]), "trustedPeers": ["127.0.0.1", "127.0.0.6"]})
 
 
+def _cloud_run_props(plan, type_):
+    """The props of the staging stack's one resource of a type (its Cloud Run model's)."""
+    (resource,) = plan.of_type(type_)
+    return resource.props
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
+    "serverless_negs_behind_an_application_lb": ("staging", lambda p: _cloud_run_props(
+        p, "gcp:compute/regionNetworkEndpointGroup:RegionNetworkEndpointGroup").update(region="europe-west4"),
+        "not in its load balancer's region"),
+    "serverless_backends_without_health_check_or_timeout": ("staging", lambda p: _cloud_run_props(
+        p, "gcp:compute/regionBackendService:RegionBackendService").update(timeoutSec=600), "sets timeoutSec"),
+    "cloud_run_ingress_admits_the_load_balancer": ("staging", lambda p: _cloud_run_props(
+        p, "gcp:cloudrunv2/service:Service").update(ingress="INGRESS_TRAFFIC_INTERNAL_ONLY"), "does not admit"),
     "keda_owns_external_metrics": ("dev", _add_external_apiservice, "second owner"),
     "keda_ports_open_on_private_clusters": ("prod", _no_firewall, "tcp:6443, 9443"),
     "keda_operator_identity": ("dev", _no_pod_identity, "podIdentity.gcp is off"),

@@ -15,7 +15,8 @@ OpenTelemetry Collector), load_test.py (inference-perf), lws.py (LeaderWorkerSet
 hosts), gpu_network.py (Compute Engine's network between GPU hosts), disaggregation.py (vLLM's NIXL
 connector between prefill and decode pods), kv_offload.py (vLLM's KV-cache offload to host
 memory), speculative.py (vLLM's speculative decoding: --speculative-config, the draft) and flagger.py (Flagger, its
-PromQL frontend and loadtester, the canaries' rollouts); base.py holds the Contract row and the
+PromQL frontend and loadtester, the canaries' rollouts), cloud_run_gateway.py (the Cloud Run models' load
+balancer: serverless NEGs, Cloud Run's ingress); base.py holds the Contract row and the
 plan helpers they share. This module assembles the table in that order.
 """
 
@@ -28,6 +29,7 @@ from typing import Optional
 from ..plan import Plan
 from . import (
     billing,
+    cloud_run_gateway,
     collector,
     disaggregation,
     disaggregation_cluster,
@@ -52,6 +54,11 @@ from . import (
 )
 from .base import Check, Contract
 from .billing import budget_api_accepts_the_budget
+from .cloud_run_gateway import (
+    cloud_run_ingress_admits_the_load_balancer,
+    serverless_backends_without_health_check_or_timeout,
+    serverless_negs_behind_an_application_lb,
+)
 from .collector import collector_listens_and_writes_to_trace, vllm_exports_traces_as_configured
 from .disaggregation import (
     nixl_connector_not_replaced,
@@ -185,6 +192,8 @@ __all__ = [
     "ngram_window_ordered", "speculative_config_is_the_models",
     "awake_model_passes_the_startup_check", "lease_commands_within_the_acl", "sleep_mode_driven_by_the_guard",
     "sleep_routes_unreachable", "time_shared_pools_and_their_pods",
+    "cloud_run_ingress_admits_the_load_balancer", "serverless_backends_without_health_check_or_timeout",
+    "serverless_negs_behind_an_application_lb",
 ]
 
 CONTRACTS: tuple[Contract, ...] = (
@@ -194,6 +203,7 @@ CONTRACTS: tuple[Contract, ...] = (
     *monitoring.ROWS, *flagger.ROWS, *disaggregation.ROWS, *disaggregation_cluster.ROWS,
     *kv_offload.ROWS, *speculative.ROWS,
     *sleep_mode.ROWS,
+    *cloud_run_gateway.ROWS,
 )
 
 
