@@ -1,0 +1,147 @@
+"""Tenants of a Cloud Run model (cloudRun.models[]): the config rules, the guard's config and invoker
+members (components/model/cloud_run_tenancy.py), and a stack where a tenant lists a Cloud Run model
+planned with nothing GKE-side made for it."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from vllm_gke.components.model.cloud_run_tenancy import cloud_run_guard_config, invoker_members
+from vllm_gke.components.model.serving_api import ISSUER_HEADER, SUBJECT_HEADER, TENANT_HEADER
+from vllm_gke.infra.config import ConfigError, parse
+
+MODEL = "qwen-1-5b"
+SEARCH_SA = "search-llm@acme-staging.iam.gserviceaccount.com"
+SUPPORT_SA = "support-llm@acme-staging.iam.gserviceaccount.com"
+CLOUD_RUN = {"hostname": "run.llm.staging.acme.example",
+             "models": [{"name": MODEL, "source": "hf://Qwen/Qwen2.5-1.5B-Instruct", "shape": "qwen2.5-1.5b",
+                         "maxModelLen": 8192, "gpu": "nvidia-l4", "minInstances": 0, "maxInstances": 2}]}
+
+
+def staging(stack_values: dict[str, Any], auth: str = "jwt", callers: tuple[str, ...] = ("search",)) -> dict[str, Any]:
+    """Staging with a Cloud Run model the `callers` list (under auth iam, each with its own account)."""
+    values = copy.deepcopy(stack_values["staging"])
+    section = copy.deepcopy(CLOUD_RUN)
+    section["models"][0]["auth"] = auth
+    values["vllm-gke:cloudRun"] = section
+    for t in values["vllm-gke:tenants"]:
+        if t["name"] in callers:
+            t["models"] = [*t["models"], MODEL] if MODEL not in t["models"] else t["models"]
+            if auth == "iam":
+                t["cloudRunInvokers"] = [SEARCH_SA if t["name"] == "search" else SUPPORT_SA]
+    return values
+
+
+def problems(values: dict[str, Any]) -> list[str]:
+    with pytest.raises(ConfigError) as exc:
+        parse(values)
+    return [str(i) for i in exc.value.issues]
+
+
+def test_a_tenant_may_list_a_cloud_run_model(stack_values):
+    cfg = parse(staging(stack_values))
+    assert MODEL in next(t for t in cfg.tenants if t.name == "search").models
+
+
+def test_an_undeclared_model_is_still_refused_naming_both_places(stack_values):
+    values = staging(stack_values)
+    values["vllm-gke:tenants"][0]["models"].append("nowhere")
+    (problem,) = problems(values)
+    assert "'nowhere' is not declared" in problem and "cloudRun.models" in problem and MODEL in problem
+
+
+def test_a_cap_over_what_the_cloud_run_model_serves_is_refused(stack_values):
+    values = staging(stack_values)
+    values["vllm-gke:cloudRun"]["models"][0]["maxModelLen"] = 1024
+    (problem,) = problems(values)
+    assert "tenants[search].maxTokens" in problem and "2048 exceeds" in problem and MODEL in problem
+
+
+def test_a_dedicated_copy_of_a_cloud_run_model_is_refused_with_the_reason(stack_values):
+    values = staging(stack_values)
+    search = values["vllm-gke:tenants"][0]
+    search["dedicated"] = {"models": [MODEL], "nodePool": "l4"}
+    found = problems(values)
+    assert any("tenants[search].dedicated.models" in p and "runs on Cloud Run" in p and "no dedicated" in p
+               for p in found), found
+
+
+def test_iam_needs_each_calling_tenant_to_name_its_accounts(stack_values):
+    values = staging(stack_values, auth="iam")
+    del values["vllm-gke:tenants"][0]["cloudRunInvokers"]
+    (problem,) = problems(values)
+    assert "tenants[search].cloudRunInvokers" in problem and "auth iam" in problem
+
+
+def test_accounts_granted_nothing_are_refused(stack_values):
+    values = staging(stack_values, auth="jwt")
+    values["vllm-gke:tenants"][0]["cloudRunInvokers"] = [SEARCH_SA]
+    (problem,) = problems(values)
+    assert "tenants[search].cloudRunInvokers" in problem and "granted nothing" in problem
+
+
+def test_an_account_is_one_tenants(stack_values):
+    values = staging(stack_values, auth="iam", callers=("search", "support"))
+    values["vllm-gke:tenants"][1]["cloudRunInvokers"] = [SEARCH_SA]
+    (problem,) = problems(values)
+    assert "tenants[support].cloudRunInvokers" in problem and f"'{SEARCH_SA}' is also tenant 'search''s" in problem
+
+
+@pytest.mark.parametrize("email", ["Search@acme.iam.gserviceaccount.com", "someone@gmail.com", "allUsers",
+                                   "search@acme.iam.gserviceaccount.com.evil.example"])
+def test_an_invoker_is_a_service_accounts_email(stack_values, email):
+    values = staging(stack_values, auth="iam")
+    values["vllm-gke:tenants"][0]["cloudRunInvokers"] = [email]
+    (problem,) = problems(values)
+    assert "cloudRunInvokers" in problem and "is not a service account's email" in problem
+
+
+def test_the_guard_config_jwt(stack_values):
+    cfg = parse(staging(stack_values, callers=("search", "support")))
+    guard = cloud_run_guard_config(cfg, cfg.cloud_run_models[0])
+    # What the GKE guard enforces, per tenant: caps, limits, salts, usage counters named by the model.
+    support = guard["issuers"]["https://auth.acme.example/support"]
+    assert support == {"tenant": "support", "maxTokens": 1024, "requestsPerMinute": 300, "cacheSalt": "tenant-support",
+                       "priority": -1}
+    assert guard["model"] == MODEL and guard["cacheSaltRoutes"] and "/v1/chat/completions" in guard["routes"]
+    # No sidecar to trust, and the identity the guard verifies itself.
+    assert guard["trustedPeers"] == []
+    identity = guard["cloudRun"]
+    assert identity["auth"] == "jwt" and set(identity["refusedHeaders"]) == {ISSUER_HEADER, SUBJECT_HEADER, TENANT_HEADER}
+    assert identity["tenants"]["search"] == {"issuer": "https://auth.acme.example/search", "subjects": None,
+                                             "jwksUri": "https://auth.acme.example/search/.well-known/jwks.json",
+                                             "audiences": ["llm.staging.acme.example"]}
+    assert identity["tenantPrefixes"] == {f"/search/{MODEL}": "search", f"/support/{MODEL}": "support"}
+    assert set(guard["pathPrefixes"]) == {f"/{MODEL}", f"/search/{MODEL}", f"/support/{MODEL}"}
+    assert invoker_members(cfg, cfg.cloud_run_models[0]) == []
+    # globalLimits on: the store over the VPC (cloud_run_store.py), over TLS.
+    values = staging(stack_values)
+    values["vllm-gke:globalLimits"] = {"enabled": True}
+    cfg = parse(values)
+    assert cloud_run_guard_config(cfg, cfg.cloud_run_models[0])["globalLimits"]["tlsEnv"]
+
+
+def test_the_guard_config_iam_and_the_invokers(stack_values):
+    cfg = parse(staging(stack_values, auth="iam", callers=("search", "support")))
+    model = cfg.cloud_run_models[0]
+    identity = cloud_run_guard_config(cfg, model)["cloudRun"]
+    assert identity["auth"] == "iam" and identity["accounts"] == {SEARCH_SA: "search", SUPPORT_SA: "support"}
+    assert "tenants" not in identity
+    assert invoker_members(cfg, model) == [f"serviceAccount:{SEARCH_SA}", f"serviceAccount:{SUPPORT_SA}"]
+
+
+def test_a_tenant_calling_a_cloud_run_model_gets_nothing_gke_side_for_it(stack_values, plan_variant):
+    """Every GKE object a tenant's models make - its mesh policies, routes, guard configs, the identity
+    extension's prefixes, fallback routes - is made for its GKE models alone: the model is named only by
+    the Cloud Run tier's resources and the loader Jobs that write (and prune) its weights in the bucket."""
+    plan = plan_variant("staging", lambda v: v.update(staging(stack_values, callers=("search", "support"))))
+    naming = {r.name for r in plan.resources if MODEL in r.name or MODEL in json.dumps(r.props, default=str)}
+    gke = {n for n in naming if not n.startswith("cloud-run")} - {f"weights-load-{MODEL}", f"weights-prune-{MODEL}"}
+    assert not gke, gke
+    assert {f"cloud-run-{MODEL}", f"weights-load-{MODEL}"} <= naming
+    # The tenants' GKE models still have theirs.
+    assert plan.kube("AuthorizationPolicy", "allow-search-llama-8b", "vllm")
