@@ -501,6 +501,23 @@ def _cloud_run_props(plan, type_):
     return resource.props
 
 
+def _cloud_run_container(plan):
+    (service,) = [r for r in plan.resources if r.type == "gcp:cloudrunv2/service:Service"]
+    return service.props["template"], service.props["template"]["containers"][0]
+
+
+def _cloud_run_zonal_redundancy_unpriced(plan):
+    _cloud_run_container(plan)[0]["gpuZonalRedundancyDisabled"] = False
+
+
+def _cloud_run_probe_past_the_gpu_limit(plan):
+    _cloud_run_container(plan)[1]["startupProbe"]["failureThreshold"] = 200
+
+
+def _cloud_run_concurrency_of_its_own(plan):
+    _cloud_run_container(plan)[0]["maxInstanceRequestConcurrency"] = 80
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "serverless_negs_behind_an_application_lb": ("staging", lambda p: _cloud_run_props(
         p, "gcp:compute/regionNetworkEndpointGroup:RegionNetworkEndpointGroup").update(region="europe-west4"),
@@ -642,6 +659,11 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "time_shared_pools_and_their_pods": ("tuned", lambda p: _swap_vllm(p)[1]["nodeSelector"].pop(
         "cloud.google.com/gke-gpu-sharing-strategy"), "not the time-shared nodes' labels"),
     "lease_commands_within_the_acl": ("tuned", _store_library_calls_set, "which the guards' ACL refuses"),
+    "cloud_run_gpu_billed_as_priced": ("staging", _cloud_run_zonal_redundancy_unpriced,
+                                       "the cost report priced gpuZonalRedundancy False"),
+    "cloud_run_startup_probe_within_limits": ("staging", _cloud_run_probe_past_the_gpu_limit, "exceeds 1800 s"),
+    "cloud_run_concurrency_is_the_capacity_models": ("staging", _cloud_run_concurrency_of_its_own,
+                                                     "not the capacity model's 32"),
 }
 
 

@@ -14,7 +14,8 @@ Populator), billing.py (the Cloud Billing Budget API), collector.py (traces: vLL
 OpenTelemetry Collector), load_test.py (inference-perf), lws.py (LeaderWorkerSet, vLLM across
 hosts), gpu_network.py (Compute Engine's network between GPU hosts), disaggregation.py (vLLM's NIXL
 connector between prefill and decode pods), kv_offload.py (vLLM's KV-cache offload to host
-memory), speculative.py (vLLM's speculative decoding: --speculative-config, the draft) and flagger.py (Flagger, its
+memory), speculative.py (vLLM's speculative decoding: --speculative-config, the draft), cloud_run_capacity.py
+(Cloud Run GPU services as the plan prices and sizes them) and flagger.py (Flagger, its
 PromQL frontend and loadtester, the canaries' rollouts), cloud_run_gateway.py (the Cloud Run models' load
 balancer: serverless NEGs, Cloud Run's ingress); base.py holds the Contract row and the
 plan helpers they share. This module assembles the table in that order.
@@ -29,6 +30,7 @@ from typing import Optional
 from ..plan import Plan
 from . import (
     billing,
+    cloud_run_capacity,
     cloud_run_gateway,
     collector,
     disaggregation,
@@ -54,6 +56,11 @@ from . import (
 )
 from .base import Check, Contract
 from .billing import budget_api_accepts_the_budget
+from .cloud_run_capacity import (
+    cloud_run_concurrency_is_the_capacity_models,
+    cloud_run_gpu_billed_as_priced,
+    cloud_run_startup_probe_within_limits,
+)
 from .cloud_run_gateway import (
     cloud_run_ingress_admits_the_load_balancer,
     serverless_backends_without_health_check_or_timeout,
@@ -194,6 +201,8 @@ __all__ = [
     "sleep_routes_unreachable", "time_shared_pools_and_their_pods",
     "cloud_run_ingress_admits_the_load_balancer", "serverless_backends_without_health_check_or_timeout",
     "serverless_negs_behind_an_application_lb",
+    "cloud_run_concurrency_is_the_capacity_models", "cloud_run_gpu_billed_as_priced",
+    "cloud_run_startup_probe_within_limits",
 ]
 
 CONTRACTS: tuple[Contract, ...] = (
@@ -204,6 +213,7 @@ CONTRACTS: tuple[Contract, ...] = (
     *kv_offload.ROWS, *speculative.ROWS,
     *sleep_mode.ROWS,
     *cloud_run_gateway.ROWS,
+    *cloud_run_capacity.ROWS,
 )
 
 
