@@ -37,6 +37,10 @@ def hyperdisk_values(extra: bool = False) -> dict[str, Any]:
     adapter and a tenant with its own namespace."""
     values = read_stack_config("staging")
     values["vllm-gke:weights"] = {"backend": "hyperdisk-ml"}
+    # The Cloud Run models mount the bucket alone (config_rules/cloud_run.py): none beside Hyperdisk ML.
+    cloud_run = {m["name"] for m in values.pop("vllm-gke:cloudRun", {}).get("models", [])}
+    for tenant in values["vllm-gke:tenants"]:
+        tenant["models"] = [m for m in tenant["models"] if m not in cloud_run]
     if extra:
         models = values["vllm-gke:models"]
         mistral = next(m for m in models if m["name"] == "mistral-7b")
