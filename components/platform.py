@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional, Sequence
 import pulumi
 
 from .cloud_run import CloudRunServices, CloudRunServicesArgs
-from .cloud_run_gateway import CloudRunGateway, cloud_run_gateway
+from .cloud_run_gateway import CloudRunGateway, build_cloud_run_gateway
 from .flagger import Flagger, FlaggerArgs
 from .gateway import Gateway, GatewayArgs
 from .gpu_cluster import GpuCluster, GpuClusterArgs
@@ -449,8 +449,8 @@ class Platform(pulumi.ComponentResource):
             opts=self._opts_for([self.store]))
         for model in cfg.cloud_run_models:
             self._readers.setdefault(model.name, []).append(self.cloud_run.services[model.name])
-        self.cloud_run_gateway = cloud_run_gateway(f"{self._prefix}cloud-run-gateway", cfg, self.cluster,
-                                                   self.cloud_run.services, self.apis, self._opts_for())
+        self.cloud_run_gateway = build_cloud_run_gateway(f"{self._prefix}cloud-run-gateway", cfg, self.cluster,
+                                                         self.cloud_run.services, self.apis, self._opts_for())
 
     def _observe(self) -> None:
         """The monitoring of it all (its channels page for Flagger's rollbacks too)."""
