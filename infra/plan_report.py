@@ -59,7 +59,7 @@ class PlanReport:
     unchecked: list[tuple[str, str]] = field(default_factory=list[tuple[str, str]])
     written_under: Optional[Path] = None  # out/<stack> when the plan wrote its files
     # Google Cloud resources (and providers, Helm releases) checked against pulumi_gcp's SDK input
-    # types (infra/provider_schema.py), and (resource, what the provider would refuse) for each that fails.
+    # types (infra/provider_schema.py), and (resource, where its inputs depart from it) for each that fails.
     provider_resources: int = 0
     provider_problems: list[tuple[str, list[str]]] = field(default_factory=list[tuple[str, list[str]]])
 

@@ -170,7 +170,7 @@ def provider_lines(console: Console, count: int, problems: list[tuple[str, list[
     """The Google Cloud resources against pulumi_gcp's input types (infra/provider_schema.py)."""
     for what, errs in problems:
         for err in errs:
-            console.print(f"[bold red]the provider would refuse[/] {escape(what)}: {escape(err)}", highlight=False)
+            console.print(f"[bold red]not in its provider's schema:[/] {escape(what)}: {escape(err)}", highlight=False)
     if not problems:
         console.print(f"[green]all {count} Google Cloud resources, providers and Helm releases match their "
                       f"provider's schema (pulumi_gcp {sdk_version()}'s input types)[/]")

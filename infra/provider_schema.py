@@ -11,6 +11,12 @@ boolean, list, map, object) and, where a field's docstring says exactly "Possibl
 for the providers' own inputs (pulumi:providers:gcp and :kubernetes, whose non-string values the SDK
 sends as JSON text) and a Helm release (the one Kubernetes resource that is not a manifest the
 manifest check sees). Output-only properties are not inputs, so setting one fails as unknown.
+
+Stricter than the provider on purpose. The bridge's own type check (pulumi/pulumi-terraform-bridge@59de6c66:
+pkg/tfbridge/provider.go Check, pkg/tfbridge/typechecker/typechecker.go) only warns unless
+PULUMI_ERROR_TYPE_CHECKER is set, lets keys the schema lacks flow through, and takes "true"/"false" for a
+boolean and a string for a number, which it coerces; what Terraform then refuses, ignores or coerces depends on
+the resource. A value the schema does not type as sent is a defect here wherever the engine would have let it by.
 """
 
 from __future__ import annotations
@@ -161,7 +167,7 @@ def _documented(getter: Any, hint: Any) -> tuple[str, ...]:
 
 
 def check_value(value: Any, hint: Any, path: str, values: tuple[str, ...] = ()) -> list[str]:
-    """What the provider would refuse of `value` (as the wire carries it) where `hint` is declared."""
+    """Where `value` (as the wire carries it) departs from `hint`, the property's declared type."""
     if value is None or value == UNKNOWN or (isinstance(value, dict) and rpc._special_sig_key in value):  # pyright: ignore[reportPrivateUsage]
         return []  # unset, unknown, or an asset, archive or resource reference the engine resolves
     shape = members(hint)
@@ -262,7 +268,7 @@ def _provider_inputs(resource: PlannedResource, cls: type) -> tuple[dict[str, An
 
 
 def check_resource(resource: PlannedResource) -> list[str]:
-    """What the provider would refuse of one recorded resource's inputs."""
+    """Where one recorded resource's inputs depart from its provider's schema."""
     cls = args_class(resource.type)
     if cls is None:
         return [f"{SDKS[package_of(resource.type)]} {sdk_version(package_of(resource.type))} has no resource "
@@ -277,7 +283,7 @@ def check_resource(resource: PlannedResource) -> list[str]:
 
 
 def problems(resources: list[PlannedResource]) -> list[tuple[str, list[str]]]:
-    """(resource, what its provider would refuse) for each checked resource that fails."""
+    """(resource, where its inputs depart from the schema) for each checked resource that fails."""
     return [(f"{r.type} {r.name}", errs) for r in resources if in_scope(r) and (errs := check_resource(r))]
 
 
