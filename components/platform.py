@@ -25,12 +25,13 @@ from .inference_pool import InferencePool, InferencePoolArgs
 from .keda import Keda, KedaArgs
 from .leader_worker_set import LeaderWorkerSetController, LeaderWorkerSetControllerArgs
 from .limit_store import PORT as LIMITS_PORT
-from .limit_store import LimitStore, LimitStoreArgs
+from .limit_store import CloudRunStoreArgs, LimitStore, LimitStoreArgs
 from .load_test import LoadTest, LoadTestArgs, Target
 from .mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
 from .mesh_readiness import MeshReadiness, MeshReadinessArgs
 from .model.capacity import consumer_models, hosts_per_replica, placements
 from .model.cloud_run import cloud_run_egress_region, cloud_run_services, weights_models
+from .model.cloud_run_store import cloud_run_access
 from .model.config_errors import in_program_words, stack_config
 from .model.config_rules import cross_field_issues
 from .model.disaggregation_cluster import forwards_token as pd_forwards_token
@@ -275,8 +276,11 @@ class Platform(pulumi.ComponentResource):
         cfg, provider, after_mesh = self.config, self.cluster.provider, self._opts_for([self.mesh])
         # The vLLM servers' own identities (SERVER_SA) may connect, nothing else in their namespaces.
         clients = [cfg.serving_namespace, *(tenant_namespace(t) for t in cfg.tenants if t.dedicated)]
+        access = cloud_run_access(cfg)  # the Cloud Run guards' way in, where the stack has them
         self.limit_store = LimitStore(f"{self._prefix}limits", LimitStoreArgs(
-            provider, clients, cfg.global_limits.image), opts=after_mesh) if cfg.global_limits.enabled else None
+            provider, clients, cfg.global_limits.image, cloud_run=access and CloudRunStoreArgs(
+                access, cfg.project, cfg.region, self.cluster.subnetwork.id, self.cluster.workload_pool, self.apis)),
+            opts=after_mesh) if cfg.global_limits.enabled else None
         traces = cfg.monitoring.traces
         # Spans from the vLLM servers' own identities, nothing else (as for the limit store).
         self.trace_collector = TraceCollector(f"{self._prefix}traces", TraceCollectorArgs(

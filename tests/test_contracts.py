@@ -518,7 +518,35 @@ def _cloud_run_concurrency_of_its_own(plan):
     _cloud_run_container(plan)[0]["maxInstanceRequestConcurrency"] = 80
 
 
+def _store_lb(plan):
+    (lb,) = [d for d in _k8s_docs(plan, "Service") if d["metadata"]["name"] == "limits-cloud-run"]
+    return lb
+
+
+def _k8s_docs(plan, kind):
+    return [r.props for r in plan.kubernetes() if r.props.get("kind") == kind]
+
+
+def _store_conf(plan, old, new):
+    (cm,) = [d for d in _k8s_docs(plan, "ConfigMap") if "redis.conf" in (d.get("data") or {})]
+    cm["data"]["redis.conf"] = cm["data"]["redis.conf"].replace(old, new)
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
+    # infra/contracts/cloud_run_store.py (staging's limit store, reached from Cloud Run)
+    "store_lb_internal_on_its_address_from_the_subnet": ("staging", lambda p: _store_lb(p)["spec"].update(
+        loadBalancerSourceRanges=["0.0.0.0/0"]), "not the Cloud Run egress subnet"),
+    "redis_tls_port_requires_the_certificate": ("staging", lambda p: _store_conf(
+        p, "tls-auth-clients yes", "tls-auth-clients no"), "without a client certificate"),
+    # infra/contracts/cloud_run_service.py (staging's Cloud Run model)
+    "gpu_service_is_instance_billed": ("staging", lambda p: _cloud_run_container(p)[1]["resources"].update(
+        cpuIdle=True), "instance-based billing"),
+    "startup_probe_within_cloud_runs_limits": ("staging", lambda p: _cloud_run_container(p)[1]["startupProbe"].update(
+        initialDelaySeconds=600), "over Cloud Run's 240 s"),
+    "weights_volume_is_the_bucket_read_only": ("staging", lambda p: _cloud_run_container(p)[0]["volumes"][0]["gcs"].update(
+        readOnly=False), "mounted writable"),
+    "invoker_check_off_only_behind_the_load_balancer": ("staging", lambda p: _cloud_run_props(
+        p, "gcp:cloudrunv2/service:Service").update(ingress="INGRESS_TRAFFIC_ALL"), "served unauthenticated"),
     "serverless_negs_behind_an_application_lb": ("staging", lambda p: _cloud_run_props(
         p, "gcp:compute/regionNetworkEndpointGroup:RegionNetworkEndpointGroup").update(region="europe-west4"),
         "not in its load balancer's region"),

@@ -32,6 +32,8 @@ from . import (
     billing,
     cloud_run_capacity,
     cloud_run_gateway,
+    cloud_run_service,
+    cloud_run_store,
     collector,
     disaggregation,
     disaggregation_cluster,
@@ -66,6 +68,13 @@ from .cloud_run_gateway import (
     serverless_backends_without_health_check_or_timeout,
     serverless_negs_behind_an_application_lb,
 )
+from .cloud_run_service import (
+    gpu_service_is_instance_billed,
+    invoker_check_off_only_behind_the_load_balancer,
+    startup_probe_within_cloud_runs_limits,
+    weights_volume_is_the_bucket_read_only,
+)
+from .cloud_run_store import redis_tls_port_requires_the_certificate, store_lb_internal_on_its_address_from_the_subnet
 from .collector import collector_listens_and_writes_to_trace, vllm_exports_traces_as_configured
 from .disaggregation import (
     nixl_connector_not_replaced,
@@ -201,6 +210,9 @@ __all__ = [
     "sleep_routes_unreachable", "time_shared_pools_and_their_pods",
     "cloud_run_ingress_admits_the_load_balancer", "serverless_backends_without_health_check_or_timeout",
     "serverless_negs_behind_an_application_lb",
+    "gpu_service_is_instance_billed", "startup_probe_within_cloud_runs_limits",
+    "weights_volume_is_the_bucket_read_only", "invoker_check_off_only_behind_the_load_balancer",
+    "redis_tls_port_requires_the_certificate", "store_lb_internal_on_its_address_from_the_subnet",
     "cloud_run_concurrency_is_the_capacity_models", "cloud_run_gpu_billed_as_priced",
     "cloud_run_startup_probe_within_limits",
 ]
@@ -213,6 +225,8 @@ CONTRACTS: tuple[Contract, ...] = (
     *kv_offload.ROWS, *speculative.ROWS,
     *sleep_mode.ROWS,
     *cloud_run_gateway.ROWS,
+    *cloud_run_service.ROWS,
+    *cloud_run_store.ROWS,
     *cloud_run_capacity.ROWS,
 )
 
