@@ -204,3 +204,20 @@ def test_the_plan_command_reports_and_fails_on_a_finding(monkeypatch):
     text = " ".join(result.output.split())
     assert result.exit_code == 1
     assert "not in its provider's schema: gcp:container/cluster:Cluster gke-gke: deletionProtection: string \"no\"" in text
+
+
+def test_previews_resources_beside_a_platform_are_checked_too(tmp_path: Path):
+    """`vllm-gke preview` of a program of its own resources: a bucket with a misspelt nested key fails it."""
+    folder = tmp_path / "team-llm"
+    folder.mkdir()
+    (folder / "Pulumi.yaml").write_text("name: team-llm\nruntime:\n  name: python\n")
+    (folder / "__main__.py").write_text('import pulumi_gcp as gcp\n'
+                                        'gcp.storage.Bucket("b", location="US", versioning={"enable": True})\n')
+    result = CliRunner().invoke(app, ["preview", str(folder), "--no-write", "--output", "json"])
+    assert result.exit_code == 1, result.output
+    found = json.loads(result.stdout)["otherResources"]["providerSchema"]
+    assert found == [{"resource": "gcp:storage/bucket:Bucket b", "errors": [
+        "versioning.enable: unknown key (BucketVersioningArgs has no 'enable'; did you mean 'enabled'?)",
+        "versioning.enabled: required by BucketVersioningArgs, missing"]}]
+    text = CliRunner().invoke(app, ["preview", str(folder), "--no-write"]).output
+    assert "not in its provider's schema: gcp:storage/bucket:Bucket b: versioning.enable: unknown key" in " ".join(text.split())
