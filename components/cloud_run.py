@@ -18,7 +18,9 @@ import pulumi_gcp as gcp
 
 from . import bucket_readers
 from .cloud_run_monitoring import RunMetricsSidecar, RunMetricsSidecarArgs
+from .limit_store import cloud_run_reader
 from .model.cloud_run import CONTAINER_NAME, CloudRunService, service_name
+from .model.cloud_run_store import CloudRunAccess
 from .model.gcp_names import service_account_id
 from .options import child_opts
 from .project_apis import ProjectApis
@@ -46,6 +48,8 @@ class CloudRunServicesArgs:
     # model -> secret-backed env (the limit store's client certificate).
     secret_env: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict[str, Sequence[Mapping[str, Any]]])
     deletion_protection: bool = True
+    # The limit store's Cloud Run access (its client certificate's secret): each service's account may read it.
+    store_access: Optional[CloudRunAccess] = None
 
 
 class CloudRunServices(pulumi.ComponentResource):
@@ -84,6 +88,9 @@ class CloudRunServices(pulumi.ComponentResource):
         # Managed Prometheus beside the server: vLLM's series and the guard's tenant meters (its /metrics).
         metrics = RunMetricsSidecar(f"{name}-{model}-metrics", RunMetricsSidecarArgs(
             args.project, service_name(svc.model), CONTAINER_NAME, member, apis=args.apis), opts=self._api())
+        # Cloud Run resolves a secret env var when it deploys a revision: the grant first, or the revision fails.
+        store = [cloud_run_reader(f"{name}-{model}-limits-tls", args.project, args.store_access, member, self._api())] \
+            if args.store_access is not None else []
         service = gcp.cloudrunv2.Service(
             f"{name}-{model}", name=service_name(svc.model), project=args.project, location=svc.region,
             ingress=svc.ingress, invoker_iam_disabled=svc.invoker_iam_disabled,
@@ -93,7 +100,7 @@ class CloudRunServices(pulumi.ComponentResource):
                 args.bucket, account.email, self.subnet.id, [metrics.container], [metrics.volume],
                 args.secret_env.get(model, ()))),
             # The first revision mounts the bucket and reads the sidecar's config: the grants first, or it fails to start.
-            opts=self._api(RUN_API, depends_on=[*reads, account, *metrics.grants]))
+            opts=self._api(RUN_API, depends_on=[*reads, account, *metrics.grants, *store]))
         for i, invoker in enumerate(args.invokers.get(model, ())):
             gcp.cloudrunv2.ServiceIamMember(
                 f"{name}-{model}-invoker-{i}", project=args.project, location=svc.region, name=service.name,

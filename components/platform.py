@@ -31,7 +31,8 @@ from .mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
 from .mesh_readiness import MeshReadiness, MeshReadinessArgs
 from .model.capacity import consumer_models, hosts_per_replica, placements
 from .model.cloud_run import cloud_run_egress_region, cloud_run_services, weights_models
-from .model.cloud_run_store import cloud_run_access
+from .model.cloud_run_store import cloud_run_access, secret_env
+from .model.cloud_run_tenancy import invoker_members
 from .model.config_errors import in_program_words, stack_config
 from .model.config_rules import cross_field_issues
 from .model.disaggregation_cluster import forwards_token as pd_forwards_token
@@ -448,7 +449,10 @@ class Platform(pulumi.ComponentResource):
             project=cfg.project, services=cloud_run_services(cfg), network=self.cluster.network.id,
             egress_subnet_cidr=cfg.cloud_run.egress_subnet_cidr, egress_region=cloud_run_egress_region(cfg),
             bucket=storage.bucket.name, list_role=storage.list_role, name_prefix=cfg.cluster.name,
-            apis=self.apis, deletion_protection=cfg.cluster.deletion_protection),
+            apis=self.apis, deletion_protection=cfg.cluster.deletion_protection,
+            invokers={m.name: invoker_members(cfg, m) for m in cfg.cloud_run_models},
+            # The limit store's client certificate (where globalLimits is on), readable by each service's account.
+            secret_env={m.name: secret_env(cfg) for m in cfg.cloud_run_models}, store_access=cloud_run_access(cfg)),
             # The first revision waits for its weights' loader (its entrypoint waits for the marker).
             opts=self._opts_for([self.store]))
         for model in cfg.cloud_run_models:

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from .cloud_run_capacity import concurrency
 from .cloud_run_capacity import startup_probe as capacity_probe
+from .cloud_run_tenancy import cloud_run_guard_config
 from .gcs_weights import reader_prefixes
-from .serving_api import pool_guard_config
 from .specs import CLOUD_RUN_POOL, CloudRunModelSpec, ModelSpec
 from .vllm_server import (
     GUARD_CONFIG_ENV,
@@ -218,10 +218,9 @@ def cloud_run_service(cfg: "StackConfig", model: CloudRunModelSpec, rel: VllmRel
 
 
 def guard_config(cfg: "StackConfig", model: CloudRunModelSpec, rel: VllmRelease) -> dict[str, Any]:
-    """The guard's config for the model's instances. A stand-in until the tenancy module
-    (cloud_run_tenancy.py) gives the identity mode: the GKE guard's for the tenants that list the model."""
-    callers = [t for t in cfg.tenants if model.name in t.models]
-    return pool_guard_config(callers, model.as_model(), rel)
+    """The guard's config for the model's instances (cloud_run_tenancy.py: the tenants that list it, verified
+    by the guard itself, and the shared store over the VPC)."""
+    return cloud_run_guard_config(cfg, model, rel)
 
 
 def cloud_run_egress_region(cfg: "StackConfig") -> str:
