@@ -30,13 +30,14 @@ API_PURPOSES = {
     "storage.googleapis.com": "the Cloud Storage bucket holding the weights (weights.backend: gcs)",
     "gkehub.googleapis.com": "fleet membership (Cloud Service Mesh needs it)",
     "mesh.googleapis.com": "Cloud Service Mesh (managed Istio: JWT auth, authorization)",
-    "secretmanager.googleapis.com": "the Hugging Face token, read by the loader",
+    "secretmanager.googleapis.com": "the Hugging Face token; the Cloud Run models' metrics config, store certificate",
     "monitoring.googleapis.com": "Managed Prometheus, dashboards, alert policies",
     "logging.googleapis.com": "workload and system logs",
     "certificatemanager.googleapis.com": "Google-managed TLS certificates of external gateways",
     "networkservices.googleapis.com": "Service Extensions: the load balancer calling the Inference Gateway's endpoint picker",
     "billingbudgets.googleapis.com": "the Cloud Billing budget (the stack's project is its calls' quota project)",
     "cloudtrace.googleapis.com": "the trace collector writing the servers' spans to Cloud Trace",
+    "run.googleapis.com": "the models on Cloud Run GPUs (vllm-gke:cloudRun)",
 }
 
 

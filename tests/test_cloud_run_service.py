@@ -211,3 +211,17 @@ def test_the_metrics_sidecar_runs_beside_the_server_after_it(staging_plan):
     server, sidecar = service["template"]["containers"]
     assert sidecar["dependsOns"] == [server["name"]] and "ports" not in sidecar  # one ingress container
     assert {v["name"] for v in service["template"]["volumes"]} >= {"weights", sidecar["volumeMounts"][0]["name"]}
+
+
+def test_every_cloud_run_resource_waits_for_the_apis_it_calls(staging_plan):
+    """On an empty project the first `pulumi up` enables Cloud Run's, Secret Manager's and Certificate
+    Manager's APIs before anything calls them (an API not in the stack's list is waited for by nobody)."""
+    apis = {r.props["service"]: r for r in staging_plan.of_type("gcp:projects/service:Service")}
+    assert {"run.googleapis.com", "secretmanager.googleapis.com", "certificatemanager.googleapis.com"} <= set(apis)
+    waits = [("gcp:cloudrunv2/service:Service", "run.googleapis.com"),
+             ("gcp:secretmanager/secretVersion:SecretVersion", "secretmanager.googleapis.com"),
+             ("gcp:certificatemanager/certificate:Certificate", "certificatemanager.googleapis.com")]
+    for type_, api in waits:
+        resources = staging_plan.of_type(type_)
+        assert resources, type_
+        assert all(staging_plan.waits_for(r, apis[api]) for r in resources), (type_, api)
