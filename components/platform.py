@@ -31,6 +31,7 @@ from .mesh_namespace import MeshNamespace, MeshNamespaceArgs, TrustedSources
 from .mesh_readiness import MeshReadiness, MeshReadinessArgs
 from .model.capacity import consumer_models, hosts_per_replica, placements
 from .model.cloud_run import cloud_run_egress_region, cloud_run_services, weights_models
+from .model.cloud_run_monitoring import run_targets
 from .model.cloud_run_store import cloud_run_access, secret_env
 from .model.cloud_run_tenancy import invoker_members
 from .model.config_errors import in_program_words, stack_config
@@ -476,7 +477,8 @@ class Platform(pulumi.ComponentResource):
             fallback=any(m.fallback for m in cfg.models),
             gateway_class=cfg.gateway.class_name, region=cfg.region, provider=self.cluster.provider,
             workload_pool=self.cluster.workload_pool, metrics_sources=[cfg.cluster.subnet_cidr],
-            always_on=[m.name for m in cfg.models if any(getattr(m, w).min_replicas > 0 for w in m.pool_names)]),
+            always_on=[m.name for m in cfg.models if any(getattr(m, w).min_replicas > 0 for w in m.pool_names)],
+            cloud_run=run_targets(cfg)),
             opts=self._opts_for())
 
     def _load_tests(self, prices: Mapping[str, tuple[float, float]]) -> None:

@@ -144,3 +144,12 @@ def test_no_cloud_run_models_no_cloud_run_dashboard_or_slos():
     assert obs.service_levels is not None
     assert not any("(Cloud Run)" in o.display_name for o in obs.service_levels.objectives)
     assert "obs-run-dashboard" not in [r.name for r in recorded]
+
+
+def test_the_platform_gives_staging_s_cloud_run_model_its_slos_and_dashboard(plans):
+    """The Platform hands its Cloud Run models to Observability: their SLOs, burn-rate alerts and dashboard."""
+    plan = plans["staging"]
+    slos = [r.name for r in plan.of_type("gcp:monitoring/slo:Slo") if "-run-qwen-1-5b-" in r.name]
+    assert sorted(s.rsplit("-", 1)[1] for s in slos) == ["availability", "ttft"]
+    assert sum("-run-qwen-1-5b-" in r.name for r in plan.of_type("gcp:monitoring/alertPolicy:AlertPolicy")) == 6
+    assert "observability-run-dashboard" in [r.name for r in plan.of_type("gcp:monitoring/dashboard:Dashboard")]
