@@ -122,8 +122,8 @@ def vllm_argv_problems(plan: Plan) -> list[tuple[str, str]]:
 def monitoring_problems(obs: Observability) -> list[str]:
     """The dashboards, alert policies and SLOs, each parsed as the Cloud Monitoring API's message."""
     errors = validate_dashboard(obs.dashboard_definition)
-    if (tenant_board := obs.tenant_dashboard_definition) is not None:
-        errors += validate_dashboard(tenant_board)
+    for board in (obs.tenant_dashboard_definition, obs.run_dashboard_definition):  # None without tenants, Cloud Run
+        errors += validate_dashboard(board) if board is not None else []
     errors += [e for p in obs.alert_definitions for e in validate_alert_policy(p)]
     if (levels := obs.service_levels) is not None:
         errors += [e for s in levels.slo_definitions for e in validate_slo(s)]

@@ -153,3 +153,18 @@ def test_the_platform_gives_staging_s_cloud_run_model_its_slos_and_dashboard(pla
     assert sorted(s.rsplit("-", 1)[1] for s in slos) == ["availability", "ttft"]
     assert sum("-run-qwen-1-5b-" in r.name for r in plan.of_type("gcp:monitoring/alertPolicy:AlertPolicy")) == 6
     assert "observability-run-dashboard" in [r.name for r in plan.of_type("gcp:monitoring/dashboard:Dashboard")]
+
+
+def test_the_plan_parses_the_cloud_run_dashboard_as_it_does_the_gke_ones(plans):
+    """A Cloud Run dashboard the API would reject fails the plan, as the stack's own dashboard does."""
+    import copy
+
+    from vllm_gke.infra.plan_report import monitoring_problems
+
+    obs = copy.copy(plans["staging"].platform.observability)
+    assert obs.run_dashboard_definition is not None and monitoring_problems(obs) == []
+    bad = copy.deepcopy(obs.run_dashboard_definition)
+    bad["mosaicLayout"]["tiles"][0]["widget"]["xyChart"]["dataSet"] = []
+    obs.run_dashboard_definition = bad
+    (err,) = monitoring_problems(obs)
+    assert 'no field named "dataSet"' in err
