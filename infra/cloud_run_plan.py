@@ -34,7 +34,9 @@ def _model_lines(cfg: StackConfig, m: CloudRunModelSpec) -> list[str]:
         f"{' (set)' if m.concurrency else ' (its batch)'}; cold start ~{start.total_s:,.0f} s: instance "
         f"{start.instance_s:.0f} s (documented) + image {start.image_s:.0f} s + weights {start.weights_s:.0f} s through "
         f"the Cloud Storage volume + vLLM load and CUDA graphs {start.engine_s:.0f} s (estimates, not measured); "
-        f"startup probe waits {probe['period_seconds'] * probe['failure_threshold']} s.",
+        f"startup probe waits {cloud_run.probe_window_seconds(probe)} s ({probe['initial_delay_seconds']} s initial "
+        f"delay, {probe['failure_threshold']} probes {probe['period_seconds']} s apart; a service's most is "
+        f"{cloud_run.STARTUP_PROBE_LIMIT_S} s).",
         _price_line(cfg, m),
         _break_even_line(cfg, m),
     ]

@@ -82,15 +82,16 @@ def test_cold_start_and_startup_probe():
     weights_s = PARAMS_B * 2 * 1e9 / (1000 * 1024 ** 2)
     assert cr.cold_start(m).total_s == pytest.approx(5 + 30 + weights_s + 120)
     probe = cr.startup_probe(m)
-    window = probe["period_seconds"] * probe["failure_threshold"]
+    window = probe["initial_delay_seconds"] + probe["period_seconds"] * probe["failure_threshold"]
     assert 2 * cr.cold_start(m).total_s <= window < 2 * cr.cold_start(m).total_s + probe["period_seconds"]
-    assert probe["period_seconds"] <= 240 and probe["timeout_seconds"] < probe["period_seconds"]
+    assert probe["period_seconds"] * probe["failure_threshold"] <= 240 and probe["initial_delay_seconds"] <= 240
+    assert probe["timeout_seconds"] < probe["period_seconds"]
     assert cr.startup_problem(m) is None
-    # 2 TB of weights read at 1,000 MiB/s: past the 1,800 s a GPU instance's startup probe may wait.
+    # 2 TB of weights read at 1,000 MiB/s: past the 480 s a service's startup probe may wait.
     big = qwen(diskGb=2000, shape={"paramsBillion": 1000, "layers": 80, "kvHeads": 8, "headDim": 128})
-    assert cr.startup_budget_seconds(big) == 1800
+    assert cr.startup_budget_seconds(big) == 480
     problem = cr.startup_problem(big)
-    assert problem is not None and "cloudRun.models[qwen]" in problem and "1800 s" in problem
+    assert problem is not None and "cloudRun.models[qwen]" in problem and "480 s" in problem
 
 
 def test_break_even_flips_at_the_stated_busy_hours():

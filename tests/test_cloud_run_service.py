@@ -17,6 +17,7 @@ from vllm_gke.components.model.cloud_run import (
     cloud_run_services,
     weights_models,
 )
+from vllm_gke.components.model.cloud_run_capacity import cold_start, startup_probe, startup_problem
 from vllm_gke.components.model.vllm_argv import check_argv, load_snapshot
 from vllm_gke.components.model.vllm_server import PORT
 from vllm_gke.components.model.weights_layout import MOUNT_PATH, model_dir
@@ -141,6 +142,29 @@ def test_the_container_port_is_the_one_the_entrypoint_and_the_probe_use(stack_va
     assert server["startup_probe"]["http_get"]["path"] == "/health"
 
 
+def test_the_startup_probe_is_within_a_services_limits_and_covers_the_estimate(stack_values):
+    """A service's probe: failureThreshold x periodSeconds and the initial delay at most 240 s each (Google's
+    services page; the 1,800 s of the jobs page is not a service's); twice the estimate where that fits."""
+    cfg = parse(staging(stack_values))
+    (svc,) = cloud_run_services(cfg)
+    probe, estimate = svc.probe, cold_start(cfg.cloud_run_models[0]).total_s
+    assert probe["period_seconds"] * probe["failure_threshold"] <= 240 and probe["initial_delay_seconds"] <= 240
+    window = probe["initial_delay_seconds"] + probe["period_seconds"] * probe["failure_threshold"]
+    assert 2 * estimate <= window <= 480 and probe["initial_delay_seconds"] <= estimate
+    env = {e["name"]: e["value"] for e in svc.env}
+    assert env[serve.STARTUP_WINDOW_ENV] == str(window)  # the entrypoint waits as long as the probe
+
+
+def test_a_cold_start_past_the_probes_limit_is_said_in_the_plan(stack_values):
+    values = staging(stack_values)
+    cloud_run(values).update(shape={"paramsBillion": 1000, "layers": 80, "kvHeads": 8, "headDim": 128}, diskGb=2000)
+    m = parse(values).cloud_run_models[0]
+    probe = startup_probe(m)
+    assert probe["initial_delay_seconds"] == 240 and probe["period_seconds"] * probe["failure_threshold"] == 240
+    problem = startup_problem(m)
+    assert problem is not None and "480 s" in problem and "shut each new instance down" in problem
+
+
 def test_jwt_models_take_traffic_from_the_load_balancer_alone(stack_values):
     cfg = parse(staging(stack_values))
     (svc,) = cloud_run_services(cfg)
@@ -152,6 +176,9 @@ def test_jwt_models_take_traffic_from_the_load_balancer_alone(stack_values):
 def test_iam_models_keep_cloud_runs_invoker_check(stack_values):
     values = staging(stack_values)
     cloud_run(values)["auth"] = "iam"
+    for t in values["vllm-gke:tenants"]:  # iam: each caller names its service accounts
+        if cloud_run(values)["name"] in (t.get("models") or ()):
+            t["cloudRunInvokers"] = [f"{t['name']}@acme-staging.iam.gserviceaccount.com"]
     (svc,) = cloud_run_services(parse(values))
     assert svc.invoker_iam_disabled is False and svc.default_uri_disabled is False
 

@@ -510,7 +510,7 @@ def _cloud_run_zonal_redundancy_unpriced(plan):
     _cloud_run_container(plan)[0]["gpuZonalRedundancyDisabled"] = False
 
 
-def _cloud_run_probe_past_the_gpu_limit(plan):
+def _cloud_run_probe_past_the_limit(plan):
     _cloud_run_container(plan)[1]["startupProbe"]["failureThreshold"] = 200
 
 
@@ -689,7 +689,7 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "lease_commands_within_the_acl": ("tuned", _store_library_calls_set, "which the guards' ACL refuses"),
     "cloud_run_gpu_billed_as_priced": ("staging", _cloud_run_zonal_redundancy_unpriced,
                                        "the cost report priced gpuZonalRedundancy False"),
-    "cloud_run_startup_probe_within_limits": ("staging", _cloud_run_probe_past_the_gpu_limit, "exceeds 1800 s"),
+    "cloud_run_startup_probe_within_limits": ("staging", _cloud_run_probe_past_the_limit, "exceeds 480 s"),
     "cloud_run_concurrency_is_the_capacity_models": ("staging", _cloud_run_concurrency_of_its_own,
                                                      "not the capacity model's 32"),
 }

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from .cloud_run_capacity import concurrency
+from .cloud_run_capacity import concurrency, probe_window_seconds
 from .cloud_run_capacity import startup_probe as capacity_probe
 from .cloud_run_tenancy import cloud_run_guard_config
 from .gcs_weights import reader_prefixes
@@ -106,8 +106,8 @@ def startup_probe(model: CloudRunModelSpec) -> dict[str, Any]:
 
 
 def startup_window_seconds(probe: Mapping[str, Any]) -> int:
-    """How long the probe lets vLLM take to answer /health: the entrypoint waits that long too."""
-    return int(probe.get("initial_delay_seconds", 0)) + int(probe["period_seconds"]) * int(probe["failure_threshold"])
+    """How long the probe lets the instance take to start: the entrypoint waits for vLLM that long too."""
+    return probe_window_seconds(probe)
 
 
 def cpu_of(model: CloudRunModelSpec) -> int:

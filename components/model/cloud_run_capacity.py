@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, Literal, Mapping, Optional
 
 from .capacity import PoolCapacity, pool_capacity
 from .catalog import L4, MACHINE_TYPES, Accelerator, MachineType
@@ -78,9 +78,15 @@ GPU_MIN_RESOURCES: dict[str, tuple[int, int]] = {"nvidia-l4": (4, 16), "nvidia-r
 
 # Cold start parts (see the module's docstring): documented, then estimates.
 INSTANCE_START_S = 5.0  # "start in approximately 5 seconds" (cloud.google.com/run/docs/configuring/services/gpu)
-# A startup probe's failureThreshold x periodSeconds may not exceed 1,800 s with a GPU (600 without;
-# https://docs.cloud.google.com/run/docs/configuring/jobs/healthchecks); periodSeconds at most 240.
-STARTUP_PROBE_LIMIT_S = 1800
+# A Cloud Run service's startup probe (https://cloud.google.com/run/docs/configuring/healthchecks, the
+# services page: failureThreshold x periodSeconds may not exceed 240 s; pulumi_gcp 10.2.0 cloudrunv2
+# ServiceTemplateContainerStartupProbeArgs: periodSeconds and initialDelaySeconds at most 240 each): at
+# most 240 s of probing after at most 240 s of initial delay. Past that window Cloud Run shuts the
+# instance down, and starts another for the requests waiting. The 1,800 s the jobs page allows a GPU
+# (https://docs.cloud.google.com/run/docs/configuring/jobs/healthchecks) is a job task's, not a service's.
+PROBE_WINDOW_MAX_S = 240
+PROBE_INITIAL_DELAY_MAX_S = 240
+STARTUP_PROBE_LIMIT_S = PROBE_INITIAL_DELAY_MAX_S + PROBE_WINDOW_MAX_S
 PROBE_PERIOD_S = 10
 # The probe waits twice the estimate (it is not measured) and never less than Cloud Run's 240 s default.
 PROBE_MARGIN = 2.0
@@ -171,26 +177,37 @@ def cold_start(m: CloudRunModelSpec) -> ColdStart:
 
 
 def startup_budget_seconds(m: CloudRunModelSpec) -> int:
-    """How long the startup probe lets an instance take: twice the estimate, at least 240 s, at most
-    Cloud Run's 1,800 s for a GPU instance."""
+    """How long the startup probe lets an instance take: twice the estimate, at least 240 s, at most the
+    480 s a Cloud Run service's probe can wait (STARTUP_PROBE_LIMIT_S)."""
     return min(STARTUP_PROBE_LIMIT_S, max(PROBE_FLOOR_S, math.ceil(cold_start(m).total_s * PROBE_MARGIN)))
 
 
 def startup_probe(m: CloudRunModelSpec) -> dict[str, int]:
     """The startup probe's timing (cloudrunv2 ServiceTemplateContainerStartupProbeArgs' keys): every
-    PROBE_PERIOD_S, failing after the budget."""
-    return {"initial_delay_seconds": 0, "period_seconds": PROBE_PERIOD_S, "timeout_seconds": PROBE_PERIOD_S - 1,
-            "failure_threshold": math.ceil(startup_budget_seconds(m) / PROBE_PERIOD_S)}
+    PROBE_PERIOD_S for at most 240 s, after an initial delay holding the rest of the budget. The delay is
+    at most the estimate (the budget is twice it, or capped), so a typical start is not held back by it."""
+    budget = startup_budget_seconds(m)
+    delay = max(0, budget - PROBE_WINDOW_MAX_S)
+    return {"initial_delay_seconds": delay, "period_seconds": PROBE_PERIOD_S, "timeout_seconds": PROBE_PERIOD_S - 1,
+            "failure_threshold": math.ceil((budget - delay) / PROBE_PERIOD_S)}
+
+
+def probe_window_seconds(probe: Mapping[str, Any]) -> int:
+    """How long a startup probe lets an instance start: its initial delay, then failureThreshold periods."""
+    return int(probe.get("initial_delay_seconds", 0)) + int(probe["period_seconds"]) * int(probe["failure_threshold"])
 
 
 def startup_problem(m: CloudRunModelSpec) -> Optional[str]:
-    """The estimate past what a startup probe may wait: Cloud Run would stop the instance before it serves."""
+    """The estimate past what a service's startup probe may wait: Cloud Run would shut every cold instance
+    down before it serves, and start another, which fails the same way."""
     total = cold_start(m).total_s
     if total <= STARTUP_PROBE_LIMIT_S:
         return None
     return (f"vllm-gke:cloudRun.models[{m.name}]: the cold start is estimated at {total:,.0f} s, longer than the "
-            f"{STARTUP_PROBE_LIMIT_S} s Cloud Run's startup probe may wait for a GPU instance; use a smaller or "
-            "quantised model (dtype fp8, an AWQ revision), or serve it on GKE")
+            f"{STARTUP_PROBE_LIMIT_S} s a Cloud Run service's startup probe can wait ({PROBE_INITIAL_DELAY_MAX_S} s "
+            f"initial delay + {PROBE_WINDOW_MAX_S} s of probes): Cloud Run would shut each new instance down before "
+            "it serves and start another, so the model may never serve; use a smaller or quantised model (dtype "
+            "fp8, an AWQ revision), or serve it on GKE")
 
 
 def cheapest_machine(gpu: str) -> Optional[str]:

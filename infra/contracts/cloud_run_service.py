@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from ...components.model.cloud_run import CLOUD_RUN_GPUS
+from ...components.model.cloud_run_capacity import PROBE_INITIAL_DELAY_MAX_S, PROBE_WINDOW_MAX_S
 from ...components.model.weights_layout import MOUNT_PATH
 from ..plan import Plan
 from .base import Contract
@@ -16,7 +17,6 @@ GCS_VOLUMES = "https://cloud.google.com/run/docs/configuring/services/cloud-stor
 INGRESS = "https://cloud.google.com/run/docs/securing/ingress"
 INVOKER_CHECK = "https://cloud.google.com/run/docs/securing/managing-access#invoker_check"
 SERVICE = "gcp:cloudrunv2/service:Service"
-PROBE_MAX_S = 240
 
 
 def _services(plan: Plan) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
@@ -49,17 +49,20 @@ def gpu_service_is_instance_billed(plan: Plan) -> list[str]:
 
 
 def startup_probe_within_cloud_runs_limits(plan: Plan) -> list[str]:
-    """An HTTP GET probe (Cloud Run runs no exec probe) on the serving port, period and initial delay at
-    most 240 s each, period over the timeout."""
+    """An HTTP GET probe (Cloud Run runs no exec probe) on the serving port; failureThreshold x periodSeconds
+    and the initial delay at most 240 s each (a service's limits: cloud_run_capacity.PROBE_WINDOW_MAX_S),
+    period over the timeout."""
     out = []
     for name, _props, server in _services(plan):
         probe = server.get("startupProbe") or {}
         port = server["ports"]["containerPort"]
         if (probe.get("httpGet") or {}).get("port") != port:
             out.append(f"{name}: its startup probe is no HTTP GET on the serving port {port}")
-        if probe.get("periodSeconds", 10) > PROBE_MAX_S or probe.get("initialDelaySeconds", 0) > PROBE_MAX_S:
-            out.append(f"{name}: startup probe period or initial delay over Cloud Run's {PROBE_MAX_S} s")
-        if probe.get("timeoutSeconds", 1) >= probe.get("periodSeconds", 10):
+        period, delay = probe.get("periodSeconds", 10), probe.get("initialDelaySeconds", 0)
+        if period * probe.get("failureThreshold", 3) > PROBE_WINDOW_MAX_S or delay > PROBE_INITIAL_DELAY_MAX_S:
+            out.append(f"{name}: startup probe failureThreshold x periodSeconds or initial delay over Cloud Run's "
+                       f"{PROBE_WINDOW_MAX_S} s")
+        if probe.get("timeoutSeconds", 1) >= period:
             out.append(f"{name}: startup probe timeout not below its period")
     return out
 
@@ -99,8 +102,9 @@ ROWS = (
              "allocated), one L4 (4 vCPUs and 16 GiB at least) or RTX PRO 6000 (20 and 80) an instance, in the "
              "regions the page lists", GPU, "cpu_idle false, nvidia.com/gpu 1, the GPU's minimum and region",
              gpu_service_is_instance_billed),
-    Contract("Cloud Run health checks", "docs, 2026", "Startup probes are HTTP, TCP or gRPC; HTTP GET answers "
-             "200-399; period and initial delay at most 240 s (pulumi_gcp 10.2.0 cloudrunv2 startup probe args)",
+    Contract("Cloud Run health checks", "docs, 2026", "A service's startup probes are HTTP, TCP or gRPC; HTTP GET "
+             "answers 200-399; failureThreshold x periodSeconds at most 240 s, then the instance is shut down; period "
+             "and initial delay at most 240 s each (pulumi_gcp 10.2.0 cloudrunv2 startup probe args)",
              HEALTHCHECKS, "HTTP GET /health on the serving port, timed by the capacity model",
              startup_probe_within_cloud_runs_limits),
     Contract("Cloud Run Cloud Storage volumes", "docs, 2026", "A bucket mounts through Cloud Storage FUSE "
