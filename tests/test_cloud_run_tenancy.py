@@ -29,8 +29,9 @@ def staging(stack_values: dict[str, Any], auth: str = "jwt", callers: tuple[str,
     section["models"][0]["auth"] = auth
     values["vllm-gke:cloudRun"] = section
     for t in values["vllm-gke:tenants"]:
+        t["models"] = [m for m in t["models"] if m != MODEL]  # the stack's own callers, replaced by `callers`
         if t["name"] in callers:
-            t["models"] = [*t["models"], MODEL] if MODEL not in t["models"] else t["models"]
+            t["models"] = [*t["models"], MODEL]
             if auth == "iam":
                 t["cloudRunInvokers"] = [SEARCH_SA if t["name"] == "search" else SUPPORT_SA]
     return values
@@ -140,7 +141,10 @@ def test_a_tenant_calling_a_cloud_run_model_gets_nothing_gke_side_for_it(stack_v
     the Cloud Run tier's resources and the loader Jobs that write (and prune) its weights in the bucket."""
     plan = plan_variant("staging", lambda v: v.update(staging(stack_values, callers=("search", "support"))))
     naming = {r.name for r in plan.resources if MODEL in r.name or MODEL in json.dumps(r.props, default=str)}
-    gke = {n for n in naming if not n.startswith("cloud-run")} - {f"weights-load-{MODEL}", f"weights-prune-{MODEL}"}
+    # The Cloud Run tier's monitoring names it too: its dashboard and the SLOs of its service (vllm-<cluster>-run-<model>).
+    run_monitoring = {n for n in naming if n == "observability-run-dashboard" or f"-run-{MODEL}" in n}
+    gke = {n for n in naming if not n.startswith("cloud-run")} - run_monitoring - {f"weights-load-{MODEL}",
+                                                                                    f"weights-prune-{MODEL}"}
     assert not gke, gke
     assert {f"cloud-run-{MODEL}", f"weights-load-{MODEL}"} <= naming
     # The tenants' GKE models still have theirs.
