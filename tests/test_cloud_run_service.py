@@ -4,6 +4,7 @@ server's argv against the real vLLM parser's snapshot, and the entrypoint's Clou
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
@@ -14,14 +15,18 @@ from tests.test_vllm_flags import pinned_version
 from vllm_gke.components.model.cloud_run import (
     CLOUD_RUN_GPUS,
     MOUNT_OPTIONS,
+    WARM_PATH,
     cloud_run_services,
+    guard_config,
     weights_models,
 )
 from vllm_gke.components.model.cloud_run_capacity import cold_start, startup_probe, startup_problem
+from vllm_gke.components.model.specs import CLOUD_RUN_POOL
 from vllm_gke.components.model.vllm_argv import check_argv, load_snapshot
 from vllm_gke.components.model.vllm_server import PORT
 from vllm_gke.components.model.weights_layout import MOUNT_PATH, model_dir
 from vllm_gke.images import serve
+from vllm_gke.images.vllm_gke_guard import GuardMiddleware, warm
 from vllm_gke.infra.config import ConfigError, parse
 from vllm_gke.infra.plan import run_program
 
@@ -139,7 +144,52 @@ def test_the_container_port_is_the_one_the_entrypoint_and_the_probe_use(stack_va
     server = svc.template("b", "s", "n")["containers"][0]
     assert server["ports"]["container_port"] == PORT == int(serve.flag(svc.args, "--port", "0"))
     assert server["startup_probe"]["http_get"]["port"] == PORT
-    assert server["startup_probe"]["http_get"]["path"] == "/health"
+    assert server["startup_probe"]["http_get"]["path"] == WARM_PATH == warm.WARM_PATH
+    env = {e["name"]: e["value"] for e in svc.env}
+    # The marker the entrypoint writes once warm is the one the guard's warm path reads.
+    assert env[serve.WARM_MARKER_ENV] == env[warm.WARM_MARKER_ENV]
+
+
+def _get(guard: GuardMiddleware, path: str, method: str = "GET") -> tuple[int, bytes]:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "headers": [],
+             "client": ("169.254.1.1", 40000), "query_string": b""}
+    asyncio.run(guard(scope, receive, send))
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+
+async def _vllm(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"vllm"})
+
+
+def test_the_probes_path_answers_only_once_the_entrypoint_has_warmed_the_server(stack_values, tmp_path, monkeypatch):
+    cfg = parse(staging(stack_values))
+    config = guard_config(cfg, cfg.cloud_run_models[0], cfg.release_for(CLOUD_RUN_POOL))
+    config.pop("globalLimits", None)  # no store here
+    marker = tmp_path / "warm"
+    monkeypatch.setenv(warm.WARM_MARKER_ENV, str(marker))
+    guard = GuardMiddleware(_vllm, config)
+    assert _get(guard, WARM_PATH) == (503, b'{"status":"warming up"}')
+    assert _get(guard, "/health") == (200, b"vllm")  # vLLM's own: up before the warm-up
+    marker.write_text("1")  # what serve.py writes once a warm-up request was served
+    assert _get(guard, WARM_PATH) == (200, b'{"status":"warm"}')
+    assert _get(guard, WARM_PATH, "POST")[0] == 405
+    # No tenant route leads to it (the load balancer forwards /<model>/v1 paths; a prefix is stripped only
+    # before /v1), and vLLM never sees it.
+    for path in (f"/qwen-1-5b{WARM_PATH}", f"/qwen-1-5b/v1{WARM_PATH}", WARM_PATH + "/"):
+        status, body = _get(guard, path)
+        assert status in (401, 404) and body != b"vllm", path
+    # A GKE guard (no cloudRun) has no such path: the pods' exec probe reads the marker.
+    gke = GuardMiddleware(_vllm, {k: v for k, v in config.items() if k != "cloudRun"} | {"trustedPeers": ["127.0.0.6"]})
+    assert _get(gke, WARM_PATH)[0] == 404
 
 
 def test_the_startup_probe_is_within_a_services_limits_and_covers_the_estimate(stack_values):
@@ -252,3 +302,4 @@ def test_every_cloud_run_resource_waits_for_the_apis_it_calls(staging_plan):
         resources = staging_plan.of_type(type_)
         assert resources, type_
         assert all(staging_plan.waits_for(r, apis[api]) for r in resources), (type_, api)
+

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from .stack_config import StackConfig
 
 GPU_DOCS = "https://cloud.google.com/run/docs/configuring/services/gpu"
+# The guard's answer to Cloud Run's startup probe: 503 until the entrypoint has warmed the server
+# (images/vllm_gke_guard/warm.py WARM_PATH; the model layer does not import the image's code).
+WARM_PATH = "/vllm-gke/warm"
 
 
 @dataclass(frozen=True)
@@ -100,9 +103,11 @@ def server_args(cfg: "StackConfig", model: CloudRunModelSpec, rel: VllmRelease) 
 
 
 def startup_probe(model: CloudRunModelSpec) -> dict[str, Any]:
-    """vLLM's /health on the serving port (Cloud Run probes HTTP, TCP or gRPC only: no exec probe of the
-    warm marker as on GKE), timed by the capacity model's cold-start estimate (cloud_run_capacity.py)."""
-    return {"http_get": {"path": "/health", "port": PORT}, **capacity_probe(model)}
+    """The guard's WARM_PATH on the serving port, timed by the capacity model's cold-start estimate
+    (cloud_run_capacity.py). Cloud Run probes HTTP, TCP or gRPC only (no exec probe of the warm marker as
+    on GKE), and routes requests to an instance once its probe passes: vLLM's /health answers before the
+    entrypoint's warm-up, the warm path only after it."""
+    return {"http_get": {"path": WARM_PATH, "port": PORT}, **capacity_probe(model)}
 
 
 def startup_window_seconds(probe: Mapping[str, Any]) -> int:

@@ -51,6 +51,7 @@ vllm_gke.images.vllm_gke_guard):
   overload.py    which tenants are shed while the replica's queue is over its objective
   fallback.py    a shed request sent to the stack's fallback model instead of the 429
   kv_transfer.py who may send vLLM kv_transfer_params (P/D: the routing sidecar's legs alone)
+  warm.py        on Cloud Run, the startup probe's path: 503 until the entrypoint has warmed the server
   swap.py        models[].sleepMode: this server's turn on a time-shared GPU (a lease in the store)
   metrics.py     the counters on vLLM's /metrics, the log
   asgi.py        the ASGI types, the body handed on to vLLM

@@ -43,6 +43,7 @@ from .scan import JsonShapeError
 from .swap import SwapGate, swapping
 from .tracing import TRACE_HEADERS, tracing
 from .usage import Meter, shared_state
+from .warm import WARM_PATH, WarmCheck
 
 # The client's headers vLLM is not handed: its trace context (tracing.py: a client cannot choose to
 # be recorded or join another trace), and the tenant's token, which the mesh keeps on the requests
@@ -133,6 +134,8 @@ class GuardMiddleware:
             self.cloud_run = CloudRunIdentity(cfg["cloudRun"], (t.name for t in self.tenants.values()), clock)
             self.by_name = {t.name: t for t in self.tenants.values()}
             self.strip = partial(self.cloud_run.strip, self.prefixes)
+        # On Cloud Run, the startup probe's path: 503 until the entrypoint has warmed this server (warm.py).
+        self.warm: Optional[WarmCheck] = WarmCheck() if cfg.get("cloudRun") else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope.get("type")
@@ -142,6 +145,9 @@ class GuardMiddleware:
         if kind != "http":  # websockets (e.g. /v1/realtime) are not behind the tenant checks
             if kind == "websocket":
                 await send({"type": "websocket.close", "code": 1008})
+            return
+        if self.warm is not None and scope.get("path") == WARM_PATH:
+            await self.warm.answer(scope, send)
             return
         try:
             scope, receive, listed, tenant = await self._admit(shared_state(self.strip(scope)), receive)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ...components.model.cloud_run import CLOUD_RUN_GPUS
+from ...components.model.cloud_run import CLOUD_RUN_GPUS, WARM_PATH
 from ...components.model.cloud_run_capacity import PROBE_INITIAL_DELAY_MAX_S, PROBE_WINDOW_MAX_S
 from ...components.model.weights_layout import MOUNT_PATH
 from ..plan import Plan
@@ -49,15 +49,18 @@ def gpu_service_is_instance_billed(plan: Plan) -> list[str]:
 
 
 def startup_probe_within_cloud_runs_limits(plan: Plan) -> list[str]:
-    """An HTTP GET probe (Cloud Run runs no exec probe) on the serving port; failureThreshold x periodSeconds
+    """An HTTP GET probe (Cloud Run runs no exec probe) of the guard's warm path on the serving port (Cloud Run
+    routes requests once it passes); failureThreshold x periodSeconds
     and the initial delay at most 240 s each (a service's limits: cloud_run_capacity.PROBE_WINDOW_MAX_S),
     period over the timeout."""
     out = []
     for name, _props, server in _services(plan):
         probe = server.get("startupProbe") or {}
         port = server["ports"]["containerPort"]
-        if (probe.get("httpGet") or {}).get("port") != port:
-            out.append(f"{name}: its startup probe is no HTTP GET on the serving port {port}")
+        http = probe.get("httpGet") or {}
+        if http.get("port") != port or http.get("path") != WARM_PATH:
+            out.append(f"{name}: its startup probe is no HTTP GET of {WARM_PATH} on the serving port {port} (the "
+                       "guard answers it only once the entrypoint has warmed the server)")
         period, delay = probe.get("periodSeconds", 10), probe.get("initialDelaySeconds", 0)
         if period * probe.get("failureThreshold", 3) > PROBE_WINDOW_MAX_S or delay > PROBE_INITIAL_DELAY_MAX_S:
             out.append(f"{name}: startup probe failureThreshold x periodSeconds or initial delay over Cloud Run's "
@@ -102,10 +105,12 @@ ROWS = (
              "allocated), one L4 (4 vCPUs and 16 GiB at least) or RTX PRO 6000 (20 and 80) an instance, in the "
              "regions the page lists", GPU, "cpu_idle false, nvidia.com/gpu 1, the GPU's minimum and region",
              gpu_service_is_instance_billed),
-    Contract("Cloud Run health checks", "docs, 2026", "A service's startup probes are HTTP, TCP or gRPC; HTTP GET "
+    Contract("Cloud Run health checks", "docs, 2026", "A service's instance takes requests once its startup probe "
+             "passes; startup probes are HTTP, TCP or gRPC; HTTP GET "
              "answers 200-399; failureThreshold x periodSeconds at most 240 s, then the instance is shut down; period "
              "and initial delay at most 240 s each (pulumi_gcp 10.2.0 cloudrunv2 startup probe args)",
-             HEALTHCHECKS, "HTTP GET /health on the serving port, timed by the capacity model",
+             HEALTHCHECKS, f"HTTP GET {WARM_PATH} on the serving port (the guard's 503 until the entrypoint has warmed "
+             "the server), timed by the capacity model",
              startup_probe_within_cloud_runs_limits),
     Contract("Cloud Run Cloud Storage volumes", "docs, 2026", "A bucket mounts through Cloud Storage FUSE "
              "(second generation environment), read-only if asked, with gcsfuse flags given without dashes",
