@@ -9,7 +9,8 @@ GOOGLE_OAUTH_ACCESS_TOKEN). The file goes to <stacks>/model-configs/<org>--<repo
 with the commit the hub returned; committed with the stack, `pulumi up` (in CI, say) plans from the
 same facts offline, and a cached file is always read before the network is asked. The resolution
 writes each such model's `customShape` (and `dtype` and `maxModelLen` where the stack leaves them
-out) into the raw settings before they are validated, so everything downstream sees a shape.
+out) into the raw settings before they are validated, so everything downstream sees a shape; a
+Cloud Run model (cloudRun.models[]) is read the same way, its shape written as `shape`.
 
 The stack program and `vllm-gke plan` call it through infra/config.py's load(); a program of one's
 own calls `with_model_configs(config, cache_dir)` on its settings before building a Platform.
@@ -303,9 +304,10 @@ def _resolve_one(model: dict[str, Any], cache_dir: Path, loader: LoaderToken) ->
 
 
 def resolve_models(models: Any, cache_dir: Callable[[], Path], key: str,
-                   weights: Any = None, project: Any = None) -> tuple[Any, list[ConfigIssue]]:
+                   weights: Any = None, project: Any = None, shape_key: str = "customShape") -> tuple[Any, list[ConfigIssue]]:
     """The models list with each shapeless model's shape from its config.json, and the problems
-    (keys start with `key`, as the config names its models list)."""
+    (keys start with `key`, as the config names its models list). `shape_key`: where the read shape
+    goes (cloudRun.models[] take it as `shape`, which has no customShape beside it)."""
     if not isinstance(models, list) or not any(_needs_config(m) for m in models):
         return models, []
     folder, loader, out, issues = cache_dir(), loader_token(weights, project), list(models), []
@@ -313,31 +315,51 @@ def resolve_models(models: Any, cache_dir: Callable[[], Path], key: str,
         if not _needs_config(model):
             continue
         try:
-            out[i] = _resolve_one(model, folder, loader)
+            resolved = _resolve_one(model, folder, loader)
+            resolved[shape_key] = resolved.pop("customShape")
+            out[i] = resolved
         except _Refused as exc:
             issues.append(ConfigIssue(f"{key}{_item(models, i)}.{exc.key}", exc.problem))
     return out, issues
 
 
+def _resolve_cloud_run(cloud_run: Any, cache_dir: Callable[[], Path], key: str, weights: Any,
+                       project: Any) -> tuple[Any, list[ConfigIssue]]:
+    """The cloudRun settings with each shapeless Cloud Run model resolved as models[] are."""
+    if not isinstance(cloud_run, dict) or "models" not in cloud_run:
+        return cloud_run, []
+    models, issues = resolve_models(cloud_run["models"], cache_dir, f"{key}.models", weights, project, "shape")
+    return {**cloud_run, "models": models}, issues
+
+
 def with_model_configs(config: Mapping[str, Any], cache_dir: str | os.PathLike[str], name: str = "config",
                        source: str = "platform config") -> dict[str, Any]:
     """A Platform's settings (camelCase keys, as a stack file's config) with each model that has no
-    shape given one from its config.json, read from `cache_dir` or fetched and cached there; a
-    ConfigError names the key (`config.models[name].shape`) and the fix. Call it before Platform:
+    shape (models[] and cloudRun.models[]) given one from its config.json, read from `cache_dir` or
+    fetched and cached there; a ConfigError names the key (`config.models[name].shape`) and the fix.
+    Call it before Platform:
         config = with_model_configs(config, Path(__file__).parent / "model-configs")"""
-    models, issues = resolve_models(config.get("models"), lambda: Path(cache_dir), f"{name}.models",
+    folder = lambda: Path(cache_dir)  # noqa: E731
+    models, issues = resolve_models(config.get("models"), folder, f"{name}.models",
                                     config.get("weights"), config.get("project"))
-    if issues:
-        raise ConfigError(issues, source)
-    return {**config, "models": models} if "models" in config else dict(config)
+    cloud_run, more = _resolve_cloud_run(config.get("cloudRun"), folder, f"{name}.cloudRun",
+                                         config.get("weights"), config.get("project"))
+    if issues or more:
+        raise ConfigError([*issues, *more], source)
+    out = {**config, "models": models} if "models" in config else dict(config)
+    return {**out, "cloudRun": cloud_run} if "cloudRun" in config else out
 
 
 def with_stack_model_configs(values: Mapping[str, Any], source: str,
                              cache_dir: Callable[[], Path] = default_cache_dir) -> dict[str, Any]:
-    """The stack config's values (`vllm-gke:models`, ...) resolved as with_model_configs, with the
-    cache beside the stack (default_cache_dir; the plan passes its --stacks-dir's)."""
-    models, issues = resolve_models(values.get("vllm-gke:models"), cache_dir, "vllm-gke:models",
-                                    values.get("vllm-gke:weights"), values.get("gcp:project"))
-    if issues:
-        raise ConfigError(issues, source)
-    return {**values, "vllm-gke:models": models} if "vllm-gke:models" in values else dict(values)
+    """The stack config's values (`vllm-gke:models`, `vllm-gke:cloudRun`'s models) resolved as
+    with_model_configs, with the cache beside the stack (default_cache_dir; the plan passes its
+    --stacks-dir's)."""
+    weights, project = values.get("vllm-gke:weights"), values.get("gcp:project")
+    models, issues = resolve_models(values.get("vllm-gke:models"), cache_dir, "vllm-gke:models", weights, project)
+    cloud_run, more = _resolve_cloud_run(values.get("vllm-gke:cloudRun"), cache_dir, "vllm-gke:cloudRun", weights,
+                                         project)
+    if issues or more:
+        raise ConfigError([*issues, *more], source)
+    out = {**values, "vllm-gke:models": models} if "vllm-gke:models" in values else dict(values)
+    return {**out, "vllm-gke:cloudRun": cloud_run} if "vllm-gke:cloudRun" in values else out

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import props_of
+from tests.conftest import REPO_ROOT, props_of
 from tests.test_vllm_flags import pinned_version
 from vllm_gke.components.model.cloud_run import (
     CLOUD_RUN_GPUS,
@@ -21,16 +23,20 @@ from vllm_gke.components.model.cloud_run import (
     weights_models,
 )
 from vllm_gke.components.model.cloud_run_capacity import cold_start, startup_probe, startup_problem
+from vllm_gke.components.model.hf_config import shape_from_config
 from vllm_gke.components.model.specs import CLOUD_RUN_POOL
 from vllm_gke.components.model.vllm_argv import check_argv, load_snapshot
 from vllm_gke.components.model.vllm_server import PORT
 from vllm_gke.components.model.weights_layout import MOUNT_PATH, model_dir
 from vllm_gke.images import serve
 from vllm_gke.images.vllm_gke_guard import GuardMiddleware, warm
+from vllm_gke.infra import model_configs
 from vllm_gke.infra.config import ConfigError, parse
+from vllm_gke.infra.model_configs import with_model_configs, with_stack_model_configs
 from vllm_gke.infra.plan import run_program
 
 SERVICE = "gcp:cloudrunv2/service:Service"
+HF_CONFIGS = REPO_ROOT / "tests" / "fixtures" / "hf-configs"
 
 
 def staging(stack_values: dict[str, Any]) -> dict[str, Any]:
@@ -303,3 +309,47 @@ def test_every_cloud_run_resource_waits_for_the_apis_it_calls(staging_plan):
         assert resources, type_
         assert all(staging_plan.waits_for(r, apis[api]) for r in resources), (type_, api)
 
+
+# --- a Cloud Run model given by its id alone (infra/model_configs.py) ---------------------------
+
+QWEN_7B = "Qwen/Qwen2.5-7B-Instruct"
+
+
+def _cache_qwen(folder: Path) -> dict[str, Any]:
+    """Qwen2.5-7B-Instruct's config.json (the fixture), cached as the plan caches it."""
+    config = json.loads((HF_CONFIGS / QWEN_7B.replace("/", "--") / "config.json").read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "Qwen--Qwen2.5-7B-Instruct@main.json").write_text(json.dumps(
+        {"source": f"hf://{QWEN_7B}", "revision": "main", "commit": "c0ffee", "config": config}))
+    return config
+
+
+def test_a_shapeless_cloud_run_model_reads_its_config_json_as_models_do(stack_values, tmp_path):
+    values = staging(stack_values)
+    model = cloud_run(values)
+    model.pop("shape")
+    model.pop("maxModelLen", None)
+    model["source"] = f"hf://{QWEN_7B}"
+    config = _cache_qwen(tmp_path)
+    cfg = parse(with_stack_model_configs(values, "staging", lambda: tmp_path))
+    (m,) = cfg.cloud_run_models
+    facts = shape_from_config(config)
+    assert m.as_model().model_shape.params_billion == pytest.approx(round(facts.params_billion, 2))
+    assert m.max_model_len == min(8192, facts.max_context)
+    # A program of one's own: the Platform's settings, resolved alike.
+    out = with_model_configs({"cloudRun": {"models": [{"name": "q", "source": f"hf://{QWEN_7B}"}]}}, tmp_path)
+    assert out["cloudRun"]["models"][0]["shape"] == facts.custom_shape()
+
+
+def test_a_shapeless_cloud_run_model_without_its_config_names_the_key(stack_values, tmp_path, monkeypatch):
+    values = staging(stack_values)
+    cloud_run(values).pop("shape")
+    monkeypatch.setattr(model_configs, "_fetch_hub", _offline)
+    with pytest.raises(ConfigError) as exc:
+        with_stack_model_configs(values, "staging", lambda: tmp_path)
+    (issue,) = exc.value.issues
+    assert issue.key == "vllm-gke:cloudRun.models[qwen-1-5b].shape" and "give shape" in issue.problem
+
+
+def _offline(*_: Any) -> Any:
+    raise model_configs._Unreachable("offline")  # pyright: ignore[reportPrivateUsage]
