@@ -532,12 +532,39 @@ def _store_conf(plan, old, new):
     cm["data"]["redis.conf"] = cm["data"]["redis.conf"].replace(old, new)
 
 
+def _run_slo(plan, slo_id):
+    """The staging Cloud Run model's SLO of that id."""
+    (slo,) = [r for r in plan.of_type("gcp:monitoring/slo:Slo") if r.name.endswith(f"-run-qwen-1-5b-{slo_id}")]
+    return slo.props["requestBasedSli"]
+
+
+def _run_availability_counts_lb_codes(plan):
+    ratio = _run_slo(plan, "availability")["goodTotalRatio"]
+    ratio["badServiceFilter"] = ratio["badServiceFilter"].replace('"5xx"', '"500"')
+
+
+def _run_ttft_on_the_gke_namespace(plan):
+    cut = _run_slo(plan, "ttft")["distributionCut"]
+    cut["distributionFilter"] = cut["distributionFilter"].replace('"namespace"="vllm-qwen-1-5b"', '"namespace"="vllm"')
+
+
+def _run_sidecar_config_elsewhere(plan):
+    volume = next(v for v in _cloud_run_container(plan)[0]["volumes"] if v.get("secret"))
+    volume["secret"]["items"][0]["path"] = "config.yml"
+
+
 BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     # infra/contracts/cloud_run_store.py (staging's limit store, reached from Cloud Run)
     "store_lb_internal_on_its_address_from_the_subnet": ("staging", lambda p: _store_lb(p)["spec"].update(
         loadBalancerSourceRanges=["0.0.0.0/0"]), "not the Cloud Run egress subnet"),
     "redis_tls_port_requires_the_certificate": ("staging", lambda p: _store_conf(
         p, "tls-auth-clients yes", "tls-auth-clients no"), "without a client certificate"),
+    # infra/contracts/cloud_run_monitoring.py (staging's Cloud Run model's sidecar, SLOs and dashboard)
+    "sidecar_pinned_and_reads_its_config": ("staging", _run_sidecar_config_elsewhere, "falls back to scraping port 8080"),
+    "slos_and_dashboard_select_the_sidecars_series": ("staging", _run_ttft_on_the_gke_namespace,
+                                                      "the series the sidecar writes"),
+    "slos_and_dashboard_read_cloud_runs_metrics": ("staging", _run_availability_counts_lb_codes,
+                                                   "counts response_code_class ['500']"),
     # infra/contracts/cloud_run_service.py (staging's Cloud Run model)
     "gpu_service_is_instance_billed": ("staging", lambda p: _cloud_run_container(p)[1]["resources"].update(
         cpuIdle=True), "instance-based billing"),

@@ -17,7 +17,8 @@ connector between prefill and decode pods), kv_offload.py (vLLM's KV-cache offlo
 memory), speculative.py (vLLM's speculative decoding: --speculative-config, the draft), cloud_run_capacity.py
 (Cloud Run GPU services as the plan prices and sizes them) and flagger.py (Flagger, its
 PromQL frontend and loadtester, the canaries' rollouts), cloud_run_gateway.py (the Cloud Run models' load
-balancer: serverless NEGs, Cloud Run's ingress); base.py holds the Contract row and the
+balancer: serverless NEGs, Cloud Run's ingress), cloud_run_monitoring.py (the Managed Prometheus
+sidecar on Cloud Run, Cloud Run's request metrics); base.py holds the Contract row and the
 plan helpers they share. This module assembles the table in that order.
 """
 
@@ -32,6 +33,7 @@ from . import (
     billing,
     cloud_run_capacity,
     cloud_run_gateway,
+    cloud_run_monitoring,
     cloud_run_service,
     cloud_run_store,
     collector,
@@ -67,6 +69,11 @@ from .cloud_run_gateway import (
     cloud_run_ingress_admits_the_load_balancer,
     serverless_backends_without_health_check_or_timeout,
     serverless_negs_behind_an_application_lb,
+)
+from .cloud_run_monitoring import (
+    sidecar_pinned_and_reads_its_config,
+    slos_and_dashboard_read_cloud_runs_metrics,
+    slos_and_dashboard_select_the_sidecars_series,
 )
 from .cloud_run_service import (
     gpu_service_is_instance_billed,
@@ -215,6 +222,8 @@ __all__ = [
     "redis_tls_port_requires_the_certificate", "store_lb_internal_on_its_address_from_the_subnet",
     "cloud_run_concurrency_is_the_capacity_models", "cloud_run_gpu_billed_as_priced",
     "cloud_run_startup_probe_within_limits",
+    "sidecar_pinned_and_reads_its_config", "slos_and_dashboard_read_cloud_runs_metrics",
+    "slos_and_dashboard_select_the_sidecars_series",
 ]
 
 CONTRACTS: tuple[Contract, ...] = (
@@ -228,6 +237,7 @@ CONTRACTS: tuple[Contract, ...] = (
     *cloud_run_service.ROWS,
     *cloud_run_store.ROWS,
     *cloud_run_capacity.ROWS,
+    *cloud_run_monitoring.ROWS,
 )
 
 
