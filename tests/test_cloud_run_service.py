@@ -353,3 +353,14 @@ def test_a_shapeless_cloud_run_model_without_its_config_names_the_key(stack_valu
 
 def _offline(*_: Any) -> Any:
     raise model_configs._Unreachable("offline")  # pyright: ignore[reportPrivateUsage]
+
+
+def test_a_load_test_of_a_cloud_run_model_is_refused_saying_why_and_the_fix(stack_values):
+    values = staging(stack_values)
+    tenant = values["vllm-gke:tenants"][0]
+    if "qwen-1-5b" not in tenant["models"]:
+        tenant["models"] = [*tenant["models"], "qwen-1-5b"]
+    values["vllm-gke:loadTests"] = [{"name": "run-load", "tenant": tenant["name"], "model": "qwen-1-5b"}]
+    (problem,) = [p for p in problems(values) if "loadTests" in p]
+    assert problem.startswith("vllm-gke:loadTests[run-load].model: 'qwen-1-5b' is on Cloud Run")
+    assert "name a GKE model" in problem and f"/{tenant['name']}/qwen-1-5b/v1" in problem

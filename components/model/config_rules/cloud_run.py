@@ -34,6 +34,19 @@ def cloud_run_models(cfg: "StackConfig", add: Add) -> None:
         _gpu(cfg, key, i, add)
     _one_region(cfg, add)
     _egress_subnet(cfg, add)
+    _load_tests(cfg, add)
+
+
+def _load_tests(cfg: "StackConfig", add: Add) -> None:
+    """A load test runs in the cluster, in the GKE model's serving namespace, against the gateway's
+    hostname: none of that is a Cloud Run model's."""
+    names = {m.name for m in cfg.cloud_run_models}
+    for i, spec in enumerate(cfg.load_tests):
+        if spec.model in names:
+            add(f"{item_key('loadTests', cfg.load_tests, i)}.model",
+                f"'{spec.model}' is on Cloud Run (cloudRun.models): a load test runs in the cluster, in a GKE model's "
+                "serving namespace, against gateway.hostname; name a GKE model here, and load-test the Cloud Run model "
+                f"from outside against https://<cloudRun.hostname>/{spec.tenant}/{spec.model}/v1")
 
 
 def _gpu(cfg: "StackConfig", key: str, i: int, add: Add) -> None:
