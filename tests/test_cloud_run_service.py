@@ -364,3 +364,14 @@ def test_a_load_test_of_a_cloud_run_model_is_refused_saying_why_and_the_fix(stac
     (problem,) = [p for p in problems(values) if "loadTests" in p]
     assert problem.startswith("vllm-gke:loadTests[run-load].model: 'qwen-1-5b' is on Cloud Run")
     assert "name a GKE model" in problem and f"/{tenant['name']}/qwen-1-5b/v1" in problem
+
+
+def test_a_model_outside_the_stacks_region_cannot_reach_the_limit_store(stack_values):
+    values = staging(stack_values)
+    cloud_run(values)["region"] = "europe-west4"  # offers the L4
+    assert values["vllm-gke:globalLimits"]["enabled"] is True
+    (problem,) = [p for p in problems(values) if "limit store" in p]
+    assert problem.startswith("vllm-gke:cloudRun.models[qwen-1-5b].region: 'europe-west4' is not the stack's region "
+                              f"({values['gcp:region']})") and "turn globalLimits off" in problem
+    values["vllm-gke:globalLimits"]["enabled"] = False  # each instance's own windows: no store to reach
+    assert not [p for p in problems(values) if "limit store" in p]

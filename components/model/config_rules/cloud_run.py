@@ -1,7 +1,8 @@
 """The Cloud Run models themselves (components/model/cloud_run.py): they read the weights bucket, run
 where Cloud Run offers their GPU with at least the instance it needs, share one region (the egress
-subnet's) and a name space with the GKE models, and their egress subnet overlaps nothing of the
-cluster's. Their load balancer's rules are cloud_run_gateway.py's, their tenants' cloud_run_tenants.py's."""
+subnet's, and the stack's where they reach the limit store) and a name space with the GKE models, their
+egress subnet overlaps nothing of the cluster's, and no load test names them. Their load balancer's rules
+are cloud_run_gateway.py's, their tenants' cloud_run_tenants.py's."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import ipaddress
 from typing import TYPE_CHECKING
 
 from ..cloud_run import CLOUD_RUN_GPUS, CPU_VALUES_UP_TO_8, GPU_DOCS, MAX_CPU, MAX_MEMORY_GIB
+from ..cloud_run_store import reaches_store
 from ..specs.base import item_key
 from .base import Add
 
@@ -33,8 +35,23 @@ def cloud_run_models(cfg: "StackConfig", add: Add) -> None:
         seen.add(model.name)
         _gpu(cfg, key, i, add)
     _one_region(cfg, add)
+    _store_region(cfg, add)
     _egress_subnet(cfg, add)
     _load_tests(cfg, add)
+
+
+def _store_region(cfg: "StackConfig", add: Add) -> None:
+    """With globalLimits the instances reach the limit store at an internal passthrough load balancer in
+    the cluster's region, without global access (cloud_run_store.py): only from that region."""
+    if not reaches_store(cfg):
+        return
+    models = cfg.cloud_run_models
+    for i, model in enumerate(models):
+        if (region := cfg.cloud_run_region(model)) != cfg.region:
+            add(f"cloudRun.{item_key('models', models, i)}.region",
+                f"'{region}' is not the stack's region ({cfg.region}): with globalLimits on, its instances count "
+                "their tenants' limits in the cluster's limit store, whose internal load balancer takes clients from "
+                f"its own region only; leave region unset (or set {cfg.region}), or turn globalLimits off")
 
 
 def _load_tests(cfg: "StackConfig", add: Add) -> None:
