@@ -17,6 +17,7 @@ from vllm_gke.infra.config import ConfigError, parse
 MODEL = "qwen-1-5b"
 SEARCH_SA = "search-llm@acme-staging.iam.gserviceaccount.com"
 SUPPORT_SA = "support-llm@acme-staging.iam.gserviceaccount.com"
+STAGING_SUPPORT_SA = "support-llm@acme-llm-staging.iam.gserviceaccount.com"
 CLOUD_RUN = {"hostname": "run.llm.staging.acme.example",
              "models": [{"name": MODEL, "source": "hf://Qwen/Qwen2.5-1.5B-Instruct", "shape": "qwen2.5-1.5b",
                          "maxModelLen": 8192, "gpu": "nvidia-l4", "minInstances": 0, "maxInstances": 2}]}
@@ -30,6 +31,7 @@ def staging(stack_values: dict[str, Any], auth: str = "jwt", callers: tuple[str,
     values["vllm-gke:cloudRun"] = section
     for t in values["vllm-gke:tenants"]:
         t["models"] = [m for m in t["models"] if m != MODEL]  # the stack's own callers, replaced by `callers`
+        t.pop("cloudRunInvokers", None)
         if t["name"] in callers:
             t["models"] = [*t["models"], MODEL]
             if auth == "iam":
@@ -43,8 +45,20 @@ def problems(values: dict[str, Any]) -> list[str]:
     return [str(i) for i in exc.value.issues]
 
 
+def test_auth_is_iam_unless_a_model_says_jwt(stack_values):
+    """Secure by default: Cloud Run's invoker check verifies the caller before any instance starts."""
+    values = staging(stack_values, auth="iam")
+    del values["vllm-gke:cloudRun"]["models"][0]["auth"]
+    assert parse(values).cloud_run_models[0].auth == "iam"
+    # The staging stack runs it so: its caller names its account, which is the service's one invoker.
+    cfg = parse(copy.deepcopy(stack_values["staging"]))
+    (model,) = cfg.cloud_run_models
+    assert model.auth == "iam" and invoker_members(cfg, model) == [f"serviceAccount:{STAGING_SUPPORT_SA}"]
+    assert cloud_run_guard_config(cfg, model)["cloudRun"]["accounts"] == {STAGING_SUPPORT_SA: "support"}
+
+
 def test_a_tenant_may_list_a_cloud_run_model(stack_values):
-    cfg = parse(staging(stack_values))
+    cfg = parse(staging(stack_values, auth="jwt"))
     assert MODEL in next(t for t in cfg.tenants if t.name == "search").models
 
 

@@ -66,12 +66,15 @@ class CloudRunModelSpec(Spec):
     # L4 (at most 8 and 32: 4, 6 or 8 vCPUs), 20 and 80 with an RTX PRO 6000; the plan checks them.
     cpu: int = Field(default=8, ge=4)
     memory_gib: int = Field(default=32, ge=16)
-    # How a tenant's identity is verified before the guard sees a request. jwt: the tenant's own JWT
-    # (tenants[].jwt), verified by the guard against its issuer's keys; the service takes traffic only
-    # from the stack's load balancer, with Cloud Run's invoker check off. iam: Cloud Run's invoker
-    # check, one roles/run.invoker binding per tenant service account (tenants[].cloudRunInvokers); the
-    # guard maps the verified account to its tenant.
-    auth: Literal["jwt", "iam"] = "jwt"
+    # How a tenant's identity is verified before the guard sees a request; either way the service takes
+    # traffic from the stack's load balancer alone. iam (the default: Cloud Run verifies the caller before
+    # any instance starts, so a request without a good token never wakes a GPU): Cloud Run's invoker
+    # check, one roles/run.invoker binding per tenant service account (tenants[].cloudRunInvokers), each
+    # client's Google ID token minted for the model's audience (the plan's tenant URLs show it); the guard
+    # maps the verified account to its tenant. jwt (tenants without Google service accounts): the tenant's
+    # own JWT (tenants[].jwt), verified by the guard against its issuer's keys, Cloud Run's invoker check
+    # off (a forged but well-formed token still starts an instance, billed until it idles out).
+    auth: Literal["jwt", "iam"] = "iam"
 
     @field_validator("max_instances")
     @classmethod
