@@ -22,7 +22,8 @@ from vllm_gke.components.model.cloud_run import (
     guard_config,
     weights_models,
 )
-from vllm_gke.components.model.cloud_run_capacity import cold_start, startup_probe, startup_problem
+from vllm_gke.components.model.cloud_run_capacity import STARTUP_PROBE_LIMIT_S, cold_start, startup_probe, startup_problem
+from vllm_gke.components.model.cloud_run_tenancy import REFUSED_HEADERS
 from vllm_gke.components.model.hf_config import shape_from_config
 from vllm_gke.components.model.specs import CLOUD_RUN_POOL
 from vllm_gke.components.model.vllm_argv import check_argv, load_snapshot
@@ -222,21 +223,21 @@ def test_a_cold_start_past_the_probes_limit_is_said_in_the_plan(stack_values):
 
 
 def test_jwt_models_take_traffic_from_the_load_balancer_alone(stack_values):
-    cfg = parse(staging(stack_values))
-    (svc,) = cloud_run_services(cfg)
-    assert cfg.cloud_run_models[0].auth == "jwt"
-    assert (svc.ingress, svc.invoker_iam_disabled, svc.default_uri_disabled) == (
-        "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER", True, True)
-
-
-def test_iam_models_keep_cloud_runs_invoker_check(stack_values):
     values = staging(stack_values)
-    cloud_run(values)["auth"] = "iam"
-    for t in values["vllm-gke:tenants"]:  # iam: each caller names its service accounts
-        if cloud_run(values)["name"] in (t.get("models") or ()):
-            t["cloudRunInvokers"] = [f"{t['name']}@acme-staging.iam.gserviceaccount.com"]
+    cloud_run(values)["auth"] = "jwt"
+    for t in values["vllm-gke:tenants"]:  # jwt: no account is granted anything
+        t.pop("cloudRunInvokers", None)
     (svc,) = cloud_run_services(parse(values))
-    assert svc.invoker_iam_disabled is False and svc.default_uri_disabled is False
+    assert (svc.ingress, svc.invoker_iam_disabled, svc.default_uri_disabled, svc.custom_audiences) == (
+        "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER", True, True, ())
+
+
+def test_iam_models_keep_cloud_runs_invoker_check_behind_the_load_balancer(stack_values):
+    cfg = parse(staging(stack_values))  # staging's model: auth iam, the default
+    (svc,) = cloud_run_services(cfg)
+    assert cfg.cloud_run_models[0].auth == "iam"
+    assert (svc.ingress, svc.invoker_iam_disabled, svc.default_uri_disabled, svc.custom_audiences) == (
+        "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER", False, True, ("https://run.llm.staging.acme.example/qwen-1-5b",))
 
 
 # --- the argv against vLLM 0.34.0's parser, the resources under the mocks ----------------------
@@ -259,7 +260,8 @@ def test_every_cloud_run_argv_parses_with_the_real_parser(staging_plan):
 def test_the_declared_service_is_the_planned_one(staging_plan):
     (service,) = props_of(staging_plan, SERVICE)
     assert service["location"] == "us-central1" and service["ingress"] == "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER"
-    assert service["invokerIamDisabled"] is True and service["defaultUriDisabled"] is True
+    assert service["invokerIamDisabled"] is False and service["defaultUriDisabled"] is True
+    assert service["customAudiences"] == ["https://run.llm.staging.acme.example/qwen-1-5b"]
     template = service["template"]
     assert template["vpcAccess"]["egress"] == "PRIVATE_RANGES_ONLY"
     assert template["containers"][0]["commands"] == ["python3", "/opt/vllm-gke/serve.py"]
@@ -375,3 +377,17 @@ def test_a_model_outside_the_stacks_region_cannot_reach_the_limit_store(stack_va
                               f"({values['gcp:region']})") and "turn globalLimits off" in problem
     values["vllm-gke:globalLimits"]["enabled"] = False  # each instance's own windows: no store to reach
     assert not [p for p in problems(values) if "limit store" in p]
+
+
+def test_the_guide_says_what_the_code_does():
+    """docs/guides/cloud-run.md: the probe's path and limits, the headers refused, every engineer's section,
+    the pointer to how the limit store admits the instances (tests/test_docs.py checks the anchor resolves)."""
+    guide = (REPO_ROOT / "docs" / "guides" / "cloud-run.md").read_text()
+    flat = " ".join(guide.split())
+    assert f"`{WARM_PATH}`" in flat and f"at most {STARTUP_PROBE_LIMIT_S} s" in flat
+    assert flat.count("1,800") == 1 and "the 1,800 s that Cloud Run's page for jobs allows a GPU is a job task's" in flat
+    assert all(f"`{h}`" in flat for h in REFUSED_HEADERS)
+    assert "from `X-Serverless-Authorization` when the request has one, else from `Authorization`" in flat
+    for heading in ("## Tenants", "## Capacity, cost and cold start", "## Monitoring, SLOs and policies", "## Limits"):
+        assert f"\n{heading}\n" in guide, heading
+    assert "(limits-across-replicas.md#from-cloud-run-models)" in flat
