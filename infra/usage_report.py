@@ -20,6 +20,9 @@ that tenant's. A pod that served no tokens in the period is `(unallocated)`.
 What it covers is the pods' time on their accelerators, from the first metrics each exported (its weights
 loaded) to its last: not the capacity of a node no pod used, not the system pool, the cluster fee
 or storage (the plan's cost report has those), so its total is less than the bill.
+
+The Cloud Run models' tenants are counted too: their tokens and requests from the guard's counters as the
+metrics sidecar writes them, their cost from each service's billed instance time (infra/cloud_run_usage.py).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from ..components.model.mesh_identity import tenant_namespace
 from ..components.model.specs import NodePoolSpec
+from .cloud_run_usage import cloud_run_usage
 from .config import StackConfig
 from .plan import Plan
 from .pricing import MACHINE_PRICES
@@ -254,7 +258,24 @@ def usage_report(plan: Plan, query: Query, period: str, prompt_weight: float = 0
             else:
                 usage.gpu_hours += hours * work.devices * fraction
             usage.dollars += hours * work.dollars_per_hour * fraction
+    if plan.config.cloud_run_models:
+        unknown += _add_cloud_run(plan.config, query, period, prompt_weight, tenants, spent)
     return UsageReport(period, {**tenants, **spent}, sorted(unknown))
+
+
+def _add_cloud_run(cfg: StackConfig, query: Query, period: str, prompt_weight: float,
+                   tenants: dict[str, TenantUsage], spent: dict[str, TenantUsage]) -> list[str]:
+    """The Cloud Run services' tokens, requests and billed time, added to each tenant's (infra/cloud_run_usage.py)."""
+    run, unknown = cloud_run_usage(cfg, query, period, prompt_weight, _number, UNALLOCATED)
+    for tenant, use in run.items():
+        usage = tenants[tenant] if tenant in tenants else spent.setdefault(tenant, TenantUsage())
+        usage.prompt_tokens += use.prompt_tokens
+        usage.generation_tokens += use.generation_tokens
+        for outcome, n in use.requests.items():
+            usage.requests[outcome] = usage.requests.get(outcome, 0.0) + n
+        usage.gpu_hours += use.gpu_hours
+        usage.dollars += use.dollars
+    return unknown
 
 
 def _number(row: Mapping[str, Any]) -> float:

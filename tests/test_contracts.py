@@ -565,6 +565,8 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
                                                       "the series the sidecar writes"),
     "slos_and_dashboard_read_cloud_runs_metrics": ("staging", _run_availability_counts_lb_codes,
                                                    "counts response_code_class ['500']"),
+    "usage_report_prices_what_cloud_run_bills": ("staging", lambda p: _cloud_run_props(
+        p, "gcp:cloudrunv2/service:Service").update(name="qwen-1-5b"), "the usage report does not read"),
     # infra/contracts/cloud_run_service.py (staging's Cloud Run model)
     "gpu_service_is_instance_billed": ("staging", lambda p: _cloud_run_container(p)[1]["resources"].update(
         cpuIdle=True), "instance-based billing"),

@@ -74,6 +74,7 @@ from .cloud_run_monitoring import (
     sidecar_pinned_and_reads_its_config,
     slos_and_dashboard_read_cloud_runs_metrics,
     slos_and_dashboard_select_the_sidecars_series,
+    usage_report_prices_what_cloud_run_bills,
 )
 from .cloud_run_service import (
     gpu_service_is_instance_billed,
@@ -223,7 +224,7 @@ __all__ = [
     "cloud_run_concurrency_is_the_capacity_models", "cloud_run_gpu_billed_as_priced",
     "cloud_run_startup_probe_within_limits",
     "sidecar_pinned_and_reads_its_config", "slos_and_dashboard_read_cloud_runs_metrics",
-    "slos_and_dashboard_select_the_sidecars_series",
+    "slos_and_dashboard_select_the_sidecars_series", "usage_report_prices_what_cloud_run_bills",
 ]
 
 CONTRACTS: tuple[Contract, ...] = (

@@ -22,6 +22,7 @@ from ...components.model.cloud_run_monitoring import (
     SIDECAR_IMAGE,
     promql_name,
 )
+from ..cloud_run_usage import BILLABLE_INSTANCE_TIME, run_queries
 from ..plan import Plan, PlannedResource
 from .base import Contract
 from .monitoring import _metrics_named  # pyright: ignore[reportPrivateUsage]
@@ -164,6 +165,24 @@ def slos_and_dashboard_read_cloud_runs_metrics(plan: Plan) -> list[str]:
     return out
 
 
+def usage_report_prices_what_cloud_run_bills(plan: Plan) -> list[str]:
+    """`vllm-gke report` reads each service's billable_instance_time by its name and prices a second of it
+    at one instance's price: right for instance-based billing (billed from start to shutdown)."""
+    if not plan.config.cloud_run_models:
+        return []
+    billed = run_queries(plan.config, "1d")["run_billed"]
+    match = re.search(r'service_name=~"([^"]*)"', billed)
+    names = set(match.group(1).split("|")) if match else set[str]()
+    out: list[str] = []
+    for name, props in _services(plan).items():
+        server = next(c for c in props["template"]["containers"] if c.get("ports"))
+        if name not in names:
+            out.append(f"{name}: the usage report does not read its {BILLABLE_INSTANCE_TIME} (it reads {sorted(names)})")
+        if (server.get("resources") or {}).get("cpuIdle") is not False:
+            out.append(f"{name}: billed per request, not per instance second as the usage report prices it")
+    return out
+
+
 ROWS = (
     Contract("Managed Service for Prometheus sidecar for Cloud Run", "1.2.0",
              "reads its RunMonitoring from /etc/rungmp/config.yaml, else scrapes 0.0.0.0:8080/metrics every 30s; "
@@ -196,4 +215,13 @@ ROWS = (
              f"dashboard charts {promql_name(REQUEST_COUNT)}, request_latencies and instance_count on "
              "monitored_resource cloud_run_revision",
              slos_and_dashboard_read_cloud_runs_metrics),
+    Contract("Cloud Run metrics", "v3",
+             "run.googleapis.com/container/billable_instance_time (DELTA, DOUBLE, unit s) on cloud_run_revision: the "
+             "time the revision's instances were billed, summed over them; under instance-based billing an instance "
+             "is billed from its start to its shutdown (https://cloud.google.com/run/docs/configuring/billing-settings)",
+             METRICS_LIST,
+             "`vllm-gke report` prices each service's increase of it over the period at one instance's price a second "
+             "(components/model/cloud_run_capacity.py) and splits it among the tenants by weighted tokens; the "
+             "services bill per instance (cpu_idle false)",
+             usage_report_prices_what_cloud_run_bills),
 )
