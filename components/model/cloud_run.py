@@ -99,7 +99,10 @@ def weights_models(cfg: "StackConfig") -> list[ModelSpec]:
 def server_args(cfg: "StackConfig", model: CloudRunModelSpec, rel: VllmRelease) -> list[str]:
     """`vllm serve`'s argv: the GKE servers' (vllm_args of as_model()), on Cloud Run's port."""
     spec = model.as_model()
-    return vllm_args(spec, spec.short, rel, request_timeout_seconds=cfg.gateway.request_timeout_seconds)
+    # With SLOs on, the TTFT objective is one of the histogram's bounds, as on the GKE servers (platform.py).
+    ttft = cfg.monitoring.ttft_slo_seconds if cfg.monitoring.slos.enabled else None
+    return vllm_args(spec, spec.short, rel, request_timeout_seconds=cfg.gateway.request_timeout_seconds,
+                     ttft_slo_seconds=ttft)
 
 
 def startup_probe(model: CloudRunModelSpec) -> dict[str, Any]:
