@@ -168,3 +168,18 @@ def test_the_plan_parses_the_cloud_run_dashboard_as_it_does_the_gke_ones(plans):
     obs.run_dashboard_definition = bad
     (err,) = monitoring_problems(obs)
     assert 'no field named "dataSet"' in err
+
+
+def test_the_cloud_run_ttft_slo_cuts_at_one_of_its_servers_buckets(plans):
+    """The SLO cuts vLLM's histogram at ttftSloSeconds (exact, as on GKE): the Cloud Run server must have that
+    bound among its TTFT buckets (--custom-histogram-buckets), else Cloud Monitoring cuts at a default bound."""
+    from vllm_gke.components.model.vllm_versions import TTFT_BUCKETS
+
+    plan = plans["staging"]
+    (slo,) = [r for r in plan.of_type("gcp:monitoring/slo:Slo") if r.name.endswith("-run-qwen-1-5b-ttft")]
+    bound = slo.props["requestBasedSli"]["distributionCut"]["range"]["max"]
+    (service,) = plan.of_type("gcp:cloudrunv2/service:Service")
+    args = service.props["template"]["containers"][0]["args"]
+    flag = "--custom-histogram-buckets"
+    buckets = json.loads(args[args.index(flag) + 1])["time_to_first_token"] if flag in args else list(TTFT_BUCKETS)
+    assert bound not in TTFT_BUCKETS and bound in buckets, (bound, buckets)
