@@ -56,7 +56,7 @@ class CloudRunServices(pulumi.ComponentResource):
     subnet: gcp.compute.Subnetwork
     accounts: dict[str, gcp.serviceaccount.Account]
     services: dict[str, gcp.cloudrunv2.Service]
-    # model -> the service's run.app URL (disabled for jwt models: the load balancer's serverless NEG reaches it).
+    # model -> the service's run.app URL (disabled: the load balancer's serverless NEG reaches it).
     uris: dict[str, pulumi.Output[str]]
 
     def __init__(self, name: str, args: CloudRunServicesArgs, opts: Optional[pulumi.ResourceOptions] = None):
@@ -95,6 +95,7 @@ class CloudRunServices(pulumi.ComponentResource):
             f"{name}-{model}", name=service_name(svc.model), project=args.project, location=svc.region,
             ingress=svc.ingress, invoker_iam_disabled=svc.invoker_iam_disabled,
             default_uri_disabled=svc.default_uri_disabled, launch_stage=svc.launch_stage,
+            custom_audiences=list(svc.custom_audiences) or None,
             deletion_protection=args.deletion_protection, labels={"vllm-gke-model": model},
             template=cast(gcp.cloudrunv2.ServiceTemplateArgsDict, svc.template(
                 args.bucket, account.email, self.subnet.id, [metrics.container], [metrics.volume],

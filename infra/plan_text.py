@@ -313,6 +313,7 @@ def url_lines(v: Verdicts) -> list[str]:
     lines = ["[bold]tenant URLs[/] (OpenAI base URL per tenant and model; tenant, model: URL, via):"]
     for u in v.urls:
         header = f", send header {escape(u.header)}" if u.header else ""
+        header += f", Google ID token for audience {escape(u.audience)}" if u.audience else ""
         lines.append(f"  {escape(u.tenant)}, {escape(u.model)}: {escape(u.url)} ({escape(u.via)}{header})")
     return lines
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import pytest
 
@@ -154,7 +154,8 @@ def _public_invoker(rs: list[Resource]) -> None:
 
 
 def _open_ingress(rs: list[Resource]) -> None:
-    _staging_service(rs).props["ingress"] = "INGRESS_TRAFFIC_ALL"
+    # Staging's model runs auth iam: the invoker check turned off too, as a jwt model's is.
+    cast(dict[str, Any], _staging_service(rs).props).update(ingress="INGRESS_TRAFFIC_ALL", invokerIamDisabled=True)
 
 
 def _cpu_throttled(rs: list[Resource]) -> None:

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import copy
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from vllm_gke.components.model.cloud_run_tenancy import cloud_run_guard_config, invoker_members
+from vllm_gke.components.model.cloud_run_tenancy import cloud_run_guard_config, id_token_audience, invoker_members
 from vllm_gke.components.model.serving_api import ISSUER_HEADER, SUBJECT_HEADER, TENANT_HEADER
+from vllm_gke.components.model.tenant_urls import tenant_urls
 from vllm_gke.infra.config import ConfigError, parse
+from vllm_gke.infra.plan_text import url_lines
 
 MODEL = "qwen-1-5b"
 SEARCH_SA = "search-llm@acme-staging.iam.gserviceaccount.com"
@@ -163,3 +166,30 @@ def test_a_tenant_calling_a_cloud_run_model_gets_nothing_gke_side_for_it(stack_v
     assert {f"cloud-run-{MODEL}", f"weights-load-{MODEL}"} <= naming
     # The tenants' GKE models still have theirs.
     assert plan.kube("AuthorizationPolicy", "allow-search-llama-8b", "vllm")
+
+
+def test_iam_tokens_are_minted_for_the_models_base_url_which_the_plan_shows(stack_values):
+    """Under iam Cloud Run checks the token's aud against the service's custom audience (its run.app URL is
+    off): one per model, the model's base on the Cloud Run load balancer, printed beside each tenant's URL."""
+    cfg = parse(staging(stack_values, auth="iam", callers=("search", "support")))
+    model = cfg.cloud_run_models[0]
+    audience = f"https://run.llm.staging.acme.example/{MODEL}"
+    assert id_token_audience(cfg, model) == audience
+    urls = {u.tenant: u for u in tenant_urls(cfg) if u.model == MODEL}
+    assert {u.audience for u in urls.values()} == {audience} and urls["search"].url == f"{audience}/v1"
+    (line,) = [ln for ln in url_lines(SimpleNamespace(urls=[urls["search"]])) if MODEL in ln]  # type: ignore[arg-type]
+    assert line.endswith(f"(cloud run, Google ID token for audience {audience})")
+    # jwt: no invoker check reads an audience; nothing is shown.
+    cfg = parse(staging(stack_values, auth="jwt"))
+    assert id_token_audience(cfg, cfg.cloud_run_models[0]) is None
+    assert all(u.audience == "" for u in tenant_urls(cfg))
+
+
+def test_without_a_hostname_the_audience_is_a_fixed_name_not_the_address(stack_values):
+    """An internal plain-HTTP load balancer without cloudRun.hostname: its address is known only once
+    made (and changes if re-made), so the audience is the stack's and model's name."""
+    values = staging(stack_values, auth="iam")
+    values["vllm-gke:gateway"] = {"className": "gke-l7-rilb"}
+    del values["vllm-gke:cloudRun"]["hostname"]
+    cfg = parse(values)
+    assert id_token_audience(cfg, cfg.cloud_run_models[0]) == f"vllm-staging-run/{MODEL}"

@@ -506,6 +506,11 @@ def _cloud_run_container(plan):
     return service.props["template"], service.props["template"]["containers"][0]
 
 
+def _cloud_run_guard_trusts_envoy(plan):
+    env = next(e for e in _cloud_run_container(plan)[1]["envs"] if e["name"] == "GKE_LLM_GUARD_CONFIG")
+    env["value"] = json.dumps({**json.loads(env["value"]), "trustedPeers": ["127.0.0.6"]})
+
+
 def _cloud_run_zonal_redundancy_unpriced(plan):
     _cloud_run_container(plan)[0]["gpuZonalRedundancyDisabled"] = False
 
@@ -567,6 +572,13 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
                                                    "counts response_code_class ['500']"),
     "usage_report_prices_what_cloud_run_bills": ("staging", lambda p: _cloud_run_props(
         p, "gcp:cloudrunv2/service:Service").update(name="qwen-1-5b"), "the usage report does not read"),
+    # infra/contracts/cloud_run_identity.py (staging's Cloud Run model, auth iam)
+    "cloud_run_iam_identity_is_the_checked_token": ("staging", lambda p: _cloud_run_props(
+        p, "gcp:cloudrunv2/service:Service").update(invokerIamDisabled=True), "nothing verified it"),
+    "cloud_run_guard_trusts_no_peer": ("staging", _cloud_run_guard_trusts_envoy, "but Cloud Run's front end"),
+    "cloud_run_iam_audience_is_the_tenants": ("staging", lambda p: _cloud_run_props(
+        p, "gcp:cloudrunv2/service:Service").update(customAudiences=["https://llm.staging.acme.example"]),
+        "Cloud Run refuses them"),
     # infra/contracts/cloud_run_service.py (staging's Cloud Run model)
     "gpu_service_is_instance_billed": ("staging", lambda p: _cloud_run_container(p)[1]["resources"].update(
         cpuIdle=True), "instance-based billing"),
@@ -575,7 +587,8 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "weights_volume_is_the_bucket_read_only": ("staging", lambda p: _cloud_run_container(p)[0]["volumes"][0]["gcs"].update(
         readOnly=False), "mounted writable"),
     "invoker_check_off_only_behind_the_load_balancer": ("staging", lambda p: _cloud_run_props(
-        p, "gcp:cloudrunv2/service:Service").update(ingress="INGRESS_TRAFFIC_ALL"), "served unauthenticated"),
+        p, "gcp:cloudrunv2/service:Service").update(ingress="INGRESS_TRAFFIC_ALL", invokerIamDisabled=True),
+        "served unauthenticated"),
     "serverless_negs_behind_an_application_lb": ("staging", lambda p: _cloud_run_props(
         p, "gcp:compute/regionNetworkEndpointGroup:RegionNetworkEndpointGroup").update(region="europe-west4"),
         "not in its load balancer's region"),

@@ -41,6 +41,7 @@ def hyperdisk_values(extra: bool = False) -> dict[str, Any]:
     cloud_run = {m["name"] for m in values.pop("vllm-gke:cloudRun", {}).get("models", [])}
     for tenant in values["vllm-gke:tenants"]:
         tenant["models"] = [m for m in tenant["models"] if m not in cloud_run]
+        tenant.pop("cloudRunInvokers", None)  # the accounts that call them
     if extra:
         models = values["vllm-gke:models"]
         mistral = next(m for m in models if m["name"] == "mistral-7b")

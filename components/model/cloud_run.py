@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from .cloud_run_capacity import concurrency, probe_window_seconds
 from .cloud_run_capacity import startup_probe as capacity_probe
-from .cloud_run_tenancy import cloud_run_guard_config
+from .cloud_run_tenancy import cloud_run_guard_config, id_token_audience
 from .gcs_weights import reader_prefixes
 from .specs import CLOUD_RUN_POOL, CloudRunModelSpec, ModelSpec
 from .vllm_server import (
@@ -160,6 +160,9 @@ class CloudRunService:
     env: list[dict[str, str]]
     probe: dict[str, Any]
     request_timeout_seconds: int
+    # The service's custom audiences: under auth iam the one its tenants' ID tokens are minted for
+    # (cloud_run_tenancy.id_token_audience); none under jwt.
+    custom_audiences: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -194,8 +197,9 @@ class CloudRunService:
 
     @property
     def ingress(self) -> str:
-        """jwt: only the stack's load balancer reaches it; iam: Cloud Run's invoker check guards it."""
-        return "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER" if self.model.auth == "jwt" else "INGRESS_TRAFFIC_ALL"
+        """Both modes: only the stack's load balancer (and internal sources) reach it, so every request
+        goes through the load balancer's routes (and, under iam, Cloud Run's invoker check too)."""
+        return "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER"
 
     @property
     def invoker_iam_disabled(self) -> bool:
@@ -203,9 +207,8 @@ class CloudRunService:
 
     @property
     def default_uri_disabled(self) -> bool:
-        """jwt: no run.app URL at all (the load balancer's serverless NEG needs none); iam: the
-        tenants' clients may call it with their ID tokens."""
-        return self.model.auth == "jwt"
+        """Both modes: no run.app URL (the load balancer's serverless NEG needs none)."""
+        return True
 
     @property
     def launch_stage(self) -> str:
@@ -221,8 +224,10 @@ def cloud_run_service(cfg: "StackConfig", model: CloudRunModelSpec, rel: VllmRel
                       guard_config: Mapping[str, Any]) -> CloudRunService:
     probe = startup_probe(model)
     timeout = min(cfg.gateway.request_timeout_seconds, MAX_TIMEOUT_S)
+    audience = id_token_audience(cfg, model)
     return CloudRunService(model, cfg.cloud_run_region(model), cfg.server_image.uri, server_args(cfg, model, rel),
-                           server_env(model, guard_config, startup_window_seconds(probe)), probe, timeout)
+                           server_env(model, guard_config, startup_window_seconds(probe)), probe, timeout,
+                           (audience,) if audience else ())
 
 
 def guard_config(cfg: "StackConfig", model: CloudRunModelSpec, rel: VllmRelease) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .cloud_run_gateway import cloud_run_callers, cloud_run_prefix_tenants, cloud_run_prefixes
+from .cloud_run_gateway import cloud_run_base, cloud_run_callers, cloud_run_prefix_tenants, cloud_run_prefixes, front_name
 from .cloud_run_store import guard_store_config
 from .serving_api import TENANT_HEADER, VERIFIED_HEADERS, guard_config, guard_max_body_bytes, tenant_routes
 from .specs import CLOUD_RUN_POOL, CloudRunModelSpec, TenantSpec
@@ -72,3 +72,19 @@ def invoker_members(cfg: StackConfig, model: CloudRunModelSpec) -> list[str]:
     if model.auth != "iam":
         return []
     return sorted({f"serviceAccount:{email}" for t in cloud_run_callers(cfg, model.name) for email in t.cloud_run_invokers})
+
+
+def id_token_audience(cfg: StackConfig, model: CloudRunModelSpec) -> Optional[str]:
+    """The audience a tenant's client mints its Google ID token for under auth iam, which the service
+    accepts as its custom audience (None under jwt: no invoker check reads it). Cloud Run checks a
+    token's `aud` against the service's run.app URL, which the load balancer's clients never call (it
+    is disabled), or a custom audience; by convention the URL called: the model's base on the Cloud Run
+    models' load balancer, <scheme>://<cloudRun.hostname>/<model>, one per model so that a token for
+    one model is no token for another. Without a hostname (an internal load balancer reached at its
+    address) no URL is fixed when the service is planned, and an address re-created would change every
+    client's tokens: the audience is then the plain name <cluster>-run/<model>."""
+    if model.auth != "iam":
+        return None
+    if cfg.cloud_run is not None and cfg.cloud_run.hostname:
+        return f"{cloud_run_base(cfg)}/{model.name}"
+    return f"{front_name(cfg)}/{model.name}"

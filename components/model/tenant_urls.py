@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cloud_run_gateway import cloud_run_url, is_cloud_run_model
+from .cloud_run_tenancy import id_token_audience
 from .serving_api import path_prefix
 from .stack_config import StackConfig
 
@@ -27,6 +28,8 @@ class TenantUrl:
     # A header every request must carry besides its token, or "" (none does: behind the picker the
     # identity extension sets the tenant's objective from the token).
     header: str = ""
+    # A Cloud Run model with auth iam: the audience the tenant's Google ID token must be minted for, or "".
+    audience: str = ""
 
 
 def gateway_base(cfg: StackConfig) -> str:
@@ -41,7 +44,8 @@ def tenant_urls(cfg: StackConfig) -> list[TenantUrl]:
         dedicated: set[str] = set(tenant.dedicated.models) if tenant.dedicated else set()
         for name in tenant.models:
             if is_cloud_run_model(cfg, name):  # behind the Cloud Run models' load balancer, same scheme
-                out.append(TenantUrl(tenant.name, name, cloud_run_url(cfg, name), "cloud run"))
+                audience = id_token_audience(cfg, next(m for m in cfg.cloud_run_models if m.name == name))
+                out.append(TenantUrl(tenant.name, name, cloud_run_url(cfg, name), "cloud run", audience=audience or ""))
                 continue
             model = cfg.model(name)
             via = "dedicated" if name in dedicated else (

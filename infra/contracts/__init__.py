@@ -18,7 +18,8 @@ memory), speculative.py (vLLM's speculative decoding: --speculative-config, the 
 (Cloud Run GPU services as the plan prices and sizes them) and flagger.py (Flagger, its
 PromQL frontend and loadtester, the canaries' rollouts), cloud_run_gateway.py (the Cloud Run models' load
 balancer: serverless NEGs, Cloud Run's ingress), cloud_run_monitoring.py (the Managed Prometheus
-sidecar on Cloud Run, Cloud Run's request metrics); base.py holds the Contract row and the
+sidecar on Cloud Run, Cloud Run's request metrics), cloud_run_identity.py (who a request on a Cloud Run
+model is: the invoker check, its custom audiences); base.py holds the Contract row and the
 plan helpers they share. This module assembles the table in that order.
 """
 
@@ -33,6 +34,7 @@ from . import (
     billing,
     cloud_run_capacity,
     cloud_run_gateway,
+    cloud_run_identity,
     cloud_run_monitoring,
     cloud_run_service,
     cloud_run_store,
@@ -69,6 +71,11 @@ from .cloud_run_gateway import (
     cloud_run_ingress_admits_the_load_balancer,
     serverless_backends_without_health_check_or_timeout,
     serverless_negs_behind_an_application_lb,
+)
+from .cloud_run_identity import (
+    cloud_run_guard_trusts_no_peer,
+    cloud_run_iam_audience_is_the_tenants,
+    cloud_run_iam_identity_is_the_checked_token,
 )
 from .cloud_run_monitoring import (
     sidecar_pinned_and_reads_its_config,
@@ -223,6 +230,7 @@ __all__ = [
     "redis_tls_port_requires_the_certificate", "store_lb_internal_on_its_address_from_the_subnet",
     "cloud_run_concurrency_is_the_capacity_models", "cloud_run_gpu_billed_as_priced",
     "cloud_run_startup_probe_within_limits",
+    "cloud_run_guard_trusts_no_peer", "cloud_run_iam_audience_is_the_tenants", "cloud_run_iam_identity_is_the_checked_token",
     "sidecar_pinned_and_reads_its_config", "slos_and_dashboard_read_cloud_runs_metrics",
     "slos_and_dashboard_select_the_sidecars_series", "usage_report_prices_what_cloud_run_bills",
 ]
@@ -239,6 +247,7 @@ CONTRACTS: tuple[Contract, ...] = (
     *cloud_run_store.ROWS,
     *cloud_run_capacity.ROWS,
     *cloud_run_monitoring.ROWS,
+    *cloud_run_identity.ROWS,
 )
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ...components.model.cloud_run_tenancy import id_token_audience
 from ..plan import Plan
 from .base import Contract
 
 SERVICE_TO_SERVICE = "https://cloud.google.com/run/docs/authenticating/service-to-service"
 SIGNATURE_REMOVED = "https://cloud.google.com/run/docs/troubleshooting#signature-removed"
 INVOKER_IAM_DISABLED = "https://cloud.google.com/run/docs/securing/managing-access#invoker_check"
+CUSTOM_AUDIENCES = "https://cloud.google.com/run/docs/configuring/custom-audiences"
 SERVICE = "gcp:cloudrunv2/service:Service"
 GUARD_ENV = "GKE_LLM_GUARD_CONFIG"
 
@@ -52,6 +54,24 @@ def cloud_run_guard_trusts_no_peer(plan: Plan) -> list[str]:
     return out
 
 
+def cloud_run_iam_audience_is_the_tenants(plan: Plan) -> list[str]:
+    """Under auth iam each service's custom audiences are the one its tenants mint tokens for (the plan's
+    tenant URLs print it), and its run.app URL (the other audience Cloud Run accepts) is off."""
+    models = {m.name: m for m in plan.config.cloud_run_models}
+    out = []
+    for name, props, guard in _guarded_services(plan):
+        model = models.get(str(guard.get("model")))
+        if model is None or (guard.get("cloudRun") or {}).get("auth") != "iam":
+            continue
+        want = [id_token_audience(plan.config, model)]
+        if list(props.get("customAudiences") or []) != want:
+            out.append(f"Cloud Run service {name}: custom audiences {props.get('customAudiences')}, but its tenants "
+                       f"mint their ID tokens for {want[0]} (the plan's tenant URLs): Cloud Run refuses them")
+        if props.get("defaultUriDisabled") is not True:
+            out.append(f"Cloud Run service {name}: its run.app URL is on, a way in that skips the load balancer")
+    return out
+
+
 ROWS: tuple[Contract, ...] = (
     Contract("Cloud Run (invoker check)", "Cloud Run Admin API v2",
              "a caller sends its Google ID token as 'Authorization: Bearer' or 'X-Serverless-Authorization: Bearer' "
@@ -71,4 +91,13 @@ ROWS: tuple[Contract, ...] = (
              "a Cloud Run model's guard trusts no peer and no mesh header (it refuses the mesh's identity headers); "
              "under auth jwt it verifies the tenant's token itself against the issuer's JWKS",
              cloud_run_guard_trusts_no_peer),
+    Contract("Cloud Run (custom audiences)", "Cloud Run Admin API v2",
+             "an IAM-protected service accepts an ID token whose aud is its run.app URL or one of its custom "
+             "audiences (any strings, e.g. a URL the client knows, set on the service and kept by every revision); "
+             "for clients behind a load balancer or custom domain, which do not know the run.app URL",
+             f"{CUSTOM_AUDIENCES}; pulumi_gcp 10.2.0 cloudrunv2.Service custom_audiences",
+             "auth iam: custom_audiences is the model's base URL on the Cloud Run load balancer "
+             "(<scheme>://<cloudRun.hostname>/<model>; <cluster>-run/<model> without a hostname), which the plan's "
+             "tenant URLs and the guide tell the tenant to mint its token for; run.app URL off",
+             cloud_run_iam_audience_is_the_tenants),
 )
