@@ -258,3 +258,27 @@ def test_iam_refuses_what_cloud_run_did_not_verify(iam_server):
         assert refused(iam_server, headers)[0] == expected, name
     status, code = refused(iam_server, [("Authorization", f"Bearer {google_token()}")], f"/support/{MODEL}/v1/chat/completions")
     assert (status, code) == (403, "forbidden")
+
+
+def get(server: dict[str, Any], path: str, source: str = "127.0.0.1") -> tuple[int, bytes]:
+    """A GET from `source` (another address of the loopback network: a peer the guard must not take for
+    the instance itself, as Cloud Run's front end is not)."""
+    parts = urlsplit(server["base"])
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60, source_address=(source, 0))
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_metrics_only_to_the_instances_own_sidecar(iam_server):
+    status, body = get(iam_server, "/metrics")  # the sidecar's scrape of localhost
+    assert status == 200 and b"vllm:" in body
+    status, body = get(iam_server, "/metrics", source="127.0.0.2")
+    assert status == 403, body
+    error = json.loads(body)["error"]
+    assert error["code"] == "forbidden" and error["message"] and "type" in error
+    assert b"vllm:" not in body
+    assert get(iam_server, "/health", source="127.0.0.2")[0] == 200  # open: it says nothing

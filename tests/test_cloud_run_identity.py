@@ -64,3 +64,42 @@ def test_a_malformed_credential_is_a_4xx_guard_error(headers, status):
     with pytest.raises(GuardError) as err:
         asyncio.run(identity.tenant({"headers": headers, "vllm_gke.path_tenant": None}))
     assert err.value.status == status
+
+
+@pytest.fixture(scope="module")
+def cloud_run_guard(stack_values):
+    """The guard as staging's Cloud Run model runs it (auth iam), before a recording app."""
+    from tests.test_cloud_run_tenancy import staging
+    from tests.test_guard import Clock, Recorder
+    from vllm_gke.components.model.cloud_run_tenancy import cloud_run_guard_config
+    from vllm_gke.images.vllm_gke_guard import GuardMiddleware
+    from vllm_gke.infra.config import parse
+
+    cfg = parse(staging(stack_values, auth="iam"))
+    guard = cloud_run_guard_config(cfg, cfg.cloud_run_models[0])
+    guard.pop("globalLimits", None)
+    app = Recorder()
+    return GuardMiddleware(app, guard, Clock()), app
+
+
+@pytest.mark.parametrize("peer", ["127.0.0.1", "::1"])
+def test_metrics_is_served_to_the_instances_own_sidecar(cloud_run_guard, peer):
+    from tests.test_guard import call, status
+
+    mw, app = cloud_run_guard
+    before = len(app.seen)
+    assert status(call(mw, None, path="/metrics", method="GET", issuer=None, client=peer)) == 200
+    assert len(app.seen) == before + 1
+
+
+@pytest.mark.parametrize("peer", ["10.30.0.7", "169.254.1.1", "127.0.0.2", "::ffff:127.0.0.1", ""])
+def test_metrics_to_any_other_peer_is_a_4xx_in_openais_format(cloud_run_guard, peer):
+    from tests.test_guard import call, error, status
+
+    mw, app = cloud_run_guard
+    before = len(app.seen)
+    sent = call(mw, None, path="/metrics", method="GET", issuer=None, client=peer)
+    assert status(sent) == 403 and error(sent)["code"] == "forbidden" and error(sent)["message"]
+    assert len(app.seen) == before  # vLLM never saw it
+    # /health stays open to everyone (the startup probe may read it; it says nothing).
+    assert status(call(mw, None, path="/health", method="GET", issuer=None, client=peer)) == 200

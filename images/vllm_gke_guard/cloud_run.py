@@ -20,6 +20,9 @@ Nothing a client can set names the tenant - not the mesh's verified-issuer or -s
     use for the other.
 
 Where the path names a tenant (/<tenant>/<model>/v1), the verified tenant must be that one.
+GET /metrics (the tenants' usage, vLLM's series) is served to a loopback peer alone: the metrics
+sidecar scrapes it over the instance's localhost, and every request Cloud Run delivers comes from
+outside the instance. /health stays open: the startup probe may use it, and it says nothing.
 Every refusal is a GuardError (OpenAI's format, 4xx; 503 only while a JWKS cannot be fetched).
 """
 
@@ -51,6 +54,10 @@ GOOGLE_ISSUERS = frozenset({"https://accounts.google.com", "accounts.google.com"
 PATH_TENANT = "vllm_gke.path_tenant"
 # Longer than any token a tenant should send: refused before it is parsed.
 MAX_CREDENTIAL_BYTES = 16384
+# The open route only the instance itself may read, and the peers that are the instance itself (the
+# sidecar's scrape of localhost; Cloud Run's front end connects to the container's 0.0.0.0 listener).
+METRICS_PATH = "/metrics"
+LOOPBACK_PEERS = frozenset({"127.0.0.1", "::1"})
 
 
 class CloudRunIdentity:
@@ -79,6 +86,11 @@ class CloudRunIdentity:
             raise KeyError(f"cloudRun.auth: '{self.mode}' is neither jwt nor iam")
         if unknown := sorted(named - known):
             raise KeyError(f"cloudRun names tenants the guard has no entry for: {unknown}")
+
+    def open_route(self, path: str, peer: str) -> None:
+        """An open route (GET /health, /metrics) on Cloud Run: /metrics to a loopback peer alone."""
+        if path == METRICS_PATH and peer not in LOOPBACK_PEERS:
+            raise GuardError(403, "/metrics is served to this instance's own metrics sidecar only", "forbidden")
 
     def strip(self, prefixes: Any, scope: Scope) -> Scope:
         """The scope with the pool's prefix stripped (prefixes.py), and under PATH_TENANT the tenant

@@ -198,6 +198,8 @@ class GuardMiddleware:
                 return admitted
         path, method = scope.get("path") or "", scope.get("method") or ""
         if OPEN_ROUTES.get(path) == method:
+            if self.cloud_run is not None:  # on Cloud Run, /metrics to the instance's own sidecar alone
+                self.cloud_run.open_route(path, (scope.get("client") or ("", 0))[0])
             return scope, receive, None, None
         kind = route_kind(self.routes, path, method)
         seen = Headers(scope.get("headers") or (), self.header_slots)
