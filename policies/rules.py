@@ -42,6 +42,7 @@ from .cloud_run import (
     cloud_run_invoker_check_guarded,
     cloud_run_invokers_authenticated,
     cloud_run_secrets_referenced,
+    images_pinned_everywhere,
 )
 from .cluster import control_plane_restricted, gpu_node_pools_tainted, mig_partition_valid
 from .inference_gateway import (
@@ -146,8 +147,8 @@ POLICIES: tuple[Policy, ...] = (
            " Rejects a cluster whose public control-plane endpoint has no authorized networks.",
            "advisory", control_plane_restricted),
     Policy("images-pinned", "Every container image is pinned to a tag (not latest) or a digest."
-           " Rejects an image with no tag, `:latest`, and no digest.",
-           "mandatory", images_pinned),
+           " Rejects an image with no tag, `:latest`, and no digest, in a Kubernetes workload or a Cloud Run service.",
+           "mandatory", images_pinned_everywhere),
     Policy("resource-limits", "Every container sets CPU and memory limits; GPU limits match requests."
            " Rejects a container without CPU and memory limits, or whose GPU limit differs from its request.",
            "mandatory", resource_limits),
@@ -259,22 +260,23 @@ POLICIES: tuple[Policy, ...] = (
            "advisory", rollout_gates_hold_slos),
     Policy("cloud-run-invokers-authenticated", "No one may invoke a Cloud Run model unauthenticated."
            " Rejects an IAM member, binding or policy on a Cloud Run service (cloudrunv2 or cloudrun) that grants a "
-           "role to `allUsers` or `allAuthenticatedUsers`.",
+           "role to `allUsers` or `allAuthenticatedUsers`, and an IAM policy whose `policyData` cannot be read.",
            "mandatory", cloud_run_invokers_authenticated),
     Policy("cloud-run-invoker-check-guarded",
-           "A Cloud Run service with the invoker check off is reached through the load balancer alone, and its "
-           "guard verifies each tenant's JWT."
-           " Rejects a Cloud Run service with `invokerIamDisabled` whose ingress is not "
+           "A Cloud Run model's service is reached through the load balancer alone, and its guard knows each "
+           "caller's tenant from a verified identity."
+           " Rejects a Cloud Run service with a GPU or with `invokerIamDisabled` whose ingress is not "
            "`INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER`, whose run.app URL is on (`defaultUriDisabled` unset), or whose "
-           "guard config (`GKE_LLM_GUARD_CONFIG`) is missing, not in the `jwt` identity mode, trusts identity headers "
-           "from peers, or lacks a tenant's issuer or JWKS.",
+           "guard config (`GKE_LLM_GUARD_CONFIG`, a literal in the GPU container's env) is missing, trusts identity "
+           "headers from peers, is in the `iam` identity mode with the invoker check off or no account mapped, or in "
+           "the `jwt` mode lacks a tenant's issuer or JWKS; and a GPU service of the v1 API (`gcp:cloudrun`).",
            "mandatory", cloud_run_invoker_check_guarded),
     Policy("cloud-run-gpu-cpu-allocated", "A Cloud Run GPU instance keeps its CPU allocated while it is up."
            " Rejects a Cloud Run service whose GPU container (or, with an accelerator and no GPU limit named, its "
-           "first container) does not set `resources.cpuIdle` false.",
+           "first container) sets `resources.cpuIdle` true, or leaves it and `resources` unset.",
            "mandatory", cloud_run_gpu_cpu_allocated),
     Policy("cloud-run-secrets-referenced", "A Cloud Run container takes its secrets from Secret Manager."
-           " Rejects a Cloud Run container env var with a secret-looking name and a literal value.",
+           " Rejects a Cloud Run container env var (v2 or v1 API) with a secret-looking name and a literal value.",
            "mandatory", cloud_run_secrets_referenced),
 )
 POLICY_NAMES = tuple(p.name for p in POLICIES)

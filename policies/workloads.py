@@ -88,7 +88,7 @@ def pods_hardened(resources: Sequence[Resource]) -> Iterator[Finding]:
             yield r, f"{where(r)}: the vLLM server mounts a service-account token it never uses"
 
 
-def _pinned(image: str) -> bool:
+def image_pinned(image: str) -> bool:
     if "@sha256:" in image:
         return True
     last = image.rsplit("/", 1)[-1]
@@ -99,7 +99,7 @@ def images_pinned(resources: Sequence[Resource]) -> Iterator[Finding]:
     for r, pod in workloads(resources):
         for c in containers(pod):
             image = str(c.get("image", ""))
-            if not _pinned(image):
+            if not image_pinned(image):
                 yield r, f"{where(r)}: container '{c.get('name')}' image '{image}' is not pinned to a tag or digest"
 
 

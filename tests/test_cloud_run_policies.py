@@ -70,57 +70,147 @@ def test_tenant_service_accounts_as_invokers_pass():
                  "cloud-run-invokers-authenticated") == []
 
 
-def _guard_iam(r: Resource) -> None:
-    set_guard(r, {**GUARD, "cloudRun": {"auth": "iam", "accounts": {}}})
+IAM_GUARD = {"trustedPeers": [], "cloudRun": {"auth": "iam", "accounts": {"search@p.iam.gserviceaccount.com": "search"}}}
+
+
+def iam_service(**props: Any) -> Resource:
+    """An iam-mode GPU service (the default): Cloud Run's invoker check on, the guard mapping the verified account."""
+    r = service(invokerIamDisabled=False, **props)
+    set_guard(r, IAM_GUARD)
+    return r
+
+
+def test_an_iam_service_as_planned_passes_every_policy():
+    assert evaluate([iam_service()]) == []
+
+
+def guard_env(r: Resource) -> dict[str, Any]:
+    return next(e for e in server_of(r)["envs"] if e["name"] == "GKE_LLM_GUARD_CONFIG")
 
 
 def _guard_trusts_peers(r: Resource) -> None:
-    set_guard(r, {**GUARD, "trustedPeers": ["127.0.0.6"]})
-
-
-def _tenant_without_jwks(r: Resource) -> None:
-    set_guard(r, {**GUARD, "cloudRun": {"auth": "jwt", "tenants": {"search": {"issuer": "https://i"}}}})
+    set_guard(r, {**json.loads(guard_env(r)["value"]), "trustedPeers": ["0.0.0.0/0"]})
 
 
 def _no_guard(r: Resource) -> None:
     server_of(r)["envs"] = [e for e in server_of(r)["envs"] if e["name"] != "GKE_LLM_GUARD_CONFIG"]
 
 
+def _guard_only_in_the_sidecar(r: Resource) -> None:
+    env = guard_env(r)
+    _no_guard(r)
+    r.props["template"]["containers"][1]["envs"] = [env]
+
+
+def _guard_from_a_secret(r: Resource) -> None:
+    env = guard_env(r)
+    env.pop("value")
+    env["valueSource"] = {"secretKeyRef": {"secret": "guard", "version": "1"}}
+
+
 def _guard_not_json(r: Resource) -> None:
     set_guard(r, "{not json")
 
 
-@pytest.mark.parametrize("break_it,message", [
-    (lambda r: r.props.update(ingress="INGRESS_TRAFFIC_ALL"), "with ingress INGRESS_TRAFFIC_ALL"),
-    (lambda r: r.props.pop("ingress"), "with ingress INGRESS_TRAFFIC_ALL"),
-    (lambda r: r.props.update(ingress="INGRESS_TRAFFIC_INTERNAL_ONLY"), "with ingress INGRESS_TRAFFIC_INTERNAL_ONLY"),
-    (lambda r: r.props.pop("defaultUriDisabled"), "its run.app URL on"),
-    (_guard_iam, "identity is 'iam', not jwt"),
+# Refused in either auth mode (the GPU makes it a model's service, judged with the invoker check on too).
+EITHER_MODE: list[tuple[Callable[[Resource], None], str]] = [
+    (lambda r: cast(dict[str, Any], r.props).update(ingress="INGRESS_TRAFFIC_ALL"), "with ingress INGRESS_TRAFFIC_ALL"),
+    (lambda r: cast(dict[str, Any], r.props).pop("ingress"), "with ingress INGRESS_TRAFFIC_ALL"),
+    (lambda r: cast(dict[str, Any], r.props).update(ingress="INGRESS_TRAFFIC_INTERNAL_ONLY"),
+     "with ingress INGRESS_TRAFFIC_INTERNAL_ONLY"),
+    (lambda r: cast(dict[str, Any], r.props).pop("defaultUriDisabled"), "its run.app URL on"),
     (_guard_trusts_peers, "trusts identity headers from peers"),
-    (_tenant_without_jwks, "no issuer or JWKS for tenants search"),
-    (_no_guard, "has no guard config"),
-    (_guard_not_json, "has no guard config"),
-])
-def test_the_invoker_check_off_needs_the_load_balancer_and_the_guards_jwt(break_it: Callable[[Resource], None], message):
-    r = service()
+    (_no_guard, "has no guard config (GKE_LLM_GUARD_CONFIG) in container 'vllm'"),
+    (_guard_only_in_the_sidecar, "has no guard config (GKE_LLM_GUARD_CONFIG) in container 'vllm'"),
+    (_guard_from_a_secret, "from a secret or an unknown value, which this policy cannot read"),
+    (_guard_not_json, "that is no JSON object"),
+]
+
+
+@pytest.mark.parametrize("make", [service, iam_service], ids=["jwt", "iam"])
+@pytest.mark.parametrize("break_it,message", EITHER_MODE)
+def test_a_models_service_is_reached_through_the_load_balancer_and_its_guard_verifies(
+        make: Callable[[], Resource], break_it: Callable[[Resource], None], message: str):
+    r = make()
     break_it(r)
     messages = found([r], "cloud-run-invoker-check-guarded")
     assert any(message in m for m in messages), messages
-    # With the invoker check on, Cloud Run verifies the caller: none of it is asked.
-    r.props["invokerIamDisabled"] = False
+
+
+@pytest.mark.parametrize("make,guard,message", [
+    (service, {**GUARD, "cloudRun": {"auth": "jwt", "tenants": {"search": {"issuer": "https://i"}}}},
+     "no issuer or JWKS for tenants search"),
+    # The invoker check off and the guard mapping an account: no one verified the token it reads the account from.
+    (service, IAM_GUARD, "invoker check off and a guard in the iam identity mode"),
+    (iam_service, {**IAM_GUARD, "cloudRun": {"auth": "iam", "accounts": {}}}, "maps no account"),
+    (iam_service, {**IAM_GUARD, "cloudRun": {"auth": "none"}}, "'none', neither iam nor jwt"),
+])
+def test_the_guards_identity_mode_matches_the_invoker_check(make: Callable[[], Resource], guard: dict[str, Any],
+                                                              message: str):
+    r = make()
+    set_guard(r, guard)
+    messages = found([r], "cloud-run-invoker-check-guarded")
+    assert any(message in m for m in messages), messages
+
+
+def test_a_service_without_a_gpu_and_with_the_invoker_check_on_is_not_judged():
+    r = iam_service(ingress="INGRESS_TRAFFIC_ALL")
+    del r.props["template"]["nodeSelector"]
+    del server_of(r)["resources"]["limits"]["nvidia.com/gpu"]
+    _no_guard(r)
     assert found([r], "cloud-run-invoker-check-guarded") == []
+    cast(dict[str, Any], r.props)["invokerIamDisabled"] = True  # with the invoker check off it is
+    assert found([r], "cloud-run-invoker-check-guarded")
 
 
-@pytest.mark.parametrize("idle", [True, None])
-def test_a_gpu_container_with_cpu_only_during_requests_is_refused(idle):
+def v1_service(gpu: bool) -> Resource:
+    container = {"name": "vllm", "image": "r/vllm-server:v1", "envs": [{"name": "REDIS_PASSWORD", "value": "hunter2"}],
+                 "resources": {"limits": {"nvidia.com/gpu": "1"} if gpu else {"cpu": "1"}}}
+    selector = {"nodeSelector": {"run.googleapis.com/accelerator": "nvidia-l4"}} if gpu else {}
+    return Resource("gcp:cloudrun/service:Service", "v1",
+                    {"name": "vllm-old", "template": {"spec": {"containers": [container], **selector}}})
+
+
+def test_a_v1_gpu_service_is_refused_and_its_env_literals_are_seen():
+    (message,) = found([v1_service(gpu=True)], "cloud-run-invoker-check-guarded")
+    assert "GPU service of the v1 API (gcp:cloudrun)" in message
+    assert found([v1_service(gpu=False)], "cloud-run-invoker-check-guarded") == []
+    (secret,) = found([v1_service(gpu=False)], "cloud-run-secrets-referenced")
+    assert "Cloud Run service vllm-old: env REDIS_PASSWORD of container 'vllm' is a literal" in secret
+
+
+@pytest.mark.parametrize("policy_data", [None, "04da6b54-80e4-46f7-96ec-b56ff0331ba9", "[]"])
+def test_an_iam_policy_whose_policy_data_cannot_be_read_is_refused(policy_data: Any):
+    iam = Resource("gcp:cloudrunv2/serviceIamPolicy:ServiceIamPolicy", "iam", {"name": "vllm-m", "policyData": policy_data})
+    (message,) = found([service(), iam], "cloud-run-invokers-authenticated")
+    assert "its policyData cannot be read" in message
+
+
+@pytest.mark.parametrize("container,image", [(0, "r/vllm-server:latest"), (1, "r/sidecar"), (0, "r/vllm-server:")])
+def test_cloud_run_images_are_pinned(container: int, image: str):
     r = service()
-    resources = server_of(r)["resources"]
-    if idle is None:
-        del resources["cpuIdle"]
+    c = r.props["template"]["containers"][container]
+    c["image"] = image
+    (message,) = found([r], "images-pinned")
+    assert f"Cloud Run service vllm-m: container '{c['name']}' image '{image}' is not pinned" in message
+    c["image"] = "r/x@sha256:" + "0" * 64
+    assert found([r], "images-pinned") == []
+
+
+@pytest.mark.parametrize("resources,throttled", [
+    ({"cpuIdle": True, "limits": {"nvidia.com/gpu": "1"}}, True),
+    (None, True),  # no resources: the provider's default, CPU only during requests
+    ({"limits": {"cpu": "8", "nvidia.com/gpu": "1"}}, False),  # resources set, cpuIdle unset: always allocated
+])
+def test_a_gpu_container_with_cpu_only_during_requests_is_refused(resources: Any, throttled: bool):
+    r = service()
+    if resources is None:
+        del server_of(r)["resources"]
     else:
-        resources["cpuIdle"] = idle
-    (message,) = found([r], "cloud-run-gpu-cpu-allocated")
-    assert "container 'vllm' of a GPU service has CPU allocated only during requests" in message
+        server_of(r)["resources"] = resources
+    messages = found([r], "cloud-run-gpu-cpu-allocated")
+    assert ["container 'vllm' of a GPU service has CPU allocated only during requests" in m for m in messages] == \
+        ([True] if throttled else [])
 
 
 def test_an_accelerator_without_a_named_gpu_limit_holds_the_first_container_to_it():
@@ -154,8 +244,8 @@ def _public_invoker(rs: list[Resource]) -> None:
 
 
 def _open_ingress(rs: list[Resource]) -> None:
-    # Staging's model runs auth iam: the invoker check turned off too, as a jwt model's is.
-    cast(dict[str, Any], _staging_service(rs).props).update(ingress="INGRESS_TRAFFIC_ALL", invokerIamDisabled=True)
+    # Staging's model runs auth iam (the invoker check on): a model's GPU service is judged all the same.
+    cast(dict[str, Any], _staging_service(rs).props)["ingress"] = "INGRESS_TRAFFIC_ALL"
 
 
 def _cpu_throttled(rs: list[Resource]) -> None:
