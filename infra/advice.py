@@ -187,8 +187,12 @@ def no_dataplane_v2(cfg: StackConfig) -> list[str]:
 
 def uncalled_models(cfg: StackConfig) -> list[str]:
     called = {m for t in cfg.tenants for m in t.models}
-    return [f"{model.name}: no tenant lists it under models, so its replicas (and GPUs) serve nobody; "
-            "allow a tenant to call it, or remove it" for model in cfg.models if model.name not in called]
+    gke = [f"{model.name}: no tenant lists it under models, so its replicas (and GPUs) serve nobody; "
+           "allow a tenant to call it, or remove it" for model in cfg.models if model.name not in called]
+    run = [f"cloudRun.models[{m.name}]: no tenant lists it under models, so no request reaches its service"
+           + (f" and its warm minimum of {m.min_instances} bills all day" if m.min_instances else "")
+           + "; allow a tenant to call it, or remove it" for m in cfg.cloud_run_models if m.name not in called]
+    return gke + run
 
 
 def foreign_region_prices(cfg: StackConfig) -> list[str]:

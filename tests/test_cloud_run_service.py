@@ -32,6 +32,7 @@ from vllm_gke.components.model.weights_layout import MOUNT_PATH, model_dir
 from vllm_gke.images import serve
 from vllm_gke.images.vllm_gke_guard import GuardMiddleware, warm
 from vllm_gke.infra import model_configs
+from vllm_gke.infra.advice import uncalled_models
 from vllm_gke.infra.config import ConfigError, parse
 from vllm_gke.infra.model_configs import with_model_configs, with_stack_model_configs
 from vllm_gke.infra.plan import run_program
@@ -96,6 +97,15 @@ def test_a_cpu_count_cloud_run_does_not_offer_is_refused(stack_values):
     assert any(p.startswith("vllm-gke:cloudRun.models[qwen-1-5b].cpu: 5") and "set 6" in p for p in problems(values))
     cloud_run(values)["cpu"] = 12
     assert any("at most 8 vCPUs" in p for p in problems(values))
+
+
+def test_a_cloud_run_model_no_tenant_calls_is_warned(stack_values):
+    values = staging(stack_values)
+    for tenant in values["vllm-gke:tenants"]:
+        tenant["models"] = [m for m in tenant["models"] if m != "qwen-1-5b"]
+        tenant.pop("cloudRunInvokers", None)
+    (warning,) = [w for w in uncalled_models(parse(values)) if "qwen-1-5b" in w]
+    assert warning.startswith("cloudRun.models[qwen-1-5b]: no tenant lists it")
 
 
 def test_a_name_taken_by_a_gke_model_is_refused(stack_values):
