@@ -8,18 +8,35 @@ from __future__ import annotations
 from typing import Optional
 
 from ..components.model import cloud_run_capacity as cloud_run
+from ..components.model.cloud_run import CUDA_COMPAT_ENV, IMAGE_CUDA, SHUTDOWN_S, egress_of, gpu_of, needs_cuda_compat
+from ..components.model.cloud_run_store import reaches_store, secret_id
 from ..components.model.machine_prices import MACHINE_PRICES
-from ..components.model.specs.cloud_run import CloudRunModelSpec
+from ..components.model.specs.cloud_run import CLOUD_RUN_POOL, CloudRunModelSpec
 from .config import StackConfig
 
 GUIDE = "docs/guides/cloud-run.md"
+GPU_QUOTA = "https://cloud.google.com/run/docs/configuring/services/gpu#before-you-begin"
 # The bursts a day the break-even assumes at min 0: each pays a cold start and an idle tail.
 BURSTS_PER_DAY = 3
 
 
 def cloud_run_lines(cfg: StackConfig) -> list[str]:
-    """The plan's Cloud Run section: one paragraph a model."""
-    return [line for m in cfg.cloud_run_models for line in _model_lines(cfg, m)]
+    """The plan's Cloud Run section: one paragraph a model, then what a deploy of them needs and does."""
+    lines = [line for m in cfg.cloud_run_models for line in _model_lines(cfg, m)]
+    return [*lines, _deploy_line(cfg)] if lines else lines
+
+
+def _deploy_line(cfg: StackConfig) -> str:
+    """Before the first up, and what each up costs: the GPU quota, the store's secret, a cold start a revision."""
+    zonal = sorted({"with" if m.gpu_zonal_redundancy else "without" for m in cfg.cloud_run_models})
+    secret = (f" Secret Manager's {secret_id(cfg)} (the limit store's client certificate) must exist with a version "
+              "before the first up (docs/guides/limits-across-replicas.md#from-cloud-run-models)." if reaches_store(cfg) else "")
+    return (f"Cloud Run deploys: the project's Cloud Run GPU quota is zero until requested ({GPU_QUOTA}), per region and "
+            f"GPU, {' and '.join(zonal)} zonal redundancy as set, at least maxInstances plus one (a new revision's "
+            f"instance starts while the old revision's may still run).{secret} Every up that changes a service's "
+            "template (the image, the argv, the guard's config: a new tenant, a changed limit) deploys a new revision, "
+            "which starts an instance: a GPU cold start inside `pulumi up`, billed. On SIGTERM vLLM drains for "
+            f"{SHUTDOWN_S} s (Cloud Run kills the instance 10 s after it).")
 
 
 def _model_lines(cfg: StackConfig, m: CloudRunModelSpec) -> list[str]:
@@ -42,7 +59,33 @@ def _model_lines(cfg: StackConfig, m: CloudRunModelSpec) -> list[str]:
     ]
     if (problem := cloud_run.startup_problem(m)) is not None:
         lines.append(problem)
+    lines += [line for line in (_cuda_line(cfg, m), _egress_line(cfg, m)) if line]
     return lines
+
+
+def _cuda_line(cfg: StackConfig, m: CloudRunModelSpec) -> Optional[str]:
+    """A GPU whose driver is older than the image's CUDA: what the service sets, and that it is unverified."""
+    rel = cfg.release_for(CLOUD_RUN_POOL)
+    if not needs_cuda_compat(m, rel):
+        return None
+    gpu, image = gpu_of(m), IMAGE_CUDA[rel.version]
+    return (f"{m.name}: Cloud Run's {m.gpu} driver {gpu.driver} runs CUDA {gpu.driver_cuda[0]}.{gpu.driver_cuda[1]}, "
+            f"older than the CUDA {image[0]}.{image[1]} {rel.label}'s image is built on: the service sets "
+            f"{CUDA_COMPAT_ENV}=1, so vLLM loads the image's CUDA forward-compatibility libraries (/usr/local/cuda-"
+            f"{image[0]}.{image[1]}/compat) first. Unverified on a real {m.gpu} (no GPU instance here): if the first "
+            "revision fails to initialise CUDA ('CUDA driver version is insufficient'), check that folder exists in the image; "
+            f"if it does not, install NVIDIA's cuda-compat-{image[0]}-{image[1]} package in images/Dockerfile, or "
+            "serve a vLLM build on the driver's CUDA major.")
+
+
+def _egress_line(cfg: StackConfig, m: CloudRunModelSpec) -> Optional[str]:
+    """Outside the stack's region the instances have no NAT: private ranges only, the weights read slower."""
+    if egress_of(cfg, m) == "ALL_TRAFFIC":
+        return None
+    return (f"{m.name}: in {cfg.cloud_run_region(m)}, outside the cluster's region and its Cloud NAT, Direct VPC egress "
+            "takes private ranges only: Cloud Storage is read over Cloud Run's own path, without the VPC's Private "
+            f"Google Access Google recommends for the weights volume, so the cold start's {cloud_run.VOLUME_READ_MIB_S:,.0f} "
+            "MiB/s may be optimistic; serve it in the stack's region to have both.")
 
 
 def _price_line(cfg: StackConfig, m: CloudRunModelSpec) -> str:
@@ -54,9 +97,13 @@ def _price_line(cfg: StackConfig, m: CloudRunModelSpec) -> str:
     warm = cloud_run.warm_minimum_month(m, cfg.cost.hours_per_month)
     floor = (f"a warm minimum of {m.min_instances} costs ${warm:,.0f} a month idle or not" if m.min_instances
              else "min 0: nothing fixed, each burst's first request waits for the cold start")
+    unverified = ("" if cloud_run.PRICES_VERIFIED[m.gpu] else
+                  f"; the {m.gpu}'s per-second prices are unverified (not confirmed from Google's page)")
     return (f"{m.name}: an instance costs ${plain:.3f}/h without GPU zonal redundancy, ${zonal:.3f}/h with it "
-            f"({'on' if m.gpu_zonal_redundancy else 'off'} here), billed by the second from its start to its shutdown "
-            f"(instance-based billing, {cloud_run.PRICING_URL} as of {cloud_run.PRICES_AS_OF}{tier_note}); {floor}.")
+            f"({'on' if m.gpu_zonal_redundancy else 'off'} here; the server's {cloud_run.instance_cpu(m)} vCPUs and "
+            f"{cloud_run.instance_memory_gib(m)} GiB and the metrics sidecar's {cloud_run.SIDECAR_CPU} and "
+            f"{cloud_run.SIDECAR_MEMORY_GIB:g}), billed by the second from its start to its shutdown (instance-based "
+            f"billing, {cloud_run.PRICING_URL} as of {cloud_run.PRICES_AS_OF}{tier_note}{unverified}); {floor}.")
 
 
 def node_pools_with(cfg: StackConfig, gpu: str) -> list[tuple[str, float]]:

@@ -36,17 +36,32 @@ def staging(**model: Any) -> Any:
 
 
 def test_instance_price_per_second_from_the_published_rates():
-    # Tier 1, instance-based: L4 $0.0001867/s (zonal redundancy $0.0002909), $0.000018 a vCPU-s, $0.000002 a GiB-s.
-    m = qwen()  # 8 vCPUs, 32 GiB: the spec's defaults
-    assert cr.instance_usd_per_hour(m) == pytest.approx((0.0001867 + 8 * 0.000018 + 32 * 0.000002) * 3600)
-    assert cr.instance_usd_per_hour(m) == pytest.approx(1.42092)
-    assert cr.instance_usd_per_hour(m, True) == pytest.approx((0.0002909 + 8 * 0.000018 + 32 * 0.000002) * 3600)
+    # Tier 1, instance-based: L4 $0.0001867/s (zonal redundancy $0.0002909), $0.000018 a vCPU-s, $0.000002 a GiB-s,
+    # for every container: the server's and the metrics sidecar's 1 vCPU and 0.5 GiB.
+    m = qwen()  # the server's 6 vCPUs and 24 GiB: the spec's defaults
+    assert cr.instance_usd_per_hour(m) == pytest.approx((0.0001867 + 7 * 0.000018 + 24.5 * 0.000002) * 3600)
+    assert cr.instance_usd_per_hour(m) == pytest.approx(1.30212)
+    assert cr.instance_usd_per_hour(m, True) == pytest.approx((0.0002909 + 7 * 0.000018 + 24.5 * 0.000002) * 3600)
     assert cr.instance_usd_per_hour(qwen(gpuZonalRedundancy=True)) == cr.instance_usd_per_hour(m, True)
-    assert cr.instance_usd_per_hour(qwen(cpu=4, memoryGib=16)) == pytest.approx((0.0001867 + 4 * 0.000018 + 16 * 0.000002) * 3600)
-    # An RTX PRO 6000 takes 20 vCPUs and 80 GiB at least: priced at them.
+    assert cr.instance_usd_per_hour(qwen(cpu=4, memoryGib=16)) == pytest.approx(
+        (0.0001867 + 5 * 0.000018 + 16.5 * 0.000002) * 3600)
+    # An RTX PRO 6000 takes 20 vCPUs and 80 GiB at least: priced at them, and the sidecar's.
     rtx = qwen(gpu="nvidia-rtx-pro-6000")
-    assert cr.instance_usd_per_hour(rtx) == pytest.approx((0.00036522 + 20 * 0.000018 + 80 * 0.000002) * 3600)
+    assert cr.instance_usd_per_hour(rtx) == pytest.approx((0.00036522 + 21 * 0.000018 + 80.5 * 0.000002) * 3600)
     assert (cr.price_tier("us-central1"), cr.price_tier("asia-southeast1"), cr.price_tier("us-west1")) == (1, 2, None)
+
+
+def test_the_priced_sidecar_is_the_one_the_service_runs():
+    from vllm_gke.components.model.cloud_run_monitoring import SIDECAR_LIMITS
+
+    assert (str(cr.SIDECAR_CPU), f"{cr.SIDECAR_MEMORY_GIB * 1024:g}Mi") == (SIDECAR_LIMITS["cpu"], SIDECAR_LIMITS["memory"])
+
+
+def test_unverified_rtx_prices_are_said_so():
+    cfg = SimpleNamespace(cloud_run_region=lambda _m: "us-central1", cost=SimpleNamespace(hours_per_month=730))
+    rtx = _price_line(cfg, qwen(gpu="nvidia-rtx-pro-6000"))  # pyright: ignore[reportArgumentType]
+    assert "the nvidia-rtx-pro-6000's per-second prices are unverified" in rtx
+    assert "unverified" not in _price_line(cfg, qwen())  # pyright: ignore[reportArgumentType]
 
 
 def _seqs_fit(max_model_len: int) -> int:
@@ -79,7 +94,9 @@ def test_throughput_is_the_roofline_on_the_instance_gpu():
 
 def test_cold_start_and_startup_probe():
     m = qwen()
-    weights_s = PARAMS_B * 2 * 1e9 / (1000 * 1024 ** 2)
+    # Cloud Run's volume: a sequential stream assumed at 200 MiB/s, not GKE FUSE's parallel 1,000.
+    weights_s = PARAMS_B * 2 * 1e9 / (200 * 1024 ** 2)
+    assert cr.VOLUME_READ_MIB_S == 200 and cr.cold_start(m).weights_s == pytest.approx(weights_s)
     assert cr.cold_start(m).total_s == pytest.approx(5 + 30 + weights_s + 120)
     probe = cr.startup_probe(m)
     window = probe["initial_delay_seconds"] + probe["period_seconds"] * probe["failure_threshold"]
@@ -87,7 +104,7 @@ def test_cold_start_and_startup_probe():
     assert probe["period_seconds"] * probe["failure_threshold"] <= 240 and probe["initial_delay_seconds"] <= 240
     assert probe["timeout_seconds"] < probe["period_seconds"]
     assert cr.startup_problem(m) is None
-    # 2 TB of weights read at 1,000 MiB/s: past the 480 s a service's startup probe may wait.
+    # 2 TB of weights read at 200 MiB/s: past the 480 s a service's startup probe may wait.
     big = qwen(diskGb=2000, shape={"paramsBillion": 1000, "layers": 80, "kvHeads": 8, "headDim": 128})
     assert cr.startup_budget_seconds(big) == 480
     problem = cr.startup_problem(big)
@@ -99,7 +116,7 @@ def test_break_even_flips_at_the_stated_busy_hours():
     node = 0.7068  # g2-standard-4 on-demand
     overhead_h = BURSTS_PER_DAY * (cr.cold_start(m).total_s + 15 * 60) / 3600
     hours = cr.break_even_busy_hours(m, node, BURSTS_PER_DAY)
-    assert hours is not None and hours == pytest.approx(24 * node / 1.42092 - overhead_h)
+    assert hours is not None and hours == pytest.approx(24 * node / 1.30212 - overhead_h)
     node_day = 24 * node
     assert cr.cloud_run_day_usd(m, hours - 0.5, BURSTS_PER_DAY) < node_day  # below: Cloud Run cheaper
     assert cr.cloud_run_day_usd(m, hours + 0.5, BURSTS_PER_DAY) > node_day  # above: the node pool
@@ -109,8 +126,8 @@ def test_break_even_flips_at_the_stated_busy_hours():
     warm = qwen(minInstances=1)
     assert cr.break_even_busy_hours(warm, node, BURSTS_PER_DAY) is None
     assert cr.break_even_busy_hours(warm, 2.0, BURSTS_PER_DAY) == 24.0
-    assert cr.cloud_run_day_usd(warm, 1, BURSTS_PER_DAY) == pytest.approx(24 * 1.42092)
-    assert cr.warm_minimum_month(warm, 730) == pytest.approx(1.42092 * 730)
+    assert cr.cloud_run_day_usd(warm, 1, BURSTS_PER_DAY) == pytest.approx(24 * 1.30212)
+    assert cr.warm_minimum_month(warm, 730) == pytest.approx(1.30212 * 730)
     assert cr.warm_minimum_month(m, 730) == 0
 
 
@@ -131,7 +148,7 @@ def test_options_offer_cloud_run_only_where_the_model_fits():
     rows = cloud_run_options(cfg)
     here = [o for o in rows if o.this_stack]
     assert [(o.model, o.accelerator, o.cloud_run) for o in here] == [("qwen-1-5b", "nvidia-l4", True)]
-    assert here[0].usd_per_hour == pytest.approx(1.42092)
+    assert here[0].usd_per_hour == pytest.approx(1.30212)
     # staging's GKE models (8B at 64 sequences of 16k): neither Cloud Run GPU holds that batch.
     assert not [o for o in rows if not o.this_stack]
     doc = copy.deepcopy(yaml.safe_load(STAGING.read_text())["config"])
@@ -144,8 +161,8 @@ def test_options_offer_cloud_run_only_where_the_model_fits():
 def test_plan_lines_say_cost_cold_start_and_break_even():
     lines = cloud_run_lines(staging())
     text = "\n".join(lines)
-    assert "cold start ~158 s" in text and "concurrency 32 (its batch)" in text
-    assert "$1.421/h without GPU zonal redundancy, $1.796/h with it" in text
+    assert "cold start ~170 s" in text and "concurrency 32 (its batch)" in text
+    assert "$1.302/h without GPU zonal redundancy, $1.677/h with it" in text
     assert "g2-standard-4 node on-demand ($0.707/h) is cheaper from" in text
     assert "min 0: nothing fixed" in text
     assert "Tier 2" not in text

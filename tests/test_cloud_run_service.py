@@ -14,11 +14,17 @@ import pytest
 
 from tests.conftest import REPO_ROOT, props_of
 from tests.test_vllm_flags import pinned_version
+from vllm_gke.components.model import cloud_run_capacity as cr
 from vllm_gke.components.model.cloud_run import (
     CLOUD_RUN_GPUS,
+    MAX_CPU,
+    MAX_MEMORY_GIB,
     MOUNT_OPTIONS,
+    SHUTDOWN_S,
     WARM_PATH,
     cloud_run_services,
+    cuda_compat_env,
+    egress_of,
     guard_config,
     weights_models,
 )
@@ -28,11 +34,13 @@ from vllm_gke.components.model.hf_config import shape_from_config
 from vllm_gke.components.model.specs import CLOUD_RUN_POOL
 from vllm_gke.components.model.vllm_argv import check_argv, load_snapshot
 from vllm_gke.components.model.vllm_server import PORT
+from vllm_gke.components.model.vllm_versions import RELEASES
 from vllm_gke.components.model.weights_layout import MOUNT_PATH, model_dir
 from vllm_gke.images import serve
 from vllm_gke.images.vllm_gke_guard import GuardMiddleware, warm
 from vllm_gke.infra import model_configs
 from vllm_gke.infra.advice import uncalled_models
+from vllm_gke.infra.cloud_run_plan import _egress_line, cloud_run_lines
 from vllm_gke.infra.config import ConfigError, parse
 from vllm_gke.infra.model_configs import with_model_configs, with_stack_model_configs
 from vllm_gke.infra.plan import run_program
@@ -99,6 +107,70 @@ def test_a_cpu_count_cloud_run_does_not_offer_is_refused(stack_values):
     assert any("at most 8 vCPUs" in p for p in problems(values))
 
 
+def test_the_server_and_the_sidecar_together_fit_the_instances_maximum(stack_values):
+    """Cloud Run's 8 vCPUs and 32 GiB with an L4 hold every container: the server's 8 and 32 GiB plus the
+    metrics sidecar's 1 and 0.5 GiB are refused, naming both and what fits."""
+    values = staging(stack_values)
+    cloud_run(values).update(cpu=8, memoryGib=32)
+    (problem,) = [p for p in problems(values) if ".cpu:" in p]
+    assert problem.startswith("vllm-gke:cloudRun.models[qwen-1-5b].cpu: 8 vCPUs and memoryGib 32 for the server, plus "
+                              "1 and 0.5 GiB for the metrics sidecar, make 9 vCPUs and 32.5 GiB")
+    assert "set cpu: 6 and memoryGib: 24 at most" in problem
+    cloud_run(values).update(cpu=6, memoryGib=31)  # 7 vCPUs, 31.5 GiB in all, but 31 GiB on 6 vCPUs
+    (problem,) = [p for p in problems(values) if ".cpu:" in p]
+    assert "31 GiB on 6 vCPUs" in problem and "lower memoryGib to 24" in problem
+
+
+def test_the_planned_containers_are_what_the_rule_and_the_price_count(stack_values, staging_plan):
+    """The revision's containers (server and sidecar) sum within the L4's 8 vCPUs and 32 GiB, and to what
+    the price bills."""
+    cfg = parse(staging(stack_values))
+    (service,) = props_of(staging_plan, SERVICE)
+    limits = [c["resources"]["limits"] for c in service["template"]["containers"]]
+    assert len(limits) == 2
+    cpu = sum(float(x["cpu"]) for x in limits)
+    gib = sum(float(x["memory"][:-2]) / (1024 if x["memory"].endswith("Mi") else 1) for x in limits)
+    (m,) = cfg.cloud_run_models
+    assert (cpu, gib) == (7, 24.5) == (cr.billed_cpu(m), cr.billed_memory_gib(m))
+    assert cpu <= MAX_CPU["nvidia-l4"] and gib <= MAX_MEMORY_GIB["nvidia-l4"]
+
+
+def test_an_l4_service_loads_the_images_cuda_compat_libraries(stack_values):
+    """Cloud Run's L4 driver runs CUDA 12.2, older than vLLM 0.34.0's CUDA 13 build: vLLM's switch is set; not on
+    the RTX PRO 6000 (its driver runs CUDA 13.0), nor for vLLM 0.11.0 (CUDA 12.8: minor-version compatible)."""
+    cfg = parse(staging(stack_values))
+    (svc,) = cloud_run_services(cfg)
+    assert {"name": "VLLM_ENABLE_CUDA_COMPATIBILITY", "value": "1"} in svc.env
+    (m,) = cfg.cloud_run_models
+    rtx = m.model_copy(update={"gpu": "nvidia-rtx-pro-6000", "cpu": 20, "memory_gib": 80})
+    assert cuda_compat_env(rtx, cfg.release_for(CLOUD_RUN_POOL)) == []
+    assert cuda_compat_env(m, RELEASES["0.11.0"]) == []
+    assert cuda_compat_env(m, RELEASES["0.34.0"]) == [{"name": "VLLM_ENABLE_CUDA_COMPATIBILITY", "value": "1"}]
+
+
+def test_the_argvs_drain_fits_cloud_runs_ten_seconds(stack_values):
+    """Cloud Run kills an instance 10 s after SIGTERM: vLLM drains for SHUTDOWN_S, not the request timeout."""
+    cfg = parse(staging(stack_values))
+    (svc,) = cloud_run_services(cfg)
+    i = svc.args.index("--shutdown-timeout")
+    assert svc.args[i + 1] == str(SHUTDOWN_S) and SHUTDOWN_S < 10
+    assert svc.args.count("--shutdown-timeout") == 1
+
+
+def test_egress_takes_all_traffic_only_where_the_clusters_nat_is(stack_values):
+    """In the stack's region the weights volume reads through Private Google Access and the NAT carries the rest;
+    in another region (no NAT there) private ranges only, and the plan says the cold start may be slower."""
+    values = staging(stack_values)
+    (svc,) = cloud_run_services(parse(values))
+    assert svc.egress == "ALL_TRAFFIC" and svc.template("b", "sa", "s")["vpc_access"]["egress"] == "ALL_TRAFFIC"
+    cfg = parse(values)
+    (m,) = cfg.cloud_run_models
+    away = m.model_copy(update={"region": "europe-west4"})  # a global gateway class and no globalLimits allow it
+    assert egress_of(cfg, away) == "PRIVATE_RANGES_ONLY"
+    assert "outside the cluster's region and its Cloud NAT" in str(_egress_line(cfg, away))
+    assert _egress_line(cfg, m) is None
+
+
 def test_a_cloud_run_model_no_tenant_calls_is_warned(stack_values):
     values = staging(stack_values)
     for tenant in values["vllm-gke:tenants"]:
@@ -106,6 +178,13 @@ def test_a_cloud_run_model_no_tenant_calls_is_warned(stack_values):
         tenant.pop("cloudRunInvokers", None)
     (warning,) = [w for w in uncalled_models(parse(values)) if "qwen-1-5b" in w]
     assert warning.startswith("cloudRun.models[qwen-1-5b]: no tenant lists it")
+
+
+def test_the_plan_says_what_a_deploy_needs_and_does(stack_values):
+    """The GPU quota (zero until requested), the store's secret first, a cold start each new revision, the drain."""
+    (line,) = [x for x in cloud_run_lines(parse(staging(stack_values))) if x.startswith("Cloud Run deploys:")]
+    assert "quota is zero until requested" in line and "vllm-staging-limits-cloud-run-tls" in line
+    assert "a new tenant" in line and "GPU cold start inside `pulumi up`" in line
 
 
 def test_a_name_taken_by_a_gke_model_is_refused(stack_values):
@@ -135,7 +214,7 @@ def test_the_service_runs_one_gpu_with_cpu_always_allocated(stack_values):
     (svc,) = cloud_run_services(cfg)
     template = svc.template("bucket", "sa@x", "subnet")
     server = template["containers"][0]
-    assert server["resources"] == {"limits": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
+    assert server["resources"] == {"limits": {"cpu": "6", "memory": "24Gi", "nvidia.com/gpu": "1"},
                                    "cpu_idle": False, "startup_cpu_boost": True}
     assert template["node_selector"] == {"accelerator": CLOUD_RUN_GPUS["nvidia-l4"].accelerator}
     assert template["gpu_zonal_redundancy_disabled"] is True
@@ -273,7 +352,7 @@ def test_the_declared_service_is_the_planned_one(staging_plan):
     assert service["invokerIamDisabled"] is False and service["defaultUriDisabled"] is True
     assert service["customAudiences"] == ["https://run.llm.staging.acme.example/qwen-1-5b"]
     template = service["template"]
-    assert template["vpcAccess"]["egress"] == "PRIVATE_RANGES_ONLY"
+    assert template["vpcAccess"]["egress"] == "ALL_TRAFFIC"  # the stack's region: its Cloud NAT covers the subnet
     assert template["containers"][0]["commands"] == ["python3", "/opt/vllm-gke/serve.py"]
     (subnet,) = [s for s in props_of(staging_plan, "gcp:compute/subnetwork:Subnetwork") if s["name"].endswith("-run-egress")]
     assert subnet["ipCidrRange"] == "10.30.0.0/24" and subnet["region"] == "us-central1"

@@ -582,6 +582,8 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     # infra/contracts/cloud_run_service.py (staging's Cloud Run model)
     "gpu_service_is_instance_billed": ("staging", lambda p: _cloud_run_container(p)[1]["resources"].update(
         cpuIdle=True), "instance-based billing"),
+    "gpu_driver_runs_the_images_cuda": ("staging", lambda p: _cloud_run_container(p)[1].update(envs=[
+        e for e in _cloud_run_container(p)[1]["envs"] if e["name"] != "VLLM_ENABLE_CUDA_COMPATIBILITY"]), "set it to 1"),
     "startup_probe_within_cloud_runs_limits": ("staging", lambda p: _cloud_run_container(p)[1]["startupProbe"].update(
         initialDelaySeconds=600), "over Cloud Run's 240 s"),
     "weights_volume_is_the_bucket_read_only": ("staging", lambda p: _cloud_run_container(p)[0]["volumes"][0]["gcs"].update(

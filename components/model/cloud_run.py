@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from .cloud_run_capacity import concurrency, probe_window_seconds
+from .cloud_run_capacity import SIDECAR_CPU, SIDECAR_MEMORY_GIB, concurrency, probe_window_seconds
 from .cloud_run_capacity import startup_probe as capacity_probe
 from .cloud_run_tenancy import cloud_run_guard_config, id_token_audience
 from .gcs_weights import reader_prefixes
@@ -54,20 +54,44 @@ class CloudRunGpu:
     # The GKE accelerator of the same chip (components/model/catalog.py), whose memory and roofline
     # the capacity model reads; None where the catalog has none.
     catalog_accelerator: Optional[str] = None
+    # The NVIDIA driver Cloud Run preinstalls with it and the CUDA version that driver runs (GPU_DOCS,
+    # "Supported GPU types": L4 535.216.03, CUDA 12.2; RTX PRO 6000 580.x.x, CUDA 13.0).
+    driver: str = ""
+    driver_cuda: tuple[int, int] = (0, 0)
 
 
 CLOUD_RUN_GPUS: Mapping[str, CloudRunGpu] = {
     "nvidia-l4": CloudRunGpu("nvidia-l4", 24, 4, 16, (
-        "asia-south1", "asia-southeast1", "europe-west1", "europe-west4", "us-central1", "us-east4"), "nvidia-l4"),
+        "asia-south1", "asia-southeast1", "europe-west1", "europe-west4", "us-central1", "us-east4"), "nvidia-l4",
+        "535.216.03", (12, 2)),
     "nvidia-rtx-pro-6000": CloudRunGpu("nvidia-rtx-pro-6000", 96, 20, 80, (
-        "asia-south2", "asia-southeast1", "europe-west4", "us-central1")),
+        "asia-south2", "asia-southeast1", "europe-west4", "us-central1"), None, "580.x.x", (13, 0)),
 }
 
-# The most vCPUs and GiB an instance may have with the GPU (none known: not checked). Cloud Run takes
-# 1, 2, 4, 6 or 8 vCPUs and up to 32 GiB (pulumi_gcp 10.2.0 cloudrunv2 ServiceTemplateContainerResourcesArgs.limits).
+# The CUDA each server image's vLLM is built on: vllm/vllm-openai:v0.34.0 ships torch 2.14.0+cu130
+# (torch/version.py cuda = '13.0' in vLLM 0.34.0's wheel set), v0.11.0 torch 2.8.0+cu128.
+IMAGE_CUDA: Mapping[str, tuple[int, int]] = {"0.34.0": (13, 0), "0.11.0": (12, 8)}
+# vLLM's switch (vllm-project/vllm@v0.34.0: vllm/envs.py:2326, read by vllm/env_override.py:51-99 on
+# `import vllm`, before torch loads CUDA): it puts the image's CUDA forward-compatibility libraries
+# (VLLM_CUDA_COMPATIBILITY_PATH, else $CONDA_PREFIX/cuda-compat, else /usr/local/cuda-<torch's>/compat)
+# first on LD_LIBRARY_PATH, so a CUDA 13 build runs on a datacenter GPU's older driver. Where no such
+# folder exists it does nothing, and CUDA fails to initialise on the old driver.
+CUDA_COMPAT_ENV = "VLLM_ENABLE_CUDA_COMPATIBILITY"
+
+# The most vCPUs and GiB an instance may have with the GPU (none known: not checked): Cloud Run's 8 vCPUs
+# and 32 GiB a instance (https://cloud.google.com/run/quotas, "per container instance"), which the
+# containers of an instance share (https://cloud.google.com/run/docs/deploying#sidecars: not confirmed
+# there in so many words; counted so here either way, as the price counts every container).
 MAX_CPU: Mapping[str, int] = {"nvidia-l4": 8}
 MAX_MEMORY_GIB: Mapping[str, int] = {"nvidia-l4": 32}
+# The vCPUs a container may have from 1 to 8 (https://cloud.google.com/run/docs/configuring/services/cpu:
+# values over 1 are integers of its table; below 1 needs request-based billing, which a GPU service cannot use),
+# and the most GiB a vCPU may carry there (the same table: 4 vCPUs up to 16 GiB, 6 up to 24, 8 up to 32).
 CPU_VALUES_UP_TO_8 = (1, 2, 4, 6, 8)
+GIB_PER_CPU = 4
+# Cloud Run sends SIGTERM and kills the instance 10 s later
+# (https://cloud.google.com/run/docs/container-contract#instance-shutdown): vLLM's drain fits inside it.
+SHUTDOWN_S = 8
 
 # Cloud Run's request timeout ceiling for a service (60 minutes).
 MAX_TIMEOUT_S = 3600
@@ -101,8 +125,17 @@ def server_args(cfg: "StackConfig", model: CloudRunModelSpec, rel: VllmRelease) 
     spec = model.as_model()
     # With SLOs on, the TTFT objective is one of the histogram's bounds, as on the GKE servers (platform.py).
     ttft = cfg.monitoring.ttft_slo_seconds if cfg.monitoring.slos.enabled else None
-    return vllm_args(spec, spec.short, rel, request_timeout_seconds=cfg.gateway.request_timeout_seconds,
-                     ttft_slo_seconds=ttft)
+    return _cloud_run_shutdown(vllm_args(spec, spec.short, rel, request_timeout_seconds=cfg.gateway.request_timeout_seconds,
+                                         ttft_slo_seconds=ttft), rel)
+
+
+def _cloud_run_shutdown(args: list[str], rel: VllmRelease) -> list[str]:
+    """The drain on SIGTERM within Cloud Run's 10 s (SHUTDOWN_S), not the GKE pods' request timeout: past
+    it Cloud Run kills the instance anyway, mid-drain."""
+    if rel.shutdown_timeout_flag in args:
+        i = args.index(rel.shutdown_timeout_flag)
+        return [*args[:i + 1], str(SHUTDOWN_S), *args[i + 2:]]
+    return args
 
 
 def startup_probe(model: CloudRunModelSpec) -> dict[str, Any]:
@@ -119,12 +152,29 @@ def startup_window_seconds(probe: Mapping[str, Any]) -> int:
 
 
 def cpu_of(model: CloudRunModelSpec) -> int:
-    """The instance's vCPUs: the config's, at least the GPU's minimum (the rules refuse less)."""
+    """The server container's vCPUs: the config's, at least the GPU's minimum (the rules refuse less)."""
     return max(model.cpu, gpu_of(model).min_cpu)
 
 
 def memory_gib_of(model: CloudRunModelSpec) -> int:
     return max(model.memory_gib, gpu_of(model).min_memory_gib)
+
+
+def instance_totals(model: CloudRunModelSpec) -> tuple[float, float]:
+    """(vCPUs, GiB) of the whole instance: the server's and the metrics sidecar's, what Cloud Run's
+    per-instance maximum and its bill count."""
+    return cpu_of(model) + SIDECAR_CPU, memory_gib_of(model) + SIDECAR_MEMORY_GIB
+
+
+def needs_cuda_compat(model: CloudRunModelSpec, rel: VllmRelease) -> bool:
+    """The GPU's driver runs an older CUDA major than the image's vLLM is built on (CUDA's minor-version
+    compatibility covers an older minor of the same major): vLLM must load the image's compat libraries."""
+    image = IMAGE_CUDA.get(rel.version)
+    return rel.platform == "cuda" and image is not None and gpu_of(model).driver_cuda[0] < image[0]
+
+
+def cuda_compat_env(model: CloudRunModelSpec, rel: VllmRelease) -> list[dict[str, str]]:
+    return [{"name": CUDA_COMPAT_ENV, "value": "1"}] if needs_cuda_compat(model, rel) else []
 
 
 def server_env(model: CloudRunModelSpec, guard_config: Mapping[str, Any], window_s: int) -> list[dict[str, str]]:
@@ -163,6 +213,8 @@ class CloudRunService:
     # The service's custom audiences: under auth iam the one its tenants' ID tokens are minted for
     # (cloud_run_tenancy.id_token_audience); none under jwt.
     custom_audiences: tuple[str, ...] = ()
+    # Direct VPC egress: what leaves through the VPC (egress_of).
+    egress: str = "PRIVATE_RANGES_ONLY"
 
     @property
     def name(self) -> str:
@@ -192,7 +244,7 @@ class CloudRunService:
             "service_account": service_account,
             "execution_environment": "EXECUTION_ENVIRONMENT_GEN2",
             "volumes": [weights_volume(bucket), *(dict(v) for v in extra_volumes)],
-            "vpc_access": {"network_interfaces": [{"subnetwork": subnetwork}], "egress": "PRIVATE_RANGES_ONLY"},
+            "vpc_access": {"network_interfaces": [{"subnetwork": subnetwork}], "egress": self.egress},
         }
 
     @property
@@ -226,8 +278,16 @@ def cloud_run_service(cfg: "StackConfig", model: CloudRunModelSpec, rel: VllmRel
     timeout = min(cfg.gateway.request_timeout_seconds, MAX_TIMEOUT_S)
     audience = id_token_audience(cfg, model)
     return CloudRunService(model, cfg.cloud_run_region(model), cfg.server_image.uri, server_args(cfg, model, rel),
-                           server_env(model, guard_config, startup_window_seconds(probe)), probe, timeout,
-                           (audience,) if audience else ())
+                           [*server_env(model, guard_config, startup_window_seconds(probe)), *cuda_compat_env(model, rel)],
+                           probe, timeout, (audience,) if audience else (), egress_of(cfg, model))
+
+
+def egress_of(cfg: "StackConfig", model: CloudRunModelSpec) -> str:
+    """ALL_TRAFFIC in the stack's region: the weights volume reads Cloud Storage through the VPC's Private Google
+    Access, Google's network optimisation for it (https://cloud.google.com/run/docs/configuring/services/gpu-best-practices),
+    and the cluster's Cloud NAT (every subnet of that region: gpu_cluster.py) carries the rest, the guard's JWKS
+    fetches among it. Elsewhere no NAT serves the subnet, so only private ranges go through the VPC."""
+    return "ALL_TRAFFIC" if cfg.cloud_run_region(model) == cfg.region else "PRIVATE_RANGES_ONLY"
 
 
 def guard_config(cfg: "StackConfig", model: CloudRunModelSpec, rel: VllmRelease) -> dict[str, Any]:

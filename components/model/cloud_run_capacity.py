@@ -2,7 +2,9 @@
 
 Price. A GPU service must use instance-based billing (CPU always allocated): an instance is billed
 for its whole life, from its start to its shutdown, idle or not, at GPU + vCPUs + GiB of memory per
-second (https://cloud.google.com/run/pricing; GPU_SECOND, VCPU_SECOND, GIB_SECOND). There is no
+second (https://cloud.google.com/run/pricing; GPU_SECOND, VCPU_SECOND, GIB_SECOND), the vCPUs and memory
+of every container in it: the server's and the metrics sidecar's (SIDECAR_CPU, SIDECAR_MEMORY_GIB). The
+RTX PRO 6000's per-second prices are not confirmed from a Google page (RTX_PRICES_VERIFIED). There is no
 per-request fee and no GPU free tier; the CPU and memory free tier is left out (a billing account's,
 shared with its other services). The GPU's price depends on zonal redundancy. The figures are Tier 1
 regions'; Cloud Run offers its GPUs in Tier 2 regions too (asia-*), whose prices are not pinned here:
@@ -13,8 +15,9 @@ capacity.pool_capacity (the same fit check and batch as a GKE replica of the mod
 
 Cold start (cold_start): instance start with the GPU driver (Google documents about 5 s), the image
 (IMAGE_START_S: an estimate, as on GKE; not measured on Cloud Run), the weights read through the
-Cloud Storage volume (GCS_FUSE_READ_MIB_S, an assumption: Cloud Storage FUSE has no documented read
-throughput), vLLM's load after the weights: CUDA graphs, compilation, warm-up (ENGINE_START_S, an
+Cloud Storage volume (VOLUME_READ_MIB_S, an assumption of Cloud Run's own: its volume is Cloud Storage
+FUSE without the GKE driver's parallel downloads, and Google's page documents no figure), vLLM's load after
+the weights: CUDA graphs, compilation, warm-up (ENGINE_START_S, an
 estimate). None of it is measured here; weights.readThroughputMiBps (a GKE node's measured figure)
 is not applied to Cloud Run's instances.
 
@@ -38,7 +41,6 @@ from .cold_start import ENGINE_START_S, IMAGE_START_S, MIB
 from .machine_prices import MACHINE_PRICES
 from .specs import NodePoolSpec
 from .specs.cloud_run import CLOUD_RUN_POOL, CloudRunModelSpec
-from .weights_backends import GCS_FUSE_READ_MIB_S
 
 PRICING_URL = "https://cloud.google.com/run/pricing"
 PRICES_AS_OF = "2026-12-07"
@@ -60,6 +62,14 @@ GPU_SECOND: dict[CloudRunGpu, GpuPrice] = {
     "nvidia-l4": GpuPrice(0.0001867, 0.0002909),
     "nvidia-rtx-pro-6000": GpuPrice(0.00036522, 0.00056913),
 }
+# The GPUs whose prices above are read from the pricing page; the RTX PRO 6000's (a Preview) are not
+# confirmed there, and the plan and guide mark them unverified.
+RTX_PRICES_VERIFIED = False
+PRICES_VERIFIED: dict[str, bool] = {"nvidia-l4": True, "nvidia-rtx-pro-6000": RTX_PRICES_VERIFIED}
+# The Managed Service for Prometheus sidecar beside every server (cloud_run_monitoring.SIDECAR_LIMITS, which
+# tests/test_cloud_run_capacity.py holds to these): billed, and counted in the instance's maximum.
+SIDECAR_CPU = 1
+SIDECAR_MEMORY_GIB = 0.5
 # The regions where Cloud Run offers a GPU, by pricing tier
 # (https://cloud.google.com/run/docs/configuring/services/gpu lists the regions; the tiers are the
 # pricing page's). Tier 2's GPU, vCPU and memory prices are not pinned here.
@@ -78,6 +88,13 @@ GPU_MIN_RESOURCES: dict[str, tuple[int, int]] = {"nvidia-l4": (4, 16), "nvidia-r
 
 # Cold start parts (see the module's docstring): documented, then estimates.
 INSTANCE_START_S = 5.0  # "start in approximately 5 seconds" (cloud.google.com/run/docs/configuring/services/gpu)
+# The weights' read through Cloud Run's Cloud Storage volume, MiB/s: an assumption. Google's GPU best practices
+# (https://cloud.google.com/run/docs/configuring/services/gpu-best-practices) say the FUSE mount "does not
+# parallelize the download" and is fast only with the network optimisations (Direct VPC egress of all
+# traffic to a subnet with Private Google Access: cloud_run.egress_of); no figure is published. The GKE
+# driver's 1,000 MiB/s (weights_backends.GCS_FUSE_READ_MIB_S) assumes its parallel downloads, which
+# Cloud Run's volume does not take; a single sequential stream is assumed at a fifth of it.
+VOLUME_READ_MIB_S = 200.0
 # A Cloud Run service's startup probe (https://cloud.google.com/run/docs/configuring/healthchecks, the
 # services page: failureThreshold x periodSeconds may not exceed 240 s; pulumi_gcp 10.2.0 cloudrunv2
 # ServiceTemplateContainerStartupProbeArgs: periodSeconds and initialDelaySeconds at most 240 each): at
@@ -121,6 +138,15 @@ def instance_memory_gib(m: CloudRunModelSpec) -> int:
     return max(m.memory_gib, GPU_MIN_RESOURCES[m.gpu][1])
 
 
+def billed_cpu(m: CloudRunModelSpec) -> float:
+    """vCPUs billed a second: the server's and the sidecar's."""
+    return instance_cpu(m) + SIDECAR_CPU
+
+
+def billed_memory_gib(m: CloudRunModelSpec) -> float:
+    return instance_memory_gib(m) + SIDECAR_MEMORY_GIB
+
+
 def instance_capacity(m: CloudRunModelSpec) -> PoolCapacity:
     """The fit (weights and KV cache on the GPU) and the roofline's tokens/s of one instance."""
     model = m.as_model()
@@ -147,10 +173,10 @@ def price_tier(region: str) -> Optional[int]:
 
 def instance_usd_per_second(m: CloudRunModelSpec, redundancy: Optional[bool] = None) -> float:
     """What one instance costs a second (Tier 1): its GPU (with or without zonal redundancy: the
-    model's own choice by default), vCPUs and memory."""
+    model's own choice by default), the vCPUs and memory of all its containers."""
     gpu = GPU_SECOND[m.gpu]
     zonal = m.gpu_zonal_redundancy if redundancy is None else redundancy
-    return (gpu.redundancy if zonal else gpu.no_redundancy) + instance_cpu(m) * VCPU_SECOND + instance_memory_gib(m) * GIB_SECOND
+    return (gpu.redundancy if zonal else gpu.no_redundancy) + billed_cpu(m) * VCPU_SECOND + billed_memory_gib(m) * GIB_SECOND
 
 
 def instance_usd_per_hour(m: CloudRunModelSpec, redundancy: Optional[bool] = None) -> float:
@@ -173,7 +199,7 @@ class ColdStart:
 
 def cold_start(m: CloudRunModelSpec) -> ColdStart:
     model = m.as_model()
-    return ColdStart(INSTANCE_START_S, IMAGE_START_S, model.weights_gb * 1e9 / (GCS_FUSE_READ_MIB_S * MIB), ENGINE_START_S)
+    return ColdStart(INSTANCE_START_S, IMAGE_START_S, model.weights_gb * 1e9 / (VOLUME_READ_MIB_S * MIB), ENGINE_START_S)
 
 
 def startup_budget_seconds(m: CloudRunModelSpec) -> int:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ...components.model.cloud_run import CLOUD_RUN_GPUS, WARM_PATH
+from ...components.model.cloud_run import CLOUD_RUN_GPUS, CUDA_COMPAT_ENV, IMAGE_CUDA, WARM_PATH
 from ...components.model.cloud_run_capacity import PROBE_INITIAL_DELAY_MAX_S, PROBE_WINDOW_MAX_S
+from ...components.model.specs import CLOUD_RUN_POOL
 from ...components.model.weights_layout import MOUNT_PATH
 from ..plan import Plan
 from .base import Contract
@@ -45,6 +46,28 @@ def gpu_service_is_instance_billed(plan: Plan) -> list[str]:
                        f"{gpu.accelerator} requires")
         if props.get("location") not in gpu.regions:
             out.append(f"{name}: {props.get('location')} has no Cloud Run {gpu.accelerator}")
+    return out
+
+
+def gpu_driver_runs_the_images_cuda(plan: Plan) -> list[str]:
+    """The service sets VLLM_ENABLE_CUDA_COMPATIBILITY=1 exactly where Cloud Run's driver for its GPU runs an older
+    CUDA major than the image's vLLM is built on (the table in components/model/cloud_run.py)."""
+    out = []
+    rel = plan.config.release_for(CLOUD_RUN_POOL)
+    by_accelerator = {g.accelerator: g for g in CLOUD_RUN_GPUS.values()}
+    for name, props, server in _services(plan):
+        gpu = by_accelerator.get((props["template"].get("nodeSelector") or {}).get("accelerator", ""))
+        if gpu is None:
+            continue
+        if (image := IMAGE_CUDA.get(rel.version)) is None:
+            out.append(f"{name}: {rel.label}'s image CUDA is not in components/model/cloud_run.py IMAGE_CUDA")
+            continue
+        needed = gpu.driver_cuda[0] < image[0]
+        env = {e.get("name"): e.get("value") for e in server.get("envs") or []}
+        if (env.get(CUDA_COMPAT_ENV) == "1") != needed:
+            out.append(f"{name}: {CUDA_COMPAT_ENV} {env.get(CUDA_COMPAT_ENV)!r}, but the {gpu.accelerator}'s driver "
+                       f"{gpu.driver} runs CUDA {gpu.driver_cuda[0]}.{gpu.driver_cuda[1]} and the image CUDA "
+                       f"{image[0]}.{image[1]}: {'set it to 1' if needed else 'leave it unset'}")
     return out
 
 
@@ -105,6 +128,12 @@ ROWS = (
              "allocated), one L4 (4 vCPUs and 16 GiB at least) or RTX PRO 6000 (20 and 80) an instance, in the "
              "regions the page lists", GPU, "cpu_idle false, nvidia.com/gpu 1, the GPU's minimum and region",
              gpu_service_is_instance_billed),
+    Contract("Cloud Run GPU drivers", "docs, 2026; vLLM 0.34.0", "Cloud Run preinstalls the GPU's driver: the L4's "
+             "535.216.03 (CUDA 12.2), the RTX PRO 6000's 580.x.x (CUDA 13.0); vLLM's VLLM_ENABLE_CUDA_COMPATIBILITY=1 "
+             "puts the image's CUDA compat libraries first on LD_LIBRARY_PATH at import (vllm/envs.py:2326, "
+             "vllm/env_override.py:51-99); unverified on a real L4", GPU,
+             "the env var set exactly where the driver's CUDA major is older than the image's (torch 2.14.0+cu130 in "
+             "vLLM 0.34.0)", gpu_driver_runs_the_images_cuda),
     Contract("Cloud Run health checks", "docs, 2026", "A service's instance takes requests once its startup probe "
              "passes; startup probes are HTTP, TCP or gRPC; HTTP GET "
              "answers 200-399; failureThreshold x periodSeconds at most 240 s, then the instance is shut down; period "

@@ -9,12 +9,24 @@ from __future__ import annotations
 import ipaddress
 from typing import TYPE_CHECKING
 
-from ..cloud_run import CLOUD_RUN_GPUS, CPU_VALUES_UP_TO_8, GPU_DOCS, MAX_CPU, MAX_MEMORY_GIB
+from ..cloud_run import (
+    CLOUD_RUN_GPUS,
+    CPU_VALUES_UP_TO_8,
+    GIB_PER_CPU,
+    GPU_DOCS,
+    MAX_CPU,
+    MAX_MEMORY_GIB,
+    cpu_of,
+    instance_totals,
+    memory_gib_of,
+)
+from ..cloud_run_monitoring import SIDECAR_LIMITS, SIDECAR_NAME
 from ..cloud_run_store import reaches_store
 from ..specs.base import item_key
 from .base import Add
 
 if TYPE_CHECKING:
+    from ..specs import CloudRunModelSpec
     from ..stack_config import StackConfig
 
 
@@ -80,13 +92,43 @@ def _gpu(cfg: "StackConfig", key: str, i: int, add: Add) -> None:
         add(f"{key}.cpu", f"{model.cpu} vCPUs and memoryGib {model.memory_gib}: Cloud Run requires at least "
             f"{gpu.min_cpu} vCPUs and {gpu.min_memory_gib} GiB with a {model.gpu} ({GPU_DOCS}); set cpu: "
             f"{max(model.cpu, gpu.min_cpu)} and memoryGib: {max(model.memory_gib, gpu.min_memory_gib)}")
+    _instance_max(key, model, add)
+    _container_sizes(key, model, add)
+
+
+def _instance_max(key: str, model: "CloudRunModelSpec", add: Add) -> None:
+    """The server and the metrics sidecar together within the instance's maximum with the GPU."""
     cap_cpu, cap_mem = MAX_CPU.get(model.gpu), MAX_MEMORY_GIB.get(model.gpu)
-    if (cap_cpu is not None and model.cpu > cap_cpu) or (cap_mem is not None and model.memory_gib > cap_mem):
-        add(f"{key}.cpu", f"{model.cpu} vCPUs and memoryGib {model.memory_gib}: a Cloud Run instance with a "
-            f"{model.gpu} has at most {cap_cpu} vCPUs and {cap_mem} GiB; lower them")
-    elif model.cpu <= 8 and model.cpu not in CPU_VALUES_UP_TO_8:
-        add(f"{key}.cpu", f"{model.cpu}: Cloud Run takes {', '.join(map(str, CPU_VALUES_UP_TO_8))} vCPUs (up to 8); "
-            f"set {min(v for v in CPU_VALUES_UP_TO_8 if v > model.cpu)}")
+    cpu, memory = instance_totals(model)
+    if (cap_cpu is not None and cpu > cap_cpu) or (cap_mem is not None and memory > cap_mem):
+        sidecar_cpu, sidecar_mem = cpu - cpu_of(model), memory - memory_gib_of(model)
+        fit_cpu = max((v for v in CPU_VALUES_UP_TO_8 if v <= (cap_cpu or 8) - sidecar_cpu), default=1)
+        fit_mem = min(int((cap_mem or 32) - sidecar_mem), GIB_PER_CPU * fit_cpu)
+        add(f"{key}.cpu", f"{model.cpu} vCPUs and memoryGib {model.memory_gib} for the server, plus {sidecar_cpu:g} and "
+            f"{sidecar_mem:g} GiB for the metrics sidecar, make {cpu:g} vCPUs and {memory:g} GiB: a Cloud Run instance "
+            f"with a {model.gpu} has at most {cap_cpu} vCPUs and {cap_mem} GiB in all its containers; set cpu: "
+            f"{fit_cpu} and memoryGib: {fit_mem} at most")
+
+
+def _container_sizes(key: str, model: "CloudRunModelSpec", add: Add) -> None:
+    """Each container's vCPUs a value Cloud Run takes, and its memory within what they allow."""
+    containers = {"server": (model.cpu, model.memory_gib), SIDECAR_NAME: _sidecar_size()}
+    for name, (cpu, memory) in containers.items():
+        where = f"{key}.cpu" if name == "server" else f"{key} (the {name} sidecar)"
+        if cpu <= 8 and cpu not in CPU_VALUES_UP_TO_8:
+            higher = [v for v in CPU_VALUES_UP_TO_8 if v > cpu]
+            add(where, f"{cpu:g}: Cloud Run takes {', '.join(map(str, CPU_VALUES_UP_TO_8))} vCPUs a container (up to "
+                f"8) with CPU always allocated; set {higher[0] if higher else 8}")
+        elif cpu <= 8 and memory > GIB_PER_CPU * cpu:
+            add(where, f"{memory:g} GiB on {cpu:g} vCPUs: Cloud Run allows at most {GIB_PER_CPU} GiB a vCPU in a "
+                f"container; lower memoryGib to {GIB_PER_CPU * cpu:g} or raise cpu")
+
+
+def _sidecar_size() -> tuple[float, float]:
+    """(vCPUs, GiB) of cloud_run_monitoring.SIDECAR_LIMITS ("1", "512Mi")."""
+    memory = SIDECAR_LIMITS["memory"]
+    gib = float(memory.removesuffix("Mi")) / 1024 if memory.endswith("Mi") else float(memory.removesuffix("Gi"))
+    return float(SIDECAR_LIMITS["cpu"]), gib
 
 
 def _one_region(cfg: "StackConfig", add: Add) -> None:

@@ -62,10 +62,12 @@ class CloudRunModelSpec(Spec):
     # Cloud Run's GPU zonal redundancy: capacity reserved in another zone for a zone's outage, at a
     # higher GPU price (the plan shows both). Off: cheaper, and a zone's outage waits for capacity.
     gpu_zonal_redundancy: bool = False
-    # vCPUs and GiB of memory an instance. Cloud Run's least with the GPU: 4 vCPUs and 16 GiB with an
-    # L4 (at most 8 and 32: 4, 6 or 8 vCPUs), 20 and 80 with an RTX PRO 6000; the plan checks them.
-    cpu: int = Field(default=8, ge=4)
-    memory_gib: int = Field(default=32, ge=16)
+    # vCPUs and GiB of memory of the server container (vLLM and the guard). Each instance also runs the
+    # metrics sidecar (1 vCPU, 0.5 GiB), billed too: an L4 instance holds at most 8 vCPUs and 32 GiB in all,
+    # so the server takes at most 6 and 24 there (4 or 6 vCPUs, at most 4 GiB a vCPU). Cloud Run's least
+    # with the GPU: 4 vCPUs and 16 GiB with an L4, 20 and 80 with an RTX PRO 6000; the plan checks them.
+    cpu: int = Field(default=6, ge=4)
+    memory_gib: int = Field(default=24, ge=16)
     # How a tenant's identity is verified before the guard sees a request; either way the service takes
     # traffic from the stack's load balancer alone. iam (the default: Cloud Run verifies the caller before
     # any instance starts, so a request without a good token never wakes a GPU): Cloud Run's invoker
