@@ -15,10 +15,11 @@ import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 WARMUP_PROMPTS = ("Hello", "Summarise the following text in one sentence: " + "lorem ipsum " * 64)
 WARMUP_HEADER = "x-gke-llm-warmup"
@@ -41,6 +42,7 @@ WEIGHTS_MARKERS_ENV = "GKE_LLM_WEIGHTS_MARKERS"
 # waits for this many hosts; a worker joins the head at host:port and serves no vLLM itself.
 RAY_HEAD_ENV, RAY_JOIN_ENV = "GKE_LLM_RAY_HEAD_NODES", "GKE_LLM_RAY_JOIN"
 RAY_PORT = "6379"
+GUARD_CONFIG_ENV = "GKE_LLM_GUARD_CONFIG"
 RAY_ALIVE_NODES = "import ray; ray.init(address='auto', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
 
 
@@ -181,7 +183,37 @@ def drop_gpu_lease() -> None:
 
 
 def guard_config() -> dict[str, Any]:
-    return json.loads(os.environ.get("GKE_LLM_GUARD_CONFIG") or "{}")
+    return json.loads(os.environ.get(GUARD_CONFIG_ENV) or "{}")
+
+
+def server_env(environ: Mapping[str, str], token: str) -> dict[str, str]:
+    """vLLM's environment: this one with the warm-up token, and on Cloud Run without the limit store's
+    client certificate. The guard's config names the variable holding it (globalLimits.tlsEnv); it is
+    written to a private file here and the guard's config names the file instead (tlsFile). The guard
+    cannot drop the variable itself: vLLM's API server starts its engine processes before it loads the
+    guard, and they would inherit the key. ValueError, naming only the variable, if it holds no PEM."""
+    env = dict(environ, **{WARMUP_TOKEN_ENV: token})
+    cfg: dict[str, Any] = json.loads(env.get(GUARD_CONFIG_ENV) or "{}")
+    shared: dict[str, Any] = cfg.get("globalLimits") or {}
+    if not shared.get("tlsEnv"):
+        return env
+    name = str(shared["tlsEnv"])
+    cfg["globalLimits"] = {**{k: v for k, v in shared.items() if k != "tlsEnv"}, "tlsFile": private_pem(env.pop(name, ""), name)}
+    env[GUARD_CONFIG_ENV] = json.dumps(cfg)
+    return env
+
+
+def private_pem(pem: str, name: str) -> str:
+    """The PEM in a new 0600 file of a new 0700 folder (Python's TLS reads a certificate and key from
+    files only); its path. The value is never printed."""
+    if "PRIVATE KEY" not in pem or "CERTIFICATE" not in pem:
+        raise ValueError(f"globalLimits.tlsEnv: env var {name} does not hold the limit store's client certificate "
+                         "and key (one PEM); fill the Secret Manager secret the guide names")
+    path = os.path.join(tempfile.mkdtemp(prefix="limits-tls-"), "tls.pem")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(pem)
+    return path
 
 
 def stop_server(proc: "subprocess.Popen[bytes]", grace_s: float = LOST_LEASE_GRACE_S) -> None:
@@ -225,7 +257,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     base = f"http://127.0.0.1:{port}"
     # Only this process knows the token, so only its warm-up skips the tenant guard.
     token = secrets.token_hex(16)
-    env = dict(os.environ, **{WARMUP_TOKEN_ENV: token})
+    try:
+        env = server_env(os.environ, token)
+    except ValueError as bad:
+        print(f"vllm-gke: {bad}", file=sys.stderr)
+        return 2
     command = os.environ.get(SERVER_COMMAND_ENV, "vllm serve").split()
     stop: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -116,26 +116,63 @@ def test_a_cloud_run_guard_may_fcall_and_nothing_else(tls_store):
             forbidden()
 
 
-def test_the_guard_takes_the_certificate_from_its_env_var_and_drops_it(tls_store, monkeypatch):
-    port, tls_port, pem, _ = tls_store
+# What the server process (and the engine processes it starts) sees: its environment, dumped as JSON.
+DUMP_ENV = """import json, os, subprocess, sys
+json.dump(dict(os.environ), open(os.environ["DUMP_TO"] + ".server", "w"))
+engine = "import json, os; json.dump(dict(os.environ), open(os.environ['DUMP_TO'] + '.engine', 'w'))"
+subprocess.run([sys.executable, "-c", engine])
+"""
+
+
+def _serve(tmp: Path, pem_text: str, tls_port: int) -> subprocess.CompletedProcess[str]:
+    """The entrypoint (images/serve.py) as a Cloud Run instance runs it, its `vllm serve` a stand-in that
+    records its own environment and that of a process it starts, as vLLM's API server starts its engine's."""
+    import json
+
+    script = tmp / "fake_vllm.py"
+    script.write_text(DUMP_ENV)
+    guard = {"model": "m", "globalLimits": {"host": "127.0.0.1", "port": tls_port, "tlsEnv": crs.GUARD_ENV}}
+    env = dict(os.environ, **{crs.GUARD_ENV: pem_text, "GKE_LLM_GUARD_CONFIG": json.dumps(guard),
+                              "GKE_LLM_SERVER_COMMAND": f"{sys.executable} {script}", "DUMP_TO": str(tmp / "env"),
+                              "GKE_LLM_WARM_MARKER": str(tmp / "warm")})
+    return subprocess.run([sys.executable, str(REPO_ROOT / "images" / "serve.py"), "m", "--port", str(_free_port())],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_vllm_and_its_engine_processes_inherit_no_key(tls_store, monkeypatch):
+    """The entrypoint writes the certificate to a private file and starts vLLM without the variable (vLLM's
+    API server starts its engine processes before it loads the guard: a variable the guard dropped would
+    already be theirs); the guard's config names the file, which the guard's client connects with."""
+    import json
+
+    _, tls_port, pem, tmp = tls_store
+    assert _serve(tmp, pem.read_text(), tls_port).returncode == 0
+    for process in ("server", "engine"):
+        seen = json.loads((tmp / f"env.{process}").read_text())
+        assert crs.GUARD_ENV not in seen and not any("PRIVATE KEY" in v for v in seen.values()), process
+    shared = json.loads(json.loads((tmp / "env.server").read_text())["GKE_LLM_GUARD_CONFIG"])["globalLimits"]
+    assert "tlsEnv" not in shared and Path(shared["tlsFile"]).read_text() == pem.read_text()
+    path = Path(shared["tlsFile"])
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     connect = guard_store.SharedLimiter.connect
     # This machine's handshake may take longer than the guard's 0.25 s (a loaded CI runner).
     monkeypatch.setattr(guard_store.SharedLimiter, "connect", lambda *a, **kw: connect(*a, **{**kw, "timeout": 2}))
-    environ = {crs.GUARD_ENV: pem.read_text()}
-    shared = {"host": "127.0.0.1", "port": tls_port, "tlsEnv": crs.GUARD_ENV}
-    limiter, _ = guard_limits.connect_store(shared, environ)
-    assert crs.GUARD_ENV not in environ  # the engine's processes inherit no key
-    path = Path(limiter.client.connection_pool.connection_kwargs["ssl_certfile"])
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    limiter, _ = guard_limits.connect_store(shared)
     assert asyncio.run(limiter.take("t", 1, None, 0)).wait is None
+    shutil.rmtree(path.parent)
 
 
-def test_a_missing_certificate_is_named_not_shown():
-    secret = "-----BEGIN PRIVATE KEY-----\nnot-a-pem"
-    for environ in ({}, {crs.GUARD_ENV: secret}):
-        with pytest.raises(RuntimeError, match=crs.GUARD_ENV) as err:
-            guard_limits.tls_file(dict(environ), crs.GUARD_ENV)
-        assert "not-a-pem" not in str(err.value)
+def test_a_missing_certificate_is_named_not_shown_and_vllm_never_starts(tls_store):
+    _, tls_port, _, tmp = tls_store
+    done = _serve(tmp, "-----BEGIN PRIVATE KEY-----\nnot-a-pem", tls_port)
+    assert done.returncode == 2 and crs.GUARD_ENV in done.stderr and "not-a-pem" not in done.stderr + done.stdout
+    assert not (tmp / "env.server").exists()
+
+
+def test_the_guard_refuses_the_variable_itself():
+    """A guard handed tlsEnv (not started through the entrypoint) would leave the key in the engine's env."""
+    with pytest.raises(RuntimeError, match="images/serve.py"):
+        guard_limits.connect_store({"host": "127.0.0.1", "port": 1, "tlsEnv": crs.GUARD_ENV})
 
 
 def test_no_tls_env_connects_as_before():

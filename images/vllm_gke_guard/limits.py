@@ -10,8 +10,6 @@ alone, for requests and (tokensPerMinute) tokens.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from array import array
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -105,29 +103,18 @@ class SlidingTokenWindow:
         return (times[i - 1] + WINDOW_SECONDS - now) if i > head else WINDOW_SECONDS
 
 
-def connect_store(shared: dict[str, Any], environ: Optional[dict[str, str]] = None) -> tuple[Any, type[Exception]]:
+def connect_store(shared: dict[str, Any]) -> tuple[Any, type[Exception]]:
     """The client of the shared store named in config's globalLimits, and what it raises when
-    the store cannot be reached. `tlsEnv` (a Cloud Run guard): the env var holding the client
-    certificate's PEM, written to a file only this process may read, and dropped from the env."""
+    the store cannot be reached. `tlsFile` (a Cloud Run guard): the client certificate's PEM, which
+    the entrypoint (serve.py) wrote from the `tlsEnv` env var to a private file and removed from
+    vLLM's environment before vLLM started; `tlsEnv` without it: not started so, refused."""
     from .store import SharedLimiter, StoreUnavailable
 
-    pem = tls_file(environ if environ is not None else os.environ, str(shared["tlsEnv"])) if shared.get("tlsEnv") else None
+    if shared.get("tlsEnv") and not shared.get("tlsFile"):
+        raise RuntimeError(f"globalLimits.tlsEnv: env var {shared['tlsEnv']} must reach this server as a file: start it "
+                           "through the entrypoint (images/serve.py), which writes it and starts vLLM without the variable")
+    pem = str(shared["tlsFile"]) if shared.get("tlsFile") else None
     return SharedLimiter.connect(str(shared["host"]), int(shared["port"]), tls_pem=pem), StoreUnavailable
-
-
-def tls_file(environ: Any, name: str) -> str:
-    """The PEM of env var `name` in a new 0600 file of a new 0700 folder (Python's TLS reads a
-    certificate and key from files only). The value is never logged, nor kept in the env where the
-    engine's processes would inherit it. Unset or empty: a config error, said by name only."""
-    pem = environ.pop(name, "")
-    if "PRIVATE KEY" not in pem or "CERTIFICATE" not in pem:
-        raise RuntimeError(f"globalLimits.tlsEnv: env var {name} does not hold the limit store's client certificate "
-                           "and key (one PEM); fill the Secret Manager secret the guide names")
-    path = os.path.join(tempfile.mkdtemp(prefix="limits-tls-"), "tls.pem")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(pem)
-    return path
 
 
 def rate_limited(tenant: Tenant, wait: float) -> GuardError:
