@@ -101,12 +101,17 @@ def test_the_tls_port_refuses_whoever_lacks_the_certificate(tls_store):
             client.ping()
 
 
-def test_a_cloud_run_guard_may_fcall_and_nothing_else(tls_store):
+def test_a_cloud_run_guard_may_what_a_mesh_client_may_and_nothing_else(tls_store):
+    """FCALL of the guards' function, and (Redis runs a function with its caller's ACL) the commands it calls
+    on rl: keys directly: the certificate's holder can reset or fill a tenant's window, as a mesh client can."""
     import redis
 
     _, tls_port, pem, _ = tls_store
     c = _tls_client(tls_port, pem)
     assert c.fcall(guard_store.FUNCTION, 1, "rl:{t}:w", 1000, 61, 5, 0, 0)[0] == 1
+    assert c.hset("rl:{u}:w", "n", 0) == 1 and c.hincrby("rl:{u}:w", "n", 1) == 1 and c.hmget("rl:{u}:w", ["n"]) == [b"1"]
+    assert c.pexpire("rl:{u}:w", 61000) and c.hdel("rl:{u}:w", "n") == 1
+    assert c.delete("rl:{t}:w") == 1  # the window fcall kept, gone
     code = "#!lua name=mine\nredis.register_function('mine', function() return 1 end)"
     for forbidden in (lambda: c.eval("return 1", 0), lambda: c.function_load(code, replace=True),
                       lambda: c.function_flush(), lambda: c.config_get("*"), lambda: c.keys("*"),
