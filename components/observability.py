@@ -18,7 +18,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from .billing_budget import BillingBudget, BillingBudgetArgs
-from .model.cloud_run_monitoring import RUN_TITLE, CloudRunTarget, run_dashboard_json, run_objectives
+from .model.cloud_run_monitoring import RUN_TITLE, CloudRunTarget, run_alert_policies, run_dashboard_json, run_objectives
 from .model.monitoring import alert_policies, dashboard_json, tenant_dashboard_json
 from .model.specs import BudgetSpec, MonitoringSpec
 from .options import child_opts
@@ -123,8 +123,10 @@ class Observability(pulumi.ComponentResource):
                 tenant_dashboard_json(tenant_title, args.cluster_name, args.tenants, list(zip(titles, names))),
                 sort_keys=True))) if args.tenants else None
         self._run_dashboard(name, args, every_budget, child)
-        self.alert_definitions = alert_policies(args.cluster_name, args.spec, args.kv_cache_metric, args.limit_store,
-                                                args.always_on, args.sheddable)
+        # The Cloud Run models' after the GKE ones, which keep their resource names.
+        self.alert_definitions = [*alert_policies(args.cluster_name, args.spec, args.kv_cache_metric, args.limit_store,
+                                                  args.always_on, args.sheddable),
+                                  *run_alert_policies(args.cloud_run, args.limit_store)]
         self.alert_policies = []
         for i, kwargs in enumerate(self.alert_definitions):
             self.alert_policies.append(gcp.monitoring.AlertPolicy(

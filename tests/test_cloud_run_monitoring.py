@@ -99,7 +99,9 @@ def test_the_dashboard_charts_cloud_runs_metrics_by_service_and_parses():
     board = run_dashboard_json("t", [TARGET], [("qwen-1-5b (Cloud Run): x", "<slo>")])
     assert validate_dashboard(board) == []
     queries = [q for _, q in run_panels([TARGET])]
-    assert any("run_googleapis_com:request_count" in q and "response_code_class" in q for q in queries)
+    # By response code: Cloud Run's own 429 (no instance free) and the guard's are one response class.
+    assert any(q.startswith("sum by (service_name, response_code) (rate(run_googleapis_com:request_count") for q in queries)
+    assert not any("response_code_class" in q for q in queries)
     assert any("run_googleapis_com:container_instance_count" in q for q in queries)
     assert all('service_name=~"vllm-qwen-1-5b"' in q or 'namespace=~"vllm-qwen-1-5b"' in q for q in queries)
     assert len(board["mosaicLayout"]["tiles"]) == len(queries) + 1
@@ -136,6 +138,9 @@ def test_observability_keeps_cloud_run_slos_with_burn_rate_alerts_on_a_dashboard
     assert not any("(Cloud Run)" in t for t in main)
     dashboards = [r.name for r in recorded if r.type == "gcp:monitoring/dashboard:Dashboard"]
     assert "obs-run-dashboard" in dashboards
+    # Its threshold alerts, after the GKE ones (whose resource names stay).
+    names = [p["display_name"] for p in obs.alert_definitions]
+    assert names[-1] == "Cloud Run refuses requests: no instance free" and names.count(names[-1]) == 1
 
 
 def test_no_cloud_run_models_no_cloud_run_dashboard_or_slos():
@@ -144,6 +149,7 @@ def test_no_cloud_run_models_no_cloud_run_dashboard_or_slos():
     assert obs.service_levels is not None
     assert not any("(Cloud Run)" in o.display_name for o in obs.service_levels.objectives)
     assert "obs-run-dashboard" not in [r.name for r in recorded]
+    assert not any("Cloud Run" in p["display_name"] for p in obs.alert_definitions)
 
 
 def test_the_platform_gives_staging_s_cloud_run_model_its_slos_and_dashboard(plans):
@@ -153,6 +159,10 @@ def test_the_platform_gives_staging_s_cloud_run_model_its_slos_and_dashboard(pla
     assert sorted(s.rsplit("-", 1)[1] for s in slos) == ["availability", "ttft"]
     assert sum("-run-qwen-1-5b-" in r.name for r in plan.of_type("gcp:monitoring/alertPolicy:AlertPolicy")) == 6
     assert "observability-run-dashboard" in [r.name for r in plan.of_type("gcp:monitoring/dashboard:Dashboard")]
+    # Its threshold alerts (staging's limits are global; its model keeps no instance up, so no absence alert).
+    names = [r.props["displayName"] for r in plan.of_type("gcp:monitoring/alertPolicy:AlertPolicy")]
+    assert [n for n in names if "Cloud Run" in n and "SLO" not in n] == ["Shared limit store unreachable from Cloud Run",
+                                                                        "Cloud Run refuses requests: no instance free"]
 
 
 def test_the_plan_parses_the_cloud_run_dashboard_as_it_does_the_gke_ones(plans):
@@ -183,3 +193,58 @@ def test_the_cloud_run_ttft_slo_cuts_at_one_of_its_servers_buckets(plans):
     flag = "--custom-histogram-buckets"
     buckets = json.loads(args[args.index(flag) + 1])["time_to_first_token"] if flag in args else list(TTFT_BUCKETS)
     assert bound not in TTFT_BUCKETS and bound in buckets, (bound, buckets)
+
+
+def _refusals_recording() -> str:
+    """Per scrape (a minute): Cloud Run's 429s on three services and their guards' refused and shed requests.
+    vllm-a: 10 429s, its guards refused 4 and shed 2 (Cloud Run refused at least 4 itself); vllm-b: 6 429s, all
+    the guard's; vllm-c: 5 429s and no guard reporting (no instance up)."""
+    from tests.test_cloud_run_usage import _counter  # pyright: ignore[reportPrivateUsage]
+
+    run = {"monitored_resource": "cloud_run_revision", "location": "us-central1", "response_code": "429"}
+    run429 = [_counter(promql_name("run.googleapis.com/request_count"), {**run, "service_name": s}, n, "unknown")
+              for s, n in (("vllm-a", 10.0), ("vllm-b", 6.0), ("vllm-c", 5.0))]
+    sidecar = {"cluster": RUN_CLUSTER, "job": "vllm", "tenant": "support", "model": "m"}
+    guard = [_counter("vllm_gke_tenant_requests", {**sidecar, "namespace": s, "outcome": o}, n)
+             for s, o, n in (("vllm-a", "refused", 4.0), ("vllm-a", "shed", 2.0), ("vllm-a", "ok", 50.0),
+                             ("vllm-b", "refused", 6.0))]
+    return run429[0] + "".join(p.split("\n", 1)[1] for p in run429[1:]) + guard[0] + \
+        "".join(p.split("\n", 1)[1] for p in guard[1:])
+
+
+def test_cloud_runs_own_429s_are_told_from_the_guards_on_a_real_prometheus():
+    """The dashboard's and the alert's query, on recorded series: what Cloud Run answered 429 beyond its guards."""
+    import shutil
+
+    import pytest
+
+    from tests.test_cloud_run_usage import SCRAPE, SCRAPES, START, served
+    from vllm_gke.components.model.cloud_run_monitoring import run_alert_policies, run_refusals
+
+    prom, tool = shutil.which("prometheus"), shutil.which("promtool")
+    if prom is None or tool is None:
+        pytest.skip("missing prometheus or promtool")
+    targets = [CloudRunTarget("a", "vllm-a", "us-central1"), CloudRunTarget("b", "vllm-b", "us-central1"),
+               CloudRunTarget("c", "vllm-c", "us-central1")]
+    (refused,) = [p for p in run_alert_policies(targets) if p["display_name"].startswith("Cloud Run refuses")]
+    alert = refused["conditions"][0]["condition_prometheus_query_language"]["query"]
+    at = START + SCRAPE * (SCRAPES - 1)
+    for recorded in served((prom, tool), _refusals_recording()):
+        per_s = {r["metric"]["service_name"]: float(r["value"][1]) for r in recorded.query(run_refusals(targets), at)}
+        assert per_s == pytest.approx({"vllm-a": 4 / 60, "vllm-b": 0.0, "vllm-c": 5 / 60}, abs=1e-3)
+        assert sorted(r["metric"]["service_name"] for r in recorded.query(alert, at)) == ["vllm-a", "vllm-c"]
+
+
+def test_cloud_run_alerts_see_the_sidecars_series_and_parse():
+    from vllm_gke.components.model.cloud_run_monitoring import run_alert_policies
+
+    always_on = CloudRunTarget("qwen-1-5b", "vllm-qwen-1-5b", "us-central1", always_on=True)
+    policies = run_alert_policies([always_on, CloudRunTarget("b", "vllm-b", "us-central1")], limit_store=True)
+    assert [p["display_name"] for p in policies] == [
+        "Shared limit store unreachable from Cloud Run", "Cloud Run refuses requests: no instance free",
+        "No Cloud Run instance of qwen-1-5b reports"]
+    assert all(validate_alert_policy(p) == [] for p in policies)
+    queries = [p["conditions"][0]["condition_prometheus_query_language"]["query"] for p in policies]
+    assert 'vllm_gke_guard_limit_store_fallbacks_total{cluster="__run__",namespace=~"vllm-qwen-1-5b|vllm-b"}' in queries[0]
+    assert queries[2] == 'absent(vllm:num_requests_running{cluster="__run__",namespace="vllm-qwen-1-5b"})'
+    assert run_alert_policies([]) == [] and len(run_alert_policies([always_on])) == 2

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .cloud_run import service_name
+from .monitoring import FALLBACKS_METRIC, AlertPolicy
+from .monitoring import _policy as policy  # pyright: ignore[reportPrivateUsage]
 from .service_levels import TTFT_METRIC, Objective, budget_tiles, service_id, ttft_bound
 from .specs import MonitoringSpec
 
@@ -68,10 +70,13 @@ class CloudRunTarget:
     model: str
     service: str
     region: str
+    # It keeps minInstances above 0: some instance should always report.
+    always_on: bool = False
 
 
 def run_targets(cfg: "StackConfig") -> list[CloudRunTarget]:
-    return [CloudRunTarget(m.name, service_name(m), cfg.cloud_run_region(m)) for m in cfg.cloud_run_models]
+    return [CloudRunTarget(m.name, service_name(m), cfg.cloud_run_region(m), m.min_instances > 0)
+            for m in cfg.cloud_run_models]
 
 
 def run_monitoring(port: int) -> dict[str, Any]:
@@ -118,15 +123,37 @@ def _services(targets: Sequence[CloudRunTarget]) -> str:
     return "|".join(t.service for t in targets)
 
 
+def _run(targets: Sequence[CloudRunTarget], extra: str = "") -> str:
+    return f'{{monitored_resource="{RUN_RESOURCE}",service_name=~"{_services(targets)}"{extra}}}'
+
+
+def _gmp(targets: Sequence[CloudRunTarget], extra: str = "") -> str:
+    return f'{{cluster="{RUN_CLUSTER}",namespace=~"{_services(targets)}"{extra}}}'
+
+
+def run_refusals(targets: Sequence[CloudRunTarget]) -> str:
+    """Per service, the 429s/s Cloud Run answered beyond every 4xx and shed request its guards counted: at least
+    the requests Cloud Run itself refused, no instance being free (at maxInstances, or while one starts). The
+    guard's own 429s (rate limits, shedding) are among its refused and shed outcomes, which hold its other 4xx
+    too, so this is a lower bound. Where no guard reports (no instance up), every 429 is Cloud Run's."""
+    code, outcomes = ',response_code="429"', ',outcome=~"refused|shed"'
+    run429 = f"sum by (service_name) (rate({promql_name(REQUEST_COUNT)}{_run(targets, code)}[5m]))"
+    guard = ("sum by (service_name) (label_replace(rate(vllm_gke_tenant_requests_total"
+             f'{_gmp(targets, outcomes)}[5m]), "service_name", "$1", "namespace", "(.*)"))')
+    return f"(({run429}) - on (service_name) ({guard})) or ({run429})"
+
+
 def run_panels(targets: Sequence[CloudRunTarget]) -> list[tuple[str, str]]:
     """Cloud Run's view of the models (every request, those no instance served included) and, from
-    the sidecar, vLLM's and the guard's."""
-    run = f'{{monitored_resource="{RUN_RESOURCE}",service_name=~"{_services(targets)}"}}'
-    gmp = f'{{cluster="{RUN_CLUSTER}",namespace=~"{_services(targets)}"}}'
+    the sidecar, vLLM's and the guard's. By response code, not class: Cloud Run's own 429 (no instance
+    free) is a 4xx as the guard's are."""
+    run, gmp = _run(targets), _gmp(targets)
     latency = promql_name(REQUEST_LATENCIES)
     return [
-        ("Cloud Run requests/s by response class",
-         f"sum by (service_name, response_code_class) (rate({promql_name(REQUEST_COUNT)}{run}[5m]))"),
+        ("Cloud Run requests/s by response code",
+         f"sum by (service_name, response_code) (rate({promql_name(REQUEST_COUNT)}{run}[5m]))"),
+        ("Cloud Run 429s/s beyond the guards' refusals (at least those no instance was free for)",
+         run_refusals(targets)),
         ("Cloud Run request latency p95 (ms, whole response)",
          f"histogram_quantile(0.95, sum by (le, service_name) (rate({latency}_bucket{run}[5m])))"),
         ("Cloud Run instances by state", f"sum by (service_name, state) ({promql_name(INSTANCE_COUNT)}{run})"),
@@ -158,8 +185,9 @@ def run_dashboard_json(title: str, targets: Sequence[CloudRunTarget],
 def run_availability_sli(target: CloudRunTarget) -> dict[str, Any]:
     """Answered (2xx, 3xx) against failed (5xx), as Cloud Run counts the requests that reached the
     service: an instance that failed to start or died mid-request is counted, which the guard never
-    sees. A 4xx is neither (the tenant's, or Cloud Run's 429 at maxInstances, which the guard's own
-    rate-limit 429s make indistinguishable: the dashboard's response classes show it)."""
+    sees. A 4xx is neither: not the tenant's, and not Cloud Run's own 429 when no instance is free
+    (at maxInstances, or while one starts), which a filter cannot tell from the guard's 429s; the
+    alert on run_refusals pages for those instead, and the dashboard charts them."""
     base = (f'metric.type="{REQUEST_COUNT}" resource.type="{RUN_RESOURCE}" '
             f'resource.label."service_name"="{target.service}" resource.label."location"="{target.region}"')
     code = 'metric.label."response_code_class"'
@@ -192,3 +220,34 @@ def run_objectives(cluster: str, spec: MonitoringSpec, targets: Sequence[CloudRu
         out.append(Objective(svc, "ttft", f"{t.model} {RUN_TITLE} {slos.ttft:.2%} of first tokens within {bound:g}s",
                              slos.ttft, run_ttft_sli(t, spec.ttft_slo_seconds, exact_ttft)))
     return out
+
+
+# --- the alerts ---------------------------------------------------------------------------
+
+def run_alert_policies(targets: Sequence[CloudRunTarget], limit_store: bool = False) -> list[AlertPolicy]:
+    """The Cloud Run models' threshold alerts, beside the GKE ones (which select cluster=<the cluster>, so
+    never see the sidecar's cluster="__run__" series): Cloud Run refusing requests itself, the guards
+    limiting per instance without the shared store, an always-on model with no instance reporting."""
+    if not targets:
+        return []
+    store = [policy(
+        "Shared limit store unreachable from Cloud Run",
+        f"sum by (namespace) (rate({FALLBACKS_METRIC}{_gmp(targets)}[5m])) > 0", 300,
+        "For 5 minutes guards on Cloud Run could not reach the shared limit store and limited tenants per "
+        "instance: a tenant may get up to its limit on every instance. Check the store's internal load balancer "
+        "from the Cloud Run egress subnet (cloudRun.egressSubnetCidr) and the Redis ACL user of the Cloud Run guards.",
+        "ERROR")] if limit_store else []
+    refused = policy(
+        "Cloud Run refuses requests: no instance free", f"({run_refusals(targets)}) > 0", 300,
+        "For 5 minutes Cloud Run answered more 429s than the guards refused or shed requests: Cloud Run refused "
+        "them itself, no instance being free (maxInstances reached, or new instances not started in time). They "
+        "never reach the availability SLO (a 4xx is not counted). Raise cloudRun.models[].maxInstances (within "
+        "the project's GPU quota) or minInstances, or move the model to a GKE node pool.", "ERROR")
+    silent = [policy(
+        f"No Cloud Run instance of {t.model} reports",
+        f'absent(vllm:num_requests_running{{cluster="{RUN_CLUSTER}",namespace="{t.service}"}})', 600,
+        f"For 10 minutes no instance of {t.model}'s Cloud Run service {t.service} exported metrics, though it keeps "
+        "minInstances above 0: its metrics sidecar or its server is down, and its TTFT SLO sees nothing. Check the "
+        "service's revisions and logs (the startup probe, the weights volume).", "CRITICAL")
+        for t in targets if t.always_on]
+    return [*store, refused, *silent]
