@@ -170,7 +170,7 @@ def test_a_finding_makes_the_plan_unsafe_in_text_and_json(plans):
     clean = plan_report(plan, {}, None, None)
     assert not clean.provider_problems and clean.provider_resources == ps.checked(plan.resources)
     assert f"all {clean.provider_resources} Google Cloud resources, providers and Helm releases match their provider's " \
-        f"schema (pulumi_gcp {ps.sdk_version()}'s input types)" in _text(clean)
+        f"input types (pulumi_gcp {ps.sdk_version()}'s: keys, required keys, types, enums; no cross-field rules)" in _text(clean)
     network = _one(plan, "gcp:compute/network:Network")
     network.props["autoCreateSubnetworks"] = "false"
     report = plan_report(replace(plan, resources=[*plan.resources, network]), {}, None, None)
