@@ -8,6 +8,8 @@ GKE routes do (the path unrewritten: the guard strips the prefix) and answering 
 else, a reserved address, HTTPS with a Google-managed Certificate Manager certificate for
 cloudRun.hostname where the gateway serves HTTPS (plain HTTP then only redirects), the target
 proxies and forwarding rules. The regional classes use the cluster's VPC and its proxy-only subnet.
+An auth jwt model's backend service carries its Cloud Armor policy (regional in the load balancer's
+region for a regional class, global for the global class), evaluated before Cloud Run is reached.
 The facts: components/model/cloud_run_gateway.py.
 """
 
@@ -20,7 +22,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from .gpu_cluster import GpuCluster
-from .model.cloud_run_gateway import CloudRunBackend, CloudRunFront, cloud_run_front, front_url
+from .model.cloud_run_gateway import ArmorPolicy, CloudRunBackend, CloudRunFront, cloud_run_front, front_url
 from .model.serving_api import VERIFIED_HEADERS
 from .model.stack_config import StackConfig
 from .options import child_opts
@@ -90,10 +92,23 @@ class CloudRunGateway(pulumi.ComponentResource):
             name=backend.name, project=args.project, load_balancing_scheme=front.kind.scheme, protocol="HTTP",
             backends=[{"group": neg.id, "balancing_mode": "UTILIZATION", "capacity_scaler": 1.0}],
             opts=self._child(COMPUTE))
+        if backend.armor is not None:
+            common["security_policy"] = self._armor(backend.model, backend.armor).id
         if front.kind.regional:
             return gcp.compute.RegionBackendService(f"{self._name}-backend-{backend.model}", region=front.region,
                                                    **common)
         return gcp.compute.BackendService(f"{self._name}-backend-{backend.model}", **common)
+
+    def _armor(self, model: str, policy: ArmorPolicy) -> pulumi.CustomResource:
+        """The model's Cloud Armor policy, of the load balancer's scope (a backend service takes a
+        policy of its own scope only)."""
+        args, front = self._args, self._args.front
+        common: dict[str, Any] = dict(name=policy.name, project=args.project, type="CLOUD_ARMOR",
+                                      description=f"Cloud Run model {model}: well-formed bearer JWTs only, per-IP throttle",
+                                      rules=policy.rules(), opts=self._child(COMPUTE))
+        if front.kind.regional:
+            return gcp.compute.RegionSecurityPolicy(f"{self._name}-armor-{model}", region=front.region, **common)
+        return gcp.compute.SecurityPolicy(f"{self._name}-armor-{model}", **common)
 
     def _routes(self, backends: Mapping[str, pulumi.CustomResource]) -> dict[str, Any]:
         """The URL map's routing: the host, each model's paths, 404 for the rest."""

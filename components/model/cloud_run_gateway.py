@@ -13,12 +13,20 @@ config lists. Any other path or host is answered 404 by the load balancer itself
 HTTPS where the gateway serves HTTPS (an external class always does), with a Google-managed
 Certificate Manager certificate for cloudRun.hostname; plain HTTP then only redirects, as the
 Gateway's HTTP listener does. Where the gateway is plain HTTP (gke-l7-rilb without TLS) so is this.
+
+A model with auth jwt has Cloud Run's invoker check off (the guard verifies the tenant's JWT), so any
+request the load balancer passes starts an instance (a cold start, then billed until it idles out)
+before the guard can refuse it. A Cloud Armor policy on its backend service (ArmorPolicy) therefore
+passes only a well-formed `Bearer <JWT>`, at most a per-IP rate derived from its callers' limits, and
+refuses everything else at the load balancer. A model with auth iam has none: Cloud Run's invoker
+check refuses an unverified request before any instance starts, so there is nothing to save, and
+the guard's per-tenant limits bound the verified ones.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from .specs import CloudRunModelSpec, TenantSpec
 from .stack_config import StackConfig
@@ -48,6 +56,68 @@ LB_OF_CLASS: dict[str, LoadBalancerKind] = {
 }
 
 
+# The JWT's compact form (RFC 7519 section 3): three base64url segments joined by dots, the last (the
+# signature) not empty, so an unsigned `alg: none` token never wakes an instance. Each counted repeat
+# stays within RE2's 1,000 (Cloud Armor's matches() is RE2); the payload may take up to 4,000
+# characters (4 x 1,000), header and signature 1,000 each: about 6 KB, within the guard's 16 KB.
+RE2_REPEAT_MAX = 1000
+_B64URL = "[A-Za-z0-9_-]"
+_SEGMENT = f"{_B64URL}{{16,{RE2_REPEAT_MAX}}}"
+_PAYLOAD = _SEGMENT + f"{_B64URL}{{0,{RE2_REPEAT_MAX}}}" * 3
+# Anchored: matches() is a partial match. A repeated Authorization header reaches the rule joined by
+# ', ' (the rules language's request.headers), which the pattern refuses, as the guard does.
+BEARER_JWT_PATTERN = f"^Bearer {_SEGMENT}[.]{_PAYLOAD}[.]{_SEGMENT}$"
+BEARER_JWT_EXPRESSION = f"request.headers['authorization'].matches('{BEARER_JWT_PATTERN}')"
+# Per-IP rate: this many times what the guards admit of all the model's callers in a minute, so a
+# legitimate client meets the guard's own 429 (which names the limit) long before Cloud Armor's.
+ARMOR_HEADROOM = 2
+ARMOR_INTERVAL_S = 60
+# Cloud Armor's most for a throttle's threshold count.
+THROTTLE_COUNT_MAX = 1_000_000
+THROTTLE_PRIORITY = 1000
+DEFAULT_RULE_PRIORITY = 2147483647
+
+
+@dataclass(frozen=True)
+class ArmorPolicy:
+    """The Cloud Armor policy in front of one auth jwt model (regional in a regional class's region,
+    global for the global class): a well-formed bearer JWT is throttled per client IP, and the
+    default rule refuses everything else, so a request without one (or one whose header cannot be
+    read) never reaches Cloud Run. Fail closed: nothing is allowed by the default rule."""
+
+    name: str
+    # Requests one client IP may send in ARMOR_INTERVAL_S before the excess is answered 429.
+    per_ip_per_minute: int
+
+    def rules(self) -> list[dict[str, Any]]:
+        """The policy's rules as the provider's input (snake_case), in priority order."""
+        throttle = {"priority": THROTTLE_PRIORITY, "action": "throttle",
+                    "description": "well-formed Bearer JWT, throttled per client IP",
+                    "match": {"expr": {"expression": BEARER_JWT_EXPRESSION}},
+                    "rate_limit_options": {"conform_action": "allow", "exceed_action": "deny(429)",
+                                           "enforce_on_key": "IP", "rate_limit_threshold": {
+                                               "count": self.per_ip_per_minute, "interval_sec": ARMOR_INTERVAL_S}}}
+        refuse = {"priority": DEFAULT_RULE_PRIORITY, "action": "deny(403)",
+                  "description": "no well-formed Bearer JWT: refused before Cloud Run",
+                  "match": {"versioned_expr": "SRC_IPS_V1", "config": {"src_ip_ranges": ["*"]}}}
+        return [throttle, refuse]
+
+
+def guard_admits_per_minute(cfg: StackConfig, model: CloudRunModelSpec) -> int:
+    """The most requests a minute the model's guards admit of all its callers together: each caller's
+    requestsPerMinute, across all instances with globalLimits, else per instance (maxInstances)."""
+    per_instance = sum(t.rate_limit.requests_per_minute for t in cloud_run_callers(cfg, model.name))
+    return per_instance * (1 if cfg.global_limits.enabled else model.max_instances)
+
+
+def armor_policy(cfg: StackConfig, model: CloudRunModelSpec) -> Optional[ArmorPolicy]:
+    """The Cloud Armor policy of an auth jwt model (None for auth iam: see the module's docstring)."""
+    if model.auth != "jwt":
+        return None
+    count = min(THROTTLE_COUNT_MAX, max(1, ARMOR_HEADROOM * guard_admits_per_minute(cfg, model)))
+    return ArmorPolicy(backend_name(cfg, model.name), count)
+
+
 @dataclass(frozen=True)
 class CloudRunBackend:
     """One Cloud Run model behind the load balancer."""
@@ -58,6 +128,8 @@ class CloudRunBackend:
     name: str
     # '/<model>' and '/<tenant>/<model>' of each tenant that lists it (cloud_run_prefixes).
     prefixes: tuple[str, ...]
+    # The Cloud Armor policy on its backend service (auth jwt), None without one (auth iam).
+    armor: Optional[ArmorPolicy] = None
 
     @property
     def paths(self) -> list[str]:
@@ -121,7 +193,7 @@ def cloud_run_front(cfg: StackConfig) -> Optional[CloudRunFront]:
     if not models or cfg.cloud_run is None:
         return None
     backends = tuple(CloudRunBackend(m.name, cfg.cloud_run_region(m), backend_name(cfg, m.name),
-                                     tuple(cloud_run_prefixes(cfg, m.name))) for m in models)
+                                     tuple(cloud_run_prefixes(cfg, m.name)), armor_policy(cfg, m)) for m in models)
     return CloudRunFront(cfg.gateway.class_name, LB_OF_CLASS[cfg.gateway.class_name], cfg.cloud_run.hostname,
                          cloud_run_tls(cfg), cfg.region, front_name(cfg), backends)
 
