@@ -9,6 +9,7 @@ from typing import Optional
 
 from ..components.model import cloud_run_capacity as cloud_run
 from ..components.model.cloud_run import CUDA_COMPAT_ENV, IMAGE_CUDA, SHUTDOWN_S, egress_of, gpu_of, needs_cuda_compat
+from ..components.model.cloud_run_gateway import ARMOR_HEADROOM, armor_policy
 from ..components.model.cloud_run_store import reaches_store, secret_id
 from ..components.model.machine_prices import MACHINE_PRICES
 from ..components.model.specs.cloud_run import CLOUD_RUN_POOL, CloudRunModelSpec
@@ -60,7 +61,25 @@ def _model_lines(cfg: StackConfig, m: CloudRunModelSpec) -> list[str]:
     if (problem := cloud_run.startup_problem(m)) is not None:
         lines.append(problem)
     lines += [line for line in (_cuda_line(cfg, m), _egress_line(cfg, m)) if line]
+    if (armor := _armor_line(cfg, m)) is not None:
+        lines.append(armor)
     return lines
+
+
+def _armor_line(cfg: StackConfig, m: CloudRunModelSpec) -> Optional[str]:
+    """What the Cloud Armor policy of an auth jwt model stops, and what one forged token still costs."""
+    if (policy := armor_policy(cfg, m)) is None:
+        return None
+    wake_s = cloud_run.cold_start(m).total_s + cloud_run.IDLE_TAIL_S
+    wake = wake_s * cloud_run.instance_usd_per_second(m)
+    return (f"{m.name} (auth jwt): Cloud Armor refuses at the load balancer any request without one well-formed "
+            f"'Bearer <JWT>' and throttles each client IP to {policy.per_ip_per_minute:,} requests a minute "
+            f"({ARMOR_HEADROOM}x what its guards admit of its callers); a forged but well-formed token still reaches "
+            f"Cloud Run and, with no instance up, starts one that the guard then refuses: ~${wake:.2f} a wake-up "
+            f"(~{wake_s / 60:.0f} min billed: the cold start, then idle until Cloud Run stops it), ~$"
+            f"{24 * cloud_run.instance_usd_per_hour(m):,.0f} a day if one arrives every "
+            f"{cloud_run.IDLE_TAIL_S / 60:.0f} min, up to {m.max_instances} instances under a flood; auth iam has "
+            "Cloud Run verify the token before any instance starts.")
 
 
 def _cuda_line(cfg: StackConfig, m: CloudRunModelSpec) -> Optional[str]:

@@ -495,6 +495,25 @@ def _pd_decode_trusts_envoy(plan):
     env["value"] = json.dumps({**json.loads(env["value"]), "trustedPeers": ["127.0.0.1", "127.0.0.6"]})
 
 
+def _camel(value):
+    if isinstance(value, dict):
+        return {k.split("_")[0] + "".join(w.title() for w in k.split("_")[1:]): _camel(v) for k, v in value.items()}
+    return [_camel(v) for v in value] if isinstance(value, list) else value
+
+
+def _armor_default_allows(plan):
+    """Staging's Cloud Run backend given a Cloud Armor policy (staging's model is auth iam, which has
+    none) whose default rule allows: a request without a token would reach Cloud Run."""
+    from vllm_gke.components.model.cloud_run_gateway import ArmorPolicy
+
+    backend = _cloud_run_props(plan, "gcp:compute/regionBackendService:RegionBackendService")
+    rules = _camel(ArmorPolicy(str(backend["name"]), 600).rules())
+    rules[-1]["action"] = "allow"
+    plan.resources.append(PlannedResource("gcp:compute/regionSecurityPolicy:RegionSecurityPolicy", "armor", "urn:armor",
+                                          None, True, {"name": "armor", "type": "CLOUD_ARMOR", "rules": rules}))
+    backend["securityPolicy"] = "armor-id"
+
+
 def _cloud_run_props(plan, type_):
     """The props of the staging stack's one resource of a type (its Cloud Run model's)."""
     (resource,) = plan.of_type(type_)
@@ -591,6 +610,10 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "invoker_check_off_only_behind_the_load_balancer": ("staging", lambda p: _cloud_run_props(
         p, "gcp:cloudrunv2/service:Service").update(ingress="INGRESS_TRAFFIC_ALL", invokerIamDisabled=True),
         "served unauthenticated"),
+    "invoker_off_backends_carry_a_cloud_armor_policy": ("staging", lambda p: (_cloud_run_props(
+        p, "gcp:cloudrunv2/service:Service").update(invokerIamDisabled=True), _cloud_run_props(
+        p, "gcp:compute/regionBackendService:RegionBackendService").pop("securityPolicy", None)), "no Cloud Armor policy"),
+    "armor_rules_pass_only_whole_bearer_jwts": ("staging", _armor_default_allows, "must deny"),
     "serverless_negs_behind_an_application_lb": ("staging", lambda p: _cloud_run_props(
         p, "gcp:compute/regionNetworkEndpointGroup:RegionNetworkEndpointGroup").update(region="europe-west4"),
         "not in its load balancer's region"),
