@@ -159,7 +159,10 @@ def test_a_tenant_calling_a_cloud_run_model_gets_nothing_gke_side_for_it(stack_v
     plan = plan_variant("staging", lambda v: v.update(staging(stack_values, callers=("search", "support"))))
     naming = {r.name for r in plan.resources if MODEL in r.name or MODEL in json.dumps(r.props, default=str)}
     # The Cloud Run tier's monitoring names it too: its dashboard and the SLOs of its service (vllm-<cluster>-run-<model>).
-    run_monitoring = {n for n in naming if n == "observability-run-dashboard" or f"-run-{MODEL}" in n}
+    # and the Cloud Run tier's alert policies (their queries select its services).
+    run_alerts = {r.name for r in plan.of_type("gcp:monitoring/alertPolicy:AlertPolicy")
+                  if "Cloud Run" in str(r.props.get("displayName"))}
+    run_monitoring = {n for n in naming if n == "observability-run-dashboard" or f"-run-{MODEL}" in n} | run_alerts
     gke = {n for n in naming if not n.startswith("cloud-run")} - run_monitoring - {f"weights-load-{MODEL}",
                                                                                     f"weights-prune-{MODEL}"}
     assert not gke, gke
