@@ -3,8 +3,10 @@ RunMonitoring config as a Secret Manager secret (the sidecar reads it from a sec
 guide's way), read by the service's account, which also writes the series to Managed Prometheus.
 
 The config is no secret, but a secret volume is the one way to put a file into the sidecar's image
-(FROM scratch: no shell to write it). Its version is written write-only (secret_data_wo), so the text
-is not in Pulumi state; it is in the plan, from components/model/cloud_run_monitoring.py.
+(FROM scratch: no shell to write it). Its version is written through the write-only field (secret_data_wo),
+which the bridged provider still keeps in Pulumi's state inputs, encrypted as a secret, though never in its
+outputs (pulumi/pulumi-terraform-bridge#3215; #3201 is the open issue to stop that). The text holds nothing
+secret: it is in the plan, from components/model/cloud_run_monitoring.py.
 components/cloud_run.py adds `container` and `volume` to the service's revision template.
 """
 
@@ -56,7 +58,7 @@ class RunMetricsSidecar(pulumi.ComponentResource):
         self.secret = gcp.secretmanager.Secret(
             f"{name}-config", project=args.project, secret_id=f"{args.service}-rungmp",
             replication={"auto": {}}, labels={"vllm-gke-content": "run-monitoring"}, opts=child)
-        # Write-only: the config reaches Secret Manager and never Pulumi's state; a new text is a new version.
+        # Write-only: in state only as an encrypted input (see above), never an output; a new text is a new version.
         self.version = gcp.secretmanager.SecretVersion(
             f"{name}-config-version", secret=self.secret.id, secret_data_wo=self.config_text,
             secret_data_wo_version=config_digest(self.config_text), opts=child)

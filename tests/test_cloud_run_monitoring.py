@@ -47,8 +47,12 @@ def test_the_sidecar_scrapes_the_servers_port_from_its_own_config():
     volume = config_volume("the-secret", "3")
     assert volume["name"] == "rungmp-config"
     assert volume["secret"]["items"] == [{"version": "3", "path": CONFIG_FILE}]
-    # Pinned to a release, not a moving tag.
-    assert SIDECAR_IMAGE.rsplit(":", 1)[1].count(".") == 2 and "latest" not in SIDECAR_IMAGE
+    # Pinned to a release, not a moving tag: the one whose files the contract rows cite.
+    from vllm_gke.infra.contracts.cloud_run_monitoring import ROWS, SIDECAR_AT
+
+    tag = SIDECAR_IMAGE.rsplit(":", 1)[1]
+    assert tag.count(".") == 2 and SIDECAR_AT.endswith(f"@{tag}")
+    assert {r.version for r in ROWS if "sidecar" in r.component} == {tag}
 
 
 def sidecar_resources() -> tuple[RunMetricsSidecar, list[Any]]:
@@ -65,8 +69,8 @@ def sidecar_resources() -> tuple[RunMetricsSidecar, list[Any]]:
 def test_the_config_reaches_secret_manager_write_only_and_the_account_reads_it():
     sidecar, recorded = sidecar_resources()
     (version,) = [r for r in recorded if r.type == "gcp:secretmanager/secretVersion:SecretVersion"]
-    # Write-only: the text is not in state (no-secret-literals holds secretData to that), and a
-    # changed text is a new version.
+    # Write-only: no secretData (no-secret-literals refuses it in state; the write-only field Pulumi keeps
+    # only as an encrypted input), and a changed text is a new version.
     assert "secretData" not in version.props
     assert version.props["secretDataWo"] == sidecar.config_text
     assert version.props["secretDataWoVersion"]
@@ -248,3 +252,11 @@ def test_cloud_run_alerts_see_the_sidecars_series_and_parse():
     assert 'vllm_gke_guard_limit_store_fallbacks_total{cluster="__run__",namespace=~"vllm-qwen-1-5b|vllm-b"}' in queries[0]
     assert queries[2] == 'absent(vllm:num_requests_running{cluster="__run__",namespace="vllm-qwen-1-5b"})'
     assert run_alert_policies([]) == [] and len(run_alert_policies([always_on])) == 2
+
+
+def test_the_guide_names_the_pinned_sidecar_and_what_write_only_keeps():
+    from pathlib import Path
+
+    guide = " ".join((Path(__file__).parent.parent / "docs" / "guides" / "cloud-run.md").read_text().split())
+    assert f"`cloud-run-gmp-sidecar:{SIDECAR_IMAGE.rsplit(':', 1)[1]}`" in guide
+    assert "not in Pulumi state" not in guide and "keeps in the state's inputs as an encrypted secret" in guide

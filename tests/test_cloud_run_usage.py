@@ -21,7 +21,7 @@ from vllm_gke.infra.usage_report import prometheus, usage_report
 SERVICE, REGION, MODEL = "vllm-qwen-1-5b", "us-central1", "qwen-1-5b"
 START, SCRAPE, SCRAPES = 1_800_000_000, 60, 180  # three hours of samples, the report's period 2h
 PERIOD = "2h"
-# What the sidecar puts on every series (run-gmp-sidecar@1.2.0 confgenerator/config.go:329-344 and
+# What the sidecar puts on every series (run-gmp-sidecar@1.7.0 confgenerator/config.go:329-344 and
 # the targetLabels.metadata the RunMonitoring asks: instanceId, revision_name, service_name), and the
 # resource labels Managed Prometheus adds (project_id, location).
 SIDECAR = {"cluster": "__run__", "namespace": SERVICE, "job": "vllm", "instance": "00f1a2:8000",

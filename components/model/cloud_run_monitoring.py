@@ -3,7 +3,7 @@ that scrapes each instance's server (vLLM's own series and the guard's tenant me
 its RunMonitoring config, the dashboard's charts of Cloud Run's request metrics, and the SLOs (burn-rate
 alerts come with them: components/service_levels.py).
 
-Where the series land (GoogleCloudPlatform/run-gmp-sidecar@1.2.0:confgenerator/config.go:329-344): a
+Where the series land (GoogleCloudPlatform/run-gmp-sidecar@1.7.0:confgenerator/config.go:329-344): a
 sidecar writes prometheus_target series with cluster="__run__", namespace=<the Cloud Run service's
 name>, job=<the RunMonitoring's name>, and location=<the region>; so no GKE query (cluster="<the
 cluster>") counts them, and these select them by service instead. Cloud Run's own metrics
@@ -27,10 +27,12 @@ from .specs import MonitoringSpec
 if TYPE_CHECKING:
     from .stack_config import StackConfig
 
-# The sidecar's image, pinned to the release its own repository's sample deploys
-# (GoogleCloudPlatform/run-gmp-sidecar@056abb4 run-service-simple.yaml:42); Google's guide:
+# The sidecar's image, pinned to the repository's newest release tag, 1.7.0 (its base FROM scratch:
+# run-gmp-sidecar@1.7.0 run-gmp-sidecar/Dockerfile.image_with_gcloud.build:33, its entrypoint :41). The
+# config path, liveness port and labels relied on here are unchanged since 1.2.0 (entrypoint.go,
+# confgenerator/config.go and util.go are the same files at both tags). Google's guide:
 # https://cloud.google.com/run/docs/monitoring-managed-prometheus-sidecar
-SIDECAR_IMAGE = "us-docker.pkg.dev/cloud-ops-agents-artifacts/cloud-run-gmp-sidecar/cloud-run-gmp-sidecar:1.2.0"
+SIDECAR_IMAGE = "us-docker.pkg.dev/cloud-ops-agents-artifacts/cloud-run-gmp-sidecar/cloud-run-gmp-sidecar:1.7.0"
 SIDECAR_NAME = "gmp-collector"
 # The sidecar reads its RunMonitoring from this file (entrypoint.go:34, userConfigFile); without it, it
 # scrapes port 8080, where the server does not listen. A Secret Manager volume puts it there.
@@ -39,7 +41,7 @@ CONFIG_FILE = "config.yaml"
 CONFIG_VOLUME = "rungmp-config"
 # Its own liveness endpoint (entrypoint.go:38-39, livenessProbePort, livenessProbePath).
 LIVENESS_PORT = 13133
-# What the sidecar labels every series with (confgenerator/config.go:338, 342 at 1.2.0).
+# What the sidecar labels every series with (confgenerator/config.go:338, 342 at 1.7.0).
 RUN_CLUSTER = "__run__"
 # The scrape interval: the GKE pods' (serving_pool.pod_monitoring_spec), the sidecar's default is 30s.
 SCRAPE_INTERVAL = "15s"

@@ -27,7 +27,7 @@ from ..plan import Plan, PlannedResource
 from .base import Contract
 from .monitoring import _metrics_named  # pyright: ignore[reportPrivateUsage]
 
-SIDECAR_AT = "GoogleCloudPlatform/run-gmp-sidecar@1.2.0"
+SIDECAR_AT = "GoogleCloudPlatform/run-gmp-sidecar@1.7.0"
 METRICS_LIST = "https://cloud.google.com/monitoring/api/metrics_gcp_p_z#gcp-run"
 SERVICE = "gcp:cloudrunv2/service:Service"
 SLO = "gcp:monitoring/slo:Slo"
@@ -184,19 +184,20 @@ def usage_report_prices_what_cloud_run_bills(plan: Plan) -> list[str]:
 
 
 ROWS = (
-    Contract("Managed Service for Prometheus sidecar for Cloud Run", "1.2.0",
+    Contract("Managed Service for Prometheus sidecar for Cloud Run", "1.7.0",
              "reads its RunMonitoring from /etc/rungmp/config.yaml, else scrapes 0.0.0.0:8080/metrics every 30s; "
              "unmarshals it strictly (unknown keys fail) and requires apiVersion monitoring.googleapis.com/v1beta, "
              "kind RunMonitoring; targetLabels.metadata only of instance, revision, service, configuration",
              f"{SIDECAR_AT}:entrypoint.go:34 (userConfigFile), confgenerator/config.go:36-114 (the config's fields), "
              "121 (allowedTargetMetadata), 136-159 (the default: port 8080, 30s), 187 (yaml.Strict()), 241-250 "
              "(Validate); the image us-docker.pkg.dev/cloud-ops-agents-artifacts/cloud-run-gmp-sidecar/"
-             "cloud-run-gmp-sidecar:1.2.0, as the repository's own sample deploys it "
-             "(GoogleCloudPlatform/run-gmp-sidecar@056abb4:run-service-simple.yaml:42)",
+             "cloud-run-gmp-sidecar:1.7.0, the repository's newest release tag, whose image runs that entrypoint "
+             "(run-gmp-sidecar/Dockerfile.image_with_gcloud.build:33-41, FROM scratch); entrypoint.go and "
+             "confgenerator/ are the same files at 1.2.0",
              "each service runs that image beside the server, its config a Secret Manager volume at /etc/rungmp "
              "(config.yaml) scraping the serving port's /metrics every 15s",
              sidecar_pinned_and_reads_its_config),
-    Contract("Managed Service for Prometheus sidecar for Cloud Run", "1.2.0",
+    Contract("Managed Service for Prometheus sidecar for Cloud Run", "1.7.0",
              "labels every series it writes cluster=\"__run__\", namespace=<K_SERVICE: the Cloud Run service's "
              "name>, job=<the RunMonitoring's name>, instance=<the instance id>:<port>",
              f"{SIDECAR_AT}:confgenerator/config.go:329-344 (the job, cluster \"__run__\" and namespace env.Service "
