@@ -495,10 +495,16 @@ def _pd_decode_trusts_envoy(plan):
     env["value"] = json.dumps({**json.loads(env["value"]), "trustedPeers": ["127.0.0.1", "127.0.0.6"]})
 
 
-def _camel(value):
+def _camel(value: Any) -> Any:
     if isinstance(value, dict):
         return {k.split("_")[0] + "".join(w.title() for w in k.split("_")[1:]): _camel(v) for k, v in value.items()}
     return [_camel(v) for v in value] if isinstance(value, list) else value
+
+
+def _invoker_off_without_armor(plan: Any) -> None:
+    """Staging's Cloud Run service with the invoker check off, its backend without a Cloud Armor policy."""
+    _cloud_run_props(plan, "gcp:cloudrunv2/service:Service").update(invokerIamDisabled=True)
+    _cloud_run_props(plan, "gcp:compute/regionBackendService:RegionBackendService").pop("securityPolicy", None)
 
 
 def _armor_default_allows(plan):
@@ -610,9 +616,7 @@ BREAKS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "invoker_check_off_only_behind_the_load_balancer": ("staging", lambda p: _cloud_run_props(
         p, "gcp:cloudrunv2/service:Service").update(ingress="INGRESS_TRAFFIC_ALL", invokerIamDisabled=True),
         "served unauthenticated"),
-    "invoker_off_backends_carry_a_cloud_armor_policy": ("staging", lambda p: (_cloud_run_props(
-        p, "gcp:cloudrunv2/service:Service").update(invokerIamDisabled=True), _cloud_run_props(
-        p, "gcp:compute/regionBackendService:RegionBackendService").pop("securityPolicy", None)), "no Cloud Armor policy"),
+    "invoker_off_backends_carry_a_cloud_armor_policy": ("staging", _invoker_off_without_armor, "no Cloud Armor policy"),
     "armor_rules_pass_only_whole_bearer_jwts": ("staging", _armor_default_allows, "must deny"),
     "serverless_negs_behind_an_application_lb": ("staging", lambda p: _cloud_run_props(
         p, "gcp:compute/regionNetworkEndpointGroup:RegionNetworkEndpointGroup").update(region="europe-west4"),
