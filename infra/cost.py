@@ -205,7 +205,8 @@ def cloud_run_pool(m: "CloudRunModelSpec", hours: float) -> PoolCost:
     """A Cloud Run model's instances as a pool of one-GPU nodes billed by the second (instance-based):
     a warm minimum (minInstances) is the baseline, min 0 counts nothing fixed; maxInstances the peak."""
     hour = cloud_run.instance_usd_per_hour(m)
-    machine = f"Cloud Run {m.gpu}, {cloud_run.instance_cpu(m)} vCPU, {cloud_run.instance_memory_gib(m)} GiB"
+    # What the instance is billed for: the server's and the metrics sidecar's vCPUs and memory.
+    machine = f"Cloud Run {m.gpu}, {cloud_run.billed_cpu(m):g} vCPU, {cloud_run.billed_memory_gib(m):g} GiB"
     return PoolCost(cloud_run_name(m), machine, False, hour, m.min_instances, m.max_instances, 1, hours, peak_hour_price=hour,
                     wanted_peak_nodes=m.max_instances, reach_nodes=m.max_instances)
 
