@@ -105,6 +105,12 @@ def test_a_cpu_count_cloud_run_does_not_offer_is_refused(stack_values):
     assert any(p.startswith("vllm-gke:cloudRun.models[qwen-1-5b].cpu: 5") and "set 6" in p for p in problems(values))
     cloud_run(values)["cpu"] = 12
     assert any("at most 8 vCPUs" in p for p in problems(values))
+    # 7 on an L4: 8 is the next value Cloud Run takes, but beside the sidecar's vCPU it would not fit: 6 is offered.
+    cloud_run(values)["cpu"] = 7
+    (problem,) = [p for p in problems(values) if p.startswith("vllm-gke:cloudRun.models[qwen-1-5b].cpu: 7")]
+    assert problem.endswith("set 6")
+    cloud_run(values)["cpu"] = 6
+    parse(values)
 
 
 def test_the_server_and_the_sidecar_together_fit_the_instances_maximum(stack_values):

@@ -110,15 +110,21 @@ def _instance_max(key: str, model: "CloudRunModelSpec", add: Add) -> None:
             f"{fit_cpu} and memoryGib: {fit_mem} at most")
 
 
+def _nearest_cpu(model: "CloudRunModelSpec", cpu: float) -> int:
+    """The value Cloud Run takes nearest above `cpu` that still fits the instance beside the sidecar, else below."""
+    room = MAX_CPU.get(model.gpu, 8) - _sidecar_size()[0]
+    fits = [v for v in CPU_VALUES_UP_TO_8 if v <= room] or [min(CPU_VALUES_UP_TO_8)]
+    return next((v for v in fits if v > cpu), fits[-1])
+
+
 def _container_sizes(key: str, model: "CloudRunModelSpec", add: Add) -> None:
     """Each container's vCPUs a value Cloud Run takes, and its memory within what they allow."""
     containers = {"server": (model.cpu, model.memory_gib), SIDECAR_NAME: _sidecar_size()}
     for name, (cpu, memory) in containers.items():
         where = f"{key}.cpu" if name == "server" else f"{key} (the {name} sidecar)"
         if cpu <= 8 and cpu not in CPU_VALUES_UP_TO_8:
-            higher = [v for v in CPU_VALUES_UP_TO_8 if v > cpu]
             add(where, f"{cpu:g}: Cloud Run takes {', '.join(map(str, CPU_VALUES_UP_TO_8))} vCPUs a container (up to "
-                f"8) with CPU always allocated; set {higher[0] if higher else 8}")
+                f"8) with CPU always allocated; set {_nearest_cpu(model, cpu) if name == 'server' else 1}")
         elif cpu <= 8 and memory > GIB_PER_CPU * cpu:
             add(where, f"{memory:g} GiB on {cpu:g} vCPUs: Cloud Run allows at most {GIB_PER_CPU} GiB a vCPU in a "
                 f"container; lower memoryGib to {GIB_PER_CPU * cpu:g} or raise cpu")
