@@ -10,6 +10,7 @@ from vllm_gke.components.cloud_run_monitoring import RunMetricsSidecar, RunMetri
 from vllm_gke.components.model.cloud_run_monitoring import (
     CONFIG_DIR,
     CONFIG_FILE,
+    GUARD_REFUSALS_METRIC,
     RUN_CLUSTER,
     SIDECAR_IMAGE,
     CloudRunTarget,
@@ -199,25 +200,60 @@ def test_the_cloud_run_ttft_slo_cuts_at_one_of_its_servers_buckets(plans):
     assert bound not in TTFT_BUCKETS and bound in buckets, (bound, buckets)
 
 
-def _refusals_recording() -> str:
-    """Per scrape (a minute): Cloud Run's 429s on three services and their guards' refused and shed requests.
-    vllm-a: 10 429s, its guards refused 4 and shed 2 (Cloud Run refused at least 4 itself); vllm-b: 6 429s, all
-    the guard's; vllm-c: 5 429s and no guard reporting (no instance up)."""
-    from tests.test_cloud_run_usage import _counter  # pyright: ignore[reportPrivateUsage]
+GUARDED = (GUARD_REFUSALS_METRIC, "vllm_gke_tenant_requests_total")
+
+
+def _guard_exported() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The guard's counters as its /metrics text exports them (prometheus_client's registry)."""
+    from prometheus_client import REGISTRY, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(generate_latest(REGISTRY).decode())
+            for s in f.samples if s.name in GUARDED}
+
+
+def rate_limited_probe() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The real guard: a tenant at 2 requests a minute sends 4; what its /metrics gained."""
+    from tests.test_guard import Clock, Recorder, call, config, guard, status
+
+    before = _guard_exported()
+    mw = guard.GuardMiddleware(Recorder(), config(rpm=2, model="refusals-probe"), Clock())
+    assert [status(call(mw, {"prompt": "x"})) for _ in range(4)] == [200, 200, 429, 429]
+    gained = {k: v - before.get(k, 0.0) for k, v in _guard_exported().items()}
+    return {k: v for k, v in gained.items() if v and dict(k[1]).get("model", "refusals-probe") == "refusals-probe"}
+
+
+def _refusals_recording(probe: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> str:
+    """Per scrape (a minute): Cloud Run's 429s on four services, and the probe's guard series (scaled) on three.
+    vllm-a: its guards answered the probe's 2 429s, Cloud Run 5 (3 its own); vllm-b: 2, all the guard's;
+    vllm-c: 5 and no guard reporting (no instance up); vllm-d: 40 from Cloud Run, 39 from its guards (the
+    sources' windows differ by a sample: within the alert's margin)."""
+    from tests.recorded_series import _labels  # pyright: ignore[reportPrivateUsage]
+    from tests.test_cloud_run_usage import SCRAPE, SCRAPES, START, _counter  # pyright: ignore[reportPrivateUsage]
 
     run = {"monitored_resource": "cloud_run_revision", "location": "us-central1", "response_code": "429"}
     run429 = [_counter(promql_name("run.googleapis.com/request_count"), {**run, "service_name": s}, n, "unknown")
-              for s, n in (("vllm-a", 10.0), ("vllm-b", 6.0), ("vllm-c", 5.0))]
-    sidecar = {"cluster": RUN_CLUSTER, "job": "vllm", "tenant": "support", "model": "m"}
-    guard = [_counter("vllm_gke_tenant_requests", {**sidecar, "namespace": s, "outcome": o}, n)
-             for s, o, n in (("vllm-a", "refused", 4.0), ("vllm-a", "shed", 2.0), ("vllm-a", "ok", 50.0),
-                             ("vllm-b", "refused", 6.0))]
-    return run429[0] + "".join(p.split("\n", 1)[1] for p in run429[1:]) + guard[0] + \
-        "".join(p.split("\n", 1)[1] for p in guard[1:])
+              for s, n in (("vllm-a", 5.0), ("vllm-b", 2.0), ("vllm-c", 5.0), ("vllm-d", 40.0))]
+    families = {name: f"# TYPE {name.removesuffix('_total')} counter\n" for name in GUARDED}
+    for service, scale in (("vllm-a", 1.0), ("vllm-b", 1.0), ("vllm-d", 19.5)):
+        for (name, labels), n in probe.items():
+            sidecar = {**dict(labels), "cluster": RUN_CLUSTER, "job": "vllm", "namespace": service}
+            families[name] += "".join(f"{name}{{{_labels(sidecar)}}} {n * scale * i:g} {START + SCRAPE * i}\n"
+                                      for i in range(SCRAPES))
+    return run429[0] + "".join(p.split("\n", 1)[1] for p in run429[1:]) + "".join(families.values())
+
+
+def test_the_guard_counts_its_rate_limit_429s_that_no_tenant_meter_counts():
+    """The guard answers a rate limit before any meter exists: its refusals counter has each 429."""
+    probe = rate_limited_probe()
+    by = {(name, dict(labels).get("code") or dict(labels).get("outcome")): n for (name, labels), n in probe.items()}
+    assert by == {(GUARD_REFUSALS_METRIC, "429"): 2.0, ("vllm_gke_tenant_requests_total", "ok"): 2.0}
 
 
 def test_cloud_runs_own_429s_are_told_from_the_guards_on_a_real_prometheus():
-    """The dashboard's and the alert's query, on recorded series: what Cloud Run answered 429 beyond its guards."""
+    """The dashboard's and the alert's query, on the real guard's series: what Cloud Run answered 429 beyond
+    its guards' 429s, rate limits included; the alert beyond a margin."""
     import shutil
 
     import pytest
@@ -228,14 +264,13 @@ def test_cloud_runs_own_429s_are_told_from_the_guards_on_a_real_prometheus():
     prom, tool = shutil.which("prometheus"), shutil.which("promtool")
     if prom is None or tool is None:
         pytest.skip("missing prometheus or promtool")
-    targets = [CloudRunTarget("a", "vllm-a", "us-central1"), CloudRunTarget("b", "vllm-b", "us-central1"),
-               CloudRunTarget("c", "vllm-c", "us-central1")]
+    targets = [CloudRunTarget(s[-1], s, "us-central1") for s in ("vllm-a", "vllm-b", "vllm-c", "vllm-d")]
     (refused,) = [p for p in run_alert_policies(targets) if p["display_name"].startswith("Cloud Run refuses")]
     alert = refused["conditions"][0]["condition_prometheus_query_language"]["query"]
     at = START + SCRAPE * (SCRAPES - 1)
-    for recorded in served((prom, tool), _refusals_recording()):
+    for recorded in served((prom, tool), _refusals_recording(rate_limited_probe())):
         per_s = {r["metric"]["service_name"]: float(r["value"][1]) for r in recorded.query(run_refusals(targets), at)}
-        assert per_s == pytest.approx({"vllm-a": 4 / 60, "vllm-b": 0.0, "vllm-c": 5 / 60}, abs=1e-3)
+        assert per_s == pytest.approx({"vllm-a": 3 / 60, "vllm-b": 0.0, "vllm-c": 5 / 60, "vllm-d": 1 / 60}, abs=1e-3)
         assert sorted(r["metric"]["service_name"] for r in recorded.query(alert, at)) == ["vllm-a", "vllm-c"]
 
 

@@ -6,6 +6,7 @@ import json
 from typing import Optional
 
 from .asgi import Send
+from .metrics import GUARD_REFUSALS
 
 
 class GuardError(Exception):
@@ -24,6 +25,8 @@ class Disconnected(Exception):
 ERROR_TYPES = {400: "invalid_request_error", 403: "permission_error", 404: "invalid_request_error",
                405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
                429: "rate_limit_error", 503: "service_unavailable"}
+# Each status' counter resolved once (a labelled counter's lookup takes a dict and a lock).
+_REFUSALS = {status: GUARD_REFUSALS.labels(str(status)) for status in (*ERROR_TYPES, 401)}
 
 
 def error_body(err: GuardError) -> bytes:
@@ -32,6 +35,8 @@ def error_body(err: GuardError) -> bytes:
 
 
 async def respond(send: Send, err: GuardError) -> None:
+    """Answer the refusal, and count it by status (metrics.GUARD_REFUSALS)."""
+    (_REFUSALS.get(err.status) or GUARD_REFUSALS.labels(str(err.status))).inc()
     body = error_body(err)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     retry_after = getattr(err, "retry_after", None)

@@ -46,6 +46,12 @@ STORE_FALLBACKS = _counter("vllm_gke_guard_limit_store_fallbacks", "Requests lim
 UNTRUSTED_PEERS = _counter("vllm_gke_guard_untrusted_peer_requests", "Tenant requests refused because they did "
                            "not come from the mesh sidecar's inbound passthrough address")
 LOGGED_PEERS_MAX = 16
+# Every error the guard answers itself (errors.respond), by status code: its 429s (rate limits, shedding,
+# a fallback refusing) are counted nowhere else before a tenant's request reaches vLLM, and the Cloud Run
+# alert on Cloud Run's own 429s subtracts them (components/model/cloud_run_monitoring.py run_refusals).
+# Bounded: a status code the guard answers (errors.ERROR_TYPES and the few others).
+GUARD_REFUSALS = _counter("vllm_gke_guard_refusals", "Requests the guard answered with an error itself, by "
+                          "status code (429: rate limited or shed)", ("code",))
 
 
 def count_untrusted(client: str, logged_peers: set[str], trusted_peers: frozenset[str]) -> None:
