@@ -56,8 +56,6 @@ class CloudRunServices(pulumi.ComponentResource):
     subnet: gcp.compute.Subnetwork
     accounts: dict[str, gcp.serviceaccount.Account]
     services: dict[str, gcp.cloudrunv2.Service]
-    # model -> the service's run.app URL (disabled: the load balancer's serverless NEG reaches it).
-    uris: dict[str, pulumi.Output[str]]
 
     def __init__(self, name: str, args: CloudRunServicesArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("vllm-gke:index:CloudRunServices", name, None, opts)
@@ -67,10 +65,10 @@ class CloudRunServices(pulumi.ComponentResource):
             f"{name}-egress", name=f"{args.name_prefix}-run-egress", project=args.project, region=args.egress_region,
             network=args.network, ip_cidr_range=args.egress_subnet_cidr, private_ip_google_access=True,
             opts=self._api("compute.googleapis.com"))
-        self.accounts, self.services, self.uris = {}, {}, {}
+        self.accounts, self.services = {}, {}
         for svc in args.services:
             self._service(name, args, svc)
-        self.register_outputs({"services": {k: s.name for k, s in self.services.items()}, "uris": self.uris,
+        self.register_outputs({"services": {k: s.name for k, s in self.services.items()},
                                "egressSubnet": self.subnet.self_link})
 
     def _api(self, *apis: str, depends_on: Sequence[pulumi.Resource] = ()) -> pulumi.ResourceOptions:
@@ -106,4 +104,4 @@ class CloudRunServices(pulumi.ComponentResource):
             gcp.cloudrunv2.ServiceIamMember(
                 f"{name}-{model}-invoker-{i}", project=args.project, location=svc.region, name=service.name,
                 role="roles/run.invoker", member=invoker, opts=self._api(RUN_API))
-        self.accounts[model], self.services[model], self.uris[model] = account, service, service.uri
+        self.accounts[model], self.services[model] = account, service
