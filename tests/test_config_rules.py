@@ -247,7 +247,9 @@ CASES: list[tuple[str, str, Callable[[dict], None], str, str]] = [
     ("routing-unknown", "dev", lambda v: v["vllm-gke:models"][0].update(routing="round-robin"),
      "vllm-gke:models[qwen-7b].routing", "inference-gateway"),
     ("tokens-without-the-shared-store", "staging",
-     lambda v: v["vllm-gke:tenants"][0]["rateLimit"].update(tokensPerMinute=100000),
+     # Staging counts limits across replicas (its Cloud Run model's too): without the shared store.
+     lambda v: (v["vllm-gke:tenants"][0]["rateLimit"].update(tokensPerMinute=100000),
+                v["vllm-gke:globalLimits"].update(enabled=False)),
      "vllm-gke:tenants[search].rateLimit.tokensPerMinute", "set vllm-gke:globalLimits.enabled: true"),
     ("tokens-below-the-cap", "prod",
      lambda v: v["vllm-gke:tenants"][0]["rateLimit"].update(tokensPerMinute=1000),
