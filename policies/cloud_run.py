@@ -1,6 +1,7 @@
 """The Cloud Run models' services (cloudrunv2.Service and the IAM on them): no one invokes them
 unauthenticated, the invoker check is off only where the load balancer is the one way in and the
-guard verifies each tenant's token itself, a GPU instance keeps its CPU, no secret is a literal."""
+guard verifies each tenant's token itself, the server loads the guard with a cap for every tenant, a GPU
+instance keeps its CPU, no secret is a literal."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 from typing import Any, Iterator, Mapping, Optional, Sequence, cast
 
 from .base import Finding, Resource
+from .tenant_limits import GUARD_MIDDLEWARE, loads_guard, uncapped
 from .workloads import SECRETISH, image_pinned, images_pinned
 
 SERVICE = "gcp:cloudrunv2/service:Service"
@@ -158,6 +160,24 @@ def cloud_run_invoker_check_guarded(resources: Sequence[Resource]) -> Iterator[F
         if (why := _identity_problem(r)) is not None:
             yield r, (f"{_name(r)} {why}; the guard must know the tenant from a verified identity (auth iam with the "
                       "invoker check on, or auth jwt)")
+
+
+def cloud_run_max_tokens_cap(resources: Sequence[Resource]) -> Iterator[Finding]:
+    """max-tokens-cap for a Cloud Run model: its GPU container's server loads the guard (else every tenant
+    check is gone: identity, caps, limits), and the guard caps every tenant. A guard config this cannot read
+    is cloud-run-invoker-check-guarded's finding."""
+    for r in _services(resources):
+        for c in _gpu_containers(r):
+            if not loads_guard(c.get("args") or []):
+                yield r, (f"{_name(r)}: container '{c.get('name')}' does not load {GUARD_MIDDLEWARE} (`--middleware "
+                          f"{GUARD_MIDDLEWARE}` in its args), so no tenant is checked, capped or limited")
+        config, _ = guard_config(r) if _gpu_containers(r) else (None, "")
+        issuers = (config or {}).get("issuers") or {}
+        if not isinstance(issuers, dict):
+            yield r, f"{_name(r)} has a guard config whose issuers are not an object of tenants"
+            continue
+        for issuer in uncapped(cast(dict[str, Any], issuers)):
+            yield r, f"{_name(r)}: tenant issuer {issuer} has no positive maxTokens cap in its guard config"
 
 
 def _throttled(container: Mapping[str, Any]) -> bool:

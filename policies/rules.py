@@ -41,6 +41,7 @@ from .cloud_run import (
     cloud_run_gpu_cpu_allocated,
     cloud_run_invoker_check_guarded,
     cloud_run_invokers_authenticated,
+    cloud_run_max_tokens_cap,
     cloud_run_secrets_referenced,
     images_pinned_everywhere,
 )
@@ -271,6 +272,11 @@ POLICIES: tuple[Policy, ...] = (
            "headers from peers, is in the `iam` identity mode with the invoker check off or no account mapped, or in "
            "the `jwt` mode lacks a tenant's issuer or JWKS; and a GPU service of the v1 API (`gcp:cloudrun`).",
            "mandatory", cloud_run_invoker_check_guarded),
+    Policy("cloud-run-max-tokens-cap", "Every Cloud Run model's server loads the guard, which caps each tenant's "
+           "max_tokens. Rejects a Cloud Run service whose GPU container's args do not load "
+           "`vllm_gke_guard.GuardMiddleware` (`--middleware`), or whose guard config has a tenant (issuer) without a "
+           "positive `maxTokens`.",
+           "mandatory", cloud_run_max_tokens_cap),
     Policy("cloud-run-gpu-cpu-allocated", "A Cloud Run GPU instance keeps its CPU allocated while it is up."
            " Rejects a Cloud Run service whose GPU container (or, with an accelerator and no GPU limit named, its "
            "first container) sets `resources.cpuIdle` true, or leaves it and `resources` unset.",

@@ -12,10 +12,23 @@ from .base import Finding, Resource, env_of, kube, mesh_only, namespace_of, vllm
 GUARD_MIDDLEWARE = "vllm_gke_guard.GuardMiddleware"
 
 
+def loads_guard(args: Sequence[Any]) -> bool:
+    """Whether a server's args load the guard (`--middleware vllm_gke_guard.GuardMiddleware`)."""
+    items = [str(a) for a in args]
+    return any(items[i] == "--middleware" and items[i + 1] == GUARD_MIDDLEWARE for i in range(len(items) - 1))
+
+
+def uncapped(issuers: Mapping[str, Any]) -> list[str]:
+    """The tenant issuers of a guard config's `issuers` without a positive maxTokens cap."""
+    caps = {issuer: entry.get("maxTokens") if isinstance(entry, dict) else None for issuer, entry in issuers.items()}
+    # The engine hands numbers over as doubles; a cap is a whole number of at least one.
+    return [issuer for issuer, cap in caps.items()
+            if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap < 1 or cap != int(cap)]
+
+
 def max_tokens_cap(resources: Sequence[Resource]) -> Iterator[Finding]:
     for r, _pod, c in vllm_servers(resources):
-        args = [str(a) for a in c.get("args") or []]
-        if not any(args[i] == "--middleware" and args[i + 1] == GUARD_MIDDLEWARE for i in range(len(args) - 1)):
+        if not loads_guard(c.get("args") or []):
             yield r, f"{where(r)}: the server does not load {GUARD_MIDDLEWARE}, so no max_tokens cap applies"
             continue
         raw = env_of(c).get("GKE_LLM_GUARD_CONFIG", {}).get("value")
@@ -24,11 +37,8 @@ def max_tokens_cap(resources: Sequence[Resource]) -> Iterator[Finding]:
         except (ValueError, AttributeError):
             yield r, f"{where(r)}: GKE_LLM_GUARD_CONFIG is missing or not JSON"
             continue
-        for issuer, entry in issuers.items():
-            cap = entry.get("maxTokens") if isinstance(entry, dict) else None
-            # The engine hands numbers over as doubles; a cap is a whole number of at least one.
-            if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap < 1 or cap != int(cap):
-                yield r, f"{where(r)}: tenant issuer {issuer} has no positive maxTokens cap"
+        for issuer in uncapped(issuers):
+            yield r, f"{where(r)}: tenant issuer {issuer} has no positive maxTokens cap"
 
 
 def _guard_configs(resources: Sequence[Resource]) -> Iterator[tuple[Resource, Mapping[str, Any]]]:

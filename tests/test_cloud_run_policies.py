@@ -13,13 +13,17 @@ import pytest
 from vllm_gke.policies.cloud_run import SERVICE
 from vllm_gke.policies.rules import Resource, evaluate
 
-GUARD = {"trustedPeers": [], "cloudRun": {"auth": "jwt", "tenants": {
+# The guard's tenants, keyed by issuer, each with its max_tokens cap (components/model/serving_api.py guard_config).
+ISSUERS = {"https://issuer.example": {"tenant": "search", "maxTokens": 1024, "requestsPerMinute": 60}}
+GUARD = {"trustedPeers": [], "issuers": ISSUERS, "cloudRun": {"auth": "jwt", "tenants": {
     "search": {"issuer": "https://issuer.example", "jwksUri": "https://issuer.example/jwks", "audiences": ["a"]}}}}
+SERVER_ARGS = ["/models/m/main", "--served-model-name", "m", "--port", "8000",
+               "--middleware", "vllm_gke_guard.GuardMiddleware"]
 
 
 def service(**props: Any) -> Resource:
     """A jwt-mode GPU service as components/cloud_run.py declares it, in the wire's names."""
-    server = {"name": "vllm", "image": "r/vllm-server:v1",
+    server = {"name": "vllm", "image": "r/vllm-server:v1", "args": list(SERVER_ARGS),
               "envs": [{"name": "GKE_LLM_GUARD_CONFIG", "value": json.dumps(GUARD)},
                        {"name": "REDIS_PASSWORD", "valueSource": {"secretKeyRef": {"secret": "s", "version": "1"}}}],
               "resources": {"cpuIdle": False, "limits": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"}}}
@@ -70,7 +74,8 @@ def test_tenant_service_accounts_as_invokers_pass():
                  "cloud-run-invokers-authenticated") == []
 
 
-IAM_GUARD = {"trustedPeers": [], "cloudRun": {"auth": "iam", "accounts": {"search@p.iam.gserviceaccount.com": "search"}}}
+IAM_GUARD = {"trustedPeers": [], "issuers": ISSUERS,
+             "cloudRun": {"auth": "iam", "accounts": {"search@p.iam.gserviceaccount.com": "search"}}}
 
 
 def iam_service(**props: Any) -> Resource:
@@ -151,6 +156,74 @@ def test_the_guards_identity_mode_matches_the_invoker_check(make: Callable[[], R
     set_guard(r, guard)
     messages = found([r], "cloud-run-invoker-check-guarded")
     assert any(message in m for m in messages), messages
+
+
+def _without_the_guard(r: Resource) -> None:
+    args = server_of(r)["args"]
+    del args[args.index("--middleware"):args.index("--middleware") + 2]
+
+
+def _another_middleware(r: Resource) -> None:
+    args = server_of(r)["args"]
+    args[args.index("--middleware") + 1] = "my.Middleware"
+
+
+def _cap(value: Any) -> Callable[[Resource], None]:
+    """The guard's one tenant with this maxTokens (absent: MISSING)."""
+    def set_cap(r: Resource) -> None:
+        cfg = json.loads(guard_env(r)["value"])
+        entry = cfg["issuers"]["https://issuer.example"]
+        entry.pop("maxTokens")
+        if value is not MISSING:
+            entry["maxTokens"] = value
+        set_guard(r, cfg)
+    return set_cap
+
+
+MISSING = object()
+NOT_LOADED = "container 'vllm' does not load vllm_gke_guard.GuardMiddleware"
+UNCAPPED = "tenant issuer https://issuer.example has no positive maxTokens cap"
+
+
+@pytest.mark.parametrize("make", [service, iam_service], ids=["jwt", "iam"])
+@pytest.mark.parametrize("break_it,message", [
+    (_without_the_guard, NOT_LOADED), (_another_middleware, NOT_LOADED),
+    (_cap(MISSING), UNCAPPED), (_cap(0), UNCAPPED), (_cap(-5), UNCAPPED), (_cap(1.5), UNCAPPED), (_cap(True), UNCAPPED),
+    (_cap("1024"), UNCAPPED), (_cap(None), UNCAPPED),
+    (lambda r: set_guard(r, {**json.loads(guard_env(r)["value"]), "issuers": ["https://issuer.example"]}),
+     "guard config whose issuers are not an object of tenants"),
+], ids=["no-middleware", "another-middleware", "no-cap", "zero", "negative", "fraction", "bool", "string", "null",
+        "issuers-a-list"])
+def test_a_cloud_run_server_loads_the_guard_and_caps_every_tenant(make: Callable[[], Resource],
+                                                                 break_it: Callable[[Resource], None], message: str):
+    r = make()
+    assert found([r], "cloud-run-max-tokens-cap") == []
+    break_it(r)
+    messages = found([r], "cloud-run-max-tokens-cap")
+    assert [m for m in messages if message in m] == messages and messages, messages
+    # The identity checks cannot see it: this rule alone does.
+    assert found([r], "cloud-run-invoker-check-guarded") == []
+
+
+def test_a_whole_cap_as_the_engine_hands_it_over_passes():
+    r = service()
+    _cap(1024.0)(r)
+    assert found([r], "cloud-run-max-tokens-cap") == []
+
+
+def test_staging_and_a_jwt_variant_load_the_guard_with_a_cap_for_every_tenant(plans, plan_variant):
+    from tests.test_cloud_run_gateway import with_cloud_run
+    from tests.test_policies import resources
+
+    for auth, plan in (("iam", plans["staging"]), ("jwt", plan_variant("staging", lambda v: with_cloud_run(v, "jwt")))):
+        rs = resources(plan)
+        (svc,) = [r for r in rs if r.type == SERVICE]
+        cfg = json.loads(guard_env(svc)["value"])
+        assert cfg["cloudRun"]["auth"] == auth and cfg["issuers"]
+        assert [v.message for v in evaluate(rs) if v.policy.startswith("cloud-run-")] == []
+        _without_the_guard(svc)
+        (message,) = found(rs, "cloud-run-max-tokens-cap")
+        assert NOT_LOADED in message
 
 
 def test_a_service_without_a_gpu_and_with_the_invoker_check_on_is_not_judged():
@@ -259,9 +332,18 @@ def _secret_literal(rs: list[Resource]) -> None:
     containers[0].setdefault("envs", []).append({"name": "LIMIT_STORE_PASSWORD", "value": "hunter2"})
 
 
+def _staging_uncapped(rs: list[Resource]) -> None:
+    svc = _staging_service(rs)
+    cfg = json.loads(guard_env(svc)["value"])
+    for entry in cfg["issuers"].values():
+        entry.pop("maxTokens")
+    set_guard(svc, cfg)
+
+
 CLOUD_RUN_CASES: dict[str, tuple[Callable[[list[Resource]], None], str]] = {
     "cloud-run-invokers-authenticated": (_public_invoker, "grants roles/run.invoker to allUsers"),
     "cloud-run-invoker-check-guarded": (_open_ingress, "with ingress INGRESS_TRAFFIC_ALL"),
+    "cloud-run-max-tokens-cap": (_staging_uncapped, "has no positive maxTokens cap in its guard config"),
     "cloud-run-gpu-cpu-allocated": (_cpu_throttled, "has CPU allocated only during requests"),
     "cloud-run-secrets-referenced": (_secret_literal, "env LIMIT_STORE_PASSWORD of container 'vllm' is a literal"),
 }
