@@ -58,7 +58,8 @@ def dedicated_models(tenant: TenantSpec) -> list[str]:
 def shared_models(tenant: TenantSpec, cfg: Optional[StackConfig] = None) -> list[str]:
     """The models the tenant calls on GKE's shared replicas: not its dedicated copies, nor (given the
     stack's `cfg`) the Cloud Run models it lists, which nothing in the cluster serves or admits."""
-    skip = set(dedicated_models(tenant)) | ({m.name for m in cfg.cloud_run_models} if cfg is not None else set())
+    on_cloud_run: set[str] = {m.name for m in cfg.cloud_run_models} if cfg is not None else set()
+    skip = set(dedicated_models(tenant)) | on_cloud_run
     return [m for m in tenant.models if m not in skip]
 
 
