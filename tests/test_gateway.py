@@ -71,9 +71,12 @@ def test_managed_certificate_for_a_regional_gateway(plans):
     https = next(x for x in gateway["spec"]["listeners"] if x["name"] == "https")
     assert https["tls"] == {"mode": "Terminate",
                             "options": {"networking.gke.io/cert-manager-certs": "vllm-staging-gateway"}}
-    (cert,) = props_of(plan, "gcp:certificatemanager/certificate:Certificate")
-    assert cert["location"] == "us-central1" and cert["managed"]["domains"] == ["llm.staging.acme.example"]
-    (auth,) = props_of(plan, "gcp:certificatemanager/dnsAuthorization:DnsAuthorization")
+    # The Gateway's own (the Cloud Run models' load balancer has one for cloudRun.hostname: test_cloud_run_gateway.py).
+    (cert,) = [c for c in props_of(plan, "gcp:certificatemanager/certificate:Certificate")
+               if c["managed"]["domains"] == ["llm.staging.acme.example"]]
+    assert cert["location"] == "us-central1"
+    (auth,) = [a for a in props_of(plan, "gcp:certificatemanager/dnsAuthorization:DnsAuthorization")
+               if a["domain"] == "llm.staging.acme.example"]
     assert auth["domain"] == "llm.staging.acme.example" and auth["location"] == "us-central1"
     assert plan.waits_for(plan.kube("Gateway", "vllm"),
                           plan.named("gcp:certificatemanager/certificate:Certificate", "gateway-cert"))

@@ -85,7 +85,9 @@ def test_loader_writes_the_bucket_and_readers_only_read_it(plans):
            "acme-llm-staging.svc.id.goog/subject/ns"
     # The servers' own account, not the namespace's default; and the picker's tokenizer (staging's
     # prefixCache: precise), its own account reading its model's revision folder alone.
-    assert readers == [f"{pool}/vllm/sa/llama-8b-render", f"{pool}/vllm/sa/vllm-server"]
+    # ...and the Cloud Run model's service account (reading its own folders alone: tests/test_cloud_run_service.py).
+    assert readers == [f"{pool}/vllm/sa/llama-8b-render", f"{pool}/vllm/sa/vllm-server",
+                       "serviceAccount:vllm-staging-run-qwen-1-5b@acme-llm-staging.iam.gserviceaccount.com"]
     render = plan.named("gcp:storage/bucketIAMMember:BucketIAMMember", "llama-8b-render-weights-reader")
     assert "objects/llama-8b/" in render.props["condition"]["expression"]
     assert "mistral-7b" not in render.props["condition"]["expression"]
