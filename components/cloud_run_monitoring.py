@@ -66,7 +66,8 @@ class RunMetricsSidecar(pulumi.ComponentResource):
             gcp.secretmanager.SecretIamMember(f"{name}-config-reader", project=args.project, secret_id=self.secret.secret_id,
                                               role="roles/secretmanager.secretAccessor", member=args.member, opts=child),
             gcp.projects.IAMMember(f"{name}-metric-writer", project=args.project, role="roles/monitoring.metricWriter",
-                                   member=args.member, opts=child_opts(self, opts)),
+                                   member=args.member, opts=child_opts(self, opts, depends_on=args.apis.needs(
+                                       "cloudresourcemanager.googleapis.com") if args.apis else [])),
             self.version]
         self.container = gmp_sidecar(args.server_container)
         self.volume = config_volume(self.secret.secret_id, self.version.version)

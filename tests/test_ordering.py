@@ -159,7 +159,8 @@ def test_slos_wait_until_cloud_monitoring_knows_their_metrics(plans, stack):
             assert metric in seeded, (slo.name, metric)
             for label in re.findall(r'metric\.label\.\\"([^\\]+)\\"', json.dumps(slo.props["requestBasedSli"])):
                 assert f'{label}="' in seeded[metric], (metric, label)
-    assert on_gmp == len(slos) - 1  # all but the gateway's
+    # All but the gateway's and each Cloud Run model's availability (built-in metrics: the load balancer's, Cloud Run's).
+    assert on_gmp == len(slos) - 1 - len(plan.config.cloud_run_models)
     # the Job reads descriptors as its own identity, and is scraped by its own PodMonitoring
     grant = next(r for r in plan.of_type("gcp:projects/iAMMember:IAMMember") if r.props["role"] == "roles/monitoring.viewer"
                  and "/ns/vllm-gke-slo-metrics/" in r.props["member"])
