@@ -145,6 +145,20 @@ class PrefixCache(str, Enum):
     PRECISE = 'precise'
 
 
+class Gpu(str, Enum):
+    """The GPU each instance gets (one a instance): Cloud Run offers NVIDIA L4 (24 GB) and RTX PRO 6000 Blackwell (96 GB) in some regions only; the plan checks the region."""
+
+    NVIDIA_L4 = 'nvidia-l4'
+    NVIDIA_RTX_PRO_6000 = 'nvidia-rtx-pro-6000'
+
+
+class Auth(str, Enum):
+    """How a tenant's identity is verified before the guard sees a request; either way the service takes traffic from the stack's load balancer alone. iam (the default: Cloud Run verifies the caller before any instance starts, so a request without a good token never wakes a GPU): Cloud Run's invoker check, one roles/run.invoker binding per tenant service account (tenants[].cloudRunInvokers), each client's Google ID token minted for the model's audience (the plan's tenant URLs show it); the guard maps the verified account to its tenant. jwt (tenants without Google service accounts): the tenant's own JWT (tenants[].jwt), verified by the guard against its issuer's keys, Cloud Run's invoker check off (a forged but well-formed token still starts an instance, billed until it idles out)."""
+
+    JWT = 'jwt'
+    IAM = 'iam'
+
+
 class AuthorizedNetwork(TypedDict):
     """AuthorizedNetwork settings (see docs/reference/config.md)."""
 
@@ -602,6 +616,8 @@ class TenantSpec(TypedDict):
     """Replicas of the tenant's own."""
     priority: NotRequired[int]
     """Priority of the tenant's requests (-100 to 100, default 0). In the in-server guard, a negative one is shed (429 with Retry-After) while a replica's queue time is over monitoring.queueLatencySloSeconds, the most negative tier first; 0 and above never are. On models with routing: inference-gateway it is also the tenant's InferenceObjective's (llm-d-router v0.10.0, picker.flowControl on): each distinct priority is a band of the picker's queue; while the pool is saturated the highest band is dispatched first (processor.go:402-414), the tenants of one band in turn (round robin over their fairness ids), first come first served within a tenant. A full band or a wait past picker.flowControl.queueTtlSeconds answers 429, 503 while the pool has no replica (requestcontrol/admission.go:240-285); negative bands have picker.flowControl's small sheddable bounds, so they are shed first. With flow control off, only negative ones are shed (429 while saturated) and positive ones change nothing. Default: 0."""
+    cloud_run_invokers: NotRequired[list[str]]
+    """Google service accounts (emails) that are this tenant on the Cloud Run models whose auth is iam (cloudRun.models[].auth): each gets roles/run.invoker on the services of those models it lists, Cloud Run verifies the account's Google ID token (asked for with its email claim), and the guard maps the verified account to this tenant. An account is one tenant's."""
 
 
 class GatewaySpec(TypedDict):
@@ -914,6 +930,68 @@ class PickerSpec(TypedDict):
     """Priority bands, fairness and bounded queues while saturated."""
 
 
+class CloudRunModelSpec(TypedDict):
+    """One model on Cloud Run: a service of the project's server image (vLLM with the tenant guard)
+    on one GPU an instance, its weights read from the stack's bucket through a Cloud Storage volume."""
+
+    name: str
+    """Model name: the served model name and route /<name>/v1 (unique across models and cloudRun.models)."""
+    source: str
+    """hf://org/repo or gs://bucket/prefix (the loader copies it into the stack's bucket once)."""
+    revision: NotRequired[str]
+    """Git branch, tag or commit of the source. Default: main."""
+    shape: NotRequired[str]
+    """The named form of `shape` (or give `custom_shape`). Architecture from the catalog, or customShape; unset: read from the model's config.json as for models[]."""
+    custom_shape: NotRequired[CustomShape]
+    """The structured form of `shape` (give one of the two). Architecture from the catalog, or customShape; unset: read from the model's config.json as for models[]."""
+    dtype: NotRequired[Dtype]
+    """Weight dtype or quantisation. One of: bfloat16, float16, fp8, int8, awq, gptq. Default: bfloat16."""
+    disk_gb: NotRequired[float]
+    """GiB the files vLLM reads take on disk (default: paramsBillion x dtype bytes)."""
+    kv_cache_dtype: NotRequired[KvCacheDtype]
+    """KV-cache dtype. One of: auto, fp8. Default: auto."""
+    max_model_len: NotRequired[int]
+    """Longest context, in tokens. Default: 8192."""
+    gpu_memory_utilization: NotRequired[float]
+    """Share of the GPU vLLM may use. Default: 0.9."""
+    enable_prefix_caching: NotRequired[bool]
+    """Reuse KV cache across requests with a common prefix. Default: true."""
+    max_num_seqs: NotRequired[int]
+    """Sequences one instance's vLLM batches at once (--max-num-seqs); the instance's request concurrency is sized from it and the capacity model unless `concurrency` is set. Default: 32."""
+    extra_args: NotRequired[list[str]]
+    """More vLLM flags, checked against the release's parser as for models[].extraArgs."""
+    gpu: NotRequired[Gpu]
+    """The GPU each instance gets (one a instance): Cloud Run offers NVIDIA L4 (24 GB) and RTX PRO 6000 Blackwell (96 GB) in some regions only; the plan checks the region. One of: nvidia-l4, nvidia-rtx-pro-6000. Default: nvidia-l4."""
+    region: NotRequired[str]
+    """Region of the service (default: the stack's region). A regional gateway class needs the stack's own region: its serverless NEG must be in the load balancer's region."""
+    min_instances: NotRequired[int]
+    """Instances kept warm: 0 scales to zero between bursts (each burst's first request waits for a cold start, which the plan estimates); 1 or more are billed all the time. Default: 0."""
+    max_instances: NotRequired[int]
+    """Most instances at once (each is one GPU against the project's Cloud Run GPU quota). Default: 3."""
+    concurrency: NotRequired[int]
+    """Requests one instance takes at once (default: from the capacity model); more queue at Cloud Run or start another instance."""
+    gpu_zonal_redundancy: NotRequired[bool]
+    """Cloud Run's GPU zonal redundancy: capacity reserved in another zone for a zone's outage, at a higher GPU price (the plan shows both). Off: cheaper, and a zone's outage waits for capacity. Default: false."""
+    cpu: NotRequired[int]
+    """vCPUs and GiB of memory of the server container (vLLM and the guard). Each instance also runs the metrics sidecar (1 vCPU, 0.5 GiB), billed too: an L4 instance holds at most 8 vCPUs and 32 GiB in all, so the server takes at most 6 and 24 there (4 or 6 vCPUs, at most 4 GiB a vCPU). Cloud Run's least with the GPU: 4 vCPUs and 16 GiB with an L4, 20 and 80 with an RTX PRO 6000; the plan checks them. Default: 6."""
+    memory_gib: NotRequired[int]
+    """Memory gib. Default: 24."""
+    auth: NotRequired[Auth]
+    """How a tenant's identity is verified before the guard sees a request; either way the service takes traffic from the stack's load balancer alone. iam (the default: Cloud Run verifies the caller before any instance starts, so a request without a good token never wakes a GPU): Cloud Run's invoker check, one roles/run.invoker binding per tenant service account (tenants[].cloudRunInvokers), each client's Google ID token minted for the model's audience (the plan's tenant URLs show it); the guard maps the verified account to its tenant. jwt (tenants without Google service accounts): the tenant's own JWT (tenants[].jwt), verified by the guard against its issuer's keys, Cloud Run's invoker check off (a forged but well-formed token still starts an instance, billed until it idles out). One of: jwt, iam. Default: iam."""
+
+
+class CloudRunSpec(TypedDict):
+    """Models on Cloud Run GPUs, and what they share: the load balancer in front of them, the VPC
+    subnet their instances reach the limit store through."""
+
+    models: list[CloudRunModelSpec]
+    """The models served on Cloud Run."""
+    hostname: NotRequired[str]
+    """The DNS name of the load balancer in front of the Cloud Run models (GKE's Gateway takes no serverless backend, so they have a load balancer of the gateway's class beside it, with the same URL scheme: /<model>/v1 and /<tenant>/<model>/v1). Required with an external gateway class (its certificate is issued for it)."""
+    egress_subnet_cidr: NotRequired[str]
+    """The subnet Cloud Run's Direct VPC egress gives instances their addresses from (in the cluster's VPC and region): the limit store admits it alone. Must not overlap the cluster's ranges. Default: 10.30.0.0/24."""
+
+
 class StackConfig(TypedDict):
     """A whole platform's settings: what one stack's config holds (see docs/reference/config.md)."""
 
@@ -959,3 +1037,5 @@ class StackConfig(TypedDict):
     """Progressive delivery: Flagger canaries gated by the SLOs (off: a change rolls in place)."""
     picker: NotRequired[PickerSpec]
     """The endpoint picker of models with routing: inference-gateway: failure mode, scorers, saturation, flow control."""
+    cloud_run: NotRequired[CloudRunSpec]
+    """Models on Cloud Run GPUs beside the cluster: scale to zero, per-second billing, the same tenants, guard and URL scheme (docs/guides/cloud-run.md)."""
