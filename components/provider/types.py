@@ -146,7 +146,7 @@ class PrefixCache(str, Enum):
 
 
 class Gpu(str, Enum):
-    """The GPU each instance gets (one a instance): Cloud Run offers NVIDIA L4 (24 GB) and RTX PRO 6000 Blackwell (96 GB) in some regions only; the plan checks the region."""
+    """The GPU each instance gets (one an instance): Cloud Run offers NVIDIA L4 (24 GB) and RTX PRO 6000 Blackwell (96 GB) in some regions only; the plan checks the region."""
 
     NVIDIA_L4 = 'nvidia-l4'
     NVIDIA_RTX_PRO_6000 = 'nvidia-rtx-pro-6000'
@@ -961,7 +961,7 @@ class CloudRunModelSpec(TypedDict):
     extra_args: NotRequired[list[str]]
     """More vLLM flags, checked against the release's parser as for models[].extraArgs."""
     gpu: NotRequired[Gpu]
-    """The GPU each instance gets (one a instance): Cloud Run offers NVIDIA L4 (24 GB) and RTX PRO 6000 Blackwell (96 GB) in some regions only; the plan checks the region. One of: nvidia-l4, nvidia-rtx-pro-6000. Default: nvidia-l4."""
+    """The GPU each instance gets (one an instance): Cloud Run offers NVIDIA L4 (24 GB) and RTX PRO 6000 Blackwell (96 GB) in some regions only; the plan checks the region. One of: nvidia-l4, nvidia-rtx-pro-6000. Default: nvidia-l4."""
     region: NotRequired[str]
     """Region of the service (default: the stack's region). A regional gateway class needs the stack's own region: its serverless NEG must be in the load balancer's region."""
     min_instances: NotRequired[int]

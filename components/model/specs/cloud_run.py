@@ -45,7 +45,7 @@ class CloudRunModelSpec(Spec):
     max_num_seqs: int = Field(default=32, ge=1, le=1024)
     # More vLLM flags, checked against the release's parser as for models[].extraArgs.
     extra_args: list[str] = Field(default_factory=list)
-    # The GPU each instance gets (one a instance): Cloud Run offers NVIDIA L4 (24 GB) and RTX PRO 6000
+    # The GPU each instance gets (one an instance): Cloud Run offers NVIDIA L4 (24 GB) and RTX PRO 6000
     # Blackwell (96 GB) in some regions only; the plan checks the region.
     gpu: Literal["nvidia-l4", "nvidia-rtx-pro-6000"] = "nvidia-l4"
     # Region of the service (default: the stack's region). A regional gateway class needs the stack's
