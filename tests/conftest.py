@@ -64,6 +64,15 @@ def plan_variant(stack_values) -> Callable[..., Plan]:
     return run
 
 
+def without_cloud_run(values: dict[str, Any]) -> None:
+    """A stack's values without its Cloud Run models (they mount the weights bucket alone: a variant on another
+    weights backend has none), nor the tenants' calls and accounts for them."""
+    cloud_run = {m["name"] for m in values.pop("vllm-gke:cloudRun", {}).get("models", [])}
+    for tenant in values.get("vllm-gke:tenants", []):
+        tenant["models"] = [m for m in tenant["models"] if m not in cloud_run]
+        tenant.pop("cloudRunInvokers", None)
+
+
 def props_of(plan: Plan, type_: str) -> list[dict[str, Any]]:
     return [r.props for r in plan.of_type(type_)]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, STACKS, manifests_of, vllm_deployments
+from tests.conftest import REPO_ROOT, STACKS, manifests_of, vllm_deployments, without_cloud_run
 from vllm_gke.components.model.mesh_identity import jwks_host
 from vllm_gke.infra.advice import plan_warnings
 
@@ -165,6 +165,7 @@ def test_vllm_pods_are_hardened(plans, stack):
 def test_plan_warns_about_a_zonal_share_behind_a_multi_zone_cluster(plan_variant, plans):
     def on_filestore(values):
         del values["vllm-gke:weights"]
+        without_cloud_run(values)
     staging = plan_variant("staging", on_filestore)
     warnings = plan_warnings(staging.config, staging.platform.store.tier)
     assert any("zonal ZONAL Filestore" in w and "REGIONAL" in w for w in warnings)

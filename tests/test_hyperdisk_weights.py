@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import manifests_of, vllm_deployments
+from tests.conftest import manifests_of, vllm_deployments, without_cloud_run
 from vllm_gke.components.hyperdisk_weights import (
     CPU_REQUEST_ANNOTATION,
     POPULATOR_SA,
@@ -37,11 +37,7 @@ def hyperdisk_values(extra: bool = False) -> dict[str, Any]:
     adapter and a tenant with its own namespace."""
     values = read_stack_config("staging")
     values["vllm-gke:weights"] = {"backend": "hyperdisk-ml"}
-    # The Cloud Run models mount the bucket alone (config_rules/cloud_run.py): none beside Hyperdisk ML.
-    cloud_run = {m["name"] for m in values.pop("vllm-gke:cloudRun", {}).get("models", [])}
-    for tenant in values["vllm-gke:tenants"]:
-        tenant["models"] = [m for m in tenant["models"] if m not in cloud_run]
-        tenant.pop("cloudRunInvokers", None)  # the accounts that call them
+    without_cloud_run(values)  # they mount the bucket alone (config_rules/cloud_run.py): none beside Hyperdisk ML
     if extra:
         models = values["vllm-gke:models"]
         mistral = next(m for m in models if m["name"] == "mistral-7b")
