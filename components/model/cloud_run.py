@@ -12,7 +12,15 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from .cloud_run_capacity import SIDECAR_CPU, SIDECAR_MEMORY_GIB, concurrency, probe_window_seconds
+from .cloud_run_capacity import (
+    GPU_MIN_RESOURCES,
+    billed_cpu,
+    billed_memory_gib,
+    concurrency,
+    instance_cpu,
+    instance_memory_gib,
+    probe_window_seconds,
+)
 from .cloud_run_capacity import startup_probe as capacity_probe
 from .cloud_run_tenancy import cloud_run_guard_config, id_token_audience
 from .gcs_weights import reader_prefixes
@@ -61,10 +69,10 @@ class CloudRunGpu:
 
 
 CLOUD_RUN_GPUS: Mapping[str, CloudRunGpu] = {
-    "nvidia-l4": CloudRunGpu("nvidia-l4", 24, 4, 16, (
+    "nvidia-l4": CloudRunGpu("nvidia-l4", 24, *GPU_MIN_RESOURCES["nvidia-l4"], (
         "asia-south1", "asia-southeast1", "europe-west1", "europe-west4", "us-central1", "us-east4"), "nvidia-l4",
         "535.216.03", (12, 2)),
-    "nvidia-rtx-pro-6000": CloudRunGpu("nvidia-rtx-pro-6000", 96, 20, 80, (
+    "nvidia-rtx-pro-6000": CloudRunGpu("nvidia-rtx-pro-6000", 96, *GPU_MIN_RESOURCES["nvidia-rtx-pro-6000"], (
         "asia-south2", "asia-southeast1", "europe-west4", "us-central1"), None, "580.x.x", (13, 0)),
 }
 
@@ -152,18 +160,19 @@ def startup_window_seconds(probe: Mapping[str, Any]) -> int:
 
 
 def cpu_of(model: CloudRunModelSpec) -> int:
-    """The server container's vCPUs: the config's, at least the GPU's minimum (the rules refuse less)."""
-    return max(model.cpu, gpu_of(model).min_cpu)
+    """The server container's vCPUs: the config's, at least the GPU's minimum (the rules refuse less); what
+    the capacity model prices (one function for the declared and the billed size)."""
+    return instance_cpu(model)
 
 
 def memory_gib_of(model: CloudRunModelSpec) -> int:
-    return max(model.memory_gib, gpu_of(model).min_memory_gib)
+    return instance_memory_gib(model)
 
 
 def instance_totals(model: CloudRunModelSpec) -> tuple[float, float]:
     """(vCPUs, GiB) of the whole instance: the server's and the metrics sidecar's, what Cloud Run's
     per-instance maximum and its bill count."""
-    return cpu_of(model) + SIDECAR_CPU, memory_gib_of(model) + SIDECAR_MEMORY_GIB
+    return billed_cpu(model), billed_memory_gib(model)
 
 
 def needs_cuda_compat(model: CloudRunModelSpec, rel: VllmRelease) -> bool:
